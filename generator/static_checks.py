@@ -1,0 +1,112 @@
+"""Arithmetic a spec implies, checked without a GPU.
+
+The checks evaluate the spec's formulas (never ``eval``: see
+:func:`generator.formulas.evaluate`) with the constants' ``default`` values,
+the released model's, over a grid of budgets and batch sizes. Checks whose
+formulas mention a constant without a default are skipped here; ``gen-mixin
+plan`` runs them with values given on the command line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+from generator.formulas import EvaluationError, evaluate
+from generator.ir import MixinIR
+
+SAMPLE_BUDGETS = (64, 100, 128, 257, 1000, 1024, 4096, 8192, 16384)
+SAMPLE_BATCH_SIZES = (1, 2, 3, 5, 7, 8, 16, 64)
+
+
+def constant_env(ir: MixinIR, overrides: Mapping[str, int] | None = None) -> dict[str, int]:
+    env: dict[str, int] = {}
+    for const in ir.constants:
+        if overrides and const.name in overrides:
+            env[const.name] = int(overrides[const.name])
+        elif const.default is not None:
+            env[const.name] = const.default
+    return env
+
+
+def per_item_tokens(budget: int, max_batch_size: int) -> int:
+    """k: the output tokens of each dummy item (ceiling: the batch covers the budget)."""
+    return -(-budget // max_batch_size)
+
+
+def dummy_item(ir: MixinIR, env: Mapping[str, int], budget: int, mbs: int, mfpb: int = 0) -> dict[str, int]:
+    """The dims of one dummy item for ``budget`` (raises EvaluationError)."""
+    scope = dict(env)
+    scope.update(
+        k=per_item_tokens(budget, mbs),
+        max_batch_size=mbs,
+        token_budget=budget,
+        max_frames_per_batch=mfpb,
+    )
+    dims: dict[str, int] = {}
+    for key, exprs in ir.dummy_dims:
+        grid = ir.grid(key)
+        assert grid is not None  # noqa: S101 (resolved)
+        for dim, expr in zip(grid.dims, exprs):
+            dims[dim] = evaluate(expr, scope)
+    return dims
+
+
+def item_values(ir: MixinIR, env: Mapping[str, int], dims: Mapping[str, int]) -> dict[str, int]:
+    scope = {**env, **dims}
+    out = {
+        "input_size": evaluate(ir.input_size, scope),
+        "output_tokens": evaluate(ir.output_tokens, scope),
+    }
+    out["graph_rows"] = (
+        evaluate(ir.graph_rows, scope) if ir.graph_rows is not None else out["output_tokens"]
+    )
+    return out
+
+
+def capture_problems(ir: MixinIR, overrides: Mapping[str, int] | None = None) -> Iterator[tuple[str, str]]:
+    """(field, message) for each arithmetic problem found with known values."""
+    env = constant_env(ir, overrides)
+    reported: set[str] = set()
+    for mbs in SAMPLE_BATCH_SIZES:
+        for budget in SAMPLE_BUDGETS:
+            if mbs > budget:
+                continue
+            try:
+                dims = dummy_item(ir, env, budget, mbs)
+                values = item_values(ir, env, dims)
+            except (EvaluationError, ArithmeticError):
+                continue  # a constant without default: plan checks it
+            bad_dims = [d for d, v in dims.items() if v <= 0]
+            if bad_dims and "capture.dummy" not in reported:
+                reported.add("capture.dummy")
+                yield (
+                    "capture.dummy",
+                    f"dummy dims {', '.join(bad_dims)} are not positive for budget "
+                    f"{budget} and max_batch_size {mbs}",
+                )
+            covered = mbs * values["graph_rows"]
+            if covered < budget and "capture.dummy" not in reported:
+                reported.add("capture.dummy")
+                k = per_item_tokens(budget, mbs)
+                yield (
+                    "capture.dummy",
+                    f"the dummy batch cannot cover its budget: {mbs} dummy item(s) emit "
+                    f"{covered} graph rows for budget {budget} (each item needs at least "
+                    f"k = {k}); a batch that fits the budget would overflow the buffers",
+                )
+    for buf in ir.buffers:
+        if buf.pad != "trailing_sequence" or buf.slots is None:
+            continue
+        for mbs in SAMPLE_BATCH_SIZES:
+            try:
+                slots = evaluate(buf.slots, {**env, "max_batch_size": mbs, "max_frames_per_batch": mbs})
+            except (EvaluationError, ArithmeticError):
+                break
+            if slots < mbs + 2:
+                yield (
+                    f"buffers.{buf.key}.slots",
+                    f"{slots} slots for max_batch_size {mbs}: a full batch fills "
+                    f"{mbs + 1} offsets and the padding sequence needs one spare slot "
+                    f"(expected at least max_batch_size + 2)",
+                )
+                break
