@@ -42,6 +42,7 @@ from generator.ir import (
     Step,
 )
 from generator.spec_schema import SPEC_SCHEMA, check_structure
+from generator.static_checks import Arithmetic, capture_problems, slot_problems
 from generator.yaml_loader import Node, load_spec_tree
 
 # Names the generated methods use for their own arguments and locals, and the
@@ -267,9 +268,16 @@ class _Resolver:
         eager = self.resolve_eager(flat_names, grid_names, dims, const_names, host_names, import_names)
         span = self.resolve_postprocess(flat_names, import_names, host_names, graph_rows)
 
-        if self.d:
+        if input_size is not None and output_tokens is not None:
+            self.check_arithmetic(
+                Arithmetic(constants, tuple(grids), dummy_dims, input_size, output_tokens,
+                           graph_rows, buffers)
+            )
+        else:
+            for field, message in slot_problems(constants, buffers):
+                self.err(self.node(*field.split(".")) or self.root, field, message)
+        if self.d or input_size is None or output_tokens is None:
             return None
-        assert input_size is not None and output_tokens is not None  # noqa: S101 (diags empty)
         ir = MixinIR(
             spec_path=self.path,
             stem=Path(self.path).stem,
@@ -309,8 +317,7 @@ class _Resolver:
             eager_empty_width=eager[2],
             span_assembly=span,
         )
-        self.check_arithmetic(ir)
-        return None if self.d else ir
+        return ir
 
     def check_name(self, node: Location, field: str, name: str, what: str) -> None:
         if not fx.is_identifier(name):
@@ -399,6 +406,10 @@ class _Resolver:
                 self.err(loc, field, f"{key!r} is already declared elsewhere")
             e = entry.value
             kind = e["kind"].value
+            if kind not in ("flat", "grid"):
+                # Reported by the structure pass; the names below would all
+                # come out wrong, so stop here rather than add noise.
+                raise ValueError(kind)
             flat_only = ("rows", "accepts_list", "replay_dtype", "eager_dtype")
             if kind == "grid":
                 for extra in flat_only:
@@ -636,7 +647,7 @@ class _Resolver:
                 names.add(step.target)
             steps.append(step)
         used = set().union(*(fx.names_in(s.expr) for s in steps)) if steps else set()
-        if "rest" not in used:
+        if "rest" not in used and len(steps) == len(node.value):
             for b in buffers:
                 if b not in used:
                     self.err(node, "graph_forward",
@@ -707,10 +718,8 @@ class _Resolver:
 
     # -- arithmetic checks with the constants' defaults -----------------------------
 
-    def check_arithmetic(self, ir: MixinIR) -> None:
-        from generator.static_checks import capture_problems
-
-        for field, message in capture_problems(ir):
+    def check_arithmetic(self, arithmetic: Arithmetic) -> None:
+        for field, message in capture_problems(arithmetic):
             node = self.node(*field.split(".")) if field else None
             self.err(node or self.root, field, message)
 
@@ -791,6 +800,15 @@ def resolve_text(text: str, shown: str) -> MixinIR:
     if tree is None or diags:
         raise SpecError(diags.sorted())
     if not check_structure(tree, SPEC_SCHEMA, "", diags):
+        # Still look for problems of meaning in what is well-formed, so one
+        # run reports as much as it can. The resolver assumes the structure,
+        # so it stops at the first malformed part; what it found until then
+        # is kept (structural problems are already reported).
+        if tree.kind == "mapping":
+            try:
+                _Resolver(tree, shown, diags).resolve()
+            except (KeyError, AttributeError, TypeError, IndexError, ValueError):
+                pass
         raise SpecError(diags.sorted())
     ir = _Resolver(tree, shown, diags).resolve()
     if ir is None or diags:

@@ -11,14 +11,34 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 
-from generator.formulas import EvaluationError, evaluate
-from generator.ir import MixinIR
+from dataclasses import dataclass
+
+from generator.formulas import EvaluationError, Expr, evaluate
+from generator.ir import Buffer, Constant, GridInput
+
+
+@dataclass(frozen=True)
+class Arithmetic:
+    """The parts of a spec its arithmetic depends on (a MixinIR has them all;
+    validation builds one from whatever resolved, so the checks run even when
+    other parts of the spec have problems)."""
+
+    constants: tuple[Constant, ...]
+    grid_inputs: tuple[GridInput, ...]
+    dummy_dims: tuple[tuple[str, tuple[Expr, ...]], ...]
+    input_size: Expr
+    output_tokens: Expr
+    graph_rows: Expr | None
+    buffers: tuple[Buffer, ...]
+
+    def grid(self, key: str) -> GridInput | None:
+        return next((g for g in self.grid_inputs if g.key == key), None)
 
 SAMPLE_BUDGETS = (64, 100, 128, 257, 1000, 1024, 4096, 8192, 16384)
 SAMPLE_BATCH_SIZES = (1, 2, 3, 5, 7, 8, 16, 64)
 
 
-def constant_env(ir: MixinIR, overrides: Mapping[str, int] | None = None) -> dict[str, int]:
+def constant_env(ir: Arithmetic, overrides: Mapping[str, int] | None = None) -> dict[str, int]:
     env: dict[str, int] = {}
     for const in ir.constants:
         if overrides and const.name in overrides:
@@ -33,7 +53,7 @@ def per_item_tokens(budget: int, max_batch_size: int) -> int:
     return -(-budget // max_batch_size)
 
 
-def dummy_item(ir: MixinIR, env: Mapping[str, int], budget: int, mbs: int, mfpb: int = 0) -> dict[str, int]:
+def dummy_item(ir: Arithmetic, env: Mapping[str, int], budget: int, mbs: int, mfpb: int = 0) -> dict[str, int]:
     """The dims of one dummy item for ``budget`` (raises EvaluationError)."""
     scope = dict(env)
     scope.update(
@@ -51,7 +71,7 @@ def dummy_item(ir: MixinIR, env: Mapping[str, int], budget: int, mbs: int, mfpb:
     return dims
 
 
-def item_values(ir: MixinIR, env: Mapping[str, int], dims: Mapping[str, int]) -> dict[str, int]:
+def item_values(ir: Arithmetic, env: Mapping[str, int], dims: Mapping[str, int]) -> dict[str, int]:
     scope = {**env, **dims}
     out = {
         "input_size": evaluate(ir.input_size, scope),
@@ -63,7 +83,7 @@ def item_values(ir: MixinIR, env: Mapping[str, int], dims: Mapping[str, int]) ->
     return out
 
 
-def capture_problems(ir: MixinIR, overrides: Mapping[str, int] | None = None) -> Iterator[tuple[str, str]]:
+def capture_problems(ir: Arithmetic, overrides: Mapping[str, int] | None = None) -> Iterator[tuple[str, str]]:
     """(field, message) for each arithmetic problem found with known values."""
     env = constant_env(ir, overrides)
     reported: set[str] = set()
@@ -94,7 +114,18 @@ def capture_problems(ir: MixinIR, overrides: Mapping[str, int] | None = None) ->
                     f"{covered} graph rows for budget {budget} (each item needs at least "
                     f"k = {k}); a batch that fits the budget would overflow the buffers",
                 )
-    for buf in ir.buffers:
+    yield from slot_problems(ir.constants, ir.buffers, overrides)
+
+
+def slot_problems(
+    constants: tuple[Constant, ...],
+    buffers: tuple[Buffer, ...],
+    overrides: Mapping[str, int] | None = None,
+) -> Iterator[tuple[str, str]]:
+    """A trailing padding sequence needs a spare cu_seqlens slot."""
+    env = {c.name: c.default for c in constants if c.default is not None}
+    env.update(overrides or {})
+    for buf in buffers:
         if buf.pad != "trailing_sequence" or buf.slots is None:
             continue
         for mbs in SAMPLE_BATCH_SIZES:
