@@ -81,6 +81,9 @@ class Buffer:
     replay: str  # "copy" | "drop"
     why: str | None
     location: Location
+    shape: tuple[Expr, ...] | None = None  # declared (builder buffers)
+    dtype: str | None = None  # declared (builder buffers)
+    set_by: str | None = None  # host scalar: the capture kwarg that sets it
 
 
 @dataclass(frozen=True)
@@ -144,6 +147,7 @@ class MixinIR:
     eager_steps: tuple[Step, ...]
     eager_empty_width: Expr | None
     span_assembly: SpanAssembly | None
+    sizes: tuple[tuple[str, int], ...] = ()
 
     def constant(self, name: str) -> Constant | None:
         return next((c for c in self.constants if c.name == name), None)

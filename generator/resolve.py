@@ -254,12 +254,14 @@ class _Resolver:
         capture = self.resolve_capture(grids, flat_inputs, const_names, host_names)
         per_item_tokens, dummy_dims, tensors, capture_why = capture
 
-        buffers = self.resolve_buffers(const_names)
+        sizes = self.resolve_sizes(host_names | const_names | dims | flat_names | grid_names)
+        buffers = self.resolve_buffers(const_names, frozenset(n for n, _ in sizes))
         buffer_names = [b.key for b in buffers]
         metadata = self.resolve_metadata(
             host_names, const_names, flat_names, grid_names, import_names, set(buffer_names)
         )
         self.check_buffer_sources(buffers, tensors, metadata)
+        self.check_set_by(buffers, metadata)
 
         out_hidden = self.expr(
             v["out_hidden_size"], "out_hidden_size", Scope(const_names, host_roots=host_names)
@@ -271,7 +273,7 @@ class _Resolver:
         if input_size is not None and output_tokens is not None:
             self.check_arithmetic(
                 Arithmetic(constants, tuple(grids), dummy_dims, input_size, output_tokens,
-                           graph_rows, buffers)
+                           graph_rows, buffers, tensors, metadata, sizes)
             )
         else:
             for field, message in slot_problems(constants, buffers):
@@ -316,6 +318,7 @@ class _Resolver:
             eager_steps=eager[1],
             eager_empty_width=eager[2],
             span_assembly=span,
+            sizes=sizes,
         )
         return ir
 
@@ -526,10 +529,43 @@ class _Resolver:
                 tensors.append(CaptureTensor(key, shape, dtype, fill, why))
         return per_item, tuple(dummy_dims), tuple(tensors), self.text(c.get("why"), "capture.why")
 
-    def resolve_buffers(self, consts) -> tuple[Buffer, ...]:
+    def resolve_sizes(self, taken) -> tuple[tuple[str, int], ...]:
+        node = self.v.get("sizes")
+        if node is None:
+            return ()
+        out = []
+        for name, value in node.value.items():
+            loc = self.key_loc(node, name)
+            self.check_name(loc, f"sizes.{name}", name, "size")
+            if name in taken:
+                self.err(loc, f"sizes.{name}", f"{name!r} is already declared elsewhere")
+            out.append((name, value.value))
+        return tuple(out)
+
+    def check_set_by(self, buffers, metadata) -> None:
+        for buf in buffers:
+            if buf.set_by is None:
+                continue
+            field = f"buffers.{buf.key}.set_by"
+            node = self.node("buffers", buf.key, "set_by")
+            if not buf.host_scalar:
+                self.err(node or buf.location, field, "set_by only goes with host_scalar")
+                continue
+            builder = next((m for m in metadata if buf.key in m.provides), None)
+            if builder is None:
+                self.err(node or buf.location, field, "no builder provides this buffer")
+                continue
+            kwargs = dict(builder.call.kwargs + builder.capture_kwargs)
+            if buf.set_by not in kwargs:
+                self.err(node or buf.location, field,
+                         f"its builder passes no {buf.set_by!r} at capture")
+
+    def resolve_buffers(self, consts, sizes=frozenset()) -> tuple[Buffer, ...]:
         node = self.v["buffers"]
         out = []
         slot_scope = Scope(consts | {"max_batch_size", "max_frames_per_batch"})
+        shape_scope = Scope(consts | sizes | {"k", "rows", "max_batch_size", "token_budget",
+                                              "max_frames_per_batch"})
         for key, entry in node.value.items():
             field = f"buffers.{key}"
             loc = self.key_loc(node, key)
@@ -552,8 +588,15 @@ class _Resolver:
                 self.err(entry, field, "a host scalar has no rows to pad")
             if pad and rows_dim:
                 self.err(entry, field, "pad rules apply to 1-D offsets; rows_dim must be 0")
+            shape = None
+            if "shape" in e:
+                parts = [self.expr(n, f"{field}.shape[{i}]", shape_scope)
+                         for i, n in enumerate(e["shape"].value)]
+                shape = tuple(parts) if None not in parts else None
             out.append(Buffer(key, rows_dim, pad, slots, host_scalar, replay,
-                              self.text(e.get("why"), f"{field}.why"), loc))
+                              self.text(e.get("why"), f"{field}.why"), loc, shape,
+                              e["dtype"].value if "dtype" in e else None,
+                              e["set_by"].value if "set_by" in e else None))
         if sum(1 for b in out if b.pad == "trailing_sequence") > 1:
             self.err(node, "buffers", "at most one buffer can use trailing_sequence")
         return tuple(out)
@@ -619,6 +662,10 @@ class _Resolver:
                 self.err(b.location, f"buffers.{b.key}",
                          "no source: add a capture tensor for it or list it in a builder's provides")
         buffer_keys = {b.key for b in buffers}
+        for b in buffers:
+            if b.key in tensor_keys and (b.shape is not None or b.dtype is not None):
+                self.err(b.location, f"buffers.{b.key}",
+                         "shape and dtype of a capture tensor's buffer come from capture.tensors")
         for t in tensors:
             if t.key not in buffer_keys:
                 node = self.node("capture", "tensors")

@@ -38,6 +38,9 @@ BACKENDS = [
 ]
 
 
+DTYPES = ["dtype", "float32", "float16", "bfloat16", "int32", "int64", "bool", "uint8"]
+
+
 def _expr(description: str) -> dict[str, Any]:
     return {"type": ["string", "integer"], "description": description}
 
@@ -412,9 +415,38 @@ SPEC_SCHEMA: dict[str, Any] = {
                         "description": "host_scalar only: send the real value at "
                         "replay ('copy', a no-op for the graph) or leave it out.",
                     },
+                    "shape": {
+                        "type": "array",
+                        "items": {"type": ["string", "integer"]},
+                        "minItems": 0,
+                        "description": "Captured shape, for gen-mixin plan and the static "
+                        "checks (builder buffers only; capture tensors have theirs): "
+                        "expressions over constants, sizes, k, rows, max_batch_size, "
+                        "token_budget.",
+                    },
+                    "dtype": {
+                        "type": "string",
+                        "enum": DTYPES,
+                        "description": "Captured dtype, for gen-mixin plan ('dtype': the "
+                        "manager's).",
+                    },
+                    "set_by": {
+                        "type": "string",
+                        "pattern": IDENT,
+                        "description": "host_scalar only: the capture keyword argument of "
+                        "its builder that sets its capture value (checked to bound every "
+                        "sequence: at least rows).",
+                    },
                     "why": _TEXT,
                 },
             },
+        },
+        "sizes": {
+            "type": "object",
+            "description": "Released model sizes the generated code does not read "
+            "(e.g. the rotary width), used by gen-mixin plan for buffer shapes.",
+            "propertyNames": {"pattern": IDENT},
+            "additionalProperties": {"type": "integer", "minimum": 0},
         },
         "out_hidden_size": _expr("Width of the output rows: a host path or formula."),
         "graph_forward": {

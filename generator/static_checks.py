@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from generator.formulas import EvaluationError, Expr, evaluate
-from generator.ir import Buffer, Constant, GridInput
+from generator.ir import Buffer, CaptureTensor, Constant, GridInput, MetadataBuilder
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,9 @@ class Arithmetic:
     output_tokens: Expr
     graph_rows: Expr | None
     buffers: tuple[Buffer, ...]
+    capture_tensors: tuple[CaptureTensor, ...] = ()
+    metadata: tuple[MetadataBuilder, ...] = ()
+    sizes: tuple[tuple[str, int], ...] = ()
 
     def grid(self, key: str) -> GridInput | None:
         return next((g for g in self.grid_inputs if g.key == key), None)
@@ -104,6 +107,43 @@ def capture_problems(ir: Arithmetic, overrides: Mapping[str, int] | None = None)
                     f"dummy dims {', '.join(bad_dims)} are not positive for budget "
                     f"{budget} and max_batch_size {mbs}",
                 )
+            rows = mbs * values["input_size"]
+            scope = {**env, **dict(ir.sizes), "k": per_item_tokens(budget, mbs), "rows": rows,
+                     "max_batch_size": mbs, "token_budget": budget, "max_frames_per_batch": mbs}
+            for tensor in ir.capture_tensors:
+                field = f"capture.tensors.{tensor.key}.shape"
+                try:
+                    held = evaluate(tensor.shape[0], scope)
+                except (EvaluationError, ArithmeticError):
+                    continue
+                if held < rows and field not in reported:
+                    reported.add(field)
+                    yield (
+                        field,
+                        f"holds {held} rows but the dummy batch has {rows} input rows "
+                        f"(budget {budget}, max_batch_size {mbs}); size dim 0 with 'rows'",
+                    )
+            for buf in ir.buffers:
+                if buf.set_by is None:
+                    continue
+                builder = next((m for m in ir.metadata if buf.key in m.provides), None)
+                if builder is None:
+                    continue
+                expr = dict(builder.call.kwargs + builder.capture_kwargs).get(buf.set_by)
+                field = f"buffers.{buf.key}.set_by"
+                try:
+                    bound = evaluate(expr, scope) if expr is not None else None
+                except (EvaluationError, ArithmeticError):
+                    continue
+                if bound is not None and bound < rows and field not in reported:
+                    reported.add(field)
+                    yield (
+                        field,
+                        f"{buf.key} is captured as {bound} but one sequence can hold all "
+                        f"{rows} input rows of budget {budget} (a single large item, or "
+                        "the trailing padding sequence); the attention launch would "
+                        "truncate it (expected at least rows)",
+                    )
             covered = mbs * values["graph_rows"]
             if covered < budget and "capture.dummy" not in reported:
                 reported.add("capture.dummy")

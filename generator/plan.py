@@ -1,0 +1,370 @@
+"""``gen-mixin plan``: what a spec will capture, before any GPU is touched.
+
+The budget ladder and batch size are resolved exactly as vLLM 0.33.0's
+``EncoderCudaGraphManager.__init__`` resolves them (the tests compare this
+pure-Python copy with the runtime's manager); every buffer's shape comes
+from the spec's formulas evaluated with the constants' defaults, which
+``--set name=value`` overrides. No torch, no eval.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from generator.diagnostics import SpecError
+from generator.formulas import EvaluationError, Ref, evaluate, names_in, to_spec_text
+from generator.ir import MixinIR
+from generator.static_checks import (
+    Arithmetic,
+    capture_problems,
+    constant_env,
+    dummy_item,
+    item_values,
+    per_item_tokens,
+)
+
+# vLLM's defaults for the two limits that bound the largest budget; the
+# standalone runtime's config uses the same.
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+DEFAULT_MAX_MODEL_LEN = 8192
+
+ITEMSIZE = {
+    "float32": 4,
+    "float16": 2,
+    "bfloat16": 2,
+    "int32": 4,
+    "int64": 8,
+    "bool": 1,
+    "uint8": 1,
+}
+
+
+class PlanError(ValueError):
+    """A configuration the manager would refuse (same message as vLLM)."""
+
+
+def generate_budgets(min_budget: int, max_budget: int) -> list[int]:
+    """Powers of two times ``min_budget`` up to ``max_budget``, which is
+    appended when the ladder stops short of it (vLLM's ``_generate_budgets``)."""
+    budgets = []
+    budget = min_budget
+    while budget <= max_budget:
+        budgets.append(budget)
+        budget *= 2
+    if not budgets or budgets[-1] < max_budget:
+        budgets.append(max_budget)
+    return budgets
+
+
+def resolve_budgets(
+    budget_range: tuple[int, int],
+    user_budgets: list[int] | None = None,
+    user_max_items: int = 0,
+) -> tuple[list[int], int]:
+    """(token budgets, max_batch_size) as the manager resolves them."""
+    if user_budgets and user_max_items > 0:
+        budgets = sorted(user_budgets)
+        smallest = min(budgets)
+        if user_max_items > smallest:
+            raise PlanError(
+                f"encoder_cudagraph_max_vision_items_per_batch ({user_max_items}) "
+                f"must be <= smallest token budget ({smallest}). With budgets="
+                f"{budgets}, per_image_output = {smallest} // {user_max_items} = "
+                f"{smallest // user_max_items}, which would cause a capture failure. "
+                "Either increase the smallest budget or decrease "
+                "max_vision_items_per_batch."
+            )
+        return budgets, user_max_items
+    lo, hi = budget_range
+    if lo <= 0 or hi <= 0:
+        raise PlanError(
+            f"Invalid encoder cudagraph budget range: min_budget={lo}, "
+            f"max_budget={hi}. Both must be positive."
+        )
+    if lo > hi:
+        raise PlanError(f"Invalid encoder cudagraph budget range: min_budget={lo} > max_budget={hi}.")
+    if user_max_items > 0:
+        return generate_budgets(max(lo, user_max_items), hi), user_max_items
+    if user_budgets:
+        budgets = sorted(user_budgets)
+        return budgets, min(hi // lo, min(budgets))
+    budgets = generate_budgets(lo, hi)
+    return budgets, min(hi // lo, min(budgets))
+
+
+@dataclass
+class BufferPlan:
+    key: str
+    shape: list[int] | None
+    dtype: str
+    nbytes: int | None
+    note: str = ""
+
+
+@dataclass
+class BudgetPlan:
+    budget: int
+    k: int
+    rows: int
+    dummy: dict[str, list[int]]
+    buffers: list[BufferPlan] = field(default_factory=list)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(b.nbytes or 0 for b in self.buffers)
+
+
+@dataclass
+class Plan:
+    spec: str
+    budget_range: tuple[int, int]
+    budgets: list[int]
+    max_batch_size: int
+    max_frames_per_batch: int
+    per_budget: list[BudgetPlan]
+    problems: list[str]
+    unknown: list[str]
+
+    @property
+    def num_graphs(self) -> int:
+        return len(self.budgets)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "spec": self.spec,
+            "budget_range": list(self.budget_range),
+            "budgets": self.budgets,
+            "max_batch_size": self.max_batch_size,
+            "max_frames_per_batch": self.max_frames_per_batch,
+            "num_graphs": self.num_graphs,
+            "largest_item_output_tokens": self.budgets[-1],
+            "per_budget": [
+                {
+                    "budget": p.budget,
+                    "k": p.k,
+                    "rows": p.rows,
+                    "dummy": p.dummy,
+                    "buffers": [b.__dict__ for b in p.buffers],
+                    "total_bytes": p.total_bytes,
+                }
+                for p in self.per_budget
+            ],
+            "problems": self.problems,
+            "unknown": self.unknown,
+        }
+
+
+def _arithmetic(ir: MixinIR) -> Arithmetic:
+    return Arithmetic(
+        ir.constants,
+        ir.grid_inputs,
+        ir.dummy_dims,
+        ir.input_size,
+        ir.output_tokens,
+        ir.graph_rows,
+        ir.buffers,
+        ir.capture_tensors,
+        ir.metadata,
+        ir.sizes,
+    )
+
+
+def make_plan(
+    ir: MixinIR,
+    *,
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    max_model_len: int = DEFAULT_MAX_MODEL_LEN,
+    budgets: list[int] | None = None,
+    max_items: int = 0,
+    max_frames: int | None = None,
+    overrides: dict[str, int] | None = None,
+    dtype: str = "bfloat16",
+) -> Plan:
+    env = constant_env(ir, overrides)
+    env.update({name: value for name, value in ir.sizes})
+    env.update(overrides or {})
+    missing = sorted(
+        c.name for c in ir.constants if c.name not in env and c.name in _needed_names(ir)
+    )
+    if missing:
+        raise PlanError(
+            f"no value for {', '.join(missing)}: give it with --set NAME=VALUE "
+            "(or a default in the spec)"
+        )
+    try:
+        lo = evaluate(ir.budget_min, env)
+    except EvaluationError as exc:
+        raise PlanError(f"budget.min: {exc}") from exc
+    hi = min(max_num_batched_tokens, max_model_len)
+    ladder, mbs = resolve_budgets((lo, hi), budgets, max_items)
+    video = "video" in ir.modalities
+    mfpv = evaluate(ir.max_frames_per_video, env) if ir.max_frames_per_video is not None else 1
+    mfpb = max_frames if max_frames is not None else (mbs * mfpv if video else mbs)
+    per_budget = []
+    unknown: set[str] = set()
+    for budget in ladder:
+        dims = dummy_item(ir, env, budget, mbs, mfpb)
+        values = item_values(ir, env, dims)
+        rows = mbs * values["input_size"]
+        scope = {**env, "k": per_item_tokens(budget, mbs), "rows": rows,
+                 "max_batch_size": mbs, "token_budget": budget, "max_frames_per_batch": mfpb}
+        plan = BudgetPlan(budget, scope["k"], rows, {
+            key: [dims[d] for d in ir.grid(key).dims] for key, _ in ir.dummy_dims  # type: ignore[union-attr]
+        })
+        for buf in ir.buffers:
+            plan.buffers.append(_buffer_plan(ir, buf, scope, dtype, unknown))
+        per_budget.append(plan)
+    problems = [f"{f}: {m}" for f, m in capture_problems(_arithmetic(ir), env)]
+    return Plan(str(ir.spec_path), (lo, hi), ladder, mbs, mfpb, per_budget, problems, sorted(unknown))
+
+
+def _needed_names(ir: MixinIR) -> set[str]:
+    needed: set[str] = set(names_in(ir.budget_min)) | names_in(ir.input_size) | names_in(ir.output_tokens)
+    for _, exprs in ir.dummy_dims:
+        for e in exprs:
+            needed |= names_in(e)
+    return needed
+
+
+def _buffer_plan(ir: MixinIR, buf, scope: dict[str, int], dtype: str, unknown: set[str]) -> BufferPlan:
+    tensor = next((t for t in ir.capture_tensors if t.key == buf.key), None)
+    if buf.host_scalar:
+        value = None
+        if buf.set_by is not None:
+            builder = next(m for m in ir.metadata if buf.key in m.provides)
+            expr = dict(builder.call.kwargs + builder.capture_kwargs)[buf.set_by]
+            try:
+                value = evaluate(expr, scope)
+            except EvaluationError:
+                value = None
+        note = f"host int32 = {value}" if value is not None else "host int32"
+        return BufferPlan(buf.key, [], "int32 (cpu)", 0, note)
+    if buf.pad is not None and buf.slots is not None:
+        slots = evaluate(buf.slots, scope)
+        return BufferPlan(buf.key, [slots], "int32", slots * 4, buf.pad)
+    if tensor is not None:
+        shape_exprs = tensor.shape
+        type_name = dtype if isinstance(tensor.dtype, Ref) else f"{dtype} ({to_spec_text(tensor.dtype)})"
+        item = ITEMSIZE[dtype]
+    elif buf.shape is not None:
+        shape_exprs = buf.shape
+        declared = buf.dtype or "dtype"
+        type_name = dtype if declared == "dtype" else declared
+        item = ITEMSIZE[dtype if declared == "dtype" else declared]
+    else:
+        unknown.add(buf.key)
+        return BufferPlan(buf.key, None, buf.dtype or "?", None, "shape not declared in the spec")
+    shape = []
+    for e in shape_exprs:
+        try:
+            shape.append(evaluate(e, scope))
+        except EvaluationError:
+            unknown.add(buf.key)
+            return BufferPlan(buf.key, None, type_name, None, "shape needs a host value (--set)")
+    nbytes = item
+    for s in shape:
+        nbytes *= s
+    return BufferPlan(buf.key, shape, type_name, nbytes)
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
+
+
+def format_plan(plan: Plan) -> str:
+    lines = [
+        f"spec: {plan.spec}",
+        f"budget range (min, max): {plan.budget_range}",
+        f"token budgets: {plan.budgets}",
+        f"max_batch_size: {plan.max_batch_size}   max_frames_per_batch: {plan.max_frames_per_batch}",
+        f"graphs: {plan.num_graphs}",
+        f"largest item a graph takes: {plan.budgets[-1]} output tokens "
+        "(larger items, and batches above every budget, run eagerly)",
+    ]
+    grand = 0
+    for p in plan.per_budget:
+        dummy = ", ".join(f"{k}={v}" for k, v in p.dummy.items())
+        lines.append("")
+        lines.append(f"budget {p.budget}: k={p.k}, rows={p.rows}, dummy item {dummy} x {plan.max_batch_size}")
+        for b in p.buffers:
+            shape = "?" if b.shape is None else "(" + ", ".join(str(s) for s in b.shape) + ")"
+            size = "?" if b.nbytes is None else _human(b.nbytes)
+            note = f"  [{b.note}]" if b.note else ""
+            lines.append(f"  {b.key:<16} {shape:<22} {b.dtype:<28} {size:>10}{note}")
+        lines.append(f"  {'total':<16} {'':<22} {'':<28} {_human(p.total_bytes):>10}")
+        grand += p.total_bytes
+    lines.append("")
+    lines.append(f"all graphs' input buffers: {_human(grand)}")
+    if plan.unknown:
+        lines.append(f"not counted (shape unknown): {', '.join(plan.unknown)}")
+    if plan.problems:
+        lines.append("")
+        lines.extend(f"problem: {p}" for p in plan.problems)
+    return "\n".join(lines)
+
+
+def _parse_set(values: list[str]) -> dict[str, int]:
+    out = {}
+    for item in values:
+        name, sep, value = item.partition("=")
+        if not sep or not name.isidentifier():
+            raise PlanError(f"--set takes NAME=INTEGER, got {item!r}")
+        try:
+            out[name] = int(value)
+        except ValueError:
+            raise PlanError(f"--set {name}: {value!r} is not an integer") from None
+    return out
+
+
+def plan_main(argv: list[str]) -> int:
+    from generator.cli import EXIT_INVALID, EXIT_OK, EXIT_STALE, _Parser, _print_spec_error
+    from generator.resolve import load_spec
+
+    p = _Parser(prog="gen-mixin plan", description="Show what a spec will capture.")
+    p.add_argument("spec", type=Path)
+    p.add_argument("--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS)
+    p.add_argument("--max-model-len", type=int, default=DEFAULT_MAX_MODEL_LEN)
+    p.add_argument("--budgets", type=int, nargs="+", help="encoder_cudagraph_token_budgets")
+    p.add_argument("--max-items", type=int, default=0, help="encoder_cudagraph_max_vision_items_per_batch")
+    p.add_argument("--max-frames", type=int, default=None, help="encoder_cudagraph_max_frames_per_batch")
+    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                   help="override a constant or size (repeatable)")
+    p.add_argument("--dtype", choices=sorted(ITEMSIZE), default="bfloat16",
+                   help="the manager's dtype (default bfloat16)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    args = p.parse_args(argv)
+    try:
+        ir = load_spec(args.spec)
+    except SpecError as err:
+        _print_spec_error(err)
+        return EXIT_INVALID
+    try:
+        if any(b <= 0 for b in args.budgets or []) or args.max_items < 0:
+            raise PlanError("budgets must be positive and --max-items >= 0")
+        plan = make_plan(
+            ir,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            max_model_len=args.max_model_len,
+            budgets=args.budgets,
+            max_items=args.max_items,
+            max_frames=args.max_frames,
+            overrides=_parse_set(args.set),
+            dtype=args.dtype,
+        )
+    except (PlanError, EvaluationError) as exc:
+        print(f"{args.spec}: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    if args.json:
+        print(json.dumps(plan.to_json(), indent=2))
+    else:
+        print(format_plan(plan))
+    return EXIT_STALE if plan.problems else EXIT_OK
