@@ -1,0 +1,246 @@
+"""`gen-mixin plan` against the runtime manager, and its static checks."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from generator.plan import PlanError, make_plan, resolve_budgets
+from generator.resolve import load_spec, resolve_text
+from generator.diagnostics import SpecError
+
+torch = pytest.importorskip("torch")
+
+from encoder_cudagraph_runtime.attention_backends import (
+    AttentionBackendEnum,
+)  # noqa: E402
+from encoder_cudagraph_runtime.config import (  # noqa: E402
+    CompilationConfig,
+    ModelConfig,
+    MultiModalConfig,
+    SchedulerConfig,
+    VllmConfig,
+)
+from encoder_cudagraph_runtime.graph_backends import (
+    EagerReplayGraphBackend,
+)  # noqa: E402
+from encoder_cudagraph_runtime.manager import EncoderCudaGraphManager  # noqa: E402
+from generated.standalone.minimax_m3 import MiniMaxM3EncoderCudaGraphMixin  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+SPECS = sorted((ROOT / "specs").glob("*.yaml"))
+
+
+class _Host(MiniMaxM3EncoderCudaGraphMixin):
+    """Just enough of a MiniMax host for the manager's constructor."""
+
+    def __init__(self) -> None:
+        self.multimodal_config = MultiModalConfig()
+        self.vision_tower = SimpleNamespace(
+            out_hidden_size=8,
+            vision_model=SimpleNamespace(attn_backend=AttentionBackendEnum.FLASH_ATTN),
+        )
+
+
+def _manager(
+    mnbt: int, mml: int, budgets: list[int], items: int
+) -> EncoderCudaGraphManager:
+    config = VllmConfig(
+        scheduler_config=SchedulerConfig(max_num_batched_tokens=mnbt),
+        model_config=ModelConfig(
+            max_model_len=mml, multimodal_config=MultiModalConfig()
+        ),
+        compilation_config=CompilationConfig(
+            cudagraph_mm_encoder=True,
+            encoder_cudagraph_token_budgets=budgets,
+            encoder_cudagraph_max_vision_items_per_batch=items,
+        ),
+    )
+    return EncoderCudaGraphManager(
+        config,
+        torch.device("cpu"),
+        torch.float32,
+        _Host(),
+        graph_backend=EagerReplayGraphBackend(),
+    )
+
+
+LIMITS = [
+    (8192, 8192),
+    (5000, 100000),
+    (100000, 2048),
+    (64, 64),
+    (100, 4096),
+    (16384, 32768),
+]
+USER_BUDGETS = [[], [256], [1024, 128, 4096], [64, 65]]
+USER_ITEMS = [0, 1, 7, 64, 200]
+
+
+@pytest.mark.parametrize(
+    "limits,budgets,items", list(itertools.product(LIMITS, USER_BUDGETS, USER_ITEMS))
+)
+def test_ladder_and_batch_size_match_the_manager(limits, budgets, items):
+    mnbt, mml = limits
+    ir = load_spec(ROOT / "specs" / "minimax_m3.yaml")
+    try:
+        manager = _manager(mnbt, mml, budgets, items)
+    except ValueError as exc:
+        with pytest.raises(PlanError) as err:
+            make_plan(
+                ir,
+                max_num_batched_tokens=mnbt,
+                max_model_len=mml,
+                budgets=budgets,
+                max_items=items,
+            )
+
+        # Same refusal, same leading sentence (the rest explains it in each
+        # implementation's words).
+        def lead(text: str) -> str:
+            return re.split(r"[.:]", text)[0]
+
+        assert lead(str(err.value)) == lead(str(exc))
+        return
+    plan = make_plan(
+        ir,
+        max_num_batched_tokens=mnbt,
+        max_model_len=mml,
+        budgets=budgets,
+        max_items=items,
+    )
+    assert plan.budgets == manager.token_budgets
+    assert plan.max_batch_size == manager.max_batch_size
+    assert plan.max_frames_per_batch == manager.max_frames_per_batch
+    assert plan.num_graphs == manager.get_num_graphs_to_capture()
+
+
+def test_generate_budgets_examples():
+    assert resolve_budgets((64, 5000))[0] == [64, 128, 256, 512, 1024, 2048, 4096, 5000]
+    assert resolve_budgets((100, 100))[0] == [100]
+    with pytest.raises(PlanError, match="min_budget=100 > max_budget=50"):
+        resolve_budgets((100, 50))
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=[s.stem for s in SPECS])
+def test_plan_shapes_follow_the_dummy_batch(spec):
+    ir = load_spec(spec)
+    plan = make_plan(ir, budgets=[128, 512], max_items=4)
+    for budget_plan in plan.per_budget:
+        k = -(-budget_plan.budget // 4)
+        assert budget_plan.k == k
+        by_key = {b.key: b for b in budget_plan.buffers}
+        flat = next(t.key for t in ir.capture_tensors)
+        # Every flat capture buffer holds exactly the dummy batch's input rows.
+        assert by_key[flat].shape[0] == budget_plan.rows
+        cu = next(b for b in ir.buffers if b.pad == "trailing_sequence")
+        assert by_key[cu.key].shape == [4 + 2]
+        assert budget_plan.total_bytes == sum(
+            b.nbytes or 0 for b in budget_plan.buffers
+        )
+    assert plan.problems == []
+
+
+def test_plan_cli_text_and_json():
+    spec = ROOT / "specs" / "deepseek_v41.yaml"
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "generator.cli",
+            "plan",
+            str(spec),
+            "--json",
+            "--budgets",
+            "64",
+            "256",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=True,
+    ).stdout
+    data = json.loads(out)
+    assert data["budgets"] == [64, 256]
+    assert data["max_batch_size"] == 64
+    text = subprocess.run(
+        [sys.executable, "-m", "generator.cli", "plan", str(spec), "--set", "r=2"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=True,
+    ).stdout
+    # r=2: a dummy item is [2, 2k] patches.
+    assert "vit_grid=[2, 2]" in text
+
+
+def test_plan_rejects_bad_set():
+    spec = ROOT / "specs" / "deepseek_v41.yaml"
+    proc = subprocess.run(
+        [sys.executable, "-m", "generator.cli", "plan", str(spec), "--set", "r=two"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 2
+    assert "'two' is not an integer" in proc.stderr
+
+
+def _mutated(old: str, new: str) -> str:
+    text = (ROOT / "specs" / "minimax_m3.yaml").read_text()
+    assert old in text
+    return text.replace(old, new)
+
+
+# Each static check, tripped by a spec; the message names the field.
+TRIPS = {
+    "dummy cannot cover its budget": (
+        ("image_grid_thw: [1, merge, k * merge]", "image_grid_thw: [1, merge, k]"),
+        r"capture\.dummy: the dummy batch cannot cover its budget",
+    ),
+    "input rows outside the buffer": (
+        ("shape: [rows, channels", "shape: [rows // 2, channels"),
+        r"capture\.tensors\.pixel_values\.shape: holds \d+ rows but the dummy batch has",
+    ),
+    "no spare cu_seqlens slot": (
+        ("slots: max_batch_size + 2", "slots: max_batch_size + 1"),
+        r"buffers\.cu_seqlens\.slots: \d+ slots for max_batch_size \d+",
+    ),
+    "max_seqlen below the longest sequence": (
+        (
+            "capture_kwargs: {max_seqlen_override: rows}",
+            "capture_kwargs: {max_seqlen_override: k}",
+        ),
+        r"buffers\.max_seqlen\.set_by: max_seqlen is captured as \d+",
+    ),
+    "dummy dims not positive": (
+        (
+            "image_grid_thw: [1, merge, k * merge]",
+            "image_grid_thw: [1, merge - 2, k * merge]",
+        ),
+        r"capture\.dummy: dummy dims h are not positive",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(TRIPS))
+def test_each_static_check_has_a_spec_that_trips_it(name):
+    (old, new), pattern = TRIPS[name]
+    with pytest.raises(SpecError) as err:
+        resolve_text(_mutated(old, new), "specs/trip.yaml")
+    messages = [str(d) for d in err.value.diagnostics]
+    assert any(re.search(pattern, m) for m in messages), messages
+    assert all(m.startswith("specs/trip.yaml:") for m in messages)
+
+
+def test_max_batch_size_above_smallest_budget_is_refused_like_the_manager():
+    ir = load_spec(ROOT / "specs" / "minimax_m3.yaml")
+    with pytest.raises(PlanError, match=r"must be <= smallest token budget \(64\)"):
+        make_plan(ir, budgets=[64, 128], max_items=65)
