@@ -1,0 +1,155 @@
+"""Building blocks shared by the reference towers.
+
+* :class:`VarlenAttention`: the attention core both towers call. It owns the
+  ``attn_backend`` attribute that generated mixins read in their guards
+  (vLLM keeps it on ``MMEncoderAttention``), and forwards to
+  :func:`encoder_cudagraph_runtime.varlen_attention.varlen_attention`, so the
+  packed path is capturable exactly when vLLM's is.
+* :func:`activation`: the few activations the vision configs name.
+* :func:`init_reference_weights_`: deterministic random weights.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from encoder_cudagraph_runtime.attention_backends import AttentionBackendEnum
+from encoder_cudagraph_runtime.varlen_attention import varlen_attention
+
+__all__ = ["VarlenAttention", "activation", "init_reference_weights_"]
+
+
+class VarlenAttention(nn.Module):
+    """Bidirectional attention inside each packed sequence.
+
+    ``q``, ``k``, ``v`` are ``(rows, heads, head_dim)``; sequence ``i`` owns
+    rows ``cu_seqlens[i]:cu_seqlens[i + 1]``. With ``cu_seqlens=None`` the
+    whole input is one sequence (a tower's dense per-image call); that is how
+    vLLM's FlashAttention wrapper treats a dense batch of one, so the dense
+    and packed paths run the same kernel.
+    """
+
+    def __init__(
+        self, num_heads: int, head_size: int, attn_backend: AttentionBackendEnum
+    ) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_size = head_size
+        self.scale = head_size**-0.5
+        self.attn_backend = attn_backend
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cu_seqlens: torch.Tensor | None = None,
+        max_seqlen: int | torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        if cu_seqlens is None:
+            if max_seqlen is not None:
+                raise ValueError("max_seqlen without cu_seqlens")
+            rows = q.shape[0]
+            cu_seqlens = torch.tensor([0, rows], dtype=torch.int32, device=q.device)
+            max_seqlen = rows
+        elif max_seqlen is None:
+            raise ValueError("cu_seqlens without max_seqlen")
+        return varlen_attention(
+            q,
+            k,
+            v,
+            cu_seqlens,
+            max_seqlen,
+            backend=self.attn_backend,
+            scale=self.scale,
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"num_heads={self.num_heads}, head_size={self.head_size}, "
+            f"attn_backend={self.attn_backend.name}"
+        )
+
+
+def _quick_gelu(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.sigmoid(1.702 * x)
+
+
+def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
+_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    # vLLM's get_act_fn("gelu") is the exact (erf) GELU.
+    "gelu": F.gelu,
+    "gelu_pytorch_tanh": _gelu_tanh,
+    "quick_gelu": _quick_gelu,
+    "silu": F.silu,
+}
+
+
+def activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The activation a config calls ``name``."""
+    try:
+        return _ACTIVATIONS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown activation {name!r} (expected one of: "
+            f"{', '.join(sorted(_ACTIVATIONS))})"
+        ) from None
+
+
+def init_reference_weights_(
+    module: nn.Module,
+    generator: torch.Generator,
+    *,
+    residual_branch_outputs: Iterable[str],
+    num_residual_branches: int,
+) -> None:
+    """Fill ``module``'s weights with seeded random values, in place.
+
+    The scheme keeps activations O(1) through any depth in bf16, which a
+    fixed ``std=0.02`` does not: with narrow tiny towers it makes attention
+    almost uniform (so RoPE mistakes would hardly show), and with wide ones it
+    lets the residual stream drift.
+
+    * Linear and convolution weights: ``N(0, 1 / fan_in)``, so every
+      projection maps O(1) inputs to O(1) outputs whatever its width; the
+      output projections of residual branches (names ending in one of
+      ``residual_branch_outputs``) are further scaled by
+      ``1 / sqrt(num_residual_branches)`` so that the residual stream stays
+      O(1) after all blocks.
+    * Biases: ``N(0, 0.02²)``, small but non-zero so that a dropped bias shows.
+    * Norm weights ``1 + N(0, 0.05²)``, norm biases ``N(0, 0.02²)``.
+
+    Every parameter is overwritten, so ``module`` may come from
+    ``to_empty()``. Values are drawn in the order of
+    ``module.named_parameters()`` with ``generator`` (a CPU generator for CPU
+    parameters), so the same seed always gives the same weights.
+    """
+    suffixes = tuple(residual_branch_outputs)
+    branch_scale = 1.0 / math.sqrt(max(num_residual_branches, 1))
+    with torch.no_grad():
+        for name, param in module.named_parameters():
+            owner_name, _, kind = name.rpartition(".")
+            owner = module.get_submodule(owner_name) if owner_name else module
+            if isinstance(owner, (nn.Linear, nn.Conv3d)) and kind == "weight":
+                std = math.prod(param.shape[1:]) ** -0.5
+                if owner_name.endswith(suffixes):
+                    std *= branch_scale
+                param.normal_(0.0, std, generator=generator)
+            elif kind == "weight" and param.dim() == 1:
+                # RMSNorm / LayerNorm gains.
+                param.normal_(1.0, 0.05, generator=generator)
+            elif kind == "bias":
+                param.normal_(0.0, 0.02, generator=generator)
+            else:
+                raise TypeError(
+                    f"no initialisation rule for parameter {name!r} of "
+                    f"{type(owner).__name__}"
+                )

@@ -1,0 +1,471 @@
+"""How a test suite finds the reference tower of a spec.
+
+``REFERENCE_TOWERS`` maps a spec name (the stem of ``specs/<name>.yaml``) to a
+:class:`ReferenceTower`, which knows how to build the host model with a
+generated mixin mixed in, which items are legal, what the model's
+``mm_kwargs`` look like, and what the right answer is. A GPU suite needs
+nothing else::
+
+    tower = REFERENCE_TOWERS["deepseek_v41"]
+    host = tower.build_host(GeneratedMixin, "full", device="cuda",
+                            dtype=torch.bfloat16)
+    rng = random.Random(0)
+    items = [tower.sample_item(rng, "full", max_output_tokens=512)
+             for _ in range(4)]
+    mm_kwargs = tower.make_mm_kwargs(host, items, "cuda", seed=1)
+    expected = tower.reference_outputs(host, mm_kwargs)   # one tensor per item
+    specs = host.get_encoder_cudagraph_item_specs(mm_kwargs)
+    assert [s.output_tokens for s in specs] == [tower.output_tokens(i)
+                                                for i in items]
+
+Interface of a :class:`ReferenceTower`:
+
+``name``, ``modality``, ``host_cls``, ``sizes``
+    Spec name, item modality (``"image"``), host class, the available sizes
+    (``"tiny"``: CPU tests in fp32; ``"full"``: the released dimensions, for
+    the GPU in bf16).
+``config(size)``
+    The tower configuration of a size.
+``host_class(mixin_cls)``
+    ``type(name, (mixin_cls, host_cls), {})``: the mixin first, so that its
+    methods win; cached per mixin class.
+``build_host(mixin_cls, size, *, device, dtype, attn_backend=FLASH_ATTN,
+multimodal_config=None, seed=0)``
+    An instance of ``host_class(mixin_cls)`` with seeded weights (drawn on the
+    CPU in fp32, so a seed gives the same model on every device), the tower
+    cast to ``dtype`` as the real host does, moved to ``device``, in eval
+    mode and without gradients.
+``Item``
+    A grid tuple: ``(n_vit_h, n_vit_w)`` for DeepSeek-V4.1, ``(t, h, w)`` for
+    MiniMax M3.
+``input_size(item)``, ``output_tokens(item)``
+    What the mixin's ``EncoderItemSpec`` must say for the item.
+``is_legal(item, size)``, ``max_output_tokens(size)``, ``smallest_item(size)``
+    Legality is the tower's input contract (what the model's processor can
+    emit and the tower must accept), capped by the per-item token limit of
+    the size. The processors' *upscaling* of small images is ignored, so that
+    the smallest grids stay reachable.
+``legal_grid(rng, size, *, output_tokens=None, max_output_tokens=None)``
+    A random legal item; with ``output_tokens`` exactly that many output
+    tokens (``ValueError`` when no legal item has them), to hit budget
+    boundaries exactly.
+``sample_item(rng, size, *, max_output_tokens=None)``
+    A random legal item of at most ``max_output_tokens`` output tokens (the
+    size's cap when ``None``), uniform over output-token counts first.
+``make_mm_kwargs(host, items, device, *, seed=0)``
+    The ``mm_kwargs`` vLLM would feed the model for these items (random
+    pixels from ``seed``, laid out and typed as the model's processor does).
+``reference_outputs(host, mm_kwargs)``
+    The host's own eager result, one tensor per item in the final layout the
+    mixin must produce (after ``postprocess_encoder_output``).
+
+``rng`` is a :class:`random.Random`; everything is deterministic given it.
+
+A host class (``host_cls``) takes ``(config, *, multimodal_config,
+attn_backend)`` and provides ``reference_init_weights(seed)``,
+``reference_cast_tower(dtype)`` and ``eager_reference_outputs(mm_kwargs)``;
+the prefixes keep these out of the way of any mixin method.
+"""
+
+from __future__ import annotations
+
+import abc
+import random
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, Generic, Literal, TypeVar
+
+import torch
+from torch import nn
+
+from encoder_cudagraph_runtime.attention_backends import AttentionBackendEnum
+from encoder_cudagraph_runtime.config import MultiModalConfig
+from reference_towers.deepseek_v4 import (
+    DeepseekV41Config,
+    DeepseekV41VisionHost,
+    build_image_span_types,
+    image_span_length,
+    llm_grid,
+)
+from reference_towers.minimax_vl import MiniMaxM3VisionConfig, MiniMaxM3VisionHost
+
+__all__ = [
+    "REFERENCE_TOWERS",
+    "DeepseekV41Reference",
+    "Item",
+    "MiniMaxM3Reference",
+    "ReferenceTower",
+    "Size",
+]
+
+Size = Literal["tiny", "full"]
+Item = tuple[int, ...]
+HostT = TypeVar("HostT", bound=nn.Module)
+
+
+def _divisor_pairs(n: int) -> list[tuple[int, int]]:
+    """``(a, b)`` with ``a·b == n``, ``a <= b`` first then swapped."""
+    pairs = [(a, n // a) for a in range(1, int(n**0.5) + 1) if n % a == 0]
+    return pairs + [(b, a) for a, b in pairs if a != b]
+
+
+class ReferenceTower(abc.ABC, Generic[HostT]):
+    """A spec's reference tower; see the module docstring for the interface."""
+
+    name: ClassVar[str]
+    modality: ClassVar[str] = "image"
+    host_cls: ClassVar[type[nn.Module]]
+    sizes: ClassVar[tuple[Size, ...]] = ("tiny", "full")
+
+    def __init__(self) -> None:
+        self._host_classes: dict[type, type[HostT]] = {}
+
+    # -- configuration and host ------------------------------------------
+
+    @abc.abstractmethod
+    def config(self, size: Size) -> Any:
+        """The tower configuration of ``size``."""
+
+    def host_class(self, mixin_cls: type) -> type[HostT]:
+        """The host with ``mixin_cls`` mixed in front.
+
+        Cached per mixin, so that hosts built from one mixin share a class
+        (and whatever class-level state the mixin keeps).
+        """
+        cls = self._host_classes.get(mixin_cls)
+        if cls is None:
+            name = f"{mixin_cls.__name__}On{self.host_cls.__name__}"
+            cls = type(name, (mixin_cls, self.host_cls), {"__module__": __name__})
+            self._host_classes[mixin_cls] = cls
+        return cls
+
+    def build_host(
+        self,
+        mixin_cls: type,
+        size: Size,
+        *,
+        device: torch.device | str,
+        dtype: torch.dtype,
+        attn_backend: AttentionBackendEnum = AttentionBackendEnum.FLASH_ATTN,
+        multimodal_config: MultiModalConfig | None = None,
+        seed: int = 0,
+    ) -> HostT:
+        """A ready host with ``mixin_cls`` mixed in (see the module docstring).
+
+        The model is laid out on the meta device (skipping PyTorch's default
+        initialisation, which would be thrown away), materialised on the CPU
+        in fp32, initialised from ``seed``, cast, then moved, so its values
+        do not depend on ``device``.
+        """
+        with torch.device("meta"):
+            host = self.host_class(mixin_cls)(
+                self.config(size),
+                multimodal_config=multimodal_config,
+                attn_backend=attn_backend,
+            )
+        host.to_empty(device="cpu")
+        host.reference_init_weights(seed)
+        host.reference_cast_tower(dtype)
+        host.to(device)
+        host.eval()
+        host.requires_grad_(False)
+        return host
+
+    # -- items -------------------------------------------------------------
+
+    @abc.abstractmethod
+    def input_size(self, item: Item) -> int:
+        """Encoder input rows of ``item`` (``EncoderItemSpec.input_size``)."""
+
+    @abc.abstractmethod
+    def output_tokens(self, item: Item) -> int:
+        """Output rows of ``item`` (``EncoderItemSpec.output_tokens``)."""
+
+    @abc.abstractmethod
+    def max_output_tokens(self, size: Size) -> int:
+        """The per-item output-token cap of ``size``."""
+
+    @abc.abstractmethod
+    def is_legal(self, item: Item, size: Size) -> bool:
+        """Whether the model can be given ``item`` at ``size``."""
+
+    @abc.abstractmethod
+    def smallest_item(self, size: Size) -> Item:
+        """The legal item with the fewest input rows."""
+
+    @abc.abstractmethod
+    def _items_with_output_tokens(
+        self, rng: random.Random, size: Size, output_tokens: int
+    ) -> Item | None:
+        """A random legal item with exactly ``output_tokens``, or ``None``."""
+
+    def legal_grid(
+        self,
+        rng: random.Random,
+        size: Size,
+        *,
+        output_tokens: int | None = None,
+        max_output_tokens: int | None = None,
+    ) -> Item:
+        """A random legal item (exactly ``output_tokens`` when given)."""
+        if output_tokens is not None:
+            if max_output_tokens is not None and output_tokens > max_output_tokens:
+                raise ValueError("output_tokens exceeds max_output_tokens")
+            item = self._items_with_output_tokens(rng, size, output_tokens)
+            if item is None:
+                raise ValueError(
+                    f"no legal {self.name} item has {output_tokens} output "
+                    f"tokens at size {size!r}"
+                )
+            return item
+        return self.sample_item(rng, size, max_output_tokens=max_output_tokens)
+
+    def sample_item(
+        self, rng: random.Random, size: Size, *, max_output_tokens: int | None = None
+    ) -> Item:
+        """A random legal item of at most ``max_output_tokens`` output tokens."""
+        cap = self.max_output_tokens(size)
+        if max_output_tokens is not None:
+            cap = min(cap, max_output_tokens)
+        low = self.output_tokens(self.smallest_item(size))
+        if cap < low:
+            raise ValueError(
+                f"no legal {self.name} item has at most {cap} output tokens "
+                f"(the smallest has {low})"
+            )
+        # Not every count is reachable (DeepSeek spans skip some); retry.
+        for _ in range(1000):
+            item = self._items_with_output_tokens(rng, size, rng.randint(low, cap))
+            if item is not None:
+                return item
+        raise RuntimeError(f"could not draw a {self.name} item under {cap} tokens")
+
+    # -- inputs and ground truth -------------------------------------------
+
+    @abc.abstractmethod
+    def make_mm_kwargs(
+        self,
+        host: HostT,
+        items: Sequence[Item],
+        device: torch.device | str,
+        *,
+        seed: int = 0,
+    ) -> dict[str, Any]:
+        """The model's ``mm_kwargs`` for ``items``, as vLLM would pass them."""
+
+    def reference_outputs(
+        self, host: HostT, mm_kwargs: Mapping[str, Any]
+    ) -> list[torch.Tensor]:
+        """The host's eager ground truth, one tensor per item."""
+        return host.eager_reference_outputs(mm_kwargs)
+
+
+class DeepseekV41Reference(ReferenceTower[DeepseekV41VisionHost]):
+    """DeepSeek-V4.1: items are ViT grids ``(n_vit_h, n_vit_w)``.
+
+    Legal: ``h, w >= 1`` and a span of at most ``vision_max_n_token`` tokens
+    (the processor shrinks larger images). Output tokens are the whole span
+    ``lh·(lw+1)+2``; input rows ``h·w``.
+    """
+
+    name = "deepseek_v41"
+    host_cls = DeepseekV41VisionHost
+
+    def config(self, size: Size) -> DeepseekV41Config:
+        return DeepseekV41Config.for_size(size)
+
+    @property
+    def downsample_ratio(self) -> int:
+        ratios = {self.config(s).vision_downsample_ratio for s in self.sizes}
+        if len(ratios) != 1:
+            raise RuntimeError("sizes disagree on the downsample ratio")
+        return ratios.pop()
+
+    def input_size(self, item: Item) -> int:
+        h, w = item
+        return h * w
+
+    def output_tokens(self, item: Item) -> int:
+        return image_span_length(*llm_grid(*item, self.downsample_ratio))
+
+    def max_output_tokens(self, size: Size) -> int:
+        return self.config(size).vision_max_n_token
+
+    def is_legal(self, item: Item, size: Size) -> bool:
+        return (
+            len(item) == 2
+            and min(item) >= 1
+            and self.output_tokens(item) <= self.max_output_tokens(size)
+        )
+
+    def smallest_item(self, size: Size) -> Item:
+        return (1, 1)
+
+    def _items_with_output_tokens(
+        self, rng: random.Random, size: Size, output_tokens: int
+    ) -> Item | None:
+        if not 4 <= output_tokens <= self.max_output_tokens(size):
+            return None
+        # lh·(lw + 1) = tokens − 2 with lw >= 1.
+        shapes = [
+            (lh, rows - 1)
+            for lh, rows in _divisor_pairs(output_tokens - 2)
+            if rows >= 2
+        ]
+        if not shapes:
+            return None
+        lh, lw = rng.choice(shapes)
+        r = self.downsample_ratio
+        # Any ViT side in ((l−1)·r, l·r] merges to l aligner cells.
+        return (
+            rng.randint((lh - 1) * r + 1, lh * r),
+            rng.randint((lw - 1) * r + 1, lw * r),
+        )
+
+    def make_mm_kwargs(
+        self,
+        host: DeepseekV41VisionHost,
+        items: Sequence[Item],
+        device: torch.device | str,
+        *,
+        seed: int = 0,
+    ) -> dict[str, Any]:
+        """``patches`` (Σ h·w, 3, p, p) bf16 on ``device``; ``vit_grid``,
+        ``llm_grid`` (n, 2) int64 and ``types`` (Σ span,) int64 on the CPU
+        (vLLM keeps them there). Pixels are uniform in [−1, 1], as the
+        processor scales them, and cut into patches in row-major order."""
+        config = host.config
+        p, r = config.vision_patch_size, config.vision_downsample_ratio
+        generator = torch.Generator().manual_seed(seed)
+        patches, llm, types = [], [], []
+        for h, w in items:
+            image = torch.rand((3, h * p, w * p), generator=generator) * 2 - 1
+            patches.append(
+                image.reshape(3, h, p, w, p)
+                .permute(1, 3, 0, 2, 4)
+                .reshape(h * w, 3, p, p)
+            )
+            lh, lw = llm_grid(h, w, r)
+            llm.append((lh, lw))
+            types.append(build_image_span_types(lh, lw))
+        if items:
+            all_patches = torch.cat(patches)
+            all_types = torch.cat(types)
+        else:
+            all_patches = torch.zeros((0, 3, p, p))
+            all_types = torch.zeros((0,), dtype=torch.int64)
+        return {
+            "patches": all_patches.to(torch.bfloat16).to(device),
+            "vit_grid": torch.tensor(list(items), dtype=torch.int64).reshape(-1, 2),
+            "llm_grid": torch.tensor(llm, dtype=torch.int64).reshape(-1, 2),
+            "types": all_types,
+        }
+
+
+class MiniMaxM3Reference(ReferenceTower[MiniMaxM3VisionHost]):
+    """MiniMax M3: items are image grids ``(1, h, w)``.
+
+    Legal: ``t == 1`` (videos stay on the eager path), ``h`` and ``w``
+    positive multiples of m, at most ``max_pixels / p²`` patches. Output
+    tokens ``t·h·w / m²``; input rows ``t·h·w``.
+    """
+
+    name = "minimax_m3"
+    host_cls = MiniMaxM3VisionHost
+
+    # CLIP normalisation of the image processor.
+    _MEAN = (0.48145466, 0.4578275, 0.40821073)
+    _STD = (0.26862954, 0.26130258, 0.27577711)
+
+    def config(self, size: Size) -> MiniMaxM3VisionConfig:
+        return MiniMaxM3VisionConfig.for_size(size)
+
+    @property
+    def spatial_merge_size(self) -> int:
+        merges = {self.config(s).spatial_merge_size for s in self.sizes}
+        if len(merges) != 1:
+            raise RuntimeError("sizes disagree on the spatial merge size")
+        return merges.pop()
+
+    def input_size(self, item: Item) -> int:
+        t, h, w = item
+        return t * h * w
+
+    def output_tokens(self, item: Item) -> int:
+        return self.input_size(item) // self.spatial_merge_size**2
+
+    def max_output_tokens(self, size: Size) -> int:
+        return self.config(size).max_patches_per_image // self.spatial_merge_size**2
+
+    def is_legal(self, item: Item, size: Size) -> bool:
+        m = self.spatial_merge_size
+        if len(item) != 3:
+            return False
+        t, h, w = item
+        return (
+            t == 1
+            and h >= m
+            and w >= m
+            and h % m == 0
+            and w % m == 0
+            and h * w <= self.config(size).max_patches_per_image
+        )
+
+    def smallest_item(self, size: Size) -> Item:
+        m = self.spatial_merge_size
+        return (1, m, m)
+
+    def _items_with_output_tokens(
+        self, rng: random.Random, size: Size, output_tokens: int
+    ) -> Item | None:
+        if not 1 <= output_tokens <= self.max_output_tokens(size):
+            return None
+        m = self.spatial_merge_size
+        bh, bw = rng.choice(_divisor_pairs(output_tokens))
+        return (1, bh * m, bw * m)
+
+    def make_mm_kwargs(
+        self,
+        host: MiniMaxM3VisionHost,
+        items: Sequence[Item],
+        device: torch.device | str,
+        *,
+        seed: int = 0,
+    ) -> dict[str, Any]:
+        """``pixel_values`` (Σ t·h·w, C·T·p²) fp32 and ``image_grid_thw``
+        (n, 3) int64, both on ``device`` (the processor's fp32 output; the
+        mixin casts to the tower dtype). Each image is random CLIP-normalised
+        pixels repeated to T frames, cut into rows in the processor's
+        (block-row, block-col, mh, mw) order with features (C, T, p, p)."""
+        config = host.config
+        p, m = config.patch_size, config.spatial_merge_size
+        c, tp = config.num_channels, config.temporal_patch_size
+        if c != len(self._MEAN):
+            raise ValueError("the CLIP normalisation assumes 3 channels")
+        mean = torch.tensor(self._MEAN)[:, None, None]
+        std = torch.tensor(self._STD)[:, None, None]
+        generator = torch.Generator().manual_seed(seed)
+        rows = []
+        for t, h, w in items:
+            frames = []
+            for _ in range(t):
+                image = (
+                    torch.rand((c, h * p, w * p), generator=generator) - mean
+                ) / std
+                # An image is repeated to fill the temporal patch.
+                frames.extend([image] * tp)
+            video = torch.stack(frames)  # (t·T, C, H, W)
+            blocks = video.reshape(t, tp, c, h // m, m, p, w // m, m, p)
+            # -> (t, block-row, block-col, mh, mw, C, T, p, p)
+            blocks = blocks.permute(0, 3, 6, 4, 7, 2, 1, 5, 8)
+            rows.append(blocks.reshape(t * h * w, c * tp * p * p))
+        pixel_values = torch.cat(rows) if rows else torch.zeros((0, config.patch_dim))
+        grid = torch.tensor(list(items), dtype=torch.int64).reshape(-1, 3)
+        return {
+            "pixel_values": pixel_values.to(device),
+            "image_grid_thw": grid.to(device),
+        }
+
+
+REFERENCE_TOWERS: dict[str, ReferenceTower[Any]] = {
+    tower.name: tower for tower in (DeepseekV41Reference(), MiniMaxM3Reference())
+}

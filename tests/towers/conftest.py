@@ -1,0 +1,34 @@
+"""Shared fixtures of the reference-tower tests (CPU, fp32, ``tiny``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from reference_towers.deepseek_v4 import DeepseekV41VisionHost
+from reference_towers.minimax_vl import MiniMaxM3VisionHost
+from reference_towers.registry import REFERENCE_TOWERS
+
+
+class PlainMixin:
+    """Stands in for a generated mixin: adds nothing."""
+
+
+@pytest.fixture(scope="session")
+def deepseek_host() -> DeepseekV41VisionHost:
+    return REFERENCE_TOWERS["deepseek_v41"].build_host(
+        PlainMixin, "tiny", device="cpu", dtype=torch.float32, seed=0
+    )
+
+
+@pytest.fixture(scope="session")
+def minimax_host() -> MiniMaxM3VisionHost:
+    return REFERENCE_TOWERS["minimax_m3"].build_host(
+        PlainMixin, "tiny", device="cpu", dtype=torch.float32, seed=0
+    )
+
+
+@pytest.fixture(autouse=True)
+def _no_grad():
+    with torch.no_grad():
+        yield
