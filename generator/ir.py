@@ -44,13 +44,14 @@ class FlatInput:
     accepts_list: bool
     replay_dtype: Expr | None
     eager_dtype: Expr | None
+    video_key: str | None = None
 
 
 @dataclass(frozen=True)
 class GridInput:
     key: str
     dims: tuple[str, ...]
-    modality: str | None
+    video_key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -160,6 +161,10 @@ class MixinIR:
 
     def buffer(self, key: str) -> Buffer | None:
         return next((b for b in self.buffers if b.key == key), None)
+
+    @property
+    def has_video_keys(self) -> bool:
+        return any(g.video_key for g in self.grid_inputs)
 
     def dim_owner(self, dim: str) -> GridInput | None:
         return next((g for g in self.grid_inputs if dim in g.dims), None)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import re
 import textwrap
 from dataclasses import dataclass
 from functools import cache
@@ -152,12 +153,27 @@ def _comprehension(ir: MixinIR, scope: MethodScope, expr: Expr) -> tuple[str, li
 # -- context --------------------------------------------------------------------
 
 
-def _import_sort_key(name: str) -> tuple[int, str]:
-    if name.isupper():
-        return (0, name)
-    if name[:1].isupper():
-        return (1, name)
-    return (2, name)
+def _used_import_names(ir: MixinIR) -> set[str]:
+    """Imported names the generated code mentions."""
+    exprs: list[Expr] = [m.call for m in ir.metadata]
+    exprs += [v for m in ir.metadata for _, v in m.capture_kwargs + m.replay_kwargs]
+    exprs += [s.expr for s in ir.graph_forward + ir.eager_steps]
+    used = set().union(*(fx.names_in(e) for e in exprs)) if exprs else set()
+    for attr in ir.host:
+        used.update(attr.annotation.replace("|", " ").replace("[", " ").replace("]", " ").replace(",", " ").split())
+    if ir.span_assembly is not None:
+        used.add(ir.span_assembly.content)
+        # The first delimiter is the index's fallback (offset 0): not named.
+        used.update(const for const, _ in ir.span_assembly.delimiters[1:])
+    return used
+
+
+def _import_sort_key(name: str) -> tuple[int, list[int | str]]:
+    """isort's order-by-type (CONSTANTS, Classes, functions), each in natural
+    order (``V4`` before ``V41``), case-insensitive, as ruff sorts them."""
+    kind = 0 if name.isupper() else 1 if name[:1].isupper() else 2
+    parts = re.split(r"(\d+)", name.lower())
+    return (kind, [int(p) if p.isdigit() else p for p in parts])
 
 
 def _import_lines(groups: dict[str, set[str]]) -> list[str]:
@@ -196,11 +212,12 @@ def build_context(ir: MixinIR, target: str, header: list[str]) -> dict[str, Any]
         if "MultiModalConfig" in attr.annotation:
             type_checking.setdefault(mods["MultiModalConfig"], set()).add("MultiModalConfig")
     module_of = {i.name: (i.vllm_module if target == "vllm" else i.standalone_module) for i in ir.imports}
+    used = _used_import_names(ir)
     for imp in ir.imports:
-        mentioned = any(imp.name in a.annotation.replace("|", " ").replace(".", " ").split() for a in ir.host)
+        if imp.name not in used:
+            continue  # declared for the spec's sake, never printed: no unused import
         if imp.type_only:
-            if mentioned:
-                type_checking.setdefault(module_of[imp.name], set()).add(imp.name)
+            type_checking.setdefault(module_of[imp.name], set()).add(imp.name)
         else:
             first_party.setdefault(module_of[imp.name], set()).add(imp.name)
 
@@ -216,15 +233,20 @@ def build_context(ir: MixinIR, target: str, header: list[str]) -> dict[str, Any]
     if default_post:
         first_party.setdefault(mods["scatter_output_slices"], set()).add("scatter_output_slices")
 
-    # Names shared by several methods.
+    # Names shared by several methods. With video keys, each method first
+    # looks up the batch's keys (`keys = self._modality_keys(mm_kwargs)`).
+    alt = ir.has_video_keys
+
+    def key_expr(key: str) -> str:
+        return f'keys["{key}"]' if alt else f'"{key}"'
+
     flat_loads = {}
     for flat in ir.flat_inputs:
-        flat_loads[flat.key] = (
-            f"self._get_{flat.key}(mm_kwargs)" if flat.accepts_list else f'mm_kwargs["{flat.key}"]'
-        )
+        read = f"mm_kwargs[{key_expr(flat.key)}]"
+        flat_loads[flat.key] = f"_concat_rows({read})" if flat.accepts_list else read
 
     def grid_load(key: str, source: str = "mm_kwargs") -> dict[str, str]:
-        return {"name": key, "value": f'self._grid_rows({source}, "{key}")'}
+        return {"name": key, "value": f"self._grid_rows({source}, {key_expr(key)})"}
 
     ctx: dict[str, Any] = {
         "header": header,
@@ -241,9 +263,8 @@ def build_context(ir: MixinIR, target: str, header: list[str]) -> dict[str, Any]
         "defs_module": mods["defs"],
         "backends_module": mods["backends"],
         "q": q,
-        "list_flats": [
-            {"key": f.key} for f in ir.flat_inputs if f.accepts_list
-        ],
+        "concat_rows": any(f.accepts_list for f in ir.flat_inputs),
+        "modality_keys": _modality_keys_context(ir) if alt else None,
         "trailing": None,
         "repeat_last": bool(repeat_last),
         "rows_dims": rows_dims,
@@ -331,6 +352,7 @@ def build_context(ir: MixinIR, target: str, header: list[str]) -> dict[str, Any]
     both = fx.BinOp("+", ir.input_size, ir.output_tokens)  # only to collect dims
     target_, iterable, grids = _grid_loop(ir, _dims_of(both, ir))
     ctx["items"] = {
+        "keys": alt,
         "grids": [grid_load(g) for g in grids],
         "input_size": sc.expr(ir.input_size),
         "output_tokens": sc.expr(ir.output_tokens),
@@ -348,16 +370,22 @@ def build_context(ir: MixinIR, target: str, header: list[str]) -> dict[str, Any]
         if flat is not None:
             sizes, grids = _comprehension(ir, sc, flat.rows)
             needed_grids += [g for g in grids if g not in needed_grids]
-            selected.append({"key": key, "value": f"_select_rows({flat_loads[key]}, {sizes}, indices)"})
+            selected.append(
+                {"key": key_expr(key), "value": f"_select_rows({flat_loads[key]}, {sizes}, indices)"}
+            )
         else:
             grid = ir.grid(key)
             assert grid is not None  # noqa: S101
             if key not in needed_grids:
                 needed_grids.append(key)
             selected.append(
-                {"key": key, "value": f'_select_grid(mm_kwargs["{key}"], {key}, indices, {len(grid.dims)})'}
+                {
+                    "key": key_expr(key),
+                    "value": f"_select_grid(mm_kwargs[{key_expr(key)}], {key}, indices, {len(grid.dims)})",
+                }
             )
     ctx["select"] = {
+        "keys": alt,
         "grids": [grid_load(g.key) for g in ir.grid_inputs if g.key in needed_grids],
         "entries": selected,
     }
@@ -370,10 +398,12 @@ def build_context(ir: MixinIR, target: str, header: list[str]) -> dict[str, Any]
 
     # -- replay ------------------------------------------------------------------------------------
     ctx["replay"] = _replay_context(ir, flat_loads, grid_load)
+    ctx["replay"]["keys"] = alt
 
     # -- forwards --------------------------------------------------------------------------------
     ctx["graph_forward"] = _graph_forward_context(ir)
     ctx["eager"] = _eager_context(ir, flat_loads, grid_load)
+    ctx["eager"]["keys"] = alt
     ctx["span"] = _span_context(ir, grid_load) if ir.span_assembly else None
 
     stdlib_lines = [f"import {m}" for m in sorted(plain_stdlib)] + _import_lines(stdlib)
@@ -390,9 +420,22 @@ def build_context(ir: MixinIR, target: str, header: list[str]) -> dict[str, Any]
     return ctx
 
 
+def _modality_keys_context(ir: MixinIR) -> dict[str, Any]:
+    keys = [(f.key, f.video_key) for f in ir.flat_inputs] + [
+        (g.key, g.video_key) for g in ir.grid_inputs
+    ]
+    order = {k: i for i, k in enumerate(ir.input_order)}
+    keys.sort(key=lambda kv: order[kv[0]])
+    return {
+        "image": [(repr(k), repr(k)) for k, _ in keys],
+        "video": [(repr(k), repr(v)) for k, v in keys],
+        "probe": repr(ir.grid_inputs[0].key),
+    }
+
+
 def _capture_context(ir: MixinIR, module_of: dict[str, str]) -> dict[str, Any]:
     sc = _scope(ir)
-    trailing = next((b for b in ir.buffers if b.pad == "trailing_sequence"), None)
+    trailing = next((b for b in ir.buffers if b.pad is not None and b.slots is not None), None)
     builder_grids = {
         name
         for m in ir.metadata
@@ -448,6 +491,9 @@ def _capture_context(ir: MixinIR, module_of: dict[str, str]) -> dict[str, Any]:
             ]
         ),
         "dummies": dummies,
+        "frames_per_item": any(
+            "frames_per_item" in fx.names_in(e) for _, exprs in ir.dummy_dims for e in exprs
+        ),
         "input_size": sc.expr(ir.input_size),
         "tensors": tensors,
         "builders": builders,
@@ -461,6 +507,7 @@ def _capture_context(ir: MixinIR, module_of: dict[str, str]) -> dict[str, Any]:
             "key": trailing.key,
             "slots": sc.expr(trailing.slots),
             "source": f'{results[trailing.key]}["{trailing.key}"]',
+            "register": trailing.pad == "trailing_sequence",
         }
     ctx["constants"] = sc.bindings()
     return ctx

@@ -47,7 +47,9 @@ from generator.yaml_loader import Node, load_spec_tree
 
 # Names the generated methods use for their own arguments and locals, and the
 # built-ins a spec may mention where the context provides them.
-CAPTURE_BUILTINS = ("token_budget", "max_batch_size", "max_frames_per_batch", "k", "rows")
+CAPTURE_BUILTINS = (
+    "token_budget", "max_batch_size", "max_frames_per_batch", "frames_per_item", "k", "rows",
+)
 PHASE_BUILTINS = ("device", "dtype")
 RESERVED = frozenset(
     {
@@ -155,6 +157,11 @@ class _Resolver:
         try:
             return fx.parse_expression(value, scope)
         except FormulaError as exc:
+            if "never closed" in str(exc) or "unmatched" in str(exc):
+                exc = FormulaError(
+                    f"{exc} (a formula with a comma inside a [...] list must be quoted)",
+                    exc.column,
+                )
             loc = node.location
             # Point at the offending column when the text is on one line.
             if "\n" not in value and node.location.line > 0:
@@ -197,7 +204,7 @@ class _Resolver:
         imports = self.resolve_imports()
         import_names = frozenset(i.name for i in imports)
         host = self.resolve_host(imports)
-        host_names = frozenset(h.name for h in host)
+        host_names = frozenset(h.name for h in host) | self.resolve_host_methods(host, import_names)
         self.check_clashes("host", v["host"], host_names, import_names)
 
         modalities = tuple(n.value for n in v["modalities"].value)
@@ -232,7 +239,8 @@ class _Resolver:
                 rows = _substitute(rows, {"input_size": input_size, "output_tokens": output_tokens})
             resolved_flats.append(
                 FlatInput(
-                    flat.key, rows or fx.Num(0), flat.accepts_list, flat.replay_dtype, flat.eager_dtype
+                    flat.key, rows or fx.Num(0), flat.accepts_list, flat.replay_dtype,
+                    flat.eager_dtype, flat.video_key,
                 )
             )
         flat_inputs = tuple(resolved_flats)
@@ -244,7 +252,10 @@ class _Resolver:
 
         mfpv = None
         if "max_frames_per_video" in v:
-            mfpv = self.expr(v["max_frames_per_video"], "max_frames_per_video", const_scope)
+            mfpv = self.expr(
+                v["max_frames_per_video"], "max_frames_per_video",
+                Scope(const_names, host_roots=host_names, allow_calls=True),
+            )
             if "video" not in modalities:
                 self.err(v["max_frames_per_video"], "max_frames_per_video",
                          "only meaningful with the video modality")
@@ -376,6 +387,19 @@ class _Resolver:
             out.append(HostAttr(name, text, bool(mentioned & type_only)))
         return tuple(out)
 
+    def resolve_host_methods(self, host, imports) -> frozenset[str]:
+        node = self.v.get("host_methods")
+        if node is None:
+            return frozenset()
+        names = set()
+        for item in node.value:
+            name = item.value
+            self.check_name(item.location, "host_methods", name, "host method")
+            if name in names or name in {h.name for h in host} or name in imports:
+                self.err(item, "host_methods", f"{name!r} is declared twice")
+            names.add(name)
+        return frozenset(names)
+
     def resolve_constants(self, host: frozenset[str]) -> tuple[Constant, ...]:
         node = self.v.get("constants")
         if node is None:
@@ -432,10 +456,10 @@ class _Resolver:
                     elif dim in consts or dim in host or dim in node.value:
                         self.err(dim_node, f"{field}.dims", f"dim {dim!r} clashes with another name")
                     seen_dims[dim] = key
-                modality = e.get("modality")
-                grids.append(GridInput(key, dims, modality.value if modality else None))
+                video_key = e.get("video_key")
+                grids.append(GridInput(key, dims, video_key.value if video_key else None))
             else:
-                for extra in ("dims", "modality"):
+                for extra in ("dims",):
                     if extra in e:
                         self.err(self.key_loc(entry, extra), f"{field}.{extra}", "only for grid inputs")
                 dtype_scope = Scope(frozenset(), host_roots=host)
@@ -446,18 +470,33 @@ class _Resolver:
                     if value is not None and not isinstance(value, HostPath):
                         self.err(src, f"{field}.{label}", "expected a host attribute path")
                 accepts = e.get("accepts_list")
+                video_key = e.get("video_key")
                 flats.append(
                     (FlatInput(key, fx.Num(0), bool(accepts.value) if accepts else False,
-                               replay, eager), e.get("rows"))
+                               replay, eager, video_key.value if video_key else None),
+                     e.get("rows"))
                 )
         if not grids:
             self.err(node, "inputs", "at least one grid input is needed (items are read from grids)")
         if not flats:
             self.err(node, "inputs", "at least one flat input is needed")
-        grid_modalities = [g.modality for g in grids]
-        if len(grids) > 1 and any(m is not None for m in grid_modalities):
-            if len(set(grid_modalities)) != len(grid_modalities):
-                self.err(node, "inputs", "grid modalities must be distinct")
+        video_keys = {k: n.value["video_key"] for k, n in node.value.items() if "video_key" in n.value}
+        if video_keys:
+            if len(video_keys) != len(node.value):
+                missing = [k for k in node.value if k not in video_keys]
+                self.err(node, "inputs", f"some inputs have a video_key and {', '.join(missing)} "
+                         "do not (all or none)")
+            modalities = [n.value for n in self.v["modalities"].value]
+            if "video" not in modalities:
+                first = next(iter(video_keys.values()))
+                self.err(first, "inputs", "video_key needs the video modality")
+            seen: set[str] = set(node.value)
+            for key, vk in video_keys.items():
+                if vk.value in seen:
+                    self.err(vk, f"inputs.{key}.video_key", f"{vk.value!r} is already a key")
+                seen.add(vk.value)
+        elif "video" in [n.value for n in self.v["modalities"].value]:
+            self.err(node, "inputs", "the video modality needs a video_key on every input")
         return flats, grids
 
     def resolve_guards(self, host):
@@ -488,7 +527,8 @@ class _Resolver:
         node = self.v["capture"]
         c = node.value
         per_item = c["per_item_tokens"].value if "per_item_tokens" in c else "ceil"
-        dummy_scope = Scope(consts | {"k", "max_batch_size", "token_budget", "max_frames_per_batch"})
+        dummy_scope = Scope(consts | {"k", "max_batch_size", "token_budget", "max_frames_per_batch",
+                                      "frames_per_item"})
         dummy_dims = []
         dummy = c["dummy"]
         for key, dims_node in dummy.value.items():
@@ -498,8 +538,12 @@ class _Resolver:
                 self.err(self.key_loc(dummy, key), field, f"{key!r} is not a grid input")
                 continue
             if len(dims_node.value) != len(grid.dims):
+                quoted = any(isinstance(n.value, str) and n.value.count("(") != n.value.count(")")
+                             for n in dims_node.value)
+                hint = " (a formula with a comma must be quoted)" if quoted else ""
                 self.err(dims_node, field,
-                         f"expected {len(grid.dims)} dims ({', '.join(grid.dims)}), got {len(dims_node.value)}")
+                         f"expected {len(grid.dims)} dims ({', '.join(grid.dims)}), "
+                         f"got {len(dims_node.value)}{hint}")
                 continue
             exprs = [self.expr(n, f"{field}[{i}]", dummy_scope) for i, n in enumerate(dims_node.value)]
             if all(e is not None for e in exprs):
@@ -580,6 +624,10 @@ class _Resolver:
                 self.err(entry, f"{field}.slots",
                          "trailing_sequence needs slots (at least max_batch_size + 2: one spare "
                          "slot for the padding sequence)")
+            if pad == "repeat_last" and "slots" not in e:
+                self.err(entry, f"{field}.slots",
+                         "repeat_last needs slots (at least max_batch_size + 1, or "
+                         "max_frames_per_batch + 1 with one sequence per frame)")
             if "slots" in e and pad is None:
                 self.err(self.key_loc(entry, "slots"), f"{field}.slots", "slots only goes with pad")
             if "replay" in e and not host_scalar:

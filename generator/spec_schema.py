@@ -113,6 +113,12 @@ SPEC_SCHEMA: dict[str, Any] = {
             "propertyNames": {"pattern": IDENT},
             "minProperties": 1,
         },
+        "host_methods": {
+            "type": "array",
+            "items": {"type": "string", "pattern": IDENT},
+            "description": "Methods the host model defines that expressions may call "
+            "(get_max_frames_per_video()).",
+        },
         "imports": {
             "type": "object",
             "description": "Names the generated code imports, per target.",
@@ -148,7 +154,8 @@ SPEC_SCHEMA: dict[str, Any] = {
         },
         "max_frames_per_video": _expr(
             "Frames per video (EncoderCudaGraphConfig.max_frames_per_video); "
-            "only with the video modality. A formula over constants."
+            "only with the video modality. A formula over constants, host "
+            "paths and host method calls (get_max_frames_per_video())."
         ),
         "inputs": {
             "type": "object",
@@ -187,12 +194,13 @@ SPEC_SCHEMA: dict[str, Any] = {
                     "eager_dtype": _expr(
                         "flat only: cast to this dtype (a host path) in the eager forward."
                     ),
-                    "modality": {
+                    "video_key": {
                         "type": "string",
-                        "enum": ["image", "video"],
-                        "description": "grid only: the modality whose items this "
-                        "grid describes (several grids: the present one selects "
-                        "the modality).",
+                        "pattern": IDENT,
+                        "description": "The key this input has in a video batch "
+                        "(pixel_values -> pixel_values_videos). The spec's names are "
+                        "the image keys; a batch whose first grid arrives under its "
+                        "video_key is a video batch. All inputs or none have one.",
                     },
                 },
             },

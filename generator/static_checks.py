@@ -64,6 +64,7 @@ def dummy_item(ir: Arithmetic, env: Mapping[str, int], budget: int, mbs: int, mf
         max_batch_size=mbs,
         token_budget=budget,
         max_frames_per_batch=mfpb,
+        frames_per_item=max(mfpb // mbs, 1),
     )
     dims: dict[str, int] = {}
     for key, exprs in ir.dummy_dims:
@@ -166,14 +167,22 @@ def slot_problems(
     env = {c.name: c.default for c in constants if c.default is not None}
     env.update(overrides or {})
     for buf in buffers:
-        if buf.pad != "trailing_sequence" or buf.slots is None:
+        if buf.pad is None or buf.slots is None:
             continue
+        spare = 1 if buf.pad == "trailing_sequence" else 0
         for mbs in SAMPLE_BATCH_SIZES:
             try:
                 slots = evaluate(buf.slots, {**env, "max_batch_size": mbs, "max_frames_per_batch": mbs})
             except (EvaluationError, ArithmeticError):
                 break
-            if slots < mbs + 2:
+            if buf.pad == "repeat_last" and slots < mbs + 1:
+                yield (
+                    f"buffers.{buf.key}.slots",
+                    f"{slots} slots for max_batch_size {mbs}: a full batch has "
+                    f"{mbs + 1} offsets (expected at least max_batch_size + 1)",
+                )
+                break
+            if spare and slots < mbs + 2:
                 yield (
                     f"buffers.{buf.key}.slots",
                     f"{slots} slots for max_batch_size {mbs}: a full batch fills "

@@ -3,7 +3,7 @@
 # Do not edit: change the spec or the templates and run
 # `gen-mixin specs/deepseek_v41.yaml`.
 # spec-sha256: 8a315bdcf698b9c1cb1f7159afe30b042e9b9c121baf31e05e9a16e084e88ff9
-# templates-sha256: 9b5f164f8f04de28480e777680b796ca9bd543a69fb42ffc56f8c4f274f1018d
+# templates-sha256: 7b97e62838d30bdd121d90de1155213b7f333ac2df65e43aeabae19bb32431cd
 
 import itertools
 import weakref
@@ -20,7 +20,6 @@ from vllm.models.deepseek_v41.common.mm_preprocess import (
     IMAGE,
     IMAGE_END,
     IMAGE_NEW_LINE,
-    IMAGE_START,
 )
 from vllm.utils.torch_utils import async_tensor_h2d
 from vllm.v1.worker.encoder_cudagraph_defs import (
@@ -362,7 +361,7 @@ class DeepseekV4VLEncoderCudaGraphMixin:
         table = torch.cat([graph_out[:num_rows], delimiters])
         spans = table[async_tensor_h2d(src_index, graph_out.device)]
         offset = 0
-        for idx, length in zip(indices, span_lengths):
+        for idx, length in zip(indices, span_lengths, strict=True):
             dest[idx] = spans[offset : offset + length]
             offset += length
 

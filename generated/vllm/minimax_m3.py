@@ -3,7 +3,7 @@
 # Do not edit: change the spec or the templates and run
 # `gen-mixin specs/minimax_m3.yaml`.
 # spec-sha256: 679a222a35671178384492aa0dc1e20daf1dbe9ee4c77a16239d17f4a618116f
-# templates-sha256: 9b5f164f8f04de28480e777680b796ca9bd543a69fb42ffc56f8c4f274f1018d
+# templates-sha256: 7b97e62838d30bdd121d90de1155213b7f333ac2df65e43aeabae19bb32431cd
 
 import itertools
 import weakref
@@ -24,6 +24,11 @@ if TYPE_CHECKING:
         EncoderCudaGraphReplayBuffers,
         EncoderItemSpec,
     )
+
+
+def _concat_rows(value: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
+    """One tensor of rows; the input may arrive as one tensor per item."""
+    return torch.cat(value) if isinstance(value, list) else value
 
 
 def _select_rows(
@@ -165,7 +170,7 @@ class MiniMaxM3EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         image_grid_thw = self._grid_rows(mm_kwargs, "image_grid_thw")
         return {
             "pixel_values": _select_rows(
-                self._get_pixel_values(mm_kwargs),
+                _concat_rows(mm_kwargs["pixel_values"]),
                 [t * h * w for t, h, w in image_grid_thw],
                 indices,
             ),
@@ -243,7 +248,7 @@ class MiniMaxM3EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         the captured buffers. Nothing here reads the device."""
         from vllm.v1.worker.encoder_cudagraph_defs import EncoderCudaGraphReplayBuffers
 
-        pixel_values = self._get_pixel_values(mm_kwargs)
+        pixel_values = _concat_rows(mm_kwargs["pixel_values"])
         image_grid_thw = self._grid_rows(mm_kwargs, "image_grid_thw")
         metadata = self.vision_tower.vision_model.prepare_encoder_metadata(
             image_grid_thw, device=pixel_values.device
@@ -277,7 +282,9 @@ class MiniMaxM3EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         path: str = "default",
     ) -> torch.Tensor:
         """The same rows as the graph, for batches above every budget."""
-        pixel_values = self._get_pixel_values(mm_kwargs).to(self.vision_tower.dtype)
+        pixel_values = _concat_rows(mm_kwargs["pixel_values"]).to(
+            self.vision_tower.dtype
+        )
         image_grid_thw = self._grid_rows(mm_kwargs, "image_grid_thw")
         return self.vision_tower(pixel_values=pixel_values, grid_thw=image_grid_thw)
 
@@ -291,14 +298,6 @@ class MiniMaxM3EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         if isinstance(grid, torch.Tensor):
             grid = grid.tolist()
         return [[int(v) for v in row] for row in grid]
-
-    @staticmethod
-    def _get_pixel_values(mm_kwargs: dict[str, Any]) -> torch.Tensor:
-        """``pixel_values`` as one tensor (it may arrive as a list per item)."""
-        pixel_values = mm_kwargs["pixel_values"]
-        if isinstance(pixel_values, list):
-            pixel_values = torch.cat(pixel_values)
-        return pixel_values
 
     def _register_captured_rows(self, cu_seqlens: torch.Tensor, rows: int) -> None:
         """Remember how many rows the graph using ``cu_seqlens`` captured.
