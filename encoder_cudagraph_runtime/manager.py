@@ -1,0 +1,1001 @@
+"""Budget-batched encoder CUDA graphs: the standalone ``EncoderCudaGraphManager``.
+
+Behaviour follows ``vllm/v1/worker/encoder_cudagraph.py`` of vLLM 0.33.0:
+given the same configuration, model and item specs, this manager resolves
+the same budgets and batch size, forms the same batches, replays the same
+budget per batch and path, falls back to eager on the same paths, copies
+replay data the same way and counts the same hits and misses.
+
+What it adds, none of which changes those decisions:
+
+* a pluggable graph backend (:mod:`encoder_cudagraph_runtime.graph_backends`),
+  so everything but the CUDA graph itself runs and is tested on a CPU;
+* padding-waste statistics per path and budget (:meth:`get_padding_stats`);
+* an optional plain-text capture progress line on stderr and a capture
+  report (graph count, seconds, pool bytes: :meth:`get_capture_report`);
+* a :meth:`clear` that actually returns the pool's memory;
+* optional host-overhead timing of :meth:`execute`
+  (:meth:`get_timing_stats`), which splits wall time into time inside model
+  methods, time inside ``graph.replay()`` and the manager's own overhead.
+
+Lifecycle: construct (resolves budgets), :meth:`capture` once (or again after
+:meth:`clear`), then :meth:`execute` per modality group.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import itertools
+import logging
+import math
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import IO, Any, TypeVar
+
+import torch
+
+from encoder_cudagraph_runtime import distributed
+from encoder_cudagraph_runtime.config import VllmConfig
+from encoder_cudagraph_runtime.defs import (
+    ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG,
+    BudgetGraphMapKey,
+    BudgetGraphMetadata,
+    CaptureAxisKeys,
+    EncoderCudaGraphConfig,
+    EncoderItemSpec,
+)
+from encoder_cudagraph_runtime.dp_sharding import (
+    DPShardPlan,
+    pad_local_output,
+    plan_dp_shard,
+    unshard_gathered,
+)
+from encoder_cudagraph_runtime.graph_backends import (
+    CudaGraphBackend,
+    GraphBackend,
+    MemoryCounters,
+    ReplayableGraph,
+)
+from encoder_cudagraph_runtime.interfaces import SupportsEncoderCudaGraph
+from encoder_cudagraph_runtime.packing import (
+    PackedBatch,
+    fitting_budget,
+    pack_items,
+    smallest_fitting_budget,
+)
+
+__all__ = [
+    "BudgetGraphMapKey",
+    "BudgetGraphMetadata",
+    "CaptureReport",
+    "EncoderCudaGraphManager",
+    "ExecuteTiming",
+]
+
+logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+
+# Above this many graphs (budgets x axis combinations) capture warns: each
+# graph costs capture time and pool memory.
+_MANY_GRAPHS_WARNING_THRESHOLD = 64
+
+_perf_ns = time.perf_counter_ns
+
+
+@dataclass(frozen=True)
+class CaptureReport:
+    """What one :meth:`EncoderCudaGraphManager.capture` call cost."""
+
+    backend: str
+    num_graphs: int
+    """Graphs captured (all paths, budgets and axis combinations)."""
+    seconds: float
+    """Wall time of the capture, device synchronised at the end."""
+    pool_bytes: int | None
+    """Bytes held by the graph pool's segments right after capture (CUDA
+    backend with allocator snapshots), else ``None``."""
+    reserved_bytes_delta: int | None
+    """Growth of ``torch.cuda.memory_reserved`` over the capture."""
+    allocated_bytes_delta: int | None
+    """Growth of ``torch.cuda.memory_allocated`` over the capture (captured
+    buffers, output buffers, live pool blocks)."""
+
+
+@dataclass
+class ExecuteTiming:
+    """Host-time split of :meth:`EncoderCudaGraphManager.execute` calls.
+
+    ``overhead = total - model - replay`` is the manager's own host cost
+    (sorting, packing, dictionary work, replay copies, result ordering).
+    Nanoseconds, from ``time.perf_counter_ns``; no device synchronisation,
+    so GPU execution time only shows up where the host waits for the GPU.
+    """
+
+    executes: int = 0
+    items: int = 0
+    total_ns: int = 0
+    model_ns: int = 0
+    replay_ns: int = 0
+    last_items: int = 0
+    last_total_ns: int = 0
+    last_model_ns: int = 0
+    last_replay_ns: int = 0
+    # Accumulators of the execute in progress.
+    _cur_model_ns: int = field(default=0, repr=False)
+    _cur_replay_ns: int = field(default=0, repr=False)
+
+    @property
+    def overhead_ns(self) -> int:
+        return self.total_ns - self.model_ns - self.replay_ns
+
+    @property
+    def last_overhead_ns(self) -> int:
+        return self.last_total_ns - self.last_model_ns - self.last_replay_ns
+
+    def as_dict(self) -> dict[str, int | float]:
+        executes = max(self.executes, 1)
+        return {
+            "executes": self.executes,
+            "items": self.items,
+            "total_ns": self.total_ns,
+            "model_ns": self.model_ns,
+            "replay_ns": self.replay_ns,
+            "overhead_ns": self.overhead_ns,
+            "overhead_us_per_execute": self.overhead_ns / executes / 1e3,
+            "last_items": self.last_items,
+            "last_total_ns": self.last_total_ns,
+            "last_model_ns": self.last_model_ns,
+            "last_replay_ns": self.last_replay_ns,
+            "last_overhead_ns": self.last_overhead_ns,
+        }
+
+
+class _CaptureProgress:
+    """A dependency-free progress line for capture.
+
+    On a terminal the line is redrawn in place; otherwise (logs, CI) one line
+    per graph is written so the output stays readable.
+    """
+
+    def __init__(self, total: int, stream: IO[str]) -> None:
+        self.total = total
+        self.stream = stream
+        self.done = 0
+        self.start = time.perf_counter()
+        self.inplace = bool(getattr(stream, "isatty", lambda: False)())
+
+    def step(self, path: str, budget: int, axis_keys: CaptureAxisKeys) -> None:
+        self.done += 1
+        width = len(str(self.total))
+        axes = f" axes={axis_keys}" if axis_keys else ""
+        line = (
+            f"encoder CUDA graphs [{self.done:>{width}}/{self.total}] "
+            f"path={path} budget={budget}{axes} "
+            f"{time.perf_counter() - self.start:.1f}s"
+        )
+        end = "" if self.inplace and self.done < self.total else "\n"
+        prefix = "\r" if self.inplace else ""
+        self.stream.write(prefix + line + end)
+        self.stream.flush()
+
+
+class EncoderCudaGraphManager:
+    """Captures one graph per (path, token budget, axis combination) and
+    packs each execute's items into as few, as small, replays as possible.
+
+    Args:
+        vllm_config: runtime configuration (budgets, items per batch, video
+            limit, TP size and encoder TP mode are read from it).
+        device: device of the captured buffers.
+        dtype: encoder dtype (capture inputs, DP gather buffers).
+        model: the model implementing :class:`SupportsEncoderCudaGraph`.
+        graph_backend: how graphs are captured and replayed; default
+            :class:`~encoder_cudagraph_runtime.graph_backends.CudaGraphBackend`
+            on ``device``. Use
+            :class:`~encoder_cudagraph_runtime.graph_backends.EagerReplayGraphBackend`
+            without a GPU.
+        progress: write a capture progress line to ``progress_stream``.
+        progress_stream: where progress goes (default ``sys.stderr``).
+        collect_timing: time every :meth:`execute` (see
+            :class:`ExecuteTiming`); can be toggled later with
+            :meth:`enable_timing`.
+
+    Raises:
+        ValueError: invalid budget range, user items per batch above the
+            smallest user budget, an empty capture axis, no paths, or a
+            path minimum budget outside ``(0, largest budget]``.
+        NotImplementedError: several paths combined with capture axes.
+    """
+
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        device: torch.device,
+        dtype: torch.dtype,
+        model: SupportsEncoderCudaGraph,
+        *,
+        graph_backend: GraphBackend | None = None,
+        progress: bool = False,
+        progress_stream: IO[str] | None = None,
+        collect_timing: bool = False,
+    ) -> None:
+        self.vllm_config = vllm_config
+        self.device = device
+        self.dtype = dtype
+        self.model = model
+        self.graph_backend: GraphBackend = (
+            graph_backend if graph_backend is not None else CudaGraphBackend(device)
+        )
+        self.progress = progress
+        self.progress_stream = progress_stream
+        self.config: EncoderCudaGraphConfig = model.get_encoder_cudagraph_config()
+
+        compilation = vllm_config.compilation_config
+        user_budgets = compilation.encoder_cudagraph_token_budgets
+        user_max_items = compilation.encoder_cudagraph_max_vision_items_per_batch
+        user_max_frames = compilation.encoder_cudagraph_max_frames_per_batch
+        multimodal_config = vllm_config.model_config.multimodal_config
+
+        self._capture_axes: tuple[CaptureAxisKeys, ...] = tuple(
+            tuple(axis) for axis in self.config.capture_axes
+        )
+        if any(len(axis) == 0 for axis in self._capture_axes):
+            raise ValueError(
+                "Every encoder CUDA graph capture axis must be non-empty "
+                f"(capture_axes={self._capture_axes})."
+            )
+        if len(self.config.paths) > 1 and self._capture_axes:
+            raise NotImplementedError(
+                "Encoder CUDA graphs with several paths cannot use capture " "axes yet."
+            )
+
+        self.token_budgets: list[int]
+        self.max_batch_size: int
+        self._resolve_budgets(user_budgets, user_max_items)
+
+        assert multimodal_config is not None
+        if multimodal_config.get_limit_per_prompt("video") == 0:
+            self.max_frames_per_batch = 0
+        elif user_max_frames is not None:
+            self.max_frames_per_batch = user_max_frames
+        else:
+            self.max_frames_per_batch = (
+                self.max_batch_size * self.config.max_frames_per_video
+            )
+
+        self.use_dp = (
+            multimodal_config is not None
+            and multimodal_config.mm_encoder_tp_mode == "data"
+            and vllm_config.parallel_config.tensor_parallel_size > 1
+        )
+
+        self.budget_graphs: dict[str, dict[BudgetGraphMapKey, BudgetGraphMetadata]] = {}
+        self.graph_pool: Any | None = None
+        self.graph_hits = 0
+        self.graph_misses = 0
+        self.log_stats_interval = 100
+
+        if not self.config.paths:
+            raise ValueError(
+                "The encoder CUDA graph config needs at least one path "
+                "(paths is empty)."
+            )
+        largest = self.token_budgets[-1]
+        self.path_token_budgets: dict[str, list[int]] = {}
+        for path, path_config in self.config.paths.items():
+            path_min = path_config.min_token_budget
+            if path_min is None:
+                budgets = list(self.token_budgets)
+            elif 0 < path_min <= largest:
+                budgets = self._generate_budgets(path_min, largest)
+            else:
+                raise ValueError(
+                    f"Encoder CUDA graph path {path!r} has minimum budget "
+                    f"{path_min}; it must lie in (0, {largest}], the largest "
+                    "budget."
+                )
+            if path_config.allow_zero_tokens:
+                budgets.insert(0, 0)
+            self.path_token_budgets[path] = budgets
+
+        # Hot-path caches of facts that are fixed from here on.
+        self._paths: tuple[str, ...] = tuple(self.path_token_budgets)
+        self._path_budget_lists: list[list[int]] = [
+            self.path_token_budgets[path] for path in self._paths
+        ]
+
+        # Additions beyond vLLM (observability only).
+        self._padding: dict[str, dict[int, list[int]]] = {}
+        self._eager: dict[str, list[int]] = {}
+        self._capture_report: CaptureReport | None = None
+        self._timer: ExecuteTiming | None = ExecuteTiming() if collect_timing else None
+
+        logger.info(
+            "EncoderCudaGraphManager: path budgets=%s, max_batch_size=%d, "
+            "max_frames_per_batch=%d, use_dp=%s, capture_axes=%s, backend=%s",
+            self.path_token_budgets,
+            self.max_batch_size,
+            self.max_frames_per_batch,
+            self.use_dp,
+            self._capture_axes,
+            getattr(self.graph_backend, "name", type(self.graph_backend).__name__),
+        )
+
+    # ------------------------------------------------------------------
+    # Budget resolution
+    # ------------------------------------------------------------------
+
+    def _resolve_budgets(self, user_budgets: list[int], user_max_items: int) -> None:
+        """Set ``token_budgets`` and ``max_batch_size``.
+
+        Every capture builds ``max_batch_size`` dummy items of at least one
+        row each, so ``max_batch_size <= min(token_budgets)`` must hold.
+        Which values the user fixed decides how it is ensured:
+
+        * budgets and items: taken as given, the invariant is checked;
+        * items only: the generated budgets start at ``max(min, items)``;
+        * budgets only: items = ``min(max // min, smallest budget)``;
+        * neither: budgets generated from the model range, items as above
+          with the generated budgets.
+
+        The model's range is only queried when something is left to infer.
+        """
+        if user_budgets and user_max_items > 0:
+            self.token_budgets = sorted(user_budgets)
+            self.max_batch_size = user_max_items
+            smallest = self.token_budgets[0]
+            if self.max_batch_size > smallest:
+                raise ValueError(
+                    "encoder_cudagraph_max_vision_items_per_batch "
+                    f"({self.max_batch_size}) must be <= smallest token budget "
+                    f"({smallest}): capture gives each of the "
+                    f"{self.max_batch_size} dummy items at least one row, which "
+                    f"does not fit the budgets {self.token_budgets}. Raise the "
+                    "smallest budget or lower the items per batch."
+                )
+            return
+
+        min_budget, max_budget = self.model.get_encoder_cudagraph_budget_range(
+            self.vllm_config
+        )
+        if min_budget <= 0 or max_budget <= 0:
+            raise ValueError(
+                "Invalid encoder CUDA graph budget range from the model: "
+                f"min_budget={min_budget}, max_budget={max_budget}. Both must "
+                "be positive."
+            )
+        if min_budget > max_budget:
+            raise ValueError(
+                "Invalid encoder CUDA graph budget range from the model: "
+                f"min_budget={min_budget} > max_budget={max_budget}."
+            )
+
+        if user_max_items > 0:
+            self.max_batch_size = user_max_items
+            self.token_budgets = self._generate_budgets(
+                max(min_budget, user_max_items), max_budget
+            )
+        elif user_budgets:
+            self.token_budgets = sorted(user_budgets)
+            self.max_batch_size = min(max_budget // min_budget, self.token_budgets[0])
+        else:
+            self.token_budgets = self._generate_budgets(min_budget, max_budget)
+            self.max_batch_size = min(max_budget // min_budget, self.token_budgets[0])
+
+    @staticmethod
+    def _generate_budgets(min_budget: int, max_budget: int) -> list[int]:
+        """``min_budget`` doubled while it stays ``<= max_budget``, then
+        ``max_budget`` itself unless the series already ends on it (so the
+        largest batch worth a graph always has one)."""
+        budgets: list[int] = []
+        budget = min_budget
+        while budget <= max_budget:
+            budgets.append(budget)
+            budget *= 2
+        if not budgets or budgets[-1] < max_budget:
+            budgets.append(max_budget)
+        return budgets
+
+    # ------------------------------------------------------------------
+    # Queries
+    # ------------------------------------------------------------------
+
+    def supports_modality(self, modality: str) -> bool:
+        """Whether ``execute`` handles inputs of ``modality``."""
+        return modality in self.config.modalities
+
+    def is_captured(self) -> bool:
+        """Whether a capture is in place (a pool is held)."""
+        return self.graph_pool is not None
+
+    def _num_graphs_for_budgets(self, budgets: list[int]) -> int:
+        nonzero = sum(1 for budget in budgets if budget != 0)
+        return nonzero * math.prod(len(axis) for axis in self._capture_axes)
+
+    def get_num_graphs_to_capture(self) -> int:
+        """Graphs :meth:`capture` records: non-zero budgets of every path
+        times the number of axis combinations."""
+        return sum(
+            self._num_graphs_for_budgets(budgets)
+            for budgets in self.path_token_budgets.values()
+        )
+
+    def _get_graph_set(
+        self, path: str = "default"
+    ) -> dict[BudgetGraphMapKey, BudgetGraphMetadata]:
+        """The captured graphs of ``path`` (created empty on first use)."""
+        graph_set = self.budget_graphs.get(path)
+        if graph_set is None:
+            graph_set = self.budget_graphs[path] = {}
+        return graph_set
+
+    def _find_smallest_fitting_budget_given_tokens(
+        self, total_tokens: int, budgets: list[int] | None = None
+    ) -> int | None:
+        """Smallest budget ``>= total_tokens`` (global budgets by default)."""
+        return smallest_fitting_budget(
+            self.token_budgets if budgets is None else budgets, total_tokens
+        )
+
+    def _path_fitting_budget(self, path: str, tokens: int) -> int | None:
+        """``path``'s budget for ``tokens`` rows: 0 when idle, ``None`` when
+        too big for every budget."""
+        return fitting_budget(self.path_token_budgets[path], tokens)
+
+    # ------------------------------------------------------------------
+    # Capture and release
+    # ------------------------------------------------------------------
+
+    def capture(self, graph_pool: Any = None) -> None:
+        """Capture every path's non-zero budgets (largest first) times every
+        axis combination into ``graph_pool``.
+
+        Largest first lets the smaller graphs reuse the pool blocks the
+        larger ones freed, so the pool ends up about the size of the largest
+        graph. ``graph_pool=None`` asks the backend for a fresh pool.
+        """
+        if graph_pool is None:
+            graph_pool = self.graph_backend.graph_pool_handle()
+        self.graph_pool = graph_pool
+
+        num_graphs = self.get_num_graphs_to_capture()
+        if num_graphs > _MANY_GRAPHS_WARNING_THRESHOLD:
+            logger.warning(
+                "Capturing %d encoder CUDA graphs; every capture axis key "
+                "multiplies the graphs per budget, consider fewer keys.",
+                num_graphs,
+            )
+        progress = (
+            _CaptureProgress(num_graphs, self.progress_stream or sys.stderr)
+            if self.progress and num_graphs > 0
+            else None
+        )
+
+        backend = self.graph_backend
+        memory_before = backend.memory_counters()
+        start = time.perf_counter()
+        for path, budgets in self.path_token_budgets.items():
+            for token_budget in sorted(budgets, reverse=True):
+                if token_budget == 0:
+                    continue
+                for axis_keys in itertools.product(*self._capture_axes):
+                    self._capture_budget_graph(
+                        token_budget, path=path, axis_keys=axis_keys
+                    )
+                    if progress is not None:
+                        progress.step(path, token_budget, axis_keys)
+        backend.synchronize()
+        seconds = time.perf_counter() - start
+        memory_after = backend.memory_counters()
+
+        self._capture_report = CaptureReport(
+            backend=getattr(backend, "name", type(backend).__name__),
+            num_graphs=num_graphs,
+            seconds=seconds,
+            pool_bytes=backend.pool_bytes(graph_pool),
+            reserved_bytes_delta=_delta(memory_before, memory_after, "reserved"),
+            allocated_bytes_delta=_delta(memory_before, memory_after, "allocated"),
+        )
+        logger.info(
+            "Captured %d encoder CUDA graphs across %d paths in %.2fs "
+            "(pool bytes: %s).",
+            num_graphs,
+            len(self.path_token_budgets),
+            seconds,
+            self._capture_report.pool_bytes,
+        )
+
+    def _capture_budget_graph(
+        self,
+        token_budget: int,
+        path: str = "default",
+        axis_keys: CaptureAxisKeys = (),
+    ) -> None:
+        """Capture the graph of one (path, budget, axis combination)."""
+        logger.debug(
+            "Capturing encoder graph: path=%s budget=%d max_batch_size=%d "
+            "max_frames_per_batch=%d axis_keys=%s",
+            path,
+            token_budget,
+            self.max_batch_size,
+            self.max_frames_per_batch,
+            axis_keys,
+        )
+        graph_set = self._get_graph_set(path)
+        values = self.model.prepare_encoder_cudagraph_capture_inputs(
+            token_budget,
+            self.max_batch_size,
+            self.max_frames_per_batch,
+            self.device,
+            self.dtype,
+            path,
+            axis_keys,
+        ).values
+
+        # Warm-up outside the graph (on the capture stream): lazy
+        # initialisation (kernel selection, workspaces) must not happen during
+        # capture, and the output's shape and dtype size the output buffer.
+        # The buffer is an ordinary allocation on the caller's stream, so it
+        # is not part of the pool whose memory the next capture reuses.
+        with self.graph_backend.capture_scope(), torch.inference_mode():
+            warmup = self.model.encoder_cudagraph_forward({**values}, path=path)
+        with torch.inference_mode():
+            output_buffer = torch.empty_like(warmup)
+        del warmup
+
+        forward = functools.partial(self.model.encoder_cudagraph_forward, path=path)
+        graph = self.graph_backend.capture(
+            forward, values, output_buffer, self.graph_pool
+        )
+        key: BudgetGraphMapKey = (
+            token_budget if not axis_keys else (token_budget, axis_keys)
+        )
+        graph_set[key] = BudgetGraphMetadata(
+            token_budget=token_budget,
+            max_batch_size=self.max_batch_size,
+            max_frames_per_batch=self.max_frames_per_batch,
+            graph=graph,
+            input_buffers=values,
+            output_buffer=output_buffer,
+            axis_keys=axis_keys,
+        )
+
+    def clear(self) -> None:
+        """Drop every graph, captured buffer and the pool, and give their
+        memory back to the device.
+
+        The graphs are what keeps a private pool alive; once they and the
+        buffers are unreferenced, a garbage collection (for cycles) and
+        ``empty_cache`` return the pool's segments, so capture -> clear ->
+        capture does not grow memory.
+        """
+        self.graph_backend.synchronize()
+        for graph_set in self.budget_graphs.values():
+            graph_set.clear()
+        self.graph_pool = None
+        gc.collect()
+        self.graph_backend.release_cached_memory()
+
+    def get_capture_report(self) -> CaptureReport | None:
+        """Cost of the latest :meth:`capture` (``None`` before any)."""
+        return self._capture_report
+
+    # ------------------------------------------------------------------
+    # Model calls (optionally timed)
+    # ------------------------------------------------------------------
+
+    def _call_model(self, fn: Callable[..., _T], /, *args: Any, **kwargs: Any) -> _T:
+        """Call a model method, charging its time to the model when timing."""
+        timer = self._timer
+        if timer is None:
+            return fn(*args, **kwargs)
+        start = _perf_ns()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            timer._cur_model_ns += _perf_ns() - start
+
+    def _replay(self, graph: ReplayableGraph) -> None:
+        timer = self._timer
+        if timer is None:
+            graph.replay()
+            return
+        start = _perf_ns()
+        try:
+            graph.replay()
+        finally:
+            timer._cur_replay_ns += _perf_ns() - start
+
+    def _get_item_specs(self, mm_kwargs: dict[str, Any]) -> list[EncoderItemSpec]:
+        """The model's item specs (it may read sizes off device tensors)."""
+        return self._call_model(self.model.get_encoder_cudagraph_item_specs, mm_kwargs)
+
+    def _select_items(
+        self, mm_kwargs: dict[str, Any], indices: list[int]
+    ) -> tuple[dict[str, Any], CaptureAxisKeys]:
+        """The sub-batch kwargs of ``indices`` and its capture-axis keys.
+
+        The keys are removed from the returned dict, so no other model
+        method sees the reserved entry; their count must match the axes.
+        """
+        selected = self._call_model(
+            self.model.select_encoder_cudagraph_items, mm_kwargs, indices
+        )
+        axis_keys = selected.pop(ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG, ())
+        if len(axis_keys) != len(self._capture_axes):
+            raise ValueError(
+                f"select_encoder_cudagraph_items returned {len(axis_keys)} "
+                f"capture axis keys; capture_axes has {len(self._capture_axes)} "
+                "axes and needs exactly one key per axis."
+            )
+        return selected, axis_keys
+
+    def _get_per_item_out_tokens(self, mm_kwargs: dict[str, Any]) -> list[int]:
+        return [spec.output_tokens for spec in self._get_item_specs(mm_kwargs)]
+
+    # ------------------------------------------------------------------
+    # Replay
+    # ------------------------------------------------------------------
+
+    @staticmethod
+    def _copy_padded_buffer(dst: torch.Tensor, src: torch.Tensor) -> None:
+        """Default replay copy: clear the whole buffer, then write ``src``
+        into its leading rows (stale rows of a larger earlier batch must not
+        leak into this replay)."""
+        dst.zero_()
+        dst[: src.shape[0]].copy_(src)
+
+    def _run_budget_graph(
+        self,
+        mm_kwargs: dict[str, Any],
+        token_budget: int,
+        path: str = "default",
+        axis_keys: CaptureAxisKeys = (),
+    ) -> torch.Tensor | None:
+        """Replay ``path``'s graph of ``token_budget`` for this sub-batch.
+
+        Returns the graph's full output buffer (padding rows included), or
+        ``None`` when no such graph was captured (counted as misses).
+        """
+        graph_set = self._get_graph_set(path)
+        num_items = len(self._get_item_specs(mm_kwargs))
+        key: BudgetGraphMapKey = (
+            token_budget if not axis_keys else (token_budget, axis_keys)
+        )
+        meta = graph_set.get(key)
+        if meta is None:
+            self.graph_misses += num_items
+            return None
+
+        replay_values = self._call_model(
+            self.model.prepare_encoder_cudagraph_replay_buffers,
+            mm_kwargs,
+            self.max_batch_size,
+            self.max_frames_per_batch,
+            path,
+        ).values
+        padding_logics = self.config.padding_logics
+        copy_padded = self._copy_padded_buffer
+        # Only captured keys are written; extra replay keys are ignored.
+        for name, buf in meta.input_buffers.items():
+            src = replay_values.get(name)
+            if src is None:
+                continue
+            if src.ndim == 0:
+                # Scalars are copied as they are; padding logic is for rows.
+                buf.copy_(src)
+            else:
+                padding_logics.get(name, copy_padded)(buf, src)
+
+        self._replay(meta.graph)
+        self.graph_hits += num_items
+        return meta.output_buffer
+
+    def _execute_local(self, mm_kwargs: dict[str, Any]) -> list[torch.Tensor]:
+        """Pack this process' items into budget batches and run them."""
+        item_specs = self._get_item_specs(mm_kwargs)
+        num_items = len(item_specs)
+        paths = self._paths
+        per_path_tokens = [
+            [spec.get_path_output_tokens(path) for spec in item_specs] for path in paths
+        ]
+        per_item_out_tokens = [spec.output_tokens for spec in item_specs]
+        batches = pack_items(
+            per_path_tokens,
+            per_item_out_tokens,
+            self._path_budget_lists,
+            self.max_batch_size,
+        )
+
+        results: dict[int, torch.Tensor] = {}
+        for batch in batches:
+            self._run_batch(mm_kwargs, batch, per_item_out_tokens, results)
+        return [results[i] for i in range(num_items)]
+
+    def _run_batch(
+        self,
+        mm_kwargs: dict[str, Any],
+        batch: PackedBatch,
+        per_item_out_tokens: list[int],
+        results: dict[int, torch.Tensor],
+    ) -> None:
+        """Run every path of one packed batch and postprocess into
+        ``results``: graph replay where a budget fits, eager otherwise."""
+        batch_kwargs, axis_keys = self._select_items(mm_kwargs, batch.indices)
+        outputs: dict[str, torch.Tensor] = {}
+        all_eager = True
+        for path, tokens, budget in zip(
+            self._paths, batch.path_tokens, batch.path_budgets
+        ):
+            if tokens == 0:
+                continue
+            if budget is None:
+                with torch.inference_mode():
+                    outputs[path] = self._call_model(
+                        self.model.encoder_eager_forward, batch_kwargs, path=path
+                    )
+                self._record_eager(path, tokens)
+                continue
+            all_eager = False
+            output = self._run_budget_graph(
+                batch_kwargs, budget, path=path, axis_keys=axis_keys
+            )
+            if output is None:
+                raise AssertionError(
+                    f"no encoder CUDA graph for path={path!r} budget={budget} "
+                    f"axis_keys={axis_keys!r}: capture() has not run (or was "
+                    "cleared), or the model selected an axis combination "
+                    "outside capture_axes"
+                )
+            self._record_padding(path, budget, tokens)
+            outputs[path] = output
+        if all_eager:
+            self.graph_misses += len(batch.indices)
+
+        # The graph output buffers are overwritten by the next replay, so
+        # results must be copies.
+        self._call_model(
+            self.model.postprocess_encoder_output,
+            outputs,
+            batch.indices,
+            per_item_out_tokens,
+            results,
+            clone=True,
+            batch_mm_kwargs=batch_kwargs,
+        )
+
+    # ------------------------------------------------------------------
+    # Data parallel
+    # ------------------------------------------------------------------
+
+    def _dp_shard(
+        self, mm_kwargs: dict[str, Any], per_item_out_tokens: list[int]
+    ) -> tuple[dict[str, Any], list[int], list[int], int]:
+        """This rank's sub-batch plus the layout every rank agrees on.
+
+        Returns ``(local_mm_kwargs, assignment, items_per_rank,
+        max_output_tokens_per_rank)``; see
+        :func:`~encoder_cudagraph_runtime.dp_sharding.plan_dp_shard`. An idle
+        rank still selects (with ``[]``) and later joins the all-gather.
+        """
+        world_size = distributed.get_tensor_model_parallel_world_size()
+        rank = distributed.get_tensor_model_parallel_rank()
+        input_sizes = [spec.input_size for spec in self._get_item_specs(mm_kwargs)]
+        plan = plan_dp_shard(input_sizes, per_item_out_tokens, world_size)
+        local_kwargs = self._select_items(mm_kwargs, plan.rank_items(rank))[0]
+        return (
+            local_kwargs,
+            plan.assignment,
+            plan.items_per_rank,
+            plan.max_output_tokens_per_rank,
+        )
+
+    def _dp_gather(
+        self,
+        local_outputs: list[torch.Tensor],
+        per_item_out_tokens: list[int],
+        image_rank_assignment: list[int],
+        images_per_rank: list[int],
+        max_output_tokens_per_rank: int,
+    ) -> list[torch.Tensor]:
+        """All-gather every rank's (padded) outputs and return all items'
+        outputs in original order. Outputs are 2-D ``(rows, out_hidden)``."""
+        offsets = [0]
+        for count in images_per_rank:
+            offsets.append(offsets[-1] + count)
+        tokens_per_rank = [
+            sum(per_item_out_tokens[i] for i in image_rank_assignment[a:b])
+            for a, b in zip(offsets[:-1], offsets[1:])
+        ]
+        plan = DPShardPlan(
+            assignment=image_rank_assignment,
+            items_per_rank=images_per_rank,
+            offsets=offsets,
+            tokens_per_rank=tokens_per_rank,
+            max_output_tokens_per_rank=max_output_tokens_per_rank,
+        )
+        local = pad_local_output(
+            local_outputs,
+            max_output_tokens_per_rank,
+            self.config.out_hidden_size,
+            self.device,
+            self.dtype,
+        )
+        gathered = distributed.tensor_model_parallel_all_gather(local, dim=0)
+        return unshard_gathered(gathered, plan, per_item_out_tokens)
+
+    # ------------------------------------------------------------------
+    # Entry point
+    # ------------------------------------------------------------------
+
+    def execute(self, mm_kwargs: dict[str, Any]) -> list[torch.Tensor]:
+        """Encode every item of ``mm_kwargs``; one output per item, in item
+        order.
+
+        Runs in inference mode, as vLLM's runner always calls it (captured
+        buffers made under inference mode can only be written there).
+        """
+        timer = self._timer
+        start = _perf_ns() if timer is not None else 0
+        if timer is not None:
+            timer._cur_model_ns = 0
+            timer._cur_replay_ns = 0
+
+        if torch.is_inference_mode_enabled():
+            result = self._execute(mm_kwargs)
+        else:
+            with torch.inference_mode():
+                result = self._execute(mm_kwargs)
+
+        total = self.graph_hits + self.graph_misses
+        if total > 0 and total % self.log_stats_interval == 0:
+            stats = self.get_cumulative_stats()
+            logger.debug(
+                "Encoder CUDA graph stats: hits=%d misses=%d hit_rate=%.1f%%",
+                stats["graph_hits"],
+                stats["graph_misses"],
+                stats["hit_rate"] * 100,
+            )
+
+        if timer is not None:
+            elapsed = _perf_ns() - start
+            timer.executes += 1
+            timer.items += len(result)
+            timer.total_ns += elapsed
+            timer.model_ns += timer._cur_model_ns
+            timer.replay_ns += timer._cur_replay_ns
+            timer.last_items = len(result)
+            timer.last_total_ns = elapsed
+            timer.last_model_ns = timer._cur_model_ns
+            timer.last_replay_ns = timer._cur_replay_ns
+        return result
+
+    def _execute(self, mm_kwargs: dict[str, Any]) -> list[torch.Tensor]:
+        if not self.use_dp:
+            return self._execute_local(mm_kwargs)
+        per_item_out_tokens = self._get_per_item_out_tokens(mm_kwargs)
+        local_kwargs, assignment, per_rank, max_rows = self._dp_shard(
+            mm_kwargs, per_item_out_tokens
+        )
+        local_outputs = self._execute_local(local_kwargs)
+        return self._dp_gather(
+            local_outputs, per_item_out_tokens, assignment, per_rank, max_rows
+        )
+
+    # ------------------------------------------------------------------
+    # Statistics
+    # ------------------------------------------------------------------
+
+    def get_cumulative_stats(self) -> dict[str, Any]:
+        """Cumulative counters, as vLLM reports them.
+
+        Counted in items: every graph replay adds its batch's item count to
+        ``graph_hits`` (a batch that replays two paths counts its items
+        twice), a batch that replays nothing adds its items to
+        ``graph_misses``. ``num_budgets`` counts captured graphs over all
+        paths and axis combinations; ``token_budgets`` is the global list.
+        """
+        total = self.graph_hits + self.graph_misses
+        return {
+            "graph_hits": self.graph_hits,
+            "graph_misses": self.graph_misses,
+            "hit_rate": self.graph_hits / total if total > 0 else 0.0,
+            "num_budgets": sum(len(g) for g in self.budget_graphs.values()),
+            "token_budgets": self.token_budgets,
+        }
+
+    def _record_padding(self, path: str, budget: int, rows: int) -> None:
+        per_budget = self._padding.get(path)
+        if per_budget is None:
+            per_budget = self._padding[path] = {}
+        entry = per_budget.get(budget)
+        if entry is None:
+            per_budget[budget] = [1, budget, rows]
+        else:
+            entry[0] += 1
+            entry[1] += budget
+            entry[2] += rows
+
+    def _record_eager(self, path: str, rows: int) -> None:
+        entry = self._eager.get(path)
+        if entry is None:
+            self._eager[path] = [1, rows]
+        else:
+            entry[0] += 1
+            entry[1] += rows
+
+    def get_padding_stats(self) -> dict[str, Any]:
+        """How much of the replayed rows were padding.
+
+        Returns ``{"paths": {path: {"budgets": {budget: entry}, "eager_batches",
+        "eager_rows", **totals}}, **totals}`` where ``entry`` and the totals
+        hold ``replays``, ``rows_replayed`` (budget per replay),
+        ``rows_used`` (real rows), ``rows_wasted`` and ``waste_fraction``.
+        Eager batches replay nothing and are listed separately.
+        """
+
+        def summary(replays: int, replayed: int, used: int) -> dict[str, Any]:
+            return {
+                "replays": replays,
+                "rows_replayed": replayed,
+                "rows_used": used,
+                "rows_wasted": replayed - used,
+                "waste_fraction": (replayed - used) / replayed if replayed else 0.0,
+            }
+
+        paths: dict[str, Any] = {}
+        grand = [0, 0, 0]
+        for path in self._paths:
+            per_budget = self._padding.get(path, {})
+            budgets = {
+                budget: summary(*entry) for budget, entry in sorted(per_budget.items())
+            }
+            totals = [sum(entry[i] for entry in per_budget.values()) for i in range(3)]
+            eager_batches, eager_rows = self._eager.get(path, (0, 0))
+            paths[path] = {
+                "budgets": budgets,
+                "eager_batches": eager_batches,
+                "eager_rows": eager_rows,
+                **summary(*totals),
+            }
+            for i in range(3):
+                grand[i] += totals[i]
+        return {"paths": paths, **summary(*grand)}
+
+    def reset_padding_stats(self) -> None:
+        self._padding.clear()
+        self._eager.clear()
+
+    # ------------------------------------------------------------------
+    # Host-overhead timing
+    # ------------------------------------------------------------------
+
+    def enable_timing(self, enabled: bool = True) -> None:
+        """Start (fresh counters) or stop timing :meth:`execute`."""
+        self._timer = ExecuteTiming() if enabled else None
+
+    def reset_timing(self) -> None:
+        """Zero the timing counters (timing stays on if it was on)."""
+        if self._timer is not None:
+            self._timer = ExecuteTiming()
+
+    @property
+    def timing(self) -> ExecuteTiming | None:
+        """The live timing counters, ``None`` while timing is off."""
+        return self._timer
+
+    def get_timing_stats(self) -> dict[str, int | float] | None:
+        """:meth:`ExecuteTiming.as_dict` of the counters, or ``None``."""
+        return None if self._timer is None else self._timer.as_dict()
+
+
+def _delta(
+    before: MemoryCounters | None, after: MemoryCounters | None, name: str
+) -> int | None:
+    if before is None or after is None:
+        return None
+    return int(getattr(after, name)) - int(getattr(before, name))
