@@ -203,7 +203,20 @@ def make_plan(
     hi = min(max_num_batched_tokens, max_model_len)
     ladder, mbs = resolve_budgets((lo, hi), budgets, max_items)
     video = "video" in ir.modalities
-    mfpv = evaluate(ir.max_frames_per_video, env) if ir.max_frames_per_video is not None else 1
+    mfpv = 1
+    if ir.max_frames_per_video is not None:
+        try:
+            mfpv = evaluate(ir.max_frames_per_video, env)
+        except EvaluationError:
+            # A host method (vLLM derives it from the processor and the
+            # model length): take the spec's size or --set.
+            if "max_frames_per_video" not in env:
+                raise PlanError(
+                    "max_frames_per_video comes from the host "
+                    f"({to_spec_text(ir.max_frames_per_video)}): give it with "
+                    "--set max_frames_per_video=N or under sizes"
+                ) from None
+            mfpv = env["max_frames_per_video"]
     mfpb = max_frames if max_frames is not None else (mbs * mfpv if video else mbs)
     per_budget = []
     unknown: set[str] = set()

@@ -140,8 +140,13 @@ def test_plan_shapes_follow_the_dummy_batch(spec):
         flat = next(t.key for t in ir.capture_tensors)
         # Every flat capture buffer holds exactly the dummy batch's input rows.
         assert by_key[flat].shape[0] == budget_plan.rows
-        cu = next(b for b in ir.buffers if b.pad == "trailing_sequence")
-        assert by_key[cu.key].shape == [4 + 2]
+        cu = next(b for b in ir.buffers if b.pad is not None)
+        if cu.pad == "trailing_sequence":
+            # Every offset of a full batch, plus the spare slot.
+            assert by_key[cu.key].shape == [4 + 2]
+        else:
+            # One offset per sequence (per frame for videos).
+            assert by_key[cu.key].shape == [max(plan.max_frames_per_batch, 4) + 1]
         assert budget_plan.total_bytes == sum(
             b.nbytes or 0 for b in budget_plan.buffers
         )
