@@ -20,10 +20,11 @@ nothing else::
 
 Interface of a :class:`ReferenceTower`:
 
-``name``, ``modality``, ``host_cls``, ``sizes``
-    Spec name, item modality (``"image"``), host class, the available sizes
-    (``"tiny"``: CPU tests in fp32; ``"full"``: the released dimensions, for
-    the GPU in bf16).
+``name``, ``modality``, ``modalities``, ``host_cls``, ``sizes``
+    Spec name, default item modality (``"image"``), every modality the tower
+    takes (``("image",)``, or ``("image", "video")`` for Qwen2-VL), host
+    class, the available sizes (``"tiny"``: CPU tests in fp32; ``"full"``:
+    the released dimensions, for the GPU in bf16).
 ``config(size)``
     The tower configuration of a size.
 ``host_class(mixin_cls)``
@@ -37,27 +38,33 @@ multimodal_config=None, seed=0)``
     mode and without gradients.
 ``Item``
     A grid tuple: ``(n_vit_h, n_vit_w)`` for DeepSeek-V4.1, ``(t, h, w)`` for
-    MiniMax M3.
+    MiniMax M3 and Qwen2-VL.
 ``input_size(item)``, ``output_tokens(item)``
     What the mixin's ``EncoderItemSpec`` must say for the item.
-``is_legal(item, size)``, ``max_output_tokens(size)``, ``smallest_item(size)``
+``is_legal(item, size, *, modality="image")``, ``max_output_tokens(size, *,
+modality="image")``, ``smallest_item(size, *, modality="image")``
     Legality is the tower's input contract (what the model's processor can
     emit and the tower must accept), capped by the per-item token limit of
     the size. The processors' *upscaling* of small images is ignored, so that
     the smallest grids stay reachable.
-``legal_grid(rng, size, *, output_tokens=None, max_output_tokens=None)``
+``legal_grid(rng, size, *, output_tokens=None, max_output_tokens=None,
+modality="image")``
     A random legal item; with ``output_tokens`` exactly that many output
     tokens (``ValueError`` when no legal item has them), to hit budget
     boundaries exactly.
-``sample_item(rng, size, *, max_output_tokens=None)``
+``sample_item(rng, size, *, max_output_tokens=None, modality="image")``
     A random legal item of at most ``max_output_tokens`` output tokens (the
     size's cap when ``None``), uniform over output-token counts first.
-``make_mm_kwargs(host, items, device, *, seed=0)``
+``make_mm_kwargs(host, items, device, *, seed=0, modality="image")``
     The ``mm_kwargs`` vLLM would feed the model for these items (random
     pixels from ``seed``, laid out and typed as the model's processor does).
+    One call makes one modality's ``mm_kwargs``, as vLLM batches them.
 ``reference_outputs(host, mm_kwargs)``
     The host's own eager result, one tensor per item in the final layout the
     mixin must produce (after ``postprocess_encoder_output``).
+
+Every ``modality`` keyword defaults to ``"image"``, so callers may pass it to
+any tower; a modality outside ``modalities`` raises ``ValueError``.
 
 ``rng`` is a :class:`random.Random`; everything is deterministic given it.
 
@@ -87,12 +94,14 @@ from reference_towers.deepseek_v4 import (
     llm_grid,
 )
 from reference_towers.minimax_vl import MiniMaxM3VisionConfig, MiniMaxM3VisionHost
+from reference_towers.qwen2_vl import Qwen2VisionConfig, Qwen2VLVisionHost
 
 __all__ = [
     "REFERENCE_TOWERS",
     "DeepseekV41Reference",
     "Item",
     "MiniMaxM3Reference",
+    "Qwen2VLReference",
     "ReferenceTower",
     "Size",
 ]
@@ -113,6 +122,9 @@ class ReferenceTower(abc.ABC, Generic[HostT]):
 
     name: ClassVar[str]
     modality: ClassVar[str] = "image"
+    """The default modality (what the ``modality`` keywords default to)."""
+    modalities: ClassVar[tuple[str, ...]] = ("image",)
+    """Every modality the tower takes."""
     host_cls: ClassVar[type[nn.Module]]
     sizes: ClassVar[tuple[Size, ...]] = ("tiny", "full")
 
@@ -126,15 +138,19 @@ class ReferenceTower(abc.ABC, Generic[HostT]):
         """The tower configuration of ``size``."""
 
     def host_class(self, mixin_cls: type) -> type[HostT]:
-        """The host with ``mixin_cls`` mixed in front.
+        """The host model class with ``mixin_cls`` mixed in.
 
+        The host comes first in the bases, as a real model class's own body
+        comes before its mixins: a method the host defines (Qwen2-VL's
+        ``get_max_frames_per_video``) must win over the protocol's default
+        stub that a mixin subclassing ``SupportsEncoderCudaGraph`` inherits.
         Cached per mixin, so that hosts built from one mixin share a class
         (and whatever class-level state the mixin keeps).
         """
         cls = self._host_classes.get(mixin_cls)
         if cls is None:
             name = f"{mixin_cls.__name__}On{self.host_cls.__name__}"
-            cls = type(name, (mixin_cls, self.host_cls), {"__module__": __name__})
+            cls = type(name, (self.host_cls, mixin_cls), {"__module__": __name__})
             self._host_classes[mixin_cls] = cls
         return cls
 
@@ -172,6 +188,14 @@ class ReferenceTower(abc.ABC, Generic[HostT]):
 
     # -- items -------------------------------------------------------------
 
+    def check_modality(self, modality: str) -> None:
+        """``ValueError`` unless the tower takes ``modality``."""
+        if modality not in self.modalities:
+            raise ValueError(
+                f"{self.name} takes no {modality!r} items (modalities: "
+                f"{', '.join(self.modalities)})"
+            )
+
     @abc.abstractmethod
     def input_size(self, item: Item) -> int:
         """Encoder input rows of ``item`` (``EncoderItemSpec.input_size``)."""
@@ -181,20 +205,25 @@ class ReferenceTower(abc.ABC, Generic[HostT]):
         """Output rows of ``item`` (``EncoderItemSpec.output_tokens``)."""
 
     @abc.abstractmethod
-    def max_output_tokens(self, size: Size) -> int:
+    def max_output_tokens(self, size: Size, *, modality: str = "image") -> int:
         """The per-item output-token cap of ``size``."""
 
     @abc.abstractmethod
-    def is_legal(self, item: Item, size: Size) -> bool:
-        """Whether the model can be given ``item`` at ``size``."""
+    def is_legal(self, item: Item, size: Size, *, modality: str = "image") -> bool:
+        """Whether the model can be given ``item`` at ``size`` as ``modality``."""
 
     @abc.abstractmethod
-    def smallest_item(self, size: Size) -> Item:
+    def smallest_item(self, size: Size, *, modality: str = "image") -> Item:
         """The legal item with the fewest input rows."""
 
     @abc.abstractmethod
     def _items_with_output_tokens(
-        self, rng: random.Random, size: Size, output_tokens: int
+        self,
+        rng: random.Random,
+        size: Size,
+        output_tokens: int,
+        *,
+        modality: str = "image",
     ) -> Item | None:
         """A random legal item with exactly ``output_tokens``, or ``None``."""
 
@@ -205,36 +234,51 @@ class ReferenceTower(abc.ABC, Generic[HostT]):
         *,
         output_tokens: int | None = None,
         max_output_tokens: int | None = None,
+        modality: str = "image",
     ) -> Item:
         """A random legal item (exactly ``output_tokens`` when given)."""
+        self.check_modality(modality)
         if output_tokens is not None:
             if max_output_tokens is not None and output_tokens > max_output_tokens:
                 raise ValueError("output_tokens exceeds max_output_tokens")
-            item = self._items_with_output_tokens(rng, size, output_tokens)
+            item = self._items_with_output_tokens(
+                rng, size, output_tokens, modality=modality
+            )
             if item is None:
                 raise ValueError(
-                    f"no legal {self.name} item has {output_tokens} output "
-                    f"tokens at size {size!r}"
+                    f"no legal {self.name} {modality} item has {output_tokens} "
+                    f"output tokens at size {size!r}"
                 )
             return item
-        return self.sample_item(rng, size, max_output_tokens=max_output_tokens)
+        return self.sample_item(
+            rng, size, max_output_tokens=max_output_tokens, modality=modality
+        )
 
     def sample_item(
-        self, rng: random.Random, size: Size, *, max_output_tokens: int | None = None
+        self,
+        rng: random.Random,
+        size: Size,
+        *,
+        max_output_tokens: int | None = None,
+        modality: str = "image",
     ) -> Item:
         """A random legal item of at most ``max_output_tokens`` output tokens."""
-        cap = self.max_output_tokens(size)
+        self.check_modality(modality)
+        cap = self.max_output_tokens(size, modality=modality)
         if max_output_tokens is not None:
             cap = min(cap, max_output_tokens)
-        low = self.output_tokens(self.smallest_item(size))
+        low = self.output_tokens(self.smallest_item(size, modality=modality))
         if cap < low:
             raise ValueError(
-                f"no legal {self.name} item has at most {cap} output tokens "
-                f"(the smallest has {low})"
+                f"no legal {self.name} {modality} item has at most {cap} output "
+                f"tokens (the smallest has {low})"
             )
-        # Not every count is reachable (DeepSeek spans skip some); retry.
+        # Not every count is reachable (DeepSeek spans skip some, Qwen2-VL's
+        # aspect-ratio bound others); retry.
         for _ in range(1000):
-            item = self._items_with_output_tokens(rng, size, rng.randint(low, cap))
+            item = self._items_with_output_tokens(
+                rng, size, rng.randint(low, cap), modality=modality
+            )
             if item is not None:
                 return item
         raise RuntimeError(f"could not draw a {self.name} item under {cap} tokens")
@@ -249,6 +293,7 @@ class ReferenceTower(abc.ABC, Generic[HostT]):
         device: torch.device | str,
         *,
         seed: int = 0,
+        modality: str = "image",
     ) -> dict[str, Any]:
         """The model's ``mm_kwargs`` for ``items``, as vLLM would pass them."""
 
@@ -287,22 +332,31 @@ class DeepseekV41Reference(ReferenceTower[DeepseekV41VisionHost]):
     def output_tokens(self, item: Item) -> int:
         return image_span_length(*llm_grid(*item, self.downsample_ratio))
 
-    def max_output_tokens(self, size: Size) -> int:
+    def max_output_tokens(self, size: Size, *, modality: str = "image") -> int:
+        self.check_modality(modality)
         return self.config(size).vision_max_n_token
 
-    def is_legal(self, item: Item, size: Size) -> bool:
+    def is_legal(self, item: Item, size: Size, *, modality: str = "image") -> bool:
+        self.check_modality(modality)
         return (
             len(item) == 2
             and min(item) >= 1
             and self.output_tokens(item) <= self.max_output_tokens(size)
         )
 
-    def smallest_item(self, size: Size) -> Item:
+    def smallest_item(self, size: Size, *, modality: str = "image") -> Item:
+        self.check_modality(modality)
         return (1, 1)
 
     def _items_with_output_tokens(
-        self, rng: random.Random, size: Size, output_tokens: int
+        self,
+        rng: random.Random,
+        size: Size,
+        output_tokens: int,
+        *,
+        modality: str = "image",
     ) -> Item | None:
+        self.check_modality(modality)
         if not 4 <= output_tokens <= self.max_output_tokens(size):
             return None
         # lh·(lw + 1) = tokens − 2 with lw >= 1.
@@ -328,11 +382,13 @@ class DeepseekV41Reference(ReferenceTower[DeepseekV41VisionHost]):
         device: torch.device | str,
         *,
         seed: int = 0,
+        modality: str = "image",
     ) -> dict[str, Any]:
         """``patches`` (Σ h·w, 3, p, p) bf16 on ``device``; ``vit_grid``,
         ``llm_grid`` (n, 2) int64 and ``types`` (Σ span,) int64 on the CPU
         (vLLM keeps them there). Pixels are uniform in [−1, 1], as the
         processor scales them, and cut into patches in row-major order."""
+        self.check_modality(modality)
         config = host.config
         p, r = config.vision_patch_size, config.vision_downsample_ratio
         generator = torch.Generator().manual_seed(seed)
@@ -393,10 +449,12 @@ class MiniMaxM3Reference(ReferenceTower[MiniMaxM3VisionHost]):
     def output_tokens(self, item: Item) -> int:
         return self.input_size(item) // self.spatial_merge_size**2
 
-    def max_output_tokens(self, size: Size) -> int:
+    def max_output_tokens(self, size: Size, *, modality: str = "image") -> int:
+        self.check_modality(modality)
         return self.config(size).max_patches_per_image // self.spatial_merge_size**2
 
-    def is_legal(self, item: Item, size: Size) -> bool:
+    def is_legal(self, item: Item, size: Size, *, modality: str = "image") -> bool:
+        self.check_modality(modality)
         m = self.spatial_merge_size
         if len(item) != 3:
             return False
@@ -410,13 +468,20 @@ class MiniMaxM3Reference(ReferenceTower[MiniMaxM3VisionHost]):
             and h * w <= self.config(size).max_patches_per_image
         )
 
-    def smallest_item(self, size: Size) -> Item:
+    def smallest_item(self, size: Size, *, modality: str = "image") -> Item:
+        self.check_modality(modality)
         m = self.spatial_merge_size
         return (1, m, m)
 
     def _items_with_output_tokens(
-        self, rng: random.Random, size: Size, output_tokens: int
+        self,
+        rng: random.Random,
+        size: Size,
+        output_tokens: int,
+        *,
+        modality: str = "image",
     ) -> Item | None:
+        self.check_modality(modality)
         if not 1 <= output_tokens <= self.max_output_tokens(size):
             return None
         m = self.spatial_merge_size
@@ -430,12 +495,14 @@ class MiniMaxM3Reference(ReferenceTower[MiniMaxM3VisionHost]):
         device: torch.device | str,
         *,
         seed: int = 0,
+        modality: str = "image",
     ) -> dict[str, Any]:
         """``pixel_values`` (Σ t·h·w, C·T·p²) fp32 and ``image_grid_thw``
         (n, 3) int64, both on ``device`` (the processor's fp32 output; the
         mixin casts to the tower dtype). Each image is random CLIP-normalised
         pixels repeated to T frames, cut into rows in the processor's
         (block-row, block-col, mh, mw) order with features (C, T, p, p)."""
+        self.check_modality(modality)
         config = host.config
         p, m = config.patch_size, config.spatial_merge_size
         c, tp = config.num_channels, config.temporal_patch_size
@@ -466,6 +533,175 @@ class MiniMaxM3Reference(ReferenceTower[MiniMaxM3VisionHost]):
         }
 
 
+class Qwen2VLReference(ReferenceTower[Qwen2VLVisionHost]):
+    """Qwen2-VL: items are grids ``(t, h, w)``, images or videos.
+
+    Legal: ``h`` and ``w`` positive multiples of m with an aspect ratio of at
+    most 200 (the processor's ``smart_resize`` rejects more) and at most
+    ``max_pixels / p²`` patches per frame; ``t == 1`` for images,
+    ``1 <= t <= max_frames_per_video`` temporal patches for videos; at most
+    ``max_output_tokens`` tokens per item. Output tokens ``t·(h/m)·(w/m)``;
+    input rows ``t·h·w``.
+    """
+
+    name = "qwen2_vl"
+    modalities = ("image", "video")
+    host_cls = Qwen2VLVisionHost
+
+    # CLIP normalisation of the checkpoint's image processor.
+    _MEAN = (0.48145466, 0.4578275, 0.40821073)
+    _STD = (0.26862954, 0.26130258, 0.27577711)
+    # smart_resize raises for a longer/shorter side ratio above this.
+    MAX_ASPECT_RATIO = 200
+
+    def config(self, size: Size) -> Qwen2VisionConfig:
+        return Qwen2VisionConfig.for_size(size)
+
+    @property
+    def spatial_merge_size(self) -> int:
+        merges = {self.config(s).spatial_merge_size for s in self.sizes}
+        if len(merges) != 1:
+            raise RuntimeError("sizes disagree on the spatial merge size")
+        return merges.pop()
+
+    def max_frames(self, size: Size, *, modality: str = "image") -> int:
+        """The largest ``t`` of a legal item: 1 for images."""
+        self.check_modality(modality)
+        if modality == "image":
+            return 1
+        return self.config(size).max_frames_per_video
+
+    def input_size(self, item: Item) -> int:
+        t, h, w = item
+        return t * h * w
+
+    def output_tokens(self, item: Item) -> int:
+        t, h, w = item
+        m = self.spatial_merge_size
+        return t * (h // m) * (w // m)
+
+    def max_output_tokens(self, size: Size, *, modality: str = "image") -> int:
+        """One frame at the pixel bound, for images and (whole) videos."""
+        self.check_modality(modality)
+        return self.config(size).max_patches_per_frame // self.spatial_merge_size**2
+
+    def is_legal(self, item: Item, size: Size, *, modality: str = "image") -> bool:
+        self.check_modality(modality)
+        m = self.spatial_merge_size
+        if len(item) != 3 or not all(isinstance(v, int) for v in item):
+            return False
+        t, h, w = item
+        return (
+            1 <= t <= self.max_frames(size, modality=modality)
+            and h >= m
+            and w >= m
+            and h % m == 0
+            and w % m == 0
+            and max(h, w) <= self.MAX_ASPECT_RATIO * min(h, w)
+            and h * w <= self.config(size).max_patches_per_frame
+            and self.output_tokens(item) <= self.max_output_tokens(size)
+        )
+
+    def smallest_item(self, size: Size, *, modality: str = "image") -> Item:
+        self.check_modality(modality)
+        m = self.spatial_merge_size
+        return (1, m, m)
+
+    def _frame_shapes(self, blocks: int) -> list[tuple[int, int]]:
+        """m×m-block shapes ``(bh, bw)`` of ``blocks`` blocks within the
+        aspect-ratio bound."""
+        return [
+            (bh, bw)
+            for bh, bw in _divisor_pairs(blocks)
+            if max(bh, bw) <= self.MAX_ASPECT_RATIO * min(bh, bw)
+        ]
+
+    def _items_with_output_tokens(
+        self,
+        rng: random.Random,
+        size: Size,
+        output_tokens: int,
+        *,
+        modality: str = "image",
+    ) -> Item | None:
+        self.check_modality(modality)
+        if not 1 <= output_tokens <= self.max_output_tokens(size):
+            return None
+        # Frame counts first (uniformly), then a frame shape.
+        choices = []
+        for t in range(1, self.max_frames(size, modality=modality) + 1):
+            if output_tokens % t == 0:
+                shapes = self._frame_shapes(output_tokens // t)
+                if shapes:
+                    choices.append((t, shapes))
+        if not choices:
+            return None
+        t, shapes = rng.choice(choices)
+        bh, bw = rng.choice(shapes)
+        m = self.spatial_merge_size
+        return (t, bh * m, bw * m)
+
+    def make_mm_kwargs(
+        self,
+        host: Qwen2VLVisionHost,
+        items: Sequence[Item],
+        device: torch.device | str,
+        *,
+        seed: int = 0,
+        modality: str = "image",
+    ) -> dict[str, Any]:
+        """Images: ``pixel_values`` (Σ t·h·w, C·T·p²) fp32 and
+        ``image_grid_thw`` (n, 3) int64; videos: ``pixel_values_videos`` and
+        ``video_grid_thw`` alike. All on ``device`` (the processor's fp32
+        output; the tower casts to its dtype).
+
+        Pixels are random and CLIP-normalised. An image is one frame repeated
+        to the T frames of its temporal patch; a video item of ``t`` temporal
+        patches has ``t·T`` distinct frames. Rows are cut in the processor's
+        (t, block-row, block-col, mh, mw) order with features (C, T, p, p).
+        """
+        self.check_modality(modality)
+        visual = host.visual
+        embed = visual.patch_embed
+        c = embed.proj.in_channels
+        p, tp = embed.patch_size, embed.temporal_patch_size
+        m = visual.spatial_merge_size
+        if c != len(self._MEAN):
+            raise ValueError("the CLIP normalisation assumes 3 channels")
+        mean = torch.tensor(self._MEAN)[:, None, None]
+        std = torch.tensor(self._STD)[:, None, None]
+        generator = torch.Generator().manual_seed(seed)
+        rows = []
+        for item in items:
+            t, h, w = item
+            if modality == "image" and t != 1:
+                raise ValueError(f"an image has t == 1, got {item}")
+            if min(item) < 1 or h % m or w % m:
+                raise ValueError(f"{item} is not a grid of {m}×{m} blocks")
+            # Images: one frame repeated T times; videos: t·T distinct frames.
+            distinct = 1 if modality == "image" else t * tp
+            frames = (
+                torch.rand((distinct, c, h * p, w * p), generator=generator) - mean
+            ) / std
+            video = frames.expand(t * tp, -1, -1, -1)  # (t·T, C, H, W)
+            blocks = video.reshape(t, tp, c, h // m, m, p, w // m, m, p)
+            # -> (t, block-row, block-col, mh, mw, C, T, p, p)
+            blocks = blocks.permute(0, 3, 6, 4, 7, 2, 1, 5, 8)
+            rows.append(blocks.reshape(t * h * w, c * tp * p * p))
+        if rows:
+            pixel_values = torch.cat(rows)
+        else:
+            pixel_values = torch.zeros((0, c * tp * p * p))
+        grid = torch.tensor(list(items), dtype=torch.int64).reshape(-1, 3)
+        pixel_key, grid_key = (
+            ("pixel_values", "image_grid_thw")
+            if modality == "image"
+            else ("pixel_values_videos", "video_grid_thw")
+        )
+        return {pixel_key: pixel_values.to(device), grid_key: grid.to(device)}
+
+
 REFERENCE_TOWERS: dict[str, ReferenceTower[Any]] = {
-    tower.name: tower for tower in (DeepseekV41Reference(), MiniMaxM3Reference())
+    tower.name: tower
+    for tower in (DeepseekV41Reference(), MiniMaxM3Reference(), Qwen2VLReference())
 }

@@ -41,20 +41,25 @@ class ProtocolMixin(_ProtocolBase):
 
 
 def test_registry_keys_are_spec_names():
-    assert TOWERS == ["deepseek_v41", "minimax_m3"]
+    assert TOWERS == ["deepseek_v41", "minimax_m3", "qwen2_vl"]
     for name, tower in REFERENCE_TOWERS.items():
         assert isinstance(tower, ReferenceTower)
         assert tower.name == name
         assert tower.modality == "image"
+        assert tower.modality in tower.modalities
         assert tower.sizes == ("tiny", "full")
 
 
 @pytest.mark.parametrize("name", TOWERS)
-def test_build_host_mixes_the_mixin_in_front(name):
+def test_build_host_mixes_the_mixin_in_after_the_host(name):
     tower = REFERENCE_TOWERS[name]
     host = tower.build_host(RecordingMixin, "tiny", device="cpu", dtype=torch.float32)
     cls = type(host)
-    assert cls.__mro__[1:3] == (RecordingMixin, tower.host_cls)
+    # The host's own methods win over the mixin's (and its protocol's stubs),
+    # as a real model class's body does.
+    assert cls.__bases__ == (tower.host_cls, RecordingMixin)
+    mro = cls.__mro__
+    assert mro.index(tower.host_cls) < mro.index(RecordingMixin)
     assert cls.__name__ == f"RecordingMixinOn{tower.host_cls.__name__}"
     assert tower.host_class(RecordingMixin) is cls  # cached
     assert isinstance(host, RecordingMixin) and isinstance(host, tower.host_cls)
@@ -153,7 +158,10 @@ def test_smallest_item_and_random_items_are_legal(name):
     tower = REFERENCE_TOWERS[name]
     smallest = tower.smallest_item("tiny")
     assert tower.is_legal(smallest, "tiny")
-    assert tower.output_tokens(smallest) == {"deepseek_v41": 4, "minimax_m3": 1}[name]
+    assert (
+        tower.output_tokens(smallest)
+        == {"deepseek_v41": 4, "minimax_m3": 1, "qwen2_vl": 1}[name]
+    )
     rng = random.Random(0)
     for _ in range(200):
         item = tower.sample_item(rng, "tiny")
@@ -257,9 +265,15 @@ def test_minimax_mm_kwargs_layout(minimax_host):
 
 
 @pytest.mark.parametrize("name", TOWERS)
-def test_reference_outputs_have_the_final_layout(name, deepseek_host, minimax_host):
+def test_reference_outputs_have_the_final_layout(
+    name, deepseek_host, minimax_host, qwen2_vl_host
+):
     tower = REFERENCE_TOWERS[name]
-    host = deepseek_host if name == "deepseek_v41" else minimax_host
+    host = {
+        "deepseek_v41": deepseek_host,
+        "minimax_m3": minimax_host,
+        "qwen2_vl": qwen2_vl_host,
+    }[name]
     rng = random.Random(2)
     items = [tower.sample_item(rng, "tiny") for _ in range(4)]
     outputs = tower.reference_outputs(host, tower.make_mm_kwargs(host, items, "cpu"))
