@@ -30,7 +30,10 @@ def main() -> int:
     dev = torch.device("cuda")
     torch.manual_seed(0)
     rows, heads, dim = 1000, 8, 64
-    q, k, v = (torch.randn(rows, heads, dim, device=dev, dtype=torch.bfloat16) for _ in range(3))
+    q, k, v = (
+        torch.randn(rows, heads, dim, device=dev, dtype=torch.bfloat16)
+        for _ in range(3)
+    )
     cu = torch.tensor([0, 100, 350, 1000], dtype=torch.int32, device=dev)
     eager = varlen_attention(q, k, v, cu, 650, backend=AttentionBackendEnum.FLASH_ATTN)
     ref = varlen_attention(q, k, v, cu, 650, backend=AttentionBackendEnum.TORCH_SDPA)
@@ -41,17 +44,25 @@ def main() -> int:
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = varlen_attention(q, k, v, cu, 1000, backend=AttentionBackendEnum.FLASH_ATTN)
+        out = varlen_attention(
+            q, k, v, cu, 1000, backend=AttentionBackendEnum.FLASH_ATTN
+        )
     cu.copy_(torch.tensor([0, 100, 350, 900], dtype=torch.int32))
     graph.replay()
     torch.cuda.synchronize()
     info["eager_vs_sdpa_max_abs"] = (eager.float() - ref.float()).abs().max().item()
     info["graph_rows_past_end_zero"] = bool((out[900:] == 0).all().item())
     ref2 = varlen_attention(q, k, v, cu, 900, backend=AttentionBackendEnum.TORCH_SDPA)
-    info["graph_vs_sdpa_max_abs"] = (out[:900].float() - ref2[:900].float()).abs().max().item()
+    info["graph_vs_sdpa_max_abs"] = (
+        (out[:900].float() - ref2[:900].float()).abs().max().item()
+    )
     info["finite"] = bool(torch.isfinite(out).all().item())
     print(json.dumps(info, indent=2))
-    ok = info["finite"] and info["graph_vs_sdpa_max_abs"] < 2e-2 and info["graph_rows_past_end_zero"]
+    ok = (
+        info["finite"]
+        and info["graph_vs_sdpa_max_abs"] < 2e-2
+        and info["graph_rows_past_end_zero"]
+    )
     return 0 if ok else 1
 
 

@@ -26,6 +26,13 @@ __all__ = [
 
 _TP_GROUP: Any | None = None
 
+# torch 2.13 deprecates all_gather_into_tensor (a FutureWarning per call
+# site) in favour of all_gather_single, with the same contract; older
+# releases only have the former.
+_all_gather_into_tensor = getattr(dist, "all_gather_single", None) or getattr(
+    dist, "all_gather_into_tensor", None
+)
+
 
 def set_tensor_model_parallel_group(group: Any | None) -> None:
     """Use ``group`` as the tensor-parallel group (``None``: the world)."""
@@ -73,16 +80,26 @@ def tensor_model_parallel_all_gather(
     if dim < 0:
         dim += input_.dim()
     source = input_.contiguous()
-    stacked = torch.empty(
-        (world_size, *source.shape), dtype=source.dtype, device=source.device
+    # The rank blocks back to back along dim 0: the concatenated output form
+    # that every backend's single-tensor all-gather accepts (gloo's rejects
+    # the stacked (world, ...) form).
+    gathered = torch.empty(
+        (world_size * source.shape[0], *source.shape[1:]),
+        dtype=source.dtype,
+        device=source.device,
     )
     if dist.get_backend(_TP_GROUP) == dist.Backend.GLOO:
-        # Gloo has no all_gather_into_tensor; gather into views of `stacked`.
-        dist.all_gather(list(stacked.unbind(0)), source, group=_TP_GROUP)
+        # Older gloo builds have no single-tensor all-gather; gather into
+        # views of the blocks (gloo copies into them).
+        blocks = gathered.view(world_size, *source.shape).unbind(0)
+        dist.all_gather(list(blocks), source, group=_TP_GROUP)
     else:
-        dist.all_gather_into_tensor(stacked, source, group=_TP_GROUP)
+        # NCCL: one collective into the output, as vLLM does.
+        _all_gather_into_tensor(gathered, source, group=_TP_GROUP)
+    if dim == 0:
+        return gathered
     # (world, ..., d, ...) -> (..., world * d, ...): rank r's block comes r-th.
-    moved = stacked.movedim(0, dim)
+    moved = gathered.view(world_size, *source.shape).movedim(0, dim)
     shape = list(source.shape)
     shape[dim] *= world_size
     return moved.reshape(shape)

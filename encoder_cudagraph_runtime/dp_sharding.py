@@ -88,13 +88,35 @@ def pad_local_output(
     dtype: torch.dtype,
 ) -> torch.Tensor:
     """This rank's contribution to the all-gather: its outputs back to back,
-    then uninitialised rows up to ``rows`` (an idle rank sends only those)."""
+    then uninitialised rows up to ``rows`` (an idle rank sends only those).
+
+    The result is always ``(rows, hidden_size)`` in ``dtype`` on ``device``:
+    an all-gather moves bytes, so every rank must send the same shape and
+    dtype or the exchange hangs or mixes data. Outputs of another dtype are
+    cast (vLLM concatenates them with its manager-dtype padding, so a rank's
+    dtype would depend on whether it pads); outputs that are not 2-D rows of
+    ``hidden_size``, or more than ``rows`` of them, raise ``ValueError``
+    before the collective.
+    """
+    for i, out in enumerate(local_outputs):
+        if out.dim() != 2 or out.shape[1] != hidden_size:
+            raise ValueError(
+                f"data-parallel gather needs 2-D (rows, {hidden_size}) outputs "
+                f"(out_hidden_size); local output {i} has shape "
+                f"{tuple(out.shape)}"
+            )
     if local_outputs:
         local = torch.cat(list(local_outputs), dim=0)
+        local = local.to(device=device, dtype=dtype)
     else:
         local = torch.empty((0, hidden_size), device=device, dtype=dtype)
     missing = rows - local.shape[0]
-    if missing <= 0:
+    if missing < 0:
+        raise ValueError(
+            f"this rank's outputs have {local.shape[0]} rows, more than the "
+            f"{rows} every rank sends (the largest rank's sum of output_tokens)"
+        )
+    if missing == 0:
         return local
     padding = torch.empty((missing, hidden_size), device=device, dtype=dtype)
     return torch.cat([local, padding], dim=0)
