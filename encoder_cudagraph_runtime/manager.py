@@ -643,9 +643,38 @@ class EncoderCudaGraphManager:
 
     @staticmethod
     def _copy_padded_buffer(dst: torch.Tensor, src: torch.Tensor) -> None:
-        """Default replay copy: clear the whole buffer, then write ``src``
-        into its leading rows (stale rows of a larger earlier batch must not
-        leak into this replay)."""
+        """Default replay copy: ``src`` in the leading rows, zeros in every
+        row after them (stale rows of a larger earlier batch must not leak
+        into this replay).
+
+        vLLM writes this as ``dst.zero_(); dst[:n].copy_(src)``. The buffer
+        ends up identical here, with fewer bytes written and, on an exact
+        fit, fewer kernel launches:
+
+        * ``n == rows``: ``dst[:rows]`` is ``dst`` itself and ``copy_``
+          writes every element (broadcasting included), so the zero fill
+          would be overwritten entirely: one copy, no fill.
+        * ``n < rows``: the fill of the head rows would be overwritten by
+          the copy, so only the tail ``dst[n:]`` is zeroed. Both views come
+          from one ``split_with_sizes`` call (the same views as ``dst[:n]``
+          and ``dst[n:]``, for the host cost of one slice). Head and tail do
+          not overlap, so their order does not matter (``src`` is the
+          model's fresh replay value, never a view of the captured buffer).
+        * anything else (a 0-d tensor, more rows than the buffer holds):
+          vLLM's own two statements, so the same error is raised at the
+          same point.
+        """
+        if src.ndim > 0 and dst.ndim > 0:
+            n = src.shape[0]
+            rows = dst.shape[0]
+            if n == rows:
+                dst.copy_(src)
+                return
+            if n < rows:
+                head, tail = dst.split_with_sizes((n, rows - n))
+                tail.zero_()
+                head.copy_(src)
+                return
         dst.zero_()
         dst[: src.shape[0]].copy_(src)
 

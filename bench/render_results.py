@@ -1,0 +1,300 @@
+"""Render ``bench/bench_encoders.py`` results: a markdown report (for the
+README or a GPU-run summary) and a PNG plot of speedup (eager / graph) and
+efficiency (ideal / graph) against images per batch, one line per model,
+resolution and ladder.
+
+    python bench/render_results.py bench.json                  # markdown to stdout
+    python bench/render_results.py bench.json --markdown bench.md --plot bench.png
+
+The markdown needs nothing but the standard library; the plot needs
+matplotlib.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+LADDERS = ("default", "fine")
+
+
+def _f(value: float | None, digits: int = 2) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def _pct(value: float | None) -> str:
+    return "–" if value is None else f"{100 * value:.1f}%"
+
+
+def _ms(stats: dict[str, Any]) -> str:
+    """``median ± IQR/2`` in ms."""
+    median, iqr = stats.get("median"), stats.get("iqr")
+    if median is None:
+        return "–"
+    digits = 3 if median < 1 else 2 if median < 100 else 1
+    return f"{median:.{digits}f} ± {iqr / 2:.{digits}f}"
+
+
+def _mib(value: int | None) -> str:
+    return "–" if value is None else f"{value / 2**20:.0f}"
+
+
+def _params(n: int) -> str:
+    return f"{n / 1e6:.0f}M" if n >= 1e7 else f"{n / 1e6:.2f}M"
+
+
+def _pair(a: str, b: str) -> str:
+    return f"{a} / {b}"
+
+
+def render_markdown(result: dict[str, Any]) -> str:
+    env = result["environment"]
+    params = result["params"]
+    out: list[str] = []
+    out.append("## Encoder CUDA graph benchmark")
+    out.append("")
+    out.append(
+        f"{env.get('device')} ({env.get('graph_backend')} backend), torch "
+        f"{env.get('torch')}, CUDA {env.get('cuda')}, Python {env.get('python')}, "
+        f"flash-attn {env.get('flash_attn') or 'not installed'} (varlen kernel: "
+        f"`{env.get('flash_varlen_kernel')}`); size `{params['size']}`, "
+        f"{params['dtype']}, max_num_batched_tokens {params['max_num_batched_tokens']}"
+        f"{', quick' if params.get('quick') else ''}; "
+        f"{result.get('elapsed_s', 0):.0f} s in all"
+        + (f"; commit `{env['git_commit'][:10]}`" if env.get("git_commit") else "")
+        + "."
+    )
+    out.append("")
+    fine = params["fine_ladder"]
+    out.append(
+        "Ladders: **default** = the manager's own (spec minimum doubled to the "
+        "maximum); **fine** = budgets `round_up(min · "
+        f"{fine['ratio']}^i, {fine['max_items']})` with "
+        f"{fine['max_items']} items per batch. Latencies are median ± IQR/2 in "
+        "ms; speedup = eager / graph, efficiency = ideal / graph (medians); "
+        "waste = rows replayed / rows used − 1; overhead = the manager's own "
+        "host time per execute (median, µs). Cells with two values are "
+        "default / fine."
+    )
+    out.append("")
+
+    # Targets.
+    out.append("### Targets")
+    out.append("")
+    out.append("| target | result | default ladder | fine ladder |")
+    out.append("|---|---|---|---|")
+    for target in result.get("targets", []):
+        status = {True: "**pass**", False: "**FAIL**", None: "n/a"}[target["passed"]]
+        cells = []
+        for ladder in LADDERS:
+            r = target["per_ladder"].get(ladder, {})
+            worst = r.get("worst")
+            if not worst:
+                cells.append("–")
+                continue
+            where = " ".join(
+                str(v) + ("²" if k == "resolution" else " img" if k == "images" else "")
+                for k, v in worst.items()
+                if k != "value"
+            )
+            gate = "" if ladder in target["gating_ladders"] else " (info)"
+            verdict = "pass" if r.get("passed") else "fail"
+            cells.append(f"{verdict}{gate}: worst {worst['value']:.3g} ({where})")
+        out.append(f"| {target['description']} | {status} | {cells[0]} | {cells[1]} |")
+    out.append("")
+    for stem in result.get("errors", {}):
+        out.append(f"**{stem} failed**: see the run's log (`errors` in the JSON).")
+        out.append("")
+
+    for stem, model in result["models"].items():
+        out.append(f"### {stem}")
+        out.append("")
+        grids = ", ".join(
+            f"{res}² → {'x'.join(str(v) for v in grid)}"
+            for res, grid in model["grids"].items()
+        )
+        out.append(
+            f"`{model['mixin']}` on `{model['host']}`, {_params(model['params'])} "
+            f"parameters; grids: {grids}."
+        )
+        out.append("")
+        out.append("| ladder | graphs | budgets | max items | capture s | pool MiB |")
+        out.append("|---|---|---|---|---|---|")
+        for ladder in LADDERS:
+            lad = model["ladders"][ladder]
+            cap = lad["capture"]
+            budgets = lad["budgets"]
+            shown = (
+                ", ".join(map(str, budgets))
+                if len(budgets) <= 10
+                else ", ".join(map(str, budgets[:4]))
+                + f", … ({len(budgets)} budgets) …, "
+                + ", ".join(map(str, budgets[-2:]))
+            )
+            out.append(
+                f"| {ladder} | {cap['num_graphs']} | {shown} | "
+                f"{lad['max_batch_size']} | {_f(cap['seconds'], 1)} | "
+                f"{_mib(cap['pool_bytes'])} |"
+            )
+        out.append("")
+        out.append(
+            "| workload | images | eager ms | ideal ms | graph ms (default) | "
+            "graph ms (fine) | speedup | efficiency | waste | input waste | "
+            "overhead µs |"
+        )
+        out.append("|---|---|---|---|---|---|---|---|---|---|---|")
+        for row in model["uniform"]:
+            g = row["graph"]
+            out.append(
+                f"| {row['resolution']}² | {row['images']} | {_ms(row['eager_ms'])} | "
+                f"{_ms(row['ideal_ms'])} | {_ms(g['default']['graph_ms'])} | "
+                f"{_ms(g['fine']['graph_ms'])} | "
+                + _pair(_f(g["default"]["speedup"]), _f(g["fine"]["speedup"]))
+                + " | "
+                + _pair(_f(g["default"]["efficiency"]), _f(g["fine"]["efficiency"]))
+                + " | "
+                + _pair(
+                    _pct(g["default"]["padding"]["padding_waste"]),
+                    _pct(g["fine"]["padding"]["padding_waste"]),
+                )
+                + " | "
+                + _pair(
+                    _pct(g["default"]["padding"]["input_padding_waste"]),
+                    _pct(g["fine"]["padding"]["input_padding_waste"]),
+                )
+                + " | "
+                + _pair(
+                    _f(g["default"]["host_overhead_us"]["median"], 0),
+                    _f(g["fine"]["host_overhead_us"]["median"], 0),
+                )
+                + " |"
+            )
+        mixed = model["mixed"]["summary"]
+        d, f = mixed["default"], mixed["fine"]
+        out.append(
+            f"| mixed ({d['batches']} batches) | {d['images']} | "
+            f"{_f(d['eager_ms_total'])} (sum) | {_f(d['ideal_ms_total'])} (sum) | "
+            f"{_f(d['graph_ms_total'])} (sum) | {_f(f['graph_ms_total'])} (sum) | "
+            + _pair(_f(d["speedup"]), _f(f["speedup"]))
+            + " | "
+            + _pair(_f(d["efficiency"]), _f(f["efficiency"]))
+            + " | "
+            + _pair(_pct(d["padding_waste"]), _pct(f["padding_waste"]))
+            + " | "
+            + _pair(_pct(d["input_padding_waste"]), _pct(f["input_padding_waste"]))
+            + " | "
+            + _pair(
+                _f(d["host_overhead_us"]["median"], 0),
+                _f(f["host_overhead_us"]["median"], 0),
+            )
+            + " |"
+        )
+        out.append("")
+    return "\n".join(out) + "\n"
+
+
+def render_plot(result: dict[str, Any], path: Path) -> None:
+    """Speedup and efficiency against images per batch (raises ImportError
+    without matplotlib)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_speed, ax_eff) = plt.subplots(1, 2, figsize=(14, 7))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    linestyles = {"default": "--", "fine": "-"}
+    markers = ["o", "s", "^", "D", "v"]
+    resolutions = sorted(
+        {r["resolution"] for m in result["models"].values() for r in m["uniform"]}
+    )
+    for mi, (stem, model) in enumerate(result["models"].items()):
+        color = colors[mi % len(colors)]
+        for ri, res in enumerate(resolutions):
+            rows = sorted(
+                (r for r in model["uniform"] if r["resolution"] == res),
+                key=lambda r: r["images"],
+            )
+            if not rows:
+                continue
+            xs = [r["images"] for r in rows]
+            for ladder in LADDERS:
+                label = f"{stem} {res}² {ladder}"
+                style = {
+                    "color": color,
+                    "linestyle": linestyles[ladder],
+                    "marker": markers[ri % len(markers)],
+                    "alpha": 0.9 if ladder == "fine" else 0.6,
+                }
+                ax_speed.plot(
+                    xs,
+                    [r["graph"][ladder]["speedup"] for r in rows],
+                    label=label,
+                    **style,
+                )
+                ax_eff.plot(
+                    xs,
+                    [r["graph"][ladder]["efficiency"] for r in rows],
+                    label=label,
+                    **style,
+                )
+    counts = sorted(
+        {r["images"] for m in result["models"].values() for r in m["uniform"]}
+    )
+    for ax, title, target in (
+        (ax_speed, "speedup = eager / graph", 2.0),
+        (ax_eff, "efficiency = ideal / graph", 0.85),
+    ):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(counts, [str(c) for c in counts])
+        ax.minorticks_off()
+        ax.set_xlabel("images per batch")
+        ax.set_title(title)
+        ax.axhline(target, color="grey", linewidth=1, linestyle=":")
+        ax.text(counts[0], target, f" target {target:g}", va="bottom", fontsize=8)
+        ax.grid(True, alpha=0.3)
+    ax_speed.set_ylim(bottom=0)
+    ax_eff.set_ylim(bottom=0)
+    handles, labels = ax_speed.get_legend_handles_labels()
+    fig.legend(
+        handles,
+        labels,
+        fontsize=7,
+        ncol=max(1, min(6, len(labels) // 3)),
+        loc="lower center",
+    )
+    env = result["environment"]
+    fig.suptitle(
+        f"Encoder CUDA graphs, {env.get('device')} ({result['params']['size']}); "
+        "dashed: default ladder, solid: fine ladder"
+    )
+    rows = -(-len(labels) // max(1, min(6, len(labels) // 3)))
+    fig.tight_layout(rect=(0, 0.03 * rows + 0.02, 1, 1))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("results", type=Path, help="bench_encoders.py JSON")
+    parser.add_argument("--markdown", type=Path, help="write markdown here")
+    parser.add_argument("--plot", type=Path, help="write a PNG plot here")
+    args = parser.parse_args(argv)
+    result = json.loads(args.results.read_text())
+    markdown = render_markdown(result)
+    if args.markdown:
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text(markdown)
+    else:
+        sys.stdout.write(markdown)
+    if args.plot:
+        render_plot(result, args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
