@@ -131,6 +131,7 @@ class MixinIR:
     input_size: Expr
     output_tokens: Expr
     graph_rows: Expr | None
+    budget_tokens: Expr | None
     budget_min: Expr
     budget_why: str | None
     image_limit_zero: str  # "config" | "capture" | "off"

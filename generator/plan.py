@@ -171,6 +171,7 @@ def _arithmetic(ir: MixinIR) -> Arithmetic:
         ir.capture_tensors,
         ir.metadata,
         ir.sizes,
+        ir.budget_tokens,
     )
 
 

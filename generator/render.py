@@ -350,12 +350,15 @@ def build_context(ir: MixinIR, target: str, header: list[str]) -> dict[str, Any]
     # -- item specs ----------------------------------------------------------------------------
     sc = _scope(ir)
     both = fx.BinOp("+", ir.input_size, ir.output_tokens)  # only to collect dims
+    if ir.budget_tokens is not None:
+        both = fx.BinOp("+", both, ir.budget_tokens)
     target_, iterable, grids = _grid_loop(ir, _dims_of(both, ir))
     ctx["items"] = {
         "keys": alt,
         "grids": [grid_load(g) for g in grids],
         "input_size": sc.expr(ir.input_size),
         "output_tokens": sc.expr(ir.output_tokens),
+        "budget_tokens": sc.expr(ir.budget_tokens) if ir.budget_tokens is not None else None,
         "target": target_,
         "iterable": iterable,
     }
@@ -381,7 +384,7 @@ def build_context(ir: MixinIR, target: str, header: list[str]) -> dict[str, Any]
             selected.append(
                 {
                     "key": key_expr(key),
-                    "value": f"_select_grid(mm_kwargs[{key_expr(key)}], {key}, indices, {len(grid.dims)})",
+                    "value": f"_select_grid({key}, indices, {len(grid.dims)})",
                 }
             )
     ctx["select"] = {

@@ -225,6 +225,9 @@ class _Resolver:
             items.value.get("output_tokens"), "items.output_tokens", item_scope
         )
         graph_rows = self.expr(items.value.get("graph_rows"), "items.graph_rows", item_scope)
+        budget_tokens = self.expr(
+            items.value.get("budget_tokens"), "items.budget_tokens", item_scope
+        )
 
         rows_scope = Scope(dims | const_names | {"input_size", "output_tokens"})
         resolved_flats = []
@@ -284,7 +287,7 @@ class _Resolver:
         if input_size is not None and output_tokens is not None:
             self.check_arithmetic(
                 Arithmetic(constants, tuple(grids), dummy_dims, input_size, output_tokens,
-                           graph_rows, buffers, tensors, metadata, sizes)
+                           graph_rows, buffers, tensors, metadata, sizes, budget_tokens)
             )
         else:
             for field, message in slot_problems(constants, buffers):
@@ -312,6 +315,7 @@ class _Resolver:
             input_size=input_size,
             output_tokens=output_tokens,
             graph_rows=graph_rows,
+            budget_tokens=budget_tokens,
             budget_min=budget_min,
             budget_why=budget_why,
             image_limit_zero=image_limit,

@@ -243,6 +243,13 @@ SPEC_SCHEMA: dict[str, Any] = {
                     "EncoderItemSpec.output_tokens: the rows finally written "
                     "to dest for the item."
                 ),
+                "budget_tokens": _expr(
+                    "The tokens budgets count for the item "
+                    "(EncoderItemSpec.path_output_tokens['default']), when a tighter "
+                    "measure of what the graph computes than output_tokens exists "
+                    "(DeepSeek: aligner rows, not span tokens). The dummy batch must "
+                    "cover a budget in these tokens."
+                ),
                 "graph_rows": _expr(
                     "Rows the graph emits for the item, when they differ from "
                     "output_tokens (span assembly adds delimiter rows)."

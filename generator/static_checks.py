@@ -33,6 +33,7 @@ class Arithmetic:
     capture_tensors: tuple[CaptureTensor, ...] = ()
     metadata: tuple[MetadataBuilder, ...] = ()
     sizes: tuple[tuple[str, int], ...] = ()
+    budget_tokens: Expr | None = None
 
     def grid(self, key: str) -> GridInput | None:
         return next((g for g in self.grid_inputs if g.key == key), None)
@@ -83,6 +84,11 @@ def item_values(ir: Arithmetic, env: Mapping[str, int], dims: Mapping[str, int])
     }
     out["graph_rows"] = (
         evaluate(ir.graph_rows, scope) if ir.graph_rows is not None else out["output_tokens"]
+    )
+    out["budget_tokens"] = (
+        evaluate(ir.budget_tokens, scope)
+        if ir.budget_tokens is not None
+        else out["output_tokens"]
     )
     return out
 
@@ -145,7 +151,9 @@ def capture_problems(ir: Arithmetic, overrides: Mapping[str, int] | None = None)
                         "the trailing padding sequence); the attention launch would "
                         "truncate it (expected at least rows)",
                     )
-            covered = mbs * values["graph_rows"]
+            # The dummy batch must hold every batch whose budget tokens fit:
+            # its graph rows and its budget tokens both reach the budget.
+            covered = mbs * min(values["graph_rows"], values["budget_tokens"])
             if covered < budget and "capture.dummy" not in reported:
                 reported.add("capture.dummy")
                 k = per_item_tokens(budget, mbs)

@@ -3,7 +3,7 @@
 # Do not edit: change the spec or the templates and run
 # `gen-mixin specs/qwen2_vl.yaml`.
 # spec-sha256: a61607801855577c257b0c6af9f388ac7f2b849a6741b68c13ba9bb25a2b6ab3
-# templates-sha256: 7b97e62838d30bdd121d90de1155213b7f333ac2df65e43aeabae19bb32431cd
+# templates-sha256: 78625ef6cb573a17c9d83d3666d6a8b864823a5ee80573d49efed47accd38c59
 
 import itertools
 from collections.abc import Hashable
@@ -46,15 +46,16 @@ def _select_rows(
     return torch.cat([flat[offsets[i] : offsets[i + 1]] for i in indices])
 
 
-def _select_grid(
-    grid: Any, rows: list[list[int]], indices: list[int], width: int
-) -> torch.Tensor:
-    """The selected grid rows as an int64 tensor on the source grid's device
-    (the host when the grid came as a list)."""
-    device = grid.device if isinstance(grid, torch.Tensor) else None
+def _select_grid(rows: list[list[int]], indices: list[int], width: int) -> torch.Tensor:
+    """The selected grid rows as an int64 tensor on the host.
+
+    Every method reads grids as Python ints; a grid left on the device would
+    cost a synchronisation in each of them (the hand-written MiniMax mixin
+    kept the source grid's device).
+    """
     if not indices:
-        return torch.zeros((0, width), dtype=torch.int64, device=device)
-    return torch.tensor([rows[i] for i in indices], dtype=torch.int64, device=device)
+        return torch.zeros((0, width), dtype=torch.int64)
+    return torch.tensor([rows[i] for i in indices], dtype=torch.int64)
 
 
 def _pad_with_empty_sequences(dst: torch.Tensor, src: torch.Tensor) -> None:
@@ -165,9 +166,7 @@ class Qwen2VLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
                 [t * h * w for t, h, w in image_grid_thw],
                 indices,
             ),
-            keys["image_grid_thw"]: _select_grid(
-                mm_kwargs[keys["image_grid_thw"]], image_grid_thw, indices, 3
-            ),
+            keys["image_grid_thw"]: _select_grid(image_grid_thw, indices, 3),
         }
 
     def prepare_encoder_cudagraph_capture_inputs(

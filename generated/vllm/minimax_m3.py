@@ -3,7 +3,7 @@
 # Do not edit: change the spec or the templates and run
 # `gen-mixin specs/minimax_m3.yaml`.
 # spec-sha256: 679a222a35671178384492aa0dc1e20daf1dbe9ee4c77a16239d17f4a618116f
-# templates-sha256: 7b97e62838d30bdd121d90de1155213b7f333ac2df65e43aeabae19bb32431cd
+# templates-sha256: 78625ef6cb573a17c9d83d3666d6a8b864823a5ee80573d49efed47accd38c59
 
 import itertools
 import weakref
@@ -42,25 +42,28 @@ def _select_rows(
     return torch.cat([flat[offsets[i] : offsets[i + 1]] for i in indices])
 
 
-def _select_grid(
-    grid: Any, rows: list[list[int]], indices: list[int], width: int
-) -> torch.Tensor:
-    """The selected grid rows as an int64 tensor on the source grid's device
-    (the host when the grid came as a list)."""
-    device = grid.device if isinstance(grid, torch.Tensor) else None
+def _select_grid(rows: list[list[int]], indices: list[int], width: int) -> torch.Tensor:
+    """The selected grid rows as an int64 tensor on the host.
+
+    Every method reads grids as Python ints; a grid left on the device would
+    cost a synchronisation in each of them (the hand-written MiniMax mixin
+    kept the source grid's device).
+    """
     if not indices:
-        return torch.zeros((0, width), dtype=torch.int64, device=device)
-    return torch.tensor([rows[i] for i in indices], dtype=torch.int64, device=device)
+        return torch.zeros((0, width), dtype=torch.int64)
+    return torch.tensor([rows[i] for i in indices], dtype=torch.int64)
 
 
 def _copy_rows_on_dim1(dst: torch.Tensor, src: torch.Tensor) -> None:
     """Replay copy for a buffer whose rows lie on dim 1.
 
     The manager's default zeroes the buffer and copies along dim 0, which would
-    fail on the shape here (or, for a one-row batch, broadcast silently).
+    fail on the shape here (or, for a one-row batch, broadcast silently). Only
+    the tail past the real rows is zeroed; the head is overwritten anyway.
     """
-    dst.zero_()
-    dst[:, : src.shape[1]].copy_(src)
+    n = src.shape[1]
+    dst[:, n:].zero_()
+    dst[:, :n].copy_(src)
 
 
 class MiniMaxM3EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
@@ -174,9 +177,7 @@ class MiniMaxM3EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
                 [t * h * w for t, h, w in image_grid_thw],
                 indices,
             ),
-            "image_grid_thw": _select_grid(
-                mm_kwargs["image_grid_thw"], image_grid_thw, indices, 3
-            ),
+            "image_grid_thw": _select_grid(image_grid_thw, indices, 3),
         }
 
     def prepare_encoder_cudagraph_capture_inputs(
@@ -334,4 +335,4 @@ class MiniMaxM3EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
                 f"padding sequence ({dst.shape[0]} captured)"
             )
         dst[:n].copy_(src)
-        dst[n:] = entry[1]
+        dst[n:].fill_(entry[1])
