@@ -1,0 +1,346 @@
+"""Equivalence of every generated mixin with its tower, on the CPU (CI).
+
+Each spec with a reference tower (``specs/<stem>.yaml`` and
+``REFERENCE_TOWERS[stem]``; a new pair is picked up without changes here) is
+captured and replayed by :class:`EncoderCudaGraphManager` with the
+:class:`EagerReplayGraphBackend`: "replay" re-runs the captured forward on the
+captured buffers after the manager's replay copies, so the mixin's buffer
+layout, padding logic, replay preparation and postprocess run end to end as
+under a CUDA graph. The tower is ``tiny`` in fp32 with ``FLASH_ATTN`` (the
+guards refuse ``TORCH_SDPA``; on the CPU varlen attention runs per sequence),
+and every item must match the tower's own per-image eager forward within
+``FP32_TOLERANCE * max(1, max|ref|)``.
+
+The guard tests read the spec for what to expect: the attention backend
+allow/deny list and its hint, FP8 without static scales, and where an image
+limit of 0 is refused (config or capture). Replaying into a ``cu_seqlens``
+buffer that capture did not register must raise a clear ``RuntimeError``.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+try:
+    import equivalence_driver as drv
+except ImportError:  # run without tests/ on sys.path (e.g. --import-mode=importlib)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import equivalence_driver as drv
+
+from encoder_cudagraph_runtime.attention_backends import AttentionBackendEnum
+from encoder_cudagraph_runtime.config import MultiModalConfig
+from encoder_cudagraph_runtime.graph_backends import EagerReplayGraphBackend
+from reference_towers.registry import REFERENCE_TOWERS
+
+FP32_TOLERANCE = 1e-4
+"""Per item: ``max|out - ref| <= 1e-4 * max(1, max|ref|)`` (fp32; the packed
+and per-image paths differ only in reduction order)."""
+
+STEMS = drv.discover_spec_stems()
+SPECS = {stem: drv.load_spec(stem) for stem in STEMS}
+
+
+def _guards(stem: str) -> dict[str, Any]:
+    return SPECS[stem].get("guards") or {}
+
+
+def _host(stem: str, **kwargs: Any) -> Any:
+    return drv.build_host(stem, "tiny", device="cpu", dtype=torch.float32, **kwargs)
+
+
+def _manager(host: Any, mm_config: MultiModalConfig, **config: Any) -> Any:
+    return drv.build_manager(
+        host,
+        drv.build_vllm_config("tiny", multimodal_config=mm_config, **config),
+        device="cpu",
+        dtype=torch.float32,
+        graph_backend=EagerReplayGraphBackend(),
+    )
+
+
+@pytest.fixture(autouse=True)
+def _threads():
+    # Two cores in CI: more threads only add contention.
+    before = torch.get_num_threads()
+    torch.set_num_threads(min(before, 2))
+    yield
+    torch.set_num_threads(before)
+
+
+# ---------------------------------------------------------------------------
+# Discovery
+# ---------------------------------------------------------------------------
+
+
+def test_every_spec_with_a_tower_is_discovered():
+    specs = sorted(p.stem for p in drv.SPECS_DIR.glob("*.yaml"))
+    assert STEMS, "no spec has a reference tower"
+    assert STEMS == [s for s in specs if s in REFERENCE_TOWERS]
+
+
+@pytest.mark.parametrize("stem", STEMS)
+def test_the_mixin_is_the_class_the_spec_names(stem):
+    mixin = drv.load_mixin(stem)
+    assert mixin.__name__ == SPECS[stem]["class_name"]
+    assert mixin.__module__ == f"generated.standalone.{stem}"
+
+
+@pytest.mark.parametrize("stem", STEMS)
+def test_no_protocol_stub_shadows_a_host_method(stem):
+    """A mixin deriving from ``SupportsEncoderCudaGraph`` must not hide the
+    host's own methods behind the protocol's ``None``-returning stubs."""
+    tower = REFERENCE_TOWERS[stem]
+    host_cls = tower.host_class(drv.load_mixin(stem))
+    assert drv.protocol_shadowed_host_methods(stem, host_cls) == []
+
+
+# ---------------------------------------------------------------------------
+# Equivalence
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stem", STEMS)
+def test_equivalence_tiny_fp32(stem):
+    summary = drv.run_equivalence(
+        stem,
+        "tiny",
+        device="cpu",
+        dtype=torch.float32,
+        graph_backend=EagerReplayGraphBackend(),
+        attn_backend=AttentionBackendEnum.FLASH_ATTN,
+        tolerance=FP32_TOLERANCE,
+        seed=0,
+        **drv.CPU_RUN,
+    )
+    drv.assert_equivalent(summary)
+    assert summary["batches"] == drv.CPU_RUN["num_batches"]
+    assert summary["graph_hits"] + summary["graph_misses"] == summary["items"]
+    assert summary["eager_fallbacks"] > 0 and summary["eager_items"] > 0
+    assert summary["nonfinite"] == 0 and summary["aliasing"] == 0
+    kinds = {kind.split(":")[-1] for kind in summary["kinds"]}
+    assert set(drv.BATCH_KINDS) <= kinds, sorted(set(drv.BATCH_KINDS) - kinds)
+    modalities = {k.split(":")[0] if ":" in k else "image" for k in summary["kinds"]}
+    assert modalities == set(drv.tower_modalities(REFERENCE_TOWERS[stem]))
+
+
+@pytest.mark.parametrize("stem", STEMS)
+def test_recapture_after_clear_replays_right(stem):
+    """capture -> clear -> capture: buffers are new (maybe at old addresses);
+    the mixin's capture registry must follow."""
+    tower = REFERENCE_TOWERS[stem]
+    mm_config = MultiModalConfig()
+    host = _host(stem, multimodal_config=mm_config)
+    manager = _manager(host, mm_config, token_budgets=[64], max_items_per_batch=4)
+    items = [tower.smallest_item("tiny"), tower.legal_grid(random.Random(7), "tiny")]
+    mm_kwargs = tower.make_mm_kwargs(host, items, "cpu", seed=3)
+    expected = tower.reference_outputs(host, mm_kwargs)
+    for _ in range(2):
+        manager.capture()
+        outputs = manager.execute(mm_kwargs)
+        for out, ref in zip(outputs, expected, strict=True):
+            torch.testing.assert_close(out, ref, rtol=0, atol=FP32_TOLERANCE)
+        manager.clear()
+
+
+# ---------------------------------------------------------------------------
+# Plans of the GPU suite (checked here, where they are cheap)
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("size", sorted(drv.GPU_RUNS))
+@pytest.mark.parametrize("stem", STEMS)
+def test_gpu_plans_reach_every_budget_split_and_eager(stem, size):
+    """The GPU runs' batches, packed by the manager's rules on a meta host:
+    every default budget is replayed, some executes split, and the eager
+    phase falls back to eager; the bounded sizes keep the references small."""
+    host = drv.build_meta_host(stem, size)
+    phases = drv.plan_phases(stem, size, host, seed=0, **drv.GPU_RUNS[size])
+    assert sum(len(p.batches) for p in phases) == drv.GPU_RUNS[size]["num_batches"]
+    predicted = {p.name: drv.predict_packing(stem, p) for p in phases}
+    default = next(p for p in phases if p.name == "default")
+    assert set(predicted["default"]["replays_per_budget"]) == set(default.token_budgets)
+    assert predicted["default"]["split_executes"] > 0
+    eager = predicted.get("eager_ladder", predicted["default"])
+    assert eager["eager_batches"] > 0
+    for batch in (b for p in phases for b in p.batches):
+        assert all(
+            REFERENCE_TOWERS[stem].is_legal(item, size, **_modality(batch.modality))
+            for item in batch.items
+        ), batch
+
+
+def _modality(modality: str) -> dict[str, str]:
+    return {} if modality == "image" else {"modality": modality}
+
+
+def test_plans_are_deterministic():
+    stem = STEMS[0]
+    tower = REFERENCE_TOWERS[stem]
+    kwargs = {"budgets": [64, 128], "max_batch_size": 4, "num_batches": 12, "seed": 5}
+    first = drv.plan_batches(tower, "tiny", **kwargs)
+    assert first == drv.plan_batches(tower, "tiny", **kwargs)
+    assert first != drv.plan_batches(tower, "tiny", **{**kwargs, "seed": 6})
+
+
+# ---------------------------------------------------------------------------
+# Guards
+# ---------------------------------------------------------------------------
+
+
+def _backend_cases() -> list[tuple[str, str, bool]]:
+    """(stem, backend, accepted) from each spec's attention_backend guard."""
+    cases = []
+    for stem in STEMS:
+        guard = _guards(stem).get("attention_backend")
+        if not guard:
+            continue
+        if "deny" in guard:
+            rejected = list(guard["deny"])
+            accepted = [b for b in ("FLASH_ATTN", "ROCM_AITER_FA") if b not in rejected]
+        else:
+            accepted = list(guard["allow"])
+            rejected = [
+                b
+                for b in ("TORCH_SDPA", "FLASHINFER", "TRITON_ATTN")
+                if b not in accepted
+            ]
+        cases += [(stem, b, False) for b in rejected]
+        cases += [(stem, b, True) for b in accepted]
+    return cases
+
+
+BACKEND_CASES = _backend_cases()
+
+
+def test_every_attention_guard_rejects_torch_sdpa():
+    guarded = {stem for stem, _, _ in BACKEND_CASES}
+    assert guarded, "no spec guards its attention backend"
+    rejected = {(stem, b) for stem, b, ok in BACKEND_CASES if not ok}
+    assert all((stem, "TORCH_SDPA") in rejected for stem in guarded)
+
+
+@pytest.mark.parametrize(
+    "stem,backend,accepted",
+    BACKEND_CASES,
+    ids=[f"{s}-{b}-{'ok' if a else 'rejected'}" for s, b, a in BACKEND_CASES],
+)
+def test_attention_backend_guard(stem, backend, accepted):
+    guard = _guards(stem)["attention_backend"]
+    mm_config = MultiModalConfig()
+    host = _host(
+        stem,
+        attn_backend=AttentionBackendEnum[backend],
+        multimodal_config=mm_config,
+    )
+    if accepted:
+        config = host.get_encoder_cudagraph_config()
+        assert config.modalities
+        return
+    # The manager asks for the config first, as vLLM's runner does.
+    with pytest.raises(ValueError) as excinfo:
+        _manager(host, mm_config)
+    message = str(excinfo.value)
+    assert backend in message
+    assert SPECS[stem]["name"] in message
+    assert guard["hint"] in message
+    assert "cudagraph_mm_encoder" in message
+
+
+FP8_STEMS = [s for s in STEMS if _guards(s).get("fp8_static_scales")]
+
+
+@pytest.mark.parametrize("stem", FP8_STEMS)
+def test_fp8_without_static_scales_is_rejected(stem):
+    mm_config = MultiModalConfig(mm_encoder_attn_dtype="fp8")
+    host = _host(stem, multimodal_config=mm_config)
+    with pytest.raises(ValueError, match="--mm-encoder-fp8-scale-path") as excinfo:
+        _manager(host, mm_config)
+    assert "static FP8 scales" in str(excinfo.value)
+    assert SPECS[stem]["name"] in str(excinfo.value)
+
+
+@pytest.mark.parametrize("stem", FP8_STEMS)
+def test_fp8_with_static_scales_is_accepted(stem):
+    mm_config = MultiModalConfig(
+        mm_encoder_attn_dtype="fp8", mm_encoder_fp8_scale_path="/scales.json"
+    )
+    host = _host(stem, multimodal_config=mm_config)
+    assert _manager(host, mm_config).token_budgets
+
+
+LIMIT_CASES = [
+    (stem, where, variant)
+    for stem in STEMS
+    if (where := _guards(stem).get("image_limit_zero"))
+    for variant in ("limit_per_prompt", "language_model_only")
+]
+
+
+@pytest.mark.parametrize(
+    "stem,where,variant",
+    LIMIT_CASES,
+    ids=[f"{s}-{w}-{v}" for s, w, v in LIMIT_CASES],
+)
+def test_image_limit_zero_is_rejected_where_the_spec_says(stem, where, variant):
+    if variant == "limit_per_prompt":
+        mm_config = MultiModalConfig(limit_per_prompt={"image": 0})
+    else:
+        mm_config = MultiModalConfig(language_model_only=True)
+    host = _host(stem, multimodal_config=mm_config)
+    if where == "config":
+        with pytest.raises(ValueError, match="image limit is 0") as excinfo:
+            _manager(host, mm_config)
+    else:
+        assert where == "capture", where
+        manager = _manager(host, mm_config, token_budgets=[64], max_items_per_batch=2)
+        with pytest.raises(RuntimeError, match="image limit is 0") as excinfo:
+            manager.capture()
+    assert SPECS[stem]["name"] in str(excinfo.value)
+
+
+TRAILING_PAD_CASES = [
+    (stem, key)
+    for stem in STEMS
+    for key, buf in (SPECS[stem].get("buffers") or {}).items()
+    if isinstance(buf, dict) and buf.get("pad") == "trailing_sequence"
+]
+
+
+@pytest.mark.parametrize(
+    "stem,key", TRAILING_PAD_CASES, ids=[f"{s}-{k}" for s, k in TRAILING_PAD_CASES]
+)
+def test_replay_into_an_unregistered_buffer_fails_clearly(stem, key):
+    tower = REFERENCE_TOWERS[stem]
+    mm_config = MultiModalConfig()
+    host = _host(stem, multimodal_config=mm_config)
+    manager = _manager(host, mm_config, token_budgets=[64], max_items_per_batch=2)
+    manager.capture()
+    items = [tower.smallest_item("tiny")]
+    mm_kwargs = tower.make_mm_kwargs(host, items, "cpu", seed=1)
+    # Into the captured buffer: fine.
+    (out,) = manager.execute(mm_kwargs)
+    torch.testing.assert_close(
+        out, tower.reference_outputs(host, mm_kwargs)[0], rtol=0, atol=FP32_TOLERANCE
+    )
+    graphs = manager.budget_graphs["default"]
+    assert list(graphs) == [64]
+    captured = graphs[64].input_buffers[key]
+    # The padding logic itself, handed a look-alike buffer.
+    pad = manager.config.padding_logics[key]
+    with pytest.raises(RuntimeError, match="not registered at capture"):
+        pad(torch.zeros_like(captured), captured[:2].clone())
+    # A manager that replays into a buffer capture did not return.
+    graphs[64].input_buffers[key] = captured.clone()
+    with pytest.raises(RuntimeError, match="not registered at capture"):
+        manager.execute(mm_kwargs)
+
+
+def test_gpu_runs_draw_at_least_300_batches_per_model():
+    assert sum(run["num_batches"] for run in drv.GPU_RUNS.values()) >= 300
+    assert set(drv.GPU_RUNS) == {"tiny", "full"}

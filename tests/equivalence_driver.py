@@ -1,0 +1,1277 @@
+"""Equivalence driver: a generated mixin, captured and replayed by the
+runtime manager, must give for every image what the tower's own per-image
+eager forward gives, for every batch shape the manager can form.
+
+This is an importable helper, not a test module (pytest collects only
+``test_*.py``). The CPU suite (``tests/equivalence/``) and the GPU suite
+(``tests/gpu/test_equivalence_gpu.py``) both call :func:`run_equivalence`::
+
+    summary = run_equivalence(
+        "minimax_m3", "tiny", device="cpu", dtype=torch.float32,
+        graph_backend=EagerReplayGraphBackend(), num_batches=30, tolerance=1e-4,
+    )
+    assert_equivalent(summary)
+
+What one run does, for one spec stem:
+
+1. imports ``generated.standalone.<stem>``, takes the mixin (the one class
+   defined in that module) and builds the host with
+   ``REFERENCE_TOWERS[stem].build_host(mixin, size, ...)``;
+2. builds a :class:`VllmConfig` whose budget ladder is the manager's
+   default, derived from the mixin's own ``get_encoder_cudagraph_budget_range``
+   with ``max_num_batched_tokens = max_model_len = DEFAULT_MAX_TOKENS[size]``
+   (tiny 512, full 8192), creates an :class:`EncoderCudaGraphManager` and
+   captures;
+3. draws seeded batches of several kinds (:data:`BATCH_KINDS`): random
+   items (1..``max_batch_size``), the smallest legal grid, items whose output
+   tokens sit exactly on a budget boundary (``b - 1``, ``b``, ``b + 1``
+   through ``legal_grid(output_tokens=...)``), batches whose *total* tokens
+   sit on every budget boundary, more items than ``max_batch_size`` (the
+   manager splits), and items above the largest budget (eager fallback).
+   Towers that take several modalities (``tower.modalities``, e.g. Qwen2-VL
+   images and videos) get batches of each, one modality per ``execute``;
+4. runs ``manager.execute`` and compares every item with
+   ``REFERENCE_TOWERS[stem].reference_outputs(host, mm_kwargs)``:
+   same shape, dtype and device, finite, and
+   ``max|out - ref| <= tolerance * max(1, max|ref|)``; it also checks that
+   every graph output buffer is finite after each execute, that results of
+   the previous execute are not overwritten by later replays, and that
+   hits + misses count every item once;
+5. returns a JSON-serialisable summary (batches, items, graph hits/misses,
+   eager fallbacks, worst abs/rel error, max padding waste, failures);
+   :func:`assert_equivalent` turns it into a pass/fail with coverage checks.
+
+Planning is separate from running (:func:`plan_phases`,
+:func:`plan_batches`, :func:`predict_packing`): on a meta-device host the
+exact batches of a run, and how the manager's packing rules will split them,
+are known without a model, so the CPU suite can check what the GPU suite will
+cover.
+
+Eager fallback needs an item larger than the largest budget. With the
+default ladder no *legal* item is: the per-item token caps (tiny: 64;
+full: 1024 DeepSeek-V4.1, 576 MiniMax M3) are below the largest budget (512
+/ 8192). The run therefore adds an ``eager_ladder`` phase: a second manager
+configured as a user would, with ``encoder_cudagraph_token_budgets =
+[cap // 4, cap // 2]`` and items per batch at most the smaller, so that legal
+items above ``cap // 2`` fall back to the eager forward, mixed in the same
+``execute`` with items that replay graphs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from encoder_cudagraph_runtime.attention_backends import AttentionBackendEnum
+from encoder_cudagraph_runtime.config import (
+    CompilationConfig,
+    ModelConfig,
+    MultiModalConfig,
+    SchedulerConfig,
+    VllmConfig,
+)
+from encoder_cudagraph_runtime.graph_backends import (
+    CudaGraphBackend,
+    EagerReplayGraphBackend,
+    GraphBackend,
+)
+from encoder_cudagraph_runtime.manager import EncoderCudaGraphManager
+from reference_towers.registry import REFERENCE_TOWERS, ReferenceTower, Size
+
+__all__ = [
+    "BATCH_KINDS",
+    "CPU_RUN",
+    "DEFAULT_MAX_TOKENS",
+    "DEFAULT_PHASE_KINDS",
+    "DEFAULT_TOLERANCE",
+    "EAGER_PHASE_KINDS",
+    "GPU_RUNS",
+    "REPO_ROOT",
+    "PhasePlan",
+    "PlannedBatch",
+    "assert_equivalent",
+    "build_host",
+    "build_manager",
+    "build_meta_host",
+    "build_vllm_config",
+    "discover_spec_stems",
+    "eager_ladder",
+    "load_mixin",
+    "load_spec",
+    "max_item_tokens",
+    "plan_batches",
+    "plan_phases",
+    "poison_graph_pool",
+    "predict_packing",
+    "protocol_shadowed_host_methods",
+    "run_equivalence",
+    "tower_modalities",
+]
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SPECS_DIR = REPO_ROOT / "specs"
+
+DEFAULT_MAX_TOKENS: dict[str, int] = {"tiny": 512, "full": 8192}
+"""``max_num_batched_tokens`` and ``max_model_len`` per size; the mixins'
+largest budget is their minimum."""
+
+DEFAULT_TOLERANCE: dict[torch.dtype, float] = {
+    torch.float32: 1e-4,
+    torch.bfloat16: 2e-2,
+    torch.float16: 1e-2,
+}
+"""``max|out - ref| <= tol * max(1, max|ref|)`` per item."""
+
+BATCH_KINDS = (
+    "total_boundary",
+    "random",
+    "item_boundary",
+    "smallest",
+    "over_max_batch",
+    "single",
+    "eager",
+    "mixed",
+)
+"""Every batch kind (see :func:`plan_batches`)."""
+
+DEFAULT_PHASE_KINDS = (
+    "total_boundary",
+    "random",
+    "item_boundary",
+    "smallest",
+    "total_boundary",
+    "over_max_batch",
+    "single",
+    "eager",
+    "mixed",
+)
+"""Batch kinds, in the order the default phase cycles through them
+(``eager`` only where some legal item exceeds the largest budget)."""
+
+EAGER_PHASE_KINDS = (
+    "eager",
+    "item_boundary",
+    "total_boundary",
+    "random",
+    "eager",
+    "over_max_batch",
+    "mixed",
+    "smallest",
+    "single",
+)
+"""Kinds of the eager-ladder phase: eager fallback first and often."""
+
+CPU_RUN: dict[str, Any] = {"num_batches": 30}
+"""Settings of the CPU suite's run (``tiny``, fp32, eager-replay backend)."""
+
+GPU_RUNS: dict[str, dict[str, Any]] = {
+    "tiny": {"num_batches": 150},
+    "full": {
+        "num_batches": 150,
+        "max_items": 8,
+        "over_max_extra": 2,
+        "max_random_tokens": 1024,
+    },
+}
+"""Settings of the GPU suite's runs per size (bf16, CUDA graphs). ``full``
+bounds the items of random-count batches to 8, over-max batches to
+``max_batch_size + 1 .. + 2`` small items and randomly sized items to 1024
+tokens (the DeepSeek-V4.1 / MiniMax M3 caps already are; Qwen2-VL's is
+16384), so the per-image eager reference stays fast; boundary and eager
+batches still take the items a budget needs."""
+
+_MAX_FAILURES_KEPT = 20
+
+
+# ---------------------------------------------------------------------------
+# Discovery, host and manager
+# ---------------------------------------------------------------------------
+
+
+def discover_spec_stems(specs_dir: Path = SPECS_DIR) -> list[str]:
+    """Every ``specs/*.yaml`` stem with a reference tower, sorted.
+
+    A new spec plus a ``REFERENCE_TOWERS`` entry is picked up with no change
+    to the tests."""
+    return sorted(
+        p.stem for p in specs_dir.glob("*.yaml") if p.stem in REFERENCE_TOWERS
+    )
+
+
+def load_spec(stem: str) -> dict[str, Any]:
+    """The spec YAML as plain data (for guard expectations)."""
+    import yaml
+
+    with open(SPECS_DIR / f"{stem}.yaml", encoding="utf-8") as f:
+        return yaml.safe_load(f)
+
+
+def load_mixin(stem: str) -> type:
+    """The mixin class of ``generated.standalone.<stem>``: the one class
+    defined in that module (the spec's ``class_name`` breaks a tie)."""
+    module = importlib.import_module(f"generated.standalone.{stem}")
+    classes = [
+        obj
+        for _, obj in inspect.getmembers(module, inspect.isclass)
+        if obj.__module__ == module.__name__
+    ]
+    if len(classes) == 1:
+        return classes[0]
+    wanted = load_spec(stem).get("class_name")
+    for cls in classes:
+        if cls.__name__ == wanted:
+            return cls
+    raise LookupError(
+        f"generated.standalone.{stem} defines {len(classes)} classes "
+        f"({[c.__name__ for c in classes]}); expected one mixin"
+    )
+
+
+def protocol_shadowed_host_methods(stem: str, host_cls: type) -> list[str]:
+    """Host methods that a ``SupportsEncoderCudaGraph`` protocol stub
+    shadows in the composed host class ``host_cls`` (mixin first).
+
+    A mixin deriving from the protocol puts the protocol's stub bodies
+    (``...``, returning ``None``) in front of the tower's host class in the
+    MRO, so a method the spec expects the host to provide resolves to the
+    stub (Qwen2-VL's ``get_max_frames_per_video`` returned ``None`` that way
+    before the registry put host methods first). Must be empty."""
+    from encoder_cudagraph_runtime.interfaces import SupportsEncoderCudaGraph
+
+    tower_host = REFERENCE_TOWERS[stem].host_cls
+    shadowed = []
+    for name, value in vars(tower_host).items():
+        if name.startswith("__") or not callable(value):
+            continue
+        stub = vars(SupportsEncoderCudaGraph).get(name)
+        if stub is not None and inspect.getattr_static(host_cls, name) is stub:
+            shadowed.append(name)
+    return sorted(shadowed)
+
+
+def build_host(
+    stem: str,
+    size: Size,
+    *,
+    device: torch.device | str,
+    dtype: torch.dtype,
+    attn_backend: AttentionBackendEnum = AttentionBackendEnum.FLASH_ATTN,
+    multimodal_config: MultiModalConfig | None = None,
+    seed: int = 0,
+) -> Any:
+    """The reference host with the generated mixin mixed in front."""
+    return REFERENCE_TOWERS[stem].build_host(
+        load_mixin(stem),
+        size,
+        device=device,
+        dtype=dtype,
+        attn_backend=attn_backend,
+        multimodal_config=multimodal_config,
+        seed=seed,
+    )
+
+
+def build_vllm_config(
+    size: Size,
+    *,
+    max_tokens: int | None = None,
+    token_budgets: Sequence[int] = (),
+    max_items_per_batch: int = 0,
+    multimodal_config: MultiModalConfig | None = None,
+) -> VllmConfig:
+    """A config with encoder graphs on; the ladder is the manager's default
+    unless ``token_budgets`` / ``max_items_per_batch`` are given."""
+    tokens = DEFAULT_MAX_TOKENS[size] if max_tokens is None else max_tokens
+    return VllmConfig(
+        scheduler_config=SchedulerConfig(max_num_batched_tokens=tokens),
+        model_config=ModelConfig(
+            max_model_len=tokens,
+            multimodal_config=(
+                multimodal_config
+                if multimodal_config is not None
+                else MultiModalConfig()
+            ),
+        ),
+        compilation_config=CompilationConfig(
+            cudagraph_mm_encoder=True,
+            encoder_cudagraph_token_budgets=list(token_budgets),
+            encoder_cudagraph_max_vision_items_per_batch=max_items_per_batch,
+        ),
+    )
+
+
+def build_manager(
+    host: Any,
+    vllm_config: VllmConfig,
+    *,
+    device: torch.device | str,
+    dtype: torch.dtype,
+    graph_backend: GraphBackend,
+) -> EncoderCudaGraphManager:
+    return EncoderCudaGraphManager(
+        vllm_config,
+        torch.device(device),
+        dtype,
+        host,
+        graph_backend=graph_backend,
+    )
+
+
+def tower_modalities(tower: ReferenceTower[Any]) -> tuple[str, ...]:
+    """Every modality the tower takes (``("image",)`` for towers that
+    predate the ``modalities`` attribute)."""
+    return tuple(getattr(tower, "modalities", (tower.modality,)))
+
+
+def _modality_kwargs(modality: str) -> dict[str, str]:
+    """``modality=`` for the registry's item calls; left out for images, the
+    default, so towers without the keyword keep working."""
+    return {} if modality == "image" else {"modality": modality}
+
+
+def max_item_tokens(tower: ReferenceTower[Any], size: Size) -> int:
+    """The largest per-item output-token cap over the tower's modalities."""
+    return max(
+        tower.max_output_tokens(size, **_modality_kwargs(m))
+        for m in tower_modalities(tower)
+    )
+
+
+def eager_ladder(
+    tower: ReferenceTower[Any], size: Size, max_batch_size: int
+) -> tuple[list[int], int]:
+    """User budgets ``[cap // 4, cap // 2]`` and items per batch for the
+    eager-fallback phase: legal items above ``cap // 2`` exceed every budget."""
+    cap = min(
+        tower.max_output_tokens(size, **_modality_kwargs(m))
+        for m in tower_modalities(tower)
+    )
+    budgets = sorted({max(1, cap // 4), max(1, cap // 2)})
+    return budgets, max(1, min(max_batch_size, budgets[0]))
+
+
+# ---------------------------------------------------------------------------
+# Batch planning (pure: tower geometry and a seeded rng only)
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class PlannedBatch:
+    """One ``execute`` call: its kind, modality, items and pixel seed."""
+
+    kind: str
+    modality: str
+    items: list[tuple[int, ...]]
+    seed: int
+    note: str = ""
+
+
+@dataclass
+class _Planner:
+    tower: ReferenceTower[Any]
+    size: Size
+    budgets: list[int]
+    max_batch_size: int
+    max_items: int
+    """Bound on items of the kinds that draw a random count."""
+    over_max_extra: int
+    """``over_max_batch`` draws ``max_batch_size + 1 .. + over_max_extra``."""
+    max_random_tokens: int | None
+    """Bound on the tokens of randomly sized items (not of boundary, cap or
+    eager items)."""
+    rng: random.Random
+    modality: str = "image"
+    counters: dict[str, int] = field(default_factory=dict)
+
+    # -- the tower, for the current modality --------------------------------
+
+    @property
+    def _kw(self) -> dict[str, str]:
+        return _modality_kwargs(self.modality)
+
+    @property
+    def cap(self) -> int:
+        return self.tower.max_output_tokens(self.size, **self._kw)
+
+    @property
+    def random_cap(self) -> int:
+        if self.max_random_tokens is None:
+            return self.cap
+        return max(self.min_tokens, min(self.cap, self.max_random_tokens))
+
+    @property
+    def smallest(self) -> tuple[int, ...]:
+        return self.tower.smallest_item(self.size, **self._kw)
+
+    @property
+    def min_tokens(self) -> int:
+        return self.tower.output_tokens(self.smallest)
+
+    @property
+    def has_eager(self) -> bool:
+        return self.cap > self.budgets[-1]
+
+    def _item(
+        self, tokens: int | None = None, max_tokens: int | None = None
+    ) -> tuple[int, ...]:
+        if tokens is not None:
+            return self.tower.legal_grid(
+                self.rng, self.size, output_tokens=tokens, **self._kw
+            )
+        cap = (
+            self.random_cap if max_tokens is None else min(max_tokens, self.random_cap)
+        )
+        return self.tower.sample_item(
+            self.rng, self.size, max_output_tokens=cap, **self._kw
+        )
+
+    def _reachable(self, tokens: int) -> bool:
+        """Whether some legal item has exactly ``tokens`` output tokens."""
+        if not self.min_tokens <= tokens <= self.cap:
+            return False
+        try:
+            self.tower.legal_grid(
+                random.Random(0), self.size, output_tokens=tokens, **self._kw
+            )
+        except ValueError:
+            return False
+        return True
+
+    def _reachable_in(self, lo: int, hi: int) -> int:
+        """A random reachable token count in ``[lo, hi]``."""
+        for _ in range(200):
+            t = self.rng.randint(lo, hi)
+            if self._reachable(t):
+                return t
+        for t in range(hi, lo - 1, -1):
+            if self._reachable(t):
+                return t
+        raise RuntimeError(f"no legal {self.modality} item with {lo}..{hi} tokens")
+
+    # -- batch kinds ----------------------------------------------------------
+
+    def _nth(self, kind: str) -> int:
+        n = self.counters.get(kind, 0)
+        self.counters[kind] = n + 1
+        return n
+
+    def _count(self) -> int:
+        return self.rng.randint(1, max(1, min(self.max_batch_size, self.max_items)))
+
+    def _split_total(self, total: int) -> list[int] | None:
+        """Reachable item token counts summing to ``total``, as even as
+        possible (so that packing keeps them together when they fit)."""
+        if total < self.min_tokens:
+            return None
+        n = max(1, math.ceil(total / self.cap))
+        while n <= total // self.min_tokens:
+            base, extra = divmod(total, n)
+            parts = [base + 1] * extra + [base] * (n - extra)
+            if all(self._reachable(p) for p in parts):
+                self.rng.shuffle(parts)
+                return parts
+            n += 1
+        return None
+
+    def kind_items(self, kind: str) -> tuple[list[tuple[int, ...]], str] | None:
+        """Items of one batch of ``kind``, or ``None`` when this ladder
+        cannot form it."""
+        rng = self.rng
+        if kind == "random":
+            return [self._item() for _ in range(self._count())], ""
+        if kind == "single":
+            # The smallest, the largest and a random item in turn.
+            i = self._nth(kind) % 3
+            if i == 0:
+                return [self.smallest], "smallest"
+            if i == 1:
+                return [self._item(tokens=self._reachable_in(1, self.random_cap))], ""
+            return [self._item(tokens=self._reachable_in(self.cap, self.cap))], "cap"
+        if kind == "smallest":
+            n = self._count()
+            items = [self.smallest] * n
+            if n > 1 and rng.random() < 0.5:
+                items[rng.randrange(n)] = self._item()
+            return items, ""
+        if kind == "item_boundary":
+            targets = [
+                b + d
+                for b in self.budgets
+                for d in (-1, 0, 1)
+                if self._reachable(b + d)
+            ]
+            if not targets:
+                return None
+            t = targets[self._nth(kind) % len(targets)]
+            items = [self._item(tokens=t)]
+            room = max(0, min(self.max_batch_size, self.max_items) - 1)
+            items += [self._item() for _ in range(rng.randint(0, min(2, room)))]
+            rng.shuffle(items)
+            return items, f"an item of {t} tokens"
+        if kind == "total_boundary":
+            # Every budget exactly first, then every budget - 1, then + 1.
+            n = self._nth(kind)
+            nb = len(self.budgets)
+            total = self.budgets[n % nb] + (0, -1, 1)[(n // nb) % 3]
+            parts = self._split_total(total)
+            if parts is None:
+                return None
+            return [self._item(tokens=t) for t in parts], f"{total} tokens in total"
+        if kind == "over_max_batch":
+            n = self.max_batch_size + rng.randint(1, max(1, self.over_max_extra))
+            # Small items, so that the item count (not tokens) splits.
+            small = max(self.min_tokens, min(self.cap, self.budgets[0] // 4))
+            items = [self._item(max_tokens=small) for _ in range(n)]
+            return items, f"{n} items > max_batch_size {self.max_batch_size}"
+        if kind == "eager":
+            if not self.has_eager:
+                return None
+            largest = self.budgets[-1]
+            big = [
+                self._item(tokens=self._reachable_in(largest + 1, self.cap))
+                for _ in range(rng.randint(1, 2))
+            ]
+            if self._nth(kind) % 2 == 0 and self._reachable(largest + 1):
+                big[0] = self._item(tokens=largest + 1)
+            room = max(0, min(3, self.max_items - len(big)))
+            small = [
+                self._item(max_tokens=largest) for _ in range(rng.randint(0, room))
+            ]
+            items = big + small
+            rng.shuffle(items)
+            return items, f"{len(big)} above the largest budget {largest}"
+        if kind == "mixed":
+            items = []
+            for _ in range(self._count()):
+                r = rng.random()
+                if r < 0.2:
+                    items.append(self.smallest)
+                elif r < 0.4:
+                    cap = self.random_cap
+                    items.append(self._item(tokens=self._reachable_in(cap, cap)))
+                else:
+                    items.append(self._item())
+            return items, ""
+        raise ValueError(f"unknown batch kind {kind!r}")
+
+
+def plan_batches(
+    tower: ReferenceTower[Any],
+    size: Size,
+    *,
+    budgets: Sequence[int],
+    max_batch_size: int,
+    num_batches: int,
+    seed: int,
+    max_items: int | None = None,
+    over_max_extra: int | None = None,
+    max_random_tokens: int | None = None,
+    kinds: Sequence[str] = DEFAULT_PHASE_KINDS,
+    modalities: Sequence[str] | None = None,
+) -> list[PlannedBatch]:
+    """``num_batches`` seeded batches cycling through ``kinds``; the batches
+    of each kind alternate between ``modalities`` (every modality of the
+    tower by default; one modality per ``execute``, as vLLM groups them).
+
+    A kind that cannot be formed under these budgets (``eager`` when no
+    legal item exceeds the largest budget) is skipped. The ``k``-th
+    ``total_boundary`` batch sums to budget ``k mod n`` exactly, then to
+    every budget ``- 1``, then ``+ 1``, so every budget is replayed once
+    there are as many such batches as budgets."""
+    rng = random.Random(seed)
+    modalities = tuple(modalities or tower_modalities(tower))
+    planner = _Planner(
+        tower=tower,
+        size=size,
+        budgets=sorted(budgets),
+        max_batch_size=max_batch_size,
+        max_items=max_items if max_items is not None else max_batch_size,
+        over_max_extra=(
+            over_max_extra if over_max_extra is not None else max_batch_size + 1
+        ),
+        max_random_tokens=max_random_tokens,
+        rng=rng,
+    )
+    plans: list[PlannedBatch] = []
+    made_of_kind: dict[str, int] = {}
+    i = 0
+    misses = 0
+    while len(plans) < num_batches:
+        kind = kinds[i % len(kinds)]
+        # Each kind alternates between the modalities.
+        planner.modality = modalities[made_of_kind.get(kind, 0) % len(modalities)]
+        i += 1
+        made = planner.kind_items(kind)
+        if made is None:
+            misses += 1
+            if misses > 10 * len(kinds) + num_batches:
+                raise RuntimeError(f"cannot form batches of kinds {list(kinds)}")
+            continue
+        items, note = made
+        made_of_kind[kind] = made_of_kind.get(kind, 0) + 1
+        plans.append(
+            PlannedBatch(
+                kind,
+                planner.modality,
+                list(items),
+                seed * 100_003 + len(plans),
+                note,
+            )
+        )
+    return plans
+
+
+# ---------------------------------------------------------------------------
+# Poisoned graph pool (CUDA only)
+# ---------------------------------------------------------------------------
+
+
+class _PoisonGraph:
+    """A CUDA graph that writes NaN over the blocks of a graph pool that were
+    free after capture (the intermediates the encoder graphs share)."""
+
+    def __init__(self, graph: Any, nbytes: int, nblocks: int, free_bytes: int) -> None:
+        self.graph = graph
+        self.nbytes = nbytes
+        """Bytes of free pool blocks the poison writes."""
+        self.nblocks = nblocks
+        self.free_bytes = free_bytes
+        """Bytes of the pool's free blocks before poisoning."""
+
+    def replay(self) -> None:
+        self.graph.replay()
+
+
+def _capture_stream(graph_backend: Any, device: torch.device) -> Any:
+    """The stream the backend captures on (its side stream when the current
+    stream is the default one): pool blocks are reused only on their stream."""
+    side = getattr(graph_backend, "_side_stream", lambda: None)()
+    return side if side is not None else torch.cuda.current_stream(device)
+
+
+def poison_graph_pool(
+    pool: Any, device: torch.device, graph_backend: Any = None
+) -> _PoisonGraph:
+    """Capture, into ``pool`` on the backend's capture stream, one
+    allocation per free block of the pool, each filled with NaN; replay it
+    once.
+
+    Allocations during a capture come from the pool's free blocks (best fit,
+    same stream), so replaying this graph overwrites the memory the encoder
+    graphs use for their intermediates with NaN: an encoder graph that reads
+    a pool row it did not write in the same replay (vLLM PR #57136) then
+    returns NaN. Only allocations that landed on a block that was free
+    before count towards ``nbytes``.
+    """
+    pool_id = tuple(pool)
+    free: dict[int, int] = {}
+    for segment in torch.cuda.memory_snapshot():
+        if tuple(segment.get("segment_pool_id", ())) != pool_id:
+            continue
+        address = int(segment.get("address", 0))
+        for block in segment.get("blocks", ()):
+            # Blocks are listed in address order; older releases omit it.
+            start = int(block.get("address", address))
+            address = start + int(block["size"])
+            if block.get("state") == "inactive" and int(block["size"]) >= 512:
+                free[start] = int(block["size"])
+    stream = _capture_stream(graph_backend, device)
+    graph = torch.cuda.CUDAGraph()
+    nbytes = nblocks = 0
+    with torch.cuda.device(device):
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.graph(graph, pool=pool, stream=stream):
+            keep = []
+            for size in sorted(free.values(), reverse=True):
+                t = torch.empty(size // 4, dtype=torch.float32, device=device)
+                t.fill_(float("nan"))
+                keep.append(t)
+                if free.get(t.data_ptr()) == size:
+                    nbytes += size
+                    nblocks += 1
+            del keep
+        torch.cuda.current_stream(device).wait_stream(stream)
+    poison = _PoisonGraph(graph, nbytes, nblocks, sum(free.values()))
+    poison.replay()
+    torch.cuda.synchronize(device)
+    return poison
+
+
+# ---------------------------------------------------------------------------
+# Phases: which managers a run builds and what each executes
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class PhasePlan:
+    """One manager of a run and the batches it executes."""
+
+    name: str
+    vllm_config: VllmConfig
+    token_budgets: list[int]
+    max_batch_size: int
+    batches: list[PlannedBatch]
+
+
+def build_meta_host(
+    stem: str,
+    size: Size,
+    *,
+    attn_backend: AttentionBackendEnum = AttentionBackendEnum.FLASH_ATTN,
+    multimodal_config: MultiModalConfig | None = None,
+) -> Any:
+    """A host on the meta device (no memory, no weights): enough for the
+    manager to resolve budgets, so a run can be planned without running it."""
+    tower = REFERENCE_TOWERS[stem]
+    with torch.device("meta"):
+        return tower.host_class(load_mixin(stem))(
+            tower.config(size),
+            multimodal_config=multimodal_config,
+            attn_backend=attn_backend,
+        )
+
+
+def _resolve_ladder(host: Any, vllm_config: VllmConfig) -> tuple[list[int], int]:
+    """The manager's own budget and batch-size resolution (no capture)."""
+    manager = EncoderCudaGraphManager(
+        vllm_config,
+        torch.device("cpu"),
+        torch.float32,
+        host,
+        graph_backend=EagerReplayGraphBackend(),
+    )
+    return list(manager.token_budgets), manager.max_batch_size
+
+
+def plan_phases(
+    stem: str,
+    size: Size,
+    host: Any,
+    *,
+    num_batches: int,
+    seed: int = 0,
+    max_tokens: int | None = None,
+    max_items: int | None = None,
+    over_max_extra: int | None = None,
+    max_random_tokens: int | None = None,
+    eager_batches: int | None = None,
+    multimodal_config: MultiModalConfig | None = None,
+) -> list[PhasePlan]:
+    """The phases of :func:`run_equivalence` with their batches.
+
+    ``default``: the manager's default ladder. ``eager_ladder`` (when no legal
+    item exceeds the default's largest budget, see the module docstring):
+    user budgets from :func:`eager_ladder`. ``host`` may be a meta host
+    (:func:`build_meta_host`)."""
+    tower = REFERENCE_TOWERS[stem]
+    mm_config = multimodal_config or MultiModalConfig()
+    default_config = build_vllm_config(
+        size, max_tokens=max_tokens, multimodal_config=mm_config
+    )
+    budgets, max_batch_size = _resolve_ladder(host, default_config)
+    if max_item_tokens(tower, size) > budgets[-1]:
+        eager_batches = 0  # the default phase draws eager items itself
+    elif eager_batches is None:
+        eager_batches = max(2, num_batches // 5)
+    eager_batches = max(0, min(eager_batches, num_batches - 1))
+
+    def batches(
+        budgets: list[int], mbs: int, n: int, seed: int, kinds: Sequence[str]
+    ) -> list[PlannedBatch]:
+        return plan_batches(
+            tower,
+            size,
+            budgets=budgets,
+            max_batch_size=mbs,
+            num_batches=n,
+            seed=seed,
+            max_items=max_items,
+            over_max_extra=over_max_extra,
+            max_random_tokens=max_random_tokens,
+            kinds=kinds,
+        )
+
+    phases = [
+        PhasePlan(
+            "default",
+            default_config,
+            budgets,
+            max_batch_size,
+            batches(
+                budgets,
+                max_batch_size,
+                num_batches - eager_batches,
+                seed,
+                DEFAULT_PHASE_KINDS,
+            ),
+        )
+    ]
+    if eager_batches:
+        user_budgets, user_items = eager_ladder(tower, size, max_batch_size)
+        config = build_vllm_config(
+            size,
+            max_tokens=max_tokens,
+            token_budgets=user_budgets,
+            max_items_per_batch=user_items,
+            multimodal_config=mm_config,
+        )
+        budgets, max_batch_size = _resolve_ladder(host, config)
+        phases.append(
+            PhasePlan(
+                "eager_ladder",
+                config,
+                budgets,
+                max_batch_size,
+                batches(
+                    budgets,
+                    max_batch_size,
+                    eager_batches,
+                    seed + 1,
+                    EAGER_PHASE_KINDS,
+                ),
+            )
+        )
+    return phases
+
+
+def predict_packing(stem: str, phase: PhasePlan) -> dict[str, Any]:
+    """What the manager's packing rules make of a phase's batches (from
+    :func:`encoder_cudagraph_runtime.packing.pack_items`, no model run):
+    replays per budget, eager batches and executes split in several.
+    Assumes the single ``default`` path (both paths' tokens = output tokens),
+    which is what every current spec captures."""
+    from encoder_cudagraph_runtime.packing import pack_items
+
+    tower = REFERENCE_TOWERS[stem]
+    per_budget: dict[int, int] = {}
+    eager = splits = 0
+    for batch in phase.batches:
+        tokens = [tower.output_tokens(item) for item in batch.items]
+        packed = pack_items(
+            [tokens], tokens, [phase.token_budgets], phase.max_batch_size
+        )
+        splits += len(packed) > 1
+        for p in packed:
+            budget = p.path_budgets[0]
+            if budget is None:
+                eager += 1
+            else:
+                per_budget[budget] = per_budget.get(budget, 0) + 1
+    return {
+        "replays_per_budget": dict(sorted(per_budget.items())),
+        "eager_batches": eager,
+        "split_executes": splits,
+        "max_items": max((len(b.items) for b in phase.batches), default=0),
+        "input_rows": sum(
+            tower.input_size(item) for b in phase.batches for item in b.items
+        ),
+    }
+
+
+# ---------------------------------------------------------------------------
+# The run
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class _Stats:
+    batches: int = 0
+    items: int = 0
+    replays: int = 0
+    eager_batches: int = 0
+    eager_items: int = 0
+    split_executes: int = 0
+    worst_abs_err: float = 0.0
+    worst_rel_err: float = 0.0
+    worst: dict[str, Any] = field(default_factory=dict)
+    max_padding_waste: float = 0.0
+    rows_replayed: int = 0
+    rows_used: int = 0
+    nonfinite: int = 0
+    aliasing: int = 0
+    kinds: dict[str, int] = field(default_factory=dict)
+    budgets_replayed: set[int] = field(default_factory=set)
+    failures: list[str] = field(default_factory=list)
+    num_failures: int = 0
+
+    def fail(self, message: str) -> None:
+        self.num_failures += 1
+        if len(self.failures) < _MAX_FAILURES_KEPT:
+            self.failures.append(message)
+
+
+def _padding_totals(manager: EncoderCudaGraphManager) -> dict[str, Any]:
+    stats = manager.get_padding_stats()
+    per_budget: dict[int, int] = {}
+    eager_batches = 0
+    for path in stats["paths"].values():
+        eager_batches += path["eager_batches"]
+        for budget, entry in path["budgets"].items():
+            per_budget[int(budget)] = per_budget.get(int(budget), 0) + entry["replays"]
+    return {
+        "replays": stats["replays"],
+        "rows_replayed": stats["rows_replayed"],
+        "rows_used": stats["rows_used"],
+        "eager_batches": eager_batches,
+        "per_budget": per_budget,
+    }
+
+
+def _output_buffers(manager: EncoderCudaGraphManager) -> list[torch.Tensor]:
+    return [
+        meta.output_buffer
+        for graphs in manager.budget_graphs.values()
+        for meta in graphs.values()
+    ]
+
+
+def _compare(
+    out: Any,
+    ref: torch.Tensor,
+    tol: float,
+    stats: _Stats,
+    where: str,
+) -> None:
+    if not isinstance(out, torch.Tensor):
+        stats.fail(f"{where}: output is {type(out).__name__}, not a tensor")
+        return
+    if out.shape != ref.shape or out.dtype != ref.dtype or out.device != ref.device:
+        stats.fail(
+            f"{where}: output {tuple(out.shape)} {out.dtype} {out.device} vs "
+            f"reference {tuple(ref.shape)} {ref.dtype} {ref.device}"
+        )
+        return
+    if not bool(torch.isfinite(ref).all()):
+        stats.nonfinite += 1
+        stats.fail(f"{where}: the eager reference is not finite")
+        return
+    if not bool(torch.isfinite(out).all()):
+        stats.nonfinite += 1
+        bad = int((~torch.isfinite(out)).any(dim=-1).sum()) if out.ndim else 1
+        stats.fail(f"{where}: {bad} output rows hold NaN/Inf")
+        return
+    if ref.numel() == 0:
+        return
+    diff = (out.float() - ref.float()).abs().max().item()
+    scale = max(1.0, ref.float().abs().max().item())
+    rel = diff / scale
+    stats.worst_abs_err = max(stats.worst_abs_err, diff)
+    if rel > stats.worst_rel_err:
+        stats.worst_rel_err = rel
+        stats.worst = {"where": where, "abs_err": diff, "ref_absmax": scale}
+    if rel > tol:
+        stats.fail(
+            f"{where}: max abs err {diff:.3e} > {tol:g} * max(1, |ref|max "
+            f"{scale:.3e})"
+        )
+
+
+def _run_phase(
+    phase: PhasePlan,
+    *,
+    tower: ReferenceTower[Any],
+    host: Any,
+    device: torch.device,
+    dtype: torch.dtype,
+    graph_backend: GraphBackend,
+    tol: float,
+    poison_pool: bool,
+    stats: _Stats,
+) -> dict[str, Any]:
+    manager = build_manager(
+        host, phase.vllm_config, device=device, dtype=dtype, graph_backend=graph_backend
+    )
+    if (list(manager.token_budgets), manager.max_batch_size) != (
+        phase.token_budgets,
+        phase.max_batch_size,
+    ):
+        raise AssertionError(
+            f"{phase.name}: manager resolved {manager.token_budgets} / "
+            f"{manager.max_batch_size}, the plan {phase.token_budgets} / "
+            f"{phase.max_batch_size}"
+        )
+    start = time.perf_counter()
+    manager.capture()
+    capture_s = time.perf_counter() - start
+    poison = None
+    if poison_pool:
+        if not isinstance(graph_backend, CudaGraphBackend):
+            raise ValueError("poison_pool needs the CUDA graph backend")
+        poison = poison_graph_pool(manager.graph_pool, device, graph_backend)
+    budgets = phase.token_budgets
+    items_before = stats.items
+    previous: list[tuple[torch.Tensor, torch.Tensor]] = []
+    for b, plan in enumerate(phase.batches):
+        note = f", {plan.note}" if plan.note else ""
+        where_batch = f"{phase.name} batch {b} ({plan.modality} {plan.kind}{note})"
+        mm_kwargs = tower.make_mm_kwargs(
+            host, plan.items, device, seed=plan.seed, **_modality_kwargs(plan.modality)
+        )
+        if poison is not None:
+            poison.replay()
+        before = _padding_totals(manager)
+        outputs = manager.execute(mm_kwargs)
+        after = _padding_totals(manager)
+        with torch.inference_mode():
+            refs = tower.reference_outputs(host, mm_kwargs)
+
+        stats.batches += 1
+        stats.items += len(plan.items)
+        kind = plan.kind if plan.modality == "image" else f"{plan.modality}:{plan.kind}"
+        stats.kinds[kind] = stats.kinds.get(kind, 0) + 1
+        replays = after["replays"] - before["replays"]
+        eager = after["eager_batches"] - before["eager_batches"]
+        stats.replays += replays
+        stats.eager_batches += eager
+        stats.eager_items += sum(
+            1 for item in plan.items if tower.output_tokens(item) > budgets[-1]
+        )
+        if replays + eager > 1:
+            stats.split_executes += 1
+        replayed = after["rows_replayed"] - before["rows_replayed"]
+        used = after["rows_used"] - before["rows_used"]
+        stats.rows_replayed += replayed
+        stats.rows_used += used
+        if replayed:
+            stats.max_padding_waste = max(
+                stats.max_padding_waste, (replayed - used) / replayed
+            )
+        for budget, count in after["per_budget"].items():
+            if count > before["per_budget"].get(budget, 0):
+                stats.budgets_replayed.add(budget)
+
+        if len(outputs) != len(plan.items) or len(refs) != len(plan.items):
+            stats.fail(
+                f"{where_batch}: {len(outputs)} outputs, {len(refs)} references "
+                f"for {len(plan.items)} items"
+            )
+            continue
+        for i, (out, ref) in enumerate(zip(outputs, refs)):
+            item = plan.items[i]
+            where = (
+                f"{where_batch} item {i} {item} ({tower.output_tokens(item)} tokens)"
+            )
+            _compare(out, ref, tol, stats, where)
+        for k, buf in enumerate(_output_buffers(manager)):
+            if not bool(torch.isfinite(buf).all()):
+                stats.nonfinite += 1
+                stats.fail(f"{where_batch}: graph output buffer {k} holds NaN/Inf")
+        # Results of the previous execute must survive this one's replays.
+        for j, (out, snapshot) in enumerate(previous):
+            if not torch.equal(out, snapshot):
+                stats.aliasing += 1
+                stats.fail(
+                    f"{where_batch}: item {j} of the previous batch changed "
+                    "(an output aliases a graph buffer)"
+                )
+        previous = [
+            (out, out.clone()) for out in outputs if isinstance(out, torch.Tensor)
+        ]
+
+    cumulative = manager.get_cumulative_stats()
+    phase_items = stats.items - items_before
+    if cumulative["graph_hits"] + cumulative["graph_misses"] != phase_items:
+        stats.fail(
+            f"{phase.name}: hits {cumulative['graph_hits']} + misses "
+            f"{cumulative['graph_misses']} != items {phase_items}"
+        )
+    summary = {
+        "token_budgets": budgets,
+        "max_batch_size": manager.max_batch_size,
+        "num_graphs": cumulative["num_budgets"],
+        "capture_s": round(capture_s, 3),
+        "batches": len(phase.batches),
+        "items": phase_items,
+        "graph_hits": cumulative["graph_hits"],
+        "graph_misses": cumulative["graph_misses"],
+        "eager_fallbacks": _padding_totals(manager)["eager_batches"],
+        "padding_waste": manager.get_padding_stats()["waste_fraction"],
+    }
+    if poison is not None:
+        summary["poisoned_bytes"] = poison.nbytes
+        summary["poisoned_blocks"] = poison.nblocks
+        summary["pool_free_bytes"] = poison.free_bytes
+    # The poison graph holds the pool too: drop it before the manager frees it.
+    poison = None
+    manager.clear()
+    return summary
+
+
+def run_equivalence(
+    stem: str,
+    size: Size,
+    *,
+    device: torch.device | str,
+    dtype: torch.dtype,
+    graph_backend: GraphBackend | Callable[[], GraphBackend],
+    num_batches: int = 30,
+    seed: int = 0,
+    tolerance: float | None = None,
+    attn_backend: AttentionBackendEnum = AttentionBackendEnum.FLASH_ATTN,
+    max_tokens: int | None = None,
+    max_items: int | None = None,
+    over_max_extra: int | None = None,
+    max_random_tokens: int | None = None,
+    eager_batches: int | None = None,
+    poison_pool: bool = False,
+) -> dict[str, Any]:
+    """Run the equivalence check of one spec; see the module docstring.
+
+    Args:
+        stem: spec stem (``specs/<stem>.yaml``, a ``REFERENCE_TOWERS`` key).
+        size: ``"tiny"`` or ``"full"``.
+        device, dtype: where and in what the host runs (the eager reference
+            runs there too, in the same dtype).
+        graph_backend: a backend, or a zero-argument factory of one.
+        num_batches: ``execute`` calls in total (all phases).
+        seed: drives weights, items and pixels.
+        tolerance: ``max|out - ref| <= tolerance * max(1, max|ref|)`` per
+            item; :data:`DEFAULT_TOLERANCE` of ``dtype`` when ``None``.
+        attn_backend: the tower's ViT attention backend.
+        max_tokens: ``max_num_batched_tokens`` = ``max_model_len``
+            (:data:`DEFAULT_MAX_TOKENS` of ``size`` when ``None``).
+        max_items: bound on items of the kinds that draw a random count
+            (default ``max_batch_size``); boundary and over-max kinds take
+            what they need.
+        over_max_extra: ``over_max_batch`` batches hold ``max_batch_size + 1
+            .. + over_max_extra`` small items (default ``max_batch_size + 1``).
+        max_random_tokens: bound on the tokens of randomly sized items
+            (default: the tower's per-item cap); boundary, cap and eager
+            items are exempt.
+        eager_batches: batches of the eager-ladder phase (default: a fifth,
+            at least 2; none when the default phase can draw eager items).
+        poison_pool: (CUDA) fill the pool's free blocks with NaN after
+            capture and before every execute (:func:`poison_graph_pool`).
+
+    Returns:
+        A JSON-serialisable summary; ``failures`` lists mismatches (empty
+        when the mixin is right). :func:`assert_equivalent` checks it.
+    """
+    start = time.perf_counter()
+    device = torch.device(device)
+    tower = REFERENCE_TOWERS[stem]
+    tol = DEFAULT_TOLERANCE[dtype] if tolerance is None else tolerance
+    backend = (
+        graph_backend()
+        if isinstance(graph_backend, type) or not hasattr(graph_backend, "capture")
+        else graph_backend
+    )
+    # The host keeps the config's multimodal_config, as vLLM's hosts do.
+    mm_config = MultiModalConfig()
+    host = build_host(
+        stem,
+        size,
+        device=device,
+        dtype=dtype,
+        attn_backend=attn_backend,
+        multimodal_config=mm_config,
+        seed=seed,
+    )
+    phases = plan_phases(
+        stem,
+        size,
+        host,
+        num_batches=num_batches,
+        seed=seed,
+        max_tokens=max_tokens,
+        max_items=max_items,
+        over_max_extra=over_max_extra,
+        max_random_tokens=max_random_tokens,
+        eager_batches=eager_batches,
+        multimodal_config=mm_config,
+    )
+    stats = _Stats()
+    results: dict[str, Any] = {}
+    default_budgets_replayed: list[int] = []
+    for phase in phases:
+        results[phase.name] = _run_phase(
+            phase,
+            tower=tower,
+            host=host,
+            device=device,
+            dtype=dtype,
+            graph_backend=backend,
+            tol=tol,
+            poison_pool=poison_pool,
+            stats=stats,
+        )
+        if phase.name == "default":
+            default_budgets_replayed = sorted(stats.budgets_replayed)
+
+    return {
+        "spec": stem,
+        "size": size,
+        "device": str(device),
+        "dtype": str(dtype).removeprefix("torch."),
+        "graph_backend": getattr(backend, "name", type(backend).__name__),
+        "attn_backend": attn_backend.name,
+        "seed": seed,
+        "tolerance": tol,
+        "tolerance_rule": "max|out-ref| <= tolerance * max(1, max|ref|) per item",
+        "batches": stats.batches,
+        "items": stats.items,
+        "graph_hits": sum(p["graph_hits"] for p in results.values()),
+        "graph_misses": sum(p["graph_misses"] for p in results.values()),
+        "eager_fallbacks": stats.eager_batches,
+        "eager_items": stats.eager_items,
+        "replays": stats.replays,
+        "split_executes": stats.split_executes,
+        "worst_abs_err": stats.worst_abs_err,
+        "worst_rel_err": stats.worst_rel_err,
+        "worst": stats.worst,
+        "max_padding_waste": stats.max_padding_waste,
+        "padding_waste": (
+            (stats.rows_replayed - stats.rows_used) / stats.rows_replayed
+            if stats.rows_replayed
+            else 0.0
+        ),
+        "default_budgets": results["default"]["token_budgets"],
+        "default_budgets_replayed": default_budgets_replayed,
+        "budgets_replayed": sorted(stats.budgets_replayed),
+        "kinds": dict(sorted(stats.kinds.items())),
+        "nonfinite": stats.nonfinite,
+        "aliasing": stats.aliasing,
+        "phases": results,
+        "num_failures": stats.num_failures,
+        "failures": stats.failures,
+        "seconds": round(time.perf_counter() - start, 3),
+    }
+
+
+def assert_equivalent(
+    summary: dict[str, Any], *, require_coverage: bool = True
+) -> None:
+    """Fail with the run's failures; with ``require_coverage`` also demand
+    that every default budget was replayed, that some graph was replayed,
+    that the manager split at least one execute and (where an eager phase
+    ran) fell back to the eager forward."""
+    problems = list(summary["failures"])
+    if summary["num_failures"] > len(problems):
+        problems.append(f"... {summary['num_failures'] - len(problems)} more")
+    if require_coverage:
+        missing = sorted(
+            set(summary["default_budgets"]) - set(summary["default_budgets_replayed"])
+        )
+        if missing:
+            problems.append(f"default budgets never replayed: {missing}")
+        if summary["graph_hits"] == 0:
+            problems.append("no graph was replayed")
+        if summary["split_executes"] == 0:
+            problems.append("no execute was split into several batches")
+        if "eager_ladder" in summary["phases"] and summary["eager_fallbacks"] == 0:
+            problems.append("no batch fell back to the eager forward")
+    if problems:
+        head = (
+            f"{summary['spec']} {summary['size']} {summary['dtype']} on "
+            f"{summary['device']} ({summary['graph_backend']}): "
+        )
+        raise AssertionError(head + "\n  " + "\n  ".join(problems))
