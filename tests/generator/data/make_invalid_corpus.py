@@ -1,0 +1,697 @@
+"""Writes the invalid-spec corpus ``data/invalid/*.yaml`` (a maintenance tool).
+
+Each case is one of the project's specs with one small mutation (a few for
+the cases that need them), so every file differs from a valid spec only where
+the problem is. Run it after a spec changes enough that the corpus should
+follow, then regenerate the ``.expected`` files and review them::
+
+    python tests/generator/data/make_invalid_corpus.py
+    GEN_MIXIN_UPDATE_GOLDEN=1 python -m pytest tests/generator/test_gen_invalid_specs.py
+
+A mutation whose text no longer occurs in its spec stops the script: adapt it.
+Files of cases no longer listed here are removed (with their ``.expected``),
+except the ``.expected`` of known issues, which are written by hand.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[2]
+OUT = HERE / "invalid"
+
+cases: dict[str, str] = {}
+
+
+def _spec(stem: str) -> str:
+    return (REPO / "specs" / f"{stem}.yaml").read_text(encoding="utf-8")
+
+
+def _header(stem: str, name: str) -> str:
+    return (
+        f"# Invalid-spec corpus case {name!r}: specs/{stem}.yaml with a mutation\n"
+        "# (written by tests/generator/data/make_invalid_corpus.py).\n"
+    )
+
+
+def case(name: str, stem: str, *pairs: tuple[str, str]) -> None:
+    """``specs/<stem>.yaml`` with each ``old`` (occurring once) replaced."""
+    text = _spec(stem)
+    for old, new in pairs:
+        if text.count(old) != 1:
+            sys.exit(
+                f"{name}: {old!r} occurs {text.count(old)} times in specs/{stem}.yaml"
+            )
+        text = text.replace(old, new)
+    cases[name] = _header(stem, name) + text
+
+
+def regex(name: str, stem: str, pattern: str, replacement: str) -> None:
+    text, n = re.subn(pattern, replacement, _spec(stem), count=1)
+    if n != 1:
+        sys.exit(f"{name}: {pattern!r} does not match specs/{stem}.yaml")
+    cases[name] = _header(stem, name) + text
+
+
+def raw(name: str, text: str) -> None:
+    cases[name] = text
+
+
+# -- YAML level ----------------------------------------------------------------
+case("yaml_malformed_flow", "minimax_m3", ("modalities: [image]", "modalities: [image"))
+case(
+    "yaml_bad_indent",
+    "minimax_m3",
+    (
+        "  multimodal_config: MultiModalConfig | None",
+        "   multimodal_config: MultiModalConfig | None",
+    ),
+)
+case(
+    "yaml_duplicate_top_key",
+    "minimax_m3",
+    ("budget:\n  min: 64\n", "budget:\n  min: 64\nname: MiniMax M3 again\n"),
+)
+case(
+    "yaml_duplicate_buffer",
+    "deepseek_v41",
+    (
+        "  merge_mask: {shape: [max_batch_size * k, r * r, 1], dtype: dtype}\n",
+        "  merge_mask: {shape: [max_batch_size * k, r * r, 1], dtype: dtype}\n  vit_cos: {}\n",
+    ),
+)
+case(
+    "yaml_anchor_alias",
+    "minimax_m3",
+    ("  rotary_sin: {rows_dim: 1,", "  rotary_sin: &plane {rows_dim: 1,"),
+    ("  cu_seqlens: {pad", "  rotary_tan: *plane\n  cu_seqlens: {pad"),
+)
+case(
+    "yaml_merge_key",
+    "minimax_m3",
+    ("  rotary_sin: {rows_dim: 1,", "  rotary_sin: {<<: {rows_dim: 1},"),
+)
+case(
+    "yaml_python_tag",
+    "minimax_m3",
+    (
+        "out_hidden_size: vision_tower.out_hidden_size",
+        "out_hidden_size: !!python/name:os.system",
+    ),
+)
+case(
+    "yaml_two_documents",
+    "minimax_m3",
+    ("budget:\n  min: 64\n", "budget:\n  min: 64\n---\nformat: 1\n"),
+)
+raw("yaml_not_a_mapping", "- format: 1\n- name: x\n")
+raw("yaml_empty", "# nothing but a comment\n")
+case("yaml_bool_tag_bad_value", "minimax_m3", ("format: 1", "format: !!bool maybe"))
+case("yaml_int_tag_bad_value", "minimax_m3", ("format: 1", "format: !!int one"))
+
+# -- structure -------------------------------------------------------------------
+case("unknown_key_top_typo", "minimax_m3", ("\nbuffers:\n", "\nbufers:\n"))
+case(
+    "unknown_key_nested_typo",
+    "minimax_m3",
+    ("      dtype: vision_tower.dtype\n", "      dtpye: vision_tower.dtype\n"),
+)
+case(
+    "unknown_key_no_close_match",
+    "minimax_m3",
+    ("budget:\n  min: 64\n", "budget:\n  min: 64\n  zzz_qqq: 1\n"),
+)
+case("wrong_type_format_string", "minimax_m3", ("format: 1", 'format: "1"'))
+case(
+    "wrong_type_modalities_scalar",
+    "minimax_m3",
+    ("modalities: [image]", "modalities: image"),
+)
+case(
+    "wrong_type_accepts_list_int",
+    "minimax_m3",
+    ("accepts_list: true", "accepts_list: 1"),
+)
+case(
+    "wrong_type_rows_dim_negative",
+    "minimax_m3",
+    ("rotary_sin: {rows_dim: 1,", "rotary_sin: {rows_dim: -1,"),
+)
+case(
+    "wrong_type_graph_forward_mapping",
+    "minimax_m3",
+    (
+        "graph_forward:\n  - vision_tower(pixel_values, grid_thw=None, encoder_metadata=rest)",
+        "graph_forward:\n  out: vision_tower(pixel_values, grid_thw=None, encoder_metadata=rest)",
+    ),
+)
+case(
+    "wrong_type_float_formula",
+    "minimax_m3",
+    ("budget:\n  min: 64", "budget:\n  min: 64.5"),
+)
+case("bad_enum_pad", "minimax_m3", ("pad: trailing_sequence", "pad: zero"))
+case(
+    "bad_enum_backend",
+    "minimax_m3",
+    ("allow: [FLASH_ATTN, ROCM_AITER_FA]", "allow: [FLASH_ATTN, FLASH_ATTENTION]"),
+)
+case(
+    "bad_enum_kind",
+    "minimax_m3",
+    (
+        "image_grid_thw: {kind: grid, dims: [t, h, w]}",
+        "image_grid_thw: {kind: grids, dims: [t, h, w]}",
+    ),
+)
+case(
+    "missing_required_capture",
+    "minimax_m3",
+    (
+        "capture:\n  dummy:\n    image_grid_thw: [1, merge, k * merge]\n",
+        "captures:\n  dummy:\n    image_grid_thw: [1, merge, k * merge]\n",
+    ),
+)
+regex(
+    "empty_buffers", "minimax_m3", r"\nbuffers:\n(  .*\n|    .*\n)+", "\nbuffers: {}\n"
+)
+
+# -- identifiers and names -----------------------------------------------------------
+case(
+    "bad_identifier_class_name",
+    "minimax_m3",
+    ("class_name: MiniMaxM3EncoderCudaGraphMixin", "class_name: 3DMixin"),
+)
+case(
+    "bad_class_name_not_camel",
+    "minimax_m3",
+    ("class_name: MiniMaxM3EncoderCudaGraphMixin", "class_name: minimax_mixin"),
+)
+case(
+    "bad_identifier_input_key",
+    "minimax_m3",
+    ("  pixel_values: {kind: flat", "  pixel-values: {kind: flat"),
+)
+case(
+    "reserved_name_input",
+    "minimax_m3",
+    (
+        "image_grid_thw: {kind: grid, dims: [t, h, w]}",
+        "image_grid_thw: {kind: grid, dims: [t, rows, w]}",
+    ),
+)
+case(
+    "builtin_shadow_constant",
+    "minimax_m3",
+    (
+        "  merge: {from: vision_tower.spatial_merge_size, default: 2}",
+        "  merge: {from: vision_tower.spatial_merge_size, default: 2}\n  len: {from: vision_tower.spatial_merge_size, default: 2}",
+    ),
+)
+case(
+    "constant_clashes_host",
+    "minimax_m3",
+    (
+        "  merge: {from: vision_tower.spatial_merge_size, default: 2}",
+        "  merge: {from: vision_tower.spatial_merge_size, default: 2}\n  vision_tower: {from: vision_tower.spatial_merge_size, default: 2}",
+    ),
+)
+case(
+    "host_unknown_type",
+    "minimax_m3",
+    ("  vision_tower: MiniMaxVLVisionModel", "  vision_tower: MiniMaxVLVisionModle"),
+)
+case(
+    "docstring_triple_quote",
+    "minimax_m3",
+    ("  ``self.vision_tower``. Images only", '  ``self.vision_tower``. """Images only'),
+)
+
+# -- formulas -----------------------------------------------------------------------
+case(
+    "formula_unknown_name",
+    "minimax_m3",
+    (
+        "output_tokens: t * h * w // (merge * merge)",
+        "output_tokens: t * h * w // (merg * merge)",
+    ),
+)
+case(
+    "formula_true_division",
+    "minimax_m3",
+    (
+        "output_tokens: t * h * w // (merge * merge)",
+        "output_tokens: t * h * w / (merge * merge)",
+    ),
+)
+case(
+    "formula_lambda",
+    "minimax_m3",
+    ("  input_size: t * h * w", '  input_size: "lambda: t"'),
+)
+case(
+    "formula_private_attribute",
+    "minimax_m3",
+    (
+        "out_hidden_size: vision_tower.out_hidden_size",
+        "out_hidden_size: vision_tower._out_hidden_size",
+    ),
+)
+case(
+    "formula_dunder_import_call",
+    "minimax_m3",
+    (
+        "  - vision_tower(pixel_values, grid_thw=None, encoder_metadata=rest)",
+        "  - __import__('os').system('echo pwned')",
+    ),
+)
+case(
+    "formula_string_literal",
+    "minimax_m3",
+    (
+        "  - vision_tower(pixel_values, grid_thw=None, encoder_metadata=rest)",
+        "  - vision_tower(pixel_values, grid_thw='none', encoder_metadata=rest)",
+    ),
+)
+case(
+    "formula_power_not_literal",
+    "minimax_m3",
+    (
+        "shape: [rows, channels * frames * patch**2]",
+        "shape: [rows, channels * frames * patch**merge]",
+    ),
+)
+case(
+    "formula_syntax_error",
+    "minimax_m3",
+    ("  input_size: t * h * w", "  input_size: t * h *"),
+)
+case(
+    "formula_call_in_arithmetic",
+    "minimax_m3",
+    ("  input_size: t * h * w", "  input_size: len(t) * h * w"),
+)
+case(
+    "formula_min_one_argument",
+    "minimax_m3",
+    ("  input_size: t * h * w", "  input_size: max(t) * h * w"),
+)
+case(
+    "formula_dunder_import",
+    "minimax_m3",
+    (
+        "  - vision_tower(pixel_values, grid_thw=None, encoder_metadata=rest)",
+        "  - __import__('os')",
+    ),
+)
+case(
+    "formula_dunder_attribute",
+    "minimax_m3",
+    (
+        "out_hidden_size: vision_tower.out_hidden_size",
+        "out_hidden_size: vision_tower.__class__",
+    ),
+)
+case(
+    "formula_negative_subscript",
+    "deepseek_v41",
+    (
+        "from: vision.blocks[0].attn.attn.attn_backend",
+        "from: vision.blocks[-1].attn.attn.attn_backend",
+    ),
+)
+case(
+    "formula_power_too_large",
+    "minimax_m3",
+    (
+        "shape: [rows, channels * frames * patch**2]",
+        "shape: [rows, channels * frames * patch**9]",
+    ),
+)
+case(
+    "formula_true_in_arithmetic",
+    "minimax_m3",
+    ("  input_size: t * h * w", "  input_size: t * h * w * True"),
+)
+case(
+    "formula_comparison",
+    "minimax_m3",
+    ("  input_size: t * h * w", '  input_size: "t * h * w if t > 1 else h"'),
+)
+case(
+    "formula_subscript_not_host",
+    "minimax_m3",
+    ("  input_size: t * h * w", "  input_size: t[0] * h * w"),
+)
+case(
+    "formula_kwargs_splat",
+    "minimax_m3",
+    (
+        "  - vision_tower(pixel_values, grid_thw=None, encoder_metadata=rest)",
+        "  - vision_tower(pixel_values, **rest)",
+    ),
+)
+case(
+    "formula_unknown_host_root",
+    "deepseek_v41",
+    (
+        "from: vision.blocks[0].attn.attn.attn_backend",
+        "from: visoin.blocks[0].attn.attn.attn_backend",
+    ),
+)
+case(
+    "formula_unknown_callable",
+    "deepseek_v41",
+    (
+        "  - call: build_packed_merge_metadata(vit_grid, r, device=device, dtype=dtype)",
+        "  - call: build_packed_merge_metadata2(vit_grid, r, device=device, dtype=dtype)",
+    ),
+)
+case(
+    "formula_ceil_div_arity",
+    "deepseek_v41",
+    (
+        "graph_rows: ceil_div(h, r) * ceil_div(w, r)",
+        "graph_rows: ceil_div(h) * ceil_div(w, r)",
+    ),
+)
+case(
+    "formula_non_ascii",
+    "minimax_m3",
+    ("  input_size: t * h * w", "  input_size: t * h * w × 2"),
+)
+
+# -- cross-field ------------------------------------------------------------------------
+case(
+    "provides_undeclared_buffer",
+    "minimax_m3",
+    (
+        "provides: [rotary_cos, rotary_sin, cu_seqlens, max_seqlen]",
+        "provides: [rotary_cos, rotary_sin, rotary_tan, cu_seqlens, max_seqlen]",
+    ),
+)
+case(
+    "capture_tensor_not_a_buffer",
+    "deepseek_v41",
+    ("buffers:\n  patches: {}\n", "buffers:\n"),
+)
+case(
+    "buffer_without_source",
+    "minimax_m3",
+    (
+        "  max_seqlen: {host_scalar: true, replay: drop, set_by: max_seqlen_override}\n",
+        "  max_seqlen: {host_scalar: true, replay: drop, set_by: max_seqlen_override}\n  seq_lens: {}\n",
+    ),
+)
+case(
+    "buffer_two_sources",
+    "minimax_m3",
+    (
+        "provides: [rotary_cos, rotary_sin, cu_seqlens, max_seqlen]",
+        "provides: [pixel_values, rotary_cos, rotary_sin, cu_seqlens, max_seqlen]",
+    ),
+)
+case(
+    "buffer_never_read",
+    "deepseek_v41",
+    (
+        "  - aligner.forward_packed(vit_out, merge_idx, merge_mask)",
+        "  - aligner.forward_packed(vit_out, merge_idx)",
+    ),
+)
+case(
+    "dummy_cannot_cover_budget",
+    "minimax_m3",
+    ("image_grid_thw: [1, merge, k * merge]", "image_grid_thw: [1, merge, k]"),
+)
+case(
+    "dummy_wrong_dim_count",
+    "minimax_m3",
+    ("image_grid_thw: [1, merge, k * merge]", "image_grid_thw: [merge, k * merge]"),
+)
+case("dummy_missing_for_grid", "deepseek_v41", ("    llm_grid: [1, k]\n", ""))
+case(
+    "trailing_sequence_no_spare_slot",
+    "minimax_m3",
+    (
+        "cu_seqlens: {pad: trailing_sequence, slots: max_batch_size + 2}",
+        "cu_seqlens: {pad: trailing_sequence, slots: max_batch_size + 1}",
+    ),
+)
+case(
+    "trailing_sequence_without_slots",
+    "minimax_m3",
+    (
+        "cu_seqlens: {pad: trailing_sequence, slots: max_batch_size + 2}",
+        "cu_seqlens: {pad: trailing_sequence}",
+    ),
+)
+case(
+    "slots_without_pad",
+    "minimax_m3",
+    (
+        "cu_seqlens: {pad: trailing_sequence, slots: max_batch_size + 2}",
+        "cu_seqlens: {slots: max_batch_size + 2}",
+    ),
+)
+case(
+    "replay_without_host_scalar",
+    "minimax_m3",
+    (
+        "max_seqlen: {host_scalar: true, replay: drop, set_by: max_seqlen_override}",
+        "max_seqlen: {replay: drop}",
+    ),
+)
+case(
+    "pad_with_rows_dim",
+    "minimax_m3",
+    (
+        "cu_seqlens: {pad: trailing_sequence, slots: max_batch_size + 2}",
+        "cu_seqlens: {pad: trailing_sequence, slots: max_batch_size + 2, rows_dim: 1}",
+    ),
+)
+case(
+    "per_item_without_empty_width",
+    "deepseek_v41",
+    ("  empty_width: config.hidden_size\n", ""),
+)
+case("empty_width_without_per_item", "deepseek_v41", ("  per_item: true\n", ""))
+case(
+    "guard_needs_multimodal_config",
+    "minimax_m3",
+    ("  multimodal_config: MultiModalConfig | None\n", ""),
+)
+case(
+    "backend_guard_allow_and_deny",
+    "minimax_m3",
+    (
+        "    allow: [FLASH_ATTN, ROCM_AITER_FA]\n",
+        "    allow: [FLASH_ATTN, ROCM_AITER_FA]\n    deny: [TORCH_SDPA]\n",
+    ),
+)
+case(
+    "graph_forward_last_step_assigns",
+    "minimax_m3",
+    (
+        "  - vision_tower(pixel_values, grid_thw=None, encoder_metadata=rest)",
+        "  - out = vision_tower(pixel_values, grid_thw=None, encoder_metadata=rest)",
+    ),
+)
+case(
+    "graph_forward_unknown_buffer",
+    "deepseek_v41",
+    (
+        "  - aligner.forward_packed(vit_out, merge_idx, merge_mask)",
+        "  - aligner.forward_packed(vit_out, merge_idx, merge_mask, merge_scale)",
+    ),
+)
+case(
+    "span_types_not_flat",
+    "deepseek_v41",
+    ("    types: types\n", "    types: llm_grid\n"),
+)
+case(
+    "span_without_graph_rows",
+    "deepseek_v41",
+    ("  graph_rows: ceil_div(h, r) * ceil_div(w, r)\n", ""),
+)
+case(
+    "graph_rows_without_postprocess",
+    "deepseek_v41",
+    (
+        "postprocess:\n  span_assembly:\n    types: types\n    content: IMAGE\n    delimiters:\n      IMAGE_START: image_start\n      IMAGE_NEW_LINE: image_newline\n      IMAGE_END: image_end\n",
+        "",
+    ),
+)
+case(
+    "max_frames_without_video",
+    "minimax_m3",
+    ("modalities: [image]", "modalities: [image]\nmax_frames_per_video: 4"),
+)
+case(
+    "modalities_repeat",
+    "minimax_m3",
+    ("modalities: [image]", "modalities: [image, image]"),
+)
+case(
+    "metadata_kwarg_passed_twice",
+    "minimax_m3",
+    (
+        "capture_kwargs: {max_seqlen_override: rows}",
+        "capture_kwargs: {max_seqlen_override: rows, device: device}",
+    ),
+)
+case(
+    "capture_dtype_not_path",
+    "minimax_m3",
+    ("      dtype: vision_tower.dtype\n", "      dtype: 16\n"),
+)
+
+case(
+    "capture_tensor_too_few_rows",
+    "minimax_m3",
+    (
+        "shape: [rows, channels * frames * patch**2]",
+        "shape: [max_batch_size * k, channels * frames * patch**2]",
+    ),
+)
+case(
+    "set_by_bound_too_small",
+    "minimax_m3",
+    (
+        "capture_kwargs: {max_seqlen_override: rows}",
+        "capture_kwargs: {max_seqlen_override: k}",
+    ),
+)
+case(
+    "set_by_without_host_scalar",
+    "minimax_m3",
+    (
+        "  cu_seqlens: {pad: trailing_sequence, slots: max_batch_size + 2}",
+        "  cu_seqlens: {pad: trailing_sequence, slots: max_batch_size + 2, set_by: max_seqlen_override}",
+    ),
+)
+regex("sizes_negative", "minimax_m3", r"\n  half_rot_dim: \d+", "\n  half_rot_dim: -30")
+case(
+    "two_trailing_sequences",
+    "deepseek_v41",
+    (
+        "  cu_seqlens: {pad: trailing_sequence, slots: max_batch_size + 2}\n",
+        "  cu_seqlens: {pad: trailing_sequence, slots: max_batch_size + 2}\n  merge_cu: {pad: trailing_sequence, slots: max_batch_size + 2}\n",
+    ),
+    (
+        "provides: [merge_idx, merge_mask]",
+        "provides: [merge_idx, merge_mask, merge_cu]",
+    ),
+    (
+        "  - aligner.forward_packed(vit_out, merge_idx, merge_mask)",
+        "  - aligner.forward_packed(vit_out, merge_idx, merge_mask, merge_cu)",
+    ),
+)
+case(
+    "delimiter_not_imported",
+    "deepseek_v41",
+    (
+        "      IMAGE_END: image_end\n",
+        "      IMAGE_END: image_end\n      IMAGE_PAD: image_end\n",
+    ),
+)
+case(
+    "delimiter_param_not_host",
+    "deepseek_v41",
+    ("      IMAGE_END: image_end\n", "      IMAGE_END: image_ending\n"),
+)
+case("base_bad_enum", "deepseek_v41", ("base: none", "base: mixin"))
+case(
+    "host_type_private_attribute",
+    "deepseek_v41",
+    ("  image_start: torch.nn.Parameter", "  image_start: torch.nn._Parameter"),
+)
+case(
+    "key_with_newline",
+    "minimax_m3",
+    ("budget:\n  min: 64\n", 'budget:\n  min: 64\n  "mi\\nn": 1\n'),
+)
+case(
+    "yaml_alias_into_valid_spec",
+    "minimax_m3",
+    ("name: MiniMax M3", "name: &display MiniMax M3"),
+    ("budget:\n  min: 64\n", "budget:\n  min: 64\n  why: *display\n"),
+)
+case(
+    "graph_forward_rest_twice",
+    "minimax_m3",
+    (
+        "  - vision_tower(pixel_values, grid_thw=None, encoder_metadata=rest)",
+        "  - vision_tower(pixel_values, rest, encoder_metadata=rest)",
+    ),
+)
+case(
+    "eager_step_redefines_name",
+    "deepseek_v41",
+    (
+        "    - aligner(vit_out, h, w)",
+        "    - vit_out = aligner(vit_out, h, w)\n    - vit_out",
+    ),
+)
+
+# -- step names the generated code uses itself ------------------------------------------
+case(
+    "step_target_reserved_inputs",
+    "deepseek_v41",
+    (
+        "  - vit_out = vision.forward_packed(",
+        "  - inputs = vision.forward_packed(",
+    ),
+    (
+        "  - aligner.forward_packed(vit_out, merge_idx, merge_mask)",
+        "  - aligner.forward_packed(inputs, merge_idx, merge_mask)",
+    ),
+)
+case(
+    "step_target_reserved_outputs",
+    "deepseek_v41",
+    ("    - vit_out = vision(patches, h, w)", "    - outputs = vision(patches, h, w)"),
+    ("    - aligner(vit_out, h, w)", "    - aligner(outputs, h, w)"),
+)
+case(
+    "step_target_builtin",
+    "deepseek_v41",
+    ("    - vit_out = vision(patches, h, w)", "    - open = vision(patches, h, w)"),
+    ("    - aligner(vit_out, h, w)", "    - aligner(open, h, w)"),
+)
+
+# -- what the text helpers above cannot express ----------------------------------------
+regex("docstring_empty", "minimax_m3", r"docstring: \|\n(  .*\n)+", 'docstring: ""\n')
+case(
+    "yaml_control_character",
+    "minimax_m3",
+    ("name: MiniMax M3", 'name: "MiniMax\x07 M3"'),
+)
+case(
+    "yaml_deep_nesting",
+    "minimax_m3",
+    ("budget:\n  min: 64\n", "budget:\n  min: " + "[" * 3000 + "]" * 3000 + "\n"),
+)
+NOT_UTF8 = {"not_utf8": ("minimax_m3", "name: MiniMax M3", "name: MiniMax M\xe9")}
+
+
+def main() -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    wanted = set(cases) | set(NOT_UTF8)
+    for path in OUT.iterdir():
+        if path.suffix in (".yaml", ".expected") and path.stem not in wanted:
+            path.unlink()
+    for name, text in cases.items():
+        (OUT / f"{name}.yaml").write_text(text, encoding="utf-8")
+    for name, (stem, old, new) in NOT_UTF8.items():
+        text = _header(stem, name) + _spec(stem).replace(old, new)
+        (OUT / f"{name}.yaml").write_bytes(text.encode("latin-1"))
+    print(f"{len(wanted)} cases written to {OUT.relative_to(REPO)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,178 @@
+"""Shared helpers of the generator's CPU tests (tests/generator).
+
+Imported by the test modules of this folder as a plain module (pytest puts
+the folder on ``sys.path``); the name is unique across the repository's test
+folders on purpose.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import functools
+import importlib.util
+import io
+import os
+import re
+import sys
+import types
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+SPECS_DIR = REPO / "specs"
+GENERATED_DIR = REPO / "generated"
+GOLDEN_DIR = HERE / "golden"
+DATA_DIR = HERE / "data"
+INVALID_DIR = DATA_DIR / "invalid"
+
+#: The single update switch: GEN_MIXIN_UPDATE_GOLDEN=1 rewrites the golden
+#: modules and the ``.expected`` diagnostics instead of comparing with them.
+UPDATE_ENV = "GEN_MIXIN_UPDATE_GOLDEN"
+UPDATE = os.environ.get(UPDATE_ENV) == "1"
+
+#: One diagnostic: ``file:line:col: field: message`` (the field is optional).
+DIAG_RE = re.compile(
+    r"^(?P<file>[^\n]+?):(?P<line>[1-9][0-9]*):(?P<col>[1-9][0-9]*): "
+    r"(?P<rest>\S[^\n]*)$"
+)
+#: The closing line of a run that found problems.
+SUMMARY_RE = re.compile(r"^gen-mixin: [1-9][0-9]* problems? found$")
+
+
+def spec_paths() -> list[Path]:
+    """Every spec of the project, found by globbing (new specs are picked up)."""
+    return sorted(SPECS_DIR.glob("*.yaml"))
+
+
+def targets() -> tuple[str, ...]:
+    from generator.naming import TARGETS
+
+    return TARGETS
+
+
+def update_hint(what: str) -> str:
+    return (
+        f"{what}; if the change is intended, regenerate with "
+        f"`{UPDATE_ENV}=1 python -m pytest tests/generator` and review the diff"
+    )
+
+
+def short_diff(expected: str, actual: str, name: str, limit: int = 80) -> str:
+    lines = list(
+        difflib.unified_diff(
+            expected.splitlines(keepends=True),
+            actual.splitlines(keepends=True),
+            fromfile=f"{name} (expected)",
+            tofile=f"{name} (actual)",
+        )
+    )
+    if len(lines) > limit:
+        lines = lines[:limit] + [f"... ({len(lines) - limit} more diff lines)\n"]
+    return "".join(lines)
+
+
+@functools.cache
+def render_all() -> dict[tuple[str, str], str]:
+    """(target, stem) -> source, rendered in memory from ``specs/``."""
+    from generator.emit import render_spec
+
+    out: dict[tuple[str, str], str] = {}
+    for spec in spec_paths():
+        for item in render_spec(spec, targets(), GENERATED_DIR):
+            out[(item.target, spec.stem)] = item.source
+    return out
+
+
+def run_main(argv: list[str]) -> tuple[int, str, str]:
+    """Run ``generator.cli.main`` in this process; (exit code, stdout, stderr).
+
+    Exceptions other than ``SystemExit`` propagate (a test then fails with the
+    traceback, which is the point).
+    """
+    from generator import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            rc = cli.main(argv)
+        except SystemExit as exc:
+            code = exc.code
+            rc = code if isinstance(code, int) else (0 if code is None else 1)
+    return rc, out.getvalue(), err.getvalue()
+
+
+def files_under(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.is_file())
+
+
+def load_module_copy(path: Path, name: str) -> types.ModuleType:
+    """Execute ``path`` as a fresh module called ``name`` (not shared with
+    other tests' imports, so its globals can be patched freely)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return module
+
+
+def _stub_reference_towers(path: Path) -> dict[str, types.ModuleType]:
+    """Modules standing in for the ``reference_towers.*`` names ``path``
+    imports at run time (the tests patch every one they use)."""
+    import ast
+
+    def placeholder(name: str):
+        def missing(*args, **kwargs):
+            raise RuntimeError(f"{name} is a stub: patch it in the test")
+
+        return missing
+
+    stubs: dict[str, types.ModuleType] = {}
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+            "reference_towers"
+        ):
+            module = stubs.setdefault(node.module, types.ModuleType(node.module))
+            for alias in node.names:
+                setattr(module, alias.asname or alias.name, placeholder(alias.name))
+    if stubs:
+        stubs.setdefault("reference_towers", types.ModuleType("reference_towers"))
+    return stubs
+
+
+def load_standalone_mixin(stem: str) -> types.ModuleType:
+    """A private copy of ``generated/standalone/<stem>.py``.
+
+    The runtime package must be importable (the test skips otherwise). The
+    reference towers are not needed: if ``reference_towers`` cannot be
+    imported, the names the module takes from it are stubbed for the import
+    (the tests replace them with their own fakes anyway).
+    """
+    import pytest
+
+    pytest.importorskip("torch")
+    for name in ("defs", "interfaces", "host_transfer", "attention_backends", "config"):
+        pytest.importorskip(f"encoder_cudagraph_runtime.{name}")
+    path = GENERATED_DIR / "standalone" / f"{stem}.py"
+    name = f"_genmixin_under_test_{stem}"
+    try:
+        return load_module_copy(path, name)
+    except ImportError as exc:
+        if not (exc.name or "").startswith("reference_towers"):
+            raise
+    stubs = _stub_reference_towers(path)
+    saved = {k: sys.modules.get(k) for k in stubs}
+    sys.modules.update(stubs)
+    try:
+        return load_module_copy(path, name)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                sys.modules.pop(key, None)
+            else:
+                sys.modules[key] = value

@@ -1,0 +1,166 @@
+"""The command's surface: what importing it costs, ``gen-mixin schema``, and
+the schema against the format's documentation."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from genmixin_testlib import REPO, run_main, spec_paths
+
+HEAVY = ("torch", "jinja2", "black")
+
+_PROBE = """
+import json, sys
+{body}
+print(json.dumps(sorted({{m.split(".")[0] for m in sys.modules}} & {heavy!r})))
+"""
+
+
+def _heavy_modules_after(body: str) -> list[str]:
+    proc = subprocess.run(
+        [sys.executable, "-c", _PROBE.format(body=body, heavy=set(HEAVY))],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_importing_the_cli_loads_no_heavy_module() -> None:
+    assert _heavy_modules_after("import generator, generator.cli") == []
+
+
+def test_validating_specs_loads_no_heavy_module() -> None:
+    body = (
+        "from generator.resolve import load_spec\n"
+        + "".join(f"load_spec({str(p)!r})\n" for p in spec_paths())
+        + "from generator import cli\n"
+        + "import io, contextlib\n"
+        + "with contextlib.redirect_stdout(io.StringIO()):\n"
+        + "    assert cli.main(['schema']) == 0\n"
+    )
+    assert _heavy_modules_after(body) == []
+
+
+def test_rendering_never_imports_torch() -> None:
+    body = "from pathlib import Path\nfrom generator.emit import render_spec\n" + "".join(
+        f"render_spec(Path({str(p)!r}), ('vllm', 'standalone'), Path('generated'))\n"
+        for p in spec_paths()
+    )
+    assert _heavy_modules_after(body) == ["black", "jinja2"]
+
+
+def _schema_text() -> str:
+    exe = shutil.which("gen-mixin")
+    cmd = [exe, "schema"] if exe else [sys.executable, "-m", "generator.cli", "schema"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def schema() -> dict:
+    return json.loads(_schema_text())
+
+
+def test_schema_is_the_validators_schema(schema) -> None:
+    from generator.spec_schema import SPEC_SCHEMA
+
+    assert schema == json.loads(json.dumps(SPEC_SCHEMA))
+    assert schema["type"] == "object" and schema["additionalProperties"] is False
+    assert set(schema["required"]) <= set(schema["properties"])
+
+
+def test_schema_accepts_the_projects_specs(schema) -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    import yaml
+
+    for spec in spec_paths():
+        jsonschema.validate(yaml.safe_load(spec.read_text(encoding="utf-8")), schema)
+
+
+def test_schema_subcommand_in_process_matches() -> None:
+    rc, stdout, stderr = run_main(["schema"])
+    assert rc == 0 and stderr == ""
+    assert json.loads(stdout) == json.loads(_schema_text())
+
+
+def _documented_top_level_fields() -> dict[str, str]:
+    """``field -> required column`` of the 'Top-level fields' table."""
+    doc = REPO / "docs" / "spec-format.md"
+    if not doc.exists():
+        pytest.skip("docs/spec-format.md does not exist yet")
+    text = doc.read_text(encoding="utf-8")
+    match = re.search(r"^#+ Top-level fields\s*$(.*?)(?=^#+ )", text, re.M | re.S)
+    assert match, "docs/spec-format.md has no 'Top-level fields' section"
+    fields = {}
+    for line in match.group(1).splitlines():
+        row = re.match(r"^\|\s*`([A-Za-z_][A-Za-z0-9_]*)`\s*\|\s*([^|]*?)\s*\|", line)
+        if row:
+            fields[row.group(1)] = row.group(2)
+    assert fields, "the 'Top-level fields' section has no table of `field` rows"
+    return fields
+
+
+def test_documented_top_level_fields_are_the_schemas(schema) -> None:
+    fields = _documented_top_level_fields()
+    props = set(schema["properties"])
+    assert set(fields) == props, (
+        f"documented only: {sorted(set(fields) - props)}; "
+        f"in the schema only: {sorted(props - set(fields))}"
+    )
+    required = {name for name, req in fields.items() if req.lower().startswith("yes")}
+    assert required == set(schema["required"])
+
+
+def test_bad_command_lines_exit_2_without_traceback(tmp_path) -> None:
+    for argv in ([], ["--target", "nope", "specs/x.yaml"], ["schema", "--bogus"]):
+        rc, _, stderr = run_main(argv)
+        assert rc == 2, argv
+        assert "usage:" in stderr and "Traceback" not in stderr
+    rc, _, stderr = run_main(
+        [str(tmp_path / "missing.yaml"), "--out", str(tmp_path / "o")]
+    )
+    assert rc == 2
+    assert stderr.startswith(f"{tmp_path / 'missing.yaml'}:1:1: cannot read spec")
+    assert not (tmp_path / "o").exists()
+
+
+def test_two_specs_with_one_stem_are_refused(tmp_path) -> None:
+    spec = spec_paths()[0]
+    other = tmp_path / "other" / spec.name
+    other.parent.mkdir()
+    shutil.copy(spec, other)
+    rc, _, stderr = run_main([str(spec), str(other), "--out", str(tmp_path / "o")])
+    assert rc == 2
+    assert f"two specs named {spec.stem!r}" in stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_stdout_mode_prints_and_writes_nothing(tmp_path, monkeypatch) -> None:
+    from genmixin_testlib import render_all
+
+    monkeypatch.chdir(REPO)
+    spec = spec_paths()[0]
+    rc, stdout, stderr = run_main(
+        [
+            "--stdout",
+            "--target",
+            "vllm",
+            str(spec.relative_to(REPO)),
+            "--out",
+            str(tmp_path / "o"),
+        ]
+    )
+    assert rc == 0, stderr
+    assert stdout == render_all()[("vllm", spec.stem)]
+    assert not (tmp_path / "o").exists()
