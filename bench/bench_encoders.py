@@ -147,8 +147,15 @@ QUICK_MIXED_BATCHES = 3
 QUICK_MIXED_IMAGES = (1, 4)
 
 DEFAULT_MAX_TOKENS = {"full": 16384, "tiny": 512}
-FINE_RATIO = 1.25
-FINE_MAX_ITEMS = 16
+# The finer ladder: four budgets per octave, 2^k * {1, 1.25, 1.5, 1.75} times
+# the minimum. Keeping the powers of two matters: vLLM's defer rule closes a
+# batch when b(cur) + b(item) < b(cur + item), which on a geometric ladder of
+# ratio 1.25 splits batches of equal power-of-two images into one replay per
+# image (run 2 measured that: 4 x 448² MiniMax images took 4 replays). With
+# 2^k entries such batches merge, and the three steps in between bound the
+# rounding of a merged batch to 25%.
+FINE_STEPS = (1.0, 1.25, 1.5, 1.75)
+FINE_MAX_ITEMS = 64
 
 LADDERS = ("default", "fine")
 
@@ -258,18 +265,18 @@ def build_vllm_config(
 
 
 def fine_ladder(
-    min_budget: int, max_budget: int, ratio: float, quantum: int
+    min_budget: int, max_budget: int, steps: tuple[float, ...] = FINE_STEPS
 ) -> list[int]:
-    """``round_up(min_budget * ratio**i, quantum)`` below ``max_budget``,
-    then ``max_budget``."""
+    """``min_budget * 2**k * step`` (rounded down) below ``max_budget``, for
+    every step, then ``max_budget``."""
     budgets = {max_budget}
-    i = 0
-    while True:
-        budget = quantum * math.ceil(min_budget * ratio**i / quantum)
-        if budget >= max_budget:
-            break
-        budgets.add(budget)
-        i += 1
+    octave = min_budget
+    while octave < max_budget:
+        for step in steps:
+            budget = int(octave * step)
+            if budget < max_budget:
+                budgets.add(budget)
+        octave *= 2
     return sorted(budgets)
 
 
@@ -666,7 +673,7 @@ class ModelBench:
         # Ladders: the manager's default, and the finer one.
         default_cfg = build_vllm_config(args.max_tokens)
         min_budget, max_budget = host.get_encoder_cudagraph_budget_range(default_cfg)
-        fine = fine_ladder(min_budget, max_budget, args.fine_ratio, args.fine_items)
+        fine = fine_ladder(min_budget, max_budget)
         configs = {
             "default": default_cfg,
             "fine": build_vllm_config(args.max_tokens, fine, args.fine_items),
@@ -798,6 +805,13 @@ class ModelBench:
             "pixels": [list(p) for p in workload.pixels],
             "items": [list(item) for item in workload.items],
             "output_tokens": sum(tower.output_tokens(item) for item in workload.items),
+            # What the budgets count (path_output_tokens when the spec sets
+            # budget_tokens, e.g. DeepSeek's aligner rows): padding is
+            # measured against these.
+            "budget_tokens": sum(
+                spec.get_path_output_tokens("default")
+                for spec in host.get_encoder_cudagraph_item_specs(kw)
+            ),
             "input_rows": input_rows,
         }
 
@@ -1115,7 +1129,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=int,
         help="max_num_batched_tokens = max_model_len (default 16384 full, 512 tiny)",
     )
-    parser.add_argument("--fine-ratio", type=float, default=FINE_RATIO)
     parser.add_argument("--fine-items", type=int, default=FINE_MAX_ITEMS)
     parser.add_argument("--mixed-batches", type=int)
     parser.add_argument("--seed", type=int, default=0)
@@ -1227,7 +1240,7 @@ def run(
             },
             "max_num_batched_tokens": args.max_tokens,
             "max_model_len": args.max_tokens,
-            "fine_ladder": {"ratio": args.fine_ratio, "max_items": args.fine_items},
+            "fine_ladder": {"steps": list(FINE_STEPS), "max_items": args.fine_items},
             "multimodal_limit_per_prompt": {"video": 0},
             "schedule": {
                 "uniform": dataclasses.asdict(args.schedule_uniform),

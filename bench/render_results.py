@@ -71,10 +71,14 @@ def render_markdown(result: dict[str, Any]) -> str:
     fine = params["fine_ladder"]
     out.append(
         "Ladders: **default** = the manager's own (spec minimum doubled to the "
-        "maximum); **fine** = budgets `round_up(min · "
-        f"{fine['ratio']}^i, {fine['max_items']})` with "
-        f"{fine['max_items']} items per batch. Latencies are median ± IQR/2 in "
-        "ms; speedup = eager / graph, efficiency = ideal / graph (medians); "
+        "maximum); **fine** = "
+        + (
+            f"budgets `min · 2^k · s` for s in {fine['steps']}"
+            if "steps" in fine
+            else f"budgets `round_up(min · {fine['ratio']}^i, 16)`"
+        )
+        + f" with {fine['max_items']} items per batch."
+        " Latencies are median ± IQR/2 in ms; speedup = eager / graph, efficiency = ideal / graph (medians); "
         "waste = rows replayed / rows used − 1; overhead = the manager's own "
         "host time per execute (median, µs). Cells with two values are "
         "default / fine."

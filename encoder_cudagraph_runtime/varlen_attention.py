@@ -157,5 +157,7 @@ def varlen_attention(
         # Zero what no sequence covers, inside the graph (see module docstring).
         rows = torch.arange(out.shape[0], device=out.device, dtype=cu.dtype)
         covered = (rows < cu[-1]).view(-1, 1, 1)
-        out = torch.where(covered, out, torch.zeros((), dtype=out.dtype, device=out.device))
+        out = torch.where(
+            covered, out, torch.zeros((), dtype=out.dtype, device=out.device)
+        )
     return out

@@ -3,7 +3,7 @@
 # Do not edit: change the spec or the templates and run
 # `gen-mixin specs/deepseek_v41.yaml`.
 # spec-sha256: cb9e152108ffbc4bece4ffbf1005934b5ac492f4c61f74d06b5625167a7c7f50
-# templates-sha256: 78625ef6cb573a17c9d83d3666d6a8b864823a5ee80573d49efed47accd38c59
+# templates-sha256: 13d047097f8ba69c3ea5f60b8e4c327ae3305f63af852131621963837729dde0
 
 import itertools
 import weakref
@@ -43,6 +43,9 @@ def _select_rows(
     holds every item's rows back to back, ``sizes[i]`` rows for item ``i``."""
     if not indices:
         return flat[:0]
+    if len(indices) == len(sizes) and indices == sorted(indices):
+        # Every item, in order: the rows as they are, without a copy.
+        return flat
     offsets = [0, *itertools.accumulate(sizes)]
     return torch.cat([flat[offsets[i] : offsets[i + 1]] for i in indices])
 

@@ -3,7 +3,7 @@
 # Do not edit: change the spec or the templates and run
 # `gen-mixin specs/minimax_m3.yaml`.
 # spec-sha256: 679a222a35671178384492aa0dc1e20daf1dbe9ee4c77a16239d17f4a618116f
-# templates-sha256: 78625ef6cb573a17c9d83d3666d6a8b864823a5ee80573d49efed47accd38c59
+# templates-sha256: 13d047097f8ba69c3ea5f60b8e4c327ae3305f63af852131621963837729dde0
 
 import itertools
 import weakref
@@ -37,6 +37,9 @@ def _select_rows(
     holds every item's rows back to back, ``sizes[i]`` rows for item ``i``."""
     if not indices:
         return flat[:0]
+    if len(indices) == len(sizes) and indices == sorted(indices):
+        # Every item, in order: the rows as they are, without a copy.
+        return flat
     offsets = [0, *itertools.accumulate(sizes)]
     return torch.cat([flat[offsets[i] : offsets[i + 1]] for i in indices])
 

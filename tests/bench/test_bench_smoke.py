@@ -185,7 +185,7 @@ def test_model_entries(quick_run: dict[str, Any]) -> None:
         lo, hi = model["budget_range"]
         assert model["ladders"]["default"]["budgets"][-1] == hi
         assert model["ladders"]["fine"]["budgets"] == bench.fine_ladder(
-            lo, hi, params["fine_ladder"]["ratio"], params["fine_ladder"]["max_items"]
+            lo, hi, tuple(params["fine_ladder"]["steps"])
         )
         assert model["ladders"]["fine"]["max_batch_size"] == (
             params["fine_ladder"]["max_items"]
@@ -214,7 +214,8 @@ def test_model_entries(quick_run: dict[str, Any]) -> None:
                 assert entry["check_vs_eager"] < 1e-4, (stem, row["items"])
                 padding = entry["padding"]
                 assert PADDING_KEYS <= padding.keys()
-                assert padding["rows_used"] == row["output_tokens"]
+                assert padding["rows_used"] == row["budget_tokens"]
+                assert row["budget_tokens"] <= row["output_tokens"]
                 assert padding["rows_replayed"] >= padding["rows_used"]
                 assert padding["padding_waste"] == pytest.approx(
                     padding["rows_replayed"] / padding["rows_used"] - 1
