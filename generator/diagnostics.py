@@ -12,6 +12,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+def printable(text: str) -> str:
+    """``text`` with every non-printable character (line breaks, tabs, other
+    control and format characters) written as its Python escape, so that a
+    diagnostic always stays on one line."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def field_key(key: str) -> str:
+    """A mapping key as a field path shows it: as is, or quoted and escaped
+    (``budget.'mi\\nn'``) when it holds a non-printable character."""
+    return key if key.isprintable() else repr(key)
+
+
 @dataclass(frozen=True, order=True)
 class Location:
     """A 1-based line and column in a spec file."""
@@ -42,7 +57,9 @@ class Diagnostics:
     items: list[Diagnostic] = field(default_factory=list)
 
     def error(self, location: Location, field_path: str, message: str) -> None:
-        diag = Diagnostic(location, field_path, message)
+        # A key or value quoted into a field path or message must not break
+        # the one-line ``file:line:col: field: message`` format.
+        diag = Diagnostic(location, printable(field_path), printable(message))
         if diag not in self.items:
             self.items.append(diag)
 

@@ -82,7 +82,9 @@ class HostPath:
     def dotted(self) -> str:
         out = ""
         for part in self.parts:
-            out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
+            out += (
+                f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
+            )
         return out
 
 
@@ -145,10 +147,49 @@ _BINOPS = {
 }
 
 
+#: Plain words for the syntax a spec expression may not use, by AST class.
+_OPERATOR_SYMBOLS = {
+    ast.Div: "/",
+    ast.MatMult: "@",
+    ast.BitAnd: "&",
+    ast.BitOr: "|",
+    ast.BitXor: "^",
+    ast.LShift: "<<",
+    ast.RShift: ">>",
+    ast.Not: "not",
+    ast.Invert: "~",
+}
+_NOT_ALLOWED = {
+    ast.IfExp: "conditional expressions (... if ... else ...)",
+    ast.Compare: "comparisons",
+    ast.BoolOp: "'and' and 'or'",
+    ast.Lambda: "lambdas",
+    ast.NamedExpr: "assignment expressions (:=)",
+    ast.List: "lists",
+    ast.Tuple: "tuples",
+    ast.Set: "sets",
+    ast.Dict: "dicts",
+    ast.ListComp: "comprehensions",
+    ast.SetComp: "comprehensions",
+    ast.DictComp: "comprehensions",
+    ast.GeneratorExp: "generator expressions",
+    ast.JoinedStr: "f-strings",
+    ast.FormattedValue: "f-strings",
+    ast.Starred: "starred expressions",
+    ast.Slice: "slices",
+    ast.Await: "'await' expressions",
+    ast.Yield: "'yield' expressions",
+    ast.YieldFrom: "'yield' expressions",
+}
+
+
 def _suggest(name: str, choices: frozenset[str] | set[str]) -> str:
     import difflib
 
-    close = difflib.get_close_matches(name, sorted(choices), n=1)
+    # Only names a formula can spell (an invalid input key is reported
+    # where it is declared; suggesting it would be wrong advice).
+    valid = sorted(c for c in choices if is_identifier(c))
+    close = difflib.get_close_matches(name, valid, n=1)
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
@@ -170,19 +211,19 @@ class _Converter:
                 return Literal(value)
             if isinstance(value, int):
                 return Num(value)
-            raise self.fail(
-                node, f"literal {value!r} is not allowed (only integers)"
-            )
+            raise self.fail(node, f"literal {value!r} is not allowed (only integers)")
         if isinstance(node, ast.Name):
             return self.name(node)
         if isinstance(node, (ast.Attribute, ast.Subscript)):
             return self.host_path(node)
         if isinstance(node, ast.BinOp):
             op = _BINOPS.get(type(node.op))
+            if isinstance(node.op, ast.Div):
+                raise self.fail(node, "'/' is not allowed (use // or ceil_div)")
             if op is None:
                 raise self.fail(
                     node,
-                    f"operator {type(node.op).__name__} is not allowed "
+                    f"operator {self.operator(node.op)!r} is not allowed "
                     "(expected one of + - * // % **)",
                 )
             left = self.convert(node.left, depth + 1)
@@ -202,14 +243,19 @@ class _Converter:
                 return Neg(operand)
             if isinstance(node.op, ast.UAdd):
                 return self.convert(node.operand, depth + 1)
-            raise self.fail(node, f"operator {type(node.op).__name__} is not allowed")
+            raise self.fail(node, f"operator {self.operator(node.op)!r} is not allowed")
         if isinstance(node, ast.Call):
             return self.call(node, depth)
-        if isinstance(node, ast.Div):
-            raise self.fail(node, "'/' is not allowed (use // or ceil_div)")
+        what = _NOT_ALLOWED.get(type(node))
+        if what is not None:
+            raise self.fail(node, f"{what} are not allowed in a spec expression")
         raise self.fail(
             node, f"{type(node).__name__} is not allowed in a spec expression"
         )
+
+    @staticmethod
+    def operator(op: ast.AST) -> str:
+        return _OPERATOR_SYMBOLS.get(type(op), type(op).__name__)
 
     def name(self, node: ast.Name) -> Expr:
         name = node.id
@@ -225,11 +271,15 @@ class _Converter:
     def host_path(self, node: ast.AST) -> HostPath:
         parts: list[str | int] = []
         cur = node
+        outer: ast.AST = node  # the attribute or subscript applied to ``cur``
         while True:
+            if isinstance(cur, (ast.Attribute, ast.Subscript)):
+                outer = cur
             if isinstance(cur, ast.Attribute):
                 if not is_identifier(cur.attr) or cur.attr.startswith("_"):
                     raise self.fail(
-                        cur, f"attribute {cur.attr!r} is not allowed (private or bad name)"
+                        cur,
+                        f"attribute {cur.attr!r} is not allowed (private or bad name)",
                     )
                 parts.append(cur.attr)
                 cur = cur.value
@@ -241,11 +291,24 @@ class _Converter:
                     and not isinstance(index.value, bool)
                     and index.value >= 0
                 ):
-                    raise self.fail(cur, "only non-negative integer subscripts are allowed")
+                    raise self.fail(
+                        cur, "only non-negative integer subscripts are allowed"
+                    )
                 parts.append(index.value)
                 cur = cur.value
             elif isinstance(cur, ast.Name):
                 root = cur.id
+                if root not in self.scope.host_roots and root in self.scope.names:
+                    what = (
+                        "subscripts"
+                        if isinstance(outer, ast.Subscript)
+                        else "attributes"
+                    )
+                    raise self.fail(
+                        cur,
+                        f"{root!r} is not a host attribute; {what} are only "
+                        "allowed on host attribute paths (e.g. vision.blocks[0])",
+                    )
                 if root not in self.scope.host_roots:
                     raise self.fail(
                         cur,
@@ -276,7 +339,10 @@ class _Converter:
                 node, "calls are not allowed here (only ceil_div, min, max)"
             )
         if isinstance(func, ast.Name):
-            if func.id not in self.scope.callables and func.id not in self.scope.host_roots:
+            if (
+                func.id not in self.scope.callables
+                and func.id not in self.scope.host_roots
+            ):
                 known = set(self.scope.callables) | set(self.scope.host_roots)
                 raise self.fail(
                     func,
@@ -284,12 +350,16 @@ class _Converter:
                     f"attribute{_suggest(func.id, known)}",
                 )
             callee: HostPath | Ref = (
-                Ref(func.id) if func.id in self.scope.callables else HostPath((func.id,))
+                Ref(func.id)
+                if func.id in self.scope.callables
+                else HostPath((func.id,))
             )
         elif isinstance(func, (ast.Attribute, ast.Subscript)):
             callee = self.host_path(func)
         else:
-            raise self.fail(func, "only host methods and imported helpers can be called")
+            raise self.fail(
+                func, "only host methods and imported helpers can be called"
+            )
         args: list[Expr] = []
         for arg in node.args:
             if isinstance(arg, ast.Starred):
@@ -298,7 +368,7 @@ class _Converter:
         kwargs: list[tuple[str, Expr]] = []
         for kw in node.keywords:
             if kw.arg is None:
-                raise self.fail(kw.value, "**kwargs is not allowed")
+                raise self.fail(kw, "**kwargs is not allowed")
             if not is_identifier(kw.arg):
                 raise self.fail(kw.value, f"bad keyword {kw.arg!r}")
             kwargs.append((kw.arg, self.convert(kw.value, depth + 1)))
@@ -306,7 +376,8 @@ class _Converter:
 
 
 def parse_expression(text: str, scope: Scope) -> Expr:
-    """Parse one spec expression; raises :class:`FormulaError`."""
+    """Parse one spec expression; raises :class:`FormulaError` (its column
+    counts from the start of ``text``)."""
     if not isinstance(text, str):
         raise FormulaError("expected an expression string")
     if len(text) > MAX_EXPRESSION_LENGTH:
@@ -315,30 +386,57 @@ def parse_expression(text: str, scope: Scope) -> Expr:
         raise FormulaError("empty expression")
     if any(not (c.isprintable() and c.isascii()) for c in text):
         raise FormulaError("expressions are printable ASCII only")
+    lead = len(text) - len(text.lstrip())
     try:
         tree = ast.parse(text.strip(), mode="eval")
     except SyntaxError as exc:
-        raise FormulaError(f"syntax error: {exc.msg}", max((exc.offset or 1) - 1, 0))
+        raise FormulaError(
+            f"syntax error: {exc.msg}", lead + max((exc.offset or 1) - 1, 0)
+        )
     except (RecursionError, MemoryError, ValueError):
         raise FormulaError("expression is too complex")
     try:
         return _Converter(scope).convert(tree.body)
     except RecursionError:
         raise FormulaError("expression is nested too deeply")
+    except FormulaError as exc:
+        if not lead:
+            raise
+        raise FormulaError(str(exc), lead + exc.column) from None
+
+
+_ASSIGNMENT = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*=(?!=)\s*")
+
+
+def assignment_target(text: object) -> str | None:
+    """The name ``name = <expr>`` assigns, whether or not the rest is valid
+    (``None`` for a bare expression)."""
+    match = _ASSIGNMENT.match(text) if isinstance(text, str) else None
+    return match.group(1) if match else None
 
 
 def parse_assignment(text: str, scope: Scope) -> tuple[str | None, Expr]:
-    """``name = <expr>`` or a bare ``<expr>`` (a step of a forward)."""
+    """``name = <expr>`` or a bare ``<expr>`` (a step of a forward); the
+    column of a :class:`FormulaError` counts from the start of ``text``."""
+    if not isinstance(text, str):
+        return None, parse_expression(text, scope)
     target: str | None = None
-    body = text.strip() if isinstance(text, str) else text
-    if isinstance(body, str):
-        match = re.match(r"([A-Za-z_][A-Za-z0-9_]*)\s*=(?!=)\s*(.*)\Z", body, re.S)
-        if match:
-            target = match.group(1)
-            if not is_identifier(target) or target.startswith("_"):
-                raise FormulaError(f"bad assignment target {target!r}")
-            body = match.group(2)
-    return target, parse_expression(body, scope)
+    # The step's text without surrounding whitespace (a block scalar ends
+    # with a line break); ``start``: where ``body`` begins in ``text``.
+    body = text.strip()
+    start = len(text) - len(text.lstrip())
+    match = _ASSIGNMENT.match(body)
+    if match:
+        target = match.group(1)
+        if not is_identifier(target) or target.startswith("_"):
+            raise FormulaError(f"bad assignment target {target!r}", start)
+        body, start = body[match.end() :], start + match.end()
+    try:
+        return target, parse_expression(body, scope)
+    except FormulaError as exc:
+        if not start:
+            raise
+        raise FormulaError(str(exc), start + exc.column) from None
 
 
 # -- walking, printing, evaluating --------------------------------------------

@@ -9,7 +9,6 @@ from the spec's formulas evaluated with the constants' defaults, which
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from dataclasses import dataclass, field

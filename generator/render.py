@@ -18,7 +18,7 @@ from typing import Any
 
 from generator import __version__
 from generator import formulas as fx
-from generator.formulas import Call, Expr, HostPath, Ref
+from generator.formulas import Call, Expr, Ref
 from generator.ir import MixinIR, Step
 from generator.naming import FIRST_PARTY_ROOTS, PROTOCOL_MODULES, builder_result_name
 

@@ -41,6 +41,7 @@ from generator.ir import (
     SpanAssembly,
     Step,
 )
+from generator.naming import FIRST_PARTY_ROOTS, TARGETS
 from generator.spec_schema import SPEC_SCHEMA, check_structure
 from generator.static_checks import Arithmetic, capture_problems, slot_problems
 from generator.yaml_loader import Node, load_spec_tree
@@ -48,7 +49,12 @@ from generator.yaml_loader import Node, load_spec_tree
 # Names the generated methods use for their own arguments and locals, and the
 # built-ins a spec may mention where the context provides them.
 CAPTURE_BUILTINS = (
-    "token_budget", "max_batch_size", "max_frames_per_batch", "frames_per_item", "k", "rows",
+    "token_budget",
+    "max_batch_size",
+    "max_frames_per_batch",
+    "frames_per_item",
+    "k",
+    "rows",
 )
 PHASE_BUILTINS = ("device", "dtype")
 RESERVED = frozenset(
@@ -86,7 +92,9 @@ RESERVED = frozenset(
     }
 )
 PYTHON_BUILTINS = frozenset(dir(builtins))
-TYPE_NAMES = frozenset({"torch", "int", "float", "str", "bool", "list", "dict", "tuple"})
+TYPE_NAMES = frozenset(
+    {"torch", "int", "float", "str", "bool", "list", "dict", "tuple"}
+)
 VLLM_TYPE_NAMES = frozenset({"MultiModalConfig", "VllmConfig"})
 CLASS_NAME = re.compile(r"[A-Z][A-Za-z0-9]*\Z")
 MAX_TEXT = 2000
@@ -98,6 +106,12 @@ class _Resolver:
         self.path = path
         self.d = diags
         self.v = root.value
+        # Buffers whose capture tensor or builder is written but failed to
+        # resolve (already reported): no "no source" for them on top.
+        self.failed_sources: set[str] = set()
+        # Host attributes whose annotation failed (already reported): still
+        # names, so their mentions do not each report an unknown name.
+        self.failed_host: set[str] = set()
 
     # -- helpers ---------------------------------------------------------------
 
@@ -107,7 +121,11 @@ class _Resolver:
             if cur is None:
                 return None
             if isinstance(key, int):
-                cur = cur.value[key] if cur.kind == "sequence" and key < len(cur.value) else None
+                cur = (
+                    cur.value[key]
+                    if cur.kind == "sequence" and key < len(cur.value)
+                    else None
+                )
             else:
                 cur = cur.value.get(key) if cur.kind == "mapping" else None
         return cur
@@ -119,13 +137,22 @@ class _Resolver:
     def key_loc(self, mapping: Node, key: str) -> Location:
         return (mapping.key_locations or {}).get(key, mapping.location)
 
-    def text(self, node: Node | None, field: str, docstring: bool = False) -> str | None:
+    def text(
+        self,
+        node: Node | None,
+        field: str,
+        docstring: bool = False,
+        required: bool = False,
+    ) -> str | None:
         if node is None:
             return None
         value = node.value
         if not isinstance(value, str):
             return None
         value = value.strip("\n")
+        if required and not value.strip():
+            self.err(node, field, "must not be empty")
+            return None
         bad = [c for c in value if c != "\n" and not c.isprintable()]
         if bad:
             self.err(node, field, "text must be printable (no control characters)")
@@ -147,13 +174,12 @@ class _Resolver:
         if isinstance(value, bool) or value is None:
             if literal_ok:
                 return fx.Literal(value)
-            self.err(node, field, "expected a formula, got a boolean or null")
+            # Not a string or an integer: the structure pass reports it.
             return None
         if isinstance(value, int):
             return fx.Num(value)
         if not isinstance(value, str):
-            self.err(node, field, "expected a formula")
-            return None
+            return None  # reported by the structure pass, as above
         try:
             return fx.parse_expression(value, scope)
         except FormulaError as exc:
@@ -162,27 +188,35 @@ class _Resolver:
                     f"{exc} (a formula with a comma inside a [...] list must be quoted)",
                     exc.column,
                 )
-            loc = node.location
-            # Point at the offending column when the text is on one line.
-            if "\n" not in value and node.location.line > 0:
-                loc = Location(loc.file, loc.line, loc.col + exc.column)
-            self.err(loc, field, str(exc))
+            self.err(self.column(node, exc), field, str(exc))
             return None
+
+    def column(self, node: Node, exc: FormulaError) -> Location:
+        """Where ``exc`` points: its column inside the value when the value
+        is written on one line as it reads, else the value's start."""
+        loc = node.location
+        if node.text_col is None:
+            return loc
+        return Location(loc.file, loc.line, node.text_col + exc.column)
 
     def statement(self, node: Node, field: str, scope: Scope) -> Step | None:
         try:
             target, expr = fx.parse_assignment(node.value, scope)
         except FormulaError as exc:
-            self.err(node, field, str(exc))
+            self.err(self.column(node, exc), field, str(exc))
             return None
         return Step(target, expr)
 
-    def host_path(self, node: Node | None, field: str, host: frozenset[str]) -> HostPath | None:
+    def host_path(
+        self, node: Node | None, field: str, host: frozenset[str]
+    ) -> HostPath | None:
         expr = self.expr(node, field, Scope(frozenset(), host_roots=host))
         if expr is None:
             return None
         if not isinstance(expr, HostPath):
-            self.err(node, field, "expected a host attribute path (e.g. vision.config.x)")
+            self.err(
+                node, field, "expected a host attribute path (e.g. vision.config.x)"
+            )
             return None
         return expr
 
@@ -195,16 +229,25 @@ class _Resolver:
             if not CLASS_NAME.match(class_name.value):
                 self.err(class_name, "class_name", "expected a CamelCase class name")
         name_node = v["name"]
-        display_name = self.text(name_node, "name") or ""
+        display_name = self.text(name_node, "name", required=True) or ""
         if "\n" in display_name:
             self.err(name_node, "name", "must be one line")
-        docstring = self.text(v.get("docstring"), "docstring", docstring=True) or ""
-        module_docstring = self.text(v.get("module_docstring"), "module_docstring", docstring=True)
+        docstring = (
+            self.text(v.get("docstring"), "docstring", docstring=True, required=True)
+            or ""
+        )
+        module_docstring = self.text(
+            v.get("module_docstring"), "module_docstring", docstring=True
+        )
 
         imports = self.resolve_imports()
         import_names = frozenset(i.name for i in imports)
         host = self.resolve_host(imports)
-        host_names = frozenset(h.name for h in host) | self.resolve_host_methods(host, import_names)
+        host_names = (
+            frozenset(h.name for h in host)
+            | self.failed_host
+            | self.resolve_host_methods(host, import_names)
+        )
         self.check_clashes("host", v["host"], host_names, import_names)
 
         modalities = tuple(n.value for n in v["modalities"].value)
@@ -220,11 +263,15 @@ class _Resolver:
 
         item_scope = Scope(dims | const_names, host_roots=frozenset())
         items = v["items"]
-        input_size = self.expr(items.value.get("input_size"), "items.input_size", item_scope)
+        input_size = self.expr(
+            items.value.get("input_size"), "items.input_size", item_scope
+        )
         output_tokens = self.expr(
             items.value.get("output_tokens"), "items.output_tokens", item_scope
         )
-        graph_rows = self.expr(items.value.get("graph_rows"), "items.graph_rows", item_scope)
+        graph_rows = self.expr(
+            items.value.get("graph_rows"), "items.graph_rows", item_scope
+        )
         budget_tokens = self.expr(
             items.value.get("budget_tokens"), "items.budget_tokens", item_scope
         )
@@ -239,11 +286,17 @@ class _Resolver:
             )
             if rows is not None:
                 # Inline input_size / output_tokens so each formula stands alone.
-                rows = _substitute(rows, {"input_size": input_size, "output_tokens": output_tokens})
+                rows = _substitute(
+                    rows, {"input_size": input_size, "output_tokens": output_tokens}
+                )
             resolved_flats.append(
                 FlatInput(
-                    flat.key, rows or fx.Num(0), flat.accepts_list, flat.replay_dtype,
-                    flat.eager_dtype, flat.video_key,
+                    flat.key,
+                    rows or fx.Num(0),
+                    flat.accepts_list,
+                    flat.replay_dtype,
+                    flat.eager_dtype,
+                    flat.video_key,
                 )
             )
         flat_inputs = tuple(resolved_flats)
@@ -256,38 +309,68 @@ class _Resolver:
         mfpv = None
         if "max_frames_per_video" in v:
             mfpv = self.expr(
-                v["max_frames_per_video"], "max_frames_per_video",
+                v["max_frames_per_video"],
+                "max_frames_per_video",
                 Scope(const_names, host_roots=host_names, allow_calls=True),
             )
             if "video" not in modalities:
-                self.err(v["max_frames_per_video"], "max_frames_per_video",
-                         "only meaningful with the video modality")
+                self.err(
+                    v["max_frames_per_video"],
+                    "max_frames_per_video",
+                    "only meaningful with the video modality",
+                )
 
         image_limit, fp8, backend = self.resolve_guards(host_names)
 
         capture = self.resolve_capture(grids, flat_inputs, const_names, host_names)
         per_item_tokens, dummy_dims, tensors, capture_why = capture
 
-        sizes = self.resolve_sizes(host_names | const_names | dims | flat_names | grid_names)
+        sizes = self.resolve_sizes(
+            host_names | const_names | dims | flat_names | grid_names
+        )
         buffers = self.resolve_buffers(const_names, frozenset(n for n, _ in sizes))
         buffer_names = [b.key for b in buffers]
         metadata = self.resolve_metadata(
-            host_names, const_names, flat_names, grid_names, import_names, set(buffer_names)
+            host_names,
+            const_names,
+            flat_names,
+            grid_names,
+            import_names,
+            set(buffer_names),
         )
         self.check_buffer_sources(buffers, tensors, metadata)
         self.check_set_by(buffers, metadata)
 
         out_hidden = self.expr(
-            v["out_hidden_size"], "out_hidden_size", Scope(const_names, host_roots=host_names)
+            v["out_hidden_size"],
+            "out_hidden_size",
+            Scope(const_names, host_roots=host_names),
         )
-        graph_forward = self.resolve_graph_forward(buffer_names, host_names, import_names)
-        eager = self.resolve_eager(flat_names, grid_names, dims, const_names, host_names, import_names)
-        span = self.resolve_postprocess(flat_names, import_names, host_names, graph_rows)
+        graph_forward = self.resolve_graph_forward(
+            buffer_names, host_names, import_names
+        )
+        eager = self.resolve_eager(
+            flat_names, grid_names, dims, const_names, host_names, import_names
+        )
+        span = self.resolve_postprocess(
+            flat_names, import_names, host_names, "graph_rows" in items.value
+        )
 
         if input_size is not None and output_tokens is not None:
             self.check_arithmetic(
-                Arithmetic(constants, tuple(grids), dummy_dims, input_size, output_tokens,
-                           graph_rows, buffers, tensors, metadata, sizes, budget_tokens)
+                Arithmetic(
+                    constants,
+                    tuple(grids),
+                    dummy_dims,
+                    input_size,
+                    output_tokens,
+                    graph_rows,
+                    buffers,
+                    tensors,
+                    metadata,
+                    sizes,
+                    budget_tokens,
+                )
             )
         else:
             for field, message in slot_problems(constants, buffers):
@@ -337,22 +420,33 @@ class _Resolver:
         )
         return ir
 
-    def check_name(self, node: Location, field: str, name: str, what: str) -> None:
+    def check_name(self, node: Location, field: str, name: str, what: str) -> bool:
+        """Report a name a spec may not declare; True if it is fine."""
         if not fx.is_identifier(name):
             self.err(node, field, f"{name!r} is not a valid identifier")
         elif name in RESERVED:
-            self.err(node, field, f"{what} {name!r} uses a name the generated code reserves")
+            self.err(
+                node, field, f"{what} {name!r} uses a name the generated code reserves"
+            )
         elif name in PYTHON_BUILTINS:
             self.err(node, field, f"{what} {name!r} would shadow the Python built-in")
         elif name.startswith("_"):
             self.err(node, field, f"{what} {name!r} must not start with '_'")
+        else:
+            return True
+        return False
 
-    def check_clashes(self, section: str, mapping: Node, names: Iterable[str], *others: frozenset[str]) -> None:
+    def check_clashes(
+        self, section: str, mapping: Node, names: Iterable[str], *others: frozenset[str]
+    ) -> None:
         for name in names:
             for other in others:
                 if name in other:
-                    self.err(self.key_loc(mapping, name), f"{section}.{name}",
-                             f"{name!r} is declared twice (also an import)")
+                    self.err(
+                        self.key_loc(mapping, name),
+                        f"{section}.{name}",
+                        f"{name!r} is declared twice (also an import)",
+                    )
 
     def resolve_imports(self) -> tuple[Import, ...]:
         node = self.v.get("imports")
@@ -362,8 +456,23 @@ class _Resolver:
         for name, entry in node.value.items():
             self.check_name(self.key_loc(node, name), f"imports.{name}", name, "import")
             if name in VLLM_TYPE_NAMES or name in TYPE_NAMES:
-                self.err(self.key_loc(node, name), f"imports.{name}",
-                         f"{name!r} is imported by the generator itself")
+                self.err(
+                    self.key_loc(node, name),
+                    f"imports.{name}",
+                    f"{name!r} is imported by the generator itself",
+                )
+            for target in TARGETS:
+                module = entry.value[target]
+                # The renderer imports from these packages only.
+                roots = (*FIRST_PARTY_ROOTS[target], "vllm")
+                if isinstance(module.value, str) and not module.value.startswith(roots):
+                    expected = ", ".join(dict.fromkeys(roots))
+                    self.err(
+                        module,
+                        f"imports.{name}.{target}",
+                        f"module {module.value!r} is not a module of the {target} "
+                        f"target (expected one under: {expected})",
+                    )
             type_only = entry.value.get("type_only")
             out.append(
                 Import(
@@ -387,6 +496,7 @@ class _Resolver:
                 text, mentioned = _annotation(ann.value, known)
             except FormulaError as exc:
                 self.err(ann, field, str(exc))
+                self.failed_host.add(name)
                 continue
             out.append(HostAttr(name, text, bool(mentioned & type_only)))
         return tuple(out)
@@ -413,9 +523,15 @@ class _Resolver:
             field = f"constants.{name}"
             self.check_name(self.key_loc(node, name), field, name, "constant")
             if name in host:
-                self.err(self.key_loc(node, name), field, f"{name!r} is also a host attribute")
+                self.err(
+                    self.key_loc(node, name),
+                    field,
+                    f"{name!r} is also a host attribute",
+                )
             if entry.kind == "mapping":
-                path_node, default_node = entry.value.get("from"), entry.value.get("default")
+                path_node, default_node = entry.value.get("from"), entry.value.get(
+                    "default"
+                )
             else:
                 path_node, default_node = entry, None
             path = self.host_path(path_node, field, host)
@@ -445,7 +561,11 @@ class _Resolver:
             if kind == "grid":
                 for extra in flat_only:
                     if extra in e:
-                        self.err(self.key_loc(entry, extra), f"{field}.{extra}", "only for flat inputs")
+                        self.err(
+                            self.key_loc(entry, extra),
+                            f"{field}.{extra}",
+                            "only for flat inputs",
+                        )
                 dims_node = e.get("dims")
                 if dims_node is None:
                     self.err(entry, f"{field}.dims", "a grid input needs dims")
@@ -455,41 +575,82 @@ class _Resolver:
                     dim = dim_node.value
                     self.check_name(dim_node.location, f"{field}.dims", dim, "dim")
                     if dim in seen_dims:
-                        self.err(dim_node, f"{field}.dims",
-                                 f"dim {dim!r} is already a dim of {seen_dims[dim]!r}")
+                        self.err(
+                            dim_node,
+                            f"{field}.dims",
+                            f"dim {dim!r} is already a dim of {seen_dims[dim]!r}",
+                        )
                     elif dim in consts or dim in host or dim in node.value:
-                        self.err(dim_node, f"{field}.dims", f"dim {dim!r} clashes with another name")
+                        self.err(
+                            dim_node,
+                            f"{field}.dims",
+                            f"dim {dim!r} clashes with another name",
+                        )
                     seen_dims[dim] = key
                 video_key = e.get("video_key")
-                grids.append(GridInput(key, dims, video_key.value if video_key else None))
+                grids.append(
+                    GridInput(key, dims, video_key.value if video_key else None)
+                )
             else:
                 for extra in ("dims",):
                     if extra in e:
-                        self.err(self.key_loc(entry, extra), f"{field}.{extra}", "only for grid inputs")
+                        self.err(
+                            self.key_loc(entry, extra),
+                            f"{field}.{extra}",
+                            "only for grid inputs",
+                        )
                 dtype_scope = Scope(frozenset(), host_roots=host)
-                replay = self.expr(e.get("replay_dtype"), f"{field}.replay_dtype", dtype_scope)
-                eager = self.expr(e.get("eager_dtype"), f"{field}.eager_dtype", dtype_scope)
-                for label, value, src in (("replay_dtype", replay, e.get("replay_dtype")),
-                                          ("eager_dtype", eager, e.get("eager_dtype"))):
+                replay = self.expr(
+                    e.get("replay_dtype"), f"{field}.replay_dtype", dtype_scope
+                )
+                eager = self.expr(
+                    e.get("eager_dtype"), f"{field}.eager_dtype", dtype_scope
+                )
+                for label, value, src in (
+                    ("replay_dtype", replay, e.get("replay_dtype")),
+                    ("eager_dtype", eager, e.get("eager_dtype")),
+                ):
                     if value is not None and not isinstance(value, HostPath):
-                        self.err(src, f"{field}.{label}", "expected a host attribute path")
+                        self.err(
+                            src, f"{field}.{label}", "expected a host attribute path"
+                        )
                 accepts = e.get("accepts_list")
                 video_key = e.get("video_key")
                 flats.append(
-                    (FlatInput(key, fx.Num(0), bool(accepts.value) if accepts else False,
-                               replay, eager, video_key.value if video_key else None),
-                     e.get("rows"))
+                    (
+                        FlatInput(
+                            key,
+                            fx.Num(0),
+                            bool(accepts.value) if accepts else False,
+                            replay,
+                            eager,
+                            video_key.value if video_key else None,
+                        ),
+                        e.get("rows"),
+                    )
                 )
         if not grids:
-            self.err(node, "inputs", "at least one grid input is needed (items are read from grids)")
+            self.err(
+                node,
+                "inputs",
+                "at least one grid input is needed (items are read from grids)",
+            )
         if not flats:
             self.err(node, "inputs", "at least one flat input is needed")
-        video_keys = {k: n.value["video_key"] for k, n in node.value.items() if "video_key" in n.value}
+        video_keys = {
+            k: n.value["video_key"]
+            for k, n in node.value.items()
+            if "video_key" in n.value
+        }
         if video_keys:
             if len(video_keys) != len(node.value):
                 missing = [k for k in node.value if k not in video_keys]
-                self.err(node, "inputs", f"some inputs have a video_key and {', '.join(missing)} "
-                         "do not (all or none)")
+                self.err(
+                    node,
+                    "inputs",
+                    f"some inputs have a video_key and {', '.join(missing)} "
+                    "do not (all or none)",
+                )
             modalities = [n.value for n in self.v["modalities"].value]
             if "video" not in modalities:
                 first = next(iter(video_keys.values()))
@@ -497,10 +658,14 @@ class _Resolver:
             seen: set[str] = set(node.value)
             for key, vk in video_keys.items():
                 if vk.value in seen:
-                    self.err(vk, f"inputs.{key}.video_key", f"{vk.value!r} is already a key")
+                    self.err(
+                        vk, f"inputs.{key}.video_key", f"{vk.value!r} is already a key"
+                    )
                 seen.add(vk.value)
         elif "video" in [n.value for n in self.v["modalities"].value]:
-            self.err(node, "inputs", "the video modality needs a video_key on every input")
+            self.err(
+                node, "inputs", "the video modality needs a video_key on every input"
+            )
         return flats, grids
 
     def resolve_guards(self, host):
@@ -511,7 +676,11 @@ class _Resolver:
         image_limit = g["image_limit_zero"].value if "image_limit_zero" in g else "off"
         fp8 = bool(g["fp8_static_scales"].value) if "fp8_static_scales" in g else False
         if (image_limit != "off" or fp8) and "multimodal_config" not in host:
-            self.err(node, "guards", "these guards read self.multimodal_config: declare it under host")
+            self.err(
+                node,
+                "guards",
+                "these guards read self.multimodal_config: declare it under host",
+            )
         backend = None
         if "attention_backend" in g:
             b = g["attention_backend"]
@@ -520,7 +689,9 @@ class _Resolver:
             allow = tuple(n.value for n in bv["allow"].value) if "allow" in bv else ()
             deny = tuple(n.value for n in bv["deny"].value) if "deny" in bv else ()
             if bool(allow) == bool(deny):
-                self.err(b, "guards.attention_backend", "give exactly one of allow or deny")
+                self.err(
+                    b, "guards.attention_backend", "give exactly one of allow or deny"
+                )
             hint = self.text(bv.get("hint"), "guards.attention_backend.hint")
             why = self.text(bv.get("why"), "guards.attention_backend.why")
             if path is not None:
@@ -531,51 +702,94 @@ class _Resolver:
         node = self.v["capture"]
         c = node.value
         per_item = c["per_item_tokens"].value if "per_item_tokens" in c else "ceil"
-        dummy_scope = Scope(consts | {"k", "max_batch_size", "token_budget", "max_frames_per_batch",
-                                      "frames_per_item"})
+        dummy_scope = Scope(
+            consts
+            | {
+                "k",
+                "max_batch_size",
+                "token_budget",
+                "max_frames_per_batch",
+                "frames_per_item",
+            }
+        )
         dummy_dims = []
         dummy = c["dummy"]
         for key, dims_node in dummy.value.items():
             field = f"capture.dummy.{key}"
             grid = next((g for g in grids if g.key == key), None)
             if grid is None:
-                self.err(self.key_loc(dummy, key), field, f"{key!r} is not a grid input")
+                self.err(
+                    self.key_loc(dummy, key), field, f"{key!r} is not a grid input"
+                )
                 continue
             if len(dims_node.value) != len(grid.dims):
-                quoted = any(isinstance(n.value, str) and n.value.count("(") != n.value.count(")")
-                             for n in dims_node.value)
+                quoted = any(
+                    isinstance(n.value, str)
+                    and n.value.count("(") != n.value.count(")")
+                    for n in dims_node.value
+                )
                 hint = " (a formula with a comma must be quoted)" if quoted else ""
-                self.err(dims_node, field,
-                         f"expected {len(grid.dims)} dims ({', '.join(grid.dims)}), "
-                         f"got {len(dims_node.value)}{hint}")
+                self.err(
+                    dims_node,
+                    field,
+                    f"expected {len(grid.dims)} dims ({', '.join(grid.dims)}), "
+                    f"got {len(dims_node.value)}{hint}",
+                )
                 continue
-            exprs = [self.expr(n, f"{field}[{i}]", dummy_scope) for i, n in enumerate(dims_node.value)]
+            exprs = [
+                self.expr(n, f"{field}[{i}]", dummy_scope)
+                for i, n in enumerate(dims_node.value)
+            ]
             if all(e is not None for e in exprs):
                 dummy_dims.append((key, tuple(exprs)))
         for grid in grids:
             if grid.key not in dummy.value:
-                self.err(dummy, f"capture.dummy.{grid.key}", "every grid input needs a dummy item")
-        shape_scope = Scope(consts | {"k", "rows", "max_batch_size", "token_budget"}, host_roots=host)
+                self.err(
+                    dummy,
+                    f"capture.dummy.{grid.key}",
+                    "every grid input needs a dummy item",
+                )
+        shape_scope = Scope(
+            consts | {"k", "rows", "max_batch_size", "token_budget"}, host_roots=host
+        )
         tensors = []
         flat_keys = {f.key for f in flats}
         for key, t in c["tensors"].value.items():
             field = f"capture.tensors.{key}"
             if key not in flat_keys:
-                self.err(self.key_loc(c["tensors"], key), field, f"{key!r} is not a flat input")
+                self.err(
+                    self.key_loc(c["tensors"], key),
+                    field,
+                    f"{key!r} is not a flat input",
+                )
                 continue
             shape = tuple(
                 self.expr(n, f"{field}.shape[{i}]", shape_scope)
                 for i, n in enumerate(t.value["shape"].value)
             )
-            dtype = self.expr(t.value["dtype"], f"{field}.dtype",
-                              Scope(frozenset({"dtype"}), host_roots=host))
+            dtype = self.expr(
+                t.value["dtype"],
+                f"{field}.dtype",
+                Scope(frozenset({"dtype"}), host_roots=host),
+            )
             if dtype is not None and not isinstance(dtype, (HostPath, Ref)):
-                self.err(t.value["dtype"], f"{field}.dtype", "expected 'dtype' or a host path")
+                self.err(
+                    t.value["dtype"],
+                    f"{field}.dtype",
+                    "expected 'dtype' or a host path",
+                )
             fill = t.value["fill"].value if "fill" in t.value else "zeros"
             why = self.text(t.value.get("why"), f"{field}.why")
             if None not in shape and dtype is not None:
                 tensors.append(CaptureTensor(key, shape, dtype, fill, why))
-        return per_item, tuple(dummy_dims), tuple(tensors), self.text(c.get("why"), "capture.why")
+            else:
+                self.failed_sources.add(key)
+        return (
+            per_item,
+            tuple(dummy_dims),
+            tuple(tensors),
+            self.text(c.get("why"), "capture.why"),
+        )
 
     def resolve_sizes(self, taken) -> tuple[tuple[str, int], ...]:
         node = self.v.get("sizes")
@@ -586,7 +800,9 @@ class _Resolver:
             loc = self.key_loc(node, name)
             self.check_name(loc, f"sizes.{name}", name, "size")
             if name in taken:
-                self.err(loc, f"sizes.{name}", f"{name!r} is already declared elsewhere")
+                self.err(
+                    loc, f"sizes.{name}", f"{name!r} is already declared elsewhere"
+                )
             out.append((name, value.value))
         return tuple(out)
 
@@ -597,23 +813,33 @@ class _Resolver:
             field = f"buffers.{buf.key}.set_by"
             node = self.node("buffers", buf.key, "set_by")
             if not buf.host_scalar:
-                self.err(node or buf.location, field, "set_by only goes with host_scalar")
+                self.err(
+                    node or buf.location, field, "set_by only goes with host_scalar"
+                )
                 continue
             builder = next((m for m in metadata if buf.key in m.provides), None)
+            if builder is None and buf.key in self.failed_sources:
+                continue
             if builder is None:
                 self.err(node or buf.location, field, "no builder provides this buffer")
                 continue
             kwargs = dict(builder.call.kwargs + builder.capture_kwargs)
             if buf.set_by not in kwargs:
-                self.err(node or buf.location, field,
-                         f"its builder passes no {buf.set_by!r} at capture")
+                self.err(
+                    node or buf.location,
+                    field,
+                    f"its builder passes no {buf.set_by!r} at capture",
+                )
 
     def resolve_buffers(self, consts, sizes=frozenset()) -> tuple[Buffer, ...]:
         node = self.v["buffers"]
         out = []
         slot_scope = Scope(consts | {"max_batch_size", "max_frames_per_batch"})
-        shape_scope = Scope(consts | sizes | {"k", "rows", "max_batch_size", "token_budget",
-                                              "max_frames_per_batch"})
+        shape_scope = Scope(
+            consts
+            | sizes
+            | {"k", "rows", "max_batch_size", "token_budget", "max_frames_per_batch"}
+        )
         for key, entry in node.value.items():
             field = f"buffers.{key}"
             loc = self.key_loc(node, key)
@@ -625,30 +851,59 @@ class _Resolver:
             replay = e["replay"].value if "replay" in e else "copy"
             rows_dim = e["rows_dim"].value if "rows_dim" in e else 0
             if pad == "trailing_sequence" and "slots" not in e:
-                self.err(entry, f"{field}.slots",
-                         "trailing_sequence needs slots (at least max_batch_size + 2: one spare "
-                         "slot for the padding sequence)")
+                self.err(
+                    entry,
+                    f"{field}.slots",
+                    "trailing_sequence needs slots (at least max_batch_size + 2: one spare "
+                    "slot for the padding sequence)",
+                )
             if pad == "repeat_last" and "slots" not in e:
-                self.err(entry, f"{field}.slots",
-                         "repeat_last needs slots (at least max_batch_size + 1, or "
-                         "max_frames_per_batch + 1 with one sequence per frame)")
+                self.err(
+                    entry,
+                    f"{field}.slots",
+                    "repeat_last needs slots (at least max_batch_size + 1, or "
+                    "max_frames_per_batch + 1 with one sequence per frame)",
+                )
             if "slots" in e and pad is None:
-                self.err(self.key_loc(entry, "slots"), f"{field}.slots", "slots only goes with pad")
+                self.err(
+                    self.key_loc(entry, "slots"),
+                    f"{field}.slots",
+                    "slots only goes with pad",
+                )
             if "replay" in e and not host_scalar:
-                self.err(self.key_loc(entry, "replay"), f"{field}.replay", "replay only goes with host_scalar")
+                self.err(
+                    self.key_loc(entry, "replay"),
+                    f"{field}.replay",
+                    "replay only goes with host_scalar",
+                )
             if host_scalar and (pad or rows_dim):
                 self.err(entry, field, "a host scalar has no rows to pad")
             if pad and rows_dim:
-                self.err(entry, field, "pad rules apply to 1-D offsets; rows_dim must be 0")
+                self.err(
+                    entry, field, "pad rules apply to 1-D offsets; rows_dim must be 0"
+                )
             shape = None
             if "shape" in e:
-                parts = [self.expr(n, f"{field}.shape[{i}]", shape_scope)
-                         for i, n in enumerate(e["shape"].value)]
+                parts = [
+                    self.expr(n, f"{field}.shape[{i}]", shape_scope)
+                    for i, n in enumerate(e["shape"].value)
+                ]
                 shape = tuple(parts) if None not in parts else None
-            out.append(Buffer(key, rows_dim, pad, slots, host_scalar, replay,
-                              self.text(e.get("why"), f"{field}.why"), loc, shape,
-                              e["dtype"].value if "dtype" in e else None,
-                              e["set_by"].value if "set_by" in e else None))
+            out.append(
+                Buffer(
+                    key,
+                    rows_dim,
+                    pad,
+                    slots,
+                    host_scalar,
+                    replay,
+                    self.text(e.get("why"), f"{field}.why"),
+                    loc,
+                    shape,
+                    e["dtype"].value if "dtype" in e else None,
+                    e["set_by"].value if "set_by" in e else None,
+                )
+            )
         if sum(1 for b in out if b.pad == "trailing_sequence") > 1:
             self.err(node, "buffers", "at most one buffer can use trailing_sequence")
         return tuple(out)
@@ -660,10 +915,16 @@ class _Resolver:
         out = []
         base_names = consts | flats | grids | {"device", "dtype"}
         callables = frozenset(imports)
-        common = Scope(base_names, host_roots=host, callables=callables,
-                       allow_calls=True, allow_literals=True)
-        capture_scope = Scope(base_names | set(CAPTURE_BUILTINS), host_roots=host,
-                              allow_literals=True)
+        common = Scope(
+            base_names,
+            host_roots=host,
+            callables=callables,
+            allow_calls=True,
+            allow_literals=True,
+        )
+        capture_scope = Scope(
+            base_names | set(CAPTURE_BUILTINS), host_roots=host, allow_literals=True
+        )
         replay_scope = Scope(base_names, host_roots=host, allow_literals=True)
         provided: dict[str, str] = {}
         for i, b in enumerate(node.value):
@@ -671,22 +932,42 @@ class _Resolver:
             bv = b.value
             call = self.expr(bv["call"], f"{field}.call", common)
             if call is not None and not isinstance(call, Call):
-                self.err(bv["call"], f"{field}.call", "expected a call, e.g. builder(grid, device=device)")
+                self.err(
+                    bv["call"],
+                    f"{field}.call",
+                    "expected a call, e.g. builder(grid, device=device)",
+                )
                 call = None
-            if call is not None and any(isinstance(e, Call) for e in fx.walk(call) if e is not call):
-                self.err(bv["call"], f"{field}.call", "nested calls are not allowed in a builder call")
+            if call is not None and any(
+                isinstance(e, Call) for e in fx.walk(call) if e is not call
+            ):
+                self.err(
+                    bv["call"],
+                    f"{field}.call",
+                    "nested calls are not allowed in a builder call",
+                )
             kwargs = {}
-            for phase, scope in (("capture_kwargs", capture_scope), ("replay_kwargs", replay_scope)):
+            for phase, scope in (
+                ("capture_kwargs", capture_scope),
+                ("replay_kwargs", replay_scope),
+            ):
                 items = []
                 if phase in bv:
                     for kw, value in bv[phase].value.items():
                         kfield = f"{field}.{phase}.{kw}"
                         if not fx.is_identifier(kw):
-                            self.err(self.key_loc(bv[phase], kw), kfield, f"bad keyword {kw!r}")
+                            self.err(
+                                self.key_loc(bv[phase], kw),
+                                kfield,
+                                f"bad keyword {kw!r}",
+                            )
                             continue
                         if call is not None and kw in dict(call.kwargs):
-                            self.err(self.key_loc(bv[phase], kw), kfield,
-                                     f"{kw!r} is already passed by the call itself")
+                            self.err(
+                                self.key_loc(bv[phase], kw),
+                                kfield,
+                                f"{kw!r} is already passed by the call itself",
+                            )
                         expr = self.expr(value, kfield, scope, literal_ok=True)
                         if expr is not None:
                             items.append((kw, expr))
@@ -694,14 +975,29 @@ class _Resolver:
             provides = []
             for p in bv["provides"].value:
                 if p.value in provided:
-                    self.err(p, f"{field}.provides", f"{p.value!r} is already provided by {provided[p.value]}")
+                    self.err(
+                        p,
+                        f"{field}.provides",
+                        f"{p.value!r} is already provided by {provided[p.value]}",
+                    )
                 elif p.value not in buffers:
-                    self.err(p, f"{field}.provides", f"{p.value!r} is not a declared buffer")
+                    self.err(
+                        p, f"{field}.provides", f"{p.value!r} is not a declared buffer"
+                    )
                 provided[p.value] = field
                 provides.append(p.value)
-            if call is not None:
-                out.append(MetadataBuilder(call, kwargs["capture_kwargs"], kwargs["replay_kwargs"],
-                                           tuple(provides), self.text(bv.get("why"), f"{field}.why")))
+            if call is None:
+                self.failed_sources.update(provides)
+            else:
+                out.append(
+                    MetadataBuilder(
+                        call,
+                        kwargs["capture_kwargs"],
+                        kwargs["replay_kwargs"],
+                        tuple(provides),
+                        self.text(bv.get("why"), f"{field}.why"),
+                    )
+                )
         return tuple(out)
 
     def check_buffer_sources(self, buffers, tensors, metadata):
@@ -709,20 +1005,40 @@ class _Resolver:
         provided = {p for m in metadata for p in m.provides}
         for b in buffers:
             if b.key in tensor_keys and b.key in provided:
-                self.err(b.location, f"buffers.{b.key}", "provided both by a capture tensor and a builder")
-            elif b.key not in tensor_keys and b.key not in provided:
-                self.err(b.location, f"buffers.{b.key}",
-                         "no source: add a capture tensor for it or list it in a builder's provides")
+                self.err(
+                    b.location,
+                    f"buffers.{b.key}",
+                    "provided both by a capture tensor and a builder",
+                )
+            elif b.key not in tensor_keys | provided | self.failed_sources:
+                self.err(
+                    b.location,
+                    f"buffers.{b.key}",
+                    "no source: add a capture tensor for it or list it in a builder's provides",
+                )
         buffer_keys = {b.key for b in buffers}
         for b in buffers:
             if b.key in tensor_keys and (b.shape is not None or b.dtype is not None):
-                self.err(b.location, f"buffers.{b.key}",
-                         "shape and dtype of a capture tensor's buffer come from capture.tensors")
+                self.err(
+                    b.location,
+                    f"buffers.{b.key}",
+                    "shape and dtype of a capture tensor's buffer come from capture.tensors",
+                )
         for t in tensors:
             if t.key not in buffer_keys:
                 node = self.node("capture", "tensors")
-                self.err(self.key_loc(node, t.key), f"capture.tensors.{t.key}",
-                         f"{t.key!r} is not a declared buffer")
+                self.err(
+                    self.key_loc(node, t.key),
+                    f"capture.tensors.{t.key}",
+                    f"{t.key!r} is not a declared buffer",
+                )
+
+    def check_target(self, line: Node, field: str, target: str, names, host) -> None:
+        """A step's target: a name the generated method may bind."""
+        if not self.check_name(line.location, field, target, "step"):
+            return
+        if target in names or target in host:
+            self.err(line, field, f"{target!r} is already a name")
 
     def resolve_graph_forward(self, buffers, host, imports):
         node = self.v["graph_forward"]
@@ -730,27 +1046,42 @@ class _Resolver:
         steps = []
         for i, line in enumerate(node.value):
             field = f"graph_forward[{i}]"
-            scope = Scope(frozenset(names), host_roots=host, callables=frozenset(imports),
-                          allow_calls=True, allow_literals=True)
+            scope = Scope(
+                frozenset(names),
+                host_roots=host,
+                callables=frozenset(imports),
+                allow_calls=True,
+                allow_literals=True,
+            )
             step = self.statement(line, field, scope)
             if step is None:
+                # Later steps may still use the name it assigns.
+                target = fx.assignment_target(line.value)
+                if target is not None:
+                    names.add(target)
                 continue
             last = i == len(node.value) - 1
             if last and step.target is not None:
-                self.err(line, field, "the last step is the output: write an expression, not an assignment")
+                self.err(
+                    line,
+                    field,
+                    "the last step is the output: write an expression, not an assignment",
+                )
             if not last and step.target is None:
                 self.err(line, field, "only the last step may be a bare expression")
             if step.target is not None:
-                if step.target in names or step.target in host:
-                    self.err(line, field, f"{step.target!r} is already a name")
+                self.check_target(line, field, step.target, names, host)
                 names.add(step.target)
             steps.append(step)
         used = set().union(*(fx.names_in(s.expr) for s in steps)) if steps else set()
         if "rest" not in used and len(steps) == len(node.value):
             for b in buffers:
                 if b not in used:
-                    self.err(node, "graph_forward",
-                             f"buffer {b!r} is captured but never read (pass it, or pass 'rest')")
+                    self.err(
+                        node,
+                        "graph_forward",
+                        f"buffer {b!r} is captured but never read (pass it, or pass 'rest')",
+                    )
         if sum(1 for s in steps for n in fx.walk(s.expr) if n == Ref("rest")) > 1:
             self.err(node, "graph_forward", "'rest' can be passed once")
         return tuple(steps)
@@ -763,57 +1094,102 @@ class _Resolver:
         steps = []
         for i, line in enumerate(e["steps"].value):
             field = f"eager_forward.steps[{i}]"
-            scope = Scope(frozenset(names), host_roots=host, callables=frozenset(imports),
-                          allow_calls=True, allow_literals=True)
+            scope = Scope(
+                frozenset(names),
+                host_roots=host,
+                callables=frozenset(imports),
+                allow_calls=True,
+                allow_literals=True,
+            )
             step = self.statement(line, field, scope)
             if step is None:
+                # Later steps may still use the name it assigns.
+                target = fx.assignment_target(line.value)
+                if target is not None:
+                    names.add(target)
                 continue
             last = i == len(e["steps"].value) - 1
             if last != (step.target is None):
-                self.err(line, field, "every step but the last assigns a name; the last is the output")
+                self.err(
+                    line,
+                    field,
+                    "every step but the last assigns a name; the last is the output",
+                )
             if step.target is not None:
-                if step.target in names or step.target in host:
-                    self.err(line, field, f"{step.target!r} is already a name")
+                self.check_target(line, field, step.target, names, host)
                 names.add(step.target)
             steps.append(step)
         width = None
         if "empty_width" in e:
             if not per_item:
-                self.err(self.key_loc(node, "empty_width"), "eager_forward.empty_width",
-                         "only with per_item")
-            width = self.expr(e["empty_width"], "eager_forward.empty_width",
-                              Scope(frozenset(consts), host_roots=host))
+                self.err(
+                    self.key_loc(node, "empty_width"),
+                    "eager_forward.empty_width",
+                    "only with per_item",
+                )
+            width = self.expr(
+                e["empty_width"],
+                "eager_forward.empty_width",
+                Scope(frozenset(consts), host_roots=host),
+            )
         elif per_item:
-            self.err(node, "eager_forward.empty_width", "per_item needs empty_width (for no items)")
+            self.err(
+                node,
+                "eager_forward.empty_width",
+                "per_item needs empty_width (for no items)",
+            )
         return per_item, tuple(steps), width
 
-    def resolve_postprocess(self, flats, imports, host, graph_rows):
+    def resolve_postprocess(self, flats, imports, host, has_graph_rows):
         node = self.v.get("postprocess")
         if node is None:
-            if graph_rows is not None:
-                self.err(self.node("items", "graph_rows"), "items.graph_rows",
-                         "graph_rows only goes with a postprocess that turns graph rows into output tokens")
+            if has_graph_rows:
+                self.err(
+                    self.node("items", "graph_rows"),
+                    "items.graph_rows",
+                    "graph_rows only goes with a postprocess that turns graph rows into output tokens",
+                )
             return None
         s = node.value["span_assembly"]
         sv = s.value
         field = "postprocess.span_assembly"
         types_key = sv["types"].value
         if types_key not in flats:
-            self.err(sv["types"], f"{field}.types", f"{types_key!r} is not a flat input")
+            self.err(
+                sv["types"], f"{field}.types", f"{types_key!r} is not a flat input"
+            )
         content = sv["content"].value
         if content not in imports:
-            self.err(sv["content"], f"{field}.content", f"{content!r} is not an imported name")
+            self.err(
+                sv["content"],
+                f"{field}.content",
+                f"{content!r} is not an imported name",
+            )
         delims = []
         for const, param in sv["delimiters"].value.items():
             loc = self.key_loc(sv["delimiters"], const)
             if const not in imports:
-                self.err(loc, f"{field}.delimiters.{const}", f"{const!r} is not an imported name")
+                self.err(
+                    loc,
+                    f"{field}.delimiters.{const}",
+                    f"{const!r} is not an imported name",
+                )
             if param.value not in host:
-                self.err(param, f"{field}.delimiters.{const}", f"{param.value!r} is not a host attribute")
+                self.err(
+                    param,
+                    f"{field}.delimiters.{const}",
+                    f"{param.value!r} is not a host attribute",
+                )
             delims.append((const, param.value))
-        if graph_rows is None:
-            self.err(node, "items.graph_rows", "span assembly needs items.graph_rows (graph rows per item)")
-        return SpanAssembly(types_key, content, tuple(delims), self.text(sv.get("why"), f"{field}.why"))
+        if not has_graph_rows:
+            self.err(
+                node,
+                "items.graph_rows",
+                "span assembly needs items.graph_rows (graph rows per item)",
+            )
+        return SpanAssembly(
+            types_key, content, tuple(delims), self.text(sv.get("why"), f"{field}.why")
+        )
 
     # -- arithmetic checks with the constants' defaults -----------------------------
 
@@ -827,7 +1203,9 @@ def _substitute(expr: Expr, mapping: dict[str, Expr | None]) -> Expr:
     if isinstance(expr, Ref) and mapping.get(expr.name) is not None:
         return mapping[expr.name]  # type: ignore[return-value]
     if isinstance(expr, fx.BinOp):
-        return fx.BinOp(expr.op, _substitute(expr.left, mapping), _substitute(expr.right, mapping))
+        return fx.BinOp(
+            expr.op, _substitute(expr.left, mapping), _substitute(expr.right, mapping)
+        )
     if isinstance(expr, fx.Neg):
         return fx.Neg(_substitute(expr.operand, mapping))
     if isinstance(expr, fx.Func):
@@ -888,7 +1266,11 @@ def load_spec(path: str | Path, display_path: str | None = None) -> MixinIR:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        diags.error(Location(shown, 1, 1), "", f"spec is not UTF-8 ({exc.reason} at byte {exc.start})")
+        diags.error(
+            Location(shown, 1, 1),
+            "",
+            f"spec is not UTF-8 ({exc.reason} at byte {exc.start})",
+        )
         raise SpecError(diags.sorted())
     return resolve_text(text, shown)
 
@@ -898,6 +1280,18 @@ def resolve_text(text: str, shown: str) -> MixinIR:
     tree = load_spec_tree(text, shown, diags)
     if tree is None or diags:
         raise SpecError(diags.sorted())
+    try:
+        ir = _check_and_resolve(tree, shown, diags)
+    except (RecursionError, MemoryError):
+        # The loader refuses deep nesting; this is the last line of defence.
+        diags.error(Location(shown, 1, 1), "", "spec is nested too deeply")
+        raise SpecError(diags.sorted())
+    if ir is None or diags:
+        raise SpecError(diags.sorted())
+    return ir
+
+
+def _check_and_resolve(tree: Node, shown: str, diags: Diagnostics) -> MixinIR | None:
     if not check_structure(tree, SPEC_SCHEMA, "", diags):
         # Still look for problems of meaning in what is well-formed, so one
         # run reports as much as it can. The resolver assumes the structure,
@@ -908,8 +1302,5 @@ def resolve_text(text: str, shown: str) -> MixinIR:
                 _Resolver(tree, shown, diags).resolve()
             except (KeyError, AttributeError, TypeError, IndexError, ValueError):
                 pass
-        raise SpecError(diags.sorted())
-    ir = _Resolver(tree, shown, diags).resolve()
-    if ir is None or diags:
-        raise SpecError(diags.sorted())
-    return ir
+        return None
+    return _Resolver(tree, shown, diags).resolve()

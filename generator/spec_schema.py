@@ -13,7 +13,7 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
-from generator.diagnostics import Diagnostics
+from generator.diagnostics import Diagnostics, field_key
 from generator.yaml_loader import Node
 
 IDENT = r"^[A-Za-z_][A-Za-z0-9_]*$"
@@ -261,7 +261,9 @@ SPEC_SCHEMA: dict[str, Any] = {
             "additionalProperties": False,
             "required": ["min"],
             "properties": {
-                "min": _expr("Smallest token budget: a literal or formula over constants."),
+                "min": _expr(
+                    "Smallest token budget: a literal or formula over constants."
+                ),
                 "why": _TEXT,
             },
             "description": "Budget range; the max is min(max_num_batched_tokens, "
@@ -553,13 +555,21 @@ def _type_ok(node: Node, expected: str | list[str]) -> bool:
 
 def _describe(expected: str | list[str]) -> str:
     kinds = [expected] if isinstance(expected, str) else expected
-    words = {"object": "a mapping", "array": "a list", "string": "a string",
-             "integer": "an integer", "boolean": "true or false", "null": "null",
-             "number": "a number"}
+    words = {
+        "object": "a mapping",
+        "array": "a list",
+        "string": "a string",
+        "integer": "an integer",
+        "boolean": "true or false",
+        "null": "null",
+        "number": "a number",
+    }
     return " or ".join(words[k] for k in kinds)
 
 
-def check_structure(node: Node, schema: dict[str, Any], path: str, diags: Diagnostics) -> bool:
+def check_structure(
+    node: Node, schema: dict[str, Any], path: str, diags: Diagnostics
+) -> bool:
     """Report every structural problem below ``node``; True if none."""
     import re
 
@@ -575,16 +585,22 @@ def check_structure(node: Node, schema: dict[str, Any], path: str, diags: Diagno
         return False
     expected = schema.get("type")
     if expected is not None and not _type_ok(node, expected):
-        diags.error(node.location, path, f"expected {_describe(expected)}, got {node.kind}")
+        diags.error(
+            node.location, path, f"expected {_describe(expected)}, got {node.kind}"
+        )
         return False
     if "enum" in schema and node.value not in schema["enum"]:
         choices = ", ".join(str(c) for c in schema["enum"])
         diags.error(
-            node.location, path, f"unknown value {node.value!r} (expected one of: {choices})"
+            node.location,
+            path,
+            f"unknown value {node.value!r} (expected one of: {choices})",
         )
     if "pattern" in schema and isinstance(node.value, str):
         if not re.match(schema["pattern"], node.value):
-            diags.error(node.location, path, f"{node.value!r} is not a valid identifier")
+            diags.error(
+                node.location, path, f"{node.value!r} is not a valid identifier"
+            )
     if node.kind == "integer":
         if "minimum" in schema and node.value < schema["minimum"]:
             diags.error(node.location, path, f"must be >= {schema['minimum']}")
@@ -592,7 +608,9 @@ def check_structure(node: Node, schema: dict[str, Any], path: str, diags: Diagno
             diags.error(node.location, path, f"must be <= {schema['maximum']}")
     if node.kind == "sequence":
         if len(node.value) < schema.get("minItems", 0):
-            diags.error(node.location, path, f"needs at least {schema['minItems']} item(s)")
+            diags.error(
+                node.location, path, f"needs at least {schema['minItems']} item(s)"
+            )
         item_schema = schema.get("items")
         if item_schema:
             for i, child in enumerate(node.value):
@@ -604,7 +622,8 @@ def check_structure(node: Node, schema: dict[str, Any], path: str, diags: Diagno
         if len(node.value) < schema.get("minProperties", 0):
             diags.error(node.location, path, "must not be empty")
         for key, child in node.value.items():
-            child_path = f"{path}.{key}" if path else key
+            shown = field_key(key)
+            child_path = f"{path}.{shown}" if path else shown
             key_loc = keys.get(key, child.location)
             name_rule = schema.get("propertyNames", {}).get("pattern")
             if name_rule and not re.match(name_rule, key):
@@ -622,5 +641,9 @@ def check_structure(node: Node, schema: dict[str, Any], path: str, diags: Diagno
                 check_structure(child, extra, child_path, diags)
         for key in schema.get("required", []):
             if key not in node.value:
-                diags.error(node.location, f"{path}.{key}" if path else key, "required key is missing")
+                diags.error(
+                    node.location,
+                    f"{path}.{key}" if path else key,
+                    "required key is missing",
+                )
     return len(diags.items) == before

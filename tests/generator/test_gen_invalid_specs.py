@@ -20,7 +20,6 @@ the issue is fixed, whatever the wording chosen. Then move the case out of
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -76,138 +75,9 @@ def _one_problem(path: str, rc: int, err: str) -> bool:
     return rc == 2 and len(_diags(err)) == 1
 
 
-KNOWN_ISSUES: dict[str, KnownIssue] = {
-    "yaml_bool_tag_bad_value": KnownIssue(
-        "yaml_loader._Converter.convert catches (YAMLError, ValueError) but "
-        "SafeConstructor.construct_yaml_bool raises KeyError for '!!bool maybe': "
-        "traceback, exit 1",
-        lambda p, rc, err: rc == 2
-        and re.match(rf"{re.escape(p)}:{_line_of(p, 'format:')}:\d+: format: ", err),
-    ),
-    "docstring_empty": KnownIssue(
-        "an empty (or blank) docstring passes validation and crashes the "
-        "renderer: exit 3, 'internal error ... template error: list object has "
-        "no element 0'. (If empty docstrings are to be accepted instead, move "
-        "this case out of the invalid corpus.)",
-        lambda p, rc, err: rc == 2
-        and _well_formed(err)
-        and f"{p}:{_line_of(p, 'docstring:')}:" in err,
-    ),
-    "yaml_deep_nesting": KnownIssue(
-        "deeply nested YAML (3000 levels) raises RecursionError from PyYAML's "
-        "composer (not a YAMLError): traceback, exit 1",
-        lambda p, rc, err: rc == 2 and _well_formed(err),
-    ),
-    "yaml_control_character": KnownIssue(
-        "a control character gives a yaml.reader.ReaderError (not Marked): the "
-        "diagnostic is located at 1:1 instead of the character's line, and its "
-        "message spans two lines ('in \"<unicode string>\", position N')",
-        lambda p, rc, err: rc == 2
-        and _well_formed(err)
-        and err.startswith(f"{p}:{_line_of(p, chr(7))}:"),
-    ),
-    "key_with_newline": KnownIssue(
-        "a mapping key holding a newline is printed raw in the field path, which "
-        "breaks the one-line 'file:line:col: field: message' format",
-        lambda p, rc, err: rc == 2 and _well_formed(err),
-    ),
-    "yaml_anchor_alias": KnownIssue(
-        "anchors and aliases are accepted: yaml_loader checks node.anchor, but "
-        "composed yaml nodes have no anchor attribute (aliases resolve to the "
-        "same node), so 'anchors and aliases are not allowed' is never reported",
-        lambda p, rc, err: rc == 2 and "anchors and aliases are not allowed" in err,
-    ),
-    "yaml_alias_into_valid_spec": KnownIssue(
-        "same as yaml_anchor_alias: a spec using &anchor / *alias is accepted and "
-        "generated (exit 0)",
-        lambda p, rc, err: rc == 2 and "anchors and aliases are not allowed" in err,
-    ),
-    "formula_true_division": KnownIssue(
-        "'/' reports 'operator Div is not allowed (...)': the BinOp branch of "
-        "formulas._Converter.convert answers first, so the dedicated message "
-        "\"'/' is not allowed (use // or ceil_div)\" (the one docs/spec-format.md "
-        "promises) is dead code",
-        lambda p, rc, err: rc == 2 and "'/'" in err and "Div" not in err,
-    ),
-    "formula_comparison": KnownIssue(
-        "a conditional expression reports the AST class name: 'IfExp is not "
-        "allowed in a spec expression'",
-        lambda p, rc, err: rc == 2 and "IfExp" not in err,
-    ),
-    "formula_power_not_literal": KnownIssue(
-        "cascade: a capture tensor whose shape has an error is dropped, and its "
-        "buffer then reports 'no source: add a capture tensor for it', though "
-        "the spec has one",
-        _one_problem,
-    ),
-    "formula_power_too_large": KnownIssue(
-        "cascade: as formula_power_not_literal ('no source' for a buffer whose "
-        "capture tensor exists)",
-        _one_problem,
-    ),
-    "formula_unknown_callable": KnownIssue(
-        "cascade: a builder whose call has an error is dropped, and the buffers it "
-        "provides report 'no source: ... list it in a builder's provides', though "
-        "they are listed",
-        _one_problem,
-    ),
-    "formula_ceil_div_arity": KnownIssue(
-        "cascade: an items.graph_rows with an error also reports 'span assembly "
-        "needs items.graph_rows', though it is given",
-        _one_problem,
-    ),
-    "wrong_type_float_formula": KnownIssue(
-        "one problem reported twice at the same place: 'expected a formula' "
-        "(resolver) and 'expected a string or an integer, got number' (schema)",
-        _one_problem,
-    ),
-    "host_unknown_type": KnownIssue(
-        "cascade: one misspelt type annotation drops the host attribute, and "
-        "every mention of it reports an error (22 problems for one typo)",
-        lambda p, rc, err: rc == 2 and len(_diags(err)) <= 2,
-    ),
-    "host_type_private_attribute": KnownIssue(
-        "cascade: a bad annotation drops the host attribute, and the span "
-        "assembly then reports it as not a host attribute",
-        _one_problem,
-    ),
-    "capture_tensor_not_a_buffer": KnownIssue(
-        "cascade: a graph_forward step that failed leaves its target undefined, "
-        "and the next step reports \"unknown name 'vit_out'; did you mean "
-        "'vit_cos'?\" (wrong advice)",
-        lambda p, rc, err: rc == 2 and "'vit_out'" not in err,
-    ),
-    "empty_width_without_per_item": KnownIssue(
-        "cascade: eager_forward.steps[0] fails (grid dims are not in scope without "
-        "per_item), so steps[1] reports \"unknown name 'vit_out'\" for the name "
-        "steps[0] assigns",
-        lambda p, rc, err: rc == 2 and "'vit_out'" not in err,
-    ),
-    "step_target_reserved_inputs": KnownIssue(
-        "a graph_forward step may assign a name the generated method uses itself "
-        "('inputs'): exit 0, and the generated encoder_cudagraph_forward rebinds "
-        'inputs to the ViT output, then reads inputs["merge_idx"] from that '
-        "tensor. Step targets are checked against earlier names and host "
-        "attributes only (resolve.py resolve_graph_forward / resolve_eager), not "
-        "against RESERVED or the Python built-ins as other spec names are",
-        lambda p, rc, err: rc == 2 and "'inputs'" in err,
-    ),
-    "step_target_reserved_outputs": KnownIssue(
-        "as step_target_reserved_inputs, in eager_forward: a step named 'outputs' "
-        "replaces the generated per-item list, and outputs.append(...) then runs "
-        "on a tensor (exit 0)",
-        lambda p, rc, err: rc == 2 and "'outputs'" in err,
-    ),
-    "step_target_builtin": KnownIssue(
-        "as step_target_reserved_inputs: a step may shadow a Python built-in "
-        "('open'), which check_name refuses for every other spec name (exit 0)",
-        lambda p, rc, err: rc == 2 and "'open'" in err,
-    ),
-    "bad_identifier_input_key": KnownIssue(
-        "'did you mean' suggests a name that is itself invalid ('pixel-values')",
-        lambda p, rc, err: rc == 2 and "did you mean 'pixel-values'" not in err,
-    ),
-}
+#: Empty: every issue the corpus pinned so far is fixed (their cases are
+#: ordinary cases now). Add an entry here for a newly found one.
+KNOWN_ISSUES: dict[str, KnownIssue] = {}
 
 
 def test_corpus_is_complete() -> None:

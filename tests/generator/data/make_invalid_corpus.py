@@ -664,8 +664,79 @@ case(
     ("    - aligner(vit_out, h, w)", "    - aligner(open, h, w)"),
 )
 
+case(
+    "step_target_reserved_rest",
+    "deepseek_v41",
+    ("  - vit_out = vision.forward_packed(", "  - rest = vision.forward_packed("),
+    (
+        "  - aligner.forward_packed(vit_out, merge_idx, merge_mask)",
+        "  - aligner.forward_packed(rest, merge_idx, merge_mask)",
+    ),
+)
+case(
+    "step_failed_target_still_named",
+    "deepseek_v41",
+    (
+        "  - vit_out = vision.forward_packed(patches,",
+        "  - vit_out = vision.forward_packed(patchez,",
+    ),
+)
+case(
+    "formula_bitwise_operator",
+    "minimax_m3",
+    ("  input_size: t * h * w", "  input_size: t * h | w"),
+)
+case(
+    "formula_comparison_plain",
+    "minimax_m3",
+    ("  input_size: t * h * w", "  input_size: t * h * (w > 1)"),
+)
+case(
+    "formula_attribute_not_host",
+    "minimax_m3",
+    ("  input_size: t * h * w", "  input_size: t * h * w.size"),
+)
+
+case(
+    "import_module_outside_target",
+    "minimax_m3",
+    (
+        "standalone: reference_towers.minimax_vl",
+        "standalone: eference_towers.minimax_vl",
+    ),
+)
+
 # -- what the text helpers above cannot express ----------------------------------------
 regex("docstring_empty", "minimax_m3", r"docstring: \|\n(  .*\n)+", 'docstring: ""\n')
+regex("docstring_blank", "minimax_m3", r"docstring: \|\n(  .*\n)+", 'docstring: "  "\n')
+case("name_empty", "minimax_m3", ("name: MiniMax M3", 'name: ""'))
+case(
+    "key_with_line_separator",
+    "minimax_m3",
+    ("budget:\n  min: 64\n", 'budget:\n  min: 64\n  "mi\\u2028n": 1\n'),
+)
+case(
+    "key_with_tab",
+    "minimax_m3",
+    ("budget:\n  min: 64\n", 'budget:\n  min: 64\n  "w\\thy": 1\n'),
+)
+case(
+    "yaml_recursive_alias",
+    "minimax_m3",
+    ("modalities: [image]", "modalities: &m [image, *m]"),
+)
+case(
+    "yaml_alias_as_key",
+    "minimax_m3",
+    ("name: MiniMax M3", "name: &k why"),
+    ("budget:\n  min: 64\n", "budget:\n  min: 64\n  *k : text\n"),
+)
+case("yaml_int_tag_empty", "minimax_m3", ("format: 1", "format: !!int ''"))
+case(
+    "yaml_control_character_late_line",
+    "minimax_m3",
+    ("budget:\n  min: 64\n", "budget:\n  min: 64\n  why: bell\x1b here\n"),
+)
 case(
     "yaml_control_character",
     "minimax_m3",
