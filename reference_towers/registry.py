@@ -303,6 +303,13 @@ class ReferenceTower(abc.ABC, Generic[HostT]):
         """The host's eager ground truth, one tensor per item."""
         return host.eager_reference_outputs(mm_kwargs)
 
+    def _config_constant(self, field: str) -> int:
+        """A config value every size shares (item arithmetic depends on it)."""
+        values = {getattr(self.config(s), field) for s in self.sizes}
+        if len(values) != 1:
+            raise RuntimeError(f"sizes disagree on {field}: {sorted(values)}")
+        return values.pop()
+
 
 class DeepseekV41Reference(ReferenceTower[DeepseekV41VisionHost]):
     """DeepSeek-V4.1: items are ViT grids ``(n_vit_h, n_vit_w)``.
@@ -320,10 +327,7 @@ class DeepseekV41Reference(ReferenceTower[DeepseekV41VisionHost]):
 
     @property
     def downsample_ratio(self) -> int:
-        ratios = {self.config(s).vision_downsample_ratio for s in self.sizes}
-        if len(ratios) != 1:
-            raise RuntimeError("sizes disagree on the downsample ratio")
-        return ratios.pop()
+        return self._config_constant("vision_downsample_ratio")
 
     def input_size(self, item: Item) -> int:
         h, w = item
@@ -437,10 +441,7 @@ class MiniMaxM3Reference(ReferenceTower[MiniMaxM3VisionHost]):
 
     @property
     def spatial_merge_size(self) -> int:
-        merges = {self.config(s).spatial_merge_size for s in self.sizes}
-        if len(merges) != 1:
-            raise RuntimeError("sizes disagree on the spatial merge size")
-        return merges.pop()
+        return self._config_constant("spatial_merge_size")
 
     def input_size(self, item: Item) -> int:
         t, h, w = item
@@ -559,10 +560,7 @@ class Qwen2VLReference(ReferenceTower[Qwen2VLVisionHost]):
 
     @property
     def spatial_merge_size(self) -> int:
-        merges = {self.config(s).spatial_merge_size for s in self.sizes}
-        if len(merges) != 1:
-            raise RuntimeError("sizes disagree on the spatial merge size")
-        return merges.pop()
+        return self._config_constant("spatial_merge_size")
 
     def max_frames(self, size: Size, *, modality: str = "image") -> int:
         """The largest ``t`` of a legal item: 1 for images."""
