@@ -3,7 +3,7 @@
 # Do not edit: change the spec or the templates and run
 # `gen-mixin specs/minimax_m3.yaml`.
 # spec-sha256: 679a222a35671178384492aa0dc1e20daf1dbe9ee4c77a16239d17f4a618116f
-# templates-sha256: 13d047097f8ba69c3ea5f60b8e4c327ae3305f63af852131621963837729dde0
+# templates-sha256: a2332e1784a7d747a282a59144a856a929e04a5a11965019eb1c573d4cf1cd3e
 
 import itertools
 import weakref
@@ -37,7 +37,7 @@ def _select_rows(
     holds every item's rows back to back, ``sizes[i]`` rows for item ``i``."""
     if not indices:
         return flat[:0]
-    if len(indices) == len(sizes) and indices == sorted(indices):
+    if indices == list(range(len(sizes))):
         # Every item, in order: the rows as they are, without a copy.
         return flat
     offsets = [0, *itertools.accumulate(sizes)]

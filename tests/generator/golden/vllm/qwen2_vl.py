@@ -3,7 +3,7 @@
 # Do not edit: change the spec or the templates and run
 # `gen-mixin specs/qwen2_vl.yaml`.
 # spec-sha256: a61607801855577c257b0c6af9f388ac7f2b849a6741b68c13ba9bb25a2b6ab3
-# templates-sha256: 13d047097f8ba69c3ea5f60b8e4c327ae3305f63af852131621963837729dde0
+# templates-sha256: a2332e1784a7d747a282a59144a856a929e04a5a11965019eb1c573d4cf1cd3e
 
 import itertools
 from collections.abc import Hashable
@@ -42,7 +42,7 @@ def _select_rows(
     holds every item's rows back to back, ``sizes[i]`` rows for item ``i``."""
     if not indices:
         return flat[:0]
-    if len(indices) == len(sizes) and indices == sorted(indices):
+    if indices == list(range(len(sizes))):
         # Every item, in order: the rows as they are, without a copy.
         return flat
     offsets = [0, *itertools.accumulate(sizes)]
