@@ -40,16 +40,27 @@ def _generate_parser() -> argparse.ArgumentParser:
         description="Generate vLLM SupportsEncoderCudaGraph mixins from YAML specs. "
         "Other commands: 'gen-mixin schema', 'gen-mixin plan SPEC'.",
     )
-    p.add_argument("specs", nargs="+", type=Path, metavar="SPEC", help="spec files (*.yaml)")
+    p.add_argument(
+        "specs", nargs="+", type=Path, metavar="SPEC", help="spec files (*.yaml)"
+    )
     p.add_argument(
         "--target",
         choices=[*TARGETS, "all"],
         default="all",
         help="which module(s) to generate (default: all)",
     )
-    p.add_argument("--out", type=Path, default=Path("generated"), help="output folder (default: generated)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=Path("generated"),
+        help="output folder (default: generated)",
+    )
     mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--stdout", action="store_true", help="print the modules instead of writing them")
+    mode.add_argument(
+        "--stdout",
+        action="store_true",
+        help="print the modules instead of writing them",
+    )
     mode.add_argument(
         "--check",
         action="store_true",
@@ -67,7 +78,9 @@ def _print_spec_error(err: SpecError) -> None:
     for diag in err.diagnostics:
         print(diag, file=sys.stderr)
     count = len(err.diagnostics)
-    print(f"gen-mixin: {count} problem{'s' if count != 1 else ''} found", file=sys.stderr)
+    print(
+        f"gen-mixin: {count} problem{'s' if count != 1 else ''} found", file=sys.stderr
+    )
 
 
 def _covers_folder(specs: list[Path]) -> bool:
@@ -90,7 +103,10 @@ def generate_main(argv: list[str]) -> int:
     stems: dict[str, Path] = {}
     for spec in args.specs:
         if spec.stem in stems:
-            print(f"{spec}:1:1: two specs named {spec.stem!r} (also {stems[spec.stem]})", file=sys.stderr)
+            print(
+                f"{spec}:1:1: two specs named {spec.stem!r} (also {stems[spec.stem]})",
+                file=sys.stderr,
+            )
             failed = True
             continue
         stems[spec.stem] = spec
@@ -100,7 +116,10 @@ def generate_main(argv: list[str]) -> int:
             _print_spec_error(err)
             failed = True
         except RenderError as err:
-            print(f"gen-mixin: internal error while rendering {spec}: {err}", file=sys.stderr)
+            print(
+                f"gen-mixin: internal error while rendering {spec}: {err}",
+                file=sys.stderr,
+            )
             return EXIT_INTERNAL
     if failed:
         # Nothing is written when any spec is invalid.
@@ -132,7 +151,9 @@ def generate_main(argv: list[str]) -> int:
 
 
 def schema_main(argv: list[str]) -> int:
-    p = _Parser(prog="gen-mixin schema", description="Print the spec format's JSON Schema.")
+    p = _Parser(
+        prog="gen-mixin schema", description="Print the spec format's JSON Schema."
+    )
     p.parse_args(argv)
     from generator.spec_schema import SPEC_SCHEMA
 

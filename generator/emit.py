@@ -33,7 +33,12 @@ def render_spec(spec: Path, targets: tuple[str, ...], out_dir: Path) -> list[Ren
     ir = load_spec(spec, display_path=str(spec))
     data = spec.read_bytes()
     return [
-        Rendered(spec, target, output_path(out_dir, target, ir.stem), render(ir, target, data, display))
+        Rendered(
+            spec,
+            target,
+            output_path(out_dir, target, ir.stem),
+            render(ir, target, data, display),
+        )
         for target in targets
     ]
 
@@ -82,7 +87,9 @@ class CheckResult:
     orphaned: list[Path]
 
 
-def check(rendered: list[Rendered], out_dir: Path, targets: tuple[str, ...], all_specs: bool) -> CheckResult:
+def check(
+    rendered: list[Rendered], out_dir: Path, targets: tuple[str, ...], all_specs: bool
+) -> CheckResult:
     """Stale files (content differs or missing) and, when every spec of the
     project was given, orphaned files (generated modules without a spec)."""
     stale = []
@@ -108,4 +115,11 @@ def check(rendered: list[Rendered], out_dir: Path, targets: tuple[str, ...], all
     return CheckResult(stale, orphaned)
 
 
-__all__ = ["TARGETS", "Rendered", "check", "render_spec", "unified_diff", "write_atomically"]
+__all__ = [
+    "TARGETS",
+    "Rendered",
+    "check",
+    "render_spec",
+    "unified_diff",
+    "write_atomically",
+]

@@ -392,13 +392,13 @@ def parse_expression(text: str, scope: Scope) -> Expr:
     except SyntaxError as exc:
         raise FormulaError(
             f"syntax error: {exc.msg}", lead + max((exc.offset or 1) - 1, 0)
-        )
+        ) from None
     except (RecursionError, MemoryError, ValueError):
-        raise FormulaError("expression is too complex")
+        raise FormulaError("expression is too complex") from None
     try:
         return _Converter(scope).convert(tree.body)
     except RecursionError:
-        raise FormulaError("expression is nested too deeply")
+        raise FormulaError("expression is nested too deeply") from None
     except FormulaError as exc:
         if not lead:
             raise

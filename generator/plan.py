@@ -86,7 +86,9 @@ def resolve_budgets(
             f"max_budget={hi}. Both must be positive."
         )
     if lo > hi:
-        raise PlanError(f"Invalid encoder cudagraph budget range: min_budget={lo} > max_budget={hi}.")
+        raise PlanError(
+            f"Invalid encoder cudagraph budget range: min_budget={lo} > max_budget={hi}."
+        )
     if user_max_items > 0:
         return generate_budgets(max(lo, user_max_items), hi), user_max_items
     if user_budgets:
@@ -189,7 +191,9 @@ def make_plan(
     env.update({name: value for name, value in ir.sizes})
     env.update(overrides or {})
     missing = sorted(
-        c.name for c in ir.constants if c.name not in env and c.name in _needed_names(ir)
+        c.name
+        for c in ir.constants
+        if c.name not in env and c.name in _needed_names(ir)
     )
     if missing:
         raise PlanError(
@@ -224,27 +228,53 @@ def make_plan(
         dims = dummy_item(ir, env, budget, mbs, mfpb)
         values = item_values(ir, env, dims)
         rows = mbs * values["input_size"]
-        scope = {**env, "k": per_item_tokens(budget, mbs), "rows": rows,
-                 "max_batch_size": mbs, "token_budget": budget, "max_frames_per_batch": mfpb}
-        plan = BudgetPlan(budget, scope["k"], rows, {
-            key: [dims[d] for d in ir.grid(key).dims] for key, _ in ir.dummy_dims  # type: ignore[union-attr]
-        })
+        scope = {
+            **env,
+            "k": per_item_tokens(budget, mbs),
+            "rows": rows,
+            "max_batch_size": mbs,
+            "token_budget": budget,
+            "max_frames_per_batch": mfpb,
+        }
+        plan = BudgetPlan(
+            budget,
+            scope["k"],
+            rows,
+            {
+                key: [dims[d] for d in ir.grid(key).dims] for key, _ in ir.dummy_dims  # type: ignore[union-attr]
+            },
+        )
         for buf in ir.buffers:
             plan.buffers.append(_buffer_plan(ir, buf, scope, dtype, unknown))
         per_budget.append(plan)
     problems = [f"{f}: {m}" for f, m in capture_problems(_arithmetic(ir), env)]
-    return Plan(str(ir.spec_path), (lo, hi), ladder, mbs, mfpb, per_budget, problems, sorted(unknown))
+    return Plan(
+        str(ir.spec_path),
+        (lo, hi),
+        ladder,
+        mbs,
+        mfpb,
+        per_budget,
+        problems,
+        sorted(unknown),
+    )
 
 
 def _needed_names(ir: MixinIR) -> set[str]:
-    needed: set[str] = set(names_in(ir.budget_min)) | names_in(ir.input_size) | names_in(ir.output_tokens)
+    needed: set[str] = (
+        set(names_in(ir.budget_min))
+        | names_in(ir.input_size)
+        | names_in(ir.output_tokens)
+    )
     for _, exprs in ir.dummy_dims:
         for e in exprs:
             needed |= names_in(e)
     return needed
 
 
-def _buffer_plan(ir: MixinIR, buf, scope: dict[str, int], dtype: str, unknown: set[str]) -> BufferPlan:
+def _buffer_plan(
+    ir: MixinIR, buf, scope: dict[str, int], dtype: str, unknown: set[str]
+) -> BufferPlan:
     tensor = next((t for t in ir.capture_tensors if t.key == buf.key), None)
     if buf.host_scalar:
         value = None
@@ -262,7 +292,11 @@ def _buffer_plan(ir: MixinIR, buf, scope: dict[str, int], dtype: str, unknown: s
         return BufferPlan(buf.key, [slots], "int32", slots * 4, buf.pad)
     if tensor is not None:
         shape_exprs = tensor.shape
-        type_name = dtype if isinstance(tensor.dtype, Ref) else f"{dtype} ({to_spec_text(tensor.dtype)})"
+        type_name = (
+            dtype
+            if isinstance(tensor.dtype, Ref)
+            else f"{dtype} ({to_spec_text(tensor.dtype)})"
+        )
         item = ITEMSIZE[dtype]
     elif buf.shape is not None:
         shape_exprs = buf.shape
@@ -271,14 +305,18 @@ def _buffer_plan(ir: MixinIR, buf, scope: dict[str, int], dtype: str, unknown: s
         item = ITEMSIZE[dtype if declared == "dtype" else declared]
     else:
         unknown.add(buf.key)
-        return BufferPlan(buf.key, None, buf.dtype or "?", None, "shape not declared in the spec")
+        return BufferPlan(
+            buf.key, None, buf.dtype or "?", None, "shape not declared in the spec"
+        )
     shape = []
     for e in shape_exprs:
         try:
             shape.append(evaluate(e, scope))
         except EvaluationError:
             unknown.add(buf.key)
-            return BufferPlan(buf.key, None, type_name, None, "shape needs a host value (--set)")
+            return BufferPlan(
+                buf.key, None, type_name, None, "shape needs a host value (--set)"
+            )
     nbytes = item
     for s in shape:
         nbytes *= s
@@ -307,9 +345,15 @@ def format_plan(plan: Plan) -> str:
     for p in plan.per_budget:
         dummy = ", ".join(f"{k}={v}" for k, v in p.dummy.items())
         lines.append("")
-        lines.append(f"budget {p.budget}: k={p.k}, rows={p.rows}, dummy item {dummy} x {plan.max_batch_size}")
+        lines.append(
+            f"budget {p.budget}: k={p.k}, rows={p.rows}, dummy item {dummy} x {plan.max_batch_size}"
+        )
         for b in p.buffers:
-            shape = "?" if b.shape is None else "(" + ", ".join(str(s) for s in b.shape) + ")"
+            shape = (
+                "?"
+                if b.shape is None
+                else "(" + ", ".join(str(s) for s in b.shape) + ")"
+            )
             size = "?" if b.nbytes is None else _human(b.nbytes)
             note = f"  [{b.note}]" if b.note else ""
             lines.append(f"  {b.key:<16} {shape:<22} {b.dtype:<28} {size:>10}{note}")
@@ -339,20 +383,49 @@ def _parse_set(values: list[str]) -> dict[str, int]:
 
 
 def plan_main(argv: list[str]) -> int:
-    from generator.cli import EXIT_INVALID, EXIT_OK, EXIT_STALE, _Parser, _print_spec_error
+    from generator.cli import (
+        EXIT_INVALID,
+        EXIT_OK,
+        EXIT_STALE,
+        _Parser,
+        _print_spec_error,
+    )
     from generator.resolve import load_spec
 
     p = _Parser(prog="gen-mixin plan", description="Show what a spec will capture.")
     p.add_argument("spec", type=Path)
-    p.add_argument("--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS)
+    p.add_argument(
+        "--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS
+    )
     p.add_argument("--max-model-len", type=int, default=DEFAULT_MAX_MODEL_LEN)
-    p.add_argument("--budgets", type=int, nargs="+", help="encoder_cudagraph_token_budgets")
-    p.add_argument("--max-items", type=int, default=0, help="encoder_cudagraph_max_vision_items_per_batch")
-    p.add_argument("--max-frames", type=int, default=None, help="encoder_cudagraph_max_frames_per_batch")
-    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                   help="override a constant or size (repeatable)")
-    p.add_argument("--dtype", choices=sorted(ITEMSIZE), default="bfloat16",
-                   help="the manager's dtype (default bfloat16)")
+    p.add_argument(
+        "--budgets", type=int, nargs="+", help="encoder_cudagraph_token_budgets"
+    )
+    p.add_argument(
+        "--max-items",
+        type=int,
+        default=0,
+        help="encoder_cudagraph_max_vision_items_per_batch",
+    )
+    p.add_argument(
+        "--max-frames",
+        type=int,
+        default=None,
+        help="encoder_cudagraph_max_frames_per_batch",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="override a constant or size (repeatable)",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=sorted(ITEMSIZE),
+        default="bfloat16",
+        help="the manager's dtype (default bfloat16)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON")
     args = p.parse_args(argv)
     try:

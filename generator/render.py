@@ -44,7 +44,9 @@ def comment_lines(text: str | None, width: int = COMMENT_WIDTH) -> list[str]:
         words = " ".join(paragraph.split())
         if out:
             out.append("")
-        out.extend(textwrap.wrap(words, width, break_long_words=False, break_on_hyphens=False))
+        out.extend(
+            textwrap.wrap(words, width, break_long_words=False, break_on_hyphens=False)
+        )
     return out
 
 
@@ -58,11 +60,17 @@ def docstring_lines(text: str, width: int = COMMENT_WIDTH) -> list[str]:
         if any(line.lstrip().startswith(("-", "*")) for line in lines):
             out.extend(line.rstrip() for line in lines)
         else:
-            out.extend(textwrap.wrap(" ".join(paragraph.split()), width, break_long_words=False))
+            out.extend(
+                textwrap.wrap(
+                    " ".join(paragraph.split()), width, break_long_words=False
+                )
+            )
     return out
 
 
-def message_literal(parts: list[tuple[str, bool]], width: int = STRING_WIDTH) -> list[str]:
+def message_literal(
+    parts: list[tuple[str, bool]], width: int = STRING_WIDTH
+) -> list[str]:
     """A message as implicitly concatenated string literals.
 
     ``parts`` are ``(text, is_placeholder)``: literal text comes from the spec
@@ -89,11 +97,15 @@ def message_literal(parts: list[tuple[str, bool]], width: int = STRING_WIDTH) ->
     for i, chunk in enumerate(chunks):
         has_placeholder = any(p for _, p in chunk)
         pieces = []
-        for j, (text, placeholder) in enumerate(chunk):
+        for text, placeholder in chunk:
             if placeholder:
                 pieces.append("{" + text + "}")
             else:
-                pieces.append(text.replace("{", "{{").replace("}", "}}") if has_placeholder else text)
+                pieces.append(
+                    text.replace("{", "{{").replace("}", "}}")
+                    if has_placeholder
+                    else text
+                )
         body = " ".join(pieces)
         if i < len(chunks) - 1:
             body += " "
@@ -132,7 +144,9 @@ def _scope(ir: MixinIR) -> MethodScope:
 
 def _grid_loop(ir: MixinIR, dims_needed: set[str]) -> tuple[str, str, list[str]]:
     """``for <target> in <iterable>`` over the grids whose dims are needed."""
-    grids = [g for g in ir.grid_inputs if dims_needed & set(g.dims)] or [ir.grid_inputs[0]]
+    grids = [g for g in ir.grid_inputs if dims_needed & set(g.dims)] or [
+        ir.grid_inputs[0]
+    ]
     if len(grids) == 1:
         return ", ".join(grids[0].dims), grids[0].key, [grids[0].key]
     target = ", ".join(f"({', '.join(g.dims)})" for g in grids)
@@ -145,7 +159,9 @@ def _dims_of(expr: Expr, ir: MixinIR) -> set[str]:
     return fx.names_in(expr) & dims
 
 
-def _comprehension(ir: MixinIR, scope: MethodScope, expr: Expr) -> tuple[str, list[str]]:
+def _comprehension(
+    ir: MixinIR, scope: MethodScope, expr: Expr
+) -> tuple[str, list[str]]:
     target, iterable, grids = _grid_loop(ir, _dims_of(expr, ir))
     return f"[{scope.expr(expr)} for {target} in {iterable}]", grids
 
@@ -160,7 +176,13 @@ def _used_import_names(ir: MixinIR) -> set[str]:
     exprs += [s.expr for s in ir.graph_forward + ir.eager_steps]
     used = set().union(*(fx.names_in(e) for e in exprs)) if exprs else set()
     for attr in ir.host:
-        used.update(attr.annotation.replace("|", " ").replace("[", " ").replace("]", " ").replace(",", " ").split())
+        used.update(
+            attr.annotation.replace("|", " ")
+            .replace("[", " ")
+            .replace("]", " ")
+            .replace(",", " ")
+            .split()
+        )
     if ir.span_assembly is not None:
         used.add(ir.span_assembly.content)
         # The first delimiter is the index's fallback (offset 0): not named.
@@ -197,21 +219,31 @@ def build_context(ir: MixinIR, target: str, header: list[str]) -> dict[str, Any]
     def q(name: str) -> str:
         return f'"{name}"' if ir.local_defs_import else name
 
-    stdlib: dict[str, set[str]] = {"collections.abc": {"Hashable"}, "typing": {"TYPE_CHECKING", "Any"}}
+    stdlib: dict[str, set[str]] = {
+        "collections.abc": {"Hashable"},
+        "typing": {"TYPE_CHECKING", "Any"},
+    }
     plain_stdlib: set[str] = set()
     first_party: dict[str, set[str]] = {}
     type_checking: dict[str, set[str]] = {mods["VllmConfig"]: {"VllmConfig"}}
 
     if ir.protocol_base:
-        first_party.setdefault(mods["interfaces"], set()).add("SupportsEncoderCudaGraph")
+        first_party.setdefault(mods["interfaces"], set()).add(
+            "SupportsEncoderCudaGraph"
+        )
     if ir.local_defs_import:
         type_checking.setdefault(mods["defs"], set()).update(defs_names)
     else:
         first_party.setdefault(mods["defs"], set()).update(defs_names)
     for attr in ir.host:
         if "MultiModalConfig" in attr.annotation:
-            type_checking.setdefault(mods["MultiModalConfig"], set()).add("MultiModalConfig")
-    module_of = {i.name: (i.vllm_module if target == "vllm" else i.standalone_module) for i in ir.imports}
+            type_checking.setdefault(mods["MultiModalConfig"], set()).add(
+                "MultiModalConfig"
+            )
+    module_of = {
+        i.name: (i.vllm_module if target == "vllm" else i.standalone_module)
+        for i in ir.imports
+    }
     used = _used_import_names(ir)
     for imp in ir.imports:
         if imp.name not in used:
@@ -231,7 +263,9 @@ def build_context(ir: MixinIR, target: str, header: list[str]) -> dict[str, Any]
         first_party.setdefault(mods["async_tensor_h2d"], set()).add("async_tensor_h2d")
     default_post = ir.span_assembly is None and not ir.protocol_base
     if default_post:
-        first_party.setdefault(mods["scatter_output_slices"], set()).add("scatter_output_slices")
+        first_party.setdefault(mods["scatter_output_slices"], set()).add(
+            "scatter_output_slices"
+        )
 
     # Names shared by several methods. With video keys, each method first
     # looks up the batch's keys (`keys = self._modality_keys(mm_kwargs)`).
@@ -250,12 +284,17 @@ def build_context(ir: MixinIR, target: str, header: list[str]) -> dict[str, Any]
 
     ctx: dict[str, Any] = {
         "header": header,
-        "module_docstring": docstring_lines(ir.module_docstring) if ir.module_docstring else None,
+        "module_docstring": (
+            docstring_lines(ir.module_docstring) if ir.module_docstring else None
+        ),
         "class_name": ir.class_name,
         "bases": "SupportsEncoderCudaGraph" if ir.protocol_base else "",
         "docstring": docstring_lines(ir.docstring),
         "host": [
-            {"name": a.name, "annotation": f'"{a.annotation}"' if a.quoted else a.annotation}
+            {
+                "name": a.name,
+                "annotation": f'"{a.annotation}"' if a.quoted else a.annotation,
+            }
             for a in ir.host
         ],
         "display_name": ir.display_name,
@@ -333,7 +372,9 @@ def build_context(ir: MixinIR, target: str, header: list[str]) -> dict[str, Any]
         modalities=[repr(m) for m in ir.modalities],
         buffer_keys=[repr(b.key) for b in ir.buffers],
         out_hidden_size=sc.expr(ir.out_hidden_size),
-        max_frames_per_video=sc.expr(ir.max_frames_per_video) if ir.max_frames_per_video else None,
+        max_frames_per_video=(
+            sc.expr(ir.max_frames_per_video) if ir.max_frames_per_video else None
+        ),
         padding=padding,
     )
     config["constants"] = sc.bindings()
@@ -358,7 +399,9 @@ def build_context(ir: MixinIR, target: str, header: list[str]) -> dict[str, Any]
         "grids": [grid_load(g) for g in grids],
         "input_size": sc.expr(ir.input_size),
         "output_tokens": sc.expr(ir.output_tokens),
-        "budget_tokens": sc.expr(ir.budget_tokens) if ir.budget_tokens is not None else None,
+        "budget_tokens": (
+            sc.expr(ir.budget_tokens) if ir.budget_tokens is not None else None
+        ),
         "target": target_,
         "iterable": iterable,
     }
@@ -374,7 +417,10 @@ def build_context(ir: MixinIR, target: str, header: list[str]) -> dict[str, Any]
             sizes, grids = _comprehension(ir, sc, flat.rows)
             needed_grids += [g for g in grids if g not in needed_grids]
             selected.append(
-                {"key": key_expr(key), "value": f"_select_rows({flat_loads[key]}, {sizes}, indices)"}
+                {
+                    "key": key_expr(key),
+                    "value": f"_select_rows({flat_loads[key]}, {sizes}, indices)",
+                }
             )
         else:
             grid = ir.grid(key)
@@ -395,7 +441,7 @@ def build_context(ir: MixinIR, target: str, header: list[str]) -> dict[str, Any]
     ctx["select"]["constants"] = sc.bindings()
 
     # -- capture ---------------------------------------------------------------------------------
-    ctx["capture"] = _capture_context(ir, module_of)
+    ctx["capture"] = _capture_context(ir)
     if trailing is not None:
         ctx["trailing"] = {"key": trailing.key}
 
@@ -419,7 +465,9 @@ def build_context(ir: MixinIR, target: str, header: list[str]) -> dict[str, Any]
     for line in ctx["imports"]["first_party"] + ctx["imports"]["type_checking"]:
         module = line.split()[1]
         if not module.startswith(roots) and not module.startswith("vllm"):
-            raise RenderError(f"unexpected import module {module!r} for target {target}")
+            raise RenderError(
+                f"unexpected import module {module!r} for target {target}"
+            )
     return ctx
 
 
@@ -436,13 +484,16 @@ def _modality_keys_context(ir: MixinIR) -> dict[str, Any]:
     }
 
 
-def _capture_context(ir: MixinIR, module_of: dict[str, str]) -> dict[str, Any]:
+def _capture_context(ir: MixinIR) -> dict[str, Any]:
     sc = _scope(ir)
-    trailing = next((b for b in ir.buffers if b.pad is not None and b.slots is not None), None)
+    trailing = next(
+        (b for b in ir.buffers if b.pad is not None and b.slots is not None), None
+    )
     builder_grids = {
         name
         for m in ir.metadata
-        for name in fx.names_in(m.call) | set().union(*(fx.names_in(v) for _, v in m.capture_kwargs))
+        for name in fx.names_in(m.call)
+        | set().union(*(fx.names_in(v) for _, v in m.capture_kwargs))
         if ir.grid(name) is not None
     }
     rows_dims = _dims_of(ir.input_size, ir)
@@ -495,7 +546,9 @@ def _capture_context(ir: MixinIR, module_of: dict[str, str]) -> dict[str, Any]:
         ),
         "dummies": dummies,
         "frames_per_item": any(
-            "frames_per_item" in fx.names_in(e) for _, exprs in ir.dummy_dims for e in exprs
+            "frames_per_item" in fx.names_in(e)
+            for _, exprs in ir.dummy_dims
+            for e in exprs
         ),
         "input_size": sc.expr(ir.input_size),
         "tensors": tensors,
@@ -516,12 +569,17 @@ def _capture_context(ir: MixinIR, module_of: dict[str, str]) -> dict[str, Any]:
     return ctx
 
 
-def _builders(ir: MixinIR, sc: MethodScope, phase: str, name_map: dict[str, str] | None = None):
+def _builders(
+    ir: MixinIR, sc: MethodScope, phase: str, name_map: dict[str, str] | None = None
+):
     builders = []
     results: dict[str, str] = {}
-    taken = {c.name for c in ir.constants} | {b.key for b in ir.buffers} | {
-        f.key for f in ir.flat_inputs
-    } | {g.key for g in ir.grid_inputs}
+    taken = (
+        {c.name for c in ir.constants}
+        | {b.key for b in ir.buffers}
+        | {f.key for f in ir.flat_inputs}
+        | {g.key for g in ir.grid_inputs}
+    )
     single = len(ir.metadata) == 1
     for m in ir.metadata:
         callee = m.call.callee
@@ -530,17 +588,31 @@ def _builders(ir: MixinIR, sc: MethodScope, phase: str, name_map: dict[str, str]
         taken.add(name)
         extra = m.capture_kwargs if phase == "capture" else m.replay_kwargs
         call = Call(m.call.callee, m.call.args, m.call.kwargs + extra)
-        builders.append({"name": name, "call": sc.expr(call, name_map), "why": comment_lines(m.why)})
+        builders.append(
+            {"name": name, "call": sc.expr(call, name_map), "why": comment_lines(m.why)}
+        )
         for key in m.provides:
             results[key] = name
     return builders, results
 
 
-def _replay_context(ir: MixinIR, flat_loads: dict[str, str], grid_load) -> dict[str, Any]:
+def _replay_context(
+    ir: MixinIR, flat_loads: dict[str, str], grid_load
+) -> dict[str, Any]:
     sc = _scope(ir)
     buffer_keys = {b.key for b in ir.buffers}
     device_flat = next(f for f in ir.flat_inputs if f.key in buffer_keys)
-    used_names = set().union(*(fx.names_in(m.call) | set().union(*(fx.names_in(v) for _, v in m.replay_kwargs)) for m in ir.metadata)) if ir.metadata else set()
+    used_names = (
+        set().union(
+            *(
+                fx.names_in(m.call)
+                | set().union(*(fx.names_in(v) for _, v in m.replay_kwargs))
+                for m in ir.metadata
+            )
+        )
+        if ir.metadata
+        else set()
+    )
     loads = []
     for flat in ir.flat_inputs:
         if flat.key not in buffer_keys and flat.key not in used_names:
@@ -550,7 +622,10 @@ def _replay_context(ir: MixinIR, flat_loads: dict[str, str], grid_load) -> dict[
             value = f"{value}.to({sc.expr(flat.replay_dtype)})"
         loads.append({"name": flat.key, "value": value})
     grids = [grid_load(g.key) for g in ir.grid_inputs if g.key in used_names]
-    name_map = {"device": f"{device_flat.key}.device", "dtype": f"{device_flat.key}.dtype"}
+    name_map = {
+        "device": f"{device_flat.key}.device",
+        "dtype": f"{device_flat.key}.dtype",
+    }
     builders, results = _builders(ir, sc, "replay", name_map)
     values = []
     notes = []
@@ -606,17 +681,26 @@ def _graph_forward_context(ir: MixinIR) -> dict[str, Any]:
         for key in buffer_keys:
             name_map[key] = f'inputs["{key}"]'
     steps = _steps(ir.graph_forward, sc, name_map)
-    return {"popped": popped, "uses_rest": uses_rest, "steps": steps, "constants": sc.bindings()}
+    return {
+        "popped": popped,
+        "uses_rest": uses_rest,
+        "steps": steps,
+        "constants": sc.bindings(),
+    }
 
 
-def _steps(steps: tuple[Step, ...], sc: MethodScope, name_map: dict[str, str]) -> list[dict[str, str]]:
+def _steps(
+    steps: tuple[Step, ...], sc: MethodScope, name_map: dict[str, str]
+) -> list[dict[str, str]]:
     out = []
     for step in steps:
         out.append({"target": step.target, "expr": sc.expr(step.expr, name_map)})
     return out
 
 
-def _eager_context(ir: MixinIR, flat_loads: dict[str, str], grid_load) -> dict[str, Any]:
+def _eager_context(
+    ir: MixinIR, flat_loads: dict[str, str], grid_load
+) -> dict[str, Any]:
     sc = _scope(ir)
     used = set().union(*(fx.names_in(s.expr) for s in ir.eager_steps))
     flats = [f for f in ir.flat_inputs if f.key in used]
@@ -674,8 +758,10 @@ def _span_context(ir: MixinIR, grid_load) -> dict[str, Any]:
     len_target, len_iter, len_grids = _grid_loop(ir, _dims_of(ir.output_tokens, ir))
     grids = list(dict.fromkeys(rows_grids + len_grids))
     first, *others = span.delimiters
-    offsets = [f"{i} * (types == {const}).long()" if i > 1 else f"(types == {const}).long()"
-               for i, (const, _) in enumerate(others, start=1)]
+    offsets = [
+        f"{i} * (types == {const}).long()" if i > 1 else f"(types == {const}).long()"
+        for i, (const, _) in enumerate(others, start=1)
+    ]
     return {
         "grids": [grid_load(g, "batch_mm_kwargs") for g in grids],
         "types_key": span.types_key,
@@ -696,9 +782,7 @@ def _span_context(ir: MixinIR, grid_load) -> dict[str, Any]:
 
 @cache
 def template_files() -> tuple[tuple[str, bytes], ...]:
-    return tuple(
-        (p.name, p.read_bytes()) for p in sorted(TEMPLATE_DIR.glob("*.j2"))
-    )
+    return tuple((p.name, p.read_bytes()) for p in sorted(TEMPLATE_DIR.glob("*.j2")))
 
 
 def templates_digest() -> str:
@@ -713,9 +797,13 @@ def _environment():
     import jinja2
 
     if not TEMPLATE_DIR.is_dir():
-        raise RenderError(f"templates not found at {TEMPLATE_DIR} (install gen-mixin editable: pip install -e .)")
+        raise RenderError(
+            f"templates not found at {TEMPLATE_DIR} (install gen-mixin editable: pip install -e .)"
+        )
     return jinja2.Environment(
-        loader=jinja2.DictLoader({name: data.decode("utf-8") for name, data in template_files()}),
+        loader=jinja2.DictLoader(
+            {name: data.decode("utf-8") for name, data in template_files()}
+        ),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         trim_blocks=True,

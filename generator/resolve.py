@@ -1222,7 +1222,7 @@ def _annotation(text: object, known: set[str] | frozenset[str]) -> tuple[str, se
     try:
         tree = ast.parse(text.strip(), mode="eval").body
     except SyntaxError as exc:
-        raise FormulaError(f"syntax error in annotation: {exc.msg}")
+        raise FormulaError(f"syntax error in annotation: {exc.msg}") from None
     roots: set[str] = set()
 
     def emit(node: ast.AST) -> str:
@@ -1262,7 +1262,7 @@ def load_spec(path: str | Path, display_path: str | None = None) -> MixinIR:
         raw = Path(path).read_bytes()
     except OSError as exc:
         diags.error(Location(shown, 1, 1), "", f"cannot read spec: {exc.strerror}")
-        raise SpecError(diags.sorted())
+        raise SpecError(diags.sorted()) from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -1271,7 +1271,7 @@ def load_spec(path: str | Path, display_path: str | None = None) -> MixinIR:
             "",
             f"spec is not UTF-8 ({exc.reason} at byte {exc.start})",
         )
-        raise SpecError(diags.sorted())
+        raise SpecError(diags.sorted()) from None
     return resolve_text(text, shown)
 
 
@@ -1285,7 +1285,7 @@ def resolve_text(text: str, shown: str) -> MixinIR:
     except (RecursionError, MemoryError):
         # The loader refuses deep nesting; this is the last line of defence.
         diags.error(Location(shown, 1, 1), "", "spec is nested too deeply")
-        raise SpecError(diags.sorted())
+        raise SpecError(diags.sorted()) from None
     if ir is None or diags:
         raise SpecError(diags.sorted())
     return ir

@@ -38,11 +38,14 @@ class Arithmetic:
     def grid(self, key: str) -> GridInput | None:
         return next((g for g in self.grid_inputs if g.key == key), None)
 
+
 SAMPLE_BUDGETS = (64, 100, 128, 257, 1000, 1024, 4096, 8192, 16384)
 SAMPLE_BATCH_SIZES = (1, 2, 3, 5, 7, 8, 16, 64)
 
 
-def constant_env(ir: Arithmetic, overrides: Mapping[str, int] | None = None) -> dict[str, int]:
+def constant_env(
+    ir: Arithmetic, overrides: Mapping[str, int] | None = None
+) -> dict[str, int]:
     env: dict[str, int] = {}
     for const in ir.constants:
         if overrides and const.name in overrides:
@@ -57,7 +60,9 @@ def per_item_tokens(budget: int, max_batch_size: int) -> int:
     return -(-budget // max_batch_size)
 
 
-def dummy_item(ir: Arithmetic, env: Mapping[str, int], budget: int, mbs: int, mfpb: int = 0) -> dict[str, int]:
+def dummy_item(
+    ir: Arithmetic, env: Mapping[str, int], budget: int, mbs: int, mfpb: int = 0
+) -> dict[str, int]:
     """The dims of one dummy item for ``budget`` (raises EvaluationError)."""
     scope = dict(env)
     scope.update(
@@ -76,14 +81,18 @@ def dummy_item(ir: Arithmetic, env: Mapping[str, int], budget: int, mbs: int, mf
     return dims
 
 
-def item_values(ir: Arithmetic, env: Mapping[str, int], dims: Mapping[str, int]) -> dict[str, int]:
+def item_values(
+    ir: Arithmetic, env: Mapping[str, int], dims: Mapping[str, int]
+) -> dict[str, int]:
     scope = {**env, **dims}
     out = {
         "input_size": evaluate(ir.input_size, scope),
         "output_tokens": evaluate(ir.output_tokens, scope),
     }
     out["graph_rows"] = (
-        evaluate(ir.graph_rows, scope) if ir.graph_rows is not None else out["output_tokens"]
+        evaluate(ir.graph_rows, scope)
+        if ir.graph_rows is not None
+        else out["output_tokens"]
     )
     out["budget_tokens"] = (
         evaluate(ir.budget_tokens, scope)
@@ -93,7 +102,9 @@ def item_values(ir: Arithmetic, env: Mapping[str, int], dims: Mapping[str, int])
     return out
 
 
-def capture_problems(ir: Arithmetic, overrides: Mapping[str, int] | None = None) -> Iterator[tuple[str, str]]:
+def capture_problems(
+    ir: Arithmetic, overrides: Mapping[str, int] | None = None
+) -> Iterator[tuple[str, str]]:
     """(field, message) for each arithmetic problem found with known values."""
     env = constant_env(ir, overrides)
     reported: set[str] = set()
@@ -115,8 +126,15 @@ def capture_problems(ir: Arithmetic, overrides: Mapping[str, int] | None = None)
                     f"{budget} and max_batch_size {mbs}",
                 )
             rows = mbs * values["input_size"]
-            scope = {**env, **dict(ir.sizes), "k": per_item_tokens(budget, mbs), "rows": rows,
-                     "max_batch_size": mbs, "token_budget": budget, "max_frames_per_batch": mbs}
+            scope = {
+                **env,
+                **dict(ir.sizes),
+                "k": per_item_tokens(budget, mbs),
+                "rows": rows,
+                "max_batch_size": mbs,
+                "token_budget": budget,
+                "max_frames_per_batch": mbs,
+            }
             for tensor in ir.capture_tensors:
                 field = f"capture.tensors.{tensor.key}.shape"
                 try:
@@ -136,7 +154,9 @@ def capture_problems(ir: Arithmetic, overrides: Mapping[str, int] | None = None)
                 builder = next((m for m in ir.metadata if buf.key in m.provides), None)
                 if builder is None:
                     continue
-                expr = dict(builder.call.kwargs + builder.capture_kwargs).get(buf.set_by)
+                expr = dict(builder.call.kwargs + builder.capture_kwargs).get(
+                    buf.set_by
+                )
                 field = f"buffers.{buf.key}.set_by"
                 try:
                     bound = evaluate(expr, scope) if expr is not None else None
@@ -180,7 +200,10 @@ def slot_problems(
         spare = 1 if buf.pad == "trailing_sequence" else 0
         for mbs in SAMPLE_BATCH_SIZES:
             try:
-                slots = evaluate(buf.slots, {**env, "max_batch_size": mbs, "max_frames_per_batch": mbs})
+                slots = evaluate(
+                    buf.slots,
+                    {**env, "max_batch_size": mbs, "max_frames_per_batch": mbs},
+                )
             except (EvaluationError, ArithmeticError):
                 break
             if buf.pad == "repeat_last" and slots < mbs + 1:
