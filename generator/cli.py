@@ -134,13 +134,17 @@ def generate_main(argv: list[str]) -> int:
             print(f"stale: {path}", file=sys.stderr)
             sys.stdout.write(diff)
         for path in result.orphaned:
-            print(f"orphaned: {path} (no spec generates it)", file=sys.stderr)
-        if result.stale or result.orphaned:
+            print(
+                f"orphaned: {path} (no spec generates it: delete it, or restore its spec)",
+                file=sys.stderr,
+            )
+        if result.stale:
             print(
                 "gen-mixin: generated files are out of date; run "
                 f"`gen-mixin {' '.join(str(s) for s in args.specs)}` and commit",
                 file=sys.stderr,
             )
+        if result.stale or result.orphaned:
             return EXIT_STALE
         print(f"gen-mixin: {len(rendered)} file(s) up to date")
         return EXIT_OK
