@@ -116,7 +116,10 @@ def test_cli_check_reports_stale_missing_and_orphaned(tmp_path, monkeypatch) -> 
     assert rc == 1, stderr
     assert f"stale: {stale}" in stderr
     assert f"stale: {missing}" in stderr
-    assert f"orphaned: {orphan} (no spec generates it)" in stderr
+    assert (
+        f"orphaned: {orphan} (no spec generates it: delete it, or restore its spec)"
+        in stderr
+    )
     assert "# edited" in stdout  # the unified diff
     assert {p: p.read_bytes() for p in files_under(out)} == before  # wrote nothing
 
