@@ -21,10 +21,11 @@ from generator.ir import MixinIR
 from generator.static_checks import (
     Arithmetic,
     capture_problems,
+    capture_scope,
     constant_env,
     dummy_item,
     item_values,
-    per_item_tokens,
+    set_by_expr,
 )
 
 # vLLM's defaults for the two limits that bound the largest budget; the
@@ -228,14 +229,7 @@ def make_plan(
         dims = dummy_item(ir, env, budget, mbs, mfpb)
         values = item_values(ir, env, dims)
         rows = mbs * values["input_size"]
-        scope = {
-            **env,
-            "k": per_item_tokens(budget, mbs),
-            "rows": rows,
-            "max_batch_size": mbs,
-            "token_budget": budget,
-            "max_frames_per_batch": mfpb,
-        }
+        scope = capture_scope(env, budget, mbs, mfpb, rows)
         plan = BudgetPlan(
             budget,
             scope["k"],
@@ -278,9 +272,8 @@ def _buffer_plan(
     tensor = next((t for t in ir.capture_tensors if t.key == buf.key), None)
     if buf.host_scalar:
         value = None
-        if buf.set_by is not None:
-            builder = next(m for m in ir.metadata if buf.key in m.provides)
-            expr = dict(builder.call.kwargs + builder.capture_kwargs)[buf.set_by]
+        expr = set_by_expr(ir.metadata, buf)
+        if expr is not None:
             try:
                 value = evaluate(expr, scope)
             except EvaluationError:

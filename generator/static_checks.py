@@ -10,7 +10,6 @@ plan`` runs them with values given on the command line.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-
 from dataclasses import dataclass
 
 from generator.formulas import EvaluationError, Expr, evaluate
@@ -58,6 +57,31 @@ def constant_env(
 def per_item_tokens(budget: int, max_batch_size: int) -> int:
     """k: the output tokens of each dummy item (ceiling: the batch covers the budget)."""
     return -(-budget // max_batch_size)
+
+
+def capture_scope(
+    env: Mapping[str, int], budget: int, mbs: int, mfpb: int, rows: int
+) -> dict[str, int]:
+    """The names a capture-time formula may use, for one budget."""
+    return {
+        **env,
+        "k": per_item_tokens(budget, mbs),
+        "rows": rows,
+        "max_batch_size": mbs,
+        "token_budget": budget,
+        "max_frames_per_batch": mfpb,
+    }
+
+
+def set_by_expr(metadata: tuple[MetadataBuilder, ...], buf: Buffer) -> Expr | None:
+    """The capture-time expression a host scalar's ``set_by`` names: the
+    keyword its builder passes at capture (call or capture kwargs)."""
+    if buf.set_by is None:
+        return None
+    builder = next((m for m in metadata if buf.key in m.provides), None)
+    if builder is None:
+        return None
+    return dict(builder.call.kwargs + builder.capture_kwargs).get(buf.set_by)
 
 
 def dummy_item(
@@ -126,15 +150,7 @@ def capture_problems(
                     f"{budget} and max_batch_size {mbs}",
                 )
             rows = mbs * values["input_size"]
-            scope = {
-                **env,
-                **dict(ir.sizes),
-                "k": per_item_tokens(budget, mbs),
-                "rows": rows,
-                "max_batch_size": mbs,
-                "token_budget": budget,
-                "max_frames_per_batch": mbs,
-            }
+            scope = capture_scope({**env, **dict(ir.sizes)}, budget, mbs, mbs, rows)
             for tensor in ir.capture_tensors:
                 field = f"capture.tensors.{tensor.key}.shape"
                 try:
@@ -149,14 +165,7 @@ def capture_problems(
                         f"(budget {budget}, max_batch_size {mbs}); size dim 0 with 'rows'",
                     )
             for buf in ir.buffers:
-                if buf.set_by is None:
-                    continue
-                builder = next((m for m in ir.metadata if buf.key in m.provides), None)
-                if builder is None:
-                    continue
-                expr = dict(builder.call.kwargs + builder.capture_kwargs).get(
-                    buf.set_by
-                )
+                expr = set_by_expr(ir.metadata, buf)
                 field = f"buffers.{buf.key}.set_by"
                 try:
                     bound = evaluate(expr, scope) if expr is not None else None
