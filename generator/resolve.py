@@ -1040,12 +1040,21 @@ class _Resolver:
         if target in names or target in host:
             self.err(line, field, f"{target!r} is already a name")
 
-    def resolve_graph_forward(self, buffers, host, imports):
-        node = self.v["graph_forward"]
-        names = set(buffers) | {"rest"}
+    def resolve_steps(
+        self,
+        lines: list[Node],
+        prefix: str,
+        names: set[str],
+        host,
+        imports,
+        last_assigns: str,
+        bare_before_last: str,
+    ) -> list[Step]:
+        """Statements of a forward: ``name = call(...)`` steps, the last a
+        bare expression. ``names`` grows with each step's target."""
         steps = []
-        for i, line in enumerate(node.value):
-            field = f"graph_forward[{i}]"
+        for i, line in enumerate(lines):
+            field = f"{prefix}[{i}]"
             scope = Scope(
                 frozenset(names),
                 host_roots=host,
@@ -1060,19 +1069,28 @@ class _Resolver:
                 if target is not None:
                     names.add(target)
                 continue
-            last = i == len(node.value) - 1
+            last = i == len(lines) - 1
             if last and step.target is not None:
-                self.err(
-                    line,
-                    field,
-                    "the last step is the output: write an expression, not an assignment",
-                )
+                self.err(line, field, last_assigns)
             if not last and step.target is None:
-                self.err(line, field, "only the last step may be a bare expression")
+                self.err(line, field, bare_before_last)
             if step.target is not None:
                 self.check_target(line, field, step.target, names, host)
                 names.add(step.target)
             steps.append(step)
+        return steps
+
+    def resolve_graph_forward(self, buffers, host, imports):
+        node = self.v["graph_forward"]
+        steps = self.resolve_steps(
+            node.value,
+            "graph_forward",
+            set(buffers) | {"rest"},
+            host,
+            imports,
+            "the last step is the output: write an expression, not an assignment",
+            "only the last step may be a bare expression",
+        )
         used = set().union(*(fx.names_in(s.expr) for s in steps)) if steps else set()
         if "rest" not in used and len(steps) == len(node.value):
             for b in buffers:
@@ -1091,34 +1109,10 @@ class _Resolver:
         e = node.value
         per_item = bool(e["per_item"].value) if "per_item" in e else False
         names = set(flats) | set(consts) | (set(dims) if per_item else set(grids))
-        steps = []
-        for i, line in enumerate(e["steps"].value):
-            field = f"eager_forward.steps[{i}]"
-            scope = Scope(
-                frozenset(names),
-                host_roots=host,
-                callables=frozenset(imports),
-                allow_calls=True,
-                allow_literals=True,
-            )
-            step = self.statement(line, field, scope)
-            if step is None:
-                # Later steps may still use the name it assigns.
-                target = fx.assignment_target(line.value)
-                if target is not None:
-                    names.add(target)
-                continue
-            last = i == len(e["steps"].value) - 1
-            if last != (step.target is None):
-                self.err(
-                    line,
-                    field,
-                    "every step but the last assigns a name; the last is the output",
-                )
-            if step.target is not None:
-                self.check_target(line, field, step.target, names, host)
-                names.add(step.target)
-            steps.append(step)
+        shape = "every step but the last assigns a name; the last is the output"
+        steps = self.resolve_steps(
+            e["steps"].value, "eager_forward.steps", names, host, imports, shape, shape
+        )
         width = None
         if "empty_width" in e:
             if not per_item:
