@@ -19,9 +19,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from encoder_cudagraph_runtime.attention_backends import AttentionBackendEnum
-from encoder_cudagraph_runtime.varlen_attention import varlen_attention
+from encoder_cudagraph_runtime.varlen_attention import (
+    VarlenAttentionMetadata,
+    varlen_attention,
+)
 
-__all__ = ["VarlenAttention", "activation", "init_reference_weights_"]
+__all__ = [
+    "VarlenAttention",
+    "VarlenAttentionMetadata",
+    "activation",
+    "init_reference_weights_",
+]
 
 
 class VarlenAttention(nn.Module):
@@ -31,7 +39,9 @@ class VarlenAttention(nn.Module):
     rows ``cu_seqlens[i]:cu_seqlens[i + 1]``. With ``cu_seqlens=None`` the
     whole input is one sequence (a tower's dense per-image call); that is how
     vLLM's FlashAttention wrapper treats a dense batch of one, so the dense
-    and packed paths run the same kernel.
+    and packed paths run the same kernel. Packed towers pass the
+    :class:`VarlenAttentionMetadata` they build once per forward in place of
+    ``cu_seqlens`` (and no ``max_seqlen``).
     """
 
     def __init__(
@@ -48,10 +58,13 @@ class VarlenAttention(nn.Module):
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        cu_seqlens: torch.Tensor | None = None,
+        cu_seqlens: torch.Tensor | VarlenAttentionMetadata | None = None,
         max_seqlen: int | torch.Tensor | None = None,
     ) -> torch.Tensor:
-        if cu_seqlens is None:
+        if isinstance(cu_seqlens, VarlenAttentionMetadata):
+            if max_seqlen is not None:
+                raise ValueError("max_seqlen comes from the metadata; pass None")
+        elif cu_seqlens is None:
             if max_seqlen is not None:
                 raise ValueError("max_seqlen without cu_seqlens")
             rows = q.shape[0]
