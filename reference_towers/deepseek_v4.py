@@ -32,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -49,7 +49,12 @@ from encoder_cudagraph_runtime.distributed import (
 )
 from encoder_cudagraph_runtime.host_transfer import async_tensor_h2d
 from encoder_cudagraph_runtime.load_balance import get_load_balance_assignment
-from reference_towers._layers import VarlenAttention, init_reference_weights_
+from reference_towers._layers import (
+    VarlenAttention,
+    VarlenAttentionMetadata,
+    init_reference_weights_,
+)
+from reference_towers.rope_tables import AngleTable, GridIndexCache, concat_on_device
 
 __all__ = [
     "IMAGE",
@@ -293,7 +298,7 @@ class DeepseekV4VisionAttention(nn.Module):
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        cu_seqlens: torch.Tensor | None = None,
+        cu_seqlens: torch.Tensor | VarlenAttentionMetadata | None = None,
         max_seqlen: torch.Tensor | int | None = None,
     ) -> torch.Tensor:
         n = x.shape[0]
@@ -334,7 +339,7 @@ class DeepseekV4VisionBlock(nn.Module):
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        cu_seqlens: torch.Tensor | None = None,
+        cu_seqlens: torch.Tensor | VarlenAttentionMetadata | None = None,
         max_seqlen: torch.Tensor | int | None = None,
     ) -> torch.Tensor:
         x = x + self.attn(self.norm1(x), cos, sin, cu_seqlens, max_seqlen)
@@ -398,8 +403,10 @@ class DeepseekV4ViT(nn.Module):
                 f"{patches.shape[0]} patches"
             )
         x = self.patch_embed(patches)
+        # Built once for all blocks, as vLLM builds its attention metadata.
+        attn_metadata = VarlenAttentionMetadata(cu_seqlens, max_seqlen)
         for block in self.blocks:
-            x = block(x, cos, sin, cu_seqlens, max_seqlen)
+            x = block(x, cos, sin, attn_metadata)
         return self.norm(x)
 
 
@@ -484,27 +491,28 @@ def build_packed_vit_metadata(
             largest image. FlashAttention reads ``max_seqlen`` on the host at
             launch, so under graph capture its value is frozen into the
             graph: capture passes a worst case.
-        cached: take the RoPE tables from :func:`cached_vision_cos_sin`.
-            Capture passes ``False`` so that its one-off dummy grids do not
-            push real grids out of the cache.
+        cached: keep this batch's grids in the per-grid cache. Capture
+            passes ``False`` so that its one-off dummy grids do not push real
+            grids out of it.
 
     Returns:
         ``vit_cos``, ``vit_sin``: ``(Σ h·w, 1, rope_dim)`` fp32;
         ``cu_seqlens``: ``(len(grids) + 1,)`` int32 offsets;
         ``max_seqlen``: 0-dim int32 on the CPU.
     """
-    tables = cached_vision_cos_sin if cached else vision_cos_sin
-    cos_parts: list[torch.Tensor] = []
-    sin_parts: list[torch.Tensor] = []
-    offsets = [0]
-    for n_h, n_w in _grid_rows(grids, 2):
-        cos, sin = tables(n_h, n_w, rope_dim, rope_theta)
-        cos_parts.append(cos)
-        sin_parts.append(sin)
-        offsets.append(offsets[-1] + n_h * n_w)
-    if cos_parts:
-        vit_cos = async_tensor_h2d(torch.cat(cos_parts), device)
-        vit_sin = async_tensor_h2d(torch.cat(sin_parts), device)
+    grid_list = _grid_rows(grids, 2)
+    offsets = [0, *itertools.accumulate(n_h * n_w for n_h, n_w in grid_list)]
+    if grid_list:
+        # Gathered on the device from cached tables: the values of
+        # vision_cos_sin without its host work or a host-to-device copy.
+        positions = max(max(grid) for grid in grid_list)
+        cos_table, sin_table = _vit_angle_table(rope_dim, rope_theta).cos_sin(
+            positions, device, torch.float32
+        )
+        unique = {grid: _VIT_ROWS.get(grid, device, store=cached) for grid in grid_list}
+        index = concat_on_device([unique[grid] for grid in grid_list])
+        vit_cos = cos_table[index].reshape(-1, 1, rope_dim)
+        vit_sin = sin_table[index].reshape(-1, 1, rope_dim)
     else:
         vit_cos = torch.zeros((0, 1, rope_dim), dtype=torch.float32, device=device)
         vit_sin = torch.zeros((0, 1, rope_dim), dtype=torch.float32, device=device)
@@ -519,6 +527,56 @@ def build_packed_vit_metadata(
         # Read on the host when the kernel is launched: stays on the CPU.
         "max_seqlen": torch.tensor(max_seqlen, dtype=torch.int32),
     }
+
+
+def image_merge_tables(
+    n_h: int, n_w: int, downsample_ratio: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One image's :func:`build_packed_merge_metadata`, its ViT rows counted
+    from 0: ``(lh·lw, r²)`` int64 indices and ``(lh·lw, r²)`` bool mask."""
+    r = downsample_ratio
+    di = torch.arange(r).repeat_interleave(r)  # block position -> row offset
+    dj = torch.arange(r).repeat(r)  # block position -> column offset
+    lh, lw = llm_grid(n_h, n_w, r)
+    bi = torch.arange(lh).repeat_interleave(lw)
+    bj = torch.arange(lw).repeat(lh)
+    rows = bi[:, None] * r + di[None, :]
+    cols = bj[:, None] * r + dj[None, :]
+    mask = (rows < n_h) & (cols < n_w)
+    index = rows.clamp(max=n_h - 1) * n_w + cols.clamp(max=n_w - 1)
+    return index, mask
+
+
+def vit_grid_rows(n_h: int, n_w: int) -> torch.Tensor:
+    """``(n_h·n_w, 2)`` int64 ``(row, col)`` of every patch, row-major: the
+    positions :func:`vision_cos_sin` turns into angles."""
+    rows = torch.arange(n_h).repeat_interleave(n_w)
+    cols = torch.arange(n_w).repeat(n_h)
+    return torch.stack([rows, cols], dim=1)
+
+
+@functools.lru_cache(maxsize=8)
+def _vit_angle_table(rope_dim: int, theta: float) -> AngleTable:
+    """Per-position cos/sin of :func:`vision_cos_sin` (same inverse
+    frequencies), on the device."""
+
+    def inv_freq() -> torch.Tensor:
+        exponents = torch.arange(0, rope_dim, 2, dtype=torch.float32) / rope_dim
+        return 1.0 / (theta**exponents)
+
+    return AngleTable(inv_freq)
+
+
+def _merge_tables(key: Hashable) -> tuple[torch.Tensor, torch.Tensor]:
+    n_h, n_w, r, dtype = key  # type: ignore[misc]
+    index, mask = image_merge_tables(n_h, n_w, r)
+    return index, mask.unsqueeze(-1).to(dtype)
+
+
+# Per-grid device tensors of the packed metadata (positions for the RoPE
+# gather; image-local merge indices and masks).
+_VIT_ROWS = GridIndexCache(lambda grid: vit_grid_rows(*grid))  # type: ignore[misc]
+_MERGE_TABLES = GridIndexCache(_merge_tables)
 
 
 def build_packed_merge_metadata(
@@ -540,31 +598,26 @@ def build_packed_merge_metadata(
         ``merge_idx``: ``(Σ lh·lw, r²)`` int64; ``merge_mask``:
         ``(Σ lh·lw, r², 1)`` in ``dtype`` (1 inside the image, 0 outside).
     """
+    grid_list = _grid_rows(grids, 2)
     r = downsample_ratio
-    di = torch.arange(r).repeat_interleave(r)  # block position -> row offset
-    dj = torch.arange(r).repeat(r)  # block position -> column offset
-    idx_parts: list[torch.Tensor] = []
-    mask_parts: list[torch.Tensor] = []
-    offset = 0
-    for n_h, n_w in _grid_rows(grids, 2):
-        lh, lw = llm_grid(n_h, n_w, r)
-        bi = torch.arange(lh).repeat_interleave(lw)
-        bj = torch.arange(lw).repeat(lh)
-        rows = bi[:, None] * r + di[None, :]
-        cols = bj[:, None] * r + dj[None, :]
-        mask_parts.append((rows < n_h) & (cols < n_w))
-        idx_parts.append(
-            offset + rows.clamp(max=n_h - 1) * n_w + cols.clamp(max=n_w - 1)
-        )
-        offset += n_h * n_w
-    if idx_parts:
-        merge_idx = async_tensor_h2d(torch.cat(idx_parts), device)
-        merge_mask = async_tensor_h2d(
-            torch.cat(mask_parts).unsqueeze(-1), device, dtype=dtype
-        )
-    else:
-        merge_idx = torch.zeros((0, r * r), dtype=torch.int64, device=device)
-        merge_mask = torch.zeros((0, r * r, 1), dtype=dtype, device=device)
+    if not grid_list:
+        return {
+            "merge_idx": torch.zeros((0, r * r), dtype=torch.int64, device=device),
+            "merge_mask": torch.zeros((0, r * r, 1), dtype=dtype, device=device),
+        }
+    # Each grid's image-local indices and mask are cached on the device; the
+    # batch adds every image's first ViT row to its aligner rows there.
+    unique = {grid: _MERGE_TABLES.get((*grid, r, dtype), device) for grid in grid_list}
+    parts = [unique[grid] for grid in grid_list]
+    local_idx = concat_on_device([idx for idx, _ in parts])
+    merge_mask = torch.cat([mask for _, mask in parts])
+    starts = [0, *itertools.accumulate(n_h * n_w for n_h, n_w in grid_list)][:-1]
+    counts = [idx.shape[0] for idx, _ in parts]
+    first_rows = async_tensor_h2d([starts, counts], device, dtype=torch.int64)
+    row_offsets = torch.repeat_interleave(
+        first_rows[0], first_rows[1], output_size=local_idx.shape[0]
+    )
+    merge_idx = local_idx + row_offsets[:, None]
     return {"merge_idx": merge_idx, "merge_mask": merge_mask}
 
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -44,9 +44,11 @@ from encoder_cudagraph_runtime.config import MultiModalConfig
 from encoder_cudagraph_runtime.host_transfer import async_tensor_h2d
 from reference_towers._layers import (
     VarlenAttention,
+    VarlenAttentionMetadata,
     activation,
     init_reference_weights_,
 )
+from reference_towers.rope_tables import AngleTable, GridIndexCache, concat_on_device
 
 __all__ = [
     "MiniMaxM3VisionConfig",
@@ -55,6 +57,7 @@ __all__ = [
     "MiniMaxVLVisionTransformer",
     "RopeGeometry",
     "apply_partial_mrope",
+    "RotaryPlaneTable",
     "build_rotary_planes",
     "rope_geometry",
     "token_positions",
@@ -287,6 +290,67 @@ def build_rotary_planes(
     return cos, sin
 
 
+def _stack_planes(geometry: RopeGeometry) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Arrange a ``(P, section)`` cos or sin table as ``(P · 3, half_rot)``:
+    row ``3p + k`` is plane ``k``'s row for position ``p`` (its section of
+    columns filled, the rest zero, as :func:`build_rotary_planes` leaves
+    them)."""
+    sec, half = geometry.section, geometry.half_rot
+
+    def arrange(table: torch.Tensor) -> torch.Tensor:
+        planes = torch.zeros((table.shape[0], 3, half), dtype=table.dtype)
+        for axis in range(3):
+            planes[:, axis, axis * sec : (axis + 1) * sec] = table
+        return planes.reshape(-1, half)
+
+    return arrange
+
+
+def plane_rows(t: int, h: int, w: int, spatial_merge_size: int) -> torch.Tensor:
+    """``(3, t·h·w)`` int64 rows of one segment in a :func:`_stack_planes`
+    table: ``3 · position + axis``."""
+    axes = token_positions(t, h, w, spatial_merge_size)
+    return torch.stack([3 * pos + axis for axis, pos in enumerate(axes)])
+
+
+class RotaryPlaneTable:
+    """:func:`build_rotary_planes` as a device gather.
+
+    The per-position planes live on the device (:class:`AngleTable`) and
+    each segment's rows into them are cached per grid
+    (:class:`GridIndexCache`); a batch costs one concatenation and two
+    gathers, with the same values as :func:`build_rotary_planes`.
+    """
+
+    def __init__(
+        self, geometry: RopeGeometry, theta: float, spatial_merge_size: int
+    ) -> None:
+        self.geometry = geometry
+        self._angles = AngleTable(
+            lambda: _axis_inv_freq(geometry.axis_dim, theta),
+            arrange=_stack_planes(geometry),
+        )
+        self._rows = GridIndexCache(
+            lambda seg: plane_rows(*seg, spatial_merge_size)  # type: ignore[misc]
+        )
+
+    def planes(
+        self, segments: Sequence[tuple[int, int, int]], device: torch.device | str
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(3, N, half_rot)`` fp32 cos/sin planes of packed ``segments``
+        on ``device``."""
+        if not segments:
+            empty = torch.zeros(
+                (3, 0, self.geometry.half_rot), dtype=torch.float32, device=device
+            )
+            return empty, empty.clone()
+        positions = max(max(seg) for seg in segments)
+        cos_table, sin_table = self._angles.cos_sin(positions, device, torch.float32)
+        unique = {seg: self._rows.get(seg, device) for seg in segments}
+        rows = concat_on_device([unique[seg] for seg in segments], dim=1)
+        return cos_table[rows], sin_table[rows]
+
+
 def apply_partial_mrope(
     x: torch.Tensor,
     rotary_cos: torch.Tensor,
@@ -378,10 +442,10 @@ class MiniMaxVLAttention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        cu_seqlens: torch.Tensor,
+        cu_seqlens: torch.Tensor | VarlenAttentionMetadata,
         rotary_cos: torch.Tensor,
         rotary_sin: torch.Tensor,
-        max_seqlen: torch.Tensor | int,
+        max_seqlen: torch.Tensor | int | None,
     ) -> torch.Tensor:
         n = x.shape[0]
         qkv = self.qkv_proj(x).reshape(n, 3, self.num_heads, self.head_dim)
@@ -410,10 +474,10 @@ class MiniMaxVLEncoderLayer(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        cu_seqlens: torch.Tensor,
+        cu_seqlens: torch.Tensor | VarlenAttentionMetadata,
         rotary_cos: torch.Tensor,
         rotary_sin: torch.Tensor,
-        max_seqlen: torch.Tensor | int,
+        max_seqlen: torch.Tensor | int | None,
     ) -> torch.Tensor:
         x = x + self.self_attn(
             self.layer_norm1(x), cu_seqlens, rotary_cos, rotary_sin, max_seqlen
@@ -448,6 +512,9 @@ class MiniMaxVLVisionTransformer(nn.Module):
         self.vision_segment_max_frames = config.vision_segment_max_frames
         self.rope_theta = config.rope_theta
         self.rope_geometry = rope_geometry(config.head_dim)
+        self.rotary_planes = RotaryPlaneTable(
+            self.rope_geometry, self.rope_theta, self.spatial_merge_size
+        )
         self.embeddings = MiniMaxVLPatchEmbed(config)
         self.pre_layrnorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.encoder = MiniMaxVLEncoder(config, attn_backend)
@@ -529,15 +596,12 @@ class MiniMaxVLVisionTransformer(nn.Module):
             max_seqlen = max(lengths, default=0)
         else:
             max_seqlen = 0
-        rotary_cos, rotary_sin = build_rotary_planes(
-            segments,
-            geometry=self.rope_geometry,
-            theta=self.rope_theta,
-            spatial_merge_size=self.spatial_merge_size,
-        )
+        # Gathered on the device from cached tables: the values of
+        # build_rotary_planes without its host work.
+        rotary_cos, rotary_sin = self.rotary_planes.planes(segments, device)
         return {
-            "rotary_cos": async_tensor_h2d(rotary_cos, device),
-            "rotary_sin": async_tensor_h2d(rotary_sin, device),
+            "rotary_cos": rotary_cos,
+            "rotary_sin": rotary_sin,
             "cu_seqlens": async_tensor_h2d(offsets, device, dtype=torch.int32),
             "max_seqlen": torch.tensor(max_seqlen, dtype=torch.int32),
             "sequence_lengths": None,
@@ -571,13 +635,11 @@ class MiniMaxVLVisionTransformer(nn.Module):
             if value is None:
                 raise ValueError(f"encoder_metadata lacks {key!r}")
             meta[key] = value
+        # Built once for all layers, as vLLM builds its attention metadata.
+        attn_metadata = VarlenAttentionMetadata(meta["cu_seqlens"], meta["max_seqlen"])
         for layer in self.encoder.layers:
             hidden = layer(
-                hidden,
-                meta["cu_seqlens"],
-                meta["rotary_cos"],
-                meta["rotary_sin"],
-                meta["max_seqlen"],
+                hidden, attn_metadata, meta["rotary_cos"], meta["rotary_sin"], None
             )
         return hidden
 

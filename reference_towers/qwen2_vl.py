@@ -61,9 +61,11 @@ from encoder_cudagraph_runtime.config import MultiModalConfig
 from encoder_cudagraph_runtime.host_transfer import async_tensor_h2d
 from reference_towers._layers import (
     VarlenAttention,
+    VarlenAttentionMetadata,
     activation,
     init_reference_weights_,
 )
+from reference_towers.rope_tables import AngleTable, GridIndexCache, concat_on_device
 
 __all__ = [
     "ROPE_MAX_POSITION",
@@ -74,6 +76,7 @@ __all__ = [
     "frame_patch_positions",
     "frame_seqlens",
     "grid_rows",
+    "VisionRotaryTable",
     "vision_rotary_tables",
 ]
 
@@ -297,6 +300,56 @@ def vision_rotary_tables(
     return angles.cos(), angles.sin()
 
 
+def rotary_rows(t: int, h: int, w: int, spatial_merge_size: int) -> torch.Tensor:
+    """``(t·h·w, 2)`` int64 ``(row, col)`` of every patch of one item, frames
+    repeated: the positions :func:`vision_rotary_tables` turns into angles."""
+    rows, cols = frame_patch_positions(h, w, spatial_merge_size)
+    return torch.stack([rows, cols], dim=1).repeat(t, 1)
+
+
+class VisionRotaryTable:
+    """:func:`vision_rotary_tables` as a device gather, in the tower dtype.
+
+    vLLM keeps the vision RoPE cos/sin per position on the device and
+    gathers rows by ``(row, col)``; here the per-position table is an
+    :class:`AngleTable` (the values of :func:`vision_rotary_tables`) and
+    every grid's positions are cached on the device (:class:`GridIndexCache`),
+    so a batch costs one concatenation and two gathers, no host math.
+    """
+
+    def __init__(self, head_dim: int, theta: float, spatial_merge_size: int) -> None:
+        self.head_dim = head_dim
+        self._angles = AngleTable(lambda: rotary_inv_freq(head_dim, theta))
+        self._rows = GridIndexCache(
+            lambda grid: rotary_rows(*grid, spatial_merge_size)  # type: ignore[misc]
+        )
+
+    def cos_sin(
+        self,
+        grids: Sequence[tuple[int, int, int]],
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(Σ t·h·w, head_dim / 2)`` cos/sin of ``grids`` on ``device``."""
+        if not grids:
+            empty = torch.zeros((0, self.head_dim // 2), dtype=dtype, device=device)
+            return empty, empty.clone()
+        positions = max(max(h, w) for _, h, w in grids)
+        if positions > ROPE_MAX_POSITION:
+            raise ValueError(
+                f"grid side {positions} exceeds the {ROPE_MAX_POSITION} positions "
+                "of the vision RoPE cache"
+            )
+        cos_table, sin_table = self._angles.cos_sin(positions, device, dtype)
+        unique = {grid: self._rows.get(grid, device) for grid in grids}
+        index = concat_on_device([unique[grid] for grid in grids])
+        rows = index.shape[0]
+        return (
+            cos_table[index].reshape(rows, -1),
+            sin_table[index].reshape(rows, -1),
+        )
+
+
 def apply_vision_rotary(
     x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 ) -> torch.Tensor:
@@ -387,10 +440,10 @@ class Qwen2VisionAttention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        cu_seqlens: torch.Tensor,
+        cu_seqlens: torch.Tensor | VarlenAttentionMetadata,
         rotary_pos_emb_cos: torch.Tensor,
         rotary_pos_emb_sin: torch.Tensor,
-        max_seqlen: torch.Tensor | int,
+        max_seqlen: torch.Tensor | int | None,
     ) -> torch.Tensor:
         n = x.shape[0]
         # The fused weight is [q; k; v], each head-major.
@@ -427,10 +480,10 @@ class Qwen2VisionBlock(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        cu_seqlens: torch.Tensor,
+        cu_seqlens: torch.Tensor | VarlenAttentionMetadata,
         rotary_pos_emb_cos: torch.Tensor,
         rotary_pos_emb_sin: torch.Tensor,
-        max_seqlen: torch.Tensor | int,
+        max_seqlen: torch.Tensor | int | None,
     ) -> torch.Tensor:
         x = x + self.attn(
             self.norm1(x),
@@ -486,6 +539,9 @@ class Qwen2VisionTransformer(nn.Module):
         self.embed_dim = config.embed_dim
         self.head_dim = config.head_dim
         self.rope_theta = config.rope_theta
+        self.rotary_table = VisionRotaryTable(
+            self.head_dim, self.rope_theta, self.spatial_merge_size
+        )
         self.patch_embed = Qwen2VisionPatchEmbed(config)
         self.input_norm = Qwen2VisionInputNorm()
         self.blocks = nn.ModuleList(
@@ -520,16 +576,9 @@ class Qwen2VisionTransformer(nn.Module):
     def rot_pos_emb(self, grid_thw: Grids) -> tuple[torch.Tensor, torch.Tensor]:
         """``(cos, sin)``, ``(Σ t·h·w, head_dim / 2)`` in the tower dtype on the
         tower device (vLLM's cache has the model dtype and lives there)."""
-        cos, sin = vision_rotary_tables(
-            grid_thw,
-            head_dim=self.head_dim,
-            theta=self.rope_theta,
-            spatial_merge_size=self.spatial_merge_size,
-        )
-        return (
-            async_tensor_h2d(cos, self.device, dtype=self.dtype),
-            async_tensor_h2d(sin, self.device, dtype=self.dtype),
-        )
+        # Gathered on the device: the values of vision_rotary_tables without
+        # its host work.
+        return self.rotary_table.cos_sin(grid_rows(grid_thw), self.device, self.dtype)
 
     def prepare_encoder_metadata(
         self,
@@ -620,13 +669,15 @@ class Qwen2VisionTransformer(nn.Module):
                 f"{x.shape[0]} pixel rows but RoPE tables for "
                 f"{meta['rotary_pos_emb_cos'].shape[0]}"
             )
+        # Built once for all blocks, as vLLM builds its attention metadata.
+        attn_metadata = VarlenAttentionMetadata(meta["cu_seqlens"], meta["max_seqlen"])
         for block in self.blocks:
             x = block(
                 x,
-                meta["cu_seqlens"],
+                attn_metadata,
                 meta["rotary_pos_emb_cos"],
                 meta["rotary_pos_emb_sin"],
-                meta["max_seqlen"],
+                None,
             )
         return self.merger(x)
 
