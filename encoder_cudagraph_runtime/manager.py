@@ -110,7 +110,10 @@ class ExecuteTiming:
     """Host-time split of :meth:`EncoderCudaGraphManager.execute` calls.
 
     ``overhead = total - model - replay`` is the manager's own host cost
-    (sorting, packing, dictionary work, replay copies, result ordering).
+    (sorting, packing, dictionary work, its default replay copies, result
+    ordering). ``model`` is every call into model code: the protocol
+    methods and the model's padding logics (``padding_logics`` of its
+    config), which replace the default copy for their buffers.
     Nanoseconds, from ``time.perf_counter_ns``; no device synchronisation,
     so GPU execution time only shows up where the host waits for the GPU.
     """
@@ -684,14 +687,20 @@ class EncoderCudaGraphManager:
         token_budget: int,
         path: str = "default",
         axis_keys: CaptureAxisKeys = (),
+        num_items: int | None = None,
     ) -> torch.Tensor | None:
         """Replay ``path``'s graph of ``token_budget`` for this sub-batch.
+
+        ``num_items`` is the sub-batch's item count when the caller knows it
+        (the packer does); otherwise the model's item specs are asked, one
+        more model call per replay.
 
         Returns the graph's full output buffer (padding rows included), or
         ``None`` when no such graph was captured (counted as misses).
         """
         graph_set = self._get_graph_set(path)
-        num_items = len(self._get_item_specs(mm_kwargs))
+        if num_items is None:
+            num_items = len(self._get_item_specs(mm_kwargs))
         key: BudgetGraphMapKey = (
             token_budget if not axis_keys else (token_budget, axis_keys)
         )
@@ -727,7 +736,8 @@ class EncoderCudaGraphManager:
                 continue
             logic = padding_logics.get(name)
             if logic is not None:
-                logic(buf, src)
+                # The model's own code: its time is the model's.
+                self._call_model(logic, buf, src)
                 continue
             n = src.shape[0]
             rows = buf.shape[0] if buf.ndim > 0 else -1
@@ -799,7 +809,11 @@ class EncoderCudaGraphManager:
                 continue
             all_eager = False
             output = self._run_budget_graph(
-                batch_kwargs, budget, path=path, axis_keys=axis_keys
+                batch_kwargs,
+                budget,
+                path=path,
+                axis_keys=axis_keys,
+                num_items=len(batch.indices),
             )
             if output is None:
                 raise AssertionError(

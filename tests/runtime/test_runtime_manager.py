@@ -487,3 +487,23 @@ class TestStatistics:
         manager.enable_timing(False)
         manager.execute(make_kwargs(make_items([3])))
         assert manager.timing is None
+
+    def test_timing_charges_padding_logics_to_the_model(self) -> None:
+        import time
+
+        def slow_copy(dst: torch.Tensor, src: torch.Tensor) -> None:
+            time.sleep(0.02)
+            dst.zero_()
+            dst[: src.shape[0]].copy_(src)
+
+        manager = make_manager(
+            FakeEncoder(budget_range=(8, 64), padding_logics={"x": slow_copy})
+        )
+        manager.capture()
+        manager.enable_timing()
+        manager.execute(make_kwargs(make_items([3, 9])))
+        timing = manager.timing
+        assert timing is not None
+        assert timing.last_model_ns >= 20_000_000
+        # The sleep is the model's, not the manager's.
+        assert timing.last_overhead_ns < 20_000_000
