@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One command for a GPU machine: every GPU test and benchmark, logs in $OUT.
-#   bash bench/run_gpu.sh [stage...]    stages: smoke tests overhead equivalence bench dp
+#   bash bench/run_gpu.sh [stage...]    stages: smoke tests overhead profile bench dp
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -24,6 +24,8 @@ for stage in $stages; do
         smoke) run smoke python3 bench/gpu_smoke.py ;;
         tests) GEN_MIXIN_GPU_SUMMARY="$OUT/gpu_summary.jsonl" run tests \
                    python3 -m pytest -m gpu tests/gpu -v -rA --tb=short -p no:cacheprovider ;;
+        profile) run profile python3 bench/profile_execute.py --out "$OUT/profile.json" \
+                   --text "$OUT/profile.txt" --cprofile --kernels ;;
         overhead) run overhead python3 bench/bench_manager_overhead.py --out "$OUT/overhead.json" ;;
         bench) run bench python3 bench/bench_encoders.py --out "$OUT/bench.json" \
                    --markdown "$OUT/bench.md" --plot "$OUT/bench.png" ;;
