@@ -85,6 +85,7 @@ class Buffer:
     shape: tuple[Expr, ...] | None = None  # declared (builder buffers)
     dtype: str | None = None  # declared (builder buffers)
     set_by: str | None = None  # host scalar: the capture kwarg that sets it
+    allocate: bool = False  # capture: zeros of shape/dtype, dummy value copied in
 
 
 @dataclass(frozen=True)
@@ -141,6 +142,7 @@ class MixinIR:
     dummy_dims: tuple[tuple[str, tuple[Expr, ...]], ...]  # grid key -> dims
     capture_tensors: tuple[CaptureTensor, ...]
     capture_why: str | None
+    capture_graph_rows: Expr | None
     metadata: tuple[MetadataBuilder, ...]
     buffers: tuple[Buffer, ...]
     out_hidden_size: Expr

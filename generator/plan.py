@@ -131,6 +131,7 @@ class Plan:
     per_budget: list[BudgetPlan]
     problems: list[str]
     unknown: list[str]
+    budget_unit: str = "output tokens"
 
     @property
     def num_graphs(self) -> int:
@@ -174,6 +175,7 @@ def _arithmetic(ir: MixinIR) -> Arithmetic:
         ir.metadata,
         ir.sizes,
         ir.budget_tokens,
+        ir.capture_graph_rows,
     )
 
 
@@ -251,6 +253,7 @@ def make_plan(
         per_budget,
         problems,
         sorted(unknown),
+        "output tokens" if ir.budget_tokens is None else "budget tokens",
     )
 
 
@@ -331,7 +334,7 @@ def format_plan(plan: Plan) -> str:
         f"token budgets: {plan.budgets}",
         f"max_batch_size: {plan.max_batch_size}   max_frames_per_batch: {plan.max_frames_per_batch}",
         f"graphs: {plan.num_graphs}",
-        f"largest item a graph takes: {plan.budgets[-1]} output tokens "
+        f"largest item a graph takes: {plan.budgets[-1]} {plan.budget_unit} "
         "(larger items, and batches above every budget, run eagerly)",
     ]
     grand = 0

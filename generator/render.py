@@ -524,9 +524,23 @@ def _capture_context(ir: MixinIR) -> dict[str, Any]:
             }
         )
     builders, results = _builders(ir, sc, "capture")
+    allocated = []
+    for buf in ir.buffers:
+        if not buf.allocate:
+            continue
+        assert buf.shape is not None and buf.dtype is not None  # noqa: S101
+        allocated.append(
+            {
+                "key": buf.key,
+                "shape": ", ".join(sc.expr(e) for e in buf.shape)
+                + ("," if len(buf.shape) == 1 else ""),
+                "dtype": "dtype" if buf.dtype == "dtype" else f"torch.{buf.dtype}",
+                "source": f'{results[buf.key]}["{buf.key}"]',
+            }
+        )
     values = []
     for buf in ir.buffers:
-        if trailing is not None and buf.key == trailing.key:
+        if (trailing is not None and buf.key == trailing.key) or buf.allocate:
             values.append({"key": buf.key, "value": buf.key})
         elif any(t.key == buf.key for t in ir.capture_tensors):
             values.append({"key": buf.key, "value": buf.key})
@@ -556,6 +570,12 @@ def _capture_context(ir: MixinIR) -> dict[str, Any]:
         "entries": values,
         "why": comment_lines(ir.capture_why),
         "trailing": None,
+        "allocated": allocated,
+        "graph_rows": (
+            sc.expr(ir.capture_graph_rows)
+            if ir.capture_graph_rows is not None
+            else None
+        ),
     }
     if trailing is not None:
         assert trailing.slots is not None  # noqa: S101

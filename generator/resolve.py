@@ -323,7 +323,14 @@ class _Resolver:
         image_limit, fp8, backend = self.resolve_guards(host_names)
 
         capture = self.resolve_capture(grids, flat_inputs, const_names, host_names)
-        per_item_tokens, dummy_dims, tensors, capture_why = capture
+        per_item_tokens, dummy_dims, tensors, capture_why, capture_graph_rows = capture
+        if capture_graph_rows is not None and "budget_tokens" not in items.value:
+            self.err(
+                self.key_loc(self.v["capture"], "graph_rows"),
+                "capture.graph_rows",
+                "needs items.budget_tokens: a graph-row capacity beyond the dummy's "
+                "only makes sense when budgets count something else",
+            )
 
         sizes = self.resolve_sizes(
             host_names | const_names | dims | flat_names | grid_names
@@ -340,6 +347,7 @@ class _Resolver:
         )
         self.check_buffer_sources(buffers, tensors, metadata)
         self.check_set_by(buffers, metadata)
+        self.check_allocated(buffers, tensors, capture_graph_rows)
 
         out_hidden = self.expr(
             v["out_hidden_size"],
@@ -356,6 +364,16 @@ class _Resolver:
             flat_names, import_names, host_names, "graph_rows" in items.value
         )
 
+        # A declared capacity is checked against graph_rows and budget_tokens:
+        # not when either failed to resolve (its defaults would mislead).
+        failed_item = any(
+            key in items.value and value is None
+            for key, value in (
+                ("graph_rows", graph_rows),
+                ("budget_tokens", budget_tokens),
+            )
+        )
+        checked_graph_rows = None if failed_item else capture_graph_rows
         if input_size is not None and output_tokens is not None:
             self.check_arithmetic(
                 Arithmetic(
@@ -370,6 +388,8 @@ class _Resolver:
                     metadata,
                     sizes,
                     budget_tokens,
+                    capture_graph_rows,
+                    not failed_item,
                 )
             )
         else:
@@ -408,6 +428,7 @@ class _Resolver:
             dummy_dims=dummy_dims,
             capture_tensors=tensors,
             capture_why=capture_why,
+            capture_graph_rows=capture_graph_rows,
             metadata=metadata,
             buffers=buffers,
             out_hidden_size=out_hidden,
@@ -784,11 +805,17 @@ class _Resolver:
                 tensors.append(CaptureTensor(key, shape, dtype, fill, why))
             else:
                 self.failed_sources.add(key)
+        graph_rows = self.expr(
+            c.get("graph_rows"),
+            "capture.graph_rows",
+            Scope(consts | {"k", "rows", "max_batch_size", "token_budget"}),
+        )
         return (
             per_item,
             tuple(dummy_dims),
             tuple(tensors),
             self.text(c.get("why"), "capture.why"),
+            graph_rows,
         )
 
     def resolve_sizes(self, taken) -> tuple[tuple[str, int], ...]:
@@ -902,6 +929,7 @@ class _Resolver:
                     shape,
                     e["dtype"].value if "dtype" in e else None,
                     e["set_by"].value if "set_by" in e else None,
+                    bool(e["allocate"].value) if "allocate" in e else False,
                 )
             )
         if sum(1 for b in out if b.pad == "trailing_sequence") > 1:
@@ -1032,6 +1060,33 @@ class _Resolver:
                     f"capture.tensors.{t.key}",
                     f"{t.key!r} is not a declared buffer",
                 )
+
+    def check_allocated(self, buffers, tensors, capture_graph_rows) -> None:
+        """``allocate`` buffers: builder buffers with a declared shape and
+        dtype, rows on dim 0, plain copies; needed by capture.graph_rows."""
+        tensor_keys = {t.key for t in tensors}
+        allocated = [b for b in buffers if b.allocate]
+        for b in allocated:
+            field = f"buffers.{b.key}.allocate"
+            if b.key in tensor_keys:
+                self.err(b.location, field, "a capture tensor is allocated already")
+            elif b.shape is None or b.dtype is None:
+                self.err(b.location, field, "needs the buffer's shape and dtype")
+            elif not b.shape:
+                self.err(b.location, field, "needs at least one dimension (rows)")
+            if b.pad or b.host_scalar or b.rows_dim:
+                self.err(
+                    b.location,
+                    field,
+                    "only for plain row buffers (rows on dim 0, no pad, not a host scalar)",
+                )
+        if capture_graph_rows is not None and not allocated:
+            self.err(
+                self.key_loc(self.v["capture"], "graph_rows"),
+                "capture.graph_rows",
+                "no buffer has 'allocate': the graph rows beyond the dummy's need "
+                "buffers that hold them",
+            )
 
     def check_target(self, line: Node, field: str, target: str, names, host) -> None:
         """A step's target: a name the generated method may bind."""

@@ -336,6 +336,14 @@ SPEC_SCHEMA: dict[str, Any] = {
                         "items": {"type": ["string", "integer"]},
                     },
                 },
+                "graph_rows": _expr(
+                    "The graph rows the captured batch has room for, when more "
+                    "than the dummy batch emits (max_batch_size times the dummy "
+                    "item's graph_rows): a formula over constants, k, rows, "
+                    "max_batch_size and token_budget. Needs items.budget_tokens; "
+                    "buffers that hold graph rows are then declared with "
+                    "'allocate' and this many rows."
+                ),
                 "tensors": {
                     "type": "object",
                     "description": "flat input -> its capture buffer.",
@@ -446,6 +454,13 @@ SPEC_SCHEMA: dict[str, Any] = {
                         "enum": DTYPES,
                         "description": "Captured dtype, for gen-mixin plan ('dtype': the "
                         "manager's).",
+                    },
+                    "allocate": {
+                        "type": "boolean",
+                        "description": "Builder buffers only: capture allocates the "
+                        "buffer at its declared shape and dtype (zeros) and copies the "
+                        "builder's dummy value into its leading rows, for buffers that "
+                        "hold more rows than the dummy batch (capture.graph_rows).",
                     },
                     "set_by": {
                         "type": "string",

@@ -9,6 +9,8 @@ plan`` runs them with values given on the command line.
 
 from __future__ import annotations
 
+import itertools
+import random
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
@@ -33,6 +35,10 @@ class Arithmetic:
     metadata: tuple[MetadataBuilder, ...] = ()
     sizes: tuple[tuple[str, int], ...] = ()
     budget_tokens: Expr | None = None
+    capture_graph_rows: Expr | None = None
+    # False when items.graph_rows or items.budget_tokens was given but did
+    # not resolve: the coverage checks would run on the wrong defaults.
+    items_resolved: bool = True
 
     def grid(self, key: str) -> GridInput | None:
         return next((g for g in self.grid_inputs if g.key == key), None)
@@ -180,19 +186,103 @@ def capture_problems(
                         "the trailing padding sequence); the attention launch would "
                         "truncate it (expected at least rows)",
                     )
+            if not ir.items_resolved:
+                continue
+            # Graph rows the captured batch has room for: the dummy's, or
+            # the declared capacity (which must hold the dummy's too).
+            graph_capacity = mbs * values["graph_rows"]
+            if ir.capture_graph_rows is not None:
+                try:
+                    declared = evaluate(ir.capture_graph_rows, scope)
+                except (EvaluationError, ArithmeticError):
+                    continue
+                field = "capture.graph_rows"
+                if declared < graph_capacity and field not in reported:
+                    reported.add(field)
+                    yield (
+                        field,
+                        f"is {declared} but the dummy batch already emits "
+                        f"{graph_capacity} graph rows (budget {budget}, max_batch_size "
+                        f"{mbs}): its builder values would not fit the buffers",
+                    )
+                graph_capacity = max(graph_capacity, declared)
+                for buf in ir.buffers:
+                    if not buf.allocate or not buf.shape:
+                        continue
+                    field = f"buffers.{buf.key}.shape"
+                    try:
+                        held = evaluate(buf.shape[0], scope)
+                    except (EvaluationError, ArithmeticError):
+                        continue
+                    if held < graph_capacity and field not in reported:
+                        reported.add(field)
+                        yield (
+                            field,
+                            f"holds {held} rows but the captured batch has room for "
+                            f"{graph_capacity} graph rows (budget {budget}, "
+                            f"max_batch_size {mbs}); size dim 0 with capture.graph_rows",
+                        )
             # The dummy batch must hold every batch whose budget tokens fit:
             # its graph rows and its budget tokens both reach the budget.
-            covered = mbs * min(values["graph_rows"], values["budget_tokens"])
+            covered = min(graph_capacity, mbs * values["budget_tokens"])
             if covered < budget and "capture.dummy" not in reported:
                 reported.add("capture.dummy")
                 k = per_item_tokens(budget, mbs)
                 yield (
                     "capture.dummy",
-                    f"the dummy batch cannot cover its budget: {mbs} dummy item(s) emit "
-                    f"{covered} graph rows for budget {budget} (each item needs at least "
-                    f"k = {k}); a batch that fits the budget would overflow the buffers",
+                    f"the dummy batch cannot cover its budget: {mbs} dummy item(s) hold "
+                    f"{covered} graph rows or budget tokens for budget {budget} (each "
+                    f"item needs at least k = {k}); a batch that fits the budget would "
+                    "overflow the buffers",
                 )
+    if (
+        ir.capture_graph_rows is not None
+        and ir.budget_tokens is not None
+        and ir.items_resolved
+    ):
+        yield from item_bound_problems(ir, env)
     yield from slot_problems(ir.constants, ir.buffers, overrides)
+
+
+#: Values tried for every grid dim when a per-item relation is checked.
+SAMPLE_DIMS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 33, 64)
+MAX_DIM_SAMPLES = 20000
+
+
+def item_bound_problems(
+    ir: Arithmetic, env: Mapping[str, int]
+) -> Iterator[tuple[str, str]]:
+    """With a declared graph-row capacity of at least the budget, a batch
+    whose budget tokens fit has no more graph rows than that only if no item
+    has more graph rows than budget tokens: checked on sampled dims.
+
+    Every grid dim is sampled on its own, so write both formulas over the
+    same dims where grids depend on each other (DeepSeek-V4.1: ``h``, ``w``
+    rather than the derived ``lh``, ``lw``)."""
+    dims = [d for g in ir.grid_inputs for d in g.dims]
+    combos: Iterator[tuple[int, ...]]
+    if len(SAMPLE_DIMS) ** len(dims) <= MAX_DIM_SAMPLES:
+        combos = itertools.product(SAMPLE_DIMS, repeat=len(dims))
+    else:
+        rng = random.Random(0)
+        combos = (
+            tuple(rng.choice(SAMPLE_DIMS) for _ in dims) for _ in range(MAX_DIM_SAMPLES)
+        )
+    for combo in combos:
+        try:
+            values = item_values(ir, env, dict(zip(dims, combo)))
+        except (EvaluationError, ArithmeticError):
+            continue
+        if values["graph_rows"] > values["budget_tokens"]:
+            item = ", ".join(f"{d}={v}" for d, v in zip(dims, combo))
+            yield (
+                "capture.graph_rows",
+                f"an item ({item}) has {values['graph_rows']} graph rows but "
+                f"{values['budget_tokens']} budget tokens: a declared capacity "
+                "covers a batch only if no item has more graph rows than budget "
+                "tokens",
+            )
+            return
 
 
 def slot_problems(

@@ -227,6 +227,71 @@ class ReferenceTower(abc.ABC, Generic[HostT]):
     ) -> Item | None:
         """A random legal item with exactly ``output_tokens``, or ``None``."""
 
+    # -- budget units ----------------------------------------------------------
+    # What the spec's budgets count (``EncoderItemSpec.path_output_tokens``
+    # of the default path): output tokens unless the spec sets
+    # ``items.budget_tokens``. Test drivers aim batches at budgets in them.
+
+    def budget_tokens(self, item: Item) -> int:
+        """The budget tokens of ``item``."""
+        return self.output_tokens(item)
+
+    def max_budget_tokens(self, size: Size, *, modality: str = "image") -> int:
+        """The largest budget-token count of a legal item."""
+        return self.max_output_tokens(size, modality=modality)
+
+    def _items_with_budget_tokens(
+        self,
+        rng: random.Random,
+        size: Size,
+        budget_tokens: int,
+        *,
+        modality: str = "image",
+    ) -> Item | None:
+        """A random legal item with exactly ``budget_tokens``, or ``None``."""
+        return self._items_with_output_tokens(
+            rng, size, budget_tokens, modality=modality
+        )
+
+    def budget_item(
+        self,
+        rng: random.Random,
+        size: Size,
+        *,
+        budget_tokens: int | None = None,
+        max_budget_tokens: int | None = None,
+        modality: str = "image",
+    ) -> Item:
+        """A random legal item: exactly ``budget_tokens`` budget tokens when
+        given, else at most ``max_budget_tokens``."""
+        self.check_modality(modality)
+        if budget_tokens is not None:
+            item = self._items_with_budget_tokens(
+                rng, size, budget_tokens, modality=modality
+            )
+            if item is None:
+                raise ValueError(
+                    f"no legal {self.name} {modality} item has {budget_tokens} "
+                    f"budget tokens at size {size!r}"
+                )
+            return item
+        cap = self.max_budget_tokens(size, modality=modality)
+        if max_budget_tokens is not None:
+            cap = min(cap, max_budget_tokens)
+        low = self.budget_tokens(self.smallest_item(size, modality=modality))
+        if cap < low:
+            raise ValueError(
+                f"no legal {self.name} {modality} item has at most {cap} budget "
+                f"tokens (the smallest has {low})"
+            )
+        for _ in range(1000):
+            item = self._items_with_budget_tokens(
+                rng, size, rng.randint(low, cap), modality=modality
+            )
+            if item is not None:
+                return item
+        raise RuntimeError(f"could not draw a {self.name} item under {cap} tokens")
+
     def legal_grid(
         self,
         rng: random.Random,
@@ -378,6 +443,41 @@ class DeepseekV41Reference(ReferenceTower[DeepseekV41VisionHost]):
             rng.randint((lh - 1) * r + 1, lh * r),
             rng.randint((lw - 1) * r + 1, lw * r),
         )
+
+    # Budgets count ViT patches (the spec's items.budget_tokens: h * w).
+
+    def budget_tokens(self, item: Item) -> int:
+        return self.input_size(item)
+
+    def max_budget_tokens(self, size: Size, *, modality: str = "image") -> int:
+        self.check_modality(modality)
+        r = self.downsample_ratio
+        cap = self.max_output_tokens(size)
+        # The largest grid of an lh x lw span is (r·lh) x (r·lw) patches; for
+        # each lh the widest span that fits has lw = (cap - 2) // lh - 1.
+        return max(
+            (r * lh) * (r * ((cap - 2) // lh - 1))
+            for lh in range(1, cap)
+            if (cap - 2) // lh - 1 >= 1
+        )
+
+    def _items_with_budget_tokens(
+        self,
+        rng: random.Random,
+        size: Size,
+        budget_tokens: int,
+        *,
+        modality: str = "image",
+    ) -> Item | None:
+        self.check_modality(modality)
+        if budget_tokens < 1:
+            return None
+        shapes = [
+            pair
+            for pair in _divisor_pairs(budget_tokens)
+            if self.is_legal(pair, size)
+        ]
+        return rng.choice(shapes) if shapes else None
 
     def make_mm_kwargs(
         self,

@@ -23,10 +23,11 @@ What one run does, for one spec stem:
    (tiny 512, full 8192), creates an :class:`EncoderCudaGraphManager` and
    captures;
 3. draws seeded batches of several kinds (:data:`BATCH_KINDS`): random
-   items (1..``max_batch_size``), the smallest legal grid, items whose output
-   tokens sit exactly on a budget boundary (``b - 1``, ``b``, ``b + 1``
-   through ``legal_grid(output_tokens=...)``), batches whose *total* tokens
-   sit on every budget boundary, more items than ``max_batch_size`` (the
+   items (1..``max_batch_size``), the smallest legal grid, items whose budget
+   tokens (what the budgets count: output tokens, or the spec's
+   ``budget_tokens``) sit exactly on a budget boundary (``b - 1``, ``b``,
+   ``b + 1`` through ``budget_item(budget_tokens=...)``), batches whose
+   *total* budget tokens sit on every budget boundary, more items than ``max_batch_size`` (the
    manager splits), and items above the largest budget (eager fallback).
    Towers that take several modalities (``tower.modalities``, e.g. Qwen2-VL
    images and videos) get batches of each, one modality per ``execute``;
@@ -48,9 +49,10 @@ are known without a model, so the CPU suite can check what the GPU suite will
 cover.
 
 Eager fallback needs an item larger than the largest budget. With the
-default ladder no *legal* item is: the per-item token caps (tiny: 64;
-full: 1024 DeepSeek-V4.1, 576 MiniMax M3) are below the largest budget (512
-/ 8192). The run therefore adds an ``eager_ladder`` phase: a second manager
+default ladder almost no *legal* item is: the per-item caps (tiny: 64
+output tokens, 549 DeepSeek-V4.1 patches; full: 9189 DeepSeek-V4.1 patches,
+576 MiniMax M3 output tokens) are mostly below the largest budget (512 /
+8192). The run therefore adds an ``eager_ladder`` phase: a second manager
 configured as a user would, with ``encoder_cudagraph_token_budgets =
 [cap // 4, cap // 2]`` and items per batch at most the smaller, so that legal
 items above ``cap // 2`` fall back to the eager forward, mixed in the same
@@ -339,9 +341,9 @@ def _modality_kwargs(modality: str) -> dict[str, str]:
 
 
 def max_item_tokens(tower: ReferenceTower[Any], size: Size) -> int:
-    """The largest per-item output-token cap over the tower's modalities."""
+    """The largest per-item budget-token cap over the tower's modalities."""
     return max(
-        tower.max_output_tokens(size, **_modality_kwargs(m))
+        tower.max_budget_tokens(size, **_modality_kwargs(m))
         for m in tower_modalities(tower)
     )
 
@@ -352,7 +354,7 @@ def eager_ladder(
     """User budgets ``[cap // 4, cap // 2]`` and items per batch for the
     eager-fallback phase: legal items above ``cap // 2`` exceed every budget."""
     cap = min(
-        tower.max_output_tokens(size, **_modality_kwargs(m))
+        tower.max_budget_tokens(size, **_modality_kwargs(m))
         for m in tower_modalities(tower)
     )
     budgets = sorted({max(1, cap // 4), max(1, cap // 2)})
@@ -400,7 +402,7 @@ class _Planner:
 
     @property
     def cap(self) -> int:
-        return self.tower.max_output_tokens(self.size, **self._kw)
+        return self.tower.max_budget_tokens(self.size, **self._kw)
 
     @property
     def random_cap(self) -> int:
@@ -414,7 +416,7 @@ class _Planner:
 
     @property
     def min_tokens(self) -> int:
-        return self.tower.output_tokens(self.smallest)
+        return self.tower.budget_tokens(self.smallest)
 
     @property
     def has_eager(self) -> bool:
@@ -424,23 +426,23 @@ class _Planner:
         self, tokens: int | None = None, max_tokens: int | None = None
     ) -> tuple[int, ...]:
         if tokens is not None:
-            return self.tower.legal_grid(
-                self.rng, self.size, output_tokens=tokens, **self._kw
+            return self.tower.budget_item(
+                self.rng, self.size, budget_tokens=tokens, **self._kw
             )
         cap = (
             self.random_cap if max_tokens is None else min(max_tokens, self.random_cap)
         )
-        return self.tower.sample_item(
-            self.rng, self.size, max_output_tokens=cap, **self._kw
+        return self.tower.budget_item(
+            self.rng, self.size, max_budget_tokens=cap, **self._kw
         )
 
     def _reachable(self, tokens: int) -> bool:
-        """Whether some legal item has exactly ``tokens`` output tokens."""
+        """Whether some legal item has exactly ``tokens`` budget tokens."""
         if not self.min_tokens <= tokens <= self.cap:
             return False
         try:
-            self.tower.legal_grid(
-                random.Random(0), self.size, output_tokens=tokens, **self._kw
+            self.tower.budget_item(
+                random.Random(0), self.size, budget_tokens=tokens, **self._kw
             )
         except ValueError:
             return False
@@ -847,7 +849,7 @@ def predict_packing(stem: str, phase: PhasePlan) -> dict[str, Any]:
     """What the manager's packing rules make of a phase's batches (from
     :func:`encoder_cudagraph_runtime.packing.pack_items`, no model run):
     replays per budget, eager batches and executes split in several.
-    Assumes the single ``default`` path (both paths' tokens = output tokens),
+    Assumes the single ``default`` path (its tokens: the budget tokens),
     which is what every current spec captures."""
     from encoder_cudagraph_runtime.packing import pack_items
 
@@ -855,9 +857,10 @@ def predict_packing(stem: str, phase: PhasePlan) -> dict[str, Any]:
     per_budget: dict[int, int] = {}
     eager = splits = 0
     for batch in phase.batches:
-        tokens = [tower.output_tokens(item) for item in batch.items]
+        tokens = [tower.budget_tokens(item) for item in batch.items]
+        outputs = [tower.output_tokens(item) for item in batch.items]
         packed = pack_items(
-            [tokens], tokens, [phase.token_budgets], phase.max_batch_size
+            [tokens], outputs, [phase.token_budgets], phase.max_batch_size
         )
         splits += len(packed) > 1
         for p in packed:
@@ -1043,7 +1046,7 @@ def _run_phase(
         stats.replays += replays
         stats.eager_batches += eager
         stats.eager_items += sum(
-            1 for item in plan.items if tower.output_tokens(item) > budgets[-1]
+            1 for item in plan.items if tower.budget_tokens(item) > budgets[-1]
         )
         if replays + eager > 1:
             stats.split_executes += 1

@@ -8,7 +8,10 @@ that nothing can rely on IMAGE_START..IMAGE_END being 0..3. Each method is
 compared with the seed method transcribed as an oracle.
 
 Deliberate differences from the seed, checked as such: item specs carry
-``path_output_tokens`` (the aligner rows budgets count); ``max_seqlen`` is
+``path_output_tokens`` (the ViT patches budgets count), so the capture dummy
+is ``max_batch_size`` grids of ``1 x k`` patches and the aligner buffers are
+allocated for ``token_budget`` rows (a batch within the budget has at most
+one aligner row per patch); ``max_seqlen`` is
 left out of the replay values; the ``cu_seqlens`` registry is per instance,
 drops freed buffers and checks buffer identity; a batch without a spare
 ``cu_seqlens`` slot raises; a missing ``batch_mm_kwargs`` raises ValueError.
@@ -172,9 +175,9 @@ def test_item_specs_match_seed(module, backends, list_grids, rng_seed) -> None:
     assert all(
         type(s.input_size) is int and type(s.output_tokens) is int for s in specs
     )
-    # Not in the seed: budgets count the graph's (aligner) rows.
-    rows = [-(-h // R) * -(-w // R) for h, w in seed.ds_grid_list(batch, "vit_grid")]
-    assert [s.path_output_tokens for s in specs] == [{"default": n} for n in rows]
+    # Not in the seed: budgets count the ViT patches.
+    patches = [h * w for h, w in seed.ds_grid_list(batch, "vit_grid")]
+    assert [s.path_output_tokens for s in specs] == [{"default": n} for n in patches]
 
 
 def test_item_specs_reject_mismatched_grids(module, backends) -> None:
@@ -325,37 +328,50 @@ CAPTURE_CASES = [(64, 1), (64, 64), (100, 7), (257, 8), (1000, 3), (65, 64)]
 
 @pytest.mark.parametrize(("budget", "mbs"), CAPTURE_CASES)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
-def test_capture_inputs_match_seed(module, backends, env, budget, mbs, dtype) -> None:
+def test_capture_inputs(module, backends, env, budget, mbs, dtype) -> None:
+    """Not the seed's dummy (r x r*k grids, budgets in aligner rows): budgets
+    count patches, so the dummy is 1 x k patches per item and the aligner
+    buffers hold token_budget rows, the builder's dummy rows first."""
     host = make_host(module, backends)
     device = torch.device("cpu")
     got = host.prepare_encoder_cudagraph_capture_inputs(
         budget, mbs, 0, device, dtype
     ).values
-    gen_calls = list(env.builders.calls)
-    env.builders.calls.clear()
-    want, total = seed.ds_capture(host, env.builders, budget, mbs, device, dtype)
-    assert env.builders.calls == gen_calls  # same builder calls, same arguments
-    assert set(got) == set(want) == set(SEED_BUFFER_KEYS)
-    for key in want:
-        assert_same_tensor(got[key], want[key], key)
+    calls = list(env.builders.calls)
+    assert set(got) == set(SEED_BUFFER_KEYS)
 
     k = -(-budget // mbs)  # rounded up: the dummy batch covers the budget
-    rows = mbs * R * R * k
-    assert total == rows
-    assert gen_calls[0][1] == ([[R, R * k]] * mbs,)
-    assert gen_calls[0][2]["cached"] is False  # dummy grids must not evict RoPE tables
-    assert gen_calls[0][2]["max_seqlen_override"] == rows
+    rows = mbs * k
+    grids = [[1, k]] * mbs
+    assert calls[0][1] == (grids,)
+    assert calls[0][2]["cached"] is False  # dummy grids must not evict RoPE tables
+    assert calls[0][2]["max_seqlen_override"] == rows
+    vit = env.builders.build_packed_vit_metadata(
+        grids, rope_dim=4, rope_theta=100.0, device=device
+    )
+    for key in ("vit_cos", "vit_sin"):
+        assert_same_tensor(got[key], vit[key], key)
     assert got["patches"].shape == (rows, 3, PATCH, PATCH)
     assert got["patches"].dtype == dtype
     assert got["cu_seqlens"].dtype == torch.int32
-    assert got["cu_seqlens"].tolist() == [i * R * R * k for i in range(mbs + 1)] + [
-        rows
-    ]
+    assert got["cu_seqlens"].tolist() == [i * k for i in range(mbs + 1)] + [rows]
     assert got["max_seqlen"].dim() == 0 and got["max_seqlen"].device.type == "cpu"
     assert int(got["max_seqlen"]) == rows
-    assert got["merge_mask"].dtype == dtype
-    assert mbs * (k * (k + 1) + 2) >= budget  # every dummy span covers k tokens
-    assert got["merge_idx"].shape[0] == mbs * k  # graph rows
+
+    merge = env.builders.build_packed_merge_metadata(
+        grids, R, device=device, dtype=dtype
+    )
+    dummy_rows = mbs * -(-k // R)
+    assert merge["merge_idx"].shape[0] == dummy_rows
+    assert got["merge_idx"].shape == (budget, R * R)
+    assert got["merge_mask"].shape == (budget, R * R, 1)
+    assert got["merge_idx"].dtype == torch.int64 and got["merge_mask"].dtype == dtype
+    assert torch.equal(got["merge_idx"][:dummy_rows], merge["merge_idx"])
+    assert torch.equal(got["merge_mask"][:dummy_rows], merge["merge_mask"])
+    assert not got["merge_idx"][dummy_rows:].any()
+    assert not got["merge_mask"][dummy_rows:].any()
+    # Room for the worst batch within the budget: one aligner row per patch.
+    assert got["merge_idx"].shape[0] >= budget >= dummy_rows
 
 
 # -- replay copies (padding logics) -----------------------------------------------------------

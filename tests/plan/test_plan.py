@@ -182,8 +182,10 @@ def test_plan_cli_text_and_json():
         cwd=ROOT,
         check=True,
     ).stdout
-    # r=2: a dummy item is [2, 2k] patches.
-    assert "vit_grid=[2, 2]" in text
+    # r=2: a dummy item is [1, k] patches, ceil(k / 2) aligner cells.
+    assert "vit_grid=[1, 4], llm_grid=[1, 2]" in text
+    # DeepSeek-V4.1's budgets count patches, not output tokens.
+    assert "largest item a graph takes: 8192 budget tokens" in text
 
 
 def test_plan_rejects_bad_set():

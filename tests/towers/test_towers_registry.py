@@ -188,6 +188,59 @@ def test_exact_output_token_counts(name):
     assert tower.is_legal(full, "full")
 
 
+@pytest.mark.parametrize("name", TOWERS)
+def test_budget_tokens_are_the_generated_mixins(name):
+    """The registry's budget unit is what the generated mixin's item specs
+    report as path_output_tokens (DeepSeek-V4.1: patches; others: output
+    tokens), and budget_item finds items by it."""
+    import importlib
+    import inspect
+
+    tower = REFERENCE_TOWERS[name]
+    module = importlib.import_module(f"generated.standalone.{name}")
+    (mixin,) = [
+        c
+        for _, c in inspect.getmembers(module, inspect.isclass)
+        if c.__module__ == module.__name__ and "encoder_cudagraph_forward" in vars(c)
+    ]
+    host = tower.build_host(mixin, "tiny", device="cpu", dtype=torch.float32)
+    rng = random.Random(2)
+    items = [tower.sample_item(rng, "tiny") for _ in range(12)]
+    specs = host.get_encoder_cudagraph_item_specs(
+        tower.make_mm_kwargs(host, items, "cpu")
+    )
+    assert [s.get_path_output_tokens("default") for s in specs] == [
+        tower.budget_tokens(i) for i in items
+    ]
+    cap = tower.max_budget_tokens("tiny")
+    assert max(tower.budget_tokens(i) for i in items) <= cap
+    for tokens in (1, 2, 7, 36, cap):
+        try:
+            item = tower.budget_item(rng, "tiny", budget_tokens=tokens)
+        except ValueError:
+            continue  # not every count is reachable
+        assert tower.budget_tokens(item) == tokens and tower.is_legal(item, "tiny")
+    with pytest.raises(ValueError, match="no legal"):
+        tower.budget_item(rng, "tiny", budget_tokens=cap + 1)
+    small = tower.budget_item(rng, "tiny", max_budget_tokens=40)
+    assert tower.budget_tokens(small) <= 40
+
+
+def test_deepseek_budget_cap_is_the_largest_legal_grid():
+    tower = REFERENCE_TOWERS["deepseek_v41"]
+    cap = tower.max_budget_tokens("tiny")
+    assert tower.is_legal(
+        tower.budget_item(random.Random(0), "tiny", budget_tokens=cap), "tiny"
+    )
+    # No legal grid has more patches (spans of at most 64 tokens, r = 3).
+    assert not any(
+        tower.is_legal((h, w), "tiny")
+        for h in range(1, 200)
+        for w in range(1, 200)
+        if h * w > cap
+    )
+
+
 def test_item_specs_match_the_models_formulas():
     deepseek = REFERENCE_TOWERS["deepseek_v41"]
     assert deepseek.input_size((4, 7)) == 28

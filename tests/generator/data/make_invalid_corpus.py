@@ -79,8 +79,9 @@ case(
     "yaml_duplicate_buffer",
     "deepseek_v41",
     (
-        "  merge_mask: {shape: [max_batch_size * k, r * r, 1], dtype: dtype}\n",
-        "  merge_mask: {shape: [max_batch_size * k, r * r, 1], dtype: dtype}\n  vit_cos: {}\n",
+        "  merge_mask: {shape: [token_budget, r * r, 1], dtype: dtype, allocate: true}\n",
+        "  merge_mask: {shape: [token_budget, r * r, 1], dtype: dtype, allocate: true}\n"
+        "  vit_cos: {}\n",
     ),
 )
 case(
@@ -432,7 +433,49 @@ case(
     "minimax_m3",
     ("image_grid_thw: [1, merge, k * merge]", "image_grid_thw: [merge, k * merge]"),
 )
-case("dummy_missing_for_grid", "deepseek_v41", ("    llm_grid: [1, k]\n", ""))
+case(
+    "dummy_missing_for_grid",
+    "deepseek_v41",
+    ('    llm_grid: [1, "ceil_div(k, r)"]\n', ""),
+)
+# Declared graph-row capacity (DeepSeek-V4.1: budgets count patches).
+case(
+    "graph_rows_below_budget",
+    "deepseek_v41",
+    ("  graph_rows: token_budget\n", "  graph_rows: token_budget // 2\n"),
+)
+case(
+    "graph_rows_without_budget_tokens",
+    "deepseek_v41",
+    ("  budget_tokens: h * w\n", ""),
+)
+case(
+    "graph_rows_without_allocated_buffers",
+    "deepseek_v41",
+    ("    allocate: true\n", ""),
+    (
+        "  merge_mask: {shape: [token_budget, r * r, 1], dtype: dtype, allocate: true}",
+        "  merge_mask: {shape: [token_budget, r * r, 1], dtype: dtype}",
+    ),
+)
+case(
+    "allocated_buffer_too_small",
+    "deepseek_v41",
+    ("    shape: [token_budget, r * r]\n", "    shape: [max_batch_size, r * r]\n"),
+)
+case(
+    "allocated_buffer_without_shape",
+    "deepseek_v41",
+    (
+        "  merge_mask: {shape: [token_budget, r * r, 1], dtype: dtype, allocate: true}",
+        "  merge_mask: {dtype: dtype, allocate: true}",
+    ),
+)
+case(
+    "item_more_graph_rows_than_budget_tokens",
+    "deepseek_v41",
+    ("  budget_tokens: h * w\n", "  budget_tokens: ceil_div(h, r)\n"),
+)
 case(
     "trailing_sequence_no_spare_slot",
     "minimax_m3",

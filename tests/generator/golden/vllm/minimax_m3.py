@@ -3,7 +3,7 @@
 # Do not edit: change the spec or the templates and run
 # `gen-mixin specs/minimax_m3.yaml`.
 # spec-sha256: 679a222a35671178384492aa0dc1e20daf1dbe9ee4c77a16239d17f4a618116f
-# templates-sha256: a2332e1784a7d747a282a59144a856a929e04a5a11965019eb1c573d4cf1cd3e
+# templates-sha256: fcd1691fa0658eee806dde721a94fd31a37bbb9a1e3046265160d2538fee6c5b
 
 import itertools
 import weakref
