@@ -278,6 +278,11 @@ class EncoderCudaGraphManager:
 
         self.budget_graphs: dict[str, dict[BudgetGraphMapKey, BudgetGraphMetadata]] = {}
         self.graph_pool: Any | None = None
+        # Per captured graph (by id of its BudgetGraphMetadata, which
+        # budget_graphs keeps alive until clear()), the leading rows of each
+        # default-copied buffer that the last write may have left non-zero;
+        # later rows are zero. Absent: the whole buffer (capture's values).
+        self._written_rows: dict[int, dict[str, int]] = {}
         self.graph_hits = 0
         self.graph_misses = 0
         self.log_stats_interval = 100
@@ -566,6 +571,9 @@ class EncoderCudaGraphManager:
             output_buffer=output_buffer,
             axis_keys=axis_keys,
         )
+        # A new graph's buffers hold the capture values everywhere (its id
+        # may be that of a replaced, freed one).
+        self._written_rows.pop(id(graph_set[key]), None)
 
     def clear(self) -> None:
         """Drop every graph, captured buffer and the pool, and give their
@@ -579,6 +587,7 @@ class EncoderCudaGraphManager:
         self.graph_backend.synchronize()
         for graph_set in self.budget_graphs.values():
             graph_set.clear()
+        self._written_rows.clear()
         self.graph_pool = None
         gc.collect()
         self.graph_backend.release_cached_memory()
@@ -718,10 +727,14 @@ class EncoderCudaGraphManager:
         ).values
         padding_logics = self.config.padding_logics
         # Default copies are batched into two multi-tensor calls (zero every
-        # tail, copy every head) instead of two ops per buffer: the same
-        # bytes as _copy_padded_buffer, a fraction of its host dispatch cost
-        # on models with many buffers. Buffers are distinct tensors, so the
-        # order of the writes (custom logics first) does not matter.
+        # stale tail, copy every head) instead of two ops per buffer: the
+        # buffers end up as _copy_padded_buffer leaves them, for a fraction
+        # of its host dispatch cost on models with many buffers. Only rows a
+        # previous write may have left non-zero are zeroed (written_rows):
+        # replays of same-size batches zero nothing. Buffers are distinct
+        # tensors, so the order of the writes (custom logics first) does not
+        # matter. The captured forward never writes its input buffers.
+        written = self._written_rows.setdefault(id(meta), {})
         heads: list[torch.Tensor] = []
         srcs: list[torch.Tensor] = []
         tails: list[torch.Tensor] = []
@@ -745,14 +758,18 @@ class EncoderCudaGraphManager:
                 heads.append(buf)
                 srcs.append(src)
             elif 0 <= n < rows:
-                head, tail = buf.split_with_sizes((n, rows - n))
-                heads.append(head)
+                heads.append(buf.narrow(0, 0, n))
                 srcs.append(src)
-                tails.append(tail)
+                stale = written.get(name, rows)
+                if stale > n:
+                    tails.append(buf.narrow(0, n, stale - n))
             else:
                 # More rows than captured (or a 0-d buffer): vLLM's two
                 # statements, which raise the same error at the same point.
+                written.pop(name, None)
                 self._copy_padded_buffer(buf, src)
+                continue
+            written[name] = n
         if tails:
             torch._foreach_zero_(tails)
         if heads:

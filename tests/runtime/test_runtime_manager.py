@@ -283,6 +283,38 @@ class TestReplayCopy:
         # Rows 6..19 held the previous batch; the default copy cleared them.
         assert torch.count_nonzero(buffers["x"][6:]) == 0
 
+    @pytest.mark.parametrize(
+        "sizes", [[20, 6, 6, 3, 12, 12, 32, 1], [32, 32, 5, 9, 2], [1, 2, 3, 31, 30]]
+    )
+    def test_default_copy_leaves_zero_padded_rows_after_any_sequence(
+        self, sizes: list[int]
+    ) -> None:
+        """The tail is zeroed only where an earlier write left rows (not
+        again on same-size batches), but every replay sees exactly the batch
+        followed by zeros."""
+        manager = make_manager(FakeEncoder(), budgets=[32], max_items=4)
+        manager.capture()
+        buf = captured(manager)[32].input_buffers["x"]
+        zero_calls: list[int] = []
+        real_zero = torch._foreach_zero_
+
+        def counting_zero(tensors):
+            zero_calls.append(sum(t.shape[0] for t in tensors))
+            return real_zero(tensors)
+
+        for i, n in enumerate(sizes):
+            items = make_items([n], seed=i)
+            torch._foreach_zero_ = counting_zero
+            try:
+                manager.execute(make_kwargs(items))
+            finally:
+                torch._foreach_zero_ = real_zero
+            torch.testing.assert_close(buf[:n], items[0].features["default"])
+            assert torch.count_nonzero(buf[n:]) == 0, (sizes, i)
+        # Only the rows above the next batch that the last one wrote.
+        stale = [32] + sizes[:-1]
+        assert zero_calls == [p - n for p, n in zip(stale, sizes) if p > n]
+
     def test_zero_dim_copy_ignores_padding_logic(self) -> None:
         calls: list[str] = []
 
