@@ -671,21 +671,37 @@ def poison_graph_pool(
     same stream), so replaying this graph overwrites the memory the encoder
     graphs use for their intermediates with NaN: an encoder graph that reads
     a pool row it did not write in the same replay (vLLM PR #57136) then
-    returns NaN. Only allocations that landed on a block that was free
-    before count towards ``nbytes``.
+    returns NaN. Only the bytes of allocations that landed inside a block
+    that was free before count towards ``nbytes``.
+
+    Blocks of the allocator's small segments (2 MiB segments serving
+    requests of at most 1 MiB) are filled with pieces of at most 1 MiB: a
+    larger request would be served from a large segment instead, missing
+    the free block entirely.
     """
     pool_id = tuple(pool)
-    free: dict[int, int] = {}
+    small_request = 1 << 20  # the caching allocator's kSmallSize
+    free: dict[int, tuple[int, bool]] = {}  # start -> (size, in a small segment)
     for segment in torch.cuda.memory_snapshot():
         if tuple(segment.get("segment_pool_id", ())) != pool_id:
             continue
+        small = segment.get("segment_type") == "small"
         address = int(segment.get("address", 0))
         for block in segment.get("blocks", ()):
             # Blocks are listed in address order; older releases omit it.
             start = int(block.get("address", address))
             address = start + int(block["size"])
             if block.get("state") == "inactive" and int(block["size"]) >= 512:
-                free[start] = int(block["size"])
+                free[start] = (int(block["size"]), small)
+    pieces: list[int] = []
+    for size, small in free.values():
+        step = small_request if small else size
+        pieces += [min(step, size - off) for off in range(0, size, step)]
+    spans = sorted((start, start + size) for start, (size, _) in free.items())
+
+    def inside_free(ptr: int, size: int) -> bool:
+        return any(lo <= ptr and ptr + size <= hi for lo, hi in spans)
+
     stream = _capture_stream(graph_backend, device)
     graph = torch.cuda.CUDAGraph()
     nbytes = nblocks = 0
@@ -693,16 +709,18 @@ def poison_graph_pool(
         stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.graph(graph, pool=pool, stream=stream):
             keep = []
-            for size in sorted(free.values(), reverse=True):
+            for size in sorted(pieces, reverse=True):
                 t = torch.empty(size // 4, dtype=torch.float32, device=device)
                 t.fill_(float("nan"))
                 keep.append(t)
-                if free.get(t.data_ptr()) == size:
+                if inside_free(t.data_ptr(), size):
                     nbytes += size
                     nblocks += 1
             del keep
         torch.cuda.current_stream(device).wait_stream(stream)
-    poison = _PoisonGraph(graph, nbytes, nblocks, sum(free.values()))
+    poison = _PoisonGraph(
+        graph, nbytes, nblocks, sum(size for size, _ in free.values())
+    )
     poison.replay()
     torch.cuda.synchronize(device)
     return poison
