@@ -36,6 +36,7 @@ from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -609,15 +610,23 @@ def build_packed_merge_metadata(
     # batch adds every image's first ViT row to its aligner rows there.
     unique = {grid: _MERGE_TABLES.get((*grid, r, dtype), device) for grid in grid_list}
     parts = [unique[grid] for grid in grid_list]
-    local_idx = concat_on_device([idx for idx, _ in parts])
+    # Fresh tensors (a concatenation, a sum), never the cached ones.
     merge_mask = torch.cat([mask for _, mask in parts])
-    starts = [0, *itertools.accumulate(n_h * n_w for n_h, n_w in grid_list)][:-1]
-    counts = [idx.shape[0] for idx, _ in parts]
-    first_rows = async_tensor_h2d([starts, counts], device, dtype=torch.int64)
-    row_offsets = torch.repeat_interleave(
-        first_rows[0], first_rows[1], output_size=local_idx.shape[0]
-    )
-    merge_idx = local_idx + row_offsets[:, None]
+    if len(parts) == 1:
+        # One image starts at ViT row 0: its local indices are the batch's.
+        merge_idx = parts[0][0].clone()
+    else:
+        local_idx = torch.cat([idx for idx, _ in parts])
+        # Each aligner row's image start, spelled out on the host (NumPy:
+        # microseconds) and sent in one copy.
+        starts = np.fromiter(
+            itertools.accumulate((h * w for h, w in grid_list[:-1]), initial=0),
+            dtype=np.int64,
+            count=len(grid_list),
+        )
+        counts = np.fromiter((idx.shape[0] for idx, _ in parts), dtype=np.int64)
+        row_offsets = async_tensor_h2d(np.repeat(starts, counts), device)
+        merge_idx = local_idx + row_offsets[:, None]
     return {"merge_idx": merge_idx, "merge_mask": merge_mask}
 
 
