@@ -21,6 +21,15 @@ from typing import Any
 LADDERS = ("default", "fine")
 
 
+def _gated(result: dict[str, Any]) -> list[str]:
+    info = {
+        m
+        for t in result.get("targets", [])
+        for m in t.get("info_models", {}).get("models", [])
+    }
+    return [stem for stem in result.get("models", {}) if stem not in info]
+
+
 def _f(value: float | None, digits: int = 2) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
 
@@ -85,6 +94,14 @@ def render_markdown(result: dict[str, Any]) -> str:
     )
     out.append("")
 
+    if result.get("sources"):
+        runs = ", ".join(f"{stem}: `{src}`" for stem, src in result["sources"].items())
+        out.append(f"Merged from several runs ({runs}).")
+        out.append("")
+    if result.get("note"):
+        out.append(result["note"])
+        out.append("")
+
     # Targets.
     out.append("### Targets")
     out.append("")
@@ -108,6 +125,31 @@ def render_markdown(result: dict[str, Any]) -> str:
             verdict = "pass" if r.get("passed") else "fail"
             cells.append(f"{verdict}{gate}: worst {worst['value']:.3g} ({where})")
         out.append(f"| {target['description']} | {status} | {cells[0]} | {cells[1]} |")
+    info = [t for t in result.get("targets", []) if t.get("info_models")]
+    if info:
+        models = ", ".join(info[0]["info_models"]["models"])
+        out.append("")
+        out.append(
+            f"The targets gate on {', '.join(_gated(result))}; the same checks on "
+            f"{models} (informational):"
+        )
+        out.append("")
+        out.append("| target | result | worst (fine ladder) |")
+        out.append("|---|---|---|")
+        for target in info:
+            r = target["info_models"]
+            status = {True: "pass", False: "fail", None: "n/a"}[r["passed"]]
+            worst = r["per_ladder"].get("fine", {}).get("worst")
+            cell = "–"
+            if worst:
+                where = " ".join(
+                    str(v)
+                    + ("²" if k == "resolution" else " img" if k == "images" else "")
+                    for k, v in worst.items()
+                    if k != "value"
+                )
+                cell = f"{worst['value']:.3g} ({where})"
+            out.append(f"| {target['description']} | {status} | {cell} |")
     out.append("")
     for stem in result.get("errors", {}):
         out.append(f"**{stem} failed**: see the run's log (`errors` in the JSON).")

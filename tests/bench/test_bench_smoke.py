@@ -24,6 +24,7 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BENCH = REPO_ROOT / "bench" / "bench_encoders.py"
 RENDER = REPO_ROOT / "bench" / "render_results.py"
+MERGE = REPO_ROOT / "bench" / "merge_results.py"
 
 TOP_KEYS = {
     "benchmark",
@@ -241,6 +242,53 @@ def test_targets(quick_run: dict[str, Any]) -> None:
         assert target["passed"] is not None, target["name"]
     assert isinstance(result["all_targets_passed"], bool)
     assert "PASS" in quick_run["stderr"] or "FAIL" in quick_run["stderr"]
+    # The seed models gate; the others are evaluated under info_models.
+    others = sorted(set(result["models"]) - {"deepseek_v41", "minimax_m3"})
+    for target in targets.values():
+        if others:
+            assert target["info_models"]["models"] == others
+        else:
+            assert "info_models" not in target
+
+
+def test_targets_gate_on_the_seed_models_only(quick_run: dict[str, Any]) -> None:
+    bench = _load("bench_encoders_for_targets", BENCH)
+    models = quick_run["result"]["models"]
+    seeds = {k: v for k, v in models.items() if k in bench.TARGET_MODELS}
+    assert seeds, "the smoke run measures the seed models"
+    gated = bench.evaluate_targets(models)
+    alone = bench.evaluate_targets(seeds)
+    assert [t["passed"] for t in gated] == [t["passed"] for t in alone]
+    assert [t["per_ladder"] for t in gated] == [t["per_ladder"] for t in alone]
+
+
+def test_merge_replaces_models_and_reevaluates(quick_run: dict[str, Any]) -> None:
+    merge = _load("merge_results_for_test", MERGE).merge
+    result = quick_run["result"]
+    stem = next(m for m in result["models"] if m in ("deepseek_v41", "minimax_m3"))
+    rerun = json.loads(json.dumps({**result, "models": {stem: result["models"][stem]}}))
+    # A rerun in which this model got 10x slower: its speedups become the
+    # worst, which only a re-evaluation of the targets can show.
+    for row in rerun["models"][stem]["uniform"]:
+        for entry in row["graph"].values():
+            entry["speedup"] /= 10
+    merged = merge([("first", result), ("rerun", rerun)])
+    assert merged["sources"][stem] == "rerun"
+    assert set(merged["sources"]) == set(result["models"])
+    assert merged["models"][stem] is rerun["models"][stem]
+    # The targets come from the merged models, not the first run's.
+    speedup = next(t for t in merged["targets"] if t["name"] == "speedup_small_batches")
+    gated = [m for m in merged["models"] if m in ("deepseek_v41", "minimax_m3")]
+    expected = min(
+        row["graph"]["fine"]["speedup"]
+        for m in gated or merged["models"]
+        for row in merged["models"][m]["uniform"]
+        if row["images"] <= 4 and row["resolution"] <= 448
+    )
+    assert speedup["per_ladder"]["fine"]["worst"]["value"] == expected
+    env = dict(result["environment"])
+    env.pop("git_commit", None)  # a merge spans runs
+    assert merged["environment"] == env
 
 
 def test_markdown(quick_run: dict[str, Any]) -> None:
