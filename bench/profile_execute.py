@@ -6,12 +6,13 @@ For every spec with a reference tower, on a few uniform workloads:
   fine ladder, captured with ``GEN_MIXIN_QUERY_CHUNKS`` = 1 / 0), the ideal
   exact-shape replay, and the manager's host split (overhead / model);
 * ``--cprofile``: the host functions of ``execute`` by own time (each
-  execute synchronised, as the benchmark runs them);
+  execute synchronised, as the benchmark runs them), and the host time of
+  every torch op;
 * ``--kernels``: ``torch.profiler`` kernel totals of one execute against one
   ideal replay.
 
     PYTHONPATH=. python bench/profile_execute.py --out profile.json \\
-        --text profile.txt --cprofile --kernels
+        --text profile.txt --cprofile --kernels --plain
 
 Diagnostics, not the benchmark: ``bench/bench_encoders.py`` makes the
 numbers the README quotes.
@@ -82,6 +83,19 @@ def kernel_table(fn, sync, rows: int = 12) -> str:
     return prof.key_averages().table(sort_by="cuda_time_total", row_limit=rows)
 
 
+def host_op_table(fn, sync, rows: int = 25) -> str:
+    """Host (CPU) time of every op over 10 synchronised calls."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    sync()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(10):
+            fn()
+            sync()
+    return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -89,6 +103,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", default="full", choices=("full", "tiny"))
     parser.add_argument("--models")
     parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument(
+        "--workloads",
+        help="comma-separated RESxN (default: "
+        + ",".join(f"{r}x{n}" for r, n in WORKLOADS)
+        + ")",
+    )
+    parser.add_argument(
+        "--plain", action="store_true", help="also capture without query chunks"
+    )
+    parser.add_argument(
+        "--cprofile-at",
+        default="448x8",
+        help="comma-separated RESxN profiled with --cprofile (default 448x8)",
+    )
     parser.add_argument("--cprofile", action="store_true")
     parser.add_argument("--kernels", action="store_true")
     args = parser.parse_args(argv)
@@ -102,6 +130,12 @@ def main(argv: list[str] | None = None) -> int:
         return CudaGraphBackend(device) if cuda else EagerReplayGraphBackend()
 
     stems = args.models.split(",") if args.models else discover_stems(args.size)
+
+    def parse(spec: str) -> list[tuple[int, int]]:
+        return [tuple(int(v) for v in w.split("x")) for w in spec.split(",")]  # type: ignore[misc]
+
+    workloads = parse(args.workloads) if args.workloads else list(WORKLOADS)
+    cprofile_at = set(parse(args.cprofile_at))
     max_tokens = 16384 if args.size == "full" else 512
     text = io.StringIO()
     result: dict[str, Any] = {"device": str(device), "models": {}}
@@ -126,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
                 build_vllm_config(max_tokens)
             )
             cfg = build_vllm_config(max_tokens, fine_ladder(lo, hi), FINE_MAX_ITEMS)
-            for name, flag in (("chunked", "1"), ("plain", "0")):
+            variants = [("chunked", "1")] + ([("plain", "0")] if args.plain else [])
+            for name, flag in variants:
                 os.environ["GEN_MIXIN_QUERY_CHUNKS"] = flag
                 manager = EncoderCudaGraphManager(
                     cfg, device, dtype, host, graph_backend=backend()
@@ -138,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
             template = host.prepare_encoder_cudagraph_capture_inputs(
                 lo, 1, 0, device, dtype, "default", ()
             ).values
-            for res, n in WORKLOADS:
+            for res, n in workloads:
                 item = pixels_to_item(tower, args.size, res, res)
                 kw = tower.make_mm_kwargs(host, [item] * n, device, seed=res + n)
                 ideal = capture_ideal(host, backend(), kw, template)
@@ -167,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
                         say(kernel_table(lambda m=managers[name]: m.execute(kw), sync))
                     say(f"--- [{stem}] {row['workload']} ideal replay kernels")
                     say(kernel_table(ideal.graph.replay, sync))
-                if args.cprofile and (res, n) == (448, 8):
+                if args.cprofile and (res, n) in cprofile_at:
                     manager = managers["chunked"]
                     prof = cProfile.Profile()
                     prof.enable()
@@ -181,6 +216,10 @@ def main(argv: list[str] | None = None) -> int:
                     pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(35)
                     say(f"--- [{stem}] {row['workload']} cProfile (100 executes)")
                     say(buf.getvalue())
+                    say(
+                        f"--- [{stem}] {row['workload']} host time per op (10 executes)"
+                    )
+                    say(host_op_table(lambda m=manager: m.execute(kw), sync))
                 del ideal
                 rows_out.append(row)
             for manager in managers.values():

@@ -25,7 +25,7 @@ for stage in $stages; do
         tests) GEN_MIXIN_GPU_SUMMARY="$OUT/gpu_summary.jsonl" run tests \
                    python3 -m pytest -m gpu tests/gpu -v -rA --tb=short -p no:cacheprovider ;;
         profile) run profile python3 bench/profile_execute.py --out "$OUT/profile.json" \
-                   --text "$OUT/profile.txt" --cprofile --kernels ;;
+                   --text "$OUT/profile.txt" --cprofile --kernels --plain ;;
         overhead) run overhead python3 bench/bench_manager_overhead.py --out "$OUT/overhead.json" ;;
         bench) run bench python3 bench/bench_encoders.py --out "$OUT/bench.json" \
                    --markdown "$OUT/bench.md" --plot "$OUT/bench.png" ;;
