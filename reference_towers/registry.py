@@ -78,7 +78,7 @@ from __future__ import annotations
 
 import abc
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 import torch
@@ -264,33 +264,17 @@ class ReferenceTower(abc.ABC, Generic[HostT]):
     ) -> Item:
         """A random legal item: exactly ``budget_tokens`` budget tokens when
         given, else at most ``max_budget_tokens``."""
-        self.check_modality(modality)
-        if budget_tokens is not None:
-            item = self._items_with_budget_tokens(
-                rng, size, budget_tokens, modality=modality
-            )
-            if item is None:
-                raise ValueError(
-                    f"no legal {self.name} {modality} item has {budget_tokens} "
-                    f"budget tokens at size {size!r}"
-                )
-            return item
-        cap = self.max_budget_tokens(size, modality=modality)
-        if max_budget_tokens is not None:
-            cap = min(cap, max_budget_tokens)
-        low = self.budget_tokens(self.smallest_item(size, modality=modality))
-        if cap < low:
-            raise ValueError(
-                f"no legal {self.name} {modality} item has at most {cap} budget "
-                f"tokens (the smallest has {low})"
-            )
-        for _ in range(1000):
-            item = self._items_with_budget_tokens(
-                rng, size, rng.randint(low, cap), modality=modality
-            )
-            if item is not None:
-                return item
-        raise RuntimeError(f"could not draw a {self.name} item under {cap} tokens")
+        return self._draw(
+            rng,
+            size,
+            "budget",
+            self.budget_tokens,
+            self.max_budget_tokens,
+            self._items_with_budget_tokens,
+            exact=budget_tokens,
+            cap=max_budget_tokens,
+            modality=modality,
+        )
 
     def legal_grid(
         self,
@@ -302,21 +286,22 @@ class ReferenceTower(abc.ABC, Generic[HostT]):
         modality: str = "image",
     ) -> Item:
         """A random legal item (exactly ``output_tokens`` when given)."""
-        self.check_modality(modality)
-        if output_tokens is not None:
-            if max_output_tokens is not None and output_tokens > max_output_tokens:
-                raise ValueError("output_tokens exceeds max_output_tokens")
-            item = self._items_with_output_tokens(
-                rng, size, output_tokens, modality=modality
-            )
-            if item is None:
-                raise ValueError(
-                    f"no legal {self.name} {modality} item has {output_tokens} "
-                    f"output tokens at size {size!r}"
-                )
-            return item
-        return self.sample_item(
-            rng, size, max_output_tokens=max_output_tokens, modality=modality
+        if (
+            output_tokens is not None
+            and max_output_tokens is not None
+            and output_tokens > max_output_tokens
+        ):
+            raise ValueError("output_tokens exceeds max_output_tokens")
+        return self._draw(
+            rng,
+            size,
+            "output",
+            self.output_tokens,
+            self.max_output_tokens,
+            self._items_with_output_tokens,
+            exact=output_tokens,
+            cap=max_output_tokens,
+            modality=modality,
         )
 
     def sample_item(
@@ -328,25 +313,50 @@ class ReferenceTower(abc.ABC, Generic[HostT]):
         modality: str = "image",
     ) -> Item:
         """A random legal item of at most ``max_output_tokens`` output tokens."""
+        return self.legal_grid(
+            rng, size, max_output_tokens=max_output_tokens, modality=modality
+        )
+
+    def _draw(
+        self,
+        rng: random.Random,
+        size: Size,
+        unit: str,
+        count: Callable[[Item], int],
+        largest: Callable[..., int],
+        items_with: Callable[..., Item | None],
+        *,
+        exact: int | None,
+        cap: int | None,
+        modality: str,
+    ) -> Item:
+        """A random legal item with exactly ``exact`` tokens of ``unit``
+        (counted by ``count``), else with at most ``cap``."""
         self.check_modality(modality)
-        cap = self.max_output_tokens(size, modality=modality)
-        if max_output_tokens is not None:
-            cap = min(cap, max_output_tokens)
-        low = self.output_tokens(self.smallest_item(size, modality=modality))
-        if cap < low:
+        if exact is not None:
+            item = items_with(rng, size, exact, modality=modality)
+            if item is None:
+                raise ValueError(
+                    f"no legal {self.name} {modality} item has {exact} {unit} "
+                    f"tokens at size {size!r}"
+                )
+            return item
+        top = largest(size, modality=modality)
+        if cap is not None:
+            top = min(top, cap)
+        low = count(self.smallest_item(size, modality=modality))
+        if top < low:
             raise ValueError(
-                f"no legal {self.name} {modality} item has at most {cap} output "
+                f"no legal {self.name} {modality} item has at most {top} {unit} "
                 f"tokens (the smallest has {low})"
             )
         # Not every count is reachable (DeepSeek spans skip some, Qwen2-VL's
         # aspect-ratio bound others); retry.
         for _ in range(1000):
-            item = self._items_with_output_tokens(
-                rng, size, rng.randint(low, cap), modality=modality
-            )
+            item = items_with(rng, size, rng.randint(low, top), modality=modality)
             if item is not None:
                 return item
-        raise RuntimeError(f"could not draw a {self.name} item under {cap} tokens")
+        raise RuntimeError(f"could not draw a {self.name} item under {top} tokens")
 
     # -- inputs and ground truth -------------------------------------------
 
@@ -473,9 +483,7 @@ class DeepseekV41Reference(ReferenceTower[DeepseekV41VisionHost]):
         if budget_tokens < 1:
             return None
         shapes = [
-            pair
-            for pair in _divisor_pairs(budget_tokens)
-            if self.is_legal(pair, size)
+            pair for pair in _divisor_pairs(budget_tokens) if self.is_legal(pair, size)
         ]
         return rng.choice(shapes) if shapes else None
 
