@@ -46,7 +46,9 @@ sequence: ``cu_seqlens_q`` walks the chunks and ``cu_seqlens_k`` +
 ``ceil(rows / 128) + num_seqs`` blocks per head, the arithmetic per query
 row is unchanged (same key order, same blocks), and the chunk table is
 computed on the device from ``cu_seqlens`` once per forward, so it is
-captured with the graph. ``GEN_MIXIN_QUERY_CHUNKS=0`` turns it off.
+captured with the graph. ``GEN_MIXIN_QUERY_CHUNKS=0`` turns it off. It
+runs on PyTorch's kernel only (``aten._flash_attention_forward`` takes
+``seqused_k``); with the flash-attn package the plain launch is kept.
 """
 
 from __future__ import annotations
