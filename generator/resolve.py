@@ -364,8 +364,8 @@ class _Resolver:
             flat_names, import_names, host_names, "graph_rows" in items.value
         )
 
-        # A declared capacity is checked against graph_rows and budget_tokens:
-        # not when either failed to resolve (its defaults would mislead).
+        # Coverage is checked against graph_rows and budget_tokens: not when
+        # either was given but failed to resolve (their defaults would mislead).
         failed_item = any(
             key in items.value and value is None
             for key, value in (
@@ -373,7 +373,6 @@ class _Resolver:
                 ("budget_tokens", budget_tokens),
             )
         )
-        checked_graph_rows = None if failed_item else capture_graph_rows
         if input_size is not None and output_tokens is not None:
             self.check_arithmetic(
                 Arithmetic(
