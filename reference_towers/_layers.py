@@ -6,13 +6,14 @@
   :func:`encoder_cudagraph_runtime.varlen_attention.varlen_attention`, so the
   packed path is capturable exactly when vLLM's is.
 * :func:`activation`: the few activations the vision configs name.
+* :func:`grid_rows`: item grids (lists or host tensors) as checked ints.
 * :func:`init_reference_weights_`: deterministic random weights.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -28,8 +29,22 @@ __all__ = [
     "VarlenAttention",
     "VarlenAttentionMetadata",
     "activation",
+    "grid_rows",
     "init_reference_weights_",
 ]
+
+
+def grid_rows(
+    grids: Sequence[Sequence[int]] | torch.Tensor, width: int
+) -> list[tuple[int, ...]]:
+    """``grids`` (a list, or an ``(n, width)`` tensor read on the host) as
+    tuples of ``width`` positive ints."""
+    rows = grids.tolist() if isinstance(grids, torch.Tensor) else grids
+    out = [tuple(int(v) for v in row) for row in rows]
+    for row in out:
+        if len(row) != width or min(row) < 1:
+            raise ValueError(f"bad grid row {row}: expected {width} positive ints")
+    return out
 
 
 class VarlenAttention(nn.Module):

@@ -53,6 +53,7 @@ from encoder_cudagraph_runtime.load_balance import get_load_balance_assignment
 from reference_towers._layers import (
     VarlenAttention,
     VarlenAttentionMetadata,
+    grid_rows,
     init_reference_weights_,
 )
 from reference_towers.rope_tables import AngleTable, GridIndexCache, concat_on_device
@@ -86,16 +87,6 @@ IMAGE_START, IMAGE, IMAGE_NEW_LINE, IMAGE_END = range(4)
 IMAGE_TOKEN_ID = 129264
 
 Grids = Sequence[Sequence[int]] | torch.Tensor
-
-
-def _grid_rows(grids: Grids, width: int) -> list[tuple[int, ...]]:
-    """``grids`` as a list of int tuples (tensors are read on the host)."""
-    rows = grids.tolist() if isinstance(grids, torch.Tensor) else grids
-    out = [tuple(int(v) for v in row) for row in rows]
-    for row in out:
-        if len(row) != width or min(row) < 1:
-            raise ValueError(f"bad grid row {row}: expected {width} positive ints")
-    return out
 
 
 # ---------------------------------------------------------------------------
@@ -501,7 +492,7 @@ def build_packed_vit_metadata(
         ``cu_seqlens``: ``(len(grids) + 1,)`` int32 offsets;
         ``max_seqlen``: 0-dim int32 on the CPU.
     """
-    grid_list = _grid_rows(grids, 2)
+    grid_list = grid_rows(grids, 2)
     offsets = [0, *itertools.accumulate(n_h * n_w for n_h, n_w in grid_list)]
     if grid_list:
         # Gathered on the device from cached tables: the values of
@@ -599,7 +590,7 @@ def build_packed_merge_metadata(
         ``merge_idx``: ``(Σ lh·lw, r²)`` int64; ``merge_mask``:
         ``(Σ lh·lw, r², 1)`` in ``dtype`` (1 inside the image, 0 outside).
     """
-    grid_list = _grid_rows(grids, 2)
+    grid_list = grid_rows(grids, 2)
     r = downsample_ratio
     if not grid_list:
         return {
@@ -655,7 +646,7 @@ def run_dp_sharded_vision_tower(
     Returns:
         One ``(lh·lw, hidden)`` tensor per image, in the input order.
     """
-    grids = _grid_rows(vit_grid, 2)
+    grids = grid_rows(vit_grid, 2)
     world = get_tensor_model_parallel_world_size()
     rank = get_tensor_model_parallel_rank()
 
@@ -779,7 +770,7 @@ class DeepseekV41VisionHost(nn.Module):
     ) -> list[torch.Tensor]:
         """Aligner rows of each image, one dense tower call per image (or
         sharded over ranks in data-parallel mode), like vLLM's eager path."""
-        grids = _grid_rows(vit_grid, 2)
+        grids = grid_rows(vit_grid, 2)
         patches = patches.to(self.aligner.w1.weight.dtype)
         if (
             self.reference_use_data_parallel
@@ -825,8 +816,8 @@ class DeepseekV41VisionHost(nn.Module):
         """Ground truth: each image's final span embeddings
         ``(lh·(lw+1)+2, hidden)``, in item order, computed eagerly image by
         image."""
-        vit_grid = _grid_rows(mm_kwargs["vit_grid"], 2)
-        llm = _grid_rows(mm_kwargs["llm_grid"], 2)
+        vit_grid = grid_rows(mm_kwargs["vit_grid"], 2)
+        llm = grid_rows(mm_kwargs["llm_grid"], 2)
         types = mm_kwargs["types"]
         rows = self.reference_encode_images(mm_kwargs["patches"], vit_grid)
         spans: list[torch.Tensor] = []

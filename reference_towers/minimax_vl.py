@@ -46,6 +46,7 @@ from reference_towers._layers import (
     VarlenAttention,
     VarlenAttentionMetadata,
     activation,
+    grid_rows,
     init_reference_weights_,
 )
 from reference_towers.rope_tables import AngleTable, GridIndexCache, concat_on_device
@@ -72,17 +73,6 @@ _MAX_SEQLEN_BACKENDS = (
     AttentionBackendEnum.ROCM_AITER_FA,
     AttentionBackendEnum.TRITON_ATTN,
 )
-
-
-def _grid_rows(grids: Grids) -> list[tuple[int, int, int]]:
-    rows = grids.tolist() if isinstance(grids, torch.Tensor) else grids
-    out: list[tuple[int, int, int]] = []
-    for row in rows:
-        values = tuple(int(v) for v in row)
-        if len(values) != 3 or min(values) < 1:
-            raise ValueError(f"bad grid row {values}: expected 3 positive ints")
-        out.append(values)  # type: ignore[arg-type]
-    return out
 
 
 # ---------------------------------------------------------------------------
@@ -540,7 +530,7 @@ class MiniMaxVLVisionTransformer(nn.Module):
         ``vision_segment_max_frames`` temporal patches."""
         limit = self.vision_segment_max_frames
         out: list[tuple[int, int, int]] = []
-        for t, h, w in _grid_rows(grid_thw):
+        for t, h, w in grid_rows(grid_thw, 3):
             if limit is None or t <= limit:
                 out.append((t, h, w))
             else:
@@ -772,7 +762,7 @@ class MiniMaxM3VisionHost(nn.Module):
         pixel_values = pixel_values.to(self.vision_tower.dtype)
         out: list[torch.Tensor] = []
         offset = 0
-        for t, h, w in _grid_rows(mm_kwargs["image_grid_thw"]):
+        for t, h, w in grid_rows(mm_kwargs["image_grid_thw"], 3):
             rows = pixel_values[offset : offset + t * h * w]
             out.append(self.vision_tower(rows, grid_thw=[[t, h, w]]))
             offset += t * h * w

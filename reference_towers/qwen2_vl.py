@@ -63,6 +63,7 @@ from reference_towers._layers import (
     VarlenAttention,
     VarlenAttentionMetadata,
     activation,
+    grid_rows,
     init_reference_weights_,
 )
 from reference_towers.rope_tables import AngleTable, GridIndexCache, concat_on_device
@@ -75,7 +76,6 @@ __all__ = [
     "apply_vision_rotary",
     "frame_patch_positions",
     "frame_seqlens",
-    "grid_rows",
     "VisionRotaryTable",
     "vision_rotary_tables",
 ]
@@ -84,18 +84,6 @@ Grids = Sequence[Sequence[int]] | torch.Tensor
 
 # vLLM builds the vision RoPE cache for this many positions per axis.
 ROPE_MAX_POSITION = 8192
-
-
-def grid_rows(grids: Grids) -> list[tuple[int, int, int]]:
-    """``grid_thw`` (a list or an ``(n, 3)`` tensor) as checked int triples."""
-    rows = grids.tolist() if isinstance(grids, torch.Tensor) else grids
-    out: list[tuple[int, int, int]] = []
-    for row in rows:
-        values = tuple(int(v) for v in row)
-        if len(values) != 3 or min(values) < 1:
-            raise ValueError(f"bad grid row {values}: expected 3 positive ints")
-        out.append(values)  # type: ignore[arg-type]
-    return out
 
 
 # ---------------------------------------------------------------------------
@@ -281,7 +269,7 @@ def vision_rotary_tables(
     """
     inv_freq = rotary_inv_freq(head_dim, theta)
     per_item: list[torch.Tensor] = []
-    for t, h, w in grid_rows(grid_thw):
+    for t, h, w in grid_rows(grid_thw, 3):
         if max(h, w) > ROPE_MAX_POSITION:
             raise ValueError(
                 f"grid {h}×{w} exceeds the {ROPE_MAX_POSITION} positions of "
@@ -371,7 +359,7 @@ def apply_vision_rotary(
 
 def frame_seqlens(grid_thw: Grids) -> list[int]:
     """One attention sequence per temporal patch: ``h·w`` rows, ``t`` times."""
-    return [h * w for t, h, w in grid_rows(grid_thw) for _ in range(t)]
+    return [h * w for t, h, w in grid_rows(grid_thw, 3) for _ in range(t)]
 
 
 # ---------------------------------------------------------------------------
@@ -578,7 +566,9 @@ class Qwen2VisionTransformer(nn.Module):
         tower device (vLLM's cache has the model dtype and lives there)."""
         # Gathered on the device: the values of vision_rotary_tables without
         # its host work.
-        return self.rotary_table.cos_sin(grid_rows(grid_thw), self.device, self.dtype)
+        return self.rotary_table.cos_sin(
+            grid_rows(grid_thw, 3), self.device, self.dtype
+        )
 
     def prepare_encoder_metadata(
         self,
@@ -756,7 +746,7 @@ class Qwen2VLVisionHost(nn.Module):
             grids = mm_kwargs["video_grid_thw"]
         if isinstance(pixel_values, (list, tuple)):
             pixel_values = torch.cat(list(pixel_values))
-        items = grid_rows(grids)
+        items = grid_rows(grids, 3)
         needed = sum(t * h * w for t, h, w in items)
         if needed != pixel_values.shape[0]:
             raise ValueError(
