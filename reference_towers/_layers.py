@@ -7,6 +7,7 @@
   packed path is capturable exactly when vLLM's is.
 * :func:`activation`: the few activations the vision configs name.
 * :func:`grid_rows`: item grids (lists or host tensors) as checked ints.
+* :class:`ReleasedSizes`: ``for_size`` over a config's ``tiny`` / ``full``.
 * :func:`init_reference_weights_`: deterministic random weights.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
+from typing import Literal, Self
 
 import torch
 import torch.nn.functional as F
@@ -26,12 +28,34 @@ from encoder_cudagraph_runtime.varlen_attention import (
 )
 
 __all__ = [
+    "ReleasedSizes",
     "VarlenAttention",
     "VarlenAttentionMetadata",
     "activation",
     "grid_rows",
     "init_reference_weights_",
 ]
+
+
+class ReleasedSizes:
+    """Base of the tower configs: :meth:`for_size` picks the ``tiny`` or
+    ``full`` classmethod a config defines."""
+
+    @classmethod
+    def tiny(cls) -> Self:
+        raise NotImplementedError
+
+    @classmethod
+    def full(cls) -> Self:
+        raise NotImplementedError
+
+    @classmethod
+    def for_size(cls, size: Literal["tiny", "full"]) -> Self:
+        if size == "tiny":
+            return cls.tiny()
+        if size == "full":
+            return cls.full()
+        raise ValueError(f"unknown size {size!r} (expected 'tiny' or 'full')")
 
 
 def grid_rows(

@@ -34,7 +34,7 @@ import functools
 import itertools
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
@@ -51,6 +51,7 @@ from encoder_cudagraph_runtime.distributed import (
 from encoder_cudagraph_runtime.host_transfer import async_tensor_h2d
 from encoder_cudagraph_runtime.load_balance import get_load_balance_assignment
 from reference_towers._layers import (
+    ReleasedSizes,
     VarlenAttention,
     VarlenAttentionMetadata,
     grid_rows,
@@ -95,7 +96,7 @@ Grids = Sequence[Sequence[int]] | torch.Tensor
 
 
 @dataclass(frozen=True)
-class DeepseekV41Config:
+class DeepseekV41Config(ReleasedSizes):
     """The fields of vLLM's flattened ``DeepseekV41Config`` the tower reads.
 
     Names follow vLLM (``vision_*`` for the tower, text fields as they are);
@@ -172,14 +173,6 @@ class DeepseekV41Config:
         24 is an assumption.
         """
         return cls()
-
-    @classmethod
-    def for_size(cls, size: Literal["tiny", "full"]) -> DeepseekV41Config:
-        if size == "tiny":
-            return cls.tiny()
-        if size == "full":
-            return cls.full()
-        raise ValueError(f"unknown size {size!r} (expected 'tiny' or 'full')")
 
 
 # ---------------------------------------------------------------------------

@@ -33,7 +33,7 @@ import dataclasses
 import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -43,6 +43,7 @@ from encoder_cudagraph_runtime.attention_backends import AttentionBackendEnum
 from encoder_cudagraph_runtime.config import MultiModalConfig
 from encoder_cudagraph_runtime.host_transfer import async_tensor_h2d
 from reference_towers._layers import (
+    ReleasedSizes,
     VarlenAttention,
     VarlenAttentionMetadata,
     activation,
@@ -81,7 +82,7 @@ _MAX_SEQLEN_BACKENDS = (
 
 
 @dataclass(frozen=True)
-class MiniMaxM3VisionConfig:
+class MiniMaxM3VisionConfig(ReleasedSizes):
     """The checkpoint's ``vision_config`` plus the host-level fields the tower
     reads (text width, projector width). Defaults are the ``full`` values
     (see :meth:`full`)."""
@@ -175,14 +176,6 @@ class MiniMaxM3VisionConfig:
         and 672² pixels (vLLM's processor).
         """
         return cls()
-
-    @classmethod
-    def for_size(cls, size: Literal["tiny", "full"]) -> MiniMaxM3VisionConfig:
-        if size == "tiny":
-            return cls.tiny()
-        if size == "full":
-            return cls.full()
-        raise ValueError(f"unknown size {size!r} (expected 'tiny' or 'full')")
 
 
 # ---------------------------------------------------------------------------

@@ -50,7 +50,7 @@ import dataclasses
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -60,6 +60,7 @@ from encoder_cudagraph_runtime.attention_backends import AttentionBackendEnum
 from encoder_cudagraph_runtime.config import MultiModalConfig
 from encoder_cudagraph_runtime.host_transfer import async_tensor_h2d
 from reference_towers._layers import (
+    ReleasedSizes,
     VarlenAttention,
     VarlenAttentionMetadata,
     activation,
@@ -92,7 +93,7 @@ ROPE_MAX_POSITION = 8192
 
 
 @dataclass(frozen=True)
-class Qwen2VisionConfig:
+class Qwen2VisionConfig(ReleasedSizes):
     """The checkpoint's ``vision_config`` plus the host-level values the
     tower and the registry read. Defaults are the ``full`` values (see
     :meth:`full`); field names follow Hugging Face's ``Qwen2VLVisionConfig``.
@@ -206,14 +207,6 @@ class Qwen2VisionConfig:
         reports).
         """
         return cls()
-
-    @classmethod
-    def for_size(cls, size: Literal["tiny", "full"]) -> Qwen2VisionConfig:
-        if size == "tiny":
-            return cls.tiny()
-        if size == "full":
-            return cls.full()
-        raise ValueError(f"unknown size {size!r} (expected 'tiny' or 'full')")
 
 
 # ---------------------------------------------------------------------------
