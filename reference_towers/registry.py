@@ -529,7 +529,47 @@ class DeepseekV41Reference(ReferenceTower[DeepseekV41VisionHost]):
         }
 
 
-class MiniMaxM3Reference(ReferenceTower[MiniMaxM3VisionHost]):
+class _MergedGridReference(ReferenceTower[HostT]):
+    """Towers whose items are ``(t, h, w)`` patch grids merged m×m into
+    output tokens (MiniMax M3, Qwen2-VL): CLIP-normalised pixels cut into
+    rows in the processor's order."""
+
+    # CLIP normalisation of the image processors.
+    _MEAN = (0.48145466, 0.4578275, 0.40821073)
+    _STD = (0.26862954, 0.26130258, 0.27577711)
+
+    @property
+    def spatial_merge_size(self) -> int:
+        return self._config_constant("spatial_merge_size")
+
+    def input_size(self, item: Item) -> int:
+        t, h, w = item
+        return t * h * w
+
+    def _clip_stats(self, channels: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(mean, std)`` shaped ``(C, 1, 1)``."""
+        if channels != len(self._MEAN):
+            raise ValueError("the CLIP normalisation assumes 3 channels")
+        mean = torch.tensor(self._MEAN)[:, None, None]
+        std = torch.tensor(self._STD)[:, None, None]
+        return mean, std
+
+    @staticmethod
+    def _processor_rows(
+        video: torch.Tensor, t: int, h: int, w: int, p: int, m: int
+    ) -> torch.Tensor:
+        """``(t·T, C, h·p, w·p)`` frames → ``(t·h·w, C·T·p²)`` rows, in the
+        processor's (t, block-row, block-col, mh, mw) order with features
+        (C, T, p, p)."""
+        frames, c = video.shape[0], video.shape[1]
+        tp = frames // t
+        blocks = video.reshape(t, tp, c, h // m, m, p, w // m, m, p)
+        # -> (t, block-row, block-col, mh, mw, C, T, p, p)
+        blocks = blocks.permute(0, 3, 6, 4, 7, 2, 1, 5, 8)
+        return blocks.reshape(t * h * w, c * tp * p * p)
+
+
+class MiniMaxM3Reference(_MergedGridReference[MiniMaxM3VisionHost]):
     """MiniMax M3: items are image grids ``(1, h, w)``.
 
     Legal: ``t == 1`` (videos stay on the eager path), ``h`` and ``w``
@@ -540,20 +580,8 @@ class MiniMaxM3Reference(ReferenceTower[MiniMaxM3VisionHost]):
     name = "minimax_m3"
     host_cls = MiniMaxM3VisionHost
 
-    # CLIP normalisation of the image processor.
-    _MEAN = (0.48145466, 0.4578275, 0.40821073)
-    _STD = (0.26862954, 0.26130258, 0.27577711)
-
     def config(self, size: Size) -> MiniMaxM3VisionConfig:
         return MiniMaxM3VisionConfig.for_size(size)
-
-    @property
-    def spatial_merge_size(self) -> int:
-        return self._config_constant("spatial_merge_size")
-
-    def input_size(self, item: Item) -> int:
-        t, h, w = item
-        return t * h * w
 
     def output_tokens(self, item: Item) -> int:
         return self.input_size(item) // self.spatial_merge_size**2
@@ -615,10 +643,7 @@ class MiniMaxM3Reference(ReferenceTower[MiniMaxM3VisionHost]):
         config = host.config
         p, m = config.patch_size, config.spatial_merge_size
         c, tp = config.num_channels, config.temporal_patch_size
-        if c != len(self._MEAN):
-            raise ValueError("the CLIP normalisation assumes 3 channels")
-        mean = torch.tensor(self._MEAN)[:, None, None]
-        std = torch.tensor(self._STD)[:, None, None]
+        mean, std = self._clip_stats(c)
         generator = torch.Generator().manual_seed(seed)
         rows = []
         for t, h, w in items:
@@ -630,10 +655,7 @@ class MiniMaxM3Reference(ReferenceTower[MiniMaxM3VisionHost]):
                 # An image is repeated to fill the temporal patch.
                 frames.extend([image] * tp)
             video = torch.stack(frames)  # (t·T, C, H, W)
-            blocks = video.reshape(t, tp, c, h // m, m, p, w // m, m, p)
-            # -> (t, block-row, block-col, mh, mw, C, T, p, p)
-            blocks = blocks.permute(0, 3, 6, 4, 7, 2, 1, 5, 8)
-            rows.append(blocks.reshape(t * h * w, c * tp * p * p))
+            rows.append(self._processor_rows(video, t, h, w, p, m))
         pixel_values = torch.cat(rows) if rows else torch.zeros((0, config.patch_dim))
         grid = torch.tensor(list(items), dtype=torch.int64).reshape(-1, 3)
         return {
@@ -642,7 +664,7 @@ class MiniMaxM3Reference(ReferenceTower[MiniMaxM3VisionHost]):
         }
 
 
-class Qwen2VLReference(ReferenceTower[Qwen2VLVisionHost]):
+class Qwen2VLReference(_MergedGridReference[Qwen2VLVisionHost]):
     """Qwen2-VL: items are grids ``(t, h, w)``, images or videos.
 
     Legal: ``h`` and ``w`` positive multiples of m with an aspect ratio of at
@@ -657,18 +679,11 @@ class Qwen2VLReference(ReferenceTower[Qwen2VLVisionHost]):
     modalities = ("image", "video")
     host_cls = Qwen2VLVisionHost
 
-    # CLIP normalisation of the checkpoint's image processor.
-    _MEAN = (0.48145466, 0.4578275, 0.40821073)
-    _STD = (0.26862954, 0.26130258, 0.27577711)
     # smart_resize raises for a longer/shorter side ratio above this.
     MAX_ASPECT_RATIO = 200
 
     def config(self, size: Size) -> Qwen2VisionConfig:
         return Qwen2VisionConfig.for_size(size)
-
-    @property
-    def spatial_merge_size(self) -> int:
-        return self._config_constant("spatial_merge_size")
 
     def max_frames(self, size: Size, *, modality: str = "image") -> int:
         """The largest ``t`` of a legal item: 1 for images."""
@@ -676,10 +691,6 @@ class Qwen2VLReference(ReferenceTower[Qwen2VLVisionHost]):
         if modality == "image":
             return 1
         return self.config(size).max_frames_per_video
-
-    def input_size(self, item: Item) -> int:
-        t, h, w = item
-        return t * h * w
 
     def output_tokens(self, item: Item) -> int:
         t, h, w = item
@@ -772,10 +783,7 @@ class Qwen2VLReference(ReferenceTower[Qwen2VLVisionHost]):
         c = embed.proj.in_channels
         p, tp = embed.patch_size, embed.temporal_patch_size
         m = visual.spatial_merge_size
-        if c != len(self._MEAN):
-            raise ValueError("the CLIP normalisation assumes 3 channels")
-        mean = torch.tensor(self._MEAN)[:, None, None]
-        std = torch.tensor(self._STD)[:, None, None]
+        mean, std = self._clip_stats(c)
         generator = torch.Generator().manual_seed(seed)
         rows = []
         for item in items:
@@ -790,10 +798,7 @@ class Qwen2VLReference(ReferenceTower[Qwen2VLVisionHost]):
                 torch.rand((distinct, c, h * p, w * p), generator=generator) - mean
             ) / std
             video = frames.expand(t * tp, -1, -1, -1)  # (t·T, C, H, W)
-            blocks = video.reshape(t, tp, c, h // m, m, p, w // m, m, p)
-            # -> (t, block-row, block-col, mh, mw, C, T, p, p)
-            blocks = blocks.permute(0, 3, 6, 4, 7, 2, 1, 5, 8)
-            rows.append(blocks.reshape(t * h * w, c * tp * p * p))
+            rows.append(self._processor_rows(video, t, h, w, p, m))
         if rows:
             pixel_values = torch.cat(rows)
         else:
