@@ -38,6 +38,10 @@ from typing import IO, Any, TypeVar
 import torch
 
 from encoder_cudagraph_runtime import distributed
+from encoder_cudagraph_runtime.budget_ladder import (
+    generate_budgets,
+    resolve_budget_ladder,
+)
 from encoder_cudagraph_runtime.config import VllmConfig
 from encoder_cudagraph_runtime.defs import (
     ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG,
@@ -338,75 +342,19 @@ class EncoderCudaGraphManager:
     # ------------------------------------------------------------------
 
     def _resolve_budgets(self, user_budgets: list[int], user_max_items: int) -> None:
-        """Set ``token_budgets`` and ``max_batch_size``.
-
-        Every capture builds ``max_batch_size`` dummy items of at least one
-        row each, so ``max_batch_size <= min(token_budgets)`` must hold.
-        Which values the user fixed decides how it is ensured:
-
-        * budgets and items: taken as given, the invariant is checked;
-        * items only: the generated budgets start at ``max(min, items)``;
-        * budgets only: items = ``min(max // min, smallest budget)``;
-        * neither: budgets generated from the model range, items as above
-          with the generated budgets.
-
-        The model's range is only queried when something is left to infer.
-        """
-        if user_budgets and user_max_items > 0:
-            self.token_budgets = sorted(user_budgets)
-            self.max_batch_size = user_max_items
-            smallest = self.token_budgets[0]
-            if self.max_batch_size > smallest:
-                raise ValueError(
-                    "encoder_cudagraph_max_vision_items_per_batch "
-                    f"({self.max_batch_size}) must be <= smallest token budget "
-                    f"({smallest}): capture gives each of the "
-                    f"{self.max_batch_size} dummy items at least one row, which "
-                    f"does not fit the budgets {self.token_budgets}. Raise the "
-                    "smallest budget or lower the items per batch."
-                )
-            return
-
-        min_budget, max_budget = self.model.get_encoder_cudagraph_budget_range(
-            self.vllm_config
+        """Set ``token_budgets`` and ``max_batch_size``
+        (:func:`~encoder_cudagraph_runtime.budget_ladder.resolve_budget_ladder`;
+        the model's range is only queried when something is left to infer)."""
+        self.token_budgets, self.max_batch_size = resolve_budget_ladder(
+            user_budgets,
+            user_max_items,
+            lambda: self.model.get_encoder_cudagraph_budget_range(self.vllm_config),
         )
-        if min_budget <= 0 or max_budget <= 0:
-            raise ValueError(
-                "Invalid encoder CUDA graph budget range from the model: "
-                f"min_budget={min_budget}, max_budget={max_budget}. Both must "
-                "be positive."
-            )
-        if min_budget > max_budget:
-            raise ValueError(
-                "Invalid encoder CUDA graph budget range from the model: "
-                f"min_budget={min_budget} > max_budget={max_budget}."
-            )
-
-        if user_max_items > 0:
-            self.max_batch_size = user_max_items
-            self.token_budgets = self._generate_budgets(
-                max(min_budget, user_max_items), max_budget
-            )
-        elif user_budgets:
-            self.token_budgets = sorted(user_budgets)
-            self.max_batch_size = min(max_budget // min_budget, self.token_budgets[0])
-        else:
-            self.token_budgets = self._generate_budgets(min_budget, max_budget)
-            self.max_batch_size = min(max_budget // min_budget, self.token_budgets[0])
 
     @staticmethod
     def _generate_budgets(min_budget: int, max_budget: int) -> list[int]:
-        """``min_budget`` doubled while it stays ``<= max_budget``, then
-        ``max_budget`` itself unless the series already ends on it (so the
-        largest batch worth a graph always has one)."""
-        budgets: list[int] = []
-        budget = min_budget
-        while budget <= max_budget:
-            budgets.append(budget)
-            budget *= 2
-        if not budgets or budgets[-1] < max_budget:
-            budgets.append(max_budget)
-        return budgets
+        """vLLM's name for :func:`~encoder_cudagraph_runtime.budget_ladder.generate_budgets`."""
+        return generate_budgets(min_budget, max_budget)
 
     # ------------------------------------------------------------------
     # Queries

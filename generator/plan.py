@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from encoder_cudagraph_runtime.budget_ladder import resolve_budget_ladder
 from generator.diagnostics import SpecError
 from generator.formulas import EvaluationError, Ref, evaluate, names_in, to_spec_text
 from generator.ir import MixinIR
@@ -45,20 +46,7 @@ ITEMSIZE = {
 
 
 class PlanError(ValueError):
-    """A configuration the manager would refuse (same message as vLLM)."""
-
-
-def generate_budgets(min_budget: int, max_budget: int) -> list[int]:
-    """Powers of two times ``min_budget`` up to ``max_budget``, which is
-    appended when the ladder stops short of it (vLLM's ``_generate_budgets``)."""
-    budgets = []
-    budget = min_budget
-    while budget <= max_budget:
-        budgets.append(budget)
-        budget *= 2
-    if not budgets or budgets[-1] < max_budget:
-        budgets.append(max_budget)
-    return budgets
+    """A configuration the manager would refuse (with the manager's message)."""
 
 
 def resolve_budgets(
@@ -66,37 +54,14 @@ def resolve_budgets(
     user_budgets: list[int] | None = None,
     user_max_items: int = 0,
 ) -> tuple[list[int], int]:
-    """(token budgets, max_batch_size) as the manager resolves them."""
-    if user_budgets and user_max_items > 0:
-        budgets = sorted(user_budgets)
-        smallest = min(budgets)
-        if user_max_items > smallest:
-            raise PlanError(
-                f"encoder_cudagraph_max_vision_items_per_batch ({user_max_items}) "
-                f"must be <= smallest token budget ({smallest}). With budgets="
-                f"{budgets}, per_image_output = {smallest} // {user_max_items} = "
-                f"{smallest // user_max_items}, which would cause a capture failure. "
-                "Either increase the smallest budget or decrease "
-                "max_vision_items_per_batch."
-            )
-        return budgets, user_max_items
-    lo, hi = budget_range
-    if lo <= 0 or hi <= 0:
-        raise PlanError(
-            f"Invalid encoder cudagraph budget range: min_budget={lo}, "
-            f"max_budget={hi}. Both must be positive."
+    """(token budgets, max_batch_size) as the manager resolves them: its own
+    function, which needs no torch."""
+    try:
+        return resolve_budget_ladder(
+            list(user_budgets or []), user_max_items, lambda: budget_range
         )
-    if lo > hi:
-        raise PlanError(
-            f"Invalid encoder cudagraph budget range: min_budget={lo} > max_budget={hi}."
-        )
-    if user_max_items > 0:
-        return generate_budgets(max(lo, user_max_items), hi), user_max_items
-    if user_budgets:
-        budgets = sorted(user_budgets)
-        return budgets, min(hi // lo, min(budgets))
-    budgets = generate_budgets(lo, hi)
-    return budgets, min(hi // lo, min(budgets))
+    except ValueError as exc:
+        raise PlanError(str(exc)) from None
 
 
 @dataclass

@@ -251,3 +251,15 @@ def test_max_batch_size_above_smallest_budget_is_refused_like_the_manager():
     ir = load_spec(ROOT / "specs" / "minimax_m3.yaml")
     with pytest.raises(PlanError, match=r"must be <= smallest token budget \(64\)"):
         make_plan(ir, budgets=[64, 128], max_items=65)
+
+
+def test_plan_shares_the_managers_ladder_without_importing_torch():
+    """gen-mixin plan resolves budgets with the manager's own function
+    (encoder_cudagraph_runtime.budget_ladder), which must stay torch-free."""
+    code = (
+        "import sys, generator.cli, generator.plan\n"
+        "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if 'torch' in m)\n"
+        "from encoder_cudagraph_runtime.budget_ladder import resolve_budget_ladder\n"
+        "assert generator.plan.resolve_budget_ladder is resolve_budget_ladder\n"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
