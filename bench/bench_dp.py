@@ -29,8 +29,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
-import importlib
-import inspect
 import json
 import math
 import os
@@ -66,6 +64,7 @@ from encoder_cudagraph_runtime.graph_backends import (
 )
 from encoder_cudagraph_runtime.manager import EncoderCudaGraphManager
 from reference_towers.registry import REFERENCE_TOWERS, ReferenceTower
+from reference_towers.registry import generated_mixin as load_mixin
 
 MAX_TOKENS = {"tiny": 512, "full": 8192}
 DTYPES = {
@@ -173,18 +172,6 @@ def discover_stems() -> list[str]:
         if (REPO_ROOT / "specs" / f"{stem}.yaml").exists()
         and (REPO_ROOT / "generated" / "standalone" / f"{stem}.py").exists()
     )
-
-
-def load_mixin(stem: str) -> type:
-    module = importlib.import_module(f"generated.standalone.{stem}")
-    classes = [
-        obj
-        for _, obj in inspect.getmembers(module, inspect.isclass)
-        if obj.__module__ == module.__name__
-    ]
-    if len(classes) != 1:
-        raise LookupError(f"{module.__name__} defines {len(classes)} classes")
-    return classes[0]
 
 
 def build_host(

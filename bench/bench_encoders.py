@@ -93,8 +93,6 @@ import argparse
 import dataclasses
 import functools
 import gc
-import importlib
-import inspect
 import json
 import math
 import os
@@ -130,6 +128,7 @@ from encoder_cudagraph_runtime.graph_backends import (
 )
 from encoder_cudagraph_runtime.manager import EncoderCudaGraphManager
 from reference_towers.registry import REFERENCE_TOWERS, ReferenceTower
+from reference_towers.registry import generated_mixin as load_mixin
 
 SCHEMA_VERSION = 1
 SPECS_DIR = REPO_ROOT / "specs"
@@ -228,24 +227,6 @@ def discover_stems(size: str) -> list[str]:
             continue
         stems.append(path.stem)
     return stems
-
-
-def load_mixin(stem: str) -> type:
-    """The mixin class of ``generated.standalone.<stem>`` (the one class the
-    module defines that implements ``encoder_cudagraph_forward``)."""
-    module = importlib.import_module(f"generated.standalone.{stem}")
-    classes = [
-        obj
-        for _, obj in inspect.getmembers(module, inspect.isclass)
-        if obj.__module__ == module.__name__
-        and "encoder_cudagraph_forward" in vars(obj)
-    ]
-    if len(classes) != 1:
-        raise LookupError(
-            f"generated.standalone.{stem} defines {len(classes)} mixins "
-            f"({[c.__name__ for c in classes]}); expected one"
-        )
-    return classes[0]
 
 
 def images_only_config() -> MultiModalConfig:

@@ -185,7 +185,6 @@ def main(argv: list[str] | None = None) -> int:
                     row[f"graph_ms_{name}"] = timed(
                         lambda m=manager: m.execute(kw), sync, args.iters
                     )
-                    t = manager.timing
                     manager.reset_timing()
                     for _ in range(args.iters):
                         manager.execute(kw)

@@ -77,6 +77,8 @@ the prefixes keep these out of the way of any mixin method.
 from __future__ import annotations
 
 import abc
+import importlib
+import inspect
 import random
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Generic, Literal, TypeVar
@@ -816,3 +818,21 @@ REFERENCE_TOWERS: dict[str, ReferenceTower[Any]] = {
     tower.name: tower
     for tower in (DeepseekV41Reference(), MiniMaxM3Reference(), Qwen2VLReference())
 }
+
+
+def generated_mixin(stem: str) -> type:
+    """The mixin class of ``generated.standalone.<stem>``: the one class the
+    module defines that implements ``encoder_cudagraph_forward``."""
+    module = importlib.import_module(f"generated.standalone.{stem}")
+    classes = [
+        obj
+        for _, obj in inspect.getmembers(module, inspect.isclass)
+        if obj.__module__ == module.__name__
+        and "encoder_cudagraph_forward" in vars(obj)
+    ]
+    if len(classes) != 1:
+        raise LookupError(
+            f"generated.standalone.{stem} defines {len(classes)} mixins "
+            f"({[c.__name__ for c in classes]}); expected one"
+        )
+    return classes[0]

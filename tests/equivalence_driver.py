@@ -61,7 +61,6 @@ items above ``cap // 2`` fall back to the eager forward, mixed in the same
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import math
 import random
@@ -88,6 +87,7 @@ from encoder_cudagraph_runtime.graph_backends import (
 )
 from encoder_cudagraph_runtime.manager import EncoderCudaGraphManager
 from reference_towers.registry import REFERENCE_TOWERS, ReferenceTower, Size
+from reference_towers.registry import generated_mixin as load_mixin
 
 __all__ = [
     "BATCH_KINDS",
@@ -215,27 +215,6 @@ def load_spec(stem: str) -> dict[str, Any]:
 
     with open(SPECS_DIR / f"{stem}.yaml", encoding="utf-8") as f:
         return yaml.safe_load(f)
-
-
-def load_mixin(stem: str) -> type:
-    """The mixin class of ``generated.standalone.<stem>``: the one class
-    defined in that module (the spec's ``class_name`` breaks a tie)."""
-    module = importlib.import_module(f"generated.standalone.{stem}")
-    classes = [
-        obj
-        for _, obj in inspect.getmembers(module, inspect.isclass)
-        if obj.__module__ == module.__name__
-    ]
-    if len(classes) == 1:
-        return classes[0]
-    wanted = load_spec(stem).get("class_name")
-    for cls in classes:
-        if cls.__name__ == wanted:
-            return cls
-    raise LookupError(
-        f"generated.standalone.{stem} defines {len(classes)} classes "
-        f"({[c.__name__ for c in classes]}); expected one mixin"
-    )
 
 
 def protocol_shadowed_host_methods(stem: str, host_cls: type) -> list[str]:

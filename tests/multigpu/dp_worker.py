@@ -36,8 +36,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib
-import inspect
 import json
 import math
 import os
@@ -77,6 +75,7 @@ from reference_towers.deepseek_v4 import (
     run_dp_sharded_vision_tower,
 )
 from reference_towers.registry import REFERENCE_TOWERS, ReferenceTower
+from reference_towers.registry import generated_mixin as load_mixin
 
 MAX_TOKENS = {"tiny": 512, "full": 8192}
 """``max_num_batched_tokens`` = ``max_model_len`` per size (the largest
@@ -170,19 +169,6 @@ def discover_stems() -> list[str]:
         if (REPO_ROOT / "specs" / f"{stem}.yaml").exists()
         and (REPO_ROOT / "generated" / "standalone" / f"{stem}.py").exists()
     )
-
-
-def load_mixin(stem: str) -> type:
-    """The one class ``generated.standalone.<stem>`` defines."""
-    module = importlib.import_module(f"generated.standalone.{stem}")
-    classes = [
-        obj
-        for _, obj in inspect.getmembers(module, inspect.isclass)
-        if obj.__module__ == module.__name__
-    ]
-    if len(classes) != 1:
-        raise LookupError(f"{module.__name__} defines {len(classes)} classes")
-    return classes[0]
 
 
 def make_vllm_config(

@@ -12,7 +12,7 @@ from encoder_cudagraph_runtime.attention_backends import AttentionBackendEnum
 from encoder_cudagraph_runtime.config import MultiModalConfig
 from reference_towers.deepseek_v4 import DeepseekV41VisionHost, build_image_span_types
 from reference_towers.minimax_vl import MiniMaxM3VisionHost, token_positions
-from reference_towers.registry import REFERENCE_TOWERS, ReferenceTower
+from reference_towers.registry import REFERENCE_TOWERS, ReferenceTower, generated_mixin
 
 TOWERS = sorted(REFERENCE_TOWERS)
 
@@ -193,17 +193,10 @@ def test_budget_tokens_are_the_generated_mixins(name):
     """The registry's budget unit is what the generated mixin's item specs
     report as path_output_tokens (DeepSeek-V4.1: patches; others: output
     tokens), and budget_item finds items by it."""
-    import importlib
-    import inspect
-
     tower = REFERENCE_TOWERS[name]
-    module = importlib.import_module(f"generated.standalone.{name}")
-    (mixin,) = [
-        c
-        for _, c in inspect.getmembers(module, inspect.isclass)
-        if c.__module__ == module.__name__ and "encoder_cudagraph_forward" in vars(c)
-    ]
-    host = tower.build_host(mixin, "tiny", device="cpu", dtype=torch.float32)
+    host = tower.build_host(
+        generated_mixin(name), "tiny", device="cpu", dtype=torch.float32
+    )
     rng = random.Random(2)
     items = [tower.sample_item(rng, "tiny") for _ in range(12)]
     specs = host.get_encoder_cudagraph_item_specs(
