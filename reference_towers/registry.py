@@ -22,7 +22,8 @@ Interface of a :class:`ReferenceTower`:
 
 ``name``, ``modality``, ``modalities``, ``host_cls``, ``sizes``
     Spec name, default item modality (``"image"``), every modality the tower
-    takes (``("image",)``, or ``("image", "video")`` for Qwen2-VL), host
+    takes (``("image",)``, or ``("image", "video")`` for Qwen2-VL and
+    Qwen2.5-VL), host
     class, the available sizes (``"tiny"``: CPU tests in fp32; ``"full"``:
     the released dimensions, for the GPU in bf16).
 ``config(size)``
@@ -38,7 +39,7 @@ multimodal_config=None, seed=0)``
     mode and without gradients.
 ``Item``
     A grid tuple: ``(n_vit_h, n_vit_w)`` for DeepSeek-V4.1, ``(t, h, w)`` for
-    MiniMax M3 and Qwen2-VL.
+    MiniMax M3, Qwen2-VL and Qwen2.5-VL.
 ``input_size(item)``, ``output_tokens(item)``
     What the mixin's ``EncoderItemSpec`` must say for the item.
 ``is_legal(item, size, *, modality="image")``, ``max_output_tokens(size, *,
@@ -96,6 +97,7 @@ from reference_towers.deepseek_v4 import (
     llm_grid,
 )
 from reference_towers.minimax_vl import MiniMaxM3VisionConfig, MiniMaxM3VisionHost
+from reference_towers.qwen2_5_vl import Qwen2_5_VLVisionConfig, Qwen2_5_VLVisionHost
 from reference_towers.qwen2_vl import Qwen2VisionConfig, Qwen2VLVisionHost
 
 __all__ = [
@@ -104,6 +106,7 @@ __all__ = [
     "Item",
     "MiniMaxM3Reference",
     "Qwen2VLReference",
+    "Qwen2_5_VLReference",
     "ReferenceTower",
     "Size",
 ]
@@ -814,9 +817,63 @@ class Qwen2VLReference(_MergedGridReference[Qwen2VLVisionHost]):
         return {pixel_key: pixel_values.to(device), grid_key: grid.to(device)}
 
 
+class Qwen2_5_VLReference(Qwen2VLReference):
+    """Qwen2.5-VL: Qwen2-VL's items, legality and pixel rows (the same
+    processor), with the inputs typed as vLLM hands them to the model.
+
+    vLLM's processing context casts floating-point processor outputs to the
+    model dtype and keeps the grids on the CPU (``keep_on_cpu``); videos also
+    carry ``second_per_grid_ts`` (one ``T / fps`` per video, 1.0 at the
+    default 2 fps), which the encoder never reads.
+    """
+
+    name = "qwen2_5_vl"
+    host_cls = Qwen2_5_VLVisionHost
+
+    # The video processor's default sampling rate.
+    VIDEO_FPS = 2.0
+
+    def config(self, size: Size) -> Qwen2_5_VLVisionConfig:
+        return Qwen2_5_VLVisionConfig.for_size(size)
+
+    def make_mm_kwargs(
+        self,
+        host: Qwen2_5_VLVisionHost,
+        items: Sequence[Item],
+        device: torch.device | str,
+        *,
+        seed: int = 0,
+        modality: str = "image",
+    ) -> dict[str, Any]:
+        """Images: ``pixel_values`` (Σ t·h·w, C·T·p²) in the tower dtype on
+        ``device``, ``image_grid_thw`` (n, 3) int64 on the CPU; videos:
+        ``pixel_values_videos`` and ``video_grid_thw`` alike plus
+        ``second_per_grid_ts`` (n,) on the CPU. Pixels as
+        :meth:`Qwen2VLReference.make_mm_kwargs` draws them."""
+        kwargs = super().make_mm_kwargs(
+            host, items, device, seed=seed, modality=modality
+        )
+        dtype = host.visual.dtype
+        out: dict[str, Any] = {}
+        for key, value in kwargs.items():
+            if value.is_floating_point():
+                out[key] = value.to(device=device, dtype=dtype)
+            else:
+                out[key] = value.cpu()
+        if modality == "video":
+            step = host.visual.patch_embed.temporal_patch_size / self.VIDEO_FPS
+            out["second_per_grid_ts"] = torch.full((len(items),), step, dtype=dtype)
+        return out
+
+
 REFERENCE_TOWERS: dict[str, ReferenceTower[Any]] = {
     tower.name: tower
-    for tower in (DeepseekV41Reference(), MiniMaxM3Reference(), Qwen2VLReference())
+    for tower in (
+        DeepseekV41Reference(),
+        MiniMaxM3Reference(),
+        Qwen2VLReference(),
+        Qwen2_5_VLReference(),
+    )
 }
 
 
