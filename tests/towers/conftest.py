@@ -9,6 +9,7 @@ import torch
 from towers_vllm_source import VllmSource, wheel_path
 
 from reference_towers.deepseek_v4 import DeepseekV41VisionHost
+from reference_towers.kimi_vl import KimiVLVisionHost
 from reference_towers.minimax_vl import MiniMaxM3VisionHost
 from reference_towers.qwen2_5_vl import Qwen2_5_VLVisionHost
 from reference_towers.qwen2_vl import Qwen2VLVisionHost
@@ -43,6 +44,13 @@ def qwen2_vl_host() -> Qwen2VLVisionHost:
 @pytest.fixture(scope="session")
 def qwen2_5_vl_host() -> Qwen2_5_VLVisionHost:
     return REFERENCE_TOWERS["qwen2_5_vl"].build_host(
+        PlainMixin, "tiny", device="cpu", dtype=torch.float32, seed=0
+    )
+
+
+@pytest.fixture(scope="session")
+def kimi_vl_host() -> KimiVLVisionHost:
+    return REFERENCE_TOWERS["kimi_vl"].build_host(
         PlainMixin, "tiny", device="cpu", dtype=torch.float32, seed=0
     )
 

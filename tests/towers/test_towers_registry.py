@@ -47,7 +47,7 @@ class ProtocolMixin(_ProtocolBase):
 
 
 def test_registry_keys_are_spec_names():
-    assert TOWERS == ["deepseek_v41", "minimax_m3", "qwen2_5_vl", "qwen2_vl"]
+    assert TOWERS == ["deepseek_v41", "kimi_vl", "minimax_m3", "qwen2_5_vl", "qwen2_vl"]
     for name, tower in REFERENCE_TOWERS.items():
         assert isinstance(tower, ReferenceTower)
         assert tower.name == name
@@ -168,6 +168,7 @@ def test_smallest_item_and_random_items_are_legal(name):
         tower.output_tokens(smallest)
         == {
             "deepseek_v41": 4,
+            "kimi_vl": 1,
             "minimax_m3": 1,
             "qwen2_5_vl": 1,
             "qwen2_vl": 1,
