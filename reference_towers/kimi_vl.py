@@ -44,8 +44,8 @@ in the blocks, the final norm and the projector), tanh-GELU in the blocks
 and exact GELU in the projector are vLLM's code. Processor
 (``preprocessor_config.json``, read from a verbatim mirror of the
 checkpoint): ``in_token_limit`` 4096, ``pad_input`` true, mean = std = 0.5,
-and its remote code (read in a port) refuses 512 patches a side. The configs were
-read from copies of the checkpoint's files (derived checkpoints and a
+and its remote code (read in a port) refuses 512 patches a side. The
+configs were read from copies of the checkpoint's files (derived checkpoints and a
 mirror), not from the original repository; vLLM's ``MoonViTConfig``
 defaults agree with every vision value, while the text width and length
 rest on those copies alone.

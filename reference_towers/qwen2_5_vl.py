@@ -66,8 +66,9 @@ shapes (qkv 1280 → 3840, gate/up 1280 → 3420, merger 5120 → 5120 → 3584,
 RMSNorm eps 1e-6). The top-level ``rms_norm_eps`` is 1e-6 (vLLM passes it
 as the vision ``norm_eps``) and ``max_position_embeddings`` 128000 (vLLM's
 default ``max_model_len``; some copies of the config say 32768, so this one
-value is the least certain; only ``model_config.max_model_len`` reads it). The processor (``preprocessor_config.json``):
-``max_pixels`` 12845056, ``min_pixels`` 3136, CLIP mean/std. RoPE base 1e4
+value is the least certain; only ``model_config.max_model_len`` reads it).
+The processor (``preprocessor_config.json``): ``max_pixels`` 12845056,
+``min_pixels`` 3136, CLIP mean/std. RoPE base 1e4
 and 8192 cached positions are vLLM's ``get_rope`` arguments; 14 frames per
 video is vLLM's ``_MAX_FRAMES_PER_VIDEO``.
 
