@@ -178,6 +178,8 @@ def init_reference_weights_(
       O(1) after all blocks.
     * Biases: ``N(0, 0.02²)``, small but non-zero so that a dropped bias shows.
     * Norm weights ``1 + N(0, 0.05²)``, norm biases ``N(0, 0.02²)``.
+    * Other ``weight`` tables of two or more dims (learned position grids):
+      ``N(0, 0.5²)``, comparable to the patch embeddings they are added to.
 
     Every parameter is overwritten, so ``module`` may come from
     ``to_empty()``. Values are drawn in the order of
@@ -190,7 +192,10 @@ def init_reference_weights_(
         for name, param in module.named_parameters():
             owner_name, _, kind = name.rpartition(".")
             owner = module.get_submodule(owner_name) if owner_name else module
-            if isinstance(owner, (nn.Linear, nn.Conv3d)) and kind == "weight":
+            if (
+                isinstance(owner, (nn.Linear, nn.Conv2d, nn.Conv3d))
+                and kind == "weight"
+            ):
                 std = math.prod(param.shape[1:]) ** -0.5
                 if owner_name.endswith(suffixes):
                     std *= branch_scale
@@ -198,6 +203,8 @@ def init_reference_weights_(
             elif kind == "weight" and param.dim() == 1:
                 # RMSNorm / LayerNorm gains.
                 param.normal_(1.0, 0.05, generator=generator)
+            elif kind == "weight":
+                param.normal_(0.0, 0.5, generator=generator)
             elif kind == "bias":
                 param.normal_(0.0, 0.02, generator=generator)
             else:

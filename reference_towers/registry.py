@@ -22,7 +22,8 @@ Interface of a :class:`ReferenceTower`:
 
 ``name``, ``modality``, ``modalities``, ``host_cls``, ``sizes``
     Spec name, default item modality (``"image"``), every modality the tower
-    takes (``("image",)``, or ``("image", "video")`` for Qwen2-VL), host
+    takes (``("image",)``, or ``("image", "video")`` for Qwen2-VL and
+    Qwen2.5-VL), host
     class, the available sizes (``"tiny"``: CPU tests in fp32; ``"full"``:
     the released dimensions, for the GPU in bf16).
 ``config(size)``
@@ -37,8 +38,9 @@ multimodal_config=None, seed=0)``
     cast to ``dtype`` as the real host does, moved to ``device``, in eval
     mode and without gradients.
 ``Item``
-    A grid tuple: ``(n_vit_h, n_vit_w)`` for DeepSeek-V4.1, ``(t, h, w)`` for
-    MiniMax M3 and Qwen2-VL.
+    A grid tuple: ``(n_vit_h, n_vit_w)`` for DeepSeek-V4.1, ``(h, w)``
+    patches for Kimi-VL, ``(t, h, w)`` for MiniMax M3, Qwen2-VL and
+    Qwen2.5-VL.
 ``input_size(item)``, ``output_tokens(item)``
     What the mixin's ``EncoderItemSpec`` must say for the item.
 ``is_legal(item, size, *, modality="image")``, ``max_output_tokens(size, *,
@@ -95,15 +97,19 @@ from reference_towers.deepseek_v4 import (
     image_span_length,
     llm_grid,
 )
+from reference_towers.kimi_vl import KimiVLConfig, KimiVLVisionHost
 from reference_towers.minimax_vl import MiniMaxM3VisionConfig, MiniMaxM3VisionHost
+from reference_towers.qwen2_5_vl import Qwen2_5_VLVisionConfig, Qwen2_5_VLVisionHost
 from reference_towers.qwen2_vl import Qwen2VisionConfig, Qwen2VLVisionHost
 
 __all__ = [
     "REFERENCE_TOWERS",
     "DeepseekV41Reference",
     "Item",
+    "KimiVLReference",
     "MiniMaxM3Reference",
     "Qwen2VLReference",
+    "Qwen2_5_VLReference",
     "ReferenceTower",
     "Size",
 ]
@@ -814,9 +820,190 @@ class Qwen2VLReference(_MergedGridReference[Qwen2VLVisionHost]):
         return {pixel_key: pixel_values.to(device), grid_key: grid.to(device)}
 
 
+class Qwen2_5_VLReference(Qwen2VLReference):
+    """Qwen2.5-VL: Qwen2-VL's items, legality and pixel rows (the same
+    processor), with the inputs typed as vLLM hands them to the model.
+
+    vLLM's processing context casts floating-point processor outputs to the
+    model dtype and keeps the grids on the CPU (``keep_on_cpu``); videos also
+    carry ``second_per_grid_ts`` (one ``T / fps`` per video, 1.0 at the
+    default 2 fps), which the encoder never reads.
+    """
+
+    name = "qwen2_5_vl"
+    host_cls = Qwen2_5_VLVisionHost
+
+    # The video processor's default sampling rate.
+    VIDEO_FPS = 2.0
+
+    def config(self, size: Size) -> Qwen2_5_VLVisionConfig:
+        return Qwen2_5_VLVisionConfig.for_size(size)
+
+    def make_mm_kwargs(
+        self,
+        host: Qwen2_5_VLVisionHost,
+        items: Sequence[Item],
+        device: torch.device | str,
+        *,
+        seed: int = 0,
+        modality: str = "image",
+    ) -> dict[str, Any]:
+        """Images: ``pixel_values`` (Σ t·h·w, C·T·p²) in the tower dtype on
+        ``device``, ``image_grid_thw`` (n, 3) int64 on the CPU; videos:
+        ``pixel_values_videos`` and ``video_grid_thw`` alike plus
+        ``second_per_grid_ts`` (n,) on the CPU. Pixels as
+        :meth:`Qwen2VLReference.make_mm_kwargs` draws them."""
+        kwargs = super().make_mm_kwargs(
+            host, items, device, seed=seed, modality=modality
+        )
+        dtype = host.visual.dtype
+        out: dict[str, Any] = {}
+        for key, value in kwargs.items():
+            if value.is_floating_point():
+                out[key] = value.to(device=device, dtype=dtype)
+            else:
+                out[key] = value.cpu()
+        if modality == "video":
+            step = host.visual.patch_embed.temporal_patch_size / self.VIDEO_FPS
+            out["second_per_grid_ts"] = torch.full((len(items),), step, dtype=dtype)
+        return out
+
+
+class KimiVLReference(ReferenceTower[KimiVLVisionHost]):
+    """Kimi-VL: items are patch grids ``(h, w)`` of images.
+
+    Legal: ``h`` and ``w`` positive multiples of the merge kernel ``(kh,
+    kw)`` (the processor pads images to them), at most 510 a side (its code
+    refuses 512 patches or more; the RoPE grid holds 512), and ``(h - kh)·(w
+    - kw) <= in_token_limit``: the grids the processor emits for images it
+    does not downscale (the smallest image padding to ``h×w`` has ``h - kh``
+    whole patches a side). Output tokens ``(h / kh)·(w / kw)``; input rows
+    ``h·w`` patches.
+    """
+
+    name = "kimi_vl"
+    host_cls = KimiVLVisionHost
+
+    def config(self, size: Size) -> KimiVLConfig:
+        return KimiVLConfig.for_size(size)
+
+    @property
+    def merge_kernel_size(self) -> tuple[int, int]:
+        kernels = {
+            tuple(self.config(s).vision_config.merge_kernel_size) for s in self.sizes
+        }
+        if len(kernels) != 1:
+            raise RuntimeError(f"sizes disagree on merge_kernel_size: {kernels}")
+        return kernels.pop()
+
+    def _max_side(self, size: Size, kernel: int) -> int:
+        """The largest legal side: a multiple of ``kernel``."""
+        return self.config(size).max_patches_per_side // kernel * kernel
+
+    def input_size(self, item: Item) -> int:
+        h, w = item
+        return h * w
+
+    def output_tokens(self, item: Item) -> int:
+        h, w = item
+        kh, kw = self.merge_kernel_size
+        return (h // kh) * (w // kw)
+
+    def is_legal(self, item: Item, size: Size, *, modality: str = "image") -> bool:
+        self.check_modality(modality)
+        if len(item) != 2 or not all(isinstance(v, int) for v in item):
+            return False
+        (h, w), (kh, kw) = item, self.merge_kernel_size
+        return (
+            kh <= h <= self._max_side(size, kh)
+            and kw <= w <= self._max_side(size, kw)
+            and h % kh == 0
+            and w % kw == 0
+            and (h - kh) * (w - kw) <= self.config(size).in_token_limit
+        )
+
+    def max_output_tokens(self, size: Size, *, modality: str = "image") -> int:
+        """The most tokens of a legal grid: for every block height the widest
+        legal grid, at most."""
+        self.check_modality(modality)
+        kh, kw = self.merge_kernel_size
+        limit = self.config(size).in_token_limit
+        widest = self._max_side(size, kw) // kw
+        best = 0
+        for bh in range(1, self._max_side(size, kh) // kh + 1):
+            spare_rows = (bh - 1) * kh
+            bw = (
+                widest
+                if spare_rows == 0
+                else min(widest, limit // (spare_rows * kw) + 1)
+            )
+            best = max(best, bh * bw)
+        return best
+
+    def smallest_item(self, size: Size, *, modality: str = "image") -> Item:
+        self.check_modality(modality)
+        return self.merge_kernel_size
+
+    def _items_with_output_tokens(
+        self,
+        rng: random.Random,
+        size: Size,
+        output_tokens: int,
+        *,
+        modality: str = "image",
+    ) -> Item | None:
+        self.check_modality(modality)
+        if output_tokens < 1:
+            return None
+        kh, kw = self.merge_kernel_size
+        shapes = [
+            (bh * kh, bw * kw)
+            for bh, bw in _divisor_pairs(output_tokens)
+            if self.is_legal((bh * kh, bw * kw), size)
+        ]
+        return rng.choice(shapes) if shapes else None
+
+    def make_mm_kwargs(
+        self,
+        host: KimiVLVisionHost,
+        items: Sequence[Item],
+        device: torch.device | str,
+        *,
+        seed: int = 0,
+        modality: str = "image",
+    ) -> dict[str, Any]:
+        """``pixel_values`` (Σ h·w, 3, p, p) in the tower dtype on ``device``
+        (vLLM casts the processor's output to the model dtype) and
+        ``image_grid_hws`` (n, 2) int64 on the CPU (``keep_on_cpu``). Pixels
+        are uniform in [−1, 1] (mean = std = 0.5 normalisation), cut into
+        patches in row-major order."""
+        self.check_modality(modality)
+        p = host.config.vision_config.patch_size
+        generator = torch.Generator().manual_seed(seed)
+        patches = []
+        for h, w in items:
+            image = torch.rand((3, h * p, w * p), generator=generator) * 2 - 1
+            patches.append(
+                image.reshape(3, h, p, w, p).permute(1, 3, 0, 2, 4).reshape(-1, 3, p, p)
+            )
+        pixels = torch.cat(patches) if patches else torch.zeros((0, 3, p, p))
+        return {
+            "pixel_values": pixels.to(device=device, dtype=host.vision_tower.dtype),
+            "image_grid_hws": torch.tensor(list(items), dtype=torch.int64).reshape(
+                -1, 2
+            ),
+        }
+
+
 REFERENCE_TOWERS: dict[str, ReferenceTower[Any]] = {
     tower.name: tower
-    for tower in (DeepseekV41Reference(), MiniMaxM3Reference(), Qwen2VLReference())
+    for tower in (
+        DeepseekV41Reference(),
+        KimiVLReference(),
+        MiniMaxM3Reference(),
+        Qwen2VLReference(),
+        Qwen2_5_VLReference(),
+    )
 }
 
 
