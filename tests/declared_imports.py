@@ -43,12 +43,15 @@ class Section:
     to the section with the longest folder that contains it. Besides the
     project's ``dependencies``, its files may use the requirements of
     ``extras`` (with the extras those name in turn) and the import names of
-    ``provided``, each with the reason it needs no requirement.
+    ``provided``, each with the reason it needs no requirement. A section
+    with ``stdlib_only`` runs before anything is installed: not even the
+    ``dependencies``.
     """
 
     folder: str
     extras: tuple[str, ...]
     provided: tuple[tuple[str, str], ...] = ()
+    stdlib_only: bool = False
 
 
 SECTIONS: tuple[Section, ...] = (
@@ -60,6 +63,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("tests/", ("test",)),
     Section("tests/generator/golden/vllm/", ("test",), (_VLLM_DROP_IN,)),
     Section("bench/", ("bench", "gpu")),
+    Section(".ci/", (), stdlib_only=True),
 )
 
 # Import names whose distribution is called something else. Any other import
@@ -100,6 +104,8 @@ class Requirements:
     packages: frozenset[str]
 
     def allowed(self, section: Section) -> frozenset[str]:
+        if section.stdlib_only:
+            return frozenset()
         names = set(self.dependencies)
         for extra in section.extras:
             names |= self.extras.get(extra, frozenset())
@@ -157,14 +163,16 @@ def section_of(relative: str) -> Section | None:
 
 
 def project_files(root: Path) -> Iterator[Path]:
-    """The ``.py`` files of the tree, without hidden folders, caches,
-    virtual environments and build outputs."""
+    """The ``.py`` files of the tree, without hidden folders (except those
+    :data:`SECTIONS` names, such as ``.ci/``), caches, virtual environments
+    and build outputs."""
+    named = {section.folder.split("/")[0] for section in SECTIONS}
     for folder, subfolders, files in os.walk(root):
         here = Path(folder)
         subfolders[:] = sorted(
             name
             for name in subfolders
-            if not name.startswith(".")
+            if (not name.startswith(".") or (here == root and name in named))
             and name not in {"__pycache__", "build", "dist"}
             and not name.endswith(".egg-info")
             and not (here / name / "pyvenv.cfg").exists()
@@ -225,7 +233,11 @@ def _check_import(
     distribution = distribution_of(module)
     if distribution in requirements.allowed(section):
         return None
-    where = ", ".join(("dependencies",) + tuple(f"[{e}]" for e in section.extras))
+    where = (
+        "only the standard library"
+        if section.stdlib_only
+        else ", ".join(("dependencies",) + tuple(f"[{e}]" for e in section.extras))
+    )
     return Problem(
         relative,
         line,

@@ -91,6 +91,11 @@ CASES = [
         ["encoder_cudagraph_runtime/image.py:1: PIL: distribution 'pil'"],
     ),
     (
+        "CI's scripts run before any install",
+        {".ci/extract.py": "import re\nimport yaml\n"},
+        [".ci/extract.py:2: yaml: distribution 'pyyaml' is not declared"],
+    ),
+    (
         "a file outside every section",
         {"tools/report.py": "import yaml\n", "tools/stdlib_only.py": "import os\n"},
         ["tools/report.py:1: yaml: the file is in no section"],
@@ -161,5 +166,5 @@ def test_an_undeclared_import_fails_in_every_section(tmp_path: Path, folder: str
     assert len(problems) == 1, problems
     assert problems[0].startswith(
         f"{added}:1: scipy: distribution 'scipy' is not declared in pyproject.toml"
-        f" for {folder} (it may use dependencies"
+        f" for {folder} (it may use "
     ), problems
