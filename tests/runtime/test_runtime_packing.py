@@ -1,7 +1,7 @@
 """Greedy packing and budget choice.
 
 ``reference_pack`` below is a deliberately literal transcription of the
-rules in ``/work/shared/PROTOCOL.md`` section 5 (dicts, linear scans, no
+rules in ``docs/protocol.md`` ("Execution"; dicts, linear scans, no
 bisect), written independently of ``encoder_cudagraph_runtime.packing``;
 property tests compare the two, the examples check hand-derived batches.
 """
