@@ -12,10 +12,26 @@ in a few milliseconds).
 from __future__ import annotations
 
 import functools
+import os
 from importlib import resources
+from pathlib import Path
 
+VLLM_VERSION = "0.33.0"
 MANIFEST_RESOURCE = ("data", "vllm_manifest.txt")
 _COVERED_KEY = "# covered-packages:"
+
+
+def find_vllm_wheel() -> Path | None:
+    """Where the pinned vLLM's wheel is (the manifest's source; the parity
+    tests read vLLM's mixins from it): ``$GEN_MIXIN_VLLM_WHEEL``, else the
+    wheel CI downloads into ``~/.cache/gen-mixin``; ``None`` if neither."""
+    env = os.environ.get("GEN_MIXIN_VLLM_WHEEL")
+    if env:
+        return Path(env)
+    found = sorted(
+        (Path.home() / ".cache" / "gen-mixin").glob(f"vllm-{VLLM_VERSION}-*.whl")
+    )
+    return found[0] if found else None
 
 
 @functools.cache

@@ -24,15 +24,13 @@ from __future__ import annotations
 
 import argparse
 import ast
-import os
 import sys
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from generator.vllm_manifest import covers
+from generator.vllm_manifest import VLLM_VERSION, covers, find_vllm_wheel
 
-VLLM_VERSION = "0.33.0"
 REPO = Path(__file__).resolve().parents[1]
 MANIFEST_PATH = REPO / "generator" / "data" / "vllm_manifest.txt"
 
@@ -53,18 +51,6 @@ COVERED_PACKAGES = (
     "vllm.v1.attention",
     "vllm.v1.worker",
 )
-
-
-def default_wheel() -> Path | None:
-    """``$GEN_MIXIN_VLLM_WHEEL``, else the wheel CI downloads into
-    ``~/.cache/gen-mixin``; ``None`` when neither is there."""
-    env = os.environ.get("GEN_MIXIN_VLLM_WHEEL")
-    if env:
-        return Path(env)
-    found = sorted(
-        (Path.home() / ".cache" / "gen-mixin").glob(f"vllm-{VLLM_VERSION}-*.whl")
-    )
-    return found[0] if found else None
 
 
 def module_name(path: str) -> str | None:
@@ -189,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         "--check", action="store_true", help="exit 1 if the manifest is stale"
     )
     args = parser.parse_args(argv)
-    wheel = args.wheel or default_wheel()
+    wheel = args.wheel or find_vllm_wheel()
     if wheel is None or not wheel.is_file():
         print(
             f"no vLLM {VLLM_VERSION} wheel: pass --wheel, set GEN_MIXIN_VLLM_WHEEL "
