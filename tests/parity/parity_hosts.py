@@ -27,6 +27,13 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from parity_testlib import (
+    WheelCode,
+    load_generated_vllm_module,
+    protocol_stubs,
+    vllm_wheel,
+    with_protocol,
+)
 
 from encoder_cudagraph_runtime.attention_backends import AttentionBackendEnum
 from encoder_cudagraph_runtime.config import (
@@ -35,13 +42,6 @@ from encoder_cudagraph_runtime.config import (
     MultiModalConfig,
     SchedulerConfig,
     VllmConfig,
-)
-from parity_testlib import (
-    WheelCode,
-    load_generated_vllm_module,
-    protocol_stubs,
-    vllm_wheel,
-    with_protocol,
 )
 
 #: Width of the fake towers' hidden rows (and of their output).

@@ -349,8 +349,7 @@ class WheelCode:
                 (
                     n
                     for n in getattr(node, "body", [])
-                    if isinstance(n, (ast.FunctionDef, ast.ClassDef))
-                    and n.name == part
+                    if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == part
                 ),
                 None,
             )

@@ -9,10 +9,9 @@ listed in docs/vllm-differences.md and shown by a test below.
 
 from __future__ import annotations
 
+import parity_hosts as hosts
 import pytest
 import torch
-
-import parity_hosts as hosts
 from parity_hosts import CPU, CaptureCase, Plan
 from parity_testlib import Difference, check_differences, copy_replay_into_captured
 
@@ -33,7 +32,8 @@ DIFFERENCES = (
             r"capture\[.*/forward/shape",
             r"replay\[.*/captured/\w+\.(shape|values)$",
             # What the packed ViT receives and returns: the captured buffers.
-            r"(capture\[.*/forward/|replay\[.*/)calls\[\d+\]/(patches|cos|sin|output)\.",
+            r"(capture\[.*/forward/|replay\[.*/)calls\[\d+\]/"
+            r"(patches|cos|sin|output)\.",
             r"capture\[.*/forward/calls\[\d+\]/(cu_seqlens|max_seqlen)\.values$",
         ),
     ),

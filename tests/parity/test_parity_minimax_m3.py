@@ -7,9 +7,8 @@ The battery finds no difference: the document lists none for MiniMax M3.
 
 from __future__ import annotations
 
-import pytest
-
 import parity_hosts as hosts
+import pytest
 from parity_hosts import CaptureCase, Plan
 from parity_testlib import check_differences
 

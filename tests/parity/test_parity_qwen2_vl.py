@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import ast
 
+import parity_hosts as hosts
 import pytest
 import torch
-
-import parity_hosts as hosts
 from parity_hosts import CaptureCase, HostSettings, Plan
 from parity_testlib import (
     Difference,
@@ -58,7 +57,8 @@ DIFFERENCES = (
     Difference(
         "qwen2_vl.capture-max-seqlen",
         (
-            r"capture\[.*/(values|forward/calls\[\d+\]/encoder_metadata)/max_seqlen\.values$",
+            r"capture\[.*/(values|forward/calls\[\d+\]/encoder_metadata)/"
+            r"max_seqlen\.values$",
         ),
     ),
     Difference(
