@@ -6,7 +6,7 @@ builders, RoPE position ids, merge indices, the forwards' glue), taken from
 the wheel by :class:`parity_testlib.WheelCode`. Only learned or
 device-specific parts are fakes, deterministic and cheap:
 
-* patch embeddings sum fixed groups of input columns;
+* patch embeddings are fixed linear maps of the pixel rows;
 * attention is :func:`varlen_attention`, which keeps FlashAttention's varlen
   contract: each sequence of ``cu_seqlens`` attends to itself, a sequence
   longer than ``max_seqlen`` only gets its first ``max_seqlen`` rows
@@ -27,13 +27,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from parity_testlib import (
-    WheelCode,
-    load_generated_vllm_module,
-    protocol_stubs,
-    vllm_wheel,
-    with_protocol,
-)
 
 from encoder_cudagraph_runtime.attention_backends import AttentionBackendEnum
 from encoder_cudagraph_runtime.config import (
@@ -42,6 +35,13 @@ from encoder_cudagraph_runtime.config import (
     MultiModalConfig,
     SchedulerConfig,
     VllmConfig,
+)
+from parity_testlib import (
+    WheelCode,
+    load_generated_vllm_module,
+    protocol_stubs,
+    vllm_wheel,
+    with_protocol,
 )
 
 #: Width of the fake towers' hidden rows (and of their output).
@@ -179,7 +179,7 @@ def _snapshot(value: Any) -> Any:
     return value
 
 
-def column_sums(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def patch_embedding(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A fake patch embedding: each row to ``WIDTH`` fixed mixes of its
     values (in float32, then cast)."""
     flat = x.reshape(x.shape[0], -1).float()
@@ -314,7 +314,7 @@ class _QwenTowerParts(Recorder):
         self.out_hidden_size = WIDTH
         self.attn_backend = AttentionBackendEnum[settings.backend]
         self.patch_embed = _CallablePatchEmbed(
-            lambda x: column_sums(x, dtype),
+            lambda x: patch_embedding(x, dtype),
             proj=_Obj(in_channels=3),
             patch_size=PATCH,
             temporal_patch_size=2,
@@ -331,7 +331,7 @@ class _QwenTowerParts(Recorder):
 
     @property
     def device(self) -> torch.device:
-        return torch.device("cpu")
+        return CPU
 
     def __call__(self, x, grid_thw, *, encoder_metadata=None):
         self.calls.append(
@@ -367,7 +367,8 @@ class _QwenProcessingInfo:
 
 
 class _Registry:
-    """``MULTIMODAL_REGISTRY``: the processing info of a model config."""
+    """``MULTIMODAL_REGISTRY``: the processing info of a model config (the
+    host's frame count rides on its model config as ``parity_max_frames``)."""
 
     def get_processing_info(self, model_config):
         return _QwenProcessingInfo(model_config.parity_max_frames)
@@ -558,7 +559,7 @@ class _MiniMaxViTParts:
         self.inv_freq_t = self.inv_freq_h = self.inv_freq_w = torch.ones(2)
         self.mrope_setup = _MiniMaxRopeSetup()
         self.embeddings = _CallablePatchEmbed(
-            lambda x: column_sums(x, dtype),
+            lambda x: patch_embedding(x, dtype),
             num_channels=3,
             temporal_patch_size=2,
             patch_size=PATCH,
@@ -694,7 +695,7 @@ class _DeepseekViTParts(Recorder):
         super().__init__()
         self.rope_dim = 4
         self.rope_theta = 10000.0
-        self.patch_embed = lambda x: column_sums(x, dtype)
+        self.patch_embed = lambda x: patch_embedding(x, dtype)
         self.blocks = [_DeepseekBlock(self, settings.backend)]
         self.norm = lambda x: x
 
@@ -952,6 +953,39 @@ def glm4_1v_host() -> Any:
     host.is_multimodal_pruning_enabled = False
     # The frame count vLLM reads from the processor (stubbed here).
     host.get_max_frames_per_video = lambda: 4
+    return host
+
+
+GEMMA3 = "vllm.model_executor.models.gemma3_mm"
+
+
+@functools.cache
+def gemma3_host_class() -> type:
+    """A host class with vLLM's Gemma 3 mixin."""
+    code = _wheel_code({})
+    return code.klass(
+        GEMMA3,
+        "Gemma3ForConditionalGeneration",
+        [
+            m
+            for m in _defined(code, GEMMA3, "Gemma3ForConditionalGeneration")
+            if m != "encoder_eager_forward"  # the eager image path, not needed
+        ],
+        bases=(_protocol(code),),
+    )
+
+
+def gemma3_host() -> Any:
+    """A host of vLLM's Gemma 3 mixin: 256 tokens per crop, PATCH-sized
+    crops (the mixin reads the crop size from the config)."""
+    host = gemma3_host_class()()
+    host.config = _Obj(
+        mm_tokens_per_image=256,
+        vision_config=_Obj(image_size=PATCH),
+        text_config=_Obj(hidden_size=WIDTH),
+    )
+    host.vit_positions_per_patch = 4
+    host.model_config = ModelConfig()
     return host
 
 
