@@ -18,7 +18,6 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-
 from generator import cli, vllm_manifest
 from generator.vllm_manifest import vllm_import_problem, vllm_module_names
 

@@ -4,6 +4,7 @@ parity_hosts)."""
 from __future__ import annotations
 
 import pytest
+
 from parity_testlib import WheelCode, protocol_stubs, vllm_wheel
 
 

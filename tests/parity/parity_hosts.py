@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 from collections.abc import Callable
 from typing import Any
 
 import torch
-
 from encoder_cudagraph_runtime.attention_backends import AttentionBackendEnum
 from encoder_cudagraph_runtime.config import (
     CompilationConfig,
@@ -36,6 +36,7 @@ from encoder_cudagraph_runtime.config import (
     SchedulerConfig,
     VllmConfig,
 )
+
 from parity_testlib import (
     WheelCode,
     load_generated_vllm_module,
@@ -133,7 +134,7 @@ def varlen_attention(
 
     if offsets[0] != 0:
         violation("cu_seqlens-start", f"cu_seqlens[0] = {offsets[0]}, not 0")
-    for i, (start, end) in enumerate(zip(offsets, offsets[1:], strict=False)):
+    for i, (start, end) in enumerate(itertools.pairwise(offsets)):
         if end < start:
             violation("cu_seqlens-decreasing", f"cu_seqlens[{i + 1}] = {end} < {start}")
             continue
@@ -1022,7 +1023,7 @@ def cu_seqlens_tail(cu_seqlens: torch.Tensor, rows: int) -> str:
     sequence) or ``rows-uncovered`` (the rows past the last offset are in
     no sequence: attention never writes them)."""
     values = [int(v) for v in cu_seqlens.tolist()]
-    if any(b < a for a, b in zip(values, values[1:], strict=False)):
+    if any(b < a for a, b in itertools.pairwise(values)):
         return "decreasing"
     return "covers-rows" if values[-1] == rows else "rows-uncovered"
 

@@ -35,7 +35,6 @@ from typing import Any
 
 import pytest
 import torch
-
 from encoder_cudagraph_runtime import attention_backends, defs
 from encoder_cudagraph_runtime.manager import EncoderCudaGraphManager
 from generator.vllm_manifest import find_vllm_wheel
@@ -323,9 +322,6 @@ class WheelCode:
             raise WheelCodeError(f"{module}.{name} is not callable")
         return value
 
-    def constant(self, module: str, name: str) -> Any:
-        return self.get(module, name)
-
     # -- classes, method by method -----------------------------------------
 
     def _class_def(self, module: str, class_name: str) -> tuple[str, ast.ClassDef]:
@@ -556,7 +552,7 @@ def observe(call: Callable[[], Any]) -> Any:
     """``call()``'s result, or :class:`Raised` with the exception's type."""
     try:
         return call()
-    except Exception as exc:  # noqa: BLE001 - the exception is the observation
+    except Exception as exc:
         return Raised(type(exc).__name__)
 
 

@@ -9,9 +9,10 @@ listed in docs/vllm-differences.md and shown by a test below.
 
 from __future__ import annotations
 
-import parity_hosts as hosts
 import pytest
 import torch
+
+import parity_hosts as hosts
 from parity_hosts import CPU, CaptureCase, Plan
 from parity_testlib import Difference, check_differences, copy_replay_into_captured
 

@@ -8,10 +8,10 @@ import sys
 
 import pytest
 import torch
-
-import parity_hosts as hosts
 from encoder_cudagraph_runtime.defs import BudgetGraphMetadata
 from encoder_cudagraph_runtime.manager import EncoderCudaGraphManager
+
+import parity_hosts as hosts
 from parity_hosts import CPU, CaptureCase
 from parity_testlib import (
     GENERATED_VLLM,

@@ -7,8 +7,9 @@ The battery finds no difference: the document lists none for MiniMax M3.
 
 from __future__ import annotations
 
-import parity_hosts as hosts
 import pytest
+
+import parity_hosts as hosts
 from parity_hosts import CaptureCase, Plan
 from parity_testlib import check_differences
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import ast
 
-import parity_hosts as hosts
 import pytest
 import torch
+
+import parity_hosts as hosts
 from parity_hosts import CaptureCase, HostSettings, Plan
 from parity_testlib import (
     Difference,
