@@ -44,6 +44,7 @@ from generator.ir import (
 from generator.naming import FIRST_PARTY_ROOTS, TARGETS
 from generator.spec_schema import SPEC_SCHEMA, check_structure
 from generator.static_checks import Arithmetic, capture_problems, slot_problems
+from generator.vllm_manifest import vllm_import_problem
 from generator.yaml_loader import Node, load_spec_tree
 
 # Names the generated methods use for their own arguments and locals, and the
@@ -493,6 +494,14 @@ class _Resolver:
                         f"module {module.value!r} is not a module of the {target} "
                         f"target (expected one under: {expected})",
                     )
+            vllm_module = entry.value["vllm"]
+            if isinstance(vllm_module.value, str) and vllm_module.value.startswith(
+                "vllm"
+            ):
+                # Offline: the manifest of vLLM 0.33.0's modules and names.
+                problem = vllm_import_problem(vllm_module.value, name)
+                if problem is not None:
+                    self.err(vllm_module, f"imports.{name}.vllm", problem)
             type_only = entry.value.get("type_only")
             out.append(
                 Import(

@@ -1,0 +1,1327 @@
+"""The fake hosts of the parity tests: one per model, vLLM's mixin and the
+generated one mixed onto the same host class.
+
+A host's towers are vLLM's own code wherever it is pure Python (metadata
+builders, RoPE position ids, merge indices, the forwards' glue), taken from
+the wheel by :class:`parity_testlib.WheelCode`. Only learned or
+device-specific parts are fakes, deterministic and cheap:
+
+* patch embeddings are fixed linear maps of the pixel rows;
+* attention is :func:`varlen_attention`, which keeps FlashAttention's varlen
+  contract: each sequence of ``cu_seqlens`` attends to itself, a sequence
+  longer than ``max_seqlen`` only gets its first ``max_seqlen`` rows
+  computed, and rows no sequence covers are never written (they stay NaN,
+  like freshly allocated memory in a poisoned pool). What breaks the
+  contract is recorded on the tower (``violations``);
+* RoPE tables and the MiniMax 3-D RoPE kernel are position codes;
+* projectors and mergers average fixed row groups.
+
+Every call the mixins make into a tower's forward is recorded (``calls``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from encoder_cudagraph_runtime.attention_backends import AttentionBackendEnum
+from encoder_cudagraph_runtime.config import (
+    CompilationConfig,
+    ModelConfig,
+    MultiModalConfig,
+    SchedulerConfig,
+    VllmConfig,
+)
+
+from parity_testlib import (
+    WheelCode,
+    load_generated_vllm_module,
+    protocol_stubs,
+    vllm_wheel,
+    with_protocol,
+)
+
+#: Width of the fake towers' hidden rows (and of their output).
+WIDTH = 8
+#: The fake towers' patch side: small, so that inputs stay small (the mixins
+#: read it from the tower like any other size).
+PATCH = 2
+#: Columns of a flat pixel row: 3 channels x 2 frames x PATCH x PATCH.
+PIXEL_COLUMNS = 3 * 2 * PATCH * PATCH
+CPU = torch.device("cpu")
+
+
+# ---------------------------------------------------------------------------
+# Settings of one host
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class HostSettings:
+    """What a host is configured with (one scenario of the config checks)."""
+
+    backend: str = "FLASH_ATTN"
+    image_limit: int | None = None
+    video_limit: int | None = None
+    fp8: str | None = None  # None, "static" (scale file) or "dynamic"
+    no_multimodal_config: bool = False
+    fused_input_norm: bool = False
+    max_model_len: int = 8192
+    max_num_batched_tokens: int = 8192
+    max_frames_per_video: int = 4
+
+    def multimodal_config(self) -> MultiModalConfig | None:
+        if self.no_multimodal_config:
+            return None
+        limits = {}
+        if self.image_limit is not None:
+            limits["image"] = self.image_limit
+        if self.video_limit is not None:
+            limits["video"] = self.video_limit
+        return MultiModalConfig(
+            limit_per_prompt=limits,
+            mm_encoder_attn_dtype="fp8" if self.fp8 else None,
+            mm_encoder_fp8_scale_path="scales.json" if self.fp8 == "static" else None,
+        )
+
+    def vllm_config(self) -> VllmConfig:
+        return VllmConfig(
+            scheduler_config=SchedulerConfig(self.max_num_batched_tokens),
+            model_config=ModelConfig(
+                max_model_len=self.max_model_len,
+                multimodal_config=self.multimodal_config(),
+            ),
+            compilation_config=CompilationConfig(cudagraph_mm_encoder=True),
+        )
+
+
+# ---------------------------------------------------------------------------
+# Shared fakes
+# ---------------------------------------------------------------------------
+
+
+def _as_int(value: Any) -> int | None:
+    if value is None:
+        return None
+    return int(value.item()) if isinstance(value, torch.Tensor) else int(value)
+
+
+def varlen_attention(
+    x: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    max_seqlen: Any,
+    violations: dict[str, list[str]],
+) -> torch.Tensor:
+    """Varlen self-attention by FlashAttention's contract, on 2-D rows.
+
+    Each row of a sequence becomes itself plus its sequence's mean (every key
+    row of the sequence is read); only the first ``max_seqlen`` rows of a
+    sequence are computed and rows outside every sequence are not written:
+    both stay NaN. What breaks the contract is added to ``violations`` by
+    kind.
+    """
+    rows = x.shape[0]
+    offsets = [int(v) for v in cu_seqlens.tolist()]
+    bound = _as_int(max_seqlen)
+    out = torch.full_like(x, float("nan"))
+
+    def violation(kind: str, message: str) -> None:
+        violations.setdefault(kind, []).append(message)
+
+    if offsets[0] != 0:
+        violation("cu_seqlens-start", f"cu_seqlens[0] = {offsets[0]}, not 0")
+    for i, (start, end) in enumerate(itertools.pairwise(offsets)):
+        if end < start:
+            violation("cu_seqlens-decreasing", f"cu_seqlens[{i + 1}] = {end} < {start}")
+            continue
+        if end > rows:
+            violation("offsets-past-rows", f"sequence {i} ends at {end} > {rows}")
+            continue
+        length = end - start
+        if length == 0:
+            continue
+        done = length if bound is None else min(length, bound)
+        if done < length:
+            violation(
+                "max_seqlen-too-small",
+                f"sequence {i} has {length} rows, max_seqlen {bound}: "
+                f"{length - done} rows not computed",
+            )
+        mean = x[start:end].mean(dim=0, keepdim=True)
+        out[start : start + done] = x[start : start + done] + mean
+    return out
+
+
+class Recorder:
+    """What a tower saw: ``calls`` (one dict per forward) and the attention
+    contract ``violations`` of every attention call, by kind."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, Any]] = []
+        self.violations: dict[str, list[str]] = {}
+
+    def reset(self) -> None:
+        self.calls.clear()
+        self.violations.clear()
+
+
+def _snapshot(value: Any) -> Any:
+    """A call argument as it was at call time (tensors cloned)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, dict):
+        return {k: _snapshot(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_snapshot(v) for v in value)
+    return value
+
+
+def patch_embedding(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A fake patch embedding: each row to ``WIDTH`` fixed mixes of its
+    values (in float32, then cast)."""
+    flat = x.reshape(x.shape[0], -1).float()
+    return (flat @ _mixing(flat.shape[1], WIDTH)).to(dtype)
+
+
+@functools.cache
+def _mixing(rows: int, cols: int) -> torch.Tensor:
+    """A fixed, exactly representable ``rows x cols`` matrix."""
+    i = torch.arange(rows)[:, None]
+    j = torch.arange(cols)[None, :]
+    return (((i * 7 + j * 3) % 11) - 5).float() / 16
+
+
+def group_means(x: torch.Tensor, group: int) -> torch.Tensor:
+    """A fake merger: the mean of each run of ``group`` rows."""
+    return x.reshape(-1, group, x.shape[-1]).mean(dim=1)
+
+
+class _Obj:
+    """A plain attribute bag for config-like objects."""
+
+    def __init__(self, **attrs: Any) -> None:
+        self.__dict__.update(attrs)
+
+
+# ---------------------------------------------------------------------------
+# One model's parity setup
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelParity:
+    """How one model is compared: its two host classes and its inputs."""
+
+    name: str  # the spec stem
+    vllm_host: type
+    our_host: type
+    make_host: Callable[[type, HostSettings], Any]
+    modalities: tuple[str, ...]
+    make_batch: Callable[..., dict[str, Any]]
+    random_grid: Callable[[torch.Generator, str], tuple[int, ...]]
+    frames: Callable[[tuple[int, ...]], int]
+
+    def hosts(self, settings: HostSettings = HostSettings()) -> tuple[Any, Any]:
+        """(vLLM's host, ours), built alike from ``settings``."""
+        return (
+            self.make_host(self.vllm_host, settings),
+            self.make_host(self.our_host, settings),
+        )
+
+
+def _wheel_code(stubs: dict[str, dict[str, Any]]) -> WheelCode:
+    merged = protocol_stubs()
+    for module, names in stubs.items():
+        merged.setdefault(module, {}).update(names)
+    return with_protocol(WheelCode(vllm_wheel(), merged))
+
+
+def _protocol(code: WheelCode) -> type:
+    return code.stubs["vllm.model_executor.models.interfaces"][
+        "SupportsEncoderCudaGraph"
+    ]
+
+
+PROTOCOL_METHODS = (
+    "get_encoder_cudagraph_config",
+    "get_input_modality",
+    "get_encoder_cudagraph_budget_range",
+    "get_encoder_cudagraph_item_specs",
+    "select_encoder_cudagraph_items",
+    "prepare_encoder_cudagraph_capture_inputs",
+    "prepare_encoder_cudagraph_replay_buffers",
+    "encoder_cudagraph_forward",
+    "encoder_eager_forward",
+    "postprocess_encoder_output",
+)
+
+
+def _defined(code: WheelCode, module: str, class_name: str) -> list[str]:
+    """The protocol methods ``module.class_name`` defines itself."""
+    own = code.method_names(module, class_name)
+    return [m for m in PROTOCOL_METHODS if m in own]
+
+
+# ---------------------------------------------------------------------------
+# Qwen2-VL
+# ---------------------------------------------------------------------------
+
+QWEN2_VL = "vllm.model_executor.models.qwen2_vl"
+
+
+class _QwenRotary:
+    """``get_cos_sin(n)`` of a RoPE cache: position codes, not frequencies."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        self.dtype = dtype
+
+    def get_cos_sin(self, seqlen: int) -> tuple[torch.Tensor, torch.Tensor]:
+        codes = torch.arange(seqlen, dtype=torch.float32)[:, None] + torch.arange(
+            WIDTH // 2, dtype=torch.float32
+        ) / (2 * WIDTH)
+        return codes.to(self.dtype), (-codes).to(self.dtype)
+
+
+class _QwenIdentityNorm:
+    input_dtype = None
+
+    def __call__(self, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return x.to(dtype, copy=False)
+
+
+class _QwenBlock:
+    def __init__(self, recorder: Recorder) -> None:
+        self.recorder = recorder
+
+    def __call__(
+        self, x, cu_seqlens, rotary_pos_emb_cos, rotary_pos_emb_sin, max_seqlen=None
+    ):
+        rows = x[:, 0, :].float() + rotary_pos_emb_cos.float()
+        out = varlen_attention(rows, cu_seqlens, max_seqlen, self.recorder.violations)
+        return out.to(x.dtype)[:, None, :]
+
+
+class _QwenTowerParts(Recorder):
+    """The learned parts of ``Qwen2VisionTransformer`` and its attributes;
+    ``forward`` and the metadata builders are vLLM's (subclass)."""
+
+    def __init__(self, settings: HostSettings, dtype: torch.dtype, norm: Any) -> None:
+        super().__init__()
+        self.spatial_merge_size = 2
+        self.out_hidden_size = WIDTH
+        self.attn_backend = AttentionBackendEnum[settings.backend]
+        self.patch_embed = _CallablePatchEmbed(
+            lambda x: patch_embedding(x, dtype),
+            proj=_Obj(in_channels=3),
+            patch_size=PATCH,
+            temporal_patch_size=2,
+        )
+        self.input_norm = norm
+        self.rotary_pos_emb = _QwenRotary(dtype)
+        self.blocks = [_QwenBlock(self)]
+        self.merger = lambda x: group_means(x[:, 0, :], 4)
+        self._dtype = dtype
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._dtype
+
+    @property
+    def device(self) -> torch.device:
+        return CPU
+
+    def __call__(self, x, grid_thw, *, encoder_metadata=None):
+        self.calls.append(
+            {
+                "x": _snapshot(x),
+                "grid_thw": _snapshot(grid_thw),
+                "encoder_metadata": _snapshot(encoder_metadata),
+            }
+        )
+        return self.forward(x, grid_thw, encoder_metadata=encoder_metadata)
+
+
+class _CallablePatchEmbed(_Obj):
+    """A patch embedding that is both called and read for its sizes."""
+
+    def __init__(self, call: Callable[[torch.Tensor], torch.Tensor], **sizes: Any):
+        super().__init__(**sizes)
+        self._call = call
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self._call(x)
+
+
+class _QwenProcessingInfo:
+    """``Qwen2VLProcessingInfo`` as far as ``get_max_frames_per_video``
+    reads it: the frame count comes from the host settings."""
+
+    def __init__(self, frames: int) -> None:
+        self.frames = frames
+
+    def get_num_frames_with_most_features(self, seq_len, mm_counts) -> int:
+        return self.frames
+
+
+class _Registry:
+    """``MULTIMODAL_REGISTRY``: the processing info of a model config (the
+    host's frame count rides on its model config as ``parity_max_frames``)."""
+
+    def get_processing_info(self, model_config):
+        return _QwenProcessingInfo(model_config.parity_max_frames)
+
+
+def _qwen_norm(code: WheelCode, fused: bool) -> Any:
+    if not fused:
+        return _QwenIdentityNorm()
+    # vLLM's own fused normalisation (its native path), on fixed statistics.
+    parts = type(
+        "_FusedNormParts",
+        (),
+        {
+            "channel": 3,
+            "weight": torch.tensor([1 / 51.0, 1 / 64.0, 1 / 32.0]),
+            "bias": torch.tensor([-2.0, -1.5, -1.75]),
+            "__call__": lambda self, x, dtype: self.forward_native(x, dtype),
+        },
+    )
+    fused_class = code.klass(
+        "vllm.model_executor.layers.fusion.mm_input_norm",
+        "FusedMMInputNorm",
+        ["forward_native", "input_dtype"],
+        bases=(parts,),
+    )
+    return fused_class()
+
+
+def _qwen_parity() -> ModelParity:
+    code = _wheel_code(
+        {
+            "vllm.multimodal": {"MULTIMODAL_REGISTRY": _Registry()},
+            QWEN2_VL: {"Qwen2VLProcessingInfo": _QwenProcessingInfo},
+        }
+    )
+    tower_class = code.klass(
+        QWEN2_VL,
+        "Qwen2VisionTransformer",
+        ["forward", "prepare_encoder_metadata"],
+        bases=(_QwenTowerParts,),
+        exclude=["device", "dtype"],
+    )
+    host_methods = code.klass(
+        QWEN2_VL, "Qwen2VLForConditionalGeneration", ["get_max_frames_per_video"]
+    )
+    vllm_mixin = code.klass(
+        QWEN2_VL,
+        "Qwen2VLForConditionalGeneration",
+        _defined(code, QWEN2_VL, "Qwen2VLForConditionalGeneration"),
+        bases=(_protocol(code),),
+        exclude=["get_max_frames_per_video"],
+    )
+    ours = load_generated_vllm_module("qwen2_vl", code).Qwen2VLEncoderCudaGraphMixin
+
+    def make_host(host_class: type, settings: HostSettings) -> Any:
+        dtype = torch.float32
+        tower = tower_class(
+            settings, dtype, _qwen_norm(code, settings.fused_input_norm)
+        )
+        host = host_class()
+        vllm_config = settings.vllm_config()
+        host.model_config = vllm_config.model_config
+        host.model_config.parity_max_frames = settings.max_frames_per_video
+        host.multimodal_config = vllm_config.model_config.multimodal_config
+        host.visual = tower
+        return host
+
+    return ModelParity(
+        name="qwen2_vl",
+        vllm_host=type("VllmQwen2VLHost", (host_methods, vllm_mixin), {}),
+        our_host=type("GeneratedQwen2VLHost", (host_methods, ours), {}),
+        make_host=make_host,
+        modalities=("image", "video"),
+        make_batch=_qwen_batch,
+        random_grid=_merged_grid,
+        frames=lambda grid: grid[0],
+    )
+
+
+def _merged_grid(gen: torch.Generator, modality: str) -> tuple[int, int, int]:
+    """A random [t, h, w] patch grid of a tower with a 2 x 2 merge: images
+    of 1 x 2..10 x 2..10 patches, videos of 1..3 frames of 2..6 x 2..6."""
+    if modality == "image":
+        h, w = (2 * torch.randint(1, 6, (2,), generator=gen)).tolist()
+        return (1, h, w)
+    t = int(torch.randint(1, 4, (1,), generator=gen))
+    h, w = (2 * torch.randint(1, 4, (2,), generator=gen)).tolist()
+    return (t, h, w)
+
+
+def _qwen_batch(
+    gen: torch.Generator,
+    modality: str,
+    grids: list[tuple[int, int, int]],
+    *,
+    raw: bool = False,
+) -> dict[str, Any]:
+    """A Qwen2-VL batch of ``grids`` ([t, h, w] patches, h and w even);
+    ``raw`` pixels are uint8 bytes (fused normalisation), else float32."""
+    rows = sum(t * h * w for t, h, w in grids)
+    if raw:
+        pixels = torch.randint(
+            0, 256, (rows, PIXEL_COLUMNS), generator=gen, dtype=torch.uint8
+        )
+    else:
+        pixels = torch.randn(rows, PIXEL_COLUMNS, generator=gen)
+    grid = torch.tensor(grids, dtype=torch.int64).reshape(-1, 3)
+    if modality == "image":
+        return {"pixel_values": pixels, "image_grid_thw": grid}
+    return {"pixel_values_videos": pixels, "video_grid_thw": grid}
+
+
+@functools.cache
+def qwen2_vl() -> ModelParity:
+    return _qwen_parity()
+
+
+# ---------------------------------------------------------------------------
+# MiniMax M3
+# ---------------------------------------------------------------------------
+
+MINIMAX_TOWER = "vllm.models.minimax_m3.common.vision_tower"
+MINIMAX_MIXIN = "vllm.models.minimax_m3.common.encoder_cudagraph"
+MM_ATTENTION = "vllm.model_executor.layers.attention.mm_encoder_attention"
+
+
+def merge_window_positions(grid_thw, merge: int) -> torch.Tensor:
+    """(3, rows) t/h/w positions of each row, rows in merge-window order
+    (the order the ViT patches arrive in)."""
+    planes = []
+    for t, h, w in grid_thw:
+        tt, hh, ww = torch.meshgrid(
+            torch.arange(t), torch.arange(h), torch.arange(w), indexing="ij"
+        )
+
+        def windows(a: torch.Tensor, t=t, h=h, w=w) -> torch.Tensor:
+            a = a.reshape(t, h // merge, merge, w // merge, merge)
+            return a.permute(0, 1, 3, 2, 4).reshape(-1)
+
+        planes.append(torch.stack([windows(tt), windows(hh), windows(ww)]))
+    if not planes:
+        return torch.zeros((3, 0), dtype=torch.int64)
+    return torch.cat(planes, dim=1)
+
+
+class _MiniMaxRopeSetup:
+    """The fused 3-D RoPE setup kernel: (3, rows, half) position codes."""
+
+    def __call__(self, inv_t, inv_h, inv_w, grid_thw, merge):
+        half = inv_t.numel() + inv_h.numel() + inv_w.numel()
+        pos = merge_window_positions(grid_thw, merge).float()
+        codes = pos[:, :, None] + torch.arange(half, dtype=torch.float32) / (2 * half)
+        return codes, -codes
+
+
+class _MiniMaxEncoder:
+    def __init__(self, recorder: Recorder) -> None:
+        self.recorder = recorder
+
+    def __call__(
+        self,
+        hidden,
+        cu_seqlens,
+        rotary_cos,
+        rotary_sin,
+        max_seqlen,
+        *,
+        sequence_lengths=None,
+    ):
+        rows = hidden[:, 0, :].float() + rotary_cos.sum(dim=(0, 2))[:, None]
+        out = varlen_attention(rows, cu_seqlens, max_seqlen, self.recorder.violations)
+        return out.to(hidden.dtype)[:, None, :]
+
+
+class _MiniMaxViTParts:
+    """The learned parts of ``MiniMaxVLVisionTransformer``; its metadata
+    builder and forward are vLLM's (subclass)."""
+
+    def __init__(
+        self, settings: HostSettings, dtype: torch.dtype, recorder: Recorder
+    ) -> None:
+        self.spatial_merge_size = 2
+        self.temporal_patch_size = 2
+        self.vision_segment_max_frames = None
+        self.hidden_size = WIDTH
+        self.tp_size = 1
+        self.attn_backend = AttentionBackendEnum[settings.backend]
+        self.inv_freq_t = self.inv_freq_h = self.inv_freq_w = torch.ones(2)
+        self.mrope_setup = _MiniMaxRopeSetup()
+        self.embeddings = _CallablePatchEmbed(
+            lambda x: patch_embedding(x, dtype),
+            num_channels=3,
+            temporal_patch_size=2,
+            patch_size=PATCH,
+        )
+        self.pre_layrnorm = lambda x: x
+        self.encoder = _MiniMaxEncoder(recorder)
+        self.post_layernorm = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return self.forward(*args, **kwargs)
+
+
+class _MiniMaxModelParts(Recorder):
+    """``MiniMaxVLVisionModel`` around a ViT; the forward is vLLM's."""
+
+    def __init__(self, settings: HostSettings, vit_class: type, dtype: torch.dtype):
+        super().__init__()
+        self.vision_model = vit_class(settings, dtype, self)
+        self.spatial_merge_size = 2
+        self.dtype = dtype
+        self.out_hidden_size = WIDTH
+        self.multi_modal_projector = lambda x: x
+        self.patch_merge_mlp = lambda x: group_means(x, 4)
+
+    def __call__(self, pixel_values=None, grid_thw=None, *, encoder_metadata=None):
+        self.calls.append(
+            {
+                "pixel_values": _snapshot(pixel_values),
+                "grid_thw": _snapshot(grid_thw),
+                "encoder_metadata": _snapshot(encoder_metadata),
+            }
+        )
+        return self.forward(pixel_values, grid_thw, encoder_metadata=encoder_metadata)
+
+
+def _minimax_parity() -> ModelParity:
+    code = _wheel_code({})
+    # vLLM's own encoder-attention metadata helpers (the FlashInfer repacking
+    # included), without the layer itself.
+    code.stubs.setdefault(MM_ATTENTION, {})["MMEncoderAttention"] = code.klass(
+        MM_ATTENTION,
+        "MMEncoderAttention",
+        ["compute_max_seqlen", "maybe_compute_seq_lens", "maybe_recompute_cu_seqlens"],
+    )
+    vit_class = code.klass(
+        MINIMAX_TOWER,
+        "MiniMaxVLVisionTransformer",
+        ["forward", "prepare_encoder_metadata"],
+        bases=(_MiniMaxViTParts,),
+    )
+    model_class = code.klass(
+        MINIMAX_TOWER, "MiniMaxVLVisionModel", ["forward"], bases=(_MiniMaxModelParts,)
+    )
+    vllm_mixin = code.klass(
+        MINIMAX_MIXIN,
+        "MiniMaxM3EncoderCudaGraphMixin",
+        code.method_names(MINIMAX_MIXIN, "MiniMaxM3EncoderCudaGraphMixin"),
+        bases=(_protocol(code),),
+    )
+    ours = load_generated_vllm_module("minimax_m3", code).MiniMaxM3EncoderCudaGraphMixin
+
+    def make_host(host_class: type, settings: HostSettings) -> Any:
+        dtype = torch.float32
+        host = host_class()
+        host.vision_tower = model_class(settings, vit_class, dtype)
+        host.multimodal_config = settings.multimodal_config()
+        return host
+
+    return ModelParity(
+        name="minimax_m3",
+        vllm_host=type("VllmMiniMaxM3Host", (vllm_mixin,), {}),
+        our_host=type("GeneratedMiniMaxM3Host", (ours,), {}),
+        make_host=make_host,
+        modalities=("image",),
+        make_batch=_minimax_batch,
+        random_grid=_merged_grid,
+        frames=lambda grid: grid[0],
+    )
+
+
+def _minimax_batch(
+    gen: torch.Generator,
+    modality: str,
+    grids: list[tuple[int, int, int]],
+    *,
+    as_list: bool = False,
+) -> dict[str, Any]:
+    """A MiniMax M3 image batch of ``grids`` ([1, h, w] patches, h and w
+    even); ``as_list`` gives the pixels one tensor per image."""
+    assert modality == "image"
+    pixels = [torch.randn(t * h * w, PIXEL_COLUMNS, generator=gen) for t, h, w in grids]
+    grid = torch.tensor(grids, dtype=torch.int64).reshape(-1, 3)
+    values = (
+        pixels
+        if as_list
+        else torch.cat(pixels) if pixels else torch.zeros(0, PIXEL_COLUMNS)
+    )
+    return {"pixel_values": values, "image_grid_thw": grid}
+
+
+@functools.cache
+def minimax_m3() -> ModelParity:
+    return _minimax_parity()
+
+
+# ---------------------------------------------------------------------------
+# DeepSeek-V4.1
+# ---------------------------------------------------------------------------
+
+DEEPSEEK_VISION = "vllm.models.deepseek_v4.common.vision"
+DEEPSEEK_MIXIN = "vllm.models.deepseek_v41.common.vl_cudagraph"
+DEEPSEEK_PREPROCESS = "vllm.models.deepseek_v41.common.mm_preprocess"
+
+
+class _DeepseekBlock:
+    def __init__(self, recorder: Recorder, backend: str) -> None:
+        self.recorder = recorder
+        self.attn = _Obj(attn=_Obj(attn_backend=AttentionBackendEnum[backend]))
+
+    def __call__(self, x, cos, sin, cu_seqlens=None, max_seqlen=None):
+        rows = x.float() + cos[:, 0, :].sum(-1, keepdim=True)
+        if cu_seqlens is None:  # the eager forward: one image
+            cu_seqlens = torch.tensor([0, x.shape[0]], dtype=torch.int32)
+        out = varlen_attention(rows, cu_seqlens, max_seqlen, self.recorder.violations)
+        return out.to(x.dtype)
+
+
+class _DeepseekViTParts(Recorder):
+    """The learned parts of ``DeepseekV4ViT``; ``forward`` and
+    ``forward_packed`` are vLLM's (subclass)."""
+
+    def __init__(self, settings: HostSettings, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.rope_dim = 4
+        self.rope_theta = 10000.0
+        self.patch_embed = lambda x: patch_embedding(x, dtype)
+        self.blocks = [_DeepseekBlock(self, settings.backend)]
+        self.norm = lambda x: x
+
+    def __call__(self, patches, n_vit_h, n_vit_w):
+        self.calls.append(
+            {
+                "forward": "eager",
+                "patches": _snapshot(patches),
+                "grid": (n_vit_h, n_vit_w),
+            }
+        )
+        return self.forward(patches, n_vit_h, n_vit_w)
+
+    def record_packed(self, patches, cos, sin, cu_seqlens, max_seqlen):
+        self.calls.append(
+            {
+                "forward": "packed",
+                "patches": _snapshot(patches),
+                "cos": _snapshot(cos),
+                "sin": _snapshot(sin),
+                "cu_seqlens": _snapshot(cu_seqlens),
+                "max_seqlen": _snapshot(max_seqlen),
+            }
+        )
+
+
+class _Linear:
+    """A learned linear layer of vLLM's parallel-linear kind: ``(out, bias)``."""
+
+    def __init__(self, rows: int, cols: int, dtype: torch.dtype) -> None:
+        self.weight = _mixing(rows, cols).to(dtype)
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return x @ self.weight, None
+
+
+class _DeepseekAlignerParts:
+    """The learned parts of ``DeepseekV4Aligner``; its merge (eager unfold
+    and packed gather) is vLLM's (subclass)."""
+
+    def __init__(self, r: int, dtype: torch.dtype) -> None:
+        self.downsample_ratio = r
+        self.w1 = _Linear(WIDTH * r * r, WIDTH, dtype)
+        self.w2 = _Linear(WIDTH, WIDTH, dtype)
+
+    def __call__(self, x, n_vit_h, n_vit_w):
+        return self.forward(x, n_vit_h, n_vit_w)
+
+
+def _deepseek_parity() -> ModelParity:
+    code = _wheel_code({})
+    vit_class = code.klass(
+        DEEPSEEK_VISION,
+        "DeepseekV4ViT",
+        ["forward", "forward_packed"],
+        bases=(_DeepseekViTParts,),
+    )
+
+    class _RecordingViT(vit_class):
+        def forward_packed(self, patches, cos, sin, cu_seqlens, max_seqlen):
+            self.record_packed(patches, cos, sin, cu_seqlens, max_seqlen)
+            out = super().forward_packed(patches, cos, sin, cu_seqlens, max_seqlen)
+            self.calls[-1]["output"] = out.detach().clone()
+            return out
+
+    aligner_class = code.klass(
+        DEEPSEEK_VISION,
+        "DeepseekV4Aligner",
+        ["forward", "forward_packed"],
+        bases=(_DeepseekAlignerParts,),
+    )
+    vllm_mixin = code.klass(
+        DEEPSEEK_MIXIN,
+        "DeepseekV4VLEncoderCudaGraphMixin",
+        code.method_names(DEEPSEEK_MIXIN, "DeepseekV4VLEncoderCudaGraphMixin"),
+    )
+    ours = load_generated_vllm_module(
+        "deepseek_v41", code
+    ).DeepseekV4VLEncoderCudaGraphMixin
+    protocol = _protocol(code)
+    token_types = code.function(DEEPSEEK_PREPROCESS, "image_token_types")
+
+    def make_host(host_class: type, settings: HostSettings) -> Any:
+        dtype = torch.float32
+        host = host_class()
+        host.vision = _RecordingViT(settings, dtype)
+        host.aligner = aligner_class(3, dtype)
+        host.config = _Obj(
+            vision_downsample_ratio=3, vision_patch_size=PATCH, hidden_size=WIDTH
+        )
+        host.multimodal_config = settings.multimodal_config()
+        host.image_start = torch.full((WIDTH,), 1000.0)
+        host.image_newline = torch.full((WIDTH,), 2000.0)
+        host.image_end = torch.full((WIDTH,), 3000.0)
+        return host
+
+    def make_batch(gen, modality, grids):
+        return _deepseek_batch(gen, modality, grids, token_types)
+
+    return ModelParity(
+        name="deepseek_v41",
+        # vLLM's host class lists the protocol after the mixin.
+        vllm_host=type("VllmDeepseekV41Host", (vllm_mixin, protocol), {}),
+        our_host=type("GeneratedDeepseekV41Host", (ours, protocol), {}),
+        make_host=make_host,
+        modalities=("image",),
+        make_batch=make_batch,
+        random_grid=lambda gen, modality: tuple(
+            torch.randint(1, 10, (2,), generator=gen).tolist()
+        ),
+        frames=lambda grid: 1,
+    )
+
+
+def _deepseek_batch(
+    gen: torch.Generator,
+    modality: str,
+    grids: list[tuple[int, int]],
+    token_types: Callable[[int, int], torch.Tensor],
+) -> dict[str, Any]:
+    """A DeepSeek-V4.1 image batch of ViT ``grids`` ([h, w] patches), with
+    the LLM grids and span types vLLM's preprocessing derives from them."""
+    assert modality == "image"
+    llm = [(-(-h // 3), -(-w // 3)) for h, w in grids]
+    rows = sum(h * w for h, w in grids)
+    return {
+        "patches": torch.randn(rows, 3, PATCH, PATCH, generator=gen),
+        "vit_grid": torch.tensor(grids, dtype=torch.int64).reshape(-1, 2),
+        "llm_grid": torch.tensor(llm, dtype=torch.int64).reshape(-1, 2),
+        "types": (
+            torch.cat([token_types(lh, lw) for lh, lw in llm])
+            if llm
+            else torch.zeros(0, dtype=torch.int64)
+        ),
+    }
+
+
+@functools.cache
+def deepseek_v41() -> ModelParity:
+    return _deepseek_parity()
+
+
+# ---------------------------------------------------------------------------
+# Models without a spec yet, for vLLM findings: vLLM's mixin on a fake host
+# ---------------------------------------------------------------------------
+
+KIMI_VL = "vllm.model_executor.models.kimi_vl"
+MOONVIT = "vllm.model_executor.models.moonvit"
+GLM4_1V = "vllm.model_executor.models.glm4_1v"
+
+
+class _MoonVitParts:
+    """The learned parts of ``MoonVitPretrainedModel``; its metadata
+    builder and merge indices are vLLM's (subclass)."""
+
+    def __init__(self) -> None:
+        self.merge_kernel_size = (2, 2)
+        self.patch_embed = _Obj(
+            pos_emb=_Obj(get_pos_embeds=lambda grids: torch.zeros(_rows(grids), WIDTH))
+        )
+        self.encoder = _Obj(
+            rope_2d=_Obj(max_height=64, max_width=64),
+            get_rope_freqs_cis=lambda grids: torch.ones(
+                _rows(grids), 2, dtype=torch.complex64
+            ),
+        )
+
+
+def _rows(grids) -> int:
+    return sum(int(h) * int(w) for h, w in grids)
+
+
+@functools.cache
+def kimi_vl_host_class() -> tuple[type, type]:
+    """(host class with vLLM's Kimi-VL mixin, its tower class)."""
+    code = _wheel_code({})
+    tower = code.klass(
+        MOONVIT,
+        "MoonVitPretrainedModel",
+        ["prepare_encoder_metadata"],
+        bases=(_MoonVitParts,),
+    )
+    mixin = code.klass(
+        KIMI_VL,
+        "KimiVLForConditionalGeneration",
+        _defined(code, KIMI_VL, "KimiVLForConditionalGeneration"),
+        bases=(_protocol(code),),
+    )
+    return mixin, tower
+
+
+def kimi_vl_host() -> Any:
+    """A host of vLLM's Kimi-VL mixin (2 x 2 merge, PATCH-sized patches)."""
+    mixin, tower = kimi_vl_host_class()
+    host = mixin()
+    host.config = _Obj(vision_config=_Obj(merge_kernel_size=(2, 2), patch_size=PATCH))
+    host.vision_tower = tower()
+    host.hidden_size = WIDTH
+    host.model_config = ModelConfig()
+    return host
+
+
+class _GlmTowerParts:
+    """The learned parts of ``Glm4vVisionTransformer``; its metadata
+    builder and RoPE position ids are vLLM's (subclass)."""
+
+    def __init__(self) -> None:
+        self.spatial_merge_size = 2
+        self.hidden_size = self.out_hidden_size = WIDTH
+        self.tp_size = 1
+        self.attn_backend = AttentionBackendEnum.FLASH_ATTN
+        self.patch_embed = _Obj(
+            proj=_Obj(in_channels=3), patch_size=PATCH, temporal_patch_size=2
+        )
+        self.input_norm = _QwenIdentityNorm()
+        self.rotary_pos_emb = _QwenRotary(torch.float32)
+        self.device = CPU
+
+    def pos_embeds_interpolate(self, grid_thw) -> torch.Tensor:
+        return torch.zeros(sum(t * h * w for t, h, w in grid_thw), WIDTH)
+
+
+@functools.cache
+def glm4_1v_host_class() -> tuple[type, type]:
+    """(host class with vLLM's GLM-4.1V mixin, its tower class)."""
+    code = _wheel_code({})
+    code.stubs.setdefault(MM_ATTENTION, {})["MMEncoderAttention"] = code.klass(
+        MM_ATTENTION,
+        "MMEncoderAttention",
+        ["compute_max_seqlen", "maybe_compute_seq_lens", "maybe_recompute_cu_seqlens"],
+    )
+    tower = code.klass(
+        GLM4_1V,
+        "Glm4vVisionTransformer",
+        ["prepare_encoder_metadata"],
+        bases=(_GlmTowerParts,),
+        exclude=["device", "dtype", "pos_embeds_interpolate"],
+    )
+    mixin = code.klass(
+        GLM4_1V,
+        "Glm4vForConditionalGeneration",
+        _defined(code, GLM4_1V, "Glm4vForConditionalGeneration"),
+        bases=(_protocol(code),),
+        exclude=["get_max_frames_per_video"],
+    )
+    return mixin, tower
+
+
+def glm4_1v_host() -> Any:
+    """A host of vLLM's GLM-4.1V mixin (2 x 2 merge, PATCH-sized patches)."""
+    mixin, tower = glm4_1v_host_class()
+    host = mixin()
+    host.visual = tower()
+    host.model_config = ModelConfig()
+    host.is_multimodal_pruning_enabled = False
+    # The frame count vLLM reads from the processor (stubbed here).
+    host.get_max_frames_per_video = lambda: 4
+    return host
+
+
+GEMMA3 = "vllm.model_executor.models.gemma3_mm"
+
+
+@functools.cache
+def gemma3_host_class() -> type:
+    """A host class with vLLM's Gemma 3 mixin."""
+    code = _wheel_code({})
+    return code.klass(
+        GEMMA3,
+        "Gemma3ForConditionalGeneration",
+        [
+            m
+            for m in _defined(code, GEMMA3, "Gemma3ForConditionalGeneration")
+            if m != "encoder_eager_forward"  # the eager image path, not needed
+        ],
+        bases=(_protocol(code),),
+    )
+
+
+def gemma3_host() -> Any:
+    """A host of vLLM's Gemma 3 mixin: 256 tokens per crop, PATCH-sized
+    crops (the mixin reads the crop size from the config)."""
+    host = gemma3_host_class()()
+    host.config = _Obj(
+        mm_tokens_per_image=256,
+        vision_config=_Obj(image_size=PATCH),
+        text_config=_Obj(hidden_size=WIDTH),
+    )
+    host.vit_positions_per_patch = 4
+    host.model_config = ModelConfig()
+    return host
+
+
+# ---------------------------------------------------------------------------
+# The comparisons: every protocol method, on both hosts
+# ---------------------------------------------------------------------------
+
+
+def config_view(config: Any) -> dict[str, Any]:
+    """An ``EncoderCudaGraphConfig`` as comparable values (padding logics
+    by key: they are functions)."""
+    return {
+        "modalities": list(config.modalities),
+        "buffer_keys": list(config.buffer_keys),
+        "out_hidden_size": config.out_hidden_size,
+        "padding_logics": sorted(config.padding_logics),
+        "max_frames_per_video": config.max_frames_per_video,
+        "paths": {
+            name: (path.min_token_budget, path.allow_zero_tokens)
+            for name, path in config.paths.items()
+        },
+        "capture_axes": tuple(config.capture_axes),
+    }
+
+
+def specs_view(specs: list[Any]) -> list[tuple[int, int, dict[str, int]]]:
+    return [(s.input_size, s.output_tokens, dict(s.path_output_tokens)) for s in specs]
+
+
+def cu_seqlens_tail(cu_seqlens: torch.Tensor, rows: int) -> str:
+    """How a captured ``cu_seqlens`` closes a batch, whatever the row
+    counts: ``decreasing`` (breaks the varlen contract), ``covers-rows``
+    (the last offset is the captured row count: every row is in a
+    sequence) or ``rows-uncovered`` (the rows past the last offset are in
+    no sequence: attention never writes them)."""
+    values = [int(v) for v in cu_seqlens.tolist()]
+    if any(b < a for a, b in itertools.pairwise(values)):
+        return "decreasing"
+    return "covers-rows" if values[-1] == rows else "rows-uncovered"
+
+
+@dataclasses.dataclass(frozen=True)
+class CaptureCase:
+    budget: int
+    max_batch_size: int
+    max_frames_per_batch: int
+
+    @property
+    def label(self) -> str:
+        return f"b={self.budget},n={self.max_batch_size},f={self.max_frames_per_batch}"
+
+
+def settings_label(settings: HostSettings) -> str:
+    default = HostSettings()
+    changed = [
+        f"{f.name}={getattr(settings, f.name)}"
+        for f in dataclasses.fields(settings)
+        if getattr(settings, f.name) != getattr(default, f.name)
+    ]
+    return ",".join(changed) or "default"
+
+
+def compare(
+    model: ModelParity,
+    label: str,
+    run: Callable[[Any], Any],
+    settings: HostSettings = HostSettings(),
+) -> list[str]:
+    """The differing paths of ``run(host)`` on both hosts (fresh ones)."""
+    from parity_testlib import differences, observe
+
+    vllm_host, our_host = model.hosts(settings)
+    return differences(
+        observe(lambda: run(vllm_host)), observe(lambda: run(our_host)), label
+    )
+
+
+def capture_view(host: Any, case: CaptureCase) -> dict[str, Any]:
+    """The capture inputs of ``case`` and what the capture forward saw."""
+    values = host.prepare_encoder_cudagraph_capture_inputs(
+        case.budget, case.max_batch_size, case.max_frames_per_batch, CPU, torch.float32
+    ).values
+    tower = model_tower(host)
+    tower.reset()
+    out = host.encoder_cudagraph_forward(dict(values))
+    return {
+        "values": dict(values),
+        "forward": {
+            "calls": list(tower.calls),
+            "shape": tuple(out.shape),
+            "violations": dict(tower.violations),
+        },
+    }
+
+
+def model_tower(host: Any) -> Recorder:
+    """The recording tower of a host (its ``Recorder`` attribute)."""
+    towers = [v for v in vars(host).values() if isinstance(v, Recorder)]
+    assert len(towers) == 1, f"{type(host).__name__} needs one recording tower"
+    return towers[0]
+
+
+def replay_view(
+    host: Any, case: CaptureCase, batches: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Replays of ``batches`` (in order) into one capture of ``case``: each
+    replay's values, the captured buffers after the manager's copy, what the
+    forward saw and the items' final rows."""
+    from parity_testlib import copy_replay_into_captured
+
+    config = host.get_encoder_cudagraph_config()
+    captured = host.prepare_encoder_cudagraph_capture_inputs(
+        case.budget, case.max_batch_size, case.max_frames_per_batch, CPU, torch.float32
+    ).values
+    rows = next(iter(captured.values())).shape[0]
+    tower = model_tower(host)
+    views = []
+    for batch in batches:
+        replay = host.prepare_encoder_cudagraph_replay_buffers(
+            batch, case.max_batch_size, case.max_frames_per_batch
+        ).values
+        # None and an absent key mean the same to the manager: left as captured.
+        view: dict[str, Any] = {
+            "replay": {k: v for k, v in replay.items() if v is not None}
+        }
+        copy_replay_into_captured(config, captured, replay)
+        view["captured"] = {k: v.clone() for k, v in captured.items()}
+        if "cu_seqlens" in captured:
+            view["cu_seqlens_tail"] = cu_seqlens_tail(captured["cu_seqlens"], rows)
+        tower.reset()
+        out = host.encoder_cudagraph_forward(dict(captured))
+        view["calls"] = list(tower.calls)
+        view["violations"] = dict(tower.violations)
+        view["items"] = postprocess_view(host, batch, out, spread=True)
+        views.append(view)
+    return views
+
+
+def postprocess_view(
+    host: Any, batch: dict[str, Any], out: torch.Tensor, spread: bool = False
+) -> Any:
+    """Each item's final rows from an encoder output, as the manager asks
+    for them (``clone=True``, the batch's kwargs). ``spread`` numbers the
+    items as a sub-batch of a larger execute does: ``indices`` are their
+    positions there (descending, with gaps) and ``per_item_out_tokens`` is
+    indexed by those positions."""
+    specs = host.get_encoder_cudagraph_item_specs(batch)
+    count = len(specs)
+    indices = [2 * (count - j) for j in range(count)] if spread else list(range(count))
+    tokens = [0] * (max(indices, default=-1) + 1)
+    for idx, spec in zip(indices, specs, strict=True):
+        tokens[idx] = spec.output_tokens
+    dest: dict[int, torch.Tensor] = {}
+    host.postprocess_encoder_output(
+        {"default": out}, indices, tokens, dest, clone=True, batch_mm_kwargs=batch
+    )
+    return [dest.get(i) for i in indices]
+
+
+def eager_view(host: Any, batch: dict[str, Any]) -> dict[str, Any]:
+    tower = model_tower(host)
+    tower.reset()
+    out = host.encoder_eager_forward(batch)
+    return {
+        "calls": list(tower.calls),
+        "violations": dict(tower.violations),
+        "items": postprocess_view(host, batch, out),
+    }
+
+
+def selection_view(host: Any, batch: dict[str, Any], indices: list[int]) -> Any:
+    """A selection, its item specs and a re-selection from it (DP)."""
+    selected = host.select_encoder_cudagraph_items(batch, indices)
+    view: dict[str, Any] = {
+        "selected": selected,
+        "specs": specs_view(host.get_encoder_cudagraph_item_specs(selected)),
+    }
+    if indices:
+        view["reselected"] = host.select_encoder_cudagraph_items(
+            selected, list(range(len(indices)))[::-1]
+        )
+    return view
+
+
+# ---------------------------------------------------------------------------
+# The battery: every protocol method on seeded random inputs
+# ---------------------------------------------------------------------------
+
+BACKENDS = ("FLASH_ATTN", "ROCM_AITER_FA", "TRITON_ATTN", "TORCH_SDPA", "FLASHINFER")
+MULTIMODAL_SETTINGS = (
+    {},
+    {"image_limit": 0},
+    {"video_limit": 0},
+    {"fp8": "static"},
+    {"fp8": "dynamic"},
+    {"no_multimodal_config": True},
+)
+#: (max_model_len, max_num_batched_tokens) of the budget-range checks.
+SCHEDULER_LIMITS = ((8192, 8192), (4096, 16384), (32768, 2048), (100, 50))
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What the battery draws for one model."""
+
+    capture_cases: tuple[CaptureCase, ...]
+    seeds: tuple[int, ...] = (0, 1, 2)
+    batch_options: tuple[tuple[str, Any], ...] = ()  # make_batch keyword args
+
+
+def compare_configs(model: ModelParity) -> list[str]:
+    """The config under every backend and multimodal setting, and the budget
+    range under several scheduler limits."""
+    found: list[str] = []
+    for backend in BACKENDS:
+        for extra in MULTIMODAL_SETTINGS:
+            settings = HostSettings(backend=backend, **extra)
+            found += compare(
+                model,
+                f"config[{settings_label(settings)}]",
+                lambda h: config_view(h.get_encoder_cudagraph_config()),
+                settings,
+            )
+    for max_model_len, max_tokens in SCHEDULER_LIMITS:
+        settings = HostSettings(
+            max_model_len=max_model_len, max_num_batched_tokens=max_tokens
+        )
+        found += compare(
+            model,
+            f"budget_range[{settings_label(settings)}]",
+            lambda h, s=settings: h.get_encoder_cudagraph_budget_range(s.vllm_config()),
+            settings,
+        )
+    return found
+
+
+def _index_lists(gen: torch.Generator, count: int) -> list[list[int]]:
+    """Selections of a batch of ``count`` items: none, one, all in order,
+    reversed, a random order and a random draw with repeats."""
+    lists = [[], [count - 1], list(range(count)), list(range(count))[::-1]]
+    lists.append(torch.randperm(count, generator=gen).tolist())
+    lists.append(torch.randint(0, count, (count + 1,), generator=gen).tolist())
+    return lists
+
+
+def fitting_batch(
+    model: ModelParity,
+    gen: torch.Generator,
+    modality: str,
+    case: CaptureCase,
+    count: int,
+    settings: HostSettings,
+    options: dict[str, Any],
+) -> dict[str, Any] | None:
+    """A random batch of at most ``count`` items that fits ``case`` on both
+    hosts (items, frames and budget tokens as each counts them)."""
+    hosts = model.hosts(settings)
+    grids: list[Any] = []
+    for _ in range(8 * count):
+        if len(grids) == count:
+            break
+        trial = [*grids, model.random_grid(gen, modality)]
+        probe = model.make_batch(torch.Generator(), modality, trial, **options)
+        frames = sum(model.frames(g) for g in trial)
+        if (
+            len(trial) <= case.max_batch_size
+            and (modality == "image" or frames <= case.max_frames_per_batch)
+            and all(
+                sum(
+                    s.get_path_output_tokens("default")
+                    for s in h.get_encoder_cudagraph_item_specs(probe)
+                )
+                <= case.budget
+                for h in hosts
+            )
+        ):
+            grids = trial
+    if not grids:
+        return None
+    return model.make_batch(gen, modality, grids, **options)
+
+
+def compare_batches(
+    model: ModelParity,
+    plan: Plan,
+    settings: HostSettings = HostSettings(),
+    prefix: str = "",
+) -> list[str]:
+    """Item specs, selections, eager forwards, captures and replays (with the
+    manager's copy) on seeded random batches."""
+    options = dict(plan.batch_options)
+    found: list[str] = []
+    for seed in plan.seeds:
+        gen = torch.Generator().manual_seed(seed)
+        for modality in model.modalities:
+            count = 1 + seed % 4
+            grids = [model.random_grid(gen, modality) for _ in range(count)]
+            batch = model.make_batch(gen, modality, grids, **options)
+            tag = f"{prefix}{modality},seed={seed}"
+            found += compare(
+                model,
+                f"specs[{tag}]",
+                lambda h, b=batch: specs_view(h.get_encoder_cudagraph_item_specs(b)),
+                settings,
+            )
+            for indices in _index_lists(gen, count):
+                found += compare(
+                    model,
+                    f"select[{tag},{indices}]",
+                    lambda h, b=batch, i=indices: selection_view(h, b, i),
+                    settings,
+                )
+            found += compare(
+                model, f"eager[{tag}]", lambda h, b=batch: eager_view(h, b), settings
+            )
+    for case in plan.capture_cases:
+        found += compare(
+            model,
+            f"{prefix}capture[{case.label}]",
+            lambda h, c=case: capture_view(h, c),
+            settings,
+        )
+        gen = torch.Generator().manual_seed(case.budget * 31 + case.max_batch_size)
+        for modality in model.modalities:
+            if modality == "video" and case.max_frames_per_batch == 0:
+                continue  # the video limit is 0: no video arrives
+            batches = [
+                fitting_batch(model, gen, modality, case, n, settings, options)
+                for n in (case.max_batch_size, 1, case.max_batch_size)
+            ]
+            batches = [b for b in batches if b is not None]
+            found += compare(
+                model,
+                f"{prefix}replay[{case.label},{modality}]",
+                lambda h, c=case, b=batches: replay_view(h, c, b),
+                settings,
+            )
+    return found

@@ -1,0 +1,153 @@
+"""DeepSeek-V4.1: vLLM 0.33.0's hand-written mixin
+(``vllm/models/deepseek_v41/common/vl_cudagraph.py``, on the DeepSeek-V4
+vision helpers ``build_packed_vit_metadata`` / ``build_packed_merge_metadata``)
+against ``generated/vllm/deepseek_v41.py``.
+
+Every difference the battery finds must be one of ``DIFFERENCES``, each
+listed in docs/vllm-differences.md and shown by a test below.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import parity_hosts as hosts
+from parity_hosts import CPU, CaptureCase, Plan
+from parity_testlib import Difference, check_differences, copy_replay_into_captured
+
+CASES = (
+    CaptureCase(16, 1, 0),
+    CaptureCase(64, 4, 0),
+    CaptureCase(30, 4, 0),  # a budget that 4 items do not divide
+    CaptureCase(128, 3, 0),
+)
+
+DIFFERENCES = (
+    Difference(
+        "deepseek_v41.budget-unit",
+        (
+            r"specs\[.*/default$",
+            r"specs\[.*\.keys$",
+            r"capture\[.*/values/",
+            r"capture\[.*/forward/shape",
+            r"replay\[.*/captured/\w+\.(shape|values)$",
+            # What the packed ViT receives and returns: the captured buffers.
+            r"(capture\[.*/forward/|replay\[.*/)calls\[\d+\]/"
+            r"(patches|cos|sin|output)\.",
+            r"capture\[.*/forward/calls\[\d+\]/(cu_seqlens|max_seqlen)\.values$",
+        ),
+    ),
+    Difference(
+        "deepseek_v41.cu-seqlens-tail",
+        (
+            r"replay\[.*/cu_seqlens_tail$",
+            r"replay\[.*/(captured|calls\[\d+\])/cu_seqlens\.values$",
+        ),
+    ),
+    Difference(
+        "deepseek_v41.replay-max-seqlen",
+        (
+            r"replay\[.*/replay\.keys$",
+            r"replay\[.*/replay/max_seqlen\.",
+            r"replay\[.*/(captured|calls\[\d+\])/max_seqlen\.values$",
+        ),
+    ),
+)
+
+
+@pytest.fixture(scope="module")
+def model() -> hosts.ModelParity:
+    return hosts.deepseek_v41()
+
+
+def test_every_difference_from_vllm_is_listed(model) -> None:
+    found = hosts.compare_configs(model) + hosts.compare_batches(model, Plan(CASES))
+    check_differences("deepseek_v41", found, DIFFERENCES)
+
+
+def _replayed(host, case: CaptureCase, batch) -> dict[str, torch.Tensor]:
+    captured = host.prepare_encoder_cudagraph_capture_inputs(
+        case.budget, case.max_batch_size, 0, CPU, torch.float32
+    ).values
+    replay = host.prepare_encoder_cudagraph_replay_buffers(
+        batch, case.max_batch_size, 0
+    ).values
+    copy_replay_into_captured(host.get_encoder_cudagraph_config(), captured, replay)
+    return captured
+
+
+def _budget_for(host, batch, ladder: list[int]) -> int:
+    tokens = sum(
+        s.get_path_output_tokens("default")
+        for s in host.get_encoder_cudagraph_item_specs(batch)
+    )
+    return next(b for b in ladder if b >= tokens)
+
+
+def test_patch_budgets_fit_every_batch_with_fewer_padding_patches(model) -> None:
+    # The automatic ladder of budget range (64, 8192): 64, 128, ..., 8192.
+    ladder = [64 * 2**i for i in range(8)]
+    gen = torch.Generator().manual_seed(4)
+    captured_patches = {"vllm": 0, "ours": 0}
+    real = 0
+    for _ in range(12):
+        count = int(torch.randint(1, 4, (1,), generator=gen))
+        grids = [
+            tuple(torch.randint(1, 40, (2,), generator=gen).tolist())
+            for _ in range(count)
+        ]
+        batch = model.make_batch(gen, "image", grids)
+        real += sum(h * w for h, w in grids)
+        for side, host in zip(("vllm", "ours"), model.hosts(), strict=True):
+            case = CaptureCase(_budget_for(host, batch, ladder), 4, 0)
+            patches = _replayed(host, case, batch)["patches"]
+            # Both captures hold every batch within their budget ...
+            assert patches.shape[0] >= sum(h * w for h, w in grids)
+            captured_patches[side] += patches.shape[0]
+    # ... and counted in patches, the ViT runs on fewer padding patches.
+    assert real <= captured_patches["ours"] < captured_patches["vllm"]
+
+
+def test_trailing_sequence_leaves_no_vit_row_unwritten(model) -> None:
+    case = CaptureCase(64, 4, 0)
+    batch = model.make_batch(
+        torch.Generator().manual_seed(2), "image", [(3, 4), (2, 2)]
+    )
+    vit_rows, items = [], []
+    for host in model.hosts():
+        captured = _replayed(host, case, batch)
+        host.vision.reset()
+        out = host.encoder_cudagraph_forward(dict(captured))
+        vit_rows.append(host.vision.calls[-1]["output"])
+        items.append(hosts.postprocess_view(host, batch, out))
+    vllm_vit, our_vit = vit_rows
+    real = 3 * 4 + 2 * 2
+    # vLLM closes the batch with zero-length sequences: attention never
+    # writes the ViT rows past the real ones (NaN here, whatever the pool
+    # held on a GPU); the aligner's masked gather keeps them out of the
+    # image rows. Ours closes it with one padding sequence: every row is
+    # written, none can leak.
+    assert vllm_vit[real:].isnan().all() and not vllm_vit[:real].isnan().any()
+    assert not our_vit.isnan().any()
+    assert all(torch.equal(a, b) for a, b in zip(*items, strict=True))
+
+
+def test_max_seqlen_replay_copy_is_a_dead_write_in_vllm(model) -> None:
+    case = CaptureCase(64, 4, 0)
+    batch = model.make_batch(torch.Generator().manual_seed(3), "image", [(2, 3)])
+    bounds = []
+    for host in model.hosts():
+        captured = host.prepare_encoder_cudagraph_capture_inputs(
+            case.budget, case.max_batch_size, 0, CPU, torch.float32
+        ).values
+        before = int(captured["max_seqlen"])
+        replay = host.prepare_encoder_cudagraph_replay_buffers(batch, 4, 0).values
+        copy_replay_into_captured(host.get_encoder_cudagraph_config(), captured, replay)
+        bounds.append((before, int(captured["max_seqlen"])))
+    # vLLM's packed-ViT attention reads max_seqlen on the host at capture
+    # (see the Qwen2-VL test of the same difference); the copy vLLM asks for
+    # overwrites the captured scalar with this batch's 6 rows.
+    (vllm_before, vllm_after), (ours_before, ours_after) = bounds
+    assert vllm_after == 6 < vllm_before
+    assert ours_after == ours_before

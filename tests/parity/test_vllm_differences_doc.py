@@ -1,0 +1,47 @@
+"""docs/vllm-differences.md and docs/vllm-findings.md stay true: each row
+names a test that exists, and the parity test of each model checks the
+document's ids for that model (test_parity_<model>.py)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+from parity_testlib import REPO, listed_in_doc
+
+HERE = Path(__file__).resolve().parent
+FINDINGS_DOC = REPO / "docs" / "vllm-findings.md"
+
+
+def _tests_in(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return {
+        n.name
+        for n in tree.body
+        if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")
+    }
+
+
+def test_every_listed_difference_names_an_existing_test() -> None:
+    listed = listed_in_doc()
+    assert listed, "docs/vllm-differences.md lists no difference"
+    missing = []
+    for difference, test in listed.items():
+        file, name = test.split("::")
+        if not (HERE / file).is_file() or name not in _tests_in(HERE / file):
+            missing.append(f"{difference}: {test}")
+    assert not missing, missing
+
+
+def test_every_model_with_listed_differences_has_a_parity_test() -> None:
+    models = {difference.split(".")[0] for difference in listed_in_doc()}
+    assert {m for m in models if not (HERE / f"test_parity_{m}.py").is_file()} == set()
+
+
+def test_every_finding_names_an_existing_reproducer() -> None:
+    text = FINDINGS_DOC.read_text(encoding="utf-8")
+    named = re.findall(r"`(test_vllm_findings\.py::test_[a-z0-9_]+)`", text)
+    assert named, "docs/vllm-findings.md names no reproducer"
+    tests = _tests_in(HERE / "test_vllm_findings.py")
+    assert {n.split("::")[1] for n in named} == tests

@@ -1,0 +1,158 @@
+"""Bugs in vLLM 0.33.0's hand-written mixins (docs/vllm-findings.md), each
+reproduced by running vLLM's own code, read from the wheel, on CPU.
+
+"Fits" below means what the manager packs by: at most ``max_batch_size``
+items and at most the budget in budget tokens. Such a batch is replayed into
+the graph of that budget; the replay must not fail and must compute every
+real row.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import parity_hosts as hosts
+from parity_hosts import CPU, CaptureCase
+from parity_testlib import copy_replay_into_captured
+
+
+def _capture(host, case: CaptureCase) -> dict[str, torch.Tensor]:
+    return host.prepare_encoder_cudagraph_capture_inputs(
+        case.budget, case.max_batch_size, case.max_frames_per_batch, CPU, torch.float32
+    ).values
+
+
+def _fits(host, batch, case: CaptureCase) -> bool:
+    specs = host.get_encoder_cudagraph_item_specs(batch)
+    return len(specs) <= case.max_batch_size and (
+        sum(s.output_tokens for s in specs) <= case.budget
+    )
+
+
+@pytest.mark.parametrize(
+    ("case", "modality", "grids", "offsets"),
+    [
+        # Images into a graph captured with room for videos (the automatic
+        # max_frames_per_batch is max_batch_size * max_frames_per_video).
+        (
+            CaptureCase(64, 4, 16),
+            "image",
+            [(1, 4, 4), (1, 2, 6)],
+            [0, 16, 28, 28, 28] + [0] * 12,
+        ),
+        # Videos into a graph with fewer frame slots than items (a user-set
+        # max_frames_per_batch below max_vision_items_per_batch).
+        (CaptureCase(64, 4, 2), "video", [(1, 2, 4), (1, 4, 2)], [0, 8, 16, 0, 0]),
+    ],
+)
+def test_qwen2_vl_replay_leaves_a_decreasing_cu_seqlens(
+    case, modality, grids, offsets
+) -> None:
+    model = hosts.qwen2_vl()
+    vllm_host, ours = model.hosts()
+    batch = model.make_batch(torch.Generator().manual_seed(0), modality, grids)
+    assert _fits(vllm_host, batch, case)
+    results = []
+    for host in (vllm_host, ours):
+        captured = _capture(host, case)
+        replay = host.prepare_encoder_cudagraph_replay_buffers(
+            batch, case.max_batch_size, case.max_frames_per_batch
+        ).values
+        copy_replay_into_captured(host.get_encoder_cudagraph_config(), captured, replay)
+        tower = hosts.model_tower(host)
+        tower.reset()
+        host.encoder_cudagraph_forward(dict(captured))
+        results.append((captured["cu_seqlens"], dict(tower.violations)))
+    (vllm_cu, vllm_violations), (our_cu, our_violations) = results
+    # vLLM pads the replay's cu_seqlens to a length that depends on the
+    # modality, shorter than the captured buffer; the manager's default copy
+    # zeroes the rest: the offsets fall back to 0, against the varlen contract.
+    assert vllm_cu.tolist() == offsets
+    assert "cu_seqlens-decreasing" in vllm_violations
+    assert not (our_cu[1:] < our_cu[:-1]).any() and not our_violations
+
+
+def test_qwen2_vl_more_frames_than_the_user_set_maximum_fail_at_replay() -> None:
+    # encoder_cudagraph_max_frames_per_batch=2 with 2 items per batch: the
+    # manager packs by items and tokens, not frames, so two videos of 3 and 2
+    # frames (10 tokens) go to the budget-64 graph, whose cu_seqlens has
+    # slots for 2 frames. The generated module sizes cu_seqlens the same
+    # way and fails alike (see the findings document).
+    model = hosts.qwen2_vl()
+    case = CaptureCase(64, 2, 2)
+    batch = model.make_batch(
+        torch.Generator().manual_seed(1), "video", [(3, 2, 2), (2, 2, 2)]
+    )
+    for host in model.hosts():
+        assert _fits(host, batch, case)
+        captured = _capture(host, case)
+        replay = host.prepare_encoder_cudagraph_replay_buffers(batch, 2, 2).values
+        with pytest.raises(RuntimeError):
+            copy_replay_into_captured(
+                host.get_encoder_cudagraph_config(), captured, replay
+            )
+
+
+def test_kimi_vl_captures_max_seqlen_below_an_image_within_the_budget() -> None:
+    host = hosts.kimi_vl_host()
+    case = CaptureCase(64, 1, 0)
+    captured = _capture(host, case)
+    # The graph keeps the max_seqlen it was captured with: token_budget,
+    # counted in output tokens.
+    baked = int(captured["max_seqlen"])
+    assert baked == case.budget
+    # A 16 x 16-patch image is 64 output tokens after the 2 x 2 merge: it
+    # fits the budget, and its one attention sequence has 256 rows.
+    patches = 16 * 16
+    batch = {
+        "pixel_values": torch.randn(
+            patches, 3, hosts.PATCH, hosts.PATCH, generator=torch.Generator()
+        ),
+        "image_grid_hws": torch.tensor([[16, 16]]),
+    }
+    assert _fits(host, batch, case)
+    replay = host.prepare_encoder_cudagraph_replay_buffers(batch, 1, 0).values
+    copy_replay_into_captured(host.get_encoder_cudagraph_config(), captured, replay)
+    violations: dict[str, list[str]] = {}
+    rows = torch.randn(captured["pixel_values"].shape[0], hosts.WIDTH)
+    out = hosts.varlen_attention(rows, captured["cu_seqlens"], baked, violations)
+    # FlashAttention launches query blocks for max_seqlen rows per sequence:
+    # 192 of the image's 256 rows are never computed.
+    assert violations["max_seqlen-too-small"]
+    assert int(out[:patches].isnan().any(dim=1).sum()) == patches - baked
+
+
+def test_glm4_1v_floor_rounding_captures_fewer_rows_than_the_budget() -> None:
+    host = hosts.glm4_1v_host()
+    case = CaptureCase(100, 3, 0)
+    captured = _capture(host, case)
+    # 100 // 3 = 33 tokens per dummy item: 99 tokens, 396 pixel rows.
+    assert captured["pixel_values"].shape[0] == 3 * 33 * 4
+    # One 20 x 20-patch image is 100 tokens: it fits the budget-100 graph.
+    batch = {
+        "pixel_values": torch.randn(400, hosts.PIXEL_COLUMNS),
+        "image_grid_thw": torch.tensor([[1, 20, 20]]),
+    }
+    assert _fits(host, batch, case)
+    replay = host.prepare_encoder_cudagraph_replay_buffers(batch, 3, 0).values
+    with pytest.raises(RuntimeError, match="396"):
+        copy_replay_into_captured(host.get_encoder_cudagraph_config(), captured, replay)
+
+
+def test_gemma3_clamps_the_captured_crops_to_the_items_per_batch() -> None:
+    host = hosts.gemma3_host()
+    # A user-set encoder_cudagraph_max_vision_items_per_batch of 1.
+    case = CaptureCase(1024, 1, 0)
+    captured = _capture(host, case)
+    # min(1024 // 256, max_batch_size) = 1 crop of 256 tokens.
+    assert captured["pixel_values"].shape[0] == 1
+    # One image of 4 pan-and-scan crops is 1024 tokens: it fits the graph.
+    batch = {
+        "pixel_values": torch.randn(4, 3, hosts.PATCH, hosts.PATCH),
+        "num_patches": torch.tensor([4]),
+    }
+    assert _fits(host, batch, case)
+    replay = host.prepare_encoder_cudagraph_replay_buffers(batch, 1, 0).values
+    with pytest.raises(RuntimeError):
+        copy_replay_into_captured(host.get_encoder_cudagraph_config(), captured, replay)
