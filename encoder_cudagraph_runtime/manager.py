@@ -14,6 +14,10 @@ What it adds, none of which changes those decisions:
 * an optional plain-text capture progress line on stderr and a capture
   report (graph count, seconds, pool bytes: :meth:`get_capture_report`);
 * a :meth:`clear` that actually returns the pool's memory;
+* a cheaper replay copy that zeroes only the rows an earlier replay wrote,
+  used for the graphs whose buffers pass the capture-time checks of
+  :mod:`~encoder_cudagraph_runtime.buffer_aliasing` (the others get vLLM's
+  plain copy; ``docs/runtime.md``);
 * optional host-overhead timing of :meth:`execute`
   (:meth:`get_timing_stats`), which splits wall time into time inside model
   methods, time inside ``graph.replay()`` and the manager's own overhead.
@@ -41,6 +45,11 @@ from encoder_cudagraph_runtime import distributed
 from encoder_cudagraph_runtime.budget_ladder import (
     generate_budgets,
     resolve_budget_ladder,
+)
+from encoder_cudagraph_runtime.buffer_aliasing import (
+    changed_inputs,
+    overlapping_owners,
+    snapshot_inputs,
 )
 from encoder_cudagraph_runtime.config import VllmConfig
 from encoder_cudagraph_runtime.defs import (
@@ -107,6 +116,11 @@ class CaptureReport:
     allocated_bytes_delta: int | None
     """Growth of ``torch.cuda.memory_allocated`` over the capture (captured
     buffers, output buffers, live pool blocks)."""
+    plain_copy_graphs: int = 0
+    """Graphs replayed with vLLM's plain copy instead of the written-rows
+    shortcut: their buffers share memory with another captured buffer, or
+    their forward wrote its inputs (see
+    :mod:`~encoder_cudagraph_runtime.buffer_aliasing`)."""
 
 
 @dataclass
@@ -287,6 +301,10 @@ class EncoderCudaGraphManager:
         # default-copied buffer that the last write may have left non-zero;
         # later rows are zero. Absent: the whole buffer (capture's values).
         self._written_rows: dict[int, dict[str, int]] = {}
+        # Graphs (by id of their BudgetGraphMetadata) whose buffers break the
+        # shortcut's assumptions, with the reason: replayed with vLLM's plain
+        # copy (see buffer_aliasing).
+        self._plain_copy: dict[int, str] = {}
         self.graph_hits = 0
         self.graph_misses = 0
         self.log_stats_interval = 100
@@ -447,6 +465,7 @@ class EncoderCudaGraphManager:
         backend.synchronize()
         seconds = time.perf_counter() - start
         memory_after = backend.memory_counters()
+        self._flag_shared_buffers()
 
         self._capture_report = CaptureReport(
             backend=getattr(backend, "name", type(backend).__name__),
@@ -455,6 +474,7 @@ class EncoderCudaGraphManager:
             pool_bytes=backend.pool_bytes(graph_pool),
             reserved_bytes_delta=_delta(memory_before, memory_after, "reserved"),
             allocated_bytes_delta=_delta(memory_before, memory_after, "allocated"),
+            plain_copy_graphs=len(self._plain_copy),
         )
         logger.info(
             "Captured %d encoder CUDA graphs across %d paths in %.2fs "
@@ -497,8 +517,13 @@ class EncoderCudaGraphManager:
         # capture, and the output's shape and dtype size the output buffer.
         # The buffer is an ordinary allocation on the caller's stream, so it
         # is not part of the pool whose memory the next capture reuses.
+        # Comparing the inputs before and after tells whether the forward
+        # writes them (the written-rows shortcut assumes it never does).
         with self.graph_backend.capture_scope(), torch.inference_mode():
+            before = snapshot_inputs(values)
             warmup = self.model.encoder_cudagraph_forward({**values}, path=path)
+            written = changed_inputs(values, before)
+            del before
         with torch.inference_mode():
             output_buffer = torch.empty_like(warmup)
         del warmup
@@ -522,6 +547,36 @@ class EncoderCudaGraphManager:
         # A new graph's buffers hold the capture values everywhere (its id
         # may be that of a replaced, freed one).
         self._written_rows.pop(id(graph_set[key]), None)
+        self._plain_copy.pop(id(graph_set[key]), None)
+        if written:
+            self._plain_copy[id(graph_set[key])] = (
+                f"the forward writes its inputs {written}"
+            )
+
+    def _flag_shared_buffers(self) -> None:
+        """Mark the graphs whose buffers share memory with any other
+        captured tensor for vLLM's plain replay copy."""
+        metas = {
+            id(meta): meta
+            for graph_set in self.budget_graphs.values()
+            for meta in graph_set.values()
+        }
+        shared = overlapping_owners(
+            {owner: meta.input_buffers for owner, meta in metas.items()}
+        )
+        for owner in shared:
+            self._plain_copy.setdefault(
+                owner, "its buffers share memory with other captured buffers"
+            )
+        for owner, reason in self._plain_copy.items():
+            meta = metas[owner]
+            logger.info(
+                "Encoder graph budget=%d axis_keys=%s: %s; replays zero the "
+                "whole buffers, as vLLM does.",
+                meta.token_budget,
+                meta.axis_keys,
+                reason,
+            )
 
     def clear(self) -> None:
         """Drop every graph, captured buffer and the pool, and give their
@@ -536,6 +591,7 @@ class EncoderCudaGraphManager:
         for graph_set in self.budget_graphs.values():
             graph_set.clear()
         self._written_rows.clear()
+        self._plain_copy.clear()
         self.graph_pool = None
         gc.collect()
         self.graph_backend.release_cached_memory()
@@ -638,50 +694,43 @@ class EncoderCudaGraphManager:
         dst.zero_()
         dst[: src.shape[0]].copy_(src)
 
-    def _run_budget_graph(
-        self,
-        mm_kwargs: dict[str, Any],
-        token_budget: int,
-        path: str = "default",
-        axis_keys: CaptureAxisKeys = (),
-        num_items: int | None = None,
-    ) -> torch.Tensor | None:
-        """Replay ``path``'s graph of ``token_budget`` for this sub-batch.
-
-        ``num_items`` is the sub-batch's item count when the caller knows it
-        (the packer does); otherwise the model's item specs are asked, one
-        more model call per replay.
-
-        Returns the graph's full output buffer (padding rows included), or
-        ``None`` when no such graph was captured (counted as misses).
-        """
-        graph_set = self._get_graph_set(path)
-        if num_items is None:
-            num_items = len(self._get_item_specs(mm_kwargs))
-        key: BudgetGraphMapKey = (
-            token_budget if not axis_keys else (token_budget, axis_keys)
-        )
-        meta = graph_set.get(key)
-        if meta is None:
-            self.graph_misses += num_items
-            return None
-
-        replay_values = self._call_model(
-            self.model.prepare_encoder_cudagraph_replay_buffers,
-            mm_kwargs,
-            self.max_batch_size,
-            self.max_frames_per_batch,
-            path,
-        ).values
+    def _plain_replay_copy(
+        self, meta: BudgetGraphMetadata, replay_values: dict[str, Any]
+    ) -> None:
+        """vLLM's replay copy, key by key in captured order: the padding
+        logic, or the whole buffer zeroed behind the batch's rows. For
+        graphs whose buffers share memory or are written by the forward."""
         padding_logics = self.config.padding_logics
-        # Default copies are batched into two multi-tensor calls (zero every
-        # stale tail, copy every head) instead of two ops per buffer: the
-        # buffers end up as _copy_padded_buffer leaves them, for a fraction
-        # of its host dispatch cost on models with many buffers. Only rows a
-        # previous write may have left non-zero are zeroed (written_rows):
-        # replays of same-size batches zero nothing. Buffers are distinct
-        # tensors, so the order of the writes (custom logics first) does not
-        # matter. The captured forward never writes its input buffers.
+        for name, buf in meta.input_buffers.items():
+            src = replay_values.get(name)
+            if src is None:
+                continue
+            if src.ndim == 0:
+                buf.copy_(src)
+                continue
+            logic = padding_logics.get(name)
+            if logic is not None:
+                self._call_model(logic, buf, src)
+            else:
+                self._copy_padded_buffer(buf, src)
+
+    def _shortcut_replay_copy(
+        self, meta: BudgetGraphMetadata, replay_values: dict[str, Any]
+    ) -> None:
+        """The replay copy with the written-rows shortcut.
+
+        Default copies are batched into two multi-tensor calls (zero every
+        stale tail, copy every head) instead of two ops per buffer: the
+        buffers end up as :meth:`_copy_padded_buffer` leaves them, for a
+        fraction of its host dispatch cost on models with many buffers. Only
+        rows a previous write may have left non-zero are zeroed
+        (``written``): replays of same-size batches zero nothing. That, and
+        doing custom logics first, is only right because capture checked
+        that this graph's buffers share no memory with any other captured
+        buffer and that its forward leaves them unchanged
+        (:meth:`_flag_shared_buffers`, :meth:`_capture_budget_graph`).
+        """
+        padding_logics = self.config.padding_logics
         written = self._written_rows.setdefault(id(meta), {})
         heads: list[torch.Tensor] = []
         srcs: list[torch.Tensor] = []
@@ -723,6 +772,45 @@ class EncoderCudaGraphManager:
         if heads:
             torch._foreach_copy_(heads, srcs)
 
+    def _run_budget_graph(
+        self,
+        mm_kwargs: dict[str, Any],
+        token_budget: int,
+        path: str = "default",
+        axis_keys: CaptureAxisKeys = (),
+        num_items: int | None = None,
+    ) -> torch.Tensor | None:
+        """Replay ``path``'s graph of ``token_budget`` for this sub-batch.
+
+        ``num_items`` is the sub-batch's item count when the caller knows it
+        (the packer does); otherwise the model's item specs are asked, one
+        more model call per replay.
+
+        Returns the graph's full output buffer (padding rows included), or
+        ``None`` when no such graph was captured (counted as misses).
+        """
+        graph_set = self._get_graph_set(path)
+        if num_items is None:
+            num_items = len(self._get_item_specs(mm_kwargs))
+        key: BudgetGraphMapKey = (
+            token_budget if not axis_keys else (token_budget, axis_keys)
+        )
+        meta = graph_set.get(key)
+        if meta is None:
+            self.graph_misses += num_items
+            return None
+
+        replay_values = self._call_model(
+            self.model.prepare_encoder_cudagraph_replay_buffers,
+            mm_kwargs,
+            self.max_batch_size,
+            self.max_frames_per_batch,
+            path,
+        ).values
+        if id(meta) in self._plain_copy:
+            self._plain_replay_copy(meta, replay_values)
+        else:
+            self._shortcut_replay_copy(meta, replay_values)
         self._replay(meta.graph)
         self.graph_hits += num_items
         return meta.output_buffer

@@ -388,3 +388,57 @@ def make_manager(
         model if model is not None else FakeEncoder(),
         graph_backend=EagerReplayGraphBackend(),
     )
+
+
+class SharedStorageEncoder(FakeEncoder):
+    """A fake whose graphs share one ``x`` storage: budget ``b``'s buffer is
+    the first ``b`` rows of one model-owned tensor (a model may allocate its
+    capture inputs that way; the protocol does not forbid it)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.x_store = torch.zeros(self.budget_range[1] * 4, HIDDEN)
+
+    def prepare_encoder_cudagraph_capture_inputs(
+        self,
+        token_budget: int,
+        max_batch_size: int,
+        max_frames_per_batch: int,
+        device: torch.device,
+        dtype: torch.dtype,
+        path: str = "default",
+        axis_keys: tuple[Hashable, ...] | None = None,
+    ) -> EncoderCudaGraphCaptureInputs:
+        inputs = super().prepare_encoder_cudagraph_capture_inputs(
+            token_budget,
+            max_batch_size,
+            max_frames_per_batch,
+            device,
+            dtype,
+            path,
+            axis_keys,
+        )
+        shared = self.x_store[:token_budget]
+        shared.zero_()
+        inputs.values["x"] = shared
+        return inputs
+
+
+class InputWritingEncoder(FakeEncoder):
+    """A fake whose captured forward writes its ``x`` input after reading
+    it (scratch reuse, an in-place activation on an input view): outputs
+    stay right, but the buffer no longer holds what the replay copied.
+    Every graph forward records the ``x`` it was given."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.seen_x: list[torch.Tensor] = []
+
+    def encoder_cudagraph_forward(
+        self, inputs: dict[str, torch.Tensor], path: str = "default"
+    ) -> torch.Tensor:
+        x = inputs["x"]
+        self.seen_x.append(x.clone())
+        out = super().encoder_cudagraph_forward(inputs, path)
+        x.fill_(7.0)
+        return out
