@@ -35,6 +35,7 @@ import logging
 import math
 import sys
 import time
+from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, Any, TypeVar
@@ -52,6 +53,15 @@ from encoder_cudagraph_runtime.buffer_aliasing import (
     snapshot_inputs,
 )
 from encoder_cudagraph_runtime.config import VllmConfig
+from encoder_cudagraph_runtime.cost_aware import (
+    CostModel,
+    EagerSample,
+    ExecutionStats,
+    GraphSample,
+    fit_eager_cost,
+    fit_graph_cost,
+    plan_execution,
+)
 from encoder_cudagraph_runtime.defs import (
     ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG,
     BudgetGraphMapKey,
@@ -224,12 +234,20 @@ class EncoderCudaGraphManager:
         collect_timing: time every :meth:`execute` (see
             :class:`ExecuteTiming`); can be toggled later with
             :meth:`enable_timing`.
+        cost_aware: plan each execute from measured costs instead of
+            vLLM's packing once :meth:`calibrate_cost_model` has run (see
+            :mod:`~encoder_cudagraph_runtime.cost_aware`); capture then
+            times every graph once. Off by default: vLLM's behaviour.
+            Single-path models without capture axes only.
+        clock: nanosecond clock of the cost-aware timings (default
+            ``time.perf_counter_ns``; tests pass a virtual one).
 
     Raises:
         ValueError: invalid budget range, user items per batch above the
             smallest user budget, an empty capture axis, no paths, or a
             path minimum budget outside ``(0, largest budget]``.
-        NotImplementedError: several paths combined with capture axes.
+        NotImplementedError: several paths combined with capture axes;
+            ``cost_aware`` with several paths or capture axes.
     """
 
     def __init__(
@@ -243,6 +261,8 @@ class EncoderCudaGraphManager:
         progress: bool = False,
         progress_stream: IO[str] | None = None,
         collect_timing: bool = False,
+        cost_aware: bool = False,
+        clock: Callable[[], int] | None = None,
     ) -> None:
         self.vllm_config = vllm_config
         self.device = device
@@ -343,6 +363,14 @@ class EncoderCudaGraphManager:
         self._eager: dict[str, list[int]] = {}
         self._capture_report: CaptureReport | None = None
         self._timer: ExecuteTiming | None = ExecuteTiming() if collect_timing else None
+
+        # Cost-aware execution (off by default).
+        self._clock: Callable[[], int] = clock or _perf_ns
+        self._replay_ms: dict[int, float] = {}
+        self._cost_model: CostModel | None = None
+        self._execution = ExecutionStats()
+        self._cost_aware = False
+        self.cost_aware = cost_aware
 
         logger.info(
             "EncoderCudaGraphManager: path budgets=%s, max_batch_size=%d, "
@@ -548,6 +576,8 @@ class EncoderCudaGraphManager:
         # may be that of a replaced, freed one).
         self._written_rows.pop(id(graph_set[key]), None)
         self._plain_copy.pop(id(graph_set[key]), None)
+        if self._cost_aware:
+            self._replay_ms[token_budget] = self._time_ms(graph.replay, repeats=1)
         if written:
             self._plain_copy[id(graph_set[key])] = (
                 f"the forward writes its inputs {written}"
@@ -592,6 +622,8 @@ class EncoderCudaGraphManager:
             graph_set.clear()
         self._written_rows.clear()
         self._plain_copy.clear()
+        self._replay_ms.clear()
+        self._cost_model = None
         self.graph_pool = None
         gc.collect()
         self.graph_backend.release_cached_memory()
@@ -818,6 +850,8 @@ class EncoderCudaGraphManager:
     def _execute_local(self, mm_kwargs: dict[str, Any]) -> list[torch.Tensor]:
         """Pack this process' items into budget batches and run them."""
         item_specs = self._get_item_specs(mm_kwargs)
+        if self._cost_aware and self._cost_model is not None:
+            return self._execute_planned(mm_kwargs, item_specs)
         num_items = len(item_specs)
         paths = self._paths
         per_path_tokens = [
@@ -891,6 +925,241 @@ class EncoderCudaGraphManager:
             clone=True,
             batch_mm_kwargs=batch_kwargs,
         )
+
+    # ------------------------------------------------------------------
+    # Cost-aware execution (docs/runtime.md)
+    # ------------------------------------------------------------------
+
+    @property
+    def cost_aware(self) -> bool:
+        """Whether calibrated executes are planned by cost (see
+        :mod:`~encoder_cudagraph_runtime.cost_aware`); settable."""
+        return self._cost_aware
+
+    @cost_aware.setter
+    def cost_aware(self, enabled: bool) -> None:
+        if enabled:
+            self._check_cost_aware_supported()
+        self._cost_aware = bool(enabled)
+
+    @property
+    def cost_model(self) -> CostModel | None:
+        """The calibrated cost model (``None`` before calibration)."""
+        return self._cost_model
+
+    def _check_cost_aware_supported(self) -> None:
+        paths = self.config.paths
+        single = list(paths) == ["default"] and not paths["default"].allow_zero_tokens
+        if not single or self._capture_axes:
+            raise NotImplementedError(
+                "Cost-aware encoder execution supports one 'default' path "
+                "without zero-token batches or capture axes; this model has "
+                f"paths {list(paths)} and capture_axes {self._capture_axes}."
+            )
+
+    def _time_ms(self, fn: Callable[[], object], repeats: int = 2) -> float:
+        """Fastest of ``repeats`` device-synchronised calls of ``fn`` after
+        one untimed call, in milliseconds of ``clock``."""
+        sync = self.graph_backend.synchronize
+        fn()
+        sync()
+        best = math.inf
+        for _ in range(repeats):
+            sync()
+            start = self._clock()
+            fn()
+            sync()
+            best = min(best, (self._clock() - start) / 1e6)
+        return best
+
+    def set_cost_model(self, cost_model: CostModel) -> None:
+        """Use ``cost_model`` (a saved or synthetic one) for planning; it
+        must price every captured budget."""
+        self._check_cost_aware_supported()
+        missing = set(self._default_budgets()) - set(cost_model.graph.replay_ms)
+        if missing:
+            raise ValueError(f"the cost model has no replay time for {sorted(missing)}")
+        self._cost_model = cost_model
+
+    def _default_budgets(self) -> list[int]:
+        return [b for b in self.path_token_budgets["default"] if b != 0]
+
+    def calibrate_cost_model(
+        self,
+        batches: list[dict[str, Any]],
+        *,
+        margin: float = 0.05,
+        repeats: int = 2,
+    ) -> CostModel:
+        """Fit the cost model from timed runs of warm-up ``batches`` (the
+        ``mm_kwargs`` of a few typical executes) and use it.
+
+        Graph replays not yet timed (``cost_aware`` off at capture) are timed
+        first, once each. Then every distinct selection (each batch whole,
+        and each of its items alone) runs as one eager unit and, where it
+        fits a budget, as one graph unit at its smallest fitting budget and
+        (single items) the next one, the way :meth:`execute` runs units.
+        Statistics are left as they were.
+        """
+        self._check_cost_aware_supported()
+        if not self.is_captured():
+            raise RuntimeError("calibrate_cost_model() needs capture() first")
+        graphs = self._get_graph_set("default")
+        for budget in self._default_budgets():
+            if budget not in self._replay_ms:
+                self._replay_ms[budget] = self._time_ms(graphs[budget].graph.replay, 1)
+        saved = self._save_counters()
+        try:
+            eager, graph = self._calibration_samples(batches, repeats)
+        finally:
+            self._restore_counters(saved)
+        self._cost_model = CostModel(
+            fit_graph_cost(self._replay_ms, self.max_batch_size, graph),
+            fit_eager_cost(eager),
+            margin,
+        )
+        logger.info("Encoder cost model: %s", self._cost_model)
+        return self._cost_model
+
+    def _calibration_samples(
+        self, batches: list[dict[str, Any]], repeats: int
+    ) -> tuple[list[EagerSample], list[GraphSample]]:
+        budgets = self._default_budgets()
+        eager: list[EagerSample] = []
+        graph: list[GraphSample] = []
+        seen: set[tuple[int, ...]] = set()
+        for mm_kwargs in batches:
+            specs = self._get_item_specs(mm_kwargs)
+            rows = [spec.get_path_output_tokens("default") for spec in specs]
+            tokens = [spec.output_tokens for spec in specs]
+            for selection in [list(range(len(specs)))] + [
+                [i] for i in range(len(specs))
+            ]:
+                key = tuple(sorted(rows[i] for i in selection))
+                if not selection or key in seen:
+                    continue
+                seen.add(key)
+                scratch: dict[int, torch.Tensor] = {}
+                ms = self._time_ms(
+                    lambda: self._run_eager_unit(
+                        mm_kwargs, selection, sum(key), tokens, scratch
+                    ),
+                    repeats,
+                )
+                eager.append(EagerSample(key, ms))
+                total = sum(key)
+                first = bisect_left(budgets, total)
+                if len(selection) > self.max_batch_size or first == len(budgets):
+                    continue
+                for budget in budgets[
+                    first : first + (2 if len(selection) == 1 else 1)
+                ]:
+                    ms = self._time_ms(
+                        lambda: self._run_graph_unit(
+                            mm_kwargs, selection, budget, total, tokens, scratch
+                        ),
+                        repeats,
+                    )
+                    graph.append(GraphSample(budget, key, ms))
+        return eager, graph
+
+    def _save_counters(self) -> tuple[Any, ...]:
+        return (
+            self.graph_hits,
+            self.graph_misses,
+            {p: {b: list(e) for b, e in d.items()} for p, d in self._padding.items()},
+            {p: list(e) for p, e in self._eager.items()},
+        )
+
+    def _restore_counters(self, saved: tuple[Any, ...]) -> None:
+        self.graph_hits, self.graph_misses, self._padding, self._eager = saved
+
+    def _execute_planned(
+        self, mm_kwargs: dict[str, Any], item_specs: list[EncoderItemSpec]
+    ) -> list[torch.Tensor]:
+        """Run this process' items as the cost model's plan says."""
+        assert self._cost_model is not None
+        rows = [spec.get_path_output_tokens("default") for spec in item_specs]
+        tokens = [spec.output_tokens for spec in item_specs]
+        plan = plan_execution(
+            rows, self._default_budgets(), self.max_batch_size, self._cost_model
+        )
+        self._execution.record(plan)
+        results: dict[int, torch.Tensor] = {}
+        for unit in plan.units:
+            indices = list(unit.positions)
+            if unit.budget is None:
+                self._run_eager_unit(mm_kwargs, indices, unit.rows, tokens, results)
+            else:
+                self._run_graph_unit(
+                    mm_kwargs, indices, unit.budget, unit.rows, tokens, results
+                )
+        return [results[i] for i in range(len(item_specs))]
+
+    def _run_graph_unit(
+        self,
+        mm_kwargs: dict[str, Any],
+        indices: list[int],
+        budget: int,
+        rows: int,
+        per_item_out_tokens: list[int],
+        results: dict[int, torch.Tensor],
+    ) -> None:
+        """Replay ``budget`` for the items ``indices`` (as a packed batch)."""
+        batch = PackedBatch(indices, [rows], [budget])
+        self._run_batch(mm_kwargs, batch, per_item_out_tokens, results)
+
+    def _run_eager_unit(
+        self,
+        mm_kwargs: dict[str, Any],
+        indices: list[int],
+        rows: int,
+        per_item_out_tokens: list[int],
+        results: dict[int, torch.Tensor],
+    ) -> None:
+        """One unpadded ``encoder_eager_forward`` call on the items
+        ``indices`` (``rows`` rows in all): the whole ``mm_kwargs`` as they
+        are when it holds exactly these items, else their selection.
+
+        Its output is a fresh tensor that no later call overwrites, so
+        postprocess runs without clones.
+        """
+        if sorted(indices) == list(range(len(per_item_out_tokens))):
+            batch_kwargs = mm_kwargs
+            indices = list(range(len(per_item_out_tokens)))
+        else:
+            batch_kwargs = self._select_items(mm_kwargs, indices)[0]
+        with torch.inference_mode():
+            output = self._call_model(
+                self.model.encoder_eager_forward, batch_kwargs, path="default"
+            )
+        self._record_eager("default", rows)
+        self.graph_misses += len(indices)
+        self._call_model(
+            self.model.postprocess_encoder_output,
+            {"default": output},
+            indices,
+            per_item_out_tokens,
+            results,
+            clone=False,
+            batch_mm_kwargs=batch_kwargs,
+        )
+
+    def get_execution_stats(self) -> dict[str, Any]:
+        """What cost-aware executes decided: plans by kind (``graphs``,
+        ``mixed``, ``eager``), units and items per kind, predicted time
+        against all-eager, the last plan, and the cost model."""
+        return {
+            "cost_aware": self._cost_aware,
+            "calibrated": self._cost_model is not None,
+            **self._execution.as_dict(),
+            "cost_model": (
+                None if self._cost_model is None else self._cost_model.as_dict()
+            ),
+        }
+
+    def reset_execution_stats(self) -> None:
+        self._execution = ExecutionStats()
 
     # ------------------------------------------------------------------
     # Data parallel

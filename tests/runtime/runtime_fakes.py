@@ -378,7 +378,11 @@ def make_vllm_config(
 
 
 def make_manager(
-    model: FakeEncoder | None = None, **config_kwargs: Any
+    model: FakeEncoder | None = None,
+    *,
+    cost_aware: bool = False,
+    clock: Any = None,
+    **config_kwargs: Any,
 ) -> EncoderCudaGraphManager:
     """A CPU manager over ``model`` with the eager-replay backend."""
     return EncoderCudaGraphManager(
@@ -387,6 +391,8 @@ def make_manager(
         torch.float32,
         model if model is not None else FakeEncoder(),
         graph_backend=EagerReplayGraphBackend(),
+        cost_aware=cost_aware,
+        clock=clock,
     )
 
 
@@ -442,3 +448,42 @@ class InputWritingEncoder(FakeEncoder):
         out = super().encoder_cudagraph_forward(inputs, path)
         x.fill_(7.0)
         return out
+
+
+class VirtualClock:
+    """A nanosecond clock that only moves when a fake says its work took
+    time, so that cost calibration is exact and deterministic."""
+
+    def __init__(self) -> None:
+        self.ns = 0
+
+    def __call__(self) -> int:
+        return self.ns
+
+    def advance_ms(self, ms: float) -> None:
+        self.ns += round(ms * 1e6)
+
+
+class TimedFakeEncoder(FakeEncoder):
+    """A fake whose forwards take synthetic time on a :class:`VirtualClock`:
+    a graph forward ``graph_ms(buffer_rows)``, an eager forward
+    ``eager_ms(rows of each item)``. Host work costs nothing."""
+
+    def __init__(self, clock: VirtualClock, graph_ms, eager_ms, **kwargs: Any) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(**kwargs)
+        self.clock = clock
+        self.graph_ms = graph_ms
+        self.eager_ms = eager_ms
+
+    def encoder_cudagraph_forward(
+        self, inputs: dict[str, torch.Tensor], path: str = "default"
+    ) -> torch.Tensor:
+        self.clock.advance_ms(self.graph_ms(inputs["x"].shape[0]))
+        return super().encoder_cudagraph_forward(inputs, path)
+
+    def encoder_eager_forward(
+        self, mm_kwargs: dict[str, Any], path: str = "default"
+    ) -> torch.Tensor:
+        rows = [item.path_rows.get(path, 0) for item in mm_kwargs["items"]]
+        self.clock.advance_ms(self.eager_ms(rows))
+        return super().encoder_eager_forward(mm_kwargs, path)
