@@ -1024,7 +1024,7 @@ class EncoderCudaGraphManager:
     def _calibration_samples(
         self, batches: list[dict[str, Any]], repeats: int
     ) -> tuple[list[EagerSample], list[GraphSample]]:
-        budgets = self._default_budgets()
+        """Timed units of every distinct selection of ``batches``."""
         eager: list[EagerSample] = []
         graph: list[GraphSample] = []
         seen: set[tuple[int, ...]] = set()
@@ -1032,36 +1032,50 @@ class EncoderCudaGraphManager:
             specs = self._get_item_specs(mm_kwargs)
             rows = [spec.get_path_output_tokens("default") for spec in specs]
             tokens = [spec.output_tokens for spec in specs]
-            for selection in [list(range(len(specs)))] + [
-                [i] for i in range(len(specs))
-            ]:
+            selections = [list(range(len(specs)))] + [[i] for i in range(len(specs))]
+            for selection in selections:
                 key = tuple(sorted(rows[i] for i in selection))
-                if not selection or key in seen:
-                    continue
-                seen.add(key)
-                scratch: dict[int, torch.Tensor] = {}
-                ms = self._time_ms(
-                    lambda: self._run_eager_unit(
-                        mm_kwargs, selection, sum(key), tokens, scratch
-                    ),
-                    repeats,
-                )
-                eager.append(EagerSample(key, ms))
-                total = sum(key)
-                first = bisect_left(budgets, total)
-                if len(selection) > self.max_batch_size or first == len(budgets):
-                    continue
-                for budget in budgets[
-                    first : first + (2 if len(selection) == 1 else 1)
-                ]:
-                    ms = self._time_ms(
-                        lambda: self._run_graph_unit(
-                            mm_kwargs, selection, budget, total, tokens, scratch
-                        ),
-                        repeats,
+                if selection and key not in seen:
+                    seen.add(key)
+                    self._time_selection(
+                        mm_kwargs, selection, key, tokens, repeats, eager, graph
                     )
-                    graph.append(GraphSample(budget, key, ms))
         return eager, graph
+
+    def _time_selection(
+        self,
+        mm_kwargs: dict[str, Any],
+        selection: list[int],
+        rows: tuple[int, ...],
+        tokens: list[int],
+        repeats: int,
+        eager: list[EagerSample],
+        graph: list[GraphSample],
+    ) -> None:
+        """Time ``selection`` as an eager unit and, where it fits, as graph
+        units at its smallest fitting budget (and the next one, for single
+        items: padding varies then at equal rows)."""
+        scratch: dict[int, torch.Tensor] = {}
+        total = sum(rows)
+        run = functools.partial(
+            self._run_eager_unit, mm_kwargs, selection, total, tokens, scratch
+        )
+        eager.append(EagerSample(rows, self._time_ms(run, repeats)))
+        budgets = self._default_budgets()
+        first = bisect_left(budgets, total)
+        if len(selection) > self.max_batch_size or first == len(budgets):
+            return
+        for budget in budgets[first : first + (2 if len(selection) == 1 else 1)]:
+            run = functools.partial(
+                self._run_graph_unit,
+                mm_kwargs,
+                selection,
+                budget,
+                total,
+                tokens,
+                scratch,
+            )
+            graph.append(GraphSample(budget, rows, self._time_ms(run, repeats)))
 
     def _save_counters(self) -> tuple[Any, ...]:
         return (

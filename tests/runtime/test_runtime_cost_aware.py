@@ -222,7 +222,7 @@ def test_data_parallel_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(distributed, "get_tensor_model_parallel_world_size", lambda: 1)
     monkeypatch.setattr(distributed, "get_tensor_model_parallel_rank", lambda: 0)
     monkeypatch.setattr(distributed, "tensor_model_parallel_all_gather", all_gather)
-    manager, model = calibrated_manager(tp_size=2, tp_mode="data")
+    manager, _ = calibrated_manager(tp_size=2, tp_mode="data")
     assert manager.use_dp
     items = make_items([70, 8, 16], seed=5)
     assert_outputs(manager.execute(make_kwargs(items)), items)
