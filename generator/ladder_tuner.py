@@ -36,11 +36,12 @@ import json
 import math
 import sys
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from encoder_cudagraph_runtime.budget_ladder import generate_budgets
 from encoder_cudagraph_runtime.packing import pack_items, smallest_fitting_budget
 from generator.diagnostics import Diagnostic, Diagnostics, Location, SpecError
 from generator.formulas import EvaluationError, evaluate, names_in
@@ -50,6 +51,7 @@ __all__ = [
     "Traffic",
     "TrafficBatch",
     "Tuning",
+    "candidate_budgets",
     "ladder_waste",
     "load_traffic",
     "traffic_main",
@@ -79,6 +81,11 @@ class Tuning:
     output_row_bytes: int = 0
     """Bytes of one row of a graph's output buffer (``out_hidden_size`` ×
     dtype size), which plan cannot know; 0 leaves output buffers out."""
+    replay_cost_rows: int | None = None
+    """What one replay costs, in padded rows (its launches and host work):
+    the tuner minimises padded rows plus this per replay, so that it does
+    not split batches into many replays to save a few rows. Default: the
+    spec's minimum budget (the smallest graph worth capturing)."""
 
 
 @dataclass(frozen=True)
@@ -130,7 +137,33 @@ def ladder_waste(
 
 
 def _round_up(value: int, granularity: int) -> int:
-    return -(-value // granularity) * granularity
+    return max(granularity, -(-value // granularity) * granularity)
+
+
+def candidate_budgets(
+    batches: Sequence[TrafficBatch], granularity: int, largest: int
+) -> list[int]:
+    """Every budget the tuner may add: the rows of every run of consecutive
+    items of a sorted batch (the only sizes a packed batch can have),
+    rounded up to ``granularity``, below ``largest``."""
+    out: set[int] = set()
+    for batch in batches:
+        rows = sorted(batch.rows)
+        for start in range(len(rows)):
+            total = 0
+            for size in rows[start:]:
+                total += size
+                budget = _round_up(total, granularity)
+                if budget >= largest:
+                    break
+                out.add(budget)
+    return sorted(out)
+
+
+def _cost(waste: LadderWaste, replay_cost_rows: int) -> int:
+    """The tuner's objective: padded rows, each replay counted as
+    ``replay_cost_rows`` more."""
+    return waste.replayed - waste.used + replay_cost_rows * waste.replays
 
 
 def _candidates(
@@ -138,62 +171,152 @@ def _candidates(
     budgets: list[int],
     max_batch_size: int,
     granularity: int,
+    replay_cost_rows: int,
 ) -> list[int]:
-    """New budgets worth trying, most promising first: each packed batch's
-    rows (and each item's) rounded up to ``granularity``, scored by the rows
-    they would save where the current ladder pads."""
-    largest = budgets[-1]
+    """Budgets worth evaluating, most promising first: the sizes where the
+    current ladder pads (each packed unit, each item) and where two adjacent
+    units could merge into one replay, scored by what they would save."""
     score: Counter[int] = Counter()
+
+    def offer(size: int, current: int | None, count: int, replays_saved: int) -> None:
+        if current is None:
+            return
+        candidate = _round_up(size, granularity)
+        saved = current - candidate + replay_cost_rows * replays_saved
+        if candidate < budgets[-1] and candidate not in budgets and saved > 0:
+            score[candidate] += saved * count
+
     for batch in batches:
         rows = list(batch.rows)
-        sizes = [
-            p.path_tokens[0]
-            for p in pack_items([rows], rows, [budgets], max_batch_size)
-        ]
+        units = pack_items([rows], rows, [budgets], max_batch_size)
+        sizes = [u.path_tokens[0] for u in units]
         for size in sizes + rows:
-            current = smallest_fitting_budget(budgets, size)
-            if current is None:
-                continue
-            candidate = max(_round_up(size, granularity), granularity)
-            if candidate < current and candidate < largest:
-                score[candidate] += (current - candidate) * batch.count
+            offer(size, smallest_fitting_budget(budgets, size), batch.count, 0)
+        for a, b in zip(units, units[1:]):
+            if len(a.indices) + len(b.indices) <= max_batch_size:
+                pair = (a.path_budgets[0] or 0) + (b.path_budgets[0] or 0)
+                total = a.path_tokens[0] + b.path_tokens[0]
+                offer(total, pair or None, batch.count, 1)
     return [c for c, _ in score.most_common(_CANDIDATES_PER_STEP)]
 
 
 def tune_ladder(
     batches: Sequence[TrafficBatch],
     *,
-    largest: int,
+    start: Sequence[int],
     max_batch_size: int,
-    budget_bytes: Callable[[int], int],
+    budget_bytes: Mapping[int, int],
     cap_bytes: float,
     max_graphs: int,
+    replay_cost_rows: int = 0,
 ) -> list[int]:
-    """Greedy: starting from ``[largest]`` (so no batch that fits today runs
-    eagerly), add the candidate budget that saves the most padded rows while
-    the buffers fit ``cap_bytes`` and the graphs ``max_graphs`` (fewer
-    replays break ties); stop when no budget saves ``_MIN_GAIN`` of the used
-    rows. Budgets are multiples of
-    ``max_batch_size``, so the capture dummies hold exactly the budget."""
-    ladder = [largest]
-    spent = budget_bytes(largest)
+    """Local search from the ladder ``start`` (budgets rounded up to
+    multiples of ``max_batch_size``, so the capture dummies hold exactly the
+    budget; its largest budget stays, so nothing that fits today runs
+    eagerly). The objective is padded rows plus ``replay_cost_rows`` per
+    replay, under vLLM's packing. Rounds of: add the candidate that lowers
+    it most while the buffers (``budget_bytes``, see
+    :func:`candidate_budgets`) fit ``cap_bytes`` and the graphs
+    ``max_graphs``; then drop the budgets whose loss stays under
+    ``_MIN_GAIN`` of the used rows (or that the limits force out). Starting
+    from a doubling ladder matters: vLLM's packing merges an item into a
+    batch whenever deferring would need ``b(item) >= b(batch)``, so a ladder
+    with a wide gap sends such merges to the largest budget."""
+    largest = max(start)
+    ladder = sorted(
+        {_round_up(b, max_batch_size) for b in start if b < largest} | {largest}
+    )
     current = ladder_waste(batches, ladder, max_batch_size)
-    while len(ladder) < max_graphs:
-        best: tuple[int, int, LadderWaste] | None = None
-        for candidate in _candidates(batches, ladder, max_batch_size, max_batch_size):
-            if spent + budget_bytes(candidate) > cap_bytes:
-                continue
-            trial = ladder_waste(batches, sorted([*ladder, candidate]), max_batch_size)
-            gain = (current.replayed - current.used) - (trial.replayed - trial.used)
-            # Equal savings: the budget that leaves fewer replays.
-            if best is None or (gain, -trial.replays) > (best[0], -best[2].replays):
-                best = (gain, candidate, trial)
-        if best is None or best[0] <= _MIN_GAIN * max(current.used, 1):
+    floor = _MIN_GAIN * max(current.used, 1)
+    for _ in range(8):
+        ladder, current, added = _add_budgets(
+            batches,
+            ladder,
+            current,
+            max_batch_size,
+            budget_bytes,
+            cap_bytes,
+            max_graphs,
+            replay_cost_rows,
+            floor,
+        )
+        ladder, current, dropped = _drop_budgets(
+            batches,
+            ladder,
+            current,
+            max_batch_size,
+            budget_bytes,
+            cap_bytes,
+            max_graphs,
+            replay_cost_rows,
+            floor,
+        )
+        if not added and not dropped:
             break
-        _, candidate, current = best
-        ladder = sorted([*ladder, candidate])
-        spent += budget_bytes(candidate)
     return ladder
+
+
+def _add_budgets(
+    batches: Sequence[TrafficBatch],
+    ladder: list[int],
+    current: LadderWaste,
+    mbs: int,
+    budget_bytes: Mapping[int, int],
+    cap_bytes: float,
+    max_graphs: int,
+    replay_rows: int,
+    floor: float,
+) -> tuple[list[int], LadderWaste, bool]:
+    """Add the best candidate while one saves more than ``floor``."""
+    added = False
+    while len(ladder) < max_graphs:
+        spent = sum(budget_bytes[b] for b in ladder)
+        best: tuple[int, int, LadderWaste] | None = None
+        for candidate in _candidates(batches, ladder, mbs, mbs, replay_rows):
+            if spent + budget_bytes[candidate] > cap_bytes:
+                continue
+            trial = ladder_waste(batches, sorted([*ladder, candidate]), mbs)
+            gain = _cost(current, replay_rows) - _cost(trial, replay_rows)
+            if best is None or gain > best[0]:
+                best = (gain, candidate, trial)
+        if best is None or best[0] <= floor:
+            break
+        ladder = sorted([*ladder, best[1]])
+        current = best[2]
+        added = True
+    return ladder, current, added
+
+
+def _drop_budgets(
+    batches: Sequence[TrafficBatch],
+    ladder: list[int],
+    current: LadderWaste,
+    mbs: int,
+    budget_bytes: Mapping[int, int],
+    cap_bytes: float,
+    max_graphs: int,
+    replay_rows: int,
+    floor: float,
+) -> tuple[list[int], LadderWaste, bool]:
+    """Drop the budget whose loss is least while it is under ``floor`` or
+    the ladder is over its limits (never the largest)."""
+    dropped = False
+    while len(ladder) > 1:
+        over = (
+            len(ladder) > max_graphs or sum(budget_bytes[b] for b in ladder) > cap_bytes
+        )
+        best: tuple[int, int, LadderWaste] | None = None
+        for budget in ladder[:-1]:
+            trial = ladder_waste(batches, [b for b in ladder if b != budget], mbs)
+            loss = _cost(trial, replay_rows) - _cost(current, replay_rows)
+            if best is None or loss < best[0]:
+                best = (loss, budget, trial)
+        if best is None or (best[0] > floor and not over):
+            break
+        ladder = [b for b in ladder if b != best[1]]
+        current = best[2]
+        dropped = True
+    return ladder, current, dropped
 
 
 # ---------------------------------------------------------------------------
@@ -201,7 +324,12 @@ def tune_ladder(
 # ---------------------------------------------------------------------------
 
 _TOP_KEYS = {"format", "batches", "tuning", "spec", "source", "note"}
-_TUNING_KEYS = {"capture_memory_mib", "max_graphs", "output_row_bytes"}
+_TUNING_KEYS = {
+    "capture_memory_mib",
+    "max_graphs",
+    "output_row_bytes",
+    "replay_cost_rows",
+}
 
 
 class _Problems:
@@ -286,7 +414,11 @@ def _check(
         if (b := _check_batch(entry, ("batches", i), dims, budget_tokens, problems))
     ]
     tuning = _check_tuning(data.get("tuning", {}), problems)
-    return Traffic(tuple(batches), tuning)
+    # Packing depends on a batch's sizes only: equal batches are one entry.
+    counts: Counter[tuple[int, ...]] = Counter()
+    for batch in batches:
+        counts[tuple(sorted(batch.rows))] += batch.count
+    return Traffic(tuple(TrafficBatch(r, n) for r, n in counts.items()), tuning)
 
 
 def _check_batch(
@@ -384,7 +516,11 @@ def _check_tuning(raw: Any, problems: _Problems) -> Tuning:
     if not _is_int(row_bytes) or row_bytes < 0:
         problems.add(("tuning", "output_row_bytes"), "a non-negative integer")
         row_bytes = 0
-    return Tuning(cap, graphs, row_bytes)
+    replay_rows = raw.get("replay_cost_rows")
+    if replay_rows is not None and (not _is_int(replay_rows) or replay_rows < 0):
+        problems.add(("tuning", "replay_cost_rows"), "a non-negative integer")
+        replay_rows = None
+    return Tuning(cap, graphs, row_bytes, replay_rows)
 
 
 def _locate(text: str, name: str, problems: _Problems) -> list[Diagnostic]:
@@ -449,8 +585,16 @@ def traffic_main(ir: Any, plan: Any, args: Any) -> int:
     largest = plan.budgets[-1]
     most_items = max(len(b.rows) for b in traffic.batches)
     items = max(1, min(64, most_items, largest))
+    replay_rows = (
+        traffic.tuning.replay_cost_rows
+        if traffic.tuning.replay_cost_rows is not None
+        else plan.budget_range[0]
+    )
+    row_bytes = traffic.tuning.output_row_bytes
 
     def plan_bytes(budgets: list[int], max_items: int) -> dict[int, int]:
+        """Captured buffer bytes per budget, as plan sizes them (one plan
+        for every budget: its static checks run once)."""
         sized = make_plan(
             ir,
             max_num_batched_tokens=args.max_num_batched_tokens,
@@ -460,18 +604,16 @@ def traffic_main(ir: Any, plan: Any, args: Any) -> int:
             overrides=overrides,
             dtype=args.dtype,
         )
-        row = traffic.tuning.output_row_bytes
-        return {p.budget: p.total_bytes + row * p.budget for p in sized.per_budget}
+        return {
+            p.budget: p.total_bytes + row_bytes * p.budget for p in sized.per_budget
+        }
 
     try:
         current_bytes = sum(plan_bytes(plan.budgets, plan.max_batch_size).values())
-        cache: dict[int, int] = {}
-
-        def budget_bytes(budget: int) -> int:
-            if budget not in cache:
-                cache.update(plan_bytes([budget], items))
-            return cache[budget]
-
+        start = generate_budgets(max(plan.budget_range[0], items), largest)
+        universe = candidate_budgets(traffic.batches, items, largest)
+        rounded = {_round_up(b, items) for b in start}
+        budget_bytes = plan_bytes(sorted(set(universe) | rounded | {largest}), items)
         cap = (
             traffic.tuning.capture_memory_mib * 2**20
             if traffic.tuning.capture_memory_mib is not None
@@ -479,11 +621,12 @@ def traffic_main(ir: Any, plan: Any, args: Any) -> int:
         )
         tuned = tune_ladder(
             traffic.batches,
-            largest=largest,
+            start=start,
             max_batch_size=items,
             budget_bytes=budget_bytes,
             cap_bytes=cap,
             max_graphs=traffic.tuning.max_graphs,
+            replay_cost_rows=replay_rows,
         )
     except PlanError as exc:
         print(f"{args.spec}: {exc}", file=sys.stderr)
@@ -494,8 +637,9 @@ def traffic_main(ir: Any, plan: Any, args: Any) -> int:
         tuned,
         items,
         current_bytes,
-        sum(budget_bytes(b) for b in tuned),
+        sum(budget_bytes[b] for b in tuned),
         cap,
+        replay_rows,
     )
     print(json.dumps(report, indent=2) if args.json else format_report(report))
     return EXIT_OK
@@ -509,6 +653,7 @@ def _report(
     current_bytes: int,
     tuned_bytes: int,
     cap: float,
+    replay_rows: int,
 ) -> dict[str, Any]:
     batches = traffic.batches
     current = ladder_waste(batches, plan.budgets, plan.max_batch_size)
@@ -543,6 +688,7 @@ def _report(
             "distinct_batches": len(batches),
         },
         "capture_memory_cap_bytes": cap,
+        "replay_cost_rows": replay_rows,
         "current": summary(current, plan.budgets, plan.max_batch_size, current_bytes),
         "tuned": summary(best, tuned, items, tuned_bytes),
         "compilation_config": value,

@@ -52,24 +52,30 @@ def test_waste_counts_replayed_budgets_against_their_rows() -> None:
     assert waste.waste == pytest.approx(4096 / 2160 - 1)
 
 
-def linear_bytes(budget: int) -> int:
-    return 1000 * budget
+class LinearBytes(dict):
+    """Buffer bytes of any budget: 1000 per budget row."""
+
+    def __missing__(self, budget: int) -> int:
+        return 1000 * budget
+
+
+linear_bytes = LinearBytes()
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_tuned_ladder_beats_the_default_within_its_limits(seed: int) -> None:
     batches = random_batches(seed, 200, [16, 180, 540, 576, 1196, 2304, 3136])
-    cap = 3 * linear_bytes(16384)
+    cap = 3 * linear_bytes[16384]
     tuned = tune_ladder(
         batches,
-        largest=16384,
+        start=DEFAULT,
         max_batch_size=8,
         budget_bytes=linear_bytes,
         cap_bytes=cap,
         max_graphs=12,
     )
     assert tuned[-1] == 16384 and len(tuned) <= 12
-    assert sum(linear_bytes(b) for b in tuned) <= cap
+    assert sum(linear_bytes[b] for b in tuned) <= cap
     assert all(b % 8 == 0 and b >= 8 for b in tuned)
     default = ladder_waste(batches, DEFAULT, 64).waste
     assert ladder_waste(batches, tuned, 8).waste < default / 4
@@ -78,12 +84,13 @@ def test_tuned_ladder_beats_the_default_within_its_limits(seed: int) -> None:
 def test_one_image_size_gets_its_own_budget() -> None:
     tuned = tune_ladder(
         [TrafficBatch((540,), count=10)],
-        largest=16384,
+        start=DEFAULT,
         max_batch_size=4,
         budget_bytes=linear_bytes,
         cap_bytes=1e12,
         max_graphs=8,
     )
+    # The budgets nothing replays are dropped.
     assert tuned == [540, 16384]
 
 
@@ -91,14 +98,32 @@ def test_the_memory_cap_is_respected() -> None:
     batches = [TrafficBatch((540,), count=10), TrafficBatch((3000,), count=10)]
     tuned = tune_ladder(
         batches,
-        largest=16384,
+        start=DEFAULT,
         max_batch_size=4,
         budget_bytes=linear_bytes,
-        cap_bytes=linear_bytes(16384) + linear_bytes(1000),
+        cap_bytes=linear_bytes[16384] + linear_bytes[1000],
         max_graphs=8,
     )
-    # 3008 saves more rows but does not fit; 540 does.
+    # 3000 saves more rows but does not fit; 540 does.
     assert tuned == [540, 16384]
+
+
+def test_a_wide_gap_is_not_left_for_merges() -> None:
+    """vLLM's packing merges a third 540 into a batch of 1080 (its budget
+    is not below the batch's): without budgets between 1080 and 16384 that
+    merge would replay 16384."""
+    batches = [TrafficBatch((540, 540, 540), count=10), TrafficBatch((540,), count=10)]
+    tuned = tune_ladder(
+        batches,
+        start=DEFAULT,
+        max_batch_size=4,
+        budget_bytes=linear_bytes,
+        cap_bytes=1e12,
+        max_graphs=8,
+    )
+    waste = ladder_waste(batches, tuned, 4)
+    assert waste.replayed == waste.used  # 540 and 1620 (or 1080 + 540)
+    assert 16384 in tuned
 
 
 def write(tmp_path: Path, data: object) -> Path:
@@ -124,7 +149,8 @@ def test_load_both_batch_forms(tmp_path: Path) -> None:
         },
     )
     traffic = load_traffic(path, ["t", "h", "w"], tokens)
-    assert traffic.batches == (TrafficBatch((540,), 3), TrafficBatch((64, 4), 1))
+    # Items of a batch are kept sorted (packing sorts them anyway).
+    assert traffic.batches == (TrafficBatch((540,), 3), TrafficBatch((4, 64), 1))
     assert (traffic.tuning.capture_memory_mib, traffic.tuning.max_graphs) == (512, 8)
 
 
@@ -147,7 +173,8 @@ def test_load_both_batch_forms(tmp_path: Path) -> None:
                 "traffic.json:1:21: batches[0][0].t: a positive integer",
                 (
                     "traffic.json:1:57: tuning.max_graph: unknown key (expected: "
-                    "capture_memory_mib, max_graphs, output_row_bytes)"
+                    "capture_memory_mib, max_graphs, output_row_bytes, "
+                    "replay_cost_rows)"
                 ),
             ],
         ),
@@ -227,3 +254,13 @@ def test_deepseek_items_need_only_the_dims_its_budget_counts(tmp_path: Path) -> 
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["tuned"]["rows_used"] == 62 * 93 + 39 * 39
+
+
+def test_equal_batches_are_counted_once(tmp_path: Path) -> None:
+    item_a, item_b = {"t": 1, "h": 4, "w": 4}, {"t": 1, "h": 8, "w": 8}
+    path = write(
+        tmp_path,
+        {"batches": [[item_a, item_b], {"count": 2, "items": [item_b, item_a]}]},
+    )
+    traffic = load_traffic(path, ["t", "h", "w"], tokens)
+    assert traffic.batches == (TrafficBatch((4, 16), 3),)
