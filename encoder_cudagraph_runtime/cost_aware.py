@@ -330,7 +330,10 @@ class GraphSample:
 
 
 def fit_eager_cost(samples: Sequence[EagerSample]) -> EagerCost:
-    """Non-negative least squares of :class:`EagerCost` on ``samples``."""
+    """Non-negative least squares of :class:`EagerCost` on ``samples``
+    (at least one)."""
+    if not samples:
+        raise ValueError("no eager samples to fit")
     features = [
         [1.0, len(s.rows), sum(s.rows), sum(r * r for r in s.rows)] for s in samples
     ]
@@ -347,7 +350,9 @@ def fit_graph_cost(
 ) -> GraphCost:
     """:class:`GraphCost` with the capture-time ``replay_ms`` and the other
     terms fitted (non-negative least squares) to what ``samples`` took
-    beyond their budget's replay."""
+    beyond their budget's replay (zero without samples)."""
+    if not samples:
+        return GraphCost(dict(replay_ms), max_batch_size)
     features, targets = [], []
     for s in samples:
         rows = sum(s.rows)

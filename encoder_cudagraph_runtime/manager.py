@@ -6,7 +6,12 @@ the same budgets and batch size, forms the same batches, replays the same
 budget per batch and path, falls back to eager on the same paths, copies
 replay data the same way and counts the same hits and misses.
 
-What it adds, none of which changes those decisions:
+One option changes those decisions, and it is off by default:
+cost-aware execution (``cost_aware=True``, :mod:`~encoder_cudagraph_runtime.cost_aware`)
+plans each execute from measured graph and eager costs once
+:meth:`~EncoderCudaGraphManager.calibrate_cost_model` has run.
+
+What it adds besides, none of which changes those decisions:
 
 * a pluggable graph backend (:mod:`encoder_cudagraph_runtime.graph_backends`),
   so everything but the CUDA graph itself runs and is tested on a CPU;
@@ -371,6 +376,9 @@ class EncoderCudaGraphManager:
         self._execution = ExecutionStats()
         self._cost_aware = False
         self.cost_aware = cost_aware
+        self._planned_budgets = [
+            b for b in self.path_token_budgets.get("default", []) if b != 0
+        ]
 
         logger.info(
             "EncoderCudaGraphManager: path budgets=%s, max_batch_size=%d, "
@@ -982,7 +990,7 @@ class EncoderCudaGraphManager:
         self._cost_model = cost_model
 
     def _default_budgets(self) -> list[int]:
-        return [b for b in self.path_token_budgets["default"] if b != 0]
+        return self._planned_budgets
 
     def calibrate_cost_model(
         self,
@@ -1004,6 +1012,8 @@ class EncoderCudaGraphManager:
         self._check_cost_aware_supported()
         if not self.is_captured():
             raise RuntimeError("calibrate_cost_model() needs capture() first")
+        if not batches:
+            raise ValueError("calibrate_cost_model() needs at least one batch")
         graphs = self._get_graph_set("default")
         for budget in self._default_budgets():
             if budget not in self._replay_ms:
@@ -1013,6 +1023,8 @@ class EncoderCudaGraphManager:
             eager, graph = self._calibration_samples(batches, repeats)
         finally:
             self._restore_counters(saved)
+        if not eager:
+            raise ValueError("the calibration batches have no items")
         self._cost_model = CostModel(
             fit_graph_cost(self._replay_ms, self.max_batch_size, graph),
             fit_eager_cost(eager),

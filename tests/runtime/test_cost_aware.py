@@ -202,3 +202,10 @@ class TestFits:
     )
     def test_nonnegative_least_squares(self, features, targets, expected) -> None:  # type: ignore[no-untyped-def]
         assert fit_nonnegative(features, targets) == pytest.approx(expected)
+
+
+def test_fits_without_samples() -> None:
+    with pytest.raises(ValueError, match="no eager samples"):
+        fit_eager_cost([])
+    graph = fit_graph_cost({64: 1.0}, 8, [])
+    assert (graph.per_replay_ms, graph.per_row_sq_ms, graph.per_pad_sq_ms) == (0, 0, 0)

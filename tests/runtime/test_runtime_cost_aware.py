@@ -228,3 +228,12 @@ def test_data_parallel_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
     assert_outputs(manager.execute(make_kwargs(items)), items)
     assert manager.get_execution_stats()["plans"]["mixed"] == 1
     assert len(gathered) == 1
+
+
+def test_calibration_needs_items() -> None:
+    manager, _ = timed_manager()
+    with pytest.raises(ValueError, match="at least one batch"):
+        manager.calibrate_cost_model([])
+    with pytest.raises(ValueError, match="no items"):
+        manager.calibrate_cost_model([make_kwargs([])])
+    assert manager.cost_model is None
