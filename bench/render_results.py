@@ -368,6 +368,11 @@ def _traffic_targets(result: dict[str, Any]) -> list[str]:
                 if k not in ("value", "ok") and v is not None
             )
             cell = f"{worst['value']:.3g} ({where})"
+        for check in target.get("info", []):
+            if check["value"] is not None:
+                status += (
+                    f"; {check['model']} {check['ladder']} (info): {check['value']:.3g}"
+                )
         out.append(f"| {target['description']} | {status} | {cell} |")
     return out + [""]
 
