@@ -471,6 +471,8 @@ class EncoderCudaGraphManager:
         if graph_pool is None:
             graph_pool = self.graph_backend.graph_pool_handle()
         self.graph_pool = graph_pool
+        # Every graph is captured anew: its checks too.
+        self._plain_copy.clear()
 
         num_graphs = self.get_num_graphs_to_capture()
         if num_graphs > _MANY_GRAPHS_WARNING_THRESHOLD:
@@ -607,7 +609,9 @@ class EncoderCudaGraphManager:
                 owner, "its buffers share memory with other captured buffers"
             )
         for owner, reason in self._plain_copy.items():
-            meta = metas[owner]
+            meta = metas.get(owner)
+            if meta is None:
+                continue
             logger.info(
                 "Encoder graph budget=%d axis_keys=%s: %s; replays zero the "
                 "whole buffers, as vLLM does.",
@@ -1020,7 +1024,9 @@ class EncoderCudaGraphManager:
                 self._replay_ms[budget] = self._time_ms(graphs[budget].graph.replay, 1)
         saved = self._save_counters()
         try:
-            eager, graph = self._calibration_samples(batches, repeats)
+            # Captured buffers made in inference mode are written there only.
+            with torch.inference_mode():
+                eager, graph = self._calibration_samples(batches, repeats)
         finally:
             self._restore_counters(saved)
         if not eager:

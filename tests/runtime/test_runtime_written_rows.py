@@ -174,3 +174,12 @@ def test_generated_mixins_keep_the_shortcut(stem: str) -> None:
     report = manager.get_capture_report()
     assert report is not None
     assert (report.num_graphs, report.plain_copy_graphs) == (2, 0)
+
+
+def test_capture_twice_checks_the_new_graphs() -> None:
+    model = InputWritingEncoder(budget_range=(8, 32))
+    manager = make_manager(model, budgets=[16, 32], max_items=2)
+    manager.capture()
+    manager.capture()  # replaces every graph without clear()
+    report = manager.get_capture_report()
+    assert report is not None and report.plain_copy_graphs == 2
