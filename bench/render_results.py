@@ -1,7 +1,9 @@
 """Render ``bench/bench_encoders.py`` results: a markdown report (for the
 README or a GPU-run summary) and a PNG plot of speedup (eager / graph) and
 efficiency (ideal / graph) against images per batch, one line per model,
-resolution and ladder.
+resolution and ladder; and ``bench/bench_traffic.py`` results (real-traffic
+workload: per-ladder and per-policy totals, every batch, the tuner's
+prediction), with a plot of every batch's speedup against its eager time.
 
     python bench/render_results.py bench.json                  # markdown to stdout
     python bench/render_results.py bench.json --markdown bench.md --plot bench.png
@@ -60,6 +62,8 @@ def _pair(a: str, b: str) -> str:
 
 
 def render_markdown(result: dict[str, Any]) -> str:
+    if result.get("benchmark") == "encoder_traffic":
+        return render_traffic_markdown(result)
     env = result["environment"]
     params = result["params"]
     out: list[str] = []
@@ -245,6 +249,9 @@ def render_markdown(result: dict[str, Any]) -> str:
 def render_plot(result: dict[str, Any], path: Path) -> None:
     """Speedup and efficiency against images per batch (raises ImportError
     without matplotlib)."""
+    if result.get("benchmark") == "encoder_traffic":
+        render_traffic_plot(result, path)
+        return
     import matplotlib
 
     matplotlib.use("Agg")
@@ -319,6 +326,239 @@ def render_plot(result: dict[str, Any], path: Path) -> None:
     )
     rows = -(-len(labels) // max(1, min(6, len(labels) // 3)))
     fig.tight_layout(rect=(0, 0.03 * rows + 0.02, 1, 1))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------------------
+# Real-traffic results (bench/bench_traffic.py)
+# ---------------------------------------------------------------------------
+
+TRAFFIC_LADDERS = ("default", "fine", "tuned")
+POLICIES = ("vllm", "cost")
+
+
+def _header(result: dict[str, Any], title: str) -> list[str]:
+    env, params = result["environment"], result["params"]
+    return [
+        f"## {title}",
+        "",
+        f"{env.get('device')} ({env.get('graph_backend')} backend), torch "
+        f"{env.get('torch')}, CUDA {env.get('cuda')}; size `{params['size']}`, "
+        f"{params['dtype']}, max_num_batched_tokens {params['max_num_batched_tokens']}"
+        f"{', quick' if params.get('quick') else ''}; "
+        f"{result.get('elapsed_s', 0):.0f} s in all"
+        + (f"; commit `{env['git_commit'][:10]}`" if env.get("git_commit") else "")
+        + ".",
+        "",
+    ]
+
+
+def _traffic_targets(result: dict[str, Any]) -> list[str]:
+    out = ["### Targets", "", "| target | result | worst |", "|---|---|---|"]
+    for target in result.get("targets", []):
+        status = {True: "**pass**", False: "**FAIL**", None: "n/a"}[target["passed"]]
+        worst = target.get("worst")
+        cell = "–"
+        if worst and worst.get("value") is not None:
+            where = ", ".join(
+                f"{k} {v}"
+                for k, v in worst.items()
+                if k not in ("value", "ok") and v is not None
+            )
+            cell = f"{worst['value']:.3g} ({where})"
+        for check in target.get("info", []):
+            if check["value"] is not None:
+                status += (
+                    f"; {check['model']} {check['ladder']} (info): {check['value']:.3g}"
+                )
+        out.append(f"| {target['description']} | {status} | {cell} |")
+    return out + [""]
+
+
+def _traffic_summary(model: dict[str, Any]) -> list[str]:
+    out = [
+        "| ladder | policy | Σ eager ms | Σ exact graph ms (replay / e2e) | Σ best ms | "
+        "Σ graph ms | speedup | worst batch | vs best | efficiency (replay / e2e) | "
+        "waste | plans |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for ladder in TRAFFIC_LADDERS:
+        for policy in POLICIES:
+            s = model["summary"][ladder][policy]
+            plans = ", ".join(f"{k} {v}" for k, v in sorted(s["plans"].items())) or "–"
+            out.append(
+                f"| {ladder} | {policy} | {_f(s['eager_ms_total'], 1)} | "
+                f"{_f(s['ideal_ms_total'], 1)} / {_f(s['ideal_e2e_ms_total'], 1)} | "
+                f"{_f(s['best_ms_total'], 1)} | {_f(s['graph_ms_total'], 1)} | "
+                f"{_f(s['speedup'])}x | {_f(s['speedup_per_batch']['min'])}x "
+                f"(#{s['worst_batch']}) | {_f(s['vs_best'], 3)} | "
+                f"{_f(s['efficiency'], 3)} / {_f(s['efficiency_e2e'], 3)} | "
+                f"{_pct(s['padding_waste'])} | {plans} |"
+            )
+    return out + [""]
+
+
+def _traffic_batches(model: dict[str, Any]) -> list[str]:
+    out = [
+        "| # | images | budget tokens | eager ms | exact graph e2e ms | "
+        + " | ".join(f"{ladder} vllm / cost" for ladder in TRAFFIC_LADDERS)
+        + " |",
+        "|---|---|---|---|---|" + "---|" * len(TRAFFIC_LADDERS),
+    ]
+    for row in model["batches"]:
+        cells = [
+            f"{_f(row['graph'][ladder]['vllm']['speedup'])}x / "
+            f"{_f(row['graph'][ladder]['cost']['speedup'])}x"
+            for ladder in TRAFFIC_LADDERS
+        ]
+        out.append(
+            f"| {row['index']} | {row['images']} | {row['budget_tokens']} | "
+            f"{_ms(row['eager_ms'])} | {_ms(row['ideal_e2e_ms'])} | "
+            + " | ".join(cells)
+            + " |"
+        )
+    return out + [""]
+
+
+def _old_workloads(model: dict[str, Any]) -> list[str]:
+    out = [
+        "| workload | eager ms | exact graph ms (replay / e2e) | graph ms vllm / cost | "
+        "speedup vllm / cost | efficiency vllm / cost | overhead µs vllm / cost |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in model["old_workloads"]:
+        v, c = row["graph"]["vllm"], row["graph"]["cost"]
+        out.append(
+            f"| {row['resolution']}² x {row['images']} | {_ms(row['eager_ms'])} | "
+            f"{_ms(row['ideal_ms'])} / {_ms(row['ideal_e2e_ms'])} | "
+            f"{_ms(v['graph_ms'])} / {_ms(c['graph_ms'])} | "
+            f"{_f(v['speedup'])} / {_f(c['speedup'])} | "
+            f"{_f(v['efficiency'])} / {_f(c['efficiency'])} | "
+            f"{_f(v['host_overhead_us']['median'], 0)} / {_f(c['host_overhead_us']['median'], 0)} |"
+        )
+    return out + [""]
+
+
+def render_traffic_markdown(result: dict[str, Any]) -> str:
+    params = result["params"]
+    out = _header(result, "Real-traffic encoder benchmark")
+    shares = ", ".join(
+        f"{s['name']} {100 * s['share']:.0f}%" for s in params["sources"]
+    )
+    out.append(
+        f"{params['batches']} batches per model (seed {params['seed']}) of real-world image "
+        f"sizes ({shares}; 1-16 images per batch, mostly 1-4), resized by each model's "
+        "processor rules (`docs/real-traffic.md`). Ladders: **default** (vLLM's doubling), "
+        "**fine** (`min · 2^k · {1, 1.25, 1.5, 1.75}`, 64 items), **tuned** "
+        f"(`gen-mixin plan --traffic` on {params['train_batches']} other batches). Policies: "
+        "**vllm** (the manager's packing) and **cost** (cost-aware execution, calibrated on "
+        f"{params['calibration_batches']} warm-up batches). Speedup = eager / graph; best = "
+        "min(eager, exact-shape graph end to end) per batch; vs best = Σ best / Σ graph; "
+        "medians in ms."
+    )
+    out.append("")
+    out += _traffic_targets(result)
+    for stem in result.get("errors", {}):
+        out += [f"**{stem} failed**: see the run's log (`errors` in the JSON).", ""]
+    for stem, model in result["models"].items():
+        out += [f"### {stem}", ""]
+        out += [
+            "| ladder | graphs | max items | capture s | calibration s | pool MiB | budgets |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for name in TRAFFIC_LADDERS:
+            lad = model["ladders"][name]
+            cap = lad["capture"]
+            budgets = lad["budgets"]
+            shown = (
+                ", ".join(map(str, budgets))
+                if len(budgets) <= 12
+                else (", ".join(map(str, budgets[:6])) + f", … ({len(budgets)})")
+            )
+            out.append(
+                f"| {name} | {cap['num_graphs']} | {lad['max_batch_size']} | "
+                f"{_f(cap['seconds'], 1)} | {_f(lad['calibration_s'], 1)} | "
+                f"{_mib(cap['pool_bytes'])} | {shown} |"
+            )
+        out.append("")
+        out += _traffic_summary(model)
+        t = model["tuned_waste"]
+        out += [
+            f"Tuned ladder: predicted waste {_pct(t['predicted_train'])} on the training "
+            f"sample and {_pct(t['predicted_measured'])} on these batches; measured "
+            f"{_pct(t['measured'])}.",
+            "",
+        ]
+        rows = model["batches"]
+        patches = sum(r["input_rows"] for r in rows)
+        tokens = sum(r["output_tokens"] for r in rows)
+        split = sum(
+            1 for r in rows if r["graph"]["default"]["vllm"]["padding"]["replays"] > 1
+        )
+        out += [
+            f"Budget tokens {sum(r['budget_tokens'] for r in rows)}, output tokens {tokens}, "
+            f"encoder input rows {patches} over {len(rows)} batches; {split} batches need "
+            "more than one replay on the default ladder.",
+            "",
+        ]
+        out += _traffic_batches(model)
+        out += ["Issue #6 workloads (fine ladder):", ""]
+        out += _old_workloads(model)
+    return "\n".join(out) + "\n"
+
+
+def render_traffic_plot(result: dict[str, Any], path: Path) -> None:
+    """Every batch's speedup (eager / graph) against its eager time, per
+    model, ladder and policy (raises ImportError without matplotlib)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = list(result["models"].items())
+    fig, axes = plt.subplots(
+        1, max(1, len(models)), figsize=(7 * max(1, len(models)), 6)
+    )
+    axes = list(axes) if len(models) > 1 else [axes]
+    colors = {"default": "tab:red", "fine": "tab:blue", "tuned": "tab:green"}
+    for ax, (stem, model) in zip(axes, models):
+        rows = sorted(model["batches"], key=lambda r: r["eager_ms"]["median"])
+        xs = [r["eager_ms"]["median"] for r in rows]
+        for ladder in TRAFFIC_LADDERS:
+            for policy, style in (("vllm", ":"), ("cost", "-")):
+                ys = [r["graph"][ladder][policy]["speedup"] for r in rows]
+                ax.plot(
+                    xs,
+                    ys,
+                    linestyle=style,
+                    marker="o" if policy == "cost" else ".",
+                    color=colors[ladder],
+                    label=f"{ladder} / {policy}",
+                )
+        ax.plot(
+            xs,
+            [r["best_ms"] and r["eager_ms"]["median"] / r["best_ms"] for r in rows],
+            color="black",
+            linewidth=1,
+            label="best (eager or exact graph)",
+        )
+        ax.axhline(0.97, color="grey", linewidth=1, linestyle="--")
+        ax.text(xs[0] if xs else 1, 0.97, " 0.97x eager", va="bottom", fontsize=8)
+        ax.set_xscale("log")
+        ax.set_xlabel("eager ms (batches sorted by it)")
+        ax.set_ylabel("speedup = eager / graph")
+        ax.set_title(stem)
+        ax.set_ylim(bottom=0)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    env = result["environment"]
+    fig.suptitle(
+        f"Real-traffic batches, {env.get('device')} ({result['params']['size']}); "
+        "dotted: vLLM packing, solid: cost-aware"
+    )
+    fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)

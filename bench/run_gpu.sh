@@ -1,6 +1,31 @@
 #!/usr/bin/env bash
 # One command for a GPU machine: every GPU test and benchmark, logs in $OUT.
-#   bash bench/run_gpu.sh [stage...]    stages: smoke tests overhead profile bench dp
+#   bash bench/run_gpu.sh [stage...]    stages: smoke tests overhead profile bench dp traffic launch
+#   GEN_MIXIN_SMOKE=1 bash bench/run_gpu.sh [stage...]
+#       the same stages on the CPU, tiny towers, eager-replay graphs, in seconds
+#       (tests and dp are skipped): checks the scripts, not the numbers.
+#
+# Stages, their device time on one H200 (from the run summaries in docs/gpu-runs/,
+# or estimated: est.), and the files they leave in $OUT besides summary.log and
+# <stage>.log:
+#   smoke     ~15 s (est.)  versions, one captured varlen attention against eager
+#   tests     ~320 s        pytest -m gpu tests/gpu; gpu_summary.jsonl
+#   overhead  not recorded  bench_manager_overhead.py; overhead.json
+#   profile   not recorded  profile_execute.py; profile.json, profile.txt
+#   bench     ~315 s        bench_encoders.py (issue #6 workloads); bench.json, bench.md, bench.png
+#   dp        not recorded  2 GPUs (run_dp.sh)
+#   traffic   ~300 s (est.) bench_traffic.py (issue #17: real-traffic batches, seed models,
+#                     default / fine / tuned ladders, vLLM vs cost-aware execution,
+#                     the tuner's prediction, issue #6 workloads with cost-aware
+#                     execution; shortens its schedule after 240 s); traffic.json,
+#                     traffic.png (markdown from the JSON:
+#                     python bench/render_results.py traffic.json --markdown traffic.md)
+#   launch    ~70 s (est.)  profile_launch.py (issue #17 item 5: execute's host split at 448² and
+#                     896² x 8, idle / queued / back-to-back, cudaGraphLaunch per budget,
+#                     two passes); launch.json (markdown from the JSON:
+#                     python bench/profile_launch.py --render launch.json)
+# `smoke traffic launch` returns 7 files: summary.log, smoke.log, traffic.log,
+# traffic.json, traffic.png, launch.log, launch.json.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -8,6 +33,11 @@ OUT=${OUT:-/tmp/gen-mixin-gpu}
 mkdir -p "$OUT"
 stages=${*:-smoke tests overhead}
 status=0
+cpu=()
+if [ "${GEN_MIXIN_SMOKE:-0}" = 1 ]; then
+    cpu=(--device cpu --size tiny --quick)
+    export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+fi
 run() {  # name, command...
     local name=$1; shift
     echo "=== $name: $*" | tee -a "$OUT/summary.log"
@@ -18,18 +48,36 @@ run() {  # name, command...
     tail -n 25 "$OUT/$name.log"
     [ $rc -eq 0 ] || status=1
 }
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$OUT/summary.log" 2>&1
+skip() {  # name
+    echo "=== $1: skipped (GEN_MIXIN_SMOKE=1)" | tee -a "$OUT/summary.log"
+}
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$OUT/summary.log" 2>&1 \
+    || echo "no nvidia-smi" >"$OUT/summary.log"
 for stage in $stages; do
     case $stage in
-        smoke) run smoke python3 bench/gpu_smoke.py ;;
-        tests) GEN_MIXIN_GPU_SUMMARY="$OUT/gpu_summary.jsonl" run tests \
-                   python3 -m pytest -m gpu tests/gpu -v -rA --tb=short -p no:cacheprovider ;;
-        profile) run profile python3 bench/profile_execute.py --out "$OUT/profile.json" \
-                   --text "$OUT/profile.txt" --cprofile --kernels --plain ;;
-        overhead) run overhead python3 bench/bench_manager_overhead.py --out "$OUT/overhead.json" ;;
+        smoke) run smoke python3 bench/gpu_smoke.py ${cpu:+--device cpu} ;;
+        tests)
+            if [ ${#cpu[@]} -gt 0 ]; then skip tests; continue; fi
+            GEN_MIXIN_GPU_SUMMARY="$OUT/gpu_summary.jsonl" run tests \
+                python3 -m pytest -m gpu tests/gpu -v -rA --tb=short -p no:cacheprovider ;;
+        profile)
+            if [ ${#cpu[@]} -gt 0 ]; then
+                run profile python3 bench/profile_execute.py --out "$OUT/profile.json" \
+                    --text "$OUT/profile.txt" --size tiny --iters 2 --workloads 224x1
+            else
+                run profile python3 bench/profile_execute.py --out "$OUT/profile.json" \
+                    --text "$OUT/profile.txt" --cprofile --kernels --plain
+            fi ;;
+        overhead) run overhead python3 bench/bench_manager_overhead.py --out "$OUT/overhead.json" \
+                   ${cpu:+--device cpu --iters 20 --warmup 2} ;;
         bench) run bench python3 bench/bench_encoders.py --out "$OUT/bench.json" \
-                   --markdown "$OUT/bench.md" --plot "$OUT/bench.png" ;;
-        dp) run dp bash bench/run_dp.sh "$OUT" ;;
+                   --markdown "$OUT/bench.md" --plot "$OUT/bench.png" "${cpu[@]}" ;;
+        dp)
+            if [ ${#cpu[@]} -gt 0 ]; then skip dp; continue; fi
+            run dp bash bench/run_dp.sh "$OUT" ;;
+        traffic) run traffic python3 bench/bench_traffic.py --out "$OUT/traffic.json" \
+                   --plot "$OUT/traffic.png" --soft-limit-s 240 "${cpu[@]}" ;;
+        launch) run launch python3 bench/profile_launch.py --out "$OUT/launch.json" "${cpu[@]}" ;;
         *) echo "unknown stage $stage"; status=2 ;;
     esac
 done

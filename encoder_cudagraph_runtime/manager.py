@@ -6,7 +6,12 @@ the same budgets and batch size, forms the same batches, replays the same
 budget per batch and path, falls back to eager on the same paths, copies
 replay data the same way and counts the same hits and misses.
 
-What it adds, none of which changes those decisions:
+One option changes those decisions, and it is off by default:
+cost-aware execution (``cost_aware=True``, :mod:`~encoder_cudagraph_runtime.cost_aware`)
+plans each execute from measured graph and eager costs once
+:meth:`~EncoderCudaGraphManager.calibrate_cost_model` has run.
+
+What it adds besides, none of which changes those decisions:
 
 * a pluggable graph backend (:mod:`encoder_cudagraph_runtime.graph_backends`),
   so everything but the CUDA graph itself runs and is tested on a CPU;
@@ -14,6 +19,10 @@ What it adds, none of which changes those decisions:
 * an optional plain-text capture progress line on stderr and a capture
   report (graph count, seconds, pool bytes: :meth:`get_capture_report`);
 * a :meth:`clear` that actually returns the pool's memory;
+* a cheaper replay copy that zeroes only the rows an earlier replay wrote,
+  used for the graphs whose buffers pass the capture-time checks of
+  :mod:`~encoder_cudagraph_runtime.buffer_aliasing` (the others get vLLM's
+  plain copy; ``docs/runtime.md``);
 * optional host-overhead timing of :meth:`execute`
   (:meth:`get_timing_stats`), which splits wall time into time inside model
   methods, time inside ``graph.replay()`` and the manager's own overhead.
@@ -31,6 +40,7 @@ import logging
 import math
 import sys
 import time
+from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, Any, TypeVar
@@ -42,7 +52,21 @@ from encoder_cudagraph_runtime.budget_ladder import (
     generate_budgets,
     resolve_budget_ladder,
 )
+from encoder_cudagraph_runtime.buffer_aliasing import (
+    changed_inputs,
+    overlapping_owners,
+    snapshot_inputs,
+)
 from encoder_cudagraph_runtime.config import VllmConfig
+from encoder_cudagraph_runtime.cost_aware import (
+    CostModel,
+    EagerSample,
+    ExecutionStats,
+    GraphSample,
+    fit_eager_cost,
+    fit_graph_cost,
+    plan_execution,
+)
 from encoder_cudagraph_runtime.defs import (
     ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG,
     BudgetGraphMapKey,
@@ -107,6 +131,11 @@ class CaptureReport:
     allocated_bytes_delta: int | None
     """Growth of ``torch.cuda.memory_allocated`` over the capture (captured
     buffers, output buffers, live pool blocks)."""
+    plain_copy_graphs: int = 0
+    """Graphs replayed with vLLM's plain copy instead of the written-rows
+    shortcut: their buffers share memory with another captured buffer, or
+    their forward wrote its inputs (see
+    :mod:`~encoder_cudagraph_runtime.buffer_aliasing`)."""
 
 
 @dataclass
@@ -210,12 +239,20 @@ class EncoderCudaGraphManager:
         collect_timing: time every :meth:`execute` (see
             :class:`ExecuteTiming`); can be toggled later with
             :meth:`enable_timing`.
+        cost_aware: plan each execute from measured costs instead of
+            vLLM's packing once :meth:`calibrate_cost_model` has run (see
+            :mod:`~encoder_cudagraph_runtime.cost_aware`); capture then
+            times every graph once. Off by default: vLLM's behaviour.
+            Single-path models without capture axes only.
+        clock: nanosecond clock of the cost-aware timings (default
+            ``time.perf_counter_ns``; tests pass a virtual one).
 
     Raises:
         ValueError: invalid budget range, user items per batch above the
             smallest user budget, an empty capture axis, no paths, or a
             path minimum budget outside ``(0, largest budget]``.
-        NotImplementedError: several paths combined with capture axes.
+        NotImplementedError: several paths combined with capture axes;
+            ``cost_aware`` with several paths or capture axes.
     """
 
     def __init__(
@@ -229,6 +266,8 @@ class EncoderCudaGraphManager:
         progress: bool = False,
         progress_stream: IO[str] | None = None,
         collect_timing: bool = False,
+        cost_aware: bool = False,
+        clock: Callable[[], int] | None = None,
     ) -> None:
         self.vllm_config = vllm_config
         self.device = device
@@ -287,6 +326,10 @@ class EncoderCudaGraphManager:
         # default-copied buffer that the last write may have left non-zero;
         # later rows are zero. Absent: the whole buffer (capture's values).
         self._written_rows: dict[int, dict[str, int]] = {}
+        # Graphs (by id of their BudgetGraphMetadata) whose buffers break the
+        # shortcut's assumptions, with the reason: replayed with vLLM's plain
+        # copy (see buffer_aliasing).
+        self._plain_copy: dict[int, str] = {}
         self.graph_hits = 0
         self.graph_misses = 0
         self.log_stats_interval = 100
@@ -325,6 +368,17 @@ class EncoderCudaGraphManager:
         self._eager: dict[str, list[int]] = {}
         self._capture_report: CaptureReport | None = None
         self._timer: ExecuteTiming | None = ExecuteTiming() if collect_timing else None
+
+        # Cost-aware execution (off by default).
+        self._clock: Callable[[], int] = clock or _perf_ns
+        self._replay_ms: dict[int, float] = {}
+        self._cost_model: CostModel | None = None
+        self._execution = ExecutionStats()
+        self._cost_aware = False
+        self.cost_aware = cost_aware
+        self._planned_budgets = [
+            b for b in self.path_token_budgets.get("default", []) if b != 0
+        ]
 
         logger.info(
             "EncoderCudaGraphManager: path budgets=%s, max_batch_size=%d, "
@@ -417,6 +471,8 @@ class EncoderCudaGraphManager:
         if graph_pool is None:
             graph_pool = self.graph_backend.graph_pool_handle()
         self.graph_pool = graph_pool
+        # Every graph is captured anew: its checks too.
+        self._plain_copy.clear()
 
         num_graphs = self.get_num_graphs_to_capture()
         if num_graphs > _MANY_GRAPHS_WARNING_THRESHOLD:
@@ -447,6 +503,7 @@ class EncoderCudaGraphManager:
         backend.synchronize()
         seconds = time.perf_counter() - start
         memory_after = backend.memory_counters()
+        self._flag_shared_buffers()
 
         self._capture_report = CaptureReport(
             backend=getattr(backend, "name", type(backend).__name__),
@@ -455,6 +512,7 @@ class EncoderCudaGraphManager:
             pool_bytes=backend.pool_bytes(graph_pool),
             reserved_bytes_delta=_delta(memory_before, memory_after, "reserved"),
             allocated_bytes_delta=_delta(memory_before, memory_after, "allocated"),
+            plain_copy_graphs=len(self._plain_copy),
         )
         logger.info(
             "Captured %d encoder CUDA graphs across %d paths in %.2fs "
@@ -497,8 +555,13 @@ class EncoderCudaGraphManager:
         # capture, and the output's shape and dtype size the output buffer.
         # The buffer is an ordinary allocation on the caller's stream, so it
         # is not part of the pool whose memory the next capture reuses.
+        # Comparing the inputs before and after tells whether the forward
+        # writes them (the written-rows shortcut assumes it never does).
         with self.graph_backend.capture_scope(), torch.inference_mode():
+            before = snapshot_inputs(values)
             warmup = self.model.encoder_cudagraph_forward({**values}, path=path)
+            written = changed_inputs(values, before)
+            del before
         with torch.inference_mode():
             output_buffer = torch.empty_like(warmup)
         del warmup
@@ -522,6 +585,40 @@ class EncoderCudaGraphManager:
         # A new graph's buffers hold the capture values everywhere (its id
         # may be that of a replaced, freed one).
         self._written_rows.pop(id(graph_set[key]), None)
+        self._plain_copy.pop(id(graph_set[key]), None)
+        if self._cost_aware:
+            self._replay_ms[token_budget] = self._time_ms(graph.replay, repeats=1)
+        if written:
+            self._plain_copy[id(graph_set[key])] = (
+                f"the forward writes its inputs {written}"
+            )
+
+    def _flag_shared_buffers(self) -> None:
+        """Mark the graphs whose buffers share memory with any other
+        captured tensor for vLLM's plain replay copy."""
+        metas = {
+            id(meta): meta
+            for graph_set in self.budget_graphs.values()
+            for meta in graph_set.values()
+        }
+        shared = overlapping_owners(
+            {owner: meta.input_buffers for owner, meta in metas.items()}
+        )
+        for owner in shared:
+            self._plain_copy.setdefault(
+                owner, "its buffers share memory with other captured buffers"
+            )
+        for owner, reason in self._plain_copy.items():
+            meta = metas.get(owner)
+            if meta is None:
+                continue
+            logger.info(
+                "Encoder graph budget=%d axis_keys=%s: %s; replays zero the "
+                "whole buffers, as vLLM does.",
+                meta.token_budget,
+                meta.axis_keys,
+                reason,
+            )
 
     def clear(self) -> None:
         """Drop every graph, captured buffer and the pool, and give their
@@ -536,6 +633,9 @@ class EncoderCudaGraphManager:
         for graph_set in self.budget_graphs.values():
             graph_set.clear()
         self._written_rows.clear()
+        self._plain_copy.clear()
+        self._replay_ms.clear()
+        self._cost_model = None
         self.graph_pool = None
         gc.collect()
         self.graph_backend.release_cached_memory()
@@ -638,50 +738,43 @@ class EncoderCudaGraphManager:
         dst.zero_()
         dst[: src.shape[0]].copy_(src)
 
-    def _run_budget_graph(
-        self,
-        mm_kwargs: dict[str, Any],
-        token_budget: int,
-        path: str = "default",
-        axis_keys: CaptureAxisKeys = (),
-        num_items: int | None = None,
-    ) -> torch.Tensor | None:
-        """Replay ``path``'s graph of ``token_budget`` for this sub-batch.
-
-        ``num_items`` is the sub-batch's item count when the caller knows it
-        (the packer does); otherwise the model's item specs are asked, one
-        more model call per replay.
-
-        Returns the graph's full output buffer (padding rows included), or
-        ``None`` when no such graph was captured (counted as misses).
-        """
-        graph_set = self._get_graph_set(path)
-        if num_items is None:
-            num_items = len(self._get_item_specs(mm_kwargs))
-        key: BudgetGraphMapKey = (
-            token_budget if not axis_keys else (token_budget, axis_keys)
-        )
-        meta = graph_set.get(key)
-        if meta is None:
-            self.graph_misses += num_items
-            return None
-
-        replay_values = self._call_model(
-            self.model.prepare_encoder_cudagraph_replay_buffers,
-            mm_kwargs,
-            self.max_batch_size,
-            self.max_frames_per_batch,
-            path,
-        ).values
+    def _plain_replay_copy(
+        self, meta: BudgetGraphMetadata, replay_values: dict[str, Any]
+    ) -> None:
+        """vLLM's replay copy, key by key in captured order: the padding
+        logic, or the whole buffer zeroed behind the batch's rows. For
+        graphs whose buffers share memory or are written by the forward."""
         padding_logics = self.config.padding_logics
-        # Default copies are batched into two multi-tensor calls (zero every
-        # stale tail, copy every head) instead of two ops per buffer: the
-        # buffers end up as _copy_padded_buffer leaves them, for a fraction
-        # of its host dispatch cost on models with many buffers. Only rows a
-        # previous write may have left non-zero are zeroed (written_rows):
-        # replays of same-size batches zero nothing. Buffers are distinct
-        # tensors, so the order of the writes (custom logics first) does not
-        # matter. The captured forward never writes its input buffers.
+        for name, buf in meta.input_buffers.items():
+            src = replay_values.get(name)
+            if src is None:
+                continue
+            if src.ndim == 0:
+                buf.copy_(src)
+                continue
+            logic = padding_logics.get(name)
+            if logic is not None:
+                self._call_model(logic, buf, src)
+            else:
+                self._copy_padded_buffer(buf, src)
+
+    def _shortcut_replay_copy(
+        self, meta: BudgetGraphMetadata, replay_values: dict[str, Any]
+    ) -> None:
+        """The replay copy with the written-rows shortcut.
+
+        Default copies are batched into two multi-tensor calls (zero every
+        stale tail, copy every head) instead of two ops per buffer: the
+        buffers end up as :meth:`_copy_padded_buffer` leaves them, for a
+        fraction of its host dispatch cost on models with many buffers. Only
+        rows a previous write may have left non-zero are zeroed
+        (``written``): replays of same-size batches zero nothing. That, and
+        doing custom logics first, is only right because capture checked
+        that this graph's buffers share no memory with any other captured
+        buffer and that its forward leaves them unchanged
+        (:meth:`_flag_shared_buffers`, :meth:`_capture_budget_graph`).
+        """
+        padding_logics = self.config.padding_logics
         written = self._written_rows.setdefault(id(meta), {})
         heads: list[torch.Tensor] = []
         srcs: list[torch.Tensor] = []
@@ -723,6 +816,45 @@ class EncoderCudaGraphManager:
         if heads:
             torch._foreach_copy_(heads, srcs)
 
+    def _run_budget_graph(
+        self,
+        mm_kwargs: dict[str, Any],
+        token_budget: int,
+        path: str = "default",
+        axis_keys: CaptureAxisKeys = (),
+        num_items: int | None = None,
+    ) -> torch.Tensor | None:
+        """Replay ``path``'s graph of ``token_budget`` for this sub-batch.
+
+        ``num_items`` is the sub-batch's item count when the caller knows it
+        (the packer does); otherwise the model's item specs are asked, one
+        more model call per replay.
+
+        Returns the graph's full output buffer (padding rows included), or
+        ``None`` when no such graph was captured (counted as misses).
+        """
+        graph_set = self._get_graph_set(path)
+        if num_items is None:
+            num_items = len(self._get_item_specs(mm_kwargs))
+        key: BudgetGraphMapKey = (
+            token_budget if not axis_keys else (token_budget, axis_keys)
+        )
+        meta = graph_set.get(key)
+        if meta is None:
+            self.graph_misses += num_items
+            return None
+
+        replay_values = self._call_model(
+            self.model.prepare_encoder_cudagraph_replay_buffers,
+            mm_kwargs,
+            self.max_batch_size,
+            self.max_frames_per_batch,
+            path,
+        ).values
+        if id(meta) in self._plain_copy:
+            self._plain_replay_copy(meta, replay_values)
+        else:
+            self._shortcut_replay_copy(meta, replay_values)
         self._replay(meta.graph)
         self.graph_hits += num_items
         return meta.output_buffer
@@ -730,6 +862,8 @@ class EncoderCudaGraphManager:
     def _execute_local(self, mm_kwargs: dict[str, Any]) -> list[torch.Tensor]:
         """Pack this process' items into budget batches and run them."""
         item_specs = self._get_item_specs(mm_kwargs)
+        if self._cost_aware and self._cost_model is not None:
+            return self._execute_planned(mm_kwargs, item_specs)
         num_items = len(item_specs)
         paths = self._paths
         per_path_tokens = [
@@ -803,6 +937,261 @@ class EncoderCudaGraphManager:
             clone=True,
             batch_mm_kwargs=batch_kwargs,
         )
+
+    # ------------------------------------------------------------------
+    # Cost-aware execution (docs/runtime.md)
+    # ------------------------------------------------------------------
+
+    @property
+    def cost_aware(self) -> bool:
+        """Whether calibrated executes are planned by cost (see
+        :mod:`~encoder_cudagraph_runtime.cost_aware`); settable."""
+        return self._cost_aware
+
+    @cost_aware.setter
+    def cost_aware(self, enabled: bool) -> None:
+        if enabled:
+            self._check_cost_aware_supported()
+        self._cost_aware = bool(enabled)
+
+    @property
+    def cost_model(self) -> CostModel | None:
+        """The calibrated cost model (``None`` before calibration)."""
+        return self._cost_model
+
+    def _check_cost_aware_supported(self) -> None:
+        paths = self.config.paths
+        single = list(paths) == ["default"] and not paths["default"].allow_zero_tokens
+        if not single or self._capture_axes:
+            raise NotImplementedError(
+                "Cost-aware encoder execution supports one 'default' path "
+                "without zero-token batches or capture axes; this model has "
+                f"paths {list(paths)} and capture_axes {self._capture_axes}."
+            )
+
+    def _time_ms(self, fn: Callable[[], object], repeats: int = 2) -> float:
+        """Fastest of ``repeats`` device-synchronised calls of ``fn`` after
+        one untimed call, in milliseconds of ``clock``."""
+        sync = self.graph_backend.synchronize
+        fn()
+        sync()
+        best = math.inf
+        for _ in range(repeats):
+            sync()
+            start = self._clock()
+            fn()
+            sync()
+            best = min(best, (self._clock() - start) / 1e6)
+        return best
+
+    def set_cost_model(self, cost_model: CostModel) -> None:
+        """Use ``cost_model`` (a saved or synthetic one) for planning; it
+        must price every captured budget."""
+        self._check_cost_aware_supported()
+        missing = set(self._default_budgets()) - set(cost_model.graph.replay_ms)
+        if missing:
+            raise ValueError(f"the cost model has no replay time for {sorted(missing)}")
+        self._cost_model = cost_model
+
+    def _default_budgets(self) -> list[int]:
+        return self._planned_budgets
+
+    def calibrate_cost_model(
+        self,
+        batches: list[dict[str, Any]],
+        *,
+        margin: float = 0.05,
+        repeats: int = 2,
+    ) -> CostModel:
+        """Fit the cost model from timed runs of warm-up ``batches`` (the
+        ``mm_kwargs`` of a few typical executes) and use it.
+
+        Graph replays not yet timed (``cost_aware`` off at capture) are timed
+        first, once each. Then every distinct selection (each batch whole,
+        and each of its items alone) runs as one eager unit and, where it
+        fits a budget, as one graph unit at its smallest fitting budget and
+        (single items) the next one, the way :meth:`execute` runs units.
+        Statistics are left as they were.
+        """
+        self._check_cost_aware_supported()
+        if not self.is_captured():
+            raise RuntimeError("calibrate_cost_model() needs capture() first")
+        if not batches:
+            raise ValueError("calibrate_cost_model() needs at least one batch")
+        graphs = self._get_graph_set("default")
+        for budget in self._default_budgets():
+            if budget not in self._replay_ms:
+                self._replay_ms[budget] = self._time_ms(graphs[budget].graph.replay, 1)
+        saved = self._save_counters()
+        try:
+            # Captured buffers made in inference mode are written there only.
+            with torch.inference_mode():
+                eager, graph = self._calibration_samples(batches, repeats)
+        finally:
+            self._restore_counters(saved)
+        if not eager:
+            raise ValueError("the calibration batches have no items")
+        self._cost_model = CostModel(
+            fit_graph_cost(self._replay_ms, self.max_batch_size, graph),
+            fit_eager_cost(eager),
+            margin,
+        )
+        logger.info("Encoder cost model: %s", self._cost_model)
+        return self._cost_model
+
+    def _calibration_samples(
+        self, batches: list[dict[str, Any]], repeats: int
+    ) -> tuple[list[EagerSample], list[GraphSample]]:
+        """Timed units of every distinct selection of ``batches``."""
+        eager: list[EagerSample] = []
+        graph: list[GraphSample] = []
+        seen: set[tuple[int, ...]] = set()
+        for mm_kwargs in batches:
+            specs = self._get_item_specs(mm_kwargs)
+            rows = [spec.get_path_output_tokens("default") for spec in specs]
+            tokens = [spec.output_tokens for spec in specs]
+            selections = [list(range(len(specs)))] + [[i] for i in range(len(specs))]
+            for selection in selections:
+                key = tuple(sorted(rows[i] for i in selection))
+                if selection and key not in seen:
+                    seen.add(key)
+                    self._time_selection(
+                        mm_kwargs, selection, key, tokens, repeats, eager, graph
+                    )
+        return eager, graph
+
+    def _time_selection(
+        self,
+        mm_kwargs: dict[str, Any],
+        selection: list[int],
+        rows: tuple[int, ...],
+        tokens: list[int],
+        repeats: int,
+        eager: list[EagerSample],
+        graph: list[GraphSample],
+    ) -> None:
+        """Time ``selection`` as an eager unit and, where it fits, as graph
+        units at its smallest fitting budget (and the next one, for single
+        items: padding varies then at equal rows)."""
+        scratch: dict[int, torch.Tensor] = {}
+        total = sum(rows)
+        run = functools.partial(
+            self._run_eager_unit, mm_kwargs, selection, total, tokens, scratch
+        )
+        eager.append(EagerSample(rows, self._time_ms(run, repeats)))
+        budgets = self._default_budgets()
+        first = bisect_left(budgets, total)
+        if len(selection) > self.max_batch_size or first == len(budgets):
+            return
+        for budget in budgets[first : first + (2 if len(selection) == 1 else 1)]:
+            run = functools.partial(
+                self._run_graph_unit,
+                mm_kwargs,
+                selection,
+                budget,
+                total,
+                tokens,
+                scratch,
+            )
+            graph.append(GraphSample(budget, rows, self._time_ms(run, repeats)))
+
+    def _save_counters(self) -> tuple[Any, ...]:
+        return (
+            self.graph_hits,
+            self.graph_misses,
+            {p: {b: list(e) for b, e in d.items()} for p, d in self._padding.items()},
+            {p: list(e) for p, e in self._eager.items()},
+        )
+
+    def _restore_counters(self, saved: tuple[Any, ...]) -> None:
+        self.graph_hits, self.graph_misses, self._padding, self._eager = saved
+
+    def _execute_planned(
+        self, mm_kwargs: dict[str, Any], item_specs: list[EncoderItemSpec]
+    ) -> list[torch.Tensor]:
+        """Run this process' items as the cost model's plan says."""
+        assert self._cost_model is not None
+        rows = [spec.get_path_output_tokens("default") for spec in item_specs]
+        tokens = [spec.output_tokens for spec in item_specs]
+        plan = plan_execution(
+            rows, self._default_budgets(), self.max_batch_size, self._cost_model
+        )
+        self._execution.record(plan)
+        results: dict[int, torch.Tensor] = {}
+        for unit in plan.units:
+            indices = list(unit.positions)
+            if unit.budget is None:
+                self._run_eager_unit(mm_kwargs, indices, unit.rows, tokens, results)
+            else:
+                self._run_graph_unit(
+                    mm_kwargs, indices, unit.budget, unit.rows, tokens, results
+                )
+        return [results[i] for i in range(len(item_specs))]
+
+    def _run_graph_unit(
+        self,
+        mm_kwargs: dict[str, Any],
+        indices: list[int],
+        budget: int,
+        rows: int,
+        per_item_out_tokens: list[int],
+        results: dict[int, torch.Tensor],
+    ) -> None:
+        """Replay ``budget`` for the items ``indices`` (as a packed batch)."""
+        batch = PackedBatch(indices, [rows], [budget])
+        self._run_batch(mm_kwargs, batch, per_item_out_tokens, results)
+
+    def _run_eager_unit(
+        self,
+        mm_kwargs: dict[str, Any],
+        indices: list[int],
+        rows: int,
+        per_item_out_tokens: list[int],
+        results: dict[int, torch.Tensor],
+    ) -> None:
+        """One unpadded ``encoder_eager_forward`` call on the items
+        ``indices`` (``rows`` rows in all): the whole ``mm_kwargs`` as they
+        are when it holds exactly these items, else their selection.
+
+        Its output is a fresh tensor that no later call overwrites, so
+        postprocess runs without clones.
+        """
+        if sorted(indices) == list(range(len(per_item_out_tokens))):
+            batch_kwargs = mm_kwargs
+            indices = list(range(len(per_item_out_tokens)))
+        else:
+            batch_kwargs = self._select_items(mm_kwargs, indices)[0]
+        with torch.inference_mode():
+            output = self._call_model(
+                self.model.encoder_eager_forward, batch_kwargs, path="default"
+            )
+        self._record_eager("default", rows)
+        self.graph_misses += len(indices)
+        self._call_model(
+            self.model.postprocess_encoder_output,
+            {"default": output},
+            indices,
+            per_item_out_tokens,
+            results,
+            clone=False,
+            batch_mm_kwargs=batch_kwargs,
+        )
+
+    def get_execution_stats(self) -> dict[str, Any]:
+        """What cost-aware executes decided: plans by kind (``graphs``,
+        ``mixed``, ``eager``), units and items per kind, predicted time
+        against all-eager, the last plan, and the cost model."""
+        return {
+            "cost_aware": self._cost_aware,
+            "calibrated": self._cost_model is not None,
+            **self._execution.as_dict(),
+            "cost_model": (
+                None if self._cost_model is None else self._cost_model.as_dict()
+            ),
+        }
+
+    def reset_execution_stats(self) -> None:
+        self._execution = ExecutionStats()
 
     # ------------------------------------------------------------------
     # Data parallel

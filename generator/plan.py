@@ -388,6 +388,12 @@ def plan_main(argv: list[str]) -> int:
         help="the manager's dtype (default bfloat16)",
     )
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument(
+        "--traffic",
+        type=Path,
+        metavar="FILE",
+        help="recommend budgets for this traffic (docs/real-traffic.md)",
+    )
     args = p.parse_args(argv)
     try:
         ir = load_spec(args.spec)
@@ -410,6 +416,10 @@ def plan_main(argv: list[str]) -> int:
     except (PlanError, EvaluationError) as exc:
         print(f"{args.spec}: {exc}", file=sys.stderr)
         return EXIT_INVALID
+    if args.traffic is not None:
+        from generator.ladder_tuner import traffic_main
+
+        return traffic_main(ir, plan, args)
     if args.json:
         print(json.dumps(plan.to_json(), indent=2))
     else:

@@ -44,7 +44,11 @@ def test_there_is_generated_code():
     assert len(GENERATED) >= 4
 
 
-@pytest.mark.parametrize("path", GENERATED, ids=[f"{p.parent.name}/{p.name}" for p in GENERATED])
+@pytest.mark.parametrize(
+    "path", GENERATED, ids=[f"{p.parent.name}/{p.name}" for p in GENERATED]
+)
 def test_generated_module_is_lint_clean(path):
-    proc = subprocess.run([*_ruff(), *RUFF_ARGS, str(path)], capture_output=True, text=True)
+    proc = subprocess.run(
+        [*_ruff(), *RUFF_ARGS, str(path)], capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr

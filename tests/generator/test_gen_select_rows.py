@@ -9,7 +9,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-STEMS = sorted(p.stem for p in (Path(__file__).resolve().parents[2] / "specs").glob("*.yaml"))
+STEMS = sorted(
+    p.stem for p in (Path(__file__).resolve().parents[2] / "specs").glob("*.yaml")
+)
 
 
 @pytest.mark.parametrize("stem", STEMS)

@@ -378,7 +378,11 @@ def make_vllm_config(
 
 
 def make_manager(
-    model: FakeEncoder | None = None, **config_kwargs: Any
+    model: FakeEncoder | None = None,
+    *,
+    cost_aware: bool = False,
+    clock: Any = None,
+    **config_kwargs: Any,
 ) -> EncoderCudaGraphManager:
     """A CPU manager over ``model`` with the eager-replay backend."""
     return EncoderCudaGraphManager(
@@ -387,4 +391,99 @@ def make_manager(
         torch.float32,
         model if model is not None else FakeEncoder(),
         graph_backend=EagerReplayGraphBackend(),
+        cost_aware=cost_aware,
+        clock=clock,
     )
+
+
+class SharedStorageEncoder(FakeEncoder):
+    """A fake whose graphs share one ``x`` storage: budget ``b``'s buffer is
+    the first ``b`` rows of one model-owned tensor (a model may allocate its
+    capture inputs that way; the protocol does not forbid it)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.x_store = torch.zeros(self.budget_range[1] * 4, HIDDEN)
+
+    def prepare_encoder_cudagraph_capture_inputs(
+        self,
+        token_budget: int,
+        max_batch_size: int,
+        max_frames_per_batch: int,
+        device: torch.device,
+        dtype: torch.dtype,
+        path: str = "default",
+        axis_keys: tuple[Hashable, ...] | None = None,
+    ) -> EncoderCudaGraphCaptureInputs:
+        inputs = super().prepare_encoder_cudagraph_capture_inputs(
+            token_budget,
+            max_batch_size,
+            max_frames_per_batch,
+            device,
+            dtype,
+            path,
+            axis_keys,
+        )
+        shared = self.x_store[:token_budget]
+        shared.zero_()
+        inputs.values["x"] = shared
+        return inputs
+
+
+class InputWritingEncoder(FakeEncoder):
+    """A fake whose captured forward writes its ``x`` input after reading
+    it (scratch reuse, an in-place activation on an input view): outputs
+    stay right, but the buffer no longer holds what the replay copied.
+    Every graph forward records the ``x`` it was given."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.seen_x: list[torch.Tensor] = []
+
+    def encoder_cudagraph_forward(
+        self, inputs: dict[str, torch.Tensor], path: str = "default"
+    ) -> torch.Tensor:
+        x = inputs["x"]
+        self.seen_x.append(x.clone())
+        out = super().encoder_cudagraph_forward(inputs, path)
+        x.fill_(7.0)
+        return out
+
+
+class VirtualClock:
+    """A nanosecond clock that only moves when a fake says its work took
+    time, so that cost calibration is exact and deterministic."""
+
+    def __init__(self) -> None:
+        self.ns = 0
+
+    def __call__(self) -> int:
+        return self.ns
+
+    def advance_ms(self, ms: float) -> None:
+        self.ns += round(ms * 1e6)
+
+
+class TimedFakeEncoder(FakeEncoder):
+    """A fake whose forwards take synthetic time on a :class:`VirtualClock`:
+    a graph forward ``graph_ms(buffer_rows)``, an eager forward
+    ``eager_ms(rows of each item)``. Host work costs nothing."""
+
+    def __init__(self, clock: VirtualClock, graph_ms, eager_ms, **kwargs: Any) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(**kwargs)
+        self.clock = clock
+        self.graph_ms = graph_ms
+        self.eager_ms = eager_ms
+
+    def encoder_cudagraph_forward(
+        self, inputs: dict[str, torch.Tensor], path: str = "default"
+    ) -> torch.Tensor:
+        self.clock.advance_ms(self.graph_ms(inputs["x"].shape[0]))
+        return super().encoder_cudagraph_forward(inputs, path)
+
+    def encoder_eager_forward(
+        self, mm_kwargs: dict[str, Any], path: str = "default"
+    ) -> torch.Tensor:
+        rows = [item.path_rows.get(path, 0) for item in mm_kwargs["items"]]
+        self.clock.advance_ms(self.eager_ms(rows))
+        return super().encoder_eager_forward(mm_kwargs, path)

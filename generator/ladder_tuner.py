@@ -1,0 +1,726 @@
+"""``gen-mixin plan SPEC --traffic FILE``: a budget ladder fitted to traffic.
+
+vLLM's default ladder doubles from the model's minimum budget, so a batch
+pads to up to twice its rows; on real images (a 4:3 photo is 540 MiniMax
+tokens, replayed at 1024) that is most of the replayed rows. Given a sample
+of the encoder batches a deployment sees, this module recommends
+``encoder_cudagraph_token_budgets`` and
+``encoder_cudagraph_max_vision_items_per_batch`` that minimise the expected
+padded rows, within a cap on the memory of the captured buffers, and prints
+them as a ready ``--compilation-config`` value together with the expected
+waste of the current ladder and of the tuned one.
+
+The waste of a ladder is exact for the sample: every batch is packed with
+the manager's own packing (:func:`encoder_cudagraph_runtime.packing.pack_items`)
+and waste is ``Σ replayed budgets / Σ rows of the replayed batches − 1``, as
+the manager's padding statistics count it. Items are given in the spec's
+grid dims and turned into budget tokens with the spec's own formula.
+
+The traffic file (JSON; ``docs/real-traffic.md``)::
+
+    {"format": "gen-mixin-traffic/1",
+     "batches": [{"count": 3, "items": [{"t": 1, "h": 40, "w": 54}]},
+                 [{"t": 1, "h": 16, "w": 16}, {"t": 1, "h": 28, "w": 20}]],
+     "tuning": {"capture_memory_mib": 4096, "max_graphs": 32,
+                "output_row_bytes": 12288}}
+
+A batch is the items of one encoder call, as an object (``count``: how often
+it occurs, default 1) or a bare list. ``tuning`` is optional.
+
+Pure Python (no torch), like the rest of the generator.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from encoder_cudagraph_runtime.budget_ladder import generate_budgets
+from encoder_cudagraph_runtime.packing import pack_items, smallest_fitting_budget
+from generator.diagnostics import Diagnostic, Diagnostics, Location, SpecError
+from generator.formulas import EvaluationError, evaluate, names_in
+
+__all__ = [
+    "LadderWaste",
+    "Traffic",
+    "TrafficBatch",
+    "Tuning",
+    "candidate_budgets",
+    "ladder_waste",
+    "load_traffic",
+    "traffic_main",
+    "tune_ladder",
+]
+
+FORMAT = "gen-mixin-traffic/1"
+#: Candidate budgets evaluated exactly per greedy step (the most promising).
+_CANDIDATES_PER_STEP = 16
+#: A budget must save at least this fraction of the used rows to be added.
+_MIN_GAIN = 1e-3
+
+
+@dataclass(frozen=True)
+class TrafficBatch:
+    rows: tuple[int, ...]
+    """Budget tokens of each item of one encoder call."""
+    count: int = 1
+
+
+@dataclass(frozen=True)
+class Tuning:
+    capture_memory_mib: float | None = None
+    """Cap on the captured buffers of all graphs; default: twice the
+    current ladder's."""
+    max_graphs: int = 32
+    output_row_bytes: int = 0
+    """Bytes of one row of a graph's output buffer (``out_hidden_size`` ×
+    dtype size), which plan cannot know; 0 leaves output buffers out."""
+    replay_cost_rows: int | None = None
+    """What one replay costs, in padded rows (its launches and host work):
+    the tuner minimises padded rows plus this per replay, so that it does
+    not split batches into many replays to save a few rows. Default: the
+    spec's minimum budget (the smallest graph worth capturing)."""
+
+
+@dataclass(frozen=True)
+class Traffic:
+    batches: tuple[TrafficBatch, ...]
+    tuning: Tuning
+
+
+@dataclass(frozen=True)
+class LadderWaste:
+    """Rows of a traffic sample packed on one ladder, weighted by counts."""
+
+    replayed: int
+    used: int
+    """Rows of the replayed batches."""
+    eager_rows: int
+    """Rows of batches larger than every budget (run eagerly, unpadded)."""
+    replays: int
+
+    @property
+    def waste(self) -> float:
+        """``replayed / used − 1`` (0 without replays)."""
+        return self.replayed / self.used - 1.0 if self.used else 0.0
+
+
+# ---------------------------------------------------------------------------
+# Packing and tuning
+# ---------------------------------------------------------------------------
+
+
+def ladder_waste(
+    batches: Sequence[TrafficBatch], budgets: Sequence[int], max_batch_size: int
+) -> LadderWaste:
+    """Pack every batch with the manager's packing on ``budgets``."""
+    budgets = sorted(budgets)
+    replayed = used = eager = replays = 0
+    for batch in batches:
+        rows = list(batch.rows)
+        for packed in pack_items([rows], rows, [budgets], max_batch_size):
+            tokens = packed.path_tokens[0]
+            budget = packed.path_budgets[0]
+            if budget is None:
+                eager += tokens * batch.count
+                continue
+            replayed += budget * batch.count
+            used += tokens * batch.count
+            replays += batch.count
+    return LadderWaste(replayed, used, eager, replays)
+
+
+def _round_up(value: int, granularity: int) -> int:
+    return max(granularity, -(-value // granularity) * granularity)
+
+
+def candidate_budgets(
+    batches: Sequence[TrafficBatch], granularity: int, largest: int
+) -> list[int]:
+    """Every budget the tuner may add: the rows of every run of consecutive
+    items of a sorted batch (the only sizes a packed batch can have),
+    rounded up to ``granularity``, below ``largest``."""
+    out: set[int] = set()
+    for batch in batches:
+        rows = sorted(batch.rows)
+        for start in range(len(rows)):
+            total = 0
+            for size in rows[start:]:
+                total += size
+                budget = _round_up(total, granularity)
+                if budget >= largest:
+                    break
+                out.add(budget)
+    return sorted(out)
+
+
+def _cost(waste: LadderWaste, replay_cost_rows: int) -> int:
+    """The tuner's objective: padded rows, each replay counted as
+    ``replay_cost_rows`` more."""
+    return waste.replayed - waste.used + replay_cost_rows * waste.replays
+
+
+def _candidates(
+    batches: Sequence[TrafficBatch],
+    budgets: list[int],
+    max_batch_size: int,
+    granularity: int,
+    replay_cost_rows: int,
+) -> list[int]:
+    """Budgets worth evaluating, most promising first: the sizes where the
+    current ladder pads (each packed unit, each item) and where two adjacent
+    units could merge into one replay, scored by what they would save."""
+    score: Counter[int] = Counter()
+
+    def offer(size: int, current: int | None, count: int, replays_saved: int) -> None:
+        if current is None:
+            return
+        candidate = _round_up(size, granularity)
+        saved = current - candidate + replay_cost_rows * replays_saved
+        if candidate < budgets[-1] and candidate not in budgets and saved > 0:
+            score[candidate] += saved * count
+
+    for batch in batches:
+        rows = list(batch.rows)
+        units = pack_items([rows], rows, [budgets], max_batch_size)
+        sizes = [u.path_tokens[0] for u in units]
+        for size in sizes + rows:
+            offer(size, smallest_fitting_budget(budgets, size), batch.count, 0)
+        for a, b in zip(units, units[1:]):
+            if len(a.indices) + len(b.indices) <= max_batch_size:
+                pair = (a.path_budgets[0] or 0) + (b.path_budgets[0] or 0)
+                total = a.path_tokens[0] + b.path_tokens[0]
+                offer(total, pair or None, batch.count, 1)
+    return [c for c, _ in score.most_common(_CANDIDATES_PER_STEP)]
+
+
+def tune_ladder(
+    batches: Sequence[TrafficBatch],
+    *,
+    start: Sequence[int],
+    max_batch_size: int,
+    budget_bytes: Mapping[int, int],
+    cap_bytes: float,
+    max_graphs: int,
+    replay_cost_rows: int = 0,
+) -> list[int]:
+    """Local search from the ladder ``start`` (budgets rounded up to
+    multiples of ``max_batch_size``, so the capture dummies hold exactly the
+    budget; its largest budget stays, so nothing that fits today runs
+    eagerly). The objective is padded rows plus ``replay_cost_rows`` per
+    replay, under vLLM's packing. Rounds of: add the candidate that lowers
+    it most while the buffers (``budget_bytes``, see
+    :func:`candidate_budgets`) fit ``cap_bytes`` and the graphs
+    ``max_graphs``; then drop the budgets whose loss stays under
+    ``_MIN_GAIN`` of the used rows (or that the limits force out). Starting
+    from a doubling ladder matters: vLLM's packing merges an item into a
+    batch whenever deferring would need ``b(item) >= b(batch)``, so a ladder
+    with a wide gap sends such merges to the largest budget."""
+    largest = max(start)
+    ladder = sorted(
+        {_round_up(b, max_batch_size) for b in start if b < largest} | {largest}
+    )
+    current = ladder_waste(batches, ladder, max_batch_size)
+    floor = _MIN_GAIN * max(current.used, 1)
+    for _ in range(8):
+        ladder, current, added = _add_budgets(
+            batches,
+            ladder,
+            current,
+            max_batch_size,
+            budget_bytes,
+            cap_bytes,
+            max_graphs,
+            replay_cost_rows,
+            floor,
+        )
+        ladder, current, dropped = _drop_budgets(
+            batches,
+            ladder,
+            current,
+            max_batch_size,
+            budget_bytes,
+            cap_bytes,
+            max_graphs,
+            replay_cost_rows,
+            floor,
+        )
+        if not added and not dropped:
+            break
+    return ladder
+
+
+def _add_budgets(
+    batches: Sequence[TrafficBatch],
+    ladder: list[int],
+    current: LadderWaste,
+    mbs: int,
+    budget_bytes: Mapping[int, int],
+    cap_bytes: float,
+    max_graphs: int,
+    replay_rows: int,
+    floor: float,
+) -> tuple[list[int], LadderWaste, bool]:
+    """Add the best candidate while one saves more than ``floor``."""
+    added = False
+    while len(ladder) < max_graphs:
+        spent = sum(budget_bytes[b] for b in ladder)
+        best: tuple[int, int, LadderWaste] | None = None
+        for candidate in _candidates(batches, ladder, mbs, mbs, replay_rows):
+            if spent + budget_bytes[candidate] > cap_bytes:
+                continue
+            trial = ladder_waste(batches, sorted([*ladder, candidate]), mbs)
+            gain = _cost(current, replay_rows) - _cost(trial, replay_rows)
+            if best is None or gain > best[0]:
+                best = (gain, candidate, trial)
+        if best is None or best[0] <= floor:
+            break
+        ladder = sorted([*ladder, best[1]])
+        current = best[2]
+        added = True
+    return ladder, current, added
+
+
+def _drop_budgets(
+    batches: Sequence[TrafficBatch],
+    ladder: list[int],
+    current: LadderWaste,
+    mbs: int,
+    budget_bytes: Mapping[int, int],
+    cap_bytes: float,
+    max_graphs: int,
+    replay_rows: int,
+    floor: float,
+) -> tuple[list[int], LadderWaste, bool]:
+    """Drop the budget whose loss is least while it is under ``floor`` or
+    the ladder is over its limits (never the largest)."""
+    dropped = False
+    while len(ladder) > 1:
+        over = (
+            len(ladder) > max_graphs or sum(budget_bytes[b] for b in ladder) > cap_bytes
+        )
+        best: tuple[int, int, LadderWaste] | None = None
+        for budget in ladder[:-1]:
+            trial = ladder_waste(batches, [b for b in ladder if b != budget], mbs)
+            loss = _cost(trial, replay_rows) - _cost(current, replay_rows)
+            if best is None or loss < best[0]:
+                best = (loss, budget, trial)
+        if best is None or (best[0] > floor and not over):
+            break
+        ladder = [b for b in ladder if b != best[1]]
+        current = best[2]
+        dropped = True
+    return ladder, current, dropped
+
+
+# ---------------------------------------------------------------------------
+# The traffic file
+# ---------------------------------------------------------------------------
+
+_TOP_KEYS = {"format", "batches", "tuning", "spec", "source", "note"}
+_TUNING_KEYS = {
+    "capture_memory_mib",
+    "max_graphs",
+    "output_row_bytes",
+    "replay_cost_rows",
+}
+
+
+class _Problems:
+    """Problems found on the plain JSON data, located afterwards."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple[tuple[str | int, ...], str, str, bool]] = []
+
+    def add(
+        self, path: tuple[str | int, ...], message: str, *, at_key: bool = False
+    ) -> None:
+        """A problem with the value at ``path`` (``at_key``: with its key)."""
+        self.items.append((path, _field(path), message, at_key))
+
+
+def _field(path: tuple[str | int, ...]) -> str:
+    text = ""
+    for part in path:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else part)
+    return text
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def load_traffic(
+    path: Path,
+    dims: Sequence[str],
+    budget_tokens: Callable[[dict[str, int]], int],
+    required: Sequence[str] | None = None,
+) -> Traffic:
+    """Read and check a traffic file whose items give ``dims`` (all of
+    ``required``, default every dim); ``budget_tokens`` turns one item into
+    budget tokens (it may raise :class:`EvaluationError`). Raises
+    :class:`SpecError` with every problem located."""
+    name = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(
+            [Diagnostic(Location(name, 1, 1), "", f"cannot read: {exc}")]
+        ) from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        where = Location(name, exc.lineno, exc.colno)
+        raise SpecError([Diagnostic(where, "", f"not JSON: {exc.msg}")]) from None
+    problems = _Problems()
+    needed = set(dims if required is None else required)
+    traffic = _check(data, (set(dims) | needed, needed), budget_tokens, problems)
+    if problems.items:
+        raise SpecError(_locate(text, name, problems))
+    assert traffic is not None
+    return traffic
+
+
+def _check(
+    data: Any,
+    dims: tuple[set[str], set[str]],
+    budget_tokens: Callable[[dict[str, int]], int],
+    problems: _Problems,
+) -> Traffic | None:
+    if not isinstance(data, dict):
+        problems.add((), "a traffic file is a JSON object with 'batches'")
+        return None
+    for key in sorted(set(data) - _TOP_KEYS):
+        problems.add(
+            (key,),
+            f"unknown key (expected: {', '.join(sorted(_TOP_KEYS))})",
+            at_key=True,
+        )
+    if data.get("format", FORMAT) != FORMAT:
+        problems.add(("format",), f"expected {FORMAT!r}")
+    raw = data.get("batches")
+    if not isinstance(raw, list) or not raw:
+        problems.add(("batches",), "a non-empty list of batches is required")
+        raw = []
+    batches = [
+        b
+        for i, entry in enumerate(raw)
+        if (b := _check_batch(entry, ("batches", i), dims, budget_tokens, problems))
+    ]
+    tuning = _check_tuning(data.get("tuning", {}), problems)
+    # Packing depends on a batch's sizes only: equal batches are one entry.
+    counts: Counter[tuple[int, ...]] = Counter()
+    for batch in batches:
+        counts[tuple(sorted(batch.rows))] += batch.count
+    return Traffic(tuple(TrafficBatch(r, n) for r, n in counts.items()), tuning)
+
+
+def _check_batch(
+    entry: Any,
+    where: tuple[str | int, ...],
+    dims: tuple[set[str], set[str]],
+    budget_tokens: Callable[[dict[str, int]], int],
+    problems: _Problems,
+) -> TrafficBatch | None:
+    count = 1
+    items = entry
+    if isinstance(entry, dict):
+        for key in sorted(set(entry) - {"items", "count"}):
+            problems.add(
+                (*where, key), "unknown key (expected: count, items)", at_key=True
+            )
+        count = entry.get("count", 1)
+        if not _is_int(count) or count < 1:
+            problems.add((*where, "count"), "a positive integer")
+            count = 1
+        items = entry.get("items")
+        where = (*where, "items")
+    if not isinstance(items, list) or not items:
+        problems.add(where, "a non-empty list of items")
+        return None
+    rows = []
+    for j, item in enumerate(items):
+        tokens = _check_item(item, (*where, j), dims, budget_tokens, problems)
+        if tokens is not None:
+            rows.append(tokens)
+    return TrafficBatch(tuple(rows), count) if len(rows) == len(items) else None
+
+
+def _check_item(
+    item: Any,
+    where: tuple[str | int, ...],
+    dims: tuple[set[str], set[str]],
+    budget_tokens: Callable[[dict[str, int]], int],
+    problems: _Problems,
+) -> int | None:
+    allowed, required = dims
+    expected = ", ".join(sorted(allowed))
+    if not isinstance(item, dict):
+        problems.add(where, f"an item is an object of grid dims ({expected})")
+        return None
+    ok = True
+    for key in sorted(item):
+        if key not in allowed:
+            problems.add(
+                (*where, key), f"not a grid dim of the spec ({expected})", at_key=True
+            )
+            ok = False
+        elif not _is_int(item[key]) or item[key] < 1:
+            problems.add((*where, key), "a positive integer")
+            ok = False
+    for key in sorted(required - set(item)):
+        problems.add(where, f"missing grid dim {key!r}")
+        ok = False
+    if not ok:
+        return None
+    try:
+        tokens = budget_tokens(item)
+    except EvaluationError as exc:
+        problems.add(where, f"budget tokens: {exc}")
+        return None
+    if tokens < 1:
+        problems.add(where, f"has {tokens} budget tokens; an item needs at least 1")
+        return None
+    return tokens
+
+
+def _check_tuning(raw: Any, problems: _Problems) -> Tuning:
+    if not isinstance(raw, dict):
+        problems.add(("tuning",), "an object")
+        return Tuning()
+    for key in sorted(set(raw) - _TUNING_KEYS):
+        problems.add(
+            ("tuning", key),
+            f"unknown key (expected: {', '.join(sorted(_TUNING_KEYS))})",
+            at_key=True,
+        )
+    cap = raw.get("capture_memory_mib")
+    if cap is not None and (
+        not isinstance(cap, (int, float))
+        or isinstance(cap, bool)
+        or not 0 < cap < math.inf
+    ):
+        problems.add(("tuning", "capture_memory_mib"), "a positive number")
+        cap = None
+    graphs = raw.get("max_graphs", Tuning.max_graphs)
+    if not _is_int(graphs) or not 1 <= graphs <= 1024:
+        problems.add(("tuning", "max_graphs"), "an integer in 1..1024")
+        graphs = Tuning.max_graphs
+    row_bytes = raw.get("output_row_bytes", 0)
+    if not _is_int(row_bytes) or row_bytes < 0:
+        problems.add(("tuning", "output_row_bytes"), "a non-negative integer")
+        row_bytes = 0
+    replay_rows = raw.get("replay_cost_rows")
+    if replay_rows is not None and (not _is_int(replay_rows) or replay_rows < 0):
+        problems.add(("tuning", "replay_cost_rows"), "a non-negative integer")
+        replay_rows = None
+    return Tuning(cap, graphs, row_bytes, replay_rows)
+
+
+def _locate(text: str, name: str, problems: _Problems) -> list[Diagnostic]:
+    """Diagnostics at the position of each problem, from a position-keeping
+    parse of the same text (JSON is YAML): the value's position, the key's
+    for an unknown key, the nearest enclosing value's otherwise."""
+    from generator.yaml_loader import load_spec_tree
+
+    tree = load_spec_tree(text, name, Diagnostics())
+    out = []
+    for path, field, message, at_key in problems.items:
+        node = tree
+        location = tree.location if tree is not None else Location(name, 1, 1)
+        for depth, part in enumerate(path):
+            value = node.value if node is not None else None
+            if isinstance(part, str) and isinstance(value, dict) and part in value:
+                keys = node.key_locations or {}  # type: ignore[union-attr]
+                node = value[part]
+                key_problem = at_key and depth == len(path) - 1
+                location = (
+                    keys.get(part, node.location) if key_problem else node.location
+                )
+            elif (
+                isinstance(part, int) and isinstance(value, list) and part < len(value)
+            ):
+                node = value[part]
+                location = node.location
+            else:
+                break
+        out.append(Diagnostic(location, field, message))
+    return sorted(out)
+
+
+# ---------------------------------------------------------------------------
+# gen-mixin plan --traffic
+# ---------------------------------------------------------------------------
+
+
+def traffic_main(ir: Any, plan: Any, args: Any) -> int:
+    """Tune the ladder of ``plan`` (``gen-mixin plan``'s result for ``ir``
+    and its arguments) to ``args.traffic`` and print the recommendation."""
+    from generator.cli import EXIT_INVALID, EXIT_OK, _print_spec_error
+    from generator.plan import PlanError, _parse_set, make_plan
+    from generator.static_checks import constant_env
+
+    overrides = _parse_set(args.set)
+    env = {**constant_env(ir, overrides), **dict(ir.sizes), **overrides}
+    formula = ir.budget_tokens if ir.budget_tokens is not None else ir.output_tokens
+    required = sorted(names_in(formula) - set(env))
+    grid_dims = sorted({d for g in ir.grid_inputs for d in g.dims} | set(required))
+    try:
+        traffic = load_traffic(
+            args.traffic,
+            grid_dims,
+            lambda item: evaluate(formula, {**env, **item}),
+            required,
+        )
+    except SpecError as err:
+        _print_spec_error(err)
+        return EXIT_INVALID
+
+    largest = plan.budgets[-1]
+    most_items = max(len(b.rows) for b in traffic.batches)
+    items = max(1, min(64, most_items, largest))
+    replay_rows = (
+        traffic.tuning.replay_cost_rows
+        if traffic.tuning.replay_cost_rows is not None
+        else plan.budget_range[0]
+    )
+    row_bytes = traffic.tuning.output_row_bytes
+
+    def plan_bytes(budgets: list[int], max_items: int) -> dict[int, int]:
+        """Captured buffer bytes per budget, as plan sizes them (one plan
+        for every budget: its static checks run once)."""
+        sized = make_plan(
+            ir,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            max_model_len=args.max_model_len,
+            budgets=budgets,
+            max_items=max_items,
+            overrides=overrides,
+            dtype=args.dtype,
+        )
+        return {
+            p.budget: p.total_bytes + row_bytes * p.budget for p in sized.per_budget
+        }
+
+    try:
+        current_bytes = sum(plan_bytes(plan.budgets, plan.max_batch_size).values())
+        start = generate_budgets(max(plan.budget_range[0], items), largest)
+        universe = candidate_budgets(traffic.batches, items, largest)
+        rounded = {_round_up(b, items) for b in start}
+        budget_bytes = plan_bytes(sorted(set(universe) | rounded | {largest}), items)
+        cap = (
+            traffic.tuning.capture_memory_mib * 2**20
+            if traffic.tuning.capture_memory_mib is not None
+            else 2 * current_bytes
+        )
+        tuned = tune_ladder(
+            traffic.batches,
+            start=start,
+            max_batch_size=items,
+            budget_bytes=budget_bytes,
+            cap_bytes=cap,
+            max_graphs=traffic.tuning.max_graphs,
+            replay_cost_rows=replay_rows,
+        )
+    except PlanError as exc:
+        print(f"{args.spec}: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    report = _report(
+        plan,
+        traffic,
+        tuned,
+        items,
+        current_bytes,
+        sum(budget_bytes[b] for b in tuned),
+        cap,
+        replay_rows,
+    )
+    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    return EXIT_OK
+
+
+def _report(
+    plan: Any,
+    traffic: Traffic,
+    tuned: list[int],
+    items: int,
+    current_bytes: int,
+    tuned_bytes: int,
+    cap: float,
+    replay_rows: int,
+) -> dict[str, Any]:
+    batches = traffic.batches
+    current = ladder_waste(batches, plan.budgets, plan.max_batch_size)
+    best = ladder_waste(batches, tuned, items)
+    value = {
+        "cudagraph_mm_encoder": True,
+        "encoder_cudagraph_token_budgets": tuned,
+        "encoder_cudagraph_max_vision_items_per_batch": items,
+    }
+
+    def summary(
+        w: LadderWaste, budgets: list[int], mbs: int, nbytes: int
+    ) -> dict[str, Any]:
+        return {
+            "budgets": list(budgets),
+            "max_vision_items_per_batch": mbs,
+            "graphs": len(budgets),
+            "buffer_bytes": nbytes,
+            "rows_replayed": w.replayed,
+            "rows_used": w.used,
+            "eager_rows": w.eager_rows,
+            "replays": w.replays,
+            "waste": w.waste,
+        }
+
+    return {
+        "spec": plan.spec,
+        "budget_unit": plan.budget_unit,
+        "traffic": {
+            "batches": sum(b.count for b in batches),
+            "items": sum(len(b.rows) * b.count for b in batches),
+            "distinct_batches": len(batches),
+        },
+        "capture_memory_cap_bytes": cap,
+        "replay_cost_rows": replay_rows,
+        "current": summary(current, plan.budgets, plan.max_batch_size, current_bytes),
+        "tuned": summary(best, tuned, items, tuned_bytes),
+        "compilation_config": value,
+    }
+
+
+def format_report(report: dict[str, Any]) -> str:
+    unit = report["budget_unit"]
+    lines = [
+        f"spec: {report['spec']}",
+        (
+            f"traffic: {report['traffic']['batches']} batches, "
+            f"{report['traffic']['items']} items (budgets count {unit})"
+        ),
+    ]
+    for name in ("current", "tuned"):
+        s = report[name]
+        lines.append(
+            f"{name} ladder: {s['graphs']} graphs, max items {s['max_vision_items_per_batch']}, "
+            f"buffers {s['buffer_bytes'] / 2**20:.1f} MiB, expected padding waste "
+            f"{100 * s['waste']:.1f}% ({s['rows_replayed']} rows replayed for "
+            f"{s['rows_used']} used, {s['replays']} replays"
+            + (f", {s['eager_rows']} rows eager" if s["eager_rows"] else "")
+            + ")"
+        )
+        lines.append(f"  budgets: {s['budgets']}")
+    lines.append(
+        f"capture memory cap: {report['capture_memory_cap_bytes'] / 2**20:.1f} MiB "
+        "(captured input buffers, plus output rows when tuning.output_row_bytes is set)"
+    )
+    lines.append("")
+    lines.append(
+        "--compilation-config '" + json.dumps(report["compilation_config"]) + "'"
+    )
+    return "\n".join(lines)

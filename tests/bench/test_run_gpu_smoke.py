@@ -1,0 +1,154 @@
+"""``bench/run_gpu.sh`` in its CPU smoke mode: the stages the GPU run uses
+(``smoke overhead profile traffic launch``; ``bench`` is covered by
+``test_bench_smoke.py``) run on the tiny towers with the eager-replay
+backend, and what they write is checked.
+
+On a CPU in fp32 the timings mean nothing, but the computations must be
+right: every graph and eager path equals the eager reference, the tuner's
+prediction equals what the manager packed, and the reports render.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from bench_modules import REPO_ROOT, load_bench_module
+
+STAGES = ("smoke", "overhead", "profile", "traffic", "launch")
+LADDERS = ("default", "fine", "tuned")
+POLICIES = ("vllm", "cost")
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("gpu-smoke")
+    env = {**os.environ, "GEN_MIXIN_SMOKE": "1", "OUT": str(out)}
+    proc = subprocess.run(
+        ["bash", str(REPO_ROOT / "bench" / "run_gpu.sh"), *STAGES],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    return out
+
+
+def test_every_stage_ran(smoke_run: Path) -> None:
+    summary = (smoke_run / "summary.log").read_text()
+    for stage in STAGES:
+        assert f"=== {stage}: rc=0" in summary, summary
+
+
+@pytest.fixture(scope="module")
+def traffic(smoke_run: Path) -> dict[str, Any]:
+    return json.loads((smoke_run / "traffic.json").read_text())
+
+
+def test_traffic_outputs_equal_eager(traffic: dict[str, Any]) -> None:
+    assert traffic["benchmark"] == "encoder_traffic"
+    assert set(traffic["models"]) == {"deepseek_v41", "minimax_m3"}
+    for stem, model in traffic["models"].items():
+        rows = model["batches"] + model["old_workloads"]
+        assert model["batches"], stem
+        for row in model["batches"]:
+            assert row["check_ideal"] < 1e-4, (stem, row["items"])
+            for ladder in LADDERS:
+                for policy in POLICIES:
+                    entry = row["graph"][ladder][policy]
+                    assert entry["check_vs_eager"] < 1e-4, (stem, ladder, policy)
+                    assert entry["speedup"] > 0
+        for row in model["old_workloads"]:
+            for entry in row["graph"].values():
+                assert entry["check_vs_eager"] < 1e-4, (stem, row["resolution"])
+        assert all(r["best_ms"] <= r["eager_ms"]["median"] for r in rows)
+
+
+def test_traffic_padding_and_plans(traffic: dict[str, Any]) -> None:
+    for model in traffic["models"].values():
+        for row in model["batches"]:
+            for ladder in LADDERS:
+                vllm = row["graph"][ladder]["vllm"]
+                cost = row["graph"][ladder]["cost"]
+                # vLLM's packing replays every item; a plan may run some eagerly.
+                assert vllm["padding"]["rows_used"] == row["budget_tokens"]
+                assert cost["padding"]["rows_used"] <= row["budget_tokens"]
+                assert vllm["plan"] is None
+                planned = sum(u["items"] for u in cost["plan"])
+                assert planned == row["images"]
+        for ladder in LADDERS:
+            for policy in POLICIES:
+                s = model["summary"][ladder][policy]
+                graph = sum(
+                    r["graph"][ladder][policy]["graph_ms"]["median"]
+                    for r in model["batches"]
+                )
+                assert s["graph_ms_total"] == pytest.approx(graph)
+                assert s["vs_best"] == pytest.approx(s["best_ms_total"] / graph)
+
+
+def test_tuned_ladder_is_the_tuners(traffic: dict[str, Any]) -> None:
+    for model in traffic["models"].values():
+        tuned = model["ladders"]["tuned"]
+        config = model["tuner"]["compilation_config"]
+        assert tuned["budgets"] == config["encoder_cudagraph_token_budgets"]
+        assert (
+            tuned["max_batch_size"]
+            == config["encoder_cudagraph_max_vision_items_per_batch"]
+        )
+        # Same packing, same budget tokens (the spec's formula and the
+        # mixin's item specs): the prediction is exact on these batches.
+        waste = model["tuned_waste"]
+        assert waste["measured"] == pytest.approx(
+            waste["predicted_measured"], abs=1e-12
+        )
+        assert model["ladders"]["tuned"]["cost_model"]["graph"]["replay_ms"]
+
+
+def test_traffic_targets_and_report(traffic: dict[str, Any]) -> None:
+    names = {t["name"] for t in traffic["targets"]}
+    assert names == {t["name"] for t in load_bench_module("bench_traffic").TARGETS}
+    assert all(t["passed"] in (True, False) for t in traffic["targets"])
+    render = load_bench_module("render_results")
+    markdown = render.render_markdown(traffic)
+    assert "## Real-traffic encoder benchmark" in markdown
+    for stem in traffic["models"]:
+        assert f"### {stem}" in markdown
+
+
+def test_launch_profile(smoke_run: Path) -> None:
+    result = json.loads((smoke_run / "launch.json").read_text())
+    assert set(result["models"]) == {"minimax_m3", "deepseek_v41"}
+    for model in result["models"].values():
+        assert len(model["passes"]) == 2
+        for one in model["passes"]:
+            for workload in one["workloads"].values():
+                split = workload["execute"]
+                # No device to queue work on: that condition is not measured.
+                assert split["queued"] is None
+                for condition in ("idle", "back_to_back"):
+                    parts = split[condition]
+                    assert parts["total"] >= parts["replay"] > 0
+                assert workload["budgets_replayed"]
+            assert all(v["idle"] > 0 for v in one["launch"].values())
+    markdown = subprocess.run(
+        [
+            sys.executable,
+            "bench/profile_launch.py",
+            "--render",
+            str(smoke_run / "launch.json"),
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "### minimax_m3" in markdown and "| 448x2 | idle |" in markdown

@@ -1,0 +1,266 @@
+"""`gen-mixin plan SPEC --traffic FILE`: the predicted waste is the manager's,
+the tuned ladder beats the default within its limits, and bad traffic files
+get located problems."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from generator.diagnostics import SpecError
+from generator.ladder_tuner import (
+    TrafficBatch,
+    ladder_waste,
+    load_traffic,
+    tune_ladder,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT = [64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
+
+
+def random_batches(seed: int, n: int, sizes: list[int]) -> list[TrafficBatch]:
+    rng = random.Random(seed)
+    return [
+        TrafficBatch(
+            tuple(rng.choice(sizes) for _ in range(rng.choice([1, 1, 2, 3, 8])))
+        )
+        for _ in range(n)
+    ]
+
+
+def test_waste_counts_replayed_budgets_against_their_rows() -> None:
+    # 540 -> 1024; 540 + 540 merge into one 2048 replay (deferring would
+    # need 1024 + 1024 < 2048); 20000 is larger than any budget.
+    batches = [
+        TrafficBatch((540,), count=2),
+        TrafficBatch((540, 540)),
+        TrafficBatch((20000,)),
+    ]
+    waste = ladder_waste(batches, DEFAULT, 64)
+    assert (waste.replayed, waste.used, waste.replays, waste.eager_rows) == (
+        2 * 1024 + 2048,
+        2 * 540 + 1080,
+        3,
+        20000,
+    )
+    assert waste.waste == pytest.approx(4096 / 2160 - 1)
+
+
+class LinearBytes(dict):
+    """Buffer bytes of any budget: 1000 per budget row."""
+
+    def __missing__(self, budget: int) -> int:
+        return 1000 * budget
+
+
+linear_bytes = LinearBytes()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_tuned_ladder_beats_the_default_within_its_limits(seed: int) -> None:
+    batches = random_batches(seed, 200, [16, 180, 540, 576, 1196, 2304, 3136])
+    cap = 3 * linear_bytes[16384]
+    tuned = tune_ladder(
+        batches,
+        start=DEFAULT,
+        max_batch_size=8,
+        budget_bytes=linear_bytes,
+        cap_bytes=cap,
+        max_graphs=12,
+    )
+    assert tuned[-1] == 16384 and len(tuned) <= 12
+    assert sum(linear_bytes[b] for b in tuned) <= cap
+    assert all(b % 8 == 0 and b >= 8 for b in tuned)
+    default = ladder_waste(batches, DEFAULT, 64).waste
+    assert ladder_waste(batches, tuned, 8).waste < default / 4
+
+
+def test_one_image_size_gets_its_own_budget() -> None:
+    tuned = tune_ladder(
+        [TrafficBatch((540,), count=10)],
+        start=DEFAULT,
+        max_batch_size=4,
+        budget_bytes=linear_bytes,
+        cap_bytes=1e12,
+        max_graphs=8,
+    )
+    # The budgets nothing replays are dropped.
+    assert tuned == [540, 16384]
+
+
+def test_the_memory_cap_is_respected() -> None:
+    batches = [TrafficBatch((540,), count=10), TrafficBatch((3000,), count=10)]
+    tuned = tune_ladder(
+        batches,
+        start=DEFAULT,
+        max_batch_size=4,
+        budget_bytes=linear_bytes,
+        cap_bytes=linear_bytes[16384] + linear_bytes[1000],
+        max_graphs=8,
+    )
+    # 3000 saves more rows but does not fit; 540 does.
+    assert tuned == [540, 16384]
+
+
+def test_a_wide_gap_is_not_left_for_merges() -> None:
+    """vLLM's packing merges a third 540 into a batch of 1080 (its budget
+    is not below the batch's): without budgets between 1080 and 16384 that
+    merge would replay 16384."""
+    batches = [TrafficBatch((540, 540, 540), count=10), TrafficBatch((540,), count=10)]
+    tuned = tune_ladder(
+        batches,
+        start=DEFAULT,
+        max_batch_size=4,
+        budget_bytes=linear_bytes,
+        cap_bytes=1e12,
+        max_graphs=8,
+    )
+    waste = ladder_waste(batches, tuned, 4)
+    assert waste.replayed == waste.used  # 540 and 1620 (or 1080 + 540)
+    assert 16384 in tuned
+
+
+def write(tmp_path: Path, data: object) -> Path:
+    path = tmp_path / "traffic.json"
+    path.write_text(data if isinstance(data, str) else json.dumps(data, indent=1))
+    return path
+
+
+def tokens(item: dict[str, int]) -> int:
+    return item["t"] * item["h"] * item["w"] // 4
+
+
+def test_load_both_batch_forms(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        {
+            "format": "gen-mixin-traffic/1",
+            "batches": [
+                {"count": 3, "items": [{"t": 1, "h": 40, "w": 54}]},
+                [{"t": 1, "h": 16, "w": 16}, {"t": 1, "h": 4, "w": 4}],
+            ],
+            "tuning": {"capture_memory_mib": 512, "max_graphs": 8},
+        },
+    )
+    traffic = load_traffic(path, ["t", "h", "w"], tokens)
+    # Items of a batch are kept sorted (packing sorts them anyway).
+    assert traffic.batches == (TrafficBatch((540,), 3), TrafficBatch((4, 64), 1))
+    assert (traffic.tuning.capture_memory_mib, traffic.tuning.max_graphs) == (512, 8)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("[1]", ["traffic.json:1:1: a traffic file is a JSON object with 'batches'"]),
+        ('{"batches": [', ["traffic.json:1:14: not JSON: Expecting value"]),
+        (
+            '{"batches": [{"count": 0, "items": [{"t": 1, "h": 4, "x": 4}]}]}',
+            [
+                "traffic.json:1:24: batches[0].count: a positive integer",
+                "traffic.json:1:37: batches[0].items[0]: missing grid dim 'w'",
+                "traffic.json:1:54: batches[0].items[0].x: not a grid dim of the spec (h, t, w)",
+            ],
+        ),
+        (
+            '{"batches": [[{"t": true, "h": 4, "w": 4}]], "tuning": {"max_graph": 2}}',
+            [
+                "traffic.json:1:21: batches[0][0].t: a positive integer",
+                (
+                    "traffic.json:1:57: tuning.max_graph: unknown key (expected: "
+                    "capture_memory_mib, max_graphs, output_row_bytes, "
+                    "replay_cost_rows)"
+                ),
+            ],
+        ),
+        (
+            '{"batches": []}',
+            ["traffic.json:1:13: batches: a non-empty list of batches is required"],
+        ),
+        (
+            '{"batches": [[{"t": 1, "h": 1, "w": 1}]]}',
+            [
+                "traffic.json:1:15: batches[0][0]: has 0 budget tokens; an item needs at least 1"
+            ],
+        ),
+    ],
+)
+def test_bad_files_get_located_problems(
+    tmp_path: Path, text: str, expected: list[str]
+) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(SpecError) as info:
+        load_traffic(path, ["t", "h", "w"], tokens)
+    got = [str(d).replace(str(tmp_path) + "/", "") for d in info.value.diagnostics]
+    assert got == expected
+
+
+def run_plan(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "generator.cli", "plan", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=False,
+    )
+
+
+def test_cli_prints_a_ready_compilation_config(tmp_path: Path) -> None:
+    batches = [{"count": 5, "items": [{"t": 1, "h": 40, "w": 54}] * 2}]
+    path = write(tmp_path, {"batches": batches, "tuning": {"max_graphs": 4}})
+    spec = str(ROOT / "specs" / "minimax_m3.yaml")
+    limits = ["--max-num-batched-tokens", "16384", "--max-model-len", "16384"]
+    proc = run_plan(spec, *limits, "--traffic", str(path))
+    assert proc.returncode == 0, proc.stderr
+    flag = next(
+        l for l in proc.stdout.splitlines() if l.startswith("--compilation-config")
+    )
+    value = json.loads(flag.split("'")[1])
+    report = json.loads(
+        run_plan(spec, *limits, "--traffic", str(path), "--json").stdout
+    )
+    assert value == report["compilation_config"]
+    assert value["encoder_cudagraph_max_vision_items_per_batch"] == 2
+    assert value["encoder_cudagraph_token_budgets"][-1] == 16384
+    # Two 540-token photos: one 1080 replay (or two 540s), no padding; the
+    # default ladder replays 2048.
+    assert report["tuned"]["waste"] == 0.0
+    assert report["current"]["waste"] == pytest.approx(2048 / 1080 - 1)
+    assert report["current"]["budgets"] == DEFAULT
+
+
+def test_cli_bad_traffic_exits_2(tmp_path: Path) -> None:
+    path = write(tmp_path, {"batches": [[{"t": 1, "h": 4}]]})
+    proc = run_plan(str(ROOT / "specs" / "minimax_m3.yaml"), "--traffic", str(path))
+    assert proc.returncode == 2
+    assert "batches[0][0]: missing grid dim 'w'" in proc.stderr
+    assert proc.stdout == ""
+
+
+def test_deepseek_items_need_only_the_dims_its_budget_counts(tmp_path: Path) -> None:
+    # Budgets count patches (h * w): the aligner grid may be left out.
+    path = write(
+        tmp_path,
+        {"batches": [[{"h": 62, "w": 93}, {"h": 39, "w": 39, "lh": 13, "lw": 13}]]},
+    )
+    proc = run_plan(
+        str(ROOT / "specs" / "deepseek_v41.yaml"), "--traffic", str(path), "--json"
+    )
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["tuned"]["rows_used"] == 62 * 93 + 39 * 39
+
+
+def test_equal_batches_are_counted_once(tmp_path: Path) -> None:
+    item_a, item_b = {"t": 1, "h": 4, "w": 4}, {"t": 1, "h": 8, "w": 8}
+    path = write(
+        tmp_path,
+        {"batches": [[item_a, item_b], {"count": 2, "items": [item_b, item_a]}]},
+    )
+    traffic = load_traffic(path, ["t", "h", "w"], tokens)
+    assert traffic.batches == (TrafficBatch((4, 16), 3),)

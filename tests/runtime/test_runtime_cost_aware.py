@@ -1,0 +1,239 @@
+"""Cost-aware execution in the manager: off by default, calibrated from
+timed runs (a virtual clock makes them exact), plans run with the right
+outputs in the right layout, also in data-parallel mode."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from runtime_fakes import (
+    FakeEncoder,
+    TimedFakeEncoder,
+    VirtualClock,
+    expected_item_output,
+    make_items,
+    make_kwargs,
+    make_manager,
+)
+
+from encoder_cudagraph_runtime import distributed
+from encoder_cudagraph_runtime.cost_aware import CostModel, EagerCost, GraphCost
+from encoder_cudagraph_runtime.defs import EncoderCudaGraphPathConfig
+
+BUDGETS = [8, 16, 32, 64]
+
+
+def graph_ms(rows: int) -> float:
+    """A replay: 0.5 ms of launches plus 0.1 ms per captured row."""
+    return 0.5 + 0.1 * rows
+
+
+def eager_ms(rows: list[int]) -> float:
+    """An eager call: 2 ms of launches, 1 ms per item, 0.1 ms per row."""
+    return 2.0 + 1.0 * len(rows) + 0.1 * sum(rows)
+
+
+def timed_manager(**kwargs):  # type: ignore[no-untyped-def]
+    clock = VirtualClock()
+    model = TimedFakeEncoder(clock, graph_ms, eager_ms, budget_range=(8, 64))
+    manager = make_manager(
+        model, budgets=BUDGETS, max_items=8, cost_aware=True, clock=clock, **kwargs
+    )
+    manager.capture()
+    return manager, model
+
+
+def calibrated_manager(**kwargs):  # type: ignore[no-untyped-def]
+    manager, model = timed_manager(**kwargs)
+    warmup = [make_kwargs(make_items(rows, seed=9)) for rows in ([8, 20, 30], [5, 60])]
+    # No margin: the tests check the cheapest plan itself.
+    manager.calibrate_cost_model(warmup, margin=0.0)
+    return manager, model
+
+
+def assert_outputs(outputs, items, scale=0.5):  # type: ignore[no-untyped-def]
+    assert len(outputs) == len(items)
+    for out, item in zip(outputs, items):
+        torch.testing.assert_close(out, expected_item_output(item, ["default"], scale))
+
+
+class TestDefaultOff:
+    def test_capture_and_packing_are_vllms(self) -> None:
+        model = FakeEncoder(budget_range=(8, 64))
+        manager = make_manager(model, budgets=BUDGETS, max_items=8)
+        manager.capture()
+        # Warm-up and capture only: no timed replays.
+        assert len(model.calls_named("graph_forward")) == 2 * len(BUDGETS)
+        items = make_items([30, 60])
+        manager.execute(make_kwargs(items))
+        assert model.calls_named("eager_forward") == []
+        assert manager.get_execution_stats()["executes"] == 0
+
+    def test_uncalibrated_cost_aware_packs_like_vllm(self) -> None:
+        manager, model = timed_manager()
+        assert manager.cost_aware and manager.cost_model is None
+        # Capture: warm-up, capture, one untimed and one timed replay each.
+        assert len(model.calls_named("graph_forward")) == 4 * len(BUDGETS)
+        manager.execute(make_kwargs(make_items([30])))
+        assert model.calls_named("eager_forward") == []
+        assert manager.get_execution_stats()["calibrated"] is False
+
+
+class TestCalibration:
+    def test_replays_are_timed_at_capture(self) -> None:
+        manager, _ = timed_manager()
+        # Every captured budget, at its captured rows (the fake's x rows).
+        assert manager._replay_ms == {b: pytest.approx(graph_ms(b)) for b in BUDGETS}
+
+    def test_fits_the_synthetic_costs(self) -> None:
+        manager, _ = calibrated_manager()
+        cost = manager.cost_model
+        assert cost is not None
+        assert cost.eager.fixed_ms == pytest.approx(2.0, abs=1e-6)
+        assert cost.eager.per_item_ms == pytest.approx(1.0, abs=1e-6)
+        assert cost.eager.per_row_ms == pytest.approx(0.1, abs=1e-6)
+        assert cost.eager.per_row_sq_ms == pytest.approx(0.0, abs=1e-9)
+        # Replays cost their budget, whatever the batch: nothing to add.
+        assert cost.graph.per_replay_ms == pytest.approx(0.0, abs=1e-6)
+
+    def test_statistics_are_left_alone(self) -> None:
+        manager, _ = timed_manager()
+        manager.execute(make_kwargs(make_items([12])))
+        before = (
+            manager.get_cumulative_stats(),
+            manager.get_padding_stats(),
+        )
+        manager.calibrate_cost_model([make_kwargs(make_items([8, 20, 30]))])
+        assert (manager.get_cumulative_stats(), manager.get_padding_stats()) == before
+
+    def test_needs_capture(self) -> None:
+        manager = make_manager(FakeEncoder(), budgets=BUDGETS, max_items=8)
+        with pytest.raises(RuntimeError, match="capture"):
+            manager.calibrate_cost_model([make_kwargs(make_items([8]))])
+
+    def test_cost_aware_off_at_capture_times_replays_later(self) -> None:
+        clock = VirtualClock()
+        model = TimedFakeEncoder(clock, graph_ms, eager_ms, budget_range=(8, 64))
+        manager = make_manager(model, budgets=BUDGETS, max_items=8, clock=clock)
+        manager.capture()
+        manager.calibrate_cost_model([make_kwargs(make_items([8, 20]))])
+        assert set(manager._replay_ms) == set(BUDGETS)
+
+
+class TestPlannedExecute:
+    # (rows, expected units as (budget, items)): a replay costs 0.5 + 0.1 *
+    # budget, eager 2 + 1 * items + 0.1 * rows.
+    @pytest.mark.parametrize(
+        ("rows", "units"),
+        [
+            ([8], [(8, 1)]),
+            ([16, 16], [(32, 2)]),
+            # 33 rows pad to 64: 6.9 ms replayed against 6.3 ms eager.
+            ([33], [(None, 1)]),
+            # The exact 8 replays; 33 and 40 share one eager call (11.3 ms)
+            # instead of 6.9 + 7 ms apart.
+            ([33, 40, 8], [(8, 1), (None, 2)]),
+            # More than the largest budget: eager.
+            ([70], [(None, 1)]),
+        ],
+    )
+    def test_plans_run_with_exact_outputs(self, rows, units) -> None:  # type: ignore[no-untyped-def]
+        manager, model = calibrated_manager()
+        model.calls.clear()
+        items = make_items(rows, seed=3)
+        outputs = manager.execute(make_kwargs(items))
+        assert_outputs(outputs, items)
+        last = manager.get_execution_stats()["last_plan"]
+        assert [(u["budget"], u["items"]) for u in last] == units
+        eager_calls = model.calls_named("eager_forward")
+        assert eager_calls == [(n, "default") for b, n in units if b is None]
+
+    def test_all_eager_runs_the_batch_as_given(self) -> None:
+        manager, model = calibrated_manager()
+        model.calls.clear()
+        items = make_items([40, 33])
+        kwargs = make_kwargs(items)
+        assert_outputs(manager.execute(kwargs), items)
+        # No selection; postprocess sees the caller's kwargs, in item order.
+        assert model.calls_named("select") == []
+        ((indices, paths, clone, batch),) = model.calls_named("postprocess")
+        assert (indices, paths, clone, batch) == ([0, 1], ["default"], False, kwargs)
+
+    def test_statistics(self) -> None:
+        manager, _ = calibrated_manager()
+        for rows in ([8], [33], [33, 40, 8]):
+            manager.execute(make_kwargs(make_items(rows)))
+        stats = manager.get_execution_stats()
+        assert stats["plans"] == {"graphs": 1, "mixed": 1, "eager": 1}
+        assert (stats["graph_units"], stats["graph_items"]) == (2, 2)
+        assert (stats["eager_units"], stats["eager_items"]) == (2, 3)
+        assert stats["predicted_ms"] < stats["predicted_eager_ms"]
+        padding = manager.get_padding_stats()["paths"]["default"]
+        assert (padding["eager_batches"], padding["eager_rows"]) == (2, 106)
+        cumulative = manager.get_cumulative_stats()
+        assert (cumulative["graph_hits"], cumulative["graph_misses"]) == (2, 3)
+
+    def test_turning_it_off_restores_vllm_packing(self) -> None:
+        manager, model = calibrated_manager()
+        manager.cost_aware = False
+        model.calls.clear()
+        manager.execute(make_kwargs(make_items([33])))
+        assert model.calls_named("eager_forward") == []
+
+    def test_synthetic_cost_model(self) -> None:
+        manager = make_manager(FakeEncoder(), budgets=BUDGETS, max_items=8)
+        manager.capture()
+        manager.cost_aware = True
+        manager.set_cost_model(
+            CostModel(GraphCost({b: 100.0 for b in BUDGETS}, 8), EagerCost(1.0))
+        )
+        items = make_items([5, 9, 60])
+        assert_outputs(manager.execute(make_kwargs(items)), items)
+        assert manager.get_execution_stats()["plans"]["eager"] == 1
+        with pytest.raises(ValueError, match="no replay time"):
+            manager.set_cost_model(CostModel(GraphCost({8: 1.0}, 8), EagerCost()))
+
+
+class TestRefusals:
+    def test_several_paths(self) -> None:
+        paths = {
+            "default": EncoderCudaGraphPathConfig(),
+            "thumb": EncoderCudaGraphPathConfig(allow_zero_tokens=True),
+        }
+        with pytest.raises(NotImplementedError, match="one 'default' path"):
+            make_manager(FakeEncoder(paths=paths), cost_aware=True)
+
+    def test_capture_axes(self) -> None:
+        model = FakeEncoder(capture_axes=((1, 2),))
+        manager = make_manager(model)
+        with pytest.raises(NotImplementedError, match="capture_axes"):
+            manager.cost_aware = True
+
+
+def test_data_parallel_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A world of one rank through the DP path (shard, local plan, gather)
+    gives every item its output, eager and replayed alike."""
+    gathered: list[torch.Tensor] = []
+
+    def all_gather(tensor: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        gathered.append(tensor)
+        return tensor
+
+    monkeypatch.setattr(distributed, "get_tensor_model_parallel_world_size", lambda: 1)
+    monkeypatch.setattr(distributed, "get_tensor_model_parallel_rank", lambda: 0)
+    monkeypatch.setattr(distributed, "tensor_model_parallel_all_gather", all_gather)
+    manager, _ = calibrated_manager(tp_size=2, tp_mode="data")
+    assert manager.use_dp
+    items = make_items([70, 8, 16], seed=5)
+    assert_outputs(manager.execute(make_kwargs(items)), items)
+    assert manager.get_execution_stats()["plans"]["mixed"] == 1
+    assert len(gathered) == 1
+
+
+def test_calibration_needs_items() -> None:
+    manager, _ = timed_manager()
+    with pytest.raises(ValueError, match="at least one batch"):
+        manager.calibrate_cost_model([])
+    with pytest.raises(ValueError, match="no items"):
+        manager.calibrate_cost_model([make_kwargs([])])
+    assert manager.cost_model is None
