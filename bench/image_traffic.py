@@ -270,7 +270,10 @@ def deepseek_v41_grid(
 #: vLLM's ``DeepseekV41Config`` default of ``vision_config["min_pixels"]``
 #: (544²): smaller images are upscaled to it.
 DEEPSEEK_V41_MIN_PIXELS = 295936
-#: Qwen2-VL's processor minimum (56², HF default) and MiniMax M3's
+#: The reference towers whose processors' resize rules are not written here
+#: yet: they take no part in the real-traffic benchmark.
+NO_RESIZE_RULE = frozenset({"kimi_vl", "internvl", "step3_vl"})
+#: Qwen2-VL's (and Qwen2.5-VL's) processor minimum (56², HF default) and MiniMax M3's
 #: ``smart_resize`` default (4 · 28²): the same 3136 pixels.
 MERGED_MIN_PIXELS = 3136
 
@@ -287,7 +290,7 @@ def model_grid(stem: str, config: Any) -> Callable[[int, int], tuple[int, ...]]:
             max_n_token=config.vision_max_n_token,
             min_pixels=DEEPSEEK_V41_MIN_PIXELS,
         )
-    if stem in ("minimax_m3", "qwen2_vl"):
+    if stem in ("minimax_m3", "qwen2_vl", "qwen2_5_vl"):
         max_pixels = config.max_pixels
         return lambda h, w: merged_grid(
             h,
