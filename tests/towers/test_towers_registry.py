@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import random
 from typing import Protocol
 
@@ -13,14 +12,15 @@ from encoder_cudagraph_runtime.attention_backends import AttentionBackendEnum
 from encoder_cudagraph_runtime.config import MultiModalConfig
 from reference_towers.deepseek_v4 import DeepseekV41VisionHost, build_image_span_types
 from reference_towers.minimax_vl import MiniMaxM3VisionHost, token_positions
-from reference_towers.registry import REFERENCE_TOWERS, ReferenceTower, generated_mixin
+from reference_towers.registry import (
+    REFERENCE_TOWERS,
+    ReferenceTower,
+    generated_mixin,
+    stems_with_generated_mixin,
+)
 
 TOWERS = sorted(REFERENCE_TOWERS)
-# Towers whose spec has been generated (the others are checked against
-# vLLM's own mixin in their tower tests until then).
-GENERATED = [
-    name for name in TOWERS if importlib.util.find_spec(f"generated.standalone.{name}")
-]
+GENERATED = stems_with_generated_mixin()
 
 
 class RecordingMixin:
