@@ -7,6 +7,8 @@ on a GPU against a known-good eager result:
   spans with learned delimiters);
 * :mod:`reference_towers.minimax_vl`: MiniMax M3 (ViT with partial 3-D RoPE,
   projector, patch merger);
+* :mod:`reference_towers.internvl`: InternVL (InternViT over fixed 448² tiles,
+  pixel shuffle, ``mlp1``);
 * :mod:`reference_towers.registry`: ``REFERENCE_TOWERS``, the per-spec hook a
   test suite uses to build hosts, draw items, make inputs and get the ground
   truth.

@@ -28,8 +28,8 @@ Interface of a :class:`ReferenceTower`:
 ``config(size)``
     The tower configuration of a size.
 ``host_class(mixin_cls)``
-    ``type(name, (mixin_cls, host_cls), {})``: the mixin first, so that its
-    methods win; cached per mixin class.
+    ``type(name, (host_cls, mixin_cls), {})``: the host first, as a real
+    model's own body comes before its mixins; cached per mixin class.
 ``build_host(mixin_cls, size, *, device, dtype, attn_backend=FLASH_ATTN,
 multimodal_config=None, seed=0)``
     An instance of ``host_class(mixin_cls)`` with seeded weights (drawn on the
@@ -37,8 +37,9 @@ multimodal_config=None, seed=0)``
     cast to ``dtype`` as the real host does, moved to ``device``, in eval
     mode and without gradients.
 ``Item``
-    A grid tuple: ``(n_vit_h, n_vit_w)`` for DeepSeek-V4.1, ``(t, h, w)`` for
-    MiniMax M3 and Qwen2-VL.
+    A tuple of ints: a grid ``(n_vit_h, n_vit_w)`` for DeepSeek-V4.1,
+    ``(t, h, w)`` for MiniMax M3 and Qwen2-VL; a count for the models that
+    batch fixed-size views: ``(tiles,)`` for InternVL (frames for videos).
 ``input_size(item)``, ``output_tokens(item)``
     What the mixin's ``EncoderItemSpec`` must say for the item.
 ``is_legal(item, size, *, modality="image")``, ``max_output_tokens(size, *,
@@ -55,6 +56,19 @@ modality="image")``
 ``sample_item(rng, size, *, max_output_tokens=None, modality="image")``
     A random legal item of at most ``max_output_tokens`` output tokens (the
     size's cap when ``None``), uniform over output-token counts first.
+``paths``, ``path_tokens(item)``
+    The encoder paths of the model's graph config, in order (``("default",)``
+    unless the model runs several), and the graph rows the item puts on each: what
+    ``EncoderItemSpec.get_path_output_tokens(path)`` must say for every path
+    (for one path, the budget tokens below). Budgets and packing are per
+    path; ``output_tokens`` stays the item's total in the final layout.
+``budget_tokens(item)``, ``max_budget_tokens(size, *, modality="image")``,
+``budget_item(rng, size, *, budget_tokens=None, max_budget_tokens=None,
+modality="image")``
+    The unit the spec's budgets count (output tokens unless the spec says
+    otherwise: DeepSeek-V4.1 counts ViT patches), its per-item cap, and a
+    random legal item by it. Multi-path towers count output tokens here;
+    per-path figures come from ``path_tokens``.
 ``make_mm_kwargs(host, items, device, *, seed=0, modality="image")``
     The ``mm_kwargs`` vLLM would feed the model for these items (random
     pixels from ``seed``, laid out and typed as the model's processor does).
@@ -95,12 +109,20 @@ from reference_towers.deepseek_v4 import (
     image_span_length,
     llm_grid,
 )
+from reference_towers.internvl import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    InternVLConfig,
+    InternVLVisionHost,
+    image_tile_counts,
+)
 from reference_towers.minimax_vl import MiniMaxM3VisionConfig, MiniMaxM3VisionHost
 from reference_towers.qwen2_vl import Qwen2VisionConfig, Qwen2VLVisionHost
 
 __all__ = [
     "REFERENCE_TOWERS",
     "DeepseekV41Reference",
+    "InternVLReference",
     "Item",
     "MiniMaxM3Reference",
     "Qwen2VLReference",
@@ -129,6 +151,8 @@ class ReferenceTower(abc.ABC, Generic[HostT]):
     """Every modality the tower takes."""
     host_cls: ClassVar[type[nn.Module]]
     sizes: ClassVar[tuple[Size, ...]] = ("tiny", "full")
+    paths: ClassVar[tuple[str, ...]] = ("default",)
+    """The encoder paths of the model's graph config, in order."""
 
     def __init__(self) -> None:
         self._host_classes: dict[type, type[HostT]] = {}
@@ -237,6 +261,11 @@ class ReferenceTower(abc.ABC, Generic[HostT]):
     def budget_tokens(self, item: Item) -> int:
         """The budget tokens of ``item``."""
         return self.output_tokens(item)
+
+    def path_tokens(self, item: Item) -> dict[str, int]:
+        """Graph rows of ``item`` per path (what the mixin's
+        ``EncoderItemSpec.get_path_output_tokens`` reports)."""
+        return {"default": self.budget_tokens(item)}
 
     def max_budget_tokens(self, size: Size, *, modality: str = "image") -> int:
         """The largest budget-token count of a legal item."""
@@ -352,6 +381,12 @@ class ReferenceTower(abc.ABC, Generic[HostT]):
                 f"no legal {self.name} {modality} item has at most {top} {unit} "
                 f"tokens (the smallest has {low})"
             )
+        listed = self._listed_token_counts(size, modality=modality)
+        if listed is not None:
+            # Few counts are reachable (multiples of a view's tokens): pick
+            # one of them rather than retrying random counts.
+            choices = [tokens for tokens in listed if low <= tokens <= top]
+            return items_with(rng, size, rng.choice(choices), modality=modality)
         # Not every count is reachable (DeepSeek spans skip some, Qwen2-VL's
         # aspect-ratio bound others); retry.
         for _ in range(1000):
@@ -359,6 +394,14 @@ class ReferenceTower(abc.ABC, Generic[HostT]):
             if item is not None:
                 return item
         raise RuntimeError(f"could not draw a {self.name} item under {top} tokens")
+
+    def _listed_token_counts(
+        self, size: Size, *, modality: str = "image"
+    ) -> list[int] | None:
+        """Every token count a legal item has, in both units (towers whose
+        budget tokens are their output tokens), when there are few; ``None``
+        (the default) when most counts are reachable."""
+        return None
 
     # -- inputs and ground truth -------------------------------------------
 
@@ -814,9 +857,157 @@ class Qwen2VLReference(_MergedGridReference[Qwen2VLVisionHost]):
         return {pixel_key: pixel_values.to(device), grid_key: grid.to(device)}
 
 
+def _normalised_views(
+    generator: torch.Generator,
+    count: int,
+    size: int,
+    stats: tuple[tuple[float, ...], tuple[float, ...]],
+) -> torch.Tensor:
+    """``(count, 3, size, size)`` uniform random pixels normalised with the
+    processor's per-channel ``(mean, std)``."""
+    mean = torch.tensor(stats[0])[:, None, None]
+    std = torch.tensor(stats[1])[:, None, None]
+    return (torch.rand((count, 3, size, size), generator=generator) - mean) / std
+
+
+def _counts(items: Sequence[Item]) -> list[int]:
+    """The one count of each ``(n,)`` item."""
+    counts = []
+    for item in items:
+        if len(item) != 1 or not isinstance(item[0], int) or item[0] < 0:
+            raise ValueError(f"{item} is not a (count,) item")
+        counts.append(item[0])
+    return counts
+
+
+class _ViewCountReference(ReferenceTower[HostT]):
+    """Towers that batch fixed-size views (tiles, crops): an item is one
+    count ``(n,)`` of views and has ``fixed_tokens + n · view_tokens``
+    output tokens, for the counts :meth:`view_counts` lists."""
+
+    @abc.abstractmethod
+    def view_counts(self, size: Size, *, modality: str = "image") -> tuple[int, ...]:
+        """Every legal ``n``, ascending."""
+
+    @property
+    def fixed_tokens(self) -> int:
+        """Output tokens an item has besides its views."""
+        return 0
+
+    @property
+    @abc.abstractmethod
+    def view_tokens(self) -> int:
+        """Output tokens of one view."""
+
+    def output_tokens(self, item: Item) -> int:
+        (views,) = item
+        return self.fixed_tokens + views * self.view_tokens
+
+    def max_output_tokens(self, size: Size, *, modality: str = "image") -> int:
+        return self.output_tokens((self.view_counts(size, modality=modality)[-1],))
+
+    def is_legal(self, item: Item, size: Size, *, modality: str = "image") -> bool:
+        counts = self.view_counts(size, modality=modality)
+        return len(item) == 1 and isinstance(item[0], int) and item[0] in counts
+
+    def smallest_item(self, size: Size, *, modality: str = "image") -> Item:
+        return (self.view_counts(size, modality=modality)[0],)
+
+    def _items_with_output_tokens(
+        self,
+        rng: random.Random,
+        size: Size,
+        output_tokens: int,
+        *,
+        modality: str = "image",
+    ) -> Item | None:
+        views, rest = divmod(output_tokens - self.fixed_tokens, self.view_tokens)
+        if rest or views not in self.view_counts(size, modality=modality):
+            return None
+        return (views,)
+
+    def _listed_token_counts(
+        self, size: Size, *, modality: str = "image"
+    ) -> list[int] | None:
+        return [
+            self.output_tokens((n,)) for n in self.view_counts(size, modality=modality)
+        ]
+
+
+class InternVLReference(_ViewCountReference[InternVLVisionHost]):
+    """InternVL: items are tile counts ``(n,)``, images or videos.
+
+    Legal: images take the tile counts the processor's dynamic tiling emits
+    (1, or a grid of 2..``max_dynamic_patch`` tiles plus the thumbnail: 3..13
+    released); videos one tile per frame, 1..``max_frames_per_video``.
+    Output tokens ``n · num_image_token``; input size ``n`` (vLLM's
+    ``EncoderItemSpec``: tiles, not pixels).
+    """
+
+    name = "internvl"
+    modalities = ("image", "video")
+    host_cls = InternVLVisionHost
+
+    def config(self, size: Size) -> InternVLConfig:
+        return InternVLConfig.for_size(size)
+
+    @property
+    def view_tokens(self) -> int:
+        return self._config_constant("num_image_token")
+
+    def view_counts(self, size: Size, *, modality: str = "image") -> tuple[int, ...]:
+        self.check_modality(modality)
+        config = self.config(size)
+        if modality == "image":
+            return image_tile_counts(config)
+        return tuple(range(1, config.max_frames_per_video + 1))
+
+    def input_size(self, item: Item) -> int:
+        (tiles,) = item
+        return tiles
+
+    def make_mm_kwargs(
+        self,
+        host: InternVLVisionHost,
+        items: Sequence[Item],
+        device: torch.device | str,
+        *,
+        seed: int = 0,
+        modality: str = "image",
+    ) -> dict[str, Any]:
+        """Images: ``pixel_values_flat`` ``(Σ n, 3, S, S)`` and
+        ``image_num_patches`` ``(items,)``; videos: ``pixel_values_flat_video``
+        and ``video_num_patches`` alike. Tiles are random ImageNet-normalised
+        pixels in the tower dtype on ``device`` (vLLM casts the processor's
+        floats to the model dtype); counts are int64 on the CPU (vLLM keeps
+        them there)."""
+        self.check_modality(modality)
+        counts = _counts(items)
+        side = host.config.vision_config.image_size
+        dtype = host.vision_model.embeddings.patch_embedding.weight.dtype
+        generator = torch.Generator().manual_seed(seed)
+        tiles = _normalised_views(
+            generator, sum(counts), side, (IMAGENET_MEAN, IMAGENET_STD)
+        )
+        pixel_key, count_key = (
+            ("pixel_values_flat", "image_num_patches")
+            if modality == "image"
+            else ("pixel_values_flat_video", "video_num_patches")
+        )
+        return {
+            pixel_key: tiles.to(device=device, dtype=dtype),
+            count_key: torch.tensor(counts, dtype=torch.int64),
+        }
+
+
 REFERENCE_TOWERS: dict[str, ReferenceTower[Any]] = {
     tower.name: tower
-    for tower in (DeepseekV41Reference(), MiniMaxM3Reference(), Qwen2VLReference())
+    for tower in (
+        DeepseekV41Reference(),
+        InternVLReference(),
+        MiniMaxM3Reference(),
+        Qwen2VLReference(),
+    )
 }
 
 

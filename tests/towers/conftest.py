@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from reference_towers.deepseek_v4 import DeepseekV41VisionHost
+from reference_towers.internvl import InternVLVisionHost
 from reference_towers.minimax_vl import MiniMaxM3VisionHost
 from reference_towers.qwen2_vl import Qwen2VLVisionHost
 from reference_towers.registry import REFERENCE_TOWERS
@@ -32,6 +33,13 @@ def minimax_host() -> MiniMaxM3VisionHost:
 @pytest.fixture(scope="session")
 def qwen2_vl_host() -> Qwen2VLVisionHost:
     return REFERENCE_TOWERS["qwen2_vl"].build_host(
+        PlainMixin, "tiny", device="cpu", dtype=torch.float32, seed=0
+    )
+
+
+@pytest.fixture(scope="session")
+def internvl_host() -> InternVLVisionHost:
+    return REFERENCE_TOWERS["internvl"].build_host(
         PlainMixin, "tiny", device="cpu", dtype=torch.float32, seed=0
     )
 
