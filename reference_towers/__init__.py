@@ -9,6 +9,8 @@ on a GPU against a known-good eager result:
   projector, patch merger);
 * :mod:`reference_towers.internvl`: InternVL (InternViT over fixed 448² tiles,
   pixel shuffle, ``mlp1``);
+* :mod:`reference_towers.step3_vl`: Step3-VL (one ViT for a global view and
+  504² crops, two stride convolutions, projector; two encoder paths);
 * :mod:`reference_towers.registry`: ``REFERENCE_TOWERS``, the per-spec hook a
   test suite uses to build hosts, draw items, make inputs and get the ground
   truth.

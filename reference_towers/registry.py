@@ -39,7 +39,8 @@ multimodal_config=None, seed=0)``
 ``Item``
     A tuple of ints: a grid ``(n_vit_h, n_vit_w)`` for DeepSeek-V4.1,
     ``(t, h, w)`` for MiniMax M3 and Qwen2-VL; a count for the models that
-    batch fixed-size views: ``(tiles,)`` for InternVL (frames for videos).
+    batch fixed-size views: ``(tiles,)`` for InternVL (frames for videos),
+    ``(num_patches,)`` (local crops besides the global view) for Step3-VL.
 ``input_size(item)``, ``output_tokens(item)``
     What the mixin's ``EncoderItemSpec`` must say for the item.
 ``is_legal(item, size, *, modality="image")``, ``max_output_tokens(size, *,
@@ -58,7 +59,8 @@ modality="image")``
     size's cap when ``None``), uniform over output-token counts first.
 ``paths``, ``path_tokens(item)``
     The encoder paths of the model's graph config, in order (``("default",)``
-    unless the model runs several), and the graph rows the item puts on each: what
+    unless the model runs several, as Step3-VL's ``("global", "local")``),
+    and the graph rows the item puts on each: what
     ``EncoderItemSpec.get_path_output_tokens(path)`` must say for every path
     (for one path, the budget tokens below). Budgets and packing are per
     path; ``output_tokens`` stays the item's total in the final layout.
@@ -118,6 +120,13 @@ from reference_towers.internvl import (
 )
 from reference_towers.minimax_vl import MiniMaxM3VisionConfig, MiniMaxM3VisionHost
 from reference_towers.qwen2_vl import Qwen2VisionConfig, Qwen2VLVisionHost
+from reference_towers.step3_vl import (
+    CLIP_MEAN,
+    CLIP_STD,
+    CROP_SIZE,
+    Step3VLConfig,
+    Step3VLVisionHost,
+)
 
 __all__ = [
     "REFERENCE_TOWERS",
@@ -128,6 +137,7 @@ __all__ = [
     "Qwen2VLReference",
     "ReferenceTower",
     "Size",
+    "Step3VLReference",
 ]
 
 Size = Literal["tiny", "full"]
@@ -1000,6 +1010,84 @@ class InternVLReference(_ViewCountReference[InternVLVisionHost]):
         }
 
 
+class Step3VLReference(_ViewCountReference[Step3VLVisionHost]):
+    """Step3-VL: items are crop counts ``(num_patches,)``; two paths.
+
+    Every image has one global view (path ``"global"``, ``img_output_tokens``
+    rows) and ``num_patches`` 504² crops (path ``"local"``,
+    ``patch_output_tokens`` rows each). Legal: 0 crops, or 2 up to
+    ``max_patches_per_image`` (the processor never emits exactly one).
+    Output tokens ``img + num_patches · patch`` (the merged item); input size
+    vLLM's ``g² + num_patches · l²`` (patches of the global view and of the
+    crops).
+    """
+
+    name = "step3_vl"
+    paths = ("global", "local")
+    host_cls = Step3VLVisionHost
+
+    def config(self, size: Size) -> Step3VLConfig:
+        return Step3VLConfig.for_size(size)
+
+    @property
+    def fixed_tokens(self) -> int:
+        return self._config_constant("img_output_tokens")
+
+    @property
+    def view_tokens(self) -> int:
+        return self._config_constant("patch_output_tokens")
+
+    def view_counts(self, size: Size, *, modality: str = "image") -> tuple[int, ...]:
+        self.check_modality(modality)
+        return (0, *range(2, self.config(size).max_patches_per_image + 1))
+
+    def input_size(self, item: Item) -> int:
+        (crops,) = item
+        return self._config_constant(
+            "global_view_patches"
+        ) + crops * self._config_constant("crop_patches")
+
+    def path_tokens(self, item: Item) -> dict[str, int]:
+        (crops,) = item
+        return {"global": self.fixed_tokens, "local": crops * self.view_tokens}
+
+    def make_mm_kwargs(
+        self,
+        host: Step3VLVisionHost,
+        items: Sequence[Item],
+        device: torch.device | str,
+        *,
+        seed: int = 0,
+        modality: str = "image",
+    ) -> dict[str, Any]:
+        """``pixel_values`` ``(items, 3, S, S)``, ``patch_pixel_values``
+        ``(Σ num_patches, 3, 504, 504)`` (``(0, 3, 504, 504)`` without crops):
+        random CLIP-normalised pixels in the tower dtype on ``device`` (vLLM
+        casts the processor's floats to the model dtype); ``num_patches``
+        ``(items,)`` int64 on the CPU. Each image's global view is drawn
+        before its crops."""
+        self.check_modality(modality)
+        counts = _counts(items)
+        side = host.config.vision_config.image_size
+        generator = torch.Generator().manual_seed(seed)
+        views, crops = [], []
+        for n in counts:
+            views.append(_normalised_views(generator, 1, side, (CLIP_MEAN, CLIP_STD)))
+            crops.append(
+                _normalised_views(generator, n, CROP_SIZE, (CLIP_MEAN, CLIP_STD))
+            )
+        empty_views = torch.zeros((0, 3, side, side))
+        return {
+            "pixel_values": torch.cat(views or [empty_views]).to(
+                device=device, dtype=host.dtype
+            ),
+            "patch_pixel_values": torch.cat(
+                crops or [torch.zeros((0, 3, CROP_SIZE, CROP_SIZE))]
+            ).to(device=device, dtype=host.dtype),
+            "num_patches": torch.tensor(counts, dtype=torch.int64),
+        }
+
+
 REFERENCE_TOWERS: dict[str, ReferenceTower[Any]] = {
     tower.name: tower
     for tower in (
@@ -1007,6 +1095,7 @@ REFERENCE_TOWERS: dict[str, ReferenceTower[Any]] = {
         InternVLReference(),
         MiniMaxM3Reference(),
         Qwen2VLReference(),
+        Step3VLReference(),
     )
 }
 

@@ -10,6 +10,7 @@ from reference_towers.internvl import InternVLVisionHost
 from reference_towers.minimax_vl import MiniMaxM3VisionHost
 from reference_towers.qwen2_vl import Qwen2VLVisionHost
 from reference_towers.registry import REFERENCE_TOWERS
+from reference_towers.step3_vl import Step3VLVisionHost
 
 
 class PlainMixin:
@@ -40,6 +41,13 @@ def qwen2_vl_host() -> Qwen2VLVisionHost:
 @pytest.fixture(scope="session")
 def internvl_host() -> InternVLVisionHost:
     return REFERENCE_TOWERS["internvl"].build_host(
+        PlainMixin, "tiny", device="cpu", dtype=torch.float32, seed=0
+    )
+
+
+@pytest.fixture(scope="session")
+def step3_vl_host() -> Step3VLVisionHost:
+    return REFERENCE_TOWERS["step3_vl"].build_host(
         PlainMixin, "tiny", device="cpu", dtype=torch.float32, seed=0
     )
 

@@ -55,6 +55,7 @@ TINY_ITEMS = {
     "internvl": TinyItems(256, _views(0, 256, (1, 3, 4, 5)), layout_items=2),
     "minimax_m3": TinyItems(1, _every_count),
     "qwen2_vl": TinyItems(1, _every_count),
+    "step3_vl": TinyItems(169, _views(169, 81, (0, 2, 3, 4, 5, 6)), layout_items=2),
 }
 
 
@@ -82,7 +83,7 @@ class ProtocolMixin(_ProtocolBase):
 
 
 def test_registry_keys_are_spec_names():
-    assert TOWERS == ["deepseek_v41", "internvl", "minimax_m3", "qwen2_vl"]
+    assert TOWERS == ["deepseek_v41", "internvl", "minimax_m3", "qwen2_vl", "step3_vl"]
     assert sorted(TINY_ITEMS) == TOWERS
     for name, tower in REFERENCE_TOWERS.items():
         assert isinstance(tower, ReferenceTower)
@@ -90,7 +91,9 @@ def test_registry_keys_are_spec_names():
         assert tower.modality == "image"
         assert tower.modality in tower.modalities
         assert tower.sizes == ("tiny", "full")
-        assert tower.paths == ("default",)
+        assert tower.paths == (
+            ("global", "local") if name == "step3_vl" else ("default",)
+        )
 
 
 @pytest.mark.parametrize("name", TOWERS)
