@@ -39,16 +39,19 @@ normalised and arrive in the model dtype (vLLM's processing context casts
 floating outputs to it).
 
 Full size (:meth:`InternVLConfig.full`): InternVL3-2B, the model vLLM's
-InternVL encoder CUDA graph PR measured. Vision (InternViT-300M-448px-V2_5,
-shared by InternVL3-1B/2B/8B; checkpoint ``vision_config``): hidden 1024, 24
-layers, 16 heads, intermediate 4096, GELU, ``layer_norm`` eps 1e-6, qkv bias,
-no qk normalisation, image 448, patch 14. Chat config: ``downsample_ratio``
-0.5, ``force_image_size`` 448, ``select_layer`` -1, ``ps_version`` "v2",
-dynamic tiles 1..12 plus a thumbnail. Text width 1536 (Qwen2.5-1.5B, the
-InternVL3-2B language model). ``mlp1``'s LayerNorm has PyTorch's default eps
-1e-5 (vLLM builds it without one). Frames per video: 16, a guess (vLLM
-derives the frame count from the model length; nothing in the checkpoint
-fixes it).
+InternVL encoder CUDA graph PR measured. Its vision tower is
+InternViT-300M-448px-V2_5, the one InternVL3-1B/2B/8B share; the figures are
+those of the published InternVL3-1B ``config.json`` (read here from a public
+dump of it): vision hidden 1024, 24 layers, 16 heads, intermediate 4096,
+GELU, ``layer_norm`` eps 1e-6, qkv bias, no qk normalisation, image 448,
+patch 14; chat config ``downsample_ratio`` 0.5, ``force_image_size`` 448,
+``select_layer`` -1, ``ps_version`` "v2", ``min_dynamic_patch`` 1,
+``max_dynamic_patch`` 12, ``dynamic_image_size`` and ``use_thumbnail`` on.
+Text width 1536: the hidden size of Qwen2.5-1.5B, InternVL3-2B's language
+model (not read from the 2B checkpoint here). ``mlp1``'s LayerNorm has
+PyTorch's default eps 1e-5 (vLLM builds it without one; the dump shows
+1e-05). Frames per video: 16, a guess (vLLM derives the frame count from
+the model length; nothing in the checkpoint fixes it).
 
 Deliberate differences from vLLM, none visible to a mixin:
 
