@@ -11,10 +11,7 @@ from reference_towers.minimax_vl import MiniMaxM3VisionHost
 from reference_towers.qwen2_vl import Qwen2VLVisionHost
 from reference_towers.registry import REFERENCE_TOWERS
 from reference_towers.step3_vl import Step3VLVisionHost
-
-
-class PlainMixin:
-    """Stands in for a generated mixin: adds nothing."""
+from tower_testlib import PlainMixin
 
 
 @pytest.fixture(scope="session")
