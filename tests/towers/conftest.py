@@ -6,6 +6,7 @@ import zipfile
 
 import pytest
 import torch
+from tower_testlib import PlainMixin
 from towers_vllm_source import VllmSource, wheel_path
 
 from reference_towers.deepseek_v4 import DeepseekV41VisionHost
@@ -16,7 +17,6 @@ from reference_towers.qwen2_5_vl import Qwen2_5_VLVisionHost
 from reference_towers.qwen2_vl import Qwen2VLVisionHost
 from reference_towers.registry import REFERENCE_TOWERS
 from reference_towers.step3_vl import Step3VLVisionHost
-from tower_testlib import PlainMixin
 
 
 @pytest.fixture(scope="session")

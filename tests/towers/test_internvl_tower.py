@@ -11,6 +11,8 @@ import random
 import pytest
 import torch
 import torch.nn.functional as F
+from tower_testlib import PlainMixin, host_for_config, manager_for
+from towers_vllm_source import runtime_namespace, vllm_mixin
 
 from encoder_cudagraph_runtime.attention_backends import AttentionBackendEnum
 from encoder_cudagraph_runtime.config import MultiModalConfig
@@ -25,15 +27,6 @@ from reference_towers.internvl import (
     pixel_shuffle,
 )
 from reference_towers.registry import REFERENCE_TOWERS
-from tower_testlib import (
-    PlainMixin,
-    class_methods,
-    host_for_config,
-    manager_for,
-    module_functions,
-    open_vllm_wheel,
-    vllm_mixin,
-)
 
 TOWER = REFERENCE_TOWERS["internvl"]
 MODEL_FILE = "vllm/model_executor/models/internvl.py"
@@ -88,12 +81,6 @@ VARIANTS = {
 @pytest.fixture(scope="module")
 def host() -> InternVLVisionHost:
     return TOWER.build_host(PlainMixin, "tiny", device="cpu", dtype=torch.float32)
-
-
-@pytest.fixture(scope="module")
-def wheel():
-    with open_vllm_wheel() as zf:
-        yield zf
 
 
 def _close(actual: torch.Tensor, expected: torch.Tensor, atol: float = 1e-5) -> None:
@@ -254,11 +241,10 @@ def test_mixin_attribute_paths():
     ],
     ids=["full", "tiny", "no_thumbnail", "not_dynamic", "min4_max6"],
 )
-def test_tile_counts_are_what_vllms_processor_emits(wheel, config):
+def test_tile_counts_are_what_vllms_processor_emits(vllm_source, config):
     """Every grid vLLM's processor can choose, through its own functions:
     an image of exactly a target ratio's shape gets that ratio's grid."""
-    fns = module_functions(
-        wheel,
+    fns = vllm_source.load(
         PROCESSOR_FILE,
         (
             "find_closest_aspect_ratio",
@@ -308,9 +294,9 @@ def test_pixel_shuffle_merges_2x2_neighbours(ps_version):
 
 
 @pytest.mark.parametrize("ps_version", ["v1", "v2"])
-def test_pixel_shuffle_is_vllms(wheel, ps_version):
-    vllm_shuffle = class_methods(
-        wheel, MODEL_FILE, "InternVLChatModel", ["pixel_shuffle"]
+def test_pixel_shuffle_is_vllms(vllm_source, ps_version):
+    vllm_shuffle = vllm_source.load(
+        MODEL_FILE, ["pixel_shuffle"], runtime_namespace(), cls="InternVLChatModel"
     )["pixel_shuffle"]
 
     class Owner:
@@ -427,8 +413,8 @@ def test_position_table_is_resized_only_for_another_grid(host):
 
 
 @pytest.fixture(scope="module")
-def vllm_internvl_mixin(wheel) -> type:
-    return vllm_mixin(wheel, MODEL_FILE, "InternVLChatModel", VLLM_MIXIN_METHODS)
+def vllm_internvl_mixin(vllm_source) -> type:
+    return vllm_mixin(vllm_source, MODEL_FILE, "InternVLChatModel", VLLM_MIXIN_METHODS)
 
 
 def test_vllm_mixin_reads_the_hosts_facts(vllm_internvl_mixin):

@@ -12,6 +12,8 @@ import random
 import pytest
 import torch
 import torch.nn.functional as F
+from tower_testlib import PlainMixin, host_for_config, manager_for
+from towers_vllm_source import runtime_namespace, vllm_mixin
 
 from encoder_cudagraph_runtime.attention_backends import AttentionBackendEnum
 from encoder_cudagraph_runtime.config import MultiModalConfig
@@ -24,15 +26,6 @@ from reference_towers.step3_vl import (
     Step3VLVisionHost,
     resized_position_table,
     spatial_tokens,
-)
-from tower_testlib import (
-    PlainMixin,
-    class_methods,
-    host_for_config,
-    manager_for,
-    module_functions,
-    open_vllm_wheel,
-    vllm_mixin,
 )
 
 TOWER = REFERENCE_TOWERS["step3_vl"]
@@ -71,12 +64,6 @@ GLOBAL_ROWS, CROP_ROWS = SMALL.img_output_tokens, SMALL.patch_output_tokens
 @pytest.fixture(scope="module")
 def small_host() -> Step3VLVisionHost:
     return host_for_config(TOWER, SMALL)
-
-
-@pytest.fixture(scope="module")
-def wheel():
-    with open_vllm_wheel() as zf:
-        yield zf
 
 
 def _close(actual: torch.Tensor, expected: torch.Tensor, atol: float = 1e-5) -> None:
@@ -211,12 +198,12 @@ def test_mixin_attribute_paths():
 # -- vLLM's arithmetic and position table -----------------------------------------
 
 
-def test_spatial_tokens_are_vllms(wheel):
-    vllm_tokens = class_methods(
-        wheel,
+def test_spatial_tokens_are_vllms(vllm_source):
+    vllm_tokens = vllm_source.load(
         MODEL_FILE,
-        "Step3VLForConditionalGeneration",
         ["_compute_spatial_tokens"],
+        runtime_namespace(),
+        cls="Step3VLForConditionalGeneration",
     )["_compute_spatial_tokens"]
     for size in (224, 504, 588, 728, 1008):
         for patch in (14, 28):
@@ -237,9 +224,9 @@ def test_spatial_tokens_are_what_the_convs_give(stride):
 
 
 @pytest.mark.parametrize(("src", "tgt"), [(52, 36), (16, 36), (36, 36)])
-def test_position_table_is_vllms_get_abs_pos(wheel, src, tgt):
-    get_abs_pos = module_functions(
-        wheel, MODEL_FILE, ["get_abs_pos"], {"math": math, "torch": torch, "F": F}
+def test_position_table_is_vllms_get_abs_pos(vllm_source, src, tgt):
+    get_abs_pos = vllm_source.load(
+        MODEL_FILE, ["get_abs_pos"], {"math": math, "torch": torch, "F": F}
     )["get_abs_pos"]
     table = torch.randn(1, src * src + 1, 8)
     ours, theirs = resized_position_table(table, tgt * tgt), get_abs_pos(
@@ -371,9 +358,9 @@ def test_batched_views_equal_per_view_and_ignore_padding_views(small_host):
 
 
 @pytest.fixture(scope="module")
-def vllm_step3_mixin(wheel) -> type:
+def vllm_step3_mixin(vllm_source) -> type:
     return vllm_mixin(
-        wheel, MODEL_FILE, "Step3VLForConditionalGeneration", VLLM_MIXIN_METHODS
+        vllm_source, MODEL_FILE, "Step3VLForConditionalGeneration", VLLM_MIXIN_METHODS
     )
 
 
