@@ -1,10 +1,12 @@
 """Building blocks shared by the reference towers.
 
-* :class:`VarlenAttention`: the attention core both towers call. It owns the
-  ``attn_backend`` attribute that generated mixins read in their guards
-  (vLLM keeps it on ``MMEncoderAttention``), and forwards to
+* :class:`VarlenAttention`: the attention core of the packed (varlen)
+  towers. It owns the ``attn_backend`` attribute that generated mixins read
+  in their guards (vLLM keeps it on ``MMEncoderAttention``), and forwards to
   :func:`encoder_cudagraph_runtime.varlen_attention.varlen_attention`, so the
   packed path is capturable exactly when vLLM's is.
+* :class:`DenseAttention`: the same for towers that batch fixed-size tiles
+  or crops (InternVL, Step3-VL): one full attention per batch row.
 * :func:`activation`: the few activations the vision configs name.
 * :func:`grid_rows`: item grids (lists or host tensors) as checked ints.
 * :class:`ReleasedSizes`: ``for_size`` over a config's ``tiny`` / ``full``.
@@ -28,6 +30,7 @@ from encoder_cudagraph_runtime.varlen_attention import (
 )
 
 __all__ = [
+    "DenseAttention",
     "ReleasedSizes",
     "VarlenAttention",
     "VarlenAttentionMetadata",
@@ -128,6 +131,53 @@ class VarlenAttention(nn.Module):
         )
 
 
+class DenseAttention(nn.Module):
+    """Bidirectional attention over every row of each batch entry.
+
+    ``q``, ``k``, ``v`` are ``(batch, rows, heads · head_dim)``, as vLLM's
+    ``MMEncoderAttention`` takes them from a tile tower; the output has the
+    same shape. Each batch entry (one tile or crop) attends only to itself,
+    so a batch padded with extra entries leaves the real ones unchanged.
+    Every vLLM backend computes this same softmax attention; here it is
+    PyTorch's ``scaled_dot_product_attention`` whatever ``attn_backend``
+    says (kept so that guards reading it find it): fixed shapes, no host
+    reads, so the forward captures in a CUDA graph.
+    """
+
+    def __init__(
+        self, num_heads: int, head_size: int, attn_backend: AttentionBackendEnum
+    ) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_size = head_size
+        self.scale = head_size**-0.5
+        self.attn_backend = attn_backend
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
+        batch, rows, width = q.shape
+        if width != self.num_heads * self.head_size:
+            raise ValueError(
+                f"q has width {width}, expected {self.num_heads} heads of "
+                f"{self.head_size}"
+            )
+
+        def heads(x: torch.Tensor) -> torch.Tensor:
+            return x.reshape(batch, -1, self.num_heads, self.head_size).transpose(1, 2)
+
+        out = F.scaled_dot_product_attention(
+            heads(q), heads(k), heads(v), scale=self.scale
+        )
+        return out.transpose(1, 2).reshape(batch, rows, width)
+
+    def extra_repr(self) -> str:
+        return (
+            f"num_heads={self.num_heads}, head_size={self.head_size}, "
+            f"attn_backend={self.attn_backend.name}"
+        )
+
+
 def _quick_gelu(x: torch.Tensor) -> torch.Tensor:
     return x * torch.sigmoid(1.702 * x)
 
@@ -162,6 +212,8 @@ def init_reference_weights_(
     *,
     residual_branch_outputs: Iterable[str],
     num_residual_branches: int,
+    gains: Iterable[str] = (),
+    embeddings: Iterable[str] = (),
 ) -> None:
     """Fill ``module``'s weights with seeded random values, in place.
 
@@ -177,7 +229,11 @@ def init_reference_weights_(
       ``1 / sqrt(num_residual_branches)`` so that the residual stream stays
       O(1) after all blocks.
     * Biases: ``N(0, 0.02²)``, small but non-zero so that a dropped bias shows.
-    * Norm weights ``1 + N(0, 0.05²)``, norm biases ``N(0, 0.02²)``.
+    * Norm weights ``1 + N(0, 0.05²)``, norm biases ``N(0, 0.02²)``; so are
+      the bare parameters named by ``gains`` (name suffixes: layer scales).
+    * Learned tables, ``N(0, 1)`` like the patch embeddings they are added
+      to: ``nn.Embedding`` weights and the bare parameters named by
+      ``embeddings`` (class tokens, position tables).
     * Other ``weight`` tables of two or more dims (learned position grids):
       ``N(0, 0.5²)``, comparable to the patch embeddings they are added to.
 
@@ -187,6 +243,7 @@ def init_reference_weights_(
     parameters), so the same seed always gives the same weights.
     """
     suffixes = tuple(residual_branch_outputs)
+    gain_names, table_names = tuple(gains), tuple(embeddings)
     branch_scale = 1.0 / math.sqrt(max(num_residual_branches, 1))
     with torch.no_grad():
         for name, param in module.named_parameters():
@@ -200,10 +257,12 @@ def init_reference_weights_(
                 if owner_name.endswith(suffixes):
                     std *= branch_scale
                 param.normal_(0.0, std, generator=generator)
-            elif kind == "weight" and param.dim() == 1:
-                # RMSNorm / LayerNorm gains.
+            elif (kind == "weight" and param.dim() == 1) or name.endswith(gain_names):
+                # RMSNorm / LayerNorm gains, layer scales.
                 param.normal_(1.0, 0.05, generator=generator)
-            elif kind == "weight":
+            elif isinstance(owner, nn.Embedding) or name.endswith(table_names):
+                param.normal_(0.0, 1.0, generator=generator)
+            elif kind == "weight" and param.dim() >= 2:
                 param.normal_(0.0, 0.5, generator=generator)
             elif kind == "bias":
                 param.normal_(0.0, 0.02, generator=generator)

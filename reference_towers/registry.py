@@ -22,15 +22,14 @@ Interface of a :class:`ReferenceTower`:
 
 ``name``, ``modality``, ``modalities``, ``host_cls``, ``sizes``
     Spec name, default item modality (``"image"``), every modality the tower
-    takes (``("image",)``, or ``("image", "video")`` for Qwen2-VL and
-    Qwen2.5-VL), host
-    class, the available sizes (``"tiny"``: CPU tests in fp32; ``"full"``:
-    the released dimensions, for the GPU in bf16).
+    takes (``("image",)``, or ``("image", "video")`` for InternVL, Qwen2-VL
+    and Qwen2.5-VL), host class, the available sizes (``"tiny"``: CPU tests
+    in fp32; ``"full"``: the released dimensions, for the GPU in bf16).
 ``config(size)``
     The tower configuration of a size.
 ``host_class(mixin_cls)``
-    ``type(name, (mixin_cls, host_cls), {})``: the mixin first, so that its
-    methods win; cached per mixin class.
+    ``type(name, (host_cls, mixin_cls), {})``: the host first, as a real
+    model's own body comes before its mixins; cached per mixin class.
 ``build_host(mixin_cls, size, *, device, dtype, attn_backend=FLASH_ATTN,
 multimodal_config=None, seed=0)``
     An instance of ``host_class(mixin_cls)`` with seeded weights (drawn on the
@@ -38,9 +37,11 @@ multimodal_config=None, seed=0)``
     cast to ``dtype`` as the real host does, moved to ``device``, in eval
     mode and without gradients.
 ``Item``
-    A grid tuple: ``(n_vit_h, n_vit_w)`` for DeepSeek-V4.1, ``(h, w)``
-    patches for Kimi-VL, ``(t, h, w)`` for MiniMax M3, Qwen2-VL and
-    Qwen2.5-VL.
+    A tuple of ints: a grid ``(n_vit_h, n_vit_w)`` for DeepSeek-V4.1,
+    ``(h, w)`` patches for Kimi-VL, ``(t, h, w)`` for MiniMax M3, Qwen2-VL
+    and Qwen2.5-VL; a count for the models that batch fixed-size views:
+    ``(tiles,)`` for InternVL (frames for videos), ``(num_patches,)`` (local
+    crops besides the global view) for Step3-VL.
 ``input_size(item)``, ``output_tokens(item)``
     What the mixin's ``EncoderItemSpec`` must say for the item.
 ``is_legal(item, size, *, modality="image")``, ``max_output_tokens(size, *,
@@ -57,6 +58,20 @@ modality="image")``
 ``sample_item(rng, size, *, max_output_tokens=None, modality="image")``
     A random legal item of at most ``max_output_tokens`` output tokens (the
     size's cap when ``None``), uniform over output-token counts first.
+``paths``, ``path_tokens(item)``
+    The encoder paths of the model's graph config, in order (``("default",)``
+    unless the model runs several, as Step3-VL's ``("global", "local")``),
+    and the graph rows the item puts on each: what
+    ``EncoderItemSpec.get_path_output_tokens(path)`` must say for every path
+    (for one path, the budget tokens below). Budgets and packing are per
+    path; ``output_tokens`` stays the item's total in the final layout.
+``budget_tokens(item)``, ``max_budget_tokens(size, *, modality="image")``,
+``budget_item(rng, size, *, budget_tokens=None, max_budget_tokens=None,
+modality="image")``
+    The unit the spec's budgets count (output tokens unless the spec says
+    otherwise: DeepSeek-V4.1 counts ViT patches), its per-item cap, and a
+    random legal item by it. Multi-path towers count output tokens here;
+    per-path figures come from ``path_tokens``.
 ``make_mm_kwargs(host, items, device, *, seed=0, modality="image")``
     The ``mm_kwargs`` vLLM would feed the model for these items (random
     pixels from ``seed``, laid out and typed as the model's processor does).
@@ -98,14 +113,29 @@ from reference_towers.deepseek_v4 import (
     image_span_length,
     llm_grid,
 )
+from reference_towers.internvl import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    InternVLConfig,
+    InternVLVisionHost,
+    image_tile_counts,
+)
 from reference_towers.kimi_vl import KimiVLConfig, KimiVLVisionHost
 from reference_towers.minimax_vl import MiniMaxM3VisionConfig, MiniMaxM3VisionHost
 from reference_towers.qwen2_5_vl import Qwen2_5_VLVisionConfig, Qwen2_5_VLVisionHost
 from reference_towers.qwen2_vl import Qwen2VisionConfig, Qwen2VLVisionHost
+from reference_towers.step3_vl import (
+    CLIP_MEAN,
+    CLIP_STD,
+    CROP_SIZE,
+    Step3VLConfig,
+    Step3VLVisionHost,
+)
 
 __all__ = [
     "REFERENCE_TOWERS",
     "DeepseekV41Reference",
+    "InternVLReference",
     "Item",
     "KimiVLReference",
     "MiniMaxM3Reference",
@@ -113,6 +143,7 @@ __all__ = [
     "Qwen2_5_VLReference",
     "ReferenceTower",
     "Size",
+    "Step3VLReference",
 ]
 
 Size = Literal["tiny", "full"]
@@ -136,6 +167,8 @@ class ReferenceTower(abc.ABC, Generic[HostT]):
     """Every modality the tower takes."""
     host_cls: ClassVar[type[nn.Module]]
     sizes: ClassVar[tuple[Size, ...]] = ("tiny", "full")
+    paths: ClassVar[tuple[str, ...]] = ("default",)
+    """The encoder paths of the model's graph config, in order."""
 
     def __init__(self) -> None:
         self._host_classes: dict[type, type[HostT]] = {}
@@ -244,6 +277,11 @@ class ReferenceTower(abc.ABC, Generic[HostT]):
     def budget_tokens(self, item: Item) -> int:
         """The budget tokens of ``item``."""
         return self.output_tokens(item)
+
+    def path_tokens(self, item: Item) -> dict[str, int]:
+        """Graph rows of ``item`` per path (what the mixin's
+        ``EncoderItemSpec.get_path_output_tokens`` reports)."""
+        return {"default": self.budget_tokens(item)}
 
     def max_budget_tokens(self, size: Size, *, modality: str = "image") -> int:
         """The largest budget-token count of a legal item."""
@@ -359,6 +397,12 @@ class ReferenceTower(abc.ABC, Generic[HostT]):
                 f"no legal {self.name} {modality} item has at most {top} {unit} "
                 f"tokens (the smallest has {low})"
             )
+        listed = self._listed_token_counts(size, modality=modality)
+        if listed is not None:
+            # Few counts are reachable (multiples of a view's tokens): pick
+            # one of them rather than retrying random counts.
+            choices = [tokens for tokens in listed if low <= tokens <= top]
+            return items_with(rng, size, rng.choice(choices), modality=modality)
         # Not every count is reachable (DeepSeek spans skip some, Qwen2-VL's
         # aspect-ratio bound others); retry.
         for _ in range(1000):
@@ -366,6 +410,14 @@ class ReferenceTower(abc.ABC, Generic[HostT]):
             if item is not None:
                 return item
         raise RuntimeError(f"could not draw a {self.name} item under {top} tokens")
+
+    def _listed_token_counts(
+        self, size: Size, *, modality: str = "image"
+    ) -> list[int] | None:
+        """Every token count a legal item has, in both units (towers whose
+        budget tokens are their output tokens), when there are few; ``None``
+        (the default) when most counts are reachable."""
+        return None
 
     # -- inputs and ground truth -------------------------------------------
 
@@ -996,14 +1048,237 @@ class KimiVLReference(ReferenceTower[KimiVLVisionHost]):
         }
 
 
+def _normalised_views(
+    generator: torch.Generator,
+    count: int,
+    size: int,
+    stats: tuple[tuple[float, ...], tuple[float, ...]],
+) -> torch.Tensor:
+    """``(count, 3, size, size)`` uniform random pixels normalised with the
+    processor's per-channel ``(mean, std)``."""
+    mean = torch.tensor(stats[0])[:, None, None]
+    std = torch.tensor(stats[1])[:, None, None]
+    return (torch.rand((count, 3, size, size), generator=generator) - mean) / std
+
+
+def _counts(items: Sequence[Item]) -> list[int]:
+    """The one count of each ``(n,)`` item."""
+    counts = []
+    for item in items:
+        if len(item) != 1 or not isinstance(item[0], int) or item[0] < 0:
+            raise ValueError(f"{item} is not a (count,) item")
+        counts.append(item[0])
+    return counts
+
+
+class _ViewCountReference(ReferenceTower[HostT]):
+    """Towers that batch fixed-size views (tiles, crops): an item is one
+    count ``(n,)`` of views and has ``fixed_tokens + n · view_tokens``
+    output tokens, for the counts :meth:`view_counts` lists."""
+
+    @abc.abstractmethod
+    def view_counts(self, size: Size, *, modality: str = "image") -> tuple[int, ...]:
+        """Every legal ``n``, ascending."""
+
+    @property
+    def fixed_tokens(self) -> int:
+        """Output tokens an item has besides its views."""
+        return 0
+
+    @property
+    @abc.abstractmethod
+    def view_tokens(self) -> int:
+        """Output tokens of one view."""
+
+    def output_tokens(self, item: Item) -> int:
+        (views,) = item
+        return self.fixed_tokens + views * self.view_tokens
+
+    def max_output_tokens(self, size: Size, *, modality: str = "image") -> int:
+        return self.output_tokens((self.view_counts(size, modality=modality)[-1],))
+
+    def is_legal(self, item: Item, size: Size, *, modality: str = "image") -> bool:
+        counts = self.view_counts(size, modality=modality)
+        return len(item) == 1 and isinstance(item[0], int) and item[0] in counts
+
+    def smallest_item(self, size: Size, *, modality: str = "image") -> Item:
+        return (self.view_counts(size, modality=modality)[0],)
+
+    def _items_with_output_tokens(
+        self,
+        rng: random.Random,
+        size: Size,
+        output_tokens: int,
+        *,
+        modality: str = "image",
+    ) -> Item | None:
+        views, rest = divmod(output_tokens - self.fixed_tokens, self.view_tokens)
+        if rest or views not in self.view_counts(size, modality=modality):
+            return None
+        return (views,)
+
+    def _listed_token_counts(
+        self, size: Size, *, modality: str = "image"
+    ) -> list[int] | None:
+        return [
+            self.output_tokens((n,)) for n in self.view_counts(size, modality=modality)
+        ]
+
+
+class InternVLReference(_ViewCountReference[InternVLVisionHost]):
+    """InternVL: items are tile counts ``(n,)``, images or videos.
+
+    Legal: images take the tile counts the processor's dynamic tiling emits
+    (1, or a grid of 2..``max_dynamic_patch`` tiles plus the thumbnail: 3..13
+    released); videos one tile per frame, 1..``max_frames_per_video``.
+    Output tokens ``n · num_image_token``; input size ``n`` (vLLM's
+    ``EncoderItemSpec``: tiles, not pixels).
+    """
+
+    name = "internvl"
+    modalities = ("image", "video")
+    host_cls = InternVLVisionHost
+
+    def config(self, size: Size) -> InternVLConfig:
+        return InternVLConfig.for_size(size)
+
+    @property
+    def view_tokens(self) -> int:
+        return self._config_constant("num_image_token")
+
+    def view_counts(self, size: Size, *, modality: str = "image") -> tuple[int, ...]:
+        self.check_modality(modality)
+        config = self.config(size)
+        if modality == "image":
+            return image_tile_counts(config)
+        return tuple(range(1, config.max_frames_per_video + 1))
+
+    def input_size(self, item: Item) -> int:
+        (tiles,) = item
+        return tiles
+
+    def make_mm_kwargs(
+        self,
+        host: InternVLVisionHost,
+        items: Sequence[Item],
+        device: torch.device | str,
+        *,
+        seed: int = 0,
+        modality: str = "image",
+    ) -> dict[str, Any]:
+        """Images: ``pixel_values_flat`` ``(Σ n, 3, S, S)`` and
+        ``image_num_patches`` ``(items,)``; videos: ``pixel_values_flat_video``
+        and ``video_num_patches`` alike. Tiles are random ImageNet-normalised
+        pixels in the tower dtype on ``device`` (vLLM casts the processor's
+        floats to the model dtype); counts are int64 on the CPU (vLLM keeps
+        them there)."""
+        self.check_modality(modality)
+        counts = _counts(items)
+        side = host.config.vision_config.image_size
+        dtype = host.vision_model.embeddings.patch_embedding.weight.dtype
+        generator = torch.Generator().manual_seed(seed)
+        tiles = _normalised_views(
+            generator, sum(counts), side, (IMAGENET_MEAN, IMAGENET_STD)
+        )
+        pixel_key, count_key = (
+            ("pixel_values_flat", "image_num_patches")
+            if modality == "image"
+            else ("pixel_values_flat_video", "video_num_patches")
+        )
+        return {
+            pixel_key: tiles.to(device=device, dtype=dtype),
+            count_key: torch.tensor(counts, dtype=torch.int64),
+        }
+
+
+class Step3VLReference(_ViewCountReference[Step3VLVisionHost]):
+    """Step3-VL: items are crop counts ``(num_patches,)``; two paths.
+
+    Every image has one global view (path ``"global"``, ``img_output_tokens``
+    rows) and ``num_patches`` 504² crops (path ``"local"``,
+    ``patch_output_tokens`` rows each). Legal: 0 crops, or 2 up to
+    ``max_patches_per_image`` (the processor never emits exactly one).
+    Output tokens ``img + num_patches · patch`` (the merged item); input size
+    vLLM's ``g² + num_patches · l²`` (patches of the global view and of the
+    crops).
+    """
+
+    name = "step3_vl"
+    paths = ("global", "local")
+    host_cls = Step3VLVisionHost
+
+    def config(self, size: Size) -> Step3VLConfig:
+        return Step3VLConfig.for_size(size)
+
+    @property
+    def fixed_tokens(self) -> int:
+        return self._config_constant("img_output_tokens")
+
+    @property
+    def view_tokens(self) -> int:
+        return self._config_constant("patch_output_tokens")
+
+    def view_counts(self, size: Size, *, modality: str = "image") -> tuple[int, ...]:
+        self.check_modality(modality)
+        return (0, *range(2, self.config(size).max_patches_per_image + 1))
+
+    def input_size(self, item: Item) -> int:
+        (crops,) = item
+        return self._config_constant(
+            "global_view_patches"
+        ) + crops * self._config_constant("crop_patches")
+
+    def path_tokens(self, item: Item) -> dict[str, int]:
+        (crops,) = item
+        return {"global": self.fixed_tokens, "local": crops * self.view_tokens}
+
+    def make_mm_kwargs(
+        self,
+        host: Step3VLVisionHost,
+        items: Sequence[Item],
+        device: torch.device | str,
+        *,
+        seed: int = 0,
+        modality: str = "image",
+    ) -> dict[str, Any]:
+        """``pixel_values`` ``(items, 3, S, S)``, ``patch_pixel_values``
+        ``(Σ num_patches, 3, 504, 504)`` (``(0, 3, 504, 504)`` without crops):
+        random CLIP-normalised pixels in the tower dtype on ``device`` (vLLM
+        casts the processor's floats to the model dtype); ``num_patches``
+        ``(items,)`` int64 on the CPU. Each image's global view is drawn
+        before its crops."""
+        self.check_modality(modality)
+        counts = _counts(items)
+        side = host.config.vision_config.image_size
+        generator = torch.Generator().manual_seed(seed)
+        views, crops = [], []
+        for n in counts:
+            views.append(_normalised_views(generator, 1, side, (CLIP_MEAN, CLIP_STD)))
+            crops.append(
+                _normalised_views(generator, n, CROP_SIZE, (CLIP_MEAN, CLIP_STD))
+            )
+        empty_views = torch.zeros((0, 3, side, side))
+        return {
+            "pixel_values": torch.cat(views or [empty_views]).to(
+                device=device, dtype=host.dtype
+            ),
+            "patch_pixel_values": torch.cat(
+                crops or [torch.zeros((0, 3, CROP_SIZE, CROP_SIZE))]
+            ).to(device=device, dtype=host.dtype),
+            "num_patches": torch.tensor(counts, dtype=torch.int64),
+        }
+
+
 REFERENCE_TOWERS: dict[str, ReferenceTower[Any]] = {
     tower.name: tower
     for tower in (
         DeepseekV41Reference(),
+        InternVLReference(),
         KimiVLReference(),
         MiniMaxM3Reference(),
         Qwen2VLReference(),
         Qwen2_5_VLReference(),
+        Step3VLReference(),
     )
 }
 

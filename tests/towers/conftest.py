@@ -6,18 +6,17 @@ import zipfile
 
 import pytest
 import torch
+from tower_testlib import PlainMixin
 from towers_vllm_source import VllmSource, wheel_path
 
 from reference_towers.deepseek_v4 import DeepseekV41VisionHost
+from reference_towers.internvl import InternVLVisionHost
 from reference_towers.kimi_vl import KimiVLVisionHost
 from reference_towers.minimax_vl import MiniMaxM3VisionHost
 from reference_towers.qwen2_5_vl import Qwen2_5_VLVisionHost
 from reference_towers.qwen2_vl import Qwen2VLVisionHost
 from reference_towers.registry import REFERENCE_TOWERS
-
-
-class PlainMixin:
-    """Stands in for a generated mixin: adds nothing."""
+from reference_towers.step3_vl import Step3VLVisionHost
 
 
 @pytest.fixture(scope="session")
@@ -51,6 +50,20 @@ def qwen2_5_vl_host() -> Qwen2_5_VLVisionHost:
 @pytest.fixture(scope="session")
 def kimi_vl_host() -> KimiVLVisionHost:
     return REFERENCE_TOWERS["kimi_vl"].build_host(
+        PlainMixin, "tiny", device="cpu", dtype=torch.float32, seed=0
+    )
+
+
+@pytest.fixture(scope="session")
+def internvl_host() -> InternVLVisionHost:
+    return REFERENCE_TOWERS["internvl"].build_host(
+        PlainMixin, "tiny", device="cpu", dtype=torch.float32, seed=0
+    )
+
+
+@pytest.fixture(scope="session")
+def step3_vl_host() -> Step3VLVisionHost:
+    return REFERENCE_TOWERS["step3_vl"].build_host(
         PlainMixin, "tiny", device="cpu", dtype=torch.float32, seed=0
     )
 

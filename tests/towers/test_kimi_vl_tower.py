@@ -11,19 +11,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
-from towers_vllm_source import bind, runtime_namespace
+from tower_testlib import manager_for
+from towers_vllm_source import bind, runtime_namespace, vllm_mixin
 
 from encoder_cudagraph_runtime.attention_backends import AttentionBackendEnum
 from encoder_cudagraph_runtime.config import (
-    CompilationConfig,
-    ModelConfig,
     MultiModalConfig,
-    SchedulerConfig,
-    VllmConfig,
 )
-from encoder_cudagraph_runtime.graph_backends import EagerReplayGraphBackend
-from encoder_cudagraph_runtime.interfaces import SupportsEncoderCudaGraph
-from encoder_cudagraph_runtime.manager import EncoderCudaGraphManager
 from reference_towers.kimi_vl import (
     KimiVLConfig,
     KimiVLVisionHost,
@@ -115,18 +109,6 @@ def _vllm_moonvit(source, tower):
         source.load(
             MOONVIT, ["prepare_encoder_metadata"], ns, cls="MoonVitPretrainedModel"
         ),
-    )
-
-
-def _vllm_mixin(source) -> type:
-    """vLLM's hand-written Kimi-VL protocol methods, as a mixin class."""
-    return source.make_class(
-        "VllmKimiVLMixin",
-        KIMI,
-        "KimiVLForConditionalGeneration",
-        MIXIN_METHODS,
-        runtime_namespace(),
-        bases=(SupportsEncoderCudaGraph,),
     )
 
 
@@ -387,29 +369,13 @@ def test_vllms_mixin_runs_on_the_host(vllm_source):
     """vLLM's hand-written mixin, captured and replayed by the runtime
     manager, gives the registry's reference outputs."""
     host = TOWER.build_host(
-        _vllm_mixin(vllm_source),
+        vllm_mixin(vllm_source, KIMI, "KimiVLForConditionalGeneration", MIXIN_METHODS),
         "tiny",
         device="cpu",
         dtype=torch.float32,
         multimodal_config=MultiModalConfig(),
     )
-    config = VllmConfig(
-        scheduler_config=SchedulerConfig(max_num_batched_tokens=512),
-        model_config=ModelConfig(max_model_len=512),
-        compilation_config=CompilationConfig(
-            cudagraph_mm_encoder=True,
-            encoder_cudagraph_token_budgets=[64, 300],
-            encoder_cudagraph_max_vision_items_per_batch=1,
-        ),
-    )
-    manager = EncoderCudaGraphManager(
-        config,
-        torch.device("cpu"),
-        torch.float32,
-        host,
-        graph_backend=EagerReplayGraphBackend(),
-    )
-    manager.capture()
+    manager = manager_for(host, 512, token_budgets=[64, 300], max_items_per_batch=1)
     # The budget-300 dummy (one item of 300 tokens) is wider than the 256
     # blocks a RoPE row holds, so it wraps into two block rows.
     dummy = manager.budget_graphs["default"][300].input_buffers

@@ -10,19 +10,18 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
-from towers_vllm_source import bind, mm_encoder_attention, runtime_namespace
+from tower_testlib import manager_for
+from towers_vllm_source import (
+    bind,
+    mm_encoder_attention,
+    runtime_namespace,
+    vllm_mixin,
+)
 
 from encoder_cudagraph_runtime.attention_backends import AttentionBackendEnum
 from encoder_cudagraph_runtime.config import (
-    CompilationConfig,
-    ModelConfig,
     MultiModalConfig,
-    SchedulerConfig,
-    VllmConfig,
 )
-from encoder_cudagraph_runtime.graph_backends import EagerReplayGraphBackend
-from encoder_cudagraph_runtime.interfaces import SupportsEncoderCudaGraph
-from encoder_cudagraph_runtime.manager import EncoderCudaGraphManager
 from reference_towers.qwen2_5_vl import (
     Qwen2_5_VLVisionConfig,
     Qwen2_5_VLVisionHost,
@@ -153,13 +152,8 @@ def _vllm_mixin(source) -> type:
         ["_pad_cumulative_seqlens_buffer", "_pad_flashinfer_cu_seqlens_buffer"],
         ns,
     )
-    return source.make_class(
-        "VllmQwen2_5_VLMixin",
-        QWEN,
-        "Qwen2_5_VLForConditionalGeneration",
-        MIXIN_METHODS,
-        ns,
-        bases=(SupportsEncoderCudaGraph,),
+    return vllm_mixin(
+        source, QWEN, "Qwen2_5_VLForConditionalGeneration", MIXIN_METHODS, ns
     )
 
 
@@ -546,24 +540,9 @@ def test_vllms_mixin_runs_on_the_host(vllm_source, backend, modality, batches):
         attn_backend=backend,
         multimodal_config=MultiModalConfig(),
     )
-    config = VllmConfig(
-        scheduler_config=SchedulerConfig(max_num_batched_tokens=512),
-        model_config=ModelConfig(max_model_len=512),
-        compilation_config=CompilationConfig(
-            cudagraph_mm_encoder=True,
-            encoder_cudagraph_token_budgets=[64],
-            encoder_cudagraph_max_vision_items_per_batch=3,
-            encoder_cudagraph_max_frames_per_batch=6,
-        ),
+    manager = manager_for(
+        host, 512, token_budgets=[64], max_items_per_batch=3, max_frames_per_batch=6
     )
-    manager = EncoderCudaGraphManager(
-        config,
-        torch.device("cpu"),
-        torch.float32,
-        host,
-        graph_backend=EagerReplayGraphBackend(),
-    )
-    manager.capture()
     for seed, items in enumerate(batches):
         kwargs = TOWER.make_mm_kwargs(host, items, "cpu", seed=seed, modality=modality)
         outputs = manager.execute(kwargs)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 import pytest
@@ -20,7 +22,43 @@ from reference_towers.registry import (
 )
 
 TOWERS = sorted(REFERENCE_TOWERS)
-GENERATED = stems_with_generated_mixin()
+WITH_GENERATED_MIXIN = stems_with_generated_mixin()
+
+
+@dataclass(frozen=True)
+class TinyItems:
+    """What each tower's ``tiny`` items look like."""
+
+    smallest_tokens: int
+    reachable: Callable[[int], bool]
+    """Whether some legal item has exactly this many output tokens (between
+    the smallest and the cap)."""
+    layout_items: int = 4
+    """Items of the final-layout check (the tile and crop towers' fixed
+    448² and 728² views are slow on a CPU)."""
+
+
+def _every_count(tokens: int) -> bool:
+    return True
+
+
+def _views(fixed: int, per_view: int, counts: tuple[int, ...]) -> Callable[[int], bool]:
+    def reachable(tokens: int) -> bool:
+        views, rest = divmod(tokens - fixed, per_view)
+        return rest == 0 and views in counts
+
+    return reachable
+
+
+TINY_ITEMS = {
+    "deepseek_v41": TinyItems(4, _every_count),
+    "internvl": TinyItems(256, _views(0, 256, (1, 3, 4, 5)), layout_items=2),
+    "kimi_vl": TinyItems(1, _every_count),
+    "minimax_m3": TinyItems(1, _every_count),
+    "qwen2_5_vl": TinyItems(1, _every_count),
+    "qwen2_vl": TinyItems(1, _every_count),
+    "step3_vl": TinyItems(169, _views(169, 81, (0, 2, 3, 4, 5, 6)), layout_items=2),
+}
 
 
 class RecordingMixin:
@@ -47,13 +85,25 @@ class ProtocolMixin(_ProtocolBase):
 
 
 def test_registry_keys_are_spec_names():
-    assert TOWERS == ["deepseek_v41", "kimi_vl", "minimax_m3", "qwen2_5_vl", "qwen2_vl"]
+    assert TOWERS == [
+        "deepseek_v41",
+        "internvl",
+        "kimi_vl",
+        "minimax_m3",
+        "qwen2_5_vl",
+        "qwen2_vl",
+        "step3_vl",
+    ]
+    assert sorted(TINY_ITEMS) == TOWERS
     for name, tower in REFERENCE_TOWERS.items():
         assert isinstance(tower, ReferenceTower)
         assert tower.name == name
         assert tower.modality == "image"
         assert tower.modality in tower.modalities
         assert tower.sizes == ("tiny", "full")
+        assert tower.paths == (
+            ("global", "local") if name == "step3_vl" else ("default",)
+        )
 
 
 @pytest.mark.parametrize("name", TOWERS)
@@ -164,23 +214,15 @@ def test_smallest_item_and_random_items_are_legal(name):
     tower = REFERENCE_TOWERS[name]
     smallest = tower.smallest_item("tiny")
     assert tower.is_legal(smallest, "tiny")
-    assert (
-        tower.output_tokens(smallest)
-        == {
-            "deepseek_v41": 4,
-            "kimi_vl": 1,
-            "minimax_m3": 1,
-            "qwen2_5_vl": 1,
-            "qwen2_vl": 1,
-        }[name]
-    )
+    assert tower.output_tokens(smallest) == TINY_ITEMS[name].smallest_tokens
+    cap = max(40, tower.output_tokens(tower.smallest_item("full")))
     rng = random.Random(0)
     for _ in range(200):
         item = tower.sample_item(rng, "tiny")
         assert tower.is_legal(item, "tiny")
         assert tower.output_tokens(item) <= tower.max_output_tokens("tiny")
-        capped = tower.sample_item(rng, "full", max_output_tokens=40)
-        assert tower.is_legal(capped, "full") and tower.output_tokens(capped) <= 40
+        capped = tower.sample_item(rng, "full", max_output_tokens=cap)
+        assert tower.is_legal(capped, "full") and tower.output_tokens(capped) <= cap
 
 
 @pytest.mark.parametrize("name", TOWERS)
@@ -189,7 +231,13 @@ def test_exact_output_token_counts(name):
     rng = random.Random(1)
     low = tower.output_tokens(tower.smallest_item("tiny"))
     cap = tower.max_output_tokens("tiny")
+    reachable = TINY_ITEMS[name].reachable
+    assert reachable(low) and reachable(cap)
     for tokens in range(low, cap + 1):
+        if not reachable(tokens):
+            with pytest.raises(ValueError, match="no legal"):
+                tower.legal_grid(rng, "tiny", output_tokens=tokens)
+            continue
         item = tower.legal_grid(rng, "tiny", output_tokens=tokens)
         assert tower.output_tokens(item) == tokens
         assert tower.is_legal(item, "tiny")
@@ -201,14 +249,15 @@ def test_exact_output_token_counts(name):
 
 
 def test_generated_towers_are_the_seed_specs():
-    assert {"deepseek_v41", "minimax_m3", "qwen2_vl"} <= set(GENERATED)
+    assert {"deepseek_v41", "minimax_m3", "qwen2_vl"} <= set(WITH_GENERATED_MIXIN)
 
 
-@pytest.mark.parametrize("name", GENERATED)
+@pytest.mark.parametrize("name", WITH_GENERATED_MIXIN)
 def test_budget_tokens_are_the_generated_mixins(name):
-    """The registry's budget unit is what the generated mixin's item specs
-    report as path_output_tokens (DeepSeek-V4.1: patches; others: output
-    tokens), and budget_item finds items by it."""
+    """The registry's per-path tokens are what the generated mixin's item
+    specs report as path_output_tokens (one path: the budget unit,
+    DeepSeek-V4.1 patches, others output tokens), and budget_item finds
+    items by the budget unit."""
     tower = REFERENCE_TOWERS[name]
     host = tower.build_host(
         generated_mixin(name), "tiny", device="cpu", dtype=torch.float32
@@ -218,9 +267,9 @@ def test_budget_tokens_are_the_generated_mixins(name):
     specs = host.get_encoder_cudagraph_item_specs(
         tower.make_mm_kwargs(host, items, "cpu")
     )
-    assert [s.get_path_output_tokens("default") for s in specs] == [
-        tower.budget_tokens(i) for i in items
-    ]
+    assert [
+        {path: s.get_path_output_tokens(path) for path in tower.paths} for s in specs
+    ] == [tower.path_tokens(i) for i in items]
     cap = tower.max_budget_tokens("tiny")
     assert max(tower.budget_tokens(i) for i in items) <= cap
     for tokens in (1, 2, 7, 36, cap):
@@ -231,8 +280,9 @@ def test_budget_tokens_are_the_generated_mixins(name):
         assert tower.budget_tokens(item) == tokens and tower.is_legal(item, "tiny")
     with pytest.raises(ValueError, match="no legal"):
         tower.budget_item(rng, "tiny", budget_tokens=cap + 1)
-    small = tower.budget_item(rng, "tiny", max_budget_tokens=40)
-    assert tower.budget_tokens(small) <= 40
+    low = max(40, tower.budget_tokens(tower.smallest_item("tiny")))
+    small = tower.budget_item(rng, "tiny", max_budget_tokens=low)
+    assert tower.budget_tokens(small) <= low
 
 
 def test_deepseek_budget_cap_is_the_largest_legal_grid():
@@ -329,10 +379,14 @@ def test_minimax_mm_kwargs_layout(minimax_host):
 @pytest.mark.parametrize("name", TOWERS)
 def test_reference_outputs_have_the_final_layout(name, request):
     tower = REFERENCE_TOWERS[name]
-    fixture = {"deepseek_v41": "deepseek", "minimax_m3": "minimax"}.get(name, name)
-    host = request.getfixturevalue(f"{fixture}_host")
+    fixture = {"deepseek_v41": "deepseek_host", "minimax_m3": "minimax_host"}.get(
+        name, f"{name}_host"
+    )
+    host = request.getfixturevalue(fixture)
     rng = random.Random(2)
-    items = [tower.sample_item(rng, "tiny") for _ in range(4)]
+    items = [
+        tower.sample_item(rng, "tiny") for _ in range(TINY_ITEMS[name].layout_items)
+    ]
     outputs = tower.reference_outputs(host, tower.make_mm_kwargs(host, items, "cpu"))
     assert [o.shape for o in outputs] == [(tower.output_tokens(i), 96) for i in items]
     assert all(o.dtype == torch.float32 and torch.isfinite(o).all() for o in outputs)

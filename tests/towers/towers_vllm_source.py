@@ -4,10 +4,23 @@ The wheel is opened with ``zipfile`` (never installed or imported): a test
 asks for named top-level functions and constants of a module, or for named
 methods of one of its classes, and gets them compiled into a namespace the
 test supplies (``torch``, the runtime's stand-ins for what vLLM imports).
-Imports from ``vllm`` inside the extracted functions are dropped, so those
-names must be in the namespace too. Decorators other than ``classmethod``,
-``staticmethod`` and ``cached_property`` are dropped (``register_op``,
-``CustomOp.register``).
+
+Imports inside the extracted functions:
+
+* from ``vllm.v1.worker.encoder_cudagraph_defs``: resolve to the project's
+  mirror, ``encoder_cudagraph_runtime.defs`` (the same classes field for
+  field);
+* from any other part of vLLM: dropped when the namespace supplies every
+  name they bind, refused (``LookupError``) otherwise, so that a function
+  needing more of vLLM fails to load rather than run without it.
+
+Decorators other than ``classmethod``, ``staticmethod`` and
+``cached_property`` are dropped (``register_op``, ``CustomOp.register``);
+annotations stay unevaluated, as some name vLLM-only types.
+
+:func:`vllm_mixin` gives vLLM's hand-written protocol methods of a model as
+a mixin class; a reference host with it mixed in runs vLLM's mixin code
+against the reference tower.
 
 Where the wheel is: ``$GEN_MIXIN_VLLM_WHEEL``, else
 ``~/.cache/gen-mixin/vllm-0.33.0-*.whl``; the ``vllm_source`` fixture of
@@ -15,8 +28,10 @@ Where the wheel is: ``$GEN_MIXIN_VLLM_WHEEL``, else
 """
 
 from __future__ import annotations
+import __future__
 
 import ast
+import copy
 import functools
 import os
 import zipfile
@@ -25,6 +40,8 @@ from pathlib import Path
 from typing import Any
 
 _KEPT_DECORATORS = {"classmethod", "staticmethod", "cached_property"}
+DEFS_MODULE = "vllm.v1.worker.encoder_cudagraph_defs"
+MIRROR_MODULE = "encoder_cudagraph_runtime.defs"
 
 
 def wheel_path() -> Path | None:
@@ -36,11 +53,38 @@ def wheel_path() -> Path | None:
     return found[0] if found else None
 
 
-class _DropVllmImports(ast.NodeTransformer):
-    def visit_ImportFrom(self, node: ast.ImportFrom) -> ast.AST | None:
-        if node.module and node.module.split(".")[0] == "vllm":
-            return ast.Pass()
-        return node
+class _ResolveVllmImports(ast.NodeTransformer):
+    """vLLM's protocol types come from the mirror; any other vLLM import is
+    dropped when ``namespace`` supplies what it binds, else refused."""
+
+    def __init__(self, namespace: dict[str, Any], where: str) -> None:
+        self._namespace = namespace
+        self._where = where
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> ast.AST:
+        module = node.module or ""
+        if node.level == 0 and module == DEFS_MODULE:
+            mirror = ast.ImportFrom(module=MIRROR_MODULE, names=node.names, level=0)
+            return ast.copy_location(mirror, node)
+        if node.level == 0 and module.split(".")[0] != "vllm":
+            return node
+        return self._supplied(node, [a.asname or a.name for a in node.names])
+
+    def visit_Import(self, node: ast.Import) -> ast.AST:
+        if all(a.name.split(".")[0] != "vllm" for a in node.names):
+            return node
+        return self._supplied(
+            node, [a.asname or a.name.split(".")[0] for a in node.names]
+        )
+
+    def _supplied(self, node: ast.Import | ast.ImportFrom, bound: list[str]) -> ast.AST:
+        missing = [name for name in bound if name not in self._namespace]
+        if missing:
+            raise LookupError(
+                f"{self._where} line {node.lineno}: no stand-in for "
+                f"{', '.join(missing)} ({ast.unparse(node)})"
+            )
+        return ast.copy_location(ast.Pass(), node)
 
 
 def _keep_decorator(node: ast.expr) -> bool:
@@ -64,10 +108,10 @@ class VllmSource:
         body = self._tree(path).body
         if cls is None:
             return body
-        for node in body:
-            if isinstance(node, ast.ClassDef) and node.name == cls:
-                return node.body
-        raise LookupError(f"{path} has no class {cls}")
+        classes = [n for n in body if isinstance(n, ast.ClassDef) and n.name == cls]
+        if len(classes) != 1:
+            raise LookupError(f"{path} defines {len(classes)} {cls} classes")
+        return classes[0].body
 
     def load(
         self,
@@ -80,10 +124,12 @@ class VllmSource:
         """Compile the named functions and assignments of ``path`` (or of its
         class ``cls``) into ``namespace``; returns them by name."""
         wanted = set(names)
+        where = f"{path}::{cls}" if cls else path
         found: dict[str, Any] = {}
         for node in self._body(path, cls):
             if isinstance(node, ast.FunctionDef) and node.name in wanted:
-                node = _DropVllmImports().visit(node)
+                # A copy: the cached tree stays vLLM's for the next namespace.
+                node = _ResolveVllmImports(namespace, where).visit(copy.deepcopy(node))
                 node.decorator_list = [
                     d for d in node.decorator_list if _keep_decorator(d)
                 ]
@@ -98,12 +144,13 @@ class VllmSource:
             else:
                 continue
             module = ast.fix_missing_locations(ast.Module(body=[node], type_ignores=[]))
+            flags = __future__.annotations.compiler_flag
+            code = compile(module, f"<wheel>/{path}", "exec", flags)
             # vLLM's own code from the pinned wheel, run in the test namespace.
-            exec(compile(module, f"<wheel>/{path}", "exec"), namespace)  # noqa: S102
+            exec(code, namespace)  # noqa: S102
             found[name] = namespace[name]
         missing = wanted - found.keys()
         if missing:
-            where = f"{path}::{cls}" if cls else path
             raise LookupError(f"{where} lacks {sorted(missing)}")
         return found
 
@@ -118,6 +165,26 @@ class VllmSource:
     ) -> type:
         """A class holding vLLM's ``cls.methods`` of ``path``."""
         return type(name, bases, self.load(path, methods, namespace, cls=cls))
+
+
+def vllm_mixin(
+    source: VllmSource,
+    path: str,
+    cls: str,
+    methods: Iterable[str],
+    namespace: dict[str, Any] | None = None,
+) -> type:
+    """vLLM's hand-written protocol methods ``cls.methods`` of ``path`` as a
+    ``SupportsEncoderCudaGraph`` subclass, as vLLM's model class derives from
+    the protocol (methods vLLM leaves out fall back to the protocol's
+    bodies); compiled into ``namespace`` (default :func:`runtime_namespace`)."""
+    from encoder_cudagraph_runtime.interfaces import SupportsEncoderCudaGraph
+
+    if namespace is None:
+        namespace = runtime_namespace()
+    return source.make_class(
+        f"Vllm{cls}Mixin", path, cls, methods, namespace, (SupportsEncoderCudaGraph,)
+    )
 
 
 def bind(obj: Any, functions: dict[str, Callable[..., Any]]) -> Any:
@@ -137,8 +204,9 @@ class _LRUCache(dict):
 
 
 def runtime_namespace() -> dict[str, Any]:
-    """Globals for vLLM code: torch, NumPy, and this project's runtime
-    stand-ins under vLLM's names."""
+    """Globals for vLLM code: torch, NumPy, ``math``, and this project's
+    runtime stand-ins under vLLM's names."""
+    import math
     from collections.abc import Hashable, Mapping, Sequence
 
     import numpy as np
@@ -151,6 +219,7 @@ def runtime_namespace() -> dict[str, Any]:
     from encoder_cudagraph_runtime.host_transfer import async_tensor_h2d
 
     return {
+        "math": math,
         "torch": torch,
         "np": np,
         "F": F,
