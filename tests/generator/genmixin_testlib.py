@@ -176,3 +176,24 @@ def load_standalone_mixin(stem: str) -> types.ModuleType:
                 sys.modules.pop(key, None)
             else:
                 sys.modules[key] = value
+
+
+def mutated_spec(stem: str, *pairs: tuple[str, str]) -> str:
+    """``specs/<stem>.yaml`` with each ``old`` (occurring once) replaced."""
+    text = (SPECS_DIR / f"{stem}.yaml").read_text(encoding="utf-8")
+    for old, new in pairs:
+        assert text.count(old) == 1, f"{old!r} occurs {text.count(old)} times"
+        text = text.replace(old, new)
+    return text
+
+
+def spec_problems(text: str, name: str = "specs/case.yaml") -> list[str]:
+    """The diagnostics of a spec given as text ([] when it is valid)."""
+    from generator.diagnostics import SpecError
+    from generator.resolve import resolve_text
+
+    try:
+        resolve_text(text, name)
+    except SpecError as err:
+        return [str(d) for d in err.diagnostics]
+    return []

@@ -15,6 +15,7 @@ import pytest
 from generator.plan import PlanError, make_plan, resolve_budgets
 from generator.resolve import load_spec, resolve_text
 from generator.diagnostics import SpecError
+from generator.spec import PadRule
 
 torch = pytest.importorskip("torch")
 
@@ -137,11 +138,11 @@ def test_plan_shapes_follow_the_dummy_batch(spec):
         k = -(-budget_plan.budget // 4)
         assert budget_plan.k == k
         by_key = {b.key: b for b in budget_plan.buffers}
-        flat = next(t.key for t in ir.capture_tensors)
+        flat = ir.path.capture.tensors[0].key
         # Every flat capture buffer holds exactly the dummy batch's input rows.
         assert by_key[flat].shape[0] == budget_plan.rows
-        cu = next(b for b in ir.buffers if b.pad is not None)
-        if cu.pad == "trailing_sequence":
+        cu = ir.path.pad_buffers[0]
+        if cu.pad is PadRule.TRAILING_SEQUENCE:
             # Every offset of a full batch, plus the spare slot.
             assert by_key[cu.key].shape == [4 + 2]
         else:

@@ -3,7 +3,7 @@
 # Do not edit: change the spec or the templates and run
 # `gen-mixin specs/minimax_m3.yaml`.
 # spec-sha256: 679a222a35671178384492aa0dc1e20daf1dbe9ee4c77a16239d17f4a618116f
-# templates-sha256: fcd1691fa0658eee806dde721a94fd31a37bbb9a1e3046265160d2538fee6c5b
+# templates-sha256: 6e7caf24479620b85e30d3dc7c7c2039000c9bead91c5b68bbc963fb426a7e03
 
 import itertools
 import weakref

@@ -3,7 +3,7 @@
 # Do not edit: change the spec or the templates and run
 # `gen-mixin specs/qwen2_vl.yaml`.
 # spec-sha256: a61607801855577c257b0c6af9f388ac7f2b849a6741b68c13ba9bb25a2b6ab3
-# templates-sha256: fcd1691fa0658eee806dde721a94fd31a37bbb9a1e3046265160d2538fee6c5b
+# templates-sha256: 6e7caf24479620b85e30d3dc7c7c2039000c9bead91c5b68bbc963fb426a7e03
 
 import itertools
 from collections.abc import Hashable
