@@ -45,6 +45,20 @@ def spec_paths() -> list[Path]:
     return sorted(SPECS_DIR.glob("*.yaml"))
 
 
+def valid_corpus_paths() -> list[Path]:
+    """The valid-corpus specs (``data/valid/``): small specs that exercise
+    what the project's specs do not (counts, several pad buffers, ...)."""
+    return sorted((DATA_DIR / "valid").glob("*.yaml"))
+
+
+@functools.cache
+def render_path(path: Path, target: str) -> str:
+    """One spec's module for one target, rendered in memory."""
+    from generator.emit import render_spec
+
+    return render_spec(path, (target,), GENERATED_DIR)[0].source
+
+
 def targets() -> tuple[str, ...]:
     from generator.naming import TARGETS
 

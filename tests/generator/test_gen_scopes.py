@@ -15,10 +15,10 @@ import pytest
 
 from generator.resolve import load_spec
 from generator.scopes import METHODS, MODULE_NAMES, NameKind
-from genmixin_testlib import render_all, spec_paths, targets
+from genmixin_testlib import render_path, spec_paths, targets, valid_corpus_paths
 
-CASES = [(t, s.stem) for s in spec_paths() for t in targets()]
-IDS = [f"{t}-{stem}" for t, stem in CASES]
+CASES = [(t, s) for s in spec_paths() + valid_corpus_paths() for t in targets()]
+IDS = [f"{t}-{s.parent.name}/{s.stem}" for t, s in CASES]
 
 
 def _functions(tree: ast.Module):
@@ -54,12 +54,12 @@ def bound_names(fn: ast.FunctionDef) -> set[str]:
     return names
 
 
-@pytest.mark.parametrize(("target", "stem"), CASES, ids=IDS)
-def test_every_bound_name_is_declared(target: str, stem: str) -> None:
-    spec = load_spec(f"specs/{stem}.yaml")
+@pytest.mark.parametrize(("target", "path"), CASES, ids=IDS)
+def test_every_bound_name_is_declared(target: str, path) -> None:
+    spec = load_spec(path)
     declared = spec.declared_names()
     spec_names = set().union(*declared.values())
-    tree = ast.parse(render_all()[(target, stem)])
+    tree = ast.parse(render_path(path, target))
     for fn, _ in _functions(tree):
         method = _entry(fn.name)
         assert method is not None, f"{fn.name} is not in scopes.METHODS"
@@ -68,18 +68,18 @@ def test_every_bound_name_is_declared(target: str, stem: str) -> None:
         assert not undeclared, f"{fn.name} binds {sorted(undeclared)}"
 
 
-@pytest.mark.parametrize(("target", "stem"), CASES, ids=IDS)
-def test_signatures_are_the_tables(target: str, stem: str) -> None:
-    tree = ast.parse(render_all()[(target, stem)])
+@pytest.mark.parametrize(("target", "path"), CASES, ids=IDS)
+def test_signatures_are_the_tables(target: str, path) -> None:
+    tree = ast.parse(render_path(path, target))
     for fn, _ in _functions(tree):
         args = [a.arg for a in fn.args.args]
         assert args == [p.name for p in _entry(fn.name).params], fn.name
 
 
-@pytest.mark.parametrize(("target", "stem"), CASES, ids=IDS)
-def test_module_names_are_the_tables(target: str, stem: str) -> None:
-    spec = load_spec(f"specs/{stem}.yaml")
-    tree = ast.parse(render_all()[(target, stem)])
+@pytest.mark.parametrize(("target", "path"), CASES, ids=IDS)
+def test_module_names_are_the_tables(target: str, path) -> None:
+    spec = load_spec(path)
+    tree = ast.parse(render_path(path, target))
     helpers = {n for n in METHODS if n.startswith("_")}
     allowed = MODULE_NAMES | spec.declared_names()[NameKind.IMPORT] | {spec.class_name}
     for node in tree.body:
