@@ -103,7 +103,7 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
     body = Body(spec)
     path = spec.path
     capture = path.capture
-    padded = path.pad_buffers[:1]
+    padded = path.pad_buffers
     own = {b.key for b in padded} | {b.key for b in path.buffers if b.allocate}
     entries = []
     for buf in path.buffers:

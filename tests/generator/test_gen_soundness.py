@@ -198,6 +198,13 @@ def test_capture_inputs(world: SpecWorld, budget: int, mbs: int, mfpb: int) -> N
             slots = world.value(buf.slots, **names)
             assert value.shape == (slots,), f"{buf.key}: {slots} slots"
             assert value.dtype == torch.int32
+            # The dummy's offsets, closed as the pad rule closes a replay.
+            offsets = [0]
+            for d in dummy:
+                offsets.append(offsets[-1] + world.item_values(d)["input_size"])
+            close = rows if buf.pad is PadRule.TRAILING_SEQUENCE else offsets[-1]
+            want = offsets + [close] * (slots - len(offsets))
+            assert value.tolist() == want, buf.key
         elif buf.host_scalar:
             assert value.ndim == 0 and value.device.type == "cpu"
         elif buf.allocate:

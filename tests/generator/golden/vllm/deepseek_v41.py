@@ -3,7 +3,7 @@
 # Do not edit: change the spec or the templates and run
 # `gen-mixin specs/deepseek_v41.yaml`.
 # spec-sha256: 1f04a1f9e4d05b0cc183f1fd2e61be9e931a352547d22961423cf6479bb8e992
-# templates-sha256: 6e7caf24479620b85e30d3dc7c7c2039000c9bead91c5b68bbc963fb426a7e03
+# templates-sha256: 1aad2776b4e56af937fe1ab2a9dda66abf2f15ef7b1c0613e9b50ee85d399667
 
 import itertools
 import weakref
