@@ -3,7 +3,7 @@
 # Do not edit: change the spec or the templates and run
 # `gen-mixin specs/minimax_m3.yaml`.
 # spec-sha256: 679a222a35671178384492aa0dc1e20daf1dbe9ee4c77a16239d17f4a618116f
-# templates-sha256: 1aad2776b4e56af937fe1ab2a9dda66abf2f15ef7b1c0613e9b50ee85d399667
+# templates-sha256: b7ed97162266a906e116650c10baf9835859aadcac494ec5b438a9a9f6ac05b9
 
 import itertools
 import weakref

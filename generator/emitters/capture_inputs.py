@@ -10,7 +10,7 @@ from generator.emitters.prose import comment_lines, plain_message
 from generator.formulas import Ref
 from generator.naming import PROTOCOL_MODULES
 from generator.spec.capture import Buffer, CaptureTensor, MetadataBuilder
-from generator.spec.enums import ImageLimitGuard, PadRule
+from generator.spec.enums import ImageLimitGuard, PadRule, Rounding
 from generator.spec.mixin import MixinSpec
 
 
@@ -128,6 +128,7 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
         "k_counts": (
             "Budget tokens" if spec.items.budget_tokens is not None else "Output tokens"
         ),
+        "floor": capture.rounding is Rounding.FLOOR,
         "dummies": _dummies(spec, body),
         "frames_per_item": any(
             "frames_per_item" in fx.names_in(e)

@@ -810,6 +810,13 @@ valid_case(
     "tiles_count",
     ("{kind: count, dim: n}", "{kind: grid, dims: [n]}"),
 )
+# per_item_tokens: floor was parsed and ignored; GLM-4.1V's dummy (k per
+# item, k rounded down) cannot hold a budget max_batch_size does not divide.
+case(
+    "floor_dummy_short_of_budget",
+    "minimax_m3",
+    ("capture:\n  dummy:", "capture:\n  per_item_tokens: floor\n  dummy:"),
+)
 NOT_UTF8 = {"not_utf8": ("minimax_m3", "name: MiniMax M3", "name: MiniMax M\xe9")}
 
 
