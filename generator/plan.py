@@ -27,6 +27,7 @@ from generator.static_checks import (
     capture_scope,
     constant_env,
     dummy_item,
+    flat_rows,
     item_values,
 )
 
@@ -193,7 +194,12 @@ def make_plan(
             },
         )
         for buf in spec.path.buffers:
-            plan.buffers.append(_buffer_plan(buf, scope, dtype, unknown))
+            own = scope
+            if isinstance(buf.source, CaptureTensor) and buf.source.flat.own_rows:
+                # In its capture shape, rows is the input's own rows.
+                rows_own = mbs * flat_rows(buf.source.flat, env, dims)
+                own = capture_scope(env, budget, mbs, mfpb, rows_own, rounding)
+            plan.buffers.append(_buffer_plan(buf, own, dtype, unknown))
         per_budget.append(plan)
     problems = [f"{f}: {m}" for f, m in capture_problems(arithmetic, env)]
     return Plan(

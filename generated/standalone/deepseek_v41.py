@@ -3,7 +3,7 @@
 # Do not edit: change the spec or the templates and run
 # `gen-mixin specs/deepseek_v41.yaml`.
 # spec-sha256: 1f04a1f9e4d05b0cc183f1fd2e61be9e931a352547d22961423cf6479bb8e992
-# templates-sha256: b7ed97162266a906e116650c10baf9835859aadcac494ec5b438a9a9f6ac05b9
+# templates-sha256: 87d041bb035e695a68f7132003d2fbf433a82faa388a7cb1cab7ab7a021770af
 
 import itertools
 import weakref

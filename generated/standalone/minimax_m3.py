@@ -3,7 +3,7 @@
 # Do not edit: change the spec or the templates and run
 # `gen-mixin specs/minimax_m3.yaml`.
 # spec-sha256: 679a222a35671178384492aa0dc1e20daf1dbe9ee4c77a16239d17f4a618116f
-# templates-sha256: b7ed97162266a906e116650c10baf9835859aadcac494ec5b438a9a9f6ac05b9
+# templates-sha256: 87d041bb035e695a68f7132003d2fbf433a82faa388a7cb1cab7ab7a021770af
 
 import itertools
 import weakref

@@ -47,9 +47,16 @@ def _builder_grids(spec: MixinSpec) -> set[str]:
     return {n for n in names if spec.item_input(n) is not None}
 
 
+def _own_rows(spec: MixinSpec) -> list[CaptureTensor]:
+    """Capture tensors of flat inputs with their own rows per item."""
+    return [t for t in spec.path.capture.tensors if t.flat.own_rows]
+
+
 def _dummies(spec: MixinSpec, body: Body) -> list[dict[str, Any]]:
     builder_grids = _builder_grids(spec)
     rows_dims = dims_of(spec, spec.items.input_size)
+    for t in _own_rows(spec):
+        rows_dims |= dims_of(spec, t.flat.rows)
     out = []
     for item, exprs in spec.path.capture.dummy:
         if item.key not in builder_grids and not (set(item.dims) & rows_dims):
@@ -68,10 +75,17 @@ def _dummies(spec: MixinSpec, body: Body) -> list[dict[str, Any]]:
 
 
 def _tensor(body: Body, t: CaptureTensor) -> dict[str, Any]:
+    # In its own shape, ``rows`` is the input's rows in the dummy batch.
+    names = {"rows": f"{t.key}_rows"} if t.flat.own_rows else None
     return {
         "key": t.key,
+        "rows": (
+            {"name": f"{t.key}_rows", "value": body.expr(t.flat.rows)}
+            if t.flat.own_rows
+            else None
+        ),
         "fill": t.fill.value,
-        "shape": ", ".join(body.expr(s) for s in t.shape),
+        "shape": ", ".join(body.expr(s, names) for s in t.shape),
         "dtype": "dtype" if isinstance(t.dtype, Ref) else body.expr(t.dtype),
         "why": comment_lines(t.why),
     }

@@ -264,3 +264,17 @@ def test_plan_shares_the_managers_ladder_without_importing_torch():
         "assert generator.plan.resolve_budget_ladder is resolve_budget_ladder\n"
     )
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
+
+
+def test_plan_sizes_a_flat_input_by_its_own_rows():
+    """A flat input with its own rows is captured (and planned) at its own
+    rows of the dummy batch, not at the items' input_size."""
+    spec = load_spec(
+        ROOT / "tests" / "generator" / "data" / "valid" / "flat_own_rows.yaml"
+    )
+    plan = make_plan(spec, budgets=[64], max_items=2)
+    (budget,) = plan.per_budget
+    shapes = {b.key: b.shape for b in budget.buffers}
+    tiles = budget.dummy["num_tiles"][0]
+    assert shapes["tiles"] == [2 * tiles, 6]
+    assert shapes["patches"] == [2 * tiles * 4, 6]

@@ -3,7 +3,7 @@
 # Do not edit: change the spec or the templates and run
 # `gen-mixin specs/qwen2_vl.yaml`.
 # spec-sha256: a61607801855577c257b0c6af9f388ac7f2b849a6741b68c13ba9bb25a2b6ab3
-# templates-sha256: b7ed97162266a906e116650c10baf9835859aadcac494ec5b438a9a9f6ac05b9
+# templates-sha256: 87d041bb035e695a68f7132003d2fbf433a82faa388a7cb1cab7ab7a021770af
 
 import itertools
 from collections.abc import Hashable
