@@ -13,6 +13,13 @@ from functools import cache
 from pathlib import Path
 
 from generator import __version__
+from generator.formatting import (
+    CHUNK,
+    FormatError,
+    black_format,
+    format_module,
+    unmarked,
+)
 from generator.spec.mixin import MixinSpec
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
@@ -62,23 +69,12 @@ def _environment():
     )
 
 
-BLACK_LINE_LENGTH = 88
-
-
 def format_source(source: str) -> str:
-    import black
-
-    mode = black.Mode(
-        target_versions={black.TargetVersion.PY310},
-        line_length=BLACK_LINE_LENGTH,
-        string_normalization=True,
-        is_pyi=False,
-        magic_trailing_comma=True,
-    )
+    """``source`` as black formats it, with the project's pinned mode."""
     try:
-        return black.format_str(source, mode=mode)
-    except Exception as exc:  # black raises several types; all are our bugs
-        raise RenderError(f"black could not format the generated code: {exc}") from exc
+        return black_format(unmarked(source))
+    except FormatError as exc:
+        raise RenderError(str(exc)) from exc
 
 
 def provenance_header(target: str, spec_text: bytes, spec_display: str) -> list[str]:
@@ -100,10 +96,13 @@ def render(spec: MixinSpec, target: str, spec_text: bytes, spec_display: str) ->
     header = provenance_header(target, spec_text, spec_display)
     ctx = build_context(spec, target, header)
     try:
-        raw = _environment().get_template(MAIN_TEMPLATE).render(**ctx)
+        raw = _environment().get_template(MAIN_TEMPLATE).render(**ctx, part=CHUNK)
     except Exception as exc:
         raise RenderError(f"template error: {exc}") from exc
-    formatted = format_source(raw)
+    try:
+        formatted = format_module(raw)
+    except FormatError as exc:
+        raise RenderError(str(exc)) from exc
     try:
         ast.parse(formatted)
     except SyntaxError as exc:

@@ -14,7 +14,7 @@ import random
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from generator.formulas import EvaluationError, evaluate
+from generator.formulas import EvaluationError, evaluate, names_in
 from generator.spec.capture import Buffer, Capture, set_by_expr
 from generator.spec.enums import PadRule, Rounding
 from generator.spec.host import Constant, Size
@@ -275,10 +275,15 @@ def item_bound_problems(
     whose budget tokens fit has no more graph rows than that only if no item
     has more graph rows than budget tokens: checked on sampled dims.
 
-    Every grid dim is sampled on its own, so write both formulas over the
-    same dims where grids depend on each other (DeepSeek-V4.1: ``h``, ``w``
-    rather than the derived ``lh``, ``lw``)."""
-    dims = [d for g in ir.item_inputs for d in g.dims]
+    Every dim the two formulas read is sampled on its own, so write both
+    formulas over the same dims where grids depend on each other
+    (DeepSeek-V4.1: ``h``, ``w`` rather than the derived ``lh``, ``lw``)."""
+    items = ir.items
+    graph_rows = items.graph_rows or items.output_tokens
+    budget_tokens = items.budget_tokens or items.output_tokens
+    # Only the dims the two formulas read vary their values.
+    used = names_in(graph_rows) | names_in(budget_tokens)
+    dims = [d for g in ir.item_inputs for d in g.dims if d in used]
     combos: Iterator[tuple[int, ...]]
     if len(SAMPLE_DIMS) ** len(dims) <= MAX_DIM_SAMPLES:
         combos = itertools.product(SAMPLE_DIMS, repeat=len(dims))
@@ -288,18 +293,19 @@ def item_bound_problems(
             tuple(rng.choice(SAMPLE_DIMS) for _ in dims) for _ in range(MAX_DIM_SAMPLES)
         )
     for combo in combos:
+        scope = {**env, **dict(zip(dims, combo, strict=True))}
         try:
-            values = item_values(ir, env, dict(zip(dims, combo)))
+            rows = evaluate(graph_rows, scope)
+            tokens = evaluate(budget_tokens, scope)
         except (EvaluationError, ArithmeticError):
             continue
-        if values["graph_rows"] > values["budget_tokens"]:
-            item = ", ".join(f"{d}={v}" for d, v in zip(dims, combo))
+        if rows > tokens:
+            item = ", ".join(f"{d}={v}" for d, v in zip(dims, combo, strict=True))
             yield (
                 "capture.graph_rows",
-                f"an item ({item}) has {values['graph_rows']} graph rows but "
-                f"{values['budget_tokens']} budget tokens: a declared capacity "
-                "covers a batch only if no item has more graph rows than budget "
-                "tokens",
+                f"an item ({item}) has {rows} graph rows but {tokens} budget "
+                "tokens: a declared capacity covers a batch only if no item has "
+                "more graph rows than budget tokens",
             )
             return
 

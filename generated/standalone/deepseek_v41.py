@@ -3,7 +3,7 @@
 # Do not edit: change the spec or the templates and run
 # `gen-mixin specs/deepseek_v41.yaml`.
 # spec-sha256: 1f04a1f9e4d05b0cc183f1fd2e61be9e931a352547d22961423cf6479bb8e992
-# templates-sha256: 87d041bb035e695a68f7132003d2fbf433a82faa388a7cb1cab7ab7a021770af
+# templates-sha256: 9df0d40808a1243cfcff94ff1a7131c9b3d35ff1e2f90334dc33cea0fd3089a1
 
 import itertools
 import weakref

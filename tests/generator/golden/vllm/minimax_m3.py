@@ -3,7 +3,7 @@
 # Do not edit: change the spec or the templates and run
 # `gen-mixin specs/minimax_m3.yaml`.
 # spec-sha256: 679a222a35671178384492aa0dc1e20daf1dbe9ee4c77a16239d17f4a618116f
-# templates-sha256: 87d041bb035e695a68f7132003d2fbf433a82faa388a7cb1cab7ab7a021770af
+# templates-sha256: 9df0d40808a1243cfcff94ff1a7131c9b3d35ff1e2f90334dc33cea0fd3089a1
 
 import itertools
 import weakref
