@@ -270,7 +270,6 @@ class SpecWorld:
     def batch(
         self,
         items: list[dict[str, int]],
-        rng: random.Random,
         *,
         lists=False,
         video=False,
@@ -293,7 +292,7 @@ class SpecWorld:
                         len(items), len(inp.dims)
                     )
             else:
-                out[key] = self.flat_tensor(inp.key, items, rng)
+                out[key] = self.flat_tensor(inp.key, items)
         return out
 
     def row_shape(self, key: str) -> list[int]:
@@ -304,7 +303,7 @@ class SpecWorld:
         names = {"k": 1, "rows": 1, "max_batch_size": 1, "token_budget": 1}
         return [self.value(e, **names) for e in tensor.shape[1:]] or []
 
-    def flat_tensor(self, key: str, items, rng: random.Random) -> torch.Tensor:
+    def flat_tensor(self, key: str, items) -> torch.Tensor:
         """Row ``r`` of item ``i`` starts with ``(i, r)``: a selection's order
         shows (rows of one element hold ``i``)."""
         shape = self.row_shape(key)

@@ -41,7 +41,7 @@ from genmixin_testlib import spec_paths, valid_corpus_paths  # noqa: E402
 SPECS = spec_paths() + valid_corpus_paths()
 IDS = [f"{p.parent.name}/{p.stem}" for p in SPECS]
 #: (token_budget, max_batch_size, max_frames_per_batch)
-CAPTURES = [(64, 1, 1), (100, 3, 3), (257, 7, 14), (1000, 8, 8), (4096, 16, 32)]
+CAPTURES = [(64, 1, 1), (100, 3, 3), (257, 7, 14), (1000, 8, 8), (2048, 16, 32)]
 INDICES = [[], [0], [2], [1, 0], [3, 1, 2, 0], [2, 2], [0, 3, 0], [3, 2, 1, 0]]
 
 
@@ -95,7 +95,7 @@ def test_budget_range(world: SpecWorld, tokens: int, model_len: int) -> None:
 def test_item_specs(world: SpecWorld, lists: bool, seed: int) -> None:
     rng = random.Random(seed)
     items = [world.random_item(rng) for _ in range(rng.randint(1, 5))]
-    batch = world.batch(items, rng, lists=lists)
+    batch = world.batch(items, lists=lists)
     got = world.host().get_encoder_cudagraph_item_specs(batch)
     assert got_specs(got) == expected_specs(world, items)
 
@@ -109,16 +109,16 @@ def test_selection(world: SpecWorld, lists: bool, indices: list[int]) -> None:
     rng = random.Random(len(indices))
     items = [world.random_item(rng) for _ in range(4)]
     host = world.host()
-    batch = world.batch(items, rng, lists=lists)
+    batch = world.batch(items, lists=lists)
     got = host.select_encoder_cudagraph_items(batch, list(indices))
     assert list(got) == [i.key for i in world.spec.inputs]
     chosen = [items[i] for i in indices]
-    want = world.batch(chosen, rng)
+    want = world.batch(chosen)
     for inp in world.spec.inputs:
         value = got[inp.key]
         if isinstance(inp, FlatInput):
             # Rows (item, row) of the chosen items, in the order chosen.
-            want_rows = world.row_ids(world.batch(items, rng)[inp.key])
+            want_rows = world.row_ids(world.batch(items)[inp.key])
             starts = [0]
             for it in items:
                 starts.append(starts[-1] + world.flat_rows(inp.key, it))
@@ -141,7 +141,7 @@ def test_selection_by_video_keys(world: SpecWorld) -> None:
     rng = random.Random(7)
     items = [world.random_item(rng) for _ in range(3)]
     host = world.host()
-    batch = world.batch(items, rng, video=True)
+    batch = world.batch(items, video=True)
     got = host.select_encoder_cudagraph_items(batch, [2, 0])
     assert list(got) == [i.video_key for i in world.spec.inputs]
     assert got_specs(host.get_encoder_cudagraph_item_specs(got)) == expected_specs(
@@ -246,7 +246,7 @@ def _rows_dim(buf) -> int:
 
 
 @pytest.mark.parametrize(("budget", "mbs", "mfpb"), CAPTURES)
-@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("seed", range(2))
 def test_replay_buffers(
     world: SpecWorld, budget: int, mbs: int, mfpb: int, seed: int
 ) -> None:
@@ -260,7 +260,7 @@ def test_replay_buffers(
     )
     for _ in range(3):
         items = world.fitting_items(rng, budget, mbs)
-        batch = world.batch(items, rng)
+        batch = world.batch(items)
         replay = host.prepare_encoder_cudagraph_replay_buffers(batch, mbs, mfpb).values
         target = copy.deepcopy(captured)
         # The padding logic of a trailing sequence finds its buffer by address.
@@ -317,12 +317,12 @@ def test_eager_forward(world: SpecWorld, seed: int) -> None:
         ]
     else:
         fake.queue = [torch.ones(sum(graph_rows), OUT_WIDTH)]
-    out = host.encoder_eager_forward(world.batch(items, rng))
+    out = host.encoder_eager_forward(world.batch(items))
     assert out.shape == (sum(graph_rows), OUT_WIDTH)
     if eager.per_item:
         owners = [float(i) for i, n in enumerate(graph_rows) for _ in range(n)]
         assert out[:, 0].tolist() == owners
-        assert host.encoder_eager_forward(world.batch([], rng)).shape == (
+        assert host.encoder_eager_forward(world.batch([])).shape == (
             0,
             world.value(eager.empty_width),
         )
