@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from generator import formulas as fx
-from generator.emitters.method_body import Body, dims_of, signature
+from generator.emitters.method_body import Body, dims_of, signature, times
 from generator.emitters.prose import comment_lines, plain_message
 from generator.formulas import Ref
 from generator.naming import PROTOCOL_MODULES
@@ -80,7 +80,10 @@ def _tensor(body: Body, t: CaptureTensor) -> dict[str, Any]:
     return {
         "key": t.key,
         "rows": (
-            {"name": f"{t.key}_rows", "value": body.expr(t.flat.rows)}
+            {
+                "name": f"{t.key}_rows",
+                "value": times("max_batch_size", body, t.flat.rows),
+            }
             if t.flat.own_rows
             else None
         ),
@@ -149,7 +152,7 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
             for _, exprs in capture.dummy
             for e in exprs
         ),
-        "input_size": body.expr(spec.items.input_size),
+        "rows": times("max_batch_size", body, spec.items.input_size),
         "tensors": [_tensor(body, t) for t in capture.tensors],
         "builders": builder_calls(spec, body, "capture"),
         "padded": [_padded(body, b) for b in padded],

@@ -90,9 +90,20 @@ def item_loop(spec: MixinSpec, dims_needed: set[str]) -> tuple[str, str, list[st
 
 
 def per_item_list(spec: MixinSpec, body: Body, expr: Expr) -> tuple[str, list[str]]:
-    """``[<expr> for <dims> in <grids>]`` and the keys it reads."""
+    """``[<expr> for <dims> in <grids>]`` (a count input itself when ``expr``
+    is its dim) and the keys it reads."""
     target, iterable, keys = item_loop(spec, dims_of(spec, expr))
+    if expr == fx.Ref(target) and iterable in keys:
+        return iterable, keys
     return f"[{body.expr(expr)} for {target} in {iterable}]", keys
+
+
+def times(factor: str, body: Body, expr: Expr) -> str:
+    """``factor * <expr>``, with parentheses only around an operation."""
+    text = body.expr(expr)
+    return (
+        f"{factor} * ({text})" if isinstance(expr, fx.BinOp) else f"{factor} * {text}"
+    )
 
 
 class Loads:

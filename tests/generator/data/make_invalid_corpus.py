@@ -817,6 +817,12 @@ case(
     "minimax_m3",
     ("capture:\n  dummy:", "capture:\n  per_item_tokens: floor\n  dummy:"),
 )
+# Several encoder paths are a planned field: refused with a message.
+case(
+    "paths_refused",
+    "minimax_m3",
+    ("budget:\n  min: 64\n", "budget:\n  min: 64\npaths: {local: {}}\n"),
+)
 NOT_UTF8 = {"not_utf8": ("minimax_m3", "name: MiniMax M3", "name: MiniMax M\xe9")}
 
 
