@@ -470,9 +470,3 @@ def collisions(spec_names: Mapping[NameKind, Iterable[str]]) -> list[Collision]:
                     what = "the parameter" if name in params else "the local"
                     found[(name, kind)] = Collision(name, kind, method.name, what)
     return list(found.values())
-
-
-def generated_names(method: str) -> frozenset[str]:
-    """Parameters and fixed locals of ``method`` (builder results excluded)."""
-    m = METHODS[method]
-    return frozenset({p.name for p in m.params} | set(m.locals))

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from generator import formulas as fx
 from generator.diagnostics import Location
 from generator.formulas import Call, Expr, HostPath, Ref
 from generator.scopes import NameKind
@@ -478,7 +477,3 @@ def set_by_expr(buf: Buffer) -> Expr | None:
     if buf.set_by is None or not isinstance(buf.source, MetadataBuilder):
         return None
     return dict(buf.source.kwargs("capture")).get(buf.set_by)
-
-
-def names_in_all(exprs) -> set[str]:
-    return set().union(*(fx.names_in(e) for e in exprs)) if exprs else set()

@@ -209,7 +209,3 @@ class Reader:
                 from generator.render import RenderError
 
                 raise RenderError(f"{self.path(key)} is declared but never read")
-
-    def unread_keys(self) -> list[str]:
-        """Declared keys this reader never took (for the model's own tests)."""
-        return [k for k in self.keys if k not in self.taken]

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import keyword
 import re
-from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 from generator import formulas as fx
@@ -341,10 +340,6 @@ class Formula(ValueType):
         self.scope_id = scope
         assert scope in FIELD_SCOPES  # noqa: S101 (a typo in a declaration)
 
-    @property
-    def field_scope(self):
-        return FIELD_SCOPES[self.scope_id]
-
     def value(self, node: Node, field: str, ctx: ReadContext, **kw: Any) -> Any:
         scope = ctx.scope(self.scope_id, kw.get("extra", ()))
         return parse_formula(node, field, ctx, scope)
@@ -529,7 +524,3 @@ class OneOf(ValueType):
     def value(self, node: Node, field: str, ctx: ReadContext, **kw: Any) -> Any:
         option = next(o for o in self.options if o.accepts(node))
         return option.value(node, field, ctx, **kw)
-
-
-def enum_text(members: list[Enum]) -> str:
-    return ", ".join(m.value for m in members)
