@@ -253,11 +253,9 @@ class SpanAssembly:
             if imp is not None and attr is not None:
                 delims.append((imp, attr))
         why = r.take("why")
-        if (
-            types is None
-            or content is None
-            or len(delims) != len(node.value if node else ())
-        ):
+        if types is None or content is None or not r.ok("delimiters"):
+            return None
+        if len(delims) != len(node.value):
             return None
         return cls(types, content, tuple(delims), why)
 

@@ -15,6 +15,7 @@ from generator.spec.enums import InputKind
 from generator.spec.names import check_name
 from generator.spec.reader import Key, Keys, ReadContext, Reader
 from generator.spec.values import (
+    INVALID,
     Boolean,
     Choice,
     Formula,
@@ -186,7 +187,7 @@ def _item_dims(r: Reader, kind: InputKind) -> tuple[str, ...] | None:
     if not r.has(name):
         r.error(r.node, f"a {kind.value} input needs {name}", r.path(name))
         return None
-    if not r.ok(name):
+    if not r.ok(name) or (kind is InputKind.GRID and INVALID in value):
         return None
     if kind is InputKind.GRID and len(value) == 1:
         r.error(

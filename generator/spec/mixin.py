@@ -472,6 +472,8 @@ def _check_video_keys(r: Reader, node, modalities) -> None:
         )
     seen: set[str] = set(node.value)
     for key, vk in video_keys.items():
+        if not isinstance(vk.value, str):
+            continue  # reported where the input is read
         if vk.value in seen:
             r.ctx.error(vk, f"inputs.{key}.video_key", f"{vk.value!r} is already a key")
         seen.add(vk.value)

@@ -431,13 +431,14 @@ class ListOf(ValueType):
         return out
 
     def value(self, node: Node, field: str, ctx: ReadContext, **kw: Any) -> Any:
-        if len(node.value) < self.min_items:
+        short = len(node.value) < self.min_items
+        if short:
             ctx.error(node, field, f"needs at least {self.min_items} item(s)")
         items = [
             self.item.convert(child, f"{field}[{i}]", ctx, index=i, **kw)
             for i, child in enumerate(node.value)
         ]
-        return items
+        return INVALID if short else items
 
 
 class MapOf(ValueType):

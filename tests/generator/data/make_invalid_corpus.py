@@ -817,6 +817,25 @@ case(
     "minimax_m3",
     ("capture:\n  dummy:", "capture:\n  per_item_tokens: floor\n  dummy:"),
 )
+# Malformed parts that crashed the typed model before its first release.
+case(
+    "delimiters_not_a_mapping",
+    "deepseek_v41",
+    (
+        "    delimiters:\n      IMAGE_START: image_start\n      IMAGE_NEW_LINE: image_newline\n      IMAGE_END: image_end\n",
+        "    delimiters: 1\n",
+    ),
+)
+case(
+    "tensor_shape_empty",
+    "minimax_m3",
+    ("shape: [rows, channels * frames * patch**2]", "shape: []"),
+)
+case(
+    "grid_dim_not_a_name",
+    "deepseek_v41",
+    ("llm_grid: {kind: grid, dims: [lh, lw]}", "llm_grid: {kind: grid, dims: [1, lw]}"),
+)
 # Several encoder paths are a planned field: refused with a message.
 case(
     "paths_refused",
