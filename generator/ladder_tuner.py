@@ -559,18 +559,22 @@ def _locate(text: str, name: str, problems: _Problems) -> list[Diagnostic]:
 # ---------------------------------------------------------------------------
 
 
-def traffic_main(ir: Any, plan: Any, args: Any) -> int:
-    """Tune the ladder of ``plan`` (``gen-mixin plan``'s result for ``ir``
+def traffic_main(spec: Any, plan: Any, args: Any) -> int:
+    """Tune the ladder of ``plan`` (``gen-mixin plan``'s result for ``spec``
     and its arguments) to ``args.traffic`` and print the recommendation."""
     from generator.cli import EXIT_INVALID, EXIT_OK, _print_spec_error
     from generator.plan import PlanError, _parse_set, make_plan
     from generator.static_checks import constant_env
 
     overrides = _parse_set(args.set)
-    env = {**constant_env(ir, overrides), **dict(ir.sizes), **overrides}
-    formula = ir.budget_tokens if ir.budget_tokens is not None else ir.output_tokens
+    sizes = {size.name: size.value for size in spec.sizes}
+    env = {**constant_env(spec, overrides), **sizes, **overrides}
+    items = spec.items
+    formula = (
+        items.budget_tokens if items.budget_tokens is not None else items.output_tokens
+    )
     required = sorted(names_in(formula) - set(env))
-    grid_dims = sorted({d for g in ir.grid_inputs for d in g.dims} | set(required))
+    grid_dims = sorted({d for i in spec.item_inputs for d in i.dims} | set(required))
     try:
         traffic = load_traffic(
             args.traffic,
@@ -596,7 +600,7 @@ def traffic_main(ir: Any, plan: Any, args: Any) -> int:
         """Captured buffer bytes per budget, as plan sizes them (one plan
         for every budget: its static checks run once)."""
         sized = make_plan(
-            ir,
+            spec,
             max_num_batched_tokens=args.max_num_batched_tokens,
             max_model_len=args.max_model_len,
             budgets=budgets,

@@ -18,15 +18,17 @@ from typing import Any
 from encoder_cudagraph_runtime.budget_ladder import resolve_budget_ladder
 from generator.diagnostics import SpecError
 from generator.formulas import EvaluationError, Ref, evaluate, names_in, to_spec_text
-from generator.ir import MixinIR
+from generator.spec.capture import Buffer, CaptureTensor, set_by_expr
+from generator.spec.enums import Modality
+from generator.spec.mixin import MixinSpec
 from generator.static_checks import (
     Arithmetic,
     capture_problems,
     capture_scope,
     constant_env,
     dummy_item,
+    flat_rows,
     item_values,
-    set_by_expr,
 )
 
 # vLLM's defaults for the two limits that bound the largest budget; the
@@ -127,25 +129,8 @@ class Plan:
         }
 
 
-def _arithmetic(ir: MixinIR) -> Arithmetic:
-    return Arithmetic(
-        ir.constants,
-        ir.grid_inputs,
-        ir.dummy_dims,
-        ir.input_size,
-        ir.output_tokens,
-        ir.graph_rows,
-        ir.buffers,
-        ir.capture_tensors,
-        ir.metadata,
-        ir.sizes,
-        ir.budget_tokens,
-        ir.capture_graph_rows,
-    )
-
-
 def make_plan(
-    ir: MixinIR,
+    spec: MixinSpec,
     *,
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
     max_model_len: int = DEFAULT_MAX_MODEL_LEN,
@@ -155,13 +140,13 @@ def make_plan(
     overrides: dict[str, int] | None = None,
     dtype: str = "bfloat16",
 ) -> Plan:
-    env = constant_env(ir, overrides)
-    env.update({name: value for name, value in ir.sizes})
+    env = constant_env(spec, overrides)
+    env.update({s.name: s.value for s in spec.sizes})
     env.update(overrides or {})
     missing = sorted(
         c.name
-        for c in ir.constants
-        if c.name not in env and c.name in _needed_names(ir)
+        for c in spec.constants
+        if c.name not in env and c.name in _needed_names(spec)
     )
     if missing:
         raise PlanError(
@@ -169,48 +154,56 @@ def make_plan(
             "(or a default in the spec)"
         )
     try:
-        lo = evaluate(ir.budget_min, env)
+        lo = evaluate(spec.budget.min, env)
     except EvaluationError as exc:
         raise PlanError(f"budget.min: {exc}") from exc
     hi = min(max_num_batched_tokens, max_model_len)
     ladder, mbs = resolve_budgets((lo, hi), budgets, max_items)
-    video = "video" in ir.modalities
+    video = Modality.VIDEO in spec.modalities
     mfpv = 1
-    if ir.max_frames_per_video is not None:
+    if spec.max_frames_per_video is not None:
         try:
-            mfpv = evaluate(ir.max_frames_per_video, env)
+            mfpv = evaluate(spec.max_frames_per_video, env)
         except EvaluationError:
             # A host method (vLLM derives it from the processor and the
             # model length): take the spec's size or --set.
             if "max_frames_per_video" not in env:
                 raise PlanError(
                     "max_frames_per_video comes from the host "
-                    f"({to_spec_text(ir.max_frames_per_video)}): give it with "
+                    f"({to_spec_text(spec.max_frames_per_video)}): give it with "
                     "--set max_frames_per_video=N or under sizes"
                 ) from None
             mfpv = env["max_frames_per_video"]
     mfpb = max_frames if max_frames is not None else (mbs * mfpv if video else mbs)
     per_budget = []
     unknown: set[str] = set()
+    arithmetic = Arithmetic.of(spec)
+    rounding = spec.path.capture.rounding
     for budget in ladder:
-        dims = dummy_item(ir, env, budget, mbs, mfpb)
-        values = item_values(ir, env, dims)
+        dims = dummy_item(arithmetic, env, budget, mbs, mfpb)
+        values = item_values(arithmetic, env, dims)
         rows = mbs * values["input_size"]
-        scope = capture_scope(env, budget, mbs, mfpb, rows)
+        scope = capture_scope(env, budget, mbs, mfpb, rows, rounding)
         plan = BudgetPlan(
             budget,
             scope["k"],
             rows,
             {
-                key: [dims[d] for d in ir.grid(key).dims] for key, _ in ir.dummy_dims  # type: ignore[union-attr]
+                item.key: [dims[d] for d in item.dims]
+                for item, _ in spec.path.capture.dummy
             },
         )
-        for buf in ir.buffers:
-            plan.buffers.append(_buffer_plan(ir, buf, scope, dtype, unknown))
+        for buf in spec.path.buffers:
+            own = scope
+            if isinstance(buf.source, CaptureTensor) and buf.source.flat.own_rows:
+                # In its capture shape, rows is the input's own rows.
+                rows_own = mbs * flat_rows(buf.source.flat, env, dims)
+                own = capture_scope(env, budget, mbs, mfpb, rows_own, rounding)
+            plan.buffers.append(_buffer_plan(buf, own, dtype, unknown))
         per_budget.append(plan)
-    problems = [f"{f}: {m}" for f, m in capture_problems(_arithmetic(ir), env)]
+    problems = [f"{f}: {m}" for f, m in capture_problems(arithmetic, env)]
     return Plan(
-        str(ir.spec_path),
+        str(spec.spec_path),
         (lo, hi),
         ladder,
         mbs,
@@ -218,29 +211,29 @@ def make_plan(
         per_budget,
         problems,
         sorted(unknown),
-        "output tokens" if ir.budget_tokens is None else "budget tokens",
+        "output tokens" if spec.items.budget_tokens is None else "budget tokens",
     )
 
 
-def _needed_names(ir: MixinIR) -> set[str]:
+def _needed_names(spec: MixinSpec) -> set[str]:
     needed: set[str] = (
-        set(names_in(ir.budget_min))
-        | names_in(ir.input_size)
-        | names_in(ir.output_tokens)
+        set(names_in(spec.budget.min))
+        | names_in(spec.items.input_size)
+        | names_in(spec.items.output_tokens)
     )
-    for _, exprs in ir.dummy_dims:
+    for _, exprs in spec.path.capture.dummy:
         for e in exprs:
             needed |= names_in(e)
     return needed
 
 
 def _buffer_plan(
-    ir: MixinIR, buf, scope: dict[str, int], dtype: str, unknown: set[str]
+    buf: Buffer, scope: dict[str, int], dtype: str, unknown: set[str]
 ) -> BufferPlan:
-    tensor = next((t for t in ir.capture_tensors if t.key == buf.key), None)
+    tensor = buf.source if isinstance(buf.source, CaptureTensor) else None
     if buf.host_scalar:
         value = None
-        expr = set_by_expr(ir.metadata, buf)
+        expr = set_by_expr(buf)
         if expr is not None:
             try:
                 value = evaluate(expr, scope)
@@ -250,7 +243,7 @@ def _buffer_plan(
         return BufferPlan(buf.key, [], "int32 (cpu)", 0, note)
     if buf.pad is not None and buf.slots is not None:
         slots = evaluate(buf.slots, scope)
-        return BufferPlan(buf.key, [slots], "int32", slots * 4, buf.pad)
+        return BufferPlan(buf.key, [slots], "int32", slots * 4, buf.pad.value)
     if tensor is not None:
         shape_exprs = tensor.shape
         type_name = (
@@ -261,13 +254,17 @@ def _buffer_plan(
         item = ITEMSIZE[dtype]
     elif buf.shape is not None:
         shape_exprs = buf.shape
-        declared = buf.dtype or "dtype"
+        declared = buf.dtype.value if buf.dtype is not None else "dtype"
         type_name = dtype if declared == "dtype" else declared
         item = ITEMSIZE[dtype if declared == "dtype" else declared]
     else:
         unknown.add(buf.key)
         return BufferPlan(
-            buf.key, None, buf.dtype or "?", None, "shape not declared in the spec"
+            buf.key,
+            None,
+            buf.dtype.value if buf.dtype is not None else "?",
+            None,
+            "shape not declared in the spec",
         )
     shape = []
     for e in shape_exprs:

@@ -14,34 +14,44 @@ import random
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from generator.formulas import EvaluationError, Expr, evaluate
-from generator.ir import Buffer, CaptureTensor, Constant, GridInput, MetadataBuilder
+from generator.formulas import EvaluationError, evaluate, names_in
+from generator.spec.capture import Buffer, Capture, set_by_expr
+from generator.spec.enums import PadRule, Rounding
+from generator.spec.host import Constant, Size
+from generator.spec.inputs import FlatInput, ItemInput
+from generator.spec.items import Items
 
 
 @dataclass(frozen=True)
 class Arithmetic:
-    """The parts of a spec its arithmetic depends on (a MixinIR has them all;
-    validation builds one from whatever resolved, so the checks run even when
-    other parts of the spec have problems)."""
+    """The parts of a spec its arithmetic depends on (a MixinSpec has them
+    all; validation builds one from whatever resolved, so the checks run even
+    when other parts of the spec have problems)."""
 
     constants: tuple[Constant, ...]
-    grid_inputs: tuple[GridInput, ...]
-    dummy_dims: tuple[tuple[str, tuple[Expr, ...]], ...]
-    input_size: Expr
-    output_tokens: Expr
-    graph_rows: Expr | None
+    item_inputs: tuple[ItemInput, ...]
+    capture: Capture
+    items: Items
     buffers: tuple[Buffer, ...]
-    capture_tensors: tuple[CaptureTensor, ...] = ()
-    metadata: tuple[MetadataBuilder, ...] = ()
-    sizes: tuple[tuple[str, int], ...] = ()
-    budget_tokens: Expr | None = None
-    capture_graph_rows: Expr | None = None
+    sizes: tuple[Size, ...] = ()
     # False when items.graph_rows or items.budget_tokens was given but did
     # not resolve: the coverage checks would run on the wrong defaults.
     items_resolved: bool = True
 
-    def grid(self, key: str) -> GridInput | None:
-        return next((g for g in self.grid_inputs if g.key == key), None)
+    @classmethod
+    def of(cls, spec) -> Arithmetic:
+        return cls(
+            spec.constants,
+            spec.item_inputs,
+            spec.path.capture,
+            spec.items,
+            spec.path.buffers,
+            spec.sizes,
+        )
+
+    @property
+    def size_env(self) -> dict[str, int]:
+        return {s.name: s.value for s in self.sizes}
 
 
 SAMPLE_BUDGETS = (64, 100, 128, 257, 1000, 1024, 4096, 8192, 16384)
@@ -60,34 +70,33 @@ def constant_env(
     return env
 
 
-def per_item_tokens(budget: int, max_batch_size: int) -> int:
-    """k: the output tokens of each dummy item (ceiling: the batch covers the budget)."""
+def per_item_tokens(
+    budget: int, max_batch_size: int, rounding: Rounding = Rounding.CEIL
+) -> int:
+    """k: the tokens of each dummy item, ``budget / max_batch_size`` rounded
+    as the spec says (ceiling: the dummy batch covers the budget)."""
+    if rounding is Rounding.FLOOR:
+        return budget // max_batch_size
     return -(-budget // max_batch_size)
 
 
 def capture_scope(
-    env: Mapping[str, int], budget: int, mbs: int, mfpb: int, rows: int
+    env: Mapping[str, int],
+    budget: int,
+    mbs: int,
+    mfpb: int,
+    rows: int,
+    rounding: Rounding = Rounding.CEIL,
 ) -> dict[str, int]:
     """The names a capture-time formula may use, for one budget."""
     return {
         **env,
-        "k": per_item_tokens(budget, mbs),
+        "k": per_item_tokens(budget, mbs, rounding),
         "rows": rows,
         "max_batch_size": mbs,
         "token_budget": budget,
         "max_frames_per_batch": mfpb,
     }
-
-
-def set_by_expr(metadata: tuple[MetadataBuilder, ...], buf: Buffer) -> Expr | None:
-    """The capture-time expression a host scalar's ``set_by`` names: the
-    keyword its builder passes at capture (call or capture kwargs)."""
-    if buf.set_by is None:
-        return None
-    builder = next((m for m in metadata if buf.key in m.provides), None)
-    if builder is None:
-        return None
-    return dict(builder.call.kwargs + builder.capture_kwargs).get(buf.set_by)
 
 
 def dummy_item(
@@ -96,17 +105,15 @@ def dummy_item(
     """The dims of one dummy item for ``budget`` (raises EvaluationError)."""
     scope = dict(env)
     scope.update(
-        k=per_item_tokens(budget, mbs),
+        k=per_item_tokens(budget, mbs, ir.capture.rounding),
         max_batch_size=mbs,
         token_budget=budget,
         max_frames_per_batch=mfpb,
         frames_per_item=max(mfpb // mbs, 1),
     )
     dims: dict[str, int] = {}
-    for key, exprs in ir.dummy_dims:
-        grid = ir.grid(key)
-        assert grid is not None  # noqa: S101 (resolved)
-        for dim, expr in zip(grid.dims, exprs):
+    for item, exprs in ir.capture.dummy:
+        for dim, expr in zip(item.dims, exprs):
             dims[dim] = evaluate(expr, scope)
     return dims
 
@@ -115,21 +122,27 @@ def item_values(
     ir: Arithmetic, env: Mapping[str, int], dims: Mapping[str, int]
 ) -> dict[str, int]:
     scope = {**env, **dims}
+    items = ir.items
     out = {
-        "input_size": evaluate(ir.input_size, scope),
-        "output_tokens": evaluate(ir.output_tokens, scope),
+        "input_size": evaluate(items.input_size, scope),
+        "output_tokens": evaluate(items.output_tokens, scope),
     }
     out["graph_rows"] = (
-        evaluate(ir.graph_rows, scope)
-        if ir.graph_rows is not None
+        evaluate(items.graph_rows, scope)
+        if items.graph_rows is not None
         else out["output_tokens"]
     )
     out["budget_tokens"] = (
-        evaluate(ir.budget_tokens, scope)
-        if ir.budget_tokens is not None
+        evaluate(items.budget_tokens, scope)
+        if items.budget_tokens is not None
         else out["output_tokens"]
     )
     return out
+
+
+def flat_rows(flat: FlatInput, env: Mapping[str, int], dims: Mapping[str, int]) -> int:
+    """Rows of one item of ``flat`` (its own ``rows`` or ``input_size``)."""
+    return evaluate(flat.rows, {**env, **dims})
 
 
 def capture_problems(
@@ -156,22 +169,26 @@ def capture_problems(
                     f"{budget} and max_batch_size {mbs}",
                 )
             rows = mbs * values["input_size"]
-            scope = capture_scope({**env, **dict(ir.sizes)}, budget, mbs, mbs, rows)
-            for tensor in ir.capture_tensors:
+            rounding = ir.capture.rounding
+            env_sizes = {**env, **ir.size_env}
+            scope = capture_scope(env_sizes, budget, mbs, mbs, rows, rounding)
+            for tensor in ir.capture.tensors:
                 field = f"capture.tensors.{tensor.key}.shape"
                 try:
-                    held = evaluate(tensor.shape[0], scope)
+                    need = mbs * flat_rows(tensor.flat, env, dims)
+                    own = capture_scope(env_sizes, budget, mbs, mbs, need, rounding)
+                    held = evaluate(tensor.shape[0], own)
                 except (EvaluationError, ArithmeticError):
                     continue
-                if held < rows and field not in reported:
+                if held < need and field not in reported:
                     reported.add(field)
                     yield (
                         field,
-                        f"holds {held} rows but the dummy batch has {rows} input rows "
+                        f"holds {held} rows but the dummy batch has {need} input rows "
                         f"(budget {budget}, max_batch_size {mbs}); size dim 0 with 'rows'",
                     )
             for buf in ir.buffers:
-                expr = set_by_expr(ir.metadata, buf)
+                expr = set_by_expr(buf)
                 field = f"buffers.{buf.key}.set_by"
                 try:
                     bound = evaluate(expr, scope) if expr is not None else None
@@ -191,9 +208,9 @@ def capture_problems(
             # Graph rows the captured batch has room for: the dummy's, or
             # the declared capacity (which must hold the dummy's too).
             graph_capacity = mbs * values["graph_rows"]
-            if ir.capture_graph_rows is not None:
+            if ir.capture.graph_rows is not None:
                 try:
-                    declared = evaluate(ir.capture_graph_rows, scope)
+                    declared = evaluate(ir.capture.graph_rows, scope)
                 except (EvaluationError, ArithmeticError):
                     continue
                 field = "capture.graph_rows"
@@ -227,17 +244,19 @@ def capture_problems(
             covered = min(graph_capacity, mbs * values["budget_tokens"])
             if covered < budget and "capture.dummy" not in reported:
                 reported.add("capture.dummy")
-                k = per_item_tokens(budget, mbs)
+                need = per_item_tokens(budget, mbs)
+                k = per_item_tokens(budget, mbs, rounding)
+                what = f"k = {k}" if k == need else f"{need}, but k rounds down to {k}"
                 yield (
                     "capture.dummy",
                     f"the dummy batch cannot cover its budget: {mbs} dummy item(s) hold "
                     f"{covered} graph rows or budget tokens for budget {budget} (each "
-                    f"item needs at least k = {k}); a batch that fits the budget would "
+                    f"item needs at least {what}); a batch that fits the budget would "
                     "overflow the buffers",
                 )
     if (
-        ir.capture_graph_rows is not None
-        and ir.budget_tokens is not None
+        ir.capture.graph_rows is not None
+        and ir.items.budget_tokens is not None
         and ir.items_resolved
     ):
         yield from item_bound_problems(ir, env)
@@ -256,10 +275,15 @@ def item_bound_problems(
     whose budget tokens fit has no more graph rows than that only if no item
     has more graph rows than budget tokens: checked on sampled dims.
 
-    Every grid dim is sampled on its own, so write both formulas over the
-    same dims where grids depend on each other (DeepSeek-V4.1: ``h``, ``w``
-    rather than the derived ``lh``, ``lw``)."""
-    dims = [d for g in ir.grid_inputs for d in g.dims]
+    Every dim the two formulas read is sampled on its own, so write both
+    formulas over the same dims where grids depend on each other
+    (DeepSeek-V4.1: ``h``, ``w`` rather than the derived ``lh``, ``lw``)."""
+    items = ir.items
+    graph_rows = items.graph_rows or items.output_tokens
+    budget_tokens = items.budget_tokens or items.output_tokens
+    # Only the dims the two formulas read vary their values.
+    used = names_in(graph_rows) | names_in(budget_tokens)
+    dims = [d for g in ir.item_inputs for d in g.dims if d in used]
     combos: Iterator[tuple[int, ...]]
     if len(SAMPLE_DIMS) ** len(dims) <= MAX_DIM_SAMPLES:
         combos = itertools.product(SAMPLE_DIMS, repeat=len(dims))
@@ -269,18 +293,19 @@ def item_bound_problems(
             tuple(rng.choice(SAMPLE_DIMS) for _ in dims) for _ in range(MAX_DIM_SAMPLES)
         )
     for combo in combos:
+        scope = {**env, **dict(zip(dims, combo, strict=True))}
         try:
-            values = item_values(ir, env, dict(zip(dims, combo)))
+            rows = evaluate(graph_rows, scope)
+            tokens = evaluate(budget_tokens, scope)
         except (EvaluationError, ArithmeticError):
             continue
-        if values["graph_rows"] > values["budget_tokens"]:
-            item = ", ".join(f"{d}={v}" for d, v in zip(dims, combo))
+        if rows > tokens:
+            item = ", ".join(f"{d}={v}" for d, v in zip(dims, combo, strict=True))
             yield (
                 "capture.graph_rows",
-                f"an item ({item}) has {values['graph_rows']} graph rows but "
-                f"{values['budget_tokens']} budget tokens: a declared capacity "
-                "covers a batch only if no item has more graph rows than budget "
-                "tokens",
+                f"an item ({item}) has {rows} graph rows but {tokens} budget "
+                "tokens: a declared capacity covers a batch only if no item has "
+                "more graph rows than budget tokens",
             )
             return
 
@@ -296,7 +321,7 @@ def slot_problems(
     for buf in buffers:
         if buf.pad is None or buf.slots is None:
             continue
-        spare = 1 if buf.pad == "trailing_sequence" else 0
+        spare = 1 if buf.pad is PadRule.TRAILING_SEQUENCE else 0
         for mbs in SAMPLE_BATCH_SIZES:
             try:
                 slots = evaluate(
@@ -305,7 +330,7 @@ def slot_problems(
                 )
             except (EvaluationError, ArithmeticError):
                 break
-            if buf.pad == "repeat_last" and slots < mbs + 1:
+            if buf.pad is PadRule.REPEAT_LAST and slots < mbs + 1:
                 yield (
                     f"buffers.{buf.key}.slots",
                     f"{slots} slots for max_batch_size {mbs}: a full batch has "

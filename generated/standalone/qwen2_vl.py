@@ -3,7 +3,7 @@
 # Do not edit: change the spec or the templates and run
 # `gen-mixin specs/qwen2_vl.yaml`.
 # spec-sha256: a61607801855577c257b0c6af9f388ac7f2b849a6741b68c13ba9bb25a2b6ab3
-# templates-sha256: fcd1691fa0658eee806dde721a94fd31a37bbb9a1e3046265160d2538fee6c5b
+# templates-sha256: 44130bbdf5b2d087233b7a7a8475a87ff09c141f5f8421c6c6a5faccf63e3ac3
 
 import itertools
 from collections.abc import Hashable
@@ -207,16 +207,14 @@ class Qwen2VLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         metadata = self.visual.prepare_encoder_metadata(
             image_grid_thw, device=device, max_seqlen_override=rows
         )
-        # A fixed number of slots, whatever the builder padded to: replay
-        # repeats the last real offset into the rest (zero-length sequences).
-        cu_seqlens = torch.full(
+        # A fixed number of slots, whatever the builder padded to: the tail
+        # repeats the last offset (zero-length sequences), as replay does.
+        cu_seqlens = torch.empty(
             (max(max_frames_per_batch, max_batch_size) + 1,),
-            rows,
             dtype=torch.int32,
             device=device,
         )
-        offsets = metadata["cu_seqlens"]
-        cu_seqlens[: offsets.numel()] = offsets
+        _pad_with_empty_sequences(cu_seqlens, metadata["cu_seqlens"])
         return EncoderCudaGraphCaptureInputs(
             values={
                 "pixel_values": pixel_values,

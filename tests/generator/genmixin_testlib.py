@@ -45,6 +45,20 @@ def spec_paths() -> list[Path]:
     return sorted(SPECS_DIR.glob("*.yaml"))
 
 
+def valid_corpus_paths() -> list[Path]:
+    """The valid-corpus specs (``data/valid/``): small specs that exercise
+    what the project's specs do not (counts, several pad buffers, ...)."""
+    return sorted((DATA_DIR / "valid").glob("*.yaml"))
+
+
+@functools.cache
+def render_path(path: Path, target: str) -> str:
+    """One spec's module for one target, rendered in memory."""
+    from generator.emit import render_spec
+
+    return render_spec(path, (target,), GENERATED_DIR)[0].source
+
+
 def targets() -> tuple[str, ...]:
     from generator.naming import TARGETS
 
@@ -176,3 +190,24 @@ def load_standalone_mixin(stem: str) -> types.ModuleType:
                 sys.modules.pop(key, None)
             else:
                 sys.modules[key] = value
+
+
+def mutated_spec(stem: str, *pairs: tuple[str, str]) -> str:
+    """``specs/<stem>.yaml`` with each ``old`` (occurring once) replaced."""
+    text = (SPECS_DIR / f"{stem}.yaml").read_text(encoding="utf-8")
+    for old, new in pairs:
+        assert text.count(old) == 1, f"{old!r} occurs {text.count(old)} times"
+        text = text.replace(old, new)
+    return text
+
+
+def spec_problems(text: str, name: str = "specs/case.yaml") -> list[str]:
+    """The diagnostics of a spec given as text ([] when it is valid)."""
+    from generator.diagnostics import SpecError
+    from generator.resolve import resolve_text
+
+    try:
+        resolve_text(text, name)
+    except SpecError as err:
+        return [str(d) for d in err.diagnostics]
+    return []

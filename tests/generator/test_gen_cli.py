@@ -4,7 +4,6 @@ the schema against the format's documentation."""
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import subprocess
 import sys
@@ -92,34 +91,6 @@ def test_schema_subcommand_in_process_matches() -> None:
     rc, stdout, stderr = run_main(["schema"])
     assert rc == 0 and stderr == ""
     assert json.loads(stdout) == json.loads(_schema_text())
-
-
-def _documented_top_level_fields() -> dict[str, str]:
-    """``field -> required column`` of the 'Top-level fields' table."""
-    doc = REPO / "docs" / "spec-format.md"
-    if not doc.exists():
-        pytest.skip("docs/spec-format.md does not exist yet")
-    text = doc.read_text(encoding="utf-8")
-    match = re.search(r"^#+ Top-level fields\s*$(.*?)(?=^#+ )", text, re.M | re.S)
-    assert match, "docs/spec-format.md has no 'Top-level fields' section"
-    fields = {}
-    for line in match.group(1).splitlines():
-        row = re.match(r"^\|\s*`([A-Za-z_][A-Za-z0-9_]*)`\s*\|\s*([^|]*?)\s*\|", line)
-        if row:
-            fields[row.group(1)] = row.group(2)
-    assert fields, "the 'Top-level fields' section has no table of `field` rows"
-    return fields
-
-
-def test_documented_top_level_fields_are_the_schemas(schema) -> None:
-    fields = _documented_top_level_fields()
-    props = set(schema["properties"])
-    assert set(fields) == props, (
-        f"documented only: {sorted(set(fields) - props)}; "
-        f"in the schema only: {sorted(props - set(fields))}"
-    )
-    required = {name for name, req in fields.items() if req.lower().startswith("yes")}
-    assert required == set(schema["required"])
 
 
 def test_bad_command_lines_exit_2_without_traceback(tmp_path) -> None:

@@ -162,13 +162,14 @@ def test_formula_columns(value: str, col: int) -> None:
     """Where a formula's error is reported: inside the value when the value
     reads as written, else at its start."""
     from generator.formulas import Scope
-    from generator.resolve import _Resolver
+    from generator.spec.reader import ReadContext
+    from generator.spec.values import parse_formula
 
     diags = Diagnostics()
     tree = load_spec_tree(f"x: {value}\n", "s.yaml", diags)
     assert not diags
-    resolver = _Resolver(tree, "s.yaml", diags)
-    resolver.expr(tree.value["x"], "x", Scope(frozenset({"a"})))
+    ctx = ReadContext("s.yaml", diags)
+    parse_formula(tree.value["x"], "x", ctx, Scope(frozenset({"a"})))
     (line,) = [str(d) for d in diags.sorted()]
     assert line.startswith(f"s.yaml:1:{col}: x: unknown name 'zz'"), line
 

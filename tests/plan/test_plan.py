@@ -15,6 +15,7 @@ import pytest
 from generator.plan import PlanError, make_plan, resolve_budgets
 from generator.resolve import load_spec, resolve_text
 from generator.diagnostics import SpecError
+from generator.spec import PadRule
 
 torch = pytest.importorskip("torch")
 
@@ -137,11 +138,11 @@ def test_plan_shapes_follow_the_dummy_batch(spec):
         k = -(-budget_plan.budget // 4)
         assert budget_plan.k == k
         by_key = {b.key: b for b in budget_plan.buffers}
-        flat = next(t.key for t in ir.capture_tensors)
+        flat = ir.path.capture.tensors[0].key
         # Every flat capture buffer holds exactly the dummy batch's input rows.
         assert by_key[flat].shape[0] == budget_plan.rows
-        cu = next(b for b in ir.buffers if b.pad is not None)
-        if cu.pad == "trailing_sequence":
+        cu = ir.path.pad_buffers[0]
+        if cu.pad is PadRule.TRAILING_SEQUENCE:
             # Every offset of a full batch, plus the spare slot.
             assert by_key[cu.key].shape == [4 + 2]
         else:
@@ -263,3 +264,17 @@ def test_plan_shares_the_managers_ladder_without_importing_torch():
         "assert generator.plan.resolve_budget_ladder is resolve_budget_ladder\n"
     )
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
+
+
+def test_plan_sizes_a_flat_input_by_its_own_rows():
+    """A flat input with its own rows is captured (and planned) at its own
+    rows of the dummy batch, not at the items' input_size."""
+    spec = load_spec(
+        ROOT / "tests" / "generator" / "data" / "valid" / "flat_own_rows.yaml"
+    )
+    plan = make_plan(spec, budgets=[64], max_items=2)
+    (budget,) = plan.per_budget
+    shapes = {b.key: b.shape for b in budget.buffers}
+    tiles = budget.dummy["num_tiles"][0]
+    assert shapes["tiles"] == [2 * tiles, 6]
+    assert shapes["patches"] == [2 * tiles * 4, 6]

@@ -49,6 +49,19 @@ def case(name: str, stem: str, *pairs: tuple[str, str]) -> None:
     cases[name] = _header(stem, name) + text
 
 
+def valid_case(name: str, stem: str, *pairs: tuple[str, str]) -> None:
+    """``data/valid/<stem>.yaml`` with each ``old`` (occurring once) replaced."""
+    text = (HERE / "valid" / f"{stem}.yaml").read_text(encoding="utf-8")
+    for old, new in pairs:
+        if text.count(old) != 1:
+            sys.exit(f"{name}: {old!r} occurs {text.count(old)} times in {stem}")
+        text = text.replace(old, new)
+    cases[name] = (
+        f"# Invalid-spec corpus case {name!r}: data/valid/{stem}.yaml with a mutation\n"
+        "# (written by tests/generator/data/make_invalid_corpus.py).\n" + text
+    )
+
+
 def regex(name: str, stem: str, pattern: str, replacement: str) -> None:
     text, n = re.subn(pattern, replacement, _spec(stem), count=1)
     if n != 1:
@@ -789,6 +802,45 @@ case(
     "yaml_deep_nesting",
     "minimax_m3",
     ("budget:\n  min: 64\n", "budget:\n  min: " + "[" * 3000 + "]" * 3000 + "\n"),
+)
+# -- what used to generate wrong code (issue #13) ------------------------------------
+# A per-item count written as a grid of one dim read each row as a list.
+valid_case(
+    "grid_one_dim",
+    "tiles_count",
+    ("{kind: count, dim: n}", "{kind: grid, dims: [n]}"),
+)
+# per_item_tokens: floor was parsed and ignored; GLM-4.1V's dummy (k per
+# item, k rounded down) cannot hold a budget max_batch_size does not divide.
+case(
+    "floor_dummy_short_of_budget",
+    "minimax_m3",
+    ("capture:\n  dummy:", "capture:\n  per_item_tokens: floor\n  dummy:"),
+)
+# Malformed parts that crashed the typed model before its first release.
+case(
+    "delimiters_not_a_mapping",
+    "deepseek_v41",
+    (
+        "    delimiters:\n      IMAGE_START: image_start\n      IMAGE_NEW_LINE: image_newline\n      IMAGE_END: image_end\n",
+        "    delimiters: 1\n",
+    ),
+)
+case(
+    "tensor_shape_empty",
+    "minimax_m3",
+    ("shape: [rows, channels * frames * patch**2]", "shape: []"),
+)
+case(
+    "grid_dim_not_a_name",
+    "deepseek_v41",
+    ("llm_grid: {kind: grid, dims: [lh, lw]}", "llm_grid: {kind: grid, dims: [1, lw]}"),
+)
+# Several encoder paths are a planned field: refused with a message.
+case(
+    "paths_refused",
+    "minimax_m3",
+    ("budget:\n  min: 64\n", "budget:\n  min: 64\npaths: {local: {}}\n"),
 )
 NOT_UTF8 = {"not_utf8": ("minimax_m3", "name: MiniMax M3", "name: MiniMax M\xe9")}
 

@@ -1,0 +1,166 @@
+"""``prepare_encoder_cudagraph_capture_inputs``: the dummy batch's buffers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from generator import formulas as fx
+from generator.emitters.method_body import Body, dims_of, signature, times
+from generator.emitters.prose import comment_lines, plain_message
+from generator.formulas import Ref
+from generator.naming import PROTOCOL_MODULES
+from generator.spec.capture import Buffer, CaptureTensor, MetadataBuilder
+from generator.spec.enums import ImageLimitGuard, PadRule, Rounding
+from generator.spec.mixin import MixinSpec
+
+
+def builder_calls(
+    spec: MixinSpec, body: Body, phase: str, name_map: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
+    """Each builder's call at ``phase`` (capture or replay) and its result name."""
+    out = []
+    for b in spec.path.metadata:
+        call = fx.Call(b.call.callee, b.call.args, b.kwargs(phase))
+        out.append(
+            {
+                "name": b.result_name,
+                "call": body.expr(call, name_map),
+                "why": comment_lines(b.why),
+            }
+        )
+    return out
+
+
+def builder_value(buf: Buffer) -> str:
+    """The buffer's value in its builder's result."""
+    assert isinstance(buf.source, MetadataBuilder)  # noqa: S101
+    return f'{buf.source.result_name}["{buf.key}"]'
+
+
+def _builder_grids(spec: MixinSpec) -> set[str]:
+    """Grid and count keys a builder reads at capture."""
+    names: set[str] = set()
+    for b in spec.path.metadata:
+        names |= fx.names_in(b.call)
+        for _, value in b.capture_kwargs:
+            names |= fx.names_in(value)
+    return {n for n in names if spec.item_input(n) is not None}
+
+
+def _own_rows(spec: MixinSpec) -> list[CaptureTensor]:
+    """Capture tensors of flat inputs with their own rows per item."""
+    return [t for t in spec.path.capture.tensors if t.flat.own_rows]
+
+
+def _dummies(spec: MixinSpec, body: Body) -> list[dict[str, Any]]:
+    builder_grids = _builder_grids(spec)
+    rows_dims = dims_of(spec, spec.items.input_size)
+    for t in _own_rows(spec):
+        rows_dims |= dims_of(spec, t.flat.rows)
+    out = []
+    for item, exprs in spec.path.capture.dummy:
+        if item.key not in builder_grids and not (set(item.dims) & rows_dims):
+            continue
+        targets = ", ".join(item.dims)
+        out.append(
+            {
+                "key": item.key,
+                "targets": targets,
+                "dim_values": ", ".join(body.expr(e) for e in exprs),
+                "list": item.key in builder_grids,
+                "row": targets if item.is_count else f"[{targets}]",
+            }
+        )
+    return out
+
+
+def _tensor(body: Body, t: CaptureTensor) -> dict[str, Any]:
+    # In its own shape, ``rows`` is the input's rows in the dummy batch.
+    names = {"rows": f"{t.key}_rows"} if t.flat.own_rows else None
+    return {
+        "key": t.key,
+        "rows": (
+            {
+                "name": f"{t.key}_rows",
+                "value": times("max_batch_size", body, t.flat.rows),
+            }
+            if t.flat.own_rows
+            else None
+        ),
+        "fill": t.fill.value,
+        "shape": ", ".join(body.expr(s, names) for s in t.shape),
+        "dtype": "dtype" if isinstance(t.dtype, Ref) else body.expr(t.dtype),
+        "why": comment_lines(t.why),
+    }
+
+
+def _allocated(body: Body, buf: Buffer) -> dict[str, str]:
+    assert buf.shape is not None and buf.dtype is not None  # noqa: S101
+    dtype = buf.dtype.value
+    return {
+        "key": buf.key,
+        "shape": ", ".join(body.expr(e) for e in buf.shape)
+        + ("," if len(buf.shape) == 1 else ""),
+        "dtype": "dtype" if dtype == "dtype" else f"torch.{dtype}",
+        "source": builder_value(buf),
+    }
+
+
+def _padded(body: Body, buf: Buffer) -> dict[str, Any]:
+    assert buf.slots is not None  # noqa: S101
+    return {
+        "key": buf.key,
+        "slots": body.expr(buf.slots),
+        "source": builder_value(buf),
+        "register": buf.pad is PadRule.TRAILING_SEQUENCE,
+    }
+
+
+def context(spec: MixinSpec, target: str) -> dict[str, Any]:
+    body = Body(spec)
+    path = spec.path
+    capture = path.capture
+    padded = path.pad_buffers
+    own = {b.key for b in padded} | {b.key for b in path.buffers if b.allocate}
+    entries = []
+    for buf in path.buffers:
+        if buf.key in own or isinstance(buf.source, CaptureTensor):
+            entries.append({"key": buf.key, "value": buf.key})
+        else:
+            entries.append({"key": buf.key, "value": builder_value(buf)})
+    ctx: dict[str, Any] = {
+        "signature": signature(spec, "prepare_encoder_cudagraph_capture_inputs"),
+        "defs_local": spec.local_defs_import,
+        "defs_module": PROTOCOL_MODULES[target]["defs"],
+        "image_limit": (
+            plain_message(
+                f"cudagraph_mm_encoder requires the {spec.display_name} vision "
+                "tower, but it was stubbed out because the image limit is 0. "
+                "Disable cudagraph_mm_encoder."
+            )
+            if spec.guards.image_limit_zero is ImageLimitGuard.CAPTURE
+            else None
+        ),
+        "why": comment_lines(capture.why),
+        "k_counts": (
+            "Budget tokens" if spec.items.budget_tokens is not None else "Output tokens"
+        ),
+        "floor": capture.rounding is Rounding.FLOOR,
+        "dummies": _dummies(spec, body),
+        "frames_per_item": any(
+            "frames_per_item" in fx.names_in(e)
+            for _, exprs in capture.dummy
+            for e in exprs
+        ),
+        "rows": times("max_batch_size", body, spec.items.input_size),
+        "tensors": [_tensor(body, t) for t in capture.tensors],
+        "builders": builder_calls(spec, body, "capture"),
+        "padded": [_padded(body, b) for b in padded],
+        "allocated": [_allocated(body, b) for b in path.buffers if b.allocate],
+        "graph_rows": (
+            body.expr(capture.graph_rows) if capture.graph_rows is not None else None
+        ),
+        "entries": entries,
+    }
+    ctx["constants"] = body.bindings()
+    return ctx

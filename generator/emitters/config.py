@@ -1,0 +1,90 @@
+"""``get_encoder_cudagraph_config``: buffers, output width, replay copies, guards."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from generator.emitters.method_body import Body, signature
+from generator.emitters.prose import comment_lines, message_literal, plain_message
+from generator.naming import PROTOCOL_MODULES
+from generator.spec.enums import ImageLimitGuard, PadRule
+from generator.spec.mixin import MixinSpec
+
+DEFAULT_BACKEND_WHY = (
+    "FlashInfer reads max_seqlen on the host and TORCH_SDPA calls .tolist() on "
+    "the CUDA cu_seqlens: neither can be captured."
+)
+
+
+def padding_logics(spec: MixinSpec) -> list[dict[str, str]]:
+    """The replay copies that differ from the manager's default, by buffer."""
+    out = []
+    for buf in spec.path.buffers:
+        if buf.pad is PadRule.TRAILING_SEQUENCE:
+            out.append({"key": buf.key, "fn": "self._pad_with_trailing_sequence"})
+        elif buf.pad is PadRule.REPEAT_LAST:
+            out.append({"key": buf.key, "fn": "_pad_with_empty_sequences"})
+        elif buf.rows_dim:
+            out.append({"key": buf.key, "fn": f"_copy_rows_on_dim{buf.rows_dim}"})
+    return out
+
+
+def _backend(spec: MixinSpec, body: Body) -> dict[str, Any] | None:
+    guard = spec.guards.attention_backend
+    if guard is None:
+        return None
+    members = guard.allow or guard.deny
+    hint = (guard.hint or "Choose a capturable backend").rstrip(". ")
+    return {
+        "path": body.expr(guard.path),
+        "op": "not in" if guard.allow else "in",
+        "members": [f"AttentionBackendEnum.{m.value}" for m in members],
+        "why": comment_lines(guard.why) or comment_lines(DEFAULT_BACKEND_WHY),
+        "message": message_literal(
+            [
+                ("cudagraph_mm_encoder is not supported with the", False),
+                ("backend.name", True),
+                (
+                    f"ViT attention backend for {spec.display_name}. {hint}, "
+                    "or disable cudagraph_mm_encoder.",
+                    False,
+                ),
+            ]
+        ),
+    }
+
+
+def context(spec: MixinSpec, target: str) -> dict[str, Any]:
+    body = Body(spec)
+    name = spec.display_name
+    image_limit = fp8 = None
+    if spec.guards.image_limit_zero is ImageLimitGuard.CONFIG:
+        image_limit = plain_message(
+            f"cudagraph_mm_encoder requires the {name} vision tower, but the image "
+            "limit is 0. Disable cudagraph_mm_encoder."
+        )
+    if spec.guards.fp8_static_scales:
+        fp8 = plain_message(
+            "cudagraph_mm_encoder requires static FP8 scales for the "
+            f"{name} vision encoder (dynamic scaling keeps its amax history on the "
+            "host, which a graph cannot capture). Set --mm-encoder-fp8-scale-path "
+            "or disable cudagraph_mm_encoder."
+        )
+    backend = _backend(spec, body)
+    mfpv = spec.max_frames_per_video
+    ctx = {
+        "signature": signature(spec, "get_encoder_cudagraph_config"),
+        "defs_local": spec.local_defs_import,
+        "defs_module": PROTOCOL_MODULES[target]["defs"],
+        "backends_module": PROTOCOL_MODULES[target]["backends"],
+        "image_limit": image_limit,
+        "fp8": fp8,
+        "backend": backend,
+        "modalities": [repr(m.value) for m in spec.modalities],
+        "buffer_keys": [repr(b.key) for b in spec.path.buffers],
+        "out_hidden_size": body.expr(spec.out_hidden_size),
+        "max_frames_per_video": body.expr(mfpv) if mfpv is not None else None,
+        "padding": padding_logics(spec),
+    }
+    ctx["constants"] = body.bindings()
+    return ctx

@@ -1,0 +1,63 @@
+"""``encoder_eager_forward``: the same rows without a graph."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from generator import formulas as fx
+from generator.emitters.graph_forward import steps
+from generator.emitters.method_body import Body, Loads, dims_of, item_loop, signature
+from generator.spec.mixin import MixinSpec
+
+
+def context(spec: MixinSpec, target: str) -> dict[str, Any]:
+    body = Body(spec)
+    loads = Loads(spec)
+    eager = spec.path.eager_forward
+    used = set().union(*(fx.names_in(s.expr) for s in eager.steps))
+    flats = [f for f in spec.flat_inputs if f.key in used]
+    flat_loads = []
+    for flat in flats:
+        value = loads.flat(flat.key)
+        if flat.eager_dtype is not None:
+            value = f"{value}.to({body.expr(flat.eager_dtype)})"
+        flat_loads.append({"name": flat.key, "value": value})
+    ctx: dict[str, Any] = {
+        "signature": signature(spec, "encoder_eager_forward"),
+        "keys": loads.by_modality,
+        "per_item": eager.per_item,
+        "loads": flat_loads,
+    }
+    if not eager.per_item:
+        ctx["grids"] = [loads.item(g.key) for g in spec.item_inputs if g.key in used]
+        ctx["steps"] = steps(body, eager.steps, {})
+        ctx["constants"] = body.bindings()
+        return ctx
+    dims_needed = {d for g in spec.item_inputs for d in g.dims if d in used}
+    for flat in flats:
+        dims_needed |= dims_of(spec, flat.rows)
+    loop_target, iterable, keys = item_loop(spec, dims_needed)
+    slices = []
+    name_map = {}
+    for flat in flats:
+        slices.append(
+            {
+                "flat": flat.key,
+                "item": f"item_{flat.key}",
+                "offset": f"{flat.key}_offset",
+                "rows": body.expr(flat.rows),
+            }
+        )
+        name_map[flat.key] = f"item_{flat.key}"
+    assert eager.empty_width is not None  # noqa: S101 (the model requires it)
+    ctx.update(
+        grids=[loads.item(k) for k in keys],
+        target=loop_target,
+        iterable=iterable,
+        slices=slices,
+        steps=steps(body, eager.steps, name_map),
+        empty_like=flats[0].key if flats else None,
+        empty_width=body.expr(eager.empty_width),
+    )
+    ctx["constants"] = body.bindings()
+    return ctx

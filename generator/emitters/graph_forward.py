@@ -1,0 +1,38 @@
+"""``encoder_cudagraph_forward``: the captured computation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from generator import formulas as fx
+from generator.emitters.method_body import Body, signature
+from generator.formulas import Ref
+from generator.spec.forwards import Step
+from generator.spec.mixin import MixinSpec
+
+
+def steps(body: Body, steps: tuple[Step, ...], name_map: dict[str, str]):
+    return [{"target": s.target, "expr": body.expr(s.expr, name_map)} for s in steps]
+
+
+def context(spec: MixinSpec, target: str) -> dict[str, Any]:
+    body = Body(spec)
+    forward = spec.path.graph_forward
+    uses_rest = any(Ref("rest") in fx.walk(s.expr) for s in forward)
+    keys = [b.key for b in spec.path.buffers]
+    popped: list[str] = []
+    name_map: dict[str, str] = {}
+    if uses_rest:
+        named = set().union(*(fx.names_in(s.expr) for s in forward))
+        popped = [k for k in keys if k in named]
+        name_map["rest"] = "inputs"
+    else:
+        name_map.update({k: f'inputs["{k}"]' for k in keys})
+    ctx = {
+        "signature": signature(spec, "encoder_cudagraph_forward"),
+        "popped": popped,
+        "uses_rest": uses_rest,
+        "steps": steps(body, forward, name_map),
+    }
+    ctx["constants"] = body.bindings()
+    return ctx

@@ -1,0 +1,103 @@
+"""The module's imports, per target: what the generated code names, sorted as
+isort / ruff sort them, type-only names under ``TYPE_CHECKING``."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from generator import formulas as fx
+from generator.emitters.method_body import DEFS_NAMES
+from generator.emitters.postprocess import writes_default
+from generator.import_rules import TARGET_ROOTS
+from generator.naming import PROTOCOL_MODULES
+from generator.spec.mixin import MixinSpec
+
+
+def used_import_names(spec: MixinSpec) -> set[str]:
+    """Imported names the generated code mentions."""
+    path = spec.path
+    exprs: list[fx.Expr] = [m.call for m in path.metadata]
+    exprs += [v for m in path.metadata for _, v in m.capture_kwargs + m.replay_kwargs]
+    exprs += [s.expr for s in path.graph_forward + path.eager_forward.steps]
+    used = set().union(*(fx.names_in(e) for e in exprs)) if exprs else set()
+    for attr in spec.host:
+        used |= attr.names
+    span = spec.span_assembly
+    if span is not None:
+        used.add(span.content.name)
+        # The first delimiter is the index's fallback (offset 0): not named.
+        used.update(imp.name for imp, _ in span.delimiters[1:])
+    return used
+
+
+def _sort_key(name: str) -> tuple[int, list[int | str]]:
+    """isort's order-by-type (CONSTANTS, Classes, functions), each in natural
+    order (``V4`` before ``V41``), case-insensitive, as ruff sorts them."""
+    kind = 0 if name.isupper() else 1 if name[:1].isupper() else 2
+    parts = re.split(r"(\d+)", name.lower())
+    return (kind, [int(p) if p.isdigit() else p for p in parts])
+
+
+def _lines(groups: dict[str, set[str]]) -> list[str]:
+    return [
+        f"from {module} import {', '.join(sorted(groups[module], key=_sort_key))}"
+        for module in sorted(groups)
+    ]
+
+
+def context(spec: MixinSpec, target: str) -> dict[str, Any]:
+    mods = PROTOCOL_MODULES[target]
+    stdlib = {"collections.abc": {"Hashable"}, "typing": {"TYPE_CHECKING", "Any"}}
+    plain = {"itertools"}  # _select_rows
+    first_party: dict[str, set[str]] = {}
+    type_checking: dict[str, set[str]] = {mods["VllmConfig"]: {"VllmConfig"}}
+
+    def add(groups: dict[str, set[str]], module: str, *names: str) -> None:
+        groups.setdefault(module, set()).update(names)
+
+    if spec.protocol_base:
+        add(first_party, mods["interfaces"], "SupportsEncoderCudaGraph")
+    add(
+        type_checking if spec.local_defs_import else first_party,
+        mods["defs"],
+        *DEFS_NAMES,
+    )
+    if any("MultiModalConfig" in a.names for a in spec.host):
+        add(type_checking, mods["MultiModalConfig"], "MultiModalConfig")
+    used = used_import_names(spec)
+    for imp in spec.imports:
+        if imp.name in used:  # declared for the spec's sake, never printed: no import
+            add(
+                type_checking if imp.type_only else first_party,
+                imp.module(target),
+                imp.name,
+            )
+    if spec.path.trailing is not None:
+        plain.add("weakref")
+    if spec.span_assembly is not None:
+        add(first_party, mods["async_tensor_h2d"], "async_tensor_h2d")
+    if writes_default(spec):
+        add(first_party, mods["scatter_output_slices"], "scatter_output_slices")
+    _check_roots(target, first_party, type_checking)
+    return {
+        "stdlib": [f"import {m}" for m in sorted(plain)] + _lines(stdlib),
+        "first_party": _lines(first_party),
+        "type_checking": _lines(type_checking),
+    }
+
+
+def _check_roots(target: str, *groups: dict[str, set[str]]) -> None:
+    """Every first-party import comes from the target's own packages."""
+    from generator.render import RenderError
+
+    roots = {
+        *TARGET_ROOTS[target],
+        *(m.split(".")[0] for m in PROTOCOL_MODULES[target].values()),
+    }
+    for group in groups:
+        for module in group:
+            if module.split(".")[0] not in roots:
+                raise RenderError(
+                    f"unexpected import module {module!r} for target {target}"
+                )

@@ -1,0 +1,37 @@
+"""``get_encoder_cudagraph_item_specs``: one ``EncoderItemSpec`` per item."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from generator import formulas as fx
+from generator.emitters.method_body import Body, Loads, dims_of, item_loop, signature
+from generator.naming import PROTOCOL_MODULES
+from generator.spec.mixin import MixinSpec
+
+
+def context(spec: MixinSpec, target: str) -> dict[str, Any]:
+    body = Body(spec)
+    loads = Loads(spec)
+    items = spec.items
+    # Only to collect the dims the formulas need.
+    both = fx.BinOp("+", items.input_size, items.output_tokens)
+    if items.budget_tokens is not None:
+        both = fx.BinOp("+", both, items.budget_tokens)
+    loop_target, iterable, keys = item_loop(spec, dims_of(spec, both))
+    ctx = {
+        "signature": signature(spec, "get_encoder_cudagraph_item_specs"),
+        "defs_local": spec.local_defs_import,
+        "defs_module": PROTOCOL_MODULES[target]["defs"],
+        "keys": loads.by_modality,
+        "grids": [loads.item(k) for k in keys],
+        "input_size": body.expr(items.input_size),
+        "output_tokens": body.expr(items.output_tokens),
+        "budget_tokens": (
+            body.expr(items.budget_tokens) if items.budget_tokens is not None else None
+        ),
+        "target": loop_target,
+        "iterable": iterable,
+    }
+    ctx["constants"] = body.bindings()
+    return ctx

@@ -1,0 +1,128 @@
+"""What the emitters of several methods share: signatures from the scope
+table, the constants a body binds, loops over the items' grids and counts,
+and how inputs are read from ``mm_kwargs``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from generator import formulas as fx
+from generator.formulas import Expr
+from generator.scopes import METHODS
+from generator.spec.mixin import MixinSpec
+
+#: The protocol's data classes, imported at module top or inside each method.
+DEFS_NAMES = (
+    "EncoderCudaGraphCaptureInputs",
+    "EncoderCudaGraphConfig",
+    "EncoderCudaGraphReplayBuffers",
+    "EncoderItemSpec",
+)
+
+
+def quote_defs(spec: MixinSpec, text: str) -> str:
+    """An annotation with its ``{DataClass}`` marks filled in: quoted when the
+    data classes are imported inside the methods only."""
+    names = {n: (f'"{n}"' if spec.local_defs_import else n) for n in DEFS_NAMES}
+    return text.format(**names)
+
+
+def signature(spec: MixinSpec, method: str) -> dict[str, Any]:
+    """A method's ``def`` line parts, from :data:`generator.scopes.METHODS`."""
+    m = METHODS[method]
+    params = []
+    for p in m.params:
+        text = p.name
+        if p.annotation:
+            text += f": {quote_defs(spec, p.annotation)}"
+        if p.default is not None:
+            text += f" = {p.default}"
+        params.append(text)
+    return {
+        "name": m.name,
+        "params": params,
+        "returns": quote_defs(spec, m.returns),
+        "exploded": m.exploded,
+    }
+
+
+@dataclass
+class Body:
+    """One method body: prints expressions and tracks the constants they use,
+    which the body binds first thing."""
+
+    spec: MixinSpec
+    used: set[str] = field(default_factory=set)
+
+    def expr(self, expr: Expr, name_map: dict[str, str] | None = None) -> str:
+        for name in fx.names_in(expr):
+            if self.spec.constant(name) is not None:
+                self.used.add(name)
+        return fx.to_python(expr, name_map)
+
+    def bindings(self) -> list[dict[str, str]]:
+        return [
+            {"name": c.name, "value": fx.to_python(c.path)}
+            for c in self.spec.constants
+            if c.name in self.used
+        ]
+
+
+def dims_of(spec: MixinSpec, expr: Expr) -> set[str]:
+    dims = {d for g in spec.item_inputs for d in g.dims}
+    return fx.names_in(expr) & dims
+
+
+def item_loop(spec: MixinSpec, dims_needed: set[str]) -> tuple[str, str, list[str]]:
+    """``for <target> in <iterable>`` over the grids and counts whose dims are
+    needed (the first one when none is), and the keys it reads."""
+    inputs = [g for g in spec.item_inputs if dims_needed & set(g.dims)] or [
+        spec.item_inputs[0]
+    ]
+    if len(inputs) == 1:
+        return ", ".join(inputs[0].dims), inputs[0].key, [inputs[0].key]
+    target = ", ".join(
+        g.dims[0] if g.is_count else f"({', '.join(g.dims)})" for g in inputs
+    )
+    iterable = f"zip({', '.join(g.key for g in inputs)}, strict=True)"
+    return target, iterable, [g.key for g in inputs]
+
+
+def per_item_list(spec: MixinSpec, body: Body, expr: Expr) -> tuple[str, list[str]]:
+    """``[<expr> for <dims> in <grids>]`` (a count input itself when ``expr``
+    is its dim) and the keys it reads."""
+    target, iterable, keys = item_loop(spec, dims_of(spec, expr))
+    if expr == fx.Ref(target) and iterable in keys:
+        return iterable, keys
+    return f"[{body.expr(expr)} for {target} in {iterable}]", keys
+
+
+def times(factor: str, body: Body, expr: Expr) -> str:
+    """``factor * <expr>``, with parentheses only around an operation."""
+    text = body.expr(expr)
+    return (
+        f"{factor} * ({text})" if isinstance(expr, fx.BinOp) else f"{factor} * {text}"
+    )
+
+
+class Loads:
+    """How a method reads the batch's inputs (by modality key, when the spec
+    has video keys: ``keys = self._modality_keys(mm_kwargs)`` comes first)."""
+
+    def __init__(self, spec: MixinSpec) -> None:
+        self.spec = spec
+        self.by_modality = spec.has_video_keys
+
+    def key(self, key: str) -> str:
+        return f'keys["{key}"]' if self.by_modality else f'"{key}"'
+
+    def flat(self, key: str) -> str:
+        read = f"mm_kwargs[{self.key(key)}]"
+        flat = self.spec.flat(key)
+        return f"_concat_rows({read})" if flat and flat.accepts_list else read
+
+    def item(self, key: str, source: str = "mm_kwargs") -> dict[str, str]:
+        item = self.spec.item_input(key)
+        reader = "_counts" if item is not None and item.is_count else "_grid_rows"
+        return {"name": key, "value": f"self.{reader}({source}, {self.key(key)})"}

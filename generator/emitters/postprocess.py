@@ -1,0 +1,59 @@
+"""``postprocess_encoder_output``: span assembly, or the protocol's default
+spelt out for a mixin that does not subclass the protocol."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from generator.emitters.method_body import Body, Loads, dims_of, item_loop, signature
+from generator.emitters.prose import comment_lines
+from generator.spec.mixin import MixinSpec
+
+
+def writes_default(spec: MixinSpec) -> bool:
+    """The protocol's default scatter, written out (base: none)."""
+    return spec.span_assembly is None and not spec.protocol_base
+
+
+def _span(spec: MixinSpec) -> dict[str, Any]:
+    span = spec.span_assembly
+    graph_rows = spec.items.graph_rows
+    assert span is not None and graph_rows is not None  # noqa: S101 (the model)
+    body = Body(spec)
+    loads = Loads(spec)
+    rows_target, rows_iter, rows_keys = item_loop(spec, dims_of(spec, graph_rows))
+    out_tokens = spec.items.output_tokens
+    len_target, len_iter, len_keys = item_loop(spec, dims_of(spec, out_tokens))
+    keys = list(dict.fromkeys(rows_keys + len_keys))
+    (first, _), *others = span.delimiters
+    offsets = [
+        (
+            f"{i} * (types == {imp.name}).long()"
+            if i > 1
+            else f"(types == {imp.name}).long()"
+        )
+        for i, (imp, _) in enumerate(others, start=1)
+    ]
+    ctx = {
+        "grids": [loads.item(k, "batch_mm_kwargs") for k in keys],
+        "types_key": span.types.key,
+        "content": span.content.name,
+        "rows": f"sum({body.expr(graph_rows)} for {rows_target} in {rows_iter})",
+        "lengths": f"[{body.expr(out_tokens)} for {len_target} in {len_iter}]",
+        "delimiter_names": [imp.name for imp, _ in span.delimiters],
+        "delimiter_params": [f"self.{attr.name}" for _, attr in span.delimiters],
+        "first_delimiter": first.name,
+        "delimiter_offsets": " + ".join(offsets) if offsets else "0",
+        "why": comment_lines(span.why),
+    }
+    ctx["constants"] = body.bindings()
+    return ctx
+
+
+def context(spec: MixinSpec, target: str) -> dict[str, Any] | None:
+    if spec.span_assembly is None and not writes_default(spec):
+        return None
+    return {
+        "signature": signature(spec, "postprocess_encoder_output"),
+        "span": _span(spec) if spec.span_assembly is not None else None,
+    }

@@ -1,0 +1,93 @@
+"""``prepare_encoder_cudagraph_replay_buffers``: the batch's real values."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from generator import formulas as fx
+from generator.emitters.capture_inputs import builder_calls, builder_value
+from generator.emitters.method_body import Body, Loads, signature
+from generator.emitters.prose import comment_lines
+from generator.naming import PROTOCOL_MODULES
+from generator.spec.capture import MetadataBuilder
+from generator.spec.enums import PadRule, ReplayRule
+from generator.spec.mixin import MixinSpec
+
+
+def _builder_names(spec: MixinSpec) -> set[str]:
+    names: set[str] = set()
+    for b in spec.path.metadata:
+        names |= fx.names_in(b.call)
+        for _, value in b.replay_kwargs:
+            names |= fx.names_in(value)
+    return names
+
+
+def _notes(spec: MixinSpec) -> list[list[str]]:
+    """Why some buffers are left out or go unpadded (comments)."""
+    notes = []
+    buffers = spec.path.buffers
+    for buf in buffers:
+        if buf.host_scalar and buf.replay is ReplayRule.DROP:
+            notes.append(
+                f"{buf.key} is left out: its capture value is baked into the kernel "
+                "launch, and a value copied into the host tensor would never be read."
+            )
+    for buf in buffers:
+        if buf.host_scalar and buf.replay is ReplayRule.COPY:
+            notes.append(
+                f"{buf.key} is sent as computed; the graph keeps its capture value, "
+                "which bounds every sequence."
+            )
+        if buf.pad is PadRule.TRAILING_SEQUENCE:
+            notes.append(
+                f"{buf.key} goes unpadded: its padding logic closes the batch with one "
+                "padding sequence up to the captured rows."
+            )
+        if buf.pad is PadRule.REPEAT_LAST:
+            notes.append(
+                f"{buf.key} goes unpadded: its padding logic repeats the last offset "
+                "(zero-length sequences)."
+            )
+    return [comment_lines(n) for n in notes]
+
+
+def context(spec: MixinSpec, target: str) -> dict[str, Any]:
+    body = Body(spec)
+    loads = Loads(spec)
+    buffer_keys = {b.key for b in spec.path.buffers}
+    device_flat = next(f for f in spec.flat_inputs if f.key in buffer_keys)
+    used = _builder_names(spec)
+    flat_loads = []
+    for flat in spec.flat_inputs:
+        if flat.key not in buffer_keys and flat.key not in used:
+            continue
+        value = loads.flat(flat.key)
+        if flat.replay_dtype is not None:
+            value = f"{value}.to({body.expr(flat.replay_dtype)})"
+        flat_loads.append({"name": flat.key, "value": value})
+    name_map = {
+        "device": f"{device_flat.key}.device",
+        "dtype": f"{device_flat.key}.dtype",
+    }
+    entries = []
+    for buf in spec.path.buffers:
+        if buf.host_scalar and buf.replay is ReplayRule.DROP:
+            continue
+        value = (
+            builder_value(buf) if isinstance(buf.source, MetadataBuilder) else buf.key
+        )
+        entries.append({"key": buf.key, "value": value})
+    ctx = {
+        "signature": signature(spec, "prepare_encoder_cudagraph_replay_buffers"),
+        "defs_local": spec.local_defs_import,
+        "defs_module": PROTOCOL_MODULES[target]["defs"],
+        "keys": loads.by_modality,
+        "loads": flat_loads,
+        "grids": [loads.item(g.key) for g in spec.item_inputs if g.key in used],
+        "builders": builder_calls(spec, body, "replay", name_map),
+        "entries": entries,
+        "notes": _notes(spec),
+    }
+    ctx["constants"] = body.bindings()
+    return ctx

@@ -1,0 +1,472 @@
+"""The names generated code binds, and the names each spec field may use.
+
+Declared once, read everywhere: the resolver builds every formula's
+:class:`~generator.formulas.Scope` from :data:`FIELD_SCOPES` and refuses spec
+names that would collide with :data:`METHODS`' parameters and locals; the
+emitters print method signatures from :data:`METHODS`; the docs list each
+field's names from :data:`FIELD_SCOPES`; a test parses every generated
+method and checks that each name it binds is declared here or is a spec name.
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import Enum
+
+from generator.formulas import Scope
+
+
+class NameKind(Enum):
+    """What a name a spec declares stands for (the value reads in messages)."""
+
+    HOST = "host attribute"
+    HOST_METHOD = "host method"
+    IMPORT = "import"
+    CONSTANT = "constant"
+    SIZE = "size"
+    FLAT = "flat input"
+    GRID = "grid input"  # grids and per-item counts
+    DIM = "dim"
+    BUFFER = "buffer"
+    GRAPH_STEP = "graph_forward step"
+    EAGER_STEP = "eager_forward step"
+    BUILDER_RESULT = "builder result"  # chosen by the generator, never collides
+
+
+# -- names in scope for each spec field -------------------------------------------
+
+#: Built-in names a formula may use, with what they hold (for the docs).
+BUILTIN_MEANINGS: dict[str, str] = {
+    "k": "tokens of each dummy item: `token_budget / max_batch_size`, rounded as "
+    "`capture.per_item_tokens` says",
+    "rows": "input rows of the dummy batch (`max_batch_size` items)",
+    "token_budget": "the budget being captured",
+    "max_batch_size": "the manager's item limit per batch",
+    "max_frames_per_batch": "the manager's frame limit per batch",
+    "frames_per_item": "`max(max_frames_per_batch // max_batch_size, 1)`",
+    "device": "capture: the manager's device; replay: the first flat buffer's",
+    "dtype": "capture: the manager's dtype; replay: the first flat buffer's",
+    "rest": "the buffers no step names, as a dict",
+    "input_size": "the item's `items.input_size`",
+    "output_tokens": "the item's `items.output_tokens`",
+}
+
+
+@dataclass(frozen=True)
+class FieldScope:
+    """What the formulas of one kind of field may mention."""
+
+    kinds: frozenset[NameKind] = frozenset()
+    builtins: tuple[str, ...] = ()
+    host_paths: bool = False
+    calls: bool = False  # of host paths and imported helpers
+    literals: bool = False  # True / False / None
+
+    def scope(self, names: Mapping[NameKind, Iterable[str]], extra=()) -> Scope:
+        """The formula scope for a spec whose declared names are ``names``."""
+        declared = {n for kind in self.kinds for n in names.get(kind, ())}
+        return Scope(
+            frozenset(declared | set(self.builtins) | set(extra)),
+            host_roots=(
+                frozenset(names.get(NameKind.HOST, ()))
+                | frozenset(names.get(NameKind.HOST_METHOD, ()))
+                if self.host_paths
+                else frozenset()
+            ),
+            callables=(
+                frozenset(names.get(NameKind.IMPORT, ())) if self.calls else frozenset()
+            ),
+            allow_calls=self.calls,
+            allow_literals=self.literals,
+        )
+
+    def describe(self) -> str:
+        """The names in scope, as the docs list them."""
+        parts = [f"{k.value}s" for k in NameKind if k in self.kinds]
+        if self.host_paths:
+            parts.append("host paths")
+        if self.calls:
+            parts.append("calls of host methods and imported helpers")
+        parts += [f"`{b}`" for b in self.builtins]
+        return ", ".join(parts) if parts else "literals only"
+
+
+_K = NameKind
+CAPTURE_SIZES = ("k", "rows", "max_batch_size", "token_budget")
+DUMMY_NAMES = ("k", "max_batch_size", "token_budget", "max_frames_per_batch")
+CAPTURE_KWARG_NAMES = (*DUMMY_NAMES, "frames_per_item", "rows")
+
+FIELD_SCOPES: dict[str, FieldScope] = {
+    "host_path": FieldScope(host_paths=True),
+    "items": FieldScope(frozenset({_K.DIM, _K.CONSTANT})),
+    "flat_rows": FieldScope(
+        frozenset({_K.DIM, _K.CONSTANT}), ("input_size", "output_tokens")
+    ),
+    "constants": FieldScope(frozenset({_K.CONSTANT})),
+    "constants_and_host": FieldScope(frozenset({_K.CONSTANT}), host_paths=True),
+    "max_frames_per_video": FieldScope(
+        frozenset({_K.CONSTANT}), host_paths=True, calls=True
+    ),
+    "dummy": FieldScope(frozenset({_K.CONSTANT}), (*DUMMY_NAMES, "frames_per_item")),
+    "tensor_shape": FieldScope(
+        frozenset({_K.CONSTANT}), CAPTURE_SIZES, host_paths=True
+    ),
+    "tensor_dtype": FieldScope(builtins=("dtype",), host_paths=True),
+    "graph_rows": FieldScope(frozenset({_K.CONSTANT}), CAPTURE_SIZES),
+    "builder_call": FieldScope(
+        frozenset({_K.CONSTANT, _K.FLAT, _K.GRID}),
+        ("device", "dtype"),
+        host_paths=True,
+        calls=True,
+        literals=True,
+    ),
+    "capture_kwargs": FieldScope(
+        frozenset({_K.CONSTANT, _K.FLAT, _K.GRID}),
+        ("device", "dtype", *CAPTURE_KWARG_NAMES),
+        host_paths=True,
+        literals=True,
+    ),
+    "replay_kwargs": FieldScope(
+        frozenset({_K.CONSTANT, _K.FLAT, _K.GRID}),
+        ("device", "dtype"),
+        host_paths=True,
+        literals=True,
+    ),
+    "slots": FieldScope(
+        frozenset({_K.CONSTANT}), ("max_batch_size", "max_frames_per_batch")
+    ),
+    "buffer_shape": FieldScope(
+        frozenset({_K.CONSTANT, _K.SIZE}), (*CAPTURE_SIZES, "max_frames_per_batch")
+    ),
+    "graph_forward": FieldScope(
+        frozenset({_K.BUFFER, _K.GRAPH_STEP}),
+        ("rest",),
+        host_paths=True,
+        calls=True,
+        literals=True,
+    ),
+    "eager_steps": FieldScope(
+        frozenset({_K.FLAT, _K.CONSTANT, _K.GRID, _K.EAGER_STEP}),
+        host_paths=True,
+        calls=True,
+        literals=True,
+    ),
+    "eager_steps_per_item": FieldScope(
+        frozenset({_K.FLAT, _K.CONSTANT, _K.DIM, _K.EAGER_STEP}),
+        host_paths=True,
+        calls=True,
+        literals=True,
+    ),
+}
+
+# -- what each generated method binds ----------------------------------------------
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    annotation: str = ""  # ``{Name}`` marks a protocol data class (quoted when local)
+    default: str | None = None
+
+
+@dataclass(frozen=True)
+class Method:
+    """A generated function: its signature, the locals its body may bind, and
+    the kinds of spec names its body binds or reads."""
+
+    name: str
+    params: tuple[Param, ...]
+    returns: str
+    locals: tuple[str, ...] = ()
+    #: Locals named after spec names: ``"item_{}"`` for every name of ``kind``.
+    derived: tuple[tuple[str, NameKind], ...] = ()
+    spec_kinds: frozenset[NameKind] = frozenset()
+    #: One parameter per line (with a trailing comma), as vLLM writes it.
+    exploded: bool = False
+
+    def bound_names(self, spec_names: Mapping[NameKind, Iterable[str]]) -> set[str]:
+        """Every name the generated body may bind for a spec with ``spec_names``
+        (spec names themselves excluded)."""
+        out = {p.name for p in self.params} | set(self.locals)
+        for pattern, kind in self.derived:
+            out.update(pattern.format(n) for n in spec_names.get(kind, ()))
+        out.update(spec_names.get(NameKind.BUILDER_RESULT, ()) if self.builds else ())
+        return out
+
+    @property
+    def builds(self) -> bool:
+        return NameKind.BUILDER_RESULT in self.spec_kinds
+
+
+SELF = Param("self")
+MM_KWARGS = Param("mm_kwargs", "dict[str, Any]")
+PATH = Param("path", "str", '"default"')
+_READS_INPUTS = frozenset({_K.CONSTANT, _K.GRID, _K.DIM})
+
+METHODS: dict[str, Method] = {
+    m.name: m
+    for m in (
+        Method(
+            "get_encoder_cudagraph_config",
+            (SELF,),
+            "{EncoderCudaGraphConfig}",
+            ("AttentionBackendEnum", "EncoderCudaGraphConfig", "mm_config", "backend"),
+            spec_kinds=frozenset({_K.CONSTANT}),
+        ),
+        Method(
+            "get_encoder_cudagraph_budget_range",
+            (SELF, Param("vllm_config", '"VllmConfig"')),
+            "tuple[int, int]",
+            ("min_budget", "max_budget"),
+            spec_kinds=frozenset({_K.CONSTANT}),
+        ),
+        Method(
+            "get_encoder_cudagraph_item_specs",
+            (SELF, MM_KWARGS),
+            "list[{EncoderItemSpec}]",
+            ("EncoderItemSpec", "keys"),
+            spec_kinds=_READS_INPUTS,
+        ),
+        Method(
+            "select_encoder_cudagraph_items",
+            (SELF, MM_KWARGS, Param("indices", "list[int]")),
+            "dict[str, Any]",
+            ("keys",),
+            spec_kinds=_READS_INPUTS,
+        ),
+        Method(
+            "prepare_encoder_cudagraph_capture_inputs",
+            (
+                SELF,
+                Param("token_budget", "int"),
+                Param("max_batch_size", "int"),
+                Param("max_frames_per_batch", "int"),
+                Param("device", "torch.device"),
+                Param("dtype", "torch.dtype"),
+                PATH,
+                Param("axis_keys", "tuple[Hashable, ...] | None", "None"),
+            ),
+            "{EncoderCudaGraphCaptureInputs}",
+            (
+                "EncoderCudaGraphCaptureInputs",
+                "k",
+                "frames_per_item",
+                "rows",
+                "offsets",
+                "_",
+            ),
+            (("{}_rows", _K.FLAT),),
+            _READS_INPUTS | {_K.FLAT, _K.BUFFER, _K.IMPORT, _K.BUILDER_RESULT},
+            exploded=True,
+        ),
+        Method(
+            "prepare_encoder_cudagraph_replay_buffers",
+            (
+                SELF,
+                MM_KWARGS,
+                Param("max_batch_size", "int"),
+                Param("max_frames_per_batch", "int"),
+                PATH,
+            ),
+            "{EncoderCudaGraphReplayBuffers}",
+            ("EncoderCudaGraphReplayBuffers", "keys"),
+            spec_kinds=frozenset(
+                {_K.CONSTANT, _K.GRID, _K.FLAT, _K.IMPORT, _K.BUILDER_RESULT}
+            ),
+            exploded=True,
+        ),
+        Method(
+            "encoder_cudagraph_forward",
+            (SELF, Param("inputs", "dict[str, torch.Tensor]"), PATH),
+            "torch.Tensor",
+            spec_kinds=frozenset({_K.CONSTANT, _K.BUFFER, _K.GRAPH_STEP, _K.IMPORT}),
+            exploded=True,
+        ),
+        Method(
+            "encoder_eager_forward",
+            (SELF, MM_KWARGS, PATH),
+            "torch.Tensor",
+            ("keys", "outputs"),
+            (("item_{}", _K.FLAT), ("{}_offset", _K.FLAT)),
+            frozenset(
+                {_K.CONSTANT, _K.FLAT, _K.GRID, _K.DIM, _K.EAGER_STEP, _K.IMPORT}
+            ),
+            exploded=True,
+        ),
+        Method(
+            "postprocess_encoder_output",
+            (
+                SELF,
+                Param("outputs", "dict[str, torch.Tensor]"),
+                Param("indices", "list[int]"),
+                Param("per_item_out_tokens", "list[int]"),
+                Param("dest", "dict[int, torch.Tensor] | list[torch.Tensor | None]"),
+                Param("clone", "bool", "False"),
+                Param("batch_mm_kwargs", "dict[str, Any] | None", "None"),
+            ),
+            "None",
+            (
+                "graph_out",
+                "types",
+                "num_rows",
+                "span_lengths",
+                "is_content",
+                "src_index",
+                "delimiters",
+                "table",
+                "spans",
+                "offset",
+                "idx",
+                "length",
+            ),
+            spec_kinds=_READS_INPUTS | {_K.IMPORT},
+            exploded=True,
+        ),
+        Method("get_input_modality", (SELF, MM_KWARGS), "str"),
+        # Helpers: no spec name reaches them.
+        Method("_modality_keys", (SELF, MM_KWARGS), "dict[str, str]"),
+        Method(
+            "_grid_rows",
+            (MM_KWARGS, Param("key", "str")),
+            "list[list[int]]",
+            ("grid", "row", "v"),
+        ),
+        Method(
+            "_counts",
+            (MM_KWARGS, Param("key", "str")),
+            "list[int]",
+            ("counts", "v"),
+        ),
+        Method(
+            "_register_captured_rows",
+            (SELF, Param("cu_seqlens", "torch.Tensor"), Param("rows", "int")),
+            "None",
+            ("registry", "ptr", "ref", "p", "_"),
+        ),
+        Method(
+            "_pad_with_trailing_sequence",
+            (SELF, Param("dst", "torch.Tensor"), Param("src", "torch.Tensor")),
+            "None",
+            ("entry", "n"),
+        ),
+        Method(
+            "_concat_rows",
+            (Param("value", "torch.Tensor | list[torch.Tensor]"),),
+            "torch.Tensor",
+        ),
+        Method(
+            "_select_rows",
+            (
+                Param("flat", "torch.Tensor"),
+                Param("sizes", "list[int]"),
+                Param("indices", "list[int]"),
+            ),
+            "torch.Tensor",
+            ("offsets", "i"),
+        ),
+        Method(
+            "_select_grid",
+            (
+                Param("rows", "list[list[int]]"),
+                Param("indices", "list[int]"),
+                Param("width", "int"),
+            ),
+            "torch.Tensor",
+            ("i",),
+        ),
+        Method(
+            "_select_counts",
+            (Param("counts", "list[int]"), Param("indices", "list[int]")),
+            "torch.Tensor",
+            ("i",),
+        ),
+        Method(
+            "_copy_rows_on_dim",  # one per rows_dim: _copy_rows_on_dim1, ...
+            (Param("dst", "torch.Tensor"), Param("src", "torch.Tensor")),
+            "None",
+            ("n",),
+        ),
+        Method(
+            "_pad_with_empty_sequences",
+            (Param("dst", "torch.Tensor"), Param("src", "torch.Tensor")),
+            "None",
+            ("n",),
+        ),
+    )
+}
+
+#: Protocol methods in the order the mixin defines them.
+PROTOCOL_METHODS = (
+    "get_encoder_cudagraph_config",
+    "get_encoder_cudagraph_budget_range",
+    "get_encoder_cudagraph_item_specs",
+    "select_encoder_cudagraph_items",
+    "prepare_encoder_cudagraph_capture_inputs",
+    "prepare_encoder_cudagraph_replay_buffers",
+    "encoder_cudagraph_forward",
+    "encoder_eager_forward",
+    "postprocess_encoder_output",
+    "get_input_modality",
+)
+
+#: Names the module binds at its top level besides the spec's imports and class.
+MODULE_NAMES = frozenset(
+    {
+        "torch",
+        "itertools",
+        "weakref",
+        "Any",
+        "Hashable",
+        "TYPE_CHECKING",
+        "SupportsEncoderCudaGraph",
+        "EncoderCudaGraphConfig",
+        "EncoderCudaGraphCaptureInputs",
+        "EncoderCudaGraphReplayBuffers",
+        "EncoderItemSpec",
+        "AttentionBackendEnum",
+        "async_tensor_h2d",
+        "scatter_output_slices",
+        "VllmConfig",
+        "MultiModalConfig",
+        "_IMAGE_KEYS",
+        "_VIDEO_KEYS",
+    }
+)
+
+#: Built-in names of every field scope, ``self`` and the formula functions:
+#: no spec name may take them, whichever method it lives in.
+RESERVED = frozenset(
+    {b for s in FIELD_SCOPES.values() for b in s.builtins}
+    | {"self", "ceil_div"}
+    | MODULE_NAMES
+)
+PYTHON_BUILTINS = frozenset(dir(builtins))
+
+
+@dataclass(frozen=True)
+class Collision:
+    name: str
+    kind: NameKind
+    method: str
+    what: str  # "the parameter" / "the local"
+
+
+def collisions(spec_names: Mapping[NameKind, Iterable[str]]) -> list[Collision]:
+    """Spec names that a generated method would bind for its own use: in the
+    methods where that kind of spec name lives, the first method each."""
+    found: dict[tuple[str, NameKind], Collision] = {}
+    for method in METHODS.values():
+        params = {p.name for p in method.params}
+        own = method.bound_names(spec_names) - set(
+            spec_names.get(NameKind.BUILDER_RESULT, ())
+        )
+        for kind in NameKind:
+            if kind not in method.spec_kinds or kind is NameKind.BUILDER_RESULT:
+                continue
+            for name in spec_names.get(kind, ()):
+                if name in own and (name, kind) not in found:
+                    what = "the parameter" if name in params else "the local"
+                    found[(name, kind)] = Collision(name, kind, method.name, what)
+    return list(found.values())

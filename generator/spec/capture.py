@@ -1,0 +1,479 @@
+"""The dummy batch, its builders and the captured buffers of one encoder path."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from generator.diagnostics import Location
+from generator.formulas import Call, Expr, HostPath, Ref
+from generator.scopes import NameKind
+from generator.spec.enums import Dtype, Fill, PadRule, ReplayRule, Rounding
+from generator.spec.inputs import FlatInput, ItemInput
+from generator.spec.reader import Key, Keys, Reader
+from generator.spec.values import (
+    INVALID,
+    Argument,
+    Boolean,
+    CallValue,
+    Choice,
+    DtypeValue,
+    Formula,
+    Identifier,
+    Integer,
+    ListOf,
+    MapOf,
+    Section,
+    Text,
+    is_name,
+    parse_formula,
+)
+
+
+@dataclass(frozen=True)
+class CaptureTensor:
+    """The capture buffer of a flat input (zeros or random of a shape)."""
+
+    flat: FlatInput
+    location: Location
+    shape: tuple[Expr, ...]
+    dtype: Ref | HostPath  # Ref("dtype"): the manager's
+    fill: Fill
+    why: str | None
+
+    @property
+    def key(self) -> str:
+        return self.flat.key
+
+    KEYS: ClassVar = Keys(
+        Key(
+            "shape",
+            ListOf(Formula("tensor_shape"), min_items=1),
+            "The buffer's shape; `rows` is this input's rows in the dummy batch.",
+            required=True,
+            example="[rows, channels * frames * patch**2]",
+        ),
+        Key(
+            "dtype",
+            DtypeValue(),
+            "`dtype` (the manager's) or a host path.",
+            required=True,
+            example="vision_tower.dtype",
+        ),
+        Key("fill", Choice(Fill), "What the dummy holds.", default=Fill.ZEROS),
+        Key("why", Text(), "Comment on the buffer."),
+    )
+    DOC_TITLE = "capture.tensors"
+
+    @classmethod
+    def from_yaml(cls, r: Reader, key: str, key_location: Location, flats, **_: Any):
+        shape = r.take("shape")
+        dtype = r.take("dtype")
+        fill = r.take("fill")
+        why = r.take("why")
+        flat = flats.get(key)
+        if flat is None:
+            if key not in r.ctx.failed_inputs:
+                r.ctx.error(key_location, r.field, f"{key!r} is not a flat input")
+            return None
+        if shape is None or any(s is INVALID for s in shape) or dtype is None:
+            return None
+        return cls(flat, key_location, tuple(shape), dtype, fill, why)
+
+
+@dataclass(frozen=True)
+class Capture:
+    """The dummy batch of ``max_batch_size`` items captured per budget."""
+
+    rounding: Rounding
+    dummy: tuple[tuple[ItemInput, tuple[Expr, ...]], ...]
+    tensors: tuple[CaptureTensor, ...]
+    graph_rows: Expr | None
+    why: str | None
+
+    KEYS: ClassVar = Keys(
+        Key(
+            "per_item_tokens",
+            Choice(Rounding),
+            "How `k`, the tokens of each dummy item, rounds `token_budget / "
+            "max_batch_size`: `ceil` covers the budget; `floor` (GLM-4.1V's "
+            "rounding) leaves the dummy batch short of it when `max_batch_size` "
+            "does not divide it, so the static checks then refuse a dummy that "
+            "does not make up for it.",
+            default=Rounding.CEIL,
+            default_doc="`ceil`",
+        ),
+        Key(
+            "dummy",
+            MapOf(ListOf(Formula("dummy"))),
+            "Grid or count input → the dims of one dummy item (a count has one). "
+            "Every grid and count input needs one; the batch is `max_batch_size` "
+            "such items.",
+            required=True,
+            example="{image_grid_thw: [1, merge, k * merge]}",
+        ),
+        Key(
+            "tensors",
+            MapOf(Section(CaptureTensor)),
+            "Flat input → its capture buffer.",
+            required=True,
+        ),
+        Key(
+            "graph_rows",
+            Formula("graph_rows"),
+            "The graph rows the captured batch has room for, when more than the "
+            "dummy batch emits. Needs `items.budget_tokens` and at least one "
+            "`allocate` buffer. DeepSeek-V4.1: `token_budget`.",
+            example="token_budget",
+        ),
+        Key("why", Text(), "Comment on the dummy batch."),
+    )
+    DOC_TITLE = "capture"
+
+    @classmethod
+    def from_yaml(cls, r: Reader, items_inputs, flats, **_: Any) -> Capture | None:
+        rounding = r.take("per_item_tokens")
+        dummy = _dummy(r, items_inputs)
+        tensors = r.take("tensors", flats=flats)
+        graph_rows = r.take("graph_rows")
+        why = r.take("why")
+        if dummy is None or tensors is None:
+            return None
+        failed = {k for k, t in tensors.items() if t is INVALID}
+        r.ctx.failed_sources.update(failed)
+        good = tuple(t for t in tensors.values() if t is not INVALID)
+        return cls(rounding, dummy, good, graph_rows, why)
+
+
+def _dummy(r: Reader, item_inputs: dict[str, ItemInput]):
+    node = r.take_node("dummy")
+    if node is None:
+        return None
+    field = r.path("dummy")
+    out = []
+    for key, dims_node in node.value.items():
+        path = f"{field}.{key}"
+        where = (node.key_locations or {}).get(key, node.location)
+        item = item_inputs.get(key)
+        if item is None:
+            if key not in r.ctx.failed_inputs:
+                r.ctx.error(where, path, f"{key!r} is not a grid or count input")
+            continue
+        if dims_node.kind != "sequence":
+            r.ctx.error(dims_node, path, f"expected a list, got {dims_node.kind}")
+            continue
+        if len(dims_node.value) != len(item.dims):
+            quoted = any(
+                isinstance(n.value, str) and n.value.count("(") != n.value.count(")")
+                for n in dims_node.value
+            )
+            hint = " (a formula with a comma must be quoted)" if quoted else ""
+            r.ctx.error(
+                dims_node,
+                path,
+                f"expected {len(item.dims)} dims ({', '.join(item.dims)}), "
+                f"got {len(dims_node.value)}{hint}",
+            )
+            continue
+        scope = r.ctx.scope("dummy")
+        exprs = []
+        for i, n in enumerate(dims_node.value):
+            if n.kind not in ("string", "integer"):
+                r.ctx.error(
+                    n, f"{path}[{i}]", f"expected a string or an integer, got {n.kind}"
+                )
+                exprs.append(INVALID)
+                continue
+            exprs.append(parse_formula(n, f"{path}[{i}]", r.ctx, scope))
+        if all(e is not INVALID for e in exprs):
+            out.append((item, tuple(exprs)))
+    for key in item_inputs:
+        if key not in node.value:
+            r.ctx.error(node, f"{field}.{key}", "every grid input needs a dummy item")
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class MetadataBuilder:
+    """A call run at capture on the dummy grids and at replay on the real
+    ones, returning a dict that holds some of the buffers."""
+
+    call: Call
+    capture_kwargs: tuple[tuple[str, Expr], ...]
+    replay_kwargs: tuple[tuple[str, Expr], ...]
+    provides: tuple[str, ...]
+    why: str | None
+    location: Location
+    #: The local the generated code keeps the result in (chosen to collide
+    #: with no spec name and no generated local).
+    result_name: str = "metadata"
+
+    KEYS: ClassVar = Keys(
+        Key(
+            "call",
+            CallValue("builder_call"),
+            "The call both phases make: a host method or imported helper; "
+            "arguments over grid keys (the grid rows as lists), flat inputs, "
+            "constants, host paths, `device`, `dtype`, literals.",
+            required=True,
+            example="visual.prepare_encoder_metadata(image_grid_thw, device=device)",
+        ),
+        Key(
+            "capture_kwargs",
+            MapOf(Argument("capture_kwargs")),
+            "Extra keyword arguments at capture only.",
+            example="{max_seqlen_override: rows}",
+        ),
+        Key(
+            "replay_kwargs",
+            MapOf(Argument("replay_kwargs")),
+            "Extra keyword arguments at replay only.",
+        ),
+        Key(
+            "provides",
+            ListOf(Identifier(), min_items=1),
+            "The keys of the returned dict that are buffers.",
+            required=True,
+            example="[rotary_cos, rotary_sin, cu_seqlens, max_seqlen]",
+        ),
+        Key("why", Text(), "Comment on the call."),
+    )
+    DOC_TITLE = "metadata"
+
+    def kwargs(self, phase: str) -> tuple[tuple[str, Expr], ...]:
+        """Every keyword argument of the call at ``capture`` or ``replay``."""
+        extra = self.capture_kwargs if phase == "capture" else self.replay_kwargs
+        return self.call.kwargs + extra
+
+    @classmethod
+    def from_yaml(cls, r: Reader, index: int, provided: dict, **_: Any):
+        call = r.take("call")
+        kwargs = {}
+        for phase in ("capture_kwargs", "replay_kwargs"):
+            values = r.take(phase) or {}
+            node = r.raw(phase)
+            items = []
+            for kw, expr in values.items():
+                if not is_name(kw):
+                    r.ctx.error(
+                        (node.key_locations or {}).get(kw, node.location),
+                        f"{r.path(phase)}.{kw}",
+                        f"bad keyword {kw!r}",
+                    )
+                    continue
+                if call is not None and kw in dict(call.kwargs):
+                    r.ctx.error(
+                        (node.key_locations or {}).get(kw, node.location),
+                        f"{r.path(phase)}.{kw}",
+                        f"{kw!r} is already passed by the call itself",
+                    )
+                if expr is not INVALID:
+                    items.append((kw, expr))
+            kwargs[phase] = tuple(items)
+        provides = _provides(r, provided)
+        why = r.take("why")
+        if call is None:
+            r.ctx.failed_sources.update(provides)
+            return None
+        return cls(
+            call,
+            kwargs["capture_kwargs"],
+            kwargs["replay_kwargs"],
+            tuple(provides),
+            why,
+            r.node.location,
+        )
+
+
+def _provides(r: Reader, provided: dict[str, str]) -> list[str]:
+    names = r.take("provides") or []
+    nodes = r.raw("provides").value if r.has("provides") and r.ok("provides") else []
+    out = []
+    for name, node in zip(names, nodes):
+        if name is INVALID:
+            continue
+        field = r.path("provides")
+        if name in provided:
+            r.ctx.error(
+                node, field, f"{name!r} is already provided by {provided[name]}"
+            )
+        elif name not in r.ctx.names[NameKind.BUFFER] and not r.ctx.buffers_unknown:
+            r.ctx.error(node, field, f"{name!r} is not a declared buffer")
+        provided[name] = r.field
+        out.append(name)
+    return out
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """One captured buffer: where its value comes from and how a replay
+    copies the real value into it."""
+
+    key: str
+    location: Location
+    source: CaptureTensor | MetadataBuilder
+    rows_dim: int
+    pad: PadRule | None
+    slots: Expr | None
+    host_scalar: bool
+    replay: ReplayRule
+    shape: tuple[Expr, ...] | None  # declared (builder buffers)
+    dtype: Dtype | None  # declared (builder buffers)
+    set_by: str | None  # host scalar: the builder's capture kwarg that sets it
+    allocate: bool  # capture: zeros of shape/dtype, the dummy's value copied in
+    why: str | None
+
+    KEYS: ClassVar = Keys(
+        Key(
+            "rows_dim",
+            Integer(0, 3),
+            "The axis that holds the rows (MiniMax's `(3, N, half_rot_dim)` rotary "
+            "planes: 1): the replay zeroes the buffer's tail and copies `[:, :n]`.",
+            default=0,
+            example="1",
+        ),
+        Key(
+            "pad",
+            Choice(PadRule),
+            "`cu_seqlens` closed with one padding sequence up to the captured rows "
+            "(`trailing_sequence`: `slots` at least `max_batch_size + 2`, the "
+            "captured rows registered per instance under the buffer's address), "
+            "or with zero-length sequences (`repeat_last`: the tail repeats the "
+            "last offset, on the device; `slots` at least `max_batch_size + 1`, or "
+            "`max(max_frames_per_batch, max_batch_size) + 1` with one sequence per "
+            "frame). Every `pad` buffer gets its own `slots`-long capture buffer.",
+            example="trailing_sequence",
+        ),
+        Key(
+            "slots",
+            Formula("slots"),
+            "`pad` buffers: the entries captured.",
+            example="max_batch_size + 2",
+        ),
+        Key(
+            "host_scalar",
+            Boolean(),
+            "A 0-dim CPU `int32` (`max_seqlen`) whose capture value is baked into "
+            "the kernel launch.",
+            default=False,
+        ),
+        Key(
+            "replay",
+            Choice(ReplayRule),
+            "Host scalars: send the real value at replay (`copy`, which the graph "
+            "never reads) or leave it out (`drop`).",
+            default=ReplayRule.COPY,
+            default_doc="`copy`",
+        ),
+        Key(
+            "shape",
+            ListOf(Formula("buffer_shape")),
+            "Builder buffers: the captured shape, for `gen-mixin plan` and the "
+            "static checks.",
+            example="[rows, head_dim // 2]",
+        ),
+        Key(
+            "dtype",
+            Choice(Dtype),
+            "Builder buffers: the captured dtype (`dtype`: the manager's).",
+            example="float32",
+        ),
+        Key(
+            "set_by",
+            Identifier(),
+            "Host scalars: the builder's capture keyword argument that sets the "
+            "capture value; checked to be at least `rows`.",
+            example="max_seqlen_override",
+        ),
+        Key(
+            "allocate",
+            Boolean(),
+            "Builder buffers with `shape` and `dtype`, rows on dim 0: capture "
+            "allocates the buffer at its shape (zeros) and copies the builder's "
+            "dummy value into its leading rows, for buffers that hold the "
+            "`capture.graph_rows` capacity.",
+            default=False,
+        ),
+        Key("why", Text(), "Comment on the buffer."),
+    )
+    DOC_TITLE = "buffers"
+
+    @classmethod
+    def from_yaml(
+        cls, r: Reader, key: str, key_location: Location, sources: dict, **_: Any
+    ):
+        rows_dim = r.take("rows_dim")
+        pad = r.take("pad")
+        slots = r.take("slots")
+        host_scalar = r.take("host_scalar")
+        replay = r.take("replay")
+        shape = r.take("shape")
+        dtype = r.take("dtype")
+        set_by = r.take("set_by")
+        allocate = r.take("allocate")
+        why = r.take("why")
+        _check_rules(r, pad, host_scalar, rows_dim)
+        source = sources.get(key)
+        if source is None:
+            if key not in r.ctx.failed_sources:
+                r.ctx.error(
+                    key_location,
+                    r.field,
+                    "no source: add a capture tensor for it or list it in a "
+                    "builder's provides",
+                )
+            return None
+        if shape is not None and any(s is INVALID for s in shape):
+            shape = None
+        return cls(
+            key,
+            key_location,
+            source,
+            rows_dim,
+            pad,
+            slots,
+            host_scalar,
+            replay,
+            tuple(shape) if shape is not None else None,
+            dtype,
+            set_by,
+            allocate,
+            why,
+        )
+
+
+def _check_rules(r: Reader, pad, host_scalar, rows_dim) -> None:
+    """The replay rules a buffer may combine."""
+    if pad is PadRule.TRAILING_SEQUENCE and not r.has("slots"):
+        r.error(
+            r.node,
+            "trailing_sequence needs slots (at least max_batch_size + 2: one spare "
+            "slot for the padding sequence)",
+            r.path("slots"),
+        )
+    if pad is PadRule.REPEAT_LAST and not r.has("slots"):
+        r.error(
+            r.node,
+            "repeat_last needs slots (at least max_batch_size + 1, or "
+            "max_frames_per_batch + 1 with one sequence per frame)",
+            r.path("slots"),
+        )
+    if r.has("slots") and pad is None and r.ok("pad"):
+        r.error(r.key_location("slots"), "slots only goes with pad", r.path("slots"))
+    if r.has("replay") and not host_scalar:
+        r.error(
+            r.key_location("replay"),
+            "replay only goes with host_scalar",
+            r.path("replay"),
+        )
+    if host_scalar and (pad or rows_dim):
+        r.error(r.node, "a host scalar has no rows to pad")
+    if pad and rows_dim:
+        r.error(r.node, "pad rules apply to 1-D offsets; rows_dim must be 0")
+
+
+def set_by_expr(buf: Buffer) -> Expr | None:
+    """The capture-time expression a host scalar's ``set_by`` names."""
+    if buf.set_by is None or not isinstance(buf.source, MetadataBuilder):
+        return None
+    return dict(buf.source.kwargs("capture")).get(buf.set_by)

@@ -1,0 +1,102 @@
+"""The closed sets a spec chooses from, one Enum each.
+
+Every member's value is its spelling in YAML; the JSON Schema, the docs
+and the error messages list the values in declaration order.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class SpecEnum(Enum):
+    """An Enum whose values are the YAML spellings."""
+
+    @classmethod
+    def values(cls) -> list[str]:
+        return [m.value for m in cls]
+
+
+class Base(SpecEnum):
+    PROTOCOL = "protocol"  # subclass SupportsEncoderCudaGraph, inherit its defaults
+    NONE = "none"  # a plain mixin that defines every method
+
+
+class DefsImport(SpecEnum):
+    MODULE = "module"  # the protocol data classes at module top
+    LOCAL = "local"  # inside each method, TYPE_CHECKING for the annotations
+
+
+class Modality(SpecEnum):
+    IMAGE = "image"
+    VIDEO = "video"
+
+
+class InputKind(SpecEnum):
+    FLAT = "flat"  # every item's rows back to back
+    GRID = "grid"  # one row of named dims per item
+    COUNT = "count"  # one integer per item (a 1-D tensor or list)
+
+
+class Rounding(SpecEnum):
+    CEIL = "ceil"
+    FLOOR = "floor"
+
+
+class Fill(SpecEnum):
+    ZEROS = "zeros"
+    RANDN = "randn"
+
+
+class PadRule(SpecEnum):
+    TRAILING_SEQUENCE = "trailing_sequence"
+    REPEAT_LAST = "repeat_last"
+
+
+class ReplayRule(SpecEnum):
+    COPY = "copy"
+    DROP = "drop"
+
+
+class ImageLimitGuard(SpecEnum):
+    CONFIG = "config"  # ValueError in get_encoder_cudagraph_config
+    CAPTURE = "capture"  # RuntimeError at capture
+    OFF = "off"
+
+
+class Dtype(SpecEnum):
+    """Dtypes a builder buffer may declare (``dtype``: the manager's)."""
+
+    MANAGER = "dtype"
+    FLOAT32 = "float32"
+    FLOAT16 = "float16"
+    BFLOAT16 = "bfloat16"
+    INT32 = "int32"
+    INT64 = "int64"
+    BOOL = "bool"
+    UINT8 = "uint8"
+
+
+class Backend(SpecEnum):
+    """``AttentionBackendEnum`` members of vLLM 0.33.0 a guard may name."""
+
+    FLASH_ATTN = "FLASH_ATTN"
+    FLASH_ATTN_DIFFKV = "FLASH_ATTN_DIFFKV"
+    TRITON_ATTN = "TRITON_ATTN"
+    TRITON_ATTN_DIFFKV = "TRITON_ATTN_DIFFKV"
+    TRITON_FLASH_ATTN = "TRITON_FLASH_ATTN"
+    ROCM_ATTN = "ROCM_ATTN"
+    ROCM_SEGMENTED_ATTN = "ROCM_SEGMENTED_ATTN"
+    ROCM_AITER_MLA = "ROCM_AITER_MLA"
+    ROCM_AITER_TRITON_MLA = "ROCM_AITER_TRITON_MLA"
+    ROCM_AITER_FA = "ROCM_AITER_FA"
+    ROCM_AITER_MLA_SPARSE = "ROCM_AITER_MLA_SPARSE"
+    XPU_MLA_SPARSE = "XPU_MLA_SPARSE"
+    TORCH_SDPA = "TORCH_SDPA"
+    FLASHINFER = "FLASHINFER"
+    TRITON_FLASHINFER = "TRITON_FLASHINFER"
+
+
+#: Backend names as the old schema exported them (the vLLM import test
+#: checks each against vLLM's enum).
+BACKENDS = Backend.values()

@@ -1,0 +1,292 @@
+"""The captured and eager computations, and the post-processing of outputs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from generator import formulas as fx
+from generator.diagnostics import Location
+from generator.formulas import Expr, FormulaError
+from generator.scopes import NameKind
+from generator.spec.host import HostAttr, Import
+from generator.spec.inputs import FlatInput
+from generator.spec.names import check_name
+from generator.spec.reader import Key, Keys, ReadContext, Reader
+from generator.spec.values import (
+    INVALID,
+    Boolean,
+    Formula,
+    Identifier,
+    MapOf,
+    Section,
+    Text,
+    ValueType,
+    formula_error_message,
+    formula_location,
+    zero_divisor,
+)
+from generator.yaml_loader import Node
+
+
+@dataclass(frozen=True)
+class Step:
+    """``target = expr`` (``target`` None: the output)."""
+
+    target: str | None
+    expr: Expr
+    location: Location
+
+
+class Steps(ValueType):
+    """Statements: ``name = call(...)`` steps, the last one a bare expression.
+    Each step's target is in scope for the steps after it."""
+
+    kinds = ("array",)
+    words = "list of statements"
+
+    def __init__(self, scope: str, kind: NameKind, last: str, before_last: str):
+        self.scope_id = scope
+        self.kind = kind
+        self.last_assigns = last
+        self.bare_before_last = before_last
+
+    def schema(self) -> dict[str, Any]:
+        return {"type": "array", "items": {"type": "string"}, "minItems": 1}
+
+    def value(self, node: Node, field: str, ctx: ReadContext, **kw: Any) -> Any:
+        scope_id = kw.get("scope", self.scope_id)
+        lines = node.value
+        if not lines:
+            ctx.error(node, field, "needs at least 1 item(s)")
+        steps = []
+        for i, line in enumerate(lines):
+            path = f"{field}[{i}]"
+            if line.kind != "string":
+                ctx.error(line, path, f"expected a string, got {line.kind}")
+                continue
+            step = self.statement(line, path, ctx, scope_id)
+            if step is None:
+                # Later steps may still use the name it assigns.
+                target = fx.assignment_target(line.value)
+                if target is not None:
+                    ctx.declare(self.kind, target, line.location, path)
+                continue
+            last = i == len(lines) - 1
+            if last and step.target is not None:
+                ctx.error(line, path, self.last_assigns)
+            if not last and step.target is None:
+                ctx.error(line, path, self.bare_before_last)
+            steps.append(step)
+        return tuple(steps)
+
+    def statement(self, line: Node, path: str, ctx: ReadContext, scope_id: str):
+        scope = ctx.scope(scope_id)
+        try:
+            target, expr = fx.parse_assignment(line.value, scope)
+        except FormulaError as exc:
+            ctx.error(
+                formula_location(line, exc), path, formula_error_message(exc, scope)
+            )
+            return None
+        zero = zero_divisor(expr)
+        if zero is not None:
+            ctx.error(line, path, f"division by zero: {zero} always raises")
+            return None
+        if target is not None:
+            if check_name(ctx, line.location, path, target, "step"):
+                if target in scope.names or target in scope.host_roots:
+                    ctx.error(line, path, f"{target!r} is already a name")
+            ctx.declare(self.kind, target, line.location, path)
+        return Step(target, expr, line.location)
+
+
+GRAPH_STEPS = Steps(
+    "graph_forward",
+    NameKind.GRAPH_STEP,
+    "the last step is the output: write an expression, not an assignment",
+    "only the last step may be a bare expression",
+)
+_EAGER_SHAPE = "every step but the last assigns a name; the last is the output"
+EAGER_STEPS = Steps("eager_steps", NameKind.EAGER_STEP, _EAGER_SHAPE, _EAGER_SHAPE)
+
+
+def check_graph_forward(
+    ctx: ReadContext, node: Node, steps: tuple[Step, ...], buffers: list[str]
+) -> None:
+    """Every buffer is read, ``rest`` at most once."""
+    used = set().union(*(fx.names_in(s.expr) for s in steps)) if steps else set()
+    if "rest" not in used and len(steps) == len(node.value):
+        for b in buffers:
+            if b not in used:
+                ctx.error(
+                    node,
+                    "graph_forward",
+                    f"buffer {b!r} is captured but never read (pass it, or pass 'rest')",
+                )
+    if sum(1 for s in steps for n in fx.walk(s.expr) if n == fx.Ref("rest")) > 1:
+        ctx.error(node, "graph_forward", "'rest' can be passed once")
+
+
+@dataclass(frozen=True)
+class EagerForward:
+    """What runs instead of a graph for batches above every budget."""
+
+    per_item: bool
+    steps: tuple[Step, ...]
+    empty_width: Expr | None
+
+    KEYS: ClassVar = Keys(
+        Key(
+            "per_item",
+            Boolean(),
+            "Run the steps once per item, each flat input cut to the item's rows "
+            "and the grid dims bound to its values, and concatenate the outputs.",
+            default=False,
+        ),
+        Key(
+            "steps",
+            EAGER_STEPS,
+            "Statements over the flat inputs (cast to `eager_dtype`) and the grids "
+            "(as lists), or with `per_item` the item's rows and dims.",
+            required=True,
+            example="[vit_out = vision(patches, h, w), aligner(vit_out, h, w)]",
+        ),
+        Key(
+            "empty_width",
+            Formula("constants_and_host"),
+            "`per_item` only: the width of the `(0, width)` result for no items.",
+            example="config.hidden_size",
+        ),
+    )
+    DOC_TITLE = "eager_forward"
+
+    @classmethod
+    def from_yaml(cls, r: Reader, **_: Any) -> EagerForward | None:
+        per_item = r.take("per_item")
+        scope = "eager_steps_per_item" if per_item else "eager_steps"
+        steps = r.take("steps", scope=scope)
+        width = None
+        if r.has("empty_width"):
+            if not per_item:
+                r.error(
+                    r.key_location("empty_width"),
+                    "only with per_item",
+                    r.path("empty_width"),
+                )
+            width = r.take("empty_width")
+        else:
+            r.take("empty_width")
+            if per_item:
+                r.error(
+                    r.node,
+                    "per_item needs empty_width (for no items)",
+                    r.path("empty_width"),
+                )
+        if steps is None:
+            return None
+        return cls(per_item, steps, width)
+
+
+class HostAttrName(Identifier):
+    words = "host attribute"
+
+
+@dataclass(frozen=True)
+class SpanAssembly:
+    """DeepSeek-V4.1: each item's span from graph rows at ``content`` positions
+    and learned delimiter rows elsewhere, placed by the flat input ``types``."""
+
+    types: FlatInput
+    content: Import
+    delimiters: tuple[tuple[Import, HostAttr], ...]
+    why: str | None
+
+    KEYS: ClassVar = Keys(
+        Key(
+            "types",
+            Identifier(),
+            "Flat input kept on the host: one span-position type per output token.",
+            required=True,
+            example="types",
+        ),
+        Key(
+            "content",
+            Identifier(),
+            "Imported constant: the type of graph rows.",
+            required=True,
+            example="IMAGE",
+        ),
+        Key(
+            "delimiters",
+            MapOf(HostAttrName(), min_items=1),
+            "Imported type constant → the host parameter of its learned row; the "
+            "first is also the fallback for unknown types.",
+            required=True,
+            example="{IMAGE_START: image_start, IMAGE_END: image_end}",
+        ),
+        Key("why", Text(), "Comment on the assembly."),
+    )
+    DOC_TITLE = "postprocess.span_assembly"
+
+    @classmethod
+    def from_yaml(cls, r: Reader, flats, imports, host, **_: Any):
+        types = _lookup(r, "types", flats, "is not a flat input")
+        content = _lookup(r, "content", imports, "is not an imported name")
+        node = r.raw("delimiters")
+        delims = []
+        for const, param in (r.take("delimiters") or {}).items():
+            field = f"{r.path('delimiters')}.{const}"
+            imp = imports.get(const)
+            if imp is None:
+                r.ctx.error(
+                    node.key_locations[const],
+                    field,
+                    f"{const!r} is not an imported name",
+                )
+            attr = host.get(param) if param is not INVALID else None
+            declared = param is not INVALID and param in r.ctx.names[NameKind.HOST]
+            if param is not INVALID and attr is None and not declared:
+                r.ctx.error(
+                    node.value[const], field, f"{param!r} is not a host attribute"
+                )
+            if imp is not None and attr is not None:
+                delims.append((imp, attr))
+        why = r.take("why")
+        if types is None or content is None or not r.ok("delimiters"):
+            return None
+        if len(delims) != len(node.value):
+            return None
+        return cls(types, content, tuple(delims), why)
+
+
+def _lookup(r: Reader, key: str, table: dict, problem: str):
+    name = r.take(key)
+    if name is None:
+        return None
+    found = table.get(name)
+    if found is None:
+        r.error(key, f"{name!r} {problem}")
+    return found
+
+
+@dataclass(frozen=True)
+class Postprocess:
+    span_assembly: SpanAssembly
+
+    KEYS: ClassVar = Keys(
+        Key(
+            "span_assembly",
+            Section(SpanAssembly),
+            "Build each item's output span from graph rows and learned delimiter "
+            "rows (DeepSeek-V4.1). One gather builds every span of the batch; its "
+            "index goes to the device with `async_tensor_h2d`.",
+            required=True,
+        ),
+    )
+    DOC_TITLE = "postprocess"
+
+    @classmethod
+    def from_yaml(cls, r: Reader, **kw: Any) -> Postprocess | None:
+        span = r.take("span_assembly", **kw)
+        return None if span is None else cls(span)

@@ -1,0 +1,301 @@
+"""What the host model provides and what the generated module imports:
+host attributes, host methods, imports, constants and sizes."""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from generator import formulas as fx
+from generator.diagnostics import Location
+from generator.formulas import FormulaError, HostPath
+from generator.naming import TARGETS
+from generator.scopes import NameKind
+from generator.spec.names import check_name
+from generator.spec.reader import Key, Keys, ReadContext, Reader
+from generator.spec.values import (
+    INVALID,
+    Boolean,
+    DottedName,
+    HostPathValue,
+    Integer,
+    ValueType,
+)
+from generator.yaml_loader import Node
+
+#: Names a host annotation may use besides the spec's imports.
+TYPE_NAMES = frozenset(
+    {"torch", "int", "float", "str", "bool", "list", "dict", "tuple"}
+)
+#: vLLM's config types, imported for type checking only.
+VLLM_TYPE_NAMES = frozenset({"MultiModalConfig", "VllmConfig"})
+#: torch types an annotation may name unquoted (they exist in every torch).
+TORCH_TYPES = frozenset(
+    {
+        "torch.Tensor",
+        "torch.dtype",
+        "torch.device",
+        "torch.Size",
+        "torch.nn.Module",
+        "torch.nn.ModuleList",
+        "torch.nn.ModuleDict",
+        "torch.nn.Parameter",
+    }
+)
+_PLAIN_TYPES = frozenset({"int", "float", "str", "bool"})
+_GENERICS = frozenset({"list", "dict", "tuple"})
+
+
+@dataclass(frozen=True)
+class HostAttr:
+    """``self.<name>``, provided by the host model."""
+
+    name: str
+    annotation: str  # validated Python type expression, printed by us
+    names: frozenset[str]  # the names it mentions (imports, builtins, torch)
+    #: Printed as a string: it mentions a TYPE_CHECKING import, or something
+    #: that evaluating at class creation could fail on.
+    quoted: bool
+    location: Location
+
+
+def _runs_at_import(tree: ast.expr) -> bool:
+    """True if the annotation evaluates without error when the class body
+    runs: builtin types, known torch types, ``None``, ``|`` unions of them and
+    subscripted ``list``/``dict``/``tuple``. Anything else is printed quoted."""
+    if isinstance(tree, ast.Name):
+        return tree.id in _PLAIN_TYPES
+    if isinstance(tree, ast.Constant):
+        return tree.value is None
+    if isinstance(tree, ast.Attribute):
+        return ast.unparse(tree) in TORCH_TYPES
+    if isinstance(tree, ast.BinOp):
+        both_none = all(isinstance(s, ast.Constant) for s in (tree.left, tree.right))
+        return (
+            not both_none and _runs_at_import(tree.left) and _runs_at_import(tree.right)
+        )
+    if isinstance(tree, ast.Subscript):
+        args = tree.slice.elts if isinstance(tree.slice, ast.Tuple) else [tree.slice]
+        return (
+            isinstance(tree.value, ast.Name)
+            and tree.value.id in _GENERICS
+            and all(_runs_at_import(a) for a in args)
+        )
+    return False
+
+
+def parse_annotation(text: object, known: frozenset[str]) -> tuple[str, set[str], bool]:
+    """Validate a type annotation: (canonical text, root names, evaluates at
+    import). Raises FormulaError."""
+    if not isinstance(text, str) or not text.strip():
+        raise FormulaError("expected a type annotation string")
+    if len(text) > 200 or any(not (c.isascii() and c.isprintable()) for c in text):
+        raise FormulaError("annotations are short printable ASCII")
+    try:
+        tree = ast.parse(text.strip(), mode="eval").body
+    except SyntaxError as exc:
+        raise FormulaError(f"syntax error in annotation: {exc.msg}") from None
+    roots: set[str] = set()
+
+    def emit(node: ast.AST) -> str:
+        if isinstance(node, ast.Name):
+            if node.id not in known:
+                raise FormulaError(
+                    f"unknown type {node.id!r} (declare it under imports; "
+                    f"known: {', '.join(sorted(known))})"
+                )
+            roots.add(node.id)
+            return node.id
+        if isinstance(node, ast.Attribute):
+            if not fx.is_identifier(node.attr) or node.attr.startswith("_"):
+                raise FormulaError(f"bad attribute {node.attr!r} in annotation")
+            return f"{emit(node.value)}.{node.attr}"
+        if isinstance(node, ast.Constant) and node.value is None:
+            return "None"
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+            return f"{emit(node.left)} | {emit(node.right)}"
+        if isinstance(node, ast.Subscript):
+            inner = node.slice
+            if isinstance(inner, ast.Tuple):
+                args = ", ".join(emit(e) for e in inner.elts)
+            else:
+                args = emit(inner)
+            return f"{emit(node.value)}[{args}]"
+        raise FormulaError(f"{type(node).__name__} is not allowed in an annotation")
+
+    return emit(tree), roots, _runs_at_import(tree)
+
+
+class Annotation(ValueType):
+    words = "type annotation"
+
+    def value(self, node: Node, field: str, ctx: ReadContext, **kw: Any) -> Any:
+        name, loc = kw["key"], kw["key_location"]
+        check_name(ctx, loc, field, name, "host attribute")
+        ctx.declare(NameKind.HOST, name, loc, field)
+        imports = ctx.names[NameKind.IMPORT]
+        known = frozenset(imports) | TYPE_NAMES | VLLM_TYPE_NAMES
+        try:
+            text, roots, runs = parse_annotation(node.value, known)
+        except FormulaError as exc:
+            ctx.error(node, field, str(exc))
+            return INVALID
+        return HostAttr(name, text, frozenset(roots), not runs, loc)
+
+
+@dataclass(frozen=True)
+class Import:
+    """A name the generated module imports, from one module per target."""
+
+    name: str
+    modules: tuple[tuple[str, str], ...]  # (target, module)
+    type_only: bool
+    location: Location
+
+    KEYS: ClassVar = Keys(
+        Key(
+            "vllm",
+            DottedName(),
+            "Module in vLLM 0.33.0 that defines the name.",
+            required=True,
+            example="vllm.model_executor.models.qwen2_vl",
+        ),
+        Key(
+            "standalone",
+            DottedName(),
+            "Module of this project that defines the name (`reference_towers.*`).",
+            required=True,
+            example="reference_towers.qwen2_vl",
+        ),
+        Key(
+            "type_only",
+            Boolean(),
+            "Imported under `TYPE_CHECKING` only; annotations that use it are quoted.",
+            default=False,
+        ),
+    )
+    DOC_TITLE = "imports"
+
+    def module(self, target: str) -> str:
+        return dict(self.modules)[target]
+
+    @classmethod
+    def from_yaml(cls, r: Reader, key: str, key_location: Location, **_: Any):
+        from generator.import_rules import import_problem
+
+        if check_name(r.ctx, key_location, r.field, key, "import"):
+            if key in VLLM_TYPE_NAMES or key in TYPE_NAMES:
+                r.ctx.error(
+                    key_location,
+                    r.field,
+                    f"{key!r} is imported by the generator itself",
+                )
+        r.ctx.declare(NameKind.IMPORT, key, key_location, r.field)
+        modules = []
+        for target in TARGETS:
+            module = r.take(target)
+            if module is not None and r.ok(target):
+                problem = import_problem(target, module, key)
+                if problem is not None:
+                    r.error(target, problem)
+            modules.append((target, module))
+        type_only = r.take("type_only")
+        if not r.ok(*TARGETS):
+            return None
+        return cls(key, tuple(modules), type_only, key_location)
+
+
+@dataclass(frozen=True)
+class Constant:
+    """A name bound to a host attribute path, read first thing by each
+    method that uses it."""
+
+    name: str
+    path: HostPath
+    default: int | None
+    location: Location
+
+    KEYS: ClassVar = Keys(
+        Key(
+            "from",
+            HostPathValue(),
+            "The host attribute path the constant reads.",
+            required=True,
+            example="vision_tower.spatial_merge_size",
+        ),
+        Key(
+            "default",
+            Integer(),
+            "The released model's value: the static checks and `gen-mixin plan` "
+            "use it.",
+            example="2",
+        ),
+    )
+    DOC_TITLE = "constants"
+
+    @classmethod
+    def from_yaml(cls, r: Reader, key: str, key_location: Location, **_: Any):
+        declare_constant(r.ctx, key, key_location, r.field)
+        path = r.take("from")
+        default = r.take("default")
+        return None if path is None else cls(key, path, default, key_location)
+
+
+def declare_constant(ctx: ReadContext, name: str, loc: Location, field: str) -> None:
+    check_name(ctx, loc, field, name, "constant")
+    if name in ctx.names[NameKind.HOST]:
+        ctx.error(loc, field, f"{name!r} is also a host attribute")
+    ctx.declare(NameKind.CONSTANT, name, loc, field)
+
+
+class ConstantPath(HostPathValue):
+    """The short form ``name: host.path``."""
+
+    def value(self, node: Node, field: str, ctx: ReadContext, **kw: Any) -> Any:
+        declare_constant(ctx, kw["key"], kw["key_location"], field)
+        path = super().value(node, field, ctx)
+        if path is INVALID:
+            return INVALID
+        return Constant(kw["key"], path, None, kw["key_location"])
+
+
+@dataclass(frozen=True)
+class Size:
+    """A released model size the generated code never reads (buffer shapes
+    in ``gen-mixin plan``)."""
+
+    name: str
+    value: int
+    location: Location
+
+
+class SizeValue(Integer):
+    def __init__(self) -> None:
+        super().__init__(minimum=0)
+
+    def value(self, node: Node, field: str, ctx: ReadContext, **kw: Any) -> Any:
+        name, loc = kw["key"], kw["key_location"]
+        check_name(ctx, loc, field, name, "size")
+        if ctx.kind_of(name) is not None:
+            ctx.error(loc, field, f"{name!r} is already declared elsewhere")
+        ctx.declare(NameKind.SIZE, name, loc, field)
+        value = super().value(node, field, ctx)
+        return INVALID if value is INVALID else Size(name, value, loc)
+
+
+class HostMethodName(ValueType):
+    words = "identifier"
+
+    def schema(self) -> dict[str, Any]:
+        from generator.spec.values import IDENT
+
+        return {"type": "string", "pattern": IDENT}
+
+    def value(self, node: Node, field: str, ctx: ReadContext, **_: Any) -> Any:
+        name = node.value
+        check_name(ctx, node.location, field, name, "host method")
+        if ctx.kind_of(name) in (NameKind.HOST, NameKind.HOST_METHOD, NameKind.IMPORT):
+            ctx.error(node, field, f"{name!r} is declared twice")
+        ctx.declare(NameKind.HOST_METHOD, name, node.location, field)
+        return name

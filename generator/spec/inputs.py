@@ -1,0 +1,257 @@
+"""The ``mm_kwargs`` keys a mixin reads: flat inputs (every item's rows back
+to back), grids (one row of named dims per item) and counts (one integer per
+item)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar
+
+from generator import formulas as fx
+from generator.diagnostics import Location
+from generator.formulas import Expr, HostPath, Ref
+from generator.scopes import NameKind
+from generator.spec.enums import InputKind
+from generator.spec.names import check_name
+from generator.spec.reader import Key, Keys, ReadContext, Reader
+from generator.spec.values import (
+    INVALID,
+    Boolean,
+    Choice,
+    Formula,
+    HostPathValue,
+    Identifier,
+    ListOf,
+)
+
+
+@dataclass(frozen=True)
+class FlatInput:
+    """A tensor of every item's rows back to back (or a list of per-item
+    tensors, with ``accepts_list``)."""
+
+    key: str
+    location: Location
+    #: Rows per item, over dims and constants (``input_size`` and
+    #: ``output_tokens`` already substituted).
+    rows: Expr
+    #: ``rows`` was written (else the item's ``input_size``).
+    own_rows: bool
+    accepts_list: bool
+    replay_dtype: HostPath | None
+    eager_dtype: HostPath | None
+    video_key: str | None
+
+    kind: ClassVar = InputKind.FLAT
+
+
+@dataclass(frozen=True)
+class ItemInput:
+    """An input with one entry per item: a grid row of ``dims`` or, for a
+    count input, one integer named ``dims[0]``."""
+
+    key: str
+    location: Location
+    kind: InputKind  # GRID or COUNT
+    dims: tuple[str, ...]
+    video_key: str | None
+
+    @property
+    def is_count(self) -> bool:
+        return self.kind is InputKind.COUNT
+
+
+Input = FlatInput | ItemInput
+
+_ONLY = {
+    InputKind.FLAT: "only for flat inputs",
+    InputKind.GRID: "only for grid inputs",
+    InputKind.COUNT: "only for count inputs",
+}
+
+
+class InputEntry:
+    """One entry of ``inputs`` (the keys of every kind in one table)."""
+
+    KEYS: ClassVar = Keys(
+        Key(
+            "kind",
+            Choice(InputKind),
+            "`flat`: a tensor holding every item's rows back to back; `grid`: one "
+            "row of named dims per item (a tensor or a list of lists, read on the "
+            "host); `count`: one integer per item (a 1-D tensor or a list, read on "
+            "the host), e.g. the tiles of each image.",
+            required=True,
+            example="grid",
+        ),
+        Key(
+            "dims",
+            ListOf(Identifier(), min_items=1),
+            "The names of the dims of a grid row; item formulas use them. A "
+            "single per-item number is a `count` input.",
+            applies="grid",
+            example="[t, h, w]",
+        ),
+        Key(
+            "dim",
+            Identifier(),
+            "The name item formulas use for the count.",
+            applies="count",
+            example="n",
+        ),
+        Key(
+            "rows",
+            Formula("flat_rows"),
+            "Rows per item. Selection slices the input by it, and capture sizes "
+            "the input's buffer by it (`rows` in its capture shape is this input's "
+            "rows in the dummy batch).",
+            default_doc="`input_size`",
+            applies="flat",
+            example="output_tokens",
+        ),
+        Key(
+            "accepts_list",
+            Boolean(),
+            "The value may be a list of per-item tensors, concatenated on read.",
+            default=False,
+            applies="flat",
+        ),
+        Key(
+            "replay_dtype",
+            HostPathValue(),
+            "Cast to this dtype before replay.",
+            applies="flat",
+            example="aligner.w1.weight.dtype",
+        ),
+        Key(
+            "eager_dtype",
+            HostPathValue(),
+            "Cast to this dtype in the eager forward.",
+            applies="flat",
+            example="vision_tower.dtype",
+        ),
+        Key(
+            "video_key",
+            Identifier(),
+            "The key this input has in a video batch; all inputs or none have "
+            "one, and only with the video modality. The spec's names are the "
+            "image keys; a batch is a video batch when its first grid is absent "
+            "under the image key. The mixin gains `get_input_modality`.",
+            applies="all",
+            example="pixel_values_videos",
+        ),
+    )
+    DOC_TITLE = "inputs"
+    APPLIES = {
+        "dims": InputKind.GRID,
+        "dim": InputKind.COUNT,
+        "rows": InputKind.FLAT,
+        "accepts_list": InputKind.FLAT,
+        "replay_dtype": InputKind.FLAT,
+        "eager_dtype": InputKind.FLAT,
+    }
+
+    @classmethod
+    def from_yaml(cls, r: Reader, key: str, key_location: Location, **_: Any):
+        kind = r.take("kind")
+        if not r.ok("kind") or kind is None:
+            r.ctx.failed_inputs.add(key)
+            for name in cls.KEYS:
+                r.taken.add(name)
+            return None
+        for name, applies in cls.APPLIES.items():
+            if applies is not kind and r.has(name):
+                r.refuse(name, _ONLY[applies])
+        video_key = r.take("video_key")
+        if kind is InputKind.FLAT:
+            return FlatInput(
+                key,
+                key_location,
+                r.take("rows", extra=()) or Ref("input_size"),
+                r.has("rows") and r.ok("rows"),
+                r.take("accepts_list"),
+                r.take("replay_dtype"),
+                r.take("eager_dtype"),
+                video_key,
+            )
+        dims = _item_dims(r, kind)
+        if dims is None:
+            r.ctx.failed_inputs.add(key)
+            return None
+        return ItemInput(key, key_location, kind, dims, video_key)
+
+
+def _item_dims(r: Reader, kind: InputKind) -> tuple[str, ...] | None:
+    name = "dims" if kind is InputKind.GRID else "dim"
+    value = r.take(name)
+    if not r.has(name):
+        r.error(r.node, f"a {kind.value} input needs {name}", r.path(name))
+        return None
+    if not r.ok(name) or (kind is InputKind.GRID and INVALID in value):
+        return None
+    if kind is InputKind.GRID and len(value) == 1:
+        r.error(
+            "dims",
+            "a grid row of one dim: write `kind: count` and `dim:` for one "
+            "number per item (a 1-D tensor or a list)",
+        )
+        return None
+    return tuple(value) if kind is InputKind.GRID else (value,)
+
+
+def prescan_dims(ctx: ReadContext, inputs_node) -> None:
+    """Declare every grid and count dim before the inputs are read, so a flat
+    input's ``rows`` may use the dims of grids declared after it."""
+    if inputs_node is None or inputs_node.kind != "mapping":
+        return
+    seen: dict[str, str] = {}
+    for key, entry in inputs_node.value.items():
+        if entry.kind != "mapping":
+            continue
+        field = f"inputs.{key}"
+        name = "dims" if "dims" in entry.value else "dim"
+        dims_node = entry.value.get(name)
+        if dims_node is None:
+            continue
+        items = dims_node.value if dims_node.kind == "sequence" else [dims_node]
+        for dim_node in items:
+            dim = dim_node.value
+            if not isinstance(dim, str):
+                continue
+            where = f"{field}.{name}"
+            check_name(ctx, dim_node.location, where, dim, "dim")
+            if dim in seen:
+                ctx.error(
+                    dim_node, where, f"dim {dim!r} is already a dim of {seen[dim]!r}"
+                )
+            elif (
+                ctx.kind_of(dim) in (NameKind.CONSTANT, NameKind.HOST)
+                or dim in inputs_node.value
+            ):
+                ctx.error(dim_node, where, f"dim {dim!r} clashes with another name")
+            seen.setdefault(dim, key)
+            ctx.declare(NameKind.DIM, dim, dim_node.location, where)
+
+
+def substitute(expr: Expr, mapping: dict[str, Expr | None]) -> Expr:
+    """``expr`` with the names of ``mapping`` replaced by their formulas."""
+    if isinstance(expr, Ref) and mapping.get(expr.name) is not None:
+        return mapping[expr.name]  # type: ignore[return-value]
+    if isinstance(expr, fx.BinOp):
+        return fx.BinOp(
+            expr.op, substitute(expr.left, mapping), substitute(expr.right, mapping)
+        )
+    if isinstance(expr, fx.Neg):
+        return fx.Neg(substitute(expr.operand, mapping))
+    if isinstance(expr, fx.Func):
+        return fx.Func(expr.name, tuple(substitute(a, mapping) for a in expr.args))
+    return expr
+
+
+def with_item_rows(flat: FlatInput, input_size: Expr, output_tokens: Expr) -> FlatInput:
+    """The flat input with ``input_size`` / ``output_tokens`` inlined in its
+    rows, so the formula stands alone."""
+    rows = substitute(
+        flat.rows, {"input_size": input_size, "output_tokens": output_tokens}
+    )
+    return replace(flat, rows=rows)

@@ -1,0 +1,210 @@
+"""Per-item formulas, the budget range and the refused configurations."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from generator.formulas import Expr, HostPath
+from generator.spec.enums import Backend, ImageLimitGuard
+from generator.spec.reader import Key, Keys, Reader
+from generator.spec.values import (
+    Boolean,
+    Choice,
+    Formula,
+    HostPathValue,
+    ListOf,
+    Section,
+    Text,
+)
+
+
+@dataclass(frozen=True)
+class Items:
+    """What the manager is told about each item (``EncoderItemSpec``)."""
+
+    input_size: Expr
+    output_tokens: Expr
+    graph_rows: Expr | None  # rows the graph emits, when not output_tokens
+    budget_tokens: Expr | None  # what budgets count, when not output_tokens
+
+    KEYS: ClassVar = Keys(
+        Key(
+            "input_size",
+            Formula("items"),
+            "`EncoderItemSpec.input_size` (data-parallel load balance).",
+            required=True,
+            example="t * h * w",
+        ),
+        Key(
+            "output_tokens",
+            Formula("items"),
+            "`EncoderItemSpec.output_tokens`: the rows finally written for the item.",
+            required=True,
+            example="t * h * w // (merge * merge)",
+        ),
+        Key(
+            "graph_rows",
+            Formula("items"),
+            "Rows the graph emits per item when they differ from `output_tokens` "
+            "(span assembly).",
+            default_doc="`output_tokens`",
+            example="ceil_div(h, r) * ceil_div(w, r)",
+        ),
+        Key(
+            "budget_tokens",
+            Formula("items"),
+            "The tokens the budgets count (`EncoderItemSpec.path_output_tokens"
+            '["default"]`), when a closer measure of the graph\'s work than '
+            "`output_tokens` exists. The dummy batch must cover a budget in "
+            "`budget_tokens`, and in `graph_rows` unless `capture.graph_rows` "
+            "declares a larger capacity.",
+            default_doc="`output_tokens`",
+            example="h * w",
+        ),
+    )
+    DOC_TITLE = "items"
+
+    @classmethod
+    def from_yaml(cls, r: Reader, **_: Any) -> Items | None:
+        input_size = r.take("input_size")
+        output_tokens = r.take("output_tokens")
+        graph_rows = r.take("graph_rows")
+        budget_tokens = r.take("budget_tokens")
+        # Coverage is checked against graph_rows and budget_tokens: not when
+        # either was written but failed (their defaults would mislead).
+        r.ctx.partial["items_resolved"] = r.ok("graph_rows", "budget_tokens")
+        if input_size is None or output_tokens is None:
+            return None
+        return cls(input_size, output_tokens, graph_rows, budget_tokens)
+
+
+@dataclass(frozen=True)
+class Budget:
+    min: Expr
+    why: str | None
+
+    KEYS: ClassVar = Keys(
+        Key(
+            "min",
+            Formula("constants"),
+            "The smallest token budget; the largest is what one scheduler step "
+            "holds (`min(max_num_batched_tokens, max_model_len)`).",
+            required=True,
+            example="64",
+        ),
+        Key("why", Text(), "Comment on the smallest budget."),
+    )
+    DOC_TITLE = "budget"
+
+    @classmethod
+    def from_yaml(cls, r: Reader, **_: Any) -> Budget | None:
+        minimum = r.take("min")
+        why = r.take("why")
+        return None if minimum is None else cls(minimum, why)
+
+
+@dataclass(frozen=True)
+class BackendGuard:
+    """Refuse attention backends that cannot be captured."""
+
+    path: HostPath
+    allow: tuple[Backend, ...]
+    deny: tuple[Backend, ...]
+    hint: str | None
+    why: str | None
+
+    KEYS: ClassVar = Keys(
+        Key(
+            "from",
+            HostPathValue(),
+            "Host path of the tower's `AttentionBackendEnum`.",
+            required=True,
+            example="visual.attn_backend",
+        ),
+        Key(
+            "allow",
+            ListOf(Choice(Backend), min_items=1),
+            "The only backends the graphs run with (exactly one of allow / deny).",
+            example="[FLASH_ATTN, ROCM_AITER_FA]",
+        ),
+        Key(
+            "deny",
+            ListOf(Choice(Backend), min_items=1),
+            "Backends the graphs refuse.",
+            example="[TORCH_SDPA, FLASHINFER]",
+        ),
+        Key(
+            "hint",
+            Text(),
+            "What the error tells the user to do.",
+            example="Set --mm-encoder-attn-backend FLASH_ATTN",
+        ),
+        Key("why", Text(), "Comment on the guard."),
+    )
+    DOC_TITLE = "guards.attention_backend"
+
+    @classmethod
+    def from_yaml(cls, r: Reader, **_: Any) -> BackendGuard | None:
+        path = r.take("from")
+        allow = tuple(b for b in r.take("allow") or () if b)
+        deny = tuple(b for b in r.take("deny") or () if b)
+        if bool(r.has("allow")) == bool(r.has("deny")):
+            r.error(r.node, "give exactly one of allow or deny")
+        hint = r.take("hint")
+        why = r.take("why")
+        if path is None or not r.ok("allow", "deny"):
+            return None
+        return cls(path, allow, deny, hint, why)
+
+
+@dataclass(frozen=True)
+class Guards:
+    image_limit_zero: ImageLimitGuard
+    fp8_static_scales: bool
+    attention_backend: BackendGuard | None
+
+    KEYS: ClassVar = Keys(
+        Key(
+            "image_limit_zero",
+            Choice(ImageLimitGuard),
+            "An image limit of 0 means the tower was not built: `ValueError` in "
+            "`get_encoder_cudagraph_config` (`config`, MiniMax M3) or "
+            "`RuntimeError` at capture (`capture`, DeepSeek-V4.1).",
+            default=ImageLimitGuard.OFF,
+            default_doc="`off`",
+            example="config",
+        ),
+        Key(
+            "fp8_static_scales",
+            Boolean(),
+            "Refuse fp8 encoder attention without `--mm-encoder-fp8-scale-path` "
+            "(dynamic scales are host state).",
+            default=False,
+        ),
+        Key(
+            "attention_backend",
+            Section(BackendGuard),
+            "Read the tower's attention backend and refuse the ones that cannot "
+            "be captured.",
+        ),
+    )
+    DOC_TITLE = "guards"
+    NONE: ClassVar[Guards]
+
+    @classmethod
+    def from_yaml(cls, r: Reader, **_: Any) -> Guards | None:
+        return cls(
+            r.take("image_limit_zero"),
+            r.take("fp8_static_scales"),
+            r.take("attention_backend"),
+        )
+
+    @property
+    def read_multimodal_config(self) -> bool:
+        return (
+            self.image_limit_zero is not ImageLimitGuard.OFF or self.fp8_static_scales
+        )
+
+
+Guards.NONE = Guards(ImageLimitGuard.OFF, False, None)

@@ -1,0 +1,525 @@
+"""The root of the typed spec: :class:`MixinSpec`, read section by section.
+
+Sections are read in the order their names become known (imports, host,
+constants, inputs, items, ...), so every formula is parsed against exactly
+the names declared before it, and entries refer to each other by object.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+from generator.formulas import Expr
+from generator.scopes import NameKind
+from generator.spec.enums import Base, DefsImport, Modality
+from generator.spec.forwards import Postprocess, SpanAssembly
+from generator.spec.host import (
+    Annotation,
+    Constant,
+    ConstantPath,
+    HostAttr,
+    HostMethodName,
+    Import,
+    Size,
+    SizeValue,
+)
+from generator.spec.inputs import (
+    FlatInput,
+    Input,
+    InputEntry,
+    ItemInput,
+    prescan_dims,
+    with_item_rows,
+)
+from generator.spec.items import Budget, Guards, Items
+from generator.spec.names import check_name, report_collisions
+from generator.spec.path import EncoderPath
+from generator.spec.reader import Key, Keys, Reader
+from generator.spec.values import (
+    INVALID,
+    Choice,
+    ClassName,
+    Formula,
+    Integer,
+    ListOf,
+    MapOf,
+    OneOf,
+    Section,
+    Text,
+    ValueType,
+)
+
+
+class Refused(ValueType):
+    """A key reserved for a feature not supported yet."""
+
+    kinds = ("object", "array", "string", "integer", "boolean", "null")
+
+
+_PATH_KEYS = EncoderPath.KEYS
+
+
+@dataclass(frozen=True)
+class MixinSpec:
+    """A validated spec: everything the emitters need, decided."""
+
+    spec_path: str
+    display_name: str
+    class_name: str
+    docstring: str
+    module_docstring: str | None
+    base: Base
+    defs_import: DefsImport
+    host: tuple[HostAttr, ...]
+    host_methods: tuple[str, ...]
+    imports: tuple[Import, ...]
+    modalities: tuple[Modality, ...]
+    max_frames_per_video: Expr | None
+    inputs: tuple[Input, ...]  # in the order the sub-batch lists them
+    constants: tuple[Constant, ...]
+    items: Items
+    budget: Budget
+    guards: Guards
+    sizes: tuple[Size, ...]
+    out_hidden_size: Expr
+    paths: tuple[EncoderPath, ...]
+    postprocess: Postprocess | None
+
+    KEYS: ClassVar = Keys(
+        Key(
+            "format",
+            Integer(choices=(1,)),
+            "Spec format version.",
+            required=True,
+            example="1",
+        ),
+        Key(
+            "name",
+            Text(nonempty=True, one_line=True),
+            "Display name in messages and docstrings.",
+            required=True,
+            example="MiniMax M3",
+        ),
+        Key(
+            "class_name",
+            ClassName(),
+            "The mixin class.",
+            required=True,
+            example="Qwen2_5_VLEncoderCudaGraphMixin",
+        ),
+        Key(
+            "docstring",
+            Text(docstring=True, nonempty=True),
+            'The class docstring (no `"""`, no backslash).',
+            required=True,
+        ),
+        Key(
+            "module_docstring",
+            Text(docstring=True),
+            "A module docstring after the provenance header.",
+        ),
+        Key(
+            "base",
+            Choice(Base),
+            "Subclass `SupportsEncoderCudaGraph` and inherit its defaults "
+            "(`protocol`), or define every method (`none`: a default "
+            "`postprocess_encoder_output` is then generated).",
+            default=Base.PROTOCOL,
+            default_doc="`protocol`",
+        ),
+        Key(
+            "defs_import",
+            Choice(DefsImport),
+            "Import the protocol data classes at module top (`module`), or inside "
+            "each method with `TYPE_CHECKING` imports for the annotations "
+            "(`local`, as vLLM's `interfaces.py` does).",
+            default=DefsImport.MODULE,
+            default_doc="`module`",
+        ),
+        Key(
+            "host",
+            MapOf(Annotation(), min_items=1),
+            "Attributes the host model provides, name → Python type over "
+            "`imports`, `torch`, `MultiModalConfig`, `VllmConfig` and builtins. "
+            "An annotation that mentions an import, or anything beyond builtin "
+            "and torch types, is quoted (never evaluated at import).",
+            required=True,
+            example="{visual: Qwen2VisionTransformer}",
+        ),
+        Key(
+            "host_methods",
+            ListOf(HostMethodName()),
+            "Methods the host model defines that expressions may call.",
+            example="[get_max_frames_per_video]",
+        ),
+        Key(
+            "imports",
+            MapOf(Section(Import)),
+            "Every name the generated code imports besides the protocol's own, "
+            "checked to exist in its module for each target.",
+        ),
+        Key(
+            "modalities",
+            ListOf(Choice(Modality), min_items=1),
+            "`EncoderCudaGraphConfig.modalities`.",
+            required=True,
+            example="[image, video]",
+        ),
+        Key(
+            "max_frames_per_video",
+            Formula("max_frames_per_video"),
+            "`EncoderCudaGraphConfig.max_frames_per_video` (video only).",
+            example="get_max_frames_per_video()",
+        ),
+        Key(
+            "inputs",
+            MapOf(Section(InputEntry), min_items=1),
+            "The `mm_kwargs` keys the mixin reads, in the order the selected "
+            "sub-batch lists them.",
+            required=True,
+        ),
+        Key(
+            "constants",
+            MapOf(OneOf(ConstantPath(), Section(Constant))),
+            "Names bound to host paths (`name: host.path` or `{from, default}`); "
+            "each generated method binds the constants it uses first thing.",
+            example="{merge: {from: visual.spatial_merge_size, default: 2}}",
+        ),
+        Key("items", Section(Items), "Per-item formulas.", required=True),
+        Key("budget", Section(Budget), "The budget range.", required=True),
+        Key("guards", Section(Guards), "Refused configurations."),
+        _PATH_KEYS["capture"],
+        _PATH_KEYS["metadata"],
+        _PATH_KEYS["buffers"],
+        Key(
+            "sizes",
+            MapOf(SizeValue()),
+            "Released model sizes the generated code never reads, for buffer "
+            "shapes in `gen-mixin plan`.",
+            example="{head_dim: 80}",
+        ),
+        Key(
+            "out_hidden_size",
+            Formula("constants_and_host"),
+            "Width of the output rows.",
+            required=True,
+            example="visual.out_hidden_size",
+        ),
+        _PATH_KEYS["graph_forward"],
+        _PATH_KEYS["eager_forward"],
+        Key(
+            "postprocess",
+            Section(Postprocess),
+            "Custom post-processing (default: scatter each item's rows).",
+        ),
+        Key(
+            "paths",
+            Refused(),
+            "",
+            refused="several encoder paths are not supported yet: write the "
+            "default path's capture, metadata, buffers and forwards at the top "
+            "level",
+        ),
+    )
+    DOC_TITLE = "top-level fields"
+
+    # -- what the emitters ask -----------------------------------------------------
+
+    @property
+    def stem(self) -> str:
+        return Path(self.spec_path).stem
+
+    @property
+    def path(self) -> EncoderPath:
+        """The default path (the only one a spec has for now)."""
+        return self.paths[0]
+
+    @property
+    def protocol_base(self) -> bool:
+        return self.base is Base.PROTOCOL
+
+    @property
+    def local_defs_import(self) -> bool:
+        return self.defs_import is DefsImport.LOCAL
+
+    @property
+    def flat_inputs(self) -> tuple[FlatInput, ...]:
+        return tuple(i for i in self.inputs if isinstance(i, FlatInput))
+
+    @property
+    def item_inputs(self) -> tuple[ItemInput, ...]:
+        return tuple(i for i in self.inputs if isinstance(i, ItemInput))
+
+    @property
+    def span_assembly(self) -> SpanAssembly | None:
+        return self.postprocess.span_assembly if self.postprocess else None
+
+    @property
+    def has_video_keys(self) -> bool:
+        return any(i.video_key for i in self.inputs)
+
+    def declared_names(self) -> dict[NameKind, frozenset[str]]:
+        """Every name the spec declares, by kind (and the builder results
+        chosen for it)."""
+        path = self.path
+        return {
+            NameKind.HOST: frozenset(h.name for h in self.host),
+            NameKind.HOST_METHOD: frozenset(self.host_methods),
+            NameKind.IMPORT: frozenset(i.name for i in self.imports),
+            NameKind.CONSTANT: frozenset(c.name for c in self.constants),
+            NameKind.SIZE: frozenset(s.name for s in self.sizes),
+            NameKind.FLAT: frozenset(f.key for f in self.flat_inputs),
+            NameKind.GRID: frozenset(g.key for g in self.item_inputs),
+            NameKind.DIM: frozenset(d for g in self.item_inputs for d in g.dims),
+            NameKind.BUFFER: frozenset(b.key for b in path.buffers),
+            NameKind.GRAPH_STEP: frozenset(
+                s.target for s in path.graph_forward if s.target
+            ),
+            NameKind.EAGER_STEP: frozenset(
+                s.target for s in path.eager_forward.steps if s.target
+            ),
+            NameKind.BUILDER_RESULT: frozenset(b.result_name for b in path.metadata),
+        }
+
+    def constant(self, name: str) -> Constant | None:
+        return next((c for c in self.constants if c.name == name), None)
+
+    def item_input(self, key: str) -> ItemInput | None:
+        return next((g for g in self.item_inputs if g.key == key), None)
+
+    def flat(self, key: str) -> FlatInput | None:
+        return next((f for f in self.flat_inputs if f.key == key), None)
+
+    # -- reading -------------------------------------------------------------------
+
+    @classmethod
+    def from_yaml(cls, r: Reader, spec_path: str) -> MixinSpec | None:
+        ctx = r.ctx
+        head = {
+            k: r.take(k)
+            for k in (
+                "format",
+                "name",
+                "class_name",
+                "docstring",
+                "module_docstring",
+                "base",
+                "defs_import",
+            )
+        }
+        imports = _values(r.take("imports"))
+        host = _values(r.take("host"))
+        _check_host_clashes(r)
+        host_methods = tuple(_values(r.take("host_methods")))
+        modalities = _modalities(r)
+        constants = _values(r.take("constants"))
+        ctx.partial["constants"] = tuple(constants)
+        inputs = _inputs(r, modalities)
+        item_inputs = {i.key: i for i in inputs if isinstance(i, ItemInput)}
+        items = r.take("items")
+        ctx.partial["items"] = items
+        ctx.partial["item_inputs"] = tuple(item_inputs.values())
+        if items is not None:
+            inputs = [
+                (
+                    with_item_rows(i, items.input_size, items.output_tokens)
+                    if isinstance(i, FlatInput)
+                    else i
+                )
+                for i in inputs
+            ]
+        flats = {i.key: i for i in inputs if isinstance(i, FlatInput)}
+        budget = r.take("budget")
+        mfpv = _max_frames(r, modalities)
+        guards = r.take("guards") or Guards.NONE
+        if (
+            guards.read_multimodal_config
+            and "multimodal_config" not in ctx.names[NameKind.HOST]
+        ):
+            r.error(
+                "guards",
+                "these guards read self.multimodal_config: declare it under host",
+            )
+        sizes = tuple(_values(r.take("sizes")))
+        ctx.partial["sizes"] = sizes
+        path = EncoderPath.from_yaml(r, item_inputs, flats)
+        out_hidden = r.take("out_hidden_size")
+        post = r.take(
+            "postprocess",
+            flats=flats,
+            imports={i.name: i for i in imports},
+            host={h.name: h for h in host},
+        )
+        _check_graph_rows(r, items, post)
+        r.take("paths")
+        report_collisions(ctx, ctx.fields)
+        required = [head[k] for k in ("format", "name", "class_name", "docstring")]
+        if ctx.diags or None in (*required, items, budget, path, out_hidden):
+            return None
+        return cls(
+            spec_path,
+            head["name"],
+            head["class_name"],
+            head["docstring"],
+            head["module_docstring"],
+            head["base"],
+            head["defs_import"],
+            tuple(host),
+            host_methods,
+            tuple(imports),
+            modalities,
+            mfpv,
+            tuple(inputs),
+            tuple(constants),
+            items,
+            budget,
+            guards,
+            sizes,
+            out_hidden,
+            (path,),
+            post,
+        )
+
+
+def _values(mapping_or_list) -> list:
+    """The values that resolved, of a MapOf or ListOf result."""
+    if mapping_or_list is None:
+        return []
+    values = (
+        mapping_or_list.values()
+        if isinstance(mapping_or_list, dict)
+        else mapping_or_list
+    )
+    return [v for v in values if v is not INVALID]
+
+
+def _check_host_clashes(r: Reader) -> None:
+    node = r.raw("host")
+    if node is None or node.kind != "mapping":
+        return
+    imports = r.ctx.names[NameKind.IMPORT]
+    for name in node.value:
+        if name in imports:
+            r.ctx.error(
+                node.key_locations[name],
+                f"host.{name}",
+                f"{name!r} is declared twice (also an import)",
+            )
+
+
+def _modalities(r: Reader) -> tuple[Modality, ...]:
+    values = tuple(m for m in r.take("modalities") or () if m is not INVALID)
+    if len(set(values)) != len(values):
+        r.error("modalities", "modalities must not repeat")
+    return values
+
+
+def _inputs(r: Reader, modalities) -> list[Input]:
+    ctx = r.ctx
+    node = r.raw("inputs")
+    prescan_dims(ctx, node)
+    if node is not None and node.kind == "mapping":
+        for key in node.value:
+            loc = node.key_locations[key]
+            field = f"inputs.{key}"
+            check_name(ctx, loc, field, key, "input")
+            if ctx.kind_of(key) in (NameKind.HOST, NameKind.CONSTANT, NameKind.IMPORT):
+                ctx.error(loc, field, f"{key!r} is already declared elsewhere")
+            entry = node.value[key]
+            kind = entry.value.get("kind") if entry.kind == "mapping" else None
+            kind_name = (
+                NameKind.FLAT if kind and kind.value == "flat" else NameKind.GRID
+            )
+            ctx.declare(kind_name, key, loc, field)
+    inputs = _values(r.take("inputs"))
+    if node is None or not r.ok("inputs") or ctx.failed_inputs:
+        return inputs
+    if not any(isinstance(i, ItemInput) for i in inputs):
+        r.error(
+            "inputs",
+            "at least one grid or count input is needed (items are read from them)",
+        )
+    if not any(isinstance(i, FlatInput) for i in inputs):
+        r.error("inputs", "at least one flat input is needed")
+    _check_video_keys(r, node, modalities)
+    return inputs
+
+
+def _check_video_keys(r: Reader, node, modalities) -> None:
+    video_keys = {
+        k: n.value["video_key"]
+        for k, n in node.value.items()
+        if n.kind == "mapping" and "video_key" in n.value
+    }
+    video = Modality.VIDEO in modalities
+    if not video_keys:
+        if video:
+            r.error("inputs", "the video modality needs a video_key on every input")
+        return
+    if len(video_keys) != len(node.value):
+        missing = [k for k in node.value if k not in video_keys]
+        r.error(
+            "inputs",
+            f"some inputs have a video_key and {', '.join(missing)} do not (all or none)",
+        )
+    if not video:
+        r.ctx.error(
+            next(iter(video_keys.values())),
+            "inputs",
+            "video_key needs the video modality",
+        )
+    seen: set[str] = set(node.value)
+    for key, vk in video_keys.items():
+        if not isinstance(vk.value, str):
+            continue  # reported where the input is read
+        if vk.value in seen:
+            r.ctx.error(vk, f"inputs.{key}.video_key", f"{vk.value!r} is already a key")
+        seen.add(vk.value)
+
+
+def _max_frames(r: Reader, modalities) -> Expr | None:
+    mfpv = r.take("max_frames_per_video")
+    if r.has("max_frames_per_video") and Modality.VIDEO not in modalities:
+        r.error("max_frames_per_video", "only meaningful with the video modality")
+    return mfpv
+
+
+def _check_graph_rows(r: Reader, items: Items | None, post) -> None:
+    """graph_rows and span assembly go together; a declared capacity needs
+    budget_tokens."""
+    items_node = r.raw("items")
+    has_graph_rows = (
+        items_node is not None
+        and items_node.kind == "mapping"
+        and "graph_rows" in items_node.value
+    )
+    if post is None and not r.has("postprocess") and has_graph_rows:
+        r.ctx.error(
+            items_node.value["graph_rows"],
+            "items.graph_rows",
+            "graph_rows only goes with a postprocess that turns graph rows into "
+            "output tokens",
+        )
+    if r.has("postprocess") and not has_graph_rows:
+        r.error(
+            "postprocess",
+            "span assembly needs items.graph_rows (graph rows per item)",
+            "items.graph_rows",
+        )
+    capture = r.raw("capture")
+    if (
+        capture is not None
+        and capture.kind == "mapping"
+        and "graph_rows" in capture.value
+        and items_node is not None
+        and items_node.kind == "mapping"
+        and "budget_tokens" not in items_node.value
+    ):
+        r.ctx.error(
+            capture.key_locations["graph_rows"],
+            "capture.graph_rows",
+            "needs items.budget_tokens: a graph-row capacity beyond the dummy's "
+            "only makes sense when budgets count something else",
+        )

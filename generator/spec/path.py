@@ -1,0 +1,269 @@
+"""One encoder path: its capture, builders, buffers and forwards.
+
+vLLM's protocol captures each path of an encoder separately. A spec has one
+path now, ``default``, whose keys sit at the spec's top level; a spec with
+``paths:`` is refused until several are supported.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar
+
+from generator.naming import builder_result_name
+from generator.scopes import METHODS, NameKind
+from generator.spec.capture import Buffer, Capture, CaptureTensor, MetadataBuilder
+from generator.spec.enums import PadRule
+from generator.spec.forwards import (
+    GRAPH_STEPS,
+    EagerForward,
+    Step,
+    check_graph_forward,
+)
+from generator.spec.reader import Key, Keys, ReadContext, Reader
+from generator.spec.values import INVALID, ListOf, MapOf, Section
+
+
+@dataclass(frozen=True)
+class EncoderPath:
+    name: str
+    capture: Capture
+    metadata: tuple[MetadataBuilder, ...]
+    buffers: tuple[Buffer, ...]
+    graph_forward: tuple[Step, ...]
+    eager_forward: EagerForward
+
+    KEYS: ClassVar = Keys(
+        Key(
+            "capture",
+            Section(Capture),
+            "The dummy batch each budget is captured with.",
+            required=True,
+        ),
+        Key(
+            "metadata",
+            ListOf(Section(MetadataBuilder)),
+            "Builders of the buffers that are not capture tensors, run at capture "
+            "on the dummy grids and at replay on the real ones.",
+        ),
+        Key(
+            "buffers",
+            MapOf(Section(Buffer), min_items=1),
+            "The captured buffers in order (this order is `buffer_keys`), each "
+            "with one source (a capture tensor or a builder's `provides`) and its "
+            "replay rule; `{}` is the manager's default (zero, then copy the rows "
+            "on dim 0).",
+            required=True,
+        ),
+        Key(
+            "graph_forward",
+            GRAPH_STEPS,
+            "The captured computation: `name = call(...)` steps over the buffers, "
+            "the last one a bare expression, the output; `rest` passes the "
+            "buffers no step names, as a dict. Every buffer must be read.",
+            required=True,
+            example="[vision_tower(pixel_values, grid_thw=None, encoder_metadata=rest)]",
+        ),
+        Key(
+            "eager_forward",
+            Section(EagerForward),
+            "The computation for batches above every budget.",
+            required=True,
+        ),
+    )
+
+    def buffer(self, key: str) -> Buffer | None:
+        return next((b for b in self.buffers if b.key == key), None)
+
+    @property
+    def pad_buffers(self) -> tuple[Buffer, ...]:
+        return tuple(b for b in self.buffers if b.pad is not None)
+
+    @property
+    def trailing(self) -> Buffer | None:
+        return next(
+            (b for b in self.buffers if b.pad is PadRule.TRAILING_SEQUENCE), None
+        )
+
+    @classmethod
+    def from_yaml(cls, r: Reader, item_inputs, flats, **_: Any) -> EncoderPath | None:
+        ctx = r.ctx
+        known = _declare_buffers(r)
+        capture = r.take("capture", items_inputs=item_inputs, flats=flats)
+        ctx.partial["capture"] = capture
+        if capture is None:
+            # Which buffers its tensors were meant to fill is unknown.
+            ctx.failed_sources.update(flats)
+        builders = _builders(r)
+        tensors = capture.tensors if capture is not None else ()
+        sources = _sources(r, tensors, builders)
+        entries = r.take("buffers", sources=sources) or {}
+        buffers = tuple(b for b in entries.values() if b is not INVALID)
+        ctx.partial["buffers"] = buffers
+        ctx.partial["metadata"] = builders
+        _check_buffers(r, buffers, tensors, builders, capture)
+        if not known:
+            # Without buffers, every name of the forward would be unknown.
+            r.take_node("graph_forward")
+            graph_forward = None
+        else:
+            graph_forward = r.take("graph_forward")
+        if graph_forward is not None:
+            check_graph_forward(
+                ctx, r.raw("graph_forward"), graph_forward, list(entries)
+            )
+        eager = r.take("eager_forward")
+        if None in (capture, graph_forward, eager) or INVALID in entries.values():
+            return None
+        return cls("default", capture, builders, buffers, graph_forward, eager)
+
+
+def _declare_buffers(r: Reader) -> bool:
+    """Declare the buffer names before the builders and forwards that use
+    them; False when there are none to declare (reported elsewhere)."""
+    from generator.spec.names import check_name
+
+    node = r.raw("buffers")
+    if node is None or node.kind != "mapping":
+        r.ctx.buffers_unknown = True
+        return False
+    for key in node.value:
+        loc = (node.key_locations or {}).get(key, node.location)
+        check_name(r.ctx, loc, f"buffers.{key}", key, "buffer")
+        r.ctx.declare(NameKind.BUFFER, key, loc, f"buffers.{key}")
+    return True
+
+
+def _builders(r: Reader) -> tuple[MetadataBuilder, ...]:
+    provided: dict[str, str] = {}
+    built = [b for b in r.take("metadata", provided=provided) or () if b is not INVALID]
+    taken = set().union(*(set(names) for names in r.ctx.names.values()))
+    for method in (
+        "prepare_encoder_cudagraph_capture_inputs",
+        "prepare_encoder_cudagraph_replay_buffers",
+    ):
+        m = METHODS[method]
+        taken |= {p.name for p in m.params} | set(m.locals)
+    out = []
+    for b in built:
+        callee = b.call.callee
+        last = callee.name if hasattr(callee, "name") else str(callee.parts[-1])
+        if len(built) == 1 and "metadata" not in taken:
+            name = "metadata"
+        else:
+            name = builder_result_name(last, taken)
+        taken.add(name)
+        r.ctx.declare(NameKind.BUILDER_RESULT, name, b.location)
+        out.append(replace(b, result_name=name))
+    return tuple(out)
+
+
+def _sources(
+    r: Reader, tensors, builders
+) -> dict[str, CaptureTensor | MetadataBuilder]:
+    sources: dict[str, CaptureTensor | MetadataBuilder] = {t.key: t for t in tensors}
+    buffers = r.ctx.names[NameKind.BUFFER]
+    both = set()
+    for b in builders:
+        for key in b.provides:
+            if isinstance(sources.get(key), CaptureTensor):
+                both.add(key)
+            else:
+                sources.setdefault(key, b)
+    for key in sorted(both):
+        if key in buffers:
+            r.ctx.error(
+                buffers[key],
+                f"buffers.{key}",
+                "provided both by a capture tensor and a builder",
+            )
+        del sources[key]
+        r.ctx.failed_sources.add(key)
+    capture = r.raw("capture")
+    tensors_node = (
+        capture.value.get("tensors") if capture and capture.kind == "mapping" else None
+    )
+    for t in tensors:
+        if t.key not in buffers and not r.ctx.buffers_unknown:
+            r.ctx.error(
+                (tensors_node.key_locations or {}).get(t.key, t.location),
+                f"capture.tensors.{t.key}",
+                f"{t.key!r} is not a declared buffer",
+            )
+    return sources
+
+
+def _check_buffers(r: Reader, buffers, tensors, builders, capture) -> None:
+    ctx = r.ctx
+    if sum(1 for b in buffers if b.pad is PadRule.TRAILING_SEQUENCE) > 1:
+        ctx.error(
+            r.raw("buffers"), "buffers", "at most one buffer can use trailing_sequence"
+        )
+    for b in buffers:
+        if isinstance(b.source, CaptureTensor) and (
+            b.shape is not None or b.dtype is not None
+        ):
+            ctx.error(
+                b.location,
+                f"buffers.{b.key}",
+                "shape and dtype of a capture tensor's buffer come from capture.tensors",
+            )
+        _check_set_by(r, b)
+        _check_allocated(ctx, b)
+    if (
+        capture is not None
+        and capture.graph_rows is not None
+        and not any(
+            _buffer_node(r, key, "allocate") is not None
+            for key in ctx.names[NameKind.BUFFER]
+        )
+    ):
+        ctx.error(
+            r.raw("capture").key_locations["graph_rows"],
+            "capture.graph_rows",
+            "no buffer has 'allocate': the graph rows beyond the dummy's need "
+            "buffers that hold them",
+        )
+
+
+def _buffer_node(r: Reader, key: str, name: str):
+    buffers = r.raw("buffers")
+    entry = buffers.value.get(key) if buffers is not None else None
+    if entry is None or entry.kind != "mapping":
+        return None
+    return entry.value.get(name)
+
+
+def _check_set_by(r: Reader, buf: Buffer) -> None:
+    if buf.set_by is None:
+        return
+    field = f"buffers.{buf.key}.set_by"
+    where = _buffer_node(r, buf.key, "set_by") or buf.location
+    if not buf.host_scalar:
+        r.ctx.error(where, field, "set_by only goes with host_scalar")
+        return
+    if not isinstance(buf.source, MetadataBuilder):
+        r.ctx.error(where, field, "no builder provides this buffer")
+        return
+    if buf.set_by not in dict(buf.source.kwargs("capture")):
+        r.ctx.error(where, field, f"its builder passes no {buf.set_by!r} at capture")
+
+
+def _check_allocated(ctx: ReadContext, b: Buffer) -> None:
+    """``allocate`` buffers: builder buffers with a declared shape and dtype,
+    rows on dim 0, plain copies."""
+    if not b.allocate:
+        return
+    field = f"buffers.{b.key}.allocate"
+    if isinstance(b.source, CaptureTensor):
+        ctx.error(b.location, field, "a capture tensor is allocated already")
+    elif b.shape is None or b.dtype is None:
+        ctx.error(b.location, field, "needs the buffer's shape and dtype")
+    elif not b.shape:
+        ctx.error(b.location, field, "needs at least one dimension (rows)")
+    if b.pad or b.host_scalar or b.rows_dim:
+        ctx.error(
+            b.location,
+            field,
+            "only for plain row buffers (rows on dim 0, no pad, not a host scalar)",
+        )

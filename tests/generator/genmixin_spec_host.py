@@ -1,0 +1,447 @@
+"""A fake host built from a spec itself, for the soundness harness.
+
+Every host path the spec mentions resolves to an object: constants' paths to
+their defaults, ``out_hidden_size`` to :data:`OUT_WIDTH`, dtype paths to
+``torch.float32``, the backend guard's path to a backend it lets through,
+builder callees to :class:`FakeBuilder` (which returns tensors of the
+buffers' declared shapes for the grids it is given) and forward callees to
+:class:`FakeCall` (which records its arguments and returns the rows a test
+queues). Imported helpers the module calls are replaced the same way. The
+expected values of every check come from the spec's own formulas, evaluated
+with :func:`generator.formulas.evaluate`.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import sys
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from encoder_cudagraph_runtime.attention_backends import AttentionBackendEnum
+from encoder_cudagraph_runtime.config import MultiModalConfig
+from generator import formulas as fx
+from generator.emit import render_spec
+from generator.resolve import load_spec
+from generator.spec import Buffer, MetadataBuilder, MixinSpec, PadRule
+from generator.spec.capture import CaptureTensor
+from generator.static_checks import per_item_tokens
+from genmixin_testlib import load_module_copy
+
+OUT_WIDTH = 5
+#: Value of host integers no constant default names (shapes over host paths).
+HOST_INT = 3
+
+
+class HostObject:
+    """An attribute tree node; callable when a spec calls the path."""
+
+    def __init__(self) -> None:
+        self._fn = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self._fn is None:
+            raise TypeError("this host path is not called by the spec")
+        return self._fn(*args, **kwargs)
+
+
+class HostList(list):
+    def at(self, index: int) -> Any:
+        while len(self) <= index:
+            self.append(HostObject())
+        return self[index]
+
+
+def set_path(root: Any, parts: tuple[str | int, ...], value: Any) -> None:
+    """``root.<parts> = value``, creating the objects on the way."""
+    cur = root
+    for part, nxt in zip(parts[:-1], parts[1:], strict=True):
+        child = cur.at(part) if isinstance(part, int) else getattr(cur, part, None)
+        if child is None or (isinstance(nxt, int) and not isinstance(child, HostList)):
+            child = HostList() if isinstance(nxt, int) else HostObject()
+            if isinstance(part, int):
+                cur[part] = child
+            else:
+                setattr(cur, part, child)
+        cur = child
+    last = parts[-1]
+    if isinstance(last, int):
+        cur.at(last)
+        cur[last] = value
+    else:
+        setattr(cur, last, value)
+
+
+def get_path(root: Any, parts: tuple[str | int, ...]) -> Any:
+    cur = root
+    for part in parts:
+        cur = cur[part] if isinstance(part, int) else getattr(cur, part)
+    return cur
+
+
+@dataclass
+class FakeCall:
+    """A forward callee: records its calls, returns queued outputs (else a
+    placeholder)."""
+
+    name: str
+    calls: list[tuple[tuple, dict]] = field(default_factory=list)
+    queue: list[torch.Tensor] = field(default_factory=list)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        self.calls.append((args, kwargs))
+        if self.queue:
+            return self.queue.pop(0)
+        return torch.zeros(1, OUT_WIDTH)
+
+
+class SpecWorld:
+    """One spec, its generated standalone module, and everything needed to
+    build hosts and batches for it."""
+
+    def __init__(self, spec_path: Path) -> None:
+        self.spec_path = spec_path
+        self.spec: MixinSpec = load_spec(spec_path)
+        self.module = _import_standalone(spec_path)
+        self.env = self._env()
+        self.builders: list[FakeBuilder] = []
+
+    # -- formulas -------------------------------------------------------------------
+
+    def _env(self) -> dict[str, int]:
+        env: dict[str, int] = {s.name: s.value for s in self.spec.sizes}
+        for c in self.spec.constants:
+            value = c.default if c.default is not None else HOST_INT
+            env[c.name] = value
+            env[c.path.dotted] = value
+        for path in self._int_paths():
+            env.setdefault(path.dotted, HOST_INT)
+        if isinstance(self.spec.out_hidden_size, fx.HostPath):
+            env[self.spec.out_hidden_size.dotted] = OUT_WIDTH
+        return env
+
+    def value(self, expr: fx.Expr, **names: int) -> int:
+        return fx.evaluate(expr, {**self.env, **names})
+
+    def item_values(self, dims: Mapping[str, int]) -> dict[str, int]:
+        items = self.spec.items
+        out = {
+            "input_size": self.value(items.input_size, **dims),
+            "output_tokens": self.value(items.output_tokens, **dims),
+        }
+        out["graph_rows"] = (
+            self.value(items.graph_rows, **dims)
+            if items.graph_rows is not None
+            else out["output_tokens"]
+        )
+        out["budget_tokens"] = (
+            self.value(items.budget_tokens, **dims)
+            if items.budget_tokens is not None
+            else out["output_tokens"]
+        )
+        return out
+
+    def graph_rows(self, dims: Mapping[str, int]) -> int:
+        items = self.spec.items
+        return self.value(items.graph_rows or items.output_tokens, **dims)
+
+    def flat_rows(self, key: str, dims: Mapping[str, int]) -> int:
+        return self.value(self.spec.flat(key).rows, **dims)
+
+    # -- hosts --------------------------------------------------------------------------
+
+    def host(self) -> Any:
+        spec = self.spec
+        cls = type("SpecHost", (getattr(self.module, spec.class_name),), {})
+        host = cls.__new__(cls)
+        for attr in spec.host:
+            setattr(host, attr.name, HostObject())
+        if "multimodal_config" in {a.name for a in spec.host}:
+            host.multimodal_config = MultiModalConfig()
+        for c in spec.constants:
+            set_path(host, c.path.parts, self.env[c.name])
+        for path in self._int_paths():
+            set_path(host, path.parts, self.env[path.dotted])
+        for flat in spec.flat_inputs:
+            for dtype_path in (flat.replay_dtype, flat.eager_dtype):
+                if dtype_path is not None:
+                    set_path(host, dtype_path.parts, torch.float32)
+        for t in spec.path.capture.tensors:
+            if isinstance(t.dtype, fx.HostPath):
+                set_path(host, t.dtype.parts, torch.float32)
+        guard = spec.guards.attention_backend
+        if guard is not None:
+            ok = guard.allow[0].value if guard.allow else "FLASH_ATTN"
+            if not guard.allow and any(b.value == ok for b in guard.deny):
+                ok = "ROCM_AITER_FA"
+            set_path(host, guard.path.parts, getattr(AttentionBackendEnum, ok))
+        if isinstance(spec.out_hidden_size, fx.HostPath):
+            set_path(host, spec.out_hidden_size.parts, OUT_WIDTH)
+        for name in spec.host_methods:
+            frames = self.env.get("max_frames_per_video", 2)
+            setattr(host, name, lambda frames=frames: frames)
+        span = spec.span_assembly
+        if span is not None:
+            for i, (_, attr) in enumerate(span.delimiters):
+                setattr(host, attr.name, torch.full((OUT_WIDTH,), -1.0 - i))
+        self._install_callables(host)
+        return host
+
+    def _int_paths(self) -> set[fx.HostPath]:
+        """Host paths whose values the spec reads as they are (arguments,
+        shapes, widths): the leaves, not called, not a prefix of another."""
+        spec = self.spec
+        path = spec.path
+        exprs = [
+            spec.out_hidden_size,
+            *[s for t in path.capture.tensors for s in t.shape],
+        ]
+        exprs += [
+            e for e in (path.eager_forward.empty_width, spec.max_frames_per_video) if e
+        ]
+        for b in path.metadata:
+            exprs += [b.call, *(v for _, v in b.capture_kwargs + b.replay_kwargs)]
+        exprs += [s.expr for s in path.graph_forward + path.eager_forward.steps]
+        paths = {p for e in exprs for p in fx.host_paths_in(e)}
+        callees = {
+            sub.callee for e in exprs for sub in fx.walk(e) if isinstance(sub, fx.Call)
+        }
+        prefixes = {p.parts[:i] for p in paths for i in range(1, len(p.parts))}
+        return {p for p in paths - callees if p.parts not in prefixes}
+
+    def _install_callables(self, host: Any) -> None:
+        self.builders = []
+        self.calls: dict[str, FakeCall] = {}
+        for b in self.spec.path.metadata:
+            fake = FakeBuilder(self, b)
+            self.builders.append(fake)
+            self._install(host, b.call.callee, fake)
+        steps = self.spec.path.graph_forward + self.spec.path.eager_forward.steps
+        for step in steps:
+            for sub in fx.walk(step.expr):
+                if isinstance(sub, fx.Call):
+                    name = _callee_name(sub.callee)
+                    fake = self.calls.setdefault(name, FakeCall(name))
+                    self._install(host, sub.callee, fake)
+
+    def _install(self, host: Any, callee, fake) -> None:
+        if isinstance(callee, fx.Ref):  # an imported helper
+            setattr(self.module, callee.name, fake)
+            return
+        try:
+            target = get_path(host, callee.parts)
+        except AttributeError:
+            target = None
+        if isinstance(target, HostObject):
+            target._fn = fake
+        else:
+            set_path(host, callee.parts, fake)
+
+    # -- batches -------------------------------------------------------------------------
+
+    def dim_step(self) -> int:
+        """Dims are drawn as multiples of every divisor in the item and row
+        formulas, so each division is exact as in real inputs."""
+        exprs = [self.spec.items.input_size, self.spec.items.output_tokens]
+        exprs += [
+            e for e in (self.spec.items.graph_rows, self.spec.items.budget_tokens) if e
+        ]
+        exprs += [f.rows for f in self.spec.flat_inputs]
+        step = 1
+        for e in exprs:
+            for sub in fx.walk(e):
+                if isinstance(sub, fx.BinOp) and sub.op in ("//", "%"):
+                    step = math.lcm(step, max(1, abs(self.value(sub.right))))
+        return step
+
+    def random_item(self, rng: random.Random, big: int = 3) -> dict[str, int]:
+        step = self.dim_step()
+        return {
+            d: step * rng.randint(1, big) for g in self.spec.item_inputs for d in g.dims
+        }
+
+    def batch(
+        self,
+        items: list[dict[str, int]],
+        *,
+        lists=False,
+        video=False,
+    ) -> dict[str, Any]:
+        """``mm_kwargs`` of these items: grids as tensors (or lists), counts as
+        1-D tensors (or lists), flat rows numbered ``(item, row)``."""
+        out: dict[str, Any] = {}
+        for inp in self.spec.inputs:
+            key = inp.video_key if video and inp.video_key else inp.key
+            if inp in self.spec.item_inputs:
+                rows = [[it[d] for d in inp.dims] for it in items]
+                if inp.is_count:
+                    rows = [r[0] for r in rows]
+                if lists:
+                    out[key] = rows
+                elif inp.is_count:
+                    out[key] = torch.tensor(rows, dtype=torch.int64)
+                else:
+                    out[key] = torch.tensor(rows, dtype=torch.int64).reshape(
+                        len(items), len(inp.dims)
+                    )
+            else:
+                out[key] = self.flat_tensor(inp.key, items)
+        return out
+
+    def row_shape(self, key: str) -> list[int]:
+        """The shape of one row of a flat input: its capture buffer's, or 2."""
+        tensor = next((t for t in self.spec.path.capture.tensors if t.key == key), None)
+        if tensor is None:
+            return [2]
+        names = {"k": 1, "rows": 1, "max_batch_size": 1, "token_budget": 1}
+        return [self.value(e, **names) for e in tensor.shape[1:]] or []
+
+    def flat_tensor(self, key: str, items) -> torch.Tensor:
+        """Row ``r`` of item ``i`` starts with ``(i, r)``: a selection's order
+        shows (rows of one element hold ``i``)."""
+        shape = self.row_shape(key)
+        width = math.prod(shape)
+        rows = []
+        for i, it in enumerate(items):
+            for r in range(self.flat_rows(key, it)):
+                row = torch.zeros(width)
+                row[0] = i
+                if width > 1:
+                    row[1] = r
+                rows.append(row)
+        flat = torch.stack(rows) if rows else torch.zeros(0, width)
+        return flat.reshape(len(rows), *shape)
+
+    @staticmethod
+    def row_ids(flat: torch.Tensor) -> list[list[float]]:
+        """``(item, row)`` of each row of a flat tensor made by :meth:`flat_tensor`."""
+        view = flat.reshape(flat.shape[0], math.prod(flat.shape[1:]))
+        return view[:, :2].tolist() if view.shape[1] > 1 else view.tolist()
+
+    def fitting_items(
+        self, rng: random.Random, budget: int, mbs: int
+    ) -> list[dict[str, int]]:
+        """Items whose budget tokens fit ``budget``, at most ``mbs`` of them."""
+        items: list[dict[str, int]] = []
+        used = 0
+        for _ in range(mbs):
+            for big in (3, 2, 1):
+                item = self.random_item(rng, big)
+                tokens = self.item_values(item)["budget_tokens"]
+                if used + tokens <= budget:
+                    items.append(item)
+                    used += tokens
+                    break
+            else:
+                break
+        return items
+
+    def k(self, budget: int, mbs: int) -> int:
+        return per_item_tokens(budget, mbs, self.spec.path.capture.rounding)
+
+
+def _callee_name(callee) -> str:
+    return callee.name if isinstance(callee, fx.Ref) else callee.dotted
+
+
+class FakeBuilder:
+    """A metadata builder: the buffers it provides, for the grids it is given
+    (one sequence per item in ``cu_seqlens``-like offsets)."""
+
+    def __init__(self, world: SpecWorld, builder: MetadataBuilder) -> None:
+        self.world = world
+        self.builder = builder
+        self.calls: list[tuple[tuple, dict]] = []
+
+    def items(self, args: tuple, kwargs: dict) -> list[dict[str, int]]:
+        """The items of the grids and counts among the arguments."""
+        spec = self.world.spec
+        given: dict[str, Any] = {}
+        for expr, value in zip(self.builder.call.args, args, strict=False):
+            if isinstance(expr, fx.Ref) and spec.item_input(expr.name) is not None:
+                given[expr.name] = value
+        for name, expr in self.builder.call.kwargs:
+            if isinstance(expr, fx.Ref) and spec.item_input(expr.name) is not None:
+                given[expr.name] = kwargs[name]
+        items: list[dict[str, int]] = []
+        for key, rows in given.items():
+            inp = spec.item_input(key)
+            for i, row in enumerate(rows):
+                if i == len(items):
+                    items.append({})
+                values = [row] if inp.is_count else row
+                items[i].update(zip(inp.dims, [int(v) for v in values], strict=True))
+        return items
+
+    def __call__(self, *args: Any, **kwargs: Any) -> dict[str, torch.Tensor]:
+        self.calls.append((args, kwargs))
+        items = self.items(args, kwargs)
+        device = kwargs.get("device", torch.device("cpu"))
+        dtype = kwargs.get("dtype", torch.float32)
+        out = {}
+        for key in self.builder.provides:
+            buf = self.world.spec.path.buffer(key)
+            out[key] = self.tensor(buf, items, kwargs, device, dtype)
+        return out
+
+    def tensor(self, buf: Buffer, items, kwargs, device, dtype) -> torch.Tensor:
+        w = self.world
+        rows = [w.value(w.spec.items.input_size, **it) for it in items]
+        if buf.pad is not None:
+            offsets = [0]
+            for r in rows:
+                offsets.append(offsets[-1] + r)
+            return torch.tensor(offsets, dtype=torch.int32, device=device)
+        if buf.host_scalar:
+            bound = kwargs.get(buf.set_by) if buf.set_by else None
+            return torch.tensor(
+                bound if bound is not None else max(rows, default=0), dtype=torch.int32
+            )
+        total = sum(w.graph_rows(it) for it in items) if buf.allocate else sum(rows)
+        if buf.shape is None:
+            shape = [total]
+        else:
+            shape = []
+            for i, e in enumerate(buf.shape):
+                shape.append(total if i == buf.rows_dim else w.value(e))
+        tdtype = (
+            dtype
+            if buf.dtype is None or buf.dtype.value == "dtype"
+            else getattr(torch, buf.dtype.value)
+        )
+        numel = math.prod(shape)
+        values = torch.arange(1, numel + 1, device=device).reshape(shape)
+        return values.to(tdtype)
+
+
+def _import_standalone(spec_path: Path) -> ModuleType:
+    """Render the spec's standalone module into a temporary file and import a
+    private copy of it."""
+    rendered = render_spec(spec_path, ("standalone",), Path("generated"))[0]
+    folder = Path(tempfile.mkdtemp(prefix="genmixin_sound_"))
+    path = folder / f"{spec_path.stem}.py"
+    path.write_text(rendered.source, encoding="utf-8")
+    name = f"_genmixin_sound_{spec_path.parent.name}_{spec_path.stem}"
+    sys.modules.pop(name, None)
+    return load_module_copy(path, name)
+
+
+def is_capture_tensor(buf: Buffer) -> bool:
+    return isinstance(buf.source, CaptureTensor)
+
+
+__all__ = [
+    "OUT_WIDTH",
+    "FakeBuilder",
+    "FakeCall",
+    "PadRule",
+    "SpecWorld",
+    "is_capture_tensor",
+]
