@@ -56,18 +56,17 @@ DEEPSEEK_RATIO = 3
 
 def item_rows_tokens(stem: str, batch: dict[str, Any]) -> tuple[list[int], list[int]]:
     """Budget rows and output tokens of a recorded batch's items (stored
-    since schema 2; derived from the grids for the seed models before)."""
+    since schema 2; derived from the grids for the seed models before; an
+    issue #6 workload is ``images`` times one ``item``)."""
     if "item_rows" in batch:
         return list(batch["item_rows"]), list(batch["item_tokens"])
+    items = batch["items"] if "items" in batch else [batch["item"]] * batch["images"]
     if stem == "deepseek_v41":
-        rows = [h * w for h, w in batch["items"]]
-        lh_lw = [
-            (-(-h // DEEPSEEK_RATIO), -(-w // DEEPSEEK_RATIO))
-            for h, w in batch["items"]
-        ]
-        return rows, [lh * (lw + 1) + 2 for lh, lw in lh_lw]
+        rows = [h * w for h, w in items]
+        r = DEEPSEEK_RATIO
+        return rows, [-(-h // r) * (-(-w // r) + 1) + 2 for h, w in items]
     if stem == "minimax_m3":
-        rows = [t * h * w // 4 for t, h, w in batch["items"]]
+        rows = [t * h * w // 4 for t, h, w in items]
         return rows, list(rows)
     raise SystemExit(f"{stem}: this traffic.json predates per-item rows")
 
@@ -268,10 +267,42 @@ def prediction_errors(stem: str, model: dict[str, Any], name: str) -> dict[str, 
     return {"vllm_packing": spread(vllm), "eager": spread(eager)}
 
 
+def replay_old_workloads(stem: str, model: dict[str, Any]) -> list[dict[str, Any]]:
+    """Today's planner on issue #6's uniform workloads (fine ladder),
+    calibrated on every real-traffic batch (none of them is one of these)."""
+    ladder = model["ladders"]["fine"]
+    budgets, mbs = ladder["budgets"], ladder["max_batch_size"]
+    cost = calibrate(stem, model["batches"], ladder, "fine")
+    out = []
+    for row in model["old_workloads"]:
+        rows, tokens = item_rows_tokens(stem, row)
+        plan = plan_execution(rows, budgets, mbs, cost, sort_keys=tokens)
+        entries = {"fine": row["graph"]}
+        signatures = {
+            "vllm": vllm_signature(rows, tokens, budgets, mbs),
+            "round1": unit_signature(round1_units(row["graph"]["cost"]["plan"] or [])),
+        }
+        ms, how = outcome(
+            plan, {**row, "graph": entries}, "fine", signatures, cost, rows
+        )
+        out.append(
+            {
+                "workload": f"{row['resolution']}x{row['images']}",
+                "source": plan.source,
+                "kind": plan.kind,
+                "ms": ms,
+                "from": how,
+                "speedup": row["eager_ms"]["median"] / ms,
+                "efficiency": row["ideal_ms"]["median"] / ms,
+            }
+        )
+    return out
+
+
 def replay(result: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for stem, model in result["models"].items():
-        out[stem] = {}
+        out[stem] = {"old_workloads": replay_old_workloads(stem, model)}
         for name in LADDERS:
             decisions = replay_ladder(stem, model, name)
             out[stem][name] = {
@@ -300,6 +331,8 @@ def render(replayed: dict[str, Any]) -> str:
 
     for stem, ladders in replayed.items():
         for name, r in ladders.items():
+            if name == "old_workloads":
+                continue
             lines.append(
                 f"| {stem} | {name} | {cell(r['vllm'])} | {cell(r['run_cost_aware'])} "
                 f"| {cell(r['replayed'])} | {r['estimated_batches']} |"
@@ -309,9 +342,21 @@ def render(replayed: dict[str, Any]) -> str:
         "Cells: aggregate speedup vs eager (worst batch), Σ best / Σ time "
         "[5th, 95th percentile of it over the batches drawn with replacement].",
         "",
+        "Issue #6 workloads, fine ladder: plan, speedup, efficiency (time from).",
+        "",
     ]
     for stem, ladders in replayed.items():
+        cells = "; ".join(
+            f"{w['workload']} {w['source']}/{w['kind']} {w['speedup']:.2f}x "
+            f"{w['efficiency']:.3f} ({w['from']})"
+            for w in ladders["old_workloads"]
+        )
+        lines.append(f"- {stem}: {cells}")
+    lines.append("")
+    for stem, ladders in replayed.items():
         for name, r in ladders.items():
+            if name == "old_workloads":
+                continue
             lines += [
                 f"### {stem}, {name} ladder",
                 "",
