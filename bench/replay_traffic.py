@@ -339,8 +339,10 @@ def render(replayed: dict[str, Any]) -> str:
             )
     lines += [
         "",
-        "Cells: aggregate speedup vs eager (worst batch), Σ best / Σ time "
-        "[5th, 95th percentile of it over the batches drawn with replacement].",
+        (
+            "Cells: aggregate speedup vs eager (worst batch), Σ best / Σ time "
+            "[5th, 95th percentile of it over the batches drawn with replacement]."
+        ),
         "",
         "Issue #6 workloads, fine ladder: plan, speedup, efficiency (time from).",
         "",
@@ -360,8 +362,10 @@ def render(replayed: dict[str, Any]) -> str:
             lines += [
                 f"### {stem}, {name} ladder",
                 "",
-                "| batch | images | rows | plan | predicted | vLLM pred. | eager pred. "
-                "| time (from) | eager | vLLM | run's plan |",
+                (
+                    "| batch | images | rows | plan | predicted | vLLM pred. | "
+                    "eager pred. | time (from) | eager | vLLM | run's plan |"
+                ),
                 "|---|---|---|---|---|---|---|---|---|---|---|",
             ]
             for d in r["decisions"]:
