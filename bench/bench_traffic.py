@@ -35,7 +35,7 @@ per round: the host's speed drifts over seconds on the machines these runs
 get, and a ratio of two calls timed seconds apart measures that drift.
 Batches are measured in order until the model's share of ``--soft-limit-s``
 is spent, at least ``--batches`` of them (the first ones of the same seeded
-draw, so runs compare batch by batch).
+draw, so runs compare batch by batch), none after ``--hard-limit-s``.
 ``tuned_waste``
     The tuner's predicted waste of its ladder (on the training sample and on
     the measured batches) against the waste the manager measured.
@@ -452,8 +452,10 @@ class TrafficBench:
             for res, n in (QUICK_OLD_WORKLOADS if args.quick else OLD_WORKLOADS)
         ]
         result["batches"] = []
+        hard = self.ctx["started"] + args.hard_limit_s
         for i, (pixels, items) in enumerate(zip(measured_px, measured)):
-            if i >= args.batches and time.perf_counter() > deadline:
+            now = time.perf_counter()
+            if (i >= args.batches and now > deadline) or (i >= 1 and now > hard):
                 break
             result["batches"].append(self._batch(host, managers, i, pixels, items))
         result["summary"] = {
@@ -921,7 +923,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=300.0,
         help="after this many seconds, measure with the short schedule",
     )
+    parser.add_argument(
+        "--hard-limit-s",
+        type=float,
+        help="after this many seconds, measure no more batches (one at least), "
+        "even below --batches (default: the soft limit + 40 s)",
+    )
     args = parser.parse_args(argv)
+    if args.hard_limit_s is None:
+        args.hard_limit_s = args.soft_limit_s + 40.0
     if args.max_tokens is None:
         args.max_tokens = DEFAULT_MAX_TOKENS[args.size]
     mode = "quick" if args.quick else "full"
@@ -988,6 +998,8 @@ def run(
             "stems": stems,
             "batches": args.batches,
             "max_batches": args.max_batches,
+            "soft_limit_s": args.soft_limit_s,
+            "hard_limit_s": args.hard_limit_s,
             "train_batches": TRAIN_BATCHES,
             "calibration": {
                 "singles": list(
