@@ -44,7 +44,7 @@ from generator.ir import (
 from generator.naming import FIRST_PARTY_ROOTS, TARGETS
 from generator.spec_schema import SPEC_SCHEMA, check_structure
 from generator.static_checks import Arithmetic, capture_problems, slot_problems
-from generator.yaml_loader import Node, load_spec_tree
+from generator.yaml_loader import Node, load_spec_tree, read_spec_file
 
 # Names the generated methods use for their own arguments and locals, and the
 # built-ins a spec may mention where the context provides them.
@@ -1305,21 +1305,7 @@ def _annotation(text: object, known: set[str] | frozenset[str]) -> tuple[str, se
 def load_spec(path: str | Path, display_path: str | None = None) -> MixinIR:
     """Read, validate and resolve one spec file."""
     shown = display_path or str(path)
-    diags = Diagnostics()
-    try:
-        raw = Path(path).read_bytes()
-    except OSError as exc:
-        diags.error(Location(shown, 1, 1), "", f"cannot read spec: {exc.strerror}")
-        raise SpecError(diags.sorted()) from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        diags.error(
-            Location(shown, 1, 1),
-            "",
-            f"spec is not UTF-8 ({exc.reason} at byte {exc.start})",
-        )
-        raise SpecError(diags.sorted()) from None
+    _, text = read_spec_file(path, shown)
     return resolve_text(text, shown)
 
 

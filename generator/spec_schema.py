@@ -10,10 +10,9 @@ misspelt keys). Meaning (formulas, cross references) is checked afterwards in
 
 from __future__ import annotations
 
-import difflib
 from typing import Any
 
-from generator.diagnostics import Diagnostics, field_key
+from generator.diagnostics import Diagnostics, closest_name, field_key
 from generator.yaml_loader import Node
 
 IDENT = r"^[A-Za-z_][A-Za-z0-9_]*$"
@@ -646,8 +645,8 @@ def check_structure(
             if key in props:
                 check_structure(child, props[key], child_path, diags)
             elif extra is False:
-                close = difflib.get_close_matches(key, list(props), n=1)
-                hint = f"; did you mean {close[0]!r}?" if close else ""
+                close = closest_name(key, props)
+                hint = f"; did you mean {close!r}?" if close else ""
                 allowed = ", ".join(props)
                 diags.error(
                     key_loc, child_path, f"unknown key{hint} (allowed: {allowed})"
