@@ -176,3 +176,67 @@ def load_standalone_mixin(stem: str) -> types.ModuleType:
                 sys.modules.pop(key, None)
             else:
                 sys.modules[key] = value
+
+
+# -- hostile input (test_gen_hostile_input.py, test_gen_fuzz.py) -----------------
+
+
+def spec_text(stem: str) -> str:
+    """The text of ``specs/<stem>.yaml``."""
+    return (SPECS_DIR / f"{stem}.yaml").read_text(encoding="utf-8")
+
+
+def mutated_spec(stem: str, old: str, new: str) -> str:
+    """``specs/<stem>.yaml`` with its one occurrence of ``old`` replaced."""
+    text = spec_text(stem)
+    assert text.count(old) == 1, f"{old!r} is not in specs/{stem}.yaml once"
+    return text.replace(old, new)
+
+
+def tree_snapshot(folder: Path) -> dict[str, tuple[str, int, bytes | None]]:
+    """Every entry under ``folder``: its kind, permission bits and (files)
+    bytes, to show that a run left everything as it was."""
+    import stat
+
+    out: dict[str, tuple[str, int, bytes | None]] = {}
+    if not folder.exists():
+        return out
+    for path in sorted(folder.rglob("*")):
+        info = path.lstat()
+        kind = "dir" if stat.S_ISDIR(info.st_mode) else "file"
+        data = path.read_bytes() if stat.S_ISREG(info.st_mode) else None
+        out[str(path.relative_to(folder))] = (kind, stat.S_IMODE(info.st_mode), data)
+    return out
+
+
+_MEASURE = """
+import io, json, contextlib, resource, sys, time
+from generator import cli
+argv = json.loads(sys.argv[1])
+err = io.StringIO()
+start = time.process_time()
+with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+    rc = cli.main(argv)
+cpu = time.process_time() - start
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(json.dumps({"rc": rc, "cpu_s": cpu, "peak_mb": peak, "stderr": err.getvalue()}))
+"""
+
+
+def run_measured(argv: list[str]) -> dict:
+    """``generator.cli.main(argv)`` in a fresh interpreter: its exit code,
+    the CPU seconds of the call (not the interpreter's start), the process's
+    peak memory in MB, and its standard error."""
+    import json
+    import subprocess
+
+    proc = subprocess.run(
+        [sys.executable, "-c", _MEASURE, json.dumps(argv)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
