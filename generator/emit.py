@@ -160,14 +160,14 @@ def _make_folders(folder: Path, tx: _Transaction) -> None:
 
 
 def _back_up(path: Path, tx: _Transaction) -> None:
-    """A second name for the file at ``path`` (a hard link, else a copy),
-    which restores it if a later step fails."""
+    """A second name for what is at ``path`` (a hard link, else a copy;
+    a symbolic link stays one), which restores it if a later step fails."""
     backup = _temporary_name(path, "old")
     tx.backups[path] = backup
     try:
-        os.link(path, backup)
+        os.link(path, backup, follow_symlinks=False)
     except OSError:
-        shutil.copy2(path, backup)
+        shutil.copy2(path, backup, follow_symlinks=False)
 
 
 def _undo(tx: _Transaction) -> None:

@@ -205,6 +205,8 @@ def tree_snapshot(folder: Path) -> dict[str, tuple[str, int, bytes | None]]:
         info = path.lstat()
         kind = "dir" if stat.S_ISDIR(info.st_mode) else "file"
         data = path.read_bytes() if stat.S_ISREG(info.st_mode) else None
+        if stat.S_ISLNK(info.st_mode):
+            kind, data = "link", os.readlink(path).encode()
         out[str(path.relative_to(folder))] = (kind, stat.S_IMODE(info.st_mode), data)
     return out
 

@@ -349,15 +349,22 @@ def test_an_unwritable_output_writes_nothing(obstacle, words, tmp_path: Path) ->
     assert tree_snapshot(tmp_path) == before
 
 
-def test_a_failed_replace_restores_every_file(tmp_path: Path, monkeypatch) -> None:
+@pytest.mark.parametrize("first", ["file", "symbolic link"])
+def test_a_failed_replace_restores_every_file(
+    first: str, tmp_path: Path, monkeypatch
+) -> None:
     """The second of two replacements fails: the first is undone, the old
-    files keep their bytes and modes, no temporary file is left."""
+    files keep their bytes and modes (a link stays a link), no temporary
+    file is left."""
     from generator import emit
 
     spec, out = _spec(tmp_path), tmp_path / "out"
     for target in ("vllm", "standalone"):
         _write(out / target, f"{BASE}.py", f"old {target}\n")
     (out / "vllm" / f"{BASE}.py").chmod(0o640)
+    if first == "symbolic link":
+        (out / "vllm" / f"{BASE}.py").unlink()
+        (out / "vllm" / f"{BASE}.py").symlink_to(_write(tmp_path, "elsewhere", "x\n"))
     before = tree_snapshot(tmp_path)
     real_replace, calls = os.replace, []
 
