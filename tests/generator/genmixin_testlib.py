@@ -220,7 +220,14 @@ start = time.process_time()
 with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
     rc = cli.main(argv)
 cpu = time.process_time() - start
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+# VmHWM: this interpreter's peak. ru_maxrss also counts the forking parent's
+# (Linux keeps it across exec), which the test suite's size would dominate.
+try:
+    with open("/proc/self/status") as fh:
+        hwm = next(line for line in fh if line.startswith("VmHWM:"))
+    peak = int(hwm.split()[1]) / 1024
+except (OSError, StopIteration):
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 print(json.dumps({"rc": rc, "cpu_s": cpu, "peak_mb": peak, "stderr": err.getvalue()}))
 """
 
