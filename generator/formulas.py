@@ -10,8 +10,8 @@ tree with plain integer arithmetic.
 
 Allowed:
 
-* integer literals; ``True``/``False``/``None`` where a call argument is
-  expected;
+* integer literals within int64; ``True``/``False``/``None`` where a call
+  argument is expected;
 * names the context declares (grid dims, constants, buffers, built-ins);
 * host attribute paths rooted at a declared host attribute
   (``vision.blocks[0].attn``), with integer subscripts and no private
@@ -20,7 +20,9 @@ Allowed:
   parentheses;
 * ``ceil_div(a, b)``, ``min(a, ...)``, ``max(a, ...)``;
 * calls of host methods or imported helpers where the context allows calls,
-  with positional and keyword arguments (no ``*args``/``**kwargs``).
+  with positional and keyword arguments (no ``*args``/``**kwargs``);
+* at most :data:`MAX_EXPRESSION_LENGTH` characters and :data:`MAX_NODES`
+  operators and operands.
 """
 
 from __future__ import annotations
