@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -559,14 +558,21 @@ def _locate(text: str, name: str, problems: _Problems) -> list[Diagnostic]:
 # ---------------------------------------------------------------------------
 
 
-def traffic_main(spec: Any, plan: Any, args: Any) -> int:
+def traffic_main(
+    spec: Any,
+    plan: Any,
+    args: Any,
+    overrides: Mapping[str, int],
+    sized_plan: Callable[[list[int], int], Any],
+) -> int:
     """Tune the ladder of ``plan`` (``gen-mixin plan``'s result for ``spec``
-    and its arguments) to ``args.traffic`` and print the recommendation."""
-    from generator.cli import EXIT_INVALID, EXIT_OK, _print_spec_error
-    from generator.plan import PlanError, _parse_set, make_plan
+    and its arguments, with the ``--set`` values ``overrides``) to
+    ``args.traffic`` and print the recommendation. ``sized_plan(budgets,
+    max_items)``: the plan of the same spec and arguments for another ladder
+    (it raises ``PlanError``, which ``plan`` reports)."""
+    from generator.command_line import EXIT_INVALID, EXIT_OK, print_spec_error
     from generator.static_checks import constant_env
 
-    overrides = _parse_set(args.set)
     sizes = {size.name: size.value for size in spec.sizes}
     env = {**constant_env(spec, overrides), **sizes, **overrides}
     items = spec.items
@@ -583,7 +589,7 @@ def traffic_main(spec: Any, plan: Any, args: Any) -> int:
             required,
         )
     except SpecError as err:
-        _print_spec_error(err)
+        print_spec_error(err)
         return EXIT_INVALID
 
     largest = plan.budgets[-1]
@@ -599,42 +605,30 @@ def traffic_main(spec: Any, plan: Any, args: Any) -> int:
     def plan_bytes(budgets: list[int], max_items: int) -> dict[int, int]:
         """Captured buffer bytes per budget, as plan sizes them (one plan
         for every budget: its static checks run once)."""
-        sized = make_plan(
-            spec,
-            max_num_batched_tokens=args.max_num_batched_tokens,
-            max_model_len=args.max_model_len,
-            budgets=budgets,
-            max_items=max_items,
-            overrides=overrides,
-            dtype=args.dtype,
-        )
+        sized = sized_plan(budgets, max_items)
         return {
             p.budget: p.total_bytes + row_bytes * p.budget for p in sized.per_budget
         }
 
-    try:
-        current_bytes = sum(plan_bytes(plan.budgets, plan.max_batch_size).values())
-        start = generate_budgets(max(plan.budget_range[0], items), largest)
-        universe = candidate_budgets(traffic.batches, items, largest)
-        rounded = {_round_up(b, items) for b in start}
-        budget_bytes = plan_bytes(sorted(set(universe) | rounded | {largest}), items)
-        cap = (
-            traffic.tuning.capture_memory_mib * 2**20
-            if traffic.tuning.capture_memory_mib is not None
-            else 2 * current_bytes
-        )
-        tuned = tune_ladder(
-            traffic.batches,
-            start=start,
-            max_batch_size=items,
-            budget_bytes=budget_bytes,
-            cap_bytes=cap,
-            max_graphs=traffic.tuning.max_graphs,
-            replay_cost_rows=replay_rows,
-        )
-    except PlanError as exc:
-        print(f"{args.spec}: {exc}", file=sys.stderr)
-        return EXIT_INVALID
+    current_bytes = sum(plan_bytes(plan.budgets, plan.max_batch_size).values())
+    start = generate_budgets(max(plan.budget_range[0], items), largest)
+    universe = candidate_budgets(traffic.batches, items, largest)
+    rounded = {_round_up(b, items) for b in start}
+    budget_bytes = plan_bytes(sorted(set(universe) | rounded | {largest}), items)
+    cap = (
+        traffic.tuning.capture_memory_mib * 2**20
+        if traffic.tuning.capture_memory_mib is not None
+        else 2 * current_bytes
+    )
+    tuned = tune_ladder(
+        traffic.batches,
+        start=start,
+        max_batch_size=items,
+        budget_bytes=budget_bytes,
+        cap_bytes=cap,
+        max_graphs=traffic.tuning.max_graphs,
+        replay_cost_rows=replay_rows,
+    )
     report = _report(
         plan,
         traffic,

@@ -265,7 +265,7 @@ def capture_problems(
 
 #: Values tried for every grid dim when a per-item relation is checked.
 SAMPLE_DIMS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 33, 64)
-MAX_DIM_SAMPLES = 20000
+MAX_DIM_SAMPLES = 4096
 
 
 def item_bound_problems(
