@@ -41,6 +41,7 @@ from generator.spec.enums import Modality
 from generator.spec.mixin import MixinSpec
 from generator.static_checks import (
     Arithmetic,
+    OutOfRange,
     capture_problems,
     capture_scope,
     constant_env,
@@ -476,7 +477,7 @@ def plan_main(argv: list[str]) -> int:
         )
         if args.traffic is not None:
             return _traffic(spec, plan, args, overrides)
-    except (PlanError, EvaluationError) as exc:
+    except (PlanError, EvaluationError, OutOfRange) as exc:
         print_error(f"{args.spec}: {exc}")
         return EXIT_INVALID
     if args.json:
