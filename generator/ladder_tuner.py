@@ -44,6 +44,7 @@ from encoder_cudagraph_runtime.budget_ladder import generate_budgets
 from encoder_cudagraph_runtime.packing import pack_items, smallest_fitting_budget
 from generator.diagnostics import Diagnostic, Diagnostics, Location, SpecError
 from generator.formulas import EvaluationError, evaluate, names_in
+from generator.limits import MAX_TRAFFIC_BYTES
 
 __all__ = [
     "LadderWaste",
@@ -366,17 +367,16 @@ def load_traffic(
     budget tokens (it may raise :class:`EvaluationError`). Raises
     :class:`SpecError` with every problem located."""
     name = str(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError(
-            [Diagnostic(Location(name, 1, 1), "", f"cannot read: {exc}")]
-        ) from None
+    text = _read_traffic(path, name)
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         where = Location(name, exc.lineno, exc.colno)
         raise SpecError([Diagnostic(where, "", f"not JSON: {exc.msg}")]) from None
+    except ValueError:  # Python converts at most 4300 digits to an int
+        raise _file_problem(name, "number out of range (thousands of digits)") from None
+    except RecursionError:
+        raise _file_problem(name, "nested too deeply") from None
     problems = _Problems()
     needed = set(dims if required is None else required)
     traffic = _check(data, (set(dims) | needed, needed), budget_tokens, problems)
@@ -384,6 +384,28 @@ def load_traffic(
         raise SpecError(_locate(text, name, problems))
     assert traffic is not None
     return traffic
+
+
+def _file_problem(name: str, message: str) -> SpecError:
+    return SpecError([Diagnostic(Location(name, 1, 1), "", message)])
+
+
+def _read_traffic(path: Path, name: str) -> str:
+    """The file's text, read up to :data:`~generator.limits.MAX_TRAFFIC_BYTES`
+    (a device such as ``/dev/zero`` is refused, not read to the end)."""
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_TRAFFIC_BYTES + 1)
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+        raise _file_problem(name, f"cannot read: {exc}") from None
+    if len(raw) > MAX_TRAFFIC_BYTES:
+        raise _file_problem(
+            name, f"larger than {MAX_TRAFFIC_BYTES // 2**20} MiB (a sample needs less)"
+        )
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _file_problem(name, f"cannot read: {exc}") from None
 
 
 def _check(

@@ -26,6 +26,11 @@ MAX_GENERATED_BYTES = 48 * 1024
 #: cheap.
 MAX_INTEGER = 2**63 - 1
 
+#: A ``plan --traffic`` file larger than this is refused before it is
+#: parsed: a sample of a deployment's encoder batches (the benchmark tunes on
+#: 400, about 30 KiB) needs far less.
+MAX_TRAFFIC_BYTES = 4 * 1024 * 1024
+
 #: An existing output file is read up to this many bytes to compare it with
 #: the module rendered for its place (generated modules are 15-40 KiB).
 MAX_EXISTING_OUTPUT_BYTES = 4 * 1024 * 1024

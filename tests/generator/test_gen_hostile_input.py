@@ -454,7 +454,6 @@ def test_huge_formula_literals_are_out_of_range(formula: str, tmp_path: Path) ->
     assert rc == 2 and "integer literal out of range" in stderr, stderr
 
 
-
 BIG = 2**62  # a literal in range; a product of two such values is not
 #: (field, where in the spec, what it becomes): formulas whose value at the
 #: static checks' sampled budgets, batch sizes and dims is beyond int64.
@@ -509,6 +508,7 @@ def test_formula_values_beyond_int64_are_located_errors(
     assert "beyond int64" in diags[0]["rest"]
     assert not (tmp_path / "out").exists()
 
+
 # -- 5. plan's arguments -------------------------------------------------------------
 
 HUGE = "9" * 5000
@@ -554,6 +554,36 @@ def test_plan_refuses_bad_arguments_in_one_line(args, words) -> None:
 def test_plan_with_extreme_values_answers(args) -> None:
     rc, _, stderr = run_main(["plan", f"specs/{BASE}.yaml", *args])
     assert rc in (0, 2) and "Traceback" not in stderr
+
+
+def _traffic_item(h: str) -> str:
+    return '{"batches": [[{"t": 1, "h": %s, "w": 16}]]}' % h
+
+
+#: name -> (the traffic file's text, or a device, and words of the one problem)
+TRAFFIC_FILES = {
+    "a device": ("/dev/zero", "larger than 4 MiB"),
+    "over the cap": (_traffic_item("1" + " " * (4 * 2**20)), "larger than 4 MiB"),
+    "5000 digits": (_traffic_item("9" * 5000), "number out of range"),
+    "nested 100000 deep": ("[" * 100_000, "nested too deeply"),
+}
+
+
+@pytest.mark.parametrize("name", list(TRAFFIC_FILES))
+def test_plan_refuses_a_hostile_traffic_file(name: str, tmp_path: Path) -> None:
+    """``plan --traffic FILE``: the file is read up to a cap (``/dev/zero``
+    grew without bound before) and every JSON problem is one located line
+    (a long number or deep nesting was a traceback)."""
+    content, words = TRAFFIC_FILES[name]
+    path = Path(content) if content.startswith("/dev/") else tmp_path / "t.json"
+    if path.parent == tmp_path:
+        path.write_text(content, encoding="utf-8")
+    result = run_measured(["plan", f"specs/{BASE}.yaml", "--traffic", str(path)])
+    assert result["rc"] == 2 and "Traceback" not in result["stderr"], result
+    problem, summary = result["stderr"].splitlines()
+    assert DIAG_RE.match(problem) and words in problem, problem
+    assert SUMMARY_RE.match(summary), summary
+    assert result["cpu_s"] < 2.0 and result["peak_mb"] < 300, result
 
 
 # -- 5. file modes ---------------------------------------------------------------------
