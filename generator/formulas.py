@@ -593,7 +593,7 @@ def _power(base: int, exponent: int) -> int:
     # step: stop before computing a number that cannot be in range.
     if abs(base) >= 2 and (abs(base).bit_length() - 1) * exponent > 63:
         raise ValueOutOfRange(f"a value exceeds {MAX_INTEGER} in magnitude")
-    return base**exponent
+    return _in_range(base**exponent)  # at most 64 bits per bit of base here
 
 
 def evaluate(expr: Expr, env: Mapping[str, int]) -> int:
