@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from encoder_cudagraph_runtime.budget_ladder import resolve_budget_ladder
+from encoder_cudagraph_runtime.budget_ladder import path_budgets, resolve_budget_ladder
 from generator.diagnostics import SpecError
 from generator.formulas import EvaluationError, Ref, evaluate, names_in, to_spec_text
 from generator.spec.capture import Buffer, CaptureTensor, set_by_expr
@@ -89,20 +89,46 @@ class BudgetPlan:
 
 
 @dataclass
+class PathPlan:
+    """One encoder path: its budgets (0: a batch that leaves the path out,
+    never captured) and what each captured budget holds."""
+
+    name: str
+    budgets: list[int]
+    per_budget: list[BudgetPlan]
+
+
+def _budget_json(p: BudgetPlan) -> dict[str, Any]:
+    return {
+        "budget": p.budget,
+        "k": p.k,
+        "rows": p.rows,
+        "dummy": p.dummy,
+        "buffers": [b.__dict__ for b in p.buffers],
+        "total_bytes": p.total_bytes,
+    }
+
+
+@dataclass
 class Plan:
     spec: str
     budget_range: tuple[int, int]
     budgets: list[int]
     max_batch_size: int
     max_frames_per_batch: int
-    per_budget: list[BudgetPlan]
+    paths: list[PathPlan]
     problems: list[str]
     unknown: list[str]
     budget_unit: str = "output tokens"
 
     @property
+    def per_budget(self) -> list[BudgetPlan]:
+        """The first path's budgets (a spec without paths has one)."""
+        return self.paths[0].per_budget
+
+    @property
     def num_graphs(self) -> int:
-        return len(self.budgets)
+        return sum(len(p.per_budget) for p in self.paths)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -113,16 +139,14 @@ class Plan:
             "max_frames_per_batch": self.max_frames_per_batch,
             "num_graphs": self.num_graphs,
             "largest_item_output_tokens": self.budgets[-1],
-            "per_budget": [
+            "per_budget": [_budget_json(p) for p in self.per_budget],
+            "paths": [
                 {
-                    "budget": p.budget,
-                    "k": p.k,
-                    "rows": p.rows,
-                    "dummy": p.dummy,
-                    "buffers": [b.__dict__ for b in p.buffers],
-                    "total_bytes": p.total_bytes,
+                    "name": p.name,
+                    "budgets": p.budgets,
+                    "per_budget": [_budget_json(b) for b in p.per_budget],
                 }
-                for p in self.per_budget
+                for p in self.paths
             ],
             "problems": self.problems,
             "unknown": self.unknown,
@@ -175,44 +199,73 @@ def make_plan(
                 ) from None
             mfpv = env["max_frames_per_video"]
     mfpb = max_frames if max_frames is not None else (mbs * mfpv if video else mbs)
-    per_budget = []
     unknown: set[str] = set()
-    arithmetic = Arithmetic.of(spec)
-    rounding = spec.path.capture.rounding
-    for budget in ladder:
-        dims = dummy_item(arithmetic, env, budget, mbs, mfpb)
-        values = item_values(arithmetic, env, dims)
-        rows = mbs * values["input_size"]
-        scope = capture_scope(env, budget, mbs, mfpb, rows, rounding)
-        plan = BudgetPlan(
-            budget,
-            scope["k"],
-            rows,
-            {
-                item.key: [dims[d] for d in item.dims]
-                for item, _ in spec.path.capture.dummy
-            },
+    paths = []
+    problems = []
+    for path in spec.paths:
+        try:
+            smallest = (
+                evaluate(path.min_token_budget, env)
+                if path.min_token_budget is not None
+                else None
+            )
+            budgets = path_budgets(path.name, ladder, smallest, path.allow_zero_tokens)
+        except (EvaluationError, ValueError) as exc:
+            raise PlanError(f"{path.field}min_token_budget: {exc}") from None
+        captured = [b for b in budgets if b != 0]
+        paths.append(
+            PathPlan(
+                path.name,
+                budgets,
+                [
+                    _budget_plan(spec, path, env, b, mbs, mfpb, dtype, unknown)
+                    for b in captured
+                ],
+            )
         )
-        for buf in spec.path.buffers:
-            own = scope
-            if isinstance(buf.source, CaptureTensor) and buf.source.flat.own_rows:
-                # In its capture shape, rows is the input's own rows.
-                rows_own = mbs * flat_rows(buf.source.flat, env, dims)
-                own = capture_scope(env, budget, mbs, mfpb, rows_own, rounding)
-            plan.buffers.append(_buffer_plan(buf, own, dtype, unknown))
-        per_budget.append(plan)
-    problems = [f"{f}: {m}" for f, m in capture_problems(arithmetic, env)]
+        arithmetic = Arithmetic.of(spec, path)
+        problems += [
+            f"{path.field}{f}: {m}" for f, m in capture_problems(arithmetic, env)
+        ]
     return Plan(
         str(spec.spec_path),
         (lo, hi),
         ladder,
         mbs,
         mfpb,
-        per_budget,
+        paths,
         problems,
         sorted(unknown),
-        "output tokens" if spec.items.budget_tokens is None else "budget tokens",
+        (
+            "output tokens"
+            if spec.items.budget_tokens is None and not spec.has_paths
+            else "budget tokens"
+        ),
     )
+
+
+def _budget_plan(spec, path, env, budget, mbs, mfpb, dtype, unknown) -> BudgetPlan:
+    """What ``path``'s graph of ``budget`` captures."""
+    arithmetic = Arithmetic.of(spec, path)
+    rounding = path.capture.rounding
+    dims = dummy_item(arithmetic, env, budget, mbs, mfpb)
+    values = item_values(arithmetic, env, dims)
+    rows = mbs * values["input_size"]
+    scope = capture_scope(env, budget, mbs, mfpb, rows, rounding)
+    plan = BudgetPlan(
+        budget,
+        scope["k"],
+        rows,
+        {item.key: [dims[d] for d in item.dims] for item, _ in path.capture.dummy},
+    )
+    for buf in path.buffers:
+        own = scope
+        if isinstance(buf.source, CaptureTensor) and buf.source.flat.own_rows:
+            # In its capture shape, rows is the input's own rows.
+            rows_own = mbs * flat_rows(buf.source.flat, env, dims)
+            own = capture_scope(env, budget, mbs, mfpb, rows_own, rounding)
+        plan.buffers.append(_buffer_plan(buf, own, dtype, unknown))
+    return plan
 
 
 def _needed_names(spec: MixinSpec) -> set[str]:
@@ -221,9 +274,12 @@ def _needed_names(spec: MixinSpec) -> set[str]:
         | names_in(spec.items.input_size)
         | names_in(spec.items.output_tokens)
     )
-    for _, exprs in spec.path.capture.dummy:
-        for e in exprs:
-            needed |= names_in(e)
+    for path in spec.paths:
+        for _, exprs in path.capture.dummy:
+            for e in exprs:
+                needed |= names_in(e)
+        if path.min_token_budget is not None:
+            needed |= names_in(path.min_token_budget)
     return needed
 
 
@@ -300,7 +356,12 @@ def format_plan(plan: Plan) -> str:
         "(larger items, and batches above every budget, run eagerly)",
     ]
     grand = 0
-    for p in plan.per_budget:
+    several = len(plan.paths) > 1 or plan.paths[0].name != "default"
+    budgets = [(path, p) for path in plan.paths for p in path.per_budget]
+    for path, p in budgets:
+        if several and p is path.per_budget[0]:
+            lines.append("")
+            lines.append(f"path {path.name}: budgets {path.budgets}")
         dummy = ", ".join(f"{k}={v}" for k, v in p.dummy.items())
         lines.append("")
         lines.append(

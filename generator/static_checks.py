@@ -10,11 +10,12 @@ plan`` runs them with values given on the command line.
 from __future__ import annotations
 
 import itertools
+import math
 import random
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from generator.formulas import EvaluationError, evaluate, names_in
+from generator.formulas import EvaluationError, Expr, evaluate, names_in
 from generator.spec.capture import Buffer, Capture, set_by_expr
 from generator.spec.enums import PadRule, Rounding
 from generator.spec.host import Constant, Size
@@ -39,13 +40,15 @@ class Arithmetic:
     items_resolved: bool = True
 
     @classmethod
-    def of(cls, spec) -> Arithmetic:
+    def of(cls, spec, path=None) -> Arithmetic:
+        """The arithmetic of one path of ``spec`` (its first by default)."""
+        path = path if path is not None else spec.paths[0]
         return cls(
             spec.constants,
             spec.item_inputs,
-            spec.path.capture,
-            spec.items,
-            spec.path.buffers,
+            path.capture,
+            spec.items.on_path(path.output_tokens),
+            path.buffers,
             spec.sizes,
         )
 
@@ -151,6 +154,20 @@ def capture_problems(
     """(field, message) for each arithmetic problem found with known values."""
     env = constant_env(ir, overrides)
     reported: set[str] = set()
+    yield from _budget_problems(ir, env, reported)
+    if (
+        ir.capture.graph_rows is not None
+        and ir.items.budget_tokens is not None
+        and ir.items_resolved
+    ):
+        yield from item_bound_problems(ir, env)
+    yield from slot_problems(ir.constants, ir.buffers, overrides)
+
+
+def _budget_problems(
+    ir: Arithmetic, env: Mapping[str, int], reported: set[str]
+) -> Iterator[tuple[str, str]]:
+    """The checks of every sampled budget and batch size."""
     for mbs in SAMPLE_BATCH_SIZES:
         for budget in SAMPLE_BUDGETS:
             if mbs > budget:
@@ -160,13 +177,15 @@ def capture_problems(
                 values = item_values(ir, env, dims)
             except (EvaluationError, ArithmeticError):
                 continue  # a constant without default: plan checks it
-            bad_dims = [d for d, v in dims.items() if v <= 0]
+            # A count may be 0 (an image without crops), a grid dim may not.
+            counts = {g.dims[0] for g in ir.item_inputs if g.is_count}
+            bad_dims = [d for d, v in dims.items() if v < (d not in counts)]
             if bad_dims and "capture.dummy" not in reported:
                 reported.add("capture.dummy")
                 yield (
                     "capture.dummy",
-                    f"dummy dims {', '.join(bad_dims)} are not positive for budget "
-                    f"{budget} and max_batch_size {mbs}",
+                    f"dummy dims {', '.join(bad_dims)} are not positive (counts: "
+                    f"negative) for budget {budget} and max_batch_size {mbs}",
                 )
             rows = mbs * values["input_size"]
             rounding = ir.capture.rounding
@@ -240,9 +259,13 @@ def capture_problems(
                             f"max_batch_size {mbs}); size dim 0 with capture.graph_rows",
                         )
             # The dummy batch must hold every batch whose budget tokens fit:
-            # its graph rows and its budget tokens both reach the budget.
+            # its graph rows and its budget tokens both reach the budget (or,
+            # for items of a fixed token count, the most max_batch_size of
+            # them can have).
             covered = min(graph_capacity, mbs * values["budget_tokens"])
-            if covered < budget and "capture.dummy" not in reported:
+            if covered < min(budget, fixed_batch_tokens(ir, env, mbs)) and (
+                "capture.dummy" not in reported
+            ):
                 reported.add("capture.dummy")
                 need = per_item_tokens(budget, mbs)
                 k = per_item_tokens(budget, mbs, rounding)
@@ -254,13 +277,20 @@ def capture_problems(
                     f"item needs at least {what}); a batch that fits the budget would "
                     "overflow the buffers",
                 )
-    if (
-        ir.capture.graph_rows is not None
-        and ir.items.budget_tokens is not None
-        and ir.items_resolved
-    ):
-        yield from item_bound_problems(ir, env)
-    yield from slot_problems(ir.constants, ir.buffers, overrides)
+
+
+def fixed_batch_tokens(ir: Arithmetic, env: Mapping[str, int], mbs: int) -> float:
+    """The budget tokens of the largest batch when every item has the same
+    (its budget tokens read no dims: one global view per image), else
+    unbounded."""
+    budget_tokens = ir.items.budget_tokens or ir.items.output_tokens
+    dims = {d for g in ir.item_inputs for d in g.dims}
+    if names_in(budget_tokens) & dims:
+        return float("inf")
+    try:
+        return mbs * evaluate(budget_tokens, env)
+    except (EvaluationError, ArithmeticError):
+        return float("inf")
 
 
 #: Values tried for every grid dim when a per-item relation is checked.
@@ -345,3 +375,104 @@ def slot_problems(
                     f"(expected at least max_batch_size + 2)",
                 )
                 break
+
+
+# -- encoder paths ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PathRows:
+    """What the path checks read of one path of ``paths:``."""
+
+    name: str
+    output_tokens: Expr
+    min_token_budget: Expr | None
+    allow_zero_tokens: bool
+
+
+def _item_samples(
+    item_inputs: tuple[ItemInput, ...], used: set[str]
+) -> Iterator[dict[str, int]]:
+    """Sampled dims of one item: counts from 0 (an image without crops),
+    grid dims from 1; only the dims in ``used`` vary."""
+    dims = [(d, g.is_count) for g in item_inputs for d in g.dims if d in used]
+    domains = [(0, *SAMPLE_DIMS) if count else SAMPLE_DIMS for _, count in dims]
+    names = [d for d, _ in dims]
+    if math.prod(len(d) for d in domains) <= MAX_DIM_SAMPLES:
+        for combo in itertools.product(*domains):
+            yield dict(zip(names, combo, strict=True))
+        return
+    rng = random.Random(0)
+    for _ in range(MAX_DIM_SAMPLES):
+        yield {n: rng.choice(d) for n, d in zip(names, domains, strict=True)}
+
+
+def _shown(dims: Mapping[str, int]) -> str:
+    return f" ({', '.join(f'{d}={v}' for d, v in dims.items())})" if dims else ""
+
+
+def path_problems(
+    paths: tuple[PathRows, ...],
+    items: Items,
+    constants: tuple[Constant, ...],
+    item_inputs: tuple[ItemInput, ...],
+    overrides: Mapping[str, int] | None = None,
+) -> Iterator[tuple[str, str]]:
+    """Rows per item on each path: never negative, 0 only on a path a batch
+    may leave out, some path that holds every item, and (each item's output
+    being its rows of every path, concatenated) they add up to the item's
+    output tokens. A path's smallest budget is positive."""
+    env = {c.name: c.default for c in constants if c.default is not None}
+    env.update(overrides or {})
+    for path in paths:
+        if path.min_token_budget is None:
+            continue
+        try:
+            smallest = evaluate(path.min_token_budget, env)
+        except (EvaluationError, ArithmeticError):
+            continue
+        if smallest <= 0:
+            yield (
+                f"paths.{path.name}.min_token_budget",
+                f"is {smallest}: the manager refuses a path budget outside "
+                "(0, largest budget]",
+            )
+    if all(p.allow_zero_tokens for p in paths):
+        yield (
+            "paths",
+            "every path allows zero tokens: some path must hold every item "
+            "(allow_zero_tokens: false), or an item could have no rows at all",
+        )
+    used = names_in(items.output_tokens).union(
+        *(names_in(p.output_tokens) for p in paths)
+    )
+    reported: set[str] = set()
+    for dims in _item_samples(item_inputs, used):
+        scope = {**env, **dims}
+        try:
+            rows = {p.name: evaluate(p.output_tokens, scope) for p in paths}
+            total = evaluate(items.output_tokens, scope)
+        except (EvaluationError, ArithmeticError):
+            continue
+        for path in paths:
+            field = f"paths.{path.name}.output_tokens"
+            n = rows[path.name]
+            bad = n < 0 or (n == 0 and not path.allow_zero_tokens)
+            if bad and field not in reported:
+                reported.add(field)
+                fix = "" if n < 0 else "; set allow_zero_tokens: true"
+                yield (
+                    field,
+                    f"is {n} for an item{_shown(dims)}: a batch of such items "
+                    f"has no rows on path {path.name!r}{fix}",
+                )
+        field = "items.output_tokens"
+        if sum(rows.values()) != total and field not in reported:
+            reported.add(field)
+            parts = " + ".join(str(rows[p.name]) for p in paths)
+            yield (
+                field,
+                f"is {total} for an item{_shown(dims)} but its rows on the paths "
+                f"add up to {parts} = {sum(rows.values())}: an item's output is its "
+                "rows of every path, concatenated",
+            )

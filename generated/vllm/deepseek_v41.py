@@ -3,7 +3,7 @@
 # Do not edit: change the spec or the templates and run
 # `gen-mixin specs/deepseek_v41.yaml`.
 # spec-sha256: 1f04a1f9e4d05b0cc183f1fd2e61be9e931a352547d22961423cf6479bb8e992
-# templates-sha256: 44130bbdf5b2d087233b7a7a8475a87ff09c141f5f8421c6c6a5faccf63e3ac3
+# templates-sha256: 2f6ed196d4c0e39544a1ba79cda0debc0272afa6f0eae10eff2eea55743d6f74
 
 import itertools
 import weakref

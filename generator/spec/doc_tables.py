@@ -19,6 +19,7 @@ from generator.spec.host import Constant, Import
 from generator.spec.inputs import InputEntry
 from generator.spec.items import BackendGuard, Budget, Guards, Items
 from generator.spec.mixin import MixinSpec
+from generator.spec.path import EncoderPath
 from generator.spec.reader import Key, Keys
 from generator.spec.values import (
     Formula,
@@ -46,6 +47,7 @@ SECTIONS: dict[str, type] = {
     "eager_forward": EagerForward,
     "postprocess": Postprocess,
     "postprocess.span_assembly": SpanAssembly,
+    "paths": EncoderPath,
 }
 
 _BLOCK = re.compile(

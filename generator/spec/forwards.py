@@ -112,7 +112,11 @@ EAGER_STEPS = Steps("eager_steps", NameKind.EAGER_STEP, _EAGER_SHAPE, _EAGER_SHA
 
 
 def check_graph_forward(
-    ctx: ReadContext, node: Node, steps: tuple[Step, ...], buffers: list[str]
+    ctx: ReadContext,
+    node: Node,
+    steps: tuple[Step, ...],
+    buffers: list[str],
+    field: str = "graph_forward",
 ) -> None:
     """Every buffer is read, ``rest`` at most once."""
     used = set().union(*(fx.names_in(s.expr) for s in steps)) if steps else set()
@@ -121,11 +125,11 @@ def check_graph_forward(
             if b not in used:
                 ctx.error(
                     node,
-                    "graph_forward",
+                    field,
                     f"buffer {b!r} is captured but never read (pass it, or pass 'rest')",
                 )
     if sum(1 for s in steps for n in fx.walk(s.expr) if n == fx.Ref("rest")) > 1:
-        ctx.error(node, "graph_forward", "'rest' can be passed once")
+        ctx.error(node, field, "'rest' can be passed once")
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from encoder_cudagraph_runtime.config import MultiModalConfig
 from generator import formulas as fx
 from generator.emit import render_spec
 from generator.resolve import load_spec
-from generator.spec import Buffer, MetadataBuilder, MixinSpec, PadRule
+from generator.spec import Buffer, EncoderPath, MetadataBuilder, MixinSpec, PadRule
 from generator.spec.capture import CaptureTensor
 from generator.static_checks import per_item_tokens
 from genmixin_testlib import load_module_copy
@@ -127,15 +127,28 @@ class SpecWorld:
             env[self.spec.out_hidden_size.dotted] = OUT_WIDTH
         return env
 
+    @property
+    def dims(self) -> set[str]:
+        return {d for g in self.spec.item_inputs for d in g.dims}
+
     def value(self, expr: fx.Expr, **names: int) -> int:
         return fx.evaluate(expr, {**self.env, **names})
 
-    def item_values(self, dims: Mapping[str, int]) -> dict[str, int]:
+    def item_values(
+        self, dims: Mapping[str, int], path: EncoderPath | None = None
+    ) -> dict[str, int]:
+        """An item's formulas; ``graph_rows`` and ``budget_tokens`` on
+        ``path`` (a path of ``paths:`` counts both in its own rows)."""
         items = self.spec.items
         out = {
             "input_size": self.value(items.input_size, **dims),
             "output_tokens": self.value(items.output_tokens, **dims),
         }
+        if path is not None and path.named:
+            out["graph_rows"] = out["budget_tokens"] = self.value(
+                path.output_tokens, **dims
+            )
+            return out
         out["graph_rows"] = (
             self.value(items.graph_rows, **dims)
             if items.graph_rows is not None
@@ -147,6 +160,15 @@ class SpecWorld:
             else out["output_tokens"]
         )
         return out
+
+    def path_rows(self, dims: Mapping[str, int]) -> dict[str, int]:
+        """``EncoderItemSpec.path_output_tokens`` of an item, as the spec says."""
+        spec = self.spec
+        if spec.has_paths:
+            return {p.name: self.value(p.output_tokens, **dims) for p in spec.paths}
+        if spec.items.budget_tokens is not None:
+            return {"default": self.value(spec.items.budget_tokens, **dims)}
+        return {}
 
     def graph_rows(self, dims: Mapping[str, int]) -> int:
         items = self.spec.items
@@ -173,7 +195,7 @@ class SpecWorld:
             for dtype_path in (flat.replay_dtype, flat.eager_dtype):
                 if dtype_path is not None:
                     set_path(host, dtype_path.parts, torch.float32)
-        for t in spec.path.capture.tensors:
+        for t in (t for p in spec.paths for t in p.capture.tensors):
             if isinstance(t.dtype, fx.HostPath):
                 set_path(host, t.dtype.parts, torch.float32)
         guard = spec.guards.attention_backend
@@ -198,17 +220,16 @@ class SpecWorld:
         """Host paths whose values the spec reads as they are (arguments,
         shapes, widths): the leaves, not called, not a prefix of another."""
         spec = self.spec
-        path = spec.path
-        exprs = [
-            spec.out_hidden_size,
-            *[s for t in path.capture.tensors for s in t.shape],
-        ]
-        exprs += [
-            e for e in (path.eager_forward.empty_width, spec.max_frames_per_video) if e
-        ]
-        for b in path.metadata:
-            exprs += [b.call, *(v for _, v in b.capture_kwargs + b.replay_kwargs)]
-        exprs += [s.expr for s in path.graph_forward + path.eager_forward.steps]
+        exprs = [spec.out_hidden_size]
+        if spec.max_frames_per_video is not None:
+            exprs.append(spec.max_frames_per_video)
+        for path in spec.paths:
+            exprs += [s for t in path.capture.tensors for s in t.shape]
+            if path.eager_forward.empty_width is not None:
+                exprs.append(path.eager_forward.empty_width)
+            for b in path.metadata:
+                exprs += [b.call, *(v for _, v in b.capture_kwargs + b.replay_kwargs)]
+            exprs += [s.expr for s in path.graph_forward + path.eager_forward.steps]
         paths = {p for e in exprs for p in fx.host_paths_in(e)}
         callees = {
             sub.callee for e in exprs for sub in fx.walk(e) if isinstance(sub, fx.Call)
@@ -219,11 +240,12 @@ class SpecWorld:
     def _install_callables(self, host: Any) -> None:
         self.builders = []
         self.calls: dict[str, FakeCall] = {}
-        for b in self.spec.path.metadata:
+        paths = self.spec.paths
+        for b in (b for p in paths for b in p.metadata):
             fake = FakeBuilder(self, b)
             self.builders.append(fake)
             self._install(host, b.call.callee, fake)
-        steps = self.spec.path.graph_forward + self.spec.path.eager_forward.steps
+        steps = [s for p in paths for s in p.graph_forward + p.eager_forward.steps]
         for step in steps:
             for sub in fx.walk(step.expr):
                 if isinstance(sub, fx.Call):
@@ -253,6 +275,7 @@ class SpecWorld:
         exprs += [
             e for e in (self.spec.items.graph_rows, self.spec.items.budget_tokens) if e
         ]
+        exprs += [p.output_tokens for p in self.spec.paths if p.named]
         exprs += [f.rows for f in self.spec.flat_inputs]
         step = 1
         for e in exprs:
@@ -261,10 +284,16 @@ class SpecWorld:
                     step = math.lcm(step, max(1, abs(self.value(sub.right))))
         return step
 
-    def random_item(self, rng: random.Random, big: int = 3) -> dict[str, int]:
+    def random_item(
+        self, rng: random.Random, big: int = 3, zero_counts: bool = False
+    ) -> dict[str, int]:
+        """Random dims (multiples of :meth:`dim_step`); counts may be 0 with
+        ``zero_counts`` (an image without crops)."""
         step = self.dim_step()
         return {
-            d: step * rng.randint(1, big) for g in self.spec.item_inputs for d in g.dims
+            d: step * rng.randint(0 if zero_counts and g.is_count else 1, big)
+            for g in self.spec.item_inputs
+            for d in g.dims
         }
 
     def batch(
@@ -297,7 +326,8 @@ class SpecWorld:
 
     def row_shape(self, key: str) -> list[int]:
         """The shape of one row of a flat input: its capture buffer's, or 2."""
-        tensor = next((t for t in self.spec.path.capture.tensors if t.key == key), None)
+        tensors = (t for p in self.spec.paths for t in p.capture.tensors)
+        tensor = next((t for t in tensors if t.key == key), None)
         if tensor is None:
             return [2]
         names = {"k": 1, "rows": 1, "max_batch_size": 1, "token_budget": 1}
@@ -326,15 +356,20 @@ class SpecWorld:
         return view[:, :2].tolist() if view.shape[1] > 1 else view.tolist()
 
     def fitting_items(
-        self, rng: random.Random, budget: int, mbs: int
+        self,
+        rng: random.Random,
+        budget: int,
+        mbs: int,
+        path: EncoderPath | None = None,
     ) -> list[dict[str, int]]:
-        """Items whose budget tokens fit ``budget``, at most ``mbs`` of them."""
+        """Items whose budget tokens on ``path`` fit ``budget``, at most
+        ``mbs`` of them."""
         items: list[dict[str, int]] = []
         used = 0
         for _ in range(mbs):
             for big in (3, 2, 1):
                 item = self.random_item(rng, big)
-                tokens = self.item_values(item)["budget_tokens"]
+                tokens = self.item_values(item, path)["budget_tokens"]
                 if used + tokens <= budget:
                     items.append(item)
                     used += tokens
@@ -343,8 +378,8 @@ class SpecWorld:
                 break
         return items
 
-    def k(self, budget: int, mbs: int) -> int:
-        return per_item_tokens(budget, mbs, self.spec.path.capture.rounding)
+    def k(self, budget: int, mbs: int, path: EncoderPath) -> int:
+        return per_item_tokens(budget, mbs, path.capture.rounding)
 
 
 def _callee_name(callee) -> str:
@@ -387,7 +422,7 @@ class FakeBuilder:
         dtype = kwargs.get("dtype", torch.float32)
         out = {}
         for key in self.builder.provides:
-            buf = self.world.spec.path.buffer(key)
+            buf = next(b for b in self.world.spec.buffers if b.key == key)
             out[key] = self.tensor(buf, items, kwargs, device, dtype)
         return out
 

@@ -836,11 +836,77 @@ case(
     "deepseek_v41",
     ("llm_grid: {kind: grid, dims: [lh, lw]}", "llm_grid: {kind: grid, dims: [1, lw]}"),
 )
-# Several encoder paths are a planned field: refused with a message.
+# -- encoder paths (paths:) -------------------------------------------------------
+# A path's keys beside the top-level ones, and an empty path.
 case(
-    "paths_refused",
+    "paths_beside_top_level_keys",
     "minimax_m3",
     ("budget:\n  min: 64\n", "budget:\n  min: 64\npaths: {local: {}}\n"),
+)
+# Crop-less images have no local rows: the path must allow zero tokens.
+valid_case(
+    "path_zero_tokens_not_allowed",
+    "two_paths",
+    ("    allow_zero_tokens: true\n", ""),
+)
+# Every path may be left out: an item could have no rows at all.
+valid_case(
+    "path_every_path_allows_zero",
+    "two_paths",
+    (
+        "    min_token_budget: global_tokens\n",
+        "    min_token_budget: global_tokens\n    allow_zero_tokens: true\n",
+    ),
+)
+# The concatenated rows of the paths are not the item's output tokens.
+valid_case(
+    "path_tokens_do_not_add_up",
+    "two_paths",
+    (
+        "output_tokens: global_tokens + n * crop_tokens",
+        "output_tokens: global_tokens + n * crop_tokens + 1",
+    ),
+)
+# A path's forward sees its own buffers only.
+valid_case(
+    "path_reads_another_paths_buffer",
+    "two_paths",
+    (
+        "      - vision.encode(crop_pixel_values)\n    eager_forward:",
+        "      - vision.encode(crop_pixel_values, pixel_values)\n    eager_forward:",
+    ),
+)
+# Buffer keys are shared by every path's padding logics.
+valid_case(
+    "path_buffer_key_twice",
+    "two_paths",
+    (
+        "    buffers:\n      crop_pixel_values: {}\n",
+        "    buffers:\n      crop_pixel_values: {}\n      pixel_values: {}\n",
+    ),
+    (
+        "        crop_pixel_values: {shape: [rows, 3, side, side], dtype: dtype, fill: randn}\n",
+        "        crop_pixel_values: {shape: [rows, 3, side, side], dtype: dtype, fill: randn}\n"
+        "        pixel_values: {shape: [rows, 3, side, side], dtype: dtype}\n",
+    ),
+    (
+        "      - vision.encode(crop_pixel_values)\n    eager_forward:",
+        "      - vision.encode(crop_pixel_values, pixel_values)\n    eager_forward:",
+    ),
+)
+# What budgets count is each path's output_tokens; a zero path budget.
+valid_case(
+    "path_budget_tokens_and_zero_budget",
+    "two_paths",
+    ("  input_size: 1 + n\n", "  input_size: 1 + n\n  budget_tokens: n\n"),
+    ("    min_token_budget: crop_tokens\n", "    min_token_budget: crop_tokens - 4\n"),
+)
+# A misspelt path key, and a path without its rows per item.
+valid_case(
+    "path_unknown_key_and_no_tokens",
+    "two_paths",
+    ("    allow_zero_tokens: true\n", "    allow_zero: true\n"),
+    ("    output_tokens: global_tokens\n", ""),
 )
 NOT_UTF8 = {"not_utf8": ("minimax_m3", "name: MiniMax M3", "name: MiniMax M\xe9")}
 

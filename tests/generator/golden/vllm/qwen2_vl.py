@@ -3,7 +3,7 @@
 # Do not edit: change the spec or the templates and run
 # `gen-mixin specs/qwen2_vl.yaml`.
 # spec-sha256: a61607801855577c257b0c6af9f388ac7f2b849a6741b68c13ba9bb25a2b6ab3
-# templates-sha256: 44130bbdf5b2d087233b7a7a8475a87ff09c141f5f8421c6c6a5faccf63e3ac3
+# templates-sha256: 2f6ed196d4c0e39544a1ba79cda0debc0272afa6f0eae10eff2eea55743d6f74
 
 import itertools
 from collections.abc import Hashable
