@@ -23,6 +23,8 @@ from generator.spec.enums import Modality
 from generator.spec.mixin import MixinSpec
 from generator.static_checks import (
     Arithmetic,
+    axis_combos,
+    axis_problems,
     capture_problems,
     capture_scope,
     constant_env,
@@ -82,6 +84,11 @@ class BudgetPlan:
     rows: int
     dummy: dict[str, list[int]]
     buffers: list[BufferPlan] = field(default_factory=list)
+    axis_keys: tuple = ()  # the capture axes' keys of this graph
+
+    def with_axis_keys(self, keys: tuple) -> BudgetPlan:
+        self.axis_keys = keys
+        return self
 
     @property
     def total_bytes(self) -> int:
@@ -104,6 +111,7 @@ def _budget_json(p: BudgetPlan) -> dict[str, Any]:
         "k": p.k,
         "rows": p.rows,
         "dummy": p.dummy,
+        "axis_keys": list(p.axis_keys),
         "buffers": [b.__dict__ for b in p.buffers],
         "total_bytes": p.total_bytes,
     }
@@ -213,13 +221,17 @@ def make_plan(
         except (EvaluationError, ValueError) as exc:
             raise PlanError(f"{path.field}min_token_budget: {exc}") from None
         captured = [b for b in budgets if b != 0]
+        combos = axis_combos(spec.capture_axes, env)
         paths.append(
             PathPlan(
                 path.name,
                 budgets,
                 [
-                    _budget_plan(spec, path, env, b, mbs, mfpb, dtype, unknown)
+                    _budget_plan(
+                        spec, path, {**env, **dims}, b, (mbs, mfpb), dtype, unknown
+                    ).with_axis_keys(keys)
                     for b in captured
+                    for keys, dims in combos
                 ],
             )
         )
@@ -227,6 +239,9 @@ def make_plan(
         problems += [
             f"{path.field}{f}: {m}" for f, m in capture_problems(arithmetic, env)
         ]
+    problems += [
+        f"{f}: {m}" for f, m in axis_problems(spec.capture_axes, spec.constants, env)
+    ]
     return Plan(
         str(spec.spec_path),
         (lo, hi),
@@ -244,8 +259,10 @@ def make_plan(
     )
 
 
-def _budget_plan(spec, path, env, budget, mbs, mfpb, dtype, unknown) -> BudgetPlan:
-    """What ``path``'s graph of ``budget`` captures."""
+def _budget_plan(spec, path, env, budget, limits, dtype, unknown) -> BudgetPlan:
+    """What ``path``'s graph of ``budget`` captures (``env``: with the dims of
+    its capture-axis keys; ``limits``: max_batch_size, max_frames_per_batch)."""
+    mbs, mfpb = limits
     arithmetic = Arithmetic.of(spec, path)
     rounding = path.capture.rounding
     dims = dummy_item(arithmetic, env, budget, mbs, mfpb)
@@ -363,9 +380,10 @@ def format_plan(plan: Plan) -> str:
             lines.append("")
             lines.append(f"path {path.name}: budgets {path.budgets}")
         dummy = ", ".join(f"{k}={v}" for k, v in p.dummy.items())
+        keys = f", axis keys {p.axis_keys}" if p.axis_keys else ""
         lines.append("")
         lines.append(
-            f"budget {p.budget}: k={p.k}, rows={p.rows}, dummy item {dummy} x {plan.max_batch_size}"
+            f"budget {p.budget}{keys}: k={p.k}, rows={p.rows}, dummy item {dummy} x {plan.max_batch_size}"
         )
         for b in p.buffers:
             shape = (

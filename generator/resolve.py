@@ -23,6 +23,7 @@ from generator.spec.reader import ReadContext, Reader
 from generator.static_checks import (
     Arithmetic,
     PathRows,
+    axis_problems,
     capture_problems,
     path_problems,
     slot_problems,
@@ -101,6 +102,8 @@ def _arithmetic_problems(ctx: ReadContext):
             )
         for field, message in _path_arithmetic(ctx, path, items, tokens):
             yield prefix + field, message
+    axes = parts.get("capture_axes", ())
+    yield from axis_problems(axes, constants)
     if items is not None and named and len(named) == len(parts["paths"]):
         yield from path_problems(
             tuple(named), items, constants, parts.get("item_inputs", ())
@@ -127,6 +130,7 @@ def _path_arithmetic(ctx: ReadContext, path: dict, items, tokens):
             buffers,
             parts.get("sizes", ()),
             parts.get("items_resolved", True),
+            parts.get("capture_axes", ()),
         )
     )
 

@@ -29,6 +29,7 @@ class NameKind(Enum):
     FLAT = "flat input"
     GRID = "grid input"  # grids and per-item counts
     DIM = "dim"
+    AXIS_DIM = "capture axis dim"
     BUFFER = "buffer"
     GRAPH_STEP = "graph_forward step"
     EAGER_STEP = "eager_forward step"
@@ -109,27 +110,29 @@ FIELD_SCOPES: dict[str, FieldScope] = {
     "max_frames_per_video": FieldScope(
         frozenset({_K.CONSTANT}), host_paths=True, calls=True
     ),
-    "dummy": FieldScope(frozenset({_K.CONSTANT}), (*DUMMY_NAMES, "frames_per_item")),
+    "dummy": FieldScope(
+        frozenset({_K.CONSTANT, _K.AXIS_DIM}), (*DUMMY_NAMES, "frames_per_item")
+    ),
     "tensor_shape": FieldScope(
-        frozenset({_K.CONSTANT}), CAPTURE_SIZES, host_paths=True
+        frozenset({_K.CONSTANT, _K.AXIS_DIM}), CAPTURE_SIZES, host_paths=True
     ),
     "tensor_dtype": FieldScope(builtins=("dtype",), host_paths=True),
-    "graph_rows": FieldScope(frozenset({_K.CONSTANT}), CAPTURE_SIZES),
+    "graph_rows": FieldScope(frozenset({_K.CONSTANT, _K.AXIS_DIM}), CAPTURE_SIZES),
     "builder_call": FieldScope(
-        frozenset({_K.CONSTANT, _K.FLAT, _K.GRID}),
+        frozenset({_K.CONSTANT, _K.FLAT, _K.GRID, _K.AXIS_DIM}),
         ("device", "dtype"),
         host_paths=True,
         calls=True,
         literals=True,
     ),
     "capture_kwargs": FieldScope(
-        frozenset({_K.CONSTANT, _K.FLAT, _K.GRID}),
+        frozenset({_K.CONSTANT, _K.FLAT, _K.GRID, _K.AXIS_DIM}),
         ("device", "dtype", *CAPTURE_KWARG_NAMES),
         host_paths=True,
         literals=True,
     ),
     "replay_kwargs": FieldScope(
-        frozenset({_K.CONSTANT, _K.FLAT, _K.GRID}),
+        frozenset({_K.CONSTANT, _K.FLAT, _K.GRID, _K.AXIS_DIM}),
         ("device", "dtype"),
         host_paths=True,
         literals=True,
@@ -138,7 +141,8 @@ FIELD_SCOPES: dict[str, FieldScope] = {
         frozenset({_K.CONSTANT}), ("max_batch_size", "max_frames_per_batch")
     ),
     "buffer_shape": FieldScope(
-        frozenset({_K.CONSTANT, _K.SIZE}), (*CAPTURE_SIZES, "max_frames_per_batch")
+        frozenset({_K.CONSTANT, _K.SIZE, _K.AXIS_DIM}),
+        (*CAPTURE_SIZES, "max_frames_per_batch"),
     ),
     "graph_forward": FieldScope(
         frozenset({_K.BUFFER, _K.GRAPH_STEP}),
@@ -239,7 +243,7 @@ METHODS: dict[str, Method] = {
             "select_encoder_cudagraph_items",
             (SELF, MM_KWARGS, Param("indices", "list[int]")),
             "dict[str, Any]",
-            ("keys",),
+            ("keys", "selected", "ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG"),
             spec_kinds=_READS_INPUTS,
         ),
         Method(
@@ -264,7 +268,8 @@ METHODS: dict[str, Method] = {
                 "_",
             ),
             (("{}_rows", _K.FLAT),),
-            _READS_INPUTS | {_K.FLAT, _K.BUFFER, _K.IMPORT, _K.BUILDER_RESULT},
+            _READS_INPUTS
+            | {_K.FLAT, _K.BUFFER, _K.IMPORT, _K.BUILDER_RESULT, _K.AXIS_DIM},
             exploded=True,
         ),
         Method(
@@ -277,9 +282,16 @@ METHODS: dict[str, Method] = {
                 PATH,
             ),
             "{EncoderCudaGraphReplayBuffers}",
-            ("EncoderCudaGraphReplayBuffers", "keys"),
+            ("EncoderCudaGraphReplayBuffers", "keys", "axis_keys"),
             spec_kinds=frozenset(
-                {_K.CONSTANT, _K.GRID, _K.FLAT, _K.IMPORT, _K.BUILDER_RESULT}
+                {
+                    _K.CONSTANT,
+                    _K.GRID,
+                    _K.FLAT,
+                    _K.IMPORT,
+                    _K.BUILDER_RESULT,
+                    _K.AXIS_DIM,
+                }
             ),
             exploded=True,
         ),
@@ -339,6 +351,28 @@ METHODS: dict[str, Method] = {
             exploded=True,
         ),
         Method("get_input_modality", (SELF, MM_KWARGS), "str"),
+        Method(
+            "_capture_axes",
+            (SELF,),
+            "tuple[tuple[Hashable, ...], ...]",
+            spec_kinds=frozenset({_K.CONSTANT}),
+        ),
+        Method(
+            "_capture_axis_keys",
+            (SELF, MM_KWARGS),
+            "tuple[Hashable, ...]",
+            ("keys", "needs", "axis", "need"),
+            spec_kinds=_READS_INPUTS,
+        ),
+        Method(
+            "_covering_key",
+            (
+                Param("keys", "tuple[Hashable, ...]"),
+                Param("need", "tuple[int, ...]"),
+            ),
+            "Hashable",
+            ("key", "parts", "p", "n"),
+        ),
         # Helpers: no spec name reaches them.
         Method("_modality_keys", (SELF, MM_KWARGS), "dict[str, str]"),
         Method(

@@ -38,6 +38,7 @@ class Arithmetic:
     # False when items.graph_rows or items.budget_tokens was given but did
     # not resolve: the coverage checks would run on the wrong defaults.
     items_resolved: bool = True
+    axes: tuple = ()  # the spec's capture axes
 
     @classmethod
     def of(cls, spec, path=None) -> Arithmetic:
@@ -50,6 +51,7 @@ class Arithmetic:
             spec.items.on_path(path.output_tokens),
             path.buffers,
             spec.sizes,
+            axes=spec.capture_axes,
         )
 
     @property
@@ -151,10 +153,12 @@ def flat_rows(flat: FlatInput, env: Mapping[str, int], dims: Mapping[str, int]) 
 def capture_problems(
     ir: Arithmetic, overrides: Mapping[str, int] | None = None
 ) -> Iterator[tuple[str, str]]:
-    """(field, message) for each arithmetic problem found with known values."""
+    """(field, message) for each arithmetic problem found with known values
+    (with capture axes: for every combination of their keys)."""
     env = constant_env(ir, overrides)
     reported: set[str] = set()
-    yield from _budget_problems(ir, env, reported)
+    for axis_env in axis_envs(ir.axes, env):
+        yield from _budget_problems(ir, axis_env, reported)
     if (
         ir.capture.graph_rows is not None
         and ir.items.budget_tokens is not None
@@ -162,6 +166,35 @@ def capture_problems(
     ):
         yield from item_bound_problems(ir, env)
     yield from slot_problems(ir.constants, ir.buffers, overrides)
+
+
+def axis_combos(axes, env: Mapping[str, int]) -> list[tuple[tuple, dict[str, int]]]:
+    """Every combination of the axes' keys (each distinct key once), with the
+    dims it binds: ``[((), {})]`` without axes. Keys that need a constant
+    without a value are left out."""
+    per_axis = []
+    for axis in axes:
+        values: dict = {}
+        for key in axis.keys:
+            try:
+                parts = tuple(evaluate(p, env) for p in key)
+            except (EvaluationError, ArithmeticError):
+                continue
+            shown = parts[0] if axis.scalar else parts
+            values.setdefault(shown, dict(zip(axis.dims, parts, strict=True)))
+        per_axis.append(list(values.items()))
+    return [
+        (
+            tuple(key for key, _ in combo),
+            {d: v for _, dims in combo for d, v in dims.items()},
+        )
+        for combo in itertools.product(*per_axis)
+    ]
+
+
+def axis_envs(axes, env: Mapping[str, int]) -> list[dict[str, int]]:
+    """``env`` with the dims of every combination of the axes' keys."""
+    return [{**env, **dims} for _, dims in axis_combos(axes, env)]
 
 
 def _budget_problems(
@@ -476,3 +509,41 @@ def path_problems(
                 f"add up to {parts} = {sum(rows.values())}: an item's output is its "
                 "rows of every path, concatenated",
             )
+
+
+# -- capture axes -------------------------------------------------------------------
+
+
+def axis_problems(
+    axes, constants: tuple[Constant, ...], overrides: Mapping[str, int] | None = None
+) -> Iterator[tuple[str, str]]:
+    """Every key a batch can select is captured: some key covers the axis'
+    bound (the largest need any item can have). Keys differ."""
+    env = {c.name: c.default for c in constants if c.default is not None}
+    env.update(overrides or {})
+    for i, axis in enumerate(axes):
+        field = f"capture_axes[{i}]"
+        try:
+            keys = [tuple(evaluate(p, env) for p in key) for key in axis.keys]
+            bound = tuple(evaluate(b, env) for b in axis.bound)
+        except (EvaluationError, ArithmeticError):
+            continue  # a constant without default: plan checks it
+        for j, key in enumerate(keys):
+            if key in keys[:j]:
+                yield (
+                    f"{field}.keys",
+                    f"keys[{j}] is {_key_text(key)} again: each key is one graph "
+                    "per budget, captured once",
+                )
+        if not any(all(k >= b for k, b in zip(key, bound)) for key in keys):
+            yield (
+                f"{field}.bound",
+                f"no key covers the bound {_key_text(bound)} (keys: "
+                f"{', '.join(_key_text(k) for k in keys)}): a batch with such an "
+                "item would select a key that was never captured and the "
+                "manager would fail on it; add a key that covers the bound",
+            )
+
+
+def _key_text(parts: tuple[int, ...]) -> str:
+    return str(parts[0]) if len(parts) == 1 else str(parts)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from generator import formulas as fx
+from generator.emitters.capture_axes import capture_context
 from generator.emitters.method_body import Body, dims_of, path_dispatch, times
 from generator.emitters.prose import comment_lines, plain_message
 from generator.formulas import Ref
@@ -174,5 +175,6 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
             if spec.guards.image_limit_zero is ImageLimitGuard.CAPTURE
             else None
         ),
+        axes=capture_context(spec),
     )
     return ctx

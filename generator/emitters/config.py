@@ -101,6 +101,7 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
         "out_hidden_size": body.expr(spec.out_hidden_size),
         "max_frames_per_video": body.expr(mfpv) if mfpv is not None else None,
         "padding": padding_logics(spec),
+        "capture_axes": bool(spec.capture_axes),
     }
     ctx["constants"] = body.bindings()
     return ctx

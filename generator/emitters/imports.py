@@ -68,6 +68,8 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
     )
     if spec.has_paths and not spec.local_defs_import:
         add(first_party, mods["defs"], "EncoderCudaGraphPathConfig")
+    if spec.capture_axes and not spec.local_defs_import:
+        add(first_party, mods["defs"], "ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG")
     if any("MultiModalConfig" in a.names for a in spec.host):
         add(type_checking, mods["MultiModalConfig"], "MultiModalConfig")
     used = used_import_names(spec)

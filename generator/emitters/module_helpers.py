@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from generator.emitters.capture_axes import helpers_context
 from generator.spec.enums import PadRule
 from generator.spec.mixin import MixinSpec
 
@@ -23,4 +24,5 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
         "grid_rows": any(not g.is_count for g in spec.item_inputs),
         "counts": any(g.is_count for g in spec.item_inputs),
         "trailing": {"key": trailing.key} if trailing is not None else None,
+        "axes": helpers_context(spec),
     }

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from generator import formulas as fx
+from generator.emitters.capture_axes import bind_axis_dims
 from generator.emitters.capture_inputs import builder_calls, builder_value
 from generator.emitters.method_body import Body, Loads, path_dispatch
 from generator.emitters.prose import comment_lines
@@ -79,7 +80,9 @@ def _path_body(spec: MixinSpec, path: EncoderPath) -> dict[str, Any]:
             builder_value(buf) if isinstance(buf.source, MetadataBuilder) else buf.key
         )
         entries.append({"key": buf.key, "value": value})
+    axis_dims = {d for a in spec.capture_axes for d in a.dims}
     ctx = {
+        "axis_dims": (bind_axis_dims(spec, "axis_keys") if used & axis_dims else []),
         "loads": flat_loads,
         "grids": [loads.item(g.key) for g in spec.item_inputs if g.key in used],
         "builders": builder_calls(path, body, "replay", name_map),

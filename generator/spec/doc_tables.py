@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 
 from generator.scopes import FIELD_SCOPES
+from generator.spec.axes import CaptureAxis
 from generator.spec.capture import Buffer, Capture, CaptureTensor, MetadataBuilder
 from generator.spec.forwards import EagerForward, Postprocess, SpanAssembly, Steps
 from generator.spec.host import Constant, Import
@@ -48,6 +49,7 @@ SECTIONS: dict[str, type] = {
     "postprocess": Postprocess,
     "postprocess.span_assembly": SpanAssembly,
     "paths": EncoderPath,
+    "capture_axes": CaptureAxis,
 }
 
 _BLOCK = re.compile(

@@ -13,6 +13,7 @@ from typing import ClassVar
 
 from generator.formulas import Expr
 from generator.scopes import NameKind
+from generator.spec.axes import CaptureAxis
 from generator.spec.enums import Base, DefsImport, Modality
 from generator.spec.forwards import Postprocess, SpanAssembly
 from generator.spec.host import (
@@ -88,6 +89,7 @@ class MixinSpec:
     out_hidden_size: Expr
     paths: tuple[EncoderPath, ...]
     postprocess: Postprocess | None
+    capture_axes: tuple[CaptureAxis, ...] = ()
 
     KEYS: ClassVar = Keys(
         Key(
@@ -192,6 +194,14 @@ class MixinSpec:
         Key("items", Section(Items), "Per-item formulas.", required=True),
         Key("budget", Section(Budget), "The budget range.", required=True),
         Key("guards", Section(Guards), "Refused configurations."),
+        Key(
+            "capture_axes",
+            ListOf(Section(CaptureAxis), min_items=1),
+            "Extra capture axes (`EncoderCudaGraphConfig.capture_axes`): one "
+            "graph per budget and combination of the axes' keys; selection "
+            "resolves each sub-batch's key. Not with several paths (vLLM 0.33.0's "
+            "manager refuses the combination).",
+        ),
         _PATH_KEYS["capture"],
         _PATH_KEYS["metadata"],
         _PATH_KEYS["buffers"],
@@ -293,6 +303,7 @@ class MixinSpec:
             NameKind.FLAT: frozenset(f.key for f in self.flat_inputs),
             NameKind.GRID: frozenset(g.key for g in self.item_inputs),
             NameKind.DIM: frozenset(d for g in self.item_inputs for d in g.dims),
+            NameKind.AXIS_DIM: frozenset(d for a in self.capture_axes for d in a.dims),
             NameKind.BUFFER: frozenset(b.key for b in self.buffers),
             NameKind.GRAPH_STEP: frozenset(
                 s.target for p in paths for s in p.graph_forward if s.target
@@ -366,7 +377,15 @@ class MixinSpec:
             )
         sizes = tuple(_values(r.take("sizes")))
         ctx.partial["sizes"] = sizes
+        axes = tuple(_values(r.take("capture_axes")))
+        ctx.partial["capture_axes"] = axes
         paths = _paths(r, item_inputs, flats)
+        if axes and paths and len(paths) > 1:
+            r.error(
+                "capture_axes",
+                "capture axes with several paths: vLLM 0.33.0's manager refuses "
+                "the combination (NotImplementedError)",
+            )
         out_hidden = r.take("out_hidden_size")
         post = r.take(
             "postprocess",
@@ -381,6 +400,8 @@ class MixinSpec:
         report_collisions(ctx, ctx.fields)
         required = [head[k] for k in ("format", "name", "class_name", "docstring")]
         if ctx.diags or None in (*required, items, budget, paths, out_hidden):
+            return None
+        if r.has("capture_axes") and not r.ok("capture_axes"):
             return None
         return cls(
             spec_path,
@@ -404,6 +425,7 @@ class MixinSpec:
             out_hidden,
             paths,
             post,
+            axes,
         )
 
 

@@ -13,6 +13,7 @@ with :func:`generator.formulas.evaluate`.
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 import sys
@@ -169,6 +170,61 @@ class SpecWorld:
         if spec.items.budget_tokens is not None:
             return {"default": self.value(spec.items.budget_tokens, **dims)}
         return {}
+
+    def items_of(self, batch: Mapping[str, Any]) -> list[dict[str, int]]:
+        """The dims of each item of a batch, read from its grids and counts."""
+        items: list[dict[str, int]] = []
+        for inp in self.spec.item_inputs:
+            rows = batch[inp.key]
+            rows = rows.tolist() if isinstance(rows, torch.Tensor) else rows
+            for i, row in enumerate(rows):
+                if i == len(items):
+                    items.append({})
+                values = [row] if inp.is_count else row
+                items[i].update(zip(inp.dims, (int(v) for v in values), strict=True))
+        return items
+
+    def axis_key_combos(self) -> list[tuple]:
+        """Every combination of the capture axes' keys, as the spec's
+        formulas give them (``[()]`` without axes)."""
+        per_axis = []
+        for axis in self.spec.capture_axes:
+            keys = []
+            for key in axis.keys:
+                parts = tuple(self.value(p) for p in key)
+                value = parts[0] if axis.scalar else parts
+                if value not in keys:
+                    keys.append(value)
+            per_axis.append(keys)
+        return list(itertools.product(*per_axis))
+
+    def axis_dims(self, axis_keys: tuple) -> dict[str, int]:
+        """The capture axes' dims for one combination of keys."""
+        out: dict[str, int] = {}
+        for axis, key in zip(self.spec.capture_axes, axis_keys, strict=True):
+            parts = (key,) if axis.scalar else key
+            out.update(zip(axis.dims, parts, strict=True))
+        return out
+
+    def selected_axis_keys(self, items: list[dict[str, int]]) -> tuple:
+        """The keys a batch of ``items`` must replay: per axis, the first key
+        covering the largest need of the items (the first key for none)."""
+        out = []
+        combos = self.axis_key_combos()
+        for i, axis in enumerate(self.spec.capture_axes):
+            keys = list(dict.fromkeys(c[i] for c in combos))
+            need = [
+                max((self.value(c, **it) for it in items), default=0)
+                for c in axis.covers
+            ]
+            out.append(
+                next(
+                    k
+                    for k in keys
+                    if all(p >= n for p, n in zip((k,) if axis.scalar else k, need))
+                )
+            )
+        return tuple(out)
 
     def graph_rows(self, dims: Mapping[str, int]) -> int:
         items = self.spec.items
@@ -415,19 +471,35 @@ class FakeBuilder:
                 items[i].update(zip(inp.dims, [int(v) for v in values], strict=True))
         return items
 
+    def axis_values(self, args: tuple, kwargs: dict) -> dict[str, int]:
+        """The capture axes' dims among the arguments (their key's parts)."""
+        dims = {d for a in self.world.spec.capture_axes for d in a.dims}
+        out = {}
+        for expr, value in zip(self.builder.call.args, args, strict=False):
+            if isinstance(expr, fx.Ref) and expr.name in dims:
+                out[expr.name] = int(value)
+        for name, expr in self.builder.call.kwargs:
+            if isinstance(expr, fx.Ref) and expr.name in dims:
+                out[expr.name] = int(kwargs[name])
+        return out
+
     def __call__(self, *args: Any, **kwargs: Any) -> dict[str, torch.Tensor]:
         self.calls.append((args, kwargs))
         items = self.items(args, kwargs)
+        axes = self.axis_values(args, kwargs)
         device = kwargs.get("device", torch.device("cpu"))
         dtype = kwargs.get("dtype", torch.float32)
         out = {}
         for key in self.builder.provides:
             buf = next(b for b in self.world.spec.buffers if b.key == key)
-            out[key] = self.tensor(buf, items, kwargs, device, dtype)
+            out[key] = self.tensor(buf, items, kwargs, device, dtype, axes)
         return out
 
-    def tensor(self, buf: Buffer, items, kwargs, device, dtype) -> torch.Tensor:
+    def tensor(
+        self, buf: Buffer, items, kwargs, device, dtype, axes=None
+    ) -> torch.Tensor:
         w = self.world
+        axes = axes or {}
         rows = [w.value(w.spec.items.input_size, **it) for it in items]
         if buf.pad is not None:
             offsets = [0]
@@ -445,7 +517,7 @@ class FakeBuilder:
         else:
             shape = []
             for i, e in enumerate(buf.shape):
-                shape.append(total if i == buf.rows_dim else w.value(e))
+                shape.append(total if i == buf.rows_dim else w.value(e, **axes))
         tdtype = (
             dtype
             if buf.dtype is None or buf.dtype.value == "dtype"

@@ -28,6 +28,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from encoder_cudagraph_runtime.defs import (  # noqa: E402
+    ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG,
+)
 from encoder_cudagraph_runtime.config import (  # noqa: E402
     ModelConfig,
     SchedulerConfig,
@@ -116,8 +119,12 @@ def test_selection(world: SpecWorld, lists: bool, indices: list[int]) -> None:
     host = world.host()
     batch = world.batch(items, lists=lists)
     got = host.select_encoder_cudagraph_items(batch, list(indices))
-    assert list(got) == [i.key for i in world.spec.inputs]
     chosen = [items[i] for i in indices]
+    if world.spec.capture_axes:
+        # The key of each axis the sub-batch replays, for the manager to pop.
+        keys = got.pop(ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG)
+        assert keys == world.selected_axis_keys(chosen)
+    assert list(got) == [i.key for i in world.spec.inputs]
     want = world.batch(chosen)
     for inp in world.spec.inputs:
         value = got[inp.key]
@@ -148,6 +155,7 @@ def test_selection_by_video_keys(world: SpecWorld) -> None:
     host = world.host()
     batch = world.batch(items, video=True)
     got = host.select_encoder_cudagraph_items(batch, [2, 0])
+    got.pop(ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG, None)
     assert list(got) == [i.video_key for i in world.spec.inputs]
     assert got_specs(host.get_encoder_cudagraph_item_specs(got)) == expected_specs(
         world, [items[2], items[0]]
@@ -176,6 +184,7 @@ def dummy_items(world: SpecWorld, budget: int, mbs: int, mfpb: int, path, axis_k
         "token_budget": budget,
         "max_frames_per_batch": mfpb,
         "frames_per_item": max(mfpb // mbs, 1),
+        **world.axis_dims(axis_keys),
     }
     item = {}
     for inp, exprs in path.capture.dummy:
@@ -187,7 +196,8 @@ def dummy_items(world: SpecWorld, budget: int, mbs: int, mfpb: int, path, axis_k
 @pytest.mark.parametrize(("budget", "mbs", "mfpb"), CAPTURES)
 def test_capture_inputs(world: SpecWorld, budget: int, mbs: int, mfpb: int) -> None:
     for path in world.spec.paths:
-        check_capture_inputs(world, path, budget, mbs, mfpb, ())
+        for keys in world.axis_key_combos():
+            check_capture_inputs(world, path, budget, mbs, mfpb, keys)
 
 
 def check_capture_inputs(
@@ -221,7 +231,8 @@ def check_capture_inputs(
             assert value.tolist() == want, buf.key
         elif buf.host_scalar:
             assert value.ndim == 0 and value.device.type == "cpu"
-        elif buf.allocate:
+        elif buf.allocate or (buf.shape and world.spec.capture_axes):
+            # A builder buffer's declared shape (with axes: it follows the key).
             shape = [world.value(e, **names, rows=rows) for e in buf.shape]
             assert list(value.shape) == shape, buf.key
     # The dummy batch covers its budget, in budget tokens and in graph rows
@@ -287,7 +298,8 @@ def check_replay_buffers(world, path, rng, budget: int, mbs: int, mfpb: int):
     config = host.get_encoder_cudagraph_config()
     for _ in range(3):
         items = world.fitting_items(rng, budget, mbs, path)
-        keys = ()
+        # The graph of the keys the batch selects.
+        keys = world.selected_axis_keys(items) if world.spec.capture_axes else ()
         captured = capture(world, host, budget, mbs, mfpb, path, keys)
         dummy = dummy_items(world, budget, mbs, mfpb, path, keys)[0][0]
         rows_captured = mbs * world.item_values(dummy)["input_size"]
@@ -471,3 +483,69 @@ def test_path_budgets_match_the_manager(
     )
     assert {p.name: p.budgets for p in plan.paths} == manager.path_token_budgets
     assert plan.num_graphs == manager.get_num_graphs_to_capture()
+
+
+# -- capture axes --------------------------------------------------------------------
+
+AXES_SPECS = [p for p in SPECS if load_spec(p).capture_axes]
+
+
+@pytest.fixture(scope="module", params=AXES_SPECS, ids=[p.stem for p in AXES_SPECS])
+def axes_world(request) -> SpecWorld:
+    return SpecWorld(Path(request.param))
+
+
+def _manager(world: SpecWorld, host, tokens: int = 256, items: int = 4):
+    from encoder_cudagraph_runtime.config import CompilationConfig, MultiModalConfig
+    from encoder_cudagraph_runtime.graph_backends import EagerReplayGraphBackend
+
+    cfg = VllmConfig(
+        scheduler_config=SchedulerConfig(max_num_batched_tokens=tokens),
+        model_config=ModelConfig(
+            max_model_len=tokens, multimodal_config=MultiModalConfig()
+        ),
+        compilation_config=CompilationConfig(
+            cudagraph_mm_encoder=True,
+            encoder_cudagraph_max_vision_items_per_batch=items,
+        ),
+    )
+    return EncoderCudaGraphManager(
+        cfg,
+        torch.device("cpu"),
+        torch.float32,
+        host,
+        graph_backend=EagerReplayGraphBackend(),
+    )
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_manager_replays_the_selected_keys(axes_world: SpecWorld, seed: int):
+    """The manager captures every (budget, key combination) the config lists
+    and replays, for each packed batch, the graph of the keys its selection
+    resolves, which are the spec's."""
+    from generator.plan import make_plan
+
+    world = axes_world
+    host = world.host()
+    manager = _manager(world, host)
+    plan = make_plan(
+        world.spec, max_num_batched_tokens=256, max_model_len=256, max_items=4
+    )
+    assert manager.get_num_graphs_to_capture() == plan.num_graphs
+    manager.capture()
+    combos = set(world.axis_key_combos())
+    captured = manager.budget_graphs["default"]
+    assert {keys for _, keys in captured} == combos
+    replayed = []
+    run = manager._run_budget_graph
+
+    def spy(kwargs, budget, path="default", axis_keys=(), **kw):
+        replayed.append((axis_keys, world.selected_axis_keys(world.items_of(kwargs))))
+        return run(kwargs, budget, path=path, axis_keys=axis_keys, **kw)
+
+    manager._run_budget_graph = spy
+    rng = random.Random(seed)
+    items = [world.random_item(rng) for _ in range(rng.randint(1, 6))]
+    manager.execute(world.batch(items))
+    assert replayed and all(got == want for got, want in replayed)
+    assert manager.graph_hits == len(items)

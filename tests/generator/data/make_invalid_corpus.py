@@ -908,6 +908,44 @@ valid_case(
     ("    allow_zero_tokens: true\n", "    allow_zero: true\n"),
     ("    output_tokens: global_tokens\n", ""),
 )
+# -- capture axes (capture_axes:) ----------------------------------------------------
+# No key holds the largest grid an item can have: a batch would select a key
+# that was never captured (Gemma 4's per-request max_soft_tokens).
+valid_case(
+    "axis_bound_not_covered",
+    "capture_axes",
+    ("    bound: [side, side]\n", "    bound: [side + 1, side]\n"),
+)
+# A key of the wrong size, and a covers list short of a dim.
+valid_case(
+    "axis_key_and_covers_sizes",
+    "capture_axes",
+    ("keys: [[4, 4], [4, 8],", "keys: [[4, 4], [4],"),
+    ("    covers: [h, w]\n", "    covers: [h]\n"),
+)
+# The same key twice; an axis dim that is already an item dim.
+valid_case(
+    "axis_key_twice_and_dim_clash",
+    "capture_axes",
+    ("keys: [[4, 4], [4, 8],", "keys: [[4, 4], [4, 4],"),
+    ("  - dims: [th, tw]\n", "  - dims: [th, w]\n"),
+)
+# The forwards do not see the axis dims: a graph's buffers carry its key.
+valid_case(
+    "axis_dim_in_graph_forward",
+    "capture_axes",
+    ("  - vision(patches, patch_mask)\n", "  - vision(patches, patch_mask, th)\n"),
+)
+# vLLM 0.33.0's manager refuses capture axes with several paths.
+valid_case(
+    "axis_with_two_paths",
+    "two_paths",
+    (
+        "budget:\n  min: global_tokens\n",
+        "budget:\n  min: global_tokens\n\ncapture_axes:\n  - dims: [m]\n"
+        "    keys: [4, 8]\n    covers: [n]\n    bound: [8]\n",
+    ),
+)
 NOT_UTF8 = {"not_utf8": ("minimax_m3", "name: MiniMax M3", "name: MiniMax M\xe9")}
 
 

@@ -3,7 +3,7 @@
 # Do not edit: change the spec or the templates and run
 # `gen-mixin specs/minimax_m3.yaml`.
 # spec-sha256: 679a222a35671178384492aa0dc1e20daf1dbe9ee4c77a16239d17f4a618116f
-# templates-sha256: 2f6ed196d4c0e39544a1ba79cda0debc0272afa6f0eae10eff2eea55743d6f74
+# templates-sha256: 1e7062f1dc980bf4595fbd439545404664cdf6cf5c18f78fe6b72d66f25d47c5
 
 import itertools
 import weakref
@@ -173,6 +173,10 @@ class MiniMaxM3EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
     ) -> dict[str, Any]:
         """The sub-batch ``indices`` (in that order), as valid input to every
         other method; an empty ``indices`` gives empty tensors."""
+        from vllm.v1.worker.encoder_cudagraph_defs import (
+            ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG,
+        )
+
         image_grid_thw = self._grid_rows(mm_kwargs, "image_grid_thw")
         return {
             "pixel_values": _select_rows(

@@ -3,7 +3,7 @@
 # Do not edit: change the spec or the templates and run
 # `gen-mixin specs/qwen2_vl.yaml`.
 # spec-sha256: a61607801855577c257b0c6af9f388ac7f2b849a6741b68c13ba9bb25a2b6ab3
-# templates-sha256: 2f6ed196d4c0e39544a1ba79cda0debc0272afa6f0eae10eff2eea55743d6f74
+# templates-sha256: 1e7062f1dc980bf4595fbd439545404664cdf6cf5c18f78fe6b72d66f25d47c5
 
 import itertools
 from collections.abc import Hashable
@@ -161,6 +161,10 @@ class Qwen2VLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
     ) -> dict[str, Any]:
         """The sub-batch ``indices`` (in that order), as valid input to every
         other method; an empty ``indices`` gives empty tensors."""
+        from vllm.v1.worker.encoder_cudagraph_defs import (
+            ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG,
+        )
+
         keys = self._modality_keys(mm_kwargs)
         image_grid_thw = self._grid_rows(mm_kwargs, keys["image_grid_thw"])
         return {
