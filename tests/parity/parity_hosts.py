@@ -1325,3 +1325,90 @@ def compare_batches(
                 settings,
             )
     return found
+
+
+# ---------------------------------------------------------------------------
+# Step3-VL
+# ---------------------------------------------------------------------------
+
+STEP3_VL = "vllm.model_executor.models.step3_vl"
+#: The fake Step3-VL's global view side: 112² of 14² patches, stride 2:
+#: 4 rows per global view (vLLM hard-codes the crops: 504², 81 rows).
+STEP3_IMAGE_SIZE = 112
+STEP3_PATCH = 14
+
+
+class _Step3Tower(Recorder):
+    """``_batched_encoder_forward``'s learned work: ``(views, 3, s, s)`` to
+    ``(views * rows, WIDTH)``, each view's rows a code of its pixels and
+    its row number (``rows``: vLLM's own count for the side)."""
+
+    def __init__(self, rows_of_side: Callable[[int], int]) -> None:
+        super().__init__()
+        self.rows_of_side = rows_of_side
+
+    def __call__(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        self.calls.append({"pixel_values": _snapshot(pixel_values)})
+        views, side = pixel_values.shape[0], pixel_values.shape[-1]
+        rows = self.rows_of_side(side)
+        level = pixel_values.float().reshape(views, -1).mean(dim=1)
+        codes = torch.arange(rows * WIDTH, dtype=torch.float32).reshape(rows, WIDTH)
+        out = level[:, None, None] + codes[None] / 64
+        return out.reshape(views * rows, WIDTH).to(pixel_values.dtype)
+
+
+class _Step3HostParts:
+    """What Step3-VL's mixin reads of its host besides vLLM's own token
+    arithmetic (``_compute_spatial_tokens``, ``img_output_tokens``,
+    ``patch_output_tokens``, taken from the wheel)."""
+
+    def _batched_encoder_forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return self.step3_tower(pixel_values)
+
+
+@functools.cache
+def step3_vl_host_class() -> type:
+    """A host class with vLLM's Step3-VL mixin (its two paths, its custom
+    post-processing) and vLLM's own token arithmetic."""
+    code = _wheel_code({})
+    return code.klass(
+        STEP3_VL,
+        "Step3VLForConditionalGeneration",
+        _defined(code, STEP3_VL, "Step3VLForConditionalGeneration"),
+        bases=(_Step3HostParts, _protocol(code)),
+        exclude=["_batched_encoder_forward"],
+    )
+
+
+def step3_vl_host(host_class: type | None = None, settings=HostSettings()) -> Any:
+    """A Step3-VL host: 112² global views (4 rows each), vLLM's 504² crops
+    (81 rows each), ``WIDTH``-wide text rows."""
+    host = (host_class or step3_vl_host_class())()
+    host.config = _Obj(
+        vision_config=_Obj(image_size=STEP3_IMAGE_SIZE, patch_size=STEP3_PATCH),
+        understand_projector_stride=2,
+        hidden_size=WIDTH,
+    )
+    vllm_config = settings.vllm_config()
+    host.model_config = vllm_config.model_config
+    host.multimodal_config = vllm_config.model_config.multimodal_config
+    host.step3_tower = _Step3Tower(
+        lambda side: host._compute_spatial_tokens(side, STEP3_PATCH, 2)
+    )
+    return host
+
+
+def step3_vl_batch(
+    gen: torch.Generator, modality: str, crops: list[tuple[int]]
+) -> dict[str, Any]:
+    """A Step3-VL image batch: one global view per item and ``n`` 504² crops
+    for an item ``(n,)``, as the processor gives them (stacked global views,
+    the crops back to back, the counts as an int64 CPU tensor)."""
+    assert modality == "image"
+    counts = [n for (n,) in crops]
+    side = STEP3_IMAGE_SIZE
+    return {
+        "pixel_values": torch.randn(len(counts), 3, side, side, generator=gen),
+        "patch_pixel_values": torch.randn(sum(counts), 3, 504, 504, generator=gen),
+        "num_patches": torch.tensor(counts, dtype=torch.int64),
+    }

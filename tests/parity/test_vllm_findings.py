@@ -156,3 +156,46 @@ def test_gemma3_clamps_the_captured_crops_to_the_items_per_batch() -> None:
     replay = host.prepare_encoder_cudagraph_replay_buffers(batch, 1, 0).values
     with pytest.raises(RuntimeError):
         copy_replay_into_captured(host.get_encoder_cudagraph_config(), captured, replay)
+
+
+def test_step3_vl_results_of_crop_less_images_alias_the_graph_output() -> None:
+    """Two crop-less images, one item per batch: both replay the global
+    path's smallest graph. vLLM's post-processing returns each image's rows
+    as a view of that graph's output buffer (``clone`` is ignored), so the
+    second replay rewrites the first image's result."""
+    from encoder_cudagraph_runtime.config import CompilationConfig, VllmConfig
+    from encoder_cudagraph_runtime.graph_backends import EagerReplayGraphBackend
+    from encoder_cudagraph_runtime.manager import EncoderCudaGraphManager
+
+    host = hosts.step3_vl_host()
+    rows = host.img_output_tokens
+    batch = hosts.step3_vl_batch(
+        torch.Generator().manual_seed(0), "image", [(0,), (0,)]
+    )
+    settings = hosts.HostSettings()
+    config = settings.vllm_config()
+    config = VllmConfig(
+        scheduler_config=config.scheduler_config,
+        model_config=config.model_config,
+        # encoder_cudagraph_max_vision_items_per_batch: 1; the budgets of the
+        # global path double from its minimum (4 rows) up to 81.
+        compilation_config=CompilationConfig(
+            cudagraph_mm_encoder=True,
+            encoder_cudagraph_token_budgets=[host.patch_output_tokens],
+            encoder_cudagraph_max_vision_items_per_batch=1,
+        ),
+    )
+    manager = EncoderCudaGraphManager(
+        config, CPU, torch.float32, host, graph_backend=EagerReplayGraphBackend()
+    )
+    manager.capture()
+    first, second = manager.execute(batch)
+    alone = [
+        host._batched_encoder_forward(batch["pixel_values"][i : i + 1]) for i in (0, 1)
+    ]
+    assert manager.graph_hits == 2
+    assert manager.path_token_budgets["global"][0] == rows
+    # The second image is right; the first holds the second's rows.
+    assert torch.equal(second, alone[1])
+    assert torch.equal(first, alone[1]) and not torch.equal(first, alone[0])
+    assert first.untyped_storage().data_ptr() == second.untyped_storage().data_ptr()
