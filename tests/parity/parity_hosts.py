@@ -1412,3 +1412,121 @@ def step3_vl_batch(
         "patch_pixel_values": torch.randn(sum(counts), 3, 504, 504, generator=gen),
         "num_patches": torch.tensor(counts, dtype=torch.int64),
     }
+
+
+# ---------------------------------------------------------------------------
+# Gemma 4
+# ---------------------------------------------------------------------------
+
+GEMMA4 = "vllm.model_executor.models.gemma4_mm"
+#: The fake Gemma 4 tower's pooling kernel (HF's default) and patch side
+#: (small: a patch row is 3 * GEMMA4_PATCH**2 pixels).
+GEMMA4_KERNEL = 3
+GEMMA4_PATCH = 2
+
+
+class _Gemma4VisionTower(Recorder):
+    """The HF ``Gemma4VisionModel`` parts the graph forward calls, as
+    pass-throughs that keep the slot layout: the pooler's slot ``s`` of a
+    row is the mean of its patches ``s*k²..(s+1)*k²-1`` (0 for padding
+    slots, which HF's pooler fills with zeros), valid when a real patch
+    lies there."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.config = _Obj(
+            pooling_kernel_size=GEMMA4_KERNEL,
+            patch_size=GEMMA4_PATCH,
+            num_channels=3,
+            standardize=False,
+        )
+        self.patch_embedder = lambda pv, ids, pad: patch_embedding(
+            pv.reshape(-1, pv.shape[-1]), torch.float32
+        ).reshape(pv.shape[0], pv.shape[1], WIDTH)
+        self.encoder = lambda inputs_embeds, attention_mask, pixel_position_ids: _Obj(
+            last_hidden_state=inputs_embeds
+        )
+
+    def pooler(
+        self, hidden_states, pixel_position_ids, padding_positions, output_length
+    ):
+        self.calls.append({"output_length": output_length})
+        k2 = GEMMA4_KERNEL**2
+        rows = hidden_states.shape[0]
+        slots = hidden_states.reshape(rows, output_length, k2, WIDTH)
+        real = (~padding_positions).reshape(rows, output_length, k2)
+        pooled = (slots * real[..., None]).sum(2) / k2
+        return pooled, real.any(-1)
+
+
+class _Gemma4EmbedVision:
+    """``embed_vision``: the projection to the text width, a shift here."""
+
+    embedding_projection = _Obj(weight=torch.zeros(1))
+
+    def __call__(self, inputs_embeds: torch.Tensor) -> torch.Tensor:
+        return inputs_embeds + 1
+
+
+@functools.cache
+def gemma4_host_class() -> type:
+    """A host class with vLLM's Gemma 4 mixin (its capture axis of row
+    widths, its replay-built gather index); the eager image and video paths
+    are not taken (they need the HF tower)."""
+    code = _wheel_code({})
+    return code.klass(
+        GEMMA4,
+        "Gemma4ForConditionalGeneration",
+        [
+            m
+            for m in _defined(code, GEMMA4, "Gemma4ForConditionalGeneration")
+            if m != "encoder_eager_forward"
+        ],
+        bases=(_protocol(code),),
+    )
+
+
+def gemma4_host(max_soft_tokens: int = 280) -> Any:
+    """A Gemma 4 host whose model-level ``max_soft_tokens`` is the
+    checkpoint's 280 (``vision_config.default_output_length``)."""
+    host = gemma4_host_class()()
+    host.config = _Obj(
+        vision_config=_Obj(
+            default_output_length=max_soft_tokens, pooling_kernel_size=GEMMA4_KERNEL
+        ),
+        text_config=_Obj(hidden_size=WIDTH),
+    )
+    host.multimodal_config = MultiModalConfig()
+    host.vision_tower = _Gemma4VisionTower()
+    host.model_dtype = torch.float32
+    host.embed_vision = _Gemma4EmbedVision()
+    return host
+
+
+def gemma4_frames(grids: list[tuple[int, int]], max_soft_tokens: int):
+    """Frames (or images) as HF's processor pads them: each to
+    ``max_soft_tokens * k²`` patches, the ``h x w`` real ones first (with
+    their positions), the rest at position -1."""
+    patches = max_soft_tokens * GEMMA4_KERNEL**2
+    columns = 3 * GEMMA4_PATCH**2
+    pixels = torch.zeros(len(grids), patches, columns)
+    positions = torch.full((len(grids), patches, 2), -1, dtype=torch.long)
+    for i, (h, w) in enumerate(grids):
+        ys, xs = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+        positions[i, : h * w] = torch.stack([xs.flatten(), ys.flatten()], -1)
+        gen = torch.Generator().manual_seed(i)
+        pixels[i, : h * w] = torch.randn(h * w, columns, generator=gen)
+    return pixels, positions
+
+
+def gemma4_processing_count(info: Any, width: int, height: int, max_soft: int) -> int:
+    """vLLM's ``Gemma4ProcessingInfo._compute_num_soft_tokens`` (the prompt's
+    placeholders for an image or frame) on ``info`` (its HF config)."""
+    code = _wheel_code({})
+    helper = code.klass(
+        GEMMA4,
+        "Gemma4ProcessingInfo",
+        ["_compute_num_soft_tokens"],
+        exclude=["get_hf_config"],
+    )
+    return helper._compute_num_soft_tokens(info, width, height, max_soft)
