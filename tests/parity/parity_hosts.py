@@ -1530,3 +1530,86 @@ def gemma4_processing_count(info: Any, width: int, height: int, max_soft: int) -
         exclude=["get_hf_config"],
     )
     return helper._compute_num_soft_tokens(info, width, height, max_soft)
+
+
+# ---------------------------------------------------------------------------
+# MiniCPM-V (2.6)
+# ---------------------------------------------------------------------------
+
+MINICPMV = "vllm.model_executor.models.minicpmv"
+#: The fake MiniCPM-V's patch side; its slices are at most 70 x 70 patches
+#: (image_size 140), as the released 980 / 14.
+MINICPMV_PATCH = 2
+MINICPMV_QUERIES = 64
+
+
+class _MiniCPMVTower(Recorder):
+    """``vpm`` and ``resampler`` as shape-keeping fakes: each slice becomes
+    ``query_num`` rows of its pixels' mean."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embeddings = _Obj(
+            image_size=70 * MINICPMV_PATCH, patch_size=MINICPMV_PATCH
+        )
+        self._weight = torch.zeros(1)
+
+    def parameters(self):
+        yield self._weight
+
+    def __call__(self, pixel_values, patch_attention_mask=None, tgt_sizes=None):
+        self.calls.append({"pixel_values": _snapshot(pixel_values)})
+        slices = pixel_values.shape[0]
+        return (
+            pixel_values.reshape(slices, -1, 1)
+            .mean(1, keepdim=True)
+            .expand(slices, 4, WIDTH)
+        )
+
+    def resample(self, embeddings, tgt_sizes):
+        return embeddings[:, :1, :].expand(-1, MINICPMV_QUERIES, -1)
+
+
+@functools.cache
+def minicpmv_host_class() -> type:
+    """A host class with vLLM's MiniCPM-V mixin (capture axis of patch grids,
+    select-time repacking); not its eager path."""
+    # `import torch` and `import torch.types` both bind torch.
+    code = _wheel_code({MINICPMV: {"torch": torch}})
+    mixin = "_MiniCPMVEncoderCudaGraphMixin"
+    return code.klass(
+        MINICPMV,
+        mixin,
+        [
+            m
+            for m in _defined(code, MINICPMV, mixin)
+            if m not in ("encoder_eager_forward", "get_max_frames_per_video")
+        ],
+        bases=(_protocol(code),),
+        exclude=["get_max_frames_per_video"],
+    )
+
+
+def minicpmv_host(max_frames_per_video: int = 1) -> Any:
+    """A MiniCPM-V 2.6 host: 64 queries per slice, at most 9 slices besides
+    the thumbnail by its HF config (``max_slice_num``)."""
+    host = minicpmv_host_class()()
+    host.version = (2, 6)
+    host.config = _Obj(query_num=MINICPMV_QUERIES, max_slice_num=9)
+    host.embed_dim = WIDTH
+    host.vpm = _MiniCPMVTower()
+    host.resampler = host.vpm.resample
+    host.get_max_frames_per_video = lambda: max_frames_per_video
+    return host
+
+
+def minicpmv_image(slices: list[tuple[int, int]]) -> dict[str, Any]:
+    """One image as the processor gives it: per slice a ``(3, p, h*w*p)``
+    tensor (one row of patches) and its ``(h, w)`` in ``tgt_sizes``."""
+    p = MINICPMV_PATCH
+    gen = torch.Generator().manual_seed(len(slices))
+    pixels = [torch.randn(3, p, h * w * p, generator=gen) for h, w in slices]
+    return {
+        "pixel_values": [pixels],
+        "tgt_sizes": [torch.tensor(slices, dtype=torch.int64)],
+    }

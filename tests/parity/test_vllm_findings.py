@@ -272,3 +272,24 @@ def test_gemma4_video_frames_shift_by_their_empty_pool_slots() -> None:
     assert gather[64:71].tolist() == list(range(64, 71))
     valid = (positions != -1).all(-1).reshape(2, 70, 9).any(-1).reshape(-1)
     assert not valid[gather[64:70]].any() and valid[gather[70]]
+
+
+def test_minicpmv_slices_beyond_the_config_clamp_fail_at_replay() -> None:
+    """The capture holds min(budget // query_num, max_batch_size *
+    (max_slice_num + 1)) slices, with max_slice_num from the HF config (9),
+    while the processor honours a request's max_slice_nums. With a user-set
+    max_vision_items_per_batch of 1, a 16-slice image and its thumbnail (17
+    slices, 1088 tokens) fit the budget-2048 graph, which holds 10 slices."""
+    host = hosts.minicpmv_host()
+    manager = _runtime_manager(host, [2048], 1)
+    manager.capture()
+    batch = hosts.minicpmv_image([(32, 32)] * 17)
+    (spec,) = host.get_encoder_cudagraph_item_specs(batch)
+    assert spec.output_tokens == 17 * 64 <= 2048
+    for _, graph in manager.budget_graphs["default"].items():
+        assert graph.input_buffers["minicpmv_pixel_values"].shape[0] == 10
+    # Ten slices replay; seventeen do not fit the captured buffer.
+    (ten,) = manager.execute(hosts.minicpmv_image([(32, 32)] * 10))
+    assert ten.shape[0] == 10 * 64
+    with pytest.raises(RuntimeError, match="must match the size"):
+        manager.execute(batch)
