@@ -173,10 +173,6 @@ class MiniMaxM3EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
     ) -> dict[str, Any]:
         """The sub-batch ``indices`` (in that order), as valid input to every
         other method; an empty ``indices`` gives empty tensors."""
-        from vllm.v1.worker.encoder_cudagraph_defs import (
-            ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG,
-        )
-
         image_grid_thw = self._grid_rows(mm_kwargs, "image_grid_thw")
         return {
             "pixel_values": _select_rows(

@@ -35,7 +35,9 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
         "entries": entries,
         "axes": bool(spec.capture_axes),
         "axes_import": (
-            PROTOCOL_MODULES[target]["defs"] if spec.local_defs_import else None
+            PROTOCOL_MODULES[target]["defs"]
+            if spec.capture_axes and spec.local_defs_import
+            else None
         ),
     }
     ctx["constants"] = body.bindings()

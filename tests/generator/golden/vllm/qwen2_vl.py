@@ -161,10 +161,6 @@ class Qwen2VLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
     ) -> dict[str, Any]:
         """The sub-batch ``indices`` (in that order), as valid input to every
         other method; an empty ``indices`` gives empty tensors."""
-        from vllm.v1.worker.encoder_cudagraph_defs import (
-            ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG,
-        )
-
         keys = self._modality_keys(mm_kwargs)
         image_grid_thw = self._grid_rows(mm_kwargs, keys["image_grid_thw"])
         return {
