@@ -28,13 +28,13 @@ def _concat(spec: MixinSpec) -> dict[str, Any]:
     loads = Loads(spec)
     rows = []
     keys: list[str] = []
-    for path in spec.paths:
+    for path in spec.concatenation:
         assert path.output_tokens is not None  # noqa: S101 (a named path)
         value, used = per_item_list(spec, body, path.output_tokens)
         keys += [k for k in used if k not in keys]
         rows.append({"name": repr(path.name), "value": value})
     ctx = {
-        "names": ", ".join(p.name for p in spec.paths),
+        "names": ", ".join(p.name for p in spec.concatenation),
         "grids": [loads.item(k, "batch_mm_kwargs") for k in keys],
         "rows": rows,
         "no_kwargs": plain_message(

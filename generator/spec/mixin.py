@@ -257,6 +257,15 @@ class MixinSpec:
         return self.paths[0].named
 
     @property
+    def concatenation(self) -> tuple[EncoderPath, ...]:
+        """The paths in the order an item's rows are concatenated (a spec
+        with paths): ``postprocess.concatenate``, else the paths' order."""
+        order = self.postprocess.concatenate if self.postprocess else None
+        if order is None:
+            return self.paths
+        return tuple(next(p for p in self.paths if p.name == n) for n in order)
+
+    @property
     def buffers(self) -> tuple:
         """Every path's buffers, in path order (``buffer_keys``)."""
         return tuple(b for p in self.paths for b in p.buffers)
@@ -392,6 +401,7 @@ class MixinSpec:
             flats=flats,
             imports={i.name: i for i in imports},
             host={h.name: h for h in host},
+            paths=paths if r.has("paths") else None,
         )
         if r.has("paths"):
             _check_items_with_paths(r)
@@ -489,12 +499,13 @@ def _check_items_with_paths(r: Reader) -> None:
                     "with paths, each path's output_tokens is what its budgets "
                     "count and its graph emits per item",
                 )
-    if r.has("postprocess"):
+    post = r.raw("postprocess")
+    if post is not None and post.kind == "mapping" and "span_assembly" in post.value:
         r.ctx.error(
-            r.key_location("postprocess"),
-            "postprocess",
+            post.key_locations["span_assembly"],
+            "postprocess.span_assembly",
             "span assembly reads the default path's rows: a spec with paths "
-            "concatenates each item's rows of every path (in paths order)",
+            "concatenates each item's rows of every path (postprocess.concatenate)",
         )
 
 
@@ -617,7 +628,13 @@ def _check_graph_rows(r: Reader, items: Items | None, post) -> None:
             "graph_rows only goes with a postprocess that turns graph rows into "
             "output tokens",
         )
-    if r.has("postprocess") and not has_graph_rows:
+    post_node = r.raw("postprocess")
+    span = (
+        post_node is not None
+        and post_node.kind == "mapping"
+        and "span_assembly" in post_node.value
+    )
+    if span and not has_graph_rows:
         r.error(
             "postprocess",
             "span assembly needs items.graph_rows (graph rows per item)",

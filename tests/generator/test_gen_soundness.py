@@ -405,7 +405,8 @@ def test_postprocess_concatenates_the_paths(paths_world: SpecWorld, seed: int) -
     indices = rng.sample(range(4), rng.randint(1, 4))
     chosen = [items[i] for i in indices]
     rows = {
-        p.name: [world.path_rows(it)[p.name] for it in chosen] for p in world.spec.paths
+        p.name: [world.path_rows(it)[p.name] for it in chosen]
+        for p in world.spec.concatenation
     }
     # Row r of item position j on path p holds (p, j, r); a padded tail after.
     outputs = {}

@@ -908,6 +908,21 @@ valid_case(
     ("    allow_zero_tokens: true\n", "    allow_zero: true\n"),
     ("    output_tokens: global_tokens\n", ""),
 )
+# The concatenation order names a path twice and leaves one out; a spec
+# without paths has nothing to concatenate.
+valid_case(
+    "path_concatenate_order",
+    "two_paths",
+    ("  concatenate: [local, global]\n", "  concatenate: [local, local]\n"),
+)
+valid_case(
+    "concatenate_without_paths",
+    "flat_own_rows",
+    (
+        "out_hidden_size: vision.out_hidden_size\n",
+        "out_hidden_size: vision.out_hidden_size\n\npostprocess:\n  concatenate: [default]\n",
+    ),
+)
 # -- capture axes (capture_axes:) ----------------------------------------------------
 # No key holds the largest grid an item can have: a batch would select a key
 # that was never captured (Gemma 4's per-request max_soft_tokens).
