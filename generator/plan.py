@@ -31,6 +31,7 @@ from generator.static_checks import (
     dummy_item,
     flat_rows,
     item_values,
+    unit_scope,
 )
 
 # vLLM's defaults for the two limits that bound the largest budget; the
@@ -80,8 +81,8 @@ class BufferPlan:
 @dataclass
 class BudgetPlan:
     budget: int
-    k: int
-    rows: int
+    k: int | None  # None for a unit capture (no dummy items)
+    rows: int | None
     dummy: dict[str, list[int]]
     buffers: list[BufferPlan] = field(default_factory=list)
     axis_keys: tuple = ()  # the capture axes' keys of this graph
@@ -89,6 +90,8 @@ class BudgetPlan:
     def with_axis_keys(self, keys: tuple) -> BudgetPlan:
         self.axis_keys = keys
         return self
+
+    units: int | None = None  # a unit capture's views
 
     @property
     def total_bytes(self) -> int:
@@ -110,6 +113,7 @@ def _budget_json(p: BudgetPlan) -> dict[str, Any]:
         "budget": p.budget,
         "k": p.k,
         "rows": p.rows,
+        "units": p.units,
         "dummy": p.dummy,
         "axis_keys": list(p.axis_keys),
         "buffers": [b.__dict__ for b in p.buffers],
@@ -262,6 +266,8 @@ def make_plan(
 def _budget_plan(spec, path, env, budget, limits, dtype, unknown) -> BudgetPlan:
     """What ``path``'s graph of ``budget`` captures (``env``: with the dims of
     its capture-axis keys; ``limits``: max_batch_size, max_frames_per_batch)."""
+    if path.capture.of_units:
+        return _unit_budget_plan(path, env, budget, limits, dtype, unknown)
     mbs, mfpb = limits
     arithmetic = Arithmetic.of(spec, path)
     rounding = path.capture.rounding
@@ -285,6 +291,18 @@ def _budget_plan(spec, path, env, budget, limits, dtype, unknown) -> BudgetPlan:
     return plan
 
 
+def _unit_budget_plan(path, env, budget, limits, dtype, unknown) -> BudgetPlan:
+    """A unit capture's buffers for one budget: every shape over ``units``."""
+    mbs, mfpb = limits
+    scope = unit_scope(env, budget, mbs, mfpb)
+    units = evaluate(path.capture.units, scope)
+    scope["units"] = units
+    plan = BudgetPlan(budget, None, None, {}, units=units)
+    for buf in path.buffers:
+        plan.buffers.append(_buffer_plan(buf, scope, dtype, unknown))
+    return plan
+
+
 def _needed_names(spec: MixinSpec) -> set[str]:
     needed: set[str] = (
         set(names_in(spec.budget.min))
@@ -295,6 +313,8 @@ def _needed_names(spec: MixinSpec) -> set[str]:
         for _, exprs in path.capture.dummy:
             for e in exprs:
                 needed |= names_in(e)
+        if path.capture.units is not None:
+            needed |= names_in(path.capture.units)
         if path.min_token_budget is not None:
             needed |= names_in(path.min_token_budget)
     return needed
@@ -382,9 +402,12 @@ def format_plan(plan: Plan) -> str:
         dummy = ", ".join(f"{k}={v}" for k, v in p.dummy.items())
         keys = f", axis keys {p.axis_keys}" if p.axis_keys else ""
         lines.append("")
-        lines.append(
-            f"budget {p.budget}{keys}: k={p.k}, rows={p.rows}, dummy item {dummy} x {plan.max_batch_size}"
-        )
+        if p.units is not None:
+            lines.append(f"budget {p.budget}{keys}: units={p.units}")
+        else:
+            lines.append(
+                f"budget {p.budget}{keys}: k={p.k}, rows={p.rows}, dummy item {dummy} x {plan.max_batch_size}"
+            )
         for b in p.buffers:
             shape = (
                 "?"

@@ -79,9 +79,11 @@ def _dummies(spec: MixinSpec, path: EncoderPath, body: Body) -> list[dict[str, A
     return out
 
 
-def _tensor(body: Body, t: CaptureTensor) -> dict[str, Any]:
-    # In its own shape, ``rows`` is the input's rows in the dummy batch.
-    names = {"rows": f"{t.key}_rows"} if t.flat.own_rows else None
+def _tensor(body: Body, t: CaptureTensor, of_units: bool) -> dict[str, Any]:
+    # In its own shape, ``rows`` is the input's rows in the dummy batch (a
+    # unit capture has no dummy batch: its shapes use ``units``).
+    own_rows = t.flat.own_rows and not of_units
+    names = {"rows": f"{t.key}_rows"} if own_rows else None
     return {
         "key": t.key,
         "rows": (
@@ -89,7 +91,7 @@ def _tensor(body: Body, t: CaptureTensor) -> dict[str, Any]:
                 "name": f"{t.key}_rows",
                 "value": times("max_batch_size", body, t.flat.rows),
             }
-            if t.flat.own_rows
+            if own_rows
             else None
         ),
         "fill": t.fill.value,
@@ -137,14 +139,19 @@ def _path_body(spec: MixinSpec, path: EncoderPath) -> dict[str, Any]:
         "why": comment_lines(capture.why),
         "k_counts": "Budget tokens" if budget_tokens else "Output tokens",
         "floor": capture.rounding is Rounding.FLOOR,
+        "units": body.expr(capture.units) if capture.of_units else None,
         "dummies": _dummies(spec, path, body),
         "frames_per_item": any(
             "frames_per_item" in fx.names_in(e)
             for _, exprs in capture.dummy
             for e in exprs
         ),
-        "rows": times("max_batch_size", body, spec.items.input_size),
-        "tensors": [_tensor(body, t) for t in capture.tensors],
+        "rows": (
+            None
+            if capture.of_units
+            else times("max_batch_size", body, spec.items.input_size)
+        ),
+        "tensors": [_tensor(body, t, capture.of_units) for t in capture.tensors],
         "builders": builder_calls(path, body, "capture"),
         "padded": [_padded(body, b) for b in padded],
         "allocated": [_allocated(body, b) for b in path.buffers if b.allocate],
@@ -155,6 +162,12 @@ def _path_body(spec: MixinSpec, path: EncoderPath) -> dict[str, Any]:
     }
     ctx["constants"] = body.bindings()
     return ctx
+
+
+def _units_doc(spec: MixinSpec) -> str:
+    """Whether ``all``, ``some`` or ``none`` of the paths capture views."""
+    units = [p.capture.of_units for p in spec.paths]
+    return "all" if all(units) else "some" if any(units) else "none"
 
 
 def context(spec: MixinSpec, target: str) -> dict[str, Any]:
@@ -176,5 +189,6 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
             else None
         ),
         axes=capture_context(spec),
+        units=_units_doc(spec),
     )
     return ctx

@@ -434,6 +434,34 @@ class SpecWorld:
                 break
         return items
 
+    def largest_item(
+        self, budget: int, path: EncoderPath | None = None
+    ) -> dict[str, int] | None:
+        """One item with as many budget tokens (on ``path``) as ``budget``
+        allows (each dim grown in turn), or None when even the smallest does
+        not fit."""
+        step = self.dim_step()
+        item = {d: step for g in self.spec.item_inputs for d in g.dims}
+
+        def fits(candidate: dict[str, int]) -> bool:
+            return self.item_values(candidate, path)["budget_tokens"] <= budget
+
+        if not fits(item):
+            return None
+        items = self.spec.items.on_path(path.output_tokens if path else None)
+        counted = fx.names_in(items.budget_tokens or items.output_tokens)
+        for dim in (d for d in item if d in counted):
+            grow = step
+            while grow >= step:
+                trial = {**item, dim: item[dim] + grow}
+                if fits(trial) and trial[dim] <= budget * step:
+                    item = trial
+                    grow *= 2
+                else:
+                    grow //= 2
+                    grow -= grow % step
+        return item
+
     def k(self, budget: int, mbs: int, path: EncoderPath) -> int:
         return per_item_tokens(budget, mbs, path.capture.rounding)
 

@@ -193,6 +193,29 @@ def dummy_items(world: SpecWorld, budget: int, mbs: int, mfpb: int, path, axis_k
     return [dict(item) for _ in range(mbs)], names
 
 
+def unit_names(
+    world: SpecWorld, budget: int, mbs: int, mfpb: int, path, axis_keys=()
+) -> dict:
+    """The names of a unit capture's shapes, ``units`` from its formula."""
+    names = {
+        "token_budget": budget,
+        "max_batch_size": mbs,
+        "max_frames_per_batch": mfpb,
+        **world.axis_dims(axis_keys),
+    }
+    return {**names, "units": world.value(path.capture.units, **names)}
+
+
+def check_unit_capture(world: SpecWorld, path, values, names: dict) -> None:
+    """Every buffer of a unit capture has its declared shape over ``units``."""
+    for buf in path.buffers:
+        exprs = buf.source.shape if is_capture_tensor(buf) else buf.shape
+        if exprs is None or buf.host_scalar:
+            continue
+        shape = [world.value(e, **names) for e in exprs]
+        assert list(values[buf.key].shape) == shape, buf.key
+
+
 @pytest.mark.parametrize(("budget", "mbs", "mfpb"), CAPTURES)
 def test_capture_inputs(world: SpecWorld, budget: int, mbs: int, mfpb: int) -> None:
     for path in world.spec.paths:
@@ -206,6 +229,10 @@ def check_capture_inputs(
     host = world.host()
     values = capture(world, host, budget, mbs, mfpb, path, axis_keys)
     assert list(values) == [b.key for b in path.buffers]
+    if path.capture.of_units:
+        names = unit_names(world, budget, mbs, mfpb, path, axis_keys)
+        check_unit_capture(world, path, values, names)
+        return
     dummy, names = dummy_items(world, budget, mbs, mfpb, path, axis_keys)
     dims = dummy[0]
     rows = mbs * world.item_values(dims)["input_size"]
@@ -296,13 +323,21 @@ def test_replay_buffers(
 def check_replay_buffers(world, path, rng, budget: int, mbs: int, mfpb: int):
     host = world.host()
     config = host.get_encoder_cudagraph_config()
-    for _ in range(3):
-        items = world.fitting_items(rng, budget, mbs, path)
+    # Random batches, and the one item with the most budget tokens that fits.
+    largest = world.largest_item(budget, path)
+    batches = [world.fitting_items(rng, budget, mbs, path) for _ in range(3)]
+    for items in batches + ([[largest]] if largest else []):
         # The graph of the keys the batch selects.
         keys = world.selected_axis_keys(items) if world.spec.capture_axes else ()
         captured = capture(world, host, budget, mbs, mfpb, path, keys)
-        dummy = dummy_items(world, budget, mbs, mfpb, path, keys)[0][0]
-        rows_captured = mbs * world.item_values(dummy)["input_size"]
+        rows_captured = (
+            None  # a unit capture pads no offsets
+            if path.capture.of_units
+            else mbs
+            * world.item_values(
+                dummy_items(world, budget, mbs, mfpb, path, keys)[0][0]
+            )["input_size"]
+        )
         batch = world.batch(items)
         replay = host.prepare_encoder_cudagraph_replay_buffers(
             batch, mbs, mfpb, path.name

@@ -3,7 +3,7 @@
 # Do not edit: change the spec or the templates and run
 # `gen-mixin specs/deepseek_v41.yaml`.
 # spec-sha256: 1f04a1f9e4d05b0cc183f1fd2e61be9e931a352547d22961423cf6479bb8e992
-# templates-sha256: 1e7062f1dc980bf4595fbd439545404664cdf6cf5c18f78fe6b72d66f25d47c5
+# templates-sha256: e72651215a374b0bc4a94c4c28c27cb215718d9a6f943720aef105171bdc473d
 
 import itertools
 import weakref
