@@ -224,6 +224,8 @@ class ModelParity:
     make_batch: Callable[..., dict[str, Any]]
     random_grid: Callable[[torch.Generator, str], tuple[int, ...]]
     frames: Callable[[tuple[int, ...]], int]
+    #: The encoder paths of the config, in order.
+    paths: tuple[str, ...] = ("default",)
 
     def hosts(self, settings: HostSettings = HostSettings()) -> tuple[Any, Any]:
         """(vLLM's host, ours), built alike from ``settings``."""
@@ -1059,19 +1061,39 @@ def compare(
     from parity_testlib import differences, observe
 
     vllm_host, our_host = model.hosts(settings)
-    return differences(
-        observe(lambda: run(vllm_host)), observe(lambda: run(our_host)), label
-    )
+
+    def seeded(host: Any) -> Any:
+        # Random capture fills (``randn``) draw alike on both sides.
+        torch.manual_seed(0)
+        return observe(lambda: run(host))
+
+    return differences(seeded(vllm_host), seeded(our_host), label)
 
 
-def capture_view(host: Any, case: CaptureCase) -> dict[str, Any]:
-    """The capture inputs of ``case`` and what the capture forward saw."""
-    values = host.prepare_encoder_cudagraph_capture_inputs(
-        case.budget, case.max_batch_size, case.max_frames_per_batch, CPU, torch.float32
+def _capture(
+    host: Any, case: CaptureCase, path: str = "default", axis_keys: tuple = ()
+) -> dict[str, torch.Tensor]:
+    """``path``'s capture inputs of ``case``, called as the manager calls."""
+    return host.prepare_encoder_cudagraph_capture_inputs(
+        case.budget,
+        case.max_batch_size,
+        case.max_frames_per_batch,
+        CPU,
+        torch.float32,
+        path,
+        axis_keys,
     ).values
+
+
+def capture_view(
+    host: Any, case: CaptureCase, path: str = "default", axis_keys: tuple = ()
+) -> dict[str, Any]:
+    """The capture inputs of ``case`` (on ``path``, for ``axis_keys``) and
+    what the capture forward saw."""
+    values = _capture(host, case, path, axis_keys)
     tower = model_tower(host)
     tower.reset()
-    out = host.encoder_cudagraph_forward(dict(values))
+    out = host.encoder_cudagraph_forward(dict(values), path=path)
     return {
         "values": dict(values),
         "forward": {
@@ -1089,44 +1111,69 @@ def model_tower(host: Any) -> Recorder:
     return towers[0]
 
 
-def replay_view(
-    host: Any, case: CaptureCase, batches: list[dict[str, Any]]
-) -> list[dict[str, Any]]:
-    """Replays of ``batches`` (in order) into one capture of ``case``: each
-    replay's values, the captured buffers after the manager's copy, what the
-    forward saw and the items' final rows."""
-    from parity_testlib import copy_replay_into_captured
+def path_tokens(host: Any, batch: dict[str, Any], path: str) -> int:
+    """The batch's rows on ``path`` (0: the manager skips the path)."""
+    specs = host.get_encoder_cudagraph_item_specs(batch)
+    return sum(int(s.get_path_output_tokens(path)) for s in specs)
 
+
+def replay_view(
+    host: Any,
+    case: CaptureCase,
+    batches: list[dict[str, Any]],
+    paths: tuple[str, ...] = ("default",),
+) -> list[dict[str, Any]]:
+    """Replays of ``batches`` (in order) into one capture of ``case`` per
+    path: per path with rows, the replay's values, the captured buffers after
+    the manager's copy and what the forward saw; then the items' final rows
+    from every path's output."""
     config = host.get_encoder_cudagraph_config()
-    captured = host.prepare_encoder_cudagraph_capture_inputs(
-        case.budget, case.max_batch_size, case.max_frames_per_batch, CPU, torch.float32
-    ).values
-    rows = next(iter(captured.values())).shape[0]
-    tower = model_tower(host)
+    captured = {p: _capture(host, case, p) for p in paths}
     views = []
     for batch in batches:
-        replay = host.prepare_encoder_cudagraph_replay_buffers(
-            batch, case.max_batch_size, case.max_frames_per_batch
-        ).values
-        # None and an absent key mean the same to the manager: left as captured.
-        view: dict[str, Any] = {
-            "replay": {k: v for k, v in replay.items() if v is not None}
-        }
-        copy_replay_into_captured(config, captured, replay)
-        view["captured"] = {k: v.clone() for k, v in captured.items()}
-        if "cu_seqlens" in captured:
-            view["cu_seqlens_tail"] = cu_seqlens_tail(captured["cu_seqlens"], rows)
-        tower.reset()
-        out = host.encoder_cudagraph_forward(dict(captured))
-        view["calls"] = list(tower.calls)
-        view["violations"] = dict(tower.violations)
-        view["items"] = postprocess_view(host, batch, out, spread=True)
+        view: dict[str, Any] = {}
+        outputs = {}
+        for p in paths:
+            if path_tokens(host, batch, p) == 0:
+                continue
+            seen, outputs[p] = _replay_path(host, case, config, captured[p], batch, p)
+            view.update(
+                {k if p == "default" else f"{p}/{k}": v for k, v in seen.items()}
+            )
+        view["items"] = postprocess_view(host, batch, outputs, spread=True)
         views.append(view)
     return views
 
 
+def _replay_path(host, case, config, captured, batch, path):
+    """One path's replay: what the manager copies and the forward sees."""
+    from parity_testlib import copy_replay_into_captured
+
+    tower = model_tower(host)
+    rows = next(iter(captured.values())).shape[0]
+    replay = host.prepare_encoder_cudagraph_replay_buffers(
+        batch, case.max_batch_size, case.max_frames_per_batch, path
+    ).values
+    # None and an absent key mean the same to the manager: left as captured.
+    view: dict[str, Any] = {
+        "replay": {k: v for k, v in replay.items() if v is not None}
+    }
+    copy_replay_into_captured(config, captured, replay)
+    view["captured"] = {k: v.clone() for k, v in captured.items()}
+    if "cu_seqlens" in captured:
+        view["cu_seqlens_tail"] = cu_seqlens_tail(captured["cu_seqlens"], rows)
+    tower.reset()
+    out = host.encoder_cudagraph_forward(dict(captured), path=path)
+    view["calls"] = list(tower.calls)
+    view["violations"] = dict(tower.violations)
+    return view, out
+
+
 def postprocess_view(
-    host: Any, batch: dict[str, Any], out: torch.Tensor, spread: bool = False
+    host: Any,
+    batch: dict[str, Any],
+    out: torch.Tensor | dict[str, torch.Tensor],
+    spread: bool = False,
 ) -> Any:
     """Each item's final rows from an encoder output, as the manager asks
     for them (``clone=True``, the batch's kwargs). ``spread`` numbers the
@@ -1140,20 +1187,28 @@ def postprocess_view(
     for idx, spec in zip(indices, specs, strict=True):
         tokens[idx] = spec.output_tokens
     dest: dict[int, torch.Tensor] = {}
+    outputs = out if isinstance(out, dict) else {"default": out}
     host.postprocess_encoder_output(
-        {"default": out}, indices, tokens, dest, clone=True, batch_mm_kwargs=batch
+        outputs, indices, tokens, dest, clone=True, batch_mm_kwargs=batch
     )
     return [dest.get(i) for i in indices]
 
 
-def eager_view(host: Any, batch: dict[str, Any]) -> dict[str, Any]:
+def eager_view(
+    host: Any, batch: dict[str, Any], paths: tuple[str, ...] = ("default",)
+) -> dict[str, Any]:
+    """The eager forward of every path with rows, and the items' rows."""
     tower = model_tower(host)
     tower.reset()
-    out = host.encoder_eager_forward(batch)
+    outputs = {
+        p: host.encoder_eager_forward(batch, path=p)
+        for p in paths
+        if path_tokens(host, batch, p)
+    }
     return {
         "calls": list(tower.calls),
         "violations": dict(tower.violations),
-        "items": postprocess_view(host, batch, out),
+        "items": postprocess_view(host, batch, outputs),
     }
 
 
@@ -1255,12 +1310,9 @@ def fitting_batch(
             len(trial) <= case.max_batch_size
             and (modality == "image" or frames <= case.max_frames_per_batch)
             and all(
-                sum(
-                    s.get_path_output_tokens("default")
-                    for s in h.get_encoder_cudagraph_item_specs(probe)
-                )
-                <= case.budget
+                path_tokens(h, probe, p) <= case.budget
                 for h in hosts
+                for p in model.paths
             )
         ):
             grids = trial
@@ -1300,15 +1352,20 @@ def compare_batches(
                     settings,
                 )
             found += compare(
-                model, f"eager[{tag}]", lambda h, b=batch: eager_view(h, b), settings
+                model,
+                f"eager[{tag}]",
+                lambda h, b=batch: eager_view(h, b, model.paths),
+                settings,
             )
     for case in plan.capture_cases:
-        found += compare(
-            model,
-            f"{prefix}capture[{case.label}]",
-            lambda h, c=case: capture_view(h, c),
-            settings,
-        )
+        for path in model.paths:
+            where = "" if path == "default" else f",{path}"
+            found += compare(
+                model,
+                f"{prefix}capture[{case.label}{where}]",
+                lambda h, c=case, p=path: capture_view(h, c, p),
+                settings,
+            )
         gen = torch.Generator().manual_seed(case.budget * 31 + case.max_batch_size)
         for modality in model.modalities:
             if modality == "video" and case.max_frames_per_batch == 0:
@@ -1321,7 +1378,7 @@ def compare_batches(
             found += compare(
                 model,
                 f"{prefix}replay[{case.label},{modality}]",
-                lambda h, c=case, b=batches: replay_view(h, c, b),
+                lambda h, c=case, b=batches: replay_view(h, c, b, model.paths),
                 settings,
             )
     return found

@@ -293,3 +293,16 @@ def test_minicpmv_slices_beyond_the_config_clamp_fail_at_replay() -> None:
     assert ten.shape[0] == 10 * 64
     with pytest.raises(RuntimeError, match="must match the size"):
         manager.execute(batch)
+
+
+def test_gemma4_unified_inherits_a_mixin_its_tower_cannot_run() -> None:
+    """Gemma4UnifiedForConditionalGeneration subclasses Gemma 4 (and so the
+    protocol) but builds no vision tower (``self.vision_tower = None``):
+    the config and budgets resolve, and the first capture, during the
+    memory profiling at startup, reads ``self.vision_tower.config``."""
+    host = hosts.gemma4_host()
+    host.vision_tower = None  # what Gemma4Unified's __init__ sets
+    manager = _runtime_manager(host, [280], 1)
+    assert manager.get_num_graphs_to_capture() == 3
+    with pytest.raises(AttributeError, match="'NoneType' object has no attribute"):
+        manager.capture()
