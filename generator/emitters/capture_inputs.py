@@ -9,7 +9,12 @@ from generator.emitters.method_body import Body, dims_of, signature, times
 from generator.emitters.prose import comment_lines, plain_message
 from generator.formulas import Ref
 from generator.naming import PROTOCOL_MODULES
-from generator.spec.capture import Buffer, CaptureTensor, MetadataBuilder
+from generator.spec.capture import (
+    Buffer,
+    CaptureTensor,
+    DtypeFallback,
+    MetadataBuilder,
+)
 from generator.spec.enums import ImageLimitGuard, PadRule, Rounding
 from generator.spec.mixin import MixinSpec
 
@@ -89,9 +94,19 @@ def _tensor(body: Body, t: CaptureTensor) -> dict[str, Any]:
         ),
         "fill": t.fill.value,
         "shape": ", ".join(body.expr(s, names) for s in t.shape),
-        "dtype": "dtype" if isinstance(t.dtype, Ref) else body.expr(t.dtype),
+        "dtype": _dtype(body, t),
         "why": comment_lines(t.why),
     }
+
+
+def _dtype(body: Body, t: CaptureTensor) -> str:
+    """The capture tensor's dtype: the manager's, a host path's, or the first
+    host path that is not None, the manager's after them."""
+    if isinstance(t.dtype, Ref):
+        return "dtype"
+    if isinstance(t.dtype, DtypeFallback):
+        return " or ".join([*(body.expr(p) for p in t.dtype.options), "dtype"])
+    return body.expr(t.dtype)
 
 
 def _allocated(body: Body, buf: Buffer) -> dict[str, str]:

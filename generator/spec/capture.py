@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -25,9 +26,84 @@ from generator.spec.values import (
     MapOf,
     Section,
     Text,
+    ValueType,
     is_name,
     parse_formula,
 )
+
+
+@dataclass(frozen=True)
+class DtypeFallback:
+    """``first_of: [host paths..., dtype]``: the first of the host paths that
+    is not ``None`` at run time, else the manager's ``dtype`` (vLLM's
+    ``visual.input_norm.input_dtype or dtype``: uint8 pixels when the input
+    normalisation is fused into the tower, the manager's dtype otherwise)."""
+
+    options: tuple[HostPath, ...]
+
+
+class CaptureDtype(ValueType):
+    """A capture tensor's dtype: ``dtype``, a host path, or ``{first_of:
+    [host path, ..., dtype]}``."""
+
+    kinds = ("string", "integer", "object")
+    words = "`dtype`, a host path, or `{first_of: [host path, ..., dtype]}`"
+
+    def __init__(self) -> None:
+        self.single = DtypeValue()
+
+    def schema(self) -> dict[str, Any]:
+        options = {"type": "array", "items": {"type": "string"}, "minItems": 2}
+        fallback = {
+            "type": "object",
+            "properties": {"first_of": options},
+            "required": ["first_of"],
+            "additionalProperties": False,
+        }
+        return {"anyOf": [self.single.schema(), fallback]}
+
+    def value(self, node, field: str, ctx, **kw: Any) -> Any:
+        if node.kind != "mapping":
+            return self.single.value(node, field, ctx, **kw)
+        return _dtype_fallback(node, field, ctx, self.single)
+
+
+def _dtype_fallback(node, field: str, ctx, single: DtypeValue) -> Any:
+    extra = [k for k in node.value if k != "first_of"]
+    for key in extra:
+        close = difflib.get_close_matches(str(key), ["first_of"], n=1)
+        hint = "; did you mean 'first_of'?" if close else " (allowed: first_of)"
+        ctx.error(
+            (node.key_locations or {}).get(key, node.location),
+            f"{field}.{key}",
+            f"unknown key{hint}",
+        )
+    options = node.value.get("first_of")
+    if options is None and extra:
+        return INVALID
+    if options is None or options.kind != "sequence":
+        ctx.error(node, f"{field}.first_of", "expected a list: [host path, ..., dtype]")
+        return INVALID
+    path = f"{field}.first_of"
+    exprs = [
+        single.convert(n, f"{path}[{i}]", ctx) for i, n in enumerate(options.value)
+    ]
+    if INVALID in exprs or extra:
+        return INVALID
+    if len(exprs) < 2 or exprs[-1] != Ref("dtype"):
+        ctx.error(
+            options,
+            path,
+            "list host paths, then dtype last: the manager's dtype is the fallback "
+            "when every host path is None",
+        )
+        return INVALID
+    if Ref("dtype") in exprs[:-1]:
+        ctx.error(
+            options, path, "dtype is never None: only the last entry may be dtype"
+        )
+        return INVALID
+    return DtypeFallback(tuple(exprs[:-1]))
 
 
 @dataclass(frozen=True)
@@ -37,7 +113,9 @@ class CaptureTensor:
     flat: FlatInput
     location: Location
     shape: tuple[Expr, ...]
-    dtype: Ref | HostPath  # Ref("dtype"): the manager's
+    #: Ref("dtype"): the manager's; a HostPath; or the first non-None of
+    #: several host paths, else the manager's.
+    dtype: Ref | HostPath | DtypeFallback
     fill: Fill
     why: str | None
 
@@ -55,8 +133,11 @@ class CaptureTensor:
         ),
         Key(
             "dtype",
-            DtypeValue(),
-            "`dtype` (the manager's) or a host path.",
+            CaptureDtype(),
+            "`dtype` (the manager's), a host path, or the first of several host "
+            "paths that is not `None` at run time with the manager's dtype last "
+            "(`{first_of: [visual.input_norm.input_dtype, dtype]}`: uint8 pixels "
+            "when the host fuses the input normalisation into the tower).",
             required=True,
             example="vision_tower.dtype",
         ),

@@ -31,11 +31,13 @@ from generator import formulas as fx
 from generator.emit import render_spec
 from generator.resolve import load_spec
 from generator.spec import Buffer, MetadataBuilder, MixinSpec, PadRule
-from generator.spec.capture import CaptureTensor
+from generator.spec.capture import CaptureTensor, DtypeFallback
 from generator.static_checks import per_item_tokens
 from genmixin_testlib import load_module_copy
 
 OUT_WIDTH = 5
+#: The dtype the last host path of a ``first_of`` capture dtype holds.
+FALLBACK_DTYPE = torch.uint8
 #: Value of host integers no constant default names (shapes over host paths).
 HOST_INT = 3
 
@@ -176,6 +178,12 @@ class SpecWorld:
         for t in spec.path.capture.tensors:
             if isinstance(t.dtype, fx.HostPath):
                 set_path(host, t.dtype.parts, torch.float32)
+            elif isinstance(t.dtype, DtypeFallback):
+                # None everywhere but the last host path: the fallback is taken.
+                *unset, last = t.dtype.options
+                for option in unset:
+                    set_path(host, option.parts, None)
+                set_path(host, last.parts, FALLBACK_DTYPE)
         guard = spec.guards.attention_backend
         if guard is not None:
             ok = guard.allow[0].value if guard.allow else "FLASH_ATTN"
@@ -438,6 +446,7 @@ def is_capture_tensor(buf: Buffer) -> bool:
 
 
 __all__ = [
+    "FALLBACK_DTYPE",
     "OUT_WIDTH",
     "FakeBuilder",
     "FakeCall",

@@ -35,7 +35,14 @@ from encoder_cudagraph_runtime.config import (  # noqa: E402
 )
 from encoder_cudagraph_runtime.manager import EncoderCudaGraphManager  # noqa: E402
 from generator.spec import FlatInput, PadRule  # noqa: E402
-from genmixin_spec_host import OUT_WIDTH, SpecWorld, is_capture_tensor  # noqa: E402
+from generator.spec.capture import DtypeFallback  # noqa: E402
+from genmixin_spec_host import (  # noqa: E402
+    FALLBACK_DTYPE,
+    OUT_WIDTH,
+    SpecWorld,
+    is_capture_tensor,
+    set_path,
+)
 from genmixin_testlib import spec_paths, valid_corpus_paths  # noqa: E402
 
 SPECS = spec_paths() + valid_corpus_paths()
@@ -193,6 +200,7 @@ def test_capture_inputs(world: SpecWorld, budget: int, mbs: int, mfpb: int) -> N
                 world.value(e, **names, rows=own, **dims) for e in buf.source.shape
             ]
             assert list(value.shape) == shape, buf.key
+            assert value.dtype == expected_dtype(buf.source), buf.key
             assert value.shape[0] >= own, f"{buf.key}: room for the dummy's rows"
         elif buf.pad is not None:
             slots = world.value(buf.slots, **names)
@@ -210,6 +218,14 @@ def test_capture_inputs(world: SpecWorld, budget: int, mbs: int, mfpb: int) -> N
         elif buf.allocate:
             shape = [world.value(e, **names, rows=rows) for e in buf.shape]
             assert list(value.shape) == shape, buf.key
+    # With every host path of a first_of None, the manager's dtype is taken.
+    for t in spec.path.capture.tensors:
+        if isinstance(t.dtype, DtypeFallback):
+            unset = world.host()
+            for option in t.dtype.options:
+                set_path(unset, option.parts, None)
+            again = capture(world, unset, budget, mbs, mfpb)
+            assert again[t.key].dtype == torch.float32, t.key
     # The dummy batch covers its budget, in budget tokens and in graph rows.
     tokens = sum(world.item_values(d)["budget_tokens"] for d in dummy)
     assert tokens >= budget
@@ -223,6 +239,15 @@ def test_capture_inputs(world: SpecWorld, budget: int, mbs: int, mfpb: int) -> N
     for fake in world.builders:
         seen = fake.items(*fake.calls[-1])
         assert seen == [{d: v for d, v in it.items() if d in seen[0]} for it in dummy]
+
+
+def expected_dtype(tensor) -> torch.dtype:
+    """The capture dtype on the spec host: float32 for the manager's dtype and
+    for host paths; a ``first_of`` takes its last host path's
+    (``FALLBACK_DTYPE``: the ones before it are None)."""
+    if isinstance(tensor.dtype, DtypeFallback):
+        return FALLBACK_DTYPE
+    return torch.float32
 
 
 def replay_into(config, captured: dict, replay: dict) -> None:

@@ -842,6 +842,28 @@ case(
     "minimax_m3",
     ("budget:\n  min: 64\n", "budget:\n  min: 64\npaths: {local: {}}\n"),
 )
+# -- capture dtype with a fallback (first_of) ------------------------------------
+FUSED_DTYPE = "dtype: {first_of: [visual.input_norm.input_dtype, dtype]}"
+case(
+    "capture_dtype_first_of_without_dtype",
+    "qwen2_vl",
+    (FUSED_DTYPE, "dtype: {first_of: [visual.input_norm.input_dtype]}"),
+)
+case(
+    "capture_dtype_first_of_dtype_not_last",
+    "qwen2_vl",
+    (FUSED_DTYPE, "dtype: {first_of: [dtype, visual.input_norm.input_dtype, dtype]}"),
+)
+case(
+    "capture_dtype_first_of_typo",
+    "qwen2_vl",
+    (FUSED_DTYPE, "dtype: {firstof: [visual.input_norm.input_dtype, dtype]}"),
+)
+case(
+    "capture_dtype_first_of_not_a_path",
+    "qwen2_vl",
+    (FUSED_DTYPE, "dtype: {first_of: [merge * 2, dtype]}"),
+)
 NOT_UTF8 = {"not_utf8": ("minimax_m3", "name: MiniMax M3", "name: MiniMax M\xe9")}
 
 
