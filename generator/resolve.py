@@ -79,8 +79,9 @@ def _arithmetic_problems(ctx: ReadContext):
     parts = ctx.partial
     constants = parts.get("constants", ())
     buffers = parts.get("buffers", ())
+    video = parts.get("video", False)
     if parts.get("items") is None or parts.get("capture") is None:
-        yield from slot_problems(constants, buffers)
+        yield from slot_problems(constants, buffers, video=video)
         return
     yield from capture_problems(
         Arithmetic(
@@ -91,6 +92,7 @@ def _arithmetic_problems(ctx: ReadContext):
             buffers,
             parts.get("sizes", ()),
             parts.get("items_resolved", True),
+            video,
         )
     )
 

@@ -130,12 +130,13 @@ FIELD_SCOPES: dict[str, FieldScope] = {
     ),
     "replay_kwargs": FieldScope(
         frozenset({_K.CONSTANT, _K.FLAT, _K.GRID}),
-        ("device", "dtype"),
+        ("device", "dtype", "max_batch_size", "max_frames_per_batch"),
         host_paths=True,
         literals=True,
     ),
     "slots": FieldScope(
-        frozenset({_K.CONSTANT}), ("max_batch_size", "max_frames_per_batch")
+        frozenset({_K.CONSTANT}),
+        ("max_batch_size", "max_frames_per_batch", "token_budget"),
     ),
     "buffer_shape": FieldScope(
         frozenset({_K.CONSTANT, _K.SIZE}), (*CAPTURE_SIZES, "max_frames_per_batch")
@@ -212,7 +213,13 @@ METHODS: dict[str, Method] = {
             "get_encoder_cudagraph_config",
             (SELF,),
             "{EncoderCudaGraphConfig}",
-            ("AttentionBackendEnum", "EncoderCudaGraphConfig", "mm_config", "backend"),
+            (
+                "AttentionBackendEnum",
+                "EncoderCudaGraphConfig",
+                "mm_config",
+                "backend",
+                "modalities",
+            ),
             spec_kinds=frozenset({_K.CONSTANT}),
         ),
         Method(
@@ -250,7 +257,9 @@ METHODS: dict[str, Method] = {
             ),
             "{EncoderCudaGraphCaptureInputs}",
             (
+                "AttentionBackendEnum",
                 "EncoderCudaGraphCaptureInputs",
+                "backend",
                 "k",
                 "frames_per_item",
                 "rows",
@@ -393,6 +402,12 @@ METHODS: dict[str, Method] = {
             (Param("dst", "torch.Tensor"), Param("src", "torch.Tensor")),
             "None",
             ("n",),
+        ),
+        Method(
+            "_pad_flashinfer_sections",
+            (Param("dst", "torch.Tensor"), Param("src", "torch.Tensor")),
+            "None",
+            ("n", "half"),
         ),
     )
 }

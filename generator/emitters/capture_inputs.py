@@ -5,7 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from generator import formulas as fx
-from generator.emitters.method_body import Body, dims_of, signature, times
+from generator.emitters.method_body import (
+    Body,
+    dims_of,
+    optional_note,
+    signature,
+    times,
+)
 from generator.emitters.prose import comment_lines, plain_message
 from generator.formulas import Ref
 from generator.naming import PROTOCOL_MODULES
@@ -128,7 +134,21 @@ def _padded(body: Body, buf: Buffer) -> dict[str, Any]:
         "slots": body.expr(buf.slots),
         "source": builder_value(buf),
         "register": buf.pad is PadRule.TRAILING_SEQUENCE,
+        # Under FlashInfer the builder's two-section layout is kept as built.
+        "sections": bool(buf.pad_by_backend),
     }
+
+
+def _sections_backend(spec: MixinSpec) -> str | None:
+    """The backend under which some pad buffer keeps the builder's
+    FlashInfer sections (the model allows FLASHINFER only)."""
+    backends = {
+        backend.value
+        for buf in spec.path.pad_buffers
+        for backend, rule in buf.pad_by_backend
+        if rule is PadRule.FLASHINFER_SECTIONS
+    }
+    return backends.pop() if backends else None
 
 
 def context(spec: MixinSpec, target: str) -> dict[str, Any]:
@@ -143,10 +163,17 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
             entries.append({"key": buf.key, "value": buf.key})
         else:
             entries.append({"key": buf.key, "value": builder_value(buf)})
+    sections = _sections_backend(spec)
+    guard = spec.guards.attention_backend
     ctx: dict[str, Any] = {
         "signature": signature(spec, "prepare_encoder_cudagraph_capture_inputs"),
         "defs_local": spec.local_defs_import,
         "defs_module": PROTOCOL_MODULES[target]["defs"],
+        "backends_module": PROTOCOL_MODULES[target]["backends"],
+        "sections": sections,
+        "backend_path": (
+            body.expr(guard.path) if sections and guard is not None else None
+        ),
         "image_limit": (
             plain_message(
                 f"cudagraph_mm_encoder requires the {spec.display_name} vision "
@@ -176,6 +203,7 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
             body.expr(capture.graph_rows) if capture.graph_rows is not None else None
         ),
         "entries": entries,
+        "optional": comment_lines(optional_note(spec)),
     }
     ctx["constants"] = body.bindings()
     return ctx

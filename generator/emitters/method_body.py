@@ -126,3 +126,16 @@ class Loads:
         item = self.spec.item_input(key)
         reader = "_counts" if item is not None and item.is_count else "_grid_rows"
         return {"name": key, "value": f"self.{reader}({source}, {self.key(key)})"}
+
+
+def optional_note(spec: MixinSpec) -> str | None:
+    """Why some buffers may be None (a comment)."""
+    keys = [b.key for b in spec.path.buffers if b.optional]
+    if not keys:
+        return None
+    verb = "is" if len(keys) == 1 else "are"
+    return (
+        f"{', '.join(keys)} {verb} None where the builder does not need "
+        f"{'it' if len(keys) == 1 else 'them'} (other attention backends): the "
+        "manager skips a None buffer."
+    )

@@ -192,6 +192,8 @@ class SpecWorld:
             set_path(host, guard.path.parts, getattr(AttentionBackendEnum, ok))
         if isinstance(spec.out_hidden_size, fx.HostPath):
             set_path(host, spec.out_hidden_size.parts, OUT_WIDTH)
+        if spec.capture_off is not None:
+            set_path(host, spec.capture_off.when.parts, False)
         for name in spec.host_methods:
             frames = self.env.get("max_frames_per_video", 2)
             setattr(host, name, lambda frames=frames: frames)
@@ -216,6 +218,7 @@ class SpecWorld:
         ]
         for b in path.metadata:
             exprs += [b.call, *(v for _, v in b.capture_kwargs + b.replay_kwargs)]
+            exprs += [v for _, kw in b.replay_by_modality for _, v in kw]
         exprs += [s.expr for s in path.graph_forward + path.eager_forward.steps]
         paths = {p for e in exprs for p in fx.host_paths_in(e)}
         callees = {
@@ -396,7 +399,10 @@ class FakeBuilder:
         out = {}
         for key in self.builder.provides:
             buf = self.world.spec.path.buffer(key)
-            out[key] = self.tensor(buf, items, kwargs, device, dtype)
+            # An optional buffer is None, as under the backends that need none.
+            out[key] = (
+                None if buf.optional else self.tensor(buf, items, kwargs, device, dtype)
+            )
         return out
 
     def tensor(self, buf: Buffer, items, kwargs, device, dtype) -> torch.Tensor:

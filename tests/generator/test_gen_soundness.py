@@ -28,6 +28,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from encoder_cudagraph_runtime.attention_backends import (  # noqa: E402
+    AttentionBackendEnum,
+)
 from encoder_cudagraph_runtime.config import (  # noqa: E402
     ModelConfig,
     SchedulerConfig,
@@ -85,6 +88,14 @@ def test_config(world: SpecWorld) -> None:
     assert config.modalities == [m.value for m in world.spec.modalities]
     special = {b.key for b in path.buffers if b.pad is not None or b.rows_dim}
     assert set(config.padding_logics) == special
+    off = world.spec.capture_off
+    if off is not None:
+        # The host flag turns capture off: no modality, one frame per video.
+        host = world.host()
+        set_path(host, off.when.parts, True)
+        config = host.get_encoder_cudagraph_config()
+        assert config.modalities == []
+        assert config.max_frames_per_video == 1
 
 
 @pytest.mark.parametrize(("tokens", "model_len"), [(8192, 8192), (2048, 32768)])
@@ -194,6 +205,9 @@ def test_capture_inputs(world: SpecWorld, budget: int, mbs: int, mfpb: int) -> N
     rows = mbs * world.item_values(dims)["input_size"]
     for buf in spec.path.buffers:
         value = values[buf.key]
+        if value is None:
+            assert buf.optional, f"{buf.key} is None but not optional"
+            continue
         if is_capture_tensor(buf):
             own = mbs * world.flat_rows(buf.key, dims)
             shape = [
@@ -302,6 +316,9 @@ def check_replayed(world, items, target, replay, rows_captured) -> None:
         if buf.key not in replay:
             continue
         src = replay[buf.key]
+        if src is None:
+            assert buf.optional and value is None, buf.key
+            continue
         if is_capture_tensor(buf):
             assert src.shape[0] == sum(world.flat_rows(buf.key, it) for it in items)
         if buf.pad is not None:
@@ -357,3 +374,35 @@ def _name(callee) -> str:
     from generator.formulas import Ref
 
     return callee.name if isinstance(callee, Ref) else callee.dotted
+
+
+# -- pad rules chosen by backend ---------------------------------------------------
+
+
+def test_flashinfer_sections(world: SpecWorld) -> None:
+    """Under FlashInfer a ``pad_by_backend`` buffer keeps the builder's
+    two-section layout at capture, and replay pads each section on its own."""
+    keys = [b.key for b in world.spec.path.buffers if b.pad_by_backend]
+    if not keys:
+        pytest.skip("no pad rule chosen by backend")
+    host = world.host()
+    guard = world.spec.guards.attention_backend
+    set_path(host, guard.path.parts, AttentionBackendEnum.FLASHINFER)
+    config = host.get_encoder_cudagraph_config()
+    values = capture(world, host, 100, 3, 3)
+    built = world.builders[0].calls[-1]
+    sections = world.module._pad_flashinfer_sections
+    for key in keys:
+        assert config.padding_logics[key] is sections
+        # Kept as the builder made it (the fake builder's plain offsets).
+        offsets = [0]
+        for item in world.builders[0].items(*built):
+            offsets.append(offsets[-1] + world.item_values(item)["input_size"])
+        assert values[key].tolist() == offsets, key
+    # Two captured sections of 5; a batch's sections of 3 (Q/K/O, then V).
+    dst = torch.full((10,), -1, dtype=torch.int32)
+    src = torch.tensor([0, 4, 6, 0, 12, 18], dtype=torch.int32)
+    sections(dst, src)
+    assert dst.tolist() == [0, 4, 6, 6, 6, 0, 12, 18, 18, 18]
+    with pytest.raises(RuntimeError, match="sections"):
+        sections(torch.zeros(4, dtype=torch.int32), src)
