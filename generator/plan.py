@@ -29,6 +29,7 @@ from generator.static_checks import (
     dummy_item,
     flat_rows,
     item_values,
+    unit_scope,
 )
 
 # vLLM's defaults for the two limits that bound the largest budget; the
@@ -78,10 +79,11 @@ class BufferPlan:
 @dataclass
 class BudgetPlan:
     budget: int
-    k: int
-    rows: int
+    k: int | None  # None for a unit capture (no dummy items)
+    rows: int | None
     dummy: dict[str, list[int]]
     buffers: list[BufferPlan] = field(default_factory=list)
+    units: int | None = None  # a unit capture's views
 
     @property
     def total_bytes(self) -> int:
@@ -118,6 +120,7 @@ class Plan:
                     "budget": p.budget,
                     "k": p.k,
                     "rows": p.rows,
+                    "units": p.units,
                     "dummy": p.dummy,
                     "buffers": [b.__dict__ for b in p.buffers],
                     "total_bytes": p.total_bytes,
@@ -180,6 +183,11 @@ def make_plan(
     arithmetic = Arithmetic.of(spec)
     rounding = spec.path.capture.rounding
     for budget in ladder:
+        if spec.path.capture.of_units:
+            per_budget.append(
+                _unit_budget_plan(spec, env, budget, mbs, mfpb, dtype, unknown)
+            )
+            continue
         dims = dummy_item(arithmetic, env, budget, mbs, mfpb)
         values = item_values(arithmetic, env, dims)
         rows = mbs * values["input_size"]
@@ -215,6 +223,17 @@ def make_plan(
     )
 
 
+def _unit_budget_plan(spec, env, budget, mbs, mfpb, dtype, unknown) -> BudgetPlan:
+    """A unit capture's buffers for one budget: every shape over ``units``."""
+    scope = unit_scope(env, budget, mbs, mfpb)
+    units = evaluate(spec.path.capture.units, scope)
+    scope["units"] = units
+    plan = BudgetPlan(budget, None, None, {}, units=units)
+    for buf in spec.path.buffers:
+        plan.buffers.append(_buffer_plan(buf, scope, dtype, unknown))
+    return plan
+
+
 def _needed_names(spec: MixinSpec) -> set[str]:
     needed: set[str] = (
         set(names_in(spec.budget.min))
@@ -224,6 +243,8 @@ def _needed_names(spec: MixinSpec) -> set[str]:
     for _, exprs in spec.path.capture.dummy:
         for e in exprs:
             needed |= names_in(e)
+    if spec.path.capture.units is not None:
+        needed |= names_in(spec.path.capture.units)
     return needed
 
 
@@ -310,9 +331,12 @@ def format_plan(plan: Plan) -> str:
     for p in plan.per_budget:
         dummy = ", ".join(f"{k}={v}" for k, v in p.dummy.items())
         lines.append("")
-        lines.append(
-            f"budget {p.budget}: k={p.k}, rows={p.rows}, dummy item {dummy} x {plan.max_batch_size}"
-        )
+        if p.units is not None:
+            lines.append(f"budget {p.budget}: units={p.units}")
+        else:
+            lines.append(
+                f"budget {p.budget}: k={p.k}, rows={p.rows}, dummy item {dummy} x {plan.max_batch_size}"
+            )
         for b in p.buffers:
             shape = (
                 "?"

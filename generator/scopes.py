@@ -41,6 +41,8 @@ class NameKind(Enum):
 BUILTIN_MEANINGS: dict[str, str] = {
     "k": "tokens of each dummy item: `token_budget / max_batch_size`, rounded as "
     "`capture.per_item_tokens` says",
+    "units": "the fixed-size views (tiles, crops, chunks) captured: "
+    "`capture.units` for this budget",
     "rows": "input rows of the dummy batch (`max_batch_size` items)",
     "token_budget": "the budget being captured",
     "max_batch_size": "the manager's item limit per batch",
@@ -94,9 +96,13 @@ class FieldScope:
 
 
 _K = NameKind
-CAPTURE_SIZES = ("k", "rows", "max_batch_size", "token_budget")
+CAPTURE_SIZES = ("k", "rows", "units", "max_batch_size", "token_budget")
 DUMMY_NAMES = ("k", "max_batch_size", "token_budget", "max_frames_per_batch")
-CAPTURE_KWARG_NAMES = (*DUMMY_NAMES, "frames_per_item", "rows")
+CAPTURE_KWARG_NAMES = (*DUMMY_NAMES, "frames_per_item", "rows", "units")
+#: Built-in names of a capture of items (``capture.dummy``), which a unit
+#: capture (``capture.units``) does not bind, and the reverse.
+ITEM_CAPTURE_NAMES = frozenset({"k", "rows", "frames_per_item"})
+UNIT_CAPTURE_NAMES = frozenset({"units"})
 
 FIELD_SCOPES: dict[str, FieldScope] = {
     "host_path": FieldScope(host_paths=True),
@@ -110,11 +116,17 @@ FIELD_SCOPES: dict[str, FieldScope] = {
         frozenset({_K.CONSTANT}), host_paths=True, calls=True
     ),
     "dummy": FieldScope(frozenset({_K.CONSTANT}), (*DUMMY_NAMES, "frames_per_item")),
+    "units": FieldScope(
+        frozenset({_K.CONSTANT}),
+        ("token_budget", "max_batch_size", "max_frames_per_batch"),
+    ),
     "tensor_shape": FieldScope(
         frozenset({_K.CONSTANT}), CAPTURE_SIZES, host_paths=True
     ),
     "tensor_dtype": FieldScope(builtins=("dtype",), host_paths=True),
-    "graph_rows": FieldScope(frozenset({_K.CONSTANT}), CAPTURE_SIZES),
+    "graph_rows": FieldScope(
+        frozenset({_K.CONSTANT}), ("k", "rows", "max_batch_size", "token_budget")
+    ),
     "builder_call": FieldScope(
         frozenset({_K.CONSTANT, _K.FLAT, _K.GRID}),
         ("device", "dtype"),
@@ -263,6 +275,7 @@ METHODS: dict[str, Method] = {
                 "k",
                 "frames_per_item",
                 "rows",
+                "units",
                 "offsets",
                 "_",
             ),

@@ -3,7 +3,7 @@
 # Do not edit: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_vl.yaml`.
 # spec-sha256: 25d5a58f67170112aa1b2d2802ce03ac59693b2816d73431ad60c98e44cf3355
-# templates-sha256: 4d706094c210c13cb929e3304349500e19baa400143dc72a13b00a0c11faa531
+# templates-sha256: 5ee3eeb18e637567b142172ce639c7f1817db3fad1d961c08a7b8ba07e5f5835
 
 import itertools
 from collections.abc import Hashable

@@ -3,7 +3,7 @@
 # Do not edit: change the spec or the templates and run
 # `gen-mixin specs/deepseek_v41.yaml`.
 # spec-sha256: 1f04a1f9e4d05b0cc183f1fd2e61be9e931a352547d22961423cf6479bb8e992
-# templates-sha256: 4d706094c210c13cb929e3304349500e19baa400143dc72a13b00a0c11faa531
+# templates-sha256: 5ee3eeb18e637567b142172ce639c7f1817db3fad1d961c08a7b8ba07e5f5835
 
 import itertools
 import weakref

@@ -3,7 +3,7 @@
 # Do not edit: change the spec or the templates and run
 # `gen-mixin specs/minimax_m3.yaml`.
 # spec-sha256: 679a222a35671178384492aa0dc1e20daf1dbe9ee4c77a16239d17f4a618116f
-# templates-sha256: 4d706094c210c13cb929e3304349500e19baa400143dc72a13b00a0c11faa531
+# templates-sha256: 5ee3eeb18e637567b142172ce639c7f1817db3fad1d961c08a7b8ba07e5f5835
 
 import itertools
 import weakref

@@ -3,7 +3,7 @@
 # Do not edit: change the spec or the templates and run
 # `gen-mixin specs/qwen2_vl.yaml`.
 # spec-sha256: 1215cbd2187709b1e172830108e4b18a70b517f0386b5aaf848e6c0d07d27655
-# templates-sha256: 4d706094c210c13cb929e3304349500e19baa400143dc72a13b00a0c11faa531
+# templates-sha256: 5ee3eeb18e637567b142172ce639c7f1817db3fad1d961c08a7b8ba07e5f5835
 
 import itertools
 from collections.abc import Hashable
