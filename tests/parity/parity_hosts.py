@@ -27,6 +27,7 @@ import itertools
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 import torch
 from encoder_cudagraph_runtime.attention_backends import AttentionBackendEnum
 from encoder_cudagraph_runtime.config import (
@@ -694,6 +695,158 @@ def _qwen25_parity() -> ModelParity:
 @functools.cache
 def qwen2_5_vl() -> ModelParity:
     return _qwen25_parity()
+
+
+# ---------------------------------------------------------------------------
+# Qwen3-VL
+# ---------------------------------------------------------------------------
+
+QWEN3_VL = "vllm.model_executor.models.qwen3_vl"
+#: Side of the fake position-embedding grid (vLLM: 48, a 2304-entry table).
+POS_GRID = 4
+
+
+class _Qwen3Block:
+    """A Qwen3-VL (and Cohere Compass) vision block: FlashAttention's or
+    FlashInfer's varlen contract, by the tower's backend."""
+
+    def __init__(self, tower: Any) -> None:
+        self.tower = tower
+
+    def __call__(
+        self,
+        x,
+        *,
+        cu_seqlens,
+        rotary_pos_emb_cos,
+        rotary_pos_emb_sin,
+        max_seqlen=None,
+        sequence_lengths=None,
+    ):
+        rows = x[:, 0, :].float() + rotary_pos_emb_cos.float()[:, : x.shape[-1]]
+        tower = self.tower
+        if tower.attn_backend is AttentionBackendEnum.FLASHINFER:
+            out = flashinfer_attention(
+                rows,
+                cu_seqlens,
+                sequence_lengths,
+                max_seqlen,
+                tower.hidden_size // tower.tp_size,
+                tower.violations,
+            )
+        else:
+            out = varlen_attention(rows, cu_seqlens, max_seqlen, tower.violations)
+        return out.to(x.dtype)[:, None, :]
+
+
+class _Qwen3TowerParts(Recorder):
+    """The learned parts of ``Qwen3_VisionTransformer``: a 4 x 4 position
+    table, one block, one DeepStack merger after it (output rows twice
+    ``WIDTH`` wide). ``forward``, the metadata builder, the position
+    interpolation and the RoPE position ids are vLLM's (subclass)."""
+
+    def __init__(self, settings: HostSettings, dtype: torch.dtype, norm: Any) -> None:
+        super().__init__()
+        self.spatial_merge_size = 2
+        self.hidden_size = WIDTH
+        self.out_hidden_size = 2 * WIDTH
+        self.tp_size = 1
+        self.fp8_padded_hidden_size = None
+        self.num_grid_per_side = POS_GRID
+        self.attn_backend = AttentionBackendEnum[settings.backend]
+        self.patch_embed = _CallablePatchEmbed(
+            lambda x: patch_embedding(x, dtype),
+            proj=_Obj(in_channels=3),
+            patch_size=PATCH,
+            temporal_patch_size=2,
+        )
+        codes = torch.arange(POS_GRID * POS_GRID * WIDTH, dtype=torch.float32)
+        self.pos_embed = _Obj(weight=(codes.reshape(-1, WIDTH) / 64).to(dtype))
+        self.input_norm = norm
+        self.rotary_pos_emb = _QwenRotary(dtype)
+        self._rot_pos_ids_cache: dict[tuple[int, int, int], Any] = {}
+        self.blocks = [_Qwen3Block(self)]
+        self.deepstack_visual_indexes = [0]
+        self.deepstack_merger_list = [lambda x: -group_means(x[:, 0, :], 4)]
+        self.merger = lambda x: group_means(x[:, 0, :], 4)
+        self._dtype = dtype
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._dtype
+
+    @property
+    def device(self) -> torch.device:
+        return CPU
+
+    def __call__(self, x, grid_thw, *, encoder_metadata=None):
+        self.calls.append(
+            {
+                "x": _snapshot(x),
+                "grid_thw": _snapshot(grid_thw),
+                "encoder_metadata": _snapshot(encoder_metadata),
+            }
+        )
+        return self.forward(x, grid_thw, encoder_metadata=encoder_metadata)
+
+
+def _qwen3_parity() -> ModelParity:
+    code = _wheel_code(
+        {
+            "vllm.multimodal": {"MULTIMODAL_REGISTRY": _Registry()},
+            # vLLM picks its Triton kernel when Triton is importable.
+            QWEN3_VL: {
+                "Qwen3VLProcessingInfo": _QwenProcessingInfo,
+                "HAS_TRITON": False,
+                "triton_pos_embed_interpolate": None,
+            },
+        }
+    )
+    mm_attention_helpers(code)
+    tower_class = code.klass(
+        QWEN3_VL,
+        "Qwen3_VisionTransformer",
+        ["forward", "prepare_encoder_metadata"],
+        bases=(_Qwen3TowerParts,),
+        exclude=["device", "dtype"],
+    )
+    host_class = "Qwen3VLForConditionalGeneration"
+    host_methods = code.klass(QWEN3_VL, host_class, ["get_max_frames_per_video"])
+    vllm_mixin = code.klass(
+        QWEN3_VL,
+        host_class,
+        _defined(code, QWEN3_VL, host_class),
+        bases=(_protocol(code),),
+        exclude=["get_max_frames_per_video"],
+    )
+    ours = load_generated_vllm_module("qwen3_vl", code).Qwen3VLEncoderCudaGraphMixin
+
+    def make_host(host_class: type, settings: HostSettings) -> Any:
+        host = host_class()
+        vllm_config = settings.vllm_config()
+        host.model_config = vllm_config.model_config
+        host.model_config.parity_max_frames = settings.max_frames_per_video
+        host.multimodal_config = vllm_config.model_config.multimodal_config
+        host.is_multimodal_pruning_enabled = settings.pruning
+        norm = _qwen_norm(code, settings.fused_input_norm)
+        host.visual = tower_class(settings, torch.float32, norm)
+        return host
+
+    return ModelParity(
+        name="qwen3_vl",
+        vllm_host=type("VllmQwen3VLHost", (host_methods, vllm_mixin), {}),
+        our_host=type("GeneratedQwen3VLHost", (host_methods, ours), {}),
+        make_host=make_host,
+        modalities=("image", "video"),
+        make_batch=_qwen_batch,
+        random_grid=_merged_grid,
+        frames=lambda grid: grid[0],
+    )
+
+
+@functools.cache
+def qwen3_vl() -> ModelParity:
+    return _qwen3_parity()
 
 
 # ---------------------------------------------------------------------------
@@ -1617,3 +1770,22 @@ def check_dummy_frames_stop_at_k(model: ModelParity, case: CaptureCase) -> None:
     assert all(not v["violations"] for v in views)
     for ours, theirs in zip(views[1]["items"], views[0]["items"], strict=True):
         assert not ours.isnan().any() and torch.equal(ours, theirs)
+
+
+def check_torch_sdpa_guard(model: ModelParity, vllm_code: Any) -> None:
+    """vLLM's mixin returns a config under TORCH_SDPA, the generated one
+    refuses it: vLLM's SDPA attention reads ``cu_seqlens`` on the host (a
+    sync a CUDA graph capture refuses). With capture off (pruning) neither
+    refuses."""
+    from parity_testlib import method_call_receivers
+
+    vllm_host, ours = model.hosts(HostSettings(backend="TORCH_SDPA"))
+    assert vllm_host.get_encoder_cudagraph_config().modalities == list(model.modalities)
+    with pytest.raises(ValueError, match="TORCH_SDPA"):
+        ours.get_encoder_cudagraph_config()
+    sdpa = vllm_code.definition(
+        "vllm.v1.attention.ops.vit_attn_wrappers", "torch_sdpa_wrapper"
+    )
+    assert any("cu_seqlens" in r for r in method_call_receivers(sdpa, "tolist"))
+    for host in model.hosts(HostSettings(backend="TORCH_SDPA", pruning=True)):
+        assert host.get_encoder_cudagraph_config().modalities == []

@@ -11,12 +11,11 @@ test below.
 
 from __future__ import annotations
 
+import parity_hosts as hosts
 import pytest
 import torch
-
-import parity_hosts as hosts
 from parity_hosts import CaptureCase, HostSettings, Plan
-from parity_testlib import Difference, check_differences, method_call_receivers
+from parity_testlib import Difference, check_differences
 
 CASES = (
     CaptureCase(16, 1, 0),
@@ -64,19 +63,7 @@ def test_every_difference_from_vllm_is_listed(model) -> None:
 
 
 def test_capture_guards_torch_sdpa_which_vllm_cannot_capture(model, vllm_code) -> None:
-    vllm_host, ours = model.hosts(HostSettings(backend="TORCH_SDPA"))
-    assert vllm_host.get_encoder_cudagraph_config().modalities == ["image", "video"]
-    with pytest.raises(ValueError, match="TORCH_SDPA"):
-        ours.get_encoder_cudagraph_config()
-    # vLLM's TORCH_SDPA attention reads cu_seqlens on the host: a sync that a
-    # CUDA graph capture refuses.
-    sdpa = vllm_code.definition(
-        "vllm.v1.attention.ops.vit_attn_wrappers", "torch_sdpa_wrapper"
-    )
-    assert any("cu_seqlens" in r for r in method_call_receivers(sdpa, "tolist"))
-    # With EVS pruning nothing is captured, and neither mixin refuses.
-    for host in model.hosts(HostSettings(backend="TORCH_SDPA", pruning=True)):
-        assert host.get_encoder_cudagraph_config().modalities == []
+    hosts.check_torch_sdpa_guard(model, vllm_code)
 
 
 def test_selected_grids_stay_tensors_and_work_everywhere(model) -> None:
