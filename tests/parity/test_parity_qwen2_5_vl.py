@@ -11,9 +11,10 @@ test below.
 
 from __future__ import annotations
 
-import parity_hosts as hosts
 import pytest
 import torch
+
+import parity_hosts as hosts
 from parity_hosts import CaptureCase, HostSettings, Plan
 from parity_testlib import Difference, check_differences
 

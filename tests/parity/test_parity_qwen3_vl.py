@@ -10,8 +10,9 @@ test (the padding ones by the findings' reproducers).
 
 from __future__ import annotations
 
-import parity_hosts as hosts
 import pytest
+
+import parity_hosts as hosts
 from parity_hosts import CaptureCase, HostSettings, Plan
 from parity_testlib import Difference, check_differences
 
