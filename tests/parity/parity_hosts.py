@@ -850,6 +850,68 @@ def qwen3_vl() -> ModelParity:
 
 
 # ---------------------------------------------------------------------------
+# Cohere Compass
+# ---------------------------------------------------------------------------
+
+COHERE_COMPASS = "vllm.model_executor.models.cohere_compass"
+
+
+def _cohere_parity() -> ModelParity:
+    code = _wheel_code(
+        {
+            COHERE_COMPASS: {
+                "HAS_TRITON": False,
+                "triton_pos_embed_interpolate": None,
+            },
+        }
+    )
+    mm_attention_helpers(code)
+    # The tower is Qwen3-VL's but for its input: cast, never normalised.
+    tower_class = code.klass(
+        COHERE_COMPASS,
+        "Cohere_VisionTransformer",
+        ["forward", "prepare_encoder_metadata"],
+        bases=(_Qwen3TowerParts,),
+        exclude=["device", "dtype"],
+    )
+    host_class = "CohereCompassForConditionalGeneration"
+    vllm_mixin = code.klass(
+        COHERE_COMPASS,
+        host_class,
+        _defined(code, COHERE_COMPASS, host_class),
+        bases=(_protocol(code),),
+    )
+    ours = load_generated_vllm_module(
+        "cohere_compass", code
+    ).CohereCompassEncoderCudaGraphMixin
+
+    def make_host(host_class: type, settings: HostSettings) -> Any:
+        host = host_class()
+        vllm_config = settings.vllm_config()
+        host.model_config = vllm_config.model_config
+        host.multimodal_config = vllm_config.model_config.multimodal_config
+        host.is_multimodal_pruning_enabled = settings.pruning
+        host.visual = tower_class(settings, torch.float32, _QwenIdentityNorm())
+        return host
+
+    return ModelParity(
+        name="cohere_compass",
+        vllm_host=type("VllmCohereCompassHost", (vllm_mixin,), {}),
+        our_host=type("GeneratedCohereCompassHost", (ours,), {}),
+        make_host=make_host,
+        modalities=("image",),
+        make_batch=_qwen_batch,
+        random_grid=_merged_grid,
+        frames=lambda grid: grid[0],
+    )
+
+
+@functools.cache
+def cohere_compass() -> ModelParity:
+    return _cohere_parity()
+
+
+# ---------------------------------------------------------------------------
 # MiniMax M3
 # ---------------------------------------------------------------------------
 
@@ -1423,7 +1485,10 @@ def compare(
     from parity_testlib import Raised, differences, observe
 
     vllm_host, our_host = model.hosts(settings)
+    # Capture dummies may be random (randn): both draw the same numbers.
+    torch.manual_seed(0)
     theirs = observe(lambda: run(vllm_host))
+    torch.manual_seed(0)
     ours = observe(lambda: run(our_host))
     found = differences(theirs, ours, label)
     if (

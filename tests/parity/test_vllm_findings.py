@@ -163,7 +163,7 @@ def test_gemma3_clamps_the_captured_crops_to_the_items_per_batch() -> None:
 # Qwen2-VL's mechanism in the mixins that copy it without a padding logic:
 # the builder pads the captured cu_seqlens to max_frames_per_batch, an image
 # replay's to max_batch_size, and the manager's default copy zeroes the rest.
-QWEN_FAMILY_DEFAULT_COPY = ["qwen3_vl"]
+QWEN_FAMILY_DEFAULT_COPY = ["qwen3_vl", "cohere_compass"]
 
 
 @pytest.mark.parametrize("stem", QWEN_FAMILY_DEFAULT_COPY)
@@ -186,7 +186,7 @@ def test_qwen_family_replay_leaves_a_decreasing_cu_seqlens(stem) -> None:
     assert not (ours[1:] < ours[:-1]).any() and not our_view["violations"]
 
 
-@pytest.mark.parametrize("stem", ["qwen3_vl"])
+@pytest.mark.parametrize("stem", ["qwen3_vl", "cohere_compass"])
 def test_qwen_family_flashinfer_replay_reads_v_rows_at_wrong_offsets(stem) -> None:
     # 8 items and 16 frame slots (F = 2): the capture's sections are padded to
     # the batch bucket of 16 sequences, an image replay's to that of 8; the
