@@ -1322,62 +1322,183 @@ def kimi_vl_host() -> Any:
     return host
 
 
-class _GlmTowerParts:
-    """The learned parts of ``Glm4vVisionTransformer``; its metadata
-    builder and RoPE position ids are vLLM's (subclass)."""
+class _GlmEmbeddingParts:
+    """``Glm4vVisionEmbeddings``' learned table (4 x 4 positions); its
+    bicubic interpolation is vLLM's (subclass)."""
 
-    def __init__(self) -> None:
+    def __init__(self, dtype: torch.dtype) -> None:
+        codes = torch.arange(POS_GRID * POS_GRID * WIDTH, dtype=torch.float32)
+        self.position_embedding = _Obj(weight=(codes.reshape(-1, WIDTH) / 64).to(dtype))
+
+    def __call__(self, **kwargs: Any) -> torch.Tensor:
+        return self.forward(**kwargs)
+
+
+class _GlmTowerParts(Recorder):
+    """The learned parts of ``Glm4vVisionTransformer``: one block (no
+    ``sequence_lengths``: vLLM's tower passes none), identity norms, a 2 x 2
+    mean as the downsampling convolution. ``forward``, the metadata builder,
+    the position interpolation and the RoPE ids are vLLM's (subclass)."""
+
+    def __init__(
+        self, settings: HostSettings, dtype: torch.dtype, norm: Any, embeddings: Any
+    ) -> None:
+        super().__init__()
         self.spatial_merge_size = 2
         self.hidden_size = self.out_hidden_size = WIDTH
         self.tp_size = 1
-        self.attn_backend = AttentionBackendEnum.FLASH_ATTN
-        self.patch_embed = _Obj(
-            proj=_Obj(in_channels=3), patch_size=PATCH, temporal_patch_size=2
+        self.attn_backend = AttentionBackendEnum[settings.backend]
+        self.patch_embed = _CallablePatchEmbed(
+            lambda x: patch_embedding(x, dtype),
+            proj=_Obj(in_channels=3),
+            patch_size=PATCH,
+            temporal_patch_size=2,
         )
-        self.input_norm = _QwenIdentityNorm()
-        self.rotary_pos_emb = _QwenRotary(torch.float32)
-        self.device = CPU
+        self.input_norm = norm
+        self.rotary_pos_emb = _QwenRotary(dtype)
+        self.embeddings = embeddings
+        self.post_conv_layernorm = self.post_layernorm = lambda x: x
+        self.blocks = [_Qwen3Block(self)]
+        self.downsample = lambda x: x.mean(dim=(2, 3), keepdim=True)
+        self.merger = lambda x: x
+        self._dtype = dtype
 
-    def pos_embeds_interpolate(self, grid_thw) -> torch.Tensor:
-        return torch.zeros(sum(t * h * w for t, h, w in grid_thw), WIDTH)
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._dtype
+
+    @property
+    def device(self) -> torch.device:
+        return CPU
+
+    def __call__(self, x, grid_thw, *, encoder_metadata=None):
+        self.calls.append(
+            {
+                "x": _snapshot(x),
+                "grid_thw": _snapshot(grid_thw),
+                "encoder_metadata": _snapshot(encoder_metadata),
+            }
+        )
+        return self.forward(x, grid_thw, encoder_metadata=encoder_metadata)
 
 
-@functools.cache
-def glm4_1v_host_class() -> tuple[type, type]:
-    """(host class with vLLM's GLM-4.1V mixin, its tower class)."""
+def _glm_parity() -> ModelParity:
     code = _wheel_code({})
-    code.stubs.setdefault(MM_ATTENTION, {})["MMEncoderAttention"] = code.klass(
-        MM_ATTENTION,
-        "MMEncoderAttention",
-        ["compute_max_seqlen", "maybe_compute_seq_lens", "maybe_recompute_cu_seqlens"],
+    mm_attention_helpers(code)
+    embeddings_class = code.klass(
+        GLM4_1V, "Glm4vVisionEmbeddings", ["forward"], bases=(_GlmEmbeddingParts,)
     )
-    tower = code.klass(
+    tower_class = code.klass(
         GLM4_1V,
         "Glm4vVisionTransformer",
-        ["prepare_encoder_metadata"],
+        ["forward", "prepare_encoder_metadata"],
         bases=(_GlmTowerParts,),
-        exclude=["device", "dtype", "pos_embeds_interpolate"],
+        exclude=["device", "dtype"],
     )
-    mixin = code.klass(
+    host_class = "Glm4vForConditionalGeneration"
+    host_methods = code.klass(GLM4_1V, host_class, ["get_max_frames_per_video"])
+    vllm_mixin = code.klass(
         GLM4_1V,
-        "Glm4vForConditionalGeneration",
-        _defined(code, GLM4_1V, "Glm4vForConditionalGeneration"),
+        host_class,
+        _defined(code, GLM4_1V, host_class),
         bases=(_protocol(code),),
         exclude=["get_max_frames_per_video"],
     )
-    return mixin, tower
+    ours = load_generated_vllm_module("glm4_1v", code).Glm4vEncoderCudaGraphMixin
+
+    def make_host(host_class: type, settings: HostSettings) -> Any:
+        dtype = torch.float32
+        host = host_class()
+        vllm_config = settings.vllm_config()
+        host.model_config = vllm_config.model_config
+        host.multimodal_config = vllm_config.model_config.multimodal_config
+        host.is_multimodal_pruning_enabled = settings.pruning
+        norm = _qwen_norm(code, settings.fused_input_norm)
+        host.visual = tower_class(settings, dtype, norm, embeddings_class(dtype))
+        return host
+
+    return ModelParity(
+        name="glm4_1v",
+        vllm_host=type("VllmGlm4vHost", (host_methods, vllm_mixin), {}),
+        our_host=type("GeneratedGlm4vHost", (host_methods, ours), {}),
+        make_host=make_host,
+        modalities=("image", "video"),
+        make_batch=_qwen_batch,
+        random_grid=_merged_grid,
+        frames=lambda grid: grid[0],
+    )
+
+
+@functools.cache
+def glm4_1v() -> ModelParity:
+    return _glm_parity()
+
+
+GLM5_NEXT = "vllm.models.glm5next.common.model"
+GLM5_NEXT_VISION = "vllm.models.glm5next.common.multimodal"
+
+
+def _glm5_next_parity() -> ModelParity:
+    """GLM-5-Next: vLLM's subclass of the GLM-4.1V host overrides only the
+    config (no ``pos_embeds`` buffer); its tower builds no position
+    embeddings."""
+    code = _wheel_code({})
+    mm_attention_helpers(code)
+    tower_class = code.klass(
+        GLM5_NEXT_VISION,
+        "Glm5NextVisionTransformer",
+        ["forward", "prepare_encoder_metadata"],
+        bases=(_GlmTowerParts,),
+        exclude=["device", "dtype"],
+    )
+    glm4 = "Glm4vForConditionalGeneration"
+    host_methods = code.klass(GLM4_1V, glm4, ["get_max_frames_per_video"])
+    glm4_mixin = code.klass(
+        GLM4_1V,
+        glm4,
+        _defined(code, GLM4_1V, glm4),
+        bases=(_protocol(code),),
+        exclude=["get_max_frames_per_video"],
+    )
+    host_class = "Glm5NextForConditionalGeneration"
+    vllm_mixin = code.klass(
+        GLM5_NEXT,
+        host_class,
+        _defined(code, GLM5_NEXT, host_class),
+        bases=(glm4_mixin,),
+    )
+    ours = load_generated_vllm_module("glm5_next", code).Glm5NextEncoderCudaGraphMixin
+
+    def make_host(host_class: type, settings: HostSettings) -> Any:
+        host = host_class()
+        vllm_config = settings.vllm_config()
+        host.model_config = vllm_config.model_config
+        host.multimodal_config = vllm_config.model_config.multimodal_config
+        host.is_multimodal_pruning_enabled = settings.pruning
+        norm = _qwen_norm(code, settings.fused_input_norm)
+        host.visual = tower_class(settings, torch.float32, norm, None)
+        return host
+
+    return ModelParity(
+        name="glm5_next",
+        vllm_host=type("VllmGlm5NextHost", (host_methods, vllm_mixin), {}),
+        our_host=type("GeneratedGlm5NextHost", (host_methods, ours), {}),
+        make_host=make_host,
+        modalities=("image", "video"),
+        make_batch=_qwen_batch,
+        random_grid=_merged_grid,
+        frames=lambda grid: grid[0],
+    )
+
+
+@functools.cache
+def glm5_next() -> ModelParity:
+    return _glm5_next_parity()
 
 
 def glm4_1v_host() -> Any:
     """A host of vLLM's GLM-4.1V mixin (2 x 2 merge, PATCH-sized patches)."""
-    mixin, tower = glm4_1v_host_class()
-    host = mixin()
-    host.visual = tower()
-    host.model_config = ModelConfig()
-    host.is_multimodal_pruning_enabled = False
-    # The frame count vLLM reads from the processor (stubbed here).
-    host.get_max_frames_per_video = lambda: 4
-    return host
+    return glm4_1v().hosts()[0]
 
 
 GEMMA3 = "vllm.model_executor.models.gemma3_mm"
@@ -1854,3 +1975,60 @@ def check_torch_sdpa_guard(model: ModelParity, vllm_code: Any) -> None:
     assert any("cu_seqlens" in r for r in method_call_receivers(sdpa, "tolist"))
     for host in model.hosts(HostSettings(backend="TORCH_SDPA", pruning=True)):
         assert host.get_encoder_cudagraph_config().modalities == []
+
+
+#: GLM-4.1V's capture cases for the battery (GLM-5-Next's too).
+GLM_CASES = (
+    CaptureCase(16, 1, 0),
+    CaptureCase(32, 4, 0),
+    CaptureCase(64, 4, 16),  # videos: 4 frames per item
+    CaptureCase(30, 4, 8),  # a budget that 4 items do not divide
+    CaptureCase(64, 4, 2),  # fewer frames than items (user-set)
+    CaptureCase(48, 3, 12),
+    CaptureCase(100, 3, 0),  # vLLM's floor: 99 tokens for budget 100
+    CaptureCase(16, 4, 56),  # more frame slots per item (14) than tokens (4)
+    CaptureCase(64, 2, 1200),  # vLLM's default: 600 frame slots per item
+)
+
+
+def glm_differences(stem: str) -> tuple[Any, ...]:
+    """The differences of the generated GLM-4.1V (and GLM-5-Next, whose vLLM
+    mixin is GLM-4.1V's) from vLLM's, by id ``<stem>.<name>``."""
+    from parity_testlib import Difference
+
+    frames = r"b=(16,n=4,f=56|64,n=2,f=1200)"
+    floor = r"b=100,n=3,f=0"
+    return (
+        Difference(
+            f"{stem}.backend-guard",
+            (r"^config\[backend=(TORCH_SDPA|FLASHINFER)[,\]]",),
+        ),
+        Difference(
+            f"{stem}.cu-seqlens-padding",
+            (
+                r"^config\[.*/padding_logics",
+                r"replay\[.*/replay/cu_seqlens\.",
+                r"replay\[.*/(captured|calls\[\d+\]/encoder_metadata)/cu_seqlens\.values$",
+                r"replay\[.*/cu_seqlens_tail$",
+                r"replay\[.*/violations(\.keys|/cu_seqlens-decreasing)",
+            ),
+        ),
+        Difference(
+            f"{stem}.per-item-tokens",
+            (
+                rf"^(fused:)?capture\[{floor}\]/(values|forward)/",
+                rf"^(fused:)?replay\[{floor},\w+\]\[\d+\]/(captured|calls|cu_seqlens_tail)",
+            ),
+        ),
+        Difference(
+            f"{stem}.dummy-frames",
+            (
+                rf"^(fused:)?capture\[{frames}\]/(values|forward)/",
+                rf"^(fused:)?replay\[{frames},\w+\]\[\d+\]/(captured|calls|cu_seqlens_tail)",
+            ),
+        ),
+        Difference(
+            f"{stem}.selected-grid",
+            (r"^select\[.*/(selected|reselected)/(image|video)_grid_thw",),
+        ),
+    )

@@ -163,7 +163,7 @@ def test_gemma3_clamps_the_captured_crops_to_the_items_per_batch() -> None:
 # Qwen2-VL's mechanism in the mixins that copy it without a padding logic:
 # the builder pads the captured cu_seqlens to max_frames_per_batch, an image
 # replay's to max_batch_size, and the manager's default copy zeroes the rest.
-QWEN_FAMILY_DEFAULT_COPY = ["qwen3_vl", "cohere_compass"]
+QWEN_FAMILY_DEFAULT_COPY = ["qwen3_vl", "cohere_compass", "glm4_1v"]
 
 
 @pytest.mark.parametrize("stem", QWEN_FAMILY_DEFAULT_COPY)
@@ -215,3 +215,25 @@ def test_qwen_family_flashinfer_replay_reads_v_rows_at_wrong_offsets(stem) -> No
     assert not our_view["violations"]
     for r, e in zip(our_view["items"], our_eager, strict=True):
         assert torch.allclose(r, e)
+
+
+def test_glm4_1v_captures_600_frames_per_dummy_item() -> None:
+    # Every video may have 600 frames (GLM-4.1V's constant), so the automatic
+    # max_frames_per_batch is 600 x max_batch_size and every dummy item gets
+    # 600 frames of at least one token: with the automatic 64 items per batch,
+    # the budget-64 graph holds 64 x 600 tokens (38 400, 600 times its budget),
+    # in 153 600 pixel rows with 38 401 cu_seqlens offsets; every replay runs
+    # them all. A batch within the budget has at most 64 frames.
+    model = hosts.glm4_1v()
+    vllm_host, ours = model.hosts()
+    case = CaptureCase(64, 64, 64 * vllm_host.get_max_frames_per_video())
+    assert case.max_frames_per_batch == 38400
+    shapes = []
+    for host in (vllm_host, ours):
+        captured = _capture(host, case)
+        shapes.append(
+            (captured["pixel_values"].shape[0], captured["cu_seqlens"].shape[0])
+        )
+    assert shapes[0] == (64 * 600 * 4, 38401)
+    # The generated mixin: k = 1 token per item, one frame each.
+    assert shapes[1] == (64 * 4, 65)
