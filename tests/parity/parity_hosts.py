@@ -1935,7 +1935,7 @@ def check_dummy_frames_stop_at_k(model: ModelParity, case: CaptureCase) -> None:
     frames_per_item = case.max_frames_per_batch // case.max_batch_size
     assert frames_per_item > k
     merged = 4  # 2 x 2 patches per token
-    rows = []
+    rows, slots = [], []
     for host in model.hosts():
         captured = host.prepare_encoder_cudagraph_capture_inputs(
             case.budget,
@@ -1945,9 +1945,14 @@ def check_dummy_frames_stop_at_k(model: ModelParity, case: CaptureCase) -> None:
             torch.float32,
         ).values
         rows.append(captured["pixel_values"].shape[0])
+        slots.append(captured["cu_seqlens"].shape[0])
     vllm_rows, our_rows = rows
     assert vllm_rows == case.max_batch_size * frames_per_item * merged
     assert our_rows == case.max_batch_size * k * merged >= case.budget * merged
+    # One offset per frame: vLLM's every frame slot, ours (with video
+    # replays unpadded) the most frames a batch within the budget has.
+    frame_slots = max(min(case.budget, case.max_frames_per_batch), case.max_batch_size)
+    assert slots == [case.max_frames_per_batch + 1, frame_slots + 1]
     # The batch within the budget with the most frames: one-token frames.
     frames = case.budget // case.max_batch_size
     grids = [(frames, 2, 2)] * case.max_batch_size
