@@ -8,9 +8,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from generator import formulas as fx
+from generator.emitters.prose import comment_lines, message_literal
 from generator.formulas import Expr
 from generator.scopes import METHODS
 from generator.spec.mixin import MixinSpec
+from generator.spec.path import EncoderPath
 
 #: The protocol's data classes, imported at module top or inside each method.
 DEFS_NAMES = (
@@ -44,6 +46,30 @@ def signature(spec: MixinSpec, method: str) -> dict[str, Any]:
         "params": params,
         "returns": quote_defs(spec, m.returns),
         "exploded": m.exploded,
+    }
+
+
+def path_dispatch(
+    spec: MixinSpec, method: str, bodies: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """A method that runs one path's body: each body under ``if path ==
+    <name>:`` when the spec has paths (an unknown path raises), else the
+    default path's body alone."""
+    names = ", ".join(p.name for p in spec.paths)
+    return {
+        "signature": signature(spec, method),
+        "dispatch": spec.has_paths,
+        "paths": [
+            {"name": repr(p.name), "why": comment_lines(p.why), "body": body}
+            for p, body in zip(spec.paths, bodies, strict=True)
+        ],
+        "unknown_path": message_literal(
+            [
+                (f"{spec.display_name} has no encoder path", False),
+                ("path!r", True),
+                (f"(its paths: {names}).", False),
+            ]
+        ),
     }
 
 
@@ -128,9 +154,9 @@ class Loads:
         return {"name": key, "value": f"self.{reader}({source}, {self.key(key)})"}
 
 
-def optional_note(spec: MixinSpec) -> str | None:
-    """Why some buffers may be None (a comment)."""
-    keys = [b.key for b in spec.path.buffers if b.optional]
+def optional_note(path: EncoderPath) -> str | None:
+    """Why some buffers of ``path`` may be None (a comment)."""
+    keys = [b.key for b in path.buffers if b.optional]
     if not keys:
         return None
     verb = "is" if len(keys) == 1 else "are"

@@ -6,26 +6,28 @@ from __future__ import annotations
 
 from typing import Any
 
+from generator.emitters.capture_axes import helpers_context
 from generator.spec.enums import PadRule
 from generator.spec.mixin import MixinSpec
 
 
 def context(spec: MixinSpec, target: str) -> dict[str, Any]:
-    path = spec.path
-    trailing = path.trailing
+    trailing = spec.trailing
+    buffers = spec.buffers
     return {
         "concat_rows": any(f.accepts_list for f in spec.flat_inputs),
         "select_counts": any(g.is_count for g in spec.item_inputs),
         "select_grid": any(not g.is_count for g in spec.item_inputs),
-        "rows_dims": sorted({b.rows_dim for b in path.buffers if b.rows_dim}),
+        "rows_dims": sorted({b.rows_dim for b in buffers if b.rows_dim}),
         "repeat_last": any(
             rule in (PadRule.REPEAT_LAST, PadRule.FLASHINFER_SECTIONS)
-            for b in path.buffers
+            for b in buffers
             for rule in (b.pad, *(r for _, r in b.pad_by_backend))
         ),
-        "flashinfer_sections": any(b.pad_by_backend for b in path.buffers),
+        "flashinfer_sections": any(b.pad_by_backend for b in buffers),
         "modality_keys": spec.has_video_keys,
         "grid_rows": any(not g.is_count for g in spec.item_inputs),
         "counts": any(g.is_count for g in spec.item_inputs),
         "trailing": {"key": trailing.key} if trailing is not None else None,
+        "axes": helpers_context(spec),
     }

@@ -5,18 +5,20 @@ from __future__ import annotations
 from typing import Any
 
 from generator import formulas as fx
+from generator.emitters.capture_axes import bind_axis_dims
 from generator.emitters.capture_inputs import builder_calls, builder_value
-from generator.emitters.method_body import Body, Loads, optional_note, signature
+from generator.emitters.method_body import Body, Loads, optional_note, path_dispatch
 from generator.emitters.prose import comment_lines
 from generator.naming import PROTOCOL_MODULES
 from generator.spec.capture import MetadataBuilder
 from generator.spec.enums import PadRule, ReplayRule
 from generator.spec.mixin import MixinSpec
+from generator.spec.path import EncoderPath
 
 
-def _builder_names(spec: MixinSpec) -> set[str]:
+def _builder_names(path: EncoderPath) -> set[str]:
     names: set[str] = set()
-    for b in spec.path.metadata:
+    for b in path.metadata:
         names |= fx.names_in(b.call)
         for _, kwargs in b.replay_by_modality:
             for _, value in kwargs:
@@ -27,12 +29,12 @@ def _builder_names(spec: MixinSpec) -> set[str]:
 
 
 def _by_modality(
-    spec: MixinSpec, body: Body, name_map: dict[str, str]
+    spec: MixinSpec, path: EncoderPath, body: Body, name_map: dict[str, str]
 ) -> list[list[dict[str, str]] | None]:
     """Per builder, its replay call by modality when the modalities differ
     (``[{modality, call}, ...]`` in the spec's order), else None."""
     out = []
-    for b in spec.path.metadata:
+    for b in path.metadata:
         if not b.replay_by_modality:
             out.append(None)
             continue
@@ -46,10 +48,10 @@ def _by_modality(
     return out
 
 
-def _notes(spec: MixinSpec) -> list[list[str]]:
+def _notes(path: EncoderPath) -> list[list[str]]:
     """Why some buffers are left out or go unpadded (comments)."""
     notes = []
-    buffers = spec.path.buffers
+    buffers = path.buffers
     for buf in buffers:
         if buf.host_scalar and buf.replay is ReplayRule.DROP:
             notes.append(
@@ -77,18 +79,18 @@ def _notes(spec: MixinSpec) -> list[list[str]]:
                 f"{buf.key} goes unpadded: its padding logic repeats the last offset "
                 f"(zero-length sequences){sections}."
             )
-    optional = optional_note(spec)
+    optional = optional_note(path)
     if optional:
         notes.append(optional)
     return [comment_lines(n) for n in notes]
 
 
-def context(spec: MixinSpec, target: str) -> dict[str, Any]:
+def _path_body(spec: MixinSpec, path: EncoderPath) -> dict[str, Any]:
     body = Body(spec)
     loads = Loads(spec)
-    buffer_keys = {b.key for b in spec.path.buffers}
+    buffer_keys = {b.key for b in path.buffers}
     device_flat = next(f for f in spec.flat_inputs if f.key in buffer_keys)
-    used = _builder_names(spec)
+    used = _builder_names(path)
     flat_loads = []
     for flat in spec.flat_inputs:
         if flat.key not in buffer_keys and flat.key not in used:
@@ -102,30 +104,42 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
         "dtype": f"{device_flat.key}.dtype",
     }
     entries = []
-    for buf in spec.path.buffers:
+    for buf in path.buffers:
         if buf.host_scalar and buf.replay is ReplayRule.DROP:
             continue
         value = (
             builder_value(buf) if isinstance(buf.source, MetadataBuilder) else buf.key
         )
         entries.append({"key": buf.key, "value": value})
+    axis_dims = {d for a in spec.capture_axes for d in a.dims}
     ctx = {
-        "signature": signature(spec, "prepare_encoder_cudagraph_replay_buffers"),
-        "defs_local": spec.local_defs_import,
-        "defs_module": PROTOCOL_MODULES[target]["defs"],
-        "keys": loads.by_modality,
+        "axis_dims": (bind_axis_dims(spec, "axis_keys") if used & axis_dims else []),
         "loads": flat_loads,
         "grids": [loads.item(g.key) for g in spec.item_inputs if g.key in used],
         "builders": [
             {**call, "branches": branches}
             for call, branches in zip(
-                builder_calls(spec, body, "replay", name_map),
-                _by_modality(spec, body, name_map),
+                builder_calls(path, body, "replay", name_map),
+                _by_modality(spec, path, body, name_map),
                 strict=True,
             )
         ],
         "entries": entries,
-        "notes": _notes(spec),
+        "notes": _notes(path),
     }
     ctx["constants"] = body.bindings()
+    return ctx
+
+
+def context(spec: MixinSpec, target: str) -> dict[str, Any]:
+    ctx = path_dispatch(
+        spec,
+        "prepare_encoder_cudagraph_replay_buffers",
+        [_path_body(spec, p) for p in spec.paths],
+    )
+    ctx.update(
+        defs_local=spec.local_defs_import,
+        defs_module=PROTOCOL_MODULES[target]["defs"],
+        keys=Loads(spec).by_modality,
+    )
     return ctx
