@@ -152,12 +152,13 @@ FIELD_SCOPES: dict[str, FieldScope] = {
     ),
     "replay_kwargs": FieldScope(
         frozenset({_K.CONSTANT, _K.FLAT, _K.GRID, _K.AXIS_DIM}),
-        ("device", "dtype"),
+        ("device", "dtype", "max_batch_size", "max_frames_per_batch"),
         host_paths=True,
         literals=True,
     ),
     "slots": FieldScope(
-        frozenset({_K.CONSTANT}), ("max_batch_size", "max_frames_per_batch")
+        frozenset({_K.CONSTANT}),
+        ("max_batch_size", "max_frames_per_batch", "token_budget"),
     ),
     "buffer_shape": FieldScope(
         frozenset({_K.CONSTANT, _K.SIZE, _K.AXIS_DIM}),
@@ -244,6 +245,7 @@ METHODS: dict[str, Method] = {
                 "EncoderCudaGraphPathConfig",
                 "mm_config",
                 "backend",
+                "modalities",
             ),
             spec_kinds=frozenset({_K.CONSTANT}),
         ),
@@ -282,7 +284,9 @@ METHODS: dict[str, Method] = {
             ),
             "{EncoderCudaGraphCaptureInputs}",
             (
+                "AttentionBackendEnum",
                 "EncoderCudaGraphCaptureInputs",
+                "backend",
                 "k",
                 "frames_per_item",
                 "rows",
@@ -465,6 +469,12 @@ METHODS: dict[str, Method] = {
             (Param("dst", "torch.Tensor"), Param("src", "torch.Tensor")),
             "None",
             ("n",),
+        ),
+        Method(
+            "_pad_flashinfer_sections",
+            (Param("dst", "torch.Tensor"), Param("src", "torch.Tensor")),
+            "None",
+            ("n", "half"),
         ),
     )
 }

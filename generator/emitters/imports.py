@@ -22,6 +22,9 @@ def used_import_names(spec: MixinSpec) -> set[str]:
         exprs += [
             v for m in path.metadata for _, v in m.capture_kwargs + m.replay_kwargs
         ]
+        exprs += [
+            v for m in path.metadata for _, kw in m.replay_by_modality for _, v in kw
+        ]
         exprs += [s.expr for s in path.graph_forward + path.eager_forward.steps]
     used = set().union(*(fx.names_in(e) for e in exprs)) if exprs else set()
     for attr in spec.host:

@@ -32,11 +32,13 @@ from generator import formulas as fx
 from generator.emit import render_spec
 from generator.resolve import load_spec
 from generator.spec import Buffer, EncoderPath, MetadataBuilder, MixinSpec, PadRule
-from generator.spec.capture import CaptureTensor
+from generator.spec.capture import CaptureTensor, DtypeFallback
 from generator.static_checks import per_item_tokens
 from genmixin_testlib import load_module_copy
 
 OUT_WIDTH = 5
+#: The dtype the last host path of a ``first_of`` capture dtype holds.
+FALLBACK_DTYPE = torch.uint8
 #: Value of host integers no constant default names (shapes over host paths).
 HOST_INT = 3
 
@@ -255,6 +257,12 @@ class SpecWorld:
         for t in (t for p in spec.paths for t in p.capture.tensors):
             if isinstance(t.dtype, fx.HostPath):
                 set_path(host, t.dtype.parts, torch.float32)
+            elif isinstance(t.dtype, DtypeFallback):
+                # None everywhere but the last host path: the fallback is taken.
+                *unset, last = t.dtype.options
+                for option in unset:
+                    set_path(host, option.parts, None)
+                set_path(host, last.parts, FALLBACK_DTYPE)
         guard = spec.guards.attention_backend
         if guard is not None:
             ok = guard.allow[0].value if guard.allow else "FLASH_ATTN"
@@ -263,6 +271,8 @@ class SpecWorld:
             set_path(host, guard.path.parts, getattr(AttentionBackendEnum, ok))
         if isinstance(spec.out_hidden_size, fx.HostPath):
             set_path(host, spec.out_hidden_size.parts, OUT_WIDTH)
+        if spec.capture_off is not None:
+            set_path(host, spec.capture_off.when.parts, False)
         for name in spec.host_methods:
             frames = self.env.get("max_frames_per_video", 2)
             setattr(host, name, lambda frames=frames: frames)
@@ -286,6 +296,7 @@ class SpecWorld:
                 exprs.append(path.eager_forward.empty_width)
             for b in path.metadata:
                 exprs += [b.call, *(v for _, v in b.capture_kwargs + b.replay_kwargs)]
+                exprs += [v for _, kw in b.replay_by_modality for _, v in kw]
             exprs += [s.expr for s in path.graph_forward + path.eager_forward.steps]
         paths = {p for e in exprs for p in fx.host_paths_in(e)}
         callees = {
@@ -539,7 +550,12 @@ class FakeBuilder:
         out = {}
         for key in self.builder.provides:
             buf = next(b for b in self.world.spec.buffers if b.key == key)
-            out[key] = self.tensor(buf, items, kwargs, device, dtype, axes)
+            # An optional buffer is None, as under the backends that need none.
+            out[key] = (
+                None
+                if buf.optional
+                else self.tensor(buf, items, kwargs, device, dtype, axes)
+            )
         return out
 
     def tensor(
@@ -592,6 +608,7 @@ def is_capture_tensor(buf: Buffer) -> bool:
 
 
 __all__ = [
+    "FALLBACK_DTYPE",
     "OUT_WIDTH",
     "FakeBuilder",
     "FakeCall",
