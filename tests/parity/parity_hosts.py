@@ -37,6 +37,7 @@ from encoder_cudagraph_runtime.config import (
     VllmConfig,
 )
 
+from encoder_cudagraph_runtime.defs import ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG
 from parity_testlib import (
     WheelCode,
     load_generated_vllm_module,
@@ -1124,19 +1125,30 @@ def replay_view(
     paths: tuple[str, ...] = ("default",),
 ) -> list[dict[str, Any]]:
     """Replays of ``batches`` (in order) into one capture of ``case`` per
-    path: per path with rows, the replay's values, the captured buffers after
-    the manager's copy and what the forward saw; then the items' final rows
-    from every path's output."""
+    path (and per capture-axis keys): per path with rows, the replay's
+    values, the captured buffers after the manager's copy and what the
+    forward saw; then the items' final rows from every path's output. With
+    capture axes the manager replays what selection returns, in the graph of
+    the keys it resolves: so does this."""
     config = host.get_encoder_cudagraph_config()
-    captured = {p: _capture(host, case, p) for p in paths}
+    captured: dict[tuple, dict[str, torch.Tensor]] = {}
     views = []
     for batch in batches:
-        view: dict[str, Any] = {}
+        keys: tuple = ()
+        if config.capture_axes:
+            count = len(host.get_encoder_cudagraph_item_specs(batch))
+            batch = host.select_encoder_cudagraph_items(batch, list(range(count)))
+            keys = tuple(batch.pop(ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG))
+        view: dict[str, Any] = {"axis_keys": keys} if keys else {}
         outputs = {}
         for p in paths:
             if path_tokens(host, batch, p) == 0:
                 continue
-            seen, outputs[p] = _replay_path(host, case, config, captured[p], batch, p)
+            if (p, keys) not in captured:
+                captured[(p, keys)] = _capture(host, case, p, keys)
+            seen, outputs[p] = _replay_path(
+                host, case, config, captured[(p, keys)], batch, p
+            )
             view.update(
                 {k if p == "default" else f"{p}/{k}": v for k, v in seen.items()}
             )
@@ -1357,13 +1369,15 @@ def compare_batches(
                 lambda h, b=batch: eager_view(h, b, model.paths),
                 settings,
             )
+    axes = model.hosts(settings)[0].get_encoder_cudagraph_config().capture_axes
     for case in plan.capture_cases:
-        for path in model.paths:
+        for path, keys in itertools.product(model.paths, itertools.product(*axes)):
             where = "" if path == "default" else f",{path}"
+            where += f",keys={keys}" if keys else ""
             found += compare(
                 model,
                 f"{prefix}capture[{case.label}{where}]",
-                lambda h, c=case, p=path: capture_view(h, c, p),
+                lambda h, c=case, p=path, k=keys: capture_view(h, c, p, k),
                 settings,
             )
         gen = torch.Generator().manual_seed(case.budget * 31 + case.max_batch_size)
