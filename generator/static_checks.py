@@ -4,7 +4,9 @@ The checks evaluate the spec's formulas (never ``eval``: see
 :func:`generator.formulas.evaluate`) with the constants' ``default`` values,
 the released model's, over a grid of budgets and batch sizes. Checks whose
 formulas mention a constant without a default are skipped here; ``gen-mixin
-plan`` runs them with values given on the command line.
+plan`` runs them with values given on the command line. A value beyond int64
+is no skip: no tensor size or count holds it, so it is reported at the field
+whose formula computed it (:class:`OutOfRange`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from generator.formulas import (
     EvaluationError,
     Expr,
     Ref,
+    ValueOutOfRange,
     evaluate,
     names_in,
     walk,
@@ -66,6 +69,29 @@ class Arithmetic:
     @property
     def size_env(self) -> dict[str, int]:
         return {s.name: s.value for s in self.sizes}
+
+
+class OutOfRange(Exception):
+    """A formula's value beyond int64 at sampled values, with the field the
+    formula is written at. Not an :class:`EvaluationError`: the checks skip
+    those (a value they do not know), and must not skip this."""
+
+    def __init__(self, field: str, exc: ValueOutOfRange) -> None:
+        super().__init__(f"{field}: {exc}")
+        self.field = field
+        self.message = (
+            f"evaluates beyond int64 at the sampled budgets, batch sizes and dims "
+            f"({exc}): no tensor size or count holds it"
+        )
+
+
+def value_at(field: str, expr: Expr, scope: Mapping[str, int]) -> int:
+    """``evaluate(expr, scope)``; a value beyond int64 raises
+    :class:`OutOfRange` at ``field``."""
+    try:
+        return evaluate(expr, scope)
+    except ValueOutOfRange as exc:
+        raise OutOfRange(field, exc) from None
 
 
 SAMPLE_BUDGETS = (64, 100, 128, 257, 1000, 1024, 4096, 8192, 16384)
@@ -116,7 +142,8 @@ def capture_scope(
 def dummy_item(
     ir: Arithmetic, env: Mapping[str, int], budget: int, mbs: int, mfpb: int = 0
 ) -> dict[str, int]:
-    """The dims of one dummy item for ``budget`` (raises EvaluationError)."""
+    """The dims of one dummy item for ``budget`` (raises EvaluationError,
+    OutOfRange)."""
     scope = dict(env)
     scope.update(
         k=per_item_tokens(budget, mbs, ir.capture.rounding),
@@ -128,7 +155,7 @@ def dummy_item(
     dims: dict[str, int] = {}
     for item, exprs in ir.capture.dummy:
         for dim, expr in zip(item.dims, exprs):
-            dims[dim] = evaluate(expr, scope)
+            dims[dim] = value_at(f"capture.dummy.{item.key}", expr, scope)
     return dims
 
 
@@ -138,25 +165,23 @@ def item_values(
     scope = {**env, **dims}
     items = ir.items
     out = {
-        "input_size": evaluate(items.input_size, scope),
-        "output_tokens": evaluate(items.output_tokens, scope),
+        "input_size": value_at("items.input_size", items.input_size, scope),
+        "output_tokens": value_at("items.output_tokens", items.output_tokens, scope),
     }
-    out["graph_rows"] = (
-        evaluate(items.graph_rows, scope)
-        if items.graph_rows is not None
-        else out["output_tokens"]
-    )
-    out["budget_tokens"] = (
-        evaluate(items.budget_tokens, scope)
-        if items.budget_tokens is not None
-        else out["output_tokens"]
-    )
+    for name in ("graph_rows", "budget_tokens"):
+        expr = getattr(items, name)
+        out[name] = (
+            value_at(f"items.{name}", expr, scope)
+            if expr is not None
+            else out["output_tokens"]
+        )
     return out
 
 
 def flat_rows(flat: FlatInput, env: Mapping[str, int], dims: Mapping[str, int]) -> int:
     """Rows of one item of ``flat`` (its own ``rows`` or ``input_size``)."""
-    return evaluate(flat.rows, {**env, **dims})
+    field = f"inputs.{flat.key}.rows" if flat.own_rows else "items.input_size"
+    return value_at(field, flat.rows, {**env, **dims})
 
 
 def capture_problems(
@@ -166,21 +191,26 @@ def capture_problems(
     (with capture axes: for every combination of their keys)."""
     env = constant_env(ir, overrides)
     reported: set[str] = set()
-    if ir.capture.of_units:
+    try:
+        if ir.capture.of_units:
+            # A unit capture's own coverage check replaces the dummy's.
+            for axis_env in axis_envs(ir.axes, env):
+                for field, message in unit_capture_problems(ir, axis_env):
+                    if field not in reported:
+                        reported.add(field)
+                        yield field, message
+            return
         for axis_env in axis_envs(ir.axes, env):
-            for field, message in unit_capture_problems(ir, axis_env):
-                if field not in reported:
-                    reported.add(field)
-                    yield field, message
-        return
-    for axis_env in axis_envs(ir.axes, env):
-        yield from _budget_problems(ir, axis_env, reported)
-    if (
-        ir.capture.graph_rows is not None
-        and ir.items.budget_tokens is not None
-        and ir.items_resolved
-    ):
-        yield from item_bound_problems(ir, env)
+            yield from _budget_problems(ir, axis_env, reported)
+        if (
+            ir.capture.graph_rows is not None
+            and ir.items.budget_tokens is not None
+            and ir.items_resolved
+        ):
+            yield from item_bound_problems(ir, env)
+    except OutOfRange as exc:
+        # The values after it would be meaningless: one problem, then on.
+        yield exc.field, exc.message
     yield from slot_problems(ir.constants, ir.buffers, overrides)
 
 
@@ -216,7 +246,8 @@ def axis_envs(axes, env: Mapping[str, int]) -> list[dict[str, int]]:
 def _budget_problems(
     ir: Arithmetic, env: Mapping[str, int], reported: set[str]
 ) -> Iterator[tuple[str, str]]:
-    """The checks of every sampled budget and batch size."""
+    """The checks of every sampled budget and batch size (raises
+    OutOfRange)."""
     for mbs in SAMPLE_BATCH_SIZES:
         for budget in SAMPLE_BUDGETS:
             if mbs > budget:
@@ -245,7 +276,7 @@ def _budget_problems(
                 try:
                     need = mbs * flat_rows(tensor.flat, env, dims)
                     own = capture_scope(env_sizes, budget, mbs, mbs, need, rounding)
-                    held = evaluate(tensor.shape[0], own)
+                    held = value_at(field, tensor.shape[0], own)
                 except (EvaluationError, ArithmeticError):
                     continue
                 if held < need and field not in reported:
@@ -259,7 +290,7 @@ def _budget_problems(
                 expr = set_by_expr(buf)
                 field = f"buffers.{buf.key}.set_by"
                 try:
-                    bound = evaluate(expr, scope) if expr is not None else None
+                    bound = value_at(field, expr, scope) if expr is not None else None
                 except (EvaluationError, ArithmeticError):
                     continue
                 if bound is not None and bound < rows and field not in reported:
@@ -277,11 +308,11 @@ def _budget_problems(
             # the declared capacity (which must hold the dummy's too).
             graph_capacity = mbs * values["graph_rows"]
             if ir.capture.graph_rows is not None:
+                field = "capture.graph_rows"
                 try:
-                    declared = evaluate(ir.capture.graph_rows, scope)
+                    declared = value_at(field, ir.capture.graph_rows, scope)
                 except (EvaluationError, ArithmeticError):
                     continue
-                field = "capture.graph_rows"
                 if declared < graph_capacity and field not in reported:
                     reported.add(field)
                     yield (
@@ -296,7 +327,7 @@ def _budget_problems(
                         continue
                     field = f"buffers.{buf.key}.shape"
                     try:
-                        held = evaluate(buf.shape[0], scope)
+                        held = value_at(field, buf.shape[0], scope)
                     except (EvaluationError, ArithmeticError):
                         continue
                     if held < graph_capacity and field not in reported:
@@ -344,7 +375,7 @@ def fixed_batch_tokens(ir: Arithmetic, env: Mapping[str, int], mbs: int) -> floa
 
 #: Values tried for every grid dim when a per-item relation is checked.
 SAMPLE_DIMS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 33, 64)
-MAX_DIM_SAMPLES = 20000
+MAX_DIM_SAMPLES = 4096
 
 
 def item_bound_problems(
@@ -360,6 +391,10 @@ def item_bound_problems(
     items = ir.items
     graph_rows = items.graph_rows or items.output_tokens
     budget_tokens = items.budget_tokens or items.output_tokens
+    rows_field = f"items.{'graph_rows' if items.graph_rows else 'output_tokens'}"
+    tokens_field = (
+        f"items.{'budget_tokens' if items.budget_tokens else 'output_tokens'}"
+    )
     # Only the dims the two formulas read vary their values.
     used = names_in(graph_rows) | names_in(budget_tokens)
     dims = [d for g in ir.item_inputs for d in g.dims if d in used]
@@ -374,8 +409,8 @@ def item_bound_problems(
     for combo in combos:
         scope = {**env, **dict(zip(dims, combo, strict=True))}
         try:
-            rows = evaluate(graph_rows, scope)
-            tokens = evaluate(budget_tokens, scope)
+            rows = value_at(rows_field, graph_rows, scope)
+            tokens = value_at(tokens_field, budget_tokens, scope)
         except (EvaluationError, ArithmeticError):
             continue
         if rows > tokens:
@@ -401,24 +436,26 @@ def slot_problems(
         if buf.pad is None or buf.slots is None:
             continue
         spare = 1 if buf.pad is PadRule.TRAILING_SEQUENCE else 0
+        field = f"buffers.{buf.key}.slots"
         for mbs in SAMPLE_BATCH_SIZES:
+            scope = {**env, "max_batch_size": mbs, "max_frames_per_batch": mbs}
             try:
-                slots = evaluate(
-                    buf.slots,
-                    {**env, "max_batch_size": mbs, "max_frames_per_batch": mbs},
-                )
+                slots = value_at(field, buf.slots, scope)
             except (EvaluationError, ArithmeticError):
+                break
+            except OutOfRange as exc:
+                yield exc.field, exc.message
                 break
             if buf.pad is PadRule.REPEAT_LAST and slots < mbs + 1:
                 yield (
-                    f"buffers.{buf.key}.slots",
+                    field,
                     f"{slots} slots for max_batch_size {mbs}: a full batch has "
                     f"{mbs + 1} offsets (expected at least max_batch_size + 1)",
                 )
                 break
             if spare and slots < mbs + 2:
                 yield (
-                    f"buffers.{buf.key}.slots",
+                    field,
                     f"{slots} slots for max_batch_size {mbs}: a full batch fills "
                     f"{mbs + 1} offsets and the padding sequence needs one spare slot "
                     f"(expected at least max_batch_size + 2)",
