@@ -1485,6 +1485,37 @@ def step3_vl_batch(
     }
 
 
+def step3_vl_grid(gen: torch.Generator, modality: str) -> tuple[int]:
+    """A random item: no crops, or 2 to 4 (the processor never makes one)."""
+    assert modality == "image"
+    return ((0, 2, 3, 4)[int(torch.randint(0, 4, (1,), generator=gen))],)
+
+
+@functools.cache
+def step3_vl() -> ModelParity:
+    """vLLM's Step3-VL host against one with the generated mixin; both read
+    vLLM's own token arithmetic and the same fake tower."""
+    code = _wheel_code({})
+    token_arithmetic = code.klass(
+        STEP3_VL,
+        "Step3VLForConditionalGeneration",
+        ["img_output_tokens", "patch_output_tokens", "_compute_spatial_tokens"],
+        bases=(_Step3HostParts,),
+    )
+    ours = load_generated_vllm_module("step3_vl", code).Step3VLEncoderCudaGraphMixin
+    return ModelParity(
+        name="step3_vl",
+        vllm_host=step3_vl_host_class(),
+        our_host=type("GeneratedStep3VLHost", (ours, token_arithmetic), {}),
+        make_host=lambda host_class, settings: step3_vl_host(host_class, settings),
+        modalities=("image",),
+        make_batch=step3_vl_batch,
+        random_grid=step3_vl_grid,
+        frames=lambda grid: 1,
+        paths=("global", "local"),
+    )
+
+
 # ---------------------------------------------------------------------------
 # Gemma 4
 # ---------------------------------------------------------------------------
