@@ -30,14 +30,20 @@ What one run does, for one spec stem:
    *total* budget tokens sit on every budget boundary, more items than ``max_batch_size`` (the
    manager splits), and items above the largest budget (eager fallback).
    Towers that take several modalities (``tower.modalities``, e.g. Qwen2-VL
-   images and videos) get batches of each, one modality per ``execute``;
+   images and videos) get batches of each, one modality per ``execute``.
+   Towers with several encoder paths (``tower.paths``, Step3-VL's global
+   views and crops) are planned per path: boundary batches sit on each
+   path's budgets (``tower.path_tokens``), eager items exceed some path's
+   largest budget, and the budgets to replay are those of each path that a
+   legal batch can reach (``PhasePlan.coverage``);
 4. runs ``manager.execute`` and compares every item with
    ``REFERENCE_TOWERS[stem].reference_outputs(host, mm_kwargs)``:
    same shape, dtype and device, finite, and
    ``max|out - ref| <= tolerance * max(1, max|ref|)``; it also checks that
    every graph output buffer is finite after each execute, that results of
    the previous execute are not overwritten by later replays, and that
-   hits + misses count every item once;
+   hits + misses count what vLLM's manager counts (each item once per
+   replayed path, once if it replayed none);
 5. returns a JSON-serialisable summary (batches, items, graph hits/misses,
    eager fallbacks, worst abs/rel error, max padding waste, failures);
    :func:`assert_equivalent` turns it into a pass/fail with coverage checks.
