@@ -38,6 +38,7 @@ from encoder_cudagraph_runtime.config import (
     VllmConfig,
 )
 
+from encoder_cudagraph_runtime.defs import ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG
 from parity_testlib import (
     WheelCode,
     load_generated_vllm_module,
@@ -1679,19 +1680,30 @@ def replay_view(
     paths: tuple[str, ...] = ("default",),
 ) -> list[dict[str, Any]]:
     """Replays of ``batches`` (in order) into one capture of ``case`` per
-    path: per path with rows, the replay's values, the captured buffers after
-    the manager's copy and what the forward saw; then the items' final rows
-    from every path's output."""
+    path (and per capture-axis keys): per path with rows, the replay's
+    values, the captured buffers after the manager's copy and what the
+    forward saw; then the items' final rows from every path's output. With
+    capture axes the manager replays what selection returns, in the graph of
+    the keys it resolves: so does this."""
     config = host.get_encoder_cudagraph_config()
-    captured = {p: _capture(host, case, p) for p in paths}
+    captured: dict[tuple, dict[str, torch.Tensor]] = {}
     views = []
     for batch in batches:
-        view: dict[str, Any] = {}
+        keys: tuple = ()
+        if config.capture_axes:
+            count = len(host.get_encoder_cudagraph_item_specs(batch))
+            batch = host.select_encoder_cudagraph_items(batch, list(range(count)))
+            keys = tuple(batch.pop(ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG))
+        view: dict[str, Any] = {"axis_keys": keys} if keys else {}
         outputs = {}
         for p in paths:
             if path_tokens(host, batch, p) == 0:
                 continue
-            seen, outputs[p] = _replay_path(host, case, config, captured[p], batch, p)
+            if (p, keys) not in captured:
+                captured[(p, keys)] = _capture(host, case, p, keys)
+            seen, outputs[p] = _replay_path(
+                host, case, config, captured[(p, keys)], batch, p
+            )
             view.update(
                 {k if p == "default" else f"{p}/{k}": v for k, v in seen.items()}
             )
@@ -1915,13 +1927,15 @@ def compare_batches(
                 lambda h, b=batch: eager_view(h, b, model.paths),
                 settings,
             )
+    axes = model.hosts(settings)[0].get_encoder_cudagraph_config().capture_axes
     for case in plan.capture_cases:
-        for path in model.paths:
+        for path, keys in itertools.product(model.paths, itertools.product(*axes)):
             where = "" if path == "default" else f",{path}"
+            where += f",keys={keys}" if keys else ""
             found += compare(
                 model,
                 f"{prefix}capture[{case.label}{where}]",
-                lambda h, c=case, p=path: capture_view(h, c, p),
+                lambda h, c=case, p=path, k=keys: capture_view(h, c, p, k),
                 settings,
             )
         gen = torch.Generator().manual_seed(case.budget * 31 + case.max_batch_size)
@@ -2179,6 +2193,37 @@ def step3_vl_batch(
         "patch_pixel_values": torch.randn(sum(counts), 3, 504, 504, generator=gen),
         "num_patches": torch.tensor(counts, dtype=torch.int64),
     }
+
+
+def step3_vl_grid(gen: torch.Generator, modality: str) -> tuple[int]:
+    """A random item: no crops, or 2 to 4 (the processor never makes one)."""
+    assert modality == "image"
+    return ((0, 2, 3, 4)[int(torch.randint(0, 4, (1,), generator=gen))],)
+
+
+@functools.cache
+def step3_vl() -> ModelParity:
+    """vLLM's Step3-VL host against one with the generated mixin; both read
+    vLLM's own token arithmetic and the same fake tower."""
+    code = _wheel_code({})
+    token_arithmetic = code.klass(
+        STEP3_VL,
+        "Step3VLForConditionalGeneration",
+        ["img_output_tokens", "patch_output_tokens", "_compute_spatial_tokens"],
+        bases=(_Step3HostParts,),
+    )
+    ours = load_generated_vllm_module("step3_vl", code).Step3VLEncoderCudaGraphMixin
+    return ModelParity(
+        name="step3_vl",
+        vllm_host=step3_vl_host_class(),
+        our_host=type("GeneratedStep3VLHost", (ours, token_arithmetic), {}),
+        make_host=lambda host_class, settings: step3_vl_host(host_class, settings),
+        modalities=("image",),
+        make_batch=step3_vl_batch,
+        random_grid=step3_vl_grid,
+        frames=lambda grid: 1,
+        paths=("global", "local"),
+    )
 
 
 # ---------------------------------------------------------------------------
