@@ -158,7 +158,7 @@ FIELD_SCOPES: dict[str, FieldScope] = {
     ),
     "replay_kwargs": FieldScope(
         frozenset({_K.CONSTANT, _K.FLAT, _K.GRID, _K.AXIS_DIM}),
-        ("device", "dtype"),
+        ("device", "dtype", "max_batch_size", "max_frames_per_batch"),
         host_paths=True,
         literals=True,
     ),
