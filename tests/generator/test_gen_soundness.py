@@ -153,9 +153,20 @@ def test_selection(world: SpecWorld, lists: bool, indices: list[int]) -> None:
     )
 
 
-def test_selection_by_video_keys(world: SpecWorld) -> None:
-    if not world.spec.has_video_keys:
-        pytest.skip("no video keys")
+VIDEO_SPECS = [p for p in SPECS if load_spec(p).has_video_keys]
+
+
+@pytest.fixture(
+    scope="module",
+    params=VIDEO_SPECS,
+    ids=[f"{p.parent.name}/{p.stem}" for p in VIDEO_SPECS],
+)
+def video_world(request) -> SpecWorld:
+    return SpecWorld(Path(request.param))
+
+
+def test_selection_by_video_keys(video_world: SpecWorld) -> None:
+    world = video_world
     rng = random.Random(7)
     items = [world.random_item(rng) for _ in range(3)]
     host = world.host()
