@@ -3,7 +3,7 @@
 # From specs/glm5_next.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm5_next.yaml`.
 # spec-sha256: c3575549c4ed50dd76892d25b692f5f5f648d2f13a2ea29bebd572d144fcdb24
-# templates-sha256: f2e37044d0c827c17bf98893d18199e054a26bde0529d1041c518204bd471112
+# templates-sha256: a504784c0de59ec58b3c28988a3a9d5a0a05e0aaa15bea9ca1adc0cdc4758f82
 
 import itertools
 from collections.abc import Hashable

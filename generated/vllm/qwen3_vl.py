@@ -3,7 +3,7 @@
 # From specs/qwen3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen3_vl.yaml`.
 # spec-sha256: 28992035a32ca0711943f61e569736ce2ca71587c2e480781972b42541c1b620
-# templates-sha256: f2e37044d0c827c17bf98893d18199e054a26bde0529d1041c518204bd471112
+# templates-sha256: a504784c0de59ec58b3c28988a3a9d5a0a05e0aaa15bea9ca1adc0cdc4758f82
 
 import itertools
 from collections.abc import Hashable

@@ -15,7 +15,7 @@ from generator.formulas import Expr
 from generator.scopes import NameKind
 from generator.spec.axes import CaptureAxis
 from generator.spec.enums import Base, DefsImport, Modality
-from generator.spec.forwards import Postprocess, SpanAssembly
+from generator.spec.forwards import Postprocess, SpanAssembly, Step
 from generator.spec.host import (
     Annotation,
     Constant,
@@ -303,6 +303,11 @@ class MixinSpec:
         return self.postprocess.span_assembly if self.postprocess else None
 
     @property
+    def post_steps(self) -> tuple[Step, ...]:
+        """Custom post-processing steps (none: another or the default kind)."""
+        return (self.postprocess.steps or ()) if self.postprocess else ()
+
+    @property
     def has_video_keys(self) -> bool:
         return any(i.video_key for i in self.inputs)
 
@@ -330,6 +335,7 @@ class MixinSpec:
             NameKind.BUILDER_RESULT: frozenset(
                 b.result_name for p in paths for b in p.metadata
             ),
+            NameKind.POST_STEP: frozenset(n for s in self.post_steps for n in s.names),
         }
 
     def constant(self, name: str) -> Constant | None:

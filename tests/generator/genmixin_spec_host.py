@@ -242,8 +242,12 @@ class SpecWorld:
         spec = self.spec
         cls = type("SpecHost", (getattr(self.module, spec.class_name),), {})
         host = cls.__new__(cls)
-        for attr in spec.host:
-            setattr(host, attr.name, HostObject())
+        for i, attr in enumerate(spec.host):
+            # A learned row (a parameter of the host) is a tensor; the rest
+            # are module trees.
+            tensor = attr.annotation == "torch.Tensor"
+            value = torch.full((OUT_WIDTH,), -10.0 - i) if tensor else HostObject()
+            setattr(host, attr.name, value)
         if "multimodal_config" in {a.name for a in spec.host}:
             host.multimodal_config = MultiModalConfig()
         for c in spec.constants:
@@ -298,6 +302,7 @@ class SpecWorld:
                 exprs += [b.call, *(v for _, v in b.capture_kwargs + b.replay_kwargs)]
                 exprs += [v for _, kw in b.replay_by_modality for _, v in kw]
             exprs += [s.expr for s in path.graph_forward + path.eager_forward.steps]
+        exprs += [s.expr for s in spec.post_steps]
         paths = {p for e in exprs for p in fx.host_paths_in(e)}
         callees = {
             sub.callee for e in exprs for sub in fx.walk(e) if isinstance(sub, fx.Call)
@@ -314,13 +319,25 @@ class SpecWorld:
             self.builders.append(fake)
             self._install(host, b.call.callee, fake)
         steps = [s for p in paths for s in p.graph_forward + p.eager_forward.steps]
+        steps += self.spec.post_steps
         for step in steps:
             for sub in fx.walk(step.expr):
                 # Methods of values and torch functions run for real.
-                if isinstance(sub, fx.Call) and is_host_call(sub):
+                if (
+                    isinstance(sub, fx.Call)
+                    and is_host_call(sub)
+                    and not self.on_tensor(sub.callee)
+                ):
                     name = _callee_name(sub.callee)
                     fake = self.calls.setdefault(name, FakeCall(name))
                     self._install(host, sub.callee, fake)
+
+    def on_tensor(self, callee) -> bool:
+        """A method of a host tensor (``image_newline.to``): runs for real."""
+        if not isinstance(callee, fx.HostPath) or len(callee.parts) < 2:
+            return False
+        root = next((a for a in self.spec.host if a.name == callee.parts[0]), None)
+        return root is not None and root.annotation == "torch.Tensor"
 
     def _install(self, host: Any, callee, fake) -> None:
         if isinstance(callee, fx.Ref):  # an imported helper

@@ -701,3 +701,95 @@ def test_the_manager_replays_the_selected_keys(axes_world: SpecWorld, seed: int)
     manager.execute(world.batch(items))
     assert replayed and all(got == want for got, want in replayed)
     assert manager.graph_hits == len(items)
+
+
+# -- custom post-processing ----------------------------------------------------------
+
+
+POST_SPECS = [p for p in SPECS if load_spec(p).post_steps]
+
+
+@pytest.fixture(scope="module", params=POST_SPECS, ids=[p.stem for p in POST_SPECS])
+def post_world(request) -> SpecWorld:
+    return SpecWorld(Path(request.param))
+
+
+def run_post_steps(world: SpecWorld, seed: int, clone: bool):
+    """Post-process a padded output of random selected items: (dest, out,
+    indices, tokens). A last step that is a host call returns rows numbered
+    in batch order (per item: the item's position)."""
+    rng = random.Random(seed)
+    items = [world.random_item(rng) for _ in range(4)]
+    indices = rng.sample(range(4), rng.randint(1, 4))
+    chosen = [items[i] for i in indices]
+    # The manager's per_item_out_tokens: every item's, by its index.
+    every = [world.item_values(it)["output_tokens"] for it in items]
+    tokens = [every[i] for i in indices]
+    rows = sum(world.item_values(it)["graph_rows"] for it in chosen)
+    out = torch.arange((rows + 3) * OUT_WIDTH, dtype=torch.float32)
+    out = out.reshape(rows + 3, OUT_WIDTH)
+    host = world.host()
+    post = world.spec.postprocess
+    call, whole = output_call(post.steps[-1].expr)
+    if whole:
+        if post.per_item:
+            queue = [torch.full((n, OUT_WIDTH), float(j)) for j, n in enumerate(tokens)]
+        else:
+            numbers = torch.arange(sum(tokens), dtype=torch.float32)
+            queue = [numbers[:, None].repeat(1, OUT_WIDTH)]
+        fake_of(world, call).queue = queue
+    batch = host.select_encoder_cudagraph_items(world.batch(items), indices)
+    dest: dict = {}
+    host.postprocess_encoder_output(
+        {"default": out}, indices, every, dest, clone=clone, batch_mm_kwargs=batch
+    )
+    return dest, out, indices, tokens, whole
+
+
+@pytest.mark.parametrize("clone", [True, False])
+@pytest.mark.parametrize("seed", range(3))
+def test_postprocess_steps(post_world: SpecWorld, seed: int, clone: bool) -> None:
+    """Every selected item gets its output_tokens rows, in order; with
+    ``clone`` none shares the graph output's memory."""
+    world = post_world
+    dest, out, indices, tokens, whole = run_post_steps(world, seed, clone)
+    assert set(dest) == set(indices)
+    offset = 0
+    for j, idx in enumerate(indices):
+        assert dest[idx].shape[0] == tokens[j]
+        if whole and world.spec.postprocess.per_item:
+            assert dest[idx][:, 0].tolist() == [float(j)] * tokens[j]
+        elif whole:
+            want = [float(r) for r in range(offset, offset + tokens[j])]
+            assert dest[idx][:, 0].tolist() == want
+        offset += tokens[j]
+        if clone:
+            assert dest[idx].untyped_storage().data_ptr() != (
+                out.untyped_storage().data_ptr()
+            ), "a result shares the graph output's memory"
+
+
+def test_postprocess_steps_clone_a_view_of_the_output(tmp_path: Path) -> None:
+    """Steps that return a view of ``path_output`` (every merge-th row) get
+    their rows cloned when the manager asks for ``clone``, and only then."""
+    source = Path(__file__).parent / "data" / "valid" / "postprocess_steps.yaml"
+    text = source.read_text(encoding="utf-8").replace(
+        "    - projector(path_output[:graph_rows], grid)",
+        "    - path_output[:graph_rows].view(-1, merge * merge, path_output.shape[-1])[:, 0]",
+    )
+    assert "[:, 0]" in text
+    spec = tmp_path / "postprocess_view.yaml"
+    spec.write_text(text, encoding="utf-8")
+    world = SpecWorld(spec)
+    for clone in (True, False):
+        dest, out, indices, tokens, _ = run_post_steps(world, 1, clone)
+        offset = 0
+        for j, idx in enumerate(indices):
+            merge = world.env["merge"]
+            first = (offset * merge * merge) * OUT_WIDTH
+            assert dest[idx][0, 0].item() == first
+            shares = dest[idx].untyped_storage().data_ptr() == (
+                out.untyped_storage().data_ptr()
+            )
+            assert shares is not clone
+            offset += tokens[j]

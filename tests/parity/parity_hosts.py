@@ -21,6 +21,7 @@ Every call the mixins make into a tower's forward is recorded (``calls``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import itertools
@@ -1090,6 +1091,147 @@ def _minimax_batch(
 @functools.cache
 def minimax_m3() -> ModelParity:
     return _minimax_parity()
+
+
+# ---------------------------------------------------------------------------
+# ERNIE-4.5-VL
+# ---------------------------------------------------------------------------
+
+ERNIE = "vllm.model_executor.models.ernie45_vl"
+#: Columns of an ERNIE pixel row: 3 channels x PATCH x PATCH (no frames).
+ERNIE_PIXEL_COLUMNS = 3 * PATCH * PATCH
+
+
+class _ErnieRotary:
+    """``Ernie4_5_VisionRotaryEmbedding(seqlen)``: position codes of
+    ``WIDTH // 4`` columns (the tower puts the h and w codes side by side)."""
+
+    def __call__(self, seqlen: Any) -> torch.Tensor:
+        steps = torch.arange(WIDTH // 4, dtype=torch.float32) / WIDTH
+        return torch.arange(int(seqlen), dtype=torch.float32)[:, None] + steps
+
+
+class _ErnieBlock:
+    def __init__(self, recorder: Recorder) -> None:
+        self.recorder = recorder
+
+    def __call__(self, x, cu_seqlens, rotary_pos_emb, max_seqlen=None):
+        codes = rotary_pos_emb.float().sum(dim=-1, keepdim=True)
+        rows = x[:, 0, :].float() + codes
+        out = varlen_attention(rows, cu_seqlens, max_seqlen, self.recorder.violations)
+        return out.to(x.dtype)[:, None, :]
+
+
+class _ErnieTowerParts(Recorder):
+    """The learned parts of ``Ernie4_5_VisionTransformer``; ``forward`` and
+    its metadata helpers are vLLM's (subclass)."""
+
+    def __init__(self, settings: HostSettings, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.spatial_merge_size = 2
+        self.attn_backend = AttentionBackendEnum[settings.backend]
+        self.patch_embed = _CallablePatchEmbed(
+            lambda x: patch_embedding(x, dtype), in_channels=3, patch_size=PATCH
+        )
+        self.rotary_pos_emb = _ErnieRotary()
+        self.blocks = [_ErnieBlock(self)]
+        self.ln = lambda x: x
+        self._dtype = dtype
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._dtype
+
+    @property
+    def device(self) -> torch.device:
+        return CPU
+
+    def __call__(self, x, grid_thw=None, num_pad=0, *, encoder_metadata=None):
+        self.calls.append(
+            {
+                "x": _snapshot(x),
+                "grid_thw": _snapshot(grid_thw),
+                "encoder_metadata": _snapshot(encoder_metadata),
+            }
+        )
+        return self.forward(x, grid_thw, num_pad, encoder_metadata=encoder_metadata)
+
+
+class ErnieResampler:
+    """``VariableResolutionResamplerModel``: each 2 x 2 merge window of
+    ``WIDTH``-wide ViT rows to one token of ``out_dim`` columns. Like the
+    real one, it refuses rows of another width (its first linear layer takes
+    four ViT rows) and rows that are not the grid's patches (its offsets
+    come from the grid)."""
+
+    out_dim = 2 * WIDTH
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, Any]] = []
+
+    def __call__(self, x: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
+        self.calls.append({"rows": x.shape[0], "grid_thw": _snapshot(grid_thw)})
+        if x.shape[-1] != WIDTH:
+            raise RuntimeError(f"rows of {x.shape[-1]} columns, not {WIDTH}")
+        patches = int(torch.as_tensor(grid_thw).prod(-1).sum())
+        if x.shape[0] != patches:
+            raise RuntimeError(f"{x.shape[0]} rows for a grid of {patches} patches")
+        merged = group_means(x, 4)
+        return torch.cat([merged, -merged], dim=-1)
+
+
+def _ernie_parity() -> ModelParity:
+    code = _wheel_code(
+        {"vllm.utils.gpu_sync_debug": {"gpu_sync_allowed": contextlib.nullcontext}}
+    )
+    tower_class = code.klass(
+        ERNIE,
+        "Ernie4_5_VisionTransformer",
+        ["forward", "prepare_encoder_metadata", "rot_pos_emb", "compute_attn_mask_seqlen"],
+        bases=(_ErnieTowerParts,),
+        exclude=["device", "dtype"],
+    )
+    host_name = "Ernie4_5_VLMoeForConditionalGeneration"
+    vllm_mixin = code.klass(
+        ERNIE, host_name, _defined(code, ERNIE, host_name), bases=(_protocol(code),)
+    )
+    ours = load_generated_vllm_module("ernie45_vl", code).Ernie45VLEncoderCudaGraphMixin
+
+    def make_host(host_class: type, settings: HostSettings) -> Any:
+        host = host_class()
+        host.vision_model = tower_class(settings, torch.float32)
+        host.resampler_model = ErnieResampler()
+        # vLLM reads the LM width from the config; the resampler is built with it.
+        host.config = _Obj(hidden_size=ErnieResampler.out_dim)
+        return host
+
+    return ModelParity(
+        name="ernie45_vl",
+        vllm_host=type("VllmErnie45VLHost", (vllm_mixin,), {}),
+        our_host=type("GeneratedErnie45VLHost", (ours,), {}),
+        make_host=make_host,
+        modalities=("image",),
+        make_batch=ernie_batch,
+        random_grid=_merged_grid,
+        frames=lambda grid: grid[0],
+    )
+
+
+def ernie_batch(
+    gen: torch.Generator, modality: str, grids: list[tuple[int, int, int]]
+) -> dict[str, Any]:
+    """An ERNIE-4.5-VL image batch of ``grids`` ([1, h, w] patches, h and w
+    even)."""
+    assert modality == "image"
+    rows = sum(t * h * w for t, h, w in grids)
+    pixels = torch.randn(rows, ERNIE_PIXEL_COLUMNS, generator=gen)
+    grid = torch.tensor(grids, dtype=torch.int64).reshape(-1, 3)
+    return {"pixel_values": pixels, "image_grid_thw": grid}
+
+
+@functools.cache
+def ernie45_vl() -> ModelParity:
+    return _ernie_parity()
 
 
 # ---------------------------------------------------------------------------

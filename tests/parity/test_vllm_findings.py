@@ -387,3 +387,21 @@ def test_gemma4_unified_inherits_a_mixin_its_tower_cannot_run() -> None:
     assert manager.get_num_graphs_to_capture() == 3
     with pytest.raises(AttributeError, match="'NoneType' object has no attribute"):
         manager.capture()
+
+
+def test_ernie45_vl_eager_batches_apply_the_resampler_twice() -> None:
+    # A batch above every budget runs eagerly; the manager then calls the
+    # mixin's post-processing on the eager rows, as on a graph's output.
+    model = hosts.ernie45_vl()
+    vllm_host, _ = model.hosts()
+    batch = model.make_batch(torch.Generator().manual_seed(0), "image", [(1, 4, 4)])
+    rows = vllm_host.encoder_eager_forward(batch)
+    # vLLM's eager forward already ran the resampler: 4 tokens of the LM width.
+    assert rows.shape == (4, hosts.ErnieResampler.out_dim)
+    with pytest.raises(RuntimeError, match="columns"):
+        vllm_host.postprocess_encoder_output(
+            {"default": rows}, [0], [4], {}, clone=True, batch_mm_kwargs=batch
+        )
+    # The second resampler call got the resampled rows.
+    calls = vllm_host.resampler_model.calls
+    assert [c["rows"] for c in calls] == [16, 4]

@@ -1277,6 +1277,46 @@ valid_case(
         "units: max(token_budget // tokens_per_tile, k)",
     ),
 )
+# -- custom post-processing steps ----------------------------------------------------
+case(
+    "post_steps_beside_span_assembly",
+    "deepseek_v41",
+    (
+        "postprocess:\n  span_assembly:",
+        "postprocess:\n  steps: [path_output]\n  span_assembly:",
+    ),
+)
+case(
+    "post_per_item_without_steps",
+    "deepseek_v41",
+    (
+        "postprocess:\n  span_assembly:",
+        "postprocess:\n  per_item: true\n  span_assembly:",
+    ),
+)
+valid_case(
+    "post_steps_with_paths",
+    "two_paths",
+    ("  concatenate: [local, global]", "  steps: [path_output]"),
+)
+valid_case(
+    "post_steps_graph_rows_per_item",
+    "postprocess_per_item",
+    ("item_output.view(t * h, w, -1)", "path_output[:graph_rows].view(t * h, w, -1)"),
+)
+valid_case(
+    "post_steps_last_assigns",
+    "postprocess_steps",
+    (
+        "    - projector(path_output[:graph_rows], grid)",
+        "    - merged = projector(path_output[:graph_rows], grid)",
+    ),
+)
+valid_case(
+    "post_steps_read_a_flat_input",
+    "postprocess_steps",
+    ("torch.tensor(image_grid_thw)", "torch.tensor(pixel_values)"),
+)
 NOT_UTF8 = {"not_utf8": ("minimax_m3", "name: MiniMax M3", "name: MiniMax M\xe9")}
 
 

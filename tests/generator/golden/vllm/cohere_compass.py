@@ -3,7 +3,7 @@
 # From specs/cohere_compass.yaml: change the spec or the templates and run
 # `gen-mixin specs/cohere_compass.yaml`.
 # spec-sha256: d0b3571feeeed12e487ccaa7caa29d450a482d4ae7cfb2cb9c2e528321160bf0
-# templates-sha256: f2e37044d0c827c17bf98893d18199e054a26bde0529d1041c518204bd471112
+# templates-sha256: a504784c0de59ec58b3c28988a3a9d5a0a05e0aaa15bea9ca1adc0cdc4758f82
 
 import itertools
 from collections.abc import Hashable

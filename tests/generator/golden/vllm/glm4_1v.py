@@ -3,7 +3,7 @@
 # From specs/glm4_1v.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm4_1v.yaml`.
 # spec-sha256: 8dbf4b67da8ee0c6b971a56e7a214b9a1b0132047a02b9a4eb35c668e955ad21
-# templates-sha256: f2e37044d0c827c17bf98893d18199e054a26bde0529d1041c518204bd471112
+# templates-sha256: a504784c0de59ec58b3c28988a3a9d5a0a05e0aaa15bea9ca1adc0cdc4758f82
 
 import itertools
 from collections.abc import Hashable
