@@ -3,7 +3,7 @@
 # From specs/deepseek_v41.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_v41.yaml`.
 # spec-sha256: 605a38a705429209ebda73e7fd5fbc8c3ce988461f13bd5c5ca2619521db03fd
-# templates-sha256: 161be2bbfb3dab10bcbd25c2356a096f1bb5bac357749c2038f0cf6b94379ec6
+# templates-sha256: 34e8c851f0d0e3d29d564f55f458f56d4851c371c2b5f478c18bfab979a6fcc8
 
 import itertools
 import weakref
@@ -83,8 +83,14 @@ def _grid_values(mm_kwargs: dict[str, Any], key: str, width: int) -> list[list[i
                 f"mm_kwargs[{key!r}] has shape {tuple(grid.shape)}; a grid has "
                 f"one row of {width} dims per item"
             )
-        rows = grid.tolist()
-    elif isinstance(grid, (list, tuple)):
+        if grid.numel() and int(grid.min()) < 1:
+            index = int((grid.min(dim=1).values < 1).nonzero()[0, 0])
+            raise ValueError(
+                f"mm_kwargs[{key!r}][{index}] is {grid[index].tolist()}; every dim "
+                "is at least 1"
+            )
+        return grid.tolist()
+    if isinstance(grid, (list, tuple)):
         rows = [list(row) if isinstance(row, (list, tuple)) else row for row in grid]
         for index, row in enumerate(rows):
             if not (
@@ -353,7 +359,7 @@ class DeepseekV4VLEncoderCudaGraphMixin:
         self, mm_kwargs: dict[str, Any], indices: list[int]
     ) -> dict[str, Any]:
         """The sub-batch ``indices`` (in that order), as valid input to every
-        other method; an empty ``indices`` gives empty tensors. The batch and
+        other method; an empty ``indices`` gives empty tensors. The grids and
         ``indices`` are checked first (``_checked_grids``)."""
         grids = self._checked_grids(mm_kwargs, indices)
         vit_grid = grids["vit_grid"]
@@ -576,8 +582,9 @@ class DeepseekV4VLEncoderCudaGraphMixin:
         self, mm_kwargs: dict[str, Any], indices: list[int] | None = None
     ) -> dict[str, list[Any]]:
         """The batch's grids and counts as Python ints, after checking on the
-        host that every input agrees with them; ``indices``, for a selection,
-        must name items of the batch.
+        host that every input agrees with them (item specs), or that
+        ``indices`` name items of the batch (a selection: its grids are
+        checked, its rows were checked by item specs).
 
         Inconsistent inputs would run without an error, on the graph and the
         eager path, and give wrong rows: ValueError names the input and the
@@ -588,6 +595,15 @@ class DeepseekV4VLEncoderCudaGraphMixin:
         vit_grid = _grid_values(mm_kwargs, "vit_grid", 2)
         llm_grid = _grid_values(mm_kwargs, "llm_grid", 2)
         num_items = _num_items({"vit_grid": vit_grid, "llm_grid": llm_grid})
+        if indices is not None:
+            # A selection: the manager checked this batch's rows in item specs,
+            # which it calls first on every execute; checking them again for
+            # every packed batch would cost the items' rows per batch.
+            _check_indices(indices, num_items)
+            return {
+                "vit_grid": vit_grid,
+                "llm_grid": llm_grid,
+            }
         r = self.config.vision_downsample_ratio
         patch = self.config.vision_patch_size
         # llm_grid is derived from vit_grid.
@@ -633,8 +649,6 @@ class DeepseekV4VLEncoderCudaGraphMixin:
             [-(-h // r) * -(-w // r) for h, w in vit_grid],
             [lh * (lw + 1) + 2 for lh, lw in llm_grid],
         )
-        if indices is not None:
-            _check_indices(indices, num_items)
         return {
             "vit_grid": vit_grid,
             "llm_grid": llm_grid,

@@ -15,7 +15,6 @@ from typing import Any
 
 from generator import formulas as fx
 from generator.emitters.method_body import Body, Loads, item_loop, signature
-from generator.scopes import CAPTURE_SIZES
 from generator.spec.inputs import FlatInput, ItemInput
 from generator.spec.mixin import MixinSpec
 
@@ -73,16 +72,23 @@ def _row(item: ItemInput) -> str:
 
 
 def _row_shape(spec: MixinSpec, body: Body, flat: FlatInput) -> str | None:
-    """The captured buffer's row shape as a tuple expression, when it depends
-    only on constants and host paths (then every real row must have it: the
-    replay copy would broadcast a narrower one silently)."""
-    tensor = next((t for t in spec.path.capture.tensors if t.key == flat.key), None)
-    if tensor is None or len(tensor.shape) < 2:
+    """The captured buffers' row shape as a tuple expression, when every path
+    that captures ``flat`` gives it one fixed by constants and host paths
+    (then every real row must have it: the replay copy would broadcast a
+    narrower one silently)."""
+    constants = {c.name for c in spec.constants}
+    shapes = set()
+    for path in spec.paths:
+        for tensor in path.capture.tensors:
+            if tensor.key != flat.key:
+                continue
+            trailing = tensor.shape[1:]
+            if not trailing or any(fx.names_in(e) - constants for e in trailing):
+                return None
+            shapes.add(tuple(body.expr(e) for e in trailing))
+    if len(shapes) != 1:
         return None
-    trailing = tensor.shape[1:]
-    if any(fx.names_in(e) & set(CAPTURE_SIZES) for e in trailing):
-        return None
-    dims = [body.expr(e) for e in trailing]
+    (dims,) = shapes
     return f"({dims[0]},)" if len(dims) == 1 else f"({', '.join(dims)})"
 
 

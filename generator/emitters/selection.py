@@ -6,6 +6,7 @@ from typing import Any
 
 from generator.emitters.item_specs import checked
 from generator.emitters.method_body import Body, Loads, per_item_list, signature
+from generator.naming import PROTOCOL_MODULES
 from generator.spec.inputs import FlatInput
 from generator.spec.mixin import MixinSpec
 
@@ -34,6 +35,12 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
         "grids": [checked(g.key) for g in spec.item_inputs if g.key in needed],
         "checked": "self._checked_grids(mm_kwargs, indices)",
         "entries": entries,
+        "axes": bool(spec.capture_axes),
+        "axes_import": (
+            PROTOCOL_MODULES[target]["defs"]
+            if spec.capture_axes and spec.local_defs_import
+            else None
+        ),
     }
     ctx["constants"] = body.bindings()
     return ctx
