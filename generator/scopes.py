@@ -54,6 +54,8 @@ BUILTIN_MEANINGS: dict[str, str] = {
     "rest": "the buffers no step names, as a dict",
     "input_size": "the item's `items.input_size`",
     "output_tokens": "the item's `items.output_tokens`",
+    "max_num_batched_tokens": "the scheduler's token limit per step",
+    "max_model_len": "the model's context length",
 }
 
 
@@ -118,6 +120,9 @@ FIELD_SCOPES: dict[str, FieldScope] = {
         frozenset({_K.DIM, _K.CONSTANT}), ("input_size", "output_tokens")
     ),
     "constants": FieldScope(frozenset({_K.CONSTANT})),
+    "budget_max": FieldScope(
+        frozenset({_K.CONSTANT}), ("max_num_batched_tokens", "max_model_len")
+    ),
     "constants_and_host": FieldScope(frozenset({_K.CONSTANT}), host_paths=True),
     "max_frames_per_video": FieldScope(
         frozenset({_K.CONSTANT}), host_paths=True, calls=True
@@ -251,7 +256,7 @@ METHODS: dict[str, Method] = {
             "get_encoder_cudagraph_budget_range",
             (SELF, Param("vllm_config", '"VllmConfig"')),
             "tuple[int, int]",
-            ("min_budget", "max_budget"),
+            ("min_budget", "max_budget", "max_num_batched_tokens", "max_model_len"),
             spec_kinds=frozenset({_K.CONSTANT}),
         ),
         Method(

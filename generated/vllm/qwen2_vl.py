@@ -3,7 +3,7 @@
 # From specs/qwen2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_vl.yaml`.
 # spec-sha256: a61607801855577c257b0c6af9f388ac7f2b849a6741b68c13ba9bb25a2b6ab3
-# templates-sha256: 34e8c851f0d0e3d29d564f55f458f56d4851c371c2b5f478c18bfab979a6fcc8
+# templates-sha256: 3787af6f58385d74aca2764429edf84fe479efb1470f800eb9bcca5305330e01
 
 import itertools
 from collections.abc import Hashable

@@ -376,6 +376,7 @@ class MixinSpec:
             ]
         flats = {i.key: i for i in inputs if isinstance(i, FlatInput)}
         budget = r.take("budget")
+        ctx.partial["budget"] = budget
         mfpv = _max_frames(r, modalities)
         guards = r.take("guards") or Guards.NONE
         if (

@@ -1158,6 +1158,17 @@ case(
     ("vit_grid: {kind: grid, dims: [h, w]}", 'vit_grid: {kind: grid, dims: [h, w], equals: {w: "lw * r"}}'),
 )
 
+# -- the largest budget (budget.max) ---------------------------------------------------
+
+_MAX = "max: r * r * min(max_num_batched_tokens, max_model_len)"
+case("budget_max_below_min", "deepseek_v41", (_MAX, "max: r * 16"))
+case(
+    "budget_max_falls",
+    "deepseek_v41",
+    (_MAX, "max: 64 + 1000000 // min(max_num_batched_tokens, max_model_len)"),
+)
+case("budget_max_unknown_name", "deepseek_v41", (_MAX, "max: r * r * max_tokens"))
+
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     wanted = set(cases) | set(NOT_UTF8)
