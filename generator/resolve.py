@@ -104,10 +104,11 @@ def _path_arithmetic(ctx: ReadContext, path: dict, items, tokens):
     parts = ctx.partial
     constants = parts.get("constants", ())
     buffers = path.get("buffers", ())
+    video = parts.get("video", False)
     if "output_tokens" in path and tokens is None:
         items = None  # its rows per item did not resolve
     if items is None or path.get("capture") is None:
-        yield from slot_problems(constants, buffers)
+        yield from slot_problems(constants, buffers, video=video)
         return
     yield from capture_problems(
         Arithmetic(
@@ -118,7 +119,8 @@ def _path_arithmetic(ctx: ReadContext, path: dict, items, tokens):
             buffers,
             parts.get("sizes", ()),
             parts.get("items_resolved", True),
-            parts.get("capture_axes", ()),
+            video=video,
+            axes=parts.get("capture_axes", ()),
         )
     )
 

@@ -33,6 +33,7 @@ class NameKind(Enum):
     BUFFER = "buffer"
     GRAPH_STEP = "graph_forward step"
     EAGER_STEP = "eager_forward step"
+    POST_STEP = "postprocess step"
     BUILDER_RESULT = "builder result"  # chosen by the generator, never collides
 
 
@@ -56,6 +57,11 @@ BUILTIN_MEANINGS: dict[str, str] = {
     "output_tokens": "the item's `items.output_tokens`",
     "max_num_batched_tokens": "the scheduler's token limit per step",
     "max_model_len": "the model's context length",
+    "path_output": "the path's output rows for the batch (a graph's padded output "
+    "buffer or the eager forward's rows)",
+    "graph_rows": "the graph rows of the batch's items (`items.graph_rows`, else "
+    "`output_tokens`, summed): `path_output[:graph_rows]` are the real rows",
+    "item_output": "the item's graph rows of `path_output`",
 }
 
 
@@ -157,12 +163,13 @@ FIELD_SCOPES: dict[str, FieldScope] = {
     ),
     "replay_kwargs": FieldScope(
         frozenset({_K.CONSTANT, _K.FLAT, _K.GRID, _K.AXIS_DIM}),
-        ("device", "dtype"),
+        ("device", "dtype", "max_batch_size", "max_frames_per_batch"),
         host_paths=True,
         literals=True,
     ),
     "slots": FieldScope(
-        frozenset({_K.CONSTANT}), ("max_batch_size", "max_frames_per_batch")
+        frozenset({_K.CONSTANT}),
+        ("max_batch_size", "max_frames_per_batch", "token_budget"),
     ),
     "buffer_shape": FieldScope(
         frozenset({_K.CONSTANT, _K.SIZE, _K.AXIS_DIM}),
@@ -185,6 +192,22 @@ FIELD_SCOPES: dict[str, FieldScope] = {
     ),
     "eager_steps_per_item": FieldScope(
         frozenset({_K.FLAT, _K.CONSTANT, _K.DIM, _K.EAGER_STEP}),
+        host_paths=True,
+        calls=True,
+        literals=True,
+        tensor_ops=True,
+    ),
+    "post_steps": FieldScope(
+        frozenset({_K.CONSTANT, _K.GRID, _K.POST_STEP}),
+        ("path_output", "graph_rows"),
+        host_paths=True,
+        calls=True,
+        literals=True,
+        tensor_ops=True,
+    ),
+    "post_steps_per_item": FieldScope(
+        frozenset({_K.CONSTANT, _K.DIM, _K.POST_STEP}),
+        ("path_output", "item_output"),
         host_paths=True,
         calls=True,
         literals=True,
@@ -249,6 +272,7 @@ METHODS: dict[str, Method] = {
                 "EncoderCudaGraphPathConfig",
                 "mm_config",
                 "backend",
+                "modalities",
             ),
             spec_kinds=frozenset({_K.CONSTANT}),
         ),
@@ -287,7 +311,9 @@ METHODS: dict[str, Method] = {
             ),
             "{EncoderCudaGraphCaptureInputs}",
             (
+                "AttentionBackendEnum",
                 "EncoderCudaGraphCaptureInputs",
+                "backend",
                 "k",
                 "frames_per_item",
                 "rows",
@@ -375,8 +401,16 @@ METHODS: dict[str, Method] = {
                 "per_item",
                 "item_rows",
                 "row_start",
+                "path_output",
+                "graph_rows",
+                "item_output",
+                "post_rows",
+                "item_tokens",
+                "batch_tokens",
+                "aliased",
+                "_",
             ),
-            spec_kinds=_READS_INPUTS | {_K.IMPORT},
+            spec_kinds=_READS_INPUTS | {_K.IMPORT, _K.POST_STEP},
             exploded=True,
         ),
         Method("get_input_modality", (SELF, MM_KWARGS), "str"),
@@ -541,6 +575,12 @@ METHODS: dict[str, Method] = {
             (Param("dst", "torch.Tensor"), Param("src", "torch.Tensor")),
             "None",
             ("n",),
+        ),
+        Method(
+            "_pad_flashinfer_sections",
+            (Param("dst", "torch.Tensor"), Param("src", "torch.Tensor")),
+            "None",
+            ("n", "half"),
         ),
     )
 }

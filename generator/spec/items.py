@@ -233,3 +233,33 @@ class Guards:
 
 
 Guards.NONE = Guards(ImageLimitGuard.OFF, False, None)
+
+
+@dataclass(frozen=True)
+class CaptureOff:
+    """A host flag that turns capture off: the config then lists no
+    modality (vLLM's EVS video pruning, whose post-processing the graphs
+    would skip)."""
+
+    when: HostPath
+    why: str | None
+
+    KEYS: ClassVar = Keys(
+        Key(
+            "when",
+            HostPathValue(),
+            "Host path of a flag: when it is true, `modalities` is `[]` (and "
+            "`max_frames_per_video` 1), so nothing is captured, and no guard "
+            "refuses the configuration.",
+            required=True,
+            example="is_multimodal_pruning_enabled",
+        ),
+        Key("why", Text(), "Comment on the condition."),
+    )
+    DOC_TITLE = "capture_off"
+
+    @classmethod
+    def from_yaml(cls, r: Reader, **_: Any) -> CaptureOff | None:
+        when = r.take("when")
+        why = r.take("why")
+        return None if when is None else cls(when, why)

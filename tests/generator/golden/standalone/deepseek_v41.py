@@ -3,7 +3,7 @@
 # From specs/deepseek_v41.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_v41.yaml`.
 # spec-sha256: 5a5e49b0dc755e0765f16e9bea83916dae1ad10e566a6756645034252356e46f
-# templates-sha256: 3787af6f58385d74aca2764429edf84fe479efb1470f800eb9bcca5305330e01
+# templates-sha256: 138b89c8a4fcf67e533e44d57594db7b6d29cd99dcb17c2b04a7aaef7adcd218
 
 import itertools
 import weakref

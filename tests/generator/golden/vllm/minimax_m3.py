@@ -3,7 +3,7 @@
 # From specs/minimax_m3.yaml: change the spec or the templates and run
 # `gen-mixin specs/minimax_m3.yaml`.
 # spec-sha256: 679a222a35671178384492aa0dc1e20daf1dbe9ee4c77a16239d17f4a618116f
-# templates-sha256: 3787af6f58385d74aca2764429edf84fe479efb1470f800eb9bcca5305330e01
+# templates-sha256: 138b89c8a4fcf67e533e44d57594db7b6d29cd99dcb17c2b04a7aaef7adcd218
 
 import itertools
 import weakref
