@@ -24,6 +24,7 @@ from generator.static_checks import (
     Arithmetic,
     PathRows,
     axis_problems,
+    budget_range_problems,
     capture_problems,
     path_problems,
     slot_problems,
@@ -90,6 +91,7 @@ def _arithmetic_problems(ctx: ReadContext):
             yield prefix + field, message
     axes = parts.get("capture_axes", ())
     yield from axis_problems(axes, constants)
+    yield from budget_range_problems(parts.get("budget"), constants)
     if items is not None and named and len(named) == len(parts["paths"]):
         yield from path_problems(
             tuple(named), items, constants, parts.get("item_inputs", ())

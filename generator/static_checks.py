@@ -187,6 +187,46 @@ def flat_rows(flat: FlatInput, env: Mapping[str, int], dims: Mapping[str, int]) 
     return value_at(field, flat.rows, {**env, **dims})
 
 
+#: Scheduler steps (``min(max_num_batched_tokens, max_model_len)``) the
+#: largest budget is sampled at.
+SAMPLE_STEPS = (64, 512, 2048, 8192, 16384, 131072)
+
+
+def budget_range_problems(budget, constants) -> Iterator[tuple[str, str]]:
+    """``budget.max``: at every sampled step (``max_num_batched_tokens =
+    max_model_len``, and each twice the other), at least the smallest budget
+    and not falling as the step grows; a range that breaks either captures
+    no graph or fewer for a larger step."""
+    if budget is None or budget.max is None:
+        return
+    env = {c.name: c.default for c in constants if c.default is not None}
+    try:
+        minimum = value_at("budget.min", budget.min, env)
+        previous = None
+        for step in SAMPLE_STEPS:
+            for tokens, length in ((step, step), (step, 2 * step), (2 * step, step)):
+                scope = {**env, "max_num_batched_tokens": tokens, "max_model_len": length}
+                largest = value_at("budget.max", budget.max, scope)
+                if min(tokens, length) >= minimum and largest < minimum:
+                    yield "budget.max", (
+                        f"is {largest} at max_num_batched_tokens={tokens}, "
+                        f"max_model_len={length}: below the smallest budget "
+                        f"({minimum}), so no graph would be captured"
+                    )
+                    return
+            if previous is not None and largest < previous:
+                yield "budget.max", (
+                    f"falls from {previous} to {largest} as the step grows to "
+                    f"{step} tokens: a larger step must not shrink the range"
+                )
+                return
+            previous = largest
+    except EvaluationError:
+        return  # a constant without a default: nothing known to check
+    except OutOfRange as exc:
+        yield exc.field, exc.message
+
+
 def capture_problems(
     ir: Arithmetic, overrides: Mapping[str, int] | None = None
 ) -> Iterator[tuple[str, str]]:

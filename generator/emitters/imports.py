@@ -33,8 +33,8 @@ def used_import_names(spec: MixinSpec) -> set[str]:
     span = spec.span_assembly
     if span is not None:
         used.add(span.content.name)
-        # The first delimiter is the index's fallback (offset 0): not named.
-        used.update(imp.name for imp, _ in span.delimiters[1:])
+        # Every delimiter: the input checks name each span type.
+        used.update(imp.name for imp, _ in span.delimiters)
     return used
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import ClassVar
 
+from generator import formulas as fx
 from generator.formulas import Expr
 from generator.scopes import NameKind
 from generator.spec.axes import CaptureAxis
@@ -388,6 +389,7 @@ class MixinSpec:
             ]
         flats = {i.key: i for i in inputs if isinstance(i, FlatInput)}
         budget = r.take("budget")
+        ctx.partial["budget"] = budget
         mfpv = _max_frames(r, modalities)
         guards = r.take("guards") or Guards.NONE
         capture_off = r.take("capture_off")
@@ -590,7 +592,30 @@ def _inputs(r: Reader, modalities) -> list[Input]:
     if not any(isinstance(i, FlatInput) for i in inputs):
         r.error("inputs", "at least one flat input is needed")
     _check_video_keys(r, node, modalities)
+    _check_equals(r, node, inputs)
     return inputs
+
+
+def _check_equals(r: Reader, node, inputs: list[Input]) -> None:
+    """The formulas of ``equals`` read free dims only (dims without a formula
+    of their own), so that every derived dim follows from drawn ones."""
+    derived = {
+        dim: i.key for i in inputs if isinstance(i, ItemInput) for dim in i.derived_dims
+    }
+    for inp in inputs:
+        if not isinstance(inp, ItemInput):
+            continue
+        for dim, expr in inp.equals:
+            chained = sorted(fx.names_in(expr) & derived.keys())
+            if chained:
+                where = node.value[inp.key].value["equals"].key_locations[dim]
+                r.ctx.error(
+                    where,
+                    f"inputs.{inp.key}.equals.{dim}",
+                    f"reads {', '.join(chained)}, which inputs."
+                    f"{derived[chained[0]]}.equals derives itself: write the "
+                    "formula over the dims it is derived from",
+                )
 
 
 def _check_video_keys(r: Reader, node, modalities) -> None:

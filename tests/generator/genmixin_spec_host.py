@@ -374,13 +374,27 @@ class SpecWorld:
         self, rng: random.Random, big: int = 3, zero_counts: bool = False
     ) -> dict[str, int]:
         """Random dims (multiples of :meth:`dim_step`); counts may be 0 with
-        ``zero_counts`` (an image without crops)."""
+        ``zero_counts`` (an image without crops). Free dims are drawn, derived
+        dims (``inputs.<key>.equals``) computed."""
         step = self.dim_step()
-        return {
-            d: step * rng.randint(0 if zero_counts and g.is_count else 1, big)
-            for g in self.spec.item_inputs
-            for d in g.dims
-        }
+        derived = {d for g in self.spec.item_inputs for d in g.derived_dims}
+        return self.derive(
+            {
+                d: step * rng.randint(0 if zero_counts and g.is_count else 1, big)
+                for g in self.spec.item_inputs
+                for d in g.dims
+                if d not in derived
+            }
+        )
+
+    def derive(self, item: dict[str, int]) -> dict[str, int]:
+        """``item`` with every derived dim set from its formula."""
+        out = dict(item)
+        for g in self.spec.item_inputs:
+            for dim, expr in g.equals:
+                out[dim] = self.value(expr, **item)
+        order = [d for g in self.spec.item_inputs for d in g.dims]
+        return {d: out[d] for d in order}
 
     def batch(
         self,
@@ -421,7 +435,10 @@ class SpecWorld:
 
     def flat_tensor(self, key: str, items) -> torch.Tensor:
         """Row ``r`` of item ``i`` starts with ``(i, r)``: a selection's order
-        shows (rows of one element hold ``i``)."""
+        shows (rows of one element hold ``i``). Span types are valid ones."""
+        span = self.spec.span_assembly
+        if span is not None and span.types.key == key:
+            return self.span_types(items)
         shape = self.row_shape(key)
         width = math.prod(shape)
         rows = []
@@ -434,6 +451,20 @@ class SpecWorld:
                 rows.append(row)
         flat = torch.stack(rows) if rows else torch.zeros(0, width)
         return flat.reshape(len(rows), *shape)
+
+    def span_types(self, items) -> torch.Tensor:
+        """Per item: its graph rows as content positions, then delimiters
+        rotated by the item's index (so that a selection's order shows), one
+        type per output token."""
+        span = self.spec.span_assembly
+        content = getattr(self.module, span.content.name)
+        marks = [getattr(self.module, imp.name) for imp, _ in span.delimiters]
+        types: list[int] = []
+        for i, it in enumerate(items):
+            rows = self.graph_rows(it)
+            extra = self.item_values(it)["output_tokens"] - rows
+            types += [content] * rows + [marks[(i + j) % len(marks)] for j in range(extra)]
+        return torch.tensor(types, dtype=torch.int64)
 
     @staticmethod
     def row_ids(flat: torch.Tensor) -> list[list[float]]:
@@ -471,7 +502,7 @@ class SpecWorld:
         allows (each dim grown in turn), or None when even the smallest does
         not fit."""
         step = self.dim_step()
-        item = {d: step for g in self.spec.item_inputs for d in g.dims}
+        item = self.derive({d: step for g in self.spec.item_inputs for d in g.dims})
 
         def fits(candidate: dict[str, int]) -> bool:
             return self.item_values(candidate, path)["budget_tokens"] <= budget
@@ -480,10 +511,11 @@ class SpecWorld:
             return None
         items = self.spec.items.on_path(path.output_tokens if path else None)
         counted = fx.names_in(items.budget_tokens or items.output_tokens)
-        for dim in (d for d in item if d in counted):
+        derived = {d for g in self.spec.item_inputs for d in g.derived_dims}
+        for dim in (d for d in item if d in counted and d not in derived):
             grow = step
             while grow >= step:
-                trial = {**item, dim: item[dim] + grow}
+                trial = self.derive({**item, dim: item[dim] + grow})
                 if fits(trial) and trial[dim] <= budget * step:
                     item = trial
                     grow *= 2

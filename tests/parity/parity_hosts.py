@@ -1235,6 +1235,116 @@ def ernie45_vl() -> ModelParity:
 
 
 # ---------------------------------------------------------------------------
+# DeepSeek-VL2
+# ---------------------------------------------------------------------------
+
+DEEPSEEK_VL2 = "vllm.model_executor.models.deepseek_vl2"
+#: The fake DeepSeek-VL2's tiles: 6 x 6 pixels of 2 x 2 patches, 3 x 3
+#: patches per tile, which the projector pads to 4 x 4 and merges to 2 x 2
+#: (the released 384 / 14 = 27 patches pad to 28 and merge to 14 the same way).
+DV2_SIDE = 6
+DV2_PATCH = 2
+DV2_EMBED = 2 * WIDTH
+
+
+class _DeepseekVL2Vision(Recorder):
+    """timm's SigLIP ``forward_features``: each tile's patches to
+    ``WIDTH``-wide rows, ``(tiles, patches, WIDTH)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.patch_embed = _Obj(
+            img_size=(DV2_SIDE, DV2_SIDE), patch_size=(DV2_PATCH, DV2_PATCH)
+        )
+
+    def forward_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        self.calls.append({"pixel_values": _snapshot(pixel_values)})
+        tiles = pixel_values.shape[0]
+        grid = DV2_SIDE // DV2_PATCH
+        patches = pixel_values.reshape(tiles, 3, grid, DV2_PATCH, grid, DV2_PATCH)
+        patches = patches.permute(0, 2, 4, 1, 3, 5).reshape(tiles * grid * grid, -1)
+        rows = patch_embedding(patches, pixel_values.dtype)
+        return rows.reshape(tiles, grid * grid, WIDTH)
+
+
+class _DeepseekVL2ProjectorParts:
+    """``MlpProjector``'s learned layers (a fixed linear map of each merged
+    2 x 2 window); its ``forward`` (padding and unfold) is vLLM's."""
+
+    def __init__(self) -> None:
+        self.cfg = _Obj(downsample_ratio=2, n_embed=DV2_EMBED)
+        self.projector_type = "downsample_mlp_gelu"
+        self.layers = lambda x: x @ _mixing(4 * WIDTH, DV2_EMBED)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward(x)
+
+
+def _dv2_parity() -> ModelParity:
+    code = _wheel_code({})
+    projector_class = code.klass(
+        DEEPSEEK_VL2, "MlpProjector", ["forward"], bases=(_DeepseekVL2ProjectorParts,)
+    )
+    host_name = "DeepseekVLV2ForCausalLM"
+    vllm_mixin = code.klass(
+        DEEPSEEK_VL2,
+        host_name,
+        [*_defined(code, DEEPSEEK_VL2, host_name), "_proj_hw"],
+        bases=(_protocol(code),),
+    )
+    ours = load_generated_vllm_module(
+        "deepseek_vl2", code
+    ).DeepseekVL2EncoderCudaGraphMixin
+
+    def make_host(host_class: type, settings: HostSettings) -> Any:
+        host = host_class()
+        host.vision = _DeepseekVL2Vision()
+        host.projector = projector_class()
+        host.vision_config = _Obj(image_size=DV2_SIDE, patch_size=DV2_PATCH)
+        host.projector_config = host.projector.cfg
+        host.model_config = settings.vllm_config().model_config
+        rows = torch.arange(DV2_EMBED, dtype=torch.float32)
+        host.image_newline = -1.0 - rows / 64
+        host.view_seperator = -2.0 - rows / 64
+        host.global_view_pos = "head"
+        return host
+
+    return ModelParity(
+        name="deepseek_vl2",
+        vllm_host=type("VllmDeepseekVL2Host", (vllm_mixin,), {}),
+        our_host=type("GeneratedDeepseekVL2Host", (ours,), {}),
+        make_host=make_host,
+        modalities=("image",),
+        make_batch=deepseek_vl2_batch,
+        random_grid=_tile_grid,
+        frames=lambda grid: 1,
+    )
+
+
+def _tile_grid(gen: torch.Generator, modality: str) -> tuple[int, int]:
+    """A random ``(tw, th)`` local tile grid of 1..3 x 1..3 tiles."""
+    tw, th = torch.randint(1, 4, (2,), generator=gen).tolist()
+    return (tw, th)
+
+
+def deepseek_vl2_batch(
+    gen: torch.Generator, modality: str, grids: list[tuple[int, int]]
+) -> dict[str, Any]:
+    """A DeepSeek-VL2 image batch: per image a global tile and ``tw x th``
+    local tiles of pixels, and its ``images_spatial_crop`` row."""
+    assert modality == "image"
+    tiles = sum(1 + tw * th for tw, th in grids)
+    pixels = torch.randn(tiles, 3, DV2_SIDE, DV2_SIDE, generator=gen)
+    crop = torch.tensor(grids, dtype=torch.int64).reshape(-1, 2)
+    return {"pixel_values": pixels, "images_spatial_crop": crop}
+
+
+@functools.cache
+def deepseek_vl2() -> ModelParity:
+    return _dv2_parity()
+
+
+# ---------------------------------------------------------------------------
 # DeepSeek-V4.1
 # ---------------------------------------------------------------------------
 

@@ -405,3 +405,17 @@ def test_ernie45_vl_eager_batches_apply_the_resampler_twice() -> None:
     # The second resampler call got the resampled rows.
     calls = vllm_host.resampler_model.calls
     assert [c["rows"] for c in calls] == [16, 4]
+
+
+def test_deepseek_vl2_eager_batches_have_no_output() -> None:
+    # A batch above every budget: the manager calls the eager forward, then
+    # post-processes its output as it does a graph's.
+    model = hosts.deepseek_vl2()
+    vllm_host, _ = model.hosts()
+    batch = model.make_batch(torch.Generator().manual_seed(0), "image", [(3, 2)])
+    output = vllm_host.encoder_eager_forward(batch)
+    assert output is None
+    with pytest.raises(AttributeError, match="shape"):
+        vllm_host.postprocess_encoder_output(
+            {"default": output}, [0], [1], {}, clone=True, batch_mm_kwargs=batch
+        )

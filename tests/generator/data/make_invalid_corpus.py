@@ -944,7 +944,7 @@ case(
 case(
     "grid_dim_not_a_name",
     "deepseek_v41",
-    ("llm_grid: {kind: grid, dims: [lh, lw]}", "llm_grid: {kind: grid, dims: [1, lw]}"),
+    ("llm_grid: {kind: grid, dims: [lh, lw],", "llm_grid: {kind: grid, dims: [1, lw],"),
 )
 # -- encoder paths (paths:) -------------------------------------------------------
 # A path's keys beside the top-level ones, and an empty path.
@@ -1319,6 +1319,46 @@ valid_case(
 )
 NOT_UTF8 = {"not_utf8": ("minimax_m3", "name: MiniMax M3", "name: MiniMax M\xe9")}
 
+
+# -- derived grids (inputs.<key>.equals) ----------------------------------------------
+
+_EQUALS = '{lh: "ceil_div(h, r)", lw: "ceil_div(w, r)"}'
+case(
+    "equals_not_a_dim",
+    "deepseek_v41",
+    (_EQUALS, '{lx: "ceil_div(h, r)", lw: "ceil_div(w, r)"}'),
+)
+case(
+    "equals_reads_its_own_dim",
+    "deepseek_v41",
+    (_EQUALS, '{lh: "ceil_div(h, r)", lw: "ceil_div(lw, r)"}'),
+)
+case(
+    "equals_unknown_name",
+    "deepseek_v41",
+    (_EQUALS, '{lh: "ceil_div(h, q)", lw: "ceil_div(w, r)"}'),
+)
+case(
+    "equals_on_a_flat_input",
+    "deepseek_v41",
+    ("types: {kind: flat, rows: output_tokens}", 'types: {kind: flat, rows: output_tokens, equals: {n: "h"}}'),
+)
+case(
+    "equals_chained",
+    "deepseek_v41",
+    ("vit_grid: {kind: grid, dims: [h, w]}", 'vit_grid: {kind: grid, dims: [h, w], equals: {w: "lw * r"}}'),
+)
+
+# -- the largest budget (budget.max) ---------------------------------------------------
+
+_MAX = "max: r * r * min(max_num_batched_tokens, max_model_len)"
+case("budget_max_below_min", "deepseek_v41", (_MAX, "max: r * 16"))
+case(
+    "budget_max_falls",
+    "deepseek_v41",
+    (_MAX, "max: 64 + 1000000 // min(max_num_batched_tokens, max_model_len)"),
+)
+case("budget_max_unknown_name", "deepseek_v41", (_MAX, "max: r * r * max_tokens"))
 
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
