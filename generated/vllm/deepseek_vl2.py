@@ -3,7 +3,7 @@
 # From specs/deepseek_vl2.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_vl2.yaml`.
 # spec-sha256: 6f892ea020ee953004c7a45b78d4d9f058c9fcef960abef7cba31604ab4b32b1
-# templates-sha256: 6f74a5bfb489d71df5c41bd432fe0ccceb6ea7fdd51638c64a66fb8548b19f5c
+# templates-sha256: 138b89c8a4fcf67e533e44d57594db7b6d29cd99dcb17c2b04a7aaef7adcd218
 
 import itertools
 from collections.abc import Hashable
@@ -47,6 +47,118 @@ def _select_grid(rows: list[list[int]], indices: list[int], width: int) -> torch
     if not indices:
         return torch.zeros((0, width), dtype=torch.int64)
     return torch.tensor([rows[i] for i in indices], dtype=torch.int64)
+
+
+def _grid_values(mm_kwargs: dict[str, Any], key: str, width: int) -> list[list[int]]:
+    """The grid ``key`` as rows of Python ints: an integer tensor of shape
+    ``(items, width)`` or a list of rows of ``width`` ints, every dim at
+    least 1. Anything else is refused, not converted (``int()`` would
+    truncate a float grid)."""
+    grid = mm_kwargs[key]
+    if isinstance(grid, torch.Tensor):
+        if (
+            grid.dtype.is_floating_point
+            or grid.dtype.is_complex
+            or grid.dtype == torch.bool
+        ):
+            raise ValueError(
+                f"mm_kwargs[{key!r}] holds {grid.dtype} values, not integers"
+            )
+        if grid.ndim != 2 or grid.shape[1] != width:
+            raise ValueError(
+                f"mm_kwargs[{key!r}] has shape {tuple(grid.shape)}; a grid has "
+                f"one row of {width} dims per item"
+            )
+        if grid.numel() and int(grid.min()) < 1:
+            index = int((grid.min(dim=1).values < 1).nonzero()[0, 0])
+            raise ValueError(
+                f"mm_kwargs[{key!r}][{index}] is {grid[index].tolist()}; every dim "
+                "is at least 1"
+            )
+        return grid.tolist()
+    if isinstance(grid, (list, tuple)):
+        rows = [list(row) if isinstance(row, (list, tuple)) else row for row in grid]
+        for index, row in enumerate(rows):
+            if not (
+                isinstance(row, list)
+                and len(row) == width
+                and all(type(v) is int for v in row)
+            ):
+                raise ValueError(
+                    f"mm_kwargs[{key!r}][{index}] is {row!r}; a grid row is "
+                    f"{width} ints"
+                )
+    else:
+        raise ValueError(
+            f"mm_kwargs[{key!r}] is a {type(grid).__name__}; a grid is an "
+            "integer tensor or a list of rows"
+        )
+    if rows and min(map(min, rows)) < 1:
+        index = next(i for i, row in enumerate(rows) if min(row) < 1)
+        raise ValueError(
+            f"mm_kwargs[{key!r}][{index}] is {rows[index]}; every dim is at least 1"
+        )
+    return rows
+
+
+def _num_items(inputs: dict[str, list[Any]]) -> int:
+    """The batch's item count: every grid and count input has one entry per
+    item."""
+    counts = {key: len(values) for key, values in inputs.items()}
+    if len(set(counts.values())) > 1:
+        listed = ", ".join(f"mm_kwargs[{k!r}] has {n}" for k, n in counts.items())
+        raise ValueError(f"the inputs disagree on the number of items: {listed}")
+    return next(iter(counts.values()))
+
+
+def _check_rows(
+    mm_kwargs: dict[str, Any],
+    key: str,
+    rows: int,
+    num_items: int,
+    per_item: str,
+    row_shape: tuple[int, ...] | None = None,
+    accepts_list: bool = False,
+) -> None:
+    """The flat input ``key`` holds exactly ``rows`` rows, its items'
+    ``per_item`` summed, each of ``row_shape`` (the captured buffer's row,
+    when it is fixed: the replay copy would broadcast a narrower one).
+
+    Selection, replay and the eager forward slice the rows by the grids; rows
+    that do not match them would shift every item without an error. Only
+    shapes are read.
+    """
+    value = mm_kwargs[key]
+    parts = value if accepts_list and isinstance(value, list) else [value]
+    for part in parts:
+        if not isinstance(part, torch.Tensor) or part.ndim == 0:
+            raise ValueError(
+                f"mm_kwargs[{key!r}] is a {type(part).__name__}; it must be a "
+                "tensor of rows" + (" or a list of them" if accepts_list else "")
+            )
+        if row_shape is not None and part.shape[1:] != row_shape:
+            raise ValueError(
+                f"mm_kwargs[{key!r}] has rows of shape {tuple(part.shape[1:])}, "
+                f"but the captured buffers hold rows of shape {row_shape}"
+            )
+    held = sum(part.shape[0] for part in parts)
+    if held != rows:
+        raise ValueError(
+            f"mm_kwargs[{key!r}] has {held} rows, but its {num_items} item(s) "
+            f"need {rows} ({per_item})"
+        )
+
+
+def _check_indices(indices: list[int], num_items: int) -> None:
+    """A selection names items of the batch by position: ints in
+    ``range(num_items)``, repeated or reordered at will. A negative index
+    would pick a grid row from the end but slice no rows."""
+    for index in indices:
+        if type(index) is not int or not 0 <= index < num_items:
+            raise ValueError(
+                f"selection index {index!r} is not an item of this batch of "
+                f"{num_items}"
+            )
 
 
 class DeepseekVL2EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
@@ -103,10 +215,13 @@ class DeepseekVL2EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
     def get_encoder_cudagraph_item_specs(
         self, mm_kwargs: dict[str, Any]
     ) -> list["EncoderItemSpec"]:
-        """One spec per item, in order, computed from the host-side grids."""
+        """One spec per item, in order, computed from the host-side grids once
+        the batch's inputs are checked against them (``_checked_grids``).
+        """
         from vllm.v1.worker.encoder_cudagraph_defs import EncoderItemSpec
 
-        images_spatial_crop = self._grid_rows(mm_kwargs, "images_spatial_crop")
+        grids = self._checked_grids(mm_kwargs)
+        images_spatial_crop = grids["images_spatial_crop"]
         side = self.vision.patch_embed.img_size[0]
         patch = self.vision.patch_embed.patch_size[0]
         ratio = self.projector.cfg.downsample_ratio
@@ -127,8 +242,10 @@ class DeepseekVL2EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         self, mm_kwargs: dict[str, Any], indices: list[int]
     ) -> dict[str, Any]:
         """The sub-batch ``indices`` (in that order), as valid input to every
-        other method; an empty ``indices`` gives empty tensors."""
-        images_spatial_crop = self._grid_rows(mm_kwargs, "images_spatial_crop")
+        other method; an empty ``indices`` gives empty tensors. The grids and
+        ``indices`` are checked first (``_checked_grids``)."""
+        grids = self._checked_grids(mm_kwargs, indices)
+        images_spatial_crop = grids["images_spatial_crop"]
         return {
             "pixel_values": _select_rows(
                 mm_kwargs["pixel_values"],
@@ -264,6 +381,43 @@ class DeepseekVL2EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
             dest[idx] = post_rows.clone() if clone and aliased else post_rows
 
     # -- helpers -------------------------------------------------------------------
+
+    def _checked_grids(
+        self, mm_kwargs: dict[str, Any], indices: list[int] | None = None
+    ) -> dict[str, list[Any]]:
+        """The batch's grids and counts as Python ints, after checking on the
+        host that every input agrees with them (item specs), or that
+        ``indices`` name items of the batch (a selection: its grids are
+        checked, its rows were checked by item specs).
+
+        Inconsistent inputs would run without an error, on the graph and the
+        eager path, and give wrong rows: ValueError names the input and the
+        mismatch instead. Only shapes and the grids (which every method reads
+        as Python ints anyway) are read: checking adds no device
+        synchronisation.
+        """
+        images_spatial_crop = _grid_values(mm_kwargs, "images_spatial_crop", 2)
+        num_items = _num_items({"images_spatial_crop": images_spatial_crop})
+        if indices is not None:
+            # A selection: the manager checked this batch's rows in item specs,
+            # which it calls first on every execute; checking them again for
+            # every packed batch would cost the items' rows per batch.
+            _check_indices(indices, num_items)
+            return {
+                "images_spatial_crop": images_spatial_crop,
+            }
+        side = self.vision.patch_embed.img_size[0]
+        _check_rows(
+            mm_kwargs,
+            "pixel_values",
+            sum(1 + tw * th for tw, th in images_spatial_crop),
+            num_items,
+            "1 + tw * th from images_spatial_crop",
+            row_shape=(3, side, side),
+        )
+        return {
+            "images_spatial_crop": images_spatial_crop,
+        }
 
     @staticmethod
     def _grid_rows(mm_kwargs: dict[str, Any], key: str) -> list[list[int]]:

@@ -22,6 +22,9 @@ def used_import_names(spec: MixinSpec) -> set[str]:
         exprs += [
             v for m in path.metadata for _, v in m.capture_kwargs + m.replay_kwargs
         ]
+        exprs += [
+            v for m in path.metadata for _, kw in m.replay_by_modality for _, v in kw
+        ]
         exprs += [s.expr for s in path.graph_forward + path.eager_forward.steps]
     exprs += [s.expr for s in spec.post_steps]
     used = set().union(*(fx.names_in(e) for e in exprs)) if exprs else set()
@@ -30,8 +33,8 @@ def used_import_names(spec: MixinSpec) -> set[str]:
     span = spec.span_assembly
     if span is not None:
         used.add(span.content.name)
-        # The first delimiter is the index's fallback (offset 0): not named.
-        used.update(imp.name for imp, _ in span.delimiters[1:])
+        # Every delimiter: the input checks name each span type.
+        used.update(imp.name for imp, _ in span.delimiters)
     return used
 
 
