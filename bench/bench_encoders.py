@@ -113,6 +113,11 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # `python3 bench/bench_encoders.py` as is
     sys.path.insert(0, str(REPO_ROOT))
+BENCH_DIR = Path(__file__).resolve().parent
+if str(BENCH_DIR) not in sys.path:  # image_traffic, a sibling script
+    sys.path.insert(0, str(BENCH_DIR))
+
+import image_traffic  # noqa: E402
 
 from encoder_cudagraph_runtime.config import (
     CompilationConfig,
@@ -216,17 +221,36 @@ TARGETS: tuple[dict[str, Any], ...] = (
 # ---------------------------------------------------------------------------
 
 
+def unusable_reason(stem: str, size: str) -> str | None:
+    """Why the benchmarks cannot measure ``stem`` at ``size`` (``None``: they
+    can): it needs a spec (and so its generated mixin), a reference tower of
+    that size that takes images, and one encoder path (the benchmarks time
+    the ``"default"`` path's graphs)."""
+    if not (SPECS_DIR / f"{stem}.yaml").is_file():
+        return f"no spec specs/{stem}.yaml"
+    tower = REFERENCE_TOWERS.get(stem)
+    if tower is None:
+        return "no reference tower"
+    if size not in tower.sizes:
+        return f"no {size} reference tower"
+    if "image" not in getattr(tower, "modalities", (tower.modality,)):
+        return "the tower takes no images"
+    if tuple(tower.paths) != ("default",):
+        return (
+            f"encoder paths {', '.join(tower.paths)}: the benchmarks measure "
+            "the one default path"
+        )
+    return None
+
+
 def discover_stems(size: str) -> list[str]:
-    """Spec stems with a reference tower of ``size`` that takes images."""
-    stems = []
-    for path in sorted(SPECS_DIR.glob("*.yaml")):
-        tower = REFERENCE_TOWERS.get(path.stem)
-        if tower is None or size not in tower.sizes:
-            continue
-        if "image" not in getattr(tower, "modalities", (tower.modality,)):
-            continue
-        stems.append(path.stem)
-    return stems
+    """Spec stems the benchmarks can measure at ``size``
+    (:func:`unusable_reason`)."""
+    return [
+        path.stem
+        for path in sorted(SPECS_DIR.glob("*.yaml"))
+        if unusable_reason(path.stem, size) is None
+    ]
 
 
 def images_only_config() -> MultiModalConfig:
@@ -274,8 +298,18 @@ def pixels_to_item(
     tower: ReferenceTower[Any], size: str, height: int, width: int
 ) -> tuple[int, ...]:
     """The legal grid the model's processor would make of a ``height x
-    width`` image (see the module docstring)."""
+    width`` image (see the module docstring). The seed models and Qwen2-VL
+    keep this benchmark's own approximation, so that their figures stay
+    comparable across runs; the other towers take their processor's rule
+    from ``image_traffic``."""
     config = tower.config(size)  # type: ignore[arg-type]
+    if not any(hasattr(config, field) for field in ("vision_patch_size", "max_pixels")):
+        item = image_traffic.model_grid(tower.name, config)(height, width)
+        if not tower.is_legal(item, size):  # type: ignore[arg-type]
+            raise ValueError(
+                f"{tower.name}: {item} for {height}x{width} px is not legal"
+            )
+        return item
     if hasattr(config, "vision_patch_size"):  # DeepSeek-V4.1: (n_vit_h, n_vit_w)
         p = config.vision_patch_size
         h, w = max(1, round(height / p)), max(1, round(width / p))

@@ -83,7 +83,6 @@ from bench_encoders import (  # noqa: E402
     Schedule,
     build_vllm_config,
     capture_ideal,
-    discover_stems,
     eager_call,
     environment,
     fine_ladder,
@@ -95,6 +94,7 @@ from bench_encoders import (  # noqa: E402
     pixels_to_item,
     ratio,
     summarize,
+    unusable_reason,
     write_json,
 )
 
@@ -105,9 +105,13 @@ from encoder_cudagraph_runtime.graph_backends import (  # noqa: E402
     GraphBackend,
 )
 from encoder_cudagraph_runtime.manager import EncoderCudaGraphManager  # noqa: E402
+from generator.resolve import load_spec  # noqa: E402
 from reference_towers.registry import REFERENCE_TOWERS  # noqa: E402
 
 SCHEMA_VERSION = 2
+#: The models of ``run_gpu.sh traffic-new``: the reference towers beyond the
+#: seed models whose processors' resize rules ``image_traffic`` has.
+NEW_MODELS = ("qwen2_5_vl", "internvl", "kimi_vl", "step3_vl")
 LADDERS = ("default", "fine", "tuned")
 POLICIES = ("vllm", "cost")
 DEFAULT_MAX_TOKENS = {"full": 16384, "tiny": 512}
@@ -177,14 +181,28 @@ TARGETS: tuple[dict[str, Any], ...] = (
 # ---------------------------------------------------------------------------
 
 
+@functools.cache
+def spec_grid_dims(stem: str) -> tuple[tuple[str, ...], ...]:
+    """The dims of every per-item grid input of ``specs/<stem>.yaml``."""
+    spec = load_spec(REPO_ROOT / "specs" / f"{stem}.yaml")
+    return tuple(tuple(grid.dims) for grid in spec.item_inputs)
+
+
 def spec_dims(stem: str, item: tuple[int, ...], config: Any) -> dict[str, int]:
-    """A tower item in its spec's grid dims (the traffic file's items)."""
+    """A tower item in its spec's grid dims (the traffic file's items): the
+    one grid of the spec with as many dims as the item has values, in order
+    (DeepSeek-V4.1's second grid, the merged one, is derived)."""
     if stem == "deepseek_v41":
         h, w = item
         r = config.vision_downsample_ratio
         return {"h": h, "w": w, "lh": -(-h // r), "lw": -(-w // r)}
-    t, h, w = item
-    return {"t": t, "h": h, "w": w}
+    grids = {dims for dims in spec_grid_dims(stem) if len(dims) == len(item)}
+    if len(grids) != 1:
+        raise ValueError(
+            f"{stem}: cannot name the values of the item {item} after the spec's "
+            f"grid dims {sorted(spec_grid_dims(stem))}"
+        )
+    return dict(zip(grids.pop(), item))
 
 
 def traffic_document(
@@ -447,9 +465,10 @@ class TrafficBench:
         # walk the model's objects.
         gc.collect()
         gc.freeze()
+        old = QUICK_OLD_WORKLOADS if args.quick else OLD_WORKLOADS
         result["old_workloads"] = [
             self._old_workload(host, managers["fine"], res, n)
-            for res, n in (QUICK_OLD_WORKLOADS if args.quick else OLD_WORKLOADS)
+            for res, n in (old if args.old_workloads else ())
         ]
         result["batches"] = []
         hard = self.ctx["started"] + args.hard_limit_s
@@ -906,13 +925,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--models",
         default=",".join(TARGET_MODELS),
-        help="comma-separated spec stems (default: the seed models)",
+        help="comma-separated spec stems, 'new' for NEW_MODELS (default: the seed "
+        "models)",
     )
     parser.add_argument(
         "--batches",
         type=int,
         help="batches per model measured whatever the time (more follow while "
         "the model's share of --soft-limit-s lasts, up to --max-batches)",
+    )
+    parser.add_argument(
+        "--skip-unusable",
+        action="store_true",
+        help="record the --models that cannot be measured (no spec yet, several "
+        "encoder paths) under 'skipped' and measure the others, instead of exiting",
+    )
+    parser.add_argument(
+        "--old-workloads",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also measure issue #6's uniform workloads (default: yes)",
     )
     parser.add_argument("--max-batches", type=int)
     parser.add_argument("--max-tokens", type=int)
@@ -972,10 +1004,16 @@ def run(
             flush=True,
         )
 
-    stems = [s.strip() for s in args.models.split(",") if s.strip()]
-    unknown = sorted(set(stems) - set(discover_stems(args.size)))
-    if unknown:
-        raise SystemExit(f"unknown or unusable spec stems: {unknown}")
+    wanted = [s.strip() for s in args.models.split(",") if s.strip()]
+    wanted = [m for s in wanted for m in (NEW_MODELS if s == "new" else (s,))]
+    skipped = {
+        stem: reason
+        for stem in wanted
+        if (reason := unusable_reason(stem, args.size)) is not None
+    }
+    if skipped and not args.skip_unusable:
+        raise SystemExit(f"unknown or unusable spec stems: {skipped}")
+    stems = [stem for stem in wanted if stem not in skipped]
     ctx = {
         "started": started,
         "device": device,
@@ -996,6 +1034,7 @@ def run(
             "dtype": str(ctx["dtype"]),
             "quick": args.quick,
             "stems": stems,
+            "old_workloads": args.old_workloads,
             "batches": args.batches,
             "max_batches": args.max_batches,
             "soft_limit_s": args.soft_limit_s,
@@ -1022,9 +1061,12 @@ def run(
             "batch_sizes": [list(b) for b in image_traffic.BATCH_SIZES],
         },
         "models": {},
+        "skipped": skipped,
         "errors": {},
     }
     log(f"models {stems} on {result['environment']['device']}")
+    for stem, reason in skipped.items():
+        log(f"[{stem}] skipped: {reason}")
     for k, stem in enumerate(stems):
         # Each model's batches beyond --batches: until its share of the
         # soft limit is spent.

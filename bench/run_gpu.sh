@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One command for a GPU machine: every GPU test and benchmark, logs in $OUT.
-#   bash bench/run_gpu.sh [stage...]    stages: smoke tests overhead profile bench dp traffic launch
+#   bash bench/run_gpu.sh [stage...]    stages: smoke tests overhead profile bench dp traffic
+#                                       traffic-new launch
 #   GEN_MIXIN_SMOKE=1 bash bench/run_gpu.sh [stage...]
 #       the same stages on the CPU, tiny towers, eager-replay graphs, in seconds
 #       (tests and dp are skipped): checks the scripts, not the numbers.
@@ -23,6 +24,12 @@
 #                     traffic.json, traffic.png (markdown from the JSON:
 #                     python bench/render_results.py traffic.json --markdown traffic.md;
 #                     decisions replayed offline: python bench/replay_traffic.py traffic.json)
+#   traffic-new ~130 s (est.) bench_traffic.py --models new: the real-traffic benchmark of
+#                     the towers beyond the seed models (Qwen2.5-VL, InternVL, Kimi-VL,
+#                     Step3-VL; those without a spec yet, and Step3-VL's two encoder
+#                     paths, are listed as skipped), without issue #6's workloads; at
+#                     least 4 batches per model, more while its share of 90 s lasts,
+#                     none after 110 s; traffic-new.json, traffic-new.png
 #   launch    ~90 s         profile_launch.py (issue #17 item 5: execute's host split at 448² and
 #                     896² x 8, idle / queued / back-to-back, cudaGraphLaunch per budget,
 #                     two passes); launch.json (markdown from the JSON:
@@ -37,8 +44,11 @@ mkdir -p "$OUT"
 stages=${*:-smoke tests overhead}
 status=0
 cpu=()
+# traffic-new's limits (about 150 s at most on one H200); the smoke keeps --quick's.
+traffic_new=(--batches 4 --soft-limit-s 90 --hard-limit-s 110)
 if [ "${GEN_MIXIN_SMOKE:-0}" = 1 ]; then
     cpu=(--device cpu --size tiny --quick)
+    traffic_new=()
     export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 fi
 run() {  # name, command...
@@ -80,6 +90,9 @@ for stage in $stages; do
             run dp bash bench/run_dp.sh "$OUT" ;;
         traffic) run traffic python3 bench/bench_traffic.py --out "$OUT/traffic.json" \
                    --plot "$OUT/traffic.png" --soft-limit-s 240 "${cpu[@]}" ;;
+        traffic-new) run traffic-new python3 bench/bench_traffic.py --out "$OUT/traffic-new.json" \
+                   --plot "$OUT/traffic-new.png" --models new --skip-unusable --no-old-workloads \
+                   "${traffic_new[@]}" "${cpu[@]}" ;;
         launch) run launch python3 bench/profile_launch.py --out "$OUT/launch.json" "${cpu[@]}" ;;
         *) echo "unknown stage $stage"; status=2 ;;
     esac

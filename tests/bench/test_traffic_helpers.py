@@ -5,6 +5,7 @@ interleaved rounds."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 from bench_modules import load_bench_module
@@ -53,3 +54,57 @@ def test_rounds_interleave_the_calls() -> None:
     samples = bench.measure_rounds(calls, lambda: None, schedule, before, after)
     assert events == ["a", "before b", "b", "c", "after c"] * 3
     assert {name: len(v) for name, v in samples.items()} == {"a": 3, "b": 3, "c": 3}
+
+
+@pytest.mark.parametrize(
+    ("stem", "item", "dims"),
+    [
+        # One grid of three dims: the item's values in the spec's order.
+        ("qwen2_vl", (1, 16, 20), {"t": 1, "h": 16, "w": 20}),
+        ("minimax_m3", (1, 40, 54), {"t": 1, "h": 40, "w": 54}),
+        # DeepSeek-V4.1's merged grid is derived: ceil(16 / 3), ceil(20 / 3).
+        ("deepseek_v41", (16, 20), {"h": 16, "w": 20, "lh": 6, "lw": 7}),
+    ],
+)
+def test_items_in_the_specs_dims(
+    stem: str, item: tuple[int, ...], dims: dict[str, int]
+) -> None:
+    from reference_towers.registry import REFERENCE_TOWERS
+
+    config = REFERENCE_TOWERS[stem].config("tiny")
+    assert bench.spec_dims(stem, item, config) == dims
+
+
+def test_items_no_grid_names_are_refused() -> None:
+    with pytest.raises(ValueError, match=r"item \(16, 20\) after the spec's grid dims"):
+        bench.spec_dims("qwen2_vl", (16, 20), None)
+
+
+@pytest.mark.parametrize(
+    ("stem", "spec", "size", "reason"),
+    [
+        ("minimax_m3", True, "full", None),
+        ("no_such_model", True, "full", "no reference tower"),
+        ("internvl", False, "tiny", "no spec specs/internvl.yaml"),
+        ("internvl", True, "tiny", None),
+        (
+            "step3_vl",
+            True,
+            "full",
+            "encoder paths global, local: the benchmarks measure the one default path",
+        ),
+    ],
+)
+def test_unusable_models_and_why(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    stem: str,
+    spec: bool,
+    size: str,
+    reason: str | None,
+) -> None:
+    encoders = load_bench_module("bench_encoders")
+    monkeypatch.setattr(encoders, "SPECS_DIR", tmp_path)
+    if spec:
+        (tmp_path / f"{stem}.yaml").write_text("")  # only its presence counts
+    assert encoders.unusable_reason(stem, size) == reason
