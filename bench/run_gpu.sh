@@ -24,12 +24,15 @@
 #                     traffic.json, traffic.png (markdown from the JSON:
 #                     python bench/render_results.py traffic.json --markdown traffic.md;
 #                     decisions replayed offline: python bench/replay_traffic.py traffic.json)
-#   traffic-new ~130 s (est.) bench_traffic.py --models new: the real-traffic benchmark of
-#                     the towers beyond the seed models (Qwen2.5-VL, InternVL, Kimi-VL,
-#                     Step3-VL; those without a spec yet, and Step3-VL's two encoder
+#   traffic-new ~150 s (est.) bench_traffic.py --models new: the real-traffic benchmark of
+#                     the towers beyond the seed models (InternVL, Kimi-VL, Step3-VL,
+#                     Qwen2.5-VL; those without a spec yet, and Step3-VL's two encoder
 #                     paths, are listed as skipped), without issue #6's workloads; at
-#                     least 4 batches per model, more while its share of 90 s lasts,
-#                     none after 110 s; traffic-new.json, traffic-new.png
+#                     least 3 batches per model, more while its share of 80 s lasts,
+#                     one at most after 100 s. Estimate: ~15 s start, ~30-40 s per model
+#                     to build, capture and calibrate 3 ladders and tune, batches of
+#                     1-2 s (InternVL, Kimi-VL) to ~10 s (Qwen2.5-VL, 100k patches);
+#                     less while specs are missing; traffic-new.json, traffic-new.png
 #   launch    ~90 s         profile_launch.py (issue #17 item 5: execute's host split at 448² and
 #                     896² x 8, idle / queued / back-to-back, cudaGraphLaunch per budget,
 #                     two passes); launch.json (markdown from the JSON:
@@ -45,7 +48,7 @@ stages=${*:-smoke tests overhead}
 status=0
 cpu=()
 # traffic-new's limits (about 150 s at most on one H200); the smoke keeps --quick's.
-traffic_new=(--batches 4 --soft-limit-s 90 --hard-limit-s 110)
+traffic_new=(--batches 3 --soft-limit-s 80 --hard-limit-s 100)
 if [ "${GEN_MIXIN_SMOKE:-0}" = 1 ]; then
     cpu=(--device cpu --size tiny --quick)
     traffic_new=()
