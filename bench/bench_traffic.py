@@ -79,6 +79,7 @@ import image_traffic  # noqa: E402
 from bench_encoders import (  # noqa: E402
     FINE_MAX_ITEMS,
     REPO_ROOT,
+    SPECS_DIR,
     TARGET_MODELS,
     Schedule,
     build_vllm_config,
@@ -185,10 +186,9 @@ TARGETS: tuple[dict[str, Any], ...] = (
 
 
 @functools.cache
-def spec_grid_dims(stem: str) -> tuple[tuple[str, ...], ...]:
-    """The dims of every per-item grid input of ``specs/<stem>.yaml``."""
-    spec = load_spec(REPO_ROOT / "specs" / f"{stem}.yaml")
-    return tuple(tuple(grid.dims) for grid in spec.item_inputs)
+def spec_grid_dims(path: Path) -> tuple[tuple[str, ...], ...]:
+    """The dims of every per-item input (grids, counts) of the spec ``path``."""
+    return tuple(tuple(grid.dims) for grid in load_spec(path).item_inputs)
 
 
 def spec_dims(stem: str, item: tuple[int, ...], config: Any) -> dict[str, int]:
@@ -199,11 +199,12 @@ def spec_dims(stem: str, item: tuple[int, ...], config: Any) -> dict[str, int]:
         h, w = item
         r = config.vision_downsample_ratio
         return {"h": h, "w": w, "lh": -(-h // r), "lw": -(-w // r)}
-    grids = {dims for dims in spec_grid_dims(stem) if len(dims) == len(item)}
+    every = spec_grid_dims(SPECS_DIR / f"{stem}.yaml")
+    grids = {dims for dims in every if len(dims) == len(item)}
     if len(grids) != 1:
         raise ValueError(
             f"{stem}: cannot name the values of the item {item} after the spec's "
-            f"grid dims {sorted(spec_grid_dims(stem))}"
+            f"grid dims {sorted(every)}"
         )
     return dict(zip(grids.pop(), item))
 

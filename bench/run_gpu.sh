@@ -24,15 +24,17 @@
 #                     traffic.json, traffic.png (markdown from the JSON:
 #                     python bench/render_results.py traffic.json --markdown traffic.md;
 #                     decisions replayed offline: python bench/replay_traffic.py traffic.json)
-#   traffic-new ~150 s (est.) bench_traffic.py --models new: the real-traffic benchmark of
+#   traffic-new ~110-170 s (est.) bench_traffic.py --models new: the real-traffic benchmark of
 #                     the towers beyond the seed models (InternVL, Kimi-VL, Step3-VL,
 #                     Qwen2.5-VL; those without a spec yet, and Step3-VL's two encoder
 #                     paths, are listed as skipped), without issue #6's workloads; at
 #                     least 3 batches per model, more while its share of 80 s lasts,
-#                     one at most after 100 s. Estimate: ~15 s start, ~30-40 s per model
-#                     to build, capture and calibrate 3 ladders and tune, batches of
-#                     1-2 s (InternVL, Kimi-VL) to ~10 s (Qwen2.5-VL, 100k patches);
-#                     less while specs are missing; traffic-new.json, traffic-new.png
+#                     one at most after 100 s. Estimate: ~15 s start, ~30 s per model to
+#                     build, capture and calibrate 3 ladders and tune (~55 s for
+#                     Qwen2.5-VL, whose tuned ladder reaches 262k patches), batches of
+#                     2-5 s (InternVL, Kimi-VL) to ~15 s (Qwen2.5-VL, 100k patches):
+#                     ~110 s with Qwen2.5-VL alone, ~150-170 s with three models (the
+#                     limits cut batches, not set-up); traffic-new.json, traffic-new.png
 #   launch    ~90 s         profile_launch.py (issue #17 item 5: execute's host split at 448² and
 #                     896² x 8, idle / queued / back-to-back, cudaGraphLaunch per budget,
 #                     two passes); launch.json (markdown from the JSON:

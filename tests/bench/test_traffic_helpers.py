@@ -75,6 +75,19 @@ def test_items_in_the_specs_dims(
     assert bench.spec_dims(stem, item, config) == dims
 
 
+def test_count_items_take_the_count_dim(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A tower of view counts (InternVL's tiles) against a spec whose one
+    per-item input is a count."""
+    from bench_modules import REPO_ROOT
+
+    spec = REPO_ROOT / "tests" / "generator" / "data" / "valid" / "tiles_count.yaml"
+    (tmp_path / "internvl.yaml").write_text(spec.read_text())
+    monkeypatch.setattr(bench, "SPECS_DIR", tmp_path)
+    assert bench.spec_dims("internvl", (13,), None) == {"n": 13}
+
+
 def test_items_no_grid_names_are_refused() -> None:
     with pytest.raises(ValueError, match=r"item \(16, 20\) after the spec's grid dims"):
         bench.spec_dims("qwen2_vl", (16, 20), None)
