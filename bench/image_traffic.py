@@ -327,7 +327,8 @@ STEP3_MAX_SIDE = 3024
 #: Step3-VL's processor: the side of a local crop (``patch_size``).
 STEP3_CROP_SIZE = 504
 #: Step3-VL's processor: images with a shorter long side get crops only
-#: when elongated (the global view's side, ``image_size``).
+#: when elongated (a literal in ``determine_window_size``; also the global
+#: view's side).
 STEP3_SMALL_LONG_SIDE = 728
 
 

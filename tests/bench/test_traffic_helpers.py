@@ -121,3 +121,28 @@ def test_unusable_models_and_why(
     if spec:
         (tmp_path / f"{stem}.yaml").write_text("")  # only its presence counts
     assert encoders.unusable_reason(stem, size) == reason
+
+
+@pytest.mark.parametrize(
+    ("stem", "size", "pixels", "item"),
+    [
+        # The seed models keep bench_encoders' own rule: MiniMax M3 shrinks
+        # 896² px under its 672² max_pixels.
+        ("minimax_m3", "full", (896, 896), (1, 48, 48)),
+        # The new towers take their processor's: 896² px is 2 x 2 InternVL
+        # tiles (more than half of their pixels) plus the thumbnail.
+        ("internvl", "full", (896, 896), (5,)),
+        ("internvl", "tiny", (224, 224), (1,)),
+        # Kimi-VL's tiny 256-patch limit halves 448² px: 8 x 8 kernels.
+        ("kimi_vl", "tiny", (448, 448), (16, 16)),
+        # A grid the registry's legality leaves out, within the token cap.
+        ("kimi_vl", "full", (2049, 1250), (84, 52)),
+    ],
+)
+def test_benchmark_grids(
+    stem: str, size: str, pixels: tuple[int, int], item: tuple[int, ...]
+) -> None:
+    from reference_towers.registry import REFERENCE_TOWERS
+
+    encoders = load_bench_module("bench_encoders")
+    assert encoders.pixels_to_item(REFERENCE_TOWERS[stem], size, *pixels) == item
