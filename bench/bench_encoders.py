@@ -496,6 +496,10 @@ def capture_ideal(
     for key in config.buffer_keys:
         value = replay.get(key)
         tmpl = template.get(key)
+        if value is None and tmpl is None and key in template:
+            # An optional buffer, None under this backend (as captured).
+            inputs[key] = None
+            continue
         if isinstance(value, torch.Tensor):
             # A copy the graph owns, in the captured buffer's dtype and device:
             # the manager's replay copy converts the same way (MiniMax M3's

@@ -62,6 +62,7 @@ import functools
 import gc
 import json
 import math
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -98,6 +99,7 @@ from bench_encoders import (  # noqa: E402
     unusable_reason,
     write_json,
 )
+from profile_launch import host_probe_us  # noqa: E402
 
 from encoder_cudagraph_runtime.cost_aware import plan_execution  # noqa: E402
 from encoder_cudagraph_runtime.graph_backends import (  # noqa: E402
@@ -355,15 +357,44 @@ def calibration_batches(
     return batches
 
 
+@dataclasses.dataclass(frozen=True)
+class Rounds:
+    """What :func:`measure_rounds` timed."""
+
+    samples: dict[str, list[float]]
+    """Milliseconds per call, in round order."""
+    host_probe_us: list[float]
+    """The host's speed at the start of each round (``host_probe_us`` of
+    ``bench/profile_launch.py``: a fixed pure-Python workload)."""
+
+
+def round_order(names: list[str], round_index: int) -> list[str]:
+    """The calls of round ``round_index``: ``names`` rotated by the round,
+    so that no call always follows the same one. The host of these runs
+    comes in speed modes seconds long (GPU run B, 2026-12-01: the launch
+    profile's probe 0.5 or 1.1 ms), and a device-bound call can take the
+    next call's host time into its own; a fixed order gives every round
+    the same neighbours."""
+    shift = round_index % len(names) if names else 0
+    return names[shift:] + names[:shift]
+
+
+def paired_ratio(numerators: list[float], denominators: list[float]) -> float | None:
+    """Median over rounds of ``numerator / denominator`` of the same round
+    (a speedup of calls timed side by side, in the same host mode)."""
+    ratios = [n / d for n, d in zip(numerators, denominators, strict=True) if d > 0]
+    return statistics.median(ratios) if ratios else None
+
+
 def measure_rounds(
     calls: dict[str, Callable[[], object]],
     sync: Callable[[], None],
     schedule: Schedule,
     before: dict[str, Callable[[], None]] | None = None,
     after: dict[str, Callable[[], None]] | None = None,
-) -> dict[str, list[float]]:
-    """Milliseconds per call of each of ``calls``, timed in interleaved
-    rounds (one call of each per round, device synchronised around each),
+) -> Rounds:
+    """Time each of ``calls`` in interleaved rounds (one call of each per
+    round, in :func:`round_order`, device synchronised around each),
     ``schedule.min_iters`` to ``max_iters`` rounds, stopping once
     ``target_s`` is spent (after 2 rounds when a round takes more than
     :data:`SLOW_ROUND_S`: large batches vary little). ``before`` / ``after``
@@ -371,18 +402,20 @@ def measure_rounds(
     pauses are not the code's)."""
     before, after = before or {}, after or {}
     samples: dict[str, list[float]] = {name: [] for name in calls}
+    probes: list[float] = []
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
         start = time.perf_counter()
         rounds = 0
         while rounds < schedule.max_iters:
-            for name, fn in calls.items():
+            probes.append(host_probe_us(3))
+            for name in round_order(list(calls), rounds):
                 if name in before:
                     before[name]()
                 sync()
                 t0 = time.perf_counter_ns()
-                fn()
+                calls[name]()
                 sync()
                 samples[name].append((time.perf_counter_ns() - t0) / 1e6)
                 if name in after:
@@ -397,7 +430,7 @@ def measure_rounds(
     finally:
         if gc_was_enabled:
             gc.enable()
-    return samples
+    return Rounds(samples, probes)
 
 
 class TrafficBench:
@@ -705,7 +738,11 @@ class TrafficBench:
             )
             overhead[name] = []
             after[name] = functools.partial(_record_overhead, manager, overhead[name])
-        samples = measure_rounds(calls, self.sync, schedule, before, after)
+        rounds = measure_rounds(calls, self.sync, schedule, before, after)
+        samples = rounds.samples
+        # Raw samples and the host probe: a median of 3-5 rounds hides which
+        # host mode each call was timed in.
+        row["rounds"] = dataclasses.asdict(rounds)
         row["eager_ms"] = summarize(samples["eager"])
         row["ideal_e2e_ms"] = summarize(samples["ideal_e2e"])
         row["best_ms"] = min(row["eager_ms"]["median"], row["ideal_e2e_ms"]["median"])
@@ -716,6 +753,7 @@ class TrafficBench:
             entry["host_overhead_us"] = summarize(overhead[name])
             median = entry["graph_ms"]["median"]
             entry["speedup"] = ratio(row["eager_ms"]["median"], median)
+            entry["paired_speedup"] = paired_ratio(samples["eager"], samples[name])
             entry["efficiency"] = ratio(row["ideal_ms"]["median"], median)
             entry["efficiency_e2e"] = ratio(row["ideal_e2e_ms"]["median"], median)
             entry["vs_best"] = ratio(row["best_ms"], median)
@@ -809,6 +847,7 @@ def summarize_traffic(
     used = sum(e["padding"]["rows_used"] for e in entries)
     speedups = [e["speedup"] for e in entries]
     worst = min(range(len(rows)), key=lambda i: speedups[i]) if rows else None
+    paired = [e["paired_speedup"] for e in entries if e.get("paired_speedup")]
     kinds: dict[str, int] = {}
     for e in entries:
         if e["plan"].get("kind") is not None:
@@ -827,6 +866,9 @@ def summarize_traffic(
         "efficiency_e2e": ratio(ideal_e2e, graph),
         "vs_best": ratio(best, graph),
         "speedup_per_batch": summarize(speedups),
+        # Per batch, the median over rounds of eager / this call in the same
+        # round (see paired_ratio): what the same host mode gives.
+        "paired_speedup_per_batch": summarize(paired),
         "worst_batch": None if worst is None else rows[worst]["index"],
         "rows_replayed": replayed,
         "rows_used": used,

@@ -45,15 +45,40 @@ def test_replay_cost_rows(replay_ms, host_ms, expected) -> None:  # type: ignore
     assert bench.replay_cost_rows(replay_ms, host_ms) == expected
 
 
-def test_rounds_interleave_the_calls() -> None:
+def test_rounds_interleave_the_calls_in_a_rotating_order() -> None:
     events: list[str] = []
     calls = {name: (lambda name=name: events.append(name)) for name in "abc"}
     before = {"b": lambda: events.append("before b")}
     after = {"c": lambda: events.append("after c")}
     schedule = Schedule(warmup=0, min_iters=3, max_iters=5, target_s=0.0)
-    samples = bench.measure_rounds(calls, lambda: None, schedule, before, after)
-    assert events == ["a", "before b", "b", "c", "after c"] * 3
-    assert {name: len(v) for name, v in samples.items()} == {"a": 3, "b": 3, "c": 3}
+    rounds = bench.measure_rounds(calls, lambda: None, schedule, before, after)
+    # Each call follows a different one in each round (run B: a fixed order
+    # put every cost-aware eager call right after the same graph replay).
+    assert events == [
+        *["a", "before b", "b", "c", "after c"],
+        *["before b", "b", "c", "after c", "a"],
+        *["c", "after c", "a", "before b", "b"],
+    ]
+    assert {name: len(v) for name, v in rounds.samples.items()} == {
+        "a": 3,
+        "b": 3,
+        "c": 3,
+    }
+    assert len(rounds.host_probe_us) == 3 and min(rounds.host_probe_us) > 0
+
+
+@pytest.mark.parametrize(
+    ("eager", "graph", "expected"),
+    [
+        # The same call in two host modes, timed side by side: 1.0, where
+        # the medians of the two lists (56 / 65) would say 0.86.
+        ([56.0, 56.0, 65.0], [65.0, 56.0, 65.0], 1.0),
+        ([10.0, 20.0, 30.0], [5.0, 10.0, 10.0], 2.0),
+        ([10.0], [0.0], None),
+    ],
+)
+def test_paired_ratio_compares_calls_of_the_same_round(eager, graph, expected) -> None:  # type: ignore[no-untyped-def]
+    assert bench.paired_ratio(eager, graph) == expected
 
 
 @pytest.mark.parametrize(
