@@ -80,11 +80,11 @@ import image_traffic  # noqa: E402
 from bench_encoders import (  # noqa: E402
     FINE_MAX_ITEMS,
     REPO_ROOT,
+    SPECS_DIR,
     TARGET_MODELS,
     Schedule,
     build_vllm_config,
     capture_ideal,
-    discover_stems,
     eager_call,
     environment,
     fine_ladder,
@@ -96,6 +96,7 @@ from bench_encoders import (  # noqa: E402
     pixels_to_item,
     ratio,
     summarize,
+    unusable_reason,
     write_json,
 )
 from profile_launch import host_probe_us  # noqa: E402
@@ -107,9 +108,16 @@ from encoder_cudagraph_runtime.graph_backends import (  # noqa: E402
     GraphBackend,
 )
 from encoder_cudagraph_runtime.manager import EncoderCudaGraphManager  # noqa: E402
+from generator.resolve import load_spec  # noqa: E402
 from reference_towers.registry import REFERENCE_TOWERS  # noqa: E402
 
 SCHEMA_VERSION = 2
+#: The models of ``run_gpu.sh traffic-new``: the reference towers beyond the
+#: seed models whose processors' resize rules ``image_traffic`` has.
+#: Qwen2.5-VL last: its batches are the slowest (a 12 MP photo is 62,208
+#: patches at its checkpoint's ``max_pixels``), so the time limits cut its
+#: batches, not the others'.
+NEW_MODELS = ("internvl", "kimi_vl", "step3_vl", "qwen2_5_vl")
 LADDERS = ("default", "fine", "tuned")
 POLICIES = ("vllm", "cost")
 DEFAULT_MAX_TOKENS = {"full": 16384, "tiny": 512}
@@ -179,14 +187,28 @@ TARGETS: tuple[dict[str, Any], ...] = (
 # ---------------------------------------------------------------------------
 
 
+@functools.cache
+def spec_grid_dims(path: Path) -> tuple[tuple[str, ...], ...]:
+    """The dims of every per-item input (grids, counts) of the spec ``path``."""
+    return tuple(tuple(grid.dims) for grid in load_spec(path).item_inputs)
+
+
 def spec_dims(stem: str, item: tuple[int, ...], config: Any) -> dict[str, int]:
-    """A tower item in its spec's grid dims (the traffic file's items)."""
+    """A tower item in its spec's grid dims (the traffic file's items): the
+    one grid of the spec with as many dims as the item has values, in order
+    (DeepSeek-V4.1's second grid, the merged one, is derived)."""
     if stem == "deepseek_v41":
         h, w = item
         r = config.vision_downsample_ratio
         return {"h": h, "w": w, "lh": -(-h // r), "lw": -(-w // r)}
-    t, h, w = item
-    return {"t": t, "h": h, "w": w}
+    every = spec_grid_dims(SPECS_DIR / f"{stem}.yaml")
+    grids = {dims for dims in every if len(dims) == len(item)}
+    if len(grids) != 1:
+        raise ValueError(
+            f"{stem}: cannot name the values of the item {item} after the spec's "
+            f"grid dims {sorted(every)}"
+        )
+    return dict(zip(grids.pop(), item))
 
 
 def traffic_document(
@@ -480,9 +502,10 @@ class TrafficBench:
         # walk the model's objects.
         gc.collect()
         gc.freeze()
+        old = QUICK_OLD_WORKLOADS if args.quick else OLD_WORKLOADS
         result["old_workloads"] = [
             self._old_workload(host, managers["fine"], res, n)
-            for res, n in (QUICK_OLD_WORKLOADS if args.quick else OLD_WORKLOADS)
+            for res, n in (old if args.old_workloads else ())
         ]
         result["batches"] = []
         hard = self.ctx["started"] + args.hard_limit_s
@@ -948,13 +971,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--models",
         default=",".join(TARGET_MODELS),
-        help="comma-separated spec stems (default: the seed models)",
+        help="comma-separated spec stems, 'new' for NEW_MODELS (default: the seed "
+        "models)",
     )
     parser.add_argument(
         "--batches",
         type=int,
         help="batches per model measured whatever the time (more follow while "
         "the model's share of --soft-limit-s lasts, up to --max-batches)",
+    )
+    parser.add_argument(
+        "--skip-unusable",
+        action="store_true",
+        help="record the --models that cannot be measured (no spec yet, several "
+        "encoder paths) under 'skipped' and measure the others, instead of exiting",
+    )
+    parser.add_argument(
+        "--old-workloads",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also measure issue #6's uniform workloads (default: yes)",
     )
     parser.add_argument("--max-batches", type=int)
     parser.add_argument("--max-tokens", type=int)
@@ -1014,10 +1050,16 @@ def run(
             flush=True,
         )
 
-    stems = [s.strip() for s in args.models.split(",") if s.strip()]
-    unknown = sorted(set(stems) - set(discover_stems(args.size)))
-    if unknown:
-        raise SystemExit(f"unknown or unusable spec stems: {unknown}")
+    wanted = [s.strip() for s in args.models.split(",") if s.strip()]
+    wanted = [m for s in wanted for m in (NEW_MODELS if s == "new" else (s,))]
+    skipped = {
+        stem: reason
+        for stem in wanted
+        if (reason := unusable_reason(stem, args.size)) is not None
+    }
+    if skipped and not args.skip_unusable:
+        raise SystemExit(f"unknown or unusable spec stems: {skipped}")
+    stems = [stem for stem in wanted if stem not in skipped]
     ctx = {
         "started": started,
         "device": device,
@@ -1038,6 +1080,7 @@ def run(
             "dtype": str(ctx["dtype"]),
             "quick": args.quick,
             "stems": stems,
+            "old_workloads": args.old_workloads,
             "batches": args.batches,
             "max_batches": args.max_batches,
             "soft_limit_s": args.soft_limit_s,
@@ -1064,9 +1107,12 @@ def run(
             "batch_sizes": [list(b) for b in image_traffic.BATCH_SIZES],
         },
         "models": {},
+        "skipped": skipped,
         "errors": {},
     }
     log(f"models {stems} on {result['environment']['device']}")
+    for stem, reason in skipped.items():
+        log(f"[{stem}] skipped: {reason}")
     for k, stem in enumerate(stems):
         # Each model's batches beyond --batches: until its share of the
         # soft limit is spent.

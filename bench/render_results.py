@@ -480,6 +480,8 @@ def render_traffic_markdown(result: dict[str, Any]) -> str:
     out += _traffic_targets(result)
     for stem in result.get("errors", {}):
         out += [f"**{stem} failed**: see the run's log (`errors` in the JSON).", ""]
+    for stem, reason in result.get("skipped", {}).items():
+        out += [f"**{stem} not measured**: {reason}.", ""]
     for stem, model in result["models"].items():
         out += [f"### {stem}", ""]
         out += [
