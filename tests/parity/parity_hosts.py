@@ -957,37 +957,126 @@ def glm4_1v_host() -> Any:
     return host
 
 
+# ---------------------------------------------------------------------------
+# Gemma 3
+# ---------------------------------------------------------------------------
+
 GEMMA3 = "vllm.model_executor.models.gemma3_mm"
+#: The fake crops: GEMMA3_SIDE x GEMMA3_SIDE pixels, PATCH x PATCH patches
+#: (16 positions), pooled 2 x 2 into GEMMA3_TOKENS tokens per crop.
+GEMMA3_SIDE = 4 * PATCH
+GEMMA3_TOKENS = 4
+
+
+class _SiglipTower(Recorder):
+    """``SiglipVisionModel``: each crop's patches embedded, then dense
+    attention within the crop (each row plus its crop's mean): crops never
+    see each other, as in SigLIP."""
+
+    def __call__(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        self.calls.append({"pixel_values": _snapshot(pixel_values)})
+        n, c, side, _ = pixel_values.shape
+        per_side = side // PATCH
+        patches = pixel_values.reshape(n, c, per_side, PATCH, per_side, PATCH)
+        patches = patches.permute(0, 2, 4, 1, 3, 5).reshape(n * per_side**2, -1)
+        rows = patch_embedding(patches, pixel_values.dtype).reshape(n, per_side**2, -1)
+        return rows + rows.mean(dim=1, keepdim=True)
+
+
+class _Gemma3ProjectorParts:
+    """The learned parts of ``Gemma3MultiModalProjector``; its forward (the
+    2-D average pool of each crop's patch grid, the norm and projection) is
+    vLLM's (subclass)."""
+
+    def __init__(self) -> None:
+        self.patches_per_image = GEMMA3_SIDE // PATCH
+        self.tokens_per_side = 2
+        kernel = self.patches_per_image // self.tokens_per_side
+        self.avg_pool = torch.nn.AvgPool2d(kernel_size=kernel, stride=kernel)
+        self.mm_soft_emb_norm = lambda x: x * 0.5
+        self.mm_input_projection_weight = _mixing(WIDTH, WIDTH)
+
+    def __call__(self, vision_outputs: torch.Tensor) -> torch.Tensor:
+        return self.forward(vision_outputs)
 
 
 @functools.cache
-def gemma3_host_class() -> type:
-    """A host class with vLLM's Gemma 3 mixin."""
-    code = _wheel_code({})
-    return code.klass(
+def _gemma3_vllm() -> tuple[WheelCode, type, Callable[[type, HostSettings], Any]]:
+    """(the wheel code, vLLM's Gemma 3 mixin, the host maker)."""
+    code = _wheel_code(
+        # The TensorSchema only checks shapes: a mapping of the same fields.
+        {GEMMA3: {"Gemma3ImagePixelInputs": lambda **fields: fields}}
+    )
+    projector = code.klass(
+        GEMMA3, "Gemma3MultiModalProjector", ["forward"], bases=(_Gemma3ProjectorParts,)
+    )
+    vllm_mixin = code.klass(
         GEMMA3,
         "Gemma3ForConditionalGeneration",
-        [
-            m
-            for m in _defined(code, GEMMA3, "Gemma3ForConditionalGeneration")
-            if m != "encoder_eager_forward"  # the eager image path, not needed
-        ],
+        _defined(code, GEMMA3, "Gemma3ForConditionalGeneration"),
         bases=(_protocol(code),),
     )
 
+    def make_host(host_class: type, settings: HostSettings) -> Any:
+        host = host_class()
+        host.config = _Obj(
+            mm_tokens_per_image=GEMMA3_TOKENS,
+            vision_config=_Obj(image_size=GEMMA3_SIDE, patch_size=PATCH),
+            text_config=_Obj(hidden_size=WIDTH),
+        )
+        host.model_config = settings.vllm_config().model_config
+        host.multimodal_config = settings.multimodal_config()
+        # Set by vLLM's __init__: the ViT positions of one crop.
+        host.vit_positions_per_patch = (GEMMA3_SIDE // PATCH) ** 2
+        host.vision_tower = _SiglipTower()
+        host.multi_modal_projector = projector()
+        return host
+
+    return code, type("VllmGemma3Host", (vllm_mixin,), {}), make_host
+
+
+def _gemma3_parity() -> ModelParity:
+    code, vllm_host, make_host = _gemma3_vllm()
+    ours = load_generated_vllm_module("gemma3_mm", code).Gemma3EncoderCudaGraphMixin
+    return ModelParity(
+        name="gemma3_mm",
+        vllm_host=vllm_host,
+        our_host=type("GeneratedGemma3Host", (ours,), {}),
+        make_host=make_host,
+        modalities=("image",),
+        make_batch=crops_batch,
+        random_grid=_pan_and_scan_crops,
+        frames=lambda grid: 1,
+    )
+
+
+def _pan_and_scan_crops(gen: torch.Generator, modality: str) -> tuple[int]:
+    """1 crop (pan-and-scan off, the default), or 2..4 crops and the
+    original image."""
+    return (int(torch.tensor([1, 1, 3, 4, 5])[torch.randint(0, 5, (1,), generator=gen)]),)
+
+
+def crops_batch(
+    gen: torch.Generator, modality: str, grids: list[tuple[int]], *, side=GEMMA3_SIDE
+) -> dict[str, Any]:
+    """A batch of images of ``n`` crops each (``grids``: ``(n,)``)."""
+    assert modality == "image"
+    crops = sum(n for (n,) in grids)
+    return {
+        "pixel_values": torch.randn(crops, 3, side, side, generator=gen),
+        "num_patches": torch.tensor([n for (n,) in grids], dtype=torch.int64),
+    }
+
+
+@functools.cache
+def gemma3_mm() -> ModelParity:
+    return _gemma3_parity()
+
 
 def gemma3_host() -> Any:
-    """A host of vLLM's Gemma 3 mixin: 256 tokens per crop, PATCH-sized
-    crops (the mixin reads the crop size from the config)."""
-    host = gemma3_host_class()()
-    host.config = _Obj(
-        mm_tokens_per_image=256,
-        vision_config=_Obj(image_size=PATCH),
-        text_config=_Obj(hidden_size=WIDTH),
-    )
-    host.vit_positions_per_patch = 4
-    host.model_config = ModelConfig()
-    return host
+    """A host of vLLM's Gemma 3 mixin (default settings)."""
+    _, host_class, make_host = _gemma3_vllm()
+    return make_host(host_class, HostSettings())
 
 
 # ---------------------------------------------------------------------------
@@ -1059,9 +1148,14 @@ def compare(
     from parity_testlib import differences, observe
 
     vllm_host, our_host = model.hosts(settings)
-    return differences(
-        observe(lambda: run(vllm_host)), observe(lambda: run(our_host)), label
-    )
+
+    def seeded(host: Any) -> Any:
+        # Capture dummies may be random (``torch.randn``): both sides draw
+        # from the same generator state.
+        torch.manual_seed(0)
+        return observe(lambda: run(host))
+
+    return differences(seeded(vllm_host), seeded(our_host), label)
 
 
 def capture_view(host: Any, case: CaptureCase) -> dict[str, Any]:

@@ -142,17 +142,16 @@ def test_glm4_1v_floor_rounding_captures_fewer_rows_than_the_budget() -> None:
 
 def test_gemma3_clamps_the_captured_crops_to_the_items_per_batch() -> None:
     host = hosts.gemma3_host()
+    tokens = hosts.GEMMA3_TOKENS  # per crop (256 in the released models)
     # A user-set encoder_cudagraph_max_vision_items_per_batch of 1.
-    case = CaptureCase(1024, 1, 0)
+    case = CaptureCase(4 * tokens, 1, 0)
     captured = _capture(host, case)
-    # min(1024 // 256, max_batch_size) = 1 crop of 256 tokens.
+    # min(token_budget // tokens, max_batch_size) = 1 crop.
     assert captured["pixel_values"].shape[0] == 1
-    # One image of 4 pan-and-scan crops is 1024 tokens: it fits the graph.
-    batch = {
-        "pixel_values": torch.randn(4, 3, hosts.PATCH, hosts.PATCH),
-        "num_patches": torch.tensor([4]),
-    }
+    # One image of 4 pan-and-scan crops (3 crops and the original) is
+    # 4 * tokens: it fits the graph.
+    batch = hosts.crops_batch(torch.Generator().manual_seed(0), "image", [(4,)])
     assert _fits(host, batch, case)
     replay = host.prepare_encoder_cudagraph_replay_buffers(batch, 1, 0).values
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match="broadcast"):
         copy_replay_into_captured(host.get_encoder_cudagraph_config(), captured, replay)
