@@ -19,7 +19,7 @@ from encoder_cudagraph_runtime.budget_ladder import resolve_budget_ladder
 from generator.diagnostics import SpecError
 from generator.formulas import EvaluationError, Ref, evaluate, names_in, to_spec_text
 from generator.spec.capture import Buffer, CaptureTensor, set_by_expr
-from generator.spec.enums import Modality
+from generator.spec.enums import Dtype, Modality
 from generator.spec.mixin import MixinSpec
 from generator.static_checks import (
     Arithmetic,
@@ -267,12 +267,13 @@ def _buffer_plan(
         return BufferPlan(buf.key, [slots], "int32", slots * 4, buf.pad.value)
     if tensor is not None:
         shape_exprs = tensor.shape
-        type_name = (
-            dtype
-            if isinstance(tensor.dtype, Ref)
-            else f"{dtype} ({to_spec_text(tensor.dtype)})"
-        )
-        item = ITEMSIZE[dtype]
+        if isinstance(tensor.dtype, Dtype):
+            type_name = tensor.dtype.value
+        elif isinstance(tensor.dtype, Ref):
+            type_name = dtype
+        else:
+            type_name = f"{dtype} ({to_spec_text(tensor.dtype)})"
+        item = ITEMSIZE[type_name.split(" ")[0]]
     elif buf.shape is not None:
         shape_exprs = buf.shape
         declared = buf.dtype.value if buf.dtype is not None else "dtype"

@@ -10,7 +10,7 @@ from generator.emitters.prose import comment_lines, plain_message
 from generator.formulas import Ref
 from generator.naming import PROTOCOL_MODULES
 from generator.spec.capture import Buffer, CaptureTensor, MetadataBuilder
-from generator.spec.enums import ImageLimitGuard, PadRule, Rounding
+from generator.spec.enums import Dtype, ImageLimitGuard, PadRule, Rounding
 from generator.spec.mixin import MixinSpec
 
 
@@ -34,6 +34,8 @@ def builder_calls(
 def builder_value(buf: Buffer) -> str:
     """The buffer's value in its builder's result."""
     assert isinstance(buf.source, MetadataBuilder)  # noqa: S101
+    if buf.source.returns_tensor:
+        return buf.source.result_name
     return f'{buf.source.result_name}["{buf.key}"]'
 
 
@@ -91,9 +93,19 @@ def _tensor(body: Body, t: CaptureTensor, of_units: bool) -> dict[str, Any]:
         ),
         "fill": t.fill.value,
         "shape": ", ".join(body.expr(s, names) for s in t.shape),
-        "dtype": "dtype" if isinstance(t.dtype, Ref) else body.expr(t.dtype),
+        "dtype": _dtype(body, t),
         "why": comment_lines(t.why),
     }
+
+
+def _dtype(body: Body, t: CaptureTensor) -> str:
+    """The capture tensor's dtype: the manager's, a named one or a host
+    path's."""
+    if isinstance(t.dtype, Ref):
+        return "dtype"
+    if isinstance(t.dtype, Dtype):
+        return f"torch.{t.dtype.value}"
+    return body.expr(t.dtype)
 
 
 def _allocated(body: Body, buf: Buffer) -> dict[str, str]:

@@ -37,7 +37,7 @@ class CaptureTensor:
     flat: FlatInput
     location: Location
     shape: tuple[Expr, ...]
-    dtype: Ref | HostPath  # Ref("dtype"): the manager's
+    dtype: Ref | HostPath | Dtype  # Ref("dtype"): the manager's
     fill: Fill
     why: str | None
 
@@ -57,11 +57,18 @@ class CaptureTensor:
         Key(
             "dtype",
             DtypeValue(),
-            "`dtype` (the manager's) or a host path.",
+            "`dtype` (the manager's), a dtype by name (`bool`, `int64`, "
+            "`float32`, ...) or a host path.",
             required=True,
             example="vision_tower.dtype",
         ),
-        Key("fill", Choice(Fill), "What the dummy holds.", default=Fill.ZEROS),
+        Key(
+            "fill",
+            Choice(Fill),
+            "What the dummy holds: zeros, random normal values (pixels) or ones "
+            "(an all-true `bool` mask: every position valid).",
+            default=Fill.ZEROS,
+        ),
         Key("why", Text(), "Comment on the buffer."),
     )
     DOC_TITLE = "capture.tensors"
@@ -265,6 +272,8 @@ class MetadataBuilder:
     #: The local the generated code keeps the result in (chosen to collide
     #: with no spec name and no generated local).
     result_name: str = "metadata"
+    #: The call returns its one buffer itself (``returns:``), not a dict.
+    returns_tensor: bool = False
 
     KEYS: ClassVar = Keys(
         Key(
@@ -290,9 +299,16 @@ class MetadataBuilder:
         Key(
             "provides",
             ListOf(Identifier(), min_items=1),
-            "The keys of the returned dict that are buffers.",
-            required=True,
+            "The keys of the returned dict that are buffers (or `returns`).",
             example="[rotary_cos, rotary_sin, cu_seqlens, max_seqlen]",
+        ),
+        Key(
+            "returns",
+            Identifier(),
+            "The one buffer the call returns, when it returns a tensor rather "
+            "than a dict (Idefics3's `model.get_position_ids(mask)`); instead of "
+            "`provides`.",
+            example="position_ids",
         ),
         Key("why", Text(), "Comment on the call."),
     )
@@ -328,7 +344,16 @@ class MetadataBuilder:
                 if expr is not INVALID:
                     items.append((kw, expr))
             kwargs[phase] = tuple(items)
-        provides = _provides(r, provided)
+        returns = r.has("returns")
+        if returns == r.has("provides"):
+            r.error(
+                r.node,
+                "give either provides (the buffers of a returned dict) or returns "
+                "(the one buffer the call returns)",
+                r.path("provides"),
+            )
+        provides = _provides(r, provided, "returns" if returns else "provides")
+        r.taken.add("provides" if returns else "returns")
         why = r.take("why")
         if call is None:
             r.ctx.failed_sources.update(provides)
@@ -340,17 +365,23 @@ class MetadataBuilder:
             tuple(provides),
             why,
             r.node.location,
+            returns_tensor=returns,
         )
 
 
-def _provides(r: Reader, provided: dict[str, str]) -> list[str]:
-    names = r.take("provides") or []
-    nodes = r.raw("provides").value if r.has("provides") and r.ok("provides") else []
+def _provides(r: Reader, provided: dict[str, str], key: str) -> list[str]:
+    """The buffers of ``provides`` (a list) or ``returns`` (one name)."""
+    value = r.take(key)
+    node = r.raw(key) if r.has(key) and r.ok(key) else None
+    if key == "returns":
+        names, nodes = ([value], [node]) if node is not None else ([], [])
+    else:
+        names, nodes = value or [], node.value if node is not None else []
     out = []
     for name, node in zip(names, nodes):
         if name is INVALID:
             continue
-        field = r.path("provides")
+        field = r.path(key)
         if name in provided:
             r.ctx.error(
                 node, field, f"{name!r} is already provided by {provided[name]}"
@@ -478,7 +509,7 @@ class Buffer:
                     key_location,
                     r.field,
                     "no source: add a capture tensor for it or list it in a "
-                    "builder's provides",
+                    "builder's provides (or returns)",
                 )
             return None
         if shape is not None and any(s is INVALID for s in shape):

@@ -24,9 +24,11 @@ from generator.spec.values import (
 )
 from generator.yaml_loader import Node
 
-#: Names a host annotation may use besides the spec's imports.
+#: Names a host annotation may use besides the spec's imports (``Any``, for
+#: a config whose class has no module in one of the targets, is imported by
+#: every generated module).
 TYPE_NAMES = frozenset(
-    {"torch", "int", "float", "str", "bool", "list", "dict", "tuple"}
+    {"torch", "int", "float", "str", "bool", "list", "dict", "tuple", "Any"}
 )
 #: vLLM's config types, imported for type checking only.
 VLLM_TYPE_NAMES = frozenset({"MultiModalConfig", "VllmConfig"})
@@ -43,7 +45,7 @@ TORCH_TYPES = frozenset(
         "torch.nn.Parameter",
     }
 )
-_PLAIN_TYPES = frozenset({"int", "float", "str", "bool"})
+_PLAIN_TYPES = frozenset({"int", "float", "str", "bool", "Any"})
 _GENERICS = frozenset({"list", "dict", "tuple"})
 
 

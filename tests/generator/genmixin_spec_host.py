@@ -405,7 +405,18 @@ class FakeBuilder:
                 items[i].update(zip(inp.dims, [int(v) for v in values], strict=True))
         return items
 
-    def __call__(self, *args: Any, **kwargs: Any) -> dict[str, torch.Tensor]:
+    def flat_rows(self, args: tuple, kwargs: dict) -> int | None:
+        """The rows of the first flat input among the arguments (a builder
+        of a unit capture reads the capture tensors, not grids)."""
+        spec = self.world.spec
+        pairs = list(zip(self.builder.call.args, args, strict=False))
+        pairs += [(expr, kwargs[name]) for name, expr in self.builder.call.kwargs]
+        for expr, value in pairs:
+            if isinstance(expr, fx.Ref) and spec.flat(expr.name) is not None:
+                return int(value.shape[0])
+        return None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         self.calls.append((args, kwargs))
         items = self.items(args, kwargs)
         device = kwargs.get("device", torch.device("cpu"))
@@ -413,10 +424,16 @@ class FakeBuilder:
         out = {}
         for key in self.builder.provides:
             buf = self.world.spec.path.buffer(key)
-            out[key] = self.tensor(buf, items, kwargs, device, dtype)
+            out[key] = self.tensor(
+                buf, items, kwargs, device, dtype, self.flat_rows(args, kwargs)
+            )
+        if self.builder.returns_tensor:
+            return out[self.builder.provides[0]]
         return out
 
-    def tensor(self, buf: Buffer, items, kwargs, device, dtype) -> torch.Tensor:
+    def tensor(
+        self, buf: Buffer, items, kwargs, device, dtype, flat_rows=None
+    ) -> torch.Tensor:
         w = self.world
         rows = [w.value(w.spec.items.input_size, **it) for it in items]
         if buf.pad is not None:
@@ -430,6 +447,8 @@ class FakeBuilder:
                 bound if bound is not None else max(rows, default=0), dtype=torch.int32
             )
         total = sum(w.graph_rows(it) for it in items) if buf.allocate else sum(rows)
+        if not items and flat_rows is not None:
+            total = flat_rows
         if buf.shape is None:
             shape = [total]
         else:

@@ -1080,6 +1080,121 @@ def gemma3_host() -> Any:
 
 
 # ---------------------------------------------------------------------------
+# InternVL
+# ---------------------------------------------------------------------------
+
+INTERNVL = "vllm.model_executor.models.internvl"
+#: The fake tiles: 8 x 8 pixels, 4 x 4 patches, pixel-shuffled 2 x 2 into
+#: INTERNVL_TOKENS rows per tile.
+INTERNVL_SIDE = 4 * PATCH
+INTERNVL_TOKENS = 4
+
+
+class _InternViT(Recorder):
+    """``InternVisionModel``: a class row and each tile's patches embedded,
+    then dense attention within the tile (tiles never see each other)."""
+
+    def __call__(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        self.calls.append({"pixel_values": _snapshot(pixel_values)})
+        n, c, side, _ = pixel_values.shape
+        per_side = side // PATCH
+        patches = pixel_values.reshape(n, c, per_side, PATCH, per_side, PATCH)
+        patches = patches.permute(0, 2, 4, 1, 3, 5).reshape(n * per_side**2, -1)
+        rows = patch_embedding(patches, pixel_values.dtype).reshape(n, per_side**2, -1)
+        rows = torch.cat([rows.mean(dim=1, keepdim=True), rows], dim=1)
+        return rows + rows.mean(dim=1, keepdim=True)
+
+
+class _InternVLParts:
+    """The learned parts of ``InternVLChatModel``; ``extract_feature`` and
+    ``pixel_shuffle`` are vLLM's (subclass)."""
+
+    def __init__(self) -> None:
+        self.downsample_ratio = 0.5
+        self.ps_version = "v2"
+        weight = _mixing(4 * WIDTH, WIDTH)
+        self.mlp1 = lambda x: x @ weight
+
+
+@functools.cache
+def _internvl_vllm() -> tuple[WheelCode, type, Callable[[type, HostSettings], Any]]:
+    """(the wheel code, vLLM's InternVL mixin on vLLM's feature extraction,
+    the host maker)."""
+    code = _wheel_code({})
+    model_class = "InternVLChatModel"
+    vllm_mixin = code.klass(
+        INTERNVL,
+        model_class,
+        [*_defined(code, INTERNVL, model_class), "extract_feature", "pixel_shuffle"],
+        bases=(_InternVLParts, _protocol(code)),
+    )
+
+    def make_host(host_class: type, settings: HostSettings) -> Any:
+        host = host_class()
+        host.config = _Obj(
+            vision_config=_Obj(image_size=INTERNVL_SIDE, patch_size=PATCH),
+            text_config=_Obj(hidden_size=WIDTH),
+        )
+        host.multimodal_config = settings.multimodal_config()
+        host.num_image_token = INTERNVL_TOKENS
+        host.vision_model = _InternViT()
+        return host
+
+    return code, type("VllmInternVLHost", (vllm_mixin,), {}), make_host
+
+
+def _internvl_parity() -> ModelParity:
+    code, vllm_host, make_host = _internvl_vllm()
+    ours = load_generated_vllm_module("internvl", code).InternVLEncoderCudaGraphMixin
+    # vLLM's feature extraction, without its mixin.
+    features = code.klass(
+        INTERNVL,
+        "InternVLChatModel",
+        ["extract_feature", "pixel_shuffle"],
+        bases=(_InternVLParts,),
+    )
+    return ModelParity(
+        name="internvl",
+        vllm_host=vllm_host,
+        our_host=type("GeneratedInternVLHost", (ours, features), {}),
+        make_host=make_host,
+        modalities=("image", "video"),
+        make_batch=_internvl_batch,
+        random_grid=_internvl_tiles,
+        frames=lambda grid: grid[0],
+    )
+
+
+def _internvl_tiles(gen: torch.Generator, modality: str) -> tuple[int]:
+    """An image of 1 tile or 3..7 (a grid and the thumbnail); a video of
+    1..3 frames, one tile each."""
+    if modality == "video":
+        return (int(torch.randint(1, 4, (1,), generator=gen)),)
+    return (int(torch.tensor([1, 3, 5, 7])[torch.randint(0, 4, (1,), generator=gen)]),)
+
+
+def _internvl_batch(
+    gen: torch.Generator, modality: str, grids: list[tuple[int]]
+) -> dict[str, Any]:
+    """An InternVL batch of tiles under the modality's keys."""
+    batch = crops_batch(gen, "image", grids, side=INTERNVL_SIDE)
+    if modality == "image":
+        return {
+            "pixel_values_flat": batch["pixel_values"],
+            "image_num_patches": batch["num_patches"],
+        }
+    return {
+        "pixel_values_flat_video": batch["pixel_values"],
+        "video_num_patches": batch["num_patches"],
+    }
+
+
+@functools.cache
+def internvl() -> ModelParity:
+    return _internvl_parity()
+
+
+# ---------------------------------------------------------------------------
 # The comparisons: every protocol method, on both hosts
 # ---------------------------------------------------------------------------
 

@@ -897,6 +897,30 @@ valid_case(
         "units: max(token_budget // tokens_per_tile, k)",
     ),
 )
+# -- builders that return their one buffer; capture dtypes by name ------------
+valid_case(
+    "builder_provides_and_returns",
+    "unit_capture_mask",
+    (
+        "    returns: position_ids\n",
+        "    returns: position_ids\n    provides: [position_ids]\n",
+    ),
+)
+valid_case(
+    "builder_neither_provides_nor_returns",
+    "unit_capture_mask",
+    ("    returns: position_ids\n", ""),
+)
+valid_case(
+    "builder_returns_an_undeclared_buffer",
+    "unit_capture_mask",
+    ("    returns: position_ids\n", "    returns: position_idx\n"),
+)
+valid_case(
+    "capture_dtype_unknown_name",
+    "unit_capture_mask",
+    ("      dtype: bool\n", "      dtype: boolean\n"),
+)
 NOT_UTF8 = {"not_utf8": ("minimax_m3", "name: MiniMax M3", "name: MiniMax M\xe9")}
 
 
