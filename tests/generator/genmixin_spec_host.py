@@ -120,7 +120,8 @@ class SpecWorld:
         for c in self.spec.constants:
             value = c.default if c.default is not None else HOST_INT
             env[c.name] = value
-            env[c.path.dotted] = value
+            if c.method is None:
+                env[c.path.dotted] = value
         for path in self._int_paths():
             env.setdefault(path.dotted, HOST_INT)
         if isinstance(self.spec.out_hidden_size, fx.HostPath):
@@ -166,7 +167,8 @@ class SpecWorld:
         if "multimodal_config" in {a.name for a in spec.host}:
             host.multimodal_config = MultiModalConfig()
         for c in spec.constants:
-            set_path(host, c.path.parts, self.env[c.name])
+            if c.method is None:
+                set_path(host, c.path.parts, self.env[c.name])
         for path in self._int_paths():
             set_path(host, path.parts, self.env[path.dotted])
         for flat in spec.flat_inputs:
@@ -187,6 +189,9 @@ class SpecWorld:
         for name in spec.host_methods:
             frames = self.env.get("max_frames_per_video", 2)
             setattr(host, name, lambda frames=frames: frames)
+        for c in spec.constants:
+            if c.method is not None:
+                setattr(host, c.method, lambda value=self.env[c.name]: value)
         span = spec.span_assembly
         if span is not None:
             for i, (_, attr) in enumerate(span.delimiters):

@@ -921,6 +921,17 @@ valid_case(
     "unit_capture_mask",
     ("      dtype: bool\n", "      dtype: boolean\n"),
 )
+# -- constants from host methods -------------------------------------------------
+valid_case(
+    "constant_calls_an_undeclared_method",
+    "unit_capture_ceil",
+    ("{from: get_image_patches_per_chunk(),", "{from: get_patches_per_chunk(),"),
+)
+valid_case(
+    "constant_calls_with_arguments",
+    "unit_capture_ceil",
+    ("{from: get_image_patches_per_chunk(),", "{from: get_image_patches_per_chunk(2),"),
+)
 NOT_UTF8 = {"not_utf8": ("minimax_m3", "name: MiniMax M3", "name: MiniMax M\xe9")}
 
 
