@@ -21,6 +21,7 @@ Every call the mixins make into a tower's forward is recorded (``calls``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import itertools
@@ -1192,6 +1193,303 @@ def _internvl_batch(
 @functools.cache
 def internvl() -> ModelParity:
     return _internvl_parity()
+
+
+# ---------------------------------------------------------------------------
+# Llama 4
+# ---------------------------------------------------------------------------
+
+MLLAMA4 = "vllm.model_executor.models.mllama4"
+#: The fake chunks: 8 x 8 pixels, 4 x 4 patches, a pixel shuffle of ratio
+#: 0.5 into LLAMA4_TOKENS rows (vLLM's get_patch_per_chunk of this config).
+LLAMA4_SIDE = 4 * PATCH
+LLAMA4_TOKENS = 4
+
+
+class _Llama4VisionModel(Recorder):
+    """``Llama4VisionModel``: each chunk's patches embedded, dense attention
+    within the chunk, then its pixel shuffle (4 patch rows into one)."""
+
+    def __call__(self, images_flattened: torch.Tensor) -> torch.Tensor:
+        self.calls.append({"images_flattened": _snapshot(images_flattened)})
+        n, c, side, _ = images_flattened.shape
+        per_side = side // PATCH
+        patches = images_flattened.reshape(n, c, per_side, PATCH, per_side, PATCH)
+        patches = patches.permute(0, 2, 4, 1, 3, 5).reshape(n * per_side**2, -1)
+        rows = patch_embedding(patches, images_flattened.dtype)
+        rows = rows.reshape(n, per_side**2, -1)
+        rows = rows + rows.mean(dim=1, keepdim=True)
+        return rows.reshape(n, per_side**2 // 4, 4, -1).mean(dim=2)
+
+
+def _no_tower_dp(*args: Any, **kwargs: Any) -> Any:
+    """vLLM's tower data parallelism (an all-gather): both Llama 4 mixins
+    pass ``use_data_parallel=False``, so it is never reached."""
+    raise AssertionError("run_dp_sharded_vision_model called")
+
+
+class _Llama4Parts:
+    """The learned parts of ``Llama4ForConditionalGeneration``; its chunk
+    encoding and chunk size are vLLM's (subclass)."""
+
+    def __init__(self) -> None:
+        weight = _mixing(WIDTH, WIDTH)
+        self.multi_modal_projector = lambda x: x @ weight
+
+
+@functools.cache
+def _llama4_vllm() -> tuple[WheelCode, type, Callable[[type, HostSettings], Any]]:
+    """(the wheel code, vLLM's Llama 4 mixin on vLLM's chunk encoding, the
+    host maker)."""
+    code = _wheel_code({MLLAMA4: {"run_dp_sharded_vision_model": _no_tower_dp}})
+    code.stubs.setdefault(MLLAMA4, {})["Mllama4ProcessingInfo"] = code.klass(
+        MLLAMA4, "Mllama4ProcessingInfo", ["get_patch_per_chunk"]
+    )
+    model_class = "Llama4ForConditionalGeneration"
+    vllm_mixin = code.klass(
+        MLLAMA4,
+        model_class,
+        _defined(code, MLLAMA4, model_class),
+        bases=(_Llama4Parts, _protocol(code)),
+    )
+
+    def make_host(host_class: type, settings: HostSettings) -> Any:
+        host = host_class()
+        host.config = _Obj(
+            vision_config=_Obj(
+                image_size=LLAMA4_SIDE,
+                patch_size=PATCH,
+                pixel_shuffle_ratio=0.5,
+                num_channels=3,
+            ),
+            text_config=_Obj(hidden_size=WIDTH),
+        )
+        host.vllm_config = settings.vllm_config()
+        host.multimodal_config = settings.multimodal_config()
+        host.vision_model = _Llama4VisionModel()
+        return host
+
+    return code, type("VllmLlama4Host", (vllm_mixin,), {}), make_host
+
+
+def _llama4_parity() -> ModelParity:
+    code, vllm_host, make_host = _llama4_vllm()
+    ours = load_generated_vllm_module("mllama4", code).Llama4EncoderCudaGraphMixin
+    # vLLM's chunk encoding and chunk size, without its mixin.
+    helpers = code.klass(
+        MLLAMA4,
+        "Llama4ForConditionalGeneration",
+        ["get_image_patches_per_chunk", "encode_image_chunks"],
+        bases=(_Llama4Parts,),
+    )
+    return ModelParity(
+        name="mllama4",
+        vllm_host=vllm_host,
+        our_host=type("GeneratedLlama4Host", (ours, helpers), {}),
+        make_host=make_host,
+        modalities=("image",),
+        make_batch=_llama4_batch,
+        random_grid=_llama4_chunks,
+        frames=lambda grid: 1,
+    )
+
+
+def _llama4_chunks(gen: torch.Generator, modality: str) -> tuple[int]:
+    """1 chunk, or a tile grid of 2..6 tiles and the global chunk."""
+    return (int(torch.tensor([1, 3, 4, 5, 7])[torch.randint(0, 5, (1,), generator=gen)]),)
+
+
+def _llama4_batch(
+    gen: torch.Generator, modality: str, grids: list[tuple[int]]
+) -> dict[str, Any]:
+    """A Llama 4 batch: chunks of every image and ``patches_per_image``."""
+    batch = crops_batch(gen, modality, grids, side=LLAMA4_SIDE)
+    return {
+        "pixel_values": batch["pixel_values"],
+        "patches_per_image": batch["num_patches"],
+    }
+
+
+@functools.cache
+def mllama4() -> ModelParity:
+    return _llama4_parity()
+
+
+# ---------------------------------------------------------------------------
+# Idefics3
+# ---------------------------------------------------------------------------
+
+IDEFICS3 = "vllm.model_executor.models.idefics3"
+IDEFICS2_VISION = "vllm.model_executor.models.idefics2_vision_model"
+#: The fake tiles: 8 x 8 pixels, 4 x 4 patches, pixel-shuffled (scale 2)
+#: into IDEFICS3_TOKENS rows.
+IDEFICS3_SIDE = 4 * PATCH
+IDEFICS3_TOKENS = 4
+
+
+class _Idefics2EmbeddingsParts:
+    """The learned parts of ``Idefics2VisionEmbeddings``; its position ids
+    are vLLM's (subclass)."""
+
+    def __init__(self) -> None:
+        self.num_patches_per_side = IDEFICS3_SIDE // PATCH
+        self.position_embedding = _Obj(weight=torch.zeros(1, WIDTH))
+        # Read for the dtype pixels are cast to.
+        self.patch_embedding = _Obj(weight=torch.zeros(1, dtype=torch.float32))
+
+
+class _Idefics3ViT(Recorder):
+    """``Idefics2VisionTransformer``: each tile's patches embedded with a
+    code of their position ids, then dense attention within the tile (no
+    attention mask for Idefics3)."""
+
+    def __init__(self, embeddings: Any) -> None:
+        super().__init__()
+        self.embeddings = embeddings
+
+    def __call__(self, pixel_values, patch_attention_mask=None, position_ids=None):
+        self.calls.append(
+            {
+                "pixel_values": _snapshot(pixel_values),
+                "patch_attention_mask": _snapshot(patch_attention_mask),
+                "position_ids": _snapshot(position_ids),
+            }
+        )
+        if position_ids is None:
+            position_ids = self.embeddings.get_position_ids(patch_attention_mask)
+        n, c, side, _ = pixel_values.shape
+        per_side = side // PATCH
+        patches = pixel_values.reshape(n, c, per_side, PATCH, per_side, PATCH)
+        patches = patches.permute(0, 2, 4, 1, 3, 5).reshape(n * per_side**2, -1)
+        rows = patch_embedding(patches, pixel_values.dtype).reshape(n, per_side**2, -1)
+        rows = rows + position_ids[:, :, None].to(rows.dtype) / 8
+        return rows + rows.mean(dim=1, keepdim=True)
+
+
+class _Idefics3ModelParts:
+    """The learned parts of ``Idefics3Model``; its features, patch mask and
+    position ids are vLLM's (subclass)."""
+
+    def __init__(self, embeddings: Any, connector: Any) -> None:
+        self.config = _Obj(vision_config=_Obj(patch_size=PATCH))
+        self.image_seq_len = IDEFICS3_TOKENS
+        self.vision_model = _Idefics3ViT(embeddings)
+        self.connector = connector
+
+
+class _Idefics3ConnectorParts:
+    """The learned part of ``Idefics3Connector``; its pixel shuffle is
+    vLLM's (subclass)."""
+
+    def __init__(self) -> None:
+        self.scale_factor = 2
+        weight = _mixing(4 * WIDTH, WIDTH)
+        self.modality_projection = lambda x: x @ weight
+
+    def __call__(self, image_hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.forward(image_hidden_states)
+
+
+class _Idefics3Schema(dict):
+    """``Idefics3ImagePixelInputs`` (a TensorSchema that only checks shapes):
+    a mapping of the same fields, an instance of its own class."""
+
+    def __init__(self, **fields: Any) -> None:
+        super().__init__(**fields)
+
+
+@functools.cache
+def _idefics3_vllm() -> tuple[WheelCode, type, Callable[[type, HostSettings], Any]]:
+    """(the wheel code, vLLM's Idefics3 mixin, the host maker: the model's
+    features, patch mask and position ids are vLLM's)."""
+    code = _wheel_code(
+        {
+            IDEFICS3: {
+                "Idefics3ImagePixelInputs": _Idefics3Schema,
+                "Idefics3ImageEmbeddingInputs": type(
+                    "Idefics3ImageEmbeddingInputs", (_Idefics3Schema,), {}
+                ),
+            },
+            # The sync checker has nothing to check on CPU.
+            "vllm.utils.gpu_sync_debug": {"gpu_sync_allowed": contextlib.nullcontext},
+        }
+    )
+    embeddings = code.klass(
+        IDEFICS2_VISION,
+        "Idefics2VisionEmbeddings",
+        ["get_position_ids"],
+        bases=(_Idefics2EmbeddingsParts,),
+    )
+    connector = code.klass(
+        IDEFICS3, "Idefics3Connector", ["forward"], bases=(_Idefics3ConnectorParts,)
+    )
+    model = code.klass(
+        IDEFICS3,
+        "Idefics3Model",
+        ["image_pixels_to_features", "get_patch_attention_mask", "get_position_ids"],
+        bases=(_Idefics3ModelParts,),
+    )
+    model_class = "Idefics3ForConditionalGeneration"
+    vllm_mixin = code.klass(
+        IDEFICS3,
+        model_class,
+        _defined(code, IDEFICS3, model_class),
+        bases=(_protocol(code),),
+    )
+
+    def make_host(host_class: type, settings: HostSettings) -> Any:
+        host = host_class()
+        host.config = _Obj(
+            vision_config=_Obj(image_size=IDEFICS3_SIDE, patch_size=PATCH),
+            text_config=_Obj(hidden_size=WIDTH),
+        )
+        host.multimodal_config = settings.multimodal_config()
+        host.model = model(embeddings(), connector())
+        # The recording tower, where the comparisons look for it.
+        host.vision_recorder = host.model.vision_model
+        return host
+
+    return code, type("VllmIdefics3Host", (vllm_mixin,), {}), make_host
+
+
+def _idefics3_parity() -> ModelParity:
+    code, vllm_host, make_host = _idefics3_vllm()
+    ours = load_generated_vllm_module("idefics3", code).Idefics3EncoderCudaGraphMixin
+    return ModelParity(
+        name="idefics3",
+        vllm_host=vllm_host,
+        our_host=type("GeneratedIdefics3Host", (ours,), {}),
+        make_host=make_host,
+        modalities=("image",),
+        make_batch=idefics3_batch,
+        random_grid=_llama4_chunks,
+        frames=lambda grid: 1,
+    )
+
+
+def idefics3_batch(
+    gen: torch.Generator, modality: str, grids: list[tuple[int]]
+) -> dict[str, Any]:
+    """An Idefics3 batch: tiles, their pixel masks (int64 as the processor
+    makes them; the last tile of each image padded at the bottom right) and
+    ``num_patches``."""
+    batch = crops_batch(gen, modality, grids, side=IDEFICS3_SIDE)
+    tiles = batch["pixel_values"].shape[0]
+    mask = torch.ones(tiles, IDEFICS3_SIDE, IDEFICS3_SIDE, dtype=torch.int64)
+    end = 0
+    for (n,) in grids:
+        end += n
+        h, w = torch.randint(1, IDEFICS3_SIDE + 1, (2,), generator=gen).tolist()
+        mask[end - 1] = 0
+        mask[end - 1, :h, :w] = 1
+        batch["pixel_values"][end - 1, :, h:, :] = 0
+        batch["pixel_values"][end - 1, :, :, w:] = 0
+    return {**batch, "pixel_attention_mask": mask}
+
+
+@functools.cache
+def idefics3() -> ModelParity:
+    return _idefics3_parity()
 
 
 # ---------------------------------------------------------------------------

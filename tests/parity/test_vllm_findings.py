@@ -14,6 +14,7 @@ import torch
 
 import parity_hosts as hosts
 from parity_hosts import CPU, CaptureCase
+from encoder_cudagraph_runtime.budget_ladder import resolve_budget_ladder
 from parity_testlib import copy_replay_into_captured
 
 
@@ -155,3 +156,46 @@ def test_gemma3_clamps_the_captured_crops_to_the_items_per_batch() -> None:
     replay = host.prepare_encoder_cudagraph_replay_buffers(batch, 1, 0).values
     with pytest.raises(RuntimeError, match="broadcast"):
         copy_replay_into_captured(host.get_encoder_cudagraph_config(), captured, replay)
+
+
+def test_gemma3_clamp_bites_with_the_automatic_ladder_at_large_limits() -> None:
+    # No user setting but pan-and-scan and large limits: the released models'
+    # 256 tokens per crop, --max-num-batched-tokens 131072 and a 131072-token
+    # model length. The manager's automatic ladder and items per batch:
+    budgets, max_items = resolve_budget_ladder([], 0, lambda: (256, 131072))
+    assert (budgets[-1], max_items) == (131072, 256)
+    host = hosts.gemma3_host()
+    host.config.mm_tokens_per_image = 256
+    case = CaptureCase(budgets[-1], max_items, 0)
+    captured = _capture(host, case)
+    # min(131072 // 256, 256) = 256 crops, half of what the budget holds.
+    assert captured["pixel_values"].shape[0] == 256
+    # 100 pan-and-scan images of 4 crops: 102400 tokens, 100 items: it fits.
+    batch = hosts.crops_batch(torch.Generator().manual_seed(0), "image", [(4,)] * 100)
+    assert _fits(host, batch, case)
+    replay = host.prepare_encoder_cudagraph_replay_buffers(batch, max_items, 0).values
+    with pytest.raises(RuntimeError, match="256.*400"):
+        copy_replay_into_captured(host.get_encoder_cudagraph_config(), captured, replay)
+
+
+def test_idefics3_selection_moves_the_tile_counts_to_the_pixels_device() -> None:
+    # The processor keeps num_patches on the host; vLLM's selection rebuilds
+    # it on pixel_values' device (a host-to-device copy), and every later
+    # read of the selection's item specs (the manager reads them before each
+    # replay) copies it back with .tolist(): a blocking sync per replayed
+    # batch on a GPU. The meta device stands in for the GPU: its tensors
+    # hold no data the host could read back.
+    _, host_class, make_host = hosts._idefics3_vllm()
+    host = make_host(host_class, hosts.HostSettings())
+    batch = hosts.idefics3_batch(
+        torch.Generator().manual_seed(0), "image", [(1,), (3,)]
+    )
+    on_device = {
+        key: value if key == "num_patches" else value.to("meta")
+        for key, value in batch.items()
+    }
+    assert on_device["num_patches"].device.type == "cpu"
+    selected = host.select_encoder_cudagraph_items(on_device, [1])
+    assert selected["num_patches"].device.type == "meta"
+    with pytest.raises(NotImplementedError, match="meta"):
+        host.get_encoder_cudagraph_item_specs(selected)
