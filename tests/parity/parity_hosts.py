@@ -1493,6 +1493,88 @@ def idefics3() -> ModelParity:
 
 
 # ---------------------------------------------------------------------------
+# LFM2-VL
+# ---------------------------------------------------------------------------
+
+LFM2_VL = "vllm.model_executor.models.lfm2_vl"
+LFM2_SIGLIP2 = "vllm.model_executor.models.lfm2_siglip2"
+#: Columns of a flat LFM2-VL patch row (3 channels x PATCH x PATCH).
+LFM2_PATCH_DIM = 3 * PATCH * PATCH
+#: Side of the fake position-embedding grid.
+LFM2_POSITIONS = 4
+
+
+class _Siglip2EmbeddingsParts:
+    """The learned parts of ``Siglip2VisionEmbeddings``; the packed
+    position-embedding resize is vLLM's (subclass)."""
+
+    def __init__(self) -> None:
+        self.patch_embedding = _Obj(weight=torch.zeros(WIDTH, LFM2_PATCH_DIM))
+        self.position_embedding_size = LFM2_POSITIONS
+        table = torch.arange(LFM2_POSITIONS**2 * WIDTH, dtype=torch.float32)
+        self.position_embedding = _Obj(weight=table.reshape(-1, WIDTH) / 64)
+
+
+@functools.cache
+def _lfm2_vl_vllm() -> tuple[WheelCode, type, Callable[..., Any]]:
+    """(the wheel code, vLLM's LFM2-VL mixin and its helpers, the host
+    maker; ``min_image_tokens`` is the model-level processor setting)."""
+    code = _wheel_code({})
+    embeddings = code.klass(
+        LFM2_SIGLIP2,
+        "Siglip2VisionEmbeddings",
+        ["resize_positional_embeddings_packed"],
+        bases=(_Siglip2EmbeddingsParts,),
+    )
+    model_class = "Lfm2VLForConditionalGeneration"
+    vllm_mixin = code.klass(
+        LFM2_VL,
+        model_class,
+        [m for m in _defined(code, LFM2_VL, model_class) if "forward" not in m],
+        bases=(_protocol(code),),
+    )
+
+    def make_host(
+        host_class: type, settings: HostSettings, min_image_tokens: int = 64
+    ) -> Any:
+        host = host_class()
+        host.config = _Obj(text_config=_Obj(hidden_size=WIDTH))
+        host.multimodal_config = _Obj(
+            mm_processor_kwargs={"min_image_tokens": min_image_tokens}
+        )
+        host.model_config = settings.vllm_config().model_config
+        host.multi_modal_projector = _Obj(factor=2)
+        host.vision_tower = _Obj(vision_model=_Obj(embeddings=embeddings()))
+        return host
+
+    return code, type("VllmLfm2VLHost", (vllm_mixin,), {}), make_host
+
+
+def lfm2_vl_host(min_image_tokens: int = 64) -> Any:
+    """A host of vLLM's LFM2-VL mixin (downsample factor 2)."""
+    _, host_class, make_host = _lfm2_vl_vllm()
+    return make_host(host_class, HostSettings(), min_image_tokens)
+
+
+def lfm2_vl_batch(
+    gen: torch.Generator, images: list[list[tuple[int, int]]]
+) -> dict[str, Any]:
+    """An LFM2-VL batch: each image a list of tiles of ``(h, w)`` patches;
+    ``pixel_values`` ``(tiles, max h * w, patch dim)``, zero past each
+    tile's patches, as the processor pads them."""
+    tiles = [tile for image in images for tile in image]
+    longest = max((h * w for h, w in tiles), default=0)
+    pixels = torch.zeros(len(tiles), longest, LFM2_PATCH_DIM)
+    for i, (h, w) in enumerate(tiles):
+        pixels[i, : h * w] = torch.randn(h * w, LFM2_PATCH_DIM, generator=gen)
+    return {
+        "pixel_values": pixels,
+        "spatial_shapes": torch.tensor(tiles, dtype=torch.int64).reshape(-1, 2),
+        "num_patches": torch.tensor([len(image) for image in images]),
+    }
+
+
+# ---------------------------------------------------------------------------
 # The comparisons: every protocol method, on both hosts
 # ---------------------------------------------------------------------------
 

@@ -199,3 +199,23 @@ def test_idefics3_selection_moves_the_tile_counts_to_the_pixels_device() -> None
     assert selected["num_patches"].device.type == "meta"
     with pytest.raises(NotImplementedError, match="meta"):
         host.get_encoder_cudagraph_item_specs(selected)
+
+
+def test_lfm2_vl_tiles_below_the_minimum_overflow_the_captured_offsets() -> None:
+    # The mixin sizes cu_seqlens for ceil(budget / min_image_tokens) tiles,
+    # min_image_tokens being the model-level setting (64 here). The budget-64
+    # graph has room for one tile. Two images of one 2 x 32-patch tile are
+    # 16 tokens each (after the 2 x 2 merge): the processor makes such tiles
+    # when its minimum is lower than the one the mixin reads (a request's
+    # mm_processor_kwargs, or a checkpoint whose preprocessor config sets it
+    # while its model config does not). They fit the budget and the items.
+    host = hosts.lfm2_vl_host(min_image_tokens=64)
+    case = CaptureCase(64, 2, 0)
+    captured = _capture(host, case)
+    assert captured["cu_seqlens"].tolist() == [0, 256]
+    batch = hosts.lfm2_vl_batch(torch.Generator().manual_seed(0), [[(2, 32)]] * 2)
+    assert _fits(host, batch, case)
+    replay = host.prepare_encoder_cudagraph_replay_buffers(batch, 2, 0).values
+    assert replay["cu_seqlens"].tolist() == [0, 64, 128]
+    with pytest.raises(RuntimeError, match=r"\(2\).*\(3\)"):
+        copy_replay_into_captured(host.get_encoder_cudagraph_config(), captured, replay)
