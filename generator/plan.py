@@ -9,20 +9,41 @@ from the spec's formulas evaluated with the constants' defaults, which
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from encoder_cudagraph_runtime.budget_ladder import resolve_budget_ladder
-from generator.diagnostics import SpecError
-from generator.formulas import EvaluationError, Ref, evaluate, names_in, to_spec_text
+from encoder_cudagraph_runtime.budget_ladder import path_budgets, resolve_budget_ladder
+from generator.command_line import (
+    EXIT_INVALID,
+    EXIT_OK,
+    EXIT_STALE,
+    ArgumentParser,
+    bounded_int,
+    echo,
+    print_error,
+    print_spec_error,
+)
+from generator.diagnostics import SpecError, printable
+from generator.formulas import (
+    EvaluationError,
+    Ref,
+    ValueOutOfRange,
+    evaluate,
+    names_in,
+    to_spec_text,
+)
+from generator.limits import MAX_INTEGER
 from generator.spec.capture import Buffer, CaptureTensor, set_by_expr
 from generator.spec.enums import Dtype, Modality
 from generator.spec.mixin import MixinSpec
 from generator.static_checks import (
     Arithmetic,
+    OutOfRange,
+    axis_combos,
+    axis_problems,
     capture_problems,
     capture_scope,
     constant_env,
@@ -83,11 +104,40 @@ class BudgetPlan:
     rows: int | None
     dummy: dict[str, list[int]]
     buffers: list[BufferPlan] = field(default_factory=list)
+    axis_keys: tuple = ()  # the capture axes' keys of this graph
+
+    def with_axis_keys(self, keys: tuple) -> BudgetPlan:
+        self.axis_keys = keys
+        return self
+
     units: int | None = None  # a unit capture's views
 
     @property
     def total_bytes(self) -> int:
         return sum(b.nbytes or 0 for b in self.buffers)
+
+
+@dataclass
+class PathPlan:
+    """One encoder path: its budgets (0: a batch that leaves the path out,
+    never captured) and what each captured budget holds."""
+
+    name: str
+    budgets: list[int]
+    per_budget: list[BudgetPlan]
+
+
+def _budget_json(p: BudgetPlan) -> dict[str, Any]:
+    return {
+        "budget": p.budget,
+        "k": p.k,
+        "rows": p.rows,
+        "units": p.units,
+        "dummy": p.dummy,
+        "axis_keys": list(p.axis_keys),
+        "buffers": [b.__dict__ for b in p.buffers],
+        "total_bytes": p.total_bytes,
+    }
 
 
 @dataclass
@@ -97,14 +147,19 @@ class Plan:
     budgets: list[int]
     max_batch_size: int
     max_frames_per_batch: int
-    per_budget: list[BudgetPlan]
+    paths: list[PathPlan]
     problems: list[str]
     unknown: list[str]
     budget_unit: str = "output tokens"
 
     @property
+    def per_budget(self) -> list[BudgetPlan]:
+        """The first path's budgets (a spec without paths has one)."""
+        return self.paths[0].per_budget
+
+    @property
     def num_graphs(self) -> int:
-        return len(self.budgets)
+        return sum(len(p.per_budget) for p in self.paths)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -115,17 +170,14 @@ class Plan:
             "max_frames_per_batch": self.max_frames_per_batch,
             "num_graphs": self.num_graphs,
             "largest_item_output_tokens": self.budgets[-1],
-            "per_budget": [
+            "per_budget": [_budget_json(p) for p in self.per_budget],
+            "paths": [
                 {
-                    "budget": p.budget,
-                    "k": p.k,
-                    "rows": p.rows,
-                    "units": p.units,
-                    "dummy": p.dummy,
-                    "buffers": [b.__dict__ for b in p.buffers],
-                    "total_bytes": p.total_bytes,
+                    "name": p.name,
+                    "budgets": p.budgets,
+                    "per_budget": [_budget_json(b) for b in p.per_budget],
                 }
-                for p in self.per_budget
+                for p in self.paths
             ],
             "problems": self.problems,
             "unknown": self.unknown,
@@ -178,58 +230,94 @@ def make_plan(
                 ) from None
             mfpv = env["max_frames_per_video"]
     mfpb = max_frames if max_frames is not None else (mbs * mfpv if video else mbs)
-    per_budget = []
     unknown: set[str] = set()
-    arithmetic = Arithmetic.of(spec)
-    rounding = spec.path.capture.rounding
-    for budget in ladder:
-        if spec.path.capture.of_units:
-            per_budget.append(
-                _unit_budget_plan(spec, env, budget, mbs, mfpb, dtype, unknown)
+    paths = []
+    problems = []
+    for path in spec.paths:
+        try:
+            smallest = (
+                evaluate(path.min_token_budget, env)
+                if path.min_token_budget is not None
+                else None
             )
-            continue
-        dims = dummy_item(arithmetic, env, budget, mbs, mfpb)
-        values = item_values(arithmetic, env, dims)
-        rows = mbs * values["input_size"]
-        scope = capture_scope(env, budget, mbs, mfpb, rows, rounding)
-        plan = BudgetPlan(
-            budget,
-            scope["k"],
-            rows,
-            {
-                item.key: [dims[d] for d in item.dims]
-                for item, _ in spec.path.capture.dummy
-            },
+            budgets = path_budgets(path.name, ladder, smallest, path.allow_zero_tokens)
+        except (EvaluationError, ValueError) as exc:
+            raise PlanError(f"{path.field}min_token_budget: {exc}") from None
+        captured = [b for b in budgets if b != 0]
+        combos = axis_combos(spec.capture_axes, env)
+        paths.append(
+            PathPlan(
+                path.name,
+                budgets,
+                [
+                    _budget_plan(
+                        spec, path, {**env, **dims}, b, (mbs, mfpb), dtype, unknown
+                    ).with_axis_keys(keys)
+                    for b in captured
+                    for keys, dims in combos
+                ],
+            )
         )
-        for buf in spec.path.buffers:
-            own = scope
-            if isinstance(buf.source, CaptureTensor) and buf.source.flat.own_rows:
-                # In its capture shape, rows is the input's own rows.
-                rows_own = mbs * flat_rows(buf.source.flat, env, dims)
-                own = capture_scope(env, budget, mbs, mfpb, rows_own, rounding)
-            plan.buffers.append(_buffer_plan(buf, own, dtype, unknown))
-        per_budget.append(plan)
-    problems = [f"{f}: {m}" for f, m in capture_problems(arithmetic, env)]
+        arithmetic = Arithmetic.of(spec, path)
+        problems += [
+            f"{path.field}{f}: {m}" for f, m in capture_problems(arithmetic, env)
+        ]
+    problems += [
+        f"{f}: {m}" for f, m in axis_problems(spec.capture_axes, spec.constants, env)
+    ]
     return Plan(
         str(spec.spec_path),
         (lo, hi),
         ladder,
         mbs,
         mfpb,
-        per_budget,
+        paths,
         problems,
         sorted(unknown),
-        "output tokens" if spec.items.budget_tokens is None else "budget tokens",
+        (
+            "output tokens"
+            if spec.items.budget_tokens is None and not spec.has_paths
+            else "budget tokens"
+        ),
     )
 
 
-def _unit_budget_plan(spec, env, budget, mbs, mfpb, dtype, unknown) -> BudgetPlan:
+def _budget_plan(spec, path, env, budget, limits, dtype, unknown) -> BudgetPlan:
+    """What ``path``'s graph of ``budget`` captures (``env``: with the dims of
+    its capture-axis keys; ``limits``: max_batch_size, max_frames_per_batch)."""
+    if path.capture.of_units:
+        return _unit_budget_plan(path, env, budget, limits, dtype, unknown)
+    mbs, mfpb = limits
+    arithmetic = Arithmetic.of(spec, path)
+    rounding = path.capture.rounding
+    dims = dummy_item(arithmetic, env, budget, mbs, mfpb)
+    values = item_values(arithmetic, env, dims)
+    rows = mbs * values["input_size"]
+    scope = capture_scope(env, budget, mbs, mfpb, rows, rounding)
+    plan = BudgetPlan(
+        budget,
+        scope["k"],
+        rows,
+        {item.key: [dims[d] for d in item.dims] for item, _ in path.capture.dummy},
+    )
+    for buf in path.buffers:
+        own = scope
+        if isinstance(buf.source, CaptureTensor) and buf.source.flat.own_rows:
+            # In its capture shape, rows is the input's own rows.
+            rows_own = mbs * flat_rows(buf.source.flat, env, dims)
+            own = capture_scope(env, budget, mbs, mfpb, rows_own, rounding)
+        plan.buffers.append(_buffer_plan(buf, own, dtype, unknown))
+    return plan
+
+
+def _unit_budget_plan(path, env, budget, limits, dtype, unknown) -> BudgetPlan:
     """A unit capture's buffers for one budget: every shape over ``units``."""
+    mbs, mfpb = limits
     scope = unit_scope(env, budget, mbs, mfpb)
-    units = evaluate(spec.path.capture.units, scope)
+    units = evaluate(path.capture.units, scope)
     scope["units"] = units
     plan = BudgetPlan(budget, None, None, {}, units=units)
-    for buf in spec.path.buffers:
+    for buf in path.buffers:
         plan.buffers.append(_buffer_plan(buf, scope, dtype, unknown))
     return plan
 
@@ -240,11 +328,14 @@ def _needed_names(spec: MixinSpec) -> set[str]:
         | names_in(spec.items.input_size)
         | names_in(spec.items.output_tokens)
     )
-    for _, exprs in spec.path.capture.dummy:
-        for e in exprs:
-            needed |= names_in(e)
-    if spec.path.capture.units is not None:
-        needed |= names_in(spec.path.capture.units)
+    for path in spec.paths:
+        for _, exprs in path.capture.dummy:
+            for e in exprs:
+                needed |= names_in(e)
+        if path.capture.units is not None:
+            needed |= names_in(path.capture.units)
+        if path.min_token_budget is not None:
+            needed |= names_in(path.min_token_budget)
     return needed
 
 
@@ -292,11 +383,14 @@ def _buffer_plan(
     for e in shape_exprs:
         try:
             shape.append(evaluate(e, scope))
-        except EvaluationError:
+        except EvaluationError as exc:
             unknown.add(buf.key)
-            return BufferPlan(
-                buf.key, None, type_name, None, "shape needs a host value (--set)"
+            note = (
+                "shape out of range (beyond int64)"
+                if isinstance(exc, ValueOutOfRange)
+                else "shape needs a host value (--set)"
             )
+            return BufferPlan(buf.key, None, type_name, None, note)
     nbytes = item
     for s in shape:
         nbytes *= s
@@ -304,11 +398,19 @@ def _buffer_plan(
 
 
 def _human(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    return str(n)
+    """``n`` bytes in B, KiB, MiB or GiB with one decimal, rounded half to
+    even as ``format`` rounds; in integers, as a plan's byte counts can
+    exceed what a float holds."""
+    if n < 1024:
+        return f"{n} B"
+    shift, unit = next(
+        ((s, u) for s, u in ((10, "KiB"), (20, "MiB")) if n < 1 << (s + 10)),
+        (30, "GiB"),
+    )
+    tenths, rest = divmod(n * 10, 1 << shift)
+    if 2 * rest > 1 << shift or (2 * rest == 1 << shift and tenths % 2):
+        tenths += 1
+    return f"{tenths // 10}.{tenths % 10} {unit}"
 
 
 def format_plan(plan: Plan) -> str:
@@ -322,14 +424,20 @@ def format_plan(plan: Plan) -> str:
         "(larger items, and batches above every budget, run eagerly)",
     ]
     grand = 0
-    for p in plan.per_budget:
+    several = len(plan.paths) > 1 or plan.paths[0].name != "default"
+    budgets = [(path, p) for path in plan.paths for p in path.per_budget]
+    for path, p in budgets:
+        if several and p is path.per_budget[0]:
+            lines.append("")
+            lines.append(f"path {path.name}: budgets {path.budgets}")
         dummy = ", ".join(f"{k}={v}" for k, v in p.dummy.items())
+        keys = f", axis keys {p.axis_keys}" if p.axis_keys else ""
         lines.append("")
         if p.units is not None:
-            lines.append(f"budget {p.budget}: units={p.units}")
+            lines.append(f"budget {p.budget}{keys}: units={p.units}")
         else:
             lines.append(
-                f"budget {p.budget}: k={p.k}, rows={p.rows}, dummy item {dummy} x {plan.max_batch_size}"
+                f"budget {p.budget}{keys}: k={p.k}, rows={p.rows}, dummy item {dummy} x {plan.max_batch_size}"
             )
         for b in p.buffers:
             shape = (
@@ -352,47 +460,83 @@ def format_plan(plan: Plan) -> str:
     return "\n".join(lines)
 
 
-def _parse_set(values: list[str]) -> dict[str, int]:
+def settable_names(spec: MixinSpec) -> list[str]:
+    """What ``--set`` may override: the constants, the sizes, and the
+    maximum frames per video where the spec takes it from the host."""
+    names = [c.name for c in spec.constants] + [s.name for s in spec.sizes]
+    if spec.max_frames_per_video is not None:
+        names.append("max_frames_per_video")
+    return sorted(set(names))
+
+
+def _parse_set(values: list[str], known: list[str]) -> dict[str, int]:
+    parse_value = bounded_int(-MAX_INTEGER)
     out = {}
     for item in values:
         name, sep, value = item.partition("=")
         if not sep or not name.isidentifier():
-            raise PlanError(f"--set takes NAME=INTEGER, got {item!r}")
+            raise PlanError(f"--set takes NAME=INTEGER, got {echo(item)}")
+        if name not in known:
+            shown = ", ".join(known[:20]) + (", ..." if len(known) > 20 else "")
+            raise PlanError(
+                f"--set {echo(name)}: the spec has no constant or size of that "
+                f"name (known: {shown or 'none'})"
+            )
         try:
-            out[name] = int(value)
-        except ValueError:
-            raise PlanError(f"--set {name}: {value!r} is not an integer") from None
+            out[name] = parse_value(value)
+        except argparse.ArgumentTypeError as exc:
+            raise PlanError(f"--set {name}: {exc}") from None
     return out
 
 
+def _traffic(spec: MixinSpec, plan: Plan, args, overrides: dict[str, int]) -> int:
+    """``--traffic``: the ladder tuned to a sample of traffic."""
+    from generator.ladder_tuner import traffic_main
+
+    def sized_plan(budgets: list[int], max_items: int) -> Plan:
+        return make_plan(
+            spec,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            max_model_len=args.max_model_len,
+            budgets=budgets,
+            max_items=max_items,
+            overrides=overrides,
+            dtype=args.dtype,
+        )
+
+    return traffic_main(spec, plan, args, overrides, sized_plan)
+
+
 def plan_main(argv: list[str]) -> int:
-    from generator.cli import (
-        EXIT_INVALID,
-        EXIT_OK,
-        EXIT_STALE,
-        _Parser,
-        _print_spec_error,
-    )
     from generator.resolve import load_spec
 
-    p = _Parser(prog="gen-mixin plan", description="Show what a spec will capture.")
+    p = ArgumentParser(
+        prog="gen-mixin plan", description="Show what a spec will capture."
+    )
     p.add_argument("spec", type=Path)
     p.add_argument(
-        "--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS
+        "--max-num-batched-tokens",
+        type=bounded_int(1),
+        default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
     )
-    p.add_argument("--max-model-len", type=int, default=DEFAULT_MAX_MODEL_LEN)
     p.add_argument(
-        "--budgets", type=int, nargs="+", help="encoder_cudagraph_token_budgets"
+        "--max-model-len", type=bounded_int(1), default=DEFAULT_MAX_MODEL_LEN
+    )
+    p.add_argument(
+        "--budgets",
+        type=bounded_int(1),
+        nargs="+",
+        help="encoder_cudagraph_token_budgets",
     )
     p.add_argument(
         "--max-items",
-        type=int,
+        type=bounded_int(0),
         default=0,
         help="encoder_cudagraph_max_vision_items_per_batch",
     )
     p.add_argument(
         "--max-frames",
-        type=int,
+        type=bounded_int(1),
         default=None,
         help="encoder_cudagraph_max_frames_per_batch",
     )
@@ -418,30 +562,27 @@ def plan_main(argv: list[str]) -> int:
     )
     args = p.parse_args(argv)
     try:
-        ir = load_spec(args.spec)
+        spec = load_spec(args.spec, display_path=printable(str(args.spec)))
     except SpecError as err:
-        _print_spec_error(err)
+        print_spec_error(err)
         return EXIT_INVALID
     try:
-        if any(b <= 0 for b in args.budgets or []) or args.max_items < 0:
-            raise PlanError("budgets must be positive and --max-items >= 0")
+        overrides = _parse_set(args.set, settable_names(spec))
         plan = make_plan(
-            ir,
+            spec,
             max_num_batched_tokens=args.max_num_batched_tokens,
             max_model_len=args.max_model_len,
             budgets=args.budgets,
             max_items=args.max_items,
             max_frames=args.max_frames,
-            overrides=_parse_set(args.set),
+            overrides=overrides,
             dtype=args.dtype,
         )
-    except (PlanError, EvaluationError) as exc:
-        print(f"{args.spec}: {exc}", file=sys.stderr)
+        if args.traffic is not None:
+            return _traffic(spec, plan, args, overrides)
+    except (PlanError, EvaluationError, OutOfRange) as exc:
+        print_error(f"{args.spec}: {exc}")
         return EXIT_INVALID
-    if args.traffic is not None:
-        from generator.ladder_tuner import traffic_main
-
-        return traffic_main(ir, plan, args)
     if args.json:
         print(json.dumps(plan.to_json(), indent=2))
     else:

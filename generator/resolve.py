@@ -20,28 +20,21 @@ from pathlib import Path
 from generator.diagnostics import Diagnostics, Location, SpecError
 from generator.spec.mixin import MixinSpec
 from generator.spec.reader import ReadContext, Reader
-from generator.static_checks import Arithmetic, capture_problems, slot_problems
-from generator.yaml_loader import Node, load_spec_tree
+from generator.static_checks import (
+    Arithmetic,
+    PathRows,
+    axis_problems,
+    capture_problems,
+    path_problems,
+    slot_problems,
+)
+from generator.yaml_loader import Node, load_spec_tree, read_spec_file
 
 
 def load_spec(path: str | Path, display_path: str | None = None) -> MixinSpec:
     """Read, validate and resolve one spec file."""
     shown = display_path or str(path)
-    diags = Diagnostics()
-    try:
-        raw = Path(path).read_bytes()
-    except OSError as exc:
-        diags.error(Location(shown, 1, 1), "", f"cannot read spec: {exc.strerror}")
-        raise SpecError(diags.sorted()) from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        diags.error(
-            Location(shown, 1, 1),
-            "",
-            f"spec is not UTF-8 ({exc.reason} at byte {exc.start})",
-        )
-        raise SpecError(diags.sorted()) from None
+    _, text = read_spec_file(path, shown)
     return resolve_text(text, shown)
 
 
@@ -75,32 +68,71 @@ def _read(tree: Node, shown: str, diags: Diagnostics) -> MixinSpec | None:
 
 
 def _arithmetic_problems(ctx: ReadContext):
-    """The static checks on whatever resolved."""
+    """The static checks on whatever resolved, path by path (a path's fields
+    under ``paths.<name>.``)."""
     parts = ctx.partial
     constants = parts.get("constants", ())
-    buffers = parts.get("buffers", ())
-    if parts.get("items") is None or parts.get("capture") is None:
+    items = parts.get("items")
+    named = []
+    for name, path in parts.get("paths", {}).items():
+        tokens = path.get("output_tokens")
+        prefix = f"paths.{name}." if "output_tokens" in path else ""
+        if tokens is not None:
+            named.append(
+                PathRows(
+                    name,
+                    tokens,
+                    path.get("min_token_budget"),
+                    path.get("allow_zero_tokens", False),
+                )
+            )
+        for field, message in _path_arithmetic(ctx, path, items, tokens):
+            yield prefix + field, message
+    axes = parts.get("capture_axes", ())
+    yield from axis_problems(axes, constants)
+    if items is not None and named and len(named) == len(parts["paths"]):
+        yield from path_problems(
+            tuple(named), items, constants, parts.get("item_inputs", ())
+        )
+
+
+def _path_arithmetic(ctx: ReadContext, path: dict, items, tokens):
+    """One path's capture checks; a path of ``paths:`` counts its budgets
+    and graph rows in its own rows per item."""
+    parts = ctx.partial
+    constants = parts.get("constants", ())
+    buffers = path.get("buffers", ())
+    if "output_tokens" in path and tokens is None:
+        items = None  # its rows per item did not resolve
+    if items is None or path.get("capture") is None:
         yield from slot_problems(constants, buffers)
         return
     yield from capture_problems(
         Arithmetic(
             constants,
             parts.get("item_inputs", ()),
-            parts["capture"],
-            parts["items"],
+            path["capture"],
+            items.on_path(tokens),
             buffers,
             parts.get("sizes", ()),
             parts.get("items_resolved", True),
+            parts.get("capture_axes", ()),
         )
     )
 
 
 def _node_at(tree: Node, field: str) -> Node:
-    """The node at a dotted field path (``buffers.cu_seqlens.slots``), or the
-    deepest one found on the way."""
+    """The node at a dotted field path (``buffers.cu_seqlens.slots``,
+    ``capture_axes[0].bound``), or the deepest one found on the way."""
     cur = tree
-    for key in field.split(".") if field else ():
+    for part in field.split(".") if field else ():
+        key, _, index = part.partition("[")
         if cur.kind != "mapping" or key not in cur.value:
             break
         cur = cur.value[key]
+        if index:
+            i = int(index.rstrip("]"))
+            if cur.kind != "sequence" or i >= len(cur.value):
+                break
+            cur = cur.value[i]
     return cur

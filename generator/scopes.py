@@ -29,6 +29,7 @@ class NameKind(Enum):
     FLAT = "flat input"
     GRID = "grid input"  # grids and per-item counts
     DIM = "dim"
+    AXIS_DIM = "capture axis dim"
     BUFFER = "buffer"
     GRAPH_STEP = "graph_forward step"
     EAGER_STEP = "eager_forward step"
@@ -115,33 +116,36 @@ FIELD_SCOPES: dict[str, FieldScope] = {
     "max_frames_per_video": FieldScope(
         frozenset({_K.CONSTANT}), host_paths=True, calls=True
     ),
-    "dummy": FieldScope(frozenset({_K.CONSTANT}), (*DUMMY_NAMES, "frames_per_item")),
+    "dummy": FieldScope(
+        frozenset({_K.CONSTANT, _K.AXIS_DIM}), (*DUMMY_NAMES, "frames_per_item")
+    ),
     "units": FieldScope(
-        frozenset({_K.CONSTANT}),
+        frozenset({_K.CONSTANT, _K.AXIS_DIM}),
         ("token_budget", "max_batch_size", "max_frames_per_batch"),
     ),
     "tensor_shape": FieldScope(
-        frozenset({_K.CONSTANT}), CAPTURE_SIZES, host_paths=True
+        frozenset({_K.CONSTANT, _K.AXIS_DIM}), CAPTURE_SIZES, host_paths=True
     ),
     "tensor_dtype": FieldScope(builtins=("dtype",), host_paths=True),
     "graph_rows": FieldScope(
-        frozenset({_K.CONSTANT}), ("k", "rows", "max_batch_size", "token_budget")
+        frozenset({_K.CONSTANT, _K.AXIS_DIM}),
+        ("k", "rows", "max_batch_size", "token_budget"),
     ),
     "builder_call": FieldScope(
-        frozenset({_K.CONSTANT, _K.FLAT, _K.GRID}),
+        frozenset({_K.CONSTANT, _K.FLAT, _K.GRID, _K.AXIS_DIM}),
         ("device", "dtype"),
         host_paths=True,
         calls=True,
         literals=True,
     ),
     "capture_kwargs": FieldScope(
-        frozenset({_K.CONSTANT, _K.FLAT, _K.GRID}),
+        frozenset({_K.CONSTANT, _K.FLAT, _K.GRID, _K.AXIS_DIM}),
         ("device", "dtype", *CAPTURE_KWARG_NAMES),
         host_paths=True,
         literals=True,
     ),
     "replay_kwargs": FieldScope(
-        frozenset({_K.CONSTANT, _K.FLAT, _K.GRID}),
+        frozenset({_K.CONSTANT, _K.FLAT, _K.GRID, _K.AXIS_DIM}),
         ("device", "dtype"),
         host_paths=True,
         literals=True,
@@ -150,7 +154,8 @@ FIELD_SCOPES: dict[str, FieldScope] = {
         frozenset({_K.CONSTANT}), ("max_batch_size", "max_frames_per_batch")
     ),
     "buffer_shape": FieldScope(
-        frozenset({_K.CONSTANT, _K.SIZE}), (*CAPTURE_SIZES, "max_frames_per_batch")
+        frozenset({_K.CONSTANT, _K.SIZE, _K.AXIS_DIM}),
+        (*CAPTURE_SIZES, "max_frames_per_batch"),
     ),
     "graph_forward": FieldScope(
         frozenset({_K.BUFFER, _K.GRAPH_STEP}),
@@ -224,7 +229,13 @@ METHODS: dict[str, Method] = {
             "get_encoder_cudagraph_config",
             (SELF,),
             "{EncoderCudaGraphConfig}",
-            ("AttentionBackendEnum", "EncoderCudaGraphConfig", "mm_config", "backend"),
+            (
+                "AttentionBackendEnum",
+                "EncoderCudaGraphConfig",
+                "EncoderCudaGraphPathConfig",
+                "mm_config",
+                "backend",
+            ),
             spec_kinds=frozenset({_K.CONSTANT}),
         ),
         Method(
@@ -245,7 +256,7 @@ METHODS: dict[str, Method] = {
             "select_encoder_cudagraph_items",
             (SELF, MM_KWARGS, Param("indices", "list[int]")),
             "dict[str, Any]",
-            ("keys",),
+            ("keys", "selected", "ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG"),
             spec_kinds=_READS_INPUTS,
         ),
         Method(
@@ -271,7 +282,8 @@ METHODS: dict[str, Method] = {
                 "_",
             ),
             (("{}_rows", _K.FLAT),),
-            _READS_INPUTS | {_K.FLAT, _K.BUFFER, _K.IMPORT, _K.BUILDER_RESULT},
+            _READS_INPUTS
+            | {_K.FLAT, _K.BUFFER, _K.IMPORT, _K.BUILDER_RESULT, _K.AXIS_DIM},
             exploded=True,
         ),
         Method(
@@ -284,9 +296,16 @@ METHODS: dict[str, Method] = {
                 PATH,
             ),
             "{EncoderCudaGraphReplayBuffers}",
-            ("EncoderCudaGraphReplayBuffers", "keys"),
+            ("EncoderCudaGraphReplayBuffers", "keys", "axis_keys"),
             spec_kinds=frozenset(
-                {_K.CONSTANT, _K.GRID, _K.FLAT, _K.IMPORT, _K.BUILDER_RESULT}
+                {
+                    _K.CONSTANT,
+                    _K.GRID,
+                    _K.FLAT,
+                    _K.IMPORT,
+                    _K.BUILDER_RESULT,
+                    _K.AXIS_DIM,
+                }
             ),
             exploded=True,
         ),
@@ -333,11 +352,41 @@ METHODS: dict[str, Method] = {
                 "offset",
                 "idx",
                 "length",
+                "path_rows",
+                "path_offsets",
+                "position",
+                "item_parts",
+                "path_name",
+                "per_item",
+                "item_rows",
+                "row_start",
             ),
             spec_kinds=_READS_INPUTS | {_K.IMPORT},
             exploded=True,
         ),
         Method("get_input_modality", (SELF, MM_KWARGS), "str"),
+        Method(
+            "_capture_axes",
+            (SELF,),
+            "tuple[tuple[Hashable, ...], ...]",
+            spec_kinds=frozenset({_K.CONSTANT}),
+        ),
+        Method(
+            "_capture_axis_keys",
+            (SELF, MM_KWARGS),
+            "tuple[Hashable, ...]",
+            ("keys", "needs", "axis", "need"),
+            spec_kinds=_READS_INPUTS,
+        ),
+        Method(
+            "_covering_key",
+            (
+                Param("keys", "tuple[Hashable, ...]"),
+                Param("need", "tuple[int, ...]"),
+            ),
+            "Hashable",
+            ("key", "parts", "p", "n"),
+        ),
         # Helpers: no spec name reaches them.
         Method("_modality_keys", (SELF, MM_KWARGS), "dict[str, str]"),
         Method(
@@ -435,6 +484,8 @@ MODULE_NAMES = frozenset(
         "TYPE_CHECKING",
         "SupportsEncoderCudaGraph",
         "EncoderCudaGraphConfig",
+        "EncoderCudaGraphPathConfig",
+        "ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG",
         "EncoderCudaGraphCaptureInputs",
         "EncoderCudaGraphReplayBuffers",
         "EncoderItemSpec",

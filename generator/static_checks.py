@@ -4,7 +4,9 @@ The checks evaluate the spec's formulas (never ``eval``: see
 :func:`generator.formulas.evaluate`) with the constants' ``default`` values,
 the released model's, over a grid of budgets and batch sizes. Checks whose
 formulas mention a constant without a default are skipped here; ``gen-mixin
-plan`` runs them with values given on the command line.
+plan`` runs them with values given on the command line. A value beyond int64
+is no skip: no tensor size or count holds it, so it is reported at the field
+whose formula computed it (:class:`OutOfRange`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from dataclasses import dataclass
 from generator.formulas import (
     BinOp,
     EvaluationError,
+    Expr,
     Ref,
+    ValueOutOfRange,
     evaluate,
     names_in,
     walk,
@@ -46,21 +50,48 @@ class Arithmetic:
     # False when items.graph_rows or items.budget_tokens was given but did
     # not resolve: the coverage checks would run on the wrong defaults.
     items_resolved: bool = True
+    axes: tuple = ()  # the spec's capture axes
 
     @classmethod
-    def of(cls, spec) -> Arithmetic:
+    def of(cls, spec, path=None) -> Arithmetic:
+        """The arithmetic of one path of ``spec`` (its first by default)."""
+        path = path if path is not None else spec.paths[0]
         return cls(
             spec.constants,
             spec.item_inputs,
-            spec.path.capture,
-            spec.items,
-            spec.path.buffers,
+            path.capture,
+            spec.items.on_path(path.output_tokens),
+            path.buffers,
             spec.sizes,
+            axes=spec.capture_axes,
         )
 
     @property
     def size_env(self) -> dict[str, int]:
         return {s.name: s.value for s in self.sizes}
+
+
+class OutOfRange(Exception):
+    """A formula's value beyond int64 at sampled values, with the field the
+    formula is written at. Not an :class:`EvaluationError`: the checks skip
+    those (a value they do not know), and must not skip this."""
+
+    def __init__(self, field: str, exc: ValueOutOfRange) -> None:
+        super().__init__(f"{field}: {exc}")
+        self.field = field
+        self.message = (
+            f"evaluates beyond int64 at the sampled budgets, batch sizes and dims "
+            f"({exc}): no tensor size or count holds it"
+        )
+
+
+def value_at(field: str, expr: Expr, scope: Mapping[str, int]) -> int:
+    """``evaluate(expr, scope)``; a value beyond int64 raises
+    :class:`OutOfRange` at ``field``."""
+    try:
+        return evaluate(expr, scope)
+    except ValueOutOfRange as exc:
+        raise OutOfRange(field, exc) from None
 
 
 SAMPLE_BUDGETS = (64, 100, 128, 257, 1000, 1024, 4096, 8192, 16384)
@@ -111,7 +142,8 @@ def capture_scope(
 def dummy_item(
     ir: Arithmetic, env: Mapping[str, int], budget: int, mbs: int, mfpb: int = 0
 ) -> dict[str, int]:
-    """The dims of one dummy item for ``budget`` (raises EvaluationError)."""
+    """The dims of one dummy item for ``budget`` (raises EvaluationError,
+    OutOfRange)."""
     scope = dict(env)
     scope.update(
         k=per_item_tokens(budget, mbs, ir.capture.rounding),
@@ -123,7 +155,7 @@ def dummy_item(
     dims: dict[str, int] = {}
     for item, exprs in ir.capture.dummy:
         for dim, expr in zip(item.dims, exprs):
-            dims[dim] = evaluate(expr, scope)
+            dims[dim] = value_at(f"capture.dummy.{item.key}", expr, scope)
     return dims
 
 
@@ -133,36 +165,89 @@ def item_values(
     scope = {**env, **dims}
     items = ir.items
     out = {
-        "input_size": evaluate(items.input_size, scope),
-        "output_tokens": evaluate(items.output_tokens, scope),
+        "input_size": value_at("items.input_size", items.input_size, scope),
+        "output_tokens": value_at("items.output_tokens", items.output_tokens, scope),
     }
-    out["graph_rows"] = (
-        evaluate(items.graph_rows, scope)
-        if items.graph_rows is not None
-        else out["output_tokens"]
-    )
-    out["budget_tokens"] = (
-        evaluate(items.budget_tokens, scope)
-        if items.budget_tokens is not None
-        else out["output_tokens"]
-    )
+    for name in ("graph_rows", "budget_tokens"):
+        expr = getattr(items, name)
+        out[name] = (
+            value_at(f"items.{name}", expr, scope)
+            if expr is not None
+            else out["output_tokens"]
+        )
     return out
 
 
 def flat_rows(flat: FlatInput, env: Mapping[str, int], dims: Mapping[str, int]) -> int:
     """Rows of one item of ``flat`` (its own ``rows`` or ``input_size``)."""
-    return evaluate(flat.rows, {**env, **dims})
+    field = f"inputs.{flat.key}.rows" if flat.own_rows else "items.input_size"
+    return value_at(field, flat.rows, {**env, **dims})
 
 
 def capture_problems(
     ir: Arithmetic, overrides: Mapping[str, int] | None = None
 ) -> Iterator[tuple[str, str]]:
-    """(field, message) for each arithmetic problem found with known values."""
+    """(field, message) for each arithmetic problem found with known values
+    (with capture axes: for every combination of their keys)."""
     env = constant_env(ir, overrides)
-    if ir.capture.of_units:
-        yield from unit_capture_problems(ir, env)
-        return
     reported: set[str] = set()
+    try:
+        if ir.capture.of_units:
+            # A unit capture's own coverage check replaces the dummy's.
+            for axis_env in axis_envs(ir.axes, env):
+                for field, message in unit_capture_problems(ir, axis_env):
+                    if field not in reported:
+                        reported.add(field)
+                        yield field, message
+            return
+        for axis_env in axis_envs(ir.axes, env):
+            yield from _budget_problems(ir, axis_env, reported)
+        if (
+            ir.capture.graph_rows is not None
+            and ir.items.budget_tokens is not None
+            and ir.items_resolved
+        ):
+            yield from item_bound_problems(ir, env)
+    except OutOfRange as exc:
+        # The values after it would be meaningless: one problem, then on.
+        yield exc.field, exc.message
+    yield from slot_problems(ir.constants, ir.buffers, overrides)
+
+
+def axis_combos(axes, env: Mapping[str, int]) -> list[tuple[tuple, dict[str, int]]]:
+    """Every combination of the axes' keys (each distinct key once), with the
+    dims it binds: ``[((), {})]`` without axes. Keys that need a constant
+    without a value are left out."""
+    per_axis = []
+    for axis in axes:
+        values: dict = {}
+        for key in axis.keys:
+            try:
+                parts = tuple(evaluate(p, env) for p in key)
+            except (EvaluationError, ArithmeticError):
+                continue
+            shown = parts[0] if axis.scalar else parts
+            values.setdefault(shown, dict(zip(axis.dims, parts, strict=True)))
+        per_axis.append(list(values.items()))
+    return [
+        (
+            tuple(key for key, _ in combo),
+            {d: v for _, dims in combo for d, v in dims.items()},
+        )
+        for combo in itertools.product(*per_axis)
+    ]
+
+
+def axis_envs(axes, env: Mapping[str, int]) -> list[dict[str, int]]:
+    """``env`` with the dims of every combination of the axes' keys."""
+    return [{**env, **dims} for _, dims in axis_combos(axes, env)]
+
+
+def _budget_problems(
+    ir: Arithmetic, env: Mapping[str, int], reported: set[str]
+) -> Iterator[tuple[str, str]]:
+    """The checks of every sampled budget and batch size (raises
+    OutOfRange)."""
     for mbs in SAMPLE_BATCH_SIZES:
         for budget in SAMPLE_BUDGETS:
             if mbs > budget:
@@ -172,13 +257,15 @@ def capture_problems(
                 values = item_values(ir, env, dims)
             except (EvaluationError, ArithmeticError):
                 continue  # a constant without default: plan checks it
-            bad_dims = [d for d, v in dims.items() if v <= 0]
+            # A count may be 0 (an image without crops), a grid dim may not.
+            counts = {g.dims[0] for g in ir.item_inputs if g.is_count}
+            bad_dims = [d for d, v in dims.items() if v < (d not in counts)]
             if bad_dims and "capture.dummy" not in reported:
                 reported.add("capture.dummy")
                 yield (
                     "capture.dummy",
-                    f"dummy dims {', '.join(bad_dims)} are not positive for budget "
-                    f"{budget} and max_batch_size {mbs}",
+                    f"dummy dims {', '.join(bad_dims)} are not positive (counts: "
+                    f"negative) for budget {budget} and max_batch_size {mbs}",
                 )
             rows = mbs * values["input_size"]
             rounding = ir.capture.rounding
@@ -189,7 +276,7 @@ def capture_problems(
                 try:
                     need = mbs * flat_rows(tensor.flat, env, dims)
                     own = capture_scope(env_sizes, budget, mbs, mbs, need, rounding)
-                    held = evaluate(tensor.shape[0], own)
+                    held = value_at(field, tensor.shape[0], own)
                 except (EvaluationError, ArithmeticError):
                     continue
                 if held < need and field not in reported:
@@ -203,7 +290,7 @@ def capture_problems(
                 expr = set_by_expr(buf)
                 field = f"buffers.{buf.key}.set_by"
                 try:
-                    bound = evaluate(expr, scope) if expr is not None else None
+                    bound = value_at(field, expr, scope) if expr is not None else None
                 except (EvaluationError, ArithmeticError):
                     continue
                 if bound is not None and bound < rows and field not in reported:
@@ -221,11 +308,11 @@ def capture_problems(
             # the declared capacity (which must hold the dummy's too).
             graph_capacity = mbs * values["graph_rows"]
             if ir.capture.graph_rows is not None:
+                field = "capture.graph_rows"
                 try:
-                    declared = evaluate(ir.capture.graph_rows, scope)
+                    declared = value_at(field, ir.capture.graph_rows, scope)
                 except (EvaluationError, ArithmeticError):
                     continue
-                field = "capture.graph_rows"
                 if declared < graph_capacity and field not in reported:
                     reported.add(field)
                     yield (
@@ -240,7 +327,7 @@ def capture_problems(
                         continue
                     field = f"buffers.{buf.key}.shape"
                     try:
-                        held = evaluate(buf.shape[0], scope)
+                        held = value_at(field, buf.shape[0], scope)
                     except (EvaluationError, ArithmeticError):
                         continue
                     if held < graph_capacity and field not in reported:
@@ -252,9 +339,13 @@ def capture_problems(
                             f"max_batch_size {mbs}); size dim 0 with capture.graph_rows",
                         )
             # The dummy batch must hold every batch whose budget tokens fit:
-            # its graph rows and its budget tokens both reach the budget.
+            # its graph rows and its budget tokens both reach the budget (or,
+            # for items of a fixed token count, the most max_batch_size of
+            # them can have).
             covered = min(graph_capacity, mbs * values["budget_tokens"])
-            if covered < budget and "capture.dummy" not in reported:
+            if covered < min(budget, fixed_batch_tokens(ir, env, mbs)) and (
+                "capture.dummy" not in reported
+            ):
                 reported.add("capture.dummy")
                 need = per_item_tokens(budget, mbs)
                 k = per_item_tokens(budget, mbs, rounding)
@@ -266,18 +357,25 @@ def capture_problems(
                     f"item needs at least {what}); a batch that fits the budget would "
                     "overflow the buffers",
                 )
-    if (
-        ir.capture.graph_rows is not None
-        and ir.items.budget_tokens is not None
-        and ir.items_resolved
-    ):
-        yield from item_bound_problems(ir, env)
-    yield from slot_problems(ir.constants, ir.buffers, overrides)
+
+
+def fixed_batch_tokens(ir: Arithmetic, env: Mapping[str, int], mbs: int) -> float:
+    """The budget tokens of the largest batch when every item has the same
+    (its budget tokens read no dims: one global view per image), else
+    unbounded."""
+    budget_tokens = ir.items.budget_tokens or ir.items.output_tokens
+    dims = {d for g in ir.item_inputs for d in g.dims}
+    if names_in(budget_tokens) & dims:
+        return float("inf")
+    try:
+        return mbs * evaluate(budget_tokens, env)
+    except (EvaluationError, ArithmeticError):
+        return float("inf")
 
 
 #: Values tried for every grid dim when a per-item relation is checked.
 SAMPLE_DIMS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 33, 64)
-MAX_DIM_SAMPLES = 20000
+MAX_DIM_SAMPLES = 4096
 
 
 def item_bound_problems(
@@ -293,6 +391,10 @@ def item_bound_problems(
     items = ir.items
     graph_rows = items.graph_rows or items.output_tokens
     budget_tokens = items.budget_tokens or items.output_tokens
+    rows_field = f"items.{'graph_rows' if items.graph_rows else 'output_tokens'}"
+    tokens_field = (
+        f"items.{'budget_tokens' if items.budget_tokens else 'output_tokens'}"
+    )
     # Only the dims the two formulas read vary their values.
     used = names_in(graph_rows) | names_in(budget_tokens)
     dims = [d for g in ir.item_inputs for d in g.dims if d in used]
@@ -307,8 +409,8 @@ def item_bound_problems(
     for combo in combos:
         scope = {**env, **dict(zip(dims, combo, strict=True))}
         try:
-            rows = evaluate(graph_rows, scope)
-            tokens = evaluate(budget_tokens, scope)
+            rows = value_at(rows_field, graph_rows, scope)
+            tokens = value_at(tokens_field, budget_tokens, scope)
         except (EvaluationError, ArithmeticError):
             continue
         if rows > tokens:
@@ -334,29 +436,170 @@ def slot_problems(
         if buf.pad is None or buf.slots is None:
             continue
         spare = 1 if buf.pad is PadRule.TRAILING_SEQUENCE else 0
+        field = f"buffers.{buf.key}.slots"
         for mbs in SAMPLE_BATCH_SIZES:
+            scope = {**env, "max_batch_size": mbs, "max_frames_per_batch": mbs}
             try:
-                slots = evaluate(
-                    buf.slots,
-                    {**env, "max_batch_size": mbs, "max_frames_per_batch": mbs},
-                )
+                slots = value_at(field, buf.slots, scope)
             except (EvaluationError, ArithmeticError):
+                break
+            except OutOfRange as exc:
+                yield exc.field, exc.message
                 break
             if buf.pad is PadRule.REPEAT_LAST and slots < mbs + 1:
                 yield (
-                    f"buffers.{buf.key}.slots",
+                    field,
                     f"{slots} slots for max_batch_size {mbs}: a full batch has "
                     f"{mbs + 1} offsets (expected at least max_batch_size + 1)",
                 )
                 break
             if spare and slots < mbs + 2:
                 yield (
-                    f"buffers.{buf.key}.slots",
+                    field,
                     f"{slots} slots for max_batch_size {mbs}: a full batch fills "
                     f"{mbs + 1} offsets and the padding sequence needs one spare slot "
                     f"(expected at least max_batch_size + 2)",
                 )
                 break
+
+
+# -- encoder paths ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PathRows:
+    """What the path checks read of one path of ``paths:``."""
+
+    name: str
+    output_tokens: Expr
+    min_token_budget: Expr | None
+    allow_zero_tokens: bool
+
+
+def _item_samples(
+    item_inputs: tuple[ItemInput, ...], used: set[str]
+) -> Iterator[dict[str, int]]:
+    """Sampled dims of one item: counts from 0 (an image without crops),
+    grid dims from 1; only the dims in ``used`` vary."""
+    dims = [(d, g.is_count) for g in item_inputs for d in g.dims if d in used]
+    domains = [(0, *SAMPLE_DIMS) if count else SAMPLE_DIMS for _, count in dims]
+    names = [d for d, _ in dims]
+    if math.prod(len(d) for d in domains) <= MAX_DIM_SAMPLES:
+        for combo in itertools.product(*domains):
+            yield dict(zip(names, combo, strict=True))
+        return
+    rng = random.Random(0)
+    for _ in range(MAX_DIM_SAMPLES):
+        yield {n: rng.choice(d) for n, d in zip(names, domains, strict=True)}
+
+
+def _shown(dims: Mapping[str, int]) -> str:
+    return f" ({', '.join(f'{d}={v}' for d, v in dims.items())})" if dims else ""
+
+
+def path_problems(
+    paths: tuple[PathRows, ...],
+    items: Items,
+    constants: tuple[Constant, ...],
+    item_inputs: tuple[ItemInput, ...],
+    overrides: Mapping[str, int] | None = None,
+) -> Iterator[tuple[str, str]]:
+    """Rows per item on each path: never negative, 0 only on a path a batch
+    may leave out, some path that holds every item, and (each item's output
+    being its rows of every path, concatenated) they add up to the item's
+    output tokens. A path's smallest budget is positive."""
+    env = {c.name: c.default for c in constants if c.default is not None}
+    env.update(overrides or {})
+    for path in paths:
+        if path.min_token_budget is None:
+            continue
+        try:
+            smallest = evaluate(path.min_token_budget, env)
+        except (EvaluationError, ArithmeticError):
+            continue
+        if smallest <= 0:
+            yield (
+                f"paths.{path.name}.min_token_budget",
+                f"is {smallest}: the manager refuses a path budget outside "
+                "(0, largest budget]",
+            )
+    if all(p.allow_zero_tokens for p in paths):
+        yield (
+            "paths",
+            "every path allows zero tokens: some path must hold every item "
+            "(allow_zero_tokens: false), or an item could have no rows at all",
+        )
+    used = names_in(items.output_tokens).union(
+        *(names_in(p.output_tokens) for p in paths)
+    )
+    reported: set[str] = set()
+    for dims in _item_samples(item_inputs, used):
+        scope = {**env, **dims}
+        try:
+            rows = {p.name: evaluate(p.output_tokens, scope) for p in paths}
+            total = evaluate(items.output_tokens, scope)
+        except (EvaluationError, ArithmeticError):
+            continue
+        for path in paths:
+            field = f"paths.{path.name}.output_tokens"
+            n = rows[path.name]
+            bad = n < 0 or (n == 0 and not path.allow_zero_tokens)
+            if bad and field not in reported:
+                reported.add(field)
+                fix = "" if n < 0 else "; set allow_zero_tokens: true"
+                yield (
+                    field,
+                    f"is {n} for an item{_shown(dims)}: a batch of such items "
+                    f"has no rows on path {path.name!r}{fix}",
+                )
+        field = "items.output_tokens"
+        if sum(rows.values()) != total and field not in reported:
+            reported.add(field)
+            parts = " + ".join(str(rows[p.name]) for p in paths)
+            yield (
+                field,
+                f"is {total} for an item{_shown(dims)} but its rows on the paths "
+                f"add up to {parts} = {sum(rows.values())}: an item's output is its "
+                "rows of every path, concatenated",
+            )
+
+
+# -- capture axes -------------------------------------------------------------------
+
+
+def axis_problems(
+    axes, constants: tuple[Constant, ...], overrides: Mapping[str, int] | None = None
+) -> Iterator[tuple[str, str]]:
+    """Every key a batch can select is captured: some key covers the axis'
+    bound (the largest need any item can have). Keys differ."""
+    env = {c.name: c.default for c in constants if c.default is not None}
+    env.update(overrides or {})
+    for i, axis in enumerate(axes):
+        field = f"capture_axes[{i}]"
+        try:
+            keys = [tuple(evaluate(p, env) for p in key) for key in axis.keys]
+            bound = tuple(evaluate(b, env) for b in axis.bound)
+        except (EvaluationError, ArithmeticError):
+            continue  # a constant without default: plan checks it
+        for j, key in enumerate(keys):
+            if key in keys[:j]:
+                yield (
+                    f"{field}.keys",
+                    f"keys[{j}] is {_key_text(key)} again: each key is one graph "
+                    "per budget, captured once",
+                )
+        if not any(all(k >= b for k, b in zip(key, bound)) for key in keys):
+            yield (
+                f"{field}.bound",
+                f"no key covers the bound {_key_text(bound)} (keys: "
+                f"{', '.join(_key_text(k) for k in keys)}): a batch with such an "
+                "item would select a key that was never captured and the "
+                "manager would fail on it; add a key that covers the bound",
+            )
+
+
+def _key_text(parts: tuple[int, ...]) -> str:
+    return str(parts[0]) if len(parts) == 1 else str(parts)
 
 
 # -- unit captures -------------------------------------------------------------------

@@ -16,10 +16,13 @@ from generator.spec.mixin import MixinSpec
 
 def used_import_names(spec: MixinSpec) -> set[str]:
     """Imported names the generated code mentions."""
-    path = spec.path
-    exprs: list[fx.Expr] = [m.call for m in path.metadata]
-    exprs += [v for m in path.metadata for _, v in m.capture_kwargs + m.replay_kwargs]
-    exprs += [s.expr for s in path.graph_forward + path.eager_forward.steps]
+    exprs: list[fx.Expr] = []
+    for path in spec.paths:
+        exprs += [m.call for m in path.metadata]
+        exprs += [
+            v for m in path.metadata for _, v in m.capture_kwargs + m.replay_kwargs
+        ]
+        exprs += [s.expr for s in path.graph_forward + path.eager_forward.steps]
     used = set().union(*(fx.names_in(e) for e in exprs)) if exprs else set()
     for attr in spec.host:
         used |= attr.names
@@ -63,6 +66,10 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
         mods["defs"],
         *DEFS_NAMES,
     )
+    if spec.has_paths and not spec.local_defs_import:
+        add(first_party, mods["defs"], "EncoderCudaGraphPathConfig")
+    if spec.capture_axes and not spec.local_defs_import:
+        add(first_party, mods["defs"], "ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG")
     if any("MultiModalConfig" in a.names for a in spec.host):
         add(type_checking, mods["MultiModalConfig"], "MultiModalConfig")
     used = used_import_names(spec)
@@ -73,11 +80,11 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
                 imp.module(target),
                 imp.name,
             )
-    if spec.path.trailing is not None:
+    if spec.trailing is not None:
         plain.add("weakref")
     if spec.span_assembly is not None:
         add(first_party, mods["async_tensor_h2d"], "async_tensor_h2d")
-    if writes_default(spec):
+    if writes_default(spec) and not spec.has_paths:
         add(first_party, mods["scatter_output_slices"], "scatter_output_slices")
     _check_roots(target, first_party, type_checking)
     return {

@@ -18,6 +18,9 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
     both = fx.BinOp("+", items.input_size, items.output_tokens)
     if items.budget_tokens is not None:
         both = fx.BinOp("+", both, items.budget_tokens)
+    for path in spec.paths:
+        if path.output_tokens is not None:
+            both = fx.BinOp("+", both, path.output_tokens)
     loop_target, iterable, keys = item_loop(spec, dims_of(spec, both))
     ctx = {
         "signature": signature(spec, "get_encoder_cudagraph_item_specs"),
@@ -29,6 +32,14 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
         "output_tokens": body.expr(items.output_tokens),
         "budget_tokens": (
             body.expr(items.budget_tokens) if items.budget_tokens is not None else None
+        ),
+        "path_tokens": (
+            [
+                {"name": repr(p.name), "value": body.expr(p.output_tokens)}
+                for p in spec.paths
+            ]
+            if spec.has_paths
+            else None
         ),
         "target": loop_target,
         "iterable": iterable,

@@ -13,12 +13,14 @@ from __future__ import annotations
 import re
 
 from generator.scopes import FIELD_SCOPES
+from generator.spec.axes import CaptureAxis
 from generator.spec.capture import Buffer, Capture, CaptureTensor, MetadataBuilder
 from generator.spec.forwards import EagerForward, Postprocess, SpanAssembly, Steps
 from generator.spec.host import Constant, Import
 from generator.spec.inputs import InputEntry
 from generator.spec.items import BackendGuard, Budget, Guards, Items
 from generator.spec.mixin import MixinSpec
+from generator.spec.path import EncoderPath
 from generator.spec.reader import Key, Keys
 from generator.spec.values import (
     Formula,
@@ -46,6 +48,8 @@ SECTIONS: dict[str, type] = {
     "eager_forward": EagerForward,
     "postprocess": Postprocess,
     "postprocess.span_assembly": SpanAssembly,
+    "paths": EncoderPath,
+    "capture_axes": CaptureAxis,
 }
 
 _BLOCK = re.compile(
