@@ -249,14 +249,14 @@ METHODS: dict[str, Method] = {
             "get_encoder_cudagraph_item_specs",
             (SELF, MM_KWARGS),
             "list[{EncoderItemSpec}]",
-            ("EncoderItemSpec", "keys"),
+            ("EncoderItemSpec", "keys", "units"),
             spec_kinds=_READS_INPUTS,
         ),
         Method(
             "select_encoder_cudagraph_items",
             (SELF, MM_KWARGS, Param("indices", "list[int]")),
             "dict[str, Any]",
-            ("keys", "selected", "ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG"),
+            ("keys", "units", "selected", "ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG"),
             spec_kinds=_READS_INPUTS,
         ),
         Method(
@@ -437,6 +437,18 @@ METHODS: dict[str, Method] = {
             ),
             "torch.Tensor",
             ("i",),
+        ),
+        Method(
+            "_split_units",
+            (Param("units", "list"), Param("counts", "list[int]")),
+            "list[list]",
+            ("offsets", "a", "b"),
+        ),
+        Method(
+            "_unit_indices",
+            (Param("counts", "list[int]"), Param("indices", "list[int]")),
+            "list[int]",
+            ("offsets", "u", "i"),
         ),
         Method(
             "_select_counts",

@@ -3,7 +3,7 @@
 # From specs/mllama4.yaml: change the spec or the templates and run
 # `gen-mixin specs/mllama4.yaml`.
 # spec-sha256: a8a9029550d67bd2da159efb97a9949c099d422d3a17ddd15e09eb28d00cc0ad
-# templates-sha256: e72651215a374b0bc4a94c4c28c27cb215718d9a6f943720aef105171bdc473d
+# templates-sha256: 824b9fefab92ee393a46c07cf94a49ae5f98514b4adb151023542d54f76e54ca
 
 import itertools
 from collections.abc import Hashable

@@ -3,7 +3,7 @@
 # From specs/gemma3_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma3_mm.yaml`.
 # spec-sha256: 1089a08cd8daaf165a288e75f1a279738b415bd7f599a0459a0ee06a633d833f
-# templates-sha256: e72651215a374b0bc4a94c4c28c27cb215718d9a6f943720aef105171bdc473d
+# templates-sha256: 824b9fefab92ee393a46c07cf94a49ae5f98514b4adb151023542d54f76e54ca
 
 import itertools
 from collections.abc import Hashable

@@ -37,6 +37,8 @@ from generator.static_checks import per_item_tokens
 from genmixin_testlib import load_module_copy
 
 OUT_WIDTH = 5
+#: The key of an item's units (dicts of unit dims) in a unit spec's items.
+UNITS = "units"
 #: Value of host integers no constant default names (shapes over host paths).
 HOST_INT = 3
 
@@ -136,11 +138,36 @@ class SpecWorld:
     def value(self, expr: fx.Expr, **names: int) -> int:
         return fx.evaluate(expr, {**self.env, **names})
 
+    # -- items made of units ---------------------------------------------------------
+
+    @property
+    def unit_grids(self) -> list:
+        return [g for g in self.spec.item_inputs if g.unit_of is not None]
+
+    @property
+    def unit_count_dim(self) -> str | None:
+        """The dim of the count input that gives each item's units."""
+        if not self.unit_grids:
+            return None
+        return self.spec.item_input(self.unit_grids[0].unit_of).dims[0]
+
+    def _unit_dims(self) -> set[str]:
+        return {d for g in self.unit_grids for d in g.dims}
+
     def item_values(
-        self, dims: Mapping[str, int], path: EncoderPath | None = None
+        self, dims: Mapping[str, Any], path: EncoderPath | None = None
     ) -> dict[str, int]:
-        """An item's formulas; ``graph_rows`` and ``budget_tokens`` on
-        ``path`` (a path of ``paths:`` counts both in its own rows)."""
+        """An item's formulas (a per-unit spec's summed over
+        ``dims["units"]``); ``graph_rows`` and ``budget_tokens`` on ``path``
+        (a path of ``paths:`` counts both in its own rows)."""
+        if self.spec.items.per_unit:
+            per_unit = [self._values(u, path) for u in dims[UNITS]]
+            return {k: sum(v[k] for v in per_unit) for k in per_unit[0]}
+        return self._values(dims, path)
+
+    def _values(
+        self, dims: Mapping[str, int], path: EncoderPath | None
+    ) -> dict[str, int]:
         items = self.spec.items
         out = {
             "input_size": self.value(items.input_size, **dims),
@@ -231,8 +258,13 @@ class SpecWorld:
         items = self.spec.items
         return self.value(items.graph_rows or items.output_tokens, **dims)
 
-    def flat_rows(self, key: str, dims: Mapping[str, int]) -> int:
-        return self.value(self.spec.flat(key).rows, **dims)
+    def flat_rows(self, key: str, dims: Mapping[str, Any]) -> int:
+        flat = self.spec.flat(key)
+        if flat.unit_of is None:
+            return self.value(flat.rows, **dims)
+        if self.spec.items.per_unit:
+            return sum(self.value(flat.rows, **u) for u in dims[UNITS])
+        return dims[self.unit_count_dim] * self.value(flat.rows)
 
     # -- hosts --------------------------------------------------------------------------
 
@@ -347,15 +379,26 @@ class SpecWorld:
 
     def random_item(
         self, rng: random.Random, big: int = 3, zero_counts: bool = False
-    ) -> dict[str, int]:
+    ) -> dict[str, Any]:
         """Random dims (multiples of :meth:`dim_step`); counts may be 0 with
-        ``zero_counts`` (an image without crops)."""
+        ``zero_counts`` (an image without crops). Items of units carry
+        their units' dims under ``UNITS``."""
         step = self.dim_step()
-        return {
+        item: dict[str, Any] = {
             d: step * rng.randint(0 if zero_counts and g.is_count else 1, big)
             for g in self.spec.item_inputs
             for d in g.dims
         }
+        if self.unit_grids:
+            unit_dims = self._unit_dims()
+            units = [
+                {d: step * rng.randint(1, big) for d in unit_dims}
+                for _ in range(rng.randint(1, big))
+            ]
+            item = {d: v for d, v in item.items() if d not in unit_dims}
+            item[self.unit_count_dim] = len(units)
+            item[UNITS] = units
+        return item
 
     def batch(
         self,
@@ -370,7 +413,10 @@ class SpecWorld:
         for inp in self.spec.inputs:
             key = inp.video_key if video and inp.video_key else inp.key
             if inp in self.spec.item_inputs:
-                rows = [[it[d] for d in inp.dims] for it in items]
+                if inp.unit_of is not None:  # one row per unit
+                    rows = [[u[d] for d in inp.dims] for it in items for u in it[UNITS]]
+                else:
+                    rows = [[it[d] for d in inp.dims] for it in items]
                 if inp.is_count:
                     rows = [r[0] for r in rows]
                 if lists:
@@ -379,7 +425,7 @@ class SpecWorld:
                     out[key] = torch.tensor(rows, dtype=torch.int64)
                 else:
                     out[key] = torch.tensor(rows, dtype=torch.int64).reshape(
-                        len(items), len(inp.dims)
+                        len(rows), len(inp.dims)
                     )
             else:
                 out[key] = self.flat_tensor(inp.key, items)
@@ -446,6 +492,8 @@ class SpecWorld:
         allows (each dim grown in turn), or None when even the smallest does
         not fit."""
         step = self.dim_step()
+        if self.unit_grids:
+            return self._most_units(budget, step)
         item = {d: step for g in self.spec.item_inputs for d in g.dims}
 
         def fits(candidate: dict[str, int]) -> bool:
@@ -466,6 +514,18 @@ class SpecWorld:
                     grow //= 2
                     grow -= grow % step
         return item
+
+    def _most_units(self, budget: int, step: int) -> dict[str, Any] | None:
+        """One item of as many of the smallest units as the budget holds."""
+        unit = {d: step for d in self._unit_dims()}
+        item: dict[str, Any] = {d: step for g in self.spec.item_inputs for d in g.dims}
+        item = {d: v for d, v in item.items() if d not in unit}
+        probe = {**item, self.unit_count_dim: 1, UNITS: [unit]}
+        tokens = self.item_values(probe)["budget_tokens"]
+        count = min(budget // tokens, 4096) if tokens > 0 else 0
+        if count == 0:
+            return None
+        return {**item, self.unit_count_dim: count, UNITS: [unit] * count}
 
     def k(self, budget: int, mbs: int, path: EncoderPath) -> int:
         return per_item_tokens(budget, mbs, path.capture.rounding)

@@ -1051,6 +1051,56 @@ valid_case(
     "unit_capture_ceil",
     ("{from: get_image_patches_per_chunk(),", "{from: get_image_patches_per_chunk(2),"),
 )
+# -- items made of units ---------------------------------------------------------
+valid_case(
+    "units_capture_short_of_the_tiles",
+    "unit_items",
+    ("  units: token_budget\n", "  units: token_budget // 2\n"),
+)
+valid_case(
+    "units_patches_short",
+    "unit_items",
+    ("shape: [token_budget * f * f, width]", "shape: [token_budget * f, width]"),
+)
+valid_case(
+    "unit_of_not_a_count",
+    "unit_items",
+    ("{kind: flat, unit_of: num_tiles}", "{kind: flat, unit_of: spatial_shapes}"),
+)
+valid_case(
+    "unit_of_on_a_count",
+    "unit_items",
+    ("{kind: count, dim: n}", "{kind: count, dim: n, unit_of: num_tiles}"),
+)
+valid_case(
+    "unit_dims_without_per_unit",
+    "unit_items",
+    ("  per_unit: true\n", ""),
+)
+valid_case(
+    "per_unit_reads_the_count",
+    "unit_items",
+    ("  input_size: h * w\n", "  input_size: h * w * n\n"),
+)
+valid_case(
+    "units_with_a_dummy_batch",
+    "unit_items",
+    (
+        "  units: token_budget\n",
+        "  dummy: {spatial_shapes: [f, f], num_tiles: [k]}\n",
+    ),
+    ("[units, 3, side, side]", "[rows, 3, side, side]"),
+    ("[token_budget * f * f, width]", "[rows, width]"),
+)
+valid_case(
+    "units_eager_per_item",
+    "unit_items",
+    (
+        "  steps:\n    - tower(tiles, patches, spatial_shapes)\n",
+        "  per_item: true\n  steps:\n    - tower(tiles, patches)\n"
+        "  empty_width: tower.out_hidden_size\n",
+    ),
+)
 NOT_UTF8 = {"not_utf8": ("minimax_m3", "name: MiniMax M3", "name: MiniMax M\xe9")}
 
 

@@ -3,7 +3,7 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: 9c7cfae97240139322201364f53d6d80b34ca1b3d62a2852b3147477dd50589b
-# templates-sha256: e72651215a374b0bc4a94c4c28c27cb215718d9a6f943720aef105171bdc473d
+# templates-sha256: 824b9fefab92ee393a46c07cf94a49ae5f98514b4adb151023542d54f76e54ca
 
 import itertools
 from collections.abc import Hashable

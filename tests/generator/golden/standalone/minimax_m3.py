@@ -3,7 +3,7 @@
 # From specs/minimax_m3.yaml: change the spec or the templates and run
 # `gen-mixin specs/minimax_m3.yaml`.
 # spec-sha256: 679a222a35671178384492aa0dc1e20daf1dbe9ee4c77a16239d17f4a618116f
-# templates-sha256: e72651215a374b0bc4a94c4c28c27cb215718d9a6f943720aef105171bdc473d
+# templates-sha256: 824b9fefab92ee393a46c07cf94a49ae5f98514b4adb151023542d54f76e54ca
 
 import itertools
 import weakref

@@ -3,7 +3,7 @@
 # From specs/idefics3.yaml: change the spec or the templates and run
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: f469ca0b5dbd7883e40b26f2c35585423f9224f5ec713e1e2e7b7352c7ccd519
-# templates-sha256: e72651215a374b0bc4a94c4c28c27cb215718d9a6f943720aef105171bdc473d
+# templates-sha256: 824b9fefab92ee393a46c07cf94a49ae5f98514b4adb151023542d54f76e54ca
 
 import itertools
 from collections.abc import Hashable
