@@ -9,10 +9,6 @@
   or crops (InternVL, Step3-VL): one full attention per batch row.
 * :func:`activation`: the few activations the vision configs name.
 * :func:`grid_rows`: item grids (lists or host tensors) as checked ints.
-* :func:`flatten_bn`: ``(views, tokens, width)`` as ``(views * tokens,
-  width)``, as vLLM's ``vllm.model_executor.models.utils.flatten_bn`` does
-  for a tensor: the standalone twin of that import in the specs of towers
-  that batch fixed-size views.
 * :class:`ReleasedSizes`: ``for_size`` over a config's ``tiny`` / ``full``.
 * :func:`init_reference_weights_`: deterministic random weights.
 """
@@ -39,7 +35,6 @@ __all__ = [
     "VarlenAttention",
     "VarlenAttentionMetadata",
     "activation",
-    "flatten_bn",
     "grid_rows",
     "init_reference_weights_",
 ]
@@ -64,11 +59,6 @@ class ReleasedSizes:
         if size == "full":
             return cls.full()
         raise ValueError(f"unknown size {size!r} (expected 'tiny' or 'full')")
-
-
-def flatten_bn(x: torch.Tensor) -> torch.Tensor:
-    """Flatten the first two dims (the views and their rows) into one."""
-    return x.flatten(0, 1)
 
 
 def grid_rows(

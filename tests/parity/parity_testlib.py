@@ -105,17 +105,6 @@ def _top_level_statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
                 yield from _top_level_statements(handler.body)
 
 
-def _is_overload(node: ast.stmt) -> bool:
-    """A ``typing.overload`` signature."""
-    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-        return False
-    return any(
-        (isinstance(d, ast.Name) and d.id == "overload")
-        or (isinstance(d, ast.Attribute) and d.attr == "overload")
-        for d in node.decorator_list
-    )
-
-
 def _bound_by(node: ast.stmt) -> set[str]:
     """The names a top-level statement binds."""
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -277,9 +266,6 @@ class WheelCode:
             raise WheelCodeError(f"vLLM 0.33.0 has no module {module} (or stub it)")
         tree = _module_tree(self.wheel, path)
         found = [n for n in _top_level_statements(tree.body) if name in _bound_by(n)]
-        # ``@overload`` signatures bind the name too; the definition is the
-        # one without it (``flatten_bn`` in ``models/utils.py``).
-        found = [n for n in found if not _is_overload(n)]
         if not found:
             if self._is_module(f"{module}.{name}"):
                 self.namespace(module)[name] = _WheelModule(self, f"{module}.{name}")
