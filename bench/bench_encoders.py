@@ -271,10 +271,16 @@ def fine_ladder(
 
 
 def pixels_to_item(
-    tower: ReferenceTower[Any], size: str, height: int, width: int
+    tower: ReferenceTower[Any],
+    size: str,
+    height: int,
+    width: int,
+    max_tokens: int | None = None,
 ) -> tuple[int, ...]:
     """The legal grid the model's processor would make of a ``height x
-    width`` image (see the module docstring)."""
+    width`` image (see the module docstring); tiled towers (InternVL) are
+    given the largest ``max_dynamic_patch`` whose images fit
+    ``max_tokens``, as a deployment with that budget would set it."""
     config = tower.config(size)  # type: ignore[arg-type]
     if hasattr(config, "vision_patch_size"):  # DeepSeek-V4.1: (n_vit_h, n_vit_w)
         p = config.vision_patch_size
@@ -286,6 +292,10 @@ def pixels_to_item(
             scale = min(0.99, math.sqrt(cap / tower.output_tokens((h, w))))
             h, w = max(1, math.floor(h * scale)), max(1, math.floor(w * scale))
         return (h, w)
+    if hasattr(config, "max_dynamic_patch"):  # InternVL: (tiles,)
+        if max_tokens is not None:
+            config = internvl_capped(config, max_tokens // tower.view_tokens)
+        return (internvl_tiles(config, height, width),)
     # Patch + merge towers (MiniMax M3, Qwen2-VL): Qwen2-VL's smart_resize.
     p = config.patch_size
     m = config.spatial_merge_size
@@ -307,6 +317,48 @@ def pixels_to_item(
         else:
             raise ValueError(f"no legal grid for {height}x{width} px")
     return item
+
+
+def internvl_capped(config: Any, max_tiles: int) -> Any:
+    """``config`` with ``max_dynamic_patch`` lowered until a grid and its
+    thumbnail are at most ``max_tiles`` tiles (at least one tile)."""
+    high = config.max_dynamic_patch
+    thumbnail = 1 if config.use_thumbnail else 0
+    while high > 1 and high + thumbnail > max_tiles:
+        high -= 1
+    low = min(config.min_dynamic_patch, high)
+    return dataclasses.replace(config, min_dynamic_patch=low, max_dynamic_patch=high)
+
+
+def internvl_tiles(config: Any, height: int, width: int) -> int:
+    """The tiles InternVL's dynamic tiling makes of a ``height x width``
+    image: the ``i x j`` grid (``min_dynamic_patch <= i * j <=
+    max_dynamic_patch``) whose aspect ratio is closest to the image's (on a
+    tie the larger grid when the image covers more than half of it), plus
+    a thumbnail tile when the grid has more than one."""
+    if not config.dynamic_image_size:
+        return 1
+    low, high = config.min_dynamic_patch, config.max_dynamic_patch
+    grids = sorted(
+        {
+            (i, j)
+            for i in range(1, high + 1)
+            for j in range(1, high + 1)
+            if low <= i * j <= high
+        },
+        key=lambda g: g[0] * g[1],
+    )
+    side = config.image_size
+    aspect = width / height
+    best, best_diff = (1, 1), math.inf
+    for i, j in grids:
+        diff = abs(aspect - i / j)
+        if diff < best_diff:
+            best, best_diff = (i, j), diff
+        elif diff == best_diff and width * height > 0.5 * side * side * i * j:
+            best = (i, j)
+    blocks = best[0] * best[1]
+    return blocks + (1 if config.use_thumbnail and blocks != 1 else 0)
 
 
 def mixed_pixel_batches(
@@ -707,7 +759,7 @@ class ModelBench:
         resolutions = QUICK_RESOLUTIONS if args.quick else RESOLUTIONS
         counts = QUICK_IMAGE_COUNTS if args.quick else IMAGE_COUNTS
         result["grids"] = {
-            str(res): list(pixels_to_item(tower, args.size, res, res))
+            str(res): list(pixels_to_item(tower, args.size, res, res, max_budget))
             for res in resolutions
         }
         result["uniform"] = []
@@ -737,7 +789,9 @@ class ModelBench:
         )
         mixed_rows = []
         for i, pixels in enumerate(pixel_batches):
-            items = [pixels_to_item(tower, args.size, h, w) for h, w in pixels]
+            items = [
+                pixels_to_item(tower, args.size, h, w, max_budget) for h, w in pixels
+            ]
             workload = Workload(
                 kind="mixed",
                 pixels=pixels,
