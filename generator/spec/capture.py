@@ -355,7 +355,8 @@ class MetadataBuilder:
         provides = _provides(r, provided, "returns" if returns else "provides")
         r.taken.add("provides" if returns else "returns")
         why = r.take("why")
-        if call is None:
+        # A ``returns`` that failed (reported) leaves no buffer to return.
+        if call is None or (returns and not provides):
             r.ctx.failed_sources.update(provides)
             return None
         return cls(

@@ -1136,6 +1136,11 @@ valid_case(
     ),
 )
 valid_case(
+    "builder_returns_not_a_name",
+    "unit_capture_mask",
+    ("    returns: position_ids\n", "    returns: [position_ids]\n"),
+)
+valid_case(
     "builder_neither_provides_nor_returns",
     "unit_capture_mask",
     ("    returns: position_ids\n", ""),
