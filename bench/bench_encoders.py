@@ -217,13 +217,17 @@ TARGETS: tuple[dict[str, Any], ...] = (
 
 
 def discover_stems(size: str) -> list[str]:
-    """Spec stems with a reference tower of ``size`` that takes images."""
+    """Spec stems with a reference tower of ``size`` that takes images on
+    one encoder path (the measurements read the ``default`` path; a tower
+    with several, as Step3-VL, is not measured yet)."""
     stems = []
     for path in sorted(SPECS_DIR.glob("*.yaml")):
         tower = REFERENCE_TOWERS.get(path.stem)
         if tower is None or size not in tower.sizes:
             continue
         if "image" not in getattr(tower, "modalities", (tower.modality,)):
+            continue
+        if tuple(getattr(tower, "paths", ("default",))) != ("default",):
             continue
         stems.append(path.stem)
     return stems
@@ -507,6 +511,10 @@ def capture_ideal(
     for key in config.buffer_keys:
         value = replay.get(key)
         tmpl = template.get(key)
+        if value is None and tmpl is None and key in template:
+            # An optional buffer, None under this backend (as captured).
+            inputs[key] = None
+            continue
         if isinstance(value, torch.Tensor):
             # A copy the graph owns, in the captured buffer's dtype and device:
             # the manager's replay copy converts the same way (MiniMax M3's

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One command for a GPU machine: every GPU test and benchmark, logs in $OUT.
-#   bash bench/run_gpu.sh [stage...]    stages: smoke tests overhead profile bench dp traffic launch
+#   bash bench/run_gpu.sh [stage...]    stages: smoke tests overhead profile bench dp traffic launch checks
 #   GEN_MIXIN_SMOKE=1 bash bench/run_gpu.sh [stage...]
 #       the same stages on the CPU, tiny towers, eager-replay graphs, in seconds
 #       (tests and dp are skipped): checks the scripts, not the numbers.
@@ -27,6 +27,8 @@
 #                     896² x 8, idle / queued / back-to-back, cudaGraphLaunch per budget,
 #                     two passes); launch.json (markdown from the JSON:
 #                     python bench/profile_launch.py --render launch.json)
+#   checks    ~60 s (est.)  bench_input_checks.py (issue #16 item 6: host time of the mixins'
+#                     input checks per item, full towers, pixels on the GPU); checks.json
 # `smoke traffic launch` returns 7 files: summary.log, smoke.log, traffic.log,
 # traffic.json, traffic.png, launch.log, launch.json.
 set -uo pipefail
@@ -81,6 +83,10 @@ for stage in $stages; do
         traffic) run traffic python3 bench/bench_traffic.py --out "$OUT/traffic.json" \
                    --plot "$OUT/traffic.png" --soft-limit-s 240 "${cpu[@]}" ;;
         launch) run launch python3 bench/profile_launch.py --out "$OUT/launch.json" "${cpu[@]}" ;;
+        checks)
+            if [ ${#cpu[@]} -gt 0 ]; then checks=(--device cpu --size tiny --quick)
+            else checks=(--device cuda --size full); fi
+            run checks python3 bench/bench_input_checks.py --out "$OUT/checks.json" "${checks[@]}" ;;
         *) echo "unknown stage $stage"; status=2 ;;
     esac
 done

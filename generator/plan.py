@@ -36,7 +36,7 @@ from generator.formulas import (
     to_spec_text,
 )
 from generator.limits import MAX_INTEGER
-from generator.spec.capture import Buffer, CaptureTensor, set_by_expr
+from generator.spec.capture import Buffer, CaptureTensor, DtypeFallback, set_by_expr
 from generator.spec.enums import Dtype, Modality
 from generator.spec.mixin import MixinSpec
 from generator.static_checks import (
@@ -339,6 +339,13 @@ def _needed_names(spec: MixinSpec) -> set[str]:
     return needed
 
 
+def _dtype_text(dtype) -> str:
+    """A capture tensor's dtype as the spec writes it."""
+    if isinstance(dtype, DtypeFallback):
+        return " or ".join([*(to_spec_text(p) for p in dtype.options), "dtype"])
+    return to_spec_text(dtype)
+
+
 def _buffer_plan(
     buf: Buffer, scope: dict[str, int], dtype: str, unknown: set[str]
 ) -> BufferPlan:
@@ -363,7 +370,7 @@ def _buffer_plan(
         elif isinstance(tensor.dtype, Ref):
             type_name = dtype
         else:
-            type_name = f"{dtype} ({to_spec_text(tensor.dtype)})"
+            type_name = f"{dtype} ({_dtype_text(tensor.dtype)})"
         item = ITEMSIZE[type_name.split(" ")[0]]
     elif buf.shape is not None:
         shape_exprs = buf.shape

@@ -18,6 +18,11 @@ from generator.naming import PROTOCOL_MODULES
 from generator.spec.mixin import MixinSpec
 
 
+def checked(key: str) -> dict[str, str]:
+    """A grid or count as ``_checked_grids`` returned it."""
+    return {"name": key, "value": f'grids["{key}"]'}
+
+
 def context(spec: MixinSpec, target: str) -> dict[str, Any]:
     body = Body(spec)
     loads = Loads(spec)
@@ -42,7 +47,8 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
         "defs_local": spec.local_defs_import,
         "defs_module": PROTOCOL_MODULES[target]["defs"],
         "keys": loads.by_modality,
-        "grids": [loads.item(k) for k in keys],
+        "grids": [checked(k) for k in keys],
+        "checked": "self._checked_grids(mm_kwargs)",
         "input_size": expr(items.input_size),
         "output_tokens": expr(items.output_tokens),
         "budget_tokens": (

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from generator.diagnostics import Location
 from generator.formulas import Call, Expr, HostPath, Ref
 from generator.scopes import ITEM_CAPTURE_NAMES, UNIT_CAPTURE_NAMES, NameKind
-from generator.spec.enums import Dtype, Fill, PadRule, ReplayRule, Rounding
+from generator.spec.enums import (
+    Backend,
+    Dtype,
+    Fill,
+    Modality,
+    PadRule,
+    ReplayRule,
+    Rounding,
+)
 from generator.spec.inputs import FlatInput, ItemInput
 from generator.spec.reader import Key, Keys, Reader
 from generator.spec.values import (
@@ -25,9 +34,92 @@ from generator.spec.values import (
     MapOf,
     Section,
     Text,
+    ValueType,
     is_name,
     parse_formula,
 )
+
+
+@dataclass(frozen=True)
+class DtypeFallback:
+    """``first_of: [host paths..., dtype]``: the first of the host paths that
+    is not ``None`` at run time, else the manager's ``dtype`` (vLLM's
+    ``visual.input_norm.input_dtype or dtype``: uint8 pixels when the input
+    normalisation is fused into the tower, the manager's dtype otherwise)."""
+
+    options: tuple[HostPath, ...]
+
+
+class CaptureDtype(ValueType):
+    """A capture tensor's dtype: ``dtype``, a host path, or ``{first_of:
+    [host path, ..., dtype]}``."""
+
+    kinds = ("string", "integer", "object")
+    words = "`dtype`, a host path, or `{first_of: [host path, ..., dtype]}`"
+
+    def __init__(self) -> None:
+        self.single = DtypeValue()
+
+    def schema(self) -> dict[str, Any]:
+        options = {"type": "array", "items": {"type": "string"}, "minItems": 2}
+        fallback = {
+            "type": "object",
+            "properties": {"first_of": options},
+            "required": ["first_of"],
+            "additionalProperties": False,
+        }
+        return {"anyOf": [self.single.schema(), fallback]}
+
+    def value(self, node, field: str, ctx, **kw: Any) -> Any:
+        if node.kind != "mapping":
+            return self.single.value(node, field, ctx, **kw)
+        return _dtype_fallback(node, field, ctx, self.single)
+
+
+def _dtype_fallback(node, field: str, ctx, single: DtypeValue) -> Any:
+    extra = [k for k in node.value if k != "first_of"]
+    for key in extra:
+        close = difflib.get_close_matches(str(key), ["first_of"], n=1)
+        hint = "; did you mean 'first_of'?" if close else " (allowed: first_of)"
+        ctx.error(
+            (node.key_locations or {}).get(key, node.location),
+            f"{field}.{key}",
+            f"unknown key{hint}",
+        )
+    options = node.value.get("first_of")
+    if options is None and extra:
+        return INVALID
+    if options is None or options.kind != "sequence":
+        ctx.error(node, f"{field}.first_of", "expected a list: [host path, ..., dtype]")
+        return INVALID
+    path = f"{field}.first_of"
+    exprs = [
+        single.convert(n, f"{path}[{i}]", ctx) for i, n in enumerate(options.value)
+    ]
+    if INVALID in exprs or extra:
+        return INVALID
+    if len(exprs) < 2 or exprs[-1] != Ref("dtype"):
+        ctx.error(
+            options,
+            path,
+            "list host paths, then dtype last: the manager's dtype is the fallback "
+            "when every host path is None",
+        )
+        return INVALID
+    if Ref("dtype") in exprs[:-1]:
+        ctx.error(
+            options, path, "dtype is never None: only the last entry may be dtype"
+        )
+        return INVALID
+    if any(isinstance(e, Dtype) for e in exprs):
+        ctx.error(
+            options,
+            path,
+            "a dtype by name is never None: list host paths, then dtype last "
+            "(or give the dtype name alone)",
+        )
+        return INVALID
+    return DtypeFallback(tuple(exprs[:-1]))
 
 
 @dataclass(frozen=True)
@@ -37,7 +129,9 @@ class CaptureTensor:
     flat: FlatInput
     location: Location
     shape: tuple[Expr, ...]
-    dtype: Ref | HostPath | Dtype  # Ref("dtype"): the manager's
+    #: Ref("dtype"): the manager's; a dtype by name; a HostPath; or the first
+    #: non-None of several host paths, else the manager's.
+    dtype: Ref | HostPath | Dtype | DtypeFallback
     fill: Fill
     why: str | None
 
@@ -56,9 +150,12 @@ class CaptureTensor:
         ),
         Key(
             "dtype",
-            DtypeValue(),
+            CaptureDtype(),
             "`dtype` (the manager's), a dtype by name (`bool`, `int64`, "
-            "`float32`, ...) or a host path.",
+            "`float32`, ...), a host path, or the first of several host paths "
+            "that is not `None` at run time with the manager's dtype last "
+            "(`{first_of: [visual.input_norm.input_dtype, dtype]}`: uint8 pixels "
+            "when the host fuses the input normalisation into the tower).",
             required=True,
             example="vision_tower.dtype",
         ),
@@ -274,6 +371,8 @@ class MetadataBuilder:
     result_name: str = "metadata"
     #: The call returns its one buffer itself (``returns:``), not a dict.
     returns_tensor: bool = False
+    #: Extra replay keyword arguments of one modality (after replay_kwargs).
+    replay_by_modality: tuple[tuple[Modality, tuple[tuple[str, Expr], ...]], ...] = ()
 
     KEYS: ClassVar = Keys(
         Key(
@@ -295,6 +394,17 @@ class MetadataBuilder:
             "replay_kwargs",
             MapOf(Argument("replay_kwargs")),
             "Extra keyword arguments at replay only.",
+            example="{max_batch_size: max_batch_size}",
+        ),
+        Key(
+            "replay_kwargs_by_modality",
+            MapOf(MapOf(Argument("replay_kwargs"))),
+            "Extra keyword arguments at replay for a batch of one modality "
+            "(`image`, `video`), after `replay_kwargs` (vLLM's Qwen2.5-VL pads "
+            "an image batch's offsets to `max_batch_size` sequences and a "
+            "video batch's to `max_frames_per_batch`).",
+            example="{image: {max_batch_size: max_batch_size}, video: "
+            "{max_frames_per_batch: max_frames_per_batch}}",
         ),
         Key(
             "provides",
@@ -314,9 +424,14 @@ class MetadataBuilder:
     )
     DOC_TITLE = "metadata"
 
-    def kwargs(self, phase: str) -> tuple[tuple[str, Expr], ...]:
-        """Every keyword argument of the call at ``capture`` or ``replay``."""
+    def kwargs(
+        self, phase: str, modality: Modality | None = None
+    ) -> tuple[tuple[str, Expr], ...]:
+        """Every keyword argument of the call at ``capture`` or ``replay``
+        (of a batch of ``modality``)."""
         extra = self.capture_kwargs if phase == "capture" else self.replay_kwargs
+        if phase == "replay" and modality is not None:
+            extra += dict(self.replay_by_modality).get(modality, ())
         return self.call.kwargs + extra
 
     @classmethod
@@ -344,6 +459,7 @@ class MetadataBuilder:
                 if expr is not INVALID:
                     items.append((kw, expr))
             kwargs[phase] = tuple(items)
+        by_modality = _replay_by_modality(r, call, dict(kwargs["replay_kwargs"]))
         returns = r.has("returns")
         if returns == r.has("provides"):
             r.error(
@@ -367,7 +483,47 @@ class MetadataBuilder:
             why,
             r.node.location,
             returns_tensor=returns,
+            replay_by_modality=by_modality,
         )
+
+
+def _replay_by_modality(r: Reader, call, common: dict):
+    """``replay_kwargs_by_modality``: modality -> keyword arguments, none of
+    them passed by the call or by ``replay_kwargs`` already."""
+    values = r.take("replay_kwargs_by_modality") or {}
+    node = r.raw("replay_kwargs_by_modality")
+    field = r.path("replay_kwargs_by_modality")
+    out = []
+    for name, kwargs in values.items():
+        where = (node.key_locations or {}).get(name, node.location)
+        if name not in Modality.values():
+            r.ctx.error(
+                where,
+                f"{field}.{name}",
+                f"unknown modality {name!r} (expected one of: "
+                f"{', '.join(Modality.values())})",
+            )
+            continue
+        if kwargs is INVALID:
+            continue
+        sub = node.value[name]
+        items = []
+        for kw, expr in kwargs.items():
+            at = (sub.key_locations or {}).get(kw, sub.location)
+            if not is_name(kw):
+                r.ctx.error(at, f"{field}.{name}.{kw}", f"bad keyword {kw!r}")
+                continue
+            if (call is not None and kw in dict(call.kwargs)) or kw in common:
+                r.ctx.error(
+                    at,
+                    f"{field}.{name}.{kw}",
+                    f"{kw!r} is already passed by the call or by replay_kwargs",
+                )
+                continue
+            if expr is not INVALID:
+                items.append((kw, expr))
+        out.append((Modality(name), tuple(items)))
+    return tuple(out)
 
 
 def _provides(r: Reader, provided: dict[str, str], key: str) -> list[str]:
@@ -412,6 +568,19 @@ class Buffer:
     set_by: str | None  # host scalar: the builder's capture kwarg that sets it
     allocate: bool  # capture: zeros of shape/dtype, the dummy's value copied in
     why: str | None
+    #: Another rule under some attention backends (FlashInfer's sections).
+    pad_by_backend: tuple[tuple[Backend, PadRule], ...] = ()
+    #: Host scalars: the pad buffer whose sequences the value bounds.
+    bounds: str | None = None
+    #: Pad buffers: each sequence is a window of at most this many tokens a
+    #: side (merged tokens), not a whole item or frame.
+    window: Expr | None = None
+    #: Builder buffers the builder may return as None (the manager skips them).
+    optional: bool = False
+
+    def pad_under(self, backend: Backend | None) -> PadRule | None:
+        """The pad rule under ``backend`` (``None``: the default one)."""
+        return dict(self.pad_by_backend).get(backend, self.pad)
 
     KEYS: ClassVar = Keys(
         Key(
@@ -424,14 +593,15 @@ class Buffer:
         ),
         Key(
             "pad",
-            Choice(PadRule),
+            Choice(PadRule, exclude=(PadRule.FLASHINFER_SECTIONS,)),
             "`cu_seqlens` closed with one padding sequence up to the captured rows "
             "(`trailing_sequence`: `slots` at least `max_batch_size + 2`, the "
             "captured rows registered per instance under the buffer's address), "
             "or with zero-length sequences (`repeat_last`: the tail repeats the "
             "last offset, on the device; `slots` at least `max_batch_size + 1`, or "
             "`max(max_frames_per_batch, max_batch_size) + 1` with one sequence per "
-            "frame). Every `pad` buffer gets its own `slots`-long capture buffer.",
+            "frame). Every `pad` buffer gets its own capture buffer of `slots` "
+            "entries (more if the dummy batch brings more sequences).",
             example="trailing_sequence",
         ),
         Key(
@@ -472,7 +642,8 @@ class Buffer:
             "set_by",
             Identifier(),
             "Host scalars: the builder's capture keyword argument that sets the "
-            "capture value; checked to be at least `rows`.",
+            "capture value; checked to hold the longest sequence it bounds (see "
+            "`bounds`).",
             example="max_seqlen_override",
         ),
         Key(
@@ -482,6 +653,45 @@ class Buffer:
             "allocates the buffer at its shape (zeros) and copies the builder's "
             "dummy value into its leading rows, for buffers that hold the "
             "`capture.graph_rows` capacity.",
+            default=False,
+        ),
+        Key(
+            "pad_by_backend",
+            MapOf(Choice(PadRule)),
+            "`pad` buffers: another rule under some attention backends, read "
+            "where `guards.attention_backend` reads the backend. "
+            "`flashinfer_sections` (FLASHINFER only): the builder lays the "
+            "offsets out as FlashInfer's two sections (Q/K/O, then V), each "
+            "padded to a batch bucket; capture keeps the builder's value (its "
+            "capture keyword arguments must pad it to `slots` sequences), and "
+            "replay repeats the last offset of each section.",
+            example="{FLASHINFER: flashinfer_sections}",
+        ),
+        Key(
+            "window",
+            Formula("constants"),
+            "`pad` buffers of windowed attention: each sequence is a window of at "
+            "most `window` x `window` tokens. The static checks then bound the "
+            "window count of a batch (`slots`) and the longest window (its host "
+            "scalar).",
+            example="window_size // merge // patch",
+        ),
+        Key(
+            "bounds",
+            Identifier(),
+            "Host scalars: the `pad` buffer whose sequences the value bounds "
+            "(default: the only `pad` buffer). The static checks need the "
+            "capture value to hold that buffer's longest sequence: every row "
+            "with `trailing_sequence`, one window with `window`, else one item "
+            "(of the dummy batch, or one that takes the whole budget).",
+            example="cu_window_seqlens",
+        ),
+        Key(
+            "optional",
+            Boolean(),
+            "Builder buffers: the builder may return `None` (FlashInfer's "
+            "`sequence_lengths` under other backends); the manager then skips "
+            "the buffer at capture and replay.",
             default=False,
         ),
         Key("why", Text(), "Comment on the buffer."),
@@ -501,8 +711,13 @@ class Buffer:
         dtype = r.take("dtype")
         set_by = r.take("set_by")
         allocate = r.take("allocate")
+        pad_by_backend = _pad_by_backend(r, pad)
+        window = r.take("window")
+        bounds = r.take("bounds")
+        optional = r.take("optional")
         why = r.take("why")
         _check_rules(r, pad, host_scalar, rows_dim)
+        _check_extras(r, pad, host_scalar, allocate, optional)
         source = sources.get(key)
         if source is None:
             if key not in r.ctx.failed_sources:
@@ -529,6 +744,61 @@ class Buffer:
             set_by,
             allocate,
             why,
+            pad_by_backend,
+            bounds,
+            window,
+            optional,
+        )
+
+
+def _pad_by_backend(r: Reader, pad) -> tuple[tuple[Backend, PadRule], ...]:
+    """``pad_by_backend``: backend names to rules; only FlashInfer's sections,
+    and only on a ``pad`` buffer."""
+    rules = r.take("pad_by_backend") or {}
+    node = r.raw("pad_by_backend")
+    out = []
+    for name, rule in rules.items():
+        where = (node.key_locations or {}).get(name, node.location)
+        field = f"{r.path('pad_by_backend')}.{name}"
+        if name not in Backend.values():
+            r.ctx.error(
+                where,
+                field,
+                f"unknown backend {name!r} (expected one of: "
+                f"{', '.join(Backend.values())})",
+            )
+            continue
+        if rule is INVALID:
+            continue
+        if (Backend(name), rule) != (Backend.FLASHINFER, PadRule.FLASHINFER_SECTIONS):
+            r.ctx.error(
+                node.value[name],
+                field,
+                "only FLASHINFER: flashinfer_sections differs by backend (FlashInfer "
+                "lays the offsets out in two sections)",
+            )
+            continue
+        out.append((Backend(name), rule))
+    if rules and pad is None and r.ok("pad"):
+        r.error(r.key_location("pad_by_backend"), "needs pad (the default rule)")
+    return tuple(out)
+
+
+def _check_extras(r: Reader, pad, host_scalar, allocate, optional) -> None:
+    """Where window, bounds and optional apply."""
+    if r.has("window") and pad is None and r.ok("pad"):
+        r.error(r.key_location("window"), "window only goes with pad", r.path("window"))
+    if r.has("bounds") and not host_scalar:
+        r.error(
+            r.key_location("bounds"),
+            "bounds only goes with host_scalar",
+            r.path("bounds"),
+        )
+    if optional and (pad or host_scalar or allocate):
+        r.error(
+            r.key_location("optional"),
+            "only plain builder buffers may be None (no pad, host_scalar or allocate)",
+            r.path("optional"),
         )
 
 
@@ -567,3 +837,12 @@ def set_by_expr(buf: Buffer) -> Expr | None:
     if buf.set_by is None or not isinstance(buf.source, MetadataBuilder):
         return None
     return dict(buf.source.kwargs("capture")).get(buf.set_by)
+
+
+def bounded_buffer(buffers: tuple[Buffer, ...], scalar: Buffer) -> Buffer | None:
+    """The pad buffer whose sequences a host scalar bounds (its ``bounds``,
+    or the only pad buffer), if any."""
+    pads = [b for b in buffers if b.pad is not None]
+    if scalar.bounds is not None:
+        return next((b for b in pads if b.key == scalar.bounds), None)
+    return pads[0] if len(pads) == 1 else None

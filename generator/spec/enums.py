@@ -52,6 +52,9 @@ class Fill(SpecEnum):
 class PadRule(SpecEnum):
     TRAILING_SEQUENCE = "trailing_sequence"
     REPEAT_LAST = "repeat_last"
+    #: FlashInfer's two-section ``cu_seqlens`` (Q/K/O offsets, then V
+    #: offsets), laid out and padded by the builder: only by backend.
+    FLASHINFER_SECTIONS = "flashinfer_sections"
 
 
 class ReplayRule(SpecEnum):

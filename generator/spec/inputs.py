@@ -22,6 +22,7 @@ from generator.spec.values import (
     HostPathValue,
     Identifier,
     ListOf,
+    MapOf,
 )
 
 
@@ -61,10 +62,17 @@ class ItemInput:
     #: A grid of one row per unit (tile), the count input ``unit_of`` giving
     #: each item's units.
     unit_of: str | None = None
+    #: ``(dim, formula)``: each item's ``dim`` equals the formula over
+    #: constants and the free dims of other inputs (``inputs.<key>.equals``).
+    equals: tuple[tuple[str, Expr], ...] = ()
 
     @property
     def is_count(self) -> bool:
         return self.kind is InputKind.COUNT
+
+    @property
+    def derived_dims(self) -> tuple[str, ...]:
+        return tuple(dim for dim, _ in self.equals)
 
 
 Input = FlatInput | ItemInput
@@ -148,6 +156,17 @@ class InputEntry:
             example="num_patches",
         ),
         Key(
+            "equals",
+            MapOf(Formula("items")),
+            "Dims this input derives from the others': dim → formula over "
+            "constants and the dims of other inputs that have no formula "
+            "themselves. The mixin checks every item on the host (a "
+            "`ValueError` names both inputs), and the static checks draw the "
+            "dims this way.",
+            applies="grid, count",
+            example="{lh: ceil_div(h, r), lw: ceil_div(w, r)}",
+        ),
+        Key(
             "video_key",
             Identifier(),
             "The key this input has in a video batch; all inputs or none have "
@@ -179,6 +198,8 @@ class InputEntry:
         for name, applies in cls.APPLIES.items():
             if applies is not kind and r.has(name):
                 r.refuse(name, _ONLY[applies])
+        if kind is InputKind.FLAT and r.has("equals"):
+            r.refuse("equals", "only for grid and count inputs")
         video_key = r.take("video_key")
         unit_of = r.take("unit_of")
         if kind is InputKind.COUNT and r.has("unit_of"):
@@ -198,10 +219,34 @@ class InputEntry:
                 unit_of,
             )
         dims = _item_dims(r, kind)
+        if unit_of and r.has("equals"):
+            # equals is checked per item; a unit input has one row per unit.
+            r.refuse("equals", "not with unit_of (equals states an item's dims)")
+        equals = _equals(r, dims) if r.ok("equals") else ()
         if dims is None:
             r.ctx.failed_inputs.add(key)
             return None
-        return ItemInput(key, key_location, kind, dims, video_key, unit_of)
+        return ItemInput(
+            key, key_location, kind, dims, video_key, unit_of=unit_of, equals=equals
+        )
+
+
+def _equals(r: Reader, dims: tuple[str, ...] | None) -> tuple[tuple[str, Expr], ...]:
+    """``equals`` as ``(dim, formula)`` pairs: each key a dim of this input,
+    no formula reading its own dim (a check that could not fail)."""
+    formulas = r.take("equals") or {}
+    locations = getattr(r.raw("equals"), "key_locations", None) or {}
+    out = []
+    for dim, expr in formulas.items():
+        where = locations.get(dim, r.key_location("equals"))
+        field = f"{r.path('equals')}.{dim}"
+        if dims is not None and dim not in dims:
+            r.ctx.error(where, field, f"{dim!r} is not a dim of this input")
+        elif expr is not INVALID and dim in fx.names_in(expr):
+            r.ctx.error(where, field, f"the formula of {dim!r} reads {dim!r} itself")
+        elif expr is not INVALID:
+            out.append((dim, expr))
+    return tuple(out)
 
 
 def _item_dims(r: Reader, kind: InputKind) -> tuple[str, ...] | None:

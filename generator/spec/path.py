@@ -337,6 +337,13 @@ def _check_buffers(r: Reader, buffers, tensors, builders, capture) -> None:
             )
         _check_set_by(r, b)
         _check_allocated(ctx, b, r.path("buffers"))
+        if b.optional and isinstance(b.source, CaptureTensor):
+            ctx.error(
+                b.location,
+                f"{r.path('buffers')}.{b.key}.optional",
+                "a capture tensor is never None: only builder buffers may be optional",
+            )
+    _check_bounds(r, buffers)
     if (
         capture is not None
         and capture.graph_rows is not None
@@ -374,6 +381,29 @@ def _check_set_by(r: Reader, buf: Buffer) -> None:
         return
     if buf.set_by not in dict(buf.source.kwargs("capture")):
         r.ctx.error(where, field, f"its builder passes no {buf.set_by!r} at capture")
+
+
+def _check_bounds(r: Reader, buffers: tuple[Buffer, ...]) -> None:
+    """A host scalar's ``bounds`` names a pad buffer; with several pad
+    buffers, a host scalar set at capture must say which."""
+    pads = [b.key for b in buffers if b.pad is not None]
+    for b in buffers:
+        field = f"{r.path('buffers')}.{b.key}.bounds"
+        where = _buffer_node(r, b.key, "bounds") or b.location
+        if b.bounds is not None and b.bounds not in pads:
+            listed = ", ".join(pads) or "none"
+            r.ctx.error(
+                where,
+                field,
+                f"{b.bounds!r} is not a pad buffer (pad buffers: {listed})",
+            )
+        elif b.bounds is None and b.host_scalar and b.set_by and len(pads) > 1:
+            r.ctx.error(
+                b.location,
+                field,
+                f"several pad buffers ({', '.join(pads)}): say whose sequences "
+                f"{b.key} bounds",
+            )
 
 
 def _check_allocated(ctx: ReadContext, b: Buffer, buffers_field: str) -> None:

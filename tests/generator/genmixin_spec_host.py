@@ -32,13 +32,15 @@ from generator import formulas as fx
 from generator.emit import render_spec
 from generator.resolve import load_spec
 from generator.spec import Buffer, EncoderPath, MetadataBuilder, MixinSpec, PadRule
-from generator.spec.capture import CaptureTensor
+from generator.spec.capture import CaptureTensor, DtypeFallback
 from generator.static_checks import per_item_tokens
 from genmixin_testlib import load_module_copy
 
 OUT_WIDTH = 5
 #: The key of an item's units (dicts of unit dims) in a unit spec's items.
 UNITS = "units"
+#: The dtype the last host path of a ``first_of`` capture dtype holds.
+FALLBACK_DTYPE = torch.uint8
 #: Value of host integers no constant default names (shapes over host paths).
 HOST_INT = 3
 
@@ -273,8 +275,12 @@ class SpecWorld:
         spec = self.spec
         cls = type("SpecHost", (getattr(self.module, spec.class_name),), {})
         host = cls.__new__(cls)
-        for attr in spec.host:
-            setattr(host, attr.name, HostObject())
+        for i, attr in enumerate(spec.host):
+            # A learned row (a parameter of the host) is a tensor; the rest
+            # are module trees.
+            tensor = attr.annotation == "torch.Tensor"
+            value = torch.full((OUT_WIDTH,), -10.0 - i) if tensor else HostObject()
+            setattr(host, attr.name, value)
         if "multimodal_config" in {a.name for a in spec.host}:
             host.multimodal_config = MultiModalConfig()
         for c in spec.constants:
@@ -289,6 +295,12 @@ class SpecWorld:
         for t in (t for p in spec.paths for t in p.capture.tensors):
             if isinstance(t.dtype, fx.HostPath):
                 set_path(host, t.dtype.parts, torch.float32)
+            elif isinstance(t.dtype, DtypeFallback):
+                # None everywhere but the last host path: the fallback is taken.
+                *unset, last = t.dtype.options
+                for option in unset:
+                    set_path(host, option.parts, None)
+                set_path(host, last.parts, FALLBACK_DTYPE)
         guard = spec.guards.attention_backend
         if guard is not None:
             ok = guard.allow[0].value if guard.allow else "FLASH_ATTN"
@@ -297,6 +309,8 @@ class SpecWorld:
             set_path(host, guard.path.parts, getattr(AttentionBackendEnum, ok))
         if isinstance(spec.out_hidden_size, fx.HostPath):
             set_path(host, spec.out_hidden_size.parts, OUT_WIDTH)
+        if spec.capture_off is not None:
+            set_path(host, spec.capture_off.when.parts, False)
         for name in spec.host_methods:
             frames = self.env.get("max_frames_per_video", 2)
             setattr(host, name, lambda frames=frames: frames)
@@ -323,7 +337,9 @@ class SpecWorld:
                 exprs.append(path.eager_forward.empty_width)
             for b in path.metadata:
                 exprs += [b.call, *(v for _, v in b.capture_kwargs + b.replay_kwargs)]
+                exprs += [v for _, kw in b.replay_by_modality for _, v in kw]
             exprs += [s.expr for s in path.graph_forward + path.eager_forward.steps]
+        exprs += [s.expr for s in spec.post_steps]
         paths = {p for e in exprs for p in fx.host_paths_in(e)}
         callees = {
             sub.callee for e in exprs for sub in fx.walk(e) if isinstance(sub, fx.Call)
@@ -340,13 +356,25 @@ class SpecWorld:
             self.builders.append(fake)
             self._install(host, b.call.callee, fake)
         steps = [s for p in paths for s in p.graph_forward + p.eager_forward.steps]
+        steps += self.spec.post_steps
         for step in steps:
             for sub in fx.walk(step.expr):
                 # Methods of values and torch functions run for real.
-                if isinstance(sub, fx.Call) and is_host_call(sub):
+                if (
+                    isinstance(sub, fx.Call)
+                    and is_host_call(sub)
+                    and not self.on_tensor(sub.callee)
+                ):
                     name = _callee_name(sub.callee)
                     fake = self.calls.setdefault(name, FakeCall(name))
                     self._install(host, sub.callee, fake)
+
+    def on_tensor(self, callee) -> bool:
+        """A method of a host tensor (``image_newline.to``): runs for real."""
+        if not isinstance(callee, fx.HostPath) or len(callee.parts) < 2:
+            return False
+        root = next((a for a in self.spec.host if a.name == callee.parts[0]), None)
+        return root is not None and root.annotation == "torch.Tensor"
 
     def _install(self, host: Any, callee, fake) -> None:
         if isinstance(callee, fx.Ref):  # an imported helper
@@ -383,14 +411,19 @@ class SpecWorld:
         self, rng: random.Random, big: int = 3, zero_counts: bool = False
     ) -> dict[str, Any]:
         """Random dims (multiples of :meth:`dim_step`); counts may be 0 with
-        ``zero_counts`` (an image without crops). Items of units carry
-        their units' dims under ``UNITS``."""
+        ``zero_counts`` (an image without crops). Free dims are drawn, derived
+        dims (``inputs.<key>.equals``) computed. Items of units carry their
+        units' dims under ``UNITS``."""
         step = self.dim_step()
-        item: dict[str, Any] = {
-            d: step * rng.randint(0 if zero_counts and g.is_count else 1, big)
-            for g in self.spec.item_inputs
-            for d in g.dims
-        }
+        derived = {d for g in self.spec.item_inputs for d in g.derived_dims}
+        item: dict[str, Any] = self.derive(
+            {
+                d: step * rng.randint(0 if zero_counts and g.is_count else 1, big)
+                for g in self.spec.item_inputs
+                for d in g.dims
+                if d not in derived
+            }
+        )
         if self.unit_grids:
             unit_dims = self._unit_dims()
             units = [
@@ -401,6 +434,15 @@ class SpecWorld:
             item[self.unit_count_dim] = len(units)
             item[UNITS] = units
         return item
+
+    def derive(self, item: dict[str, int]) -> dict[str, int]:
+        """``item`` with every derived dim set from its formula."""
+        out = dict(item)
+        for g in self.spec.item_inputs:
+            for dim, expr in g.equals:
+                out[dim] = self.value(expr, **item)
+        order = [d for g in self.spec.item_inputs for d in g.dims]
+        return {d: out[d] for d in order}
 
     def batch(
         self,
@@ -444,7 +486,10 @@ class SpecWorld:
 
     def flat_tensor(self, key: str, items) -> torch.Tensor:
         """Row ``r`` of item ``i`` starts with ``(i, r)``: a selection's order
-        shows (rows of one element hold ``i``)."""
+        shows (rows of one element hold ``i``). Span types are valid ones."""
+        span = self.spec.span_assembly
+        if span is not None and span.types.key == key:
+            return self.span_types(items)
         shape = self.row_shape(key)
         width = math.prod(shape)
         rows = []
@@ -457,6 +502,20 @@ class SpecWorld:
                 rows.append(row)
         flat = torch.stack(rows) if rows else torch.zeros(0, width)
         return flat.reshape(len(rows), *shape)
+
+    def span_types(self, items) -> torch.Tensor:
+        """Per item: its graph rows as content positions, then delimiters
+        rotated by the item's index (so that a selection's order shows), one
+        type per output token."""
+        span = self.spec.span_assembly
+        content = getattr(self.module, span.content.name)
+        marks = [getattr(self.module, imp.name) for imp, _ in span.delimiters]
+        types: list[int] = []
+        for i, it in enumerate(items):
+            rows = self.graph_rows(it)
+            extra = self.item_values(it)["output_tokens"] - rows
+            types += [content] * rows + [marks[(i + j) % len(marks)] for j in range(extra)]
+        return torch.tensor(types, dtype=torch.int64)
 
     @staticmethod
     def row_ids(flat: torch.Tensor) -> list[list[float]]:
@@ -496,7 +555,7 @@ class SpecWorld:
         step = self.dim_step()
         if self.unit_grids:
             return self._most_units(budget, step)
-        item = {d: step for g in self.spec.item_inputs for d in g.dims}
+        item = self.derive({d: step for g in self.spec.item_inputs for d in g.dims})
 
         def fits(candidate: dict[str, int]) -> bool:
             return self.item_values(candidate, path)["budget_tokens"] <= budget
@@ -505,10 +564,11 @@ class SpecWorld:
             return None
         items = self.spec.items.on_path(path.output_tokens if path else None)
         counted = fx.names_in(items.budget_tokens or items.output_tokens)
-        for dim in (d for d in item if d in counted):
+        derived = {d for g in self.spec.item_inputs for d in g.derived_dims}
+        for dim in (d for d in item if d in counted and d not in derived):
             grow = step
             while grow >= step:
-                trial = {**item, dim: item[dim] + grow}
+                trial = self.derive({**item, dim: item[dim] + grow})
                 if fits(trial) and trial[dim] <= budget * step:
                     item = trial
                     grow *= 2
@@ -615,8 +675,13 @@ class FakeBuilder:
         out = {}
         for key in self.builder.provides:
             buf = next(b for b in self.world.spec.buffers if b.key == key)
-            out[key] = self.tensor(
-                buf, items, kwargs, device, dtype, axes, self.flat_rows(args, kwargs)
+            # An optional buffer is None, as under the backends that need none.
+            out[key] = (
+                None
+                if buf.optional
+                else self.tensor(
+                    buf, items, kwargs, device, dtype, axes, self.flat_rows(args, kwargs)
+                )
             )
         if self.builder.returns_tensor:
             return out[self.builder.provides[0]]
@@ -674,6 +739,7 @@ def is_capture_tensor(buf: Buffer) -> bool:
 
 
 __all__ = [
+    "FALLBACK_DTYPE",
     "OUT_WIDTH",
     "FakeBuilder",
     "FakeCall",

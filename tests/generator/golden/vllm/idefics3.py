@@ -3,7 +3,7 @@
 # From specs/idefics3.yaml: change the spec or the templates and run
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 8b488cb972956d4df57232df809f3b4c048f68b21019dab78906516f52b22e02
-# templates-sha256: 824b9fefab92ee393a46c07cf94a49ae5f98514b4adb151023542d54f76e54ca
+# templates-sha256: 2da5b5e605e4607c89dd424fd9a10534761d6b02187f5c70aa672f88605feb11
 
 import itertools
 from collections.abc import Hashable
@@ -41,6 +41,111 @@ def _select_counts(counts: list[int], indices: list[int]) -> torch.Tensor:
     """The selected per-item counts as a 1-D int64 tensor on the host (read
     as Python ints by every method, like the grids)."""
     return torch.tensor([counts[i] for i in indices], dtype=torch.int64)
+
+
+def _count_values(mm_kwargs: dict[str, Any], key: str) -> list[int]:
+    """The count input ``key`` as Python ints: a 1-D integer tensor or a list
+    of ints, none negative. Anything else is refused, not converted."""
+    counts = mm_kwargs[key]
+    if isinstance(counts, torch.Tensor):
+        if (
+            counts.dtype.is_floating_point
+            or counts.dtype.is_complex
+            or counts.dtype == torch.bool
+        ):
+            raise ValueError(
+                f"mm_kwargs[{key!r}] holds {counts.dtype} values, not integers"
+            )
+        if counts.ndim != 1:
+            raise ValueError(
+                f"mm_kwargs[{key!r}] has shape {tuple(counts.shape)}; a count "
+                "input has one integer per item"
+            )
+        if counts.numel() and int(counts.min()) < 0:
+            index = int((counts < 0).nonzero()[0, 0])
+            raise ValueError(
+                f"mm_kwargs[{key!r}][{index}] is {int(counts[index])}; a count is "
+                "not negative"
+            )
+        return counts.tolist()
+    if isinstance(counts, (list, tuple)):
+        values = list(counts)
+        for index, value in enumerate(values):
+            if type(value) is not int:
+                raise ValueError(
+                    f"mm_kwargs[{key!r}][{index}] is {value!r}; a count is an int"
+                )
+    else:
+        raise ValueError(
+            f"mm_kwargs[{key!r}] is a {type(counts).__name__}; a count input is "
+            "an integer tensor or a list of ints"
+        )
+    if values and min(values) < 0:
+        index = next(i for i, value in enumerate(values) if value < 0)
+        raise ValueError(
+            f"mm_kwargs[{key!r}][{index}] is {values[index]}; a count is not negative"
+        )
+    return values
+
+
+def _num_items(inputs: dict[str, list[Any]]) -> int:
+    """The batch's item count: every grid and count input has one entry per
+    item."""
+    counts = {key: len(values) for key, values in inputs.items()}
+    if len(set(counts.values())) > 1:
+        listed = ", ".join(f"mm_kwargs[{k!r}] has {n}" for k, n in counts.items())
+        raise ValueError(f"the inputs disagree on the number of items: {listed}")
+    return next(iter(counts.values()))
+
+
+def _check_rows(
+    mm_kwargs: dict[str, Any],
+    key: str,
+    rows: int,
+    num_items: int,
+    per_item: str,
+    row_shape: tuple[int, ...] | None = None,
+    accepts_list: bool = False,
+) -> None:
+    """The flat input ``key`` holds exactly ``rows`` rows, its items'
+    ``per_item`` summed, each of ``row_shape`` (the captured buffer's row,
+    when it is fixed: the replay copy would broadcast a narrower one).
+
+    Selection, replay and the eager forward slice the rows by the grids; rows
+    that do not match them would shift every item without an error. Only
+    shapes are read.
+    """
+    value = mm_kwargs[key]
+    parts = value if accepts_list and isinstance(value, list) else [value]
+    for part in parts:
+        if not isinstance(part, torch.Tensor) or part.ndim == 0:
+            raise ValueError(
+                f"mm_kwargs[{key!r}] is a {type(part).__name__}; it must be a "
+                "tensor of rows" + (" or a list of them" if accepts_list else "")
+            )
+        if row_shape is not None and part.shape[1:] != row_shape:
+            raise ValueError(
+                f"mm_kwargs[{key!r}] has rows of shape {tuple(part.shape[1:])}, "
+                f"but the captured buffers hold rows of shape {row_shape}"
+            )
+    held = sum(part.shape[0] for part in parts)
+    if held != rows:
+        raise ValueError(
+            f"mm_kwargs[{key!r}] has {held} rows, but its {num_items} item(s) "
+            f"need {rows} ({per_item})"
+        )
+
+
+def _check_indices(indices: list[int], num_items: int) -> None:
+    """A selection names items of the batch by position: ints in
+    ``range(num_items)``, repeated or reordered at will. A negative index
+    would pick a grid row from the end but slice no rows."""
+    for index in indices:
+        if type(index) is not int or not 0 <= index < num_items:
+            raise ValueError(
+                f"selection index {index!r} is not an item of this batch of "
+                f"{num_items}"
+            )
 
 
 class Idefics3EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
@@ -91,10 +196,13 @@ class Idefics3EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
     def get_encoder_cudagraph_item_specs(
         self, mm_kwargs: dict[str, Any]
     ) -> list["EncoderItemSpec"]:
-        """One spec per item, in order, computed from the host-side grids."""
+        """One spec per item, in order, computed from the host-side grids once
+        the batch's inputs are checked against them (``_checked_grids``).
+        """
         from vllm.v1.worker.encoder_cudagraph_defs import EncoderItemSpec
 
-        num_patches = self._counts(mm_kwargs, "num_patches")
+        grids = self._checked_grids(mm_kwargs)
+        num_patches = grids["num_patches"]
         tokens = self.model.image_seq_len
         return [
             EncoderItemSpec(
@@ -108,8 +216,10 @@ class Idefics3EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         self, mm_kwargs: dict[str, Any], indices: list[int]
     ) -> dict[str, Any]:
         """The sub-batch ``indices`` (in that order), as valid input to every
-        other method; an empty ``indices`` gives empty tensors."""
-        num_patches = self._counts(mm_kwargs, "num_patches")
+        other method; an empty ``indices`` gives empty tensors. The grids and
+        ``indices`` are checked first (``_checked_grids``)."""
+        grids = self._checked_grids(mm_kwargs, indices)
+        num_patches = grids["num_patches"]
         return {
             "pixel_values": _select_rows(
                 mm_kwargs["pixel_values"], num_patches, indices
@@ -210,6 +320,51 @@ class Idefics3EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         return tiles.flatten(0, 1)
 
     # -- helpers -------------------------------------------------------------------
+
+    def _checked_grids(
+        self, mm_kwargs: dict[str, Any], indices: list[int] | None = None
+    ) -> dict[str, list[Any]]:
+        """The batch's grids and counts as Python ints, after checking on the
+        host that every input agrees with them (item specs), or that
+        ``indices`` name items of the batch (a selection: its grids are
+        checked, its rows were checked by item specs).
+
+        Inconsistent inputs would run without an error, on the graph and the
+        eager path, and give wrong rows: ValueError names the input and the
+        mismatch instead. Only shapes and the grids (which every method reads
+        as Python ints anyway) are read: checking adds no device
+        synchronisation.
+        """
+        num_patches = _count_values(mm_kwargs, "num_patches")
+        num_items = _num_items({"num_patches": num_patches})
+        if indices is not None:
+            # A selection: the manager checked this batch's rows in item specs,
+            # which it calls first on every execute; checking them again for
+            # every packed batch would cost the items' rows per batch.
+            _check_indices(indices, num_items)
+            return {
+                "num_patches": num_patches,
+            }
+        side = self.config.vision_config.image_size
+        _check_rows(
+            mm_kwargs,
+            "pixel_values",
+            sum(n for n in num_patches),
+            num_items,
+            "n from num_patches",
+            row_shape=(3, side, side),
+        )
+        _check_rows(
+            mm_kwargs,
+            "pixel_attention_mask",
+            sum(n for n in num_patches),
+            num_items,
+            "n from num_patches",
+            row_shape=(side, side),
+        )
+        return {
+            "num_patches": num_patches,
+        }
 
     @staticmethod
     def _counts(mm_kwargs: dict[str, Any], key: str) -> list[int]:
