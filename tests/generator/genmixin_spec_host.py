@@ -403,7 +403,14 @@ class SpecWorld:
         step = 1
         for e in exprs:
             for sub in fx.walk(e):
-                if isinstance(sub, fx.BinOp) and sub.op in ("//", "%"):
+                # Only a division of dims needs dims that divide evenly (a
+                # constant's own division, side // patch, does not).
+                dims_divided = (
+                    fx.names_in(sub.left) & self.dims
+                    if (isinstance(sub, fx.BinOp))
+                    else set()
+                )
+                if dims_divided and sub.op in ("//", "%"):
                     step = math.lcm(step, max(1, abs(self.value(sub.right))))
         return step
 

@@ -710,7 +710,13 @@ def test_the_manager_replays_the_selected_keys(axes_world: SpecWorld, seed: int)
 # -- custom post-processing ----------------------------------------------------------
 
 
-POST_SPECS = [p for p in SPECS if load_spec(p).post_steps]
+#: Specs whose graph output is not rows of ``out_hidden_size`` (DeepSeek-VL2:
+#: ``(tiles, h * h, width)``): the fake output below is rows, so their
+#: post-processing is checked by their parity test instead.
+BLOCK_OUTPUTS = {"deepseek_vl2"}
+POST_SPECS = [
+    p for p in SPECS if load_spec(p).post_steps and p.stem not in BLOCK_OUTPUTS
+]
 
 
 @pytest.fixture(scope="module", params=POST_SPECS, ids=[p.stem for p in POST_SPECS])
