@@ -491,6 +491,17 @@ METHODS: dict[str, Method] = {
             ("value", "parts", "part", "held"),
         ),
         Method(
+            "_check_units",
+            (
+                Param("grid_key", "str"),
+                Param("grid", "list[Any]"),
+                Param("count_key", "str"),
+                Param("counts", "list[int]"),
+            ),
+            "None",
+            (),
+        ),
+        Method(
             "_check_span_types",
             (
                 MM_KWARGS,
