@@ -298,14 +298,22 @@ def fine_ladder(
 
 
 def pixels_to_item(
-    tower: ReferenceTower[Any], size: str, height: int, width: int
+    tower: ReferenceTower[Any],
+    size: str,
+    height: int,
+    width: int,
+    max_tokens: int | None = None,
 ) -> tuple[int, ...]:
     """The legal grid the model's processor would make of a ``height x
     width`` image (see the module docstring). The seed models and Qwen2-VL
     keep this benchmark's own approximation, so that their figures stay
     comparable across runs; the other towers take their processor's rule
-    from ``image_traffic``."""
+    from ``image_traffic``. Tiled towers (InternVL) are given the largest
+    ``max_dynamic_patch`` whose images fit ``max_tokens``, as a deployment
+    with that budget would set it."""
     config = tower.config(size)  # type: ignore[arg-type]
+    if max_tokens is not None and hasattr(config, "max_dynamic_patch"):
+        config = internvl_capped(config, max_tokens // tower.view_tokens)
     if not any(hasattr(config, field) for field in ("vision_patch_size", "max_pixels")):
         # The processor's own grid, checked against the per-item cap only:
         # Kimi-VL's processor emits grids of shrunk images that the
@@ -348,6 +356,17 @@ def pixels_to_item(
         else:
             raise ValueError(f"no legal grid for {height}x{width} px")
     return item
+
+
+def internvl_capped(config: Any, max_tiles: int) -> Any:
+    """``config`` with ``max_dynamic_patch`` lowered until a grid and its
+    thumbnail are at most ``max_tiles`` tiles (at least one tile)."""
+    high = config.max_dynamic_patch
+    thumbnail = 1 if config.use_thumbnail else 0
+    while high > 1 and high + thumbnail > max_tiles:
+        high -= 1
+    low = min(config.min_dynamic_patch, high)
+    return dataclasses.replace(config, min_dynamic_patch=low, max_dynamic_patch=high)
 
 
 def mixed_pixel_batches(
@@ -752,7 +771,7 @@ class ModelBench:
         resolutions = QUICK_RESOLUTIONS if args.quick else RESOLUTIONS
         counts = QUICK_IMAGE_COUNTS if args.quick else IMAGE_COUNTS
         result["grids"] = {
-            str(res): list(pixels_to_item(tower, args.size, res, res))
+            str(res): list(pixels_to_item(tower, args.size, res, res, max_budget))
             for res in resolutions
         }
         result["uniform"] = []
@@ -782,7 +801,9 @@ class ModelBench:
         )
         mixed_rows = []
         for i, pixels in enumerate(pixel_batches):
-            items = [pixels_to_item(tower, args.size, h, w) for h, w in pixels]
+            items = [
+                pixels_to_item(tower, args.size, h, w, max_budget) for h, w in pixels
+            ]
             workload = Workload(
                 kind="mixed",
                 pixels=pixels,

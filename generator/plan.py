@@ -37,7 +37,7 @@ from generator.formulas import (
 )
 from generator.limits import MAX_INTEGER
 from generator.spec.capture import Buffer, CaptureTensor, DtypeFallback, set_by_expr
-from generator.spec.enums import Modality
+from generator.spec.enums import Dtype, Modality
 from generator.spec.mixin import MixinSpec
 from generator.static_checks import (
     Arithmetic,
@@ -365,12 +365,13 @@ def _buffer_plan(
         return BufferPlan(buf.key, [slots], "int32", slots * 4, buf.pad.value)
     if tensor is not None:
         shape_exprs = tensor.shape
-        type_name = (
-            dtype
-            if isinstance(tensor.dtype, Ref)
-            else f"{dtype} ({_dtype_text(tensor.dtype)})"
-        )
-        item = ITEMSIZE[dtype]
+        if isinstance(tensor.dtype, Dtype):
+            type_name = tensor.dtype.value
+        elif isinstance(tensor.dtype, Ref):
+            type_name = dtype
+        else:
+            type_name = f"{dtype} ({_dtype_text(tensor.dtype)})"
+        item = ITEMSIZE[type_name.split(" ")[0]]
     elif buf.shape is not None:
         shape_exprs = buf.shape
         declared = buf.dtype.value if buf.dtype is not None else "dtype"

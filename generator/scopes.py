@@ -287,14 +287,14 @@ METHODS: dict[str, Method] = {
             "get_encoder_cudagraph_item_specs",
             (SELF, MM_KWARGS),
             "list[{EncoderItemSpec}]",
-            ("EncoderItemSpec", "keys", "grids"),
+            ("EncoderItemSpec", "keys", "grids", "units"),
             spec_kinds=_READS_INPUTS,
         ),
         Method(
             "select_encoder_cudagraph_items",
             (SELF, MM_KWARGS, Param("indices", "list[int]")),
             "dict[str, Any]",
-            ("keys", "grids", "selected", "ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG"),
+            ("keys", "grids", "units", "selected", "ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG"),
             spec_kinds=_READS_INPUTS,
         ),
         Method(
@@ -491,6 +491,17 @@ METHODS: dict[str, Method] = {
             ("value", "parts", "part", "held"),
         ),
         Method(
+            "_check_units",
+            (
+                Param("grid_key", "str"),
+                Param("grid", "list[Any]"),
+                Param("count_key", "str"),
+                Param("counts", "list[int]"),
+            ),
+            "None",
+            (),
+        ),
+        Method(
             "_check_span_types",
             (
                 MM_KWARGS,
@@ -557,6 +568,18 @@ METHODS: dict[str, Method] = {
             ),
             "torch.Tensor",
             ("i",),
+        ),
+        Method(
+            "_split_units",
+            (Param("units", "list"), Param("counts", "list[int]")),
+            "list[list]",
+            ("offsets", "a", "b"),
+        ),
+        Method(
+            "_unit_indices",
+            (Param("counts", "list[int]"), Param("indices", "list[int]")),
+            "list[int]",
+            ("offsets", "u", "i"),
         ),
         Method(
             "_select_counts",

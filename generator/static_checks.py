@@ -233,6 +233,8 @@ def capture_problems(
     """(field, message) for each arithmetic problem found with known values
     (with capture axes: for every combination of their keys)."""
     env = constant_env(ir, overrides)
+    if any(g.unit_of for g in ir.item_inputs) and not ir.capture.of_units:
+        return  # refused: units need a unit capture
     reported: set[str] = set()
     try:
         if ir.capture.of_units:
@@ -800,14 +802,20 @@ def _first_overflow(ir: Arithmetic, env, tensor, hull) -> tuple[str, str] | None
                     held = evaluate(tensor.shape[0], {**scope, "units": units})
                 except (EvaluationError, ArithmeticError):
                     return None  # a constant without default: plan checks it
-                need, batch = most_rows(hull, budget, mbs)
+                # Points of a per-unit spec are units, as many per item as
+                # fit: max_batch_size limits nothing then.
+                limit = budget if ir.items.per_unit else mbs
+                need, batch = most_rows(hull, budget, limit)
                 if held >= need:
                     continue
-                return _overflow_message(tensor, held, need, batch, budget, mbs, mfpb)
+                noun = "unit" if ir.items.per_unit else "item"
+                return _overflow_message(
+                    tensor, held, need, batch, budget, mbs, mfpb, noun
+                )
     return None
 
 
-def _overflow_message(tensor, held, need, batch, budget, mbs, mfpb):
+def _overflow_message(tensor, held, need, batch, budget, mbs, mfpb, noun):
     key = tensor.key
     # A first dim of exactly ``units`` makes the count the culprit.
     on_units = tensor.shape[0] == Ref("units")
@@ -815,7 +823,7 @@ def _overflow_message(tensor, held, need, batch, budget, mbs, mfpb):
     example = ""
     if batch is not None and batch.rows > held:
         example = (
-            f" (e.g. {batch.describe()}: {batch.tokens} budget tokens, "
+            f" (e.g. {batch.describe(noun)}: {batch.tokens} budget tokens, "
             f"{batch.rows} rows)"
         )
     return (
@@ -836,9 +844,10 @@ def _item_points(ir: Arithmetic, env: Mapping[str, int], flat: FlatInput):
     """(budget tokens, rows of ``flat``) of items over sampled dims."""
     items = ir.items
     tokens_expr = items.budget_tokens or items.output_tokens
-    used = names_in(tokens_expr) | names_in(flat.rows)
+    rows_expr = _rows_per_point(ir, flat)
+    used = names_in(tokens_expr) | names_in(rows_expr)
     dims = [d for g in ir.item_inputs for d in g.dims if d in used]
-    step = dim_step((tokens_expr, flat.rows), env)
+    step = dim_step((tokens_expr, rows_expr), env)
     values = [step * v for v in UNIT_SAMPLE_DIMS]
     combos: Iterator[tuple[int, ...]]
     if len(values) ** len(dims) <= MAX_DIM_SAMPLES:
@@ -857,6 +866,15 @@ def _item_points(ir: Arithmetic, env: Mapping[str, int], flat: FlatInput):
             )
         except (EvaluationError, ArithmeticError):
             continue
+
+
+def _rows_per_point(ir: Arithmetic, flat: FlatInput):
+    """A flat input's rows per sampled point: per unit for a per-unit spec;
+    for a per-item one, a unit input's rows per unit times the item's units."""
+    if flat.unit_of is None or ir.items.per_unit:
+        return flat.rows
+    count = next(g for g in ir.item_inputs if g.key == flat.unit_of)
+    return BinOp("*", Ref(count.dims[0]), flat.rows)
 
 
 def dim_step(exprs, env: Mapping[str, int]) -> int:

@@ -47,11 +47,11 @@ class Witness:
     def tokens(self) -> int:
         return sum(n * p.tokens for n, p in self.parts)
 
-    def describe(self) -> str:
+    def describe(self, noun: str = "item") -> str:
         parts = []
         for n, p in self.parts:
             dims = ", ".join(f"{d}={v}" for d, v in p.dims.items())
-            items = "1 item" if n == 1 else f"{n} items"
+            items = f"1 {noun}" if n == 1 else f"{n} {noun}s"
             parts.append(f"{items} with {dims}" if dims else items)
         return " and ".join(parts)
 

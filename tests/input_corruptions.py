@@ -97,16 +97,24 @@ def _item_cases(spec: MixinSpec, mm_kwargs: dict[str, Any], item: ItemInput):
     key = item.key
     value = mm_kwargs[key]
     rows = _rows(value)
-    several = len(spec.item_inputs) > 1
+    # Unit grids hold a row per unit; the items are counted by the others.
+    counted = [i for i in spec.item_inputs if i.unit_of is None]
+    units_of = {i.unit_of: i for i in spec.item_inputs if i.unit_of is not None}
+    if item.unit_of is not None or key in units_of:
+        grid = item if item.unit_of is not None else units_of[key]
+        more = (
+            rf"{_key(grid.key)} has \d+ unit rows, but "
+            rf"{_key(grid.unit_of)} gives \d+ units"
+        )
+    elif len(counted) > 1:
+        more = "the inputs disagree on the number of items"
+    else:
+        more = r"has \d+ rows, but its \d+ item\(s\) need"
     yield Corruption(
         f"{key}:one-row-more-than-items",
         _with(mm_kwargs, key, _like(value, [*rows, copy.deepcopy(rows[-1])])),
-        (
-            "the inputs disagree on the number of items"
-            if several
-            else r"has \d+ rows, but its \d+ item\(s\) need"
-        ),
-        in_selection=several,
+        more,
+        in_selection=more != r"has \d+ rows, but its \d+ item\(s\) need",
     )
     yield Corruption(
         f"{key}:float-tensor",

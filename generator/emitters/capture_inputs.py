@@ -22,7 +22,7 @@ from generator.spec.capture import (
     DtypeFallback,
     MetadataBuilder,
 )
-from generator.spec.enums import ImageLimitGuard, PadRule, Rounding
+from generator.spec.enums import Dtype, ImageLimitGuard, PadRule, Rounding
 from generator.spec.mixin import MixinSpec
 from generator.spec.path import EncoderPath
 
@@ -50,6 +50,8 @@ def builder_calls(
 def builder_value(buf: Buffer) -> str:
     """The buffer's value in its builder's result."""
     assert isinstance(buf.source, MetadataBuilder)  # noqa: S101
+    if buf.source.returns_tensor:
+        return buf.source.result_name
     return f'{buf.source.result_name}["{buf.key}"]'
 
 
@@ -113,10 +115,13 @@ def _tensor(body: Body, t: CaptureTensor, of_units: bool) -> dict[str, Any]:
 
 
 def _dtype(body: Body, t: CaptureTensor) -> str:
-    """The capture tensor's dtype: the manager's, a host path's, or the first
-    host path that is not None, the manager's after them."""
+    """The capture tensor's dtype: the manager's, a named one, a host
+    path's, or the first host path that is not None, the manager's after
+    them."""
     if isinstance(t.dtype, Ref):
         return "dtype"
+    if isinstance(t.dtype, Dtype):
+        return f"torch.{t.dtype.value}"
     if isinstance(t.dtype, DtypeFallback):
         return " or ".join([*(body.expr(p) for p in t.dtype.options), "dtype"])
     return body.expr(t.dtype)

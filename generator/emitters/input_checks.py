@@ -14,7 +14,13 @@ from __future__ import annotations
 from typing import Any
 
 from generator import formulas as fx
-from generator.emitters.method_body import Body, Loads, item_loop, signature
+from generator.emitters.method_body import (
+    Body,
+    Loads,
+    item_loop,
+    signature,
+    unit_grids,
+)
 from generator.spec.inputs import FlatInput, ItemInput
 from generator.spec.mixin import MixinSpec
 
@@ -92,7 +98,31 @@ def _row_shape(spec: MixinSpec, body: Body, flat: FlatInput) -> str | None:
     return f"({dims[0]},)" if len(dims) == 1 else f"({', '.join(dims)})"
 
 
+def _unit_rows_total(spec: MixinSpec, body: Body, flat: FlatInput) -> tuple[str, str]:
+    """A flat input of units: its rows in all (one per unit, or its formula
+    summed over every unit's grid row) and the keys that give them."""
+    if flat.rows == fx.Num(1):
+        return f"sum({flat.unit_of})", flat.unit_of
+    grids = unit_grids(spec)
+    if len(grids) == 1:
+        target, rows = ", ".join(grids[0].dims), grids[0].key
+    else:
+        target = ", ".join(f"({', '.join(g.dims)})" for g in grids)
+        rows = f"zip({', '.join(g.key for g in grids)}, strict=True)"
+    keys = ", ".join(g.key for g in grids)
+    return f"sum({body.expr(flat.rows)} for {target} in {rows})", keys
+
+
 def _rows_check(spec: MixinSpec, body: Body, loads: Loads, flat: FlatInput) -> dict:
+    if flat.unit_of is not None:
+        total, keys = _unit_rows_total(spec, body, flat)
+        return {
+            "key": loads.key(flat.key),
+            "total": total,
+            "per_item": repr(f"{fx.to_spec_text(flat.rows)} per unit from {keys}"),
+            "row_shape": _row_shape(spec, body, flat),
+            "accepts_list": flat.accepts_list,
+        }
     target, iterable, keys = item_loop(spec, fx.names_in(flat.rows))
     rows = body.expr(flat.rows)
     if fx.names_in(flat.rows) & {d for g in spec.item_inputs for d in g.dims}:
@@ -135,9 +165,24 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
         "signature": signature(spec, "_checked_grids"),
         "keys": loads.by_modality,
         "reads": _reads(spec, loads),
+        # Unit grids have a row per unit, not per item: their count input
+        # must give as many units as they hold.
         "counted": "{"
-        + ", ".join(f"{loads.key(i.key)}: {i.key}" for i in spec.item_inputs)
+        + ", ".join(
+            f"{loads.key(i.key)}: {i.key}"
+            for i in spec.item_inputs
+            if i.unit_of is None
+        )
         + "}",
+        "units": [
+            {
+                "grid": loads.key(g.key),
+                "rows": g.key,
+                "count": loads.key(g.unit_of),
+                "counts": g.unit_of,
+            }
+            for g in unit_grids(spec)
+        ],
         "relations": relations,
         "rows": [_rows_check(spec, body, loads, f) for f in spec.flat_inputs],
         "span": _span(spec, body, loads),
@@ -154,6 +199,7 @@ def helpers(spec: MixinSpec) -> dict[str, bool]:
         "counts": any(i.is_count for i in spec.item_inputs),
         "span": spec.span_assembly is not None,
         "relations": any(i.equals for i in spec.item_inputs),
+        "units": bool(unit_grids(spec)),
     }
 
 

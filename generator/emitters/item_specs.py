@@ -5,7 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 from generator import formulas as fx
-from generator.emitters.method_body import Body, Loads, dims_of, item_loop, signature
+from generator.emitters.method_body import (
+    Body,
+    Loads,
+    dims_of,
+    item_loop,
+    signature,
+    unit_sum,
+    units_of_items,
+)
 from generator.naming import PROTOCOL_MODULES
 from generator.spec.mixin import MixinSpec
 
@@ -26,7 +34,14 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
     for path in spec.paths:
         if path.output_tokens is not None:
             both = fx.BinOp("+", both, path.output_tokens)
-    loop_target, iterable, keys = item_loop(spec, dims_of(spec, both))
+    if items.per_unit:
+        # Each formula is per unit: an item's value is its units' sum.
+        _, iterable, keys = units_of_items(spec)
+        loop_target = "units"
+        expr = lambda e: unit_sum(spec, body, e)  # noqa: E731
+    else:
+        loop_target, iterable, keys = item_loop(spec, dims_of(spec, both))
+        expr = body.expr
     ctx = {
         "signature": signature(spec, "get_encoder_cudagraph_item_specs"),
         "defs_local": spec.local_defs_import,
@@ -34,14 +49,14 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
         "keys": loads.by_modality,
         "grids": [checked(k) for k in keys],
         "checked": "self._checked_grids(mm_kwargs)",
-        "input_size": body.expr(items.input_size),
-        "output_tokens": body.expr(items.output_tokens),
+        "input_size": expr(items.input_size),
+        "output_tokens": expr(items.output_tokens),
         "budget_tokens": (
-            body.expr(items.budget_tokens) if items.budget_tokens is not None else None
+            expr(items.budget_tokens) if items.budget_tokens is not None else None
         ),
         "path_tokens": (
             [
-                {"name": repr(p.name), "value": body.expr(p.output_tokens)}
+                {"name": repr(p.name), "value": expr(p.output_tokens)}
                 for p in spec.paths
             ]
             if spec.has_paths

@@ -165,3 +165,33 @@ def optional_note(path: EncoderPath) -> str | None:
         f"{'it' if len(keys) == 1 else 'them'} (other attention backends): the "
         "manager skips a None buffer."
     )
+
+
+# -- items made of units (LFM2-VL's tiles) ------------------------------------------
+
+
+def unit_grids(spec: MixinSpec) -> list:
+    """The grids with one row per unit."""
+    return [g for g in spec.item_inputs if g.unit_of is not None]
+
+
+def units_of_items(spec: MixinSpec) -> tuple[str, str, list[str]]:
+    """(``for`` target over one item's units, the list of each item's
+    units, the keys it reads): ``h, w`` and ``_split_units(spatial_shapes,
+    num_patches)``."""
+    grids = unit_grids(spec)
+    count = grids[0].unit_of
+    if len(grids) == 1:
+        target, rows = ", ".join(grids[0].dims), grids[0].key
+    else:
+        target = ", ".join(f"({', '.join(g.dims)})" for g in grids)
+        rows = f"list(zip({', '.join(g.key for g in grids)}, strict=True))"
+    keys = [g.key for g in grids] + [count]
+    return target, f"_split_units({rows}, {count})", keys
+
+
+def unit_sum(spec: MixinSpec, body: Body, expr: Expr) -> str:
+    """``sum(<expr> for <unit dims> in units)``: a per-unit formula summed
+    over the units of one item (bound as ``units``)."""
+    target, _, _ = units_of_items(spec)
+    return f"sum({body.expr(expr)} for {target} in units)"

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from generator.emitters.capture_axes import helpers_context
+from generator.formulas import Num
 from generator.spec.enums import PadRule
 from generator.spec.mixin import MixinSpec
 
@@ -28,6 +29,9 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
         "modality_keys": spec.has_video_keys,
         "grid_rows": any(not g.is_count for g in spec.item_inputs),
         "counts": any(g.is_count for g in spec.item_inputs),
+        "split_units": spec.items.per_unit
+        or any(f.unit_of and f.rows != Num(1) for f in spec.flat_inputs),
+        "unit_indices": any(g.unit_of for g in spec.item_inputs),
         "trailing": {"key": trailing.key} if trailing is not None else None,
         "axes": helpers_context(spec),
     }

@@ -5,7 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 from generator.emitters.item_specs import checked
-from generator.emitters.method_body import Body, Loads, per_item_list, signature
+from generator.emitters.method_body import (
+    Body,
+    Loads,
+    per_item_list,
+    signature,
+    unit_sum,
+    units_of_items,
+)
+from generator.formulas import Num
 from generator.naming import PROTOCOL_MODULES
 from generator.spec.inputs import FlatInput
 from generator.spec.mixin import MixinSpec
@@ -18,17 +26,23 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
     needed: list[str] = []
     for item in spec.inputs:
         if isinstance(item, FlatInput):
-            sizes, keys = per_item_list(spec, body, item.rows)
+            sizes, keys = _flat_sizes(spec, body, item)
             needed += [k for k in keys if k not in needed]
             value = f"_select_rows({loads.flat(item.key)}, {sizes}, indices)"
         else:
-            if item.key not in needed:
-                needed.append(item.key)
-            if item.is_count:
+            keys = [item.key] + ([item.unit_of] if item.unit_of else [])
+            needed += [k for k in keys if k not in needed]
+            if item.unit_of:
+                # The chosen items' units, in order.
+                units = f"_unit_indices({item.unit_of}, indices)"
+                value = f"_select_grid({item.key}, {units}, {len(item.dims)})"
+            elif item.is_count:
                 value = f"_select_counts({item.key}, indices)"
             else:
                 value = f"_select_grid({item.key}, indices, {len(item.dims)})"
         entries.append({"key": loads.key(item.key), "value": value})
+    # Grids before the counts that split them, as the inputs list them.
+    needed = [k for k in (i.key for i in spec.inputs) if k in needed]
     ctx = {
         "signature": signature(spec, "select_encoder_cudagraph_items"),
         "keys": loads.by_modality,
@@ -44,3 +58,13 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
     }
     ctx["constants"] = body.bindings()
     return ctx
+
+
+def _flat_sizes(spec: MixinSpec, body: Body, flat: FlatInput) -> tuple[str, list[str]]:
+    """Each item's rows of a flat input, and the keys that gives them."""
+    if flat.unit_of is None:
+        return per_item_list(spec, body, flat.rows)
+    if flat.rows == Num(1):
+        return flat.unit_of, [flat.unit_of]  # one row per unit
+    _, iterable, keys = units_of_items(spec)
+    return f"[{unit_sum(spec, body, flat.rows)} for units in {iterable}]", keys

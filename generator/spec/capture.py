@@ -111,6 +111,14 @@ def _dtype_fallback(node, field: str, ctx, single: DtypeValue) -> Any:
             options, path, "dtype is never None: only the last entry may be dtype"
         )
         return INVALID
+    if any(isinstance(e, Dtype) for e in exprs):
+        ctx.error(
+            options,
+            path,
+            "a dtype by name is never None: list host paths, then dtype last "
+            "(or give the dtype name alone)",
+        )
+        return INVALID
     return DtypeFallback(tuple(exprs[:-1]))
 
 
@@ -121,9 +129,9 @@ class CaptureTensor:
     flat: FlatInput
     location: Location
     shape: tuple[Expr, ...]
-    #: Ref("dtype"): the manager's; a HostPath; or the first non-None of
-    #: several host paths, else the manager's.
-    dtype: Ref | HostPath | DtypeFallback
+    #: Ref("dtype"): the manager's; a dtype by name; a HostPath; or the first
+    #: non-None of several host paths, else the manager's.
+    dtype: Ref | HostPath | Dtype | DtypeFallback
     fill: Fill
     why: str | None
 
@@ -143,14 +151,21 @@ class CaptureTensor:
         Key(
             "dtype",
             CaptureDtype(),
-            "`dtype` (the manager's), a host path, or the first of several host "
-            "paths that is not `None` at run time with the manager's dtype last "
+            "`dtype` (the manager's), a dtype by name (`bool`, `int64`, "
+            "`float32`, ...), a host path, or the first of several host paths "
+            "that is not `None` at run time with the manager's dtype last "
             "(`{first_of: [visual.input_norm.input_dtype, dtype]}`: uint8 pixels "
             "when the host fuses the input normalisation into the tower).",
             required=True,
             example="vision_tower.dtype",
         ),
-        Key("fill", Choice(Fill), "What the dummy holds.", default=Fill.ZEROS),
+        Key(
+            "fill",
+            Choice(Fill),
+            "What the dummy holds: zeros, random normal values (pixels) or ones "
+            "(an all-true `bool` mask: every position valid).",
+            default=Fill.ZEROS,
+        ),
         Key("why", Text(), "Comment on the buffer."),
     )
     DOC_TITLE = "capture.tensors"
@@ -354,6 +369,8 @@ class MetadataBuilder:
     #: The local the generated code keeps the result in (chosen to collide
     #: with no spec name and no generated local).
     result_name: str = "metadata"
+    #: The call returns its one buffer itself (``returns:``), not a dict.
+    returns_tensor: bool = False
     #: Extra replay keyword arguments of one modality (after replay_kwargs).
     replay_by_modality: tuple[tuple[Modality, tuple[tuple[str, Expr], ...]], ...] = ()
 
@@ -392,9 +409,16 @@ class MetadataBuilder:
         Key(
             "provides",
             ListOf(Identifier(), min_items=1),
-            "The keys of the returned dict that are buffers.",
-            required=True,
+            "The keys of the returned dict that are buffers (or `returns`).",
             example="[rotary_cos, rotary_sin, cu_seqlens, max_seqlen]",
+        ),
+        Key(
+            "returns",
+            Identifier(),
+            "The one buffer the call returns, when it returns a tensor rather "
+            "than a dict (Idefics3's `model.get_position_ids(mask)`); instead of "
+            "`provides`.",
+            example="position_ids",
         ),
         Key("why", Text(), "Comment on the call."),
     )
@@ -436,9 +460,19 @@ class MetadataBuilder:
                     items.append((kw, expr))
             kwargs[phase] = tuple(items)
         by_modality = _replay_by_modality(r, call, dict(kwargs["replay_kwargs"]))
-        provides = _provides(r, provided)
+        returns = r.has("returns")
+        if returns == r.has("provides"):
+            r.error(
+                r.node,
+                "give either provides (the buffers of a returned dict) or returns "
+                "(the one buffer the call returns)",
+                r.path("provides"),
+            )
+        provides = _provides(r, provided, "returns" if returns else "provides")
+        r.taken.add("provides" if returns else "returns")
         why = r.take("why")
-        if call is None:
+        # A ``returns`` that failed (reported) leaves no buffer to return.
+        if call is None or (returns and not provides):
             r.ctx.failed_sources.update(provides)
             return None
         return cls(
@@ -448,6 +482,7 @@ class MetadataBuilder:
             tuple(provides),
             why,
             r.node.location,
+            returns_tensor=returns,
             replay_by_modality=by_modality,
         )
 
@@ -491,14 +526,19 @@ def _replay_by_modality(r: Reader, call, common: dict):
     return tuple(out)
 
 
-def _provides(r: Reader, provided: dict[str, str]) -> list[str]:
-    names = r.take("provides") or []
-    nodes = r.raw("provides").value if r.has("provides") and r.ok("provides") else []
+def _provides(r: Reader, provided: dict[str, str], key: str) -> list[str]:
+    """The buffers of ``provides`` (a list) or ``returns`` (one name)."""
+    value = r.take(key)
+    node = r.raw(key) if r.has(key) and r.ok(key) else None
+    if key == "returns":
+        names, nodes = ([value], [node]) if node is not None else ([], [])
+    else:
+        names, nodes = value or [], node.value if node is not None else []
     out = []
     for name, node in zip(names, nodes):
         if name is INVALID:
             continue
-        field = r.path("provides")
+        field = r.path(key)
         if name in provided:
             r.ctx.error(
                 node, field, f"{name!r} is already provided by {provided[name]}"
@@ -685,7 +725,7 @@ class Buffer:
                     key_location,
                     r.field,
                     "no source: add a capture tensor for it or list it in a "
-                    "builder's provides",
+                    "builder's provides (or returns)",
                 )
             return None
         if shape is not None and any(s is INVALID for s in shape):

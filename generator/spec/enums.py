@@ -46,6 +46,7 @@ class Rounding(SpecEnum):
 class Fill(SpecEnum):
     ZEROS = "zeros"
     RANDN = "randn"
+    ONES = "ones"  # an all-true mask (bool), every position valid
 
 
 class PadRule(SpecEnum):

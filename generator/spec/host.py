@@ -25,9 +25,11 @@ from generator.spec.values import (
 )
 from generator.yaml_loader import Node
 
-#: Names a host annotation may use besides the spec's imports.
+#: Names a host annotation may use besides the spec's imports (``Any``, for
+#: a config whose class has no module in one of the targets, is imported by
+#: every generated module).
 TYPE_NAMES = frozenset(
-    {"torch", "int", "float", "str", "bool", "list", "dict", "tuple"}
+    {"torch", "int", "float", "str", "bool", "list", "dict", "tuple", "Any"}
 )
 #: vLLM's config types, imported for type checking only.
 VLLM_TYPE_NAMES = frozenset({"MultiModalConfig", "VllmConfig"})
@@ -44,7 +46,7 @@ TORCH_TYPES = frozenset(
         "torch.nn.Parameter",
     }
 )
-_PLAIN_TYPES = frozenset({"int", "float", "str", "bool"})
+_PLAIN_TYPES = frozenset({"int", "float", "str", "bool", "Any"})
 _GENERICS = frozenset({"list", "dict", "tuple"})
 
 
@@ -207,21 +209,51 @@ class Import:
         return cls(key, tuple(modules), type_only, key_location)
 
 
+class ConstantSource(HostPathValue):
+    """A host attribute path, or a call of a declared host method without
+    arguments (Llama 4's ``get_image_patches_per_chunk()``)."""
+
+    words = "host path or host method call"
+
+    def value(self, node: Node, field: str, ctx: ReadContext, **kw: Any) -> Any:
+        methods = ctx.names[NameKind.HOST_METHOD]
+        text = node.value.strip() if isinstance(node.value, str) else ""
+        if text.endswith("()") and text[:-2] in methods:
+            return fx.Call(HostPath((text[:-2],)), (), ())
+        if text.endswith(")") and "(" in text:
+            ctx.error(
+                node,
+                field,
+                "expected a host path or a call of a declared host method without "
+                f"arguments (host methods: {', '.join(sorted(methods)) or 'none'})",
+            )
+            return INVALID
+        return super().value(node, field, ctx, **kw)
+
+
 @dataclass(frozen=True)
 class Constant:
-    """A name bound to a host attribute path, read first thing by each
-    method that uses it."""
+    """A name bound to a host attribute path (or the result of a host
+    method), read first thing by each method that uses it."""
 
     name: str
-    path: HostPath
+    path: HostPath | fx.Call
     default: int | None
     location: Location
+
+    @property
+    def method(self) -> str | None:
+        """The host method whose result the constant is, if it is one."""
+        if isinstance(self.path, fx.Call):
+            return self.path.callee.parts[0]  # type: ignore[union-attr]
+        return None
 
     KEYS: ClassVar = Keys(
         Key(
             "from",
-            HostPathValue(),
-            "The host attribute path the constant reads.",
+            ConstantSource(),
+            "The host attribute path the constant reads, or a host method it "
+            "calls (declared under `host_methods`, no arguments).",
             required=True,
             example="vision_tower.spatial_merge_size",
         ),
@@ -250,7 +282,7 @@ def declare_constant(ctx: ReadContext, name: str, loc: Location, field: str) -> 
     ctx.declare(NameKind.CONSTANT, name, loc, field)
 
 
-class ConstantPath(HostPathValue):
+class ConstantPath(ConstantSource):
     """The short form ``name: host.path``."""
 
     def value(self, node: Node, field: str, ctx: ReadContext, **kw: Any) -> Any:

@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 
 from generator import formulas as fx
 from generator.diagnostics import Location
-from generator.formulas import Expr, HostPath, Ref
+from generator.formulas import Expr, HostPath, Num, Ref
 from generator.scopes import NameKind
 from generator.spec.enums import InputKind
 from generator.spec.names import check_name
@@ -42,6 +42,9 @@ class FlatInput:
     replay_dtype: HostPath | None
     eager_dtype: HostPath | None
     video_key: str | None
+    #: The count input whose items this input's units (tiles) make up:
+    #: ``rows`` is then per unit (default 1).
+    unit_of: str | None = None
 
     kind: ClassVar = InputKind.FLAT
 
@@ -56,6 +59,9 @@ class ItemInput:
     kind: InputKind  # GRID or COUNT
     dims: tuple[str, ...]
     video_key: str | None
+    #: A grid of one row per unit (tile), the count input ``unit_of`` giving
+    #: each item's units.
+    unit_of: str | None = None
     #: ``(dim, formula)``: each item's ``dim`` equals the formula over
     #: constants and the free dims of other inputs (``inputs.<key>.equals``).
     equals: tuple[tuple[str, Expr], ...] = ()
@@ -139,6 +145,17 @@ class InputEntry:
             example="vision_tower.dtype",
         ),
         Key(
+            "unit_of",
+            Identifier(),
+            "Units (tiles) rather than items: one grid row, or `rows` flat rows "
+            "(default 1), per unit, and the count input named here gives each "
+            "item's units, which are consecutive (LFM2-VL: `spatial_shapes` per "
+            "tile, `num_patches` tiles per image). Selection takes the units of "
+            "the chosen items; with `items.per_unit`, item formulas sum over them.",
+            applies="flat, grid",
+            example="num_patches",
+        ),
+        Key(
             "equals",
             MapOf(Formula("items")),
             "Dims this input derives from the others': dim → formula over "
@@ -184,23 +201,34 @@ class InputEntry:
         if kind is InputKind.FLAT and r.has("equals"):
             r.refuse("equals", "only for grid and count inputs")
         video_key = r.take("video_key")
+        unit_of = r.take("unit_of")
+        if kind is InputKind.COUNT and r.has("unit_of"):
+            r.refuse("unit_of", "only for flat and grid inputs (a count gives units)")
+            unit_of = None
         if kind is InputKind.FLAT:
+            default_rows = Num(1) if unit_of else Ref("input_size")
             return FlatInput(
                 key,
                 key_location,
-                r.take("rows", extra=()) or Ref("input_size"),
+                r.take("rows", extra=()) or default_rows,
                 r.has("rows") and r.ok("rows"),
                 r.take("accepts_list"),
                 r.take("replay_dtype"),
                 r.take("eager_dtype"),
                 video_key,
+                unit_of,
             )
         dims = _item_dims(r, kind)
-        equals = _equals(r, dims)
+        if unit_of and r.has("equals"):
+            # equals is checked per item; a unit input has one row per unit.
+            r.refuse("equals", "not with unit_of (equals states an item's dims)")
+        equals = _equals(r, dims) if r.ok("equals") else ()
         if dims is None:
             r.ctx.failed_inputs.add(key)
             return None
-        return ItemInput(key, key_location, kind, dims, video_key, equals)
+        return ItemInput(
+            key, key_location, kind, dims, video_key, unit_of=unit_of, equals=equals
+        )
 
 
 def _equals(r: Reader, dims: tuple[str, ...] | None) -> tuple[tuple[str, Expr], ...]:

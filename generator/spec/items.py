@@ -27,6 +27,9 @@ class Items:
     output_tokens: Expr
     graph_rows: Expr | None  # rows the graph emits, when not output_tokens
     budget_tokens: Expr | None  # what budgets count, when not output_tokens
+    #: The formulas are per unit (over the ``unit_of`` grids' dims); an
+    #: item's values are their sums over its units.
+    per_unit: bool = False
 
     KEYS: ClassVar = Keys(
         Key(
@@ -62,8 +65,27 @@ class Items:
             default_doc="`output_tokens`",
             example="h * w",
         ),
+        Key(
+            "per_unit",
+            Boolean(),
+            "The formulas are per unit, over the dims of the `unit_of` grids, and "
+            "an item's values are their sums over its units (LFM2-VL: an image's "
+            "tokens are the sum over its tiles, `(h // f) * (w // f)` each).",
+            default=False,
+        ),
     )
     DOC_TITLE = "items"
+
+    @property
+    def formulas(self) -> dict[str, Expr]:
+        """The formulas given, by key."""
+        named = {
+            "input_size": self.input_size,
+            "output_tokens": self.output_tokens,
+            "graph_rows": self.graph_rows,
+            "budget_tokens": self.budget_tokens,
+        }
+        return {k: v for k, v in named.items() if v is not None}
 
     def on_path(self, output_tokens: Expr | None) -> Items:
         """The items as one path of ``paths:`` sees them: its rows per item
@@ -79,12 +101,13 @@ class Items:
         output_tokens = r.take("output_tokens")
         graph_rows = r.take("graph_rows")
         budget_tokens = r.take("budget_tokens")
+        per_unit = r.take("per_unit")
         # Coverage is checked against graph_rows and budget_tokens: not when
         # either was written but failed (their defaults would mislead).
         r.ctx.partial["items_resolved"] = r.ok("graph_rows", "budget_tokens")
         if input_size is None or output_tokens is None:
             return None
-        return cls(input_size, output_tokens, graph_rows, budget_tokens)
+        return cls(input_size, output_tokens, graph_rows, budget_tokens, per_unit)
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ from generator.spec.inputs import (
     with_item_rows,
 )
 from generator.spec.items import Budget, CaptureOff, Guards, Items
+from generator.spec.units import check_unit_path, check_units, unit_inputs
 from generator.spec.names import check_name, report_collisions
 from generator.spec.path import EncoderPath
 from generator.spec.reader import Key, Keys, Reader
@@ -388,6 +389,8 @@ class MixinSpec:
                 for i in inputs
             ]
         flats = {i.key: i for i in inputs if isinstance(i, FlatInput)}
+        if items is not None:
+            check_units(r, inputs, items)
         budget = r.take("budget")
         ctx.partial["budget"] = budget
         mfpv = _max_frames(r, modalities)
@@ -428,6 +431,9 @@ class MixinSpec:
             _check_items_with_paths(r)
         else:
             _check_graph_rows(r, items, post)
+        if paths and any(unit_inputs(inputs)):
+            for path in paths:
+                check_unit_path(r, path)
         report_collisions(ctx, ctx.fields)
         required = [head[k] for k in ("format", "name", "class_name", "docstring")]
         if ctx.diags or None in (*required, items, budget, paths, out_hidden):

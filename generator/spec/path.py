@@ -97,7 +97,8 @@ class EncoderPath:
             "buffers",
             MapOf(Section(Buffer), min_items=1),
             "The captured buffers in order (this order is `buffer_keys`), each "
-            "with one source (a capture tensor or a builder's `provides`) and its "
+            "with one source (a capture tensor or a builder's `provides` or "
+            "`returns`) and its "
             "replay rule; `{}` is the manager's default (zero, then copy the rows "
             "on dim 0).",
             required=True,
@@ -248,17 +249,19 @@ def _builders(r: Reader) -> tuple[MetadataBuilder, ...]:
     provided: dict[str, str] = {}
     built = [b for b in r.take("metadata", provided=provided) or () if b is not INVALID]
     taken = set().union(*(set(names) for names in r.ctx.names.values()))
-    for method in (
-        "prepare_encoder_cudagraph_capture_inputs",
-        "prepare_encoder_cudagraph_replay_buffers",
-    ):
-        m = METHODS[method]
-        taken |= {p.name for p in m.params} | set(m.locals)
+    taken |= _method_names()
     out = []
     for b in built:
         callee = b.call.callee
         last = callee.name if hasattr(callee, "name") else str(callee.parts[-1])
-        if len(built) == 1 and "metadata" not in taken:
+        own = b.provides[0] if b.returns_tensor else None
+        others = {k for k, names in r.ctx.names.items() if own in names} - {
+            NameKind.BUFFER
+        }
+        if own is not None and not others and own not in _method_names():
+            # The call returns the buffer itself: the local is the buffer's name.
+            name = own
+        elif len(built) == 1 and "metadata" not in taken:
             name = "metadata"
         else:
             name = builder_result_name(last, taken)
@@ -266,6 +269,18 @@ def _builders(r: Reader) -> tuple[MetadataBuilder, ...]:
         r.ctx.declare(NameKind.BUILDER_RESULT, name, b.location)
         out.append(replace(b, result_name=name))
     return tuple(out)
+
+
+def _method_names() -> set[str]:
+    """What the methods that call builders bind for themselves."""
+    names: set[str] = set()
+    for method in (
+        "prepare_encoder_cudagraph_capture_inputs",
+        "prepare_encoder_cudagraph_replay_buffers",
+    ):
+        m = METHODS[method]
+        names |= {p.name for p in m.params} | set(m.locals)
+    return names
 
 
 def _sources(

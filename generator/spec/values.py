@@ -418,18 +418,35 @@ class Argument(Formula):
 
 
 class DtypeValue(Formula):
-    """``dtype`` (the manager's) or a host path."""
+    """``dtype`` (the manager's), a torch dtype by name (``bool``,
+    ``int64``, ...: the :class:`~generator.spec.enums.Dtype` spellings) or a
+    host path."""
 
     kinds = ("string", "integer")
-    words = "`dtype` or host path"
+    words = "`dtype`, a dtype name (`bool`, `int64`, ...) or host path"
 
     def __init__(self) -> None:
         super().__init__("tensor_dtype")
 
     def value(self, node: Node, field: str, ctx: ReadContext, **kw: Any) -> Any:
+        from generator.spec.enums import Dtype
+
+        text = node.value
+        if isinstance(text, str) and text in Dtype.values():
+            return Dtype(text) if text != "dtype" else fx.Ref("dtype")
+        scope = ctx.scope(self.scope_id)
+        if isinstance(text, str) and is_name(text) and text not in scope.host_roots:
+            names = ", ".join(v for v in Dtype.values() if v != "dtype")
+            ctx.error(
+                node,
+                field,
+                f"unknown dtype {text!r} (expected dtype, a dtype name: {names}; "
+                "or a host path)",
+            )
+            return INVALID
         expr = super().value(node, field, ctx, **kw)
         if expr is not INVALID and not isinstance(expr, (fx.HostPath, fx.Ref)):
-            ctx.error(node, field, "expected 'dtype' or a host path")
+            ctx.error(node, field, "expected 'dtype', a dtype name or a host path")
             return INVALID
         return expr
 

@@ -37,6 +37,8 @@ from generator.static_checks import per_item_tokens
 from genmixin_testlib import load_module_copy
 
 OUT_WIDTH = 5
+#: The key of an item's units (dicts of unit dims) in a unit spec's items.
+UNITS = "units"
 #: The dtype the last host path of a ``first_of`` capture dtype holds.
 FALLBACK_DTYPE = torch.uint8
 #: Value of host integers no constant default names (shapes over host paths).
@@ -124,7 +126,8 @@ class SpecWorld:
         for c in self.spec.constants:
             value = c.default if c.default is not None else HOST_INT
             env[c.name] = value
-            env[c.path.dotted] = value
+            if c.method is None:
+                env[c.path.dotted] = value
         for path in self._int_paths():
             env.setdefault(path.dotted, HOST_INT)
         if isinstance(self.spec.out_hidden_size, fx.HostPath):
@@ -138,11 +141,36 @@ class SpecWorld:
     def value(self, expr: fx.Expr, **names: int) -> int:
         return fx.evaluate(expr, {**self.env, **names})
 
+    # -- items made of units ---------------------------------------------------------
+
+    @property
+    def unit_grids(self) -> list:
+        return [g for g in self.spec.item_inputs if g.unit_of is not None]
+
+    @property
+    def unit_count_dim(self) -> str | None:
+        """The dim of the count input that gives each item's units."""
+        if not self.unit_grids:
+            return None
+        return self.spec.item_input(self.unit_grids[0].unit_of).dims[0]
+
+    def _unit_dims(self) -> set[str]:
+        return {d for g in self.unit_grids for d in g.dims}
+
     def item_values(
-        self, dims: Mapping[str, int], path: EncoderPath | None = None
+        self, dims: Mapping[str, Any], path: EncoderPath | None = None
     ) -> dict[str, int]:
-        """An item's formulas; ``graph_rows`` and ``budget_tokens`` on
-        ``path`` (a path of ``paths:`` counts both in its own rows)."""
+        """An item's formulas (a per-unit spec's summed over
+        ``dims["units"]``); ``graph_rows`` and ``budget_tokens`` on ``path``
+        (a path of ``paths:`` counts both in its own rows)."""
+        if self.spec.items.per_unit:
+            per_unit = [self._values(u, path) for u in dims[UNITS]]
+            return {k: sum(v[k] for v in per_unit) for k in per_unit[0]}
+        return self._values(dims, path)
+
+    def _values(
+        self, dims: Mapping[str, int], path: EncoderPath | None
+    ) -> dict[str, int]:
         items = self.spec.items
         out = {
             "input_size": self.value(items.input_size, **dims),
@@ -233,8 +261,13 @@ class SpecWorld:
         items = self.spec.items
         return self.value(items.graph_rows or items.output_tokens, **dims)
 
-    def flat_rows(self, key: str, dims: Mapping[str, int]) -> int:
-        return self.value(self.spec.flat(key).rows, **dims)
+    def flat_rows(self, key: str, dims: Mapping[str, Any]) -> int:
+        flat = self.spec.flat(key)
+        if flat.unit_of is None:
+            return self.value(flat.rows, **dims)
+        if self.spec.items.per_unit:
+            return sum(self.value(flat.rows, **u) for u in dims[UNITS])
+        return dims[self.unit_count_dim] * self.value(flat.rows)
 
     # -- hosts --------------------------------------------------------------------------
 
@@ -251,7 +284,8 @@ class SpecWorld:
         if "multimodal_config" in {a.name for a in spec.host}:
             host.multimodal_config = MultiModalConfig()
         for c in spec.constants:
-            set_path(host, c.path.parts, self.env[c.name])
+            if c.method is None:
+                set_path(host, c.path.parts, self.env[c.name])
         for path in self._int_paths():
             set_path(host, path.parts, self.env[path.dotted])
         for flat in spec.flat_inputs:
@@ -280,6 +314,9 @@ class SpecWorld:
         for name in spec.host_methods:
             frames = self.env.get("max_frames_per_video", 2)
             setattr(host, name, lambda frames=frames: frames)
+        for c in spec.constants:
+            if c.method is not None:
+                setattr(host, c.method, lambda value=self.env[c.name]: value)
         span = spec.span_assembly
         if span is not None:
             for i, (_, attr) in enumerate(span.delimiters):
@@ -379,13 +416,14 @@ class SpecWorld:
 
     def random_item(
         self, rng: random.Random, big: int = 3, zero_counts: bool = False
-    ) -> dict[str, int]:
+    ) -> dict[str, Any]:
         """Random dims (multiples of :meth:`dim_step`); counts may be 0 with
         ``zero_counts`` (an image without crops). Free dims are drawn, derived
-        dims (``inputs.<key>.equals``) computed."""
+        dims (``inputs.<key>.equals``) computed. Items of units carry their
+        units' dims under ``UNITS``."""
         step = self.dim_step()
         derived = {d for g in self.spec.item_inputs for d in g.derived_dims}
-        return self.derive(
+        item: dict[str, Any] = self.derive(
             {
                 d: step * rng.randint(0 if zero_counts and g.is_count else 1, big)
                 for g in self.spec.item_inputs
@@ -393,6 +431,16 @@ class SpecWorld:
                 if d not in derived
             }
         )
+        if self.unit_grids:
+            unit_dims = self._unit_dims()
+            units = [
+                {d: step * rng.randint(1, big) for d in unit_dims}
+                for _ in range(rng.randint(1, big))
+            ]
+            item = {d: v for d, v in item.items() if d not in unit_dims}
+            item[self.unit_count_dim] = len(units)
+            item[UNITS] = units
+        return item
 
     def derive(self, item: dict[str, int]) -> dict[str, int]:
         """``item`` with every derived dim set from its formula."""
@@ -416,7 +464,10 @@ class SpecWorld:
         for inp in self.spec.inputs:
             key = inp.video_key if video and inp.video_key else inp.key
             if inp in self.spec.item_inputs:
-                rows = [[it[d] for d in inp.dims] for it in items]
+                if inp.unit_of is not None:  # one row per unit
+                    rows = [[u[d] for d in inp.dims] for it in items for u in it[UNITS]]
+                else:
+                    rows = [[it[d] for d in inp.dims] for it in items]
                 if inp.is_count:
                     rows = [r[0] for r in rows]
                 if lists:
@@ -425,7 +476,7 @@ class SpecWorld:
                     out[key] = torch.tensor(rows, dtype=torch.int64)
                 else:
                     out[key] = torch.tensor(rows, dtype=torch.int64).reshape(
-                        len(items), len(inp.dims)
+                        len(rows), len(inp.dims)
                     )
             else:
                 out[key] = self.flat_tensor(inp.key, items)
@@ -509,6 +560,8 @@ class SpecWorld:
         allows (each dim grown in turn), or None when even the smallest does
         not fit."""
         step = self.dim_step()
+        if self.unit_grids:
+            return self._most_units(budget, step)
         item = self.derive({d: step for g in self.spec.item_inputs for d in g.dims})
 
         def fits(candidate: dict[str, int]) -> bool:
@@ -530,6 +583,18 @@ class SpecWorld:
                     grow //= 2
                     grow -= grow % step
         return item
+
+    def _most_units(self, budget: int, step: int) -> dict[str, Any] | None:
+        """One item of as many of the smallest units as the budget holds."""
+        unit = {d: step for d in self._unit_dims()}
+        item: dict[str, Any] = {d: step for g in self.spec.item_inputs for d in g.dims}
+        item = {d: v for d, v in item.items() if d not in unit}
+        probe = {**item, self.unit_count_dim: 1, UNITS: [unit]}
+        tokens = self.item_values(probe)["budget_tokens"]
+        count = min(budget // tokens, 4096) if tokens > 0 else 0
+        if count == 0:
+            return None
+        return {**item, self.unit_count_dim: count, UNITS: [unit] * count}
 
     def k(self, budget: int, mbs: int, path: EncoderPath) -> int:
         return per_item_tokens(budget, mbs, path.capture.rounding)
@@ -585,6 +650,17 @@ class FakeBuilder:
                 items[i].update(zip(inp.dims, [int(v) for v in values], strict=True))
         return items
 
+    def flat_rows(self, args: tuple, kwargs: dict) -> int | None:
+        """The rows of the first flat input among the arguments (a builder
+        of a unit capture reads the capture tensors, not grids)."""
+        spec = self.world.spec
+        pairs = list(zip(self.builder.call.args, args, strict=False))
+        pairs += [(expr, kwargs[name]) for name, expr in self.builder.call.kwargs]
+        for expr, value in pairs:
+            if isinstance(expr, fx.Ref) and spec.flat(expr.name) is not None:
+                return int(value.shape[0])
+        return None
+
     def axis_values(self, args: tuple, kwargs: dict) -> dict[str, int]:
         """The capture axes' dims among the arguments (their key's parts)."""
         dims = {d for a in self.world.spec.capture_axes for d in a.dims}
@@ -597,7 +673,7 @@ class FakeBuilder:
                 out[expr.name] = int(kwargs[name])
         return out
 
-    def __call__(self, *args: Any, **kwargs: Any) -> dict[str, torch.Tensor]:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         self.calls.append((args, kwargs))
         items = self.items(args, kwargs)
         axes = self.axis_values(args, kwargs)
@@ -610,12 +686,16 @@ class FakeBuilder:
             out[key] = (
                 None
                 if buf.optional
-                else self.tensor(buf, items, kwargs, device, dtype, axes)
+                else self.tensor(
+                    buf, items, kwargs, device, dtype, axes, self.flat_rows(args, kwargs)
+                )
             )
+        if self.builder.returns_tensor:
+            return out[self.builder.provides[0]]
         return out
 
     def tensor(
-        self, buf: Buffer, items, kwargs, device, dtype, axes=None
+        self, buf: Buffer, items, kwargs, device, dtype, axes=None, flat_rows=None
     ) -> torch.Tensor:
         w = self.world
         axes = axes or {}
@@ -631,6 +711,8 @@ class FakeBuilder:
                 bound if bound is not None else max(rows, default=0), dtype=torch.int32
             )
         total = sum(w.graph_rows(it) for it in items) if buf.allocate else sum(rows)
+        if not items and flat_rows is not None:
+            total = flat_rows
         if buf.shape is None:
             shape = [total]
         else:

@@ -44,6 +44,7 @@ from generator import formulas as fx  # noqa: E402
 from generator.resolve import load_spec  # noqa: E402
 from generator.spec import FlatInput, PadRule  # noqa: E402
 from generator.spec.capture import DtypeFallback  # noqa: E402
+from generator.spec.enums import Dtype  # noqa: E402
 from genmixin_spec_host import (  # noqa: E402
     FALLBACK_DTYPE,
     OUT_WIDTH,
@@ -326,9 +327,12 @@ def check_capture_inputs(
 def expected_dtype(tensor) -> torch.dtype:
     """The capture dtype on the spec host: float32 for the manager's dtype and
     for host paths; a ``first_of`` takes its last host path's
-    (``FALLBACK_DTYPE``: the ones before it are None)."""
+    (``FALLBACK_DTYPE``: the ones before it are None); a dtype by name is
+    that dtype."""
     if isinstance(tensor.dtype, DtypeFallback):
         return FALLBACK_DTYPE
+    if isinstance(tensor.dtype, Dtype):
+        return getattr(torch, tensor.dtype.value)
     return torch.float32
 
 

@@ -1756,37 +1756,620 @@ def glm4_1v_host() -> Any:
     return glm4_1v().hosts()[0]
 
 
+# ---------------------------------------------------------------------------
+# Gemma 3
+# ---------------------------------------------------------------------------
+
 GEMMA3 = "vllm.model_executor.models.gemma3_mm"
+#: The fake crops: GEMMA3_SIDE x GEMMA3_SIDE pixels, PATCH x PATCH patches
+#: (16 positions), pooled 2 x 2 into GEMMA3_TOKENS tokens per crop.
+GEMMA3_SIDE = 4 * PATCH
+GEMMA3_TOKENS = 4
+
+
+class _SiglipTower(Recorder):
+    """``SiglipVisionModel``: each crop's patches embedded, then dense
+    attention within the crop (each row plus its crop's mean): crops never
+    see each other, as in SigLIP."""
+
+    def __call__(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        self.calls.append({"pixel_values": _snapshot(pixel_values)})
+        n, c, side, _ = pixel_values.shape
+        per_side = side // PATCH
+        patches = pixel_values.reshape(n, c, per_side, PATCH, per_side, PATCH)
+        patches = patches.permute(0, 2, 4, 1, 3, 5).reshape(n * per_side**2, -1)
+        rows = patch_embedding(patches, pixel_values.dtype).reshape(n, per_side**2, -1)
+        return rows + rows.mean(dim=1, keepdim=True)
+
+
+class _Gemma3ProjectorParts:
+    """The learned parts of ``Gemma3MultiModalProjector``; its forward (the
+    2-D average pool of each crop's patch grid, the norm and projection) is
+    vLLM's (subclass)."""
+
+    def __init__(self) -> None:
+        self.patches_per_image = GEMMA3_SIDE // PATCH
+        self.tokens_per_side = 2
+        kernel = self.patches_per_image // self.tokens_per_side
+        self.avg_pool = torch.nn.AvgPool2d(kernel_size=kernel, stride=kernel)
+        self.mm_soft_emb_norm = lambda x: x * 0.5
+        self.mm_input_projection_weight = _mixing(WIDTH, WIDTH)
+
+    def __call__(self, vision_outputs: torch.Tensor) -> torch.Tensor:
+        return self.forward(vision_outputs)
 
 
 @functools.cache
-def gemma3_host_class() -> type:
-    """A host class with vLLM's Gemma 3 mixin."""
-    code = _wheel_code({})
-    return code.klass(
+def _gemma3_vllm() -> tuple[WheelCode, type, Callable[[type, HostSettings], Any]]:
+    """(the wheel code, vLLM's Gemma 3 mixin, the host maker)."""
+    code = _wheel_code(
+        # The TensorSchema only checks shapes: a mapping of the same fields.
+        {GEMMA3: {"Gemma3ImagePixelInputs": lambda **fields: fields}}
+    )
+    projector = code.klass(
+        GEMMA3, "Gemma3MultiModalProjector", ["forward"], bases=(_Gemma3ProjectorParts,)
+    )
+    vllm_mixin = code.klass(
         GEMMA3,
         "Gemma3ForConditionalGeneration",
-        [
-            m
-            for m in _defined(code, GEMMA3, "Gemma3ForConditionalGeneration")
-            if m != "encoder_eager_forward"  # the eager image path, not needed
-        ],
+        _defined(code, GEMMA3, "Gemma3ForConditionalGeneration"),
         bases=(_protocol(code),),
     )
 
+    def make_host(host_class: type, settings: HostSettings) -> Any:
+        host = host_class()
+        host.config = _Obj(
+            mm_tokens_per_image=GEMMA3_TOKENS,
+            vision_config=_Obj(image_size=GEMMA3_SIDE, patch_size=PATCH),
+            text_config=_Obj(hidden_size=WIDTH),
+        )
+        host.model_config = settings.vllm_config().model_config
+        host.multimodal_config = settings.multimodal_config()
+        # Set by vLLM's __init__: the ViT positions of one crop.
+        host.vit_positions_per_patch = (GEMMA3_SIDE // PATCH) ** 2
+        host.vision_tower = _SiglipTower()
+        host.multi_modal_projector = projector()
+        return host
+
+    return code, type("VllmGemma3Host", (vllm_mixin,), {}), make_host
+
+
+def _gemma3_parity() -> ModelParity:
+    code, vllm_host, make_host = _gemma3_vllm()
+    ours = load_generated_vllm_module("gemma3_mm", code).Gemma3EncoderCudaGraphMixin
+    return ModelParity(
+        name="gemma3_mm",
+        vllm_host=vllm_host,
+        our_host=type("GeneratedGemma3Host", (ours,), {}),
+        make_host=make_host,
+        modalities=("image",),
+        make_batch=crops_batch,
+        random_grid=_pan_and_scan_crops,
+        frames=lambda grid: 1,
+    )
+
+
+def _pan_and_scan_crops(gen: torch.Generator, modality: str) -> tuple[int]:
+    """1 crop (pan-and-scan off, the default), or 2..4 crops and the
+    original image."""
+    return (int(torch.tensor([1, 1, 3, 4, 5])[torch.randint(0, 5, (1,), generator=gen)]),)
+
+
+def crops_batch(
+    gen: torch.Generator, modality: str, grids: list[tuple[int]], *, side=GEMMA3_SIDE
+) -> dict[str, Any]:
+    """A batch of images of ``n`` crops each (``grids``: ``(n,)``)."""
+    assert modality == "image"
+    crops = sum(n for (n,) in grids)
+    return {
+        "pixel_values": torch.randn(crops, 3, side, side, generator=gen),
+        "num_patches": torch.tensor([n for (n,) in grids], dtype=torch.int64),
+    }
+
+
+@functools.cache
+def gemma3_mm() -> ModelParity:
+    return _gemma3_parity()
+
 
 def gemma3_host() -> Any:
-    """A host of vLLM's Gemma 3 mixin: 256 tokens per crop, PATCH-sized
-    crops (the mixin reads the crop size from the config)."""
-    host = gemma3_host_class()()
-    host.config = _Obj(
-        mm_tokens_per_image=256,
-        vision_config=_Obj(image_size=PATCH),
-        text_config=_Obj(hidden_size=WIDTH),
+    """A host of vLLM's Gemma 3 mixin (default settings)."""
+    _, host_class, make_host = _gemma3_vllm()
+    return make_host(host_class, HostSettings())
+
+
+# ---------------------------------------------------------------------------
+# InternVL
+# ---------------------------------------------------------------------------
+
+INTERNVL = "vllm.model_executor.models.internvl"
+#: The fake tiles: 8 x 8 pixels, 4 x 4 patches, pixel-shuffled 2 x 2 into
+#: INTERNVL_TOKENS rows per tile.
+INTERNVL_SIDE = 4 * PATCH
+INTERNVL_TOKENS = 4
+
+
+class _InternViT(Recorder):
+    """``InternVisionModel``: a class row and each tile's patches embedded,
+    then dense attention within the tile (tiles never see each other)."""
+
+    def __call__(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        self.calls.append({"pixel_values": _snapshot(pixel_values)})
+        n, c, side, _ = pixel_values.shape
+        per_side = side // PATCH
+        patches = pixel_values.reshape(n, c, per_side, PATCH, per_side, PATCH)
+        patches = patches.permute(0, 2, 4, 1, 3, 5).reshape(n * per_side**2, -1)
+        rows = patch_embedding(patches, pixel_values.dtype).reshape(n, per_side**2, -1)
+        rows = torch.cat([rows.mean(dim=1, keepdim=True), rows], dim=1)
+        return rows + rows.mean(dim=1, keepdim=True)
+
+
+class _InternVLParts:
+    """The learned parts of ``InternVLChatModel``; ``extract_feature`` and
+    ``pixel_shuffle`` are vLLM's (subclass)."""
+
+    def __init__(self) -> None:
+        self.downsample_ratio = 0.5
+        self.ps_version = "v2"
+        weight = _mixing(4 * WIDTH, WIDTH)
+        self.mlp1 = lambda x: x @ weight
+
+
+@functools.cache
+def _internvl_vllm() -> tuple[WheelCode, type, Callable[[type, HostSettings], Any]]:
+    """(the wheel code, vLLM's InternVL mixin on vLLM's feature extraction,
+    the host maker)."""
+    code = _wheel_code({})
+    model_class = "InternVLChatModel"
+    vllm_mixin = code.klass(
+        INTERNVL,
+        model_class,
+        [*_defined(code, INTERNVL, model_class), "extract_feature", "pixel_shuffle"],
+        bases=(_InternVLParts, _protocol(code)),
     )
-    host.vit_positions_per_patch = 4
-    host.model_config = ModelConfig()
-    return host
+
+    def make_host(host_class: type, settings: HostSettings) -> Any:
+        host = host_class()
+        host.config = _Obj(
+            vision_config=_Obj(image_size=INTERNVL_SIDE, patch_size=PATCH),
+            text_config=_Obj(hidden_size=WIDTH),
+        )
+        host.multimodal_config = settings.multimodal_config()
+        host.num_image_token = INTERNVL_TOKENS
+        host.vision_model = _InternViT()
+        return host
+
+    return code, type("VllmInternVLHost", (vllm_mixin,), {}), make_host
+
+
+def _internvl_parity() -> ModelParity:
+    code, vllm_host, make_host = _internvl_vllm()
+    ours = load_generated_vllm_module("internvl", code).InternVLEncoderCudaGraphMixin
+    # vLLM's feature extraction, without its mixin.
+    features = code.klass(
+        INTERNVL,
+        "InternVLChatModel",
+        ["extract_feature", "pixel_shuffle"],
+        bases=(_InternVLParts,),
+    )
+    return ModelParity(
+        name="internvl",
+        vllm_host=vllm_host,
+        our_host=type("GeneratedInternVLHost", (ours, features), {}),
+        make_host=make_host,
+        modalities=("image", "video"),
+        make_batch=_internvl_batch,
+        random_grid=_internvl_tiles,
+        frames=lambda grid: grid[0],
+    )
+
+
+def _internvl_tiles(gen: torch.Generator, modality: str) -> tuple[int]:
+    """An image of 1 tile or 3..7 (a grid and the thumbnail); a video of
+    1..3 frames, one tile each."""
+    if modality == "video":
+        return (int(torch.randint(1, 4, (1,), generator=gen)),)
+    return (int(torch.tensor([1, 3, 5, 7])[torch.randint(0, 4, (1,), generator=gen)]),)
+
+
+def _internvl_batch(
+    gen: torch.Generator, modality: str, grids: list[tuple[int]]
+) -> dict[str, Any]:
+    """An InternVL batch of tiles under the modality's keys."""
+    batch = crops_batch(gen, "image", grids, side=INTERNVL_SIDE)
+    if modality == "image":
+        return {
+            "pixel_values_flat": batch["pixel_values"],
+            "image_num_patches": batch["num_patches"],
+        }
+    return {
+        "pixel_values_flat_video": batch["pixel_values"],
+        "video_num_patches": batch["num_patches"],
+    }
+
+
+@functools.cache
+def internvl() -> ModelParity:
+    return _internvl_parity()
+
+
+# ---------------------------------------------------------------------------
+# Llama 4
+# ---------------------------------------------------------------------------
+
+MLLAMA4 = "vllm.model_executor.models.mllama4"
+#: The fake chunks: 8 x 8 pixels, 4 x 4 patches, a pixel shuffle of ratio
+#: 0.5 into LLAMA4_TOKENS rows (vLLM's get_patch_per_chunk of this config).
+LLAMA4_SIDE = 4 * PATCH
+LLAMA4_TOKENS = 4
+
+
+class _Llama4VisionModel(Recorder):
+    """``Llama4VisionModel``: each chunk's patches embedded, dense attention
+    within the chunk, then its pixel shuffle (4 patch rows into one)."""
+
+    def __call__(self, images_flattened: torch.Tensor) -> torch.Tensor:
+        self.calls.append({"images_flattened": _snapshot(images_flattened)})
+        n, c, side, _ = images_flattened.shape
+        per_side = side // PATCH
+        patches = images_flattened.reshape(n, c, per_side, PATCH, per_side, PATCH)
+        patches = patches.permute(0, 2, 4, 1, 3, 5).reshape(n * per_side**2, -1)
+        rows = patch_embedding(patches, images_flattened.dtype)
+        rows = rows.reshape(n, per_side**2, -1)
+        rows = rows + rows.mean(dim=1, keepdim=True)
+        return rows.reshape(n, per_side**2 // 4, 4, -1).mean(dim=2)
+
+
+def _no_tower_dp(*args: Any, **kwargs: Any) -> Any:
+    """vLLM's tower data parallelism (an all-gather): both Llama 4 mixins
+    pass ``use_data_parallel=False``, so it is never reached."""
+    raise AssertionError("run_dp_sharded_vision_model called")
+
+
+class _Llama4Parts:
+    """The learned parts of ``Llama4ForConditionalGeneration``; its chunk
+    encoding and chunk size are vLLM's (subclass)."""
+
+    def __init__(self) -> None:
+        weight = _mixing(WIDTH, WIDTH)
+        self.multi_modal_projector = lambda x: x @ weight
+
+
+@functools.cache
+def _llama4_vllm() -> tuple[WheelCode, type, Callable[[type, HostSettings], Any]]:
+    """(the wheel code, vLLM's Llama 4 mixin on vLLM's chunk encoding, the
+    host maker)."""
+    code = _wheel_code({MLLAMA4: {"run_dp_sharded_vision_model": _no_tower_dp}})
+    code.stubs.setdefault(MLLAMA4, {})["Mllama4ProcessingInfo"] = code.klass(
+        MLLAMA4, "Mllama4ProcessingInfo", ["get_patch_per_chunk"]
+    )
+    model_class = "Llama4ForConditionalGeneration"
+    vllm_mixin = code.klass(
+        MLLAMA4,
+        model_class,
+        _defined(code, MLLAMA4, model_class),
+        bases=(_Llama4Parts, _protocol(code)),
+    )
+
+    def make_host(host_class: type, settings: HostSettings) -> Any:
+        host = host_class()
+        host.config = _Obj(
+            vision_config=_Obj(
+                image_size=LLAMA4_SIDE,
+                patch_size=PATCH,
+                pixel_shuffle_ratio=0.5,
+                num_channels=3,
+            ),
+            text_config=_Obj(hidden_size=WIDTH),
+        )
+        host.vllm_config = settings.vllm_config()
+        host.multimodal_config = settings.multimodal_config()
+        host.vision_model = _Llama4VisionModel()
+        return host
+
+    return code, type("VllmLlama4Host", (vllm_mixin,), {}), make_host
+
+
+def _llama4_parity() -> ModelParity:
+    code, vllm_host, make_host = _llama4_vllm()
+    ours = load_generated_vllm_module("mllama4", code).Llama4EncoderCudaGraphMixin
+    # vLLM's chunk encoding and chunk size, without its mixin.
+    helpers = code.klass(
+        MLLAMA4,
+        "Llama4ForConditionalGeneration",
+        ["get_image_patches_per_chunk", "encode_image_chunks"],
+        bases=(_Llama4Parts,),
+    )
+    return ModelParity(
+        name="mllama4",
+        vllm_host=vllm_host,
+        our_host=type("GeneratedLlama4Host", (ours, helpers), {}),
+        make_host=make_host,
+        modalities=("image",),
+        make_batch=_llama4_batch,
+        random_grid=_llama4_chunks,
+        frames=lambda grid: 1,
+    )
+
+
+def _llama4_chunks(gen: torch.Generator, modality: str) -> tuple[int]:
+    """1 chunk, or a tile grid of 2..6 tiles and the global chunk."""
+    return (int(torch.tensor([1, 3, 4, 5, 7])[torch.randint(0, 5, (1,), generator=gen)]),)
+
+
+def _llama4_batch(
+    gen: torch.Generator, modality: str, grids: list[tuple[int]]
+) -> dict[str, Any]:
+    """A Llama 4 batch: chunks of every image and ``patches_per_image``."""
+    batch = crops_batch(gen, modality, grids, side=LLAMA4_SIDE)
+    return {
+        "pixel_values": batch["pixel_values"],
+        "patches_per_image": batch["num_patches"],
+    }
+
+
+@functools.cache
+def mllama4() -> ModelParity:
+    return _llama4_parity()
+
+
+# ---------------------------------------------------------------------------
+# Idefics3
+# ---------------------------------------------------------------------------
+
+IDEFICS3 = "vllm.model_executor.models.idefics3"
+IDEFICS2_VISION = "vllm.model_executor.models.idefics2_vision_model"
+#: The fake tiles: 8 x 8 pixels, 4 x 4 patches, pixel-shuffled (scale 2)
+#: into IDEFICS3_TOKENS rows.
+IDEFICS3_SIDE = 4 * PATCH
+IDEFICS3_TOKENS = 4
+
+
+class _Idefics2EmbeddingsParts:
+    """The learned parts of ``Idefics2VisionEmbeddings``; its position ids
+    are vLLM's (subclass)."""
+
+    def __init__(self) -> None:
+        self.num_patches_per_side = IDEFICS3_SIDE // PATCH
+        self.position_embedding = _Obj(weight=torch.zeros(1, WIDTH))
+        # Read for the dtype pixels are cast to.
+        self.patch_embedding = _Obj(weight=torch.zeros(1, dtype=torch.float32))
+
+
+class _Idefics3ViT(Recorder):
+    """``Idefics2VisionTransformer``: each tile's patches embedded with a
+    code of their position ids, then dense attention within the tile (no
+    attention mask for Idefics3)."""
+
+    def __init__(self, embeddings: Any) -> None:
+        super().__init__()
+        self.embeddings = embeddings
+
+    def __call__(self, pixel_values, patch_attention_mask=None, position_ids=None):
+        self.calls.append(
+            {
+                "pixel_values": _snapshot(pixel_values),
+                "patch_attention_mask": _snapshot(patch_attention_mask),
+                "position_ids": _snapshot(position_ids),
+            }
+        )
+        if position_ids is None:
+            position_ids = self.embeddings.get_position_ids(patch_attention_mask)
+        n, c, side, _ = pixel_values.shape
+        per_side = side // PATCH
+        patches = pixel_values.reshape(n, c, per_side, PATCH, per_side, PATCH)
+        patches = patches.permute(0, 2, 4, 1, 3, 5).reshape(n * per_side**2, -1)
+        rows = patch_embedding(patches, pixel_values.dtype).reshape(n, per_side**2, -1)
+        rows = rows + position_ids[:, :, None].to(rows.dtype) / 8
+        return rows + rows.mean(dim=1, keepdim=True)
+
+
+class _Idefics3ModelParts:
+    """The learned parts of ``Idefics3Model``; its features, patch mask and
+    position ids are vLLM's (subclass)."""
+
+    def __init__(self, embeddings: Any, connector: Any) -> None:
+        self.config = _Obj(vision_config=_Obj(patch_size=PATCH))
+        self.image_seq_len = IDEFICS3_TOKENS
+        self.vision_model = _Idefics3ViT(embeddings)
+        self.connector = connector
+
+
+class _Idefics3ConnectorParts:
+    """The learned part of ``Idefics3Connector``; its pixel shuffle is
+    vLLM's (subclass)."""
+
+    def __init__(self) -> None:
+        self.scale_factor = 2
+        weight = _mixing(4 * WIDTH, WIDTH)
+        self.modality_projection = lambda x: x @ weight
+
+    def __call__(self, image_hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.forward(image_hidden_states)
+
+
+class _Idefics3Schema(dict):
+    """``Idefics3ImagePixelInputs`` (a TensorSchema that only checks shapes):
+    a mapping of the same fields, an instance of its own class."""
+
+    def __init__(self, **fields: Any) -> None:
+        super().__init__(**fields)
+
+
+@functools.cache
+def _idefics3_vllm() -> tuple[WheelCode, type, Callable[[type, HostSettings], Any]]:
+    """(the wheel code, vLLM's Idefics3 mixin, the host maker: the model's
+    features, patch mask and position ids are vLLM's)."""
+    code = _wheel_code(
+        {
+            IDEFICS3: {
+                "Idefics3ImagePixelInputs": _Idefics3Schema,
+                "Idefics3ImageEmbeddingInputs": type(
+                    "Idefics3ImageEmbeddingInputs", (_Idefics3Schema,), {}
+                ),
+            },
+            # The sync checker has nothing to check on CPU.
+            "vllm.utils.gpu_sync_debug": {"gpu_sync_allowed": contextlib.nullcontext},
+        }
+    )
+    embeddings = code.klass(
+        IDEFICS2_VISION,
+        "Idefics2VisionEmbeddings",
+        ["get_position_ids"],
+        bases=(_Idefics2EmbeddingsParts,),
+    )
+    connector = code.klass(
+        IDEFICS3, "Idefics3Connector", ["forward"], bases=(_Idefics3ConnectorParts,)
+    )
+    model = code.klass(
+        IDEFICS3,
+        "Idefics3Model",
+        ["image_pixels_to_features", "get_patch_attention_mask", "get_position_ids"],
+        bases=(_Idefics3ModelParts,),
+    )
+    model_class = "Idefics3ForConditionalGeneration"
+    vllm_mixin = code.klass(
+        IDEFICS3,
+        model_class,
+        _defined(code, IDEFICS3, model_class),
+        bases=(_protocol(code),),
+    )
+
+    def make_host(host_class: type, settings: HostSettings) -> Any:
+        host = host_class()
+        host.config = _Obj(
+            vision_config=_Obj(image_size=IDEFICS3_SIDE, patch_size=PATCH),
+            text_config=_Obj(hidden_size=WIDTH),
+        )
+        host.multimodal_config = settings.multimodal_config()
+        host.model = model(embeddings(), connector())
+        # The recording tower, where the comparisons look for it.
+        host.vision_recorder = host.model.vision_model
+        return host
+
+    return code, type("VllmIdefics3Host", (vllm_mixin,), {}), make_host
+
+
+def _idefics3_parity() -> ModelParity:
+    code, vllm_host, make_host = _idefics3_vllm()
+    ours = load_generated_vllm_module("idefics3", code).Idefics3EncoderCudaGraphMixin
+    return ModelParity(
+        name="idefics3",
+        vllm_host=vllm_host,
+        our_host=type("GeneratedIdefics3Host", (ours,), {}),
+        make_host=make_host,
+        modalities=("image",),
+        make_batch=idefics3_batch,
+        random_grid=_llama4_chunks,
+        frames=lambda grid: 1,
+    )
+
+
+def idefics3_batch(
+    gen: torch.Generator, modality: str, grids: list[tuple[int]]
+) -> dict[str, Any]:
+    """An Idefics3 batch: tiles, their pixel masks (int64 as the processor
+    makes them; the last tile of each image padded at the bottom right) and
+    ``num_patches``."""
+    batch = crops_batch(gen, modality, grids, side=IDEFICS3_SIDE)
+    tiles = batch["pixel_values"].shape[0]
+    mask = torch.ones(tiles, IDEFICS3_SIDE, IDEFICS3_SIDE, dtype=torch.int64)
+    end = 0
+    for (n,) in grids:
+        end += n
+        h, w = torch.randint(1, IDEFICS3_SIDE + 1, (2,), generator=gen).tolist()
+        mask[end - 1] = 0
+        mask[end - 1, :h, :w] = 1
+        batch["pixel_values"][end - 1, :, h:, :] = 0
+        batch["pixel_values"][end - 1, :, :, w:] = 0
+    return {**batch, "pixel_attention_mask": mask}
+
+
+@functools.cache
+def idefics3() -> ModelParity:
+    return _idefics3_parity()
+
+
+# ---------------------------------------------------------------------------
+# LFM2-VL
+# ---------------------------------------------------------------------------
+
+LFM2_VL = "vllm.model_executor.models.lfm2_vl"
+LFM2_SIGLIP2 = "vllm.model_executor.models.lfm2_siglip2"
+#: Columns of a flat LFM2-VL patch row (3 channels x PATCH x PATCH).
+LFM2_PATCH_DIM = 3 * PATCH * PATCH
+#: Side of the fake position-embedding grid.
+LFM2_POSITIONS = 4
+
+
+class _Siglip2EmbeddingsParts:
+    """The learned parts of ``Siglip2VisionEmbeddings``; the packed
+    position-embedding resize is vLLM's (subclass)."""
+
+    def __init__(self) -> None:
+        self.patch_embedding = _Obj(weight=torch.zeros(WIDTH, LFM2_PATCH_DIM))
+        self.position_embedding_size = LFM2_POSITIONS
+        table = torch.arange(LFM2_POSITIONS**2 * WIDTH, dtype=torch.float32)
+        self.position_embedding = _Obj(weight=table.reshape(-1, WIDTH) / 64)
+
+
+@functools.cache
+def _lfm2_vl_vllm() -> tuple[WheelCode, type, Callable[..., Any]]:
+    """(the wheel code, vLLM's LFM2-VL mixin and its helpers, the host
+    maker; ``min_image_tokens`` is the model-level processor setting)."""
+    code = _wheel_code({})
+    embeddings = code.klass(
+        LFM2_SIGLIP2,
+        "Siglip2VisionEmbeddings",
+        ["resize_positional_embeddings_packed"],
+        bases=(_Siglip2EmbeddingsParts,),
+    )
+    model_class = "Lfm2VLForConditionalGeneration"
+    vllm_mixin = code.klass(
+        LFM2_VL,
+        model_class,
+        [m for m in _defined(code, LFM2_VL, model_class) if "forward" not in m],
+        bases=(_protocol(code),),
+    )
+
+    def make_host(
+        host_class: type, settings: HostSettings, min_image_tokens: int = 64
+    ) -> Any:
+        host = host_class()
+        host.config = _Obj(text_config=_Obj(hidden_size=WIDTH))
+        host.multimodal_config = _Obj(
+            mm_processor_kwargs={"min_image_tokens": min_image_tokens}
+        )
+        host.model_config = settings.vllm_config().model_config
+        host.multi_modal_projector = _Obj(factor=2)
+        host.vision_tower = _Obj(vision_model=_Obj(embeddings=embeddings()))
+        return host
+
+    return code, type("VllmLfm2VLHost", (vllm_mixin,), {}), make_host
+
+
+def lfm2_vl_host(min_image_tokens: int = 64) -> Any:
+    """A host of vLLM's LFM2-VL mixin (downsample factor 2)."""
+    _, host_class, make_host = _lfm2_vl_vllm()
+    return make_host(host_class, HostSettings(), min_image_tokens)
+
+
+def lfm2_vl_batch(
+    gen: torch.Generator, images: list[list[tuple[int, int]]]
+) -> dict[str, Any]:
+    """An LFM2-VL batch: each image a list of tiles of ``(h, w)`` patches;
+    ``pixel_values`` ``(tiles, max h * w, patch dim)``, zero past each
+    tile's patches, as the processor pads them."""
+    tiles = [tile for image in images for tile in image]
+    longest = max((h * w for h, w in tiles), default=0)
+    pixels = torch.zeros(len(tiles), longest, LFM2_PATCH_DIM)
+    for i, (h, w) in enumerate(tiles):
+        pixels[i, : h * w] = torch.randn(h * w, LFM2_PATCH_DIM, generator=gen)
+    return {
+        "pixel_values": pixels,
+        "spatial_shapes": torch.tensor(tiles, dtype=torch.int64).reshape(-1, 2),
+        "num_patches": torch.tensor([len(image) for image in images]),
+    }
 
 
 # ---------------------------------------------------------------------------

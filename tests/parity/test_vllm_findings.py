@@ -14,6 +14,7 @@ import torch
 
 import parity_hosts as hosts
 from parity_hosts import CPU, CaptureCase
+from encoder_cudagraph_runtime.budget_ladder import resolve_budget_ladder
 from parity_testlib import copy_replay_into_captured
 
 
@@ -144,19 +145,81 @@ def test_glm4_1v_floor_rounding_captures_fewer_rows_than_the_budget() -> None:
 
 def test_gemma3_clamps_the_captured_crops_to_the_items_per_batch() -> None:
     host = hosts.gemma3_host()
+    tokens = hosts.GEMMA3_TOKENS  # per crop (256 in the released models)
     # A user-set encoder_cudagraph_max_vision_items_per_batch of 1.
-    case = CaptureCase(1024, 1, 0)
+    case = CaptureCase(4 * tokens, 1, 0)
     captured = _capture(host, case)
-    # min(1024 // 256, max_batch_size) = 1 crop of 256 tokens.
+    # min(token_budget // tokens, max_batch_size) = 1 crop.
     assert captured["pixel_values"].shape[0] == 1
-    # One image of 4 pan-and-scan crops is 1024 tokens: it fits the graph.
-    batch = {
-        "pixel_values": torch.randn(4, 3, hosts.PATCH, hosts.PATCH),
-        "num_patches": torch.tensor([4]),
-    }
+    # One image of 4 pan-and-scan crops (3 crops and the original) is
+    # 4 * tokens: it fits the graph.
+    batch = hosts.crops_batch(torch.Generator().manual_seed(0), "image", [(4,)])
     assert _fits(host, batch, case)
     replay = host.prepare_encoder_cudagraph_replay_buffers(batch, 1, 0).values
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match="broadcast"):
+        copy_replay_into_captured(host.get_encoder_cudagraph_config(), captured, replay)
+
+
+def test_gemma3_clamp_bites_with_the_automatic_ladder_at_large_limits() -> None:
+    # No user setting but pan-and-scan and large limits: the released models'
+    # 256 tokens per crop, --max-num-batched-tokens 131072 and a 131072-token
+    # model length. The manager's automatic ladder and items per batch:
+    budgets, max_items = resolve_budget_ladder([], 0, lambda: (256, 131072))
+    assert (budgets[-1], max_items) == (131072, 256)
+    host = hosts.gemma3_host()
+    host.config.mm_tokens_per_image = 256
+    case = CaptureCase(budgets[-1], max_items, 0)
+    captured = _capture(host, case)
+    # min(131072 // 256, 256) = 256 crops, half of what the budget holds.
+    assert captured["pixel_values"].shape[0] == 256
+    # 100 pan-and-scan images of 4 crops: 102400 tokens, 100 items: it fits.
+    batch = hosts.crops_batch(torch.Generator().manual_seed(0), "image", [(4,)] * 100)
+    assert _fits(host, batch, case)
+    replay = host.prepare_encoder_cudagraph_replay_buffers(batch, max_items, 0).values
+    with pytest.raises(RuntimeError, match="256.*400"):
+        copy_replay_into_captured(host.get_encoder_cudagraph_config(), captured, replay)
+
+
+def test_idefics3_selection_moves_the_tile_counts_to_the_pixels_device() -> None:
+    # The processor keeps num_patches on the host; vLLM's selection rebuilds
+    # it on pixel_values' device (a host-to-device copy), and every later
+    # read of the selection's item specs (the manager reads them before each
+    # replay) copies it back with .tolist(): a blocking sync per replayed
+    # batch on a GPU. The meta device stands in for the GPU: its tensors
+    # hold no data the host could read back.
+    _, host_class, make_host = hosts._idefics3_vllm()
+    host = make_host(host_class, hosts.HostSettings())
+    batch = hosts.idefics3_batch(
+        torch.Generator().manual_seed(0), "image", [(1,), (3,)]
+    )
+    on_device = {
+        key: value if key == "num_patches" else value.to("meta")
+        for key, value in batch.items()
+    }
+    assert on_device["num_patches"].device.type == "cpu"
+    selected = host.select_encoder_cudagraph_items(on_device, [1])
+    assert selected["num_patches"].device.type == "meta"
+    with pytest.raises(NotImplementedError, match="meta"):
+        host.get_encoder_cudagraph_item_specs(selected)
+
+
+def test_lfm2_vl_tiles_below_the_minimum_overflow_the_captured_offsets() -> None:
+    # The mixin sizes cu_seqlens for ceil(budget / min_image_tokens) tiles,
+    # min_image_tokens being the model-level setting (64 here). The budget-64
+    # graph has room for one tile. Two images of one 2 x 32-patch tile are
+    # 16 tokens each (after the 2 x 2 merge): the processor makes such tiles
+    # when its minimum is lower than the one the mixin reads (a request's
+    # mm_processor_kwargs, or a checkpoint whose preprocessor config sets it
+    # while its model config does not). They fit the budget and the items.
+    host = hosts.lfm2_vl_host(min_image_tokens=64)
+    case = CaptureCase(64, 2, 0)
+    captured = _capture(host, case)
+    assert captured["cu_seqlens"].tolist() == [0, 256]
+    batch = hosts.lfm2_vl_batch(torch.Generator().manual_seed(0), [[(2, 32)]] * 2)
+    assert _fits(host, batch, case)
+    replay = host.prepare_encoder_cudagraph_replay_buffers(batch, 2, 0).values
+    assert replay["cu_seqlens"].tolist() == [0, 64, 128]
+    with pytest.raises(RuntimeError, match=r"\(2\).*\(3\)"):
         copy_replay_into_captured(host.get_encoder_cudagraph_config(), captured, replay)
 
 

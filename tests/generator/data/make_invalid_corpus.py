@@ -975,6 +975,11 @@ case(
     "qwen2_vl",
     (FUSED_DTYPE, "dtype: {first_of: [merge * 2, dtype]}"),
 )
+case(
+    "capture_dtype_first_of_a_named_dtype",
+    "qwen2_vl",
+    (FUSED_DTYPE, "dtype: {first_of: [uint8, dtype]}"),
+)
 # -- pad rules by backend, windows, bounds, optional buffers (Qwen2.5-VL) ---------
 CU = """  cu_seqlens:
     pad: repeat_last
@@ -1275,6 +1280,104 @@ valid_case(
     (
         "units: max(token_budget // tokens_per_tile, 1)",
         "units: max(token_budget // tokens_per_tile, k)",
+    ),
+)
+# -- builders that return their one buffer; capture dtypes by name ------------
+valid_case(
+    "builder_provides_and_returns",
+    "unit_capture_mask",
+    (
+        "    returns: position_ids\n",
+        "    returns: position_ids\n    provides: [position_ids]\n",
+    ),
+)
+valid_case(
+    "builder_returns_not_a_name",
+    "unit_capture_mask",
+    ("    returns: position_ids\n", "    returns: [position_ids]\n"),
+)
+valid_case(
+    "builder_neither_provides_nor_returns",
+    "unit_capture_mask",
+    ("    returns: position_ids\n", ""),
+)
+valid_case(
+    "builder_returns_an_undeclared_buffer",
+    "unit_capture_mask",
+    ("    returns: position_ids\n", "    returns: position_idx\n"),
+)
+valid_case(
+    "capture_dtype_unknown_name",
+    "unit_capture_mask",
+    ("      dtype: bool\n", "      dtype: boolean\n"),
+)
+# -- constants from host methods -------------------------------------------------
+valid_case(
+    "constant_calls_an_undeclared_method",
+    "unit_capture_ceil",
+    ("{from: get_image_patches_per_chunk(),", "{from: get_patches_per_chunk(),"),
+)
+valid_case(
+    "constant_calls_with_arguments",
+    "unit_capture_ceil",
+    ("{from: get_image_patches_per_chunk(),", "{from: get_image_patches_per_chunk(2),"),
+)
+# -- items made of units ---------------------------------------------------------
+valid_case(
+    "units_capture_short_of_the_tiles",
+    "unit_items",
+    ("  units: token_budget\n", "  units: token_budget // 2\n"),
+)
+valid_case(
+    "units_patches_short",
+    "unit_items",
+    ("shape: [token_budget * f * f, width]", "shape: [token_budget * f, width]"),
+)
+valid_case(
+    "unit_of_not_a_count",
+    "unit_items",
+    ("{kind: flat, unit_of: num_tiles}", "{kind: flat, unit_of: spatial_shapes}"),
+)
+valid_case(
+    "unit_of_on_a_count",
+    "unit_items",
+    ("{kind: count, dim: n}", "{kind: count, dim: n, unit_of: num_tiles}"),
+)
+valid_case(
+    "unit_grid_with_equals",
+    "unit_items",
+    (
+        "{kind: grid, dims: [h, w], unit_of: num_tiles}",
+        "{kind: grid, dims: [h, w], unit_of: num_tiles, equals: {h: w}}",
+    ),
+)
+valid_case(
+    "unit_dims_without_per_unit",
+    "unit_items",
+    ("  per_unit: true\n", ""),
+)
+valid_case(
+    "per_unit_reads_the_count",
+    "unit_items",
+    ("  input_size: h * w\n", "  input_size: h * w * n\n"),
+)
+valid_case(
+    "units_with_a_dummy_batch",
+    "unit_items",
+    (
+        "  units: token_budget\n",
+        "  dummy: {spatial_shapes: [f, f], num_tiles: [k]}\n",
+    ),
+    ("[units, 3, side, side]", "[rows, 3, side, side]"),
+    ("[token_budget * f * f, width]", "[rows, width]"),
+)
+valid_case(
+    "units_eager_per_item",
+    "unit_items",
+    (
+        "  steps:\n    - tower(tiles, patches, spatial_shapes)\n",
+        "  per_item: true\n  steps:\n    - tower(tiles, patches)\n"
+        "  empty_width: tower.out_hidden_size\n",
     ),
 )
 # -- custom post-processing steps ----------------------------------------------------

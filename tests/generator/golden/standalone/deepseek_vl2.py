@@ -3,7 +3,7 @@
 # From specs/deepseek_vl2.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_vl2.yaml`.
 # spec-sha256: 6f892ea020ee953004c7a45b78d4d9f058c9fcef960abef7cba31604ab4b32b1
-# templates-sha256: 138b89c8a4fcf67e533e44d57594db7b6d29cd99dcb17c2b04a7aaef7adcd218
+# templates-sha256: 2da5b5e605e4607c89dd424fd9a10534761d6b02187f5c70aa672f88605feb11
 
 import itertools
 from collections.abc import Hashable
