@@ -50,8 +50,15 @@ def _setup(stem: str, path: str) -> Setup:
     )
     rng = random.Random(3)
     if path == "graph":
-        config = drv.build_vllm_config("tiny", multimodal_config=mm_config)
         items = [tower.smallest_item("tiny"), tower.legal_grid(rng, "tiny")]
+        # The default ladder, tall enough that the batch replays in one graph
+        # (InternVL's tiles can add up past the tiny size's token limit).
+        tokens = max(
+            drv.DEFAULT_MAX_TOKENS["tiny"], sum(map(tower.budget_tokens, items))
+        )
+        config = drv.build_vllm_config(
+            "tiny", max_tokens=tokens, multimodal_config=mm_config
+        )
     else:
         budgets, max_items = drv.eager_ladder(tower, "tiny", 4)
         config = drv.build_vllm_config(

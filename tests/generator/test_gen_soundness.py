@@ -116,7 +116,15 @@ def test_budget_range(world: SpecWorld, tokens: int, model_len: int) -> None:
         model_config=ModelConfig(max_model_len=model_len),
     )
     got = world.host().get_encoder_cudagraph_budget_range(cfg)
-    assert got == (world.value(world.spec.budget.min), min(tokens, model_len))
+    budget = world.spec.budget
+    largest = (
+        min(tokens, model_len)
+        if budget.max is None
+        else world.value(
+            budget.max, max_num_batched_tokens=tokens, max_model_len=model_len
+        )
+    )
+    assert got == (world.value(budget.min), largest)
 
 
 @pytest.mark.parametrize("lists", [False, True], ids=["tensors", "lists"])
