@@ -24,11 +24,13 @@ from generator.spec.mixin import MixinSpec
 from generator.static_checks import (
     Arithmetic,
     capture_problems,
+    capture_names,
     capture_scope,
     constant_env,
     dummy_item,
     flat_rows,
     item_values,
+    refusal,
 )
 
 # vLLM's defaults for the two limits that bound the largest budget; the
@@ -45,6 +47,8 @@ ITEMSIZE = {
     "bool": 1,
     "uint8": 1,
 }
+#: Buffers may hold more dtypes than the manager runs in.
+BUFFER_ITEMSIZE = {**ITEMSIZE, "complex64": 8}
 
 
 class PlanError(ValueError):
@@ -178,12 +182,20 @@ def make_plan(
     per_budget = []
     unknown: set[str] = set()
     arithmetic = Arithmetic.of(spec)
-    rounding = spec.path.capture.rounding
+    refused = []
     for budget in ladder:
+        names = capture_names(arithmetic, env, budget, mbs, mfpb)
+        check = refusal(arithmetic, names)
+        if check is not None:
+            refused.append(
+                f"capture.assert: budget {budget} (max_batch_size {mbs}) is refused: "
+                f"{check.message} ({check.check.spec_text()} does not hold)"
+            )
+            continue
         dims = dummy_item(arithmetic, env, budget, mbs, mfpb)
         values = item_values(arithmetic, env, dims)
         rows = mbs * values["input_size"]
-        scope = capture_scope(env, budget, mbs, mfpb, rows, rounding)
+        scope = capture_scope(arithmetic, env, budget, mbs, mfpb, rows)
         plan = BudgetPlan(
             budget,
             scope["k"],
@@ -198,10 +210,10 @@ def make_plan(
             if isinstance(buf.source, CaptureTensor) and buf.source.flat.own_rows:
                 # In its capture shape, rows is the input's own rows.
                 rows_own = mbs * flat_rows(buf.source.flat, env, dims)
-                own = capture_scope(env, budget, mbs, mfpb, rows_own, rounding)
+                own = capture_scope(arithmetic, env, budget, mbs, mfpb, rows_own)
             plan.buffers.append(_buffer_plan(buf, own, dtype, unknown))
         per_budget.append(plan)
-    problems = [f"{f}: {m}" for f, m in capture_problems(arithmetic, env)]
+    problems = refused + [f"{f}: {m}" for f, m in capture_problems(arithmetic, env)]
     return Plan(
         str(spec.spec_path),
         (lo, hi),
@@ -224,6 +236,11 @@ def _needed_names(spec: MixinSpec) -> set[str]:
     for _, exprs in spec.path.capture.dummy:
         for e in exprs:
             needed |= names_in(e)
+    capture = spec.path.capture
+    for let in capture.lets:
+        needed |= names_in(let.expr)
+    for check in capture.asserts:
+        needed |= check.check.names()
     return needed
 
 
@@ -256,7 +273,7 @@ def _buffer_plan(
         shape_exprs = buf.shape
         declared = buf.dtype.value if buf.dtype is not None else "dtype"
         type_name = dtype if declared == "dtype" else declared
-        item = ITEMSIZE[dtype if declared == "dtype" else declared]
+        item = BUFFER_ITEMSIZE[dtype if declared == "dtype" else declared]
     else:
         unknown.add(buf.key)
         return BufferPlan(

@@ -91,16 +91,23 @@ def _arithmetic_problems(ctx: ReadContext):
             buffers,
             parts.get("sizes", ()),
             parts.get("items_resolved", True),
+            parts["budget"].min if parts.get("budget") is not None else None,
         )
     )
 
 
 def _node_at(tree: Node, field: str) -> Node:
-    """The node at a dotted field path (``buffers.cu_seqlens.slots``), or the
-    deepest one found on the way."""
+    """The node at a dotted field path (``buffers.cu_seqlens.slots``,
+    ``capture.assert[0].check``), or the deepest one found on the way."""
     cur = tree
-    for key in field.split(".") if field else ():
+    for part in field.split(".") if field else ():
+        key, _, index = part.partition("[")
         if cur.kind != "mapping" or key not in cur.value:
             break
         cur = cur.value[key]
+        if index:
+            i = int(index.rstrip("]")) if index.rstrip("]").isdigit() else -1
+            if cur.kind != "sequence" or not 0 <= i < len(cur.value):
+                break
+            cur = cur.value[i]
     return cur

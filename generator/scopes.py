@@ -32,6 +32,7 @@ class NameKind(Enum):
     BUFFER = "buffer"
     GRAPH_STEP = "graph_forward step"
     EAGER_STEP = "eager_forward step"
+    CAPTURE_LET = "capture intermediate"  # capture.let
     BUILDER_RESULT = "builder result"  # chosen by the generator, never collides
 
 
@@ -97,6 +98,8 @@ _K = NameKind
 CAPTURE_SIZES = ("k", "rows", "max_batch_size", "token_budget")
 DUMMY_NAMES = ("k", "max_batch_size", "token_budget", "max_frames_per_batch")
 CAPTURE_KWARG_NAMES = (*DUMMY_NAMES, "frames_per_item", "rows")
+#: Constants and the capture intermediates (``capture.let``) declared so far.
+_CAPTURE_VALUES = frozenset({_K.CONSTANT, _K.CAPTURE_LET})
 
 FIELD_SCOPES: dict[str, FieldScope] = {
     "host_path": FieldScope(host_paths=True),
@@ -109,12 +112,12 @@ FIELD_SCOPES: dict[str, FieldScope] = {
     "max_frames_per_video": FieldScope(
         frozenset({_K.CONSTANT}), host_paths=True, calls=True
     ),
-    "dummy": FieldScope(frozenset({_K.CONSTANT}), (*DUMMY_NAMES, "frames_per_item")),
-    "tensor_shape": FieldScope(
-        frozenset({_K.CONSTANT}), CAPTURE_SIZES, host_paths=True
-    ),
+    "capture_let": FieldScope(_CAPTURE_VALUES, (*DUMMY_NAMES, "frames_per_item")),
+    "capture_assert": FieldScope(_CAPTURE_VALUES, (*DUMMY_NAMES, "frames_per_item")),
+    "dummy": FieldScope(_CAPTURE_VALUES, (*DUMMY_NAMES, "frames_per_item")),
+    "tensor_shape": FieldScope(_CAPTURE_VALUES, CAPTURE_SIZES, host_paths=True),
     "tensor_dtype": FieldScope(builtins=("dtype",), host_paths=True),
-    "graph_rows": FieldScope(frozenset({_K.CONSTANT}), CAPTURE_SIZES),
+    "graph_rows": FieldScope(_CAPTURE_VALUES, CAPTURE_SIZES),
     "builder_call": FieldScope(
         frozenset({_K.CONSTANT, _K.FLAT, _K.GRID}),
         ("device", "dtype"),
@@ -123,7 +126,7 @@ FIELD_SCOPES: dict[str, FieldScope] = {
         literals=True,
     ),
     "capture_kwargs": FieldScope(
-        frozenset({_K.CONSTANT, _K.FLAT, _K.GRID}),
+        frozenset({_K.CONSTANT, _K.FLAT, _K.GRID, _K.CAPTURE_LET}),
         ("device", "dtype", *CAPTURE_KWARG_NAMES),
         host_paths=True,
         literals=True,
@@ -138,7 +141,8 @@ FIELD_SCOPES: dict[str, FieldScope] = {
         frozenset({_K.CONSTANT}), ("max_batch_size", "max_frames_per_batch")
     ),
     "buffer_shape": FieldScope(
-        frozenset({_K.CONSTANT, _K.SIZE}), (*CAPTURE_SIZES, "max_frames_per_batch")
+        frozenset({_K.CONSTANT, _K.SIZE, _K.CAPTURE_LET}),
+        (*CAPTURE_SIZES, "max_frames_per_batch"),
     ),
     "graph_forward": FieldScope(
         frozenset({_K.BUFFER, _K.GRAPH_STEP}),
@@ -258,7 +262,8 @@ METHODS: dict[str, Method] = {
                 "_",
             ),
             (("{}_rows", _K.FLAT),),
-            _READS_INPUTS | {_K.FLAT, _K.BUFFER, _K.IMPORT, _K.BUILDER_RESULT},
+            _READS_INPUTS
+            | {_K.FLAT, _K.BUFFER, _K.IMPORT, _K.BUILDER_RESULT, _K.CAPTURE_LET},
             exploded=True,
         ),
         Method(

@@ -9,14 +9,24 @@ plan`` runs them with values given on the command line.
 
 from __future__ import annotations
 
+import bisect
 import itertools
+import math
 import random
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from generator.formulas import EvaluationError, evaluate, names_in
-from generator.spec.capture import Buffer, Capture, set_by_expr
-from generator.spec.enums import PadRule, Rounding
+from generator.formulas import (
+    BinOp,
+    EvaluationError,
+    Expr,
+    Func,
+    evaluate,
+    names_in,
+    walk,
+)
+from generator.spec.capture import Buffer, Capture, CaptureAssert, set_by_expr
+from generator.spec.enums import PadRule, Rounding, SequenceBound
 from generator.spec.host import Constant, Size
 from generator.spec.inputs import FlatInput, ItemInput
 from generator.spec.items import Items
@@ -37,6 +47,7 @@ class Arithmetic:
     # False when items.graph_rows or items.budget_tokens was given but did
     # not resolve: the coverage checks would run on the wrong defaults.
     items_resolved: bool = True
+    budget_min: Expr | None = None
 
     @classmethod
     def of(cls, spec) -> Arithmetic:
@@ -47,6 +58,7 @@ class Arithmetic:
             spec.items,
             spec.path.buffers,
             spec.sizes,
+            budget_min=spec.budget.min,
         )
 
     @property
@@ -80,29 +92,12 @@ def per_item_tokens(
     return -(-budget // max_batch_size)
 
 
-def capture_scope(
-    env: Mapping[str, int],
-    budget: int,
-    mbs: int,
-    mfpb: int,
-    rows: int,
-    rounding: Rounding = Rounding.CEIL,
-) -> dict[str, int]:
-    """The names a capture-time formula may use, for one budget."""
-    return {
-        **env,
-        "k": per_item_tokens(budget, mbs, rounding),
-        "rows": rows,
-        "max_batch_size": mbs,
-        "token_budget": budget,
-        "max_frames_per_batch": mfpb,
-    }
-
-
-def dummy_item(
+def capture_names(
     ir: Arithmetic, env: Mapping[str, int], budget: int, mbs: int, mfpb: int = 0
 ) -> dict[str, int]:
-    """The dims of one dummy item for ``budget`` (raises EvaluationError)."""
+    """The names the capture binds before its dummy batch, for one budget:
+    ``k``, the manager's arguments, ``frames_per_item`` and the
+    ``capture.let`` intermediates, in order (raises EvaluationError)."""
     scope = dict(env)
     scope.update(
         k=per_item_tokens(budget, mbs, ir.capture.rounding),
@@ -111,6 +106,36 @@ def dummy_item(
         max_frames_per_batch=mfpb,
         frames_per_item=max(mfpb // mbs, 1),
     )
+    for let in ir.capture.lets:
+        scope[let.name] = evaluate(let.expr, scope)
+    return scope
+
+
+def capture_scope(
+    ir: Arithmetic,
+    env: Mapping[str, int],
+    budget: int,
+    mbs: int,
+    mfpb: int,
+    rows: int,
+) -> dict[str, int]:
+    """The names a capture-time formula may use, for one budget."""
+    return {**capture_names(ir, env, budget, mbs, mfpb), "rows": rows}
+
+
+def refusal(ir: Arithmetic, names: Mapping[str, int]) -> CaptureAssert | None:
+    """The first ``capture.assert`` the capture of these names breaks."""
+    for check in ir.capture.asserts:
+        if not check.check.holds(names):
+            return check
+    return None
+
+
+def dummy_item(
+    ir: Arithmetic, env: Mapping[str, int], budget: int, mbs: int, mfpb: int = 0
+) -> dict[str, int]:
+    """The dims of one dummy item for ``budget`` (raises EvaluationError)."""
+    scope = capture_names(ir, env, budget, mbs, mfpb)
     dims: dict[str, int] = {}
     for item, exprs in ir.capture.dummy:
         for dim, expr in zip(item.dims, exprs):
@@ -150,12 +175,16 @@ def capture_problems(
 ) -> Iterator[tuple[str, str]]:
     """(field, message) for each arithmetic problem found with known values."""
     env = constant_env(ir, overrides)
+    yield from smallest_budget_problems(ir, env)
     reported: set[str] = set()
+    longest = LongestItems(ir, env)
     for mbs in SAMPLE_BATCH_SIZES:
         for budget in SAMPLE_BUDGETS:
             if mbs > budget:
                 continue
             try:
+                if refusal(ir, capture_names(ir, env, budget, mbs, mbs)):
+                    continue  # the capture refuses this budget (plan says so)
                 dims = dummy_item(ir, env, budget, mbs)
                 values = item_values(ir, env, dims)
             except (EvaluationError, ArithmeticError):
@@ -171,12 +200,12 @@ def capture_problems(
             rows = mbs * values["input_size"]
             rounding = ir.capture.rounding
             env_sizes = {**env, **ir.size_env}
-            scope = capture_scope(env_sizes, budget, mbs, mbs, rows, rounding)
+            scope = capture_scope(ir, env_sizes, budget, mbs, mbs, rows)
             for tensor in ir.capture.tensors:
                 field = f"capture.tensors.{tensor.key}.shape"
                 try:
                     need = mbs * flat_rows(tensor.flat, env, dims)
-                    own = capture_scope(env_sizes, budget, mbs, mbs, need, rounding)
+                    own = capture_scope(ir, env_sizes, budget, mbs, mbs, need)
                     held = evaluate(tensor.shape[0], own)
                 except (EvaluationError, ArithmeticError):
                     continue
@@ -194,14 +223,28 @@ def capture_problems(
                     bound = evaluate(expr, scope) if expr is not None else None
                 except (EvaluationError, ArithmeticError):
                     continue
-                if bound is not None and bound < rows and field not in reported:
+                if bound is None or field in reported:
+                    continue
+                if buf.bounds is SequenceBound.ITEM:
+                    need = max(values["input_size"], longest.rows(budget))
+                    if bound < need:
+                        reported.add(field)
+                        yield (
+                            field,
+                            f"{buf.key} is captured as {bound} but one item (one "
+                            f"attention sequence) has {need} input rows at budget "
+                            f"{budget}, max_batch_size {mbs} (the dummy item, or an "
+                            "item within the budget); the attention launch would "
+                            "truncate it",
+                        )
+                elif bound < rows:
                     reported.add(field)
                     yield (
                         field,
                         f"{buf.key} is captured as {bound} but one sequence can hold all "
                         f"{rows} input rows of budget {budget} (a single large item, or "
                         "the trailing padding sequence); the attention launch would "
-                        "truncate it (expected at least rows)",
+                        "truncate it (expected at least rows, or bounds: item)",
                     )
             if not ir.items_resolved:
                 continue
@@ -263,9 +306,107 @@ def capture_problems(
     yield from slot_problems(ir.constants, ir.buffers, overrides)
 
 
+def smallest_budget_problems(
+    ir: Arithmetic, env: Mapping[str, int]
+) -> Iterator[tuple[str, str]]:
+    """A ``capture.assert`` that refuses the smallest budget even for one
+    item per batch refuses every graph: the capture would always fail."""
+    if ir.budget_min is None or not ir.capture.asserts:
+        return
+    try:
+        smallest = evaluate(ir.budget_min, env)
+        check = refusal(ir, capture_names(ir, env, smallest, 1, 1))
+    except (EvaluationError, ArithmeticError):
+        return
+    if check is not None:
+        index = ir.capture.asserts.index(check)
+        yield (
+            f"capture.assert[{index}].check",
+            f"{check.check.spec_text()} fails for the smallest budget ({smallest}) "
+            "with one item per batch: no graph could be captured",
+        )
+
+
 #: Values tried for every grid dim when a per-item relation is checked.
 SAMPLE_DIMS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 33, 64)
 MAX_DIM_SAMPLES = 20000
+
+
+def _sampled_dims(names: list[str], scale: int = 1) -> Iterator[tuple[int, ...]]:
+    """Every combination of sampled values for ``names`` (each times
+    ``scale``), or a seeded random subset when there are too many."""
+    values = [scale * v for v in SAMPLE_DIMS]
+    if len(values) ** len(names) <= MAX_DIM_SAMPLES:
+        yield from itertools.product(values, repeat=len(names))
+        return
+    rng = random.Random(0)
+    for _ in range(MAX_DIM_SAMPLES):
+        yield tuple(rng.choice(values) for _ in names)
+
+
+def divisor_step(ir: Arithmetic, env: Mapping[str, int]) -> int:
+    """The least common multiple of the divisors in the item formulas: real
+    items have dims that divide exactly (a processor pads to the merge
+    kernel), so samples of "real" items are multiples of it."""
+    items = ir.items
+    exprs = [items.input_size, items.output_tokens, items.graph_rows]
+    exprs.append(items.budget_tokens)
+    step = 1
+    for expr in filter(None, exprs):
+        for sub in walk(expr):
+            divisor = None
+            if isinstance(sub, BinOp) and sub.op in ("//", "%"):
+                divisor = sub.right
+            elif isinstance(sub, Func) and sub.name == "ceil_div":
+                divisor = sub.args[1]
+            if divisor is None:
+                continue
+            try:
+                step = math.lcm(step, max(1, abs(evaluate(divisor, env))))
+            except (EvaluationError, ArithmeticError):
+                continue
+    return step
+
+
+class LongestItems:
+    """The most input rows of one item with at most some budget tokens, over
+    sampled items whose dims are multiples of :func:`divisor_step` (computed
+    once, on first use)."""
+
+    def __init__(self, ir: Arithmetic, env: Mapping[str, int]) -> None:
+        self.ir = ir
+        self.env = env
+        self._tokens: list[int] | None = None
+        self._rows: list[int] = []
+
+    def _sample(self) -> None:
+        items = self.ir.items
+        budget_tokens = items.budget_tokens or items.output_tokens
+        used = names_in(items.input_size) | names_in(budget_tokens)
+        dims = [d for g in self.ir.item_inputs for d in g.dims if d in used]
+        pairs = []
+        step = divisor_step(self.ir, self.env)
+        for combo in _sampled_dims(dims, step):
+            scope = {**self.env, **dict(zip(dims, combo, strict=True))}
+            try:
+                pairs.append(
+                    (evaluate(budget_tokens, scope), evaluate(items.input_size, scope))
+                )
+            except (EvaluationError, ArithmeticError):
+                continue
+        pairs.sort()
+        self._tokens = [t for t, _ in pairs]
+        best = 0
+        for _, rows in pairs:
+            best = max(best, rows)
+            self._rows.append(best)
+
+    def rows(self, budget: int) -> int:
+        if self._tokens is None:
+            self._sample()
+        assert self._tokens is not None  # noqa: S101
+        i = bisect.bisect_right(self._tokens, budget)
+        return self._rows[i - 1] if i else 0
 
 
 def item_bound_problems(
@@ -284,15 +425,7 @@ def item_bound_problems(
     # Only the dims the two formulas read vary their values.
     used = names_in(graph_rows) | names_in(budget_tokens)
     dims = [d for g in ir.item_inputs for d in g.dims if d in used]
-    combos: Iterator[tuple[int, ...]]
-    if len(SAMPLE_DIMS) ** len(dims) <= MAX_DIM_SAMPLES:
-        combos = itertools.product(SAMPLE_DIMS, repeat=len(dims))
-    else:
-        rng = random.Random(0)
-        combos = (
-            tuple(rng.choice(SAMPLE_DIMS) for _ in dims) for _ in range(MAX_DIM_SAMPLES)
-        )
-    for combo in combos:
+    for combo in _sampled_dims(dims):
         scope = {**env, **dict(zip(dims, combo, strict=True))}
         try:
             rows = evaluate(graph_rows, scope)

@@ -8,9 +8,18 @@ from typing import Any, ClassVar
 from generator.diagnostics import Location
 from generator.formulas import Call, Expr, HostPath, Ref
 from generator.scopes import NameKind
-from generator.spec.enums import Dtype, Fill, PadRule, ReplayRule, Rounding
+from generator.spec.conditions import Comparison, Condition
+from generator.spec.enums import (
+    Dtype,
+    Fill,
+    PadRule,
+    ReplayRule,
+    Rounding,
+    SequenceBound,
+)
 from generator.spec.inputs import FlatInput, ItemInput
-from generator.spec.reader import Key, Keys, Reader
+from generator.spec.names import check_name
+from generator.spec.reader import Key, Keys, ReadContext, Reader
 from generator.spec.values import (
     INVALID,
     Argument,
@@ -28,6 +37,7 @@ from generator.spec.values import (
     is_name,
     parse_formula,
 )
+from generator.yaml_loader import Node
 
 
 @dataclass(frozen=True)
@@ -82,10 +92,80 @@ class CaptureTensor:
 
 
 @dataclass(frozen=True)
+class CaptureLet:
+    """``name = formula``: an intermediate of the dummy's geometry, bound in
+    the capture method after ``k``."""
+
+    name: str
+    expr: Expr
+    location: Location
+
+
+class LetFormula(Formula):
+    """A ``capture.let`` entry: its formula may use the entries before it;
+    the name is declared once the formula is read."""
+
+    def __init__(self) -> None:
+        super().__init__("capture_let")
+
+    def value(self, node: Node, field: str, ctx: ReadContext, **kw: Any) -> Any:
+        name, where = kw["key"], kw["key_location"]
+        expr = super().value(node, field, ctx)
+        kind = ctx.kind_of(name)
+        if check_name(ctx, where, field, name, "capture intermediate") and kind:
+            ctx.error(where, field, f"{name!r} is already a {kind.value}")
+        ctx.declare(NameKind.CAPTURE_LET, name, where, field)
+        return INVALID if expr is INVALID else CaptureLet(name, expr, where)
+
+
+@dataclass(frozen=True)
+class CaptureAssert:
+    """A condition the capture checks before it builds anything; a budget
+    that breaks it is refused with ``ValueError``."""
+
+    check: Comparison
+    message: str
+    why: str | None
+    location: Location
+
+    KEYS: ClassVar = Keys(
+        Key(
+            "check",
+            Condition("capture_assert"),
+            "What must hold for the dummy batch to be built: one comparison of two "
+            "formulas.",
+            required=True,
+            example="ho * kh <= rope_h",
+        ),
+        Key(
+            "message",
+            Text(nonempty=True, one_line=True),
+            "Says what is exceeded; the error adds the budget, the batch size and "
+            "both sides' values.",
+            required=True,
+            example="exceeds the RoPE grid of the tower",
+        ),
+        Key("why", Text(), "Comment on the check."),
+    )
+    DOC_TITLE = "capture.assert"
+
+    @classmethod
+    def from_yaml(cls, r: Reader, **_: Any) -> CaptureAssert | None:
+        check = r.take("check")
+        message = r.take("message")
+        why = r.take("why")
+        if check is None or message is None:
+            return None
+        return cls(check, message, why, r.node.location)
+
+
+@dataclass(frozen=True)
 class Capture:
     """The dummy batch of ``max_batch_size`` items captured per budget."""
 
     rounding: Rounding
+    lets: tuple[CaptureLet, ...]
+    asserts: tuple[CaptureAssert, ...]
     dummy: tuple[tuple[ItemInput, tuple[Expr, ...]], ...]
     tensors: tuple[CaptureTensor, ...]
     graph_rows: Expr | None
@@ -102,6 +182,24 @@ class Capture:
             "does not make up for it.",
             default=Rounding.CEIL,
             default_doc="`ceil`",
+        ),
+        Key(
+            "let",
+            MapOf(LetFormula()),
+            "Named intermediates of the dummy geometry, bound in order after `k`; "
+            "each may use the ones before it. The dummy, the capture tensors' "
+            "shapes, `assert`, `graph_rows`, builders' `capture_kwargs` and buffer "
+            "shapes may use them.",
+            example="{wo: min(k, rope_w // kw), ho: ceil_div(k, wo)}",
+        ),
+        Key(
+            "assert",
+            ListOf(Section(CaptureAssert)),
+            "Conditions checked first thing at capture (after `let`): a budget "
+            "whose dummy breaks one raises `ValueError` with the message, the "
+            "budget and the values (never a Python `assert`, which `-O` drops). "
+            "The static checks skip the budgets a condition refuses; `gen-mixin "
+            "plan` reports them.",
         ),
         Key(
             "dummy",
@@ -133,6 +231,8 @@ class Capture:
     @classmethod
     def from_yaml(cls, r: Reader, items_inputs, flats, **_: Any) -> Capture | None:
         rounding = r.take("per_item_tokens")
+        lets = tuple(v for v in (r.take("let") or {}).values() if v is not INVALID)
+        asserts = tuple(a for a in r.take("assert") or () if a is not INVALID)
         dummy = _dummy(r, items_inputs)
         tensors = r.take("tensors", flats=flats)
         graph_rows = r.take("graph_rows")
@@ -142,7 +242,9 @@ class Capture:
         failed = {k for k, t in tensors.items() if t is INVALID}
         r.ctx.failed_sources.update(failed)
         good = tuple(t for t in tensors.values() if t is not INVALID)
-        return cls(rounding, dummy, good, graph_rows, why)
+        if not r.ok("let", "assert"):
+            return None
+        return cls(rounding, lets, asserts, dummy, good, graph_rows, why)
 
 
 def _dummy(r: Reader, item_inputs: dict[str, ItemInput]):
@@ -320,6 +422,7 @@ class Buffer:
     shape: tuple[Expr, ...] | None  # declared (builder buffers)
     dtype: Dtype | None  # declared (builder buffers)
     set_by: str | None  # host scalar: the builder's capture kwarg that sets it
+    bounds: SequenceBound  # host scalar: what its capture value must bound
     allocate: bool  # capture: zeros of shape/dtype, the dummy's value copied in
     why: str | None
 
@@ -386,6 +489,21 @@ class Buffer:
             example="max_seqlen_override",
         ),
         Key(
+            "bounds",
+            Choice(SequenceBound),
+            "Host scalars with `set_by`: the longest attention sequence the capture "
+            "value must cover. `rows`: all input rows of the dummy batch (one "
+            "sequence may hold them: a trailing padding sequence, or a single "
+            "item). `item`: the builder makes one sequence per item and none for "
+            "padding, so the value must cover the dummy item's input rows and "
+            "those of any item within the budget (checked on items whose dims are "
+            "multiples of the item formulas' divisors, as processors emit them); "
+            "not with `trailing_sequence`.",
+            default=SequenceBound.ROWS,
+            default_doc="`rows`",
+            example="item",
+        ),
+        Key(
             "allocate",
             Boolean(),
             "Builder buffers with `shape` and `dtype`, rows on dim 0: capture "
@@ -410,6 +528,7 @@ class Buffer:
         shape = r.take("shape")
         dtype = r.take("dtype")
         set_by = r.take("set_by")
+        bounds = r.take("bounds")
         allocate = r.take("allocate")
         why = r.take("why")
         _check_rules(r, pad, host_scalar, rows_dim)
@@ -437,6 +556,7 @@ class Buffer:
             tuple(shape) if shape is not None else None,
             dtype,
             set_by,
+            bounds,
             allocate,
             why,
         )

@@ -13,7 +13,13 @@ from __future__ import annotations
 import re
 
 from generator.scopes import FIELD_SCOPES
-from generator.spec.capture import Buffer, Capture, CaptureTensor, MetadataBuilder
+from generator.spec.capture import (
+    Buffer,
+    Capture,
+    CaptureAssert,
+    CaptureTensor,
+    MetadataBuilder,
+)
 from generator.spec.forwards import EagerForward, Postprocess, SpanAssembly, Steps
 from generator.spec.host import Constant, Import
 from generator.spec.inputs import InputEntry
@@ -41,6 +47,7 @@ SECTIONS: dict[str, type] = {
     "guards.attention_backend": BackendGuard,
     "capture": Capture,
     "capture.tensors": CaptureTensor,
+    "capture.assert": CaptureAssert,
     "metadata": MetadataBuilder,
     "buffers": Buffer,
     "eager_forward": EagerForward,

@@ -30,6 +30,8 @@ class DefsImport(SpecEnum):
 class Modality(SpecEnum):
     IMAGE = "image"
     VIDEO = "video"
+    #: Kimi-K2.5's one modality for images and video chunks alike.
+    VISION_CHUNK = "vision_chunk"
 
 
 class InputKind(SpecEnum):
@@ -51,6 +53,13 @@ class Fill(SpecEnum):
 class PadRule(SpecEnum):
     TRAILING_SEQUENCE = "trailing_sequence"
     REPEAT_LAST = "repeat_last"
+
+
+class SequenceBound(SpecEnum):
+    """What a host scalar's capture value (``max_seqlen``) must bound."""
+
+    ROWS = "rows"  # every input row of the dummy batch (one sequence may hold all)
+    ITEM = "item"  # one item: each item is one attention sequence
 
 
 class ReplayRule(SpecEnum):
@@ -75,6 +84,9 @@ class Dtype(SpecEnum):
     INT64 = "int64"
     BOOL = "bool"
     UINT8 = "uint8"
+    #: MoonViT's RoPE table ``rope_freqs_cis``: one complex number per
+    #: (row, frequency).
+    COMPLEX64 = "complex64"
 
 
 class Backend(SpecEnum):

@@ -281,6 +281,7 @@ class MixinSpec:
                 s.target for s in path.eager_forward.steps if s.target
             ),
             NameKind.BUILDER_RESULT: frozenset(b.result_name for b in path.metadata),
+            NameKind.CAPTURE_LET: frozenset(let.name for let in path.capture.lets),
         }
 
     def constant(self, name: str) -> Constant | None:
@@ -332,6 +333,7 @@ class MixinSpec:
             ]
         flats = {i.key: i for i in inputs if isinstance(i, FlatInput)}
         budget = r.take("budget")
+        ctx.partial["budget"] = budget
         mfpv = _max_frames(r, modalities)
         guards = r.take("guards") or Guards.NONE
         if (

@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 from generator.naming import builder_result_name
 from generator.scopes import METHODS, NameKind
 from generator.spec.capture import Buffer, Capture, CaptureTensor, MetadataBuilder
-from generator.spec.enums import PadRule
+from generator.spec.enums import PadRule, SequenceBound
 from generator.spec.forwards import (
     GRAPH_STEPS,
     EagerForward,
@@ -235,6 +235,18 @@ def _buffer_node(r: Reader, key: str, name: str):
 
 
 def _check_set_by(r: Reader, buf: Buffer) -> None:
+    if buf.bounds is SequenceBound.ITEM:
+        where = _buffer_node(r, buf.key, "bounds") or buf.location
+        field = f"buffers.{buf.key}.bounds"
+        if buf.set_by is None:
+            r.ctx.error(where, field, "bounds only goes with set_by")
+        elif any(b.pad is PadRule.TRAILING_SEQUENCE for b in r.ctx.partial["buffers"]):
+            r.ctx.error(
+                where,
+                field,
+                "a trailing padding sequence may hold every row of the dummy "
+                "batch: with trailing_sequence, a host scalar bounds rows",
+            )
     if buf.set_by is None:
         return
     field = f"buffers.{buf.key}.set_by"

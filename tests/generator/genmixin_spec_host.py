@@ -346,6 +346,40 @@ class SpecWorld:
     def k(self, budget: int, mbs: int) -> int:
         return per_item_tokens(budget, mbs, self.spec.path.capture.rounding)
 
+    def capture_names(self, budget: int, mbs: int, mfpb: int) -> dict[str, int]:
+        """What the capture binds before its dummy: ``k``, the manager's
+        arguments, ``frames_per_item`` and the ``capture.let`` values, each
+        from the spec's formula."""
+        names = {
+            "k": self.k(budget, mbs),
+            "max_batch_size": mbs,
+            "token_budget": budget,
+            "max_frames_per_batch": mfpb,
+            "frames_per_item": max(mfpb // mbs, 1),
+        }
+        for let in self.spec.path.capture.lets:
+            names[let.name] = self.value(let.expr, **names)
+        return names
+
+    def refused(self, names: Mapping[str, int]):
+        """The first ``capture.assert`` these capture names break, if any."""
+        for check in self.spec.path.capture.asserts:
+            left = self.value(check.check.left, **names)
+            right = self.value(check.check.right, **names)
+            if not _COMPARE[check.check.op](left, right):
+                return check
+        return None
+
+
+_COMPARE = {
+    "<": lambda a, b: a < b,
+    "<=": lambda a, b: a <= b,
+    ">": lambda a, b: a > b,
+    ">=": lambda a, b: a >= b,
+    "==": lambda a, b: a == b,
+    "!=": lambda a, b: a != b,
+}
+
 
 def _callee_name(callee) -> str:
     return callee.name if isinstance(callee, fx.Ref) else callee.dotted

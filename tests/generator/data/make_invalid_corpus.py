@@ -842,6 +842,80 @@ case(
     "minimax_m3",
     ("budget:\n  min: 64\n", "budget:\n  min: 64\npaths: {local: {}}\n"),
 )
+# -- capture intermediates and checks (MoonViT's RoPE grid) ----------------------
+valid_case(
+    "capture_let_uses_a_later_one",
+    "rope_grid",
+    (
+        "    wo: min(k, rope_w // m)\n    ho: ceil_div(k, wo)\n",
+        "    ho: ceil_div(k, wo)\n    wo: min(k, rope_w // m)\n",
+    ),
+)
+valid_case(
+    "capture_let_takes_a_dim",
+    "rope_grid",
+    ("    wo: min(k, rope_w // m)\n", "    wo: min(k, rope_w // m)\n    h: 2\n"),
+)
+valid_case(
+    "capture_assert_not_a_comparison",
+    "rope_grid",
+    ("check: ho * m <= rope_h", "check: ho * m"),
+)
+valid_case(
+    "capture_assert_two_comparisons",
+    "rope_grid",
+    ("check: ho * m <= rope_h", "check: ho * m <= rope_h and wo * m <= rope_w"),
+)
+valid_case(
+    "capture_assert_chained",
+    "rope_grid",
+    ("check: ho * m <= rope_h", "check: 1 <= ho * m <= rope_h"),
+)
+valid_case(
+    "capture_assert_without_message",
+    "rope_grid",
+    ("      message: the dummy grid is taller than the RoPE table\n", ""),
+)
+valid_case(
+    "capture_assert_refuses_every_budget",
+    "rope_grid",
+    ("default: 24}", "default: 1}"),
+)
+# -- what a host scalar bounds ---------------------------------------------------
+# vLLM's Kimi-VL captures max_seqlen = token_budget, in output tokens.
+valid_case(
+    "bounds_item_in_tokens",
+    "rope_grid",
+    (
+        'max_seqlen_override: "max(token_budget * m * m, ho * m * wo * m)"',
+        "max_seqlen_override: token_budget",
+    ),
+)
+valid_case(
+    "bounds_item_misses_the_dummy",
+    "rope_grid",
+    (
+        'max_seqlen_override: "max(token_budget * m * m, ho * m * wo * m)"',
+        "max_seqlen_override: token_budget * m * m",
+    ),
+    ("default: 24}", "default: 512}"),
+)
+valid_case(
+    "bounds_without_set_by",
+    "rope_grid",
+    (
+        "  max_seqlen: {host_scalar: true, set_by: max_seqlen_override, bounds: item}",
+        "  max_seqlen: {host_scalar: true, bounds: item}",
+    ),
+)
+case(
+    "bounds_item_with_trailing_sequence",
+    "deepseek_v41",
+    (
+        "max_seqlen: {host_scalar: true, replay: drop, set_by: max_seqlen_override}",
+        "max_seqlen: {host_scalar: true, replay: drop, set_by: max_seqlen_override, bounds: item}",
+    ),
+)
 NOT_UTF8 = {"not_utf8": ("minimax_m3", "name: MiniMax M3", "name: MiniMax M\xe9")}
 
 

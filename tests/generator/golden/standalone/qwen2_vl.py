@@ -3,7 +3,7 @@
 # Do not edit: change the spec or the templates and run
 # `gen-mixin specs/qwen2_vl.yaml`.
 # spec-sha256: a61607801855577c257b0c6af9f388ac7f2b849a6741b68c13ba9bb25a2b6ab3
-# templates-sha256: 44130bbdf5b2d087233b7a7a8475a87ff09c141f5f8421c6c6a5faccf63e3ac3
+# templates-sha256: 056a602b63a2e27bfde73f1b4d5c49fe8727c89c7fd765050d9faa84f8dec8da
 
 import itertools
 from collections.abc import Hashable

@@ -3,7 +3,7 @@
 # Do not edit: change the spec or the templates and run
 # `gen-mixin specs/minimax_m3.yaml`.
 # spec-sha256: 679a222a35671178384492aa0dc1e20daf1dbe9ee4c77a16239d17f4a618116f
-# templates-sha256: 44130bbdf5b2d087233b7a7a8475a87ff09c141f5f8421c6c6a5faccf63e3ac3
+# templates-sha256: 056a602b63a2e27bfde73f1b4d5c49fe8727c89c7fd765050d9faa84f8dec8da
 
 import itertools
 import weakref
