@@ -357,6 +357,11 @@ METHODS: dict[str, Method] = {
             ("entry", "n"),
         ),
         Method(
+            "_fold_leading",
+            (Param("value", "torch.Tensor"), Param("ranks", "tuple[int, ...]")),
+            "torch.Tensor",
+        ),
+        Method(
             "_concat_rows",
             (Param("value", "torch.Tensor | list[torch.Tensor]"),),
             "torch.Tensor",
@@ -437,6 +442,7 @@ MODULE_NAMES = frozenset(
         "MultiModalConfig",
         "_IMAGE_KEYS",
         "_VIDEO_KEYS",
+        "_EAGER_ONLY_TOKENS",
     }
 )
 

@@ -197,6 +197,19 @@ def capture_problems(
                     f"dummy dims {', '.join(bad_dims)} are not positive for budget "
                     f"{budget} and max_batch_size {mbs}",
                 )
+            eager = ir.items.eager_when
+            if (
+                eager is not None
+                and "capture.dummy" not in reported
+                and eager.holds({**env, **dims})
+            ):
+                reported.add("capture.dummy")
+                yield (
+                    "capture.dummy",
+                    f"the dummy item runs eagerly ({eager.spec_text()}, "
+                    f"items.eager_when) for budget {budget} and max_batch_size "
+                    f"{mbs}: the graph would be captured for items it never takes",
+                )
             rows = mbs * values["input_size"]
             rounding = ir.capture.rounding
             env_sizes = {**env, **ir.size_env}
@@ -332,46 +345,49 @@ SAMPLE_DIMS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 33, 64)
 MAX_DIM_SAMPLES = 20000
 
 
-def _sampled_dims(names: list[str], scale: int = 1) -> Iterator[tuple[int, ...]]:
-    """Every combination of sampled values for ``names`` (each times
-    ``scale``), or a seeded random subset when there are too many."""
-    values = [scale * v for v in SAMPLE_DIMS]
-    if len(values) ** len(names) <= MAX_DIM_SAMPLES:
-        yield from itertools.product(values, repeat=len(names))
+def _sampled_dims(
+    names: list[str], scales: Mapping[str, int] | None = None
+) -> Iterator[tuple[int, ...]]:
+    """Every combination of sampled values for ``names`` (each times its
+    scale), or a seeded random subset when there are too many."""
+    values = [[(scales or {}).get(n, 1) * v for v in SAMPLE_DIMS] for n in names]
+    if len(SAMPLE_DIMS) ** len(names) <= MAX_DIM_SAMPLES:
+        yield from itertools.product(*values)
         return
     rng = random.Random(0)
     for _ in range(MAX_DIM_SAMPLES):
-        yield tuple(rng.choice(values) for _ in names)
+        yield tuple(rng.choice(v) for v in values)
 
 
-def divisor_step(ir: Arithmetic, env: Mapping[str, int]) -> int:
-    """The least common multiple of the divisors in the item formulas: real
-    items have dims that divide exactly (a processor pads to the merge
-    kernel), so samples of "real" items are multiples of it."""
+def dim_steps(ir: Arithmetic, env: Mapping[str, int]) -> dict[str, int]:
+    """For each dim divided in an item formula, the least common multiple of
+    its divisors: real items have dims that divide exactly (a processor pads
+    to the merge kernel), so samples of real items are multiples of it."""
     items = ir.items
     exprs = [items.input_size, items.output_tokens, items.graph_rows]
     exprs.append(items.budget_tokens)
-    step = 1
+    steps: dict[str, int] = {}
     for expr in filter(None, exprs):
         for sub in walk(expr):
-            divisor = None
             if isinstance(sub, BinOp) and sub.op in ("//", "%"):
-                divisor = sub.right
+                numerator, divisor = sub.left, sub.right
             elif isinstance(sub, Func) and sub.name == "ceil_div":
-                divisor = sub.args[1]
-            if divisor is None:
+                numerator, divisor = sub.args
+            else:
                 continue
             try:
-                step = math.lcm(step, max(1, abs(evaluate(divisor, env))))
+                value = max(1, abs(evaluate(divisor, env)))
             except (EvaluationError, ArithmeticError):
                 continue
-    return step
+            for dim in names_in(numerator):
+                steps[dim] = math.lcm(steps.get(dim, 1), value)
+    return steps
 
 
 class LongestItems:
     """The most input rows of one item with at most some budget tokens, over
-    sampled items whose dims are multiples of :func:`divisor_step` (computed
-    once, on first use)."""
+    sampled items whose dims are multiples of their :func:`dim_steps`, items
+    that run eagerly left out (computed once, on first use)."""
 
     def __init__(self, ir: Arithmetic, env: Mapping[str, int]) -> None:
         self.ir = ir
@@ -383,12 +399,17 @@ class LongestItems:
         items = self.ir.items
         budget_tokens = items.budget_tokens or items.output_tokens
         used = names_in(items.input_size) | names_in(budget_tokens)
+        eager = items.eager_when
+        if eager is not None:
+            used |= eager.names()
         dims = [d for g in self.ir.item_inputs for d in g.dims if d in used]
         pairs = []
-        step = divisor_step(self.ir, self.env)
-        for combo in _sampled_dims(dims, step):
+        steps = dim_steps(self.ir, self.env)
+        for combo in _sampled_dims(dims, steps):
             scope = {**self.env, **dict(zip(dims, combo, strict=True))}
             try:
+                if eager is not None and eager.holds(scope):
+                    continue  # never replayed: it runs eagerly
                 pairs.append(
                     (evaluate(budget_tokens, scope), evaluate(items.input_size, scope))
                 )

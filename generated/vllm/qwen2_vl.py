@@ -3,7 +3,7 @@
 # Do not edit: change the spec or the templates and run
 # `gen-mixin specs/qwen2_vl.yaml`.
 # spec-sha256: a61607801855577c257b0c6af9f388ac7f2b849a6741b68c13ba9bb25a2b6ab3
-# templates-sha256: 056a602b63a2e27bfde73f1b4d5c49fe8727c89c7fd765050d9faa84f8dec8da
+# templates-sha256: 4d540cc961eb80f078d68fb1c464a3e266729e187f38e0e7c8aaed8f8d0ebba1
 
 import itertools
 from collections.abc import Hashable

@@ -7,6 +7,7 @@ from typing import Any
 from generator import formulas as fx
 from generator.emitters.method_body import Body, Loads, dims_of, item_loop, signature
 from generator.naming import PROTOCOL_MODULES
+from generator.spec import conditions
 from generator.spec.mixin import MixinSpec
 
 
@@ -18,7 +19,13 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
     both = fx.BinOp("+", items.input_size, items.output_tokens)
     if items.budget_tokens is not None:
         both = fx.BinOp("+", both, items.budget_tokens)
+    eager = items.eager_when
+    if eager is not None:
+        both = fx.BinOp("+", both, fx.BinOp("+", eager.left, eager.right))
     loop_target, iterable, keys = item_loop(spec, dims_of(spec, both))
+    budget_tokens = items.budget_tokens
+    if budget_tokens is None and eager is not None:
+        budget_tokens = items.output_tokens
     ctx = {
         "signature": signature(spec, "get_encoder_cudagraph_item_specs"),
         "defs_local": spec.local_defs_import,
@@ -28,7 +35,11 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
         "input_size": body.expr(items.input_size),
         "output_tokens": body.expr(items.output_tokens),
         "budget_tokens": (
-            body.expr(items.budget_tokens) if items.budget_tokens is not None else None
+            body.expr(budget_tokens) if budget_tokens is not None else None
+        ),
+        "counts_other": items.budget_tokens is not None,
+        "eager_when": (
+            conditions.to_python(eager, body.expr) if eager is not None else None
         ),
         "target": loop_target,
         "iterable": iterable,

@@ -21,6 +21,7 @@ from generator.spec.values import (
     Formula,
     HostPathValue,
     Identifier,
+    Integer,
     ListOf,
 )
 
@@ -38,6 +39,9 @@ class FlatInput:
     #: ``rows`` was written (else the item's ``input_size``).
     own_rows: bool
     accepts_list: bool
+    #: Ranks at which the value arrives with a leading batch dim, folded
+    #: into the rows on read.
+    fold_ranks: tuple[int, ...]
     replay_dtype: HostPath | None
     eager_dtype: HostPath | None
     video_key: str | None
@@ -117,6 +121,16 @@ class InputEntry:
             applies="flat",
         ),
         Key(
+            "fold_ranks",
+            ListOf(Integer(2, 8), min_items=1),
+            "A tensor of one of these ranks has a leading batch dim: its first two "
+            "dims are merged into the rows on read (Kimi-K3's pixel values may "
+            "arrive 3-D or 5-D around the usual 2-D / 4-D rows); after "
+            "`accepts_list`'s concatenation.",
+            applies="flat",
+            example="[3, 5]",
+        ),
+        Key(
             "replay_dtype",
             HostPathValue(),
             "Cast to this dtype before replay.",
@@ -147,6 +161,7 @@ class InputEntry:
         "dim": InputKind.COUNT,
         "rows": InputKind.FLAT,
         "accepts_list": InputKind.FLAT,
+        "fold_ranks": InputKind.FLAT,
         "replay_dtype": InputKind.FLAT,
         "eager_dtype": InputKind.FLAT,
     }
@@ -170,6 +185,7 @@ class InputEntry:
                 r.take("rows", extra=()) or Ref("input_size"),
                 r.has("rows") and r.ok("rows"),
                 r.take("accepts_list"),
+                _fold_ranks(r),
                 r.take("replay_dtype"),
                 r.take("eager_dtype"),
                 video_key,
@@ -179,6 +195,13 @@ class InputEntry:
             r.ctx.failed_inputs.add(key)
             return None
         return ItemInput(key, key_location, kind, dims, video_key)
+
+
+def _fold_ranks(r: Reader) -> tuple[int, ...]:
+    ranks = tuple(v for v in r.take("fold_ranks") or () if v is not INVALID)
+    if len(set(ranks)) != len(ranks):
+        r.error("fold_ranks", "ranks must not repeat")
+    return ranks
 
 
 def _item_dims(r: Reader, kind: InputKind) -> tuple[str, ...] | None:

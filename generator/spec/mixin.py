@@ -415,6 +415,12 @@ def _modalities(r: Reader) -> tuple[Modality, ...]:
     values = tuple(m for m in r.take("modalities") or () if m is not INVALID)
     if len(set(values)) != len(values):
         r.error("modalities", "modalities must not repeat")
+    if Modality.VISION_CHUNK in values and len(values) > 1:
+        r.error(
+            "modalities",
+            "vision_chunk is one modality for images and video chunks alike: "
+            "list it alone",
+        )
     return values
 
 

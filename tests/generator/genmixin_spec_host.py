@@ -246,26 +246,51 @@ class SpecWorld:
 
     # -- batches -------------------------------------------------------------------------
 
-    def dim_step(self) -> int:
-        """Dims are drawn as multiples of every divisor in the item and row
-        formulas, so each division is exact as in real inputs."""
+    def dim_steps(self) -> dict[str, int]:
+        """Each dim divided in the item or row formulas is drawn as a multiple
+        of its divisors, so each division is exact as in real inputs; the
+        other dims as any positive number."""
         exprs = [self.spec.items.input_size, self.spec.items.output_tokens]
         exprs += [
             e for e in (self.spec.items.graph_rows, self.spec.items.budget_tokens) if e
         ]
         exprs += [f.rows for f in self.spec.flat_inputs]
-        step = 1
+        steps: dict[str, int] = {}
         for e in exprs:
             for sub in fx.walk(e):
                 if isinstance(sub, fx.BinOp) and sub.op in ("//", "%"):
-                    step = math.lcm(step, max(1, abs(self.value(sub.right))))
-        return step
+                    left, right = sub.left, sub.right
+                elif isinstance(sub, fx.Func) and sub.name == "ceil_div":
+                    left, right = sub.args
+                else:
+                    continue
+                for dim in fx.names_in(left):
+                    step = max(1, abs(self.value(right)))
+                    steps[dim] = math.lcm(steps.get(dim, 1), step)
+        return steps
 
     def random_item(self, rng: random.Random, big: int = 3) -> dict[str, int]:
-        step = self.dim_step()
+        steps = self.dim_steps()
         return {
-            d: step * rng.randint(1, big) for g in self.spec.item_inputs for d in g.dims
+            d: steps.get(d, 1) * rng.randint(1, big)
+            for g in self.spec.item_inputs
+            for d in g.dims
         }
+
+    def runs_eagerly(self, item: Mapping[str, int]) -> bool:
+        """``items.eager_when`` holds for the item."""
+        eager = self.spec.items.eager_when
+        if eager is None:
+            return False
+        left = self.value(eager.left, **item)
+        return _COMPARE[eager.op](left, self.value(eager.right, **item))
+
+    def path_tokens(self, item: Mapping[str, int]) -> int:
+        """The item's budget tokens as the manager sees them: above every
+        budget when it runs eagerly."""
+        if self.runs_eagerly(item):
+            return self.module._EAGER_ONLY_TOKENS
+        return self.item_values(item)["budget_tokens"]
 
     def batch(
         self,
@@ -334,7 +359,7 @@ class SpecWorld:
         for _ in range(mbs):
             for big in (3, 2, 1):
                 item = self.random_item(rng, big)
-                tokens = self.item_values(item)["budget_tokens"]
+                tokens = self.path_tokens(item)
                 if used + tokens <= budget:
                     items.append(item)
                     used += tokens

@@ -53,13 +53,10 @@ def world(request) -> SpecWorld:
 
 def expected_specs(world: SpecWorld, items) -> list[tuple[int, int, dict]]:
     out = []
+    counted = (world.spec.items.budget_tokens, world.spec.items.eager_when)
     for item in items:
         v = world.item_values(item)
-        path = (
-            {"default": v["budget_tokens"]}
-            if world.spec.items.budget_tokens is not None
-            else {}
-        )
+        path = {"default": world.path_tokens(item)} if any(counted) else {}
         out.append((v["input_size"], v["output_tokens"], path))
     return out
 
@@ -101,6 +98,37 @@ def test_item_specs(world: SpecWorld, lists: bool, seed: int) -> None:
     assert got_specs(got) == expected_specs(world, items)
 
 
+def test_input_modality(world: SpecWorld) -> None:
+    if world.spec.has_video_keys:
+        pytest.skip("by the batch's keys: test_selection_by_video_keys")
+    (modality,) = world.spec.modalities
+    host = world.host()
+    if not hasattr(host, "get_input_modality"):
+        assert modality.value == "image", "a plain mixin answers the protocol default"
+        return
+    batch = world.batch([world.random_item(random.Random(3))])
+    assert host.get_input_modality(batch) == modality.value
+
+
+def test_eager_items_exceed_every_budget(world: SpecWorld) -> None:
+    eager = world.spec.items.eager_when
+    if eager is None:
+        pytest.skip("no items.eager_when")
+    rng = random.Random(11)
+    items = [world.random_item(rng) for _ in range(24)]
+    eager_items = [it for it in items if world.runs_eagerly(it)]
+    assert eager_items and len(eager_items) < len(items), "draw both kinds"
+    specs = world.host().get_encoder_cudagraph_item_specs(world.batch(items))
+    for item, spec in zip(items, specs, strict=True):
+        tokens = spec.get_path_output_tokens("default")
+        if world.runs_eagerly(item):
+            # Above any budget (at most max_model_len); output_tokens real.
+            assert tokens > 2**40
+        else:
+            assert tokens == world.item_values(item)["budget_tokens"]
+        assert spec.output_tokens == world.item_values(item)["output_tokens"]
+
+
 # -- selection ----------------------------------------------------------------------------
 
 
@@ -134,6 +162,31 @@ def test_selection(world: SpecWorld, lists: bool, indices: list[int]) -> None:
     assert got_specs(host.get_encoder_cudagraph_item_specs(got)) == expected_specs(
         world, chosen
     )
+
+
+def test_selection_of_folded_inputs(world: SpecWorld) -> None:
+    """Flat inputs with ``fold_ranks`` may arrive with a leading batch dim:
+    the selection, replay and eager forward read them as the plain rows."""
+    folded = [f for f in world.spec.flat_inputs if f.fold_ranks]
+    if not folded:
+        pytest.skip("no fold_ranks")
+    rng = random.Random(5)
+    items = [world.random_item(rng) for _ in range(3)]
+    host = world.host()
+    plain = world.batch(items)
+    batch = dict(plain)
+    for flat in folded:
+        rank = plain[flat.key].ndim + 1
+        assert rank in flat.fold_ranks, "the spec folds one more leading dim"
+        batch[flat.key] = plain[flat.key].unsqueeze(0)
+    got = host.select_encoder_cudagraph_items(batch, [2, 0])
+    want = host.select_encoder_cudagraph_items(plain, [2, 0])
+    for key in want:
+        assert torch.equal(got[key], want[key]), key
+    replayed = host.prepare_encoder_cudagraph_replay_buffers(batch, 4, 4).values
+    for flat in folded:
+        if flat.key in replayed:
+            assert torch.equal(replayed[flat.key], plain[flat.key])
 
 
 def test_selection_by_video_keys(world: SpecWorld) -> None:

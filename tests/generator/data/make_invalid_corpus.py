@@ -916,6 +916,35 @@ case(
         "max_seqlen: {host_scalar: true, replay: drop, set_by: max_seqlen_override, bounds: item}",
     ),
 )
+# -- vision chunks: one modality, eager multi-frame chunks, folded pixels -------
+valid_case(
+    "vision_chunk_with_image",
+    "vision_chunks",
+    ("modalities: [vision_chunk]", "modalities: [image, vision_chunk]"),
+)
+valid_case(
+    "eager_when_not_a_comparison",
+    "vision_chunks",
+    ("eager_when: t != 1", "eager_when: t - 1"),
+)
+valid_case(
+    "eager_when_takes_the_dummy",
+    "vision_chunks",
+    ("grid_thws: [1, m, k * m]", "grid_thws: [2, m, k * m]"),
+)
+valid_case(
+    "fold_ranks_repeat",
+    "vision_chunks",
+    ("fold_ranks: [3, 5]", "fold_ranks: [5, 5]"),
+)
+valid_case(
+    "fold_ranks_on_a_grid",
+    "vision_chunks",
+    (
+        "grid_thws: {kind: grid, dims: [t, h, w]}",
+        "grid_thws: {kind: grid, dims: [t, h, w], fold_ranks: [3]}",
+    ),
+)
 NOT_UTF8 = {"not_utf8": ("minimax_m3", "name: MiniMax M3", "name: MiniMax M\xe9")}
 
 

@@ -3,7 +3,7 @@
 # Do not edit: change the spec or the templates and run
 # `gen-mixin specs/minimax_m3.yaml`.
 # spec-sha256: 679a222a35671178384492aa0dc1e20daf1dbe9ee4c77a16239d17f4a618116f
-# templates-sha256: 056a602b63a2e27bfde73f1b4d5c49fe8727c89c7fd765050d9faa84f8dec8da
+# templates-sha256: 4d540cc961eb80f078d68fb1c464a3e266729e187f38e0e7c8aaed8f8d0ebba1
 
 import itertools
 import weakref
