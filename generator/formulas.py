@@ -18,7 +18,9 @@ Allowed:
   (``_``-prefixed) attributes;
 * ``+ - * // %``, ``**`` with a literal exponent of at most 8, unary minus,
   parentheses;
-* ``ceil_div(a, b)``, ``min(a, ...)``, ``max(a, ...)``;
+* ``ceil_div(a, b)``, ``min(a, ...)``, ``max(a, ...)``, ``ceil_sqrt(n)``
+  (``math.isqrt(n - 1) + 1``: the ceiling of the square root of ``n >= 1``,
+  in integers);
 * calls of host methods or imported helpers where the context allows calls,
   with positional and keyword arguments (no ``*args``/``**kwargs``).
 """
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import ast
 import keyword
+import math
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -35,7 +38,7 @@ IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 MAX_EXPRESSION_LENGTH = 400
 MAX_DEPTH = 24
 MAX_POWER = 8
-ARITHMETIC_FUNCTIONS = ("ceil_div", "min", "max")
+ARITHMETIC_FUNCTIONS = ("ceil_div", "min", "max", "ceil_sqrt")
 
 
 class FormulaError(ValueError):
@@ -331,6 +334,8 @@ class _Converter:
                 raise self.fail(node, f"{func.id}() takes integer formulas")
             if func.id == "ceil_div" and len(args) != 2:
                 raise self.fail(node, "ceil_div() takes exactly 2 arguments")
+            if func.id == "ceil_sqrt" and len(args) != 1:
+                raise self.fail(node, "ceil_sqrt() takes exactly 1 argument")
             if func.id in ("min", "max") and len(args) < 2:
                 raise self.fail(node, f"{func.id}() takes at least 2 arguments")
             return Func(func.id, args)
@@ -480,6 +485,8 @@ def _precedence(expr: Expr) -> int:
         return _UNARY
     if isinstance(expr, Func) and expr.name == "ceil_div":
         return _UNARY
+    if isinstance(expr, Func) and expr.name == "ceil_sqrt":
+        return _PRECEDENCE["+"]
     return _ATOM
 
 
@@ -505,6 +512,11 @@ def to_python(
 
     def wrap(sub: Expr, min_prec: int) -> str:
         text = emit(sub)
+        spelled_as_call = (
+            spec_spelling and isinstance(sub, Func) and sub.name == "ceil_sqrt"
+        )
+        if spelled_as_call:
+            return text
         return f"({text})" if _precedence(sub) < min_prec else text
 
     def emit(e: Expr) -> str:
@@ -534,6 +546,9 @@ def to_python(
                 num, den = e.args
                 # Ceiling division on Python ints without floats: -(-a // b).
                 return f"-(-{wrap(num, _UNARY)} // {wrap(den, _PRECEDENCE['//'] + 1)})"
+            if e.name == "ceil_sqrt" and not spec_spelling:
+                # Integers only (no float sqrt): isqrt(n - 1) + 1 for n >= 1.
+                return f"math.isqrt({wrap(e.args[0], _PRECEDENCE['-'])} - 1) + 1"
             return f"{e.name}({', '.join(emit(a) for a in e.args)})"
         if isinstance(e, Call):
             parts = [emit(a) for a in e.args]
@@ -590,5 +605,9 @@ def evaluate(expr: Expr, env: Mapping[str, int]) -> int:
             if values[1] == 0:
                 raise EvaluationError("division by zero")
             return -(-values[0] // values[1])
+        if expr.name == "ceil_sqrt":
+            if values[0] < 1:
+                raise EvaluationError(f"ceil_sqrt of {values[0]} (needs n >= 1)")
+            return math.isqrt(values[0] - 1) + 1
         return min(values) if expr.name == "min" else max(values)
     raise EvaluationError(f"{type(expr).__name__} has no integer value")

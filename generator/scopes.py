@@ -120,7 +120,7 @@ FIELD_SCOPES: dict[str, FieldScope] = {
     "graph_rows": FieldScope(_CAPTURE_VALUES, CAPTURE_SIZES),
     "builder_call": FieldScope(
         frozenset({_K.CONSTANT, _K.FLAT, _K.GRID}),
-        ("device", "dtype"),
+        ("device", "dtype", "max_batch_size", "max_frames_per_batch"),
         host_paths=True,
         calls=True,
         literals=True,
@@ -133,7 +133,7 @@ FIELD_SCOPES: dict[str, FieldScope] = {
     ),
     "replay_kwargs": FieldScope(
         frozenset({_K.CONSTANT, _K.FLAT, _K.GRID}),
-        ("device", "dtype"),
+        ("device", "dtype", "max_batch_size", "max_frames_per_batch"),
         host_paths=True,
         literals=True,
     ),
@@ -426,6 +426,7 @@ MODULE_NAMES = frozenset(
     {
         "torch",
         "itertools",
+        "math",
         "weakref",
         "Any",
         "Hashable",
@@ -450,7 +451,7 @@ MODULE_NAMES = frozenset(
 #: no spec name may take them, whichever method it lives in.
 RESERVED = frozenset(
     {b for s in FIELD_SCOPES.values() for b in s.builtins}
-    | {"self", "ceil_div"}
+    | {"self", "ceil_div", "ceil_sqrt"}
     | MODULE_NAMES
 )
 PYTHON_BUILTINS = frozenset(dir(builtins))

@@ -31,6 +31,38 @@ def used_import_names(spec: MixinSpec) -> set[str]:
     return used
 
 
+def _printed_formulas(spec: MixinSpec) -> list[fx.Expr]:
+    """Every formula the generated code may print."""
+    items, path = spec.items, spec.path
+    capture = path.capture
+    exprs = [items.input_size, items.output_tokens, items.graph_rows]
+    exprs += [items.budget_tokens, spec.budget.min, spec.out_hidden_size]
+    if items.eager_when is not None:
+        exprs += [items.eager_when.left, items.eager_when.right]
+    exprs += [f.rows for f in spec.flat_inputs]
+    exprs += [let.expr for let in capture.lets]
+    exprs += [side for a in capture.asserts for side in (a.check.left, a.check.right)]
+    exprs += [e for _, dims in capture.dummy for e in dims]
+    exprs += [e for t in capture.tensors for e in t.shape]
+    exprs += [capture.graph_rows, path.eager_forward.empty_width]
+    exprs += [m.call for m in path.metadata]
+    exprs += [v for m in path.metadata for _, v in m.capture_kwargs + m.replay_kwargs]
+    exprs += [b.slots for b in path.buffers] + [
+        e for b in path.buffers for e in b.shape or ()
+    ]
+    exprs += [s.expr for s in path.graph_forward + path.eager_forward.steps]
+    return [e for e in exprs if e is not None]
+
+
+def uses_ceil_sqrt(spec: MixinSpec) -> bool:
+    """``ceil_sqrt`` prints as ``math.isqrt``: the module imports ``math``."""
+    return any(
+        isinstance(sub, fx.Func) and sub.name == "ceil_sqrt"
+        for e in _printed_formulas(spec)
+        for sub in fx.walk(e)
+    )
+
+
 def _sort_key(name: str) -> tuple[int, list[int | str]]:
     """isort's order-by-type (CONSTANTS, Classes, functions), each in natural
     order (``V4`` before ``V41``), case-insensitive, as ruff sorts them."""
@@ -75,6 +107,8 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
             )
     if spec.path.trailing is not None:
         plain.add("weakref")
+    if uses_ceil_sqrt(spec):
+        plain.add("math")
     if spec.span_assembly is not None:
         add(first_party, mods["async_tensor_h2d"], "async_tensor_h2d")
     if writes_default(spec):

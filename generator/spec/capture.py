@@ -316,7 +316,9 @@ class MetadataBuilder:
             CallValue("builder_call"),
             "The call both phases make: a host method or imported helper; "
             "arguments over grid keys (the grid rows as lists), flat inputs, "
-            "constants, host paths, `device`, `dtype`, literals.",
+            "constants, host paths, `device`, `dtype`, the manager's "
+            "`max_batch_size` and `max_frames_per_batch` (both phases have them), "
+            "literals.",
             required=True,
             example="visual.prepare_encoder_metadata(image_grid_thw, device=device)",
         ),
@@ -330,6 +332,7 @@ class MetadataBuilder:
             "replay_kwargs",
             MapOf(Argument("replay_kwargs")),
             "Extra keyword arguments at replay only.",
+            example="{max_batch_size: max_batch_size}",
         ),
         Key(
             "provides",

@@ -21,6 +21,7 @@ Every call the mixins make into a tower's forward is recorded (``calls``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import itertools
@@ -840,63 +841,220 @@ def deepseek_v41() -> ModelParity:
 
 
 # ---------------------------------------------------------------------------
-# Models without a spec yet, for vLLM findings: vLLM's mixin on a fake host
+# Kimi-VL (MoonViT)
 # ---------------------------------------------------------------------------
 
 KIMI_VL = "vllm.model_executor.models.kimi_vl"
 MOONVIT = "vllm.model_executor.models.moonvit"
-GLM4_1V = "vllm.model_executor.models.glm4_1v"
+#: The fake MoonViT's head dim: RoPE tables are (rows, MOONVIT_HEAD_DIM // 2)
+#: complex64.
+MOONVIT_HEAD_DIM = 8
+#: Its RoPE grid (vLLM's is 512 x 512): small, so that a capture case can
+#: exceed it.
+MOONVIT_ROPE_GRID = 64
 
 
-class _MoonVitParts:
-    """The learned parts of ``MoonVitPretrainedModel``; its metadata
-    builder and merge indices are vLLM's (subclass)."""
+class _CallableForward:
+    """A module-like object whose call is its (vLLM) ``forward``."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.forward(*args, **kwargs)
+
+
+class _MoonVitRopeParts:
+    """``Rope2DPosEmb``'s sizes; its table and lookups are vLLM's (subclass)."""
 
     def __init__(self) -> None:
-        self.merge_kernel_size = (2, 2)
-        self.patch_embed = _Obj(
-            pos_emb=_Obj(get_pos_embeds=lambda grids: torch.zeros(_rows(grids), WIDTH))
+        self.dim = MOONVIT_HEAD_DIM
+        self.max_height = self.max_width = MOONVIT_ROPE_GRID
+        self.theta_base = 10000
+        self.device = "cpu"
+
+
+class _MoonVitPosEmbParts:
+    """``Learnable2DInterpPosEmb``'s learned grid; the bicubic resize to each
+    image is vLLM's (subclass)."""
+
+    def __init__(self) -> None:
+        self.height = self.width = 4
+        self.interpolation_mode = "bicubic"
+        self.weight = _mixing(16, WIDTH).reshape(4, 4, WIDTH)
+
+
+class _MoonVitBlock:
+    """A MoonViT encoder layer: its RoPE table as a row code, then varlen
+    attention by FlashAttention's contract."""
+
+    def __init__(self, recorder: Recorder, backend: str) -> None:
+        self.recorder = recorder
+        self.attn = _Obj(attn_backend=AttentionBackendEnum[backend])
+
+    def __call__(self, hidden_states, cu_seqlens, rope_freqs_cis=None, max_seqlen=None):
+        code = rope_freqs_cis.real.sum(-1, keepdim=True) + rope_freqs_cis.imag.sum(
+            -1, keepdim=True
         )
-        self.encoder = _Obj(
-            rope_2d=_Obj(max_height=64, max_width=64),
-            get_rope_freqs_cis=lambda grids: torch.ones(
-                _rows(grids), 2, dtype=torch.complex64
-            ),
-        )
+        rows = hidden_states.float() + code
+        out = varlen_attention(rows, cu_seqlens, max_seqlen, self.recorder.violations)
+        return out.to(hidden_states.dtype)
 
 
-def _rows(grids) -> int:
-    return sum(int(h) * int(w) for h, w in grids)
-
-
-@functools.cache
-def kimi_vl_host_class() -> tuple[type, type]:
-    """(host class with vLLM's Kimi-VL mixin, its tower class)."""
-    code = _wheel_code({})
+def _moonvit_classes(code: WheelCode) -> dict[str, type]:
+    """vLLM's MoonViT parts on fake learned layers: the RoPE table, the
+    position-embedding resize, the patch embedding's glue, the encoder's
+    loop and the tower's metadata builder and forward."""
+    rope = code.klass(
+        MOONVIT,
+        "Rope2DPosEmb",
+        [
+            "precomputed_freqs_cis",
+            "get_freqs_cis_by_seqlens_list",
+            "get_freqs_cis_by_seqlens",
+        ],
+        bases=(_MoonVitRopeParts,),
+    )
+    pos_emb = code.klass(
+        MOONVIT,
+        "Learnable2DInterpPosEmb",
+        ["get_pos_embeds", "forward"],
+        bases=(_MoonVitPosEmbParts, _CallableForward),
+    )
+    patch_embed = code.klass(
+        MOONVIT, "MoonVisionPatchEmbed", ["forward"], bases=(_CallableForward,)
+    )
+    encoder = code.klass(
+        MOONVIT,
+        "MoonVitEncoder",
+        ["forward", "get_rope_freqs_cis"],
+        bases=(_CallableForward,),
+    )
     tower = code.klass(
         MOONVIT,
         "MoonVitPretrainedModel",
-        ["prepare_encoder_metadata"],
+        ["forward", "prepare_encoder_metadata"],
         bases=(_MoonVitParts,),
     )
-    mixin = code.klass(
+    return {
+        "rope": rope,
+        "pos_emb": pos_emb,
+        "patch_embed": patch_embed,
+        "encoder": encoder,
+        "tower": tower,
+    }
+
+
+class _MoonVitParts(Recorder):
+    """The learned parts of ``MoonVitPretrainedModel`` and its sizes; its
+    metadata builder and forward are vLLM's (subclass)."""
+
+    def __init__(self, classes: dict[str, type], settings: HostSettings) -> None:
+        super().__init__()
+        self.merge_kernel_size = (2, 2)
+        self.hidden_size = WIDTH
+        self.patch_size = PATCH
+        patch_embed = classes["patch_embed"]()
+        patch_embed.proj = lambda x: patch_embedding(x, torch.float32)
+        patch_embed.pos_emb = classes["pos_emb"]()
+        self.patch_embed = patch_embed
+        encoder = classes["encoder"]()
+        encoder.rope_2d = classes["rope"]()
+        encoder.blocks = [_MoonVitBlock(self, settings.backend)]
+        encoder.final_layernorm = lambda x: x
+        self.encoder = encoder
+
+    def parameters(self):
+        yield torch.zeros(1)
+
+    def __call__(self, pixel_values, grid_hw=None, *, encoder_metadata=None):
+        self.calls.append(
+            {
+                "pixel_values": _snapshot(pixel_values),
+                "grid_hw": _snapshot(grid_hw),
+                "encoder_metadata": _snapshot(encoder_metadata),
+            }
+        )
+        return self.forward(pixel_values, grid_hw, encoder_metadata=encoder_metadata)
+
+
+@functools.cache
+def _kimi_vl_vllm() -> tuple[WheelCode, type, Callable[[type, HostSettings], Any]]:
+    """The wheel's code, vLLM's Kimi-VL host class and the host builder."""
+    code = _wheel_code(
+        {"vllm.utils.gpu_sync_debug": {"gpu_sync_allowed": contextlib.nullcontext}}
+    )
+    classes = _moonvit_classes(code)
+    vllm_mixin = code.klass(
         KIMI_VL,
         "KimiVLForConditionalGeneration",
         _defined(code, KIMI_VL, "KimiVLForConditionalGeneration"),
         bases=(_protocol(code),),
     )
-    return mixin, tower
+
+    def make_host(host_class: type, settings: HostSettings) -> Any:
+        host = host_class()
+        host.config = _Obj(
+            vision_config=_Obj(merge_kernel_size=(2, 2), patch_size=PATCH)
+        )
+        host.vision_tower = classes["tower"](classes, settings)
+        # The projector: the mean of each output token's kh x kw rows.
+        host.multi_modal_projector = lambda x: x.mean(dim=1)
+        host.hidden_size = WIDTH
+        host.model_config = settings.vllm_config().model_config
+        return host
+
+    return code, type("VllmKimiVLHost", (vllm_mixin,), {}), make_host
+
+
+def _kimi_vl_parity() -> ModelParity:
+    code, vllm_host, make_host = _kimi_vl_vllm()
+    ours = load_generated_vllm_module("kimi_vl", code).KimiVLEncoderCudaGraphMixin
+    return ModelParity(
+        name="kimi_vl",
+        vllm_host=vllm_host,
+        our_host=type("GeneratedKimiVLHost", (ours,), {}),
+        make_host=make_host,
+        modalities=("image",),
+        make_batch=_patch_grid_batch,
+        random_grid=lambda gen, modality: tuple(
+            (2 * torch.randint(1, 9, (2,), generator=gen)).tolist()
+        ),
+        frames=lambda grid: 1,
+    )
+
+
+def _patch_grid_batch(
+    gen: torch.Generator, modality: str, grids: list[tuple[int, int]]
+) -> dict[str, Any]:
+    """A Kimi-VL image batch: ``(h, w)`` patch grids (even sides) and their
+    patches, ``(3, PATCH, PATCH)`` each, image after image."""
+    assert modality == "image"
+    rows = sum(h * w for h, w in grids)
+    return {
+        "pixel_values": torch.randn(rows, 3, PATCH, PATCH, generator=gen),
+        "image_grid_hws": torch.tensor(grids, dtype=torch.int64).reshape(-1, 2),
+    }
+
+
+def kimi_vl_batch(grids: list[tuple[int, int]], seed: int = 0) -> dict[str, Any]:
+    """A Kimi-VL image batch of ``grids`` with seeded random patches."""
+    return _patch_grid_batch(torch.Generator().manual_seed(seed), "image", grids)
+
+
+@functools.cache
+def kimi_vl() -> ModelParity:
+    return _kimi_vl_parity()
 
 
 def kimi_vl_host() -> Any:
     """A host of vLLM's Kimi-VL mixin (2 x 2 merge, PATCH-sized patches)."""
-    mixin, tower = kimi_vl_host_class()
-    host = mixin()
-    host.config = _Obj(vision_config=_Obj(merge_kernel_size=(2, 2), patch_size=PATCH))
-    host.vision_tower = tower()
-    host.hidden_size = WIDTH
-    host.model_config = ModelConfig()
-    return host
+    _, vllm_host, make_host = _kimi_vl_vllm()
+    return make_host(vllm_host, HostSettings())
+
+
+# ---------------------------------------------------------------------------
+# Models without a spec yet, for vLLM findings: vLLM's mixin on a fake host
+# ---------------------------------------------------------------------------
+
+GLM4_1V = "vllm.model_executor.models.glm4_1v"
 
 
 class _GlmTowerParts:
@@ -1064,11 +1222,23 @@ def compare(
     )
 
 
+def seeded_capture(host: Any, case: CaptureCase) -> dict[str, torch.Tensor]:
+    """The capture inputs of ``case``, drawn from a fixed seed: a dummy filled
+    with ``torch.randn`` (Kimi-VL's) holds the same values on both hosts."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return host.prepare_encoder_cudagraph_capture_inputs(
+            case.budget,
+            case.max_batch_size,
+            case.max_frames_per_batch,
+            CPU,
+            torch.float32,
+        ).values
+
+
 def capture_view(host: Any, case: CaptureCase) -> dict[str, Any]:
     """The capture inputs of ``case`` and what the capture forward saw."""
-    values = host.prepare_encoder_cudagraph_capture_inputs(
-        case.budget, case.max_batch_size, case.max_frames_per_batch, CPU, torch.float32
-    ).values
+    values = seeded_capture(host, case)
     tower = model_tower(host)
     tower.reset()
     out = host.encoder_cudagraph_forward(dict(values))
@@ -1098,9 +1268,7 @@ def replay_view(
     from parity_testlib import copy_replay_into_captured
 
     config = host.get_encoder_cudagraph_config()
-    captured = host.prepare_encoder_cudagraph_capture_inputs(
-        case.budget, case.max_batch_size, case.max_frames_per_batch, CPU, torch.float32
-    ).values
+    captured = seeded_capture(host, case)
     rows = next(iter(captured.values())).shape[0]
     tower = model_tower(host)
     views = []

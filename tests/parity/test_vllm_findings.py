@@ -9,6 +9,8 @@ real row.
 
 from __future__ import annotations
 
+import ast
+
 import pytest
 import torch
 
@@ -156,3 +158,47 @@ def test_gemma3_clamps_the_captured_crops_to_the_items_per_batch() -> None:
     replay = host.prepare_encoder_cudagraph_replay_buffers(batch, 1, 0).values
     with pytest.raises(RuntimeError):
         copy_replay_into_captured(host.get_encoder_cudagraph_config(), captured, replay)
+
+
+def _inside_sync_allowed(tree, call: str) -> list[bool]:
+    """For each call of ``call`` in ``tree``: whether a ``with
+    gpu_sync_allowed()`` block encloses it."""
+    found = []
+
+    def visit(node, allowed: bool) -> None:
+        if isinstance(node, ast.With) and any(
+            "gpu_sync_allowed" in ast.unparse(item.context_expr) for item in node.items
+        ):
+            allowed = True
+        if isinstance(node, ast.Call) and ast.unparse(node.func).endswith(call):
+            found.append(allowed)
+        for child in ast.iter_child_nodes(node):
+            visit(child, allowed)
+
+    visit(tree, False)
+    return found
+
+
+def test_kimi_vl_selection_puts_the_grid_where_replay_must_read_it_back(
+    vllm_code,
+) -> None:
+    vllm_host = hosts.kimi_vl_host()
+    batch = hosts.kimi_vl_batch([(4, 6), (2, 2)])
+    # The pixel values live on the accelerator; the meta device stands in for
+    # it on CPU: a tensor there has no data the host can read.
+    batch["pixel_values"] = batch["pixel_values"].to("meta")
+    picked = vllm_host.select_encoder_cudagraph_items(batch, [1, 0])
+    # vLLM builds the selected grid on the pixels' device ...
+    assert picked["image_grid_hws"].device.type == "meta"
+    # ... and the replay reads it back to the host (`.tolist()`): on a GPU a
+    # blocking copy before every replay, which the manager makes outside
+    # gpu_sync_allowed (unlike its item-spec and selection calls).
+    with pytest.raises(NotImplementedError):
+        vllm_host.prepare_encoder_cudagraph_replay_buffers(picked, 2, 0)
+    manager = vllm_code.definition(
+        "vllm.v1.worker.encoder_cudagraph", "EncoderCudaGraphManager"
+    )
+    assert _inside_sync_allowed(
+        manager, "prepare_encoder_cudagraph_replay_buffers"
+    ) == [False]
+    assert all(_inside_sync_allowed(manager, "get_encoder_cudagraph_item_specs"))
