@@ -239,16 +239,16 @@ def capture_problems(
                 if bound is None or field in reported:
                     continue
                 if buf.bounds is SequenceBound.ITEM:
-                    need = max(values["input_size"], longest.rows(budget))
+                    # Only real sequences matter: the dummy's are replaced
+                    # before any replay reads them.
+                    need = longest.rows(budget)
                     if bound < need:
                         reported.add(field)
                         yield (
                             field,
-                            f"{buf.key} is captured as {bound} but one item (one "
-                            f"attention sequence) has {need} input rows at budget "
-                            f"{budget}, max_batch_size {mbs} (the dummy item, or an "
-                            "item within the budget); the attention launch would "
-                            "truncate it",
+                            f"{buf.key} is captured as {bound} but an item within "
+                            f"budget {budget} is one attention sequence of {need} "
+                            "input rows; the attention launch would truncate it",
                         )
                 elif bound < rows:
                     reported.add(field)

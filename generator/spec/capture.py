@@ -498,9 +498,10 @@ class Buffer:
             "value must cover. `rows`: all input rows of the dummy batch (one "
             "sequence may hold them: a trailing padding sequence, or a single "
             "item). `item`: the builder makes one sequence per item and none for "
-            "padding, so the value must cover the dummy item's input rows and "
-            "those of any item within the budget (checked on items whose dims are "
-            "multiples of the item formulas' divisors, as processors emit them); "
+            "padding, so the value must cover the input rows of any item within "
+            "the budget (checked on items whose dims are multiples of the item "
+            "formulas' divisors, as processors emit them; the dummy's own "
+            "sequences may be longer, their rows are replaced before a replay); "
             "not with `trailing_sequence`.",
             default=SequenceBound.ROWS,
             default_doc="`rows`",

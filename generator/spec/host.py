@@ -26,7 +26,7 @@ from generator.yaml_loader import Node
 
 #: Names a host annotation may use besides the spec's imports.
 TYPE_NAMES = frozenset(
-    {"torch", "int", "float", "str", "bool", "list", "dict", "tuple"}
+    {"torch", "int", "float", "str", "bool", "list", "dict", "tuple", "object"}
 )
 #: vLLM's config types, imported for type checking only.
 VLLM_TYPE_NAMES = frozenset({"MultiModalConfig", "VllmConfig"})
@@ -43,7 +43,9 @@ TORCH_TYPES = frozenset(
         "torch.nn.Parameter",
     }
 )
-_PLAIN_TYPES = frozenset({"int", "float", "str", "bool"})
+#: ``object``: a host attribute whose class this project has no stand-in
+#: for (a model's config), read only through the spec's paths.
+_PLAIN_TYPES = frozenset({"int", "float", "str", "bool", "object"})
 _GENERICS = frozenset({"list", "dict", "tuple"})
 
 

@@ -891,14 +891,16 @@ valid_case(
         "max_seqlen_override: token_budget",
     ),
 )
+# Frames of one video are one sequence: t * h * w rows for h * w / 4 tokens.
 valid_case(
-    "bounds_item_misses_the_dummy",
-    "rope_grid",
+    "bounds_item_misses_the_frames",
+    "vision_chunks",
     (
-        'max_seqlen_override: "max(token_budget * m * m, ho * m * wo * m)"',
-        "max_seqlen_override: token_budget * m * m",
+        "  max_seqlen: {host_scalar: true, set_by: max_seqlen_override}",
+        "  max_seqlen: {host_scalar: true, set_by: max_seqlen_override, bounds: item}",
     ),
-    ("default: 24}", "default: 512}"),
+    ("  eager_when: t != 1\n", ""),
+    ("{max_seqlen_override: rows}", "{max_seqlen_override: token_budget * m * m}"),
 )
 valid_case(
     "bounds_without_set_by",
