@@ -21,9 +21,21 @@ own processor rules, run through the generated mixin on its reference host:
     ``tuned`` (``gen-mixin plan --traffic`` on a separate training sample of
     the same distribution). Policies: ``vllm`` (the manager's default
     packing) and ``cost`` (cost-aware execution, calibrated on warm-up
-    batches from the training sample). Speedup = eager / graph, efficiency
-    = ideal / graph, ``vs_best`` = best / graph; padding waste = rows
-    replayed / rows used − 1 (budget tokens).
+    batches built from the training sample to span its sizes: single items
+    from the smallest to the largest, and batches of 2-8). Speedup = eager
+    / graph, efficiency = ideal / graph, ``vs_best`` = best / graph; padding
+    waste = rows replayed / rows used − 1 (budget tokens). Per entry the
+    cost model's predictions are recorded next to the measurement: the
+    plan cost-aware execution chose (its source, units and predicted ms),
+    and the predicted ms of vLLM's packing and of all-eager.
+
+Every call of a batch (eager, the exact-shape graph end to end, and the six
+ladder / policy executes) is timed in interleaved rounds, one call of each
+per round: the host's speed drifts over seconds on the machines these runs
+get, and a ratio of two calls timed seconds apart measures that drift.
+Batches are measured in order until the model's share of ``--soft-limit-s``
+is spent, at least ``--batches`` of them (the first ones of the same seeded
+draw, so runs compare batch by batch), none after ``--hard-limit-s``.
 ``tuned_waste``
     The tuner's predicted waste of its ladder (on the training sample and on
     the measured batches) against the waste the manager measured.
@@ -49,6 +61,7 @@ import dataclasses
 import functools
 import gc
 import json
+import math
 import subprocess
 import sys
 import tempfile
@@ -85,6 +98,7 @@ from bench_encoders import (  # noqa: E402
     write_json,
 )
 
+from encoder_cudagraph_runtime.cost_aware import plan_execution  # noqa: E402
 from encoder_cudagraph_runtime.graph_backends import (  # noqa: E402
     CudaGraphBackend,
     EagerReplayGraphBackend,
@@ -93,13 +107,25 @@ from encoder_cudagraph_runtime.graph_backends import (  # noqa: E402
 from encoder_cudagraph_runtime.manager import EncoderCudaGraphManager  # noqa: E402
 from reference_towers.registry import REFERENCE_TOWERS  # noqa: E402
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 LADDERS = ("default", "fine", "tuned")
 POLICIES = ("vllm", "cost")
 DEFAULT_MAX_TOKENS = {"full": 16384, "tiny": 512}
 BATCHES = {"full": 24, "quick": 2}
+MAX_BATCHES = {"full": 64, "quick": 2}
 TRAIN_BATCHES = 400
-CALIBRATION_BATCHES = {"full": 6, "quick": 2}
+# Rows quantiles of the training items timed alone at calibration, and the
+# warm-up batches of several items (quantile, count).
+CALIBRATION_SINGLES = (0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0)
+CALIBRATION_GROUPS = (((0.1, 4),), ((0.0, 8),), ((0.5, 1), (0.9, 1)), ((0.7, 3),))
+QUICK_CALIBRATION_SINGLES = (0.0, 1.0)
+QUICK_CALIBRATION_GROUPS = (((0.5, 2),),)
+# A batch whose round of calls takes longer is timed in 2 rounds.
+SLOW_ROUND_S = 1.5
+# The tuned ladder's cap on captured buffers (the H200 has 141 GiB; the
+# tuner's default, twice the default ladder's, cannot hold a top budget 4x
+# the default's).
+TUNED_CAPTURE_MIB = 8192
 # Issue #6's uniform workloads its targets gate: <= 4 images of <= 448²
 # (speedup), and efficiency everywhere; 896² x 8 for the overhead.
 OLD_WORKLOADS = ((224, 1), (224, 4), (448, 4), (448, 8), (896, 1), (896, 8))
@@ -162,14 +188,36 @@ def spec_dims(stem: str, item: tuple[int, ...], config: Any) -> dict[str, int]:
 
 
 def traffic_document(
-    stem: str, batches: list[list[tuple[int, ...]]], config: Any, source: str
+    stem: str,
+    batches: list[list[tuple[int, ...]]],
+    config: Any,
+    source: str,
+    tuning: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    return {
+    document = {
         "format": "gen-mixin-traffic/1",
         "spec": stem,
         "source": source,
         "batches": [[spec_dims(stem, item, config) for item in b] for b in batches],
     }
+    if tuning:
+        document["tuning"] = tuning
+    return document
+
+
+def replay_cost_rows(replay_ms: dict[int, float], host_ms: float = 0.0) -> int:
+    """What one replay costs in rows (the tuner's
+    ``tuning.replay_cost_rows``): the smallest graph's replay time plus
+    ``host_ms`` of host work around a replay, over the time per row between
+    the two largest graphs."""
+    budgets = sorted(replay_ms)
+    if len(budgets) < 2:
+        return budgets[0]
+    low, half, high = budgets[0], budgets[-2], budgets[-1]
+    per_row = (replay_ms[high] - replay_ms[half]) / (high - half)
+    if per_row <= 0:
+        return low
+    return round((replay_ms[low] + host_ms) / per_row)
 
 
 def run_tuner(
@@ -266,6 +314,70 @@ def ideal_e2e_call(host: Any, ideal: Any, mm_kwargs: dict[str, Any]) -> list[Any
 # ---------------------------------------------------------------------------
 
 
+def calibration_batches(
+    train: list[list[tuple[int, ...]]], quick: bool
+) -> list[list[tuple[int, ...]]]:
+    """Warm-up batches spanning the training items' sizes (grid products,
+    which order the seed models' rows): each quantile of
+    :data:`CALIBRATION_SINGLES` alone, then :data:`CALIBRATION_GROUPS`. The
+    manager times each batch whole and each of its items alone."""
+    items = sorted({item for batch in train for item in batch}, key=math.prod)
+
+    def at(q: float) -> tuple[int, ...]:
+        return items[round(q * (len(items) - 1))]
+
+    singles = QUICK_CALIBRATION_SINGLES if quick else CALIBRATION_SINGLES
+    groups = QUICK_CALIBRATION_GROUPS if quick else CALIBRATION_GROUPS
+    batches = [[at(q)] for q in singles]
+    batches += [[at(q) for q, n in group for _ in range(n)] for group in groups]
+    return batches
+
+
+def measure_rounds(
+    calls: dict[str, Callable[[], object]],
+    sync: Callable[[], None],
+    schedule: Schedule,
+    before: dict[str, Callable[[], None]] | None = None,
+    after: dict[str, Callable[[], None]] | None = None,
+) -> dict[str, list[float]]:
+    """Milliseconds per call of each of ``calls``, timed in interleaved
+    rounds (one call of each per round, device synchronised around each),
+    ``schedule.min_iters`` to ``max_iters`` rounds, stopping once
+    ``target_s`` is spent (after 2 rounds when a round takes more than
+    :data:`SLOW_ROUND_S`: large batches vary little). ``before`` / ``after``
+    hooks run outside the timing. The collector is off meanwhile (its
+    pauses are not the code's)."""
+    before, after = before or {}, after or {}
+    samples: dict[str, list[float]] = {name: [] for name in calls}
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        start = time.perf_counter()
+        rounds = 0
+        while rounds < schedule.max_iters:
+            for name, fn in calls.items():
+                if name in before:
+                    before[name]()
+                sync()
+                t0 = time.perf_counter_ns()
+                fn()
+                sync()
+                samples[name].append((time.perf_counter_ns() - t0) / 1e6)
+                if name in after:
+                    after[name]()
+            rounds += 1
+            spent = time.perf_counter() - start
+            needed = schedule.min_iters
+            if spent / rounds > SLOW_ROUND_S:
+                needed = min(2, needed)
+            if rounds >= needed and spent >= schedule.target_s:
+                break
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return samples
+
+
 class TrafficBench:
     """Every real-traffic measurement of one spec stem."""
 
@@ -288,7 +400,9 @@ class TrafficBench:
     def items(self, pixels: list[list[tuple[int, int]]]) -> list[list[tuple[int, ...]]]:
         return [[self.grid(h, w) for h, w in batch] for batch in pixels]
 
-    def run(self) -> dict[str, Any]:
+    def run(self, deadline: float) -> dict[str, Any]:
+        """Everything for this stem; batches beyond ``--batches`` only
+        until ``deadline`` (``time.perf_counter()``)."""
         args = self.args
         started = time.perf_counter()
         host = self.tower.build_host(
@@ -302,8 +416,9 @@ class TrafficBench:
         result: dict[str, Any] = {"spec": self.stem, "size": args.size}
         try:
             with torch.inference_mode():
-                self._run(host, managers, result)
+                self._run(host, managers, result, deadline)
         finally:
+            gc.unfreeze()
             for manager in managers.values():
                 manager.clear()
             del host
@@ -313,24 +428,35 @@ class TrafficBench:
         return result
 
     def _run(
-        self, host: Any, managers: dict[str, EncoderCudaGraphManager], result: dict
+        self,
+        host: Any,
+        managers: dict[str, EncoderCudaGraphManager],
+        result: dict,
+        deadline: float,
     ) -> None:
         args = self.args
-        measured_px = image_traffic.draw_image_batches(args.seed, args.batches)
+        measured_px = image_traffic.draw_image_batches(args.seed, args.max_batches)
         train_px = image_traffic.draw_image_batches(args.seed + 1, TRAIN_BATCHES)
         measured, train = self.items(measured_px), self.items(train_px)
-        tuner = run_tuner(
-            self.stem,
-            traffic_document(self.stem, train, self.config, f"seed {args.seed + 1}"),
-            args.max_tokens,
-        )
-        result["tuner"] = tuner
-        result["ladders"] = self._capture(host, managers, tuner, train)
+        result["ladders"] = self._capture(host, managers, train, result)
         self.template = host.prepare_encoder_cudagraph_capture_inputs(
             64, 1, 0, self.device, self.dtype, "default", ()
         ).values
+        # Serving state from here on: vLLM freezes the collector's heap after
+        # its warm-up (gc_utils.freeze_gc_heap), so that its passes do not
+        # walk the model's objects.
+        gc.collect()
+        gc.freeze()
+        result["old_workloads"] = [
+            self._old_workload(host, managers["fine"], res, n)
+            for res, n in (QUICK_OLD_WORKLOADS if args.quick else OLD_WORKLOADS)
+        ]
         result["batches"] = []
+        hard = self.ctx["started"] + args.hard_limit_s
         for i, (pixels, items) in enumerate(zip(measured_px, measured)):
+            now = time.perf_counter()
+            if (i >= args.batches and now > deadline) or (i >= 1 and now > hard):
+                break
             result["batches"].append(self._batch(host, managers, i, pixels, items))
         result["summary"] = {
             ladder: {
@@ -338,20 +464,17 @@ class TrafficBench:
             }
             for ladder in LADDERS
         }
+        used = [measured[r["index"]] for r in result["batches"]]
         result["tuned_waste"] = {
-            "predicted_train": tuner["tuned"]["waste"],
+            "predicted_train": result["tuner"]["tuned"]["waste"],
             "predicted_measured": predicted_waste(
                 self.stem,
-                traffic_document(self.stem, measured, self.config, f"seed {args.seed}"),
+                traffic_document(self.stem, used, self.config, f"seed {args.seed}"),
                 result["ladders"]["tuned"],
                 args.max_tokens,
             ),
             "measured": result["summary"]["tuned"]["vllm"]["padding_waste"],
         }
-        result["old_workloads"] = [
-            self._old_workload(host, managers["fine"], res, n)
-            for res, n in (QUICK_OLD_WORKLOADS if args.quick else OLD_WORKLOADS)
-        ]
         for ladder, per_policy in result["summary"].items():
             for policy, s in per_policy.items():
                 self.log(
@@ -364,60 +487,124 @@ class TrafficBench:
         self,
         host: Any,
         managers: dict[str, EncoderCudaGraphManager],
-        tuner: dict[str, Any],
         train: list[list[tuple[int, ...]]],
+        result: dict[str, Any],
     ) -> dict[str, Any]:
+        """Capture and calibrate the default and fine ladders, then tune a
+        ladder with the default one's replay costs and capture it."""
         args = self.args
         default_cfg = build_vllm_config(args.max_tokens)
         lo, hi = host.get_encoder_cudagraph_budget_range(default_cfg)
-        tuned = tuner["compilation_config"]
         configs = {
             "default": default_cfg,
             "fine": build_vllm_config(
                 args.max_tokens, fine_ladder(lo, hi), FINE_MAX_ITEMS
             ),
-            "tuned": build_vllm_config(
-                args.max_tokens,
-                tuned["encoder_cudagraph_token_budgets"],
-                tuned["encoder_cudagraph_max_vision_items_per_batch"],
-            ),
         }
-        calibration = [b for b in train if len(b) <= 4][: args.calibration_batches]
         calibration_kwargs = [
             self.tower.make_mm_kwargs(host, b, self.device, seed=50 + i)
-            for i, b in enumerate(calibration)
+            for i, b in enumerate(calibration_batches(train, args.quick))
         ]
-        ladders = {}
+        ladders: dict[str, Any] = {}
         for name, cfg in configs.items():
-            manager = EncoderCudaGraphManager(
-                cfg,
-                self.device,
-                self.dtype,
-                host,
-                graph_backend=self.ctx["make_backend"](),
-                cost_aware=True,
+            ladders[name] = self._capture_one(
+                name, cfg, host, managers, calibration_kwargs
             )
-            manager.capture()
-            start = time.perf_counter()
-            # One timed run per unit: GPU timings of a unit vary little.
-            cost = manager.calibrate_cost_model(calibration_kwargs, repeats=1)
-            managers[name] = manager
-            report = manager.get_capture_report()
-            assert report is not None
-            ladders[name] = {
-                "budgets": list(manager.token_budgets),
-                "max_batch_size": manager.max_batch_size,
-                "capture": dataclasses.asdict(report),
-                "calibration_s": time.perf_counter() - start,
-                "cost_model": cost.as_dict(),
-            }
-            manager.enable_timing()
-            self.log(
-                f"[{self.stem}] ladder {name}: {report.num_graphs} graphs, "
-                f"captured in {report.seconds:.1f}s, calibrated in "
-                f"{ladders[name]['calibration_s']:.1f}s"
-            )
+        tuning = self._tuning(host, managers["default"], train)
+        tuner = run_tuner(
+            self.stem,
+            traffic_document(
+                self.stem, train, self.config, f"seed {args.seed + 1}", tuning
+            ),
+            args.max_tokens,
+        )
+        result["tuner"] = tuner
+        tuned = tuner["compilation_config"]
+        cfg = build_vllm_config(
+            args.max_tokens,
+            tuned["encoder_cudagraph_token_budgets"],
+            tuned["encoder_cudagraph_max_vision_items_per_batch"],
+        )
+        ladders["tuned"] = self._capture_one(
+            "tuned", cfg, host, managers, calibration_kwargs
+        )
         return ladders
+
+    def _capture_one(
+        self,
+        name: str,
+        cfg: Any,
+        host: Any,
+        managers: dict[str, EncoderCudaGraphManager],
+        calibration_kwargs: list[dict[str, Any]],
+    ) -> dict[str, Any]:
+        manager = EncoderCudaGraphManager(
+            cfg,
+            self.device,
+            self.dtype,
+            host,
+            graph_backend=self.ctx["make_backend"](),
+            cost_aware=True,
+        )
+        manager.capture()
+        start = time.perf_counter()
+        # Eager calls are timed (the fastest of two) on the first ladder only:
+        # their cost does not depend on the ladder. Graph units once each.
+        first = next(iter(managers.values()), None)
+        eager_from = first.cost_model if first is not None else None
+        cost = manager.calibrate_cost_model(
+            calibration_kwargs, repeats=1 if eager_from else 2, eager_from=eager_from
+        )
+        managers[name] = manager
+        report = manager.get_capture_report()
+        assert report is not None
+        manager.enable_timing()
+        ladder = {
+            "budgets": list(manager.token_budgets),
+            "max_batch_size": manager.max_batch_size,
+            "capture": dataclasses.asdict(report),
+            "calibration_s": time.perf_counter() - start,
+            "cost_model": cost.as_dict(),
+            "calibration_samples": manager.calibration_samples,
+        }
+        self.log(
+            f"[{self.stem}] ladder {name}: {report.num_graphs} graphs, "
+            f"captured in {report.seconds:.1f}s, calibrated in "
+            f"{ladder['calibration_s']:.1f}s (errors: graph "
+            f"{cost.graph_error:.3f}, eager {cost.eager_error:.3f})"
+        )
+        return ladder
+
+    def _tuning(
+        self,
+        host: Any,
+        default: EncoderCudaGraphManager,
+        train: list[list[tuple[int, ...]]],
+    ) -> dict[str, Any]:
+        """The tuner's ``tuning`` for this model, from the default ladder's
+        capture: what a replay costs in rows, and a largest budget that
+        holds the largest training batch (doubling the default's, at most
+        4x): DeepSeek-V4.1's budgets count patches, and a scheduler step of
+        images has several times 16384 of them."""
+        cost = default.cost_model
+        assert cost is not None
+        largest = default.token_budgets[-1]
+        biggest = max(train, key=lambda b: sum(self.tower.input_size(i) for i in b))
+        kw = self.tower.make_mm_kwargs(host, biggest, self.device, seed=3)
+        rows = sum(
+            s.get_path_output_tokens("default")
+            for s in host.get_encoder_cudagraph_item_specs(kw)
+        )
+        max_budget = largest
+        while max_budget < rows and max_budget < 4 * largest:
+            max_budget *= 2
+        return {
+            "replay_cost_rows": replay_cost_rows(
+                dict(cost.graph.replay_ms), cost.graph.per_replay_ms
+            ),
+            "max_budget": max_budget,
+            "capture_memory_mib": TUNED_CAPTURE_MIB,
+        }
 
     def _batch(
         self,
@@ -435,46 +622,83 @@ class TrafficBench:
             "images": len(items),
             "pixels": [list(p) for p in pixels],
             "items": [list(i) for i in items],
+            "item_rows": [s.get_path_output_tokens("default") for s in specs],
+            "item_tokens": [s.output_tokens for s in specs],
             "budget_tokens": sum(s.get_path_output_tokens("default") for s in specs),
             "output_tokens": sum(s.output_tokens for s in specs),
             "input_rows": sum(s.input_size for s in specs),
         }
-        schedule = self.schedule()
-        ref_raw, ref_items = eager_call(host, kw)
-        row["eager_ms"] = summarize(
-            measure(lambda: eager_call(host, kw), self.sync, schedule)
-        )
+        _, ref_items = eager_call(host, kw)
         ideal = capture_ideal(host, self.ctx["make_backend"](), kw, self.template)
         row["check_ideal"] = max_rel_diff(ideal_e2e_call(host, ideal, kw), ref_items)
-        row["ideal_ms"] = summarize(measure(ideal.graph.replay, self.sync, schedule))
-        row["ideal_e2e_ms"] = summarize(
-            measure(
-                functools.partial(ideal_e2e_call, host, ideal, kw), self.sync, schedule
-            )
-        )
-        del ideal, ref_raw
-        row["best_ms"] = min(row["eager_ms"]["median"], row["ideal_e2e_ms"]["median"])
-        row["graph"] = {
-            ladder: {
-                policy: self._graph(managers[ladder], policy, kw, row, ref_items)
-                for policy in POLICIES
-            }
+        cells = {
+            (ladder, policy): managers[ladder]
             for ladder in LADDERS
+            for policy in POLICIES
         }
+        self._measure(host, ideal, kw, row, ref_items, cells)
+        del ideal
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-        cells = " | ".join(
-            f"{ladder}: {g['vllm']['speedup']:.2f}x / {g['cost']['speedup']:.2f}x"
+        text = " | ".join(
+            f"{ladder}: {g['vllm']['speedup']:.2f}x / {g['cost']['speedup']:.2f}x "
+            f"({g['cost']['plan']['source'][0]}{g['cost']['plan']['kind'][0]})"
             for ladder, g in row["graph"].items()
         )
         self.log(
             f"[{self.stem}] batch {index:>2} x{len(items):<2} eager "
             f"{row['eager_ms']['median']:.2f} ms, exact graph e2e "
-            f"{row['ideal_e2e_ms']['median']:.2f} ms; vllm / cost: {cells}"
+            f"{row['ideal_e2e_ms']['median']:.2f} ms; vllm / cost (plan): {text}"
         )
         return row
 
-    def _graph(
+    def _measure(
+        self,
+        host: Any,
+        ideal: Any,
+        kw: dict[str, Any],
+        row: dict[str, Any],
+        ref_items: list[Any],
+        cells: dict[tuple[str, str], EncoderCudaGraphManager],
+    ) -> None:
+        """Check every policy once, then time eager, the exact-shape graph
+        and every policy in interleaved rounds; fill ``row``."""
+        schedule = self.schedule()
+        row["ideal_ms"] = summarize(measure(ideal.graph.replay, self.sync, schedule))
+        checks = {
+            cell: self._check(manager, cell[1], kw, row, ref_items)
+            for cell, manager in cells.items()
+        }
+        calls: dict[str, Callable[[], object]] = {
+            "eager": functools.partial(eager_call, host, kw),
+            "ideal_e2e": functools.partial(ideal_e2e_call, host, ideal, kw),
+        }
+        before, after, overhead = {}, {}, {}
+        for (ladder, policy), manager in cells.items():
+            name = f"{ladder}/{policy}"
+            calls[name] = functools.partial(manager.execute, kw)
+            before[name] = functools.partial(
+                setattr, manager, "cost_aware", policy == "cost"
+            )
+            overhead[name] = []
+            after[name] = functools.partial(_record_overhead, manager, overhead[name])
+        samples = measure_rounds(calls, self.sync, schedule, before, after)
+        row["eager_ms"] = summarize(samples["eager"])
+        row["ideal_e2e_ms"] = summarize(samples["ideal_e2e"])
+        row["best_ms"] = min(row["eager_ms"]["median"], row["ideal_e2e_ms"]["median"])
+        row["graph"] = {ladder: {} for ladder, _ in cells}
+        for (ladder, policy), entry in checks.items():
+            name = f"{ladder}/{policy}"
+            entry["graph_ms"] = summarize(samples[name])
+            entry["host_overhead_us"] = summarize(overhead[name])
+            median = entry["graph_ms"]["median"]
+            entry["speedup"] = ratio(row["eager_ms"]["median"], median)
+            entry["efficiency"] = ratio(row["ideal_ms"]["median"], median)
+            entry["efficiency_e2e"] = ratio(row["ideal_e2e_ms"]["median"], median)
+            entry["vs_best"] = ratio(row["best_ms"], median)
+            row["graph"][ladder][policy] = entry
+
+    def _check(
         self,
         manager: EncoderCudaGraphManager,
         policy: str,
@@ -482,41 +706,36 @@ class TrafficBench:
         row: dict[str, Any],
         ref_items: list[Any],
     ) -> dict[str, Any]:
+        """One execute of ``policy``: its outputs against eager, its
+        padding, its plan and the cost model's predictions (the first call
+        of a batch, so also its warm-up)."""
         manager.cost_aware = policy == "cost"
         manager.reset_padding_stats()
         outputs = manager.execute(kw)
         self.sync()
-        plan = manager.get_execution_stats()["last_plan"] if policy == "cost" else None
+        cost = manager.cost_model
+        assert cost is not None
+        predicted = plan_execution(
+            row["item_rows"],
+            manager.token_budgets,
+            manager.max_batch_size,
+            cost,
+            sort_keys=row["item_tokens"],
+        )
+        plan = (
+            manager.get_execution_stats()["last_plan"]
+            if policy == "cost"
+            else {"source": "vllm", "kind": None, "predicted_ms": predicted.vllm_ms}
+        )
         entry: dict[str, Any] = {
             "padding": padding_summary(manager, row["input_rows"]),
             "check_vs_eager": max_rel_diff(outputs, ref_items),
             "plan": plan,
-            "predicted_ms": (
-                sum(u["predicted_ms"] for u in plan) if plan is not None else None
-            ),
+            "predicted_ms": plan["predicted_ms"],
+            "predicted_vllm_ms": predicted.vllm_ms,
+            "predicted_eager_ms": predicted.eager_ms,
         }
         del outputs
-        overhead: list[float] = []
-
-        def record() -> None:
-            assert manager.timing is not None
-            overhead.append(manager.timing.last_overhead_ns / 1e3)
-
-        schedule = self.schedule()
-        samples = measure(
-            lambda: manager.execute(kw),
-            self.sync,
-            schedule,
-            after=record,
-            warmup=max(0, schedule.warmup - 1),
-        )
-        entry["graph_ms"] = summarize(samples)
-        entry["host_overhead_us"] = summarize(overhead)
-        median = entry["graph_ms"]["median"]
-        entry["speedup"] = ratio(row["eager_ms"]["median"], median)
-        entry["efficiency"] = ratio(row["ideal_ms"]["median"], median)
-        entry["efficiency_e2e"] = ratio(row["ideal_e2e_ms"]["median"], median)
-        entry["vs_best"] = ratio(row["best_ms"], median)
         return entry
 
     def _old_workload(
@@ -525,31 +744,27 @@ class TrafficBench:
         """One of issue #6's uniform workloads, both policies."""
         item = pixels_to_item(self.tower, self.args.size, res, res)
         kw = self.tower.make_mm_kwargs(host, [item] * n, self.device, seed=7 + n)
+        specs = host.get_encoder_cudagraph_item_specs(kw)
         row: dict[str, Any] = {
             "resolution": res,
             "images": n,
             "item": list(item),
+            "item_rows": [s.get_path_output_tokens("default") for s in specs],
+            "item_tokens": [s.output_tokens for s in specs],
             "input_rows": n * self.tower.input_size(item),
         }
-        schedule = self.schedule()
         _, ref_items = eager_call(host, kw)
-        row["eager_ms"] = summarize(
-            measure(lambda: eager_call(host, kw), self.sync, schedule)
-        )
         ideal = capture_ideal(host, self.ctx["make_backend"](), kw, self.template)
-        row["ideal_ms"] = summarize(measure(ideal.graph.replay, self.sync, schedule))
-        row["ideal_e2e_ms"] = summarize(
-            measure(
-                functools.partial(ideal_e2e_call, host, ideal, kw), self.sync, schedule
-            )
-        )
+        cells = {("fine", policy): manager for policy in POLICIES}
+        self._measure(host, ideal, kw, row, ref_items, cells)
         del ideal
-        row["best_ms"] = min(row["eager_ms"]["median"], row["ideal_e2e_ms"]["median"])
-        row["graph"] = {
-            policy: self._graph(manager, policy, kw, row, ref_items)
-            for policy in POLICIES
-        }
+        row["graph"] = row["graph"]["fine"]
         return row
+
+
+def _record_overhead(manager: EncoderCudaGraphManager, into: list[float]) -> None:
+    assert manager.timing is not None
+    into.append(manager.timing.last_overhead_ns / 1e3)
 
 
 # ---------------------------------------------------------------------------
@@ -573,8 +788,8 @@ def summarize_traffic(
     worst = min(range(len(rows)), key=lambda i: speedups[i]) if rows else None
     kinds: dict[str, int] = {}
     for e in entries:
-        if e["plan"] is not None:
-            kind = _plan_kind(e["plan"])
+        if e["plan"].get("kind") is not None:
+            kind = f"{e['plan']['source']}/{e['plan']['kind']}"
             kinds[kind] = kinds.get(kind, 0) + 1
     return {
         "batches": len(rows),
@@ -596,12 +811,6 @@ def summarize_traffic(
         "eager_batches": sum(e["padding"]["eager_batches"] for e in entries),
         "plans": kinds,
     }
-
-
-def _plan_kind(plan: list[dict[str, Any]]) -> str:
-    graphs = any(u["budget"] is not None for u in plan)
-    eager = any(u["budget"] is None for u in plan)
-    return "mixed" if graphs and eager else "graphs" if graphs else "eager"
 
 
 def _target_values(
@@ -699,7 +908,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=",".join(TARGET_MODELS),
         help="comma-separated spec stems (default: the seed models)",
     )
-    parser.add_argument("--batches", type=int, help="measured batches per model")
+    parser.add_argument(
+        "--batches",
+        type=int,
+        help="batches per model measured whatever the time (more follow while "
+        "the model's share of --soft-limit-s lasts, up to --max-batches)",
+    )
+    parser.add_argument("--max-batches", type=int)
     parser.add_argument("--max-tokens", type=int)
     parser.add_argument("--seed", type=int, default=17)
     parser.add_argument(
@@ -708,17 +923,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=300.0,
         help="after this many seconds, measure with the short schedule",
     )
+    parser.add_argument(
+        "--hard-limit-s",
+        type=float,
+        help="after this many seconds, measure no more batches (one at least), "
+        "even below --batches (default: the soft limit + 40 s)",
+    )
     args = parser.parse_args(argv)
+    if args.hard_limit_s is None:
+        args.hard_limit_s = args.soft_limit_s + 40.0
     if args.max_tokens is None:
         args.max_tokens = DEFAULT_MAX_TOKENS[args.size]
     mode = "quick" if args.quick else "full"
     if args.batches is None:
         args.batches = BATCHES[mode]
-    args.calibration_batches = CALIBRATION_BATCHES[mode]
+    if args.max_batches is None:
+        args.max_batches = max(args.batches, MAX_BATCHES[mode])
     if args.quick:
         args.schedule = Schedule(warmup=0, min_iters=1, max_iters=1, target_s=0.0)
     else:
-        args.schedule = Schedule(warmup=1, min_iters=3, max_iters=5, target_s=0.05)
+        # Rounds of every call of a batch: 3-5 for small batches, 2 for those
+        # whose round takes more than SLOW_ROUND_S.
+        args.schedule = Schedule(warmup=1, min_iters=3, max_iters=5, target_s=0.6)
     args.schedule_late = Schedule(warmup=0, min_iters=2, max_iters=2, target_s=0.0)
     return args
 
@@ -771,8 +997,21 @@ def run(
             "quick": args.quick,
             "stems": stems,
             "batches": args.batches,
+            "max_batches": args.max_batches,
+            "soft_limit_s": args.soft_limit_s,
+            "hard_limit_s": args.hard_limit_s,
             "train_batches": TRAIN_BATCHES,
-            "calibration_batches": args.calibration_batches,
+            "calibration": {
+                "singles": list(
+                    QUICK_CALIBRATION_SINGLES if args.quick else CALIBRATION_SINGLES
+                ),
+                "groups": [
+                    [list(part) for part in group]
+                    for group in (
+                        QUICK_CALIBRATION_GROUPS if args.quick else CALIBRATION_GROUPS
+                    )
+                ],
+            },
             "seed": args.seed,
             "max_num_batched_tokens": args.max_tokens,
             "schedule": dataclasses.asdict(args.schedule),
@@ -786,9 +1025,12 @@ def run(
         "errors": {},
     }
     log(f"models {stems} on {result['environment']['device']}")
-    for stem in stems:
+    for k, stem in enumerate(stems):
+        # Each model's batches beyond --batches: until its share of the
+        # soft limit is spent.
+        deadline = started + args.soft_limit_s * (k + 1) / len(stems)
         try:
-            result["models"][stem] = TrafficBench(stem, args, ctx).run()
+            result["models"][stem] = TrafficBench(stem, args, ctx).run(deadline)
         except Exception:  # noqa: BLE001 - keep the other models' numbers
             result["errors"][stem] = traceback.format_exc()
             log(f"[{stem}] FAILED:\n{result['errors'][stem]}")

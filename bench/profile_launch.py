@@ -20,6 +20,12 @@ MiniMax M3 and DeepSeek-V4.1 at 448² x 8 and 896² x 8 (fine ladder):
     CUDA runtime calls of one idle execute from ``torch.profiler``
     (``cudaGraphLaunch``, ``cudaMemcpyAsync``, ``cudaLaunchKernel``, ...), with
     their host time.
+``host_probe_us``
+    a fixed pure-Python workload (dictionaries, small sorts: what the
+    manager's own host work is made of), timed before each workload: the
+    host's speed at that moment. Run A (2026-12-01) saw the same executes'
+    overhead and the control graph's launch move by up to 2x between two
+    passes seconds apart; the probe tells host speed from code.
 
 Everything runs twice in the same process (``pass 1`` and ``pass 2``), so
 run-to-run variation shows next to the effects. A small JSON and a markdown
@@ -152,6 +158,19 @@ def launch_us(
     return out
 
 
+def _probe_work() -> dict[int, list[int]]:
+    table: dict[int, list[int]] = {}
+    for i in range(2000):
+        table[i % 97] = sorted((i, i ^ 5, i % 7))
+    return table
+
+
+def host_probe_us(iters: int) -> float:
+    """Median host µs of :func:`_probe_work` (see ``host_probe_us`` in the
+    module docstring)."""
+    return statistics.median(host_us(_probe_work) for _ in range(max(iters, 3)))
+
+
 def control_graph(dev: Device, kernels: int) -> Callable[[], None]:
     """A graph of ``kernels`` tiny kernels (the launch cost per node)."""
     x = torch.zeros(16, device=dev.device)
@@ -246,6 +265,7 @@ def one_pass(
         replayed = manager.get_padding_stats()["paths"]["default"]["budgets"]
         budgets |= set(replayed)
         result["workloads"][name] = {
+            "host_probe_us": host_probe_us(args.iters),
             "budgets_replayed": {str(b): e["replays"] for b, e in replayed.items()},
             "execute": {
                 c: execute_split(manager, kw, dev, c, args.iters, args.queued_ms)
@@ -296,6 +316,11 @@ def render_markdown(result: dict[str, Any]) -> str:
                     for k in ("total", "model", "replay", "overhead")
                 )
                 out.append(f"| {name} | {condition} | {cells} |")
+        probes = ", ".join(
+            f"{name} {_pair(first['workloads'][name].get('host_probe_us'), second['workloads'][name].get('host_probe_us'))}"
+            for name in first["workloads"]
+        )
+        out += ["", f"Host probe before each workload (µs, pass 1 / pass 2): {probes}."]
         out += ["", "| graph.replay() host µs | idle | queued |", "|---|---|---|"]
         for budget in first["launch"]:
             cells = [

@@ -400,10 +400,24 @@ def _traffic_summary(model: dict[str, Any]) -> list[str]:
     return out + [""]
 
 
+def _plan_cell(entry: dict[str, Any]) -> str:
+    """``source/kind predicted→measured ms`` of a cost-aware entry."""
+    plan = entry["plan"]
+    if not isinstance(plan, dict) or plan.get("kind") is None:
+        return ""  # the vllm policy, or schema 1 (a list of units)
+    return (
+        f" ({plan['source']}/{plan['kind']} {_f(entry['predicted_ms'], 1)}"
+        f"→{_f(entry['graph_ms']['median'], 1)})"
+    )
+
+
 def _traffic_batches(model: dict[str, Any]) -> list[str]:
     out = [
         "| # | images | budget tokens | eager ms | exact graph e2e ms | "
-        + " | ".join(f"{ladder} vllm / cost" for ladder in TRAFFIC_LADDERS)
+        + " | ".join(
+            f"{ladder} vllm / cost (plan predicted→measured ms)"
+            for ladder in TRAFFIC_LADDERS
+        )
         + " |",
         "|---|---|---|---|---|" + "---|" * len(TRAFFIC_LADDERS),
     ]
@@ -411,6 +425,7 @@ def _traffic_batches(model: dict[str, Any]) -> list[str]:
         cells = [
             f"{_f(row['graph'][ladder]['vllm']['speedup'])}x / "
             f"{_f(row['graph'][ladder]['cost']['speedup'])}x"
+            + _plan_cell(row["graph"][ladder]["cost"])
             for ladder in TRAFFIC_LADDERS
         ]
         out.append(
@@ -448,15 +463,15 @@ def render_traffic_markdown(result: dict[str, Any]) -> str:
         f"{s['name']} {100 * s['share']:.0f}%" for s in params["sources"]
     )
     out.append(
-        f"{params['batches']} batches per model (seed {params['seed']}) of real-world image "
+        f"At least {params['batches']} batches per model (seed {params['seed']}) of real-world image "
         f"sizes ({shares}; 1-16 images per batch, mostly 1-4), resized by each model's "
         "processor rules (`docs/real-traffic.md`). Ladders: **default** (vLLM's doubling), "
         "**fine** (`min · 2^k · {1, 1.25, 1.5, 1.75}`, 64 items), **tuned** "
         f"(`gen-mixin plan --traffic` on {params['train_batches']} other batches). Policies: "
         "**vllm** (the manager's packing) and **cost** (cost-aware execution, calibrated on "
-        f"{params['calibration_batches']} warm-up batches). Speedup = eager / graph; best = "
+        "warm-up batches spanning the training sizes). Speedup = eager / graph; best = "
         "min(eager, exact-shape graph end to end) per batch; vs best = Σ best / Σ graph; "
-        "medians in ms."
+        "medians in ms of interleaved rounds; plans as source/kind."
     )
     out.append("")
     out += _traffic_targets(result)

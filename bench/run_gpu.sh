@@ -14,13 +14,16 @@
 #   profile   not recorded  profile_execute.py; profile.json, profile.txt
 #   bench     ~315 s        bench_encoders.py (issue #6 workloads); bench.json, bench.md, bench.png
 #   dp        not recorded  2 GPUs (run_dp.sh)
-#   traffic   ~300 s (est.) bench_traffic.py (issue #17: real-traffic batches, seed models,
-#                     default / fine / tuned ladders, vLLM vs cost-aware execution,
-#                     the tuner's prediction, issue #6 workloads with cost-aware
-#                     execution; shortens its schedule after 240 s); traffic.json,
-#                     traffic.png (markdown from the JSON:
-#                     python bench/render_results.py traffic.json --markdown traffic.md)
-#   launch    ~70 s (est.)  profile_launch.py (issue #17 item 5: execute's host split at 448² and
+#   traffic   ~255 s        bench_traffic.py (issue #17: real-traffic batches, seed models,
+#                     default / fine / tuned ladders, vLLM vs cost-aware execution in
+#                     interleaved rounds, plans with predicted and measured ms, the
+#                     tuner's prediction, issue #6 workloads with cost-aware execution;
+#                     24 batches per model, more while the model's share of 240 s
+#                     lasts, then a short schedule; run A, 2026-12-01: 254 s);
+#                     traffic.json, traffic.png (markdown from the JSON:
+#                     python bench/render_results.py traffic.json --markdown traffic.md;
+#                     decisions replayed offline: python bench/replay_traffic.py traffic.json)
+#   launch    ~90 s         profile_launch.py (issue #17 item 5: execute's host split at 448² and
 #                     896² x 8, idle / queued / back-to-back, cudaGraphLaunch per budget,
 #                     two passes); launch.json (markdown from the JSON:
 #                     python bench/profile_launch.py --render launch.json)

@@ -1,27 +1,38 @@
-"""Cost-aware execution: per execute, graphs, split batches or eager.
+"""Cost-aware execution: per execute, vLLM's packing, a cheaper plan, or eager.
 
 vLLM's manager replays every batch that fits a budget. On large,
 compute-bound images that can be slower than no graph at all: a batch of
 540 tokens replays the 1024 budget, and the padding rows cost as much as
 real ones (their attention too, when they form one trailing sequence). This
-module decides, from measured costs, how to run one execute's items:
+module decides, from measured costs, how to run one execute's items.
 
-* **graph units**: consecutive items (in ascending rows) replayed at their
-  smallest fitting budget, at most ``max_batch_size`` per unit;
-* **one eager unit**: every other item, in one ``encoder_eager_forward``
-  call, unpadded.
+Three plans are priced by the :class:`CostModel`:
 
-:func:`plan_execution` finds the cheapest such plan by dynamic programming
-over the sorted items (vLLM's own packing is one of the plans it considers,
-so under the cost model it never predicts worse), and keeps all-eager unless
-the best plan is predicted at least ``margin`` faster.
+* **vLLM's packing** (:func:`~encoder_cudagraph_runtime.packing.pack_items`),
+  what the manager does without this option;
+* **all eager**: every item in one unpadded ``encoder_eager_forward`` call;
+* **the cheapest plan** of a family that holds both: the items sorted by
+  rows, a prefix cut into *graph units* (consecutive items replayed at
+  their smallest fitting budget, at most ``max_batch_size`` each) and the
+  rest, the largest items, in one eager call. Dynamic programming finds it.
 
-The cost model (:class:`CostModel`) is calibrated by the manager: each
-captured graph's replay is timed once at capture (:attr:`GraphCost.replay_ms`,
-with the capture dummies in its buffers), and timed eager and graph runs of
-warm-up batches fit the rest with :func:`fit_eager_cost` and
-:func:`fit_graph_cost`. Everything here is pure Python on numbers (no torch),
-so it is tested with synthetic costs.
+:func:`plan_execution` keeps vLLM's packing unless the cheapest plan is
+predicted faster by more than the model's own measured error
+(``graph_error``, plus ``eager_error`` for the eager share of the plan), or
+vLLM's packing is predicted slower than all-eager: no batch is planned
+slower than no graphs, and a model error smaller than its measured size
+does not move a batch off vLLM's behaviour.
+
+The cost model is calibrated by the manager
+(:meth:`~encoder_cudagraph_runtime.manager.EncoderCudaGraphManager.calibrate_cost_model`):
+each captured graph's replay is timed at capture with its capture dummies
+(:attr:`GraphCost.replay_ms`, exact per graph); timed graph units of
+warm-up batches, each also replayed alone with the batch in its buffers,
+fit the host work around a replay and the attention the real sequences
+have beyond the dummies' (:func:`fit_graph_cost`); timed eager calls fit
+:class:`EagerCost`, the larger of a host launch time and a device time
+(:func:`fit_eager_cost`). Everything here is pure Python on numbers (no
+torch), so it is tested with synthetic costs.
 
 Rows are counted in the budget's unit (``EncoderItemSpec`` path tokens). The
 squared terms model attention within each sequence; for encoders whose
@@ -33,9 +44,12 @@ coefficients.
 from __future__ import annotations
 
 import itertools
+import math
 from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+
+from encoder_cudagraph_runtime.packing import pack_items
 
 __all__ = [
     "CostModel",
@@ -46,33 +60,58 @@ __all__ = [
     "GraphCost",
     "GraphSample",
     "PlannedUnit",
+    "calibrated_cost_model",
     "fit_eager_cost",
     "fit_graph_cost",
     "fit_nonnegative",
     "plan_execution",
+    "relative_errors",
 ]
 
 
 @dataclass(frozen=True)
 class EagerCost:
     """Milliseconds of one ``encoder_eager_forward`` call (with its item
-    selection and postprocess) on ``n`` items of ``rows_i`` rows:
-    ``fixed + per_item·n + per_row·Σ rows_i + per_row_sq·Σ rows_i²``."""
+    selection and postprocess) on ``n`` items of ``rows_i`` rows: the larger
+    of the host's launch time and the device's work,
+
+    ``max(host_fixed + host_per_item·n,
+    fixed + per_item·n + per_row·Σ rows_i + per_row_sq·Σ rows_i²)``.
+
+    An eager forward launches hundreds of small kernels: for small items the
+    host's launches are the bottleneck and the time hardly depends on rows;
+    for large ones the device is. A sum of both terms would price small
+    items at the device's few milliseconds instead of the launches' tens.
+    """
 
     fixed_ms: float = 0.0
     per_item_ms: float = 0.0
     per_row_ms: float = 0.0
     per_row_sq_ms: float = 0.0
+    host_fixed_ms: float = 0.0
+    host_per_item_ms: float = 0.0
 
-    def item_ms(self, rows: int) -> float:
-        """The part of a call one item of ``rows`` rows adds."""
-        return self.per_item_ms + self.per_row_ms * rows + self.per_row_sq_ms * rows**2
+    def device_ms(self, items: int, rows: int, rows_sq: int) -> float:
+        return (
+            self.fixed_ms
+            + self.per_item_ms * items
+            + self.per_row_ms * rows
+            + self.per_row_sq_ms * rows_sq
+        )
+
+    def host_ms(self, items: int) -> float:
+        return self.host_fixed_ms + self.host_per_item_ms * items
+
+    def predict_totals(self, items: int, rows: int, rows_sq: int) -> float:
+        """One call on ``items`` items of ``rows`` rows in all and ``rows_sq``
+        summed squares (0 for no items)."""
+        if items == 0:
+            return 0.0
+        return max(self.host_ms(items), self.device_ms(items, rows, rows_sq))
 
     def predict(self, rows: Sequence[int]) -> float:
-        """One call on items of ``rows`` (0 for no items)."""
-        if not rows:
-            return 0.0
-        return self.fixed_ms + sum(self.item_ms(r) for r in rows)
+        """One call on items of ``rows``."""
+        return self.predict_totals(len(rows), sum(rows), sum(r * r for r in rows))
 
 
 @dataclass(frozen=True)
@@ -95,13 +134,19 @@ class GraphCost:
     per_pad_sq_ms: float = 0.0
 
     def predict(self, budget: int, rows: int, rows_sq: int) -> float:
-        dummies_sq = budget * budget / self.max_batch_size
-        pad = budget - rows
         return (
             self.replay_ms[budget]
             + self.per_replay_ms
-            + self.per_row_sq_ms * (rows_sq - dummies_sq)
-            + self.per_pad_sq_ms * pad * pad
+            + self.attention_ms(budget, rows, rows_sq)
+        )
+
+    def attention_ms(self, budget: int, rows: int, rows_sq: int) -> float:
+        """What the batch's sequences (and its padding sequence) add to the
+        replay timed with the capture dummies."""
+        dummies_sq = budget * budget / self.max_batch_size
+        pad = budget - rows
+        return self.per_row_sq_ms * (rows_sq - dummies_sq) + self.per_pad_sq_ms * (
+            pad * pad
         )
 
 
@@ -109,25 +154,30 @@ class GraphCost:
 class CostModel:
     graph: GraphCost
     eager: EagerCost
-    margin: float = 0.05
-    """A plan that replays graphs must be predicted at least this fraction
-    faster than running everything eagerly, or everything runs eagerly (the
-    model's error should not make graphs slower than no graphs)."""
+    graph_error: float = 0.03
+    """Relative error of graph-unit predictions, as measured on the
+    calibration samples (:func:`relative_errors`)."""
+    eager_error: float = 0.05
+    """Relative error of eager predictions, measured the same way."""
 
     def as_dict(self) -> dict[str, object]:
         graph = asdict(self.graph)
         graph["replay_ms"] = {str(b): ms for b, ms in self.graph.replay_ms.items()}
-        return {"graph": graph, "eager": asdict(self.eager), "margin": self.margin}
+        return {
+            "graph": graph,
+            "eager": asdict(self.eager),
+            "graph_error": self.graph_error,
+            "eager_error": self.eager_error,
+        }
 
 
 @dataclass(frozen=True)
 class PlannedUnit:
-    """Items run together: a graph replay at ``budget``, or (``None``) the
+    """Items run together: a graph replay at ``budget``, or (``None``) one
     eager call."""
 
     positions: tuple[int, ...]
-    """Positions in the rows given to :func:`plan_execution`, ascending by
-    rows."""
+    """Positions in the rows given to :func:`plan_execution`."""
     budget: int | None
     rows: int
     predicted_ms: float
@@ -136,8 +186,12 @@ class PlannedUnit:
 @dataclass(frozen=True)
 class ExecutionPlan:
     units: tuple[PlannedUnit, ...]
-    """Graph units in ascending rows, then the eager unit if any."""
     predicted_ms: float
+    source: str
+    """``"vllm"`` (vLLM's packing) or ``"cheapest"`` (the dynamic
+    program's plan)."""
+    vllm_ms: float
+    """Predicted time of vLLM's packing."""
     eager_ms: float
     """Predicted time of running every item in one eager call."""
 
@@ -154,103 +208,121 @@ def plan_execution(
     budgets: Sequence[int],
     max_batch_size: int,
     cost: CostModel,
+    sort_keys: Sequence[int] | None = None,
 ) -> ExecutionPlan:
-    """The cheapest plan for items of ``rows`` (see the module docstring).
+    """The plan for items of ``rows`` (see the module docstring).
 
-    ``budgets`` are the captured budgets, ascending. Items larger than every
-    budget can only run eagerly.
+    ``budgets`` are the captured budgets, ascending; ``sort_keys`` the
+    items' ``output_tokens``, vLLM's packing order (default: ``rows``).
+    Items larger than every budget can only run eagerly.
     """
-    order = sorted(range(len(rows)), key=rows.__getitem__)
-    sizes = [rows[i] for i in order]
-    eager_ms = cost.eager.predict(sizes)
-    predicted, steps = _cheapest_steps(sizes, budgets, max_batch_size, cost)
-    graph_units = []
-    eager_positions: list[int] = []
-    for start, end, budget in steps:
-        if budget is None:
-            eager_positions.append(order[start])
-            continue
-        part = sizes[start:end]
-        rows_sum = sum(part)
-        ms = cost.graph.predict(budget, rows_sum, sum(r * r for r in part))
-        graph_units.append(PlannedUnit(tuple(order[start:end]), budget, rows_sum, ms))
-    if graph_units and predicted > eager_ms * (1.0 - cost.margin):
-        graph_units, eager_positions, predicted = [], order, eager_ms
-    units = graph_units
-    if eager_positions:
-        eager_rows = [rows[i] for i in eager_positions]
-        units.append(
-            PlannedUnit(
-                tuple(eager_positions),
-                None,
-                sum(eager_rows),
-                cost.eager.predict(eager_rows),
-            )
-        )
-    return ExecutionPlan(tuple(units), predicted, eager_ms)
+    vllm_units = _vllm_units(rows, sort_keys or rows, budgets, max_batch_size, cost)
+    vllm_ms = sum(u.predicted_ms for u in vllm_units)
+    cheapest_units = _cheapest_units(rows, budgets, max_batch_size, cost)
+    cheapest_ms = sum(u.predicted_ms for u in cheapest_units)
+    eager_ms = cost.eager.predict(rows)
+    eager_share = (
+        sum(u.predicted_ms for u in cheapest_units if u.budget is None) / cheapest_ms
+        if cheapest_ms > 0
+        else 0.0
+    )
+    margin = cost.graph_error + cost.eager_error * eager_share
+    if vllm_ms > eager_ms or cheapest_ms < vllm_ms * (1.0 - margin):
+        return ExecutionPlan(cheapest_units, cheapest_ms, "cheapest", vllm_ms, eager_ms)
+    return ExecutionPlan(vllm_units, vllm_ms, "vllm", vllm_ms, eager_ms)
 
 
-def _cheapest_steps(
-    sizes: list[int],
+def _graph_unit(
+    positions: tuple[int, ...], budget: int, part: Sequence[int], cost: CostModel
+) -> PlannedUnit:
+    rows = sum(part)
+    ms = cost.graph.predict(budget, rows, sum(r * r for r in part))
+    return PlannedUnit(positions, budget, rows, ms)
+
+
+def _eager_unit(
+    positions: tuple[int, ...], part: Sequence[int], cost: CostModel
+) -> PlannedUnit:
+    return PlannedUnit(positions, None, sum(part), cost.eager.predict(part))
+
+
+def _vllm_units(
+    rows: Sequence[int],
+    sort_keys: Sequence[int],
     budgets: Sequence[int],
     max_batch_size: int,
     cost: CostModel,
-) -> tuple[float, list[tuple[int, int, int | None]]]:
-    """The dynamic program over sorted ``sizes``: its cost and its units as
-    ``(start, end, budget)`` (``None``: one eager item), in order.
+) -> tuple[PlannedUnit, ...]:
+    """vLLM's packing as units: oversized batches are eager calls."""
+    if not rows:
+        return ()
+    units = []
+    for batch in pack_items([rows], sort_keys, [budgets], max_batch_size):
+        positions = tuple(batch.indices)
+        part = [rows[i] for i in positions]
+        budget = batch.path_budgets[0]
+        if budget is None:
+            units.append(_eager_unit(positions, part, cost))
+        else:
+            units.append(_graph_unit(positions, budget, part, cost))
+    return tuple(units)
 
-    State ``2·i + e``: the first ``i`` items are done and ``e`` says whether
-    the eager call has items (its fixed cost is paid once). Each graph
-    unit's cost is computed once per start and offered to both states; this
-    runs on every execute, so it is written with plain lists.
+
+def _cheapest_units(
+    rows: Sequence[int],
+    budgets: Sequence[int],
+    max_batch_size: int,
+    cost: CostModel,
+) -> tuple[PlannedUnit, ...]:
+    """The cheapest graph prefix + eager suffix of the items sorted by rows.
+
+    ``best[i]``: the cheapest graph units for the first ``i`` sorted items
+    (a unit is consecutive items at their smallest fitting budget); each
+    suffix runs in one eager call, priced from suffix sums. This runs on
+    every execute, so it is written with plain lists.
     """
-    n = len(sizes)
+    n = len(rows)
+    order = sorted(range(n), key=rows.__getitem__)
+    sizes = [rows[i] for i in order]
     largest = budgets[-1] if budgets else 0
-    graph, eager = cost.graph, cost.eager
-    replay, mbs = graph.replay_ms, graph.max_batch_size
-    inf = float("inf")
-    best = [inf] * (2 * n + 2)
-    back: list[tuple[int, int | None]] = [(-1, None)] * (2 * n + 2)
+    graph = cost.graph
+    inf = math.inf
+    best = [inf] * (n + 1)
+    back = [(0, 0)] * (n + 1)
     best[0] = 0.0
-    for start in range(n):
-        live = [s for s in (2 * start, 2 * start + 1) if best[s] < inf]
-        if not live:
-            continue
-        segments = []
-        rows = rows_sq = 0
-        for end in range(start, min(n, start + max_batch_size)):
-            rows += sizes[end]
-            rows_sq += sizes[end] * sizes[end]
-            if rows > largest:
+    for end in range(1, n + 1):
+        total = total_sq = 0
+        for start in range(end - 1, max(-1, end - 1 - max_batch_size), -1):
+            total += sizes[start]
+            total_sq += sizes[start] * sizes[start]
+            if total > largest:
                 break
-            budget = budgets[bisect_left(budgets, rows)]
-            pad = budget - rows
-            ms = (
-                replay[budget]
-                + graph.per_replay_ms
-                + graph.per_row_sq_ms * (rows_sq - budget * budget / mbs)
-                + graph.per_pad_sq_ms * pad * pad
-            )
-            segments.append((2 * (end + 1), budget, ms))
-        item = eager.item_ms(sizes[start])
-        for state in live:
-            base = best[state]
-            had_eager = state & 1
-            ms = base + item + (0.0 if had_eager else eager.fixed_ms)
-            if ms < best[2 * start + 3]:
-                best[2 * start + 3], back[2 * start + 3] = ms, (state, None)
-            for target, budget, unit_ms in segments:
-                target += had_eager
-                if base + unit_ms < best[target]:
-                    best[target], back[target] = base + unit_ms, (state, budget)
-    state = min(2 * n, 2 * n + 1, key=best.__getitem__)
-    total = best[state]
-    steps = []
-    while state > 1:
-        previous, budget = back[state]
-        steps.append((previous // 2, state // 2, budget))
-        state = previous
-    return total, steps[::-1]
+            if best[start] == inf:
+                continue
+            budget = budgets[bisect_left(budgets, total)]
+            ms = best[start] + graph.predict(budget, total, total_sq)
+            if ms < best[end]:
+                best[end], back[end] = ms, (start, budget)
+    split, split_ms = 0, inf
+    tail = tail_sq = 0
+    for start in range(n, -1, -1):
+        if start < n:
+            tail += sizes[start]
+            tail_sq += sizes[start] * sizes[start]
+        ms = best[start] + cost.eager.predict_totals(n - start, tail, tail_sq)
+        if ms < split_ms:
+            split, split_ms = start, ms
+    units = []
+    end = split
+    while end > 0:
+        start, budget = back[end]
+        part = sizes[start:end]
+        units.append(_graph_unit(tuple(order[start:end]), budget, part, cost))
+        end = start
+    units.reverse()
+    if split < n:
+        units.append(_eager_unit(tuple(order[split:]), sizes[split:], cost))
+    return tuple(units)
 
 
 @dataclass
@@ -262,18 +334,22 @@ class ExecutionStats:
     plans: dict[str, int] = field(
         default_factory=lambda: {"graphs": 0, "mixed": 0, "eager": 0}
     )
+    sources: dict[str, int] = field(default_factory=lambda: {"vllm": 0, "cheapest": 0})
     graph_units: int = 0
     eager_units: int = 0
     graph_items: int = 0
     eager_items: int = 0
     predicted_ms: float = 0.0
+    predicted_vllm_ms: float = 0.0
+    """What vLLM's packing of every execute was predicted to take."""
     predicted_eager_ms: float = 0.0
     """What running every execute eagerly was predicted to take."""
-    last_plan: list[dict[str, object]] = field(default_factory=list)
+    last_plan: dict[str, object] = field(default_factory=dict)
 
     def record(self, plan: ExecutionPlan) -> None:
         self.executes += 1
         self.plans[plan.kind] += 1
+        self.sources[plan.source] += 1
         for unit in plan.units:
             if unit.budget is None:
                 self.eager_units += 1
@@ -282,28 +358,38 @@ class ExecutionStats:
                 self.graph_units += 1
                 self.graph_items += len(unit.positions)
         self.predicted_ms += plan.predicted_ms
+        self.predicted_vllm_ms += plan.vllm_ms
         self.predicted_eager_ms += plan.eager_ms
-        self.last_plan = [
-            {
-                "budget": u.budget,
-                "items": len(u.positions),
-                "rows": u.rows,
-                "predicted_ms": u.predicted_ms,
-            }
-            for u in plan.units
-        ]
+        self.last_plan = {
+            "source": plan.source,
+            "kind": plan.kind,
+            "predicted_ms": plan.predicted_ms,
+            "vllm_ms": plan.vllm_ms,
+            "eager_ms": plan.eager_ms,
+            "units": [
+                {
+                    "budget": u.budget,
+                    "items": len(u.positions),
+                    "rows": u.rows,
+                    "predicted_ms": u.predicted_ms,
+                }
+                for u in plan.units
+            ],
+        }
 
     def as_dict(self) -> dict[str, object]:
         return {
             "executes": self.executes,
             "plans": dict(self.plans),
+            "sources": dict(self.sources),
             "graph_units": self.graph_units,
             "eager_units": self.eager_units,
             "graph_items": self.graph_items,
             "eager_items": self.eager_items,
             "predicted_ms": self.predicted_ms,
+            "predicted_vllm_ms": self.predicted_vllm_ms,
             "predicted_eager_ms": self.predicted_eager_ms,
-            "last_plan": list(self.last_plan),
+            "last_plan": dict(self.last_plan),
         }
 
 
@@ -322,25 +408,105 @@ class EagerSample:
 
 @dataclass(frozen=True)
 class GraphSample:
-    """One timed graph unit: items of ``rows`` replayed at ``budget``."""
+    """One timed graph unit: items of ``rows`` replayed at ``budget``,
+    ``ms`` for the whole unit and ``replay_ms`` for the replay alone with
+    the batch in the graph's buffers (``None`` when not timed)."""
 
     budget: int
     rows: tuple[int, ...]
     ms: float
+    replay_ms: float | None = None
 
 
-def fit_eager_cost(samples: Sequence[EagerSample]) -> EagerCost:
-    """Non-negative least squares of :class:`EagerCost` on ``samples``
-    (at least one)."""
+_DEVICE_FEATURES = 4  # 1, n, Σr, Σr²
+_HOST_FEATURES = 2  # 1, n
+
+
+def _eager_features(rows: Sequence[int]) -> list[float]:
+    return [1.0, float(len(rows)), float(sum(rows)), float(sum(r * r for r in rows))]
+
+
+def fit_eager_cost(
+    samples: Sequence[EagerSample], slow_trim: float | None = 0.15
+) -> EagerCost:
+    """:class:`EagerCost` fitted to ``samples`` (at least one), minimising
+    the summed squared *relative* error, then refitted without the samples
+    more than ``slow_trim`` slower than the fit (``None``: keep all).
+
+    The samples, in ascending rows, are split into a host-bound head and a
+    device-bound tail at every point; each part gets its non-negative least
+    squares, each sample then goes to the term that predicts it higher and
+    both are refitted until that settles. The split with the smallest error
+    wins. Relative errors, because the decisions compare plans of the same
+    batch, and a 20 ms batch matters as much as a 600 ms one.
+
+    The trimming is for hosts whose launch speed comes in modes (on a
+    shared or virtualised host the same eager call can take 20 ms for a
+    while, then 35): the fit follows the fast mode, which eager reaches
+    whenever the host is quick, so that graphs are planned only where they
+    beat it. At least half the samples are kept.
+    """
     if not samples:
         raise ValueError("no eager samples to fit")
-    features = [
-        [1.0, len(s.rows), sum(s.rows), sum(r * r for r in s.rows)] for s in samples
-    ]
-    fixed, per_item, per_row, per_row_sq = fit_nonnegative(
-        features, [s.ms for s in samples]
-    )
-    return EagerCost(fixed, per_item, per_row, per_row_sq)
+    kept = list(samples)
+    cost = _fit_eager_splits(kept)
+    while slow_trim is not None:
+        fast = [s for s in kept if s.ms <= cost.predict(s.rows) * (1 + slow_trim)]
+        if len(fast) == len(kept) or 2 * len(fast) < len(samples):
+            break
+        kept = fast
+        cost = _fit_eager_splits(kept)
+    return cost
+
+
+def _fit_eager_splits(samples: Sequence[EagerSample]) -> EagerCost:
+    """The best host/device split of :func:`fit_eager_cost`."""
+    ordered = sorted(samples, key=lambda s: (sum(s.rows), len(s.rows)))
+    best: EagerCost | None = None
+    best_error = math.inf
+    for split in range(len(ordered) + 1):
+        host_part = set(range(split))
+        for _ in range(8):
+            cost = _fit_eager_parts(ordered, host_part)
+            moved = {
+                i
+                for i, s in enumerate(ordered)
+                if cost.host_ms(len(s.rows))
+                > cost.device_ms(len(s.rows), sum(s.rows), sum(r * r for r in s.rows))
+            }
+            if moved == host_part:
+                break
+            host_part = moved
+        error = _relative_sse([cost.predict(s.rows) for s in ordered], ordered)
+        if error < best_error * (1 - 1e-9):
+            best, best_error = cost, error
+    assert best is not None
+    return best
+
+
+def _fit_eager_parts(samples: Sequence[EagerSample], host_part: set[int]) -> EagerCost:
+    device = [s for i, s in enumerate(samples) if i not in host_part]
+    host = [s for i, s in enumerate(samples) if i in host_part]
+    d = [0.0] * _DEVICE_FEATURES
+    h = [0.0] * _HOST_FEATURES
+    if device:
+        d = _fit_relative([_eager_features(s.rows) for s in device], device)
+    if host:
+        h = _fit_relative([[1.0, float(len(s.rows))] for s in host], host)
+    return EagerCost(d[0], d[1], d[2], d[3], h[0], h[1])
+
+
+def _fit_relative(
+    features: Sequence[Sequence[float]], samples: Sequence[EagerSample]
+) -> list[float]:
+    """Non-negative least squares of ``features · c ≈ ms`` in relative
+    error (each row divided by its ``ms``)."""
+    scaled = [[f / s.ms for f in row] for row, s in zip(features, samples)]
+    return fit_nonnegative(scaled, [1.0] * len(samples))
+
+
+def _relative_sse(predicted: Sequence[float], samples: Sequence[EagerSample]) -> float:
+    return sum(((p - s.ms) / s.ms) ** 2 for p, s in zip(predicted, samples))
 
 
 def fit_graph_cost(
@@ -349,25 +515,86 @@ def fit_graph_cost(
     samples: Sequence[GraphSample],
 ) -> GraphCost:
     """:class:`GraphCost` with the capture-time ``replay_ms`` and the other
-    terms fitted (non-negative least squares) to what ``samples`` took
-    beyond their budget's replay (zero without samples)."""
+    terms fitted to ``samples`` (zero without samples).
+
+    Non-negative least squares in relative error over two kinds of rows:
+    each unit's time beyond its budget's capture-time replay is
+    ``per_replay + attention``, and each replay alone with the batch in the
+    buffers (where timed) is ``attention`` only, which pins the attention
+    coefficients apart from the host work.
+    """
     if not samples:
         return GraphCost(dict(replay_ms), max_batch_size)
     features, targets = [], []
     for s in samples:
         rows = sum(s.rows)
-        rows_sq = sum(r * r for r in s.rows)
-        features.append(
-            [
-                1.0,
-                rows_sq - s.budget * s.budget / max_batch_size,
-                float((s.budget - rows) ** 2),
-            ]
-        )
-        targets.append(s.ms - replay_ms[s.budget])
+        attention = [
+            sum(r * r for r in s.rows) - s.budget * s.budget / max_batch_size,
+            float((s.budget - rows) ** 2),
+        ]
+        base = replay_ms[s.budget]
+        timed = [(1.0, s.ms)] + ([(0.0, s.replay_ms)] if s.replay_ms else [])
+        for host, ms in timed:
+            features.append([host / ms] + [a / ms for a in attention])
+            targets.append((ms - base) / ms)
     per_replay, per_row_sq, per_pad_sq = fit_nonnegative(features, targets)
     return GraphCost(
         dict(replay_ms), max_batch_size, per_replay, per_row_sq, per_pad_sq
+    )
+
+
+def relative_errors(
+    cost: CostModel,
+    eager: Sequence[EagerSample],
+    graph: Sequence[GraphSample],
+    quantile: float = 0.9,
+) -> tuple[float, float]:
+    """``(graph, eager)``: the ``quantile`` of ``|predicted / measured − 1|``
+    over the graph units and the eager calls of the samples (0 for none)."""
+
+    def high(values: list[float]) -> float:
+        if not values:
+            return 0.0
+        values.sort()
+        return values[min(len(values) - 1, math.ceil(quantile * len(values)) - 1)]
+
+    graph_errors = [
+        abs(
+            cost.graph.predict(s.budget, sum(s.rows), sum(r * r for r in s.rows)) / s.ms
+            - 1
+        )
+        for s in graph
+    ]
+    eager_errors = [abs(cost.eager.predict(s.rows) / s.ms - 1) for s in eager]
+    return high(graph_errors), high(eager_errors)
+
+
+def calibrated_cost_model(
+    replay_ms: Mapping[int, float],
+    max_batch_size: int,
+    eager: Sequence[EagerSample],
+    graph: Sequence[GraphSample],
+    *,
+    reuse_eager: CostModel | None = None,
+    error_floor: float = 0.02,
+    error_cap: float = 0.25,
+) -> CostModel:
+    """Fit both costs (the eager one taken from ``reuse_eager`` when given,
+    with its error) and measure their errors on the same samples, each
+    error kept within ``[error_floor, error_cap]``: a floor, because the
+    samples are few and the fit saw them; a cap, so that one noisy sample
+    does not pin every batch to vLLM's packing."""
+    eager_cost = fit_eager_cost(eager) if reuse_eager is None else reuse_eager.eager
+    model = CostModel(fit_graph_cost(replay_ms, max_batch_size, graph), eager_cost)
+    graph_error, eager_error = relative_errors(model, eager, graph)
+    if reuse_eager is not None:
+        eager_error = reuse_eager.eager_error
+
+    def bounded(error: float) -> float:
+        return min(error_cap, max(error_floor, error))
+
+    return CostModel(
+        model.graph, eager_cost, bounded(graph_error), bounded(eager_error)
     )
 
 

@@ -33,6 +33,7 @@ Lifecycle: construct (resolves budgets), :meth:`capture` once (or again after
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gc
 import itertools
@@ -63,8 +64,7 @@ from encoder_cudagraph_runtime.cost_aware import (
     EagerSample,
     ExecutionStats,
     GraphSample,
-    fit_eager_cost,
-    fit_graph_cost,
+    calibrated_cost_model,
     plan_execution,
 )
 from encoder_cudagraph_runtime.defs import (
@@ -188,6 +188,18 @@ class ExecuteTiming:
             "last_replay_ns": self.last_replay_ns,
             "last_overhead_ns": self.last_overhead_ns,
         }
+
+
+@dataclass(frozen=True)
+class _CalibrationUnit:
+    """One selection of a warm-up batch that calibration times."""
+
+    mm_kwargs: dict[str, Any]
+    selection: list[int]
+    rows: tuple[int, ...]
+    """The selection's rows, ascending."""
+    tokens: list[int]
+    """Output tokens of every item of ``mm_kwargs``."""
 
 
 class _CaptureProgress:
@@ -373,6 +385,7 @@ class EncoderCudaGraphManager:
         self._clock: Callable[[], int] = clock or _perf_ns
         self._replay_ms: dict[int, float] = {}
         self._cost_model: CostModel | None = None
+        self._calibration: tuple[list[EagerSample], list[GraphSample]] = ([], [])
         self._execution = ExecutionStats()
         self._cost_aware = False
         self.cost_aware = cost_aware
@@ -636,6 +649,7 @@ class EncoderCudaGraphManager:
         self._plain_copy.clear()
         self._replay_ms.clear()
         self._cost_model = None
+        self._calibration = ([], [])
         self.graph_pool = None
         gc.collect()
         self.graph_backend.release_cached_memory()
@@ -1000,24 +1014,32 @@ class EncoderCudaGraphManager:
         self,
         batches: list[dict[str, Any]],
         *,
-        margin: float = 0.05,
         repeats: int = 2,
+        eager_from: CostModel | None = None,
+        error_floor: float = 0.02,
     ) -> CostModel:
         """Fit the cost model from timed runs of warm-up ``batches`` (the
-        ``mm_kwargs`` of a few typical executes) and use it.
+        ``mm_kwargs`` of typical executes, small and large: the fit is only
+        as good as the rows they span) and use it.
 
         Graph replays not yet timed (``cost_aware`` off at capture) are timed
         first, once each. Then every distinct selection (each batch whole,
-        and each of its items alone) runs as one eager unit and, where it
-        fits a budget, as one graph unit at its smallest fitting budget and
-        (single items) the next one, the way :meth:`execute` runs units.
-        Statistics are left as they were.
+        and each of its items alone) runs as one eager unit (fastest of
+        ``repeats``) and, where it fits a budget, as one graph unit at its
+        smallest fitting budget and (single items) the next one, the way
+        :meth:`execute` runs units, each followed by its graph's replay
+        alone. ``eager_from``: reuse that model's eager cost and error
+        instead of timing eager calls (eager cost does not depend on the
+        ladder). The samples stay readable in :attr:`calibration_samples`;
+        statistics are left as they were.
         """
         self._check_cost_aware_supported()
         if not self.is_captured():
             raise RuntimeError("calibrate_cost_model() needs capture() first")
         if not batches:
             raise ValueError("calibrate_cost_model() needs at least one batch")
+        if not any(self._get_item_specs(mm_kwargs) for mm_kwargs in batches):
+            raise ValueError("the calibration batches have no items")
         graphs = self._get_graph_set("default")
         for budget in self._default_budgets():
             if budget not in self._replay_ms:
@@ -1026,21 +1048,35 @@ class EncoderCudaGraphManager:
         try:
             # Captured buffers made in inference mode are written there only.
             with torch.inference_mode():
-                eager, graph = self._calibration_samples(batches, repeats)
+                eager, graph = self._calibration_samples(
+                    batches, repeats, time_eager=eager_from is None
+                )
         finally:
             self._restore_counters(saved)
-        if not eager:
-            raise ValueError("the calibration batches have no items")
-        self._cost_model = CostModel(
-            fit_graph_cost(self._replay_ms, self.max_batch_size, graph),
-            fit_eager_cost(eager),
-            margin,
+        self._calibration = (eager, graph)
+        model = calibrated_cost_model(
+            self._replay_ms,
+            self.max_batch_size,
+            eager,
+            graph,
+            reuse_eager=eager_from,
+            error_floor=error_floor,
         )
+        self._cost_model = model
         logger.info("Encoder cost model: %s", self._cost_model)
         return self._cost_model
 
+    @property
+    def calibration_samples(self) -> dict[str, list[dict[str, Any]]]:
+        """The timed units of the latest calibration (milliseconds)."""
+        eager, graph = self._calibration
+        return {
+            "eager": [dataclasses.asdict(s) for s in eager],
+            "graph": [dataclasses.asdict(s) for s in graph],
+        }
+
     def _calibration_samples(
-        self, batches: list[dict[str, Any]], repeats: int
+        self, batches: list[dict[str, Any]], repeats: int, time_eager: bool
     ) -> tuple[list[EagerSample], list[GraphSample]]:
         """Timed units of every distinct selection of ``batches``."""
         eager: list[EagerSample] = []
@@ -1055,45 +1091,50 @@ class EncoderCudaGraphManager:
                 key = tuple(sorted(rows[i] for i in selection))
                 if selection and key not in seen:
                     seen.add(key)
-                    self._time_selection(
-                        mm_kwargs, selection, key, tokens, repeats, eager, graph
-                    )
+                    unit = _CalibrationUnit(mm_kwargs, selection, key, tokens)
+                    if time_eager:
+                        eager.append(self._time_eager_unit(unit, repeats))
+                    graph += self._time_graph_units(unit, repeats)
         return eager, graph
 
-    def _time_selection(
-        self,
-        mm_kwargs: dict[str, Any],
-        selection: list[int],
-        rows: tuple[int, ...],
-        tokens: list[int],
-        repeats: int,
-        eager: list[EagerSample],
-        graph: list[GraphSample],
-    ) -> None:
-        """Time ``selection`` as an eager unit and, where it fits, as graph
-        units at its smallest fitting budget (and the next one, for single
-        items: padding varies then at equal rows)."""
-        scratch: dict[int, torch.Tensor] = {}
-        total = sum(rows)
+    def _time_eager_unit(self, unit: _CalibrationUnit, repeats: int) -> EagerSample:
         run = functools.partial(
-            self._run_eager_unit, mm_kwargs, selection, total, tokens, scratch
+            self._run_eager_unit,
+            unit.mm_kwargs,
+            unit.selection,
+            sum(unit.rows),
+            unit.tokens,
+            {},
         )
-        eager.append(EagerSample(rows, self._time_ms(run, repeats)))
+        return EagerSample(unit.rows, self._time_ms(run, repeats))
+
+    def _time_graph_units(
+        self, unit: _CalibrationUnit, repeats: int
+    ) -> list[GraphSample]:
+        """``unit`` as graph units at its smallest fitting budget (and the
+        next one, for single items: padding varies then at equal rows), each
+        followed by the replay alone with the batch left in its buffers."""
         budgets = self._default_budgets()
+        total = sum(unit.rows)
         first = bisect_left(budgets, total)
-        if len(selection) > self.max_batch_size or first == len(budgets):
-            return
-        for budget in budgets[first : first + (2 if len(selection) == 1 else 1)]:
+        if len(unit.selection) > self.max_batch_size or first == len(budgets):
+            return []
+        graphs = self._get_graph_set("default")
+        samples = []
+        for budget in budgets[first : first + (2 if len(unit.selection) == 1 else 1)]:
             run = functools.partial(
                 self._run_graph_unit,
-                mm_kwargs,
-                selection,
+                unit.mm_kwargs,
+                unit.selection,
                 budget,
                 total,
-                tokens,
-                scratch,
+                unit.tokens,
+                {},
             )
-            graph.append(GraphSample(budget, rows, self._time_ms(run, repeats)))
+            unit_ms = self._time_ms(run, repeats)
+            replay_ms = self._time_ms(graphs[budget].graph.replay, repeats)
+            samples.append(GraphSample(budget, unit.rows, unit_ms, replay_ms))
+        return samples
 
     def _save_counters(self) -> tuple[Any, ...]:
         return (
@@ -1114,7 +1155,11 @@ class EncoderCudaGraphManager:
         rows = [spec.get_path_output_tokens("default") for spec in item_specs]
         tokens = [spec.output_tokens for spec in item_specs]
         plan = plan_execution(
-            rows, self._default_budgets(), self.max_batch_size, self._cost_model
+            rows,
+            self._default_budgets(),
+            self.max_batch_size,
+            self._cost_model,
+            sort_keys=tokens,
         )
         self._execution.record(plan)
         results: dict[int, torch.Tensor] = {}
@@ -1179,8 +1224,10 @@ class EncoderCudaGraphManager:
 
     def get_execution_stats(self) -> dict[str, Any]:
         """What cost-aware executes decided: plans by kind (``graphs``,
-        ``mixed``, ``eager``), units and items per kind, predicted time
-        against all-eager, the last plan, and the cost model."""
+        ``mixed``, ``eager``) and by source (``vllm``: vLLM's packing kept;
+        ``cheapest``: the planner's), units and items per kind, predicted
+        time against vLLM's packing and all-eager, the last plan, and the
+        cost model."""
         return {
             "cost_aware": self._cost_aware,
             "calibrated": self._cost_model is not None,

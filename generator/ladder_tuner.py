@@ -70,6 +70,15 @@ class TrafficBatch:
     rows: tuple[int, ...]
     """Budget tokens of each item of one encoder call."""
     count: int = 1
+    tokens: tuple[int, ...] = ()
+    """Output tokens of each item, which order vLLM's packing (empty: the
+    items are taken in ascending ``rows``, the same order wherever the
+    budget counts output tokens)."""
+
+    def packing_order(self) -> tuple[list[int], list[int]]:
+        """``(rows, sort keys)`` for :func:`pack_items`."""
+        rows = list(self.rows)
+        return rows, list(self.tokens) or rows
 
 
 @dataclass(frozen=True)
@@ -85,7 +94,17 @@ class Tuning:
     """What one replay costs, in padded rows (its launches and host work):
     the tuner minimises padded rows plus this per replay, so that it does
     not split batches into many replays to save a few rows. Default: the
-    spec's minimum budget (the smallest graph worth capturing)."""
+    spec's minimum budget (the smallest graph worth capturing). Measured:
+    the smallest graph's replay time over the time per row of the largest
+    ones (about 1100 patches for DeepSeek-V4.1 and 210 tokens for MiniMax
+    M3 on an H200)."""
+    max_budget: int | None = None
+    """The tuned ladder's largest budget; default: the current ladder's.
+    vLLM takes budgets above its automatic range when both the budgets and
+    the items per batch are given, and a batch above the largest budget
+    splits into several replays, each paying its fixed cost. The graph pool
+    grows with the largest budget (the captured buffers, which the cap
+    counts, do too; the pool's activations are not sized here)."""
 
 
 @dataclass(frozen=True)
@@ -123,8 +142,8 @@ def ladder_waste(
     budgets = sorted(budgets)
     replayed = used = eager = replays = 0
     for batch in batches:
-        rows = list(batch.rows)
-        for packed in pack_items([rows], rows, [budgets], max_batch_size):
+        rows, keys = batch.packing_order()
+        for packed in pack_items([rows], keys, [budgets], max_batch_size):
             tokens = packed.path_tokens[0]
             budget = packed.path_budgets[0]
             if budget is None:
@@ -144,11 +163,13 @@ def candidate_budgets(
     batches: Sequence[TrafficBatch], granularity: int, largest: int
 ) -> list[int]:
     """Every budget the tuner may add: the rows of every run of consecutive
-    items of a sorted batch (the only sizes a packed batch can have),
-    rounded up to ``granularity``, below ``largest``."""
+    items of a batch in packing order (the only sizes a packed batch can
+    have), rounded up to ``granularity``, below ``largest``."""
     out: set[int] = set()
     for batch in batches:
-        rows = sorted(batch.rows)
+        unordered, keys = batch.packing_order()
+        order = sorted(range(len(unordered)), key=keys.__getitem__)
+        rows = [unordered[i] for i in order]
         for start in range(len(rows)):
             total = 0
             for size in rows[start:]:
@@ -187,8 +208,8 @@ def _candidates(
             score[candidate] += saved * count
 
     for batch in batches:
-        rows = list(batch.rows)
-        units = pack_items([rows], rows, [budgets], max_batch_size)
+        rows, keys = batch.packing_order()
+        units = pack_items([rows], keys, [budgets], max_batch_size)
         sizes = [u.path_tokens[0] for u in units]
         for size in sizes + rows:
             offer(size, smallest_fitting_budget(budgets, size), batch.count, 0)
@@ -326,6 +347,7 @@ def _drop_budgets(
 _TOP_KEYS = {"format", "batches", "tuning", "spec", "source", "note"}
 _TUNING_KEYS = {
     "capture_memory_mib",
+    "max_budget",
     "max_graphs",
     "output_row_bytes",
     "replay_cost_rows",
@@ -361,10 +383,13 @@ def load_traffic(
     dims: Sequence[str],
     budget_tokens: Callable[[dict[str, int]], int],
     required: Sequence[str] | None = None,
+    output_tokens: Callable[[dict[str, int]], int | None] | None = None,
 ) -> Traffic:
     """Read and check a traffic file whose items give ``dims`` (all of
     ``required``, default every dim); ``budget_tokens`` turns one item into
-    budget tokens (it may raise :class:`EvaluationError`). Raises
+    budget tokens (it may raise :class:`EvaluationError`), ``output_tokens``
+    into output tokens, vLLM's packing order (``None`` when the item lacks
+    what it needs: the batch is then ordered by budget tokens). Raises
     :class:`SpecError` with every problem located."""
     name = str(path)
     try:
@@ -380,17 +405,24 @@ def load_traffic(
         raise SpecError([Diagnostic(where, "", f"not JSON: {exc.msg}")]) from None
     problems = _Problems()
     needed = set(dims if required is None else required)
-    traffic = _check(data, (set(dims) | needed, needed), budget_tokens, problems)
+    traffic = _check(
+        data, (set(dims) | needed, needed), (budget_tokens, output_tokens), problems
+    )
     if problems.items:
         raise SpecError(_locate(text, name, problems))
     assert traffic is not None
     return traffic
 
 
+_Counters = tuple[
+    Callable[[dict[str, int]], int], Callable[[dict[str, int]], int | None] | None
+]
+
+
 def _check(
     data: Any,
     dims: tuple[set[str], set[str]],
-    budget_tokens: Callable[[dict[str, int]], int],
+    counters: _Counters,
     problems: _Problems,
 ) -> Traffic | None:
     if not isinstance(data, dict):
@@ -411,23 +443,29 @@ def _check(
     batches = [
         b
         for i, entry in enumerate(raw)
-        if (b := _check_batch(entry, ("batches", i), dims, budget_tokens, problems))
+        if (b := _check_batch(entry, ("batches", i), dims, counters, problems))
     ]
     tuning = _check_tuning(data.get("tuning", {}), problems)
     # Packing depends on a batch's sizes only: equal batches are one entry.
-    counts: Counter[tuple[int, ...]] = Counter()
+    counts: Counter[tuple[tuple[int, int], ...]] = Counter()
     for batch in batches:
-        counts[tuple(sorted(batch.rows))] += batch.count
-    return Traffic(tuple(TrafficBatch(r, n) for r, n in counts.items()), tuning)
+        tokens = batch.tokens or (0,) * len(batch.rows)
+        counts[tuple(sorted(zip(tokens, batch.rows)))] += batch.count
+    merged = []
+    for items, n in counts.items():
+        tokens, rows = zip(*items)
+        merged.append(TrafficBatch(rows, n, tokens if any(tokens) else ()))
+    return Traffic(tuple(merged), tuning)
 
 
 def _check_batch(
     entry: Any,
     where: tuple[str | int, ...],
     dims: tuple[set[str], set[str]],
-    budget_tokens: Callable[[dict[str, int]], int],
+    counters: _Counters,
     problems: _Problems,
 ) -> TrafficBatch | None:
+    budget_tokens, output_tokens = counters
     count = 1
     items = entry
     if isinstance(entry, dict):
@@ -449,7 +487,11 @@ def _check_batch(
         tokens = _check_item(item, (*where, j), dims, budget_tokens, problems)
         if tokens is not None:
             rows.append(tokens)
-    return TrafficBatch(tuple(rows), count) if len(rows) == len(items) else None
+    if len(rows) != len(items):
+        return None
+    keys = [output_tokens(item) for item in items] if output_tokens else []
+    order = tuple(k for k in keys if k is not None)
+    return TrafficBatch(tuple(rows), count, order if len(order) == len(rows) else ())
 
 
 def _check_item(
@@ -520,7 +562,11 @@ def _check_tuning(raw: Any, problems: _Problems) -> Tuning:
     if replay_rows is not None and (not _is_int(replay_rows) or replay_rows < 0):
         problems.add(("tuning", "replay_cost_rows"), "a non-negative integer")
         replay_rows = None
-    return Tuning(cap, graphs, row_bytes, replay_rows)
+    max_budget = raw.get("max_budget")
+    if max_budget is not None and (not _is_int(max_budget) or max_budget < 1):
+        problems.add(("tuning", "max_budget"), "a positive integer")
+        max_budget = None
+    return Tuning(cap, graphs, row_bytes, replay_rows, max_budget)
 
 
 def _locate(text: str, name: str, problems: _Problems) -> list[Diagnostic]:
@@ -575,18 +621,35 @@ def traffic_main(spec: Any, plan: Any, args: Any) -> int:
     )
     required = sorted(names_in(formula) - set(env))
     grid_dims = sorted({d for i in spec.item_inputs for d in i.dims} | set(required))
+
+    def output_tokens(item: dict[str, int]) -> int | None:
+        if not names_in(items.output_tokens) <= set(env) | set(item):
+            return None
+        try:
+            return evaluate(items.output_tokens, {**env, **item})
+        except EvaluationError:
+            return None
+
     try:
         traffic = load_traffic(
             args.traffic,
             grid_dims,
             lambda item: evaluate(formula, {**env, **item}),
             required,
+            output_tokens,
         )
     except SpecError as err:
         _print_spec_error(err)
         return EXIT_INVALID
 
-    largest = plan.budgets[-1]
+    largest = traffic.tuning.max_budget or plan.budgets[-1]
+    if largest < plan.budget_range[0]:
+        print(
+            f"{args.traffic}: tuning.max_budget: {largest} is below the spec's "
+            f"minimum budget {plan.budget_range[0]}",
+            file=sys.stderr,
+        )
+        return EXIT_INVALID
     most_items = max(len(b.rows) for b in traffic.batches)
     items = max(1, min(64, most_items, largest))
     replay_rows = (
@@ -693,6 +756,7 @@ def _report(
         },
         "capture_memory_cap_bytes": cap,
         "replay_cost_rows": replay_rows,
+        "max_budget": tuned[-1],
         "current": summary(current, plan.budgets, plan.max_batch_size, current_bytes),
         "tuned": summary(best, tuned, items, tuned_bytes),
         "compilation_config": value,

@@ -31,6 +31,7 @@ from generator.static_checks import (
     flat_rows,
     item_values,
     refusal,
+    unit_scope,
 )
 
 # vLLM's defaults for the two limits that bound the largest budget; the
@@ -82,10 +83,11 @@ class BufferPlan:
 @dataclass
 class BudgetPlan:
     budget: int
-    k: int
-    rows: int
+    k: int | None  # None for a unit capture (no dummy items)
+    rows: int | None
     dummy: dict[str, list[int]]
     buffers: list[BufferPlan] = field(default_factory=list)
+    units: int | None = None  # a unit capture's views
 
     @property
     def total_bytes(self) -> int:
@@ -122,6 +124,7 @@ class Plan:
                     "budget": p.budget,
                     "k": p.k,
                     "rows": p.rows,
+                    "units": p.units,
                     "dummy": p.dummy,
                     "buffers": [b.__dict__ for b in p.buffers],
                     "total_bytes": p.total_bytes,
@@ -184,6 +187,11 @@ def make_plan(
     arithmetic = Arithmetic.of(spec)
     refused = []
     for budget in ladder:
+        if spec.path.capture.of_units:
+            per_budget.append(
+                _unit_budget_plan(spec, env, budget, mbs, mfpb, dtype, unknown)
+            )
+            continue
         names = capture_names(arithmetic, env, budget, mbs, mfpb)
         check = refusal(arithmetic, names)
         if check is not None:
@@ -227,6 +235,17 @@ def make_plan(
     )
 
 
+def _unit_budget_plan(spec, env, budget, mbs, mfpb, dtype, unknown) -> BudgetPlan:
+    """A unit capture's buffers for one budget: every shape over ``units``."""
+    scope = unit_scope(env, budget, mbs, mfpb)
+    units = evaluate(spec.path.capture.units, scope)
+    scope["units"] = units
+    plan = BudgetPlan(budget, None, None, {}, units=units)
+    for buf in spec.path.buffers:
+        plan.buffers.append(_buffer_plan(buf, scope, dtype, unknown))
+    return plan
+
+
 def _needed_names(spec: MixinSpec) -> set[str]:
     needed: set[str] = (
         set(names_in(spec.budget.min))
@@ -241,6 +260,8 @@ def _needed_names(spec: MixinSpec) -> set[str]:
         needed |= names_in(let.expr)
     for check in capture.asserts:
         needed |= check.check.names()
+    if capture.units is not None:
+        needed |= names_in(capture.units)
     return needed
 
 
@@ -320,9 +341,12 @@ def format_plan(plan: Plan) -> str:
     for p in plan.per_budget:
         dummy = ", ".join(f"{k}={v}" for k, v in p.dummy.items())
         lines.append("")
-        lines.append(
-            f"budget {p.budget}: k={p.k}, rows={p.rows}, dummy item {dummy} x {plan.max_batch_size}"
-        )
+        if p.units is not None:
+            lines.append(f"budget {p.budget}: units={p.units}")
+        else:
+            lines.append(
+                f"budget {p.budget}: k={p.k}, rows={p.rows}, dummy item {dummy} x {plan.max_batch_size}"
+            )
         for b in p.buffers:
             shape = (
                 "?"

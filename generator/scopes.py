@@ -42,6 +42,8 @@ class NameKind(Enum):
 BUILTIN_MEANINGS: dict[str, str] = {
     "k": "tokens of each dummy item: `token_budget / max_batch_size`, rounded as "
     "`capture.per_item_tokens` says",
+    "units": "the fixed-size views (tiles, crops, chunks) captured: "
+    "`capture.units` for this budget",
     "rows": "input rows of the dummy batch (`max_batch_size` items)",
     "token_budget": "the budget being captured",
     "max_batch_size": "the manager's item limit per batch",
@@ -95,9 +97,13 @@ class FieldScope:
 
 
 _K = NameKind
-CAPTURE_SIZES = ("k", "rows", "max_batch_size", "token_budget")
+CAPTURE_SIZES = ("k", "rows", "units", "max_batch_size", "token_budget")
 DUMMY_NAMES = ("k", "max_batch_size", "token_budget", "max_frames_per_batch")
-CAPTURE_KWARG_NAMES = (*DUMMY_NAMES, "frames_per_item", "rows")
+CAPTURE_KWARG_NAMES = (*DUMMY_NAMES, "frames_per_item", "rows", "units")
+#: Built-in names of a capture of items (``capture.dummy``), which a unit
+#: capture (``capture.units``) does not bind, and the reverse.
+ITEM_CAPTURE_NAMES = frozenset({"k", "rows", "frames_per_item"})
+UNIT_CAPTURE_NAMES = frozenset({"units"})
 #: Constants and the capture intermediates (``capture.let``) declared so far.
 _CAPTURE_VALUES = frozenset({_K.CONSTANT, _K.CAPTURE_LET})
 
@@ -115,9 +121,15 @@ FIELD_SCOPES: dict[str, FieldScope] = {
     "capture_let": FieldScope(_CAPTURE_VALUES, (*DUMMY_NAMES, "frames_per_item")),
     "capture_assert": FieldScope(_CAPTURE_VALUES, (*DUMMY_NAMES, "frames_per_item")),
     "dummy": FieldScope(_CAPTURE_VALUES, (*DUMMY_NAMES, "frames_per_item")),
+    "units": FieldScope(
+        frozenset({_K.CONSTANT}),
+        ("token_budget", "max_batch_size", "max_frames_per_batch"),
+    ),
     "tensor_shape": FieldScope(_CAPTURE_VALUES, CAPTURE_SIZES, host_paths=True),
     "tensor_dtype": FieldScope(builtins=("dtype",), host_paths=True),
-    "graph_rows": FieldScope(_CAPTURE_VALUES, CAPTURE_SIZES),
+    "graph_rows": FieldScope(
+        _CAPTURE_VALUES, ("k", "rows", "max_batch_size", "token_budget")
+    ),
     "builder_call": FieldScope(
         frozenset({_K.CONSTANT, _K.FLAT, _K.GRID}),
         ("device", "dtype", "max_batch_size", "max_frames_per_batch"),
@@ -258,6 +270,7 @@ METHODS: dict[str, Method] = {
                 "k",
                 "frames_per_item",
                 "rows",
+                "units",
                 "offsets",
                 "_",
             ),

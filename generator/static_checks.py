@@ -21,6 +21,7 @@ from generator.formulas import (
     EvaluationError,
     Expr,
     Func,
+    Ref,
     evaluate,
     names_in,
     walk,
@@ -30,6 +31,7 @@ from generator.spec.enums import PadRule, Rounding, SequenceBound
 from generator.spec.host import Constant, Size
 from generator.spec.inputs import FlatInput, ItemInput
 from generator.spec.items import Items
+from generator.unit_coverage import ItemPoint, envelope, most_rows
 
 
 @dataclass(frozen=True)
@@ -176,6 +178,9 @@ def capture_problems(
     """(field, message) for each arithmetic problem found with known values."""
     env = constant_env(ir, overrides)
     yield from smallest_budget_problems(ir, env)
+    if ir.capture.of_units:
+        yield from unit_capture_problems(ir, env)
+        return
     reported: set[str] = set()
     longest = LongestItems(ir, env)
     for mbs in SAMPLE_BATCH_SIZES:
@@ -499,3 +504,123 @@ def slot_problems(
                     f"(expected at least max_batch_size + 2)",
                 )
                 break
+
+
+# -- unit captures -------------------------------------------------------------------
+
+#: Values of each dim (times the dims' common divisor) for a unit capture's
+#: bound: small items, and items as large as the largest budgets.
+UNIT_SAMPLE_DIMS = (1, 2, 3, 4, 5, 7, 8, 16, 17, 33, 64, 256, 1024, 4096)
+#: Frame limits tried with each batch size: the manager never packs by
+#: frames, so no value may matter.
+SAMPLE_FRAME_FACTORS = (0, 1, 16)
+
+
+def unit_scope(env: Mapping[str, int], budget: int, mbs: int, mfpb: int) -> dict:
+    """The names ``capture.units`` may use, for one budget."""
+    return {
+        **env,
+        "token_budget": budget,
+        "max_batch_size": mbs,
+        "max_frames_per_batch": mfpb,
+    }
+
+
+def unit_capture_problems(
+    ir: Arithmetic, env: Mapping[str, int]
+) -> Iterator[tuple[str, str]]:
+    """A unit capture holds every batch within its budget: each flat
+    capture tensor's dim 0 at least the rows of its input that at most
+    ``max_batch_size`` items within the budget can bring
+    (:func:`generator.unit_coverage.most_rows`, over sampled items)."""
+    for tensor in ir.capture.tensors:
+        hull = envelope(list(_item_points(ir, env, tensor.flat)))
+        if not hull:
+            continue
+        problem = _first_overflow(ir, env, tensor, hull)
+        if problem is not None:
+            yield problem
+
+
+def _first_overflow(ir: Arithmetic, env, tensor, hull) -> tuple[str, str] | None:
+    for mbs in SAMPLE_BATCH_SIZES:
+        for budget in (b for b in SAMPLE_BUDGETS if b >= mbs):
+            for factor in SAMPLE_FRAME_FACTORS:
+                mfpb = max(1, factor * mbs)
+                scope = unit_scope(env, budget, mbs, mfpb)
+                try:
+                    units = evaluate(ir.capture.units, scope)
+                    held = evaluate(tensor.shape[0], {**scope, "units": units})
+                except (EvaluationError, ArithmeticError):
+                    return None  # a constant without default: plan checks it
+                need, batch = most_rows(hull, budget, mbs)
+                if held >= need:
+                    continue
+                return _overflow_message(tensor, held, need, batch, budget, mbs, mfpb)
+    return None
+
+
+def _overflow_message(tensor, held, need, batch, budget, mbs, mfpb):
+    key = tensor.key
+    # A first dim of exactly ``units`` makes the count the culprit.
+    on_units = tensor.shape[0] == Ref("units")
+    field = "capture.units" if on_units else f"capture.tensors.{key}.shape"
+    example = ""
+    if batch is not None and batch.rows > held:
+        example = (
+            f" (e.g. {batch.describe()}: {batch.tokens} budget tokens, "
+            f"{batch.rows} rows)"
+        )
+    return (
+        field,
+        f"{key} holds {_rows(held)} for budget {budget} (max_batch_size {mbs}, "
+        f"max_frames_per_batch {mfpb}), but a batch within the budget brings up "
+        f"to {need} rows of it{example}: the replay copy would not fit. "
+        "max_batch_size bounds the items of a batch, not their rows: size the "
+        "capture from token_budget",
+    )
+
+
+def _rows(n: int) -> str:
+    return "1 row" if n == 1 else f"{n} rows"
+
+
+def _item_points(ir: Arithmetic, env: Mapping[str, int], flat: FlatInput):
+    """(budget tokens, rows of ``flat``) of items over sampled dims."""
+    items = ir.items
+    tokens_expr = items.budget_tokens or items.output_tokens
+    used = names_in(tokens_expr) | names_in(flat.rows)
+    dims = [d for g in ir.item_inputs for d in g.dims if d in used]
+    step = dim_step((tokens_expr, flat.rows), env)
+    values = [step * v for v in UNIT_SAMPLE_DIMS]
+    combos: Iterator[tuple[int, ...]]
+    if len(values) ** len(dims) <= MAX_DIM_SAMPLES:
+        combos = itertools.product(values, repeat=len(dims))
+    else:
+        rng = random.Random(0)
+        combos = (
+            tuple(rng.choice(values) for _ in dims) for _ in range(MAX_DIM_SAMPLES)
+        )
+    for combo in combos:
+        named = dict(zip(dims, combo, strict=True))
+        scope = {**env, **named}
+        try:
+            yield ItemPoint(
+                evaluate(tokens_expr, scope), evaluate(flat.rows, scope), named
+            )
+        except (EvaluationError, ArithmeticError):
+            continue
+
+
+def dim_step(exprs, env: Mapping[str, int]) -> int:
+    """The common multiple of every divisor in ``exprs``: dims drawn as its
+    multiples divide exactly, as real inputs do (a tile side by its merge)."""
+    step = 1
+    for e in exprs:
+        for sub in walk(e):
+            if isinstance(sub, BinOp) and sub.op in ("//", "%"):
+                try:
+                    step = math.lcm(step, max(1, abs(evaluate(sub.right, env))))
+                except (EvaluationError, ArithmeticError):
+                    continue
+    return step

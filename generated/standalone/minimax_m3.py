@@ -3,7 +3,7 @@
 # Do not edit: change the spec or the templates and run
 # `gen-mixin specs/minimax_m3.yaml`.
 # spec-sha256: 679a222a35671178384492aa0dc1e20daf1dbe9ee4c77a16239d17f4a618116f
-# templates-sha256: 4d540cc961eb80f078d68fb1c464a3e266729e187f38e0e7c8aaed8f8d0ebba1
+# templates-sha256: 7b76f18c905685b7548c1414bf1c3fa9a67352374ea24b0e167956e417d26702
 
 import itertools
 import weakref

@@ -115,9 +115,11 @@ def _capture_names(capture) -> set[str]:
     return names
 
 
-def _tensor(body: Body, t: CaptureTensor) -> dict[str, Any]:
-    # In its own shape, ``rows`` is the input's rows in the dummy batch.
-    names = {"rows": f"{t.key}_rows"} if t.flat.own_rows else None
+def _tensor(body: Body, t: CaptureTensor, of_units: bool) -> dict[str, Any]:
+    # In its own shape, ``rows`` is the input's rows in the dummy batch (a
+    # unit capture has no dummy batch: its shapes use ``units``).
+    own_rows = t.flat.own_rows and not of_units
+    names = {"rows": f"{t.key}_rows"} if own_rows else None
     return {
         "key": t.key,
         "rows": (
@@ -125,7 +127,7 @@ def _tensor(body: Body, t: CaptureTensor) -> dict[str, Any]:
                 "name": f"{t.key}_rows",
                 "value": times("max_batch_size", body, t.flat.rows),
             }
-            if t.flat.own_rows
+            if own_rows
             else None
         ),
         "fill": t.fill.value,
@@ -187,14 +189,19 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
             "Budget tokens" if spec.items.budget_tokens is not None else "Output tokens"
         ),
         "floor": capture.rounding is Rounding.FLOOR,
+        "units": body.expr(capture.units) if capture.of_units else None,
         "dummies": _dummies(spec, body),
         "frames_per_item": "frames_per_item" in _capture_names(capture),
         "lets": [
             {"name": let.name, "value": body.expr(let.expr)} for let in capture.lets
         ],
         "asserts": [_assertion(spec, body, a) for a in capture.asserts],
-        "rows": times("max_batch_size", body, spec.items.input_size),
-        "tensors": [_tensor(body, t) for t in capture.tensors],
+        "rows": (
+            None
+            if capture.of_units
+            else times("max_batch_size", body, spec.items.input_size)
+        ),
+        "tensors": [_tensor(body, t, capture.of_units) for t in capture.tensors],
         "builders": builder_calls(spec, body, "capture"),
         "padded": [_padded(body, b) for b in padded],
         "allocated": [_allocated(body, b) for b in path.buffers if b.allocate],

@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 
 from generator.diagnostics import Location
 from generator.formulas import Call, Expr, HostPath, Ref
-from generator.scopes import NameKind
+from generator.scopes import ITEM_CAPTURE_NAMES, UNIT_CAPTURE_NAMES, NameKind
 from generator.spec.conditions import Comparison, Condition
 from generator.spec.enums import (
     Dtype,
@@ -59,7 +59,8 @@ class CaptureTensor:
         Key(
             "shape",
             ListOf(Formula("tensor_shape"), min_items=1),
-            "The buffer's shape; `rows` is this input's rows in the dummy batch.",
+            "The buffer's shape; `rows` is this input's rows in the dummy batch "
+            "(`units`, the views captured, in a unit capture).",
             required=True,
             example="[rows, channels * frames * patch**2]",
         ),
@@ -161,17 +162,34 @@ class CaptureAssert:
 
 @dataclass(frozen=True)
 class Capture:
-    """The dummy batch of ``max_batch_size`` items captured per budget."""
+    """What each budget is captured with: a dummy batch of
+    ``max_batch_size`` items (``dummy``), or ``units`` fixed-size views
+    (tiles, crops, chunks) sized from the budget alone (``units``)."""
 
     rounding: Rounding
-    lets: tuple[CaptureLet, ...]
-    asserts: tuple[CaptureAssert, ...]
     dummy: tuple[tuple[ItemInput, tuple[Expr, ...]], ...]
     tensors: tuple[CaptureTensor, ...]
     graph_rows: Expr | None
     why: str | None
+    #: A unit capture: the views captured (then ``dummy`` is empty).
+    units: Expr | None = None
+    #: ``capture.let`` and ``capture.assert``, in order.
+    lets: tuple[CaptureLet, ...] = ()
+    asserts: tuple[CaptureAssert, ...] = ()
 
     KEYS: ClassVar = Keys(
+        Key(
+            "units",
+            Formula("units"),
+            "A capture of fixed-size views (tiles, crops, chunks) instead of "
+            "items: how many the budget holds, e.g. `token_budget // T` for "
+            "views of `T` tokens each. The capture tensors are then sized with "
+            "`units` (not `rows`, `k` or a dummy item), whatever "
+            "`max_batch_size`. The static checks refuse a count that cannot "
+            "hold every batch within the budget: `max_batch_size` bounds the "
+            "items of a batch, not their views.",
+            example="max(token_budget // T, 1)",
+        ),
         Key(
             "per_item_tokens",
             Choice(Rounding),
@@ -206,8 +224,8 @@ class Capture:
             MapOf(ListOf(Formula("dummy"))),
             "Grid or count input → the dims of one dummy item (a count has one). "
             "Every grid and count input needs one; the batch is `max_batch_size` "
-            "such items.",
-            required=True,
+            "such items. Required unless `units` is given (a unit capture has "
+            "no dummy items).",
             example="{image_grid_thw: [1, merge, k * merge]}",
         ),
         Key(
@@ -228,23 +246,64 @@ class Capture:
     )
     DOC_TITLE = "capture"
 
+    @property
+    def of_units(self) -> bool:
+        return self.units is not None
+
     @classmethod
     def from_yaml(cls, r: Reader, items_inputs, flats, **_: Any) -> Capture | None:
+        units = r.take("units")
+        if r.has("units"):
+            for key in ("dummy", "per_item_tokens", "graph_rows"):
+                if r.has(key):
+                    r.refuse(key, _NOT_WITH_UNITS[key])
+        r.ctx.unbound = dict(
+            UNIT_CAPTURE_UNBOUND if r.has("units") else ITEM_CAPTURE_UNBOUND
+        )
         rounding = r.take("per_item_tokens")
         lets = tuple(v for v in (r.take("let") or {}).values() if v is not INVALID)
         asserts = tuple(a for a in r.take("assert") or () if a is not INVALID)
-        dummy = _dummy(r, items_inputs)
+        if r.has("units"):
+            dummy: tuple | None = ()
+        elif not r.has("dummy"):
+            r.take_node("dummy")
+            r.ctx.error(r.node, r.path("dummy"), "required key is missing")
+            dummy = None
+        else:
+            dummy = _dummy(r, items_inputs)
         tensors = r.take("tensors", flats=flats)
         graph_rows = r.take("graph_rows")
         why = r.take("why")
-        if dummy is None or tensors is None:
+        if dummy is None or tensors is None or (r.has("units") and units is None):
             return None
         failed = {k for k, t in tensors.items() if t is INVALID}
         r.ctx.failed_sources.update(failed)
         good = tuple(t for t in tensors.values() if t is not INVALID)
         if not r.ok("let", "assert"):
             return None
-        return cls(rounding, lets, asserts, dummy, good, graph_rows, why)
+        return cls(rounding, dummy, good, graph_rows, why, units, lets, asserts)
+
+
+#: Why the keys of a capture of items do not go with ``units``.
+_NOT_WITH_UNITS = {
+    "dummy": "a unit capture has no dummy items: its tensors are sized with "
+    "'units' (drop capture.dummy or capture.units)",
+    "per_item_tokens": "rounds the tokens of a dummy item, which a unit capture "
+    "does not have",
+    "graph_rows": "a graph-row capacity beyond a dummy batch's; a unit capture "
+    "has no dummy batch",
+}
+#: Built-in names a path does not bind, by capture kind, and why.
+UNIT_CAPTURE_UNBOUND = {
+    n: f"{n!r} belongs to a dummy batch of items; a unit capture "
+    "(capture.units) has none: size buffers with 'units'"
+    for n in sorted(ITEM_CAPTURE_NAMES)
+}
+ITEM_CAPTURE_UNBOUND = {
+    n: f"{n!r} is bound by capture.units, a capture of fixed-size views; "
+    "this capture is a dummy batch of items (capture.dummy)"
+    for n in sorted(UNIT_CAPTURE_NAMES)
+}
 
 
 def _dummy(r: Reader, item_inputs: dict[str, ItemInput]):

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
+from generator import formulas as fx
 from generator.naming import builder_result_name
 from generator.scopes import METHODS, NameKind
 from generator.spec.capture import Buffer, Capture, CaptureTensor, MetadataBuilder
@@ -102,6 +103,8 @@ class EncoderPath:
         ctx.partial["buffers"] = buffers
         ctx.partial["metadata"] = builders
         _check_buffers(r, buffers, tensors, builders, capture)
+        if capture is not None and capture.of_units:
+            _check_unit_capture(r, buffers, builders)
         if not known:
             # Without buffers, every name of the forward would be unknown.
             r.take_node("graph_forward")
@@ -279,3 +282,35 @@ def _check_allocated(ctx: ReadContext, b: Buffer) -> None:
             field,
             "only for plain row buffers (rows on dim 0, no pad, not a host scalar)",
         )
+
+
+def _check_unit_capture(r: Reader, buffers, builders) -> None:
+    """What a unit capture cannot say yet: builders see no dummy grids, and
+    padded offsets and host scalars need a bound on sequences the checks
+    do not have."""
+    ctx = r.ctx
+    grids = ctx.names[NameKind.GRID]
+    node = r.raw("metadata")
+    for i, b in enumerate(builders):
+        read = set().union(
+            *(fx.names_in(e) for e in (b.call, *(v for _, v in b.capture_kwargs)))
+        )
+        for name in sorted(read & set(grids)):
+            where = node.value[i] if node is not None else b.location
+            ctx.error(
+                where,
+                f"metadata[{i}].call",
+                f"reads the grid {name!r} at capture, but a unit capture has no "
+                "dummy items: pass flat inputs (the capture tensors) instead",
+            )
+    for b in buffers:
+        what = (
+            "pad" if b.pad is not None else "set_by" if b.set_by is not None else None
+        )
+        if what is not None:
+            ctx.error(
+                b.location,
+                f"buffers.{b.key}.{what}",
+                f"{what} does not go with capture.units yet: the static checks "
+                "bound sequences by items, which a unit capture does not count",
+            )

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from generator.diagnostics import Diagnostics, Location, field_key
@@ -84,6 +84,9 @@ class ReadContext:
         #: The parts that resolved, by name: the static checks run on them
         #: even when other parts of the spec have problems.
         self.partial: dict[str, Any] = {}
+        #: Built-in names the path being read does not bind (a unit capture
+        #: has no ``k``; a capture of items has no ``units``), with why.
+        self.unbound: dict[str, str] = {}
 
     def error(self, where: Node | Location, field: str, message: str) -> None:
         loc = where if isinstance(where, Location) else where.location
@@ -102,7 +105,10 @@ class ReadContext:
         return next((k for k in NameKind if name in self.names[k]), None)
 
     def scope(self, scope_id: str, extra: tuple[str, ...] | set[str] = ()) -> Scope:
-        return FIELD_SCOPES[scope_id].scope(self.names, extra)
+        scope = FIELD_SCOPES[scope_id].scope(self.names, extra)
+        if not self.unbound:
+            return scope
+        return replace(scope, names=scope.names - frozenset(self.unbound))
 
 
 class Reader:

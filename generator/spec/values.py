@@ -286,14 +286,24 @@ def _names_listed(scope: fx.Scope) -> str:
     return f" (names here: {', '.join(shown)}{tail})"
 
 
-def formula_error_message(exc: FormulaError, scope: fx.Scope) -> str:
+def formula_error_message(
+    exc: FormulaError, scope: fx.Scope, unbound: dict[str, str] | None = None
+) -> str:
     """The message of a formula's problem, taught: an unknown name lists the
-    names in scope there."""
+    names in scope there, or says why a built-in name is not bound here."""
     message = str(exc)
     if "never closed" in message or "unmatched" in message:
         message += " (a formula with a comma inside a [...] list must be quoted)"
     if message.startswith("unknown name"):
-        message += _names_listed(scope)
+        why = next(
+            (
+                w
+                for n, w in (unbound or {}).items()
+                if message.split(";")[0] == f"unknown name {n!r}"
+            ),
+            None,
+        )
+        message += f" ({why})" if why else _names_listed(scope)
     return message
 
 
@@ -321,7 +331,11 @@ def parse_formula(
     try:
         expr = fx.parse_expression(value, scope)
     except FormulaError as exc:
-        ctx.error(formula_location(node, exc), field, formula_error_message(exc, scope))
+        ctx.error(
+            formula_location(node, exc),
+            field,
+            formula_error_message(exc, scope, ctx.unbound),
+        )
         return INVALID
     zero = zero_divisor(expr)
     if zero is not None:

@@ -81,9 +81,15 @@ def test_traffic_padding_and_plans(traffic: dict[str, Any]) -> None:
                 # vLLM's packing replays every item; a plan may run some eagerly.
                 assert vllm["padding"]["rows_used"] == row["budget_tokens"]
                 assert cost["padding"]["rows_used"] <= row["budget_tokens"]
-                assert vllm["plan"] is None
-                planned = sum(u["items"] for u in cost["plan"])
+                assert vllm["plan"]["source"] == "vllm"
+                planned = sum(u["items"] for u in cost["plan"]["units"])
                 assert planned == row["images"]
+                # The recorded prediction is the plan's own.
+                assert cost["predicted_ms"] == pytest.approx(
+                    sum(u["predicted_ms"] for u in cost["plan"]["units"])
+                )
+                if cost["plan"]["source"] == "vllm":
+                    assert cost["padding"] == vllm["padding"]
         for ladder in LADDERS:
             for policy in POLICIES:
                 s = model["summary"][ladder][policy]
@@ -122,6 +128,29 @@ def test_traffic_targets_and_report(traffic: dict[str, Any]) -> None:
     assert "## Real-traffic encoder benchmark" in markdown
     for stem in traffic["models"]:
         assert f"### {stem}" in markdown
+
+
+def test_recorded_predictions_replay_offline(traffic: dict[str, Any]) -> None:
+    """``bench/replay_traffic.py`` reads the run: every batch decided once
+    per ladder, and the run's own totals come back out of it."""
+    replayed = load_bench_module("replay_traffic").replay(traffic)
+    for stem, model in traffic["models"].items():
+        for ladder in LADDERS:
+            r = replayed[stem][ladder]
+            assert [d["index"] for d in r["decisions"]] == [
+                b["index"] for b in model["batches"]
+            ]
+            for policy, key in (("vllm", "vllm"), ("cost", "run_cost_aware")):
+                s = model["summary"][ladder][policy]
+                assert r[key]["speedup"] == pytest.approx(s["speedup"])
+                assert r[key]["vs_best"] == pytest.approx(s["vs_best"])
+        for ladder in LADDERS:
+            samples = model["ladders"][ladder]["calibration_samples"]
+            assert all(g["replay_ms"] > 0 for g in samples["graph"])
+        assert model["ladders"]["default"]["calibration_samples"]["eager"]
+        assert (
+            model["tuner"]["max_budget"] >= model["ladders"]["default"]["budgets"][-1]
+        )
 
 
 def test_launch_profile(smoke_run: Path) -> None:

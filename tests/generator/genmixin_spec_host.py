@@ -368,6 +368,33 @@ class SpecWorld:
                 break
         return items
 
+    def largest_item(self, budget: int) -> dict[str, int] | None:
+        """One item with as many budget tokens as ``budget`` allows (each dim
+        grown in turn, by multiples of its step), or None when even the
+        smallest does not fit."""
+        steps = self.dim_steps()
+        item = {d: steps.get(d, 1) for g in self.spec.item_inputs for d in g.dims}
+
+        def fits(candidate: dict[str, int]) -> bool:
+            return self.path_tokens(candidate) <= budget
+
+        if not fits(item):
+            return None
+        items = self.spec.items
+        counted = fx.names_in(items.budget_tokens or items.output_tokens)
+        for dim in (d for d in item if d in counted):
+            step = steps.get(dim, 1)
+            grow = step
+            while grow >= step:
+                trial = {**item, dim: item[dim] + grow}
+                if fits(trial) and trial[dim] <= budget * step:
+                    item = trial
+                    grow *= 2
+                else:
+                    grow //= 2
+                    grow -= grow % step
+        return item
+
     def k(self, budget: int, mbs: int) -> int:
         return per_item_tokens(budget, mbs, self.spec.path.capture.rounding)
 

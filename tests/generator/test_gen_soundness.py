@@ -223,6 +223,26 @@ def dummy_items(world: SpecWorld, budget: int, mbs: int, mfpb: int):
     return [dict(item) for _ in range(mbs)], names
 
 
+def unit_names(world: SpecWorld, budget: int, mbs: int, mfpb: int) -> dict:
+    """The names of a unit capture's shapes, ``units`` from its formula."""
+    names = {
+        "token_budget": budget,
+        "max_batch_size": mbs,
+        "max_frames_per_batch": mfpb,
+    }
+    return {**names, "units": world.value(world.spec.path.capture.units, **names)}
+
+
+def check_unit_capture(world: SpecWorld, values, names: dict) -> None:
+    """Every buffer of a unit capture has its declared shape over ``units``."""
+    for buf in world.spec.path.buffers:
+        exprs = buf.source.shape if is_capture_tensor(buf) else buf.shape
+        if exprs is None or buf.host_scalar:
+            continue
+        shape = [world.value(e, **names) for e in exprs]
+        assert list(values[buf.key].shape) == shape, buf.key
+
+
 @pytest.mark.parametrize(("budget", "mbs", "mfpb"), CAPTURES)
 def test_capture_inputs(world: SpecWorld, budget: int, mbs: int, mfpb: int) -> None:
     host = world.host()
@@ -235,6 +255,9 @@ def test_capture_inputs(world: SpecWorld, budget: int, mbs: int, mfpb: int) -> N
     values = capture(world, host, budget, mbs, mfpb)
     spec = world.spec
     assert list(values) == [b.key for b in spec.path.buffers]
+    if spec.path.capture.of_units:
+        check_unit_capture(world, values, unit_names(world, budget, mbs, mfpb))
+        return
     dummy, names = dummy_items(world, budget, mbs, mfpb)
     dims = dummy[0]
     rows = mbs * world.item_values(dims)["input_size"]
@@ -310,11 +333,15 @@ def test_replay_buffers(
     config = host.get_encoder_cudagraph_config()
     captured = capture(world, host, budget, mbs, mfpb)
     rows_captured = (
-        mbs
+        None  # a unit capture pads no offsets
+        if world.spec.path.capture.of_units
+        else mbs
         * world.item_values(dummy_items(world, budget, mbs, mfpb)[0][0])["input_size"]
     )
-    for _ in range(3):
-        items = world.fitting_items(rng, budget, mbs)
+    # Random batches, and the one item with the most budget tokens that fits.
+    largest = world.largest_item(budget)
+    batches = [world.fitting_items(rng, budget, mbs) for _ in range(3)]
+    for items in batches + ([[largest]] if largest else []):
         batch = world.batch(items)
         replay = host.prepare_encoder_cudagraph_replay_buffers(batch, mbs, mfpb).values
         target = copy.deepcopy(captured)

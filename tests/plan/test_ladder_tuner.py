@@ -173,10 +173,14 @@ def test_load_both_batch_forms(tmp_path: Path) -> None:
                 "traffic.json:1:21: batches[0][0].t: a positive integer",
                 (
                     "traffic.json:1:57: tuning.max_graph: unknown key (expected: "
-                    "capture_memory_mib, max_graphs, output_row_bytes, "
+                    "capture_memory_mib, max_budget, max_graphs, output_row_bytes, "
                     "replay_cost_rows)"
                 ),
             ],
+        ),
+        (
+            '{"batches": [[{"t": 1, "h": 4, "w": 4}]], "tuning": {"max_budget": 0}}',
+            ["traffic.json:1:68: tuning.max_budget: a positive integer"],
         ),
         (
             '{"batches": []}',
@@ -254,6 +258,63 @@ def test_deepseek_items_need_only_the_dims_its_budget_counts(tmp_path: Path) -> 
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["tuned"]["rows_used"] == 62 * 93 + 39 * 39
+
+
+def test_packing_follows_output_tokens(tmp_path: Path) -> None:
+    """vLLM packs in ascending output tokens. A 3 x 131 DeepSeek-V4.1 grid
+    has more patches (393) than a 19 x 20 one (380) but fewer tokens (47
+    against 58): it opens the batch at 400, and the 380 then merges into
+    2048 (deferring needs b(380) >= b(393)). Given in patches only, the
+    items are ordered by patches and the 380 replays apart."""
+    wide, square = {"h": 3, "w": 131}, {"h": 19, "w": 20}
+    spec = str(ROOT / "specs" / "deepseek_v41.yaml")
+    ladder = ["--budgets", "384", "400", "2048", "--max-items", "2"]
+    waste = {}
+    for with_tokens in (True, False):
+        items = [dict(wide), dict(square)]
+        if with_tokens:
+            items[0].update(lh=1, lw=44)
+            items[1].update(lh=7, lw=7)
+        path = write(tmp_path, {"batches": [items]})
+        proc = run_plan(spec, *ladder, "--traffic", str(path), "--json")
+        assert proc.returncode == 0, proc.stderr
+        waste[with_tokens] = json.loads(proc.stdout)["current"]["waste"]
+    assert waste[True] == pytest.approx(2048 / 773 - 1)
+    assert waste[False] == pytest.approx(784 / 773 - 1)
+
+
+def test_max_budget_holds_batches_in_one_replay(tmp_path: Path) -> None:
+    """Two 4032x3024 photos are 2 x 8748 DeepSeek-V4.1 patches: above the
+    16384 default, one replay each; a larger top budget holds the pair."""
+    photo = {"h": 108, "w": 81}
+    spec = str(ROOT / "specs" / "deepseek_v41.yaml")
+    limits = ["--max-num-batched-tokens", "16384", "--max-model-len", "16384"]
+    reports = {}
+    for max_budget in (None, 32768):
+        tuning = {"replay_cost_rows": 1100}
+        if max_budget:
+            tuning["max_budget"] = max_budget
+        batches = [{"count": 5, "items": [photo, photo]}]
+        path = write(tmp_path, {"batches": batches, "tuning": tuning})
+        proc = run_plan(spec, *limits, "--traffic", str(path), "--json")
+        assert proc.returncode == 0, proc.stderr
+        reports[max_budget] = json.loads(proc.stdout)
+    assert reports[None]["tuned"]["replays"] == 10
+    assert reports[None]["max_budget"] == 16384
+    wide = reports[32768]
+    assert (wide["tuned"]["replays"], wide["max_budget"]) == (5, 32768)
+    assert 2 * 8748 in wide["tuned"]["budgets"]
+    assert wide["tuned"]["waste"] == 0.0
+
+
+def test_max_budget_below_the_minimum_exits_2(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        {"batches": [[{"h": 8, "w": 8}]], "tuning": {"max_budget": 32}},
+    )
+    proc = run_plan(str(ROOT / "specs" / "deepseek_v41.yaml"), "--traffic", str(path))
+    assert proc.returncode == 2
+    assert "tuning.max_budget: 32 is below the spec's minimum budget 64" in proc.stderr
 
 
 def test_equal_batches_are_counted_once(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from generator.plan import PlanError, make_plan, resolve_budgets
+from generator.plan import PlanError, format_plan, make_plan, resolve_budgets
 from generator.resolve import load_spec, resolve_text
 from generator.diagnostics import SpecError
 from generator.spec import PadRule
@@ -296,3 +296,40 @@ def test_plan_lists_the_budgets_a_capture_check_refuses():
     assert all("ho * m <= rope_h does not hold" in p for p in plan.problems)
     rope = next(b for b in plan.per_budget[0].buffers if b.key == "rope_freqs_cis")
     assert rope.dtype == "complex64" and rope.nbytes == 8 * 4 * rope.shape[0]
+
+
+@pytest.mark.parametrize(
+    ("budget", "max_items", "units"), [(16, 1, 1), (1024, 1, 64), (1000, 8, 62)]
+)
+def test_plan_sizes_a_unit_capture_from_the_budget(budget, max_items, units):
+    """A unit capture holds token_budget // tokens_per_tile tiles, whatever
+    max_batch_size: plan shows the units and the shapes over them."""
+    spec = load_spec(
+        ROOT / "tests" / "generator" / "data" / "valid" / "unit_capture.yaml"
+    )
+    plan = make_plan(spec, budgets=[budget], max_items=max_items)
+    (planned,) = plan.per_budget
+    assert (planned.units, planned.k, planned.rows) == (units, None, None)
+    assert {b.key: b.shape for b in planned.buffers} == {
+        "pixel_values": [units, 3, 4, 4]
+    }
+    assert f"budget {budget}: units={units}" in format_plan(plan)
+    assert plan.to_json()["per_budget"][0]["units"] == units
+
+
+def test_plan_checks_a_unit_capture_with_overridden_constants():
+    """The coverage check runs again with --set values: a capture sized by a
+    constant other than the items' tokens per tile fails when they differ."""
+    text = (ROOT / "tests/generator/data/valid/unit_capture.yaml").read_text()
+    text = text.replace(
+        "units: max(token_budget // tokens_per_tile, 1)",
+        "units: max(token_budget // view_tokens, 1)",
+    ).replace(
+        "  side: {from: vision_model.tile_size, default: 4}\n",
+        "  side: {from: vision_model.tile_size, default: 4}\n"
+        "  view_tokens: {from: vision_model.view_tokens, default: 16}\n",
+    )
+    spec = resolve_text(text, "views.yaml")
+    assert make_plan(spec, budgets=[64], max_items=1).problems == []
+    plan = make_plan(spec, budgets=[64], max_items=1, overrides={"view_tokens": 32})
+    assert any(p.startswith("capture.units: pixel_values holds") for p in plan.problems)

@@ -467,18 +467,41 @@ class VirtualClock:
 class TimedFakeEncoder(FakeEncoder):
     """A fake whose forwards take synthetic time on a :class:`VirtualClock`:
     a graph forward ``graph_ms(buffer_rows)``, an eager forward
-    ``eager_ms(rows of each item)``. Host work costs nothing."""
+    ``eager_ms(rows of each item)``. Host work costs nothing.
 
-    def __init__(self, clock: VirtualClock, graph_ms, eager_ms, **kwargs: Any) -> None:  # type: ignore[no-untyped-def]
+    With ``attention_ms_per_sq``, a graph forward also costs that much per
+    squared sequence length in its ``cu_seqlens`` (the padding sequence
+    included), and its capture dummies are ``max_batch_size`` equal
+    sequences sharing the budget, as the project's mixins capture them.
+    """
+
+    def __init__(  # type: ignore[no-untyped-def]
+        self, clock: VirtualClock, graph_ms, eager_ms, attention_ms_per_sq=0.0, **kwargs
+    ) -> None:
         super().__init__(**kwargs)
         self.clock = clock
         self.graph_ms = graph_ms
         self.eager_ms = eager_ms
+        self.attention_ms_per_sq = attention_ms_per_sq
+
+    def prepare_encoder_cudagraph_capture_inputs(  # type: ignore[no-untyped-def]
+        self, token_budget, max_batch_size, *args, **kwargs
+    ) -> EncoderCudaGraphCaptureInputs:
+        inputs = super().prepare_encoder_cudagraph_capture_inputs(
+            token_budget, max_batch_size, *args, **kwargs
+        )
+        if self.attention_ms_per_sq:
+            cu = inputs.values["cu_seqlens"]
+            share = token_budget // max_batch_size
+            cu[: max_batch_size + 1] = torch.arange(max_batch_size + 1) * share
+        return inputs
 
     def encoder_cudagraph_forward(
         self, inputs: dict[str, torch.Tensor], path: str = "default"
     ) -> torch.Tensor:
-        self.clock.advance_ms(self.graph_ms(inputs["x"].shape[0]))
+        lengths = inputs["cu_seqlens"].diff()
+        attention = self.attention_ms_per_sq * float((lengths * lengths).sum())
+        self.clock.advance_ms(self.graph_ms(inputs["x"].shape[0]) + attention)
         return super().encoder_cudagraph_forward(inputs, path)
 
     def encoder_eager_forward(

@@ -33,9 +33,15 @@ def eager_ms(rows: list[int]) -> float:
     return 2.0 + 1.0 * len(rows) + 0.1 * sum(rows)
 
 
-def timed_manager(**kwargs):  # type: ignore[no-untyped-def]
+def timed_manager(attention_ms_per_sq=0.0, **kwargs):  # type: ignore[no-untyped-def]
     clock = VirtualClock()
-    model = TimedFakeEncoder(clock, graph_ms, eager_ms, budget_range=(8, 64))
+    model = TimedFakeEncoder(
+        clock,
+        graph_ms,
+        eager_ms,
+        attention_ms_per_sq=attention_ms_per_sq,
+        budget_range=(8, 64),
+    )
     manager = make_manager(
         model, budgets=BUDGETS, max_items=8, cost_aware=True, clock=clock, **kwargs
     )
@@ -46,8 +52,8 @@ def timed_manager(**kwargs):  # type: ignore[no-untyped-def]
 def calibrated_manager(**kwargs):  # type: ignore[no-untyped-def]
     manager, model = timed_manager(**kwargs)
     warmup = [make_kwargs(make_items(rows, seed=9)) for rows in ([8, 20, 30], [5, 60])]
-    # No margin: the tests check the cheapest plan itself.
-    manager.calibrate_cost_model(warmup, margin=0.0)
+    # No error floor: exact virtual timings, the cheapest plan wins.
+    manager.calibrate_cost_model(warmup, error_floor=0.0)
     return manager, model
 
 
@@ -96,6 +102,52 @@ class TestCalibration:
         # Replays cost their budget, whatever the batch: nothing to add.
         assert cost.graph.per_replay_ms == pytest.approx(0.0, abs=1e-6)
 
+    def test_attention_fitted_from_replays_alone(self) -> None:
+        """Units and replays alone with a per-sequence cost: the squared
+        terms of the real and padding sequences are recovered exactly, and
+        no host work is left over."""
+        manager, _ = timed_manager(attention_ms_per_sq=1e-3)
+        warmup = [
+            make_kwargs(make_items(rows, seed=9)) for rows in ([8, 20, 30], [5, 60])
+        ]
+        cost = manager.calibrate_cost_model(warmup, error_floor=0.0)
+        assert cost.graph.per_row_sq_ms == pytest.approx(1e-3, rel=1e-6)
+        assert cost.graph.per_pad_sq_ms == pytest.approx(1e-3, rel=1e-6)
+        assert cost.graph.per_replay_ms == pytest.approx(0.0, abs=1e-9)
+        assert cost.graph_error == pytest.approx(0.0, abs=1e-9)
+
+    def test_samples_are_recorded(self) -> None:
+        manager, _ = calibrated_manager()
+        samples = manager.calibration_samples
+        # [8, 20, 30] whole and alone, [5, 60] whole and alone.
+        assert sorted(tuple(s["rows"]) for s in samples["eager"]) == sorted(
+            [(8, 20, 30), (8,), (20,), (30,), (5, 60), (5,), (60,)]
+        )
+        # Single items at two budgets (60 only fits 64), batches at one;
+        # each unit also replayed alone.
+        graph = {(tuple(s["rows"]), s["budget"]) for s in samples["graph"]}
+        assert ((60,), 64) in graph and ((5, 60), 128) not in graph
+        assert all(
+            s["replay_ms"] == pytest.approx(graph_ms(s["budget"]))
+            for s in samples["graph"]
+        )
+
+    def test_eager_cost_reused_across_ladders(self) -> None:
+        first, _ = calibrated_manager()
+        assert first.cost_model is not None
+        second, model = timed_manager()
+        model.calls.clear()
+        cost = second.calibrate_cost_model(
+            [make_kwargs(make_items([8, 20]))],
+            eager_from=first.cost_model,
+            error_floor=0.0,
+        )
+        assert model.calls_named("eager_forward") == []
+        assert (cost.eager, cost.eager_error) == (
+            first.cost_model.eager,
+            first.cost_model.eager_error,
+        )
+
     def test_statistics_are_left_alone(self) -> None:
         manager, _ = timed_manager()
         manager.execute(make_kwargs(make_items([12])))
@@ -143,7 +195,7 @@ class TestPlannedExecute:
         items = make_items(rows, seed=3)
         outputs = manager.execute(make_kwargs(items))
         assert_outputs(outputs, items)
-        last = manager.get_execution_stats()["last_plan"]
+        last = manager.get_execution_stats()["last_plan"]["units"]
         assert [(u["budget"], u["items"]) for u in last] == units
         eager_calls = model.calls_named("eager_forward")
         assert eager_calls == [(n, "default") for b, n in units if b is None]
@@ -228,6 +280,17 @@ def test_data_parallel_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
     assert_outputs(manager.execute(make_kwargs(items)), items)
     assert manager.get_execution_stats()["plans"]["mixed"] == 1
     assert len(gathered) == 1
+
+
+def test_reused_eager_with_items_above_every_budget() -> None:
+    """Nothing to time on the graphs: the reused eager cost is enough."""
+    first, _ = calibrated_manager()
+    second, _ = timed_manager()
+    cost = second.calibrate_cost_model(
+        [make_kwargs(make_items([70]))], eager_from=first.cost_model
+    )
+    assert second.calibration_samples == {"eager": [], "graph": []}
+    assert cost.graph.per_replay_ms == 0.0
 
 
 def test_calibration_needs_items() -> None:

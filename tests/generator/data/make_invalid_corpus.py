@@ -947,6 +947,61 @@ valid_case(
         "grid_thws: {kind: grid, dims: [t, h, w], fold_ranks: [3]}",
     ),
 )
+# -- unit captures ---------------------------------------------------------------
+# Gemma 3's clamp: max_batch_size bounds items, and one item brings many tiles.
+valid_case(
+    "unit_capture_clamped_by_items",
+    "unit_capture",
+    (
+        "units: max(token_budget // tokens_per_tile, 1)",
+        'units: "min(token_budget // tokens_per_tile, max_batch_size)"',
+    ),
+)
+valid_case(
+    "unit_capture_tensor_short",
+    "unit_capture",
+    ("shape: [units, 3, side, side]", "shape: [units // 2, 3, side, side]"),
+)
+valid_case(
+    "unit_capture_with_dummy",
+    "unit_capture",
+    ("capture:\n", "capture:\n  dummy: {num_tiles: [k]}\n  per_item_tokens: floor\n"),
+)
+valid_case(
+    "unit_capture_sized_by_rows",
+    "unit_capture",
+    ("shape: [units, 3, side, side]", "shape: [rows, 3, side, side]"),
+)
+valid_case(
+    "units_without_unit_capture",
+    "unit_capture",
+    (
+        "  units: max(token_budget // tokens_per_tile, 1)\n",
+        "  dummy: {num_tiles: [k]}\n",
+    ),
+)
+valid_case(
+    "unit_capture_builder_reads_grid",
+    "unit_capture",
+    (
+        "buffers:\n  pixel_values: {}\n",
+        "metadata:\n  - call: vision_model.tile_index(num_tiles, device=device)\n"
+        "    provides: [tile_index]\n"
+        "buffers:\n  pixel_values: {}\n  tile_index: {shape: [units], dtype: int64}\n",
+    ),
+    (
+        "graph_forward:\n  - vision_model(pixel_values)\n",
+        "graph_forward:\n  - vision_model(pixel_values, tile_index)\n",
+    ),
+)
+valid_case(
+    "unit_capture_bad_formula",
+    "unit_capture",
+    (
+        "units: max(token_budget // tokens_per_tile, 1)",
+        "units: max(token_budget // tokens_per_tile, k)",
+    ),
+)
 NOT_UTF8 = {"not_utf8": ("minimax_m3", "name: MiniMax M3", "name: MiniMax M\xe9")}
 
 

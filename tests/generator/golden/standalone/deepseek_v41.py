@@ -3,7 +3,7 @@
 # Do not edit: change the spec or the templates and run
 # `gen-mixin specs/deepseek_v41.yaml`.
 # spec-sha256: 1f04a1f9e4d05b0cc183f1fd2e61be9e931a352547d22961423cf6479bb8e992
-# templates-sha256: 4d540cc961eb80f078d68fb1c464a3e266729e187f38e0e7c8aaed8f8d0ebba1
+# templates-sha256: 7b76f18c905685b7548c1414bf1c3fa9a67352374ea24b0e167956e417d26702
 
 import itertools
 import weakref

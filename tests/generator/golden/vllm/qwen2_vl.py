@@ -3,7 +3,7 @@
 # Do not edit: change the spec or the templates and run
 # `gen-mixin specs/qwen2_vl.yaml`.
 # spec-sha256: a61607801855577c257b0c6af9f388ac7f2b849a6741b68c13ba9bb25a2b6ab3
-# templates-sha256: 4d540cc961eb80f078d68fb1c464a3e266729e187f38e0e7c8aaed8f8d0ebba1
+# templates-sha256: 7b76f18c905685b7548c1414bf1c3fa9a67352374ea24b0e167956e417d26702
 
 import itertools
 from collections.abc import Hashable
