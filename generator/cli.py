@@ -18,24 +18,26 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
 from generator import __version__
-from generator.diagnostics import SpecError
-from generator.naming import TARGETS
-
-EXIT_OK, EXIT_STALE, EXIT_INVALID, EXIT_INTERNAL = 0, 1, 2, 3
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # exit 2 with usage, as argparse does
-        self.print_usage(sys.stderr)
-        self.exit(EXIT_INVALID, f"{self.prog}: error: {message}\n")
+from generator.command_line import (
+    EXIT_INTERNAL,
+    EXIT_INVALID,
+    EXIT_OK,
+    EXIT_STALE,
+    ArgumentParser,
+    print_error,
+    print_spec_error,
+)
+from generator.diagnostics import Diagnostics, Location, SpecError, printable
+from generator.naming import TARGETS, module_name_problem
 
 
 def _generate_parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = ArgumentParser(
         prog="gen-mixin",
         description="Generate vLLM SupportsEncoderCudaGraph mixins from YAML specs. "
         "Other commands: 'gen-mixin schema', 'gen-mixin plan SPEC'.",
@@ -74,89 +76,109 @@ def _targets(choice: str) -> tuple[str, ...]:
     return TARGETS if choice == "all" else (choice,)
 
 
-def _print_spec_error(err: SpecError) -> None:
-    for diag in err.diagnostics:
-        print(diag, file=sys.stderr)
-    count = len(err.diagnostics)
-    print(
-        f"gen-mixin: {count} problem{'s' if count != 1 else ''} found", file=sys.stderr
-    )
-
-
 def _covers_folder(specs: list[Path]) -> bool:
     """True when the given specs are every *.yaml of their (single) folder."""
-    folders = {s.resolve().parent for s in specs}
+    folders = {os.path.realpath(s.parent) for s in specs}
     if len(folders) != 1:
         return False
-    folder = folders.pop()
-    return {s.resolve() for s in specs} == {p.resolve() for p in folder.glob("*.yaml")}
+    folder = Path(folders.pop())
+    return {os.path.realpath(s) for s in specs} == {
+        os.path.realpath(p) for p in folder.glob("*.yaml")
+    }
+
+
+def _name_problem(spec: Path, stems: dict[str, Path]) -> SpecError | None:
+    """A spec file name that cannot name its module, or a second spec that
+    would write the same module (compared without case: a case-insensitive
+    file system holds one file for both)."""
+    problem = module_name_problem(spec.stem)
+    if problem is None:
+        other = stems.setdefault(spec.stem.casefold(), spec)
+        if other is spec:
+            return None
+        problem = f"two specs named {spec.stem!r} (also {printable(str(other))})"
+    diags = Diagnostics()
+    diags.error(Location(str(spec), 1, 1), "", problem)
+    return SpecError(diags.sorted())
+
+
+def _render_all(specs: list[Path], targets: tuple[str, ...], out: Path):
+    """Every module rendered in memory, or ``None`` when a spec has problems
+    (each spec's problems are printed, then the next spec's)."""
+    from generator.emit import render_spec
+
+    rendered = []
+    failed = False
+    stems: dict[str, Path] = {}
+    for spec in specs:
+        try:
+            err = _name_problem(spec, stems)
+            if err is not None:
+                raise err
+            rendered.extend(render_spec(spec, targets, out))
+        except SpecError as err:
+            print_spec_error(err)
+            failed = True
+    return None if failed else rendered
+
+
+def _check(args, rendered, targets: tuple[str, ...]) -> int:
+    from generator.emit import check
+
+    result = check(rendered, args.out, targets, _covers_folder(args.specs))
+    for path, diff in result.stale:
+        print(f"stale: {printable(str(path))}", file=sys.stderr)
+        sys.stdout.write(diff)
+    for path in result.orphaned:
+        print(
+            f"orphaned: {printable(str(path))} (no spec generates it: delete it, "
+            "or restore its spec)",
+            file=sys.stderr,
+        )
+    if result.stale:
+        print(
+            "gen-mixin: generated files are out of date; run "
+            f"`gen-mixin {printable(' '.join(str(s) for s in args.specs))}` and commit",
+            file=sys.stderr,
+        )
+    if result.stale or result.orphaned:
+        return EXIT_STALE
+    print(f"gen-mixin: {len(rendered)} file(s) up to date")
+    return EXIT_OK
 
 
 def generate_main(argv: list[str]) -> int:
-    from generator.emit import check, render_spec, write_atomically
+    from generator.emit import OutputError, write_all
     from generator.render import RenderError
 
     args = _generate_parser().parse_args(argv)
     targets = _targets(args.target)
-    rendered = []
-    failed = False
-    stems: dict[str, Path] = {}
-    for spec in args.specs:
-        if spec.stem in stems:
-            print(
-                f"{spec}:1:1: two specs named {spec.stem!r} (also {stems[spec.stem]})",
-                file=sys.stderr,
-            )
-            failed = True
-            continue
-        stems[spec.stem] = spec
-        try:
-            rendered.extend(render_spec(spec, targets, args.out))
-        except SpecError as err:
-            _print_spec_error(err)
-            failed = True
-        except RenderError as err:
-            print(
-                f"gen-mixin: internal error while rendering {spec}: {err}",
-                file=sys.stderr,
-            )
-            return EXIT_INTERNAL
-    if failed:
-        # Nothing is written when any spec is invalid.
+    try:
+        rendered = _render_all(args.specs, targets, args.out)
+    except RenderError as err:
+        print(f"gen-mixin: internal error while rendering: {err}", file=sys.stderr)
+        return EXIT_INTERNAL
+    if rendered is None:
+        return EXIT_INVALID  # nothing is written when any spec is invalid
+    try:
+        if args.stdout:
+            for item in rendered:
+                sys.stdout.write(item.source)
+            return EXIT_OK
+        if args.check:
+            return _check(args, rendered, targets)
+        written = write_all(rendered)
+    except OutputError as err:
+        print_error(str(err))
         return EXIT_INVALID
-    if args.stdout:
-        for item in rendered:
-            sys.stdout.write(item.source)
-        return EXIT_OK
-    if args.check:
-        result = check(rendered, args.out, targets, _covers_folder(args.specs))
-        for path, diff in result.stale:
-            print(f"stale: {path}", file=sys.stderr)
-            sys.stdout.write(diff)
-        for path in result.orphaned:
-            print(
-                f"orphaned: {path} (no spec generates it: delete it, or restore its spec)",
-                file=sys.stderr,
-            )
-        if result.stale:
-            print(
-                "gen-mixin: generated files are out of date; run "
-                f"`gen-mixin {' '.join(str(s) for s in args.specs)}` and commit",
-                file=sys.stderr,
-            )
-        if result.stale or result.orphaned:
-            return EXIT_STALE
-        print(f"gen-mixin: {len(rendered)} file(s) up to date")
-        return EXIT_OK
-    for item in rendered:
-        written = write_atomically(item.path, item.source)
-        print(f"{'wrote' if written else 'unchanged'} {item.path}")
+    for item, wrote in zip(rendered, written):
+        print(f"{'wrote' if wrote else 'unchanged'} {printable(str(item.path))}")
     return EXIT_OK
 
 
 def schema_main(argv: list[str]) -> int:
-    p = _Parser(
-        prog="gen-mixin schema", description="Print the spec format's JSON Schema."
+    p = ArgumentParser(
+        prog="gen-mixin schema", description="Print the spec's JSON Schema."
     )
     p.parse_args(argv)
     from generator.spec_schema import SPEC_SCHEMA

@@ -9,7 +9,11 @@ mistake: it appends to a :class:`Diagnostics` and the CLI prints them all.
 
 from __future__ import annotations
 
+import difflib
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 
 def printable(text: str) -> str:
@@ -27,6 +31,42 @@ def field_key(key: str) -> str:
     return key if key.isprintable() else repr(key)
 
 
+#: "Did you mean" compares a word in full (difflib's ratio) with at most this
+#: many candidates: those sharing the most character pairs with it, found
+#: through an index. A hostile spec can have thousands of unknown names
+#: against hundreds of declared ones; each costs little this way.
+CLOSEST_COMPARED = 3
+
+
+def _pairs(word: str) -> dict[str, None]:
+    """The word's character pairs, padded at both ends, in order, once each."""
+    padded = f"\0{word}\0"
+    return dict.fromkeys(padded[i : i + 2] for i in range(len(padded) - 1))
+
+
+@lru_cache(maxsize=64)
+def _pair_index(candidates: frozenset[str]) -> dict[str, tuple[str, ...]]:
+    index: dict[str, list[str]] = {}
+    for name in sorted(candidates):
+        for pair in _pairs(name):
+            index.setdefault(pair, []).append(name)
+    return {pair: tuple(names) for pair, names in index.items()}
+
+
+def closest_name(word: str, candidates: Iterable[str]) -> str | None:
+    """The candidate most like ``word`` (difflib's ratio at least 0.6), or
+    ``None``; deterministic, and cheap whatever the number of candidates."""
+    pool = frozenset(candidates)
+    if len(pool) > CLOSEST_COMPARED:
+        index = _pair_index(pool)
+        shared: Counter[str] = Counter()
+        for pair in _pairs(word):
+            shared.update(index.get(pair, ()))
+        pool = frozenset(name for name, _ in shared.most_common(CLOSEST_COMPARED))
+    close = difflib.get_close_matches(word, sorted(pool), n=1)
+    return close[0] if close else None
+
+
 @dataclass(frozen=True, order=True)
 class Location:
     """A 1-based line and column in a spec file."""
@@ -36,7 +76,8 @@ class Location:
     col: int
 
     def __str__(self) -> str:
-        return f"{self.file}:{self.line}:{self.col}"
+        # A path can hold any character but '/' and NUL, line breaks too.
+        return f"{printable(self.file)}:{self.line}:{self.col}"
 
 
 @dataclass(frozen=True, order=True)
@@ -52,15 +93,19 @@ class Diagnostic:
 
 @dataclass
 class Diagnostics:
-    """An append-only list of problems, sorted by position when reported."""
+    """An append-only list of problems, sorted by position when reported;
+    a problem reported twice is kept once (in constant time: a hostile spec
+    can hold a hundred thousand problems)."""
 
     items: list[Diagnostic] = field(default_factory=list)
+    _seen: set[Diagnostic] = field(default_factory=set, repr=False, compare=False)
 
     def error(self, location: Location, field_path: str, message: str) -> None:
         # A key or value quoted into a field path or message must not break
         # the one-line ``file:line:col: field: message`` format.
         diag = Diagnostic(location, printable(field_path), printable(message))
-        if diag not in self.items:
+        if diag not in self._seen:
+            self._seen.add(diag)
             self.items.append(diag)
 
     def __bool__(self) -> bool:

@@ -10,8 +10,8 @@ tree with plain integer arithmetic.
 
 Allowed:
 
-* integer literals; ``True``/``False``/``None`` where a call argument is
-  expected;
+* integer literals within int64; ``True``/``False``/``None`` where a call
+  argument is expected;
 * names the context declares (grid dims, constants, buffers, built-ins);
 * host attribute paths rooted at a declared host attribute
   (``vision.blocks[0].attn``), with integer subscripts and no private
@@ -22,7 +22,9 @@ Allowed:
   (``math.isqrt(n - 1) + 1``: the ceiling of the square root of ``n >= 1``,
   in integers);
 * calls of host methods or imported helpers where the context allows calls,
-  with positional and keyword arguments (no ``*args``/``**kwargs``).
+  with positional and keyword arguments (no ``*args``/``**kwargs``);
+* at most :data:`MAX_EXPRESSION_LENGTH` characters and :data:`MAX_NODES`
+  operators and operands.
 """
 
 from __future__ import annotations
@@ -33,10 +35,18 @@ import math
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from functools import lru_cache
+
+from generator.diagnostics import closest_name
+from generator.limits import MAX_INTEGER
 
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 MAX_EXPRESSION_LENGTH = 400
 MAX_DEPTH = 24
+#: Operators and operands of one expression (the project's largest formula
+#: has 9): the static checks evaluate each formula at many sample values, so
+#: this bounds their work.
+MAX_NODES = 64
 MAX_POWER = 8
 ARITHMETIC_FUNCTIONS = ("ceil_div", "min", "max", "ceil_sqrt")
 
@@ -186,14 +196,16 @@ _NOT_ALLOWED = {
 }
 
 
-def _suggest(name: str, choices: frozenset[str] | set[str]) -> str:
-    import difflib
+@lru_cache(maxsize=64)
+def _spellable(names: frozenset[str]) -> frozenset[str]:
+    """The names a formula can spell (an invalid input key is reported where
+    it is declared; suggesting it would be wrong advice)."""
+    return frozenset(n for n in names if is_identifier(n))
 
-    # Only names a formula can spell (an invalid input key is reported
-    # where it is declared; suggesting it would be wrong advice).
-    valid = sorted(c for c in choices if is_identifier(c))
-    close = difflib.get_close_matches(name, valid, n=1)
-    return f"; did you mean {close[0]!r}?" if close else ""
+
+def _suggest(name: str, choices: frozenset[str] | set[str]) -> str:
+    close = closest_name(name, _spellable(frozenset(choices)))
+    return f"; did you mean {close!r}?" if close else ""
 
 
 class _Converter:
@@ -213,6 +225,10 @@ class _Converter:
                     raise self.fail(node, f"{value!r} is not allowed in a formula")
                 return Literal(value)
             if isinstance(value, int):
+                if value > MAX_INTEGER:
+                    raise self.fail(
+                        node, f"integer literal out of range (at most {MAX_INTEGER})"
+                    )
                 return Num(value)
             raise self.fail(node, f"literal {value!r} is not allowed (only integers)")
         if isinstance(node, ast.Name):
@@ -401,13 +417,18 @@ def parse_expression(text: str, scope: Scope) -> Expr:
     except (RecursionError, MemoryError, ValueError):
         raise FormulaError("expression is too complex") from None
     try:
-        return _Converter(scope).convert(tree.body)
+        expr = _Converter(scope).convert(tree.body)
     except RecursionError:
         raise FormulaError("expression is nested too deeply") from None
     except FormulaError as exc:
         if not lead:
             raise
         raise FormulaError(str(exc), lead + exc.column) from None
+    if sum(1 for _ in walk(expr)) > MAX_NODES:
+        raise FormulaError(
+            f"expression has more than {MAX_NODES} operators and operands", lead
+        )
+    return expr
 
 
 _ASSIGNMENT = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*=(?!=)\s*")
@@ -568,46 +589,124 @@ class EvaluationError(ArithmeticError):
     pass
 
 
+class ValueOutOfRange(EvaluationError):
+    """A value beyond :data:`~generator.limits.MAX_INTEGER` in magnitude:
+    no tensor size or count, and refused before it costs time (a tower of
+    ``**`` would otherwise take minutes and gigabytes)."""
+
+
+def _in_range(value: int) -> int:
+    if -MAX_INTEGER <= value <= MAX_INTEGER:
+        return value
+    raise ValueOutOfRange(f"a value exceeds {MAX_INTEGER} in magnitude")
+
+
+def _power(base: int, exponent: int) -> int:
+    if exponent < 0:
+        raise EvaluationError("negative exponent")
+    # |base| >= 2 multiplies the magnitude by at least 2**(bits - 1) per
+    # step: stop before computing a number that cannot be in range.
+    if abs(base) >= 2 and (abs(base).bit_length() - 1) * exponent > 63:
+        raise ValueOutOfRange(f"a value exceeds {MAX_INTEGER} in magnitude")
+    return _in_range(base**exponent)  # at most 64 bits per bit of base here
+
+
 def evaluate(expr: Expr, env: Mapping[str, int]) -> int:
     """Integer value of an arithmetic formula; host paths are looked up by
-    their dotted spelling in ``env``."""
+    their dotted spelling in ``env``.
+
+    Every value, given or computed, stays within
+    :data:`~generator.limits.MAX_INTEGER` in magnitude (else
+    :class:`ValueOutOfRange`), so each step costs constant time: products
+    and powers are checked as they are computed, the result at the end (a
+    sum adds one bit per term). The formula is compiled once into closures:
+    the static checks evaluate one formula thousands of times.
+    """
+    return _in_range(_compiled(expr)(env))
+
+
+Evaluator = Callable[[Mapping[str, int]], int]
+_COMPILED: dict[int, tuple[Expr, Evaluator]] = {}
+_COMPILED_LIMIT = 4096
+
+
+def _compiled(expr: Expr) -> Evaluator:
+    """The closure of ``expr``, cached by identity (a formula's tree is
+    shared by every evaluation; hashing it would cost as much as walking it)."""
+    hit = _COMPILED.get(id(expr))
+    if hit is not None and hit[0] is expr:
+        return hit[1]
+    function = _compile(expr)
+    if len(_COMPILED) >= _COMPILED_LIMIT:
+        _COMPILED.clear()
+    _COMPILED[id(expr)] = (expr, function)
+    return function
+
+
+def _lookup(key: str) -> Evaluator:
+    def value(env: Mapping[str, int]) -> int:
+        try:
+            found = env[key]
+        except KeyError:
+            raise EvaluationError(f"no value for {key!r}") from None
+        return _in_range(int(found))
+
+    return value
+
+
+def _compile(expr: Expr) -> Evaluator:
     if isinstance(expr, Num):
-        return expr.value
+        number = _in_range(expr.value)
+        return lambda env: number
     if isinstance(expr, Ref):
-        if expr.name not in env:
-            raise EvaluationError(f"no value for {expr.name!r}")
-        return int(env[expr.name])
+        return _lookup(expr.name)
     if isinstance(expr, HostPath):
-        if expr.dotted not in env:
-            raise EvaluationError(f"no value for {expr.dotted!r}")
-        return int(env[expr.dotted])
+        return _lookup(expr.dotted)
     if isinstance(expr, Neg):
-        return -evaluate(expr.operand, env)
+        operand = _compile(expr.operand)
+        return lambda env: -operand(env)
     if isinstance(expr, BinOp):
-        left = evaluate(expr.left, env)
-        right = evaluate(expr.right, env)
-        if expr.op == "+":
-            return left + right
-        if expr.op == "-":
-            return left - right
-        if expr.op == "*":
-            return left * right
-        if expr.op in ("//", "%") and right == 0:
-            raise EvaluationError("division by zero")
-        if expr.op == "//":
-            return left // right
-        if expr.op == "%":
-            return left % right
-        return left**right
+        return _compile_binop(expr.op, _compile(expr.left), _compile(expr.right))
     if isinstance(expr, Func):
-        values = [evaluate(a, env) for a in expr.args]
+        args = tuple(_compile(a) for a in expr.args)
         if expr.name == "ceil_div":
-            if values[1] == 0:
-                raise EvaluationError("division by zero")
-            return -(-values[0] // values[1])
+            num, den = args
+            return lambda env: -_floor_div(-num(env), den(env))
         if expr.name == "ceil_sqrt":
-            if values[0] < 1:
-                raise EvaluationError(f"ceil_sqrt of {values[0]} (needs n >= 1)")
-            return math.isqrt(values[0] - 1) + 1
-        return min(values) if expr.name == "min" else max(values)
+            (operand,) = args
+            return lambda env: _ceil_sqrt(operand(env))
+        pick = min if expr.name == "min" else max
+        return lambda env: pick([a(env) for a in args])
     raise EvaluationError(f"{type(expr).__name__} has no integer value")
+
+
+def _compile_binop(op: str, left: Evaluator, right: Evaluator) -> Evaluator:
+    if op == "+":
+        return lambda env: left(env) + right(env)
+    if op == "-":
+        return lambda env: left(env) - right(env)
+    if op == "*":
+        return lambda env: _in_range(left(env) * right(env))
+    if op == "//":
+        return lambda env: _floor_div(left(env), right(env))
+    if op == "%":
+        return lambda env: _modulo(left(env), right(env))
+    return lambda env: _power(_in_range(left(env)), right(env))
+
+
+def _ceil_sqrt(n: int) -> int:
+    if n < 1:
+        raise EvaluationError(f"ceil_sqrt of {n} (needs n >= 1)")
+    return math.isqrt(n - 1) + 1
+
+
+def _floor_div(num: int, den: int) -> int:
+    if den == 0:
+        raise EvaluationError("division by zero")
+    return num // den
+
+
+def _modulo(num: int, den: int) -> int:
+    if den == 0:
+        raise EvaluationError("division by zero")
+    return num % den

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -45,6 +44,7 @@ from encoder_cudagraph_runtime.budget_ladder import generate_budgets
 from encoder_cudagraph_runtime.packing import pack_items, smallest_fitting_budget
 from generator.diagnostics import Diagnostic, Diagnostics, Location, SpecError
 from generator.formulas import EvaluationError, evaluate, names_in
+from generator.limits import MAX_TRAFFIC_BYTES
 
 __all__ = [
     "LadderWaste",
@@ -392,17 +392,16 @@ def load_traffic(
     what it needs: the batch is then ordered by budget tokens). Raises
     :class:`SpecError` with every problem located."""
     name = str(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError(
-            [Diagnostic(Location(name, 1, 1), "", f"cannot read: {exc}")]
-        ) from None
+    text = _read_traffic(path, name)
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         where = Location(name, exc.lineno, exc.colno)
         raise SpecError([Diagnostic(where, "", f"not JSON: {exc.msg}")]) from None
+    except ValueError:  # Python converts at most 4300 digits to an int
+        raise _file_problem(name, "number out of range (thousands of digits)") from None
+    except RecursionError:
+        raise _file_problem(name, "nested too deeply") from None
     problems = _Problems()
     needed = set(dims if required is None else required)
     traffic = _check(
@@ -417,6 +416,28 @@ def load_traffic(
 _Counters = tuple[
     Callable[[dict[str, int]], int], Callable[[dict[str, int]], int | None] | None
 ]
+
+
+def _file_problem(name: str, message: str, field: str = "") -> SpecError:
+    return SpecError([Diagnostic(Location(name, 1, 1), field, message)])
+
+
+def _read_traffic(path: Path, name: str) -> str:
+    """The file's text, read up to :data:`~generator.limits.MAX_TRAFFIC_BYTES`
+    (a device such as ``/dev/zero`` is refused, not read to the end)."""
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_TRAFFIC_BYTES + 1)
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+        raise _file_problem(name, f"cannot read: {exc}") from None
+    if len(raw) > MAX_TRAFFIC_BYTES:
+        raise _file_problem(
+            name, f"larger than {MAX_TRAFFIC_BYTES // 2**20} MiB (a sample needs less)"
+        )
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _file_problem(name, f"cannot read: {exc}") from None
 
 
 def _check(
@@ -605,28 +626,37 @@ def _locate(text: str, name: str, problems: _Problems) -> list[Diagnostic]:
 # ---------------------------------------------------------------------------
 
 
-def traffic_main(spec: Any, plan: Any, args: Any) -> int:
+def traffic_main(
+    spec: Any,
+    plan: Any,
+    args: Any,
+    overrides: Mapping[str, int],
+    sized_plan: Callable[[list[int], int], Any],
+) -> int:
     """Tune the ladder of ``plan`` (``gen-mixin plan``'s result for ``spec``
-    and its arguments) to ``args.traffic`` and print the recommendation."""
-    from generator.cli import EXIT_INVALID, EXIT_OK, _print_spec_error
-    from generator.plan import PlanError, _parse_set, make_plan
+    and its arguments, with the ``--set`` values ``overrides``) to
+    ``args.traffic`` and print the recommendation. ``sized_plan(budgets,
+    max_items)``: the plan of the same spec and arguments for another ladder
+    (it raises ``PlanError``, which ``plan`` reports)."""
+    from generator.command_line import EXIT_INVALID, EXIT_OK, print_spec_error
     from generator.static_checks import constant_env
 
-    overrides = _parse_set(args.set)
     sizes = {size.name: size.value for size in spec.sizes}
     env = {**constant_env(spec, overrides), **sizes, **overrides}
-    items = spec.items
+    per_item = spec.items
     formula = (
-        items.budget_tokens if items.budget_tokens is not None else items.output_tokens
+        per_item.budget_tokens
+        if per_item.budget_tokens is not None
+        else per_item.output_tokens
     )
     required = sorted(names_in(formula) - set(env))
     grid_dims = sorted({d for i in spec.item_inputs for d in i.dims} | set(required))
 
     def output_tokens(item: dict[str, int]) -> int | None:
-        if not names_in(items.output_tokens) <= set(env) | set(item):
+        if not names_in(per_item.output_tokens) <= set(env) | set(item):
             return None
         try:
-            return evaluate(items.output_tokens, {**env, **item})
+            return evaluate(per_item.output_tokens, {**env, **item})
         except EvaluationError:
             return None
 
@@ -639,15 +669,18 @@ def traffic_main(spec: Any, plan: Any, args: Any) -> int:
             output_tokens,
         )
     except SpecError as err:
-        _print_spec_error(err)
+        print_spec_error(err)
         return EXIT_INVALID
 
     largest = traffic.tuning.max_budget or plan.budgets[-1]
     if largest < plan.budget_range[0]:
-        print(
-            f"{args.traffic}: tuning.max_budget: {largest} is below the spec's "
-            f"minimum budget {plan.budget_range[0]}",
-            file=sys.stderr,
+        print_spec_error(
+            _file_problem(
+                str(args.traffic),
+                f"{largest} is below the spec's minimum budget "
+                f"{plan.budget_range[0]}",
+                "tuning.max_budget",
+            )
         )
         return EXIT_INVALID
     most_items = max(len(b.rows) for b in traffic.batches)
@@ -662,42 +695,30 @@ def traffic_main(spec: Any, plan: Any, args: Any) -> int:
     def plan_bytes(budgets: list[int], max_items: int) -> dict[int, int]:
         """Captured buffer bytes per budget, as plan sizes them (one plan
         for every budget: its static checks run once)."""
-        sized = make_plan(
-            spec,
-            max_num_batched_tokens=args.max_num_batched_tokens,
-            max_model_len=args.max_model_len,
-            budgets=budgets,
-            max_items=max_items,
-            overrides=overrides,
-            dtype=args.dtype,
-        )
+        sized = sized_plan(budgets, max_items)
         return {
             p.budget: p.total_bytes + row_bytes * p.budget for p in sized.per_budget
         }
 
-    try:
-        current_bytes = sum(plan_bytes(plan.budgets, plan.max_batch_size).values())
-        start = generate_budgets(max(plan.budget_range[0], items), largest)
-        universe = candidate_budgets(traffic.batches, items, largest)
-        rounded = {_round_up(b, items) for b in start}
-        budget_bytes = plan_bytes(sorted(set(universe) | rounded | {largest}), items)
-        cap = (
-            traffic.tuning.capture_memory_mib * 2**20
-            if traffic.tuning.capture_memory_mib is not None
-            else 2 * current_bytes
-        )
-        tuned = tune_ladder(
-            traffic.batches,
-            start=start,
-            max_batch_size=items,
-            budget_bytes=budget_bytes,
-            cap_bytes=cap,
-            max_graphs=traffic.tuning.max_graphs,
-            replay_cost_rows=replay_rows,
-        )
-    except PlanError as exc:
-        print(f"{args.spec}: {exc}", file=sys.stderr)
-        return EXIT_INVALID
+    current_bytes = sum(plan_bytes(plan.budgets, plan.max_batch_size).values())
+    start = generate_budgets(max(plan.budget_range[0], items), largest)
+    universe = candidate_budgets(traffic.batches, items, largest)
+    rounded = {_round_up(b, items) for b in start}
+    budget_bytes = plan_bytes(sorted(set(universe) | rounded | {largest}), items)
+    cap = (
+        traffic.tuning.capture_memory_mib * 2**20
+        if traffic.tuning.capture_memory_mib is not None
+        else 2 * current_bytes
+    )
+    tuned = tune_ladder(
+        traffic.batches,
+        start=start,
+        max_batch_size=items,
+        budget_bytes=budget_bytes,
+        cap_bytes=cap,
+        max_graphs=traffic.tuning.max_graphs,
+        replay_cost_rows=replay_rows,
+    )
     report = _report(
         plan,
         traffic,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import keyword
+import re
 from pathlib import Path, PurePosixPath
 
 TARGETS = ("vllm", "standalone")
@@ -32,6 +34,36 @@ FIRST_PARTY_ROOTS = {
     "vllm": ("vllm",),
     "standalone": ("encoder_cudagraph_runtime", "reference_towers", "generated"),
 }
+
+
+_MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def module_name_problem(stem: str) -> str | None:
+    """Why a spec's file name cannot name its generated module, or ``None``.
+
+    The module is imported by its name (``generated.standalone.<stem>``, or
+    as a vLLM model file), so the stem must be an ASCII identifier and no
+    keyword (``import`` normalises other identifiers, so a non-ASCII name can
+    differ from the file's); a dunder name is Python's own (``__init__`` is
+    the package itself).
+    """
+    if not _MODULE_NAME.match(stem):
+        return (
+            f"the spec's file name {stem!r} cannot name the generated module "
+            "(expected ASCII letters, digits and '_', not starting with a digit)"
+        )
+    if keyword.iskeyword(stem):
+        return (
+            f"the spec's file name {stem!r} cannot name the generated module "
+            "(a Python keyword)"
+        )
+    if stem.startswith("__") and stem.endswith("__"):
+        return (
+            f"the spec's file name {stem!r} cannot name the generated module "
+            "(dunder names are Python's own: __init__.py is the package)"
+        )
+    return None
 
 
 def output_path(out_dir: Path, target: str, stem: str) -> Path:

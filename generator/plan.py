@@ -9,20 +9,39 @@ from the spec's formulas evaluated with the constants' defaults, which
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from encoder_cudagraph_runtime.budget_ladder import resolve_budget_ladder
-from generator.diagnostics import SpecError
-from generator.formulas import EvaluationError, Ref, evaluate, names_in, to_spec_text
+from generator.command_line import (
+    EXIT_INVALID,
+    EXIT_OK,
+    EXIT_STALE,
+    ArgumentParser,
+    bounded_int,
+    echo,
+    print_error,
+    print_spec_error,
+)
+from generator.diagnostics import SpecError, printable
+from generator.formulas import (
+    EvaluationError,
+    Ref,
+    ValueOutOfRange,
+    evaluate,
+    names_in,
+    to_spec_text,
+)
+from generator.limits import MAX_INTEGER
 from generator.spec.capture import Buffer, CaptureTensor, set_by_expr
 from generator.spec.enums import Modality
 from generator.spec.mixin import MixinSpec
 from generator.static_checks import (
     Arithmetic,
+    OutOfRange,
     capture_problems,
     capture_names,
     capture_scope,
@@ -308,11 +327,14 @@ def _buffer_plan(
     for e in shape_exprs:
         try:
             shape.append(evaluate(e, scope))
-        except EvaluationError:
+        except EvaluationError as exc:
             unknown.add(buf.key)
-            return BufferPlan(
-                buf.key, None, type_name, None, "shape needs a host value (--set)"
+            note = (
+                "shape out of range (beyond int64)"
+                if isinstance(exc, ValueOutOfRange)
+                else "shape needs a host value (--set)"
             )
+            return BufferPlan(buf.key, None, type_name, None, note)
     nbytes = item
     for s in shape:
         nbytes *= s
@@ -320,11 +342,19 @@ def _buffer_plan(
 
 
 def _human(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    return str(n)
+    """``n`` bytes in B, KiB, MiB or GiB with one decimal, rounded half to
+    even as ``format`` rounds; in integers, as a plan's byte counts can
+    exceed what a float holds."""
+    if n < 1024:
+        return f"{n} B"
+    shift, unit = next(
+        ((s, u) for s, u in ((10, "KiB"), (20, "MiB")) if n < 1 << (s + 10)),
+        (30, "GiB"),
+    )
+    tenths, rest = divmod(n * 10, 1 << shift)
+    if 2 * rest > 1 << shift or (2 * rest == 1 << shift and tenths % 2):
+        tenths += 1
+    return f"{tenths // 10}.{tenths % 10} {unit}"
 
 
 def format_plan(plan: Plan) -> str:
@@ -368,47 +398,83 @@ def format_plan(plan: Plan) -> str:
     return "\n".join(lines)
 
 
-def _parse_set(values: list[str]) -> dict[str, int]:
+def settable_names(spec: MixinSpec) -> list[str]:
+    """What ``--set`` may override: the constants, the sizes, and the
+    maximum frames per video where the spec takes it from the host."""
+    names = [c.name for c in spec.constants] + [s.name for s in spec.sizes]
+    if spec.max_frames_per_video is not None:
+        names.append("max_frames_per_video")
+    return sorted(set(names))
+
+
+def _parse_set(values: list[str], known: list[str]) -> dict[str, int]:
+    parse_value = bounded_int(-MAX_INTEGER)
     out = {}
     for item in values:
         name, sep, value = item.partition("=")
         if not sep or not name.isidentifier():
-            raise PlanError(f"--set takes NAME=INTEGER, got {item!r}")
+            raise PlanError(f"--set takes NAME=INTEGER, got {echo(item)}")
+        if name not in known:
+            shown = ", ".join(known[:20]) + (", ..." if len(known) > 20 else "")
+            raise PlanError(
+                f"--set {echo(name)}: the spec has no constant or size of that "
+                f"name (known: {shown or 'none'})"
+            )
         try:
-            out[name] = int(value)
-        except ValueError:
-            raise PlanError(f"--set {name}: {value!r} is not an integer") from None
+            out[name] = parse_value(value)
+        except argparse.ArgumentTypeError as exc:
+            raise PlanError(f"--set {name}: {exc}") from None
     return out
 
 
+def _traffic(spec: MixinSpec, plan: Plan, args, overrides: dict[str, int]) -> int:
+    """``--traffic``: the ladder tuned to a sample of traffic."""
+    from generator.ladder_tuner import traffic_main
+
+    def sized_plan(budgets: list[int], max_items: int) -> Plan:
+        return make_plan(
+            spec,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            max_model_len=args.max_model_len,
+            budgets=budgets,
+            max_items=max_items,
+            overrides=overrides,
+            dtype=args.dtype,
+        )
+
+    return traffic_main(spec, plan, args, overrides, sized_plan)
+
+
 def plan_main(argv: list[str]) -> int:
-    from generator.cli import (
-        EXIT_INVALID,
-        EXIT_OK,
-        EXIT_STALE,
-        _Parser,
-        _print_spec_error,
-    )
     from generator.resolve import load_spec
 
-    p = _Parser(prog="gen-mixin plan", description="Show what a spec will capture.")
+    p = ArgumentParser(
+        prog="gen-mixin plan", description="Show what a spec will capture."
+    )
     p.add_argument("spec", type=Path)
     p.add_argument(
-        "--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS
+        "--max-num-batched-tokens",
+        type=bounded_int(1),
+        default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
     )
-    p.add_argument("--max-model-len", type=int, default=DEFAULT_MAX_MODEL_LEN)
     p.add_argument(
-        "--budgets", type=int, nargs="+", help="encoder_cudagraph_token_budgets"
+        "--max-model-len", type=bounded_int(1), default=DEFAULT_MAX_MODEL_LEN
+    )
+    p.add_argument(
+        "--budgets",
+        type=bounded_int(1),
+        nargs="+",
+        help="encoder_cudagraph_token_budgets",
     )
     p.add_argument(
         "--max-items",
-        type=int,
+        type=bounded_int(0),
         default=0,
         help="encoder_cudagraph_max_vision_items_per_batch",
     )
     p.add_argument(
         "--max-frames",
-        type=int,
+        type=bounded_int(1),
         default=None,
         help="encoder_cudagraph_max_frames_per_batch",
     )
@@ -434,30 +500,27 @@ def plan_main(argv: list[str]) -> int:
     )
     args = p.parse_args(argv)
     try:
-        ir = load_spec(args.spec)
+        spec = load_spec(args.spec, display_path=printable(str(args.spec)))
     except SpecError as err:
-        _print_spec_error(err)
+        print_spec_error(err)
         return EXIT_INVALID
     try:
-        if any(b <= 0 for b in args.budgets or []) or args.max_items < 0:
-            raise PlanError("budgets must be positive and --max-items >= 0")
+        overrides = _parse_set(args.set, settable_names(spec))
         plan = make_plan(
-            ir,
+            spec,
             max_num_batched_tokens=args.max_num_batched_tokens,
             max_model_len=args.max_model_len,
             budgets=args.budgets,
             max_items=args.max_items,
             max_frames=args.max_frames,
-            overrides=_parse_set(args.set),
+            overrides=overrides,
             dtype=args.dtype,
         )
-    except (PlanError, EvaluationError) as exc:
-        print(f"{args.spec}: {exc}", file=sys.stderr)
+        if args.traffic is not None:
+            return _traffic(spec, plan, args, overrides)
+    except (PlanError, EvaluationError, OutOfRange) as exc:
+        print_error(f"{args.spec}: {exc}")
         return EXIT_INVALID
-    if args.traffic is not None:
-        from generator.ladder_tuner import traffic_main
-
-        return traffic_main(ir, plan, args)
     if args.json:
         print(json.dumps(plan.to_json(), indent=2))
     else:

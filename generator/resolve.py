@@ -21,27 +21,13 @@ from generator.diagnostics import Diagnostics, Location, SpecError
 from generator.spec.mixin import MixinSpec
 from generator.spec.reader import ReadContext, Reader
 from generator.static_checks import Arithmetic, capture_problems, slot_problems
-from generator.yaml_loader import Node, load_spec_tree
+from generator.yaml_loader import Node, load_spec_tree, read_spec_file
 
 
 def load_spec(path: str | Path, display_path: str | None = None) -> MixinSpec:
     """Read, validate and resolve one spec file."""
     shown = display_path or str(path)
-    diags = Diagnostics()
-    try:
-        raw = Path(path).read_bytes()
-    except OSError as exc:
-        diags.error(Location(shown, 1, 1), "", f"cannot read spec: {exc.strerror}")
-        raise SpecError(diags.sorted()) from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        diags.error(
-            Location(shown, 1, 1),
-            "",
-            f"spec is not UTF-8 ({exc.reason} at byte {exc.start})",
-        )
-        raise SpecError(diags.sorted()) from None
+    _, text = read_spec_file(path, shown)
     return resolve_text(text, shown)
 
 

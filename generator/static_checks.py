@@ -4,7 +4,9 @@ The checks evaluate the spec's formulas (never ``eval``: see
 :func:`generator.formulas.evaluate`) with the constants' ``default`` values,
 the released model's, over a grid of budgets and batch sizes. Checks whose
 formulas mention a constant without a default are skipped here; ``gen-mixin
-plan`` runs them with values given on the command line.
+plan`` runs them with values given on the command line. A value beyond int64
+is no skip: no tensor size or count holds it, so it is reported at the field
+whose formula computed it (:class:`OutOfRange`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from generator.formulas import (
     Expr,
     Func,
     Ref,
+    ValueOutOfRange,
     evaluate,
     names_in,
     walk,
@@ -68,6 +71,29 @@ class Arithmetic:
         return {s.name: s.value for s in self.sizes}
 
 
+class OutOfRange(Exception):
+    """A formula's value beyond int64 at sampled values, with the field the
+    formula is written at. Not an :class:`EvaluationError`: the checks skip
+    those (a value they do not know), and must not skip this."""
+
+    def __init__(self, field: str, exc: ValueOutOfRange) -> None:
+        super().__init__(f"{field}: {exc}")
+        self.field = field
+        self.message = (
+            f"evaluates beyond int64 at the sampled budgets, batch sizes and dims "
+            f"({exc}): no tensor size or count holds it"
+        )
+
+
+def value_at(field: str, expr: Expr, scope: Mapping[str, int]) -> int:
+    """``evaluate(expr, scope)``; a value beyond int64 raises
+    :class:`OutOfRange` at ``field``."""
+    try:
+        return evaluate(expr, scope)
+    except ValueOutOfRange as exc:
+        raise OutOfRange(field, exc) from None
+
+
 SAMPLE_BUDGETS = (64, 100, 128, 257, 1000, 1024, 4096, 8192, 16384)
 SAMPLE_BATCH_SIZES = (1, 2, 3, 5, 7, 8, 16, 64)
 
@@ -99,7 +125,8 @@ def capture_names(
 ) -> dict[str, int]:
     """The names the capture binds before its dummy batch, for one budget:
     ``k``, the manager's arguments, ``frames_per_item`` and the
-    ``capture.let`` intermediates, in order (raises EvaluationError)."""
+    ``capture.let`` intermediates, in order (raises EvaluationError,
+    OutOfRange)."""
     scope = dict(env)
     scope.update(
         k=per_item_tokens(budget, mbs, ir.capture.rounding),
@@ -109,7 +136,7 @@ def capture_names(
         frames_per_item=max(mfpb // mbs, 1),
     )
     for let in ir.capture.lets:
-        scope[let.name] = evaluate(let.expr, scope)
+        scope[let.name] = value_at(f"capture.let.{let.name}", let.expr, scope)
     return scope
 
 
@@ -136,12 +163,13 @@ def refusal(ir: Arithmetic, names: Mapping[str, int]) -> CaptureAssert | None:
 def dummy_item(
     ir: Arithmetic, env: Mapping[str, int], budget: int, mbs: int, mfpb: int = 0
 ) -> dict[str, int]:
-    """The dims of one dummy item for ``budget`` (raises EvaluationError)."""
+    """The dims of one dummy item for ``budget`` (raises EvaluationError,
+    OutOfRange)."""
     scope = capture_names(ir, env, budget, mbs, mfpb)
     dims: dict[str, int] = {}
     for item, exprs in ir.capture.dummy:
         for dim, expr in zip(item.dims, exprs):
-            dims[dim] = evaluate(expr, scope)
+            dims[dim] = value_at(f"capture.dummy.{item.key}", expr, scope)
     return dims
 
 
@@ -151,25 +179,23 @@ def item_values(
     scope = {**env, **dims}
     items = ir.items
     out = {
-        "input_size": evaluate(items.input_size, scope),
-        "output_tokens": evaluate(items.output_tokens, scope),
+        "input_size": value_at("items.input_size", items.input_size, scope),
+        "output_tokens": value_at("items.output_tokens", items.output_tokens, scope),
     }
-    out["graph_rows"] = (
-        evaluate(items.graph_rows, scope)
-        if items.graph_rows is not None
-        else out["output_tokens"]
-    )
-    out["budget_tokens"] = (
-        evaluate(items.budget_tokens, scope)
-        if items.budget_tokens is not None
-        else out["output_tokens"]
-    )
+    for name in ("graph_rows", "budget_tokens"):
+        expr = getattr(items, name)
+        out[name] = (
+            value_at(f"items.{name}", expr, scope)
+            if expr is not None
+            else out["output_tokens"]
+        )
     return out
 
 
 def flat_rows(flat: FlatInput, env: Mapping[str, int], dims: Mapping[str, int]) -> int:
     """Rows of one item of ``flat`` (its own ``rows`` or ``input_size``)."""
-    return evaluate(flat.rows, {**env, **dims})
+    field = f"inputs.{flat.key}.rows" if flat.own_rows else "items.input_size"
+    return value_at(field, flat.rows, {**env, **dims})
 
 
 def capture_problems(
@@ -178,9 +204,29 @@ def capture_problems(
     """(field, message) for each arithmetic problem found with known values."""
     env = constant_env(ir, overrides)
     yield from smallest_budget_problems(ir, env)
-    if ir.capture.of_units:
-        yield from unit_capture_problems(ir, env)
-        return
+    try:
+        if ir.capture.of_units:
+            # A unit capture's own coverage check replaces the dummy's.
+            yield from unit_capture_problems(ir, env)
+            return
+        yield from _sampled_problems(ir, env)
+        if (
+            ir.capture.graph_rows is not None
+            and ir.items.budget_tokens is not None
+            and ir.items_resolved
+        ):
+            yield from item_bound_problems(ir, env)
+    except OutOfRange as exc:
+        # The values after it would be meaningless: one problem, then on.
+        yield exc.field, exc.message
+    yield from slot_problems(ir.constants, ir.buffers, overrides)
+
+
+def _sampled_problems(
+    ir: Arithmetic, env: Mapping[str, int]
+) -> Iterator[tuple[str, str]]:
+    """The capture checks at every sampled budget and batch size (raises
+    OutOfRange)."""
     reported: set[str] = set()
     longest = LongestItems(ir, env)
     for mbs in SAMPLE_BATCH_SIZES:
@@ -224,7 +270,7 @@ def capture_problems(
                 try:
                     need = mbs * flat_rows(tensor.flat, env, dims)
                     own = capture_scope(ir, env_sizes, budget, mbs, mbs, need)
-                    held = evaluate(tensor.shape[0], own)
+                    held = value_at(field, tensor.shape[0], own)
                 except (EvaluationError, ArithmeticError):
                     continue
                 if held < need and field not in reported:
@@ -238,7 +284,7 @@ def capture_problems(
                 expr = set_by_expr(buf)
                 field = f"buffers.{buf.key}.set_by"
                 try:
-                    bound = evaluate(expr, scope) if expr is not None else None
+                    bound = value_at(field, expr, scope) if expr is not None else None
                 except (EvaluationError, ArithmeticError):
                     continue
                 if bound is None or field in reported:
@@ -270,11 +316,11 @@ def capture_problems(
             # the declared capacity (which must hold the dummy's too).
             graph_capacity = mbs * values["graph_rows"]
             if ir.capture.graph_rows is not None:
+                field = "capture.graph_rows"
                 try:
-                    declared = evaluate(ir.capture.graph_rows, scope)
+                    declared = value_at(field, ir.capture.graph_rows, scope)
                 except (EvaluationError, ArithmeticError):
                     continue
-                field = "capture.graph_rows"
                 if declared < graph_capacity and field not in reported:
                     reported.add(field)
                     yield (
@@ -289,7 +335,7 @@ def capture_problems(
                         continue
                     field = f"buffers.{buf.key}.shape"
                     try:
-                        held = evaluate(buf.shape[0], scope)
+                        held = value_at(field, buf.shape[0], scope)
                     except (EvaluationError, ArithmeticError):
                         continue
                     if held < graph_capacity and field not in reported:
@@ -315,13 +361,6 @@ def capture_problems(
                     f"item needs at least {what}); a batch that fits the budget would "
                     "overflow the buffers",
                 )
-    if (
-        ir.capture.graph_rows is not None
-        and ir.items.budget_tokens is not None
-        and ir.items_resolved
-    ):
-        yield from item_bound_problems(ir, env)
-    yield from slot_problems(ir.constants, ir.buffers, overrides)
 
 
 def smallest_budget_problems(
@@ -336,6 +375,9 @@ def smallest_budget_problems(
         check = refusal(ir, capture_names(ir, env, smallest, 1, 1))
     except (EvaluationError, ArithmeticError):
         return
+    except OutOfRange as exc:
+        yield exc.field, exc.message
+        return
     if check is not None:
         index = ir.capture.asserts.index(check)
         yield (
@@ -347,7 +389,7 @@ def smallest_budget_problems(
 
 #: Values tried for every grid dim when a per-item relation is checked.
 SAMPLE_DIMS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 33, 64)
-MAX_DIM_SAMPLES = 20000
+MAX_DIM_SAMPLES = 4096
 
 
 def _sampled_dims(
@@ -448,14 +490,18 @@ def item_bound_problems(
     items = ir.items
     graph_rows = items.graph_rows or items.output_tokens
     budget_tokens = items.budget_tokens or items.output_tokens
+    rows_field = f"items.{'graph_rows' if items.graph_rows else 'output_tokens'}"
+    tokens_field = (
+        f"items.{'budget_tokens' if items.budget_tokens else 'output_tokens'}"
+    )
     # Only the dims the two formulas read vary their values.
     used = names_in(graph_rows) | names_in(budget_tokens)
     dims = [d for g in ir.item_inputs for d in g.dims if d in used]
     for combo in _sampled_dims(dims):
         scope = {**env, **dict(zip(dims, combo, strict=True))}
         try:
-            rows = evaluate(graph_rows, scope)
-            tokens = evaluate(budget_tokens, scope)
+            rows = value_at(rows_field, graph_rows, scope)
+            tokens = value_at(tokens_field, budget_tokens, scope)
         except (EvaluationError, ArithmeticError):
             continue
         if rows > tokens:
@@ -481,24 +527,26 @@ def slot_problems(
         if buf.pad is None or buf.slots is None:
             continue
         spare = 1 if buf.pad is PadRule.TRAILING_SEQUENCE else 0
+        field = f"buffers.{buf.key}.slots"
         for mbs in SAMPLE_BATCH_SIZES:
+            scope = {**env, "max_batch_size": mbs, "max_frames_per_batch": mbs}
             try:
-                slots = evaluate(
-                    buf.slots,
-                    {**env, "max_batch_size": mbs, "max_frames_per_batch": mbs},
-                )
+                slots = value_at(field, buf.slots, scope)
             except (EvaluationError, ArithmeticError):
+                break
+            except OutOfRange as exc:
+                yield exc.field, exc.message
                 break
             if buf.pad is PadRule.REPEAT_LAST and slots < mbs + 1:
                 yield (
-                    f"buffers.{buf.key}.slots",
+                    field,
                     f"{slots} slots for max_batch_size {mbs}: a full batch has "
                     f"{mbs + 1} offsets (expected at least max_batch_size + 1)",
                 )
                 break
             if spare and slots < mbs + 2:
                 yield (
-                    f"buffers.{buf.key}.slots",
+                    field,
                     f"{slots} slots for max_batch_size {mbs}: a full batch fills "
                     f"{mbs + 1} offsets and the padding sequence needs one spare slot "
                     f"(expected at least max_batch_size + 2)",

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import unicodedata
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import yaml
 
-from generator.diagnostics import Diagnostics, Location, field_key
+from generator.diagnostics import Diagnostics, Location, SpecError, field_key
+from generator.limits import MAX_INTEGER, MAX_SPEC_BYTES
 
 _SCALAR_TAGS = {
     "tag:yaml.org,2002:str",
@@ -87,6 +89,21 @@ _KINDS = {
     "tag:yaml.org,2002:bool": "a boolean",
     "tag:yaml.org,2002:null": "null",
 }
+
+
+_NUMBER_TAGS = {"tag:yaml.org,2002:int", "tag:yaml.org,2002:float"}
+#: A number written with more characters than this is out of range (2**63
+#: takes 19 decimal digits; separators and a base prefix leave room).
+_MAX_NUMBER_TEXT = 100
+_OUT_OF_RANGE = f"number out of range (expected at most {MAX_INTEGER} in magnitude)"
+
+
+def _out_of_range(value: Any) -> bool:
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return abs(value) > MAX_INTEGER
+    return isinstance(value, float) and abs(value) > MAX_INTEGER
 
 
 class _AliasNode(yaml.Node):
@@ -168,6 +185,11 @@ class _Converter:
             if node.tag not in _SCALAR_TAGS:
                 self.diags.error(loc, field_path, f"tag {node.tag!r} is not allowed")
                 return Node(None, loc)
+            if node.tag in _NUMBER_TAGS and len(node.value) > _MAX_NUMBER_TEXT:
+                # Not converted: PyYAML's base-60 numbers (1:2:3) cost
+                # quadratic time in their length.
+                self.diags.error(loc, field_path, _OUT_OF_RANGE)
+                return Node(None, loc)
             try:
                 value = self.constructor.construct_object(node, deep=True)
             except (yaml.YAMLError, ValueError) as exc:
@@ -180,6 +202,9 @@ class _Converter:
                     field_path,
                     f"bad scalar: {node.value!r} is not {_KINDS[node.tag]}",
                 )
+                return Node(None, loc)
+            if _out_of_range(value):
+                self.diags.error(loc, field_path, _OUT_OF_RANGE)
                 return Node(None, loc)
             return Node(value, loc, text_col=self.text_col(node, value))
         if isinstance(node, yaml.SequenceNode):
@@ -315,3 +340,32 @@ def load_spec_tree(text: str, path: str, diags: Diagnostics) -> Node | None:
     except (RecursionError, MemoryError):
         diags.error(Location(path, 1, 1), "", "spec is nested too deeply")
         return None
+
+
+def read_spec_file(path: str | Path, shown: str) -> tuple[bytes, str]:
+    """A spec's bytes and text, read once and at most :data:`MAX_SPEC_BYTES`
+    (``/dev/zero`` is refused, not read to the end); raises :class:`SpecError`."""
+    diags = Diagnostics()
+    where = Location(shown, 1, 1)
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_SPEC_BYTES + 1)
+    except OSError as exc:
+        diags.error(where, "", f"cannot read spec: {exc.strerror or exc}")
+        raise SpecError(diags.sorted()) from None
+    except ValueError:  # a NUL character in the path
+        diags.error(where, "", "cannot read spec: the path holds a NUL character")
+        raise SpecError(diags.sorted()) from None
+    if len(raw) > MAX_SPEC_BYTES:
+        diags.error(
+            where,
+            "",
+            f"spec is larger than {MAX_SPEC_BYTES // 1024} KiB (a spec needs a few "
+            "KiB; the cap bounds gen-mixin's time and memory)",
+        )
+        raise SpecError(diags.sorted())
+    try:
+        return raw, raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        diags.error(where, "", f"spec is not UTF-8 ({exc.reason} at byte {exc.start})")
+        raise SpecError(diags.sorted()) from None

@@ -11,12 +11,11 @@ what is read. Problems are recorded, never raised: every one is reported.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from generator.diagnostics import Diagnostics, Location, field_key
+from generator.diagnostics import Diagnostics, Location, closest_name, field_key
 from generator.formulas import Scope
 from generator.scopes import FIELD_SCOPES, NameKind
 from generator.yaml_loader import Node
@@ -204,8 +203,8 @@ class Reader:
             if declared is not None and declared.refused is not None:
                 self.ctx.error(self.key_location(key), self.path(key), declared.refused)
             elif declared is None:
-                close = difflib.get_close_matches(key, allowed, n=1)
-                hint = f"; did you mean {close[0]!r}?" if close else ""
+                close = closest_name(key, allowed)
+                hint = f"; did you mean {close!r}?" if close else ""
                 self.ctx.error(
                     self.key_location(key),
                     self.path(key),

@@ -192,9 +192,17 @@ def load_standalone_mixin(stem: str) -> types.ModuleType:
                 sys.modules[key] = value
 
 
+# -- spec texts ----------------------------------------------------------------
+
+
+def spec_text(stem: str) -> str:
+    """The text of ``specs/<stem>.yaml``."""
+    return (SPECS_DIR / f"{stem}.yaml").read_text(encoding="utf-8")
+
+
 def mutated_spec(stem: str, *pairs: tuple[str, str]) -> str:
     """``specs/<stem>.yaml`` with each ``old`` (occurring once) replaced."""
-    text = (SPECS_DIR / f"{stem}.yaml").read_text(encoding="utf-8")
+    text = spec_text(stem)
     for old, new in pairs:
         assert text.count(old) == 1, f"{old!r} occurs {text.count(old)} times"
         text = text.replace(old, new)
@@ -211,3 +219,64 @@ def spec_problems(text: str, name: str = "specs/case.yaml") -> list[str]:
     except SpecError as err:
         return [str(d) for d in err.diagnostics]
     return []
+
+
+# -- hostile input (test_gen_hostile_input.py, test_gen_fuzz.py) -----------------
+
+
+def tree_snapshot(folder: Path) -> dict[str, tuple[str, int, bytes | None]]:
+    """Every entry under ``folder``: its kind, permission bits and (files)
+    bytes, to show that a run left everything as it was."""
+    import stat
+
+    out: dict[str, tuple[str, int, bytes | None]] = {}
+    if not folder.exists():
+        return out
+    for path in sorted(folder.rglob("*")):
+        info = path.lstat()
+        kind = "dir" if stat.S_ISDIR(info.st_mode) else "file"
+        data = path.read_bytes() if stat.S_ISREG(info.st_mode) else None
+        if stat.S_ISLNK(info.st_mode):
+            kind, data = "link", os.readlink(path).encode()
+        out[str(path.relative_to(folder))] = (kind, stat.S_IMODE(info.st_mode), data)
+    return out
+
+
+_MEASURE = """
+import io, json, contextlib, resource, sys, time
+from generator import cli
+argv = json.loads(sys.argv[1])
+err = io.StringIO()
+start = time.process_time()
+with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+    rc = cli.main(argv)
+cpu = time.process_time() - start
+# VmHWM: this interpreter's peak. ru_maxrss also counts the forking parent's
+# (Linux keeps it across exec), which the test suite's size would dominate.
+try:
+    with open("/proc/self/status") as fh:
+        hwm = next(line for line in fh if line.startswith("VmHWM:"))
+    peak = int(hwm.split()[1]) / 1024
+except (OSError, StopIteration):
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(json.dumps({"rc": rc, "cpu_s": cpu, "peak_mb": peak, "stderr": err.getvalue()}))
+"""
+
+
+def run_measured(argv: list[str]) -> dict:
+    """``generator.cli.main(argv)`` in a fresh interpreter: its exit code,
+    the CPU seconds of the call (not the interpreter's start), the process's
+    peak memory in MB, and its standard error."""
+    import json
+    import subprocess
+
+    proc = subprocess.run(
+        [sys.executable, "-c", _MEASURE, json.dumps(argv)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)

@@ -33,3 +33,26 @@ def test_every_visible_key_is_documented() -> None:
     for cls in SECTIONS.values():
         for key in cls.KEYS.visible:
             assert f"| `{key.name}` |" in text, key.name
+
+
+def _section(text: str, title: str) -> str:
+    start = text.index(f"\n## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end != -1 else len(text)]
+
+
+def test_the_limits_section_states_the_caps_in_force() -> None:
+    """The hand-written ``## Limits`` section quotes the caps; each figure
+    must be the one the code enforces."""
+    from generator.formulas import MAX_DEPTH, MAX_EXPRESSION_LENGTH, MAX_NODES
+    from generator.limits import MAX_GENERATED_BYTES, MAX_INTEGER, MAX_SPEC_BYTES
+
+    limits = " ".join(_section(DOC.read_text(encoding="utf-8"), "Limits").split())
+    for stated in (
+        f"at most {MAX_SPEC_BYTES // 1024} KiB",
+        f"at most {MAX_EXPRESSION_LENGTH} characters, {MAX_NODES} operators and operands",
+        f"{MAX_DEPTH} levels of nesting",
+        f"within int64, at most {MAX_INTEGER} in magnitude",
+        f"at most {MAX_GENERATED_BYTES // 1024} KiB before formatting",
+    ):
+        assert stated in limits, stated

@@ -32,12 +32,14 @@ from generator.formulas import (
     Num,
     Ref,
     Scope,
+    ValueOutOfRange,
     evaluate,
     parse_assignment,
     parse_expression,
     to_python,
     to_spec_text,
 )
+from generator.limits import MAX_INTEGER
 
 NAMES = ("a", "b", "c", "t", "h", "w")
 ARITH = Scope(frozenset(NAMES))
@@ -52,16 +54,31 @@ CALLS = Scope(
 # -- an independent evaluator ----------------------------------------------------------
 
 
-def oracle(expr: fx.Expr, env: dict[str, int]) -> int:
-    """Integer semantics of a formula tree, written out separately."""
+class OutOfRange(Exception):
+    """The oracle's value left int64 where ``evaluate`` checks it."""
+
+
+def _checked(value: int, bounded: bool) -> int:
+    if bounded and abs(value) > MAX_INTEGER:
+        raise OutOfRange
+    return value
+
+
+def oracle(expr: fx.Expr, env: dict[str, int], bounded: bool = False) -> int:
+    """Integer semantics of a formula tree, written out separately.
+
+    ``bounded``: as ``evaluate`` computes it, within int64: a product, a
+    power's base and result, and (see :func:`bounded_oracle`) the result are
+    checked; a sum and a negation are not (they add at most a bit a term).
+    """
     if isinstance(expr, Num):
         return expr.value
     if isinstance(expr, Ref):
         return env[expr.name]
     if isinstance(expr, Neg):
-        return -oracle(expr.operand, env)
+        return -oracle(expr.operand, env, bounded)
     if isinstance(expr, Func):
-        vals = [oracle(a, env) for a in expr.args]
+        vals = [oracle(a, env, bounded) for a in expr.args]
         if expr.name == "ceil_div":
             if vals[1] == 0:
                 raise ZeroDivisionError
@@ -69,16 +86,23 @@ def oracle(expr: fx.Expr, env: dict[str, int]) -> int:
             return q + (r != 0)  # ceiling = floor + 1 unless exact
         return min(vals) if expr.name == "min" else max(vals)
     assert isinstance(expr, BinOp)
-    left, right = oracle(expr.left, env), oracle(expr.right, env)
+    left = oracle(expr.left, env, bounded)
+    if expr.op == "**":
+        left = _checked(left, bounded)
+    right = oracle(expr.right, env, bounded)
     ops = {
         "+": lambda: left + right,
         "-": lambda: left - right,
-        "*": lambda: left * right,
+        "*": lambda: _checked(left * right, bounded),
         "//": lambda: left // right,
         "%": lambda: left % right,
-        "**": lambda: left**right,
+        "**": lambda: _checked(left**right, bounded),
     }
     return ops[expr.op]()
+
+
+def bounded_oracle(expr: fx.Expr, env: dict[str, int]) -> int:
+    return _checked(oracle(expr, env, bounded=True), True)
 
 
 # -- random trees --------------------------------------------------------------------------
@@ -114,6 +138,8 @@ envs = st.fixed_dictionaries(
 def _value(fn):
     try:
         return ("ok", fn())
+    except (OutOfRange, ValueOutOfRange):
+        return ("out of range", None)
     except (ZeroDivisionError, EvaluationError):
         return ("div0", None)
 
@@ -121,17 +147,37 @@ def _value(fn):
 @settings(max_examples=300, deadline=None)
 @given(tree=trees, env=envs)
 def test_printing_preserves_value(tree, env) -> None:
-    want = _value(lambda: oracle(tree, env))
+    """``evaluate`` keeps every value within int64; the printed code is
+    Python's arithmetic, unbounded."""
+    want = _value(lambda: bounded_oracle(tree, env))
     assert _value(lambda: evaluate(tree, env)) == want
     code = to_python(tree)
-    assert (
-        _value(
-            lambda: eval(code, {"__builtins__": {"min": min, "max": max}}, dict(env))
-        )
-        == want
-    )
+    assert _value(
+        lambda: eval(code, {"__builtins__": {"min": min, "max": max}}, dict(env))
+    ) == _value(lambda: oracle(tree, env))
     reparsed = parse_expression(to_spec_text(tree), ARITH)
     assert _value(lambda: evaluate(reparsed, env)) == want
+
+
+#: (formula, env, value or None when beyond int64): where evaluate checks.
+INT64_CASES = [
+    ("a * b", {"a": 2**62, "b": 2}, None),
+    ("a ** 8 // b", {"a": 255, "b": 10}, None),  # the power itself leaves int64
+    ("a ** 3", {"a": 2**21 - 1}, (2**21 - 1) ** 3),
+    ("(a + a) // 2", {"a": MAX_INTEGER}, MAX_INTEGER),  # a sum: at the end only
+    ("-a - 1", {"a": MAX_INTEGER}, None),
+    ("a", {"a": MAX_INTEGER + 1}, None),
+]
+
+
+@pytest.mark.parametrize(("text", "env", "value"), INT64_CASES)
+def test_evaluate_stays_within_int64(text: str, env: dict, value) -> None:
+    expr = parse_expression(text, ARITH)
+    if value is None:
+        with pytest.raises(ValueOutOfRange):
+            evaluate(expr, env)
+    else:
+        assert evaluate(expr, env) == value
 
 
 @settings(max_examples=300, deadline=None)
@@ -205,7 +251,7 @@ def test_precedence_cases(text, canonical, value) -> None:
     ("num", "den"),
     [
         (n, d)
-        for n in (-7, -6, -1, 0, 1, 5, 6, 7, 10**30 + 1)
+        for n in (-7, -6, -1, 0, 1, 5, 6, 7, 2**62 + 1)
         for d in (-3, -1, 1, 2, 3, 7)
     ],
 )
@@ -219,7 +265,25 @@ def test_ceil_div(num, den) -> None:
 
 
 @pytest.mark.parametrize(
-    "n", [1, 2, 3, 4, 5, 8, 9, 10, 15, 16, 17, 65535, 65536, 65537, 10**30 + 1]
+    "n",
+    [
+        1,
+        2,
+        3,
+        4,
+        5,
+        8,
+        9,
+        10,
+        15,
+        16,
+        17,
+        65535,
+        65536,
+        65537,
+        (2**31 + 1) ** 2,
+        2**62 + 1,
+    ],
 )
 def test_ceil_sqrt(n) -> None:
     """The ceiling of the square root in integers (Kimi-K3's near-square
