@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-__all__ = ["generate_budgets", "resolve_budget_ladder"]
+__all__ = ["generate_budgets", "path_budgets", "resolve_budget_ladder"]
 
 
 def generate_budgets(min_budget: int, max_budget: int) -> list[int]:
@@ -24,6 +24,31 @@ def generate_budgets(min_budget: int, max_budget: int) -> list[int]:
     if not budgets or budgets[-1] < max_budget:
         budgets.append(max_budget)
     return budgets
+
+
+def path_budgets(
+    path: str,
+    token_budgets: list[int],
+    min_token_budget: int | None,
+    allow_zero_tokens: bool,
+) -> list[int]:
+    """One encoder path's budgets (``EncoderCudaGraphPathConfig``): the global
+    ``token_budgets``, or doubling from the path's minimum up to the largest
+    global budget; with a leading 0 (never captured: the batch skips the
+    path) when the path may be left out. Raises ValueError for a minimum
+    outside ``(0, largest budget]``, as the manager does."""
+    largest = token_budgets[-1]
+    if min_token_budget is None:
+        budgets = list(token_budgets)
+    elif 0 < min_token_budget <= largest:
+        budgets = generate_budgets(min_token_budget, largest)
+    else:
+        raise ValueError(
+            f"Encoder CUDA graph path {path!r} has minimum budget "
+            f"{min_token_budget}; it must lie in (0, {largest}], the largest "
+            "budget."
+        )
+    return [0, *budgets] if allow_zero_tokens else budgets
 
 
 def resolve_budget_ladder(

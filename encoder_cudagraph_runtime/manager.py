@@ -51,6 +51,7 @@ import torch
 from encoder_cudagraph_runtime import distributed
 from encoder_cudagraph_runtime.budget_ladder import (
     generate_budgets,
+    path_budgets,
     resolve_budget_ladder,
 )
 from encoder_cudagraph_runtime.buffer_aliasing import (
@@ -351,23 +352,15 @@ class EncoderCudaGraphManager:
                 "The encoder CUDA graph config needs at least one path "
                 "(paths is empty)."
             )
-        largest = self.token_budgets[-1]
-        self.path_token_budgets: dict[str, list[int]] = {}
-        for path, path_config in self.config.paths.items():
-            path_min = path_config.min_token_budget
-            if path_min is None:
-                budgets = list(self.token_budgets)
-            elif 0 < path_min <= largest:
-                budgets = self._generate_budgets(path_min, largest)
-            else:
-                raise ValueError(
-                    f"Encoder CUDA graph path {path!r} has minimum budget "
-                    f"{path_min}; it must lie in (0, {largest}], the largest "
-                    "budget."
-                )
-            if path_config.allow_zero_tokens:
-                budgets.insert(0, 0)
-            self.path_token_budgets[path] = budgets
+        self.path_token_budgets: dict[str, list[int]] = {
+            path: path_budgets(
+                path,
+                self.token_budgets,
+                path_config.min_token_budget,
+                path_config.allow_zero_tokens,
+            )
+            for path, path_config in self.config.paths.items()
+        }
 
         # Hot-path caches of facts that are fixed from here on.
         self._paths: tuple[str, ...] = tuple(self.path_token_budgets)

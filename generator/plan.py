@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from encoder_cudagraph_runtime.budget_ladder import resolve_budget_ladder
+from encoder_cudagraph_runtime.budget_ladder import path_budgets, resolve_budget_ladder
 from generator.command_line import (
     EXIT_INVALID,
     EXIT_OK,
@@ -42,6 +42,8 @@ from generator.spec.mixin import MixinSpec
 from generator.static_checks import (
     Arithmetic,
     OutOfRange,
+    axis_combos,
+    axis_problems,
     capture_problems,
     capture_names,
     capture_scope,
@@ -106,11 +108,40 @@ class BudgetPlan:
     rows: int | None
     dummy: dict[str, list[int]]
     buffers: list[BufferPlan] = field(default_factory=list)
+    axis_keys: tuple = ()  # the capture axes' keys of this graph
+
+    def with_axis_keys(self, keys: tuple) -> BudgetPlan:
+        self.axis_keys = keys
+        return self
+
     units: int | None = None  # a unit capture's views
 
     @property
     def total_bytes(self) -> int:
         return sum(b.nbytes or 0 for b in self.buffers)
+
+
+@dataclass
+class PathPlan:
+    """One encoder path: its budgets (0: a batch that leaves the path out,
+    never captured) and what each captured budget holds."""
+
+    name: str
+    budgets: list[int]
+    per_budget: list[BudgetPlan]
+
+
+def _budget_json(p: BudgetPlan) -> dict[str, Any]:
+    return {
+        "budget": p.budget,
+        "k": p.k,
+        "rows": p.rows,
+        "units": p.units,
+        "dummy": p.dummy,
+        "axis_keys": list(p.axis_keys),
+        "buffers": [b.__dict__ for b in p.buffers],
+        "total_bytes": p.total_bytes,
+    }
 
 
 @dataclass
@@ -120,14 +151,19 @@ class Plan:
     budgets: list[int]
     max_batch_size: int
     max_frames_per_batch: int
-    per_budget: list[BudgetPlan]
+    paths: list[PathPlan]
     problems: list[str]
     unknown: list[str]
     budget_unit: str = "output tokens"
 
     @property
+    def per_budget(self) -> list[BudgetPlan]:
+        """The first path's budgets (a spec without paths has one)."""
+        return self.paths[0].per_budget
+
+    @property
     def num_graphs(self) -> int:
-        return len(self.budgets)
+        return sum(len(p.per_budget) for p in self.paths)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -138,17 +174,14 @@ class Plan:
             "max_frames_per_batch": self.max_frames_per_batch,
             "num_graphs": self.num_graphs,
             "largest_item_output_tokens": self.budgets[-1],
-            "per_budget": [
+            "per_budget": [_budget_json(p) for p in self.per_budget],
+            "paths": [
                 {
-                    "budget": p.budget,
-                    "k": p.k,
-                    "rows": p.rows,
-                    "units": p.units,
-                    "dummy": p.dummy,
-                    "buffers": [b.__dict__ for b in p.buffers],
-                    "total_bytes": p.total_bytes,
+                    "name": p.name,
+                    "budgets": p.budgets,
+                    "per_budget": [_budget_json(b) for b in p.per_budget],
                 }
-                for p in self.per_budget
+                for p in self.paths
             ],
             "problems": self.problems,
             "unknown": self.unknown,
@@ -201,66 +234,110 @@ def make_plan(
                 ) from None
             mfpv = env["max_frames_per_video"]
     mfpb = max_frames if max_frames is not None else (mbs * mfpv if video else mbs)
-    per_budget = []
     unknown: set[str] = set()
-    arithmetic = Arithmetic.of(spec)
-    refused = []
-    for budget in ladder:
-        if spec.path.capture.of_units:
-            per_budget.append(
-                _unit_budget_plan(spec, env, budget, mbs, mfpb, dtype, unknown)
+    paths = []
+    problems = []
+    for path in spec.paths:
+        try:
+            smallest = (
+                evaluate(path.min_token_budget, env)
+                if path.min_token_budget is not None
+                else None
             )
-            continue
-        names = capture_names(arithmetic, env, budget, mbs, mfpb)
-        check = refusal(arithmetic, names)
-        if check is not None:
-            refused.append(
-                f"capture.assert: budget {budget} (max_batch_size {mbs}) is refused: "
-                f"{check.message} ({check.check.spec_text()} does not hold)"
-            )
-            continue
-        dims = dummy_item(arithmetic, env, budget, mbs, mfpb)
-        values = item_values(arithmetic, env, dims)
-        rows = mbs * values["input_size"]
-        scope = capture_scope(arithmetic, env, budget, mbs, mfpb, rows)
-        plan = BudgetPlan(
-            budget,
-            scope["k"],
-            rows,
-            {
-                item.key: [dims[d] for d in item.dims]
-                for item, _ in spec.path.capture.dummy
-            },
-        )
-        for buf in spec.path.buffers:
-            own = scope
-            if isinstance(buf.source, CaptureTensor) and buf.source.flat.own_rows:
-                # In its capture shape, rows is the input's own rows.
-                rows_own = mbs * flat_rows(buf.source.flat, env, dims)
-                own = capture_scope(arithmetic, env, budget, mbs, mfpb, rows_own)
-            plan.buffers.append(_buffer_plan(buf, own, dtype, unknown))
-        per_budget.append(plan)
-    problems = refused + [f"{f}: {m}" for f, m in capture_problems(arithmetic, env)]
+            budgets = path_budgets(path.name, ladder, smallest, path.allow_zero_tokens)
+        except (EvaluationError, ValueError) as exc:
+            raise PlanError(f"{path.field}min_token_budget: {exc}") from None
+        captured = [b for b in budgets if b != 0]
+        combos = axis_combos(spec.capture_axes, env)
+        plans = []
+        for b in captured:
+            for keys, dims in combos:
+                axis_env = {**env, **dims}
+                refused = _refusal(spec, path, axis_env, b, (mbs, mfpb))
+                if refused is not None:
+                    problems.append(f"{path.field}{refused}")
+                    continue
+                plans.append(
+                    _budget_plan(
+                        spec, path, axis_env, b, (mbs, mfpb), dtype, unknown
+                    ).with_axis_keys(keys)
+                )
+        paths.append(PathPlan(path.name, budgets, plans))
+        arithmetic = Arithmetic.of(spec, path)
+        problems += [
+            f"{path.field}{f}: {m}" for f, m in capture_problems(arithmetic, env)
+        ]
+    problems += [
+        f"{f}: {m}" for f, m in axis_problems(spec.capture_axes, spec.constants, env)
+    ]
     return Plan(
         str(spec.spec_path),
         (lo, hi),
         ladder,
         mbs,
         mfpb,
-        per_budget,
+        paths,
         problems,
         sorted(unknown),
-        "output tokens" if spec.items.budget_tokens is None else "budget tokens",
+        (
+            "output tokens"
+            if spec.items.budget_tokens is None and not spec.has_paths
+            else "budget tokens"
+        ),
     )
 
 
-def _unit_budget_plan(spec, env, budget, mbs, mfpb, dtype, unknown) -> BudgetPlan:
+def _refusal(spec, path, env, budget, limits) -> str | None:
+    """Why ``path``'s capture refuses ``budget`` (a ``capture.assert`` that
+    does not hold), or None."""
+    if path.capture.of_units:
+        return None
+    mbs, mfpb = limits
+    arithmetic = Arithmetic.of(spec, path)
+    check = refusal(arithmetic, capture_names(arithmetic, env, budget, mbs, mfpb))
+    if check is None:
+        return None
+    return (
+        f"capture.assert: budget {budget} (max_batch_size {mbs}) is refused: "
+        f"{check.message} ({check.check.spec_text()} does not hold)"
+    )
+
+
+def _budget_plan(spec, path, env, budget, limits, dtype, unknown) -> BudgetPlan:
+    """What ``path``'s graph of ``budget`` captures (``env``: with the dims of
+    its capture-axis keys; ``limits``: max_batch_size, max_frames_per_batch)."""
+    if path.capture.of_units:
+        return _unit_budget_plan(path, env, budget, limits, dtype, unknown)
+    mbs, mfpb = limits
+    arithmetic = Arithmetic.of(spec, path)
+    dims = dummy_item(arithmetic, env, budget, mbs, mfpb)
+    values = item_values(arithmetic, env, dims)
+    rows = mbs * values["input_size"]
+    scope = capture_scope(arithmetic, env, budget, mbs, mfpb, rows)
+    plan = BudgetPlan(
+        budget,
+        scope["k"],
+        rows,
+        {item.key: [dims[d] for d in item.dims] for item, _ in path.capture.dummy},
+    )
+    for buf in path.buffers:
+        own = scope
+        if isinstance(buf.source, CaptureTensor) and buf.source.flat.own_rows:
+            # In its capture shape, rows is the input's own rows.
+            rows_own = mbs * flat_rows(buf.source.flat, env, dims)
+            own = capture_scope(arithmetic, env, budget, mbs, mfpb, rows_own)
+        plan.buffers.append(_buffer_plan(buf, own, dtype, unknown))
+    return plan
+
+
+def _unit_budget_plan(path, env, budget, limits, dtype, unknown) -> BudgetPlan:
     """A unit capture's buffers for one budget: every shape over ``units``."""
+    mbs, mfpb = limits
     scope = unit_scope(env, budget, mbs, mfpb)
-    units = evaluate(spec.path.capture.units, scope)
+    units = evaluate(path.capture.units, scope)
     scope["units"] = units
     plan = BudgetPlan(budget, None, None, {}, units=units)
-    for buf in spec.path.buffers:
+    for buf in path.buffers:
         plan.buffers.append(_buffer_plan(buf, scope, dtype, unknown))
     return plan
 
@@ -271,16 +348,19 @@ def _needed_names(spec: MixinSpec) -> set[str]:
         | names_in(spec.items.input_size)
         | names_in(spec.items.output_tokens)
     )
-    for _, exprs in spec.path.capture.dummy:
-        for e in exprs:
-            needed |= names_in(e)
-    capture = spec.path.capture
-    for let in capture.lets:
-        needed |= names_in(let.expr)
-    for check in capture.asserts:
-        needed |= check.check.names()
-    if capture.units is not None:
-        needed |= names_in(capture.units)
+    for path in spec.paths:
+        capture = path.capture
+        for _, exprs in capture.dummy:
+            for e in exprs:
+                needed |= names_in(e)
+        for let in capture.lets:
+            needed |= names_in(let.expr)
+        for check in capture.asserts:
+            needed |= check.check.names()
+        if capture.units is not None:
+            needed |= names_in(capture.units)
+        if path.min_token_budget is not None:
+            needed |= names_in(path.min_token_budget)
     return needed
 
 
@@ -368,14 +448,20 @@ def format_plan(plan: Plan) -> str:
         "(larger items, and batches above every budget, run eagerly)",
     ]
     grand = 0
-    for p in plan.per_budget:
+    several = len(plan.paths) > 1 or plan.paths[0].name != "default"
+    budgets = [(path, p) for path in plan.paths for p in path.per_budget]
+    for path, p in budgets:
+        if several and p is path.per_budget[0]:
+            lines.append("")
+            lines.append(f"path {path.name}: budgets {path.budgets}")
         dummy = ", ".join(f"{k}={v}" for k, v in p.dummy.items())
+        keys = f", axis keys {p.axis_keys}" if p.axis_keys else ""
         lines.append("")
         if p.units is not None:
-            lines.append(f"budget {p.budget}: units={p.units}")
+            lines.append(f"budget {p.budget}{keys}: units={p.units}")
         else:
             lines.append(
-                f"budget {p.budget}: k={p.k}, rows={p.rows}, dummy item {dummy} x {plan.max_batch_size}"
+                f"budget {p.budget}{keys}: k={p.k}, rows={p.rows}, dummy item {dummy} x {plan.max_batch_size}"
             )
         for b in p.buffers:
             shape = (

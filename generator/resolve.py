@@ -20,7 +20,14 @@ from pathlib import Path
 from generator.diagnostics import Diagnostics, Location, SpecError
 from generator.spec.mixin import MixinSpec
 from generator.spec.reader import ReadContext, Reader
-from generator.static_checks import Arithmetic, capture_problems, slot_problems
+from generator.static_checks import (
+    Arithmetic,
+    PathRows,
+    axis_problems,
+    capture_problems,
+    path_problems,
+    slot_problems,
+)
 from generator.yaml_loader import Node, load_spec_tree, read_spec_file
 
 
@@ -61,22 +68,55 @@ def _read(tree: Node, shown: str, diags: Diagnostics) -> MixinSpec | None:
 
 
 def _arithmetic_problems(ctx: ReadContext):
-    """The static checks on whatever resolved."""
+    """The static checks on whatever resolved, path by path (a path's fields
+    under ``paths.<name>.``)."""
     parts = ctx.partial
     constants = parts.get("constants", ())
-    buffers = parts.get("buffers", ())
-    if parts.get("items") is None or parts.get("capture") is None:
+    items = parts.get("items")
+    named = []
+    for name, path in parts.get("paths", {}).items():
+        tokens = path.get("output_tokens")
+        prefix = f"paths.{name}." if "output_tokens" in path else ""
+        if tokens is not None:
+            named.append(
+                PathRows(
+                    name,
+                    tokens,
+                    path.get("min_token_budget"),
+                    path.get("allow_zero_tokens", False),
+                )
+            )
+        for field, message in _path_arithmetic(ctx, path, items, tokens):
+            yield prefix + field, message
+    axes = parts.get("capture_axes", ())
+    yield from axis_problems(axes, constants)
+    if items is not None and named and len(named) == len(parts["paths"]):
+        yield from path_problems(
+            tuple(named), items, constants, parts.get("item_inputs", ())
+        )
+
+
+def _path_arithmetic(ctx: ReadContext, path: dict, items, tokens):
+    """One path's capture checks; a path of ``paths:`` counts its budgets
+    and graph rows in its own rows per item."""
+    parts = ctx.partial
+    constants = parts.get("constants", ())
+    buffers = path.get("buffers", ())
+    if "output_tokens" in path and tokens is None:
+        items = None  # its rows per item did not resolve
+    if items is None or path.get("capture") is None:
         yield from slot_problems(constants, buffers)
         return
     yield from capture_problems(
         Arithmetic(
             constants,
             parts.get("item_inputs", ()),
-            parts["capture"],
-            parts["items"],
+            path["capture"],
+            items.on_path(tokens),
             buffers,
             parts.get("sizes", ()),
             parts.get("items_resolved", True),
+            parts.get("capture_axes", ()),
             parts["budget"].min if parts.get("budget") is not None else None,
         )
     )

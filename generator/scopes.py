@@ -29,6 +29,7 @@ class NameKind(Enum):
     FLAT = "flat input"
     GRID = "grid input"  # grids and per-item counts
     DIM = "dim"
+    AXIS_DIM = "capture axis dim"
     BUFFER = "buffer"
     GRAPH_STEP = "graph_forward step"
     EAGER_STEP = "eager_forward step"
@@ -104,8 +105,9 @@ CAPTURE_KWARG_NAMES = (*DUMMY_NAMES, "frames_per_item", "rows", "units")
 #: capture (``capture.units``) does not bind, and the reverse.
 ITEM_CAPTURE_NAMES = frozenset({"k", "rows", "frames_per_item"})
 UNIT_CAPTURE_NAMES = frozenset({"units"})
-#: Constants and the capture intermediates (``capture.let``) declared so far.
-_CAPTURE_VALUES = frozenset({_K.CONSTANT, _K.CAPTURE_LET})
+#: Constants, capture-axis dims and the capture intermediates
+#: (``capture.let``) declared so far.
+_CAPTURE_VALUES = frozenset({_K.CONSTANT, _K.AXIS_DIM, _K.CAPTURE_LET})
 
 FIELD_SCOPES: dict[str, FieldScope] = {
     "host_path": FieldScope(host_paths=True),
@@ -122,7 +124,7 @@ FIELD_SCOPES: dict[str, FieldScope] = {
     "capture_assert": FieldScope(_CAPTURE_VALUES, (*DUMMY_NAMES, "frames_per_item")),
     "dummy": FieldScope(_CAPTURE_VALUES, (*DUMMY_NAMES, "frames_per_item")),
     "units": FieldScope(
-        frozenset({_K.CONSTANT}),
+        frozenset({_K.CONSTANT, _K.AXIS_DIM}),
         ("token_budget", "max_batch_size", "max_frames_per_batch"),
     ),
     "tensor_shape": FieldScope(_CAPTURE_VALUES, CAPTURE_SIZES, host_paths=True),
@@ -131,20 +133,20 @@ FIELD_SCOPES: dict[str, FieldScope] = {
         _CAPTURE_VALUES, ("k", "rows", "max_batch_size", "token_budget")
     ),
     "builder_call": FieldScope(
-        frozenset({_K.CONSTANT, _K.FLAT, _K.GRID}),
+        frozenset({_K.CONSTANT, _K.FLAT, _K.GRID, _K.AXIS_DIM}),
         ("device", "dtype", "max_batch_size", "max_frames_per_batch"),
         host_paths=True,
         calls=True,
         literals=True,
     ),
     "capture_kwargs": FieldScope(
-        frozenset({_K.CONSTANT, _K.FLAT, _K.GRID, _K.CAPTURE_LET}),
+        frozenset({_K.CONSTANT, _K.FLAT, _K.GRID, _K.AXIS_DIM, _K.CAPTURE_LET}),
         ("device", "dtype", *CAPTURE_KWARG_NAMES),
         host_paths=True,
         literals=True,
     ),
     "replay_kwargs": FieldScope(
-        frozenset({_K.CONSTANT, _K.FLAT, _K.GRID}),
+        frozenset({_K.CONSTANT, _K.FLAT, _K.GRID, _K.AXIS_DIM}),
         ("device", "dtype", "max_batch_size", "max_frames_per_batch"),
         host_paths=True,
         literals=True,
@@ -153,7 +155,7 @@ FIELD_SCOPES: dict[str, FieldScope] = {
         frozenset({_K.CONSTANT}), ("max_batch_size", "max_frames_per_batch")
     ),
     "buffer_shape": FieldScope(
-        frozenset({_K.CONSTANT, _K.SIZE, _K.CAPTURE_LET}),
+        frozenset({_K.CONSTANT, _K.SIZE, _K.AXIS_DIM, _K.CAPTURE_LET}),
         (*CAPTURE_SIZES, "max_frames_per_batch"),
     ),
     "graph_forward": FieldScope(
@@ -228,7 +230,13 @@ METHODS: dict[str, Method] = {
             "get_encoder_cudagraph_config",
             (SELF,),
             "{EncoderCudaGraphConfig}",
-            ("AttentionBackendEnum", "EncoderCudaGraphConfig", "mm_config", "backend"),
+            (
+                "AttentionBackendEnum",
+                "EncoderCudaGraphConfig",
+                "EncoderCudaGraphPathConfig",
+                "mm_config",
+                "backend",
+            ),
             spec_kinds=frozenset({_K.CONSTANT}),
         ),
         Method(
@@ -249,7 +257,7 @@ METHODS: dict[str, Method] = {
             "select_encoder_cudagraph_items",
             (SELF, MM_KWARGS, Param("indices", "list[int]")),
             "dict[str, Any]",
-            ("keys",),
+            ("keys", "selected", "ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG"),
             spec_kinds=_READS_INPUTS,
         ),
         Method(
@@ -276,7 +284,14 @@ METHODS: dict[str, Method] = {
             ),
             (("{}_rows", _K.FLAT),),
             _READS_INPUTS
-            | {_K.FLAT, _K.BUFFER, _K.IMPORT, _K.BUILDER_RESULT, _K.CAPTURE_LET},
+            | {
+                _K.FLAT,
+                _K.BUFFER,
+                _K.IMPORT,
+                _K.BUILDER_RESULT,
+                _K.AXIS_DIM,
+                _K.CAPTURE_LET,
+            },
             exploded=True,
         ),
         Method(
@@ -289,9 +304,16 @@ METHODS: dict[str, Method] = {
                 PATH,
             ),
             "{EncoderCudaGraphReplayBuffers}",
-            ("EncoderCudaGraphReplayBuffers", "keys"),
+            ("EncoderCudaGraphReplayBuffers", "keys", "axis_keys"),
             spec_kinds=frozenset(
-                {_K.CONSTANT, _K.GRID, _K.FLAT, _K.IMPORT, _K.BUILDER_RESULT}
+                {
+                    _K.CONSTANT,
+                    _K.GRID,
+                    _K.FLAT,
+                    _K.IMPORT,
+                    _K.BUILDER_RESULT,
+                    _K.AXIS_DIM,
+                }
             ),
             exploded=True,
         ),
@@ -338,11 +360,41 @@ METHODS: dict[str, Method] = {
                 "offset",
                 "idx",
                 "length",
+                "path_rows",
+                "path_offsets",
+                "position",
+                "item_parts",
+                "path_name",
+                "per_item",
+                "item_rows",
+                "row_start",
             ),
             spec_kinds=_READS_INPUTS | {_K.IMPORT},
             exploded=True,
         ),
         Method("get_input_modality", (SELF, MM_KWARGS), "str"),
+        Method(
+            "_capture_axes",
+            (SELF,),
+            "tuple[tuple[Hashable, ...], ...]",
+            spec_kinds=frozenset({_K.CONSTANT}),
+        ),
+        Method(
+            "_capture_axis_keys",
+            (SELF, MM_KWARGS),
+            "tuple[Hashable, ...]",
+            ("keys", "needs", "axis", "need"),
+            spec_kinds=_READS_INPUTS,
+        ),
+        Method(
+            "_covering_key",
+            (
+                Param("keys", "tuple[Hashable, ...]"),
+                Param("need", "tuple[int, ...]"),
+            ),
+            "Hashable",
+            ("key", "parts", "p", "n"),
+        ),
         # Helpers: no spec name reaches them.
         Method("_modality_keys", (SELF, MM_KWARGS), "dict[str, str]"),
         Method(
@@ -446,6 +498,8 @@ MODULE_NAMES = frozenset(
         "TYPE_CHECKING",
         "SupportsEncoderCudaGraph",
         "EncoderCudaGraphConfig",
+        "EncoderCudaGraphPathConfig",
+        "ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG",
         "EncoderCudaGraphCaptureInputs",
         "EncoderCudaGraphReplayBuffers",
         "EncoderItemSpec",

@@ -52,17 +52,21 @@ class Arithmetic:
     # False when items.graph_rows or items.budget_tokens was given but did
     # not resolve: the coverage checks would run on the wrong defaults.
     items_resolved: bool = True
+    axes: tuple = ()  # the spec's capture axes
     budget_min: Expr | None = None
 
     @classmethod
-    def of(cls, spec) -> Arithmetic:
+    def of(cls, spec, path=None) -> Arithmetic:
+        """The arithmetic of one path of ``spec`` (its first by default)."""
+        path = path if path is not None else spec.paths[0]
         return cls(
             spec.constants,
             spec.item_inputs,
-            spec.path.capture,
-            spec.items,
-            spec.path.buffers,
+            path.capture,
+            spec.items.on_path(path.output_tokens),
+            path.buffers,
             spec.sizes,
+            axes=spec.capture_axes,
             budget_min=spec.budget.min,
         )
 
@@ -201,15 +205,22 @@ def flat_rows(flat: FlatInput, env: Mapping[str, int], dims: Mapping[str, int]) 
 def capture_problems(
     ir: Arithmetic, overrides: Mapping[str, int] | None = None
 ) -> Iterator[tuple[str, str]]:
-    """(field, message) for each arithmetic problem found with known values."""
+    """(field, message) for each arithmetic problem found with known values
+    (with capture axes: for every combination of their keys)."""
     env = constant_env(ir, overrides)
     yield from smallest_budget_problems(ir, env)
+    reported: set[str] = set()
     try:
         if ir.capture.of_units:
             # A unit capture's own coverage check replaces the dummy's.
-            yield from unit_capture_problems(ir, env)
+            for axis_env in axis_envs(ir.axes, env):
+                for field, message in unit_capture_problems(ir, axis_env):
+                    if field not in reported:
+                        reported.add(field)
+                        yield field, message
             return
-        yield from _sampled_problems(ir, env)
+        for axis_env in axis_envs(ir.axes, env):
+            yield from _budget_problems(ir, axis_env, reported)
         if (
             ir.capture.graph_rows is not None
             and ir.items.budget_tokens is not None
@@ -222,12 +233,40 @@ def capture_problems(
     yield from slot_problems(ir.constants, ir.buffers, overrides)
 
 
-def _sampled_problems(
-    ir: Arithmetic, env: Mapping[str, int]
+def axis_combos(axes, env: Mapping[str, int]) -> list[tuple[tuple, dict[str, int]]]:
+    """Every combination of the axes' keys (each distinct key once), with the
+    dims it binds: ``[((), {})]`` without axes. Keys that need a constant
+    without a value are left out."""
+    per_axis = []
+    for axis in axes:
+        values: dict = {}
+        for key in axis.keys:
+            try:
+                parts = tuple(evaluate(p, env) for p in key)
+            except (EvaluationError, ArithmeticError):
+                continue
+            shown = parts[0] if axis.scalar else parts
+            values.setdefault(shown, dict(zip(axis.dims, parts, strict=True)))
+        per_axis.append(list(values.items()))
+    return [
+        (
+            tuple(key for key, _ in combo),
+            {d: v for _, dims in combo for d, v in dims.items()},
+        )
+        for combo in itertools.product(*per_axis)
+    ]
+
+
+def axis_envs(axes, env: Mapping[str, int]) -> list[dict[str, int]]:
+    """``env`` with the dims of every combination of the axes' keys."""
+    return [{**env, **dims} for _, dims in axis_combos(axes, env)]
+
+
+def _budget_problems(
+    ir: Arithmetic, env: Mapping[str, int], reported: set[str]
 ) -> Iterator[tuple[str, str]]:
-    """The capture checks at every sampled budget and batch size (raises
+    """The checks of every sampled budget and batch size (raises
     OutOfRange)."""
-    reported: set[str] = set()
     longest = LongestItems(ir, env)
     for mbs in SAMPLE_BATCH_SIZES:
         for budget in SAMPLE_BUDGETS:
@@ -240,13 +279,15 @@ def _sampled_problems(
                 values = item_values(ir, env, dims)
             except (EvaluationError, ArithmeticError):
                 continue  # a constant without default: plan checks it
-            bad_dims = [d for d, v in dims.items() if v <= 0]
+            # A count may be 0 (an image without crops), a grid dim may not.
+            counts = {g.dims[0] for g in ir.item_inputs if g.is_count}
+            bad_dims = [d for d, v in dims.items() if v < (d not in counts)]
             if bad_dims and "capture.dummy" not in reported:
                 reported.add("capture.dummy")
                 yield (
                     "capture.dummy",
-                    f"dummy dims {', '.join(bad_dims)} are not positive for budget "
-                    f"{budget} and max_batch_size {mbs}",
+                    f"dummy dims {', '.join(bad_dims)} are not positive (counts: "
+                    f"negative) for budget {budget} and max_batch_size {mbs}",
                 )
             eager = ir.items.eager_when
             if (
@@ -347,9 +388,13 @@ def _sampled_problems(
                             f"max_batch_size {mbs}); size dim 0 with capture.graph_rows",
                         )
             # The dummy batch must hold every batch whose budget tokens fit:
-            # its graph rows and its budget tokens both reach the budget.
+            # its graph rows and its budget tokens both reach the budget (or,
+            # for items of a fixed token count, the most max_batch_size of
+            # them can have).
             covered = min(graph_capacity, mbs * values["budget_tokens"])
-            if covered < budget and "capture.dummy" not in reported:
+            if covered < min(budget, fixed_batch_tokens(ir, env, mbs)) and (
+                "capture.dummy" not in reported
+            ):
                 reported.add("capture.dummy")
                 need = per_item_tokens(budget, mbs)
                 k = per_item_tokens(budget, mbs, rounding)
@@ -385,6 +430,20 @@ def smallest_budget_problems(
             f"{check.check.spec_text()} fails for the smallest budget ({smallest}) "
             "with one item per batch: no graph could be captured",
         )
+
+
+def fixed_batch_tokens(ir: Arithmetic, env: Mapping[str, int], mbs: int) -> float:
+    """The budget tokens of the largest batch when every item has the same
+    (its budget tokens read no dims: one global view per image), else
+    unbounded."""
+    budget_tokens = ir.items.budget_tokens or ir.items.output_tokens
+    dims = {d for g in ir.item_inputs for d in g.dims}
+    if names_in(budget_tokens) & dims:
+        return float("inf")
+    try:
+        return mbs * evaluate(budget_tokens, env)
+    except (EvaluationError, ArithmeticError):
+        return float("inf")
 
 
 #: Values tried for every grid dim when a per-item relation is checked.
@@ -552,6 +611,145 @@ def slot_problems(
                     f"(expected at least max_batch_size + 2)",
                 )
                 break
+
+
+# -- encoder paths ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PathRows:
+    """What the path checks read of one path of ``paths:``."""
+
+    name: str
+    output_tokens: Expr
+    min_token_budget: Expr | None
+    allow_zero_tokens: bool
+
+
+def _item_samples(
+    item_inputs: tuple[ItemInput, ...], used: set[str]
+) -> Iterator[dict[str, int]]:
+    """Sampled dims of one item: counts from 0 (an image without crops),
+    grid dims from 1; only the dims in ``used`` vary."""
+    dims = [(d, g.is_count) for g in item_inputs for d in g.dims if d in used]
+    domains = [(0, *SAMPLE_DIMS) if count else SAMPLE_DIMS for _, count in dims]
+    names = [d for d, _ in dims]
+    if math.prod(len(d) for d in domains) <= MAX_DIM_SAMPLES:
+        for combo in itertools.product(*domains):
+            yield dict(zip(names, combo, strict=True))
+        return
+    rng = random.Random(0)
+    for _ in range(MAX_DIM_SAMPLES):
+        yield {n: rng.choice(d) for n, d in zip(names, domains, strict=True)}
+
+
+def _shown(dims: Mapping[str, int]) -> str:
+    return f" ({', '.join(f'{d}={v}' for d, v in dims.items())})" if dims else ""
+
+
+def path_problems(
+    paths: tuple[PathRows, ...],
+    items: Items,
+    constants: tuple[Constant, ...],
+    item_inputs: tuple[ItemInput, ...],
+    overrides: Mapping[str, int] | None = None,
+) -> Iterator[tuple[str, str]]:
+    """Rows per item on each path: never negative, 0 only on a path a batch
+    may leave out, some path that holds every item, and (each item's output
+    being its rows of every path, concatenated) they add up to the item's
+    output tokens. A path's smallest budget is positive."""
+    env = {c.name: c.default for c in constants if c.default is not None}
+    env.update(overrides or {})
+    for path in paths:
+        if path.min_token_budget is None:
+            continue
+        try:
+            smallest = evaluate(path.min_token_budget, env)
+        except (EvaluationError, ArithmeticError):
+            continue
+        if smallest <= 0:
+            yield (
+                f"paths.{path.name}.min_token_budget",
+                f"is {smallest}: the manager refuses a path budget outside "
+                "(0, largest budget]",
+            )
+    if all(p.allow_zero_tokens for p in paths):
+        yield (
+            "paths",
+            "every path allows zero tokens: some path must hold every item "
+            "(allow_zero_tokens: false), or an item could have no rows at all",
+        )
+    used = names_in(items.output_tokens).union(
+        *(names_in(p.output_tokens) for p in paths)
+    )
+    reported: set[str] = set()
+    for dims in _item_samples(item_inputs, used):
+        scope = {**env, **dims}
+        try:
+            rows = {p.name: evaluate(p.output_tokens, scope) for p in paths}
+            total = evaluate(items.output_tokens, scope)
+        except (EvaluationError, ArithmeticError):
+            continue
+        for path in paths:
+            field = f"paths.{path.name}.output_tokens"
+            n = rows[path.name]
+            bad = n < 0 or (n == 0 and not path.allow_zero_tokens)
+            if bad and field not in reported:
+                reported.add(field)
+                fix = "" if n < 0 else "; set allow_zero_tokens: true"
+                yield (
+                    field,
+                    f"is {n} for an item{_shown(dims)}: a batch of such items "
+                    f"has no rows on path {path.name!r}{fix}",
+                )
+        field = "items.output_tokens"
+        if sum(rows.values()) != total and field not in reported:
+            reported.add(field)
+            parts = " + ".join(str(rows[p.name]) for p in paths)
+            yield (
+                field,
+                f"is {total} for an item{_shown(dims)} but its rows on the paths "
+                f"add up to {parts} = {sum(rows.values())}: an item's output is its "
+                "rows of every path, concatenated",
+            )
+
+
+# -- capture axes -------------------------------------------------------------------
+
+
+def axis_problems(
+    axes, constants: tuple[Constant, ...], overrides: Mapping[str, int] | None = None
+) -> Iterator[tuple[str, str]]:
+    """Every key a batch can select is captured: some key covers the axis'
+    bound (the largest need any item can have). Keys differ."""
+    env = {c.name: c.default for c in constants if c.default is not None}
+    env.update(overrides or {})
+    for i, axis in enumerate(axes):
+        field = f"capture_axes[{i}]"
+        try:
+            keys = [tuple(evaluate(p, env) for p in key) for key in axis.keys]
+            bound = tuple(evaluate(b, env) for b in axis.bound)
+        except (EvaluationError, ArithmeticError):
+            continue  # a constant without default: plan checks it
+        for j, key in enumerate(keys):
+            if key in keys[:j]:
+                yield (
+                    f"{field}.keys",
+                    f"keys[{j}] is {_key_text(key)} again: each key is one graph "
+                    "per budget, captured once",
+                )
+        if not any(all(k >= b for k, b in zip(key, bound)) for key in keys):
+            yield (
+                f"{field}.bound",
+                f"no key covers the bound {_key_text(bound)} (keys: "
+                f"{', '.join(_key_text(k) for k in keys)}): a batch with such an "
+                "item would select a key that was never captured and the "
+                "manager would fail on it; add a key that covers the bound",
+            )
+
+
+def _key_text(parts: tuple[int, ...]) -> str:
+    return str(parts[0]) if len(parts) == 1 else str(parts)
 
 
 # -- unit captures -------------------------------------------------------------------

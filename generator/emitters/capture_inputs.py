@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from generator import formulas as fx
-from generator.emitters.method_body import Body, dims_of, signature, times
+from generator.emitters.capture_axes import capture_context
+from generator.emitters.method_body import Body, dims_of, path_dispatch, times
 from generator.emitters.prose import comment_lines, message_literal, plain_message
 from generator.formulas import Ref
 from generator.naming import PROTOCOL_MODULES
@@ -13,14 +14,18 @@ from generator.spec import conditions
 from generator.spec.capture import Buffer, CaptureAssert, CaptureTensor, MetadataBuilder
 from generator.spec.enums import ImageLimitGuard, PadRule, Rounding
 from generator.spec.mixin import MixinSpec
+from generator.spec.path import EncoderPath
 
 
 def builder_calls(
-    spec: MixinSpec, body: Body, phase: str, name_map: dict[str, str] | None = None
+    path: EncoderPath,
+    body: Body,
+    phase: str,
+    name_map: dict[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     """Each builder's call at ``phase`` (capture or replay) and its result name."""
     out = []
-    for b in spec.path.metadata:
+    for b in path.metadata:
         call = fx.Call(b.call.callee, b.call.args, b.kwargs(phase))
         out.append(
             {
@@ -38,28 +43,28 @@ def builder_value(buf: Buffer) -> str:
     return f'{buf.source.result_name}["{buf.key}"]'
 
 
-def _builder_grids(spec: MixinSpec) -> set[str]:
+def _builder_grids(spec: MixinSpec, path: EncoderPath) -> set[str]:
     """Grid and count keys a builder reads at capture."""
     names: set[str] = set()
-    for b in spec.path.metadata:
+    for b in path.metadata:
         names |= fx.names_in(b.call)
         for _, value in b.capture_kwargs:
             names |= fx.names_in(value)
     return {n for n in names if spec.item_input(n) is not None}
 
 
-def _own_rows(spec: MixinSpec) -> list[CaptureTensor]:
+def _own_rows(path: EncoderPath) -> list[CaptureTensor]:
     """Capture tensors of flat inputs with their own rows per item."""
-    return [t for t in spec.path.capture.tensors if t.flat.own_rows]
+    return [t for t in path.capture.tensors if t.flat.own_rows]
 
 
-def _dummies(spec: MixinSpec, body: Body) -> list[dict[str, Any]]:
-    builder_grids = _builder_grids(spec)
+def _dummies(spec: MixinSpec, path: EncoderPath, body: Body) -> list[dict[str, Any]]:
+    builder_grids = _builder_grids(spec, path)
     rows_dims = dims_of(spec, spec.items.input_size)
-    for t in _own_rows(spec):
+    for t in _own_rows(path):
         rows_dims |= dims_of(spec, t.flat.rows)
     out = []
-    for item, exprs in spec.path.capture.dummy:
+    for item, exprs in path.capture.dummy:
         if item.key not in builder_grids and not (set(item.dims) & rows_dims):
             continue
         targets = ", ".join(item.dims)
@@ -159,9 +164,8 @@ def _padded(body: Body, buf: Buffer) -> dict[str, Any]:
     }
 
 
-def context(spec: MixinSpec, target: str) -> dict[str, Any]:
+def _path_body(spec: MixinSpec, path: EncoderPath) -> dict[str, Any]:
     body = Body(spec)
-    path = spec.path
     capture = path.capture
     padded = path.pad_buffers
     own = {b.key for b in padded} | {b.key for b in path.buffers if b.allocate}
@@ -171,26 +175,13 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
             entries.append({"key": buf.key, "value": buf.key})
         else:
             entries.append({"key": buf.key, "value": builder_value(buf)})
+    budget_tokens = path.named or spec.items.budget_tokens is not None
     ctx: dict[str, Any] = {
-        "signature": signature(spec, "prepare_encoder_cudagraph_capture_inputs"),
-        "defs_local": spec.local_defs_import,
-        "defs_module": PROTOCOL_MODULES[target]["defs"],
-        "image_limit": (
-            plain_message(
-                f"cudagraph_mm_encoder requires the {spec.display_name} vision "
-                "tower, but it was stubbed out because the image limit is 0. "
-                "Disable cudagraph_mm_encoder."
-            )
-            if spec.guards.image_limit_zero is ImageLimitGuard.CAPTURE
-            else None
-        ),
         "why": comment_lines(capture.why),
-        "k_counts": (
-            "Budget tokens" if spec.items.budget_tokens is not None else "Output tokens"
-        ),
+        "k_counts": "Budget tokens" if budget_tokens else "Output tokens",
         "floor": capture.rounding is Rounding.FLOOR,
         "units": body.expr(capture.units) if capture.of_units else None,
-        "dummies": _dummies(spec, body),
+        "dummies": _dummies(spec, path, body),
         "frames_per_item": "frames_per_item" in _capture_names(capture),
         "lets": [
             {"name": let.name, "value": body.expr(let.expr)} for let in capture.lets
@@ -202,7 +193,7 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
             else times("max_batch_size", body, spec.items.input_size)
         ),
         "tensors": [_tensor(body, t, capture.of_units) for t in capture.tensors],
-        "builders": builder_calls(spec, body, "capture"),
+        "builders": builder_calls(path, body, "capture"),
         "padded": [_padded(body, b) for b in padded],
         "allocated": [_allocated(body, b) for b in path.buffers if b.allocate],
         "graph_rows": (
@@ -211,4 +202,34 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
         "entries": entries,
     }
     ctx["constants"] = body.bindings()
+    return ctx
+
+
+def _units_doc(spec: MixinSpec) -> str:
+    """Whether ``all``, ``some`` or ``none`` of the paths capture views."""
+    units = [p.capture.of_units for p in spec.paths]
+    return "all" if all(units) else "some" if any(units) else "none"
+
+
+def context(spec: MixinSpec, target: str) -> dict[str, Any]:
+    ctx = path_dispatch(
+        spec,
+        "prepare_encoder_cudagraph_capture_inputs",
+        [_path_body(spec, p) for p in spec.paths],
+    )
+    ctx.update(
+        defs_local=spec.local_defs_import,
+        defs_module=PROTOCOL_MODULES[target]["defs"],
+        image_limit=(
+            plain_message(
+                f"cudagraph_mm_encoder requires the {spec.display_name} vision "
+                "tower, but it was stubbed out because the image limit is 0. "
+                "Disable cudagraph_mm_encoder."
+            )
+            if spec.guards.image_limit_zero is ImageLimitGuard.CAPTURE
+            else None
+        ),
+        axes=capture_context(spec),
+        units=_units_doc(spec),
+    )
     return ctx

@@ -19,7 +19,7 @@ DEFAULT_BACKEND_WHY = (
 def padding_logics(spec: MixinSpec) -> list[dict[str, str]]:
     """The replay copies that differ from the manager's default, by buffer."""
     out = []
-    for buf in spec.path.buffers:
+    for buf in spec.buffers:
         if buf.pad is PadRule.TRAILING_SEQUENCE:
             out.append({"key": buf.key, "fn": "self._pad_with_trailing_sequence"})
         elif buf.pad is PadRule.REPEAT_LAST:
@@ -54,6 +54,21 @@ def _backend(spec: MixinSpec, body: Body) -> dict[str, Any] | None:
     }
 
 
+def _paths(spec: MixinSpec, body: Body) -> list[dict[str, Any]] | None:
+    """``EncoderCudaGraphPathConfig`` arguments of each path (spec with paths)."""
+    if not spec.has_paths:
+        return None
+    out = []
+    for path in spec.paths:
+        args = []
+        if path.min_token_budget is not None:
+            args.append(f"min_token_budget={body.expr(path.min_token_budget)}")
+        if path.allow_zero_tokens:
+            args.append("allow_zero_tokens=True")
+        out.append({"name": repr(path.name), "args": ", ".join(args)})
+    return out
+
+
 def context(spec: MixinSpec, target: str) -> dict[str, Any]:
     body = Body(spec)
     name = spec.display_name
@@ -81,10 +96,12 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
         "fp8": fp8,
         "backend": backend,
         "modalities": [repr(m.value) for m in spec.modalities],
-        "buffer_keys": [repr(b.key) for b in spec.path.buffers],
+        "buffer_keys": [repr(b.key) for b in spec.buffers],
+        "paths": _paths(spec, body),
         "out_hidden_size": body.expr(spec.out_hidden_size),
         "max_frames_per_video": body.expr(mfpv) if mfpv is not None else None,
         "padding": padding_logics(spec),
+        "capture_axes": bool(spec.capture_axes),
     }
     ctx["constants"] = body.bindings()
     return ctx

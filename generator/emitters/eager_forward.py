@@ -6,14 +6,31 @@ from typing import Any
 
 from generator import formulas as fx
 from generator.emitters.graph_forward import steps
-from generator.emitters.method_body import Body, Loads, dims_of, item_loop, signature
+from generator.emitters.method_body import (
+    Body,
+    Loads,
+    dims_of,
+    item_loop,
+    path_dispatch,
+)
 from generator.spec.mixin import MixinSpec
+from generator.spec.path import EncoderPath
 
 
 def context(spec: MixinSpec, target: str) -> dict[str, Any]:
+    ctx = path_dispatch(
+        spec,
+        "encoder_eager_forward",
+        [_path_body(spec, p) for p in spec.paths],
+    )
+    ctx["keys"] = Loads(spec).by_modality
+    return ctx
+
+
+def _path_body(spec: MixinSpec, path: EncoderPath) -> dict[str, Any]:
     body = Body(spec)
     loads = Loads(spec)
-    eager = spec.path.eager_forward
+    eager = path.eager_forward
     used = set().union(*(fx.names_in(s.expr) for s in eager.steps))
     flats = [f for f in spec.flat_inputs if f.key in used]
     flat_loads = []
@@ -23,8 +40,6 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
             value = f"{value}.to({body.expr(flat.eager_dtype)})"
         flat_loads.append({"name": flat.key, "value": value})
     ctx: dict[str, Any] = {
-        "signature": signature(spec, "encoder_eager_forward"),
-        "keys": loads.by_modality,
         "per_item": eager.per_item,
         "loads": flat_loads,
     }

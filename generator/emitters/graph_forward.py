@@ -5,21 +5,22 @@ from __future__ import annotations
 from typing import Any
 
 from generator import formulas as fx
-from generator.emitters.method_body import Body, signature
+from generator.emitters.method_body import Body, path_dispatch
 from generator.formulas import Ref
 from generator.spec.forwards import Step
 from generator.spec.mixin import MixinSpec
+from generator.spec.path import EncoderPath
 
 
 def steps(body: Body, steps: tuple[Step, ...], name_map: dict[str, str]):
     return [{"target": s.target, "expr": body.expr(s.expr, name_map)} for s in steps]
 
 
-def context(spec: MixinSpec, target: str) -> dict[str, Any]:
+def _path_body(spec: MixinSpec, path: EncoderPath) -> dict[str, Any]:
     body = Body(spec)
-    forward = spec.path.graph_forward
+    forward = path.graph_forward
     uses_rest = any(Ref("rest") in fx.walk(s.expr) for s in forward)
-    keys = [b.key for b in spec.path.buffers]
+    keys = [b.key for b in path.buffers]
     popped: list[str] = []
     name_map: dict[str, str] = {}
     if uses_rest:
@@ -29,10 +30,17 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
     else:
         name_map.update({k: f'inputs["{k}"]' for k in keys})
     ctx = {
-        "signature": signature(spec, "encoder_cudagraph_forward"),
         "popped": popped,
         "uses_rest": uses_rest,
         "steps": steps(body, forward, name_map),
     }
     ctx["constants"] = body.bindings()
     return ctx
+
+
+def context(spec: MixinSpec, target: str) -> dict[str, Any]:
+    return path_dispatch(
+        spec,
+        "encoder_cudagraph_forward",
+        [_path_body(spec, p) for p in spec.paths],
+    )

@@ -12,14 +12,18 @@ from generator.emitters.postprocess import writes_default
 from generator.import_rules import TARGET_ROOTS
 from generator.naming import PROTOCOL_MODULES
 from generator.spec.mixin import MixinSpec
+from generator.spec.path import EncoderPath
 
 
 def used_import_names(spec: MixinSpec) -> set[str]:
     """Imported names the generated code mentions."""
-    path = spec.path
-    exprs: list[fx.Expr] = [m.call for m in path.metadata]
-    exprs += [v for m in path.metadata for _, v in m.capture_kwargs + m.replay_kwargs]
-    exprs += [s.expr for s in path.graph_forward + path.eager_forward.steps]
+    exprs: list[fx.Expr] = []
+    for path in spec.paths:
+        exprs += [m.call for m in path.metadata]
+        exprs += [
+            v for m in path.metadata for _, v in m.capture_kwargs + m.replay_kwargs
+        ]
+        exprs += [s.expr for s in path.graph_forward + path.eager_forward.steps]
     used = set().union(*(fx.names_in(e) for e in exprs)) if exprs else set()
     for attr in spec.host:
         used |= attr.names
@@ -33,13 +37,21 @@ def used_import_names(spec: MixinSpec) -> set[str]:
 
 def _printed_formulas(spec: MixinSpec) -> list[fx.Expr]:
     """Every formula the generated code may print."""
-    items, path = spec.items, spec.path
-    capture = path.capture
+    items = spec.items
     exprs = [items.input_size, items.output_tokens, items.graph_rows]
     exprs += [items.budget_tokens, spec.budget.min, spec.out_hidden_size]
     if items.eager_when is not None:
         exprs += [items.eager_when.left, items.eager_when.right]
     exprs += [f.rows for f in spec.flat_inputs]
+    for path in spec.paths:
+        exprs += _path_formulas(path)
+    return [e for e in exprs if e is not None]
+
+
+def _path_formulas(path: EncoderPath) -> list[fx.Expr | None]:
+    """The formulas of one encoder path."""
+    capture = path.capture
+    exprs = [path.output_tokens, path.min_token_budget, capture.units]
     exprs += [let.expr for let in capture.lets]
     exprs += [side for a in capture.asserts for side in (a.check.left, a.check.right)]
     exprs += [e for _, dims in capture.dummy for e in dims]
@@ -47,11 +59,10 @@ def _printed_formulas(spec: MixinSpec) -> list[fx.Expr]:
     exprs += [capture.graph_rows, path.eager_forward.empty_width]
     exprs += [m.call for m in path.metadata]
     exprs += [v for m in path.metadata for _, v in m.capture_kwargs + m.replay_kwargs]
-    exprs += [b.slots for b in path.buffers] + [
-        e for b in path.buffers for e in b.shape or ()
-    ]
+    exprs += [b.slots for b in path.buffers]
+    exprs += [e for b in path.buffers for e in b.shape or ()]
     exprs += [s.expr for s in path.graph_forward + path.eager_forward.steps]
-    return [e for e in exprs if e is not None]
+    return exprs
 
 
 def uses_ceil_sqrt(spec: MixinSpec) -> bool:
@@ -95,6 +106,10 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
         mods["defs"],
         *DEFS_NAMES,
     )
+    if spec.has_paths and not spec.local_defs_import:
+        add(first_party, mods["defs"], "EncoderCudaGraphPathConfig")
+    if spec.capture_axes and not spec.local_defs_import:
+        add(first_party, mods["defs"], "ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG")
     if any("MultiModalConfig" in a.names for a in spec.host):
         add(type_checking, mods["MultiModalConfig"], "MultiModalConfig")
     used = used_import_names(spec)
@@ -105,13 +120,13 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
                 imp.module(target),
                 imp.name,
             )
-    if spec.path.trailing is not None:
+    if spec.trailing is not None:
         plain.add("weakref")
     if uses_ceil_sqrt(spec):
         plain.add("math")
     if spec.span_assembly is not None:
         add(first_party, mods["async_tensor_h2d"], "async_tensor_h2d")
-    if writes_default(spec):
+    if writes_default(spec) and not spec.has_paths:
         add(first_party, mods["scatter_output_slices"], "scatter_output_slices")
     _check_roots(target, first_party, type_checking)
     return {

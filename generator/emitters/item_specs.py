@@ -22,6 +22,9 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
     eager = items.eager_when
     if eager is not None:
         both = fx.BinOp("+", both, fx.BinOp("+", eager.left, eager.right))
+    for path in spec.paths:
+        if path.output_tokens is not None:
+            both = fx.BinOp("+", both, path.output_tokens)
     loop_target, iterable, keys = item_loop(spec, dims_of(spec, both))
     budget_tokens = items.budget_tokens
     if budget_tokens is None and eager is not None:
@@ -40,6 +43,14 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
         "counts_other": items.budget_tokens is not None,
         "eager_when": (
             conditions.to_python(eager, body.expr) if eager is not None else None
+        ),
+        "path_tokens": (
+            [
+                {"name": repr(p.name), "value": body.expr(p.output_tokens)}
+                for p in spec.paths
+            ]
+            if spec.has_paths
+            else None
         ),
         "target": loop_target,
         "iterable": iterable,

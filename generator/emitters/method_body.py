@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from generator import formulas as fx
+from generator.emitters.prose import comment_lines, message_literal
 from generator.formulas import Expr
 from generator.scopes import METHODS
 from generator.spec.mixin import MixinSpec
@@ -44,6 +45,30 @@ def signature(spec: MixinSpec, method: str) -> dict[str, Any]:
         "params": params,
         "returns": quote_defs(spec, m.returns),
         "exploded": m.exploded,
+    }
+
+
+def path_dispatch(
+    spec: MixinSpec, method: str, bodies: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """A method that runs one path's body: each body under ``if path ==
+    <name>:`` when the spec has paths (an unknown path raises), else the
+    default path's body alone."""
+    names = ", ".join(p.name for p in spec.paths)
+    return {
+        "signature": signature(spec, method),
+        "dispatch": spec.has_paths,
+        "paths": [
+            {"name": repr(p.name), "why": comment_lines(p.why), "body": body}
+            for p, body in zip(spec.paths, bodies, strict=True)
+        ],
+        "unknown_path": message_literal(
+            [
+                (f"{spec.display_name} has no encoder path", False),
+                ("path!r", True),
+                (f"(its paths: {names}).", False),
+            ]
+        ),
     }
 
 

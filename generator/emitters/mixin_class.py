@@ -9,7 +9,7 @@ from generator.spec.mixin import MixinSpec
 
 
 def context(spec: MixinSpec, target: str) -> dict[str, Any]:
-    trailing = spec.path.trailing
+    trailing = spec.trailing
     return {
         "class_name": spec.class_name,
         "bases": "SupportsEncoderCudaGraph" if spec.protocol_base else "",

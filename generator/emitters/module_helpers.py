@@ -6,23 +6,25 @@ from __future__ import annotations
 
 from typing import Any
 
+from generator.emitters.capture_axes import helpers_context
 from generator.spec.enums import PadRule
 from generator.spec.mixin import MixinSpec
 
 
 def context(spec: MixinSpec, target: str) -> dict[str, Any]:
-    path = spec.path
-    trailing = path.trailing
+    trailing = spec.trailing
+    buffers = spec.buffers
     return {
         "concat_rows": any(f.accepts_list for f in spec.flat_inputs),
         "fold_leading": any(f.fold_ranks for f in spec.flat_inputs),
         "eager_only": spec.items.eager_when is not None,
         "select_counts": any(g.is_count for g in spec.item_inputs),
         "select_grid": any(not g.is_count for g in spec.item_inputs),
-        "rows_dims": sorted({b.rows_dim for b in path.buffers if b.rows_dim}),
-        "repeat_last": any(b.pad is PadRule.REPEAT_LAST for b in path.buffers),
+        "rows_dims": sorted({b.rows_dim for b in buffers if b.rows_dim}),
+        "repeat_last": any(b.pad is PadRule.REPEAT_LAST for b in buffers),
         "modality_keys": spec.has_video_keys,
         "grid_rows": any(not g.is_count for g in spec.item_inputs),
         "counts": any(g.is_count for g in spec.item_inputs),
         "trailing": {"key": trailing.key} if trailing is not None else None,
+        "axes": helpers_context(spec),
     }

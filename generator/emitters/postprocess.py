@@ -5,14 +5,45 @@ from __future__ import annotations
 
 from typing import Any
 
-from generator.emitters.method_body import Body, Loads, dims_of, item_loop, signature
-from generator.emitters.prose import comment_lines
+from generator.emitters.method_body import (
+    Body,
+    Loads,
+    dims_of,
+    item_loop,
+    per_item_list,
+    signature,
+)
+from generator.emitters.prose import comment_lines, plain_message
 from generator.spec.mixin import MixinSpec
 
 
 def writes_default(spec: MixinSpec) -> bool:
     """The protocol's default scatter, written out (base: none)."""
     return spec.span_assembly is None and not spec.protocol_base
+
+
+def _concat(spec: MixinSpec) -> dict[str, Any]:
+    """Each item's rows of every path, concatenated in path order."""
+    body = Body(spec)
+    loads = Loads(spec)
+    rows = []
+    keys: list[str] = []
+    for path in spec.concatenation:
+        assert path.output_tokens is not None  # noqa: S101 (a named path)
+        value, used = per_item_list(spec, body, path.output_tokens)
+        keys += [k for k in used if k not in keys]
+        rows.append({"name": repr(path.name), "value": value})
+    ctx = {
+        "names": ", ".join(p.name for p in spec.concatenation),
+        "grids": [loads.item(k, "batch_mm_kwargs") for k in keys],
+        "rows": rows,
+        "no_kwargs": plain_message(
+            f"{spec.display_name} needs the batch's batch_mm_kwargs to split "
+            "each path's output into items"
+        ),
+    }
+    ctx["constants"] = body.bindings()
+    return ctx
 
 
 def _span(spec: MixinSpec) -> dict[str, Any]:
@@ -51,9 +82,16 @@ def _span(spec: MixinSpec) -> dict[str, Any]:
 
 
 def context(spec: MixinSpec, target: str) -> dict[str, Any] | None:
+    if spec.has_paths:
+        return {
+            "signature": signature(spec, "postprocess_encoder_output"),
+            "span": None,
+            "concat": _concat(spec),
+        }
     if spec.span_assembly is None and not writes_default(spec):
         return None
     return {
         "signature": signature(spec, "postprocess_encoder_output"),
         "span": _span(spec) if spec.span_assembly is not None else None,
+        "concat": None,
     }

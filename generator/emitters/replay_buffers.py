@@ -5,28 +5,30 @@ from __future__ import annotations
 from typing import Any
 
 from generator import formulas as fx
+from generator.emitters.capture_axes import bind_axis_dims
 from generator.emitters.capture_inputs import builder_calls, builder_value
-from generator.emitters.method_body import Body, Loads, signature
+from generator.emitters.method_body import Body, Loads, path_dispatch
 from generator.emitters.prose import comment_lines
 from generator.naming import PROTOCOL_MODULES
 from generator.spec.capture import MetadataBuilder
 from generator.spec.enums import PadRule, ReplayRule
 from generator.spec.mixin import MixinSpec
+from generator.spec.path import EncoderPath
 
 
-def _builder_names(spec: MixinSpec) -> set[str]:
+def _builder_names(path: EncoderPath) -> set[str]:
     names: set[str] = set()
-    for b in spec.path.metadata:
+    for b in path.metadata:
         names |= fx.names_in(b.call)
         for _, value in b.replay_kwargs:
             names |= fx.names_in(value)
     return names
 
 
-def _notes(spec: MixinSpec) -> list[list[str]]:
+def _notes(path: EncoderPath) -> list[list[str]]:
     """Why some buffers are left out or go unpadded (comments)."""
     notes = []
-    buffers = spec.path.buffers
+    buffers = path.buffers
     for buf in buffers:
         if buf.host_scalar and buf.replay is ReplayRule.DROP:
             notes.append(
@@ -52,12 +54,12 @@ def _notes(spec: MixinSpec) -> list[list[str]]:
     return [comment_lines(n) for n in notes]
 
 
-def context(spec: MixinSpec, target: str) -> dict[str, Any]:
+def _path_body(spec: MixinSpec, path: EncoderPath) -> dict[str, Any]:
     body = Body(spec)
     loads = Loads(spec)
-    buffer_keys = {b.key for b in spec.path.buffers}
+    buffer_keys = {b.key for b in path.buffers}
     device_flat = next(f for f in spec.flat_inputs if f.key in buffer_keys)
-    used = _builder_names(spec)
+    used = _builder_names(path)
     flat_loads = []
     for flat in spec.flat_inputs:
         if flat.key not in buffer_keys and flat.key not in used:
@@ -71,23 +73,35 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
         "dtype": f"{device_flat.key}.dtype",
     }
     entries = []
-    for buf in spec.path.buffers:
+    for buf in path.buffers:
         if buf.host_scalar and buf.replay is ReplayRule.DROP:
             continue
         value = (
             builder_value(buf) if isinstance(buf.source, MetadataBuilder) else buf.key
         )
         entries.append({"key": buf.key, "value": value})
+    axis_dims = {d for a in spec.capture_axes for d in a.dims}
     ctx = {
-        "signature": signature(spec, "prepare_encoder_cudagraph_replay_buffers"),
-        "defs_local": spec.local_defs_import,
-        "defs_module": PROTOCOL_MODULES[target]["defs"],
-        "keys": loads.by_modality,
+        "axis_dims": (bind_axis_dims(spec, "axis_keys") if used & axis_dims else []),
         "loads": flat_loads,
         "grids": [loads.item(g.key) for g in spec.item_inputs if g.key in used],
-        "builders": builder_calls(spec, body, "replay", name_map),
+        "builders": builder_calls(path, body, "replay", name_map),
         "entries": entries,
-        "notes": _notes(spec),
+        "notes": _notes(path),
     }
     ctx["constants"] = body.bindings()
+    return ctx
+
+
+def context(spec: MixinSpec, target: str) -> dict[str, Any]:
+    ctx = path_dispatch(
+        spec,
+        "prepare_encoder_cudagraph_replay_buffers",
+        [_path_body(spec, p) for p in spec.paths],
+    )
+    ctx.update(
+        defs_local=spec.local_defs_import,
+        defs_module=PROTOCOL_MODULES[target]["defs"],
+        keys=Loads(spec).by_modality,
+    )
     return ctx

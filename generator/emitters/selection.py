@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from generator.emitters.method_body import Body, Loads, per_item_list, signature
+from generator.naming import PROTOCOL_MODULES
 from generator.spec.inputs import FlatInput
 from generator.spec.mixin import MixinSpec
 
@@ -32,6 +33,12 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
         "keys": loads.by_modality,
         "grids": [loads.item(g.key) for g in spec.item_inputs if g.key in needed],
         "entries": entries,
+        "axes": bool(spec.capture_axes),
+        "axes_import": (
+            PROTOCOL_MODULES[target]["defs"]
+            if spec.capture_axes and spec.local_defs_import
+            else None
+        ),
     }
     ctx["constants"] = body.bindings()
     return ctx

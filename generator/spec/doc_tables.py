@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 
 from generator.scopes import FIELD_SCOPES
+from generator.spec.axes import CaptureAxis
 from generator.spec.capture import (
     Buffer,
     Capture,
@@ -25,6 +26,7 @@ from generator.spec.host import Constant, Import
 from generator.spec.inputs import InputEntry
 from generator.spec.items import BackendGuard, Budget, Guards, Items
 from generator.spec.mixin import MixinSpec
+from generator.spec.path import EncoderPath
 from generator.spec.reader import Key, Keys
 from generator.spec.values import (
     Formula,
@@ -53,6 +55,8 @@ SECTIONS: dict[str, type] = {
     "eager_forward": EagerForward,
     "postprocess": Postprocess,
     "postprocess.span_assembly": SpanAssembly,
+    "paths": EncoderPath,
+    "capture_axes": CaptureAxis,
 }
 
 _BLOCK = re.compile(

@@ -18,6 +18,7 @@ from generator.spec.values import (
     Boolean,
     Formula,
     Identifier,
+    ListOf,
     MapOf,
     Section,
     Text,
@@ -112,7 +113,11 @@ EAGER_STEPS = Steps("eager_steps", NameKind.EAGER_STEP, _EAGER_SHAPE, _EAGER_SHA
 
 
 def check_graph_forward(
-    ctx: ReadContext, node: Node, steps: tuple[Step, ...], buffers: list[str]
+    ctx: ReadContext,
+    node: Node,
+    steps: tuple[Step, ...],
+    buffers: list[str],
+    field: str = "graph_forward",
 ) -> None:
     """Every buffer is read, ``rest`` at most once."""
     used = set().union(*(fx.names_in(s.expr) for s in steps)) if steps else set()
@@ -121,11 +126,11 @@ def check_graph_forward(
             if b not in used:
                 ctx.error(
                     node,
-                    "graph_forward",
+                    field,
                     f"buffer {b!r} is captured but never read (pass it, or pass 'rest')",
                 )
     if sum(1 for s in steps for n in fx.walk(s.expr) if n == fx.Ref("rest")) > 1:
-        ctx.error(node, "graph_forward", "'rest' can be passed once")
+        ctx.error(node, field, "'rest' can be passed once")
 
 
 @dataclass(frozen=True)
@@ -272,7 +277,8 @@ def _lookup(r: Reader, key: str, table: dict, problem: str):
 
 @dataclass(frozen=True)
 class Postprocess:
-    span_assembly: SpanAssembly
+    span_assembly: SpanAssembly | None
+    concatenate: tuple[str, ...] | None = None
 
     KEYS: ClassVar = Keys(
         Key(
@@ -281,12 +287,47 @@ class Postprocess:
             "Build each item's output span from graph rows and learned delimiter "
             "rows (DeepSeek-V4.1). One gather builds every span of the batch; its "
             "index goes to the device with `async_tensor_h2d`.",
-            required=True,
+        ),
+        Key(
+            "concatenate",
+            ListOf(Identifier(), min_items=1),
+            "A spec with paths: each item's rows of every path in this order, in "
+            "a fresh tensor (the default: the order of `paths`). Step3-VL: an "
+            "image's crop rows, then its global rows.",
+            example="[local, global]",
         ),
     )
     DOC_TITLE = "postprocess"
 
     @classmethod
-    def from_yaml(cls, r: Reader, **kw: Any) -> Postprocess | None:
+    def from_yaml(cls, r: Reader, paths=None, **kw: Any) -> Postprocess | None:
+        if r.has("span_assembly") == r.has("concatenate"):
+            r.error(r.node, "give exactly one of span_assembly or concatenate")
         span = r.take("span_assembly", **kw)
-        return None if span is None else cls(span)
+        order = r.take("concatenate")
+        if order is not None and not _path_order(r, order, paths):
+            return None
+        if span is None and order is None:
+            return None
+        return cls(span, tuple(order) if order is not None else None)
+
+
+def _path_order(r: Reader, order: list, paths) -> bool:
+    """``concatenate`` names every path once (with paths)."""
+    if INVALID in order:
+        return False
+    if paths is None:
+        r.error(
+            "concatenate",
+            "concatenate orders the rows of several encoder paths: the spec has "
+            "no paths",
+        )
+        return False
+    names = [p.name for p in paths]
+    if sorted(order) != sorted(names):
+        r.error(
+            "concatenate",
+            f"must list every path once ({', '.join(names)}), got {', '.join(order)}",
+        )
+        return False
+    return True

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 from generator.formulas import Expr, HostPath
@@ -75,6 +75,14 @@ class Items:
         ),
     )
     DOC_TITLE = "items"
+
+    def on_path(self, output_tokens: Expr | None) -> Items:
+        """The items as one path of ``paths:`` sees them: its rows per item
+        (``output_tokens``) are what its budgets count and its graph emits;
+        the default path (None) sees them as they are."""
+        if output_tokens is None:
+            return self
+        return replace(self, graph_rows=output_tokens, budget_tokens=output_tokens)
 
     @classmethod
     def from_yaml(cls, r: Reader, **_: Any) -> Items | None:

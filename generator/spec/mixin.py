@@ -7,12 +7,13 @@ the names declared before it, and entries refer to each other by object.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import ClassVar
 
 from generator.formulas import Expr
 from generator.scopes import NameKind
+from generator.spec.axes import CaptureAxis
 from generator.spec.enums import Base, DefsImport, Modality
 from generator.spec.forwards import Postprocess, SpanAssembly
 from generator.spec.host import (
@@ -48,17 +49,19 @@ from generator.spec.values import (
     OneOf,
     Section,
     Text,
-    ValueType,
 )
 
-
-class Refused(ValueType):
-    """A key reserved for a feature not supported yet."""
-
-    kinds = ("object", "array", "string", "integer", "boolean", "null")
-
-
-_PATH_KEYS = EncoderPath.KEYS
+_WITHOUT_PATHS = "required without `paths`"
+#: The default path's keys, written at the top level by a spec without
+#: ``paths:`` (each path of ``paths:`` has its own).
+_PATH_KEYS = {
+    name: (
+        replace(EncoderPath.KEYS[name], required=False, default_doc=_WITHOUT_PATHS)
+        if EncoderPath.KEYS[name].required
+        else EncoderPath.KEYS[name]
+    )
+    for name in ("capture", "metadata", "buffers", "graph_forward", "eager_forward")
+}
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,7 @@ class MixinSpec:
     out_hidden_size: Expr
     paths: tuple[EncoderPath, ...]
     postprocess: Postprocess | None
+    capture_axes: tuple[CaptureAxis, ...] = ()
 
     KEYS: ClassVar = Keys(
         Key(
@@ -190,6 +194,14 @@ class MixinSpec:
         Key("items", Section(Items), "Per-item formulas.", required=True),
         Key("budget", Section(Budget), "The budget range.", required=True),
         Key("guards", Section(Guards), "Refused configurations."),
+        Key(
+            "capture_axes",
+            ListOf(Section(CaptureAxis), min_items=1),
+            "Extra capture axes (`EncoderCudaGraphConfig.capture_axes`): one "
+            "graph per budget and combination of the axes' keys; selection "
+            "resolves each sub-batch's key. Not with several paths (vLLM 0.33.0's "
+            "manager refuses the combination).",
+        ),
         _PATH_KEYS["capture"],
         _PATH_KEYS["metadata"],
         _PATH_KEYS["buffers"],
@@ -216,11 +228,12 @@ class MixinSpec:
         ),
         Key(
             "paths",
-            Refused(),
-            "",
-            refused="several encoder paths are not supported yet: write the "
-            "default path's capture, metadata, buffers and forwards at the top "
-            "level",
+            MapOf(Section(EncoderPath), min_items=1),
+            "Several encoder paths, name → path, in the order the config lists "
+            "them (`EncoderCudaGraphConfig.paths`): each with its own rows per "
+            "item, budgets, capture, builders, buffers and forwards. Without it "
+            "the spec has one path, `default`, written at the top level.",
+            example="{global: {...}, local: {...}}",
         ),
     )
     DOC_TITLE = "top-level fields"
@@ -233,8 +246,34 @@ class MixinSpec:
 
     @property
     def path(self) -> EncoderPath:
-        """The default path (the only one a spec has for now)."""
+        """The implicit default path of a spec without ``paths:``."""
+        assert not self.has_paths  # noqa: S101 (a caller that forgot paths)
         return self.paths[0]
+
+    @property
+    def has_paths(self) -> bool:
+        """The spec declares its paths (``paths:``): every method that builds
+        or runs a graph dispatches on ``path``."""
+        return self.paths[0].named
+
+    @property
+    def concatenation(self) -> tuple[EncoderPath, ...]:
+        """The paths in the order an item's rows are concatenated (a spec
+        with paths): ``postprocess.concatenate``, else the paths' order."""
+        order = self.postprocess.concatenate if self.postprocess else None
+        if order is None:
+            return self.paths
+        return tuple(next(p for p in self.paths if p.name == n) for n in order)
+
+    @property
+    def buffers(self) -> tuple:
+        """Every path's buffers, in path order (``buffer_keys``)."""
+        return tuple(b for p in self.paths for b in p.buffers)
+
+    @property
+    def trailing(self):
+        """The buffer closed with a trailing padding sequence, if any."""
+        return next((p.trailing for p in self.paths if p.trailing), None)
 
     @property
     def protocol_base(self) -> bool:
@@ -263,7 +302,7 @@ class MixinSpec:
     def declared_names(self) -> dict[NameKind, frozenset[str]]:
         """Every name the spec declares, by kind (and the builder results
         chosen for it)."""
-        path = self.path
+        paths = self.paths
         return {
             NameKind.HOST: frozenset(h.name for h in self.host),
             NameKind.HOST_METHOD: frozenset(self.host_methods),
@@ -273,15 +312,20 @@ class MixinSpec:
             NameKind.FLAT: frozenset(f.key for f in self.flat_inputs),
             NameKind.GRID: frozenset(g.key for g in self.item_inputs),
             NameKind.DIM: frozenset(d for g in self.item_inputs for d in g.dims),
-            NameKind.BUFFER: frozenset(b.key for b in path.buffers),
+            NameKind.AXIS_DIM: frozenset(d for a in self.capture_axes for d in a.dims),
+            NameKind.BUFFER: frozenset(b.key for b in self.buffers),
             NameKind.GRAPH_STEP: frozenset(
-                s.target for s in path.graph_forward if s.target
+                s.target for p in paths for s in p.graph_forward if s.target
             ),
             NameKind.EAGER_STEP: frozenset(
-                s.target for s in path.eager_forward.steps if s.target
+                s.target for p in paths for s in p.eager_forward.steps if s.target
             ),
-            NameKind.BUILDER_RESULT: frozenset(b.result_name for b in path.metadata),
-            NameKind.CAPTURE_LET: frozenset(let.name for let in path.capture.lets),
+            NameKind.BUILDER_RESULT: frozenset(
+                b.result_name for p in paths for b in p.metadata
+            ),
+            NameKind.CAPTURE_LET: frozenset(
+                let.name for p in paths for let in p.capture.lets
+            ),
         }
 
     def constant(self, name: str) -> Constant | None:
@@ -346,19 +390,32 @@ class MixinSpec:
             )
         sizes = tuple(_values(r.take("sizes")))
         ctx.partial["sizes"] = sizes
-        path = EncoderPath.from_yaml(r, item_inputs, flats)
+        axes = tuple(_values(r.take("capture_axes")))
+        ctx.partial["capture_axes"] = axes
+        paths = _paths(r, item_inputs, flats)
+        if axes and paths and len(paths) > 1:
+            r.error(
+                "capture_axes",
+                "capture axes with several paths: vLLM 0.33.0's manager refuses "
+                "the combination (NotImplementedError)",
+            )
         out_hidden = r.take("out_hidden_size")
         post = r.take(
             "postprocess",
             flats=flats,
             imports={i.name: i for i in imports},
             host={h.name: h for h in host},
+            paths=paths if r.has("paths") else None,
         )
-        _check_graph_rows(r, items, post)
-        r.take("paths")
+        if r.has("paths"):
+            _check_items_with_paths(r)
+        else:
+            _check_graph_rows(r, items, post)
         report_collisions(ctx, ctx.fields)
         required = [head[k] for k in ("format", "name", "class_name", "docstring")]
-        if ctx.diags or None in (*required, items, budget, path, out_hidden):
+        if ctx.diags or None in (*required, items, budget, paths, out_hidden):
+            return None
+        if r.has("capture_axes") and not r.ok("capture_axes"):
             return None
         return cls(
             spec_path,
@@ -380,8 +437,79 @@ class MixinSpec:
             guards,
             sizes,
             out_hidden,
-            (path,),
+            paths,
             post,
+            axes,
+        )
+
+
+def _paths(r: Reader, item_inputs, flats) -> tuple[EncoderPath, ...] | None:
+    """The spec's paths: those of ``paths:``, or the default path written at
+    the top level."""
+    if not r.has("paths"):
+        r.take("paths")
+        for name in ("capture", "buffers", "graph_forward", "eager_forward"):
+            if not r.has(name):
+                r.ctx.error(r.node, r.path(name), "required key is missing")
+        path = EncoderPath.from_yaml(r, item_inputs, flats)
+        return None if path is None else (path,)
+    for name in _PATH_KEYS:
+        if r.has(name):
+            r.refuse(name, f"with paths, each path has its own {name}")
+    taken = r.take("paths", item_inputs=item_inputs, flats=flats)
+    if not taken or INVALID in taken.values():
+        return None
+    paths = tuple(taken.values())
+    _check_paths_apart(r, paths)
+    return paths
+
+
+def _check_paths_apart(r: Reader, paths: tuple[EncoderPath, ...]) -> None:
+    """What the paths share: the config's padding logics are keyed by buffer
+    alone, and one registry holds the trailing sequence's captured rows."""
+    owner: dict[str, str] = {}
+    trailing = []
+    for path in paths:
+        for buf in path.buffers:
+            if buf.key in owner:
+                r.ctx.error(
+                    buf.location,
+                    f"paths.{path.name}.buffers.{buf.key}",
+                    f"{buf.key!r} is also a buffer of path {owner[buf.key]!r}: "
+                    "buffer keys are shared by every path (padding_logics, "
+                    "buffer_keys); give each path its own",
+                )
+            owner.setdefault(buf.key, path.name)
+        if path.trailing is not None:
+            trailing.append((path, path.trailing))
+    for path, buf in trailing[1:]:
+        r.ctx.error(
+            buf.location,
+            f"paths.{path.name}.buffers.{buf.key}",
+            "at most one buffer of all paths can use trailing_sequence",
+        )
+
+
+def _check_items_with_paths(r: Reader) -> None:
+    """With paths, each path's ``output_tokens`` says what its budgets count
+    and its graph emits; span assembly reads the default path's output."""
+    items = r.raw("items")
+    if items is not None and items.kind == "mapping":
+        for name in ("budget_tokens", "graph_rows"):
+            if name in items.value:
+                r.ctx.error(
+                    items.key_locations[name],
+                    f"items.{name}",
+                    "with paths, each path's output_tokens is what its budgets "
+                    "count and its graph emits per item",
+                )
+    post = r.raw("postprocess")
+    if post is not None and post.kind == "mapping" and "span_assembly" in post.value:
+        r.ctx.error(
+            post.key_locations["span_assembly"],
+            "postprocess.span_assembly",
+            "span assembly reads the default path's rows: a spec with paths "
+            "concatenates each item's rows of every path (postprocess.concatenate)",
         )
 
 
@@ -510,7 +638,13 @@ def _check_graph_rows(r: Reader, items: Items | None, post) -> None:
             "graph_rows only goes with a postprocess that turns graph rows into "
             "output tokens",
         )
-    if r.has("postprocess") and not has_graph_rows:
+    post_node = r.raw("postprocess")
+    span = (
+        post_node is not None
+        and post_node.kind == "mapping"
+        and "span_assembly" in post_node.value
+    )
+    if span and not has_graph_rows:
         r.error(
             "postprocess",
             "span assembly needs items.graph_rows (graph rows per item)",

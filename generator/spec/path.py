@@ -1,8 +1,13 @@
 """One encoder path: its capture, builders, buffers and forwards.
 
-vLLM's protocol captures each path of an encoder separately. A spec has one
-path now, ``default``, whose keys sit at the spec's top level; a spec with
-``paths:`` is refused until several are supported.
+vLLM's protocol captures each path of an encoder separately, with its own
+budgets (``EncoderCudaGraphPathConfig``), buffers and graphs, and calls every
+method that builds or runs a graph with the path's name. A spec without
+``paths:`` has one path, ``default``, whose keys sit at the spec's top level;
+``paths:`` names several, each with its per-item rows (``output_tokens``:
+``EncoderItemSpec.path_output_tokens``), its smallest budget and whether a
+batch may leave it out. Each path's buffers, steps and builder results are
+its own: a path's formulas see only its own buffers.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 from generator import formulas as fx
+from generator.formulas import Expr
 from generator.naming import builder_result_name
 from generator.scopes import METHODS, NameKind
 from generator.spec.capture import Buffer, Capture, CaptureTensor, MetadataBuilder
@@ -22,7 +28,15 @@ from generator.spec.forwards import (
     check_graph_forward,
 )
 from generator.spec.reader import Key, Keys, ReadContext, Reader
-from generator.spec.values import INVALID, ListOf, MapOf, Section
+from generator.spec.values import (
+    INVALID,
+    Boolean,
+    Formula,
+    ListOf,
+    MapOf,
+    Section,
+    Text,
+)
 
 
 @dataclass(frozen=True)
@@ -33,8 +47,40 @@ class EncoderPath:
     buffers: tuple[Buffer, ...]
     graph_forward: tuple[Step, ...]
     eager_forward: EagerForward
+    #: Rows of each item on this path (``path_output_tokens[name]``); None
+    #: for the implicit ``default`` path of a spec without ``paths:``.
+    output_tokens: Expr | None = None
+    min_token_budget: Expr | None = None
+    allow_zero_tokens: bool = False
+    why: str | None = None
 
     KEYS: ClassVar = Keys(
+        Key(
+            "output_tokens",
+            Formula("items"),
+            "Rows of each item on this path: `EncoderItemSpec.path_output_tokens"
+            "[<path>]`, what the path's budgets count, its dummy batch must cover "
+            "and its graph emits per item.",
+            required=True,
+            example="num_patches * 81",
+        ),
+        Key(
+            "min_token_budget",
+            Formula("constants"),
+            "`EncoderCudaGraphPathConfig.min_token_budget`: the path's smallest "
+            "budget; its budgets double from it up to the largest global budget. "
+            "Absent: the global budgets.",
+            example="81",
+        ),
+        Key(
+            "allow_zero_tokens",
+            Boolean(),
+            "`EncoderCudaGraphPathConfig.allow_zero_tokens`: a batch may have no "
+            "rows on this path (it then skips the path: no replay, no eager call, "
+            "no entry in the outputs). Required when `output_tokens` can be 0.",
+            default=False,
+        ),
+        Key("why", Text(), "Comment on the path (its forwards' branch)."),
         Key(
             "capture",
             Section(Capture),
@@ -86,12 +132,51 @@ class EncoderPath:
             (b for b in self.buffers if b.pad is PadRule.TRAILING_SEQUENCE), None
         )
 
+    DOC_TITLE = "paths"
+
+    @property
+    def named(self) -> bool:
+        """Declared under ``paths:`` (else the implicit default path)."""
+        return self.output_tokens is not None
+
+    @property
+    def field(self) -> str:
+        """The field path prefix of this path's keys (``paths.local.``)."""
+        return f"paths.{self.name}." if self.named else ""
+
     @classmethod
-    def from_yaml(cls, r: Reader, item_inputs, flats, **_: Any) -> EncoderPath | None:
+    def from_yaml(
+        cls,
+        r: Reader,
+        item_inputs,
+        flats,
+        key: str | None = None,
+        **_: Any,
+    ) -> EncoderPath | None:
+        """The implicit default path (``key`` None: the keys are the spec's
+        top-level ones), or the path ``key`` of ``paths:``, whose buffers,
+        steps and builder results are declared for it alone."""
+        if key is None:
+            return cls._read(r, "default", item_inputs, flats)
+        with r.ctx.path_names():
+            return cls._read(r, key, item_inputs, flats)
+
+    @classmethod
+    def _read(cls, r: Reader, name: str, item_inputs, flats) -> EncoderPath | None:
         ctx = r.ctx
+        named = r.keys is cls.KEYS
+        partial = ctx.partial.setdefault("paths", {}).setdefault(name, {})
+        if named:
+            output_tokens = r.take("output_tokens")
+            partial["output_tokens"] = output_tokens
+            min_budget = r.take("min_token_budget")
+            partial["min_token_budget"] = min_budget
+            allow_zero = r.take("allow_zero_tokens")
+            partial["allow_zero_tokens"] = allow_zero
+            why = r.take("why")
         known = _declare_buffers(r)
         capture = r.take("capture", items_inputs=item_inputs, flats=flats)
-        ctx.partial["capture"] = capture
+        partial["capture"] = capture
         if capture is None:
             # Which buffers its tensors were meant to fill is unknown.
             ctx.failed_sources.update(flats)
@@ -100,8 +185,8 @@ class EncoderPath:
         sources = _sources(r, tensors, builders)
         entries = r.take("buffers", sources=sources) or {}
         buffers = tuple(b for b in entries.values() if b is not INVALID)
-        ctx.partial["buffers"] = buffers
-        ctx.partial["metadata"] = builders
+        partial["buffers"] = buffers
+        partial["metadata"] = builders
         _check_buffers(r, buffers, tensors, builders, capture)
         if capture is not None and capture.of_units:
             _check_unit_capture(r, buffers, builders)
@@ -113,12 +198,31 @@ class EncoderPath:
             graph_forward = r.take("graph_forward")
         if graph_forward is not None:
             check_graph_forward(
-                ctx, r.raw("graph_forward"), graph_forward, list(entries)
+                ctx,
+                r.raw("graph_forward"),
+                graph_forward,
+                list(entries),
+                r.path("graph_forward"),
             )
         eager = r.take("eager_forward")
         if None in (capture, graph_forward, eager) or INVALID in entries.values():
             return None
-        return cls("default", capture, builders, buffers, graph_forward, eager)
+        if not named:
+            return cls("default", capture, builders, buffers, graph_forward, eager)
+        if output_tokens is None or not r.ok("min_token_budget"):
+            return None
+        return cls(
+            name,
+            capture,
+            builders,
+            buffers,
+            graph_forward,
+            eager,
+            output_tokens,
+            min_budget,
+            allow_zero,
+            why,
+        )
 
 
 def _declare_buffers(r: Reader) -> bool:
@@ -132,8 +236,9 @@ def _declare_buffers(r: Reader) -> bool:
         return False
     for key in node.value:
         loc = (node.key_locations or {}).get(key, node.location)
-        check_name(r.ctx, loc, f"buffers.{key}", key, "buffer")
-        r.ctx.declare(NameKind.BUFFER, key, loc, f"buffers.{key}")
+        field = f"{r.path('buffers')}.{key}"
+        check_name(r.ctx, loc, field, key, "buffer")
+        r.ctx.declare(NameKind.BUFFER, key, loc, field)
     return True
 
 
@@ -177,7 +282,7 @@ def _sources(
         if key in buffers:
             r.ctx.error(
                 buffers[key],
-                f"buffers.{key}",
+                f"{r.path('buffers')}.{key}",
                 "provided both by a capture tensor and a builder",
             )
         del sources[key]
@@ -190,7 +295,7 @@ def _sources(
         if t.key not in buffers and not r.ctx.buffers_unknown:
             r.ctx.error(
                 (tensors_node.key_locations or {}).get(t.key, t.location),
-                f"capture.tensors.{t.key}",
+                f"{r.path('capture')}.tensors.{t.key}",
                 f"{t.key!r} is not a declared buffer",
             )
     return sources
@@ -200,7 +305,9 @@ def _check_buffers(r: Reader, buffers, tensors, builders, capture) -> None:
     ctx = r.ctx
     if sum(1 for b in buffers if b.pad is PadRule.TRAILING_SEQUENCE) > 1:
         ctx.error(
-            r.raw("buffers"), "buffers", "at most one buffer can use trailing_sequence"
+            r.raw("buffers"),
+            r.path("buffers"),
+            "at most one buffer can use trailing_sequence",
         )
     for b in buffers:
         if isinstance(b.source, CaptureTensor) and (
@@ -208,11 +315,11 @@ def _check_buffers(r: Reader, buffers, tensors, builders, capture) -> None:
         ):
             ctx.error(
                 b.location,
-                f"buffers.{b.key}",
+                f"{r.path('buffers')}.{b.key}",
                 "shape and dtype of a capture tensor's buffer come from capture.tensors",
             )
-        _check_set_by(r, b)
-        _check_allocated(ctx, b)
+        _check_set_by(r, b, buffers)
+        _check_allocated(ctx, b, r.path("buffers"))
     if (
         capture is not None
         and capture.graph_rows is not None
@@ -223,7 +330,7 @@ def _check_buffers(r: Reader, buffers, tensors, builders, capture) -> None:
     ):
         ctx.error(
             r.raw("capture").key_locations["graph_rows"],
-            "capture.graph_rows",
+            f"{r.path('capture')}.graph_rows",
             "no buffer has 'allocate': the graph rows beyond the dummy's need "
             "buffers that hold them",
         )
@@ -237,13 +344,13 @@ def _buffer_node(r: Reader, key: str, name: str):
     return entry.value.get(name)
 
 
-def _check_set_by(r: Reader, buf: Buffer) -> None:
+def _check_set_by(r: Reader, buf: Buffer, buffers) -> None:
     if buf.bounds is SequenceBound.ITEM:
         where = _buffer_node(r, buf.key, "bounds") or buf.location
-        field = f"buffers.{buf.key}.bounds"
+        field = f"{r.path('buffers')}.{buf.key}.bounds"
         if buf.set_by is None:
             r.ctx.error(where, field, "bounds only goes with set_by")
-        elif any(b.pad is PadRule.TRAILING_SEQUENCE for b in r.ctx.partial["buffers"]):
+        elif any(b.pad is PadRule.TRAILING_SEQUENCE for b in buffers):
             r.ctx.error(
                 where,
                 field,
@@ -252,7 +359,7 @@ def _check_set_by(r: Reader, buf: Buffer) -> None:
             )
     if buf.set_by is None:
         return
-    field = f"buffers.{buf.key}.set_by"
+    field = f"{r.path('buffers')}.{buf.key}.set_by"
     where = _buffer_node(r, buf.key, "set_by") or buf.location
     if not buf.host_scalar:
         r.ctx.error(where, field, "set_by only goes with host_scalar")
@@ -264,12 +371,12 @@ def _check_set_by(r: Reader, buf: Buffer) -> None:
         r.ctx.error(where, field, f"its builder passes no {buf.set_by!r} at capture")
 
 
-def _check_allocated(ctx: ReadContext, b: Buffer) -> None:
+def _check_allocated(ctx: ReadContext, b: Buffer, buffers_field: str) -> None:
     """``allocate`` buffers: builder buffers with a declared shape and dtype,
     rows on dim 0, plain copies."""
     if not b.allocate:
         return
-    field = f"buffers.{b.key}.allocate"
+    field = f"{buffers_field}.{b.key}.allocate"
     if isinstance(b.source, CaptureTensor):
         ctx.error(b.location, field, "a capture tensor is allocated already")
     elif b.shape is None or b.dtype is None:
@@ -299,7 +406,7 @@ def _check_unit_capture(r: Reader, buffers, builders) -> None:
             where = node.value[i] if node is not None else b.location
             ctx.error(
                 where,
-                f"metadata[{i}].call",
+                f"{r.path('metadata')}[{i}].call",
                 f"reads the grid {name!r} at capture, but a unit capture has no "
                 "dummy items: pass flat inputs (the capture tensors) instead",
             )
@@ -310,7 +417,7 @@ def _check_unit_capture(r: Reader, buffers, builders) -> None:
         if what is not None:
             ctx.error(
                 b.location,
-                f"buffers.{b.key}.{what}",
+                f"{r.path('buffers')}.{b.key}.{what}",
                 f"{what} does not go with capture.units yet: the static checks "
                 "bound sequences by items, which a unit capture does not count",
             )

@@ -12,6 +12,7 @@ what is read. Problems are recorded, never raised: every one is reported.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -60,6 +61,15 @@ class Keys(Mapping[str, Key]):
         return [k for k in self._keys.values() if k.refused is None]
 
 
+#: The kinds of names each encoder path declares for itself.
+PATH_KINDS = (
+    NameKind.BUFFER,
+    NameKind.GRAPH_STEP,
+    NameKind.EAGER_STEP,
+    NameKind.BUILDER_RESULT,
+)
+
+
 class ReadContext:
     """What every reader of one spec shares: the file, the problems found, and
     the names the spec has declared so far (filled in section by section)."""
@@ -96,6 +106,26 @@ class ReadContext:
     ) -> None:
         self.names[kind].setdefault(name, location)
         self.fields.setdefault((kind, name), field)
+
+    @contextmanager
+    def path_names(self) -> Iterator[None]:
+        """Read one of several encoder paths: its buffers, steps and builder
+        results are declared for it alone (a path's formulas see only its
+        own), then kept with the other paths' for the collision checks."""
+        saved = {kind: self.names[kind] for kind in PATH_KINDS}
+        saved_unknown = self.buffers_unknown
+        for kind in PATH_KINDS:
+            self.names[kind] = {}
+        self.buffers_unknown = False
+        try:
+            yield
+        finally:
+            for kind in PATH_KINDS:
+                own = self.names[kind]
+                self.names[kind] = saved[kind]
+                for name, loc in own.items():
+                    self.names[kind].setdefault(name, loc)
+            self.buffers_unknown = saved_unknown
 
     def declared(self, *kinds: NameKind) -> frozenset[str]:
         return frozenset(n for kind in kinds for n in self.names[kind])

@@ -448,6 +448,7 @@ class ListOf(ValueType):
         short = len(node.value) < self.min_items
         if short:
             ctx.error(node, field, f"needs at least {self.min_items} item(s)")
+        kw.pop("index", None)  # a list inside a list: each item's own index
         items = [
             self.item.convert(child, f"{field}[{i}]", ctx, index=i, **kw)
             for i, child in enumerate(node.value)

@@ -13,6 +13,7 @@ with :func:`generator.formulas.evaluate`.
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 import sys
@@ -30,7 +31,7 @@ from encoder_cudagraph_runtime.config import MultiModalConfig
 from generator import formulas as fx
 from generator.emit import render_spec
 from generator.resolve import load_spec
-from generator.spec import Buffer, MetadataBuilder, MixinSpec, PadRule
+from generator.spec import Buffer, EncoderPath, MetadataBuilder, MixinSpec, PadRule
 from generator.spec.capture import CaptureTensor
 from generator.static_checks import per_item_tokens
 from genmixin_testlib import load_module_copy
@@ -127,15 +128,28 @@ class SpecWorld:
             env[self.spec.out_hidden_size.dotted] = OUT_WIDTH
         return env
 
+    @property
+    def dims(self) -> set[str]:
+        return {d for g in self.spec.item_inputs for d in g.dims}
+
     def value(self, expr: fx.Expr, **names: int) -> int:
         return fx.evaluate(expr, {**self.env, **names})
 
-    def item_values(self, dims: Mapping[str, int]) -> dict[str, int]:
+    def item_values(
+        self, dims: Mapping[str, int], path: EncoderPath | None = None
+    ) -> dict[str, int]:
+        """An item's formulas; ``graph_rows`` and ``budget_tokens`` on
+        ``path`` (a path of ``paths:`` counts both in its own rows)."""
         items = self.spec.items
         out = {
             "input_size": self.value(items.input_size, **dims),
             "output_tokens": self.value(items.output_tokens, **dims),
         }
+        if path is not None and path.named:
+            out["graph_rows"] = out["budget_tokens"] = self.value(
+                path.output_tokens, **dims
+            )
+            return out
         out["graph_rows"] = (
             self.value(items.graph_rows, **dims)
             if items.graph_rows is not None
@@ -147,6 +161,70 @@ class SpecWorld:
             else out["output_tokens"]
         )
         return out
+
+    def path_rows(self, dims: Mapping[str, int]) -> dict[str, int]:
+        """``EncoderItemSpec.path_output_tokens`` of an item, as the spec says."""
+        spec = self.spec
+        if spec.has_paths:
+            return {p.name: self.value(p.output_tokens, **dims) for p in spec.paths}
+        if spec.items.budget_tokens is not None or spec.items.eager_when is not None:
+            return {"default": self.path_tokens(dims)}
+        return {}
+
+    def items_of(self, batch: Mapping[str, Any]) -> list[dict[str, int]]:
+        """The dims of each item of a batch, read from its grids and counts."""
+        items: list[dict[str, int]] = []
+        for inp in self.spec.item_inputs:
+            rows = batch[inp.key]
+            rows = rows.tolist() if isinstance(rows, torch.Tensor) else rows
+            for i, row in enumerate(rows):
+                if i == len(items):
+                    items.append({})
+                values = [row] if inp.is_count else row
+                items[i].update(zip(inp.dims, (int(v) for v in values), strict=True))
+        return items
+
+    def axis_key_combos(self) -> list[tuple]:
+        """Every combination of the capture axes' keys, as the spec's
+        formulas give them (``[()]`` without axes)."""
+        per_axis = []
+        for axis in self.spec.capture_axes:
+            keys = []
+            for key in axis.keys:
+                parts = tuple(self.value(p) for p in key)
+                value = parts[0] if axis.scalar else parts
+                if value not in keys:
+                    keys.append(value)
+            per_axis.append(keys)
+        return list(itertools.product(*per_axis))
+
+    def axis_dims(self, axis_keys: tuple) -> dict[str, int]:
+        """The capture axes' dims for one combination of keys."""
+        out: dict[str, int] = {}
+        for axis, key in zip(self.spec.capture_axes, axis_keys, strict=True):
+            parts = (key,) if axis.scalar else key
+            out.update(zip(axis.dims, parts, strict=True))
+        return out
+
+    def selected_axis_keys(self, items: list[dict[str, int]]) -> tuple:
+        """The keys a batch of ``items`` must replay: per axis, the first key
+        covering the largest need of the items (the first key for none)."""
+        out = []
+        combos = self.axis_key_combos()
+        for i, axis in enumerate(self.spec.capture_axes):
+            keys = list(dict.fromkeys(c[i] for c in combos))
+            need = [
+                max((self.value(c, **it) for it in items), default=0)
+                for c in axis.covers
+            ]
+            out.append(
+                next(
+                    k
+                    for k in keys
+                    if all(p >= n for p, n in zip((k,) if axis.scalar else k, need))
+                )
+            )
+        return tuple(out)
 
     def graph_rows(self, dims: Mapping[str, int]) -> int:
         items = self.spec.items
@@ -173,7 +251,7 @@ class SpecWorld:
             for dtype_path in (flat.replay_dtype, flat.eager_dtype):
                 if dtype_path is not None:
                     set_path(host, dtype_path.parts, torch.float32)
-        for t in spec.path.capture.tensors:
+        for t in (t for p in spec.paths for t in p.capture.tensors):
             if isinstance(t.dtype, fx.HostPath):
                 set_path(host, t.dtype.parts, torch.float32)
         guard = spec.guards.attention_backend
@@ -198,17 +276,16 @@ class SpecWorld:
         """Host paths whose values the spec reads as they are (arguments,
         shapes, widths): the leaves, not called, not a prefix of another."""
         spec = self.spec
-        path = spec.path
-        exprs = [
-            spec.out_hidden_size,
-            *[s for t in path.capture.tensors for s in t.shape],
-        ]
-        exprs += [
-            e for e in (path.eager_forward.empty_width, spec.max_frames_per_video) if e
-        ]
-        for b in path.metadata:
-            exprs += [b.call, *(v for _, v in b.capture_kwargs + b.replay_kwargs)]
-        exprs += [s.expr for s in path.graph_forward + path.eager_forward.steps]
+        exprs = [spec.out_hidden_size]
+        if spec.max_frames_per_video is not None:
+            exprs.append(spec.max_frames_per_video)
+        for path in spec.paths:
+            exprs += [s for t in path.capture.tensors for s in t.shape]
+            if path.eager_forward.empty_width is not None:
+                exprs.append(path.eager_forward.empty_width)
+            for b in path.metadata:
+                exprs += [b.call, *(v for _, v in b.capture_kwargs + b.replay_kwargs)]
+            exprs += [s.expr for s in path.graph_forward + path.eager_forward.steps]
         paths = {p for e in exprs for p in fx.host_paths_in(e)}
         callees = {
             sub.callee for e in exprs for sub in fx.walk(e) if isinstance(sub, fx.Call)
@@ -219,11 +296,12 @@ class SpecWorld:
     def _install_callables(self, host: Any) -> None:
         self.builders = []
         self.calls: dict[str, FakeCall] = {}
-        for b in self.spec.path.metadata:
+        paths = self.spec.paths
+        for b in (b for p in paths for b in p.metadata):
             fake = FakeBuilder(self, b)
             self.builders.append(fake)
             self._install(host, b.call.callee, fake)
-        steps = self.spec.path.graph_forward + self.spec.path.eager_forward.steps
+        steps = [s for p in paths for s in p.graph_forward + p.eager_forward.steps]
         for step in steps:
             for sub in fx.walk(step.expr):
                 if isinstance(sub, fx.Call):
@@ -254,6 +332,7 @@ class SpecWorld:
         exprs += [
             e for e in (self.spec.items.graph_rows, self.spec.items.budget_tokens) if e
         ]
+        exprs += [p.output_tokens for p in self.spec.paths if p.named]
         exprs += [f.rows for f in self.spec.flat_inputs]
         steps: dict[str, int] = {}
         for e in exprs:
@@ -269,10 +348,15 @@ class SpecWorld:
                     steps[dim] = math.lcm(steps.get(dim, 1), step)
         return steps
 
-    def random_item(self, rng: random.Random, big: int = 3) -> dict[str, int]:
+    def random_item(
+        self, rng: random.Random, big: int = 3, zero_counts: bool = False
+    ) -> dict[str, int]:
+        """Random dims (multiples of their :meth:`dim_steps`); counts may be
+        0 with ``zero_counts`` (an image without crops)."""
         steps = self.dim_steps()
         return {
-            d: steps.get(d, 1) * rng.randint(1, big)
+            d: steps.get(d, 1)
+            * rng.randint(0 if zero_counts and g.is_count else 1, big)
             for g in self.spec.item_inputs
             for d in g.dims
         }
@@ -285,12 +369,14 @@ class SpecWorld:
         left = self.value(eager.left, **item)
         return _COMPARE[eager.op](left, self.value(eager.right, **item))
 
-    def path_tokens(self, item: Mapping[str, int]) -> int:
-        """The item's budget tokens as the manager sees them: above every
-        budget when it runs eagerly."""
+    def path_tokens(
+        self, item: Mapping[str, int], path: EncoderPath | None = None
+    ) -> int:
+        """The item's budget tokens (on ``path``) as the manager sees them:
+        above every budget when it runs eagerly."""
         if self.runs_eagerly(item):
             return self.module._EAGER_ONLY_TOKENS
-        return self.item_values(item)["budget_tokens"]
+        return self.item_values(item, path)["budget_tokens"]
 
     def batch(
         self,
@@ -322,7 +408,8 @@ class SpecWorld:
 
     def row_shape(self, key: str) -> list[int]:
         """The shape of one row of a flat input: its capture buffer's, or 2."""
-        tensor = next((t for t in self.spec.path.capture.tensors if t.key == key), None)
+        tensors = (t for p in self.spec.paths for t in p.capture.tensors)
+        tensor = next((t for t in tensors if t.key == key), None)
         if tensor is None:
             return [2]
         names = {"k": 1, "rows": 1, "max_batch_size": 1, "token_budget": 1}
@@ -351,15 +438,20 @@ class SpecWorld:
         return view[:, :2].tolist() if view.shape[1] > 1 else view.tolist()
 
     def fitting_items(
-        self, rng: random.Random, budget: int, mbs: int
+        self,
+        rng: random.Random,
+        budget: int,
+        mbs: int,
+        path: EncoderPath | None = None,
     ) -> list[dict[str, int]]:
-        """Items whose budget tokens fit ``budget``, at most ``mbs`` of them."""
+        """Items whose budget tokens on ``path`` fit ``budget``, at most
+        ``mbs`` of them."""
         items: list[dict[str, int]] = []
         used = 0
         for _ in range(mbs):
             for big in (3, 2, 1):
                 item = self.random_item(rng, big)
-                tokens = self.path_tokens(item)
+                tokens = self.path_tokens(item, path)
                 if used + tokens <= budget:
                     items.append(item)
                     used += tokens
@@ -368,19 +460,21 @@ class SpecWorld:
                 break
         return items
 
-    def largest_item(self, budget: int) -> dict[str, int] | None:
-        """One item with as many budget tokens as ``budget`` allows (each dim
-        grown in turn, by multiples of its step), or None when even the
-        smallest does not fit."""
+    def largest_item(
+        self, budget: int, path: EncoderPath | None = None
+    ) -> dict[str, int] | None:
+        """One item with as many budget tokens (on ``path``) as ``budget``
+        allows (each dim grown in turn, by multiples of its step), or None
+        when even the smallest does not fit."""
         steps = self.dim_steps()
         item = {d: steps.get(d, 1) for g in self.spec.item_inputs for d in g.dims}
 
         def fits(candidate: dict[str, int]) -> bool:
-            return self.path_tokens(candidate) <= budget
+            return self.path_tokens(candidate, path) <= budget
 
         if not fits(item):
             return None
-        items = self.spec.items
+        items = self.spec.items.on_path(path.output_tokens if path else None)
         counted = fx.names_in(items.budget_tokens or items.output_tokens)
         for dim in (d for d in item if d in counted):
             step = steps.get(dim, 1)
@@ -395,27 +489,36 @@ class SpecWorld:
                     grow -= grow % step
         return item
 
-    def k(self, budget: int, mbs: int) -> int:
-        return per_item_tokens(budget, mbs, self.spec.path.capture.rounding)
+    def k(self, budget: int, mbs: int, path: EncoderPath) -> int:
+        return per_item_tokens(budget, mbs, path.capture.rounding)
 
-    def capture_names(self, budget: int, mbs: int, mfpb: int) -> dict[str, int]:
-        """What the capture binds before its dummy: ``k``, the manager's
-        arguments, ``frames_per_item`` and the ``capture.let`` values, each
-        from the spec's formula."""
+    def capture_names(
+        self,
+        budget: int,
+        mbs: int,
+        mfpb: int,
+        path: EncoderPath,
+        axis_keys: tuple = (),
+    ) -> dict[str, int]:
+        """What ``path``'s capture binds before its dummy: ``k``, the
+        manager's arguments, ``frames_per_item``, the capture axes' dims and
+        the ``capture.let`` values, each from the spec's formula."""
         names = {
-            "k": self.k(budget, mbs),
+            "k": self.k(budget, mbs, path),
             "max_batch_size": mbs,
             "token_budget": budget,
             "max_frames_per_batch": mfpb,
             "frames_per_item": max(mfpb // mbs, 1),
+            **self.axis_dims(axis_keys),
         }
-        for let in self.spec.path.capture.lets:
+        for let in path.capture.lets:
             names[let.name] = self.value(let.expr, **names)
         return names
 
-    def refused(self, names: Mapping[str, int]):
-        """The first ``capture.assert`` these capture names break, if any."""
-        for check in self.spec.path.capture.asserts:
+    def refused(self, names: Mapping[str, int], path: EncoderPath):
+        """The first ``capture.assert`` of ``path`` these capture names
+        break, if any."""
+        for check in path.capture.asserts:
             left = self.value(check.check.left, **names)
             right = self.value(check.check.right, **names)
             if not _COMPARE[check.check.op](left, right):
@@ -466,19 +569,35 @@ class FakeBuilder:
                 items[i].update(zip(inp.dims, [int(v) for v in values], strict=True))
         return items
 
+    def axis_values(self, args: tuple, kwargs: dict) -> dict[str, int]:
+        """The capture axes' dims among the arguments (their key's parts)."""
+        dims = {d for a in self.world.spec.capture_axes for d in a.dims}
+        out = {}
+        for expr, value in zip(self.builder.call.args, args, strict=False):
+            if isinstance(expr, fx.Ref) and expr.name in dims:
+                out[expr.name] = int(value)
+        for name, expr in self.builder.call.kwargs:
+            if isinstance(expr, fx.Ref) and expr.name in dims:
+                out[expr.name] = int(kwargs[name])
+        return out
+
     def __call__(self, *args: Any, **kwargs: Any) -> dict[str, torch.Tensor]:
         self.calls.append((args, kwargs))
         items = self.items(args, kwargs)
+        axes = self.axis_values(args, kwargs)
         device = kwargs.get("device", torch.device("cpu"))
         dtype = kwargs.get("dtype", torch.float32)
         out = {}
         for key in self.builder.provides:
-            buf = self.world.spec.path.buffer(key)
-            out[key] = self.tensor(buf, items, kwargs, device, dtype)
+            buf = next(b for b in self.world.spec.buffers if b.key == key)
+            out[key] = self.tensor(buf, items, kwargs, device, dtype, axes)
         return out
 
-    def tensor(self, buf: Buffer, items, kwargs, device, dtype) -> torch.Tensor:
+    def tensor(
+        self, buf: Buffer, items, kwargs, device, dtype, axes=None
+    ) -> torch.Tensor:
         w = self.world
+        axes = axes or {}
         rows = [w.value(w.spec.items.input_size, **it) for it in items]
         if buf.pad is not None:
             offsets = [0]
@@ -496,7 +615,7 @@ class FakeBuilder:
         else:
             shape = []
             for i, e in enumerate(buf.shape):
-                shape.append(total if i == buf.rows_dim else w.value(e))
+                shape.append(total if i == buf.rows_dim else w.value(e, **axes))
         tdtype = (
             dtype
             if buf.dtype is None or buf.dtype.value == "dtype"

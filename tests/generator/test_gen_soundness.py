@@ -29,12 +29,17 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from encoder_cudagraph_runtime.defs import (  # noqa: E402
+    ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG,
+)
 from encoder_cudagraph_runtime.config import (  # noqa: E402
     ModelConfig,
     SchedulerConfig,
     VllmConfig,
 )
 from encoder_cudagraph_runtime.manager import EncoderCudaGraphManager  # noqa: E402
+from generator import formulas as fx  # noqa: E402
+from generator.resolve import load_spec  # noqa: E402
 from generator.spec import FlatInput, PadRule  # noqa: E402
 from genmixin_spec_host import OUT_WIDTH, SpecWorld, is_capture_tensor  # noqa: E402
 from genmixin_testlib import spec_paths, valid_corpus_paths  # noqa: E402
@@ -53,11 +58,9 @@ def world(request) -> SpecWorld:
 
 def expected_specs(world: SpecWorld, items) -> list[tuple[int, int, dict]]:
     out = []
-    counted = (world.spec.items.budget_tokens, world.spec.items.eager_when)
     for item in items:
         v = world.item_values(item)
-        path = {"default": world.path_tokens(item)} if any(counted) else {}
-        out.append((v["input_size"], v["output_tokens"], path))
+        out.append((v["input_size"], v["output_tokens"], world.path_rows(item)))
     return out
 
 
@@ -70,12 +73,20 @@ def got_specs(specs) -> list[tuple[int, int, dict]]:
 
 def test_config(world: SpecWorld) -> None:
     config = world.host().get_encoder_cudagraph_config()
-    path = world.spec.path
-    assert config.buffer_keys == [b.key for b in path.buffers]
-    assert config.out_hidden_size == world.value(world.spec.out_hidden_size)
-    assert config.modalities == [m.value for m in world.spec.modalities]
-    special = {b.key for b in path.buffers if b.pad is not None or b.rows_dim}
+    spec = world.spec
+    assert config.buffer_keys == [b.key for b in spec.buffers]
+    assert config.out_hidden_size == world.value(spec.out_hidden_size)
+    assert config.modalities == [m.value for m in spec.modalities]
+    special = {b.key for b in spec.buffers if b.pad is not None or b.rows_dim}
     assert set(config.padding_logics) == special
+    paths = {
+        name: (c.min_token_budget, c.allow_zero_tokens)
+        for name, c in config.paths.items()
+    }
+    assert list(paths) == [p.name for p in spec.paths]
+    for p in spec.paths:
+        smallest = world.value(p.min_token_budget) if p.min_token_budget else None
+        assert paths[p.name] == (smallest, p.allow_zero_tokens), p.name
 
 
 @pytest.mark.parametrize(("tokens", "model_len"), [(8192, 8192), (2048, 32768)])
@@ -140,8 +151,12 @@ def test_selection(world: SpecWorld, lists: bool, indices: list[int]) -> None:
     host = world.host()
     batch = world.batch(items, lists=lists)
     got = host.select_encoder_cudagraph_items(batch, list(indices))
-    assert list(got) == [i.key for i in world.spec.inputs]
     chosen = [items[i] for i in indices]
+    if world.spec.capture_axes:
+        # The key of each axis the sub-batch replays, for the manager to pop.
+        keys = got.pop(ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG)
+        assert keys == world.selected_axis_keys(chosen)
+    assert list(got) == [i.key for i in world.spec.inputs]
     want = world.batch(chosen)
     for inp in world.spec.inputs:
         value = got[inp.key]
@@ -197,6 +212,7 @@ def test_selection_by_video_keys(world: SpecWorld) -> None:
     host = world.host()
     batch = world.batch(items, video=True)
     got = host.select_encoder_cudagraph_items(batch, [2, 0])
+    got.pop(ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG, None)
     assert list(got) == [i.video_key for i in world.spec.inputs]
     assert got_specs(host.get_encoder_cudagraph_item_specs(got)) == expected_specs(
         world, [items[2], items[0]]
@@ -206,36 +222,42 @@ def test_selection_by_video_keys(world: SpecWorld) -> None:
 # -- capture and replay ----------------------------------------------------------------
 
 
-def capture(world: SpecWorld, host, budget: int, mbs: int, mfpb: int):
+def capture(
+    world: SpecWorld, host, budget: int, mbs: int, mfpb: int, path, axis_keys=()
+):
+    """The capture inputs of ``path``, called as the manager calls it."""
     values = host.prepare_encoder_cudagraph_capture_inputs(
-        budget, mbs, mfpb, torch.device("cpu"), torch.float32
+        budget, mbs, mfpb, torch.device("cpu"), torch.float32, path.name, axis_keys
     ).values
     return values
 
 
-def dummy_items(world: SpecWorld, budget: int, mbs: int, mfpb: int):
+def dummy_items(world: SpecWorld, budget: int, mbs: int, mfpb: int, path, axis_keys=()):
     """The dummy batch's items, from the spec's dummy formulas."""
-    names = world.capture_names(budget, mbs, mfpb)
+    names = world.capture_names(budget, mbs, mfpb, path, axis_keys)
     item = {}
-    for inp, exprs in world.spec.path.capture.dummy:
+    for inp, exprs in path.capture.dummy:
         for dim, e in zip(inp.dims, exprs, strict=True):
             item[dim] = world.value(e, **names)
     return [dict(item) for _ in range(mbs)], names
 
 
-def unit_names(world: SpecWorld, budget: int, mbs: int, mfpb: int) -> dict:
+def unit_names(
+    world: SpecWorld, budget: int, mbs: int, mfpb: int, path, axis_keys=()
+) -> dict:
     """The names of a unit capture's shapes, ``units`` from its formula."""
     names = {
         "token_budget": budget,
         "max_batch_size": mbs,
         "max_frames_per_batch": mfpb,
+        **world.axis_dims(axis_keys),
     }
-    return {**names, "units": world.value(world.spec.path.capture.units, **names)}
+    return {**names, "units": world.value(path.capture.units, **names)}
 
 
-def check_unit_capture(world: SpecWorld, values, names: dict) -> None:
+def check_unit_capture(world: SpecWorld, path, values, names: dict) -> None:
     """Every buffer of a unit capture has its declared shape over ``units``."""
-    for buf in world.spec.path.buffers:
+    for buf in path.buffers:
         exprs = buf.source.shape if is_capture_tensor(buf) else buf.shape
         if exprs is None or buf.host_scalar:
             continue
@@ -245,23 +267,33 @@ def check_unit_capture(world: SpecWorld, values, names: dict) -> None:
 
 @pytest.mark.parametrize(("budget", "mbs", "mfpb"), CAPTURES)
 def test_capture_inputs(world: SpecWorld, budget: int, mbs: int, mfpb: int) -> None:
+    for path in world.spec.paths:
+        for keys in world.axis_key_combos():
+            check_capture_inputs(world, path, budget, mbs, mfpb, keys)
+
+
+def check_capture_inputs(
+    world: SpecWorld, path, budget: int, mbs: int, mfpb: int, axis_keys: tuple
+):
     host = world.host()
-    refused = world.refused(world.capture_names(budget, mbs, mfpb))
+    refused = world.refused(
+        world.capture_names(budget, mbs, mfpb, path, axis_keys), path
+    )
     if refused is not None:
         # A dummy beyond the tower's capacity: refused, with the spec's message.
         with pytest.raises(ValueError, match=re.escape(refused.message)):
-            capture(world, host, budget, mbs, mfpb)
+            capture(world, host, budget, mbs, mfpb, path, axis_keys)
         return
-    values = capture(world, host, budget, mbs, mfpb)
-    spec = world.spec
-    assert list(values) == [b.key for b in spec.path.buffers]
-    if spec.path.capture.of_units:
-        check_unit_capture(world, values, unit_names(world, budget, mbs, mfpb))
+    values = capture(world, host, budget, mbs, mfpb, path, axis_keys)
+    assert list(values) == [b.key for b in path.buffers]
+    if path.capture.of_units:
+        names = unit_names(world, budget, mbs, mfpb, path, axis_keys)
+        check_unit_capture(world, path, values, names)
         return
-    dummy, names = dummy_items(world, budget, mbs, mfpb)
+    dummy, names = dummy_items(world, budget, mbs, mfpb, path, axis_keys)
     dims = dummy[0]
     rows = mbs * world.item_values(dims)["input_size"]
-    for buf in spec.path.buffers:
+    for buf in path.buffers:
         value = values[buf.key]
         if is_capture_tensor(buf):
             own = mbs * world.flat_rows(buf.key, dims)
@@ -283,22 +315,36 @@ def test_capture_inputs(world: SpecWorld, budget: int, mbs: int, mfpb: int) -> N
             assert value.tolist() == want, buf.key
         elif buf.host_scalar:
             assert value.ndim == 0 and value.device.type == "cpu"
-        elif buf.allocate:
+        elif buf.allocate or (buf.shape and world.spec.capture_axes):
+            # A builder buffer's declared shape (with axes: it follows the key).
             shape = [world.value(e, **names, rows=rows) for e in buf.shape]
             assert list(value.shape) == shape, buf.key
-    # The dummy batch covers its budget, in budget tokens and in graph rows.
-    tokens = sum(world.item_values(d)["budget_tokens"] for d in dummy)
-    assert tokens >= budget
-    capacity = sum(world.item_values(d)["graph_rows"] for d in dummy)
-    if spec.path.capture.graph_rows is not None:
+    # The dummy batch covers its budget, in budget tokens and in graph rows
+    # (a path whose items all have the same rows: the most of max_batch_size
+    # such items).
+    tokens = sum(world.item_values(d, path)["budget_tokens"] for d in dummy)
+    need = min(budget, fixed_batch_rows(world, path, mbs))
+    assert tokens >= need
+    capacity = sum(world.item_values(d, path)["graph_rows"] for d in dummy)
+    if path.capture.graph_rows is not None:
         capacity = max(
-            capacity, world.value(spec.path.capture.graph_rows, **names, rows=rows)
+            capacity, world.value(path.capture.graph_rows, **names, rows=rows)
         )
-    assert capacity >= budget
+    assert capacity >= need
     # Every builder saw the dummy grids it reads.
     for fake in world.builders:
         seen = fake.items(*fake.calls[-1])
         assert seen == [{d: v for d, v in it.items() if d in seen[0]} for it in dummy]
+
+
+def fixed_batch_rows(world: SpecWorld, path, mbs: int) -> float:
+    """The budget tokens of ``max_batch_size`` items on a path whose budget
+    tokens per item read no dims (else unbounded)."""
+    items = world.spec.items.on_path(path.output_tokens)
+    tokens = items.budget_tokens or items.output_tokens
+    if fx.names_in(tokens) & world.dims:
+        return float("inf")
+    return mbs * world.value(tokens)
 
 
 def replay_into(config, captured: dict, replay: dict) -> None:
@@ -326,35 +372,56 @@ def _rows_dim(buf) -> int:
 def test_replay_buffers(
     world: SpecWorld, budget: int, mbs: int, mfpb: int, seed: int
 ) -> None:
-    rng = random.Random(seed * 1000 + budget)
-    if world.refused(world.capture_names(budget, mbs, mfpb)) is not None:
+    checked = 0
+    for path in world.spec.paths:
+        rng = random.Random(seed * 1000 + budget)
+        checked += check_replay_buffers(world, path, rng, budget, mbs, mfpb)
+    if not checked:
         pytest.skip("the capture refuses this budget (test_capture_inputs)")
+
+
+def check_replay_buffers(world, path, rng, budget: int, mbs: int, mfpb: int) -> int:
+    """Replays of random batches into ``path``'s capture; how many (none
+    when the capture refuses the budget)."""
     host = world.host()
     config = host.get_encoder_cudagraph_config()
-    captured = capture(world, host, budget, mbs, mfpb)
-    rows_captured = (
-        None  # a unit capture pads no offsets
-        if world.spec.path.capture.of_units
-        else mbs
-        * world.item_values(dummy_items(world, budget, mbs, mfpb)[0][0])["input_size"]
-    )
     # Random batches, and the one item with the most budget tokens that fits.
-    largest = world.largest_item(budget)
-    batches = [world.fitting_items(rng, budget, mbs) for _ in range(3)]
+    largest = world.largest_item(budget, path)
+    batches = [world.fitting_items(rng, budget, mbs, path) for _ in range(3)]
+    checked = 0
     for items in batches + ([[largest]] if largest else []):
+        # The graph of the keys the batch selects.
+        keys = world.selected_axis_keys(items) if world.spec.capture_axes else ()
+        names = world.capture_names(budget, mbs, mfpb, path, keys)
+        if world.refused(names, path) is not None:
+            continue
+        checked += 1
+        captured = capture(world, host, budget, mbs, mfpb, path, keys)
+        rows_captured = (
+            None  # a unit capture pads no offsets
+            if path.capture.of_units
+            else mbs
+            * world.item_values(
+                dummy_items(world, budget, mbs, mfpb, path, keys)[0][0]
+            )["input_size"]
+        )
         batch = world.batch(items)
-        replay = host.prepare_encoder_cudagraph_replay_buffers(batch, mbs, mfpb).values
+        replay = host.prepare_encoder_cudagraph_replay_buffers(
+            batch, mbs, mfpb, path.name
+        ).values
+        assert set(replay) <= {b.key for b in path.buffers}, path.name
         target = copy.deepcopy(captured)
         # The padding logic of a trailing sequence finds its buffer by address.
-        for buf in world.spec.path.buffers:
+        for buf in path.buffers:
             if buf.pad is PadRule.TRAILING_SEQUENCE:
                 target[buf.key] = captured[buf.key]
         replay_into(config, target, replay)
-        check_replayed(world, items, target, replay, rows_captured)
+        check_replayed(world, path, items, target, replay, rows_captured)
+    return checked
 
 
-def check_replayed(world, items, target, replay, rows_captured) -> None:
-    for buf in world.spec.path.buffers:
+def check_replayed(world, path, items, target, replay, rows_captured) -> None:
+    for buf in path.buffers:
         value = target[buf.key]
         if buf.key not in replay:
             continue
@@ -386,25 +453,29 @@ def check_replayed(world, items, target, replay, rows_captured) -> None:
 
 @pytest.mark.parametrize("seed", range(3))
 def test_eager_forward(world: SpecWorld, seed: int) -> None:
-    rng = random.Random(seed)
+    for path in world.spec.paths:
+        check_eager_forward(world, path, random.Random(seed))
+
+
+def check_eager_forward(world: SpecWorld, path, rng: random.Random) -> None:
     items = [world.random_item(rng) for _ in range(rng.randint(1, 4))]
     host = world.host()
-    eager = world.spec.path.eager_forward
+    eager = path.eager_forward
     last = eager.steps[-1].expr
     fake = world.calls[_name(last.callee)]
-    graph_rows = [world.item_values(it)["graph_rows"] for it in items]
+    graph_rows = [world.item_values(it, path)["graph_rows"] for it in items]
     if eager.per_item:
         fake.queue = [
             torch.full((n, OUT_WIDTH), float(i)) for i, n in enumerate(graph_rows)
         ]
     else:
         fake.queue = [torch.ones(sum(graph_rows), OUT_WIDTH)]
-    out = host.encoder_eager_forward(world.batch(items))
+    out = host.encoder_eager_forward(world.batch(items), path.name)
     assert out.shape == (sum(graph_rows), OUT_WIDTH)
     if eager.per_item:
         owners = [float(i) for i, n in enumerate(graph_rows) for _ in range(n)]
         assert out[:, 0].tolist() == owners
-        assert host.encoder_eager_forward(world.batch([])).shape == (
+        assert host.encoder_eager_forward(world.batch([]), path.name).shape == (
             0,
             world.value(eager.empty_width),
         )
@@ -414,3 +485,171 @@ def _name(callee) -> str:
     from generator.formulas import Ref
 
     return callee.name if isinstance(callee, Ref) else callee.dotted
+
+
+# -- several paths -------------------------------------------------------------------
+
+
+PATH_SPECS = [p for p in SPECS if load_spec(p).has_paths]
+
+
+@pytest.fixture(scope="module", params=PATH_SPECS, ids=[p.stem for p in PATH_SPECS])
+def paths_world(request) -> SpecWorld:
+    return SpecWorld(Path(request.param))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_postprocess_concatenates_the_paths(paths_world: SpecWorld, seed: int) -> None:
+    """Each item's output is its rows of every path in path order, in a
+    tensor of its own; a path without rows in the batch is absent."""
+    world = paths_world
+    rng = random.Random(seed)
+    items = [world.random_item(rng, zero_counts=True) for _ in range(4)]
+    indices = rng.sample(range(4), rng.randint(1, 4))
+    chosen = [items[i] for i in indices]
+    rows = {
+        p.name: [world.path_rows(it)[p.name] for it in chosen]
+        for p in world.spec.concatenation
+    }
+    # Row r of item position j on path p holds (p, j, r); a padded tail after.
+    outputs = {}
+    for pi, (name, per_item) in enumerate(rows.items()):
+        if sum(per_item):
+            ids = [(pi, j, r) for j, n in enumerate(per_item) for r in range(n)]
+            tail = [(-1, -1, -1)] * 3
+            outputs[name] = torch.tensor(ids + tail, dtype=torch.float32)
+    host = world.host()
+    batch = host.select_encoder_cudagraph_items(world.batch(items), indices)
+    dest: dict = {}
+    host.postprocess_encoder_output(
+        outputs, indices, [0] * len(indices), dest, clone=True, batch_mm_kwargs=batch
+    )
+    assert set(dest) == set(indices)
+    for j, idx in enumerate(indices):
+        want = [
+            [pi, j, r]
+            for pi, per_item in enumerate(rows.values())
+            for r in range(per_item[j])
+        ]
+        assert dest[idx].tolist() == want
+        for out in outputs.values():
+            assert dest[idx].untyped_storage().data_ptr() != (
+                out.untyped_storage().data_ptr()
+            ), "a result shares the graph output's memory"
+        assert dest[idx].shape[0] == world.item_values(chosen[j])["output_tokens"]
+
+
+def test_an_unknown_path_is_refused(paths_world: SpecWorld) -> None:
+    host = paths_world.host()
+    with pytest.raises(ValueError, match="no encoder path 'nope'"):
+        host.encoder_cudagraph_forward({}, "nope")
+    with pytest.raises(ValueError, match="no encoder path 'nope'"):
+        host.prepare_encoder_cudagraph_capture_inputs(
+            64, 1, 1, torch.device("cpu"), torch.float32, "nope", ()
+        )
+
+
+@pytest.mark.parametrize(
+    ("tokens", "budgets", "items"), [(8192, [], 0), (2048, [512], 3)]
+)
+def test_path_budgets_match_the_manager(
+    paths_world: SpecWorld, tokens: int, budgets: list[int], items: int
+) -> None:
+    """The manager's budgets per path from the generated config are what
+    `gen-mixin plan` predicts from the spec."""
+    from encoder_cudagraph_runtime.config import CompilationConfig, MultiModalConfig
+    from encoder_cudagraph_runtime.graph_backends import EagerReplayGraphBackend
+    from generator.plan import make_plan
+
+    cfg = VllmConfig(
+        scheduler_config=SchedulerConfig(max_num_batched_tokens=tokens),
+        model_config=ModelConfig(
+            max_model_len=32768, multimodal_config=MultiModalConfig()
+        ),
+        compilation_config=CompilationConfig(
+            cudagraph_mm_encoder=True,
+            encoder_cudagraph_token_budgets=budgets,
+            encoder_cudagraph_max_vision_items_per_batch=items,
+        ),
+    )
+    manager = EncoderCudaGraphManager(
+        cfg,
+        torch.device("cpu"),
+        torch.float32,
+        paths_world.host(),
+        graph_backend=EagerReplayGraphBackend(),
+    )
+    plan = make_plan(
+        paths_world.spec,
+        max_num_batched_tokens=tokens,
+        budgets=budgets,
+        max_items=items,
+    )
+    assert {p.name: p.budgets for p in plan.paths} == manager.path_token_budgets
+    assert plan.num_graphs == manager.get_num_graphs_to_capture()
+
+
+# -- capture axes --------------------------------------------------------------------
+
+AXES_SPECS = [p for p in SPECS if load_spec(p).capture_axes]
+
+
+@pytest.fixture(scope="module", params=AXES_SPECS, ids=[p.stem for p in AXES_SPECS])
+def axes_world(request) -> SpecWorld:
+    return SpecWorld(Path(request.param))
+
+
+def _manager(world: SpecWorld, host, tokens: int = 256, items: int = 4):
+    from encoder_cudagraph_runtime.config import CompilationConfig, MultiModalConfig
+    from encoder_cudagraph_runtime.graph_backends import EagerReplayGraphBackend
+
+    cfg = VllmConfig(
+        scheduler_config=SchedulerConfig(max_num_batched_tokens=tokens),
+        model_config=ModelConfig(
+            max_model_len=tokens, multimodal_config=MultiModalConfig()
+        ),
+        compilation_config=CompilationConfig(
+            cudagraph_mm_encoder=True,
+            encoder_cudagraph_max_vision_items_per_batch=items,
+        ),
+    )
+    return EncoderCudaGraphManager(
+        cfg,
+        torch.device("cpu"),
+        torch.float32,
+        host,
+        graph_backend=EagerReplayGraphBackend(),
+    )
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_manager_replays_the_selected_keys(axes_world: SpecWorld, seed: int):
+    """The manager captures every (budget, key combination) the config lists
+    and replays, for each packed batch, the graph of the keys its selection
+    resolves, which are the spec's."""
+    from generator.plan import make_plan
+
+    world = axes_world
+    host = world.host()
+    manager = _manager(world, host)
+    plan = make_plan(
+        world.spec, max_num_batched_tokens=256, max_model_len=256, max_items=4
+    )
+    assert manager.get_num_graphs_to_capture() == plan.num_graphs
+    manager.capture()
+    combos = set(world.axis_key_combos())
+    captured = manager.budget_graphs["default"]
+    assert {keys for _, keys in captured} == combos
+    replayed = []
+    run = manager._run_budget_graph
+
+    def spy(kwargs, budget, path="default", axis_keys=(), **kw):
+        replayed.append((axis_keys, world.selected_axis_keys(world.items_of(kwargs))))
+        return run(kwargs, budget, path=path, axis_keys=axis_keys, **kw)
+
+    manager._run_budget_graph = spy
+    rng = random.Random(seed)
+    items = [world.random_item(rng) for _ in range(rng.randint(1, 6))]
+    manager.execute(world.batch(items))
+    assert replayed and all(got == want for got, want in replayed)
+    assert manager.graph_hits == len(items)

@@ -225,6 +225,8 @@ class ModelParity:
     make_batch: Callable[..., dict[str, Any]]
     random_grid: Callable[[torch.Generator, str], tuple[int, ...]]
     frames: Callable[[tuple[int, ...]], int]
+    #: The encoder paths of the config, in order.
+    paths: tuple[str, ...] = ("default",)
 
     def hosts(self, settings: HostSettings = HostSettings()) -> tuple[Any, Any]:
         """(vLLM's host, ours), built alike from ``settings``."""
@@ -1495,14 +1497,21 @@ def compare(
     from parity_testlib import differences, observe
 
     vllm_host, our_host = model.hosts(settings)
-    return differences(
-        observe(lambda: run(vllm_host)), observe(lambda: run(our_host)), label
-    )
+
+    def seeded(host: Any) -> Any:
+        # Random capture fills (``randn``) draw alike on both sides.
+        torch.manual_seed(0)
+        return observe(lambda: run(host))
+
+    return differences(seeded(vllm_host), seeded(our_host), label)
 
 
-def seeded_capture(host: Any, case: CaptureCase) -> dict[str, torch.Tensor]:
-    """The capture inputs of ``case``, drawn from a fixed seed: a dummy filled
-    with ``torch.randn`` (Kimi-VL's) holds the same values on both hosts."""
+def _capture(
+    host: Any, case: CaptureCase, path: str = "default", axis_keys: tuple = ()
+) -> dict[str, torch.Tensor]:
+    """``path``'s capture inputs of ``case``, called as the manager calls,
+    drawn from a fixed seed: a dummy filled with ``torch.randn`` (Kimi-VL's)
+    holds the same values on both hosts."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         return host.prepare_encoder_cudagraph_capture_inputs(
@@ -1511,15 +1520,20 @@ def seeded_capture(host: Any, case: CaptureCase) -> dict[str, torch.Tensor]:
             case.max_frames_per_batch,
             CPU,
             torch.float32,
+            path,
+            axis_keys,
         ).values
 
 
-def capture_view(host: Any, case: CaptureCase) -> dict[str, Any]:
-    """The capture inputs of ``case`` and what the capture forward saw."""
-    values = seeded_capture(host, case)
+def capture_view(
+    host: Any, case: CaptureCase, path: str = "default", axis_keys: tuple = ()
+) -> dict[str, Any]:
+    """The capture inputs of ``case`` (on ``path``, for ``axis_keys``) and
+    what the capture forward saw."""
+    values = _capture(host, case, path, axis_keys)
     tower = model_tower(host)
     tower.reset()
-    out = host.encoder_cudagraph_forward(dict(values))
+    out = host.encoder_cudagraph_forward(dict(values), path=path)
     return {
         "values": dict(values),
         "forward": {
@@ -1537,46 +1551,73 @@ def model_tower(host: Any) -> Recorder:
     return towers[0]
 
 
-def replay_view(
-    host: Any, case: CaptureCase, batches: list[dict[str, Any]]
-) -> list[dict[str, Any]]:
-    """Replays of ``batches`` (in order) into one capture of ``case``: each
-    replay's values, the captured buffers after the manager's copy, what the
-    forward saw and the items' final rows."""
-    from parity_testlib import copy_replay_into_captured
+def path_tokens(host: Any, batch: dict[str, Any], path: str) -> int:
+    """The batch's rows on ``path`` (0: the manager skips the path)."""
+    specs = host.get_encoder_cudagraph_item_specs(batch)
+    return sum(int(s.get_path_output_tokens(path)) for s in specs)
 
+
+def replay_view(
+    host: Any,
+    case: CaptureCase,
+    batches: list[dict[str, Any]],
+    paths: tuple[str, ...] = ("default",),
+) -> list[dict[str, Any]]:
+    """Replays of ``batches`` (in order) into one capture of ``case`` per
+    path: per path with rows, the replay's values, the captured buffers after
+    the manager's copy and what the forward saw; then the items' final rows
+    from every path's output."""
     config = host.get_encoder_cudagraph_config()
-    captured = seeded_capture(host, case)
-    rows = next(iter(captured.values())).shape[0]
-    tower = model_tower(host)
+    captured = {p: _capture(host, case, p) for p in paths}
     views = []
     for batch in batches:
-        replay = host.prepare_encoder_cudagraph_replay_buffers(
-            batch, case.max_batch_size, case.max_frames_per_batch
-        ).values
-        # None and an absent key mean the same to the manager: left as captured.
-        view: dict[str, Any] = {
-            "replay": {k: v for k, v in replay.items() if v is not None}
-        }
-        copy_replay_into_captured(config, captured, replay)
-        # A builder may capture None for a buffer another backend needs
-        # (Kimi-K3's sequence_lengths): the manager keeps and skips it.
-        view["captured"] = {
-            k: v.clone() if v is not None else None for k, v in captured.items()
-        }
-        if "cu_seqlens" in captured:
-            view["cu_seqlens_tail"] = cu_seqlens_tail(captured["cu_seqlens"], rows)
-        tower.reset()
-        out = host.encoder_cudagraph_forward(dict(captured))
-        view["calls"] = list(tower.calls)
-        view["violations"] = dict(tower.violations)
-        view["items"] = postprocess_view(host, batch, out, spread=True)
+        view: dict[str, Any] = {}
+        outputs = {}
+        for p in paths:
+            if path_tokens(host, batch, p) == 0:
+                continue
+            seen, outputs[p] = _replay_path(host, case, config, captured[p], batch, p)
+            view.update(
+                {k if p == "default" else f"{p}/{k}": v for k, v in seen.items()}
+            )
+        view["items"] = postprocess_view(host, batch, outputs, spread=True)
         views.append(view)
     return views
 
 
+def _replay_path(host, case, config, captured, batch, path):
+    """One path's replay: what the manager copies and the forward sees."""
+    from parity_testlib import copy_replay_into_captured
+
+    tower = model_tower(host)
+    rows = next(iter(captured.values())).shape[0]
+    replay = host.prepare_encoder_cudagraph_replay_buffers(
+        batch, case.max_batch_size, case.max_frames_per_batch, path
+    ).values
+    # None and an absent key mean the same to the manager: left as captured.
+    view: dict[str, Any] = {
+        "replay": {k: v for k, v in replay.items() if v is not None}
+    }
+    copy_replay_into_captured(config, captured, replay)
+    # A builder may capture None for a buffer another backend needs
+    # (Kimi-K3's sequence_lengths): the manager keeps and skips it.
+    view["captured"] = {
+        k: v.clone() if v is not None else None for k, v in captured.items()
+    }
+    if "cu_seqlens" in captured:
+        view["cu_seqlens_tail"] = cu_seqlens_tail(captured["cu_seqlens"], rows)
+    tower.reset()
+    out = host.encoder_cudagraph_forward(dict(captured), path=path)
+    view["calls"] = list(tower.calls)
+    view["violations"] = dict(tower.violations)
+    return view, out
+
+
 def postprocess_view(
-    host: Any, batch: dict[str, Any], out: torch.Tensor, spread: bool = False
+    host: Any,
+    batch: dict[str, Any],
+    out: torch.Tensor | dict[str, torch.Tensor],
+    spread: bool = False,
 ) -> Any:
     """Each item's final rows from an encoder output, as the manager asks
     for them (``clone=True``, the batch's kwargs). ``spread`` numbers the
@@ -1590,20 +1631,28 @@ def postprocess_view(
     for idx, spec in zip(indices, specs, strict=True):
         tokens[idx] = spec.output_tokens
     dest: dict[int, torch.Tensor] = {}
+    outputs = out if isinstance(out, dict) else {"default": out}
     host.postprocess_encoder_output(
-        {"default": out}, indices, tokens, dest, clone=True, batch_mm_kwargs=batch
+        outputs, indices, tokens, dest, clone=True, batch_mm_kwargs=batch
     )
     return [dest.get(i) for i in indices]
 
 
-def eager_view(host: Any, batch: dict[str, Any]) -> dict[str, Any]:
+def eager_view(
+    host: Any, batch: dict[str, Any], paths: tuple[str, ...] = ("default",)
+) -> dict[str, Any]:
+    """The eager forward of every path with rows, and the items' rows."""
     tower = model_tower(host)
     tower.reset()
-    out = host.encoder_eager_forward(batch)
+    outputs = {
+        p: host.encoder_eager_forward(batch, path=p)
+        for p in paths
+        if path_tokens(host, batch, p)
+    }
     return {
         "calls": list(tower.calls),
         "violations": dict(tower.violations),
-        "items": postprocess_view(host, batch, out),
+        "items": postprocess_view(host, batch, outputs),
     }
 
 
@@ -1705,12 +1754,9 @@ def fitting_batch(
             len(trial) <= case.max_batch_size
             and (modality == "image" or frames <= case.max_frames_per_batch)
             and all(
-                sum(
-                    s.get_path_output_tokens("default")
-                    for s in h.get_encoder_cudagraph_item_specs(probe)
-                )
-                <= case.budget
+                path_tokens(h, probe, p) <= case.budget
                 for h in hosts
+                for p in model.paths
             )
         ):
             grids = trial
@@ -1750,15 +1796,20 @@ def compare_batches(
                     settings,
                 )
             found += compare(
-                model, f"eager[{tag}]", lambda h, b=batch: eager_view(h, b), settings
+                model,
+                f"eager[{tag}]",
+                lambda h, b=batch: eager_view(h, b, model.paths),
+                settings,
             )
     for case in plan.capture_cases:
-        found += compare(
-            model,
-            f"{prefix}capture[{case.label}]",
-            lambda h, c=case: capture_view(h, c),
-            settings,
-        )
+        for path in model.paths:
+            where = "" if path == "default" else f",{path}"
+            found += compare(
+                model,
+                f"{prefix}capture[{case.label}{where}]",
+                lambda h, c=case, p=path: capture_view(h, c, p),
+                settings,
+            )
         gen = torch.Generator().manual_seed(case.budget * 31 + case.max_batch_size)
         for modality in model.modalities:
             if modality == "video" and case.max_frames_per_batch == 0:
@@ -1771,7 +1822,295 @@ def compare_batches(
             found += compare(
                 model,
                 f"{prefix}replay[{case.label},{modality}]",
-                lambda h, c=case, b=batches: replay_view(h, c, b),
+                lambda h, c=case, b=batches: replay_view(h, c, b, model.paths),
                 settings,
             )
     return found
+
+
+# ---------------------------------------------------------------------------
+# Step3-VL
+# ---------------------------------------------------------------------------
+
+STEP3_VL = "vllm.model_executor.models.step3_vl"
+#: The fake Step3-VL's global view side: 112² of 14² patches, stride 2:
+#: 4 rows per global view (vLLM hard-codes the crops: 504², 81 rows).
+STEP3_IMAGE_SIZE = 112
+STEP3_PATCH = 14
+
+
+class _Step3Tower(Recorder):
+    """``_batched_encoder_forward``'s learned work: ``(views, 3, s, s)`` to
+    ``(views * rows, WIDTH)``, each view's rows a code of its pixels and
+    its row number (``rows``: vLLM's own count for the side)."""
+
+    def __init__(self, rows_of_side: Callable[[int], int]) -> None:
+        super().__init__()
+        self.rows_of_side = rows_of_side
+
+    def __call__(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        self.calls.append({"pixel_values": _snapshot(pixel_values)})
+        views, side = pixel_values.shape[0], pixel_values.shape[-1]
+        rows = self.rows_of_side(side)
+        level = pixel_values.float().reshape(views, -1).mean(dim=1)
+        codes = torch.arange(rows * WIDTH, dtype=torch.float32).reshape(rows, WIDTH)
+        out = level[:, None, None] + codes[None] / 64
+        return out.reshape(views * rows, WIDTH).to(pixel_values.dtype)
+
+
+class _Step3HostParts:
+    """What Step3-VL's mixin reads of its host besides vLLM's own token
+    arithmetic (``_compute_spatial_tokens``, ``img_output_tokens``,
+    ``patch_output_tokens``, taken from the wheel)."""
+
+    def _batched_encoder_forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return self.step3_tower(pixel_values)
+
+
+@functools.cache
+def step3_vl_host_class() -> type:
+    """A host class with vLLM's Step3-VL mixin (its two paths, its custom
+    post-processing) and vLLM's own token arithmetic."""
+    code = _wheel_code({})
+    return code.klass(
+        STEP3_VL,
+        "Step3VLForConditionalGeneration",
+        _defined(code, STEP3_VL, "Step3VLForConditionalGeneration"),
+        bases=(_Step3HostParts, _protocol(code)),
+        exclude=["_batched_encoder_forward"],
+    )
+
+
+def step3_vl_host(host_class: type | None = None, settings=HostSettings()) -> Any:
+    """A Step3-VL host: 112² global views (4 rows each), vLLM's 504² crops
+    (81 rows each), ``WIDTH``-wide text rows."""
+    host = (host_class or step3_vl_host_class())()
+    host.config = _Obj(
+        vision_config=_Obj(image_size=STEP3_IMAGE_SIZE, patch_size=STEP3_PATCH),
+        understand_projector_stride=2,
+        hidden_size=WIDTH,
+    )
+    vllm_config = settings.vllm_config()
+    host.model_config = vllm_config.model_config
+    host.multimodal_config = vllm_config.model_config.multimodal_config
+    host.step3_tower = _Step3Tower(
+        lambda side: host._compute_spatial_tokens(side, STEP3_PATCH, 2)
+    )
+    return host
+
+
+def step3_vl_batch(
+    gen: torch.Generator, modality: str, crops: list[tuple[int]]
+) -> dict[str, Any]:
+    """A Step3-VL image batch: one global view per item and ``n`` 504² crops
+    for an item ``(n,)``, as the processor gives them (stacked global views,
+    the crops back to back, the counts as an int64 CPU tensor)."""
+    assert modality == "image"
+    counts = [n for (n,) in crops]
+    side = STEP3_IMAGE_SIZE
+    return {
+        "pixel_values": torch.randn(len(counts), 3, side, side, generator=gen),
+        "patch_pixel_values": torch.randn(sum(counts), 3, 504, 504, generator=gen),
+        "num_patches": torch.tensor(counts, dtype=torch.int64),
+    }
+
+
+# ---------------------------------------------------------------------------
+# Gemma 4
+# ---------------------------------------------------------------------------
+
+GEMMA4 = "vllm.model_executor.models.gemma4_mm"
+#: The fake Gemma 4 tower's pooling kernel (HF's default) and patch side
+#: (small: a patch row is 3 * GEMMA4_PATCH**2 pixels).
+GEMMA4_KERNEL = 3
+GEMMA4_PATCH = 2
+
+
+class _Gemma4VisionTower(Recorder):
+    """The HF ``Gemma4VisionModel`` parts the graph forward calls, as
+    pass-throughs that keep the slot layout: the pooler's slot ``s`` of a
+    row is the mean of its patches ``s*k²..(s+1)*k²-1`` (0 for padding
+    slots, which HF's pooler fills with zeros), valid when a real patch
+    lies there."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.config = _Obj(
+            pooling_kernel_size=GEMMA4_KERNEL,
+            patch_size=GEMMA4_PATCH,
+            num_channels=3,
+            standardize=False,
+        )
+        self.patch_embedder = lambda pv, ids, pad: patch_embedding(
+            pv.reshape(-1, pv.shape[-1]), torch.float32
+        ).reshape(pv.shape[0], pv.shape[1], WIDTH)
+        self.encoder = lambda inputs_embeds, attention_mask, pixel_position_ids: _Obj(
+            last_hidden_state=inputs_embeds
+        )
+
+    def pooler(
+        self, hidden_states, pixel_position_ids, padding_positions, output_length
+    ):
+        self.calls.append({"output_length": output_length})
+        k2 = GEMMA4_KERNEL**2
+        rows = hidden_states.shape[0]
+        slots = hidden_states.reshape(rows, output_length, k2, WIDTH)
+        real = (~padding_positions).reshape(rows, output_length, k2)
+        pooled = (slots * real[..., None]).sum(2) / k2
+        return pooled, real.any(-1)
+
+
+class _Gemma4EmbedVision:
+    """``embed_vision``: the projection to the text width, a shift here."""
+
+    embedding_projection = _Obj(weight=torch.zeros(1))
+
+    def __call__(self, inputs_embeds: torch.Tensor) -> torch.Tensor:
+        return inputs_embeds + 1
+
+
+@functools.cache
+def gemma4_host_class() -> type:
+    """A host class with vLLM's Gemma 4 mixin (its capture axis of row
+    widths, its replay-built gather index); the eager image and video paths
+    are not taken (they need the HF tower)."""
+    code = _wheel_code({})
+    return code.klass(
+        GEMMA4,
+        "Gemma4ForConditionalGeneration",
+        [
+            m
+            for m in _defined(code, GEMMA4, "Gemma4ForConditionalGeneration")
+            if m != "encoder_eager_forward"
+        ],
+        bases=(_protocol(code),),
+    )
+
+
+def gemma4_host(max_soft_tokens: int = 280) -> Any:
+    """A Gemma 4 host whose model-level ``max_soft_tokens`` is the
+    checkpoint's 280 (``vision_config.default_output_length``)."""
+    host = gemma4_host_class()()
+    host.config = _Obj(
+        vision_config=_Obj(
+            default_output_length=max_soft_tokens, pooling_kernel_size=GEMMA4_KERNEL
+        ),
+        text_config=_Obj(hidden_size=WIDTH),
+    )
+    host.multimodal_config = MultiModalConfig()
+    host.vision_tower = _Gemma4VisionTower()
+    host.model_dtype = torch.float32
+    host.embed_vision = _Gemma4EmbedVision()
+    return host
+
+
+def gemma4_frames(grids: list[tuple[int, int]], max_soft_tokens: int):
+    """Frames (or images) as HF's processor pads them: each to
+    ``max_soft_tokens * k²`` patches, the ``h x w`` real ones first (with
+    their positions), the rest at position -1."""
+    patches = max_soft_tokens * GEMMA4_KERNEL**2
+    columns = 3 * GEMMA4_PATCH**2
+    pixels = torch.zeros(len(grids), patches, columns)
+    positions = torch.full((len(grids), patches, 2), -1, dtype=torch.long)
+    for i, (h, w) in enumerate(grids):
+        ys, xs = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+        positions[i, : h * w] = torch.stack([xs.flatten(), ys.flatten()], -1)
+        gen = torch.Generator().manual_seed(i)
+        pixels[i, : h * w] = torch.randn(h * w, columns, generator=gen)
+    return pixels, positions
+
+
+def gemma4_processing_count(info: Any, width: int, height: int, max_soft: int) -> int:
+    """vLLM's ``Gemma4ProcessingInfo._compute_num_soft_tokens`` (the prompt's
+    placeholders for an image or frame) on ``info`` (its HF config)."""
+    code = _wheel_code({})
+    helper = code.klass(
+        GEMMA4,
+        "Gemma4ProcessingInfo",
+        ["_compute_num_soft_tokens"],
+        exclude=["get_hf_config"],
+    )
+    return helper._compute_num_soft_tokens(info, width, height, max_soft)
+
+
+# ---------------------------------------------------------------------------
+# MiniCPM-V (2.6)
+# ---------------------------------------------------------------------------
+
+MINICPMV = "vllm.model_executor.models.minicpmv"
+#: The fake MiniCPM-V's patch side; its slices are at most 70 x 70 patches
+#: (image_size 140), as the released 980 / 14.
+MINICPMV_PATCH = 2
+MINICPMV_QUERIES = 64
+
+
+class _MiniCPMVTower(Recorder):
+    """``vpm`` and ``resampler`` as shape-keeping fakes: each slice becomes
+    ``query_num`` rows of its pixels' mean."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embeddings = _Obj(
+            image_size=70 * MINICPMV_PATCH, patch_size=MINICPMV_PATCH
+        )
+        self._weight = torch.zeros(1)
+
+    def parameters(self):
+        yield self._weight
+
+    def __call__(self, pixel_values, patch_attention_mask=None, tgt_sizes=None):
+        self.calls.append({"pixel_values": _snapshot(pixel_values)})
+        slices = pixel_values.shape[0]
+        return (
+            pixel_values.reshape(slices, -1, 1)
+            .mean(1, keepdim=True)
+            .expand(slices, 4, WIDTH)
+        )
+
+    def resample(self, embeddings, tgt_sizes):
+        return embeddings[:, :1, :].expand(-1, MINICPMV_QUERIES, -1)
+
+
+@functools.cache
+def minicpmv_host_class() -> type:
+    """A host class with vLLM's MiniCPM-V mixin (capture axis of patch grids,
+    select-time repacking); not its eager path."""
+    # `import torch` and `import torch.types` both bind torch.
+    code = _wheel_code({MINICPMV: {"torch": torch}})
+    mixin = "_MiniCPMVEncoderCudaGraphMixin"
+    return code.klass(
+        MINICPMV,
+        mixin,
+        [
+            m
+            for m in _defined(code, MINICPMV, mixin)
+            if m not in ("encoder_eager_forward", "get_max_frames_per_video")
+        ],
+        bases=(_protocol(code),),
+        exclude=["get_max_frames_per_video"],
+    )
+
+
+def minicpmv_host(max_frames_per_video: int = 1) -> Any:
+    """A MiniCPM-V 2.6 host: 64 queries per slice, at most 9 slices besides
+    the thumbnail by its HF config (``max_slice_num``)."""
+    host = minicpmv_host_class()()
+    host.version = (2, 6)
+    host.config = _Obj(query_num=MINICPMV_QUERIES, max_slice_num=9)
+    host.embed_dim = WIDTH
+    host.vpm = _MiniCPMVTower()
+    host.resampler = host.vpm.resample
+    host.get_max_frames_per_video = lambda: max_frames_per_video
+    return host
+
+
+def minicpmv_image(slices: list[tuple[int, int]]) -> dict[str, Any]:
+    """One image as the processor gives it: per slice a ``(3, p, h*w*p)``
+    tensor (one row of patches) and its ``(h, w)`` in ``tgt_sizes``."""
+    p = MINICPMV_PATCH
+    gen = torch.Generator().manual_seed(len(slices))
+    pixels = [torch.randn(3, p, h * w * p, generator=gen) for h, w in slices]
+    return {
+        "pixel_values": [pixels],
+        "tgt_sizes": [torch.tensor(slices, dtype=torch.int64)],
+    }

@@ -202,3 +202,153 @@ def test_kimi_vl_selection_puts_the_grid_where_replay_must_read_it_back(
         manager, "prepare_encoder_cudagraph_replay_buffers"
     ) == [False]
     assert all(_inside_sync_allowed(manager, "get_encoder_cudagraph_item_specs"))
+
+
+def test_step3_vl_results_of_crop_less_images_alias_the_graph_output() -> None:
+    """Two crop-less images, one item per batch: both replay the global
+    path's smallest graph. vLLM's post-processing returns each image's rows
+    as a view of that graph's output buffer (``clone`` is ignored), so the
+    second replay rewrites the first image's result."""
+    from encoder_cudagraph_runtime.config import CompilationConfig, VllmConfig
+    from encoder_cudagraph_runtime.graph_backends import EagerReplayGraphBackend
+    from encoder_cudagraph_runtime.manager import EncoderCudaGraphManager
+
+    host = hosts.step3_vl_host()
+    rows = host.img_output_tokens
+    batch = hosts.step3_vl_batch(
+        torch.Generator().manual_seed(0), "image", [(0,), (0,)]
+    )
+    settings = hosts.HostSettings()
+    config = settings.vllm_config()
+    config = VllmConfig(
+        scheduler_config=config.scheduler_config,
+        model_config=config.model_config,
+        # encoder_cudagraph_max_vision_items_per_batch: 1; the budgets of the
+        # global path double from its minimum (4 rows) up to 81.
+        compilation_config=CompilationConfig(
+            cudagraph_mm_encoder=True,
+            encoder_cudagraph_token_budgets=[host.patch_output_tokens],
+            encoder_cudagraph_max_vision_items_per_batch=1,
+        ),
+    )
+    manager = EncoderCudaGraphManager(
+        config, CPU, torch.float32, host, graph_backend=EagerReplayGraphBackend()
+    )
+    manager.capture()
+    first, second = manager.execute(batch)
+    alone = [
+        host._batched_encoder_forward(batch["pixel_values"][i : i + 1]) for i in (0, 1)
+    ]
+    assert manager.graph_hits == 2
+    assert manager.path_token_budgets["global"][0] == rows
+    # The second image is right; the first holds the second's rows.
+    assert torch.equal(second, alone[1])
+    assert torch.equal(first, alone[1]) and not torch.equal(first, alone[0])
+    assert first.untyped_storage().data_ptr() == second.untyped_storage().data_ptr()
+
+
+def _runtime_manager(host, budgets: list[int], items: int):
+    from encoder_cudagraph_runtime.config import CompilationConfig, VllmConfig
+    from encoder_cudagraph_runtime.graph_backends import EagerReplayGraphBackend
+    from encoder_cudagraph_runtime.manager import EncoderCudaGraphManager
+
+    base = hosts.HostSettings().vllm_config()
+    config = VllmConfig(
+        scheduler_config=base.scheduler_config,
+        model_config=base.model_config,
+        compilation_config=CompilationConfig(
+            cudagraph_mm_encoder=True,
+            encoder_cudagraph_token_budgets=budgets,
+            encoder_cudagraph_max_vision_items_per_batch=items,
+        ),
+    )
+    return EncoderCudaGraphManager(
+        config, CPU, torch.float32, host, graph_backend=EagerReplayGraphBackend()
+    )
+
+
+def test_gemma4_an_image_of_a_request_level_max_soft_tokens_has_no_graph() -> None:
+    """The capture axis stops at the model-level max_soft_tokens (280), but
+    a request may ask for 560 (mm_processor_kwargs, validated against the
+    supported values): its image selects the key 560, which was never
+    captured, and the manager's assertion stops the engine."""
+    host = hosts.gemma4_host(max_soft_tokens=280)
+    assert host.get_encoder_cudagraph_config().capture_axes == ((70, 140, 280),)
+    manager = _runtime_manager(host, [560], 1)
+    manager.capture()
+    pixels, positions = hosts.gemma4_frames([(60, 60)], 560)
+    batch = {"pixel_values": list(pixels), "pixel_position_ids": list(positions)}
+    spec = host.get_encoder_cudagraph_item_specs(batch)[0]
+    # 560 tokens: within the budget, so the manager replays a graph.
+    assert spec.output_tokens == 560
+    selected = host.select_encoder_cudagraph_items(batch, [0])
+    assert selected["encoder_cudagraph_axis_keys"] == (560,)
+    with pytest.raises(AssertionError, match="no encoder CUDA graph"):
+        manager.execute(batch)
+
+
+def test_gemma4_video_frames_shift_by_their_empty_pool_slots() -> None:
+    """A 640² video frame is 24 x 24 patches: 64 soft tokens in the prompt
+    (vLLM's own count), padded to 70 pooled slots. The replay's gather takes
+    all 70 slots of every frame, so the video's rows are 140 where the
+    prompt holds 128 placeholders, and the language model, which reads the
+    first 128, gives frame 1's placeholders frame 0's 6 empty slots first."""
+    host = hosts.gemma4_host()
+    info = hosts._Obj(
+        get_hf_config=lambda: hosts._Obj(
+            vision_config=hosts._Obj(
+                patch_size=16, pooling_kernel_size=3, default_output_length=280
+            )
+        )
+    )
+    count = hosts.gemma4_processing_count(info, 640, 640, 70)
+    assert count == 64
+    pixels, positions = hosts.gemma4_frames([(24, 24), (24, 24)], 70)
+    batch = {
+        "pixel_values_videos": pixels,
+        "pixel_position_ids_videos": positions,
+        "video_frame_counts": torch.tensor([2]),
+    }
+    (spec,) = host.get_encoder_cudagraph_item_specs(batch)
+    assert spec.output_tokens == 140 != 2 * count
+    gather = host.prepare_encoder_cudagraph_replay_buffers(batch, 1, 32).values[
+        "gather_indices"
+    ]
+    # Rows 64..69 are frame 0's padding slots, row 70 is frame 1's first.
+    assert gather[64:71].tolist() == list(range(64, 71))
+    valid = (positions != -1).all(-1).reshape(2, 70, 9).any(-1).reshape(-1)
+    assert not valid[gather[64:70]].any() and valid[gather[70]]
+
+
+def test_minicpmv_slices_beyond_the_config_clamp_fail_at_replay() -> None:
+    """The capture holds min(budget // query_num, max_batch_size *
+    (max_slice_num + 1)) slices, with max_slice_num from the HF config (9),
+    while the processor honours a request's max_slice_nums. With a user-set
+    max_vision_items_per_batch of 1, a 16-slice image and its thumbnail (17
+    slices, 1088 tokens) fit the budget-2048 graph, which holds 10 slices."""
+    host = hosts.minicpmv_host()
+    manager = _runtime_manager(host, [2048], 1)
+    manager.capture()
+    batch = hosts.minicpmv_image([(32, 32)] * 17)
+    (spec,) = host.get_encoder_cudagraph_item_specs(batch)
+    assert spec.output_tokens == 17 * 64 <= 2048
+    for _, graph in manager.budget_graphs["default"].items():
+        assert graph.input_buffers["minicpmv_pixel_values"].shape[0] == 10
+    # Ten slices replay; seventeen do not fit the captured buffer.
+    (ten,) = manager.execute(hosts.minicpmv_image([(32, 32)] * 10))
+    assert ten.shape[0] == 10 * 64
+    with pytest.raises(RuntimeError, match="must match the size"):
+        manager.execute(batch)
+
+
+def test_gemma4_unified_inherits_a_mixin_its_tower_cannot_run() -> None:
+    """Gemma4UnifiedForConditionalGeneration subclasses Gemma 4 (and so the
+    protocol) but builds no vision tower (``self.vision_tower = None``):
+    the config and budgets resolve, and the first capture, during the
+    memory profiling at startup, reads ``self.vision_tower.config``."""
+    host = hosts.gemma4_host()
+    host.vision_tower = None  # what Gemma4Unified's __init__ sets
+    manager = _runtime_manager(host, [280], 1)
+    assert manager.get_num_graphs_to_capture() == 3
+    with pytest.raises(AttributeError, match="'NoneType' object has no attribute"):
+        manager.capture()

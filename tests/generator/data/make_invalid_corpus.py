@@ -836,9 +836,10 @@ case(
     "deepseek_v41",
     ("llm_grid: {kind: grid, dims: [lh, lw]}", "llm_grid: {kind: grid, dims: [1, lw]}"),
 )
-# Several encoder paths are a planned field: refused with a message.
+# -- encoder paths (paths:) -------------------------------------------------------
+# A path's keys beside the top-level ones, and an empty path.
 case(
-    "paths_refused",
+    "paths_beside_top_level_keys",
     "minimax_m3",
     ("budget:\n  min: 64\n", "budget:\n  min: 64\npaths: {local: {}}\n"),
 )
@@ -945,6 +946,124 @@ valid_case(
     (
         "grid_thws: {kind: grid, dims: [t, h, w]}",
         "grid_thws: {kind: grid, dims: [t, h, w], fold_ranks: [3]}",
+    ),
+)
+# Crop-less images have no local rows: the path must allow zero tokens.
+valid_case(
+    "path_zero_tokens_not_allowed",
+    "two_paths",
+    ("    allow_zero_tokens: true\n", ""),
+)
+# Every path may be left out: an item could have no rows at all.
+valid_case(
+    "path_every_path_allows_zero",
+    "two_paths",
+    (
+        "    min_token_budget: global_tokens\n",
+        "    min_token_budget: global_tokens\n    allow_zero_tokens: true\n",
+    ),
+)
+# The concatenated rows of the paths are not the item's output tokens.
+valid_case(
+    "path_tokens_do_not_add_up",
+    "two_paths",
+    (
+        "output_tokens: global_tokens + n * crop_tokens",
+        "output_tokens: global_tokens + n * crop_tokens + 1",
+    ),
+)
+# A path's forward sees its own buffers only.
+valid_case(
+    "path_reads_another_paths_buffer",
+    "two_paths",
+    (
+        "      - vision.encode(crop_pixel_values)\n    eager_forward:",
+        "      - vision.encode(crop_pixel_values, pixel_values)\n    eager_forward:",
+    ),
+)
+# Buffer keys are shared by every path's padding logics.
+valid_case(
+    "path_buffer_key_twice",
+    "two_paths",
+    (
+        "    buffers:\n      crop_pixel_values: {}\n",
+        "    buffers:\n      crop_pixel_values: {}\n      pixel_values: {}\n",
+    ),
+    (
+        "        crop_pixel_values: {shape: [rows, 3, side, side], dtype: dtype, fill: randn}\n",
+        "        crop_pixel_values: {shape: [rows, 3, side, side], dtype: dtype, fill: randn}\n"
+        "        pixel_values: {shape: [rows, 3, side, side], dtype: dtype}\n",
+    ),
+    (
+        "      - vision.encode(crop_pixel_values)\n    eager_forward:",
+        "      - vision.encode(crop_pixel_values, pixel_values)\n    eager_forward:",
+    ),
+)
+# What budgets count is each path's output_tokens; a zero path budget.
+valid_case(
+    "path_budget_tokens_and_zero_budget",
+    "two_paths",
+    ("  input_size: 1 + n\n", "  input_size: 1 + n\n  budget_tokens: n\n"),
+    ("    min_token_budget: crop_tokens\n", "    min_token_budget: crop_tokens - 4\n"),
+)
+# A misspelt path key, and a path without its rows per item.
+valid_case(
+    "path_unknown_key_and_no_tokens",
+    "two_paths",
+    ("    allow_zero_tokens: true\n", "    allow_zero: true\n"),
+    ("    output_tokens: global_tokens\n", ""),
+)
+# The concatenation order names a path twice and leaves one out; a spec
+# without paths has nothing to concatenate.
+valid_case(
+    "path_concatenate_order",
+    "two_paths",
+    ("  concatenate: [local, global]\n", "  concatenate: [local, local]\n"),
+)
+valid_case(
+    "concatenate_without_paths",
+    "flat_own_rows",
+    (
+        "out_hidden_size: vision.out_hidden_size\n",
+        "out_hidden_size: vision.out_hidden_size\n\npostprocess:\n  concatenate: [default]\n",
+    ),
+)
+# -- capture axes (capture_axes:) ----------------------------------------------------
+# No key holds the largest grid an item can have: a batch would select a key
+# that was never captured (Gemma 4's per-request max_soft_tokens).
+valid_case(
+    "axis_bound_not_covered",
+    "capture_axes",
+    ("    bound: [side, side]\n", "    bound: [side + 1, side]\n"),
+)
+# A key of the wrong size, and a covers list short of a dim.
+valid_case(
+    "axis_key_and_covers_sizes",
+    "capture_axes",
+    ("keys: [[4, 4], [4, 8],", "keys: [[4, 4], [4],"),
+    ("    covers: [h, w]\n", "    covers: [h]\n"),
+)
+# The same key twice; an axis dim that is already an item dim.
+valid_case(
+    "axis_key_twice_and_dim_clash",
+    "capture_axes",
+    ("keys: [[4, 4], [4, 8],", "keys: [[4, 4], [4, 4],"),
+    ("  - dims: [th, tw]\n", "  - dims: [th, w]\n"),
+)
+# The forwards do not see the axis dims: a graph's buffers carry its key.
+valid_case(
+    "axis_dim_in_graph_forward",
+    "capture_axes",
+    ("  - vision(patches, patch_mask)\n", "  - vision(patches, patch_mask, th)\n"),
+)
+# vLLM 0.33.0's manager refuses capture axes with several paths.
+valid_case(
+    "axis_with_two_paths",
+    "two_paths",
+    (
+        "budget:\n  min: global_tokens\n",
+        "budget:\n  min: global_tokens\n\ncapture_axes:\n  - dims: [m]\n"
+        "    keys: [4, 8]\n    covers: [n]\n    bound: [8]\n",
     ),
 )
 # -- unit captures ---------------------------------------------------------------

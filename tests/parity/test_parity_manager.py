@@ -1,0 +1,259 @@
+"""vLLM 0.33.0's ``EncoderCudaGraphManager``, read from the wheel, against
+the runtime's, on vLLM's own multi-path mixin (Step3-VL) and capture-axis
+mixins (Gemma 4, MiniCPM-V): the same budgets per path, the same graphs
+(per path, budget and axis keys), the same calls into the model for the same
+batches, and the same results.
+
+vLLM's manager runs on CPU with one change: its ``_capture_budget_graph``
+(``torch.cuda.CUDAGraph``) is replaced by :class:`_CpuCapture`, which does
+what it does with a graph whose replay recomputes the captured forward into
+the same output buffer. Everything else (budget resolution, packing,
+selection with axis keys, the replay copy, post-processing) is vLLM's code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any
+
+import pytest
+import torch
+
+import parity_hosts as hosts
+from encoder_cudagraph_runtime.config import CompilationConfig, VllmConfig
+from encoder_cudagraph_runtime.defs import BudgetGraphMetadata
+from encoder_cudagraph_runtime.graph_backends import EagerReplayGraphBackend
+from encoder_cudagraph_runtime.manager import EncoderCudaGraphManager
+from parity_hosts import CPU
+from parity_testlib import WheelCode, protocol_stubs, vllm_wheel
+
+MANAGER = "vllm.v1.worker.encoder_cudagraph"
+
+
+class _Replay:
+    """A captured forward: replay recomputes it into the output buffer."""
+
+    def __init__(self, forward, values, output_buffer) -> None:
+        self.forward, self.values, self.output_buffer = forward, values, output_buffer
+
+    def replay(self) -> None:
+        with torch.inference_mode():
+            self.output_buffer.copy_(self.forward({**self.values}))
+
+
+class _CpuCapture:
+    """vLLM's ``_capture_budget_graph`` without CUDA: the same model calls
+    (capture inputs, warm-up forward, captured forward), the same map key."""
+
+    def _capture_budget_graph(self, token_budget, path="default", axis_keys=()):
+        graph_set = self._get_graph_set(path)
+        values = self.model.prepare_encoder_cudagraph_capture_inputs(
+            token_budget,
+            self.max_batch_size,
+            self.max_frames_per_batch,
+            self.device,
+            self.dtype,
+            path,
+            axis_keys,
+        ).values
+        forward = lambda v: self.model.encoder_cudagraph_forward(
+            v, path=path
+        )  # noqa: E731
+        with torch.inference_mode():
+            output_buffer = torch.empty_like(forward({**values}))
+        graph = _Replay(forward, values, output_buffer)
+        graph.replay()
+        key = token_budget if not axis_keys else (token_budget, axis_keys)
+        graph_set[key] = BudgetGraphMetadata(
+            token_budget=token_budget,
+            max_batch_size=self.max_batch_size,
+            max_frames_per_batch=self.max_frames_per_batch,
+            graph=graph,
+            input_buffers=values,
+            output_buffer=output_buffer,
+            axis_keys=axis_keys,
+        )
+
+
+@pytest.fixture(scope="module")
+def vllm_manager_class() -> type:
+    stubs = protocol_stubs()
+    stubs.update(
+        {
+            "vllm.logger": {"init_logger": logging.getLogger},
+            "vllm.utils.gpu_sync_debug": {"gpu_sync_allowed": contextlib.nullcontext},
+            MANAGER: {"BudgetGraphMetadata": BudgetGraphMetadata},
+        }
+    )
+    code = WheelCode(vllm_wheel(), stubs)
+    names = [
+        n
+        for n in code.method_names(MANAGER, "EncoderCudaGraphManager")
+        if n != "_capture_budget_graph"
+    ]
+    return code.klass(
+        MANAGER,
+        "EncoderCudaGraphManager",
+        names,
+        bases=(_CpuCapture,),
+        exclude=["_capture_budget_graph", "_dp_shard", "_dp_gather"],
+    )
+
+
+class _Log:
+    """The model calls a manager makes, in order (item specs left out: the
+    runtime's replay passes the item count it knows instead of asking)."""
+
+    def __init__(self, host) -> None:
+        self.calls: list[tuple] = []
+        for name in (
+            "select_encoder_cudagraph_items",
+            "prepare_encoder_cudagraph_capture_inputs",
+            "prepare_encoder_cudagraph_replay_buffers",
+            "encoder_eager_forward",
+            "postprocess_encoder_output",
+        ):
+            setattr(host, name, self._wrap(name, getattr(host, name)))
+
+    def _wrap(self, name, method):
+        def call(*args, **kwargs):
+            self.calls.append((name, _shown(args), _shown(kwargs)))
+            return method(*args, **kwargs)
+
+        return call
+
+
+def _shown(value: Any) -> Any:
+    """Call arguments as comparable values: tensors by shape, dicts by
+    their keys, the ``dest`` mapping left out."""
+    if isinstance(value, torch.Tensor):
+        return ("tensor", tuple(value.shape))
+    if isinstance(value, dict):
+        if all(isinstance(k, int) for k in value):
+            return "dest"
+        return tuple(sorted((k, _shown(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(_shown(v) for v in value)
+    if isinstance(value, torch.device):
+        return str(value)
+    return value
+
+
+def _config(budgets: list[int], items: int) -> VllmConfig:
+    base = hosts.HostSettings().vllm_config()
+    return VllmConfig(
+        scheduler_config=base.scheduler_config,
+        model_config=base.model_config,
+        compilation_config=CompilationConfig(
+            cudagraph_mm_encoder=True,
+            encoder_cudagraph_token_budgets=budgets,
+            encoder_cudagraph_max_vision_items_per_batch=items,
+        ),
+    )
+
+
+def _both(vllm_manager_class, make_host, budgets, items):
+    hosts_ = make_host(), make_host()
+    logs = _Log(hosts_[0]), _Log(hosts_[1])
+    config = _config(budgets, items)
+    ours = EncoderCudaGraphManager(
+        config, CPU, torch.float32, hosts_[1], graph_backend=EagerReplayGraphBackend()
+    )
+    theirs = vllm_manager_class(config, CPU, torch.float32, hosts_[0])
+    return (theirs, ours), logs
+
+
+def _graphs(manager) -> dict[str, dict]:
+    """Per path: each graph's key and its input buffers' shapes."""
+    return {
+        path: {
+            key: {k: tuple(v.shape) for k, v in meta.input_buffers.items()}
+            for key, meta in graphs.items()
+        }
+        for path, graphs in manager.budget_graphs.items()
+    }
+
+
+def _step3_batches():
+    gen = torch.Generator().manual_seed(3)
+    mixes = [[(0,), (2,), (0,)], [(1,), (0,), (2,)], [(0,)], [(3,)]]
+    return [hosts.step3_vl_batch(gen, "image", m) for m in mixes]
+
+
+def _gemma4_batches():
+    out = []
+    for soft in (70, 140, 280):
+        pixels, positions = hosts.gemma4_frames([(6, 6), (9, 9)], soft)
+        out.append(
+            {"pixel_values": list(pixels), "pixel_position_ids": list(positions)}
+        )
+    small, pos_small = hosts.gemma4_frames([(6, 6)], 70)
+    wide, pos_wide = hosts.gemma4_frames([(12, 12)], 280)
+    out.append(
+        {
+            "pixel_values": [small[0], wide[0], small[0]],
+            "pixel_position_ids": [pos_small[0], pos_wide[0], pos_small[0]],
+        }
+    )
+    return out
+
+
+def _minicpmv_batches():
+    one = hosts.minicpmv_image([(16, 16), (32, 20)])
+    wide = hosts.minicpmv_image([(30, 60)])
+    both = {
+        "pixel_values": one["pixel_values"] + wide["pixel_values"],
+        "tgt_sizes": one["tgt_sizes"] + wide["tgt_sizes"],
+    }
+    return [one, wide, both]
+
+
+SCENARIOS = {
+    "step3_vl": (
+        hosts.step3_vl_host,
+        _step3_batches,
+        [([400], 2), ([300], 0), ([90], 1)],
+    ),
+    "gemma4": (hosts.gemma4_host, _gemma4_batches, [([700], 2), ([600], 1)]),
+    "minicpmv": (hosts.minicpmv_host, _minicpmv_batches, [([512], 2), ([2048], 1)]),
+}
+CASES = [
+    (name, budgets, items)
+    for name, (_, _, ladders) in SCENARIOS.items()
+    for budgets, items in ladders
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "budgets", "items"), CASES, ids=[f"{c[0]}-{c[1]}-{c[2]}" for c in CASES]
+)
+def test_the_runtime_manager_is_vllms(vllm_manager_class, name, budgets, items):
+    make_host, make_batches, _ = SCENARIOS[name]
+    (theirs, ours), (their_log, our_log) = _both(
+        vllm_manager_class, make_host, budgets, items
+    )
+    assert ours.path_token_budgets == theirs.path_token_budgets
+    assert (ours.token_budgets, ours.max_batch_size, ours.max_frames_per_batch) == (
+        theirs.token_budgets,
+        theirs.max_batch_size,
+        theirs.max_frames_per_batch,
+    )
+    assert ours.get_num_graphs_to_capture() == theirs.get_num_graphs_to_capture()
+    theirs.capture(None)
+    ours.capture()
+    assert _graphs(ours) == _graphs(theirs)
+    assert our_log.calls == their_log.calls
+    for batch in make_batches():
+        their_log.calls.clear()
+        our_log.calls.clear()
+        expected = theirs.execute(batch)
+        got = ours.execute(batch)
+        assert our_log.calls == their_log.calls
+        assert len(got) == len(expected)
+        for a, b in zip(got, expected, strict=True):
+            assert torch.equal(a, b)
+    assert (ours.graph_hits, ours.graph_misses) == (
+        theirs.graph_hits,
+        theirs.graph_misses,
+    )

@@ -1,0 +1,121 @@
+"""``tools/spec_sizes.py``: how lines are counted, and that
+``docs/spec-sizes.md`` is current (when the vLLM wheel is there: CI
+downloads it)."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from generator.vllm_manifest import find_vllm_wheel
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _tool() -> ModuleType:
+    """The script, loaded from its path (it is not a package module)."""
+    path = REPO / "tools" / "spec_sizes.py"
+    spec = importlib.util.spec_from_file_location("spec_sizes", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    # Its dataclasses look their module up while the class is made.
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+TOOL = _tool()
+
+YAML_CASES = [
+    ("plain keys", "a: 1\nb: 2\n", 2),
+    ("blank and comment lines", "# head\n\na: 1\n  # inner\nb: 2\n", 2),
+    ("docstring block skipped", "name: x\ndocstring: |\n  one\n\n  two\nc: 3\n", 2),
+    ("one-line docstring skipped", "docstring: short\nc: 3\n", 1),
+    ("nested keys count", "inputs:\n  a: {kind: flat}\n  b: 1\n", 3),
+]
+
+
+@pytest.mark.parametrize(
+    "text, expected", [c[1:] for c in YAML_CASES], ids=[c[0] for c in YAML_CASES]
+)
+def test_yaml_code_lines(text: str, expected: int) -> None:
+    assert TOOL.yaml_code_lines(text) == expected
+
+
+PY_CASES = [
+    ("body lines", "def f():\n    a = 1\n    return a\n", 3),
+    (
+        "docstring and comments skipped",
+        'def f():\n    """Doc.\n\n    more\n    """\n    # why\n    return 1\n',
+        2,
+    ),
+    ("decorator counts", "@staticmethod\ndef f():\n    return 1\n", 3),
+    ("continuation lines count", "def f():\n    return g(\n        1,\n    )\n", 4),
+]
+
+
+@pytest.mark.parametrize(
+    "source, expected", [c[1:] for c in PY_CASES], ids=[c[0] for c in PY_CASES]
+)
+def test_python_code_lines(source: str, expected: int) -> None:
+    tree = ast.parse(source)
+    assert TOOL.python_code_lines(source, tree.body, tree) == expected
+
+
+CLASS_SOURCE = textwrap.dedent(
+    """
+    class Model:
+        def forward(self):
+            return self._process_image_input()
+
+        def _process_image_input(self):
+            return 1
+
+        def encoder_eager_forward(self):
+            return self._process_image_input()
+
+        def get_encoder_cudagraph_config(self):
+            return self._only_mixin()
+
+        def _only_mixin(self):
+            return self._deeper()
+
+        def _deeper(self):
+            return 2
+    """
+)
+
+
+def test_helpers_counted_only_when_only_protocol_methods_call_them() -> None:
+    klass = ast.parse(CLASS_SOURCE).body[0]
+    counted = TOOL._counted(TOOL._own_methods(klass))
+    assert counted == [
+        "get_encoder_cudagraph_config",
+        "encoder_eager_forward",
+        "_only_mixin",
+        "_deeper",
+    ]
+
+
+def test_table_is_current() -> None:
+    path = find_vllm_wheel()
+    if path is None:
+        pytest.skip("vLLM 0.33.0 wheel not found")
+    with zipfile.ZipFile(path) as wheel:
+        text = TOOL.render(TOOL.measure(wheel))
+    assert (
+        REPO / "docs" / "spec-sizes.md"
+    ).read_text() == text, (
+        "docs/spec-sizes.md is stale: run python3 tools/spec_sizes.py"
+    )
+
+
+def test_every_spec_has_a_vllm_source() -> None:
+    stems = {p.stem for p in (REPO / "specs").glob("*.yaml")}
+    assert stems <= set(TOOL.VLLM_SOURCES)
