@@ -1,23 +1,27 @@
 """Spec expressions: parsed with ``ast`` against an allow-list, printed by us.
 
 A spec is untrusted input. Its formulas (``t * h * w // (merge * merge)``)
-and calls (``vision.forward_packed(patches, vit_cos, ...)``) are parsed with
+and steps (``feats = vision(pixel_values).view(-1, hidden)``) are parsed with
 ``ast.parse(..., mode="eval")``, every node is checked against an allow-list,
 and the result is converted into the small frozen tree below. Generated code
 is printed from that tree by :func:`to_python`, never copied from the spec
 text, and nothing is ever evaluated with ``eval``: :func:`evaluate` walks the
 tree with plain integer arithmetic.
 
-Allowed:
+Allowed everywhere:
 
 * integer literals within int64; ``True``/``False``/``None`` where a call
   argument is expected;
 * names the context declares (grid dims, constants, buffers, built-ins);
 * host attribute paths rooted at a declared host attribute
   (``vision.blocks[0].attn``), with integer subscripts and no private
-  (``_``-prefixed) attributes;
+  (``_``-prefixed) attributes; a declared host method may be private;
 * ``+ - * // %``, ``**`` with a literal exponent of at most 8, unary minus,
   parentheses;
+* comparisons ``== != < <= > >=`` (one operator each), ``not``, ``and``,
+  ``or``, and conditional expressions ``a if cond else b``: integers in
+  the arithmetic fields (a comparison is 1 or 0, ``and``/``or`` return an
+  operand, as in Python);
 * ``ceil_div(a, b)``, ``min(a, ...)``, ``max(a, ...)``, ``ceil_sqrt(n)``
   (``math.isqrt(n - 1) + 1``: the ceiling of the square root of ``n >= 1``,
   in integers);
@@ -25,6 +29,12 @@ Allowed:
   with positional and keyword arguments (no ``*args``/``**kwargs``);
 * at most :data:`MAX_EXPRESSION_LENGTH` characters and :data:`MAX_NODES`
   operators and operands.
+
+In forward steps (a scope with ``tensor_ops``) also: attributes, method
+calls and subscripts (slices, ``...``, ``None``) on any value, with plain
+attribute and method names; ``torch.<name>`` for :data:`TORCH_FUNCTIONS`
+and :data:`TORCH_DTYPES`; list and tuple displays; string and float
+literals; ``/`` and unary ``~``.
 """
 
 from __future__ import annotations
@@ -33,9 +43,11 @@ import ast
 import keyword
 import math
 import re
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 from generator.diagnostics import closest_name
 from generator.limits import MAX_INTEGER
@@ -49,6 +61,42 @@ MAX_DEPTH = 24
 MAX_NODES = 64
 MAX_POWER = 8
 ARITHMETIC_FUNCTIONS = ("ceil_div", "min", "max", "ceil_sqrt")
+#: ``torch.<name>`` functions a forward step may call.
+TORCH_FUNCTIONS = frozenset(
+    {
+        "arange",
+        "as_tensor",
+        "cat",
+        "empty",
+        "full",
+        "ones",
+        "ones_like",
+        "repeat_interleave",
+        "split",
+        "stack",
+        "tensor",
+        "where",
+        "zeros",
+        "zeros_like",
+    }
+)
+#: ``torch.<name>`` dtypes a forward step may name.
+TORCH_DTYPES = frozenset(
+    {
+        "bfloat16",
+        "bool",
+        "complex64",
+        "complex128",
+        "float16",
+        "float32",
+        "float64",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+    }
+)
 
 
 class FormulaError(ValueError):
@@ -73,9 +121,10 @@ class Num:
 
 @dataclass(frozen=True)
 class Literal:
-    """``True``, ``False`` or ``None`` (call arguments only)."""
+    """``True``, ``False`` or ``None`` (call arguments only); in forward
+    steps also a string or a finite float. Printed with ``repr``."""
 
-    value: bool | None
+    value: bool | None | str | float
 
 
 @dataclass(frozen=True)
@@ -103,7 +152,7 @@ class HostPath:
 
 @dataclass(frozen=True)
 class BinOp:
-    op: str  # one of + - * // % **
+    op: str  # one of + - * // % ** (and / in forward steps)
     left: Expr
     right: Expr
 
@@ -115,22 +164,126 @@ class Neg:
 
 @dataclass(frozen=True)
 class Func:
-    """``ceil_div``, ``min`` or ``max``."""
+    """``ceil_div``, ``min``, ``max`` or ``ceil_sqrt``."""
 
     name: str
     args: tuple[Expr, ...]
 
 
 @dataclass(frozen=True)
-class Call:
-    """A call of a host method/module (``HostPath``) or imported helper (``Ref``)."""
+class Compare:
+    op: str  # one of == != < <= > >=
+    left: Expr
+    right: Expr
 
-    callee: HostPath | Ref
+
+@dataclass(frozen=True)
+class BoolOp:
+    op: str  # "and" or "or"
+    values: tuple[Expr, ...]
+
+
+@dataclass(frozen=True)
+class Not:
+    operand: Expr
+
+
+@dataclass(frozen=True)
+class IfExp:
+    """``body if test else orelse``."""
+
+    test: Expr
+    body: Expr
+    orelse: Expr
+
+
+@dataclass(frozen=True)
+class Invert:
+    """``~operand`` (forward steps: a boolean mask's complement)."""
+
+    operand: Expr
+
+
+@dataclass(frozen=True)
+class Torch:
+    """``torch.<name>``: a function of :data:`TORCH_FUNCTIONS` (called) or a
+    dtype of :data:`TORCH_DTYPES`."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class Attr:
+    """``value.name`` on a value that is not a host path (a step's result,
+    a buffer, an input): ``out.last_hidden_state``, ``x.view``."""
+
+    value: Expr
+    name: str
+
+
+@dataclass(frozen=True)
+class Slice:
+    """``lower:upper:step`` inside a subscript (``None``: left out)."""
+
+    lower: Expr | None
+    upper: Expr | None
+    step: Expr | None
+
+
+@dataclass(frozen=True)
+class Dots:
+    """``...`` inside a subscript."""
+
+
+@dataclass(frozen=True)
+class Display:
+    """A list (``[a, b]``) or tuple (``(a, b)``) display; a subscript of
+    several dimensions (``x[:, 4:]``) has a tuple as its index."""
+
+    kind: str  # "list" or "tuple"
+    items: tuple[Expr, ...]
+
+
+@dataclass(frozen=True)
+class Subscript:
+    """``value[index]`` on a value that is not a host path."""
+
+    value: Expr
+    index: Expr
+
+
+@dataclass(frozen=True)
+class Call:
+    """A call of a host method/module (``HostPath``), an imported helper
+    (``Ref``), a torch function (``Torch``) or a method of a value (``Attr``)."""
+
+    callee: HostPath | Ref | Torch | Attr
     args: tuple[Expr, ...]
     kwargs: tuple[tuple[str, Expr], ...]
 
 
-Expr = Num | Literal | Ref | HostPath | BinOp | Neg | Func | Call
+Expr = (
+    Num
+    | Literal
+    | Ref
+    | HostPath
+    | BinOp
+    | Neg
+    | Func
+    | Compare
+    | BoolOp
+    | Not
+    | IfExp
+    | Invert
+    | Torch
+    | Attr
+    | Slice
+    | Dots
+    | Display
+    | Subscript
+    | Call
+)
+_NODES = Expr.__args__  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)
@@ -141,6 +294,8 @@ class Scope:
     start at. ``callables``: imported helper names that may be called.
     ``allow_calls``: whether calls (of host paths or helpers) are allowed.
     ``allow_literals``: whether ``True``/``False``/``None`` are allowed.
+    ``tensor_ops``: a forward step's expression (attributes, methods and
+    subscripts of values, ``torch.*``, displays, strings, floats, ``/``, ``~``).
     """
 
     names: frozenset[str]
@@ -148,6 +303,7 @@ class Scope:
     callables: frozenset[str] = frozenset()
     allow_calls: bool = False
     allow_literals: bool = False
+    tensor_ops: bool = False
 
 
 _BINOPS = {
@@ -157,6 +313,14 @@ _BINOPS = {
     ast.FloorDiv: "//",
     ast.Mod: "%",
     ast.Pow: "**",
+}
+_COMPARISONS = {
+    ast.Eq: "==",
+    ast.NotEq: "!=",
+    ast.Lt: "<",
+    ast.LtE: "<=",
+    ast.Gt: ">",
+    ast.GtE: ">=",
 }
 
 
@@ -171,11 +335,12 @@ _OPERATOR_SYMBOLS = {
     ast.RShift: ">>",
     ast.Not: "not",
     ast.Invert: "~",
+    ast.Is: "is",
+    ast.IsNot: "is not",
+    ast.In: "in",
+    ast.NotIn: "not in",
 }
 _NOT_ALLOWED = {
-    ast.IfExp: "conditional expressions (... if ... else ...)",
-    ast.Compare: "comparisons",
-    ast.BoolOp: "'and' and 'or'",
     ast.Lambda: "lambdas",
     ast.NamedExpr: "assignment expressions (:=)",
     ast.List: "lists",
@@ -194,6 +359,8 @@ _NOT_ALLOWED = {
     ast.Yield: "'yield' expressions",
     ast.YieldFrom: "'yield' expressions",
 }
+#: Only a forward step's expression (``Scope.tensor_ops``) may use these.
+_STEPS_ONLY = "only allowed in forward steps"
 
 
 @lru_cache(maxsize=64)
@@ -208,6 +375,20 @@ def _suggest(name: str, choices: frozenset[str] | set[str]) -> str:
     return f"; did you mean {close!r}?" if close else ""
 
 
+def _is_path_index(node: ast.AST) -> bool:
+    """A host path's subscript: a non-negative integer literal."""
+    return (
+        isinstance(node, ast.Constant)
+        and isinstance(node.value, int)
+        and not isinstance(node.value, bool)
+        and node.value >= 0
+    )
+
+
+def _is_torch(node: ast.AST) -> bool:
+    return isinstance(node, ast.Name) and node.id == "torch"
+
+
 class _Converter:
     def __init__(self, scope: Scope) -> None:
         self.scope = scope
@@ -218,65 +399,52 @@ class _Converter:
     def convert(self, node: ast.AST, depth: int = 0) -> Expr:
         if depth > MAX_DEPTH:
             raise self.fail(node, "expression is nested too deeply")
-        if isinstance(node, ast.Constant):
-            value = node.value
-            if isinstance(value, bool) or value is None:
-                if not self.scope.allow_literals:
-                    raise self.fail(node, f"{value!r} is not allowed in a formula")
-                return Literal(value)
-            if isinstance(value, int):
-                if value > MAX_INTEGER:
-                    raise self.fail(
-                        node, f"integer literal out of range (at most {MAX_INTEGER})"
-                    )
-                return Num(value)
-            raise self.fail(node, f"literal {value!r} is not allowed (only integers)")
-        if isinstance(node, ast.Name):
-            return self.name(node)
-        if isinstance(node, (ast.Attribute, ast.Subscript)):
-            return self.host_path(node)
-        if isinstance(node, ast.BinOp):
-            op = _BINOPS.get(type(node.op))
-            if isinstance(node.op, ast.Div):
-                raise self.fail(node, "'/' is not allowed (use // or ceil_div)")
-            if op is None:
-                raise self.fail(
-                    node,
-                    f"operator {self.operator(node.op)!r} is not allowed "
-                    "(expected one of + - * // % **)",
-                )
-            left = self.convert(node.left, depth + 1)
-            right = self.convert(node.right, depth + 1)
-            if op == "**" and not (
-                isinstance(right, Num) and 0 <= right.value <= MAX_POWER
-            ):
-                raise self.fail(
-                    node, f"the exponent of ** must be a literal 0..{MAX_POWER}"
-                )
-            return BinOp(op, left, right)
-        if isinstance(node, ast.UnaryOp):
-            if isinstance(node.op, ast.USub):
-                operand = self.convert(node.operand, depth + 1)
-                if isinstance(operand, Num):
-                    return Num(-operand.value)
-                return Neg(operand)
-            if isinstance(node.op, ast.UAdd):
-                return self.convert(node.operand, depth + 1)
-            raise self.fail(node, f"operator {self.operator(node.op)!r} is not allowed")
-        if isinstance(node, ast.Call):
-            return self.call(node, depth)
+        handler = _HANDLERS.get(type(node))
+        if handler is not None:
+            return handler(self, node, depth)
         what = _NOT_ALLOWED.get(type(node))
         if what is not None:
+            where = _STEPS_ONLY if type(node) in (ast.List, ast.Tuple) else ""
+            if where and not self.scope.tensor_ops:
+                raise self.fail(node, f"{what} are {where}")
             raise self.fail(node, f"{what} are not allowed in a spec expression")
         raise self.fail(
             node, f"{type(node).__name__} is not allowed in a spec expression"
         )
 
-    @staticmethod
-    def operator(op: ast.AST) -> str:
-        return _OPERATOR_SYMBOLS.get(type(op), type(op).__name__)
+    def steps_only(self, node: ast.AST, what: str) -> None:
+        if not self.scope.tensor_ops:
+            raise self.fail(node, f"{what} {_STEPS_ONLY}")
 
-    def name(self, node: ast.Name) -> Expr:
+    # -- leaves ---------------------------------------------------------------
+
+    def constant(self, node: ast.Constant, depth: int) -> Expr:
+        value = node.value
+        if isinstance(value, bool) or value is None:
+            if not self.scope.allow_literals:
+                raise self.fail(node, f"{value!r} is not allowed in a formula")
+            return Literal(value)
+        if isinstance(value, int):
+            if value > MAX_INTEGER:
+                raise self.fail(
+                    node, f"integer literal out of range (at most {MAX_INTEGER})"
+                )
+            return Num(value)
+        if self.scope.tensor_ops:
+            if isinstance(value, str) or (
+                isinstance(value, float) and math.isfinite(value)
+            ):
+                return Literal(value)
+            raise self.fail(
+                node,
+                f"literal {value!r} is not allowed (integers, strings, finite "
+                "floats)",
+            )
+        if value is Ellipsis:
+            raise self.fail(node, "'...' is only allowed in a forward step's subscript")
+        raise self.fail(node, f"literal {value!r} is not allowed (only integers)")
+
+    def name(self, node: ast.Name, depth: int = 0) -> Expr:
         name = node.id
         if not is_identifier(name) or name.startswith("__"):
             raise self.fail(node, f"bad identifier {name!r}")
@@ -284,8 +452,85 @@ class _Converter:
             return Ref(name)
         if name in self.scope.host_roots:
             return HostPath((name,))
+        if name == "torch":
+            raise self.fail(
+                node,
+                "torch is only allowed as torch.<function or dtype> in forward steps",
+            )
         known = set(self.scope.names) | set(self.scope.host_roots)
         raise self.fail(node, f"unknown name {name!r}{_suggest(name, known)}")
+
+    def torch(self, node: ast.Attribute, called: bool) -> Torch:
+        self.steps_only(node, "torch functions and dtypes are")
+        name = node.attr
+        allowed = TORCH_FUNCTIONS if called else TORCH_DTYPES
+        if name in allowed:
+            return Torch(name)
+        if name in TORCH_FUNCTIONS:
+            raise self.fail(node, f"torch.{name} must be called")
+        if name in TORCH_DTYPES:
+            raise self.fail(node, f"torch.{name} is a dtype, not a function")
+        everything = TORCH_FUNCTIONS | TORCH_DTYPES
+        raise self.fail(
+            node,
+            f"torch.{name} is not allowed{_suggest(name, everything)} (functions: "
+            f"{', '.join(sorted(TORCH_FUNCTIONS))}; dtypes: "
+            f"{', '.join(sorted(TORCH_DTYPES))})",
+        )
+
+    # -- host paths, attributes, subscripts -------------------------------------
+
+    def is_host_path(self, node: ast.AST) -> bool:
+        """Whether ``node`` is attributes and integer subscripts down to a
+        declared host attribute."""
+        cur = node
+        while isinstance(cur, (ast.Attribute, ast.Subscript)):
+            if isinstance(cur, ast.Subscript) and not _is_path_index(cur.slice):
+                return False
+            cur = cur.value
+        return isinstance(cur, ast.Name) and cur.id in self.scope.host_roots
+
+    def check_attribute(self, node: ast.Attribute) -> None:
+        if not is_identifier(node.attr) or node.attr.startswith("_"):
+            # Point at the name after the dot (the node starts at its value).
+            end = getattr(node, "end_col_offset", None)
+            column = node.col_offset
+            if end is not None and node.end_lineno == node.lineno:
+                column = end - len(node.attr)
+            raise FormulaError(
+                f"attribute {node.attr!r} is not allowed (private or bad name)",
+                column,
+            )
+
+    def attribute(self, node: ast.Attribute, depth: int) -> Expr:
+        self.check_attribute(node)
+        if _is_torch(node.value):
+            return self.torch(node, called=False)
+        if self.scope.tensor_ops and not self.is_host_path(node):
+            return Attr(self.convert(node.value, depth + 1), node.attr)
+        return self.host_path(node)
+
+    def subscript(self, node: ast.Subscript, depth: int) -> Expr:
+        if self.scope.tensor_ops and not self.is_host_path(node):
+            value = self.convert(node.value, depth + 1)
+            return Subscript(value, self.index(node.slice, depth + 1, top=True))
+        return self.host_path(node)
+
+    def index(self, node: ast.AST, depth: int, top: bool = False) -> Expr:
+        """A subscript's index: an expression, a slice, ``...``, ``None``, or
+        (at the top) a tuple of those."""
+        if isinstance(node, ast.Slice):
+            parts = (node.lower, node.upper, node.step)
+            return Slice(
+                *(None if p is None else self.convert(p, depth + 1) for p in parts)
+            )
+        if isinstance(node, ast.Constant) and node.value is Ellipsis:
+            return Dots()
+        if isinstance(node, ast.Constant) and node.value is None:
+            return Literal(None)
+        if top and isinstance(node, ast.Tuple):
+            return Display("tuple", tuple(self.index(e, depth + 1) for e in node.elts))
+        return self.convert(node, depth)
 
     def host_path(self, node: ast.AST) -> HostPath:
         parts: list[str | int] = []
@@ -295,92 +540,123 @@ class _Converter:
             if isinstance(cur, (ast.Attribute, ast.Subscript)):
                 outer = cur
             if isinstance(cur, ast.Attribute):
-                if not is_identifier(cur.attr) or cur.attr.startswith("_"):
-                    raise self.fail(
-                        cur,
-                        f"attribute {cur.attr!r} is not allowed (private or bad name)",
-                    )
+                self.check_attribute(cur)
                 parts.append(cur.attr)
                 cur = cur.value
             elif isinstance(cur, ast.Subscript):
-                index = cur.slice
-                if not (
-                    isinstance(index, ast.Constant)
-                    and isinstance(index.value, int)
-                    and not isinstance(index.value, bool)
-                    and index.value >= 0
-                ):
+                if not _is_path_index(cur.slice):
                     raise self.fail(
                         cur, "only non-negative integer subscripts are allowed"
                     )
-                parts.append(index.value)
+                parts.append(cur.slice.value)  # type: ignore[attr-defined]
                 cur = cur.value
             elif isinstance(cur, ast.Name):
-                root = cur.id
-                if root not in self.scope.host_roots and root in self.scope.names:
-                    what = (
-                        "subscripts"
-                        if isinstance(outer, ast.Subscript)
-                        else "attributes"
-                    )
-                    raise self.fail(
-                        cur,
-                        f"{root!r} is not a host attribute; {what} are only "
-                        "allowed on host attribute paths (e.g. vision.blocks[0])",
-                    )
-                if root not in self.scope.host_roots:
-                    raise self.fail(
-                        cur,
-                        f"{root!r} is not a declared host attribute"
-                        f"{_suggest(root, self.scope.host_roots)}",
-                    )
-                parts.append(root)
+                self.path_root(cur, outer)
+                parts.append(cur.id)
                 break
             else:
                 raise self.fail(cur, "attribute paths must start at a host attribute")
         return HostPath(tuple(reversed(parts)))
 
+    def path_root(self, root: ast.Name, outer: ast.AST) -> None:
+        name = root.id
+        if name in self.scope.host_roots:
+            return
+        if name in self.scope.names:
+            what = "subscripts" if isinstance(outer, ast.Subscript) else "attributes"
+            raise self.fail(
+                root,
+                f"{name!r} is not a host attribute; {what} are only "
+                "allowed on host attribute paths (e.g. vision.blocks[0])",
+            )
+        raise self.fail(
+            root,
+            f"{name!r} is not a declared host attribute"
+            f"{_suggest(name, self.scope.host_roots)}",
+        )
+
+    # -- operators --------------------------------------------------------------
+
+    def binop(self, node: ast.BinOp, depth: int) -> Expr:
+        op = _BINOPS.get(type(node.op))
+        if isinstance(node.op, ast.Div):
+            if not self.scope.tensor_ops:
+                raise self.fail(node, "'/' is not allowed (use // or ceil_div)")
+            op = "/"
+        if op is None:
+            raise self.fail(
+                node,
+                f"operator {self.operator(node.op)!r} is not allowed "
+                "(expected one of + - * // % **)",
+            )
+        left = self.convert(node.left, depth + 1)
+        right = self.convert(node.right, depth + 1)
+        if op == "**" and not (
+            isinstance(right, Num) and 0 <= right.value <= MAX_POWER
+        ):
+            raise self.fail(
+                node, f"the exponent of ** must be a literal 0..{MAX_POWER}"
+            )
+        return BinOp(op, left, right)
+
+    def unaryop(self, node: ast.UnaryOp, depth: int) -> Expr:
+        if isinstance(node.op, ast.Invert):
+            if not self.scope.tensor_ops:
+                raise self.fail(node, f"operator '~' is {_STEPS_ONLY}")
+            return Invert(self.convert(node.operand, depth + 1))
+        if isinstance(node.op, ast.Not):
+            return Not(self.convert(node.operand, depth + 1))
+        operand = self.convert(node.operand, depth + 1)
+        if isinstance(node.op, ast.UAdd):
+            return operand
+        if isinstance(operand, Num):
+            return Num(-operand.value)
+        return Neg(operand)
+
+    def compare(self, node: ast.Compare, depth: int) -> Expr:
+        if len(node.ops) != 1:
+            raise self.fail(
+                node, "chained comparisons are not allowed (write a < b and b < c)"
+            )
+        op = _COMPARISONS.get(type(node.ops[0]))
+        if op is None:
+            raise self.fail(
+                node,
+                f"comparison {self.operator(node.ops[0])!r} is not allowed "
+                "(expected one of == != < <= > >=)",
+            )
+        left = self.convert(node.left, depth + 1)
+        return Compare(op, left, self.convert(node.comparators[0], depth + 1))
+
+    def boolop(self, node: ast.BoolOp, depth: int) -> Expr:
+        op = "and" if isinstance(node.op, ast.And) else "or"
+        return BoolOp(op, tuple(self.convert(v, depth + 1) for v in node.values))
+
+    def ifexp(self, node: ast.IfExp, depth: int) -> Expr:
+        test = self.convert(node.test, depth + 1)
+        body = self.convert(node.body, depth + 1)
+        return IfExp(test, body, self.convert(node.orelse, depth + 1))
+
+    def display(self, node: ast.List | ast.Tuple, depth: int) -> Expr:
+        kind = "list" if isinstance(node, ast.List) else "tuple"
+        self.steps_only(node, f"{kind}s are")
+        return Display(kind, tuple(self.convert(e, depth + 1) for e in node.elts))
+
+    @staticmethod
+    def operator(op: ast.AST) -> str:
+        return _OPERATOR_SYMBOLS.get(type(op), type(op).__name__)
+
+    # -- calls ------------------------------------------------------------------
+
     def call(self, node: ast.Call, depth: int) -> Expr:
         func = node.func
         if isinstance(func, ast.Name) and func.id in ARITHMETIC_FUNCTIONS:
-            if node.keywords:
-                raise self.fail(node, f"{func.id}() takes no keyword arguments")
-            args = tuple(self.convert(a, depth + 1) for a in node.args)
-            if any(isinstance(a, (Literal, Call)) for a in args):
-                raise self.fail(node, f"{func.id}() takes integer formulas")
-            if func.id == "ceil_div" and len(args) != 2:
-                raise self.fail(node, "ceil_div() takes exactly 2 arguments")
-            if func.id == "ceil_sqrt" and len(args) != 1:
-                raise self.fail(node, "ceil_sqrt() takes exactly 1 argument")
-            if func.id in ("min", "max") and len(args) < 2:
-                raise self.fail(node, f"{func.id}() takes at least 2 arguments")
-            return Func(func.id, args)
+            return self.arithmetic_function(node, func.id, depth)
         if not self.scope.allow_calls:
             raise self.fail(
                 node, "calls are not allowed here (only ceil_div, min, max)"
             )
-        if isinstance(func, ast.Name):
-            if (
-                func.id not in self.scope.callables
-                and func.id not in self.scope.host_roots
-            ):
-                known = set(self.scope.callables) | set(self.scope.host_roots)
-                raise self.fail(
-                    func,
-                    f"cannot call {func.id!r}: not an imported helper or host "
-                    f"attribute{_suggest(func.id, known)}",
-                )
-            callee: HostPath | Ref = (
-                Ref(func.id)
-                if func.id in self.scope.callables
-                else HostPath((func.id,))
-            )
-        elif isinstance(func, (ast.Attribute, ast.Subscript)):
-            callee = self.host_path(func)
-        else:
-            raise self.fail(
-                func, "only host methods and imported helpers can be called"
-            )
+        callee = self.callee(func, depth)
         args: list[Expr] = []
         for arg in node.args:
             if isinstance(arg, ast.Starred):
@@ -394,6 +670,82 @@ class _Converter:
                 raise self.fail(kw.value, f"bad keyword {kw.arg!r}")
             kwargs.append((kw.arg, self.convert(kw.value, depth + 1)))
         return Call(callee, tuple(args), tuple(kwargs))
+
+    def arithmetic_function(self, node: ast.Call, name: str, depth: int) -> Func:
+        if node.keywords:
+            raise self.fail(node, f"{name}() takes no keyword arguments")
+        args = tuple(self.convert(a, depth + 1) for a in node.args)
+        if any(isinstance(a, (Literal, Call, Display, Torch)) for a in args):
+            raise self.fail(node, f"{name}() takes integer formulas")
+        if name == "ceil_div" and len(args) != 2:
+            raise self.fail(node, "ceil_div() takes exactly 2 arguments")
+        if name == "ceil_sqrt" and len(args) != 1:
+            raise self.fail(node, "ceil_sqrt() takes exactly 1 argument")
+        if name in ("min", "max") and len(args) < 2:
+            raise self.fail(node, f"{name}() takes at least 2 arguments")
+        return Func(name, args)
+
+    def callee(self, func: ast.AST, depth: int) -> HostPath | Ref | Torch | Attr:
+        if isinstance(func, ast.Name):
+            if func.id in self.scope.callables:
+                return Ref(func.id)
+            if func.id in self.scope.host_roots:
+                return HostPath((func.id,))
+            known = set(self.scope.callables) | set(self.scope.host_roots)
+            private = (
+                "; a private host method must be declared under host_methods"
+                if func.id.startswith("_") and not func.id.startswith("__")
+                else ""
+            )
+            raise self.fail(
+                func,
+                f"cannot call {func.id!r}: not an imported helper or host "
+                f"attribute{_suggest(func.id, known)}{private}",
+            )
+        if isinstance(func, ast.Attribute) and _is_torch(func.value):
+            self.check_attribute(func)
+            return self.torch(func, called=True)
+        if isinstance(func, ast.Attribute) and self.scope.tensor_ops:
+            if not self.is_host_path(func):
+                self.check_attribute(func)
+                return Attr(self.convert(func.value, depth + 1), func.attr)
+        host = not self.scope.tensor_ops or self.is_host_path(func)
+        if isinstance(func, (ast.Attribute, ast.Subscript)) and host:
+            return self.host_path(func)
+        raise self.fail(
+            func,
+            "only host methods, imported helpers"
+            + (
+                ", torch functions and methods of values"
+                if self.scope.tensor_ops
+                else ""
+            )
+            + " can be called",
+        )
+
+
+_HANDLERS: dict[type, Callable[[_Converter, Any, int], Expr]] = {
+    ast.Constant: _Converter.constant,
+    ast.Name: _Converter.name,
+    ast.Attribute: _Converter.attribute,
+    ast.Subscript: _Converter.subscript,
+    ast.BinOp: _Converter.binop,
+    ast.UnaryOp: _Converter.unaryop,
+    ast.Compare: _Converter.compare,
+    ast.BoolOp: _Converter.boolop,
+    ast.IfExp: _Converter.ifexp,
+    ast.Call: _Converter.call,
+}
+
+
+def _tensor_handlers() -> None:
+    """Lists and tuples reach :meth:`_Converter.display` (which refuses them
+    outside forward steps)."""
+    _HANDLERS[ast.List] = _Converter.display
+    _HANDLERS[ast.Tuple] = _Converter.display
+
+
+_tensor_handlers()
 
 
 def parse_expression(text: str, scope: Scope) -> Expr:
@@ -409,7 +761,9 @@ def parse_expression(text: str, scope: Scope) -> Expr:
         raise FormulaError("expressions are printable ASCII only")
     lead = len(text) - len(text.lstrip())
     try:
-        tree = ast.parse(text.strip(), mode="eval")
+        with warnings.catch_warnings():  # "invalid decimal literal" and the like
+            warnings.simplefilter("ignore", SyntaxWarning)
+            tree = ast.parse(text.strip(), mode="eval")
     except SyntaxError as exc:
         raise FormulaError(
             f"syntax error: {exc.msg}", lead + max((exc.offset or 1) - 1, 0)
@@ -431,59 +785,98 @@ def parse_expression(text: str, scope: Scope) -> Expr:
     return expr
 
 
-_ASSIGNMENT = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*=(?!=)\s*")
+_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
+#: ``name =`` or ``a, b =`` at the start of a step (not ``==``).
+_ASSIGNMENT = re.compile(rf"\s*({_NAME}(?:\s*,\s*{_NAME})*)\s*=(?!=)\s*")
+#: A tuple target that discards its value.
+DISCARD = "_"
+
+
+def assignment_targets(text: object) -> tuple[str, ...]:
+    """The names ``a, b = <expr>`` assigns, whether or not the rest is valid
+    (empty for a bare expression)."""
+    match = _ASSIGNMENT.match(text) if isinstance(text, str) else None
+    if not match:
+        return ()
+    return tuple(name.strip() for name in match.group(1).split(","))
 
 
 def assignment_target(text: object) -> str | None:
-    """The name ``name = <expr>`` assigns, whether or not the rest is valid
-    (``None`` for a bare expression)."""
-    match = _ASSIGNMENT.match(text) if isinstance(text, str) else None
-    return match.group(1) if match else None
+    """The name ``name = <expr>`` assigns (``None`` for a bare expression or
+    a tuple target)."""
+    targets = assignment_targets(text)
+    return targets[0] if len(targets) == 1 else None
 
 
-def parse_assignment(text: str, scope: Scope) -> tuple[str | None, Expr]:
-    """``name = <expr>`` or a bare ``<expr>`` (a step of a forward); the
-    column of a :class:`FormulaError` counts from the start of ``text``."""
+def _check_targets(match: re.Match, start: int) -> tuple[str, ...]:
+    found = list(re.finditer(_NAME, match.group(1)))
+    names = tuple(m.group(0) for m in found)
+    seen: set[str] = set()
+    for m in found:
+        name, column = m.group(0), start + match.start(1) + m.start()
+        discard = name == DISCARD and len(names) > 1
+        if not discard and (not is_identifier(name) or name.startswith("_")):
+            raise FormulaError(f"bad assignment target {name!r}", column)
+        if name in seen and not discard:
+            raise FormulaError(f"{name!r} is assigned twice", column)
+        seen.add(name)
+    if all(n == DISCARD for n in names):
+        raise FormulaError("a tuple target needs at least one name", start)
+    return names
+
+
+def parse_statement(text: str, scope: Scope) -> tuple[tuple[str, ...], Expr]:
+    """A step of a forward: ``name = <expr>``, ``a, b = <expr>`` (``_``
+    discards) or a bare ``<expr>`` (no targets). The column of a
+    :class:`FormulaError` counts from the start of ``text``."""
     if not isinstance(text, str):
-        return None, parse_expression(text, scope)
-    target: str | None = None
+        return (), parse_expression(text, scope)
+    targets: tuple[str, ...] = ()
     # The step's text without surrounding whitespace (a block scalar ends
     # with a line break); ``start``: where ``body`` begins in ``text``.
     body = text.strip()
     start = len(text) - len(text.lstrip())
     match = _ASSIGNMENT.match(body)
     if match:
-        target = match.group(1)
-        if not is_identifier(target) or target.startswith("_"):
-            raise FormulaError(f"bad assignment target {target!r}", start)
+        targets = _check_targets(match, start)
         body, start = body[match.end() :], start + match.end()
     try:
-        return target, parse_expression(body, scope)
+        return targets, parse_expression(body, scope)
     except FormulaError as exc:
         if not start:
             raise
         raise FormulaError(str(exc), start + exc.column) from None
 
 
+def parse_assignment(text: str, scope: Scope) -> tuple[str | None, Expr]:
+    """``name = <expr>`` or a bare ``<expr>``: :func:`parse_statement`
+    without tuple targets."""
+    targets, expr = parse_statement(text, scope)
+    if len(targets) > 1:
+        raise FormulaError("a tuple target is not allowed here")
+    return (targets[0] if targets else None), expr
+
+
 # -- walking, printing, evaluating --------------------------------------------
+
+
+def children(expr: Expr) -> Iterator[Expr]:
+    """The sub-expressions directly under ``expr``."""
+    for value in vars(expr).values():
+        if isinstance(value, _NODES):
+            yield value
+        elif isinstance(value, tuple):
+            for item in value:
+                if isinstance(item, _NODES):
+                    yield item
+                elif isinstance(item, tuple):  # a keyword argument
+                    yield item[1]
 
 
 def walk(expr: Expr) -> Iterator[Expr]:
     yield expr
-    if isinstance(expr, BinOp):
-        yield from walk(expr.left)
-        yield from walk(expr.right)
-    elif isinstance(expr, Neg):
-        yield from walk(expr.operand)
-    elif isinstance(expr, Func):
-        for arg in expr.args:
-            yield from walk(arg)
-    elif isinstance(expr, Call):
-        yield expr.callee
-        for arg in expr.args:
-            yield from walk(arg)
-        for _, value in expr.kwargs:
-            yield from walk(value)
+    for child in children(expr):
+        yield from walk(child)
 
 
 def names_in(expr: Expr) -> set[str]:
@@ -494,21 +887,173 @@ def host_paths_in(expr: Expr) -> set[HostPath]:
     return {e for e in walk(expr) if isinstance(e, HostPath)}
 
 
-_PRECEDENCE = {"+": 11, "-": 11, "*": 12, "//": 12, "%": 12, "**": 14}
+def substitute(expr: Expr, mapping: Mapping[str, Expr]) -> Expr:
+    """``expr`` with each name of ``mapping`` replaced by its expression."""
+    if isinstance(expr, Ref):
+        return mapping.get(expr.name, expr)
+
+    def sub(value: Any) -> Any:
+        if isinstance(value, _NODES):
+            return substitute(value, mapping)
+        if isinstance(value, tuple):
+            return tuple(sub(v) for v in value)
+        return value
+
+    return type(expr)(**{k: sub(v) for k, v in vars(expr).items()})
+
+
+_PRECEDENCE = {
+    "+": 11,
+    "-": 11,
+    "*": 12,
+    "/": 12,
+    "//": 12,
+    "%": 12,
+    "**": 14,
+}
+_IFEXP = 1
+_BOOLOPS = {"or": 2, "and": 3}
+_NOT = 4
+_COMPARE = 5
 _UNARY = 13
+_PRIMARY = 15  # attribute, subscript, call
 _ATOM = 16
 
 
 def _precedence(expr: Expr) -> int:
     if isinstance(expr, BinOp):
         return _PRECEDENCE[expr.op]
-    if isinstance(expr, Neg) or (isinstance(expr, Num) and expr.value < 0):
+    if isinstance(expr, (Neg, Invert)) or (isinstance(expr, Num) and expr.value < 0):
         return _UNARY
     if isinstance(expr, Func) and expr.name == "ceil_div":
         return _UNARY
     if isinstance(expr, Func) and expr.name == "ceil_sqrt":
         return _PRECEDENCE["+"]
+    if isinstance(expr, (Attr, Subscript, Call)):
+        return _PRIMARY
+    if isinstance(expr, IfExp):
+        return _IFEXP
+    if isinstance(expr, BoolOp):
+        return _BOOLOPS[expr.op]
+    if isinstance(expr, Not):
+        return _NOT
+    if isinstance(expr, Compare):
+        return _COMPARE
     return _ATOM
+
+
+class _Printer:
+    """Python (or the spec's own) spelling of an expression tree."""
+
+    def __init__(self, rename: Callable[[str], str], self_name: str, spec: bool):
+        self.rename = rename
+        self.self_name = self_name
+        self.spec = spec
+
+    def wrap(self, sub: Expr, min_prec: int) -> str:
+        text = self.emit(sub)
+        if self.spec and isinstance(sub, Func) and sub.name == "ceil_sqrt":
+            return text  # a call in the spec's spelling
+        return f"({text})" if _precedence(sub) < min_prec else text
+
+    def emit(self, e: Expr) -> str:
+        method = getattr(self, f"emit_{type(e).__name__.lower()}", None)
+        if method is None:
+            raise TypeError(f"not an expression: {e!r}")
+        return method(e)
+
+    def emit_num(self, e: Num) -> str:
+        return str(e.value)
+
+    def emit_literal(self, e: Literal) -> str:
+        return repr(e.value)
+
+    def emit_ref(self, e: Ref) -> str:
+        return self.rename(e.name)
+
+    def emit_hostpath(self, e: HostPath) -> str:
+        if self.spec:
+            return e.dotted
+        out = self.self_name
+        for part in e.parts:
+            out += f"[{part}]" if isinstance(part, int) else f".{part}"
+        return out
+
+    def emit_binop(self, e: BinOp) -> str:
+        prec = _PRECEDENCE[e.op]
+        if e.op == "**":
+            # Right-associative and tighter than unary minus on its left.
+            return f"{self.wrap(e.left, _PRIMARY)} ** {self.wrap(e.right, prec)}"
+        return f"{self.wrap(e.left, prec)} {e.op} {self.wrap(e.right, prec + 1)}"
+
+    def emit_neg(self, e: Neg) -> str:
+        return f"-{self.wrap(e.operand, _UNARY)}"
+
+    def emit_invert(self, e: Invert) -> str:
+        return f"~{self.wrap(e.operand, _UNARY)}"
+
+    def emit_func(self, e: Func) -> str:
+        if e.name == "ceil_div" and not self.spec:
+            num, den = e.args
+            # Ceiling division on Python ints without floats: -(-a // b).
+            return f"-(-{self.wrap(num, _UNARY)} // {self.wrap(den, _PRECEDENCE['//'] + 1)})"
+        if e.name == "ceil_sqrt" and not self.spec:
+            # Integers only (no float sqrt): isqrt(n - 1) + 1 for n >= 1.
+            return f"math.isqrt({self.wrap(e.args[0], _PRECEDENCE['-'])} - 1) + 1"
+        return f"{e.name}({', '.join(self.emit(a) for a in e.args)})"
+
+    def emit_compare(self, e: Compare) -> str:
+        return f"{self.wrap(e.left, _COMPARE + 1)} {e.op} {self.wrap(e.right, _COMPARE + 1)}"
+
+    def emit_boolop(self, e: BoolOp) -> str:
+        prec = _BOOLOPS[e.op]
+        return f" {e.op} ".join(self.wrap(v, prec + 1) for v in e.values)
+
+    def emit_not(self, e: Not) -> str:
+        return f"not {self.wrap(e.operand, _NOT)}"
+
+    def emit_ifexp(self, e: IfExp) -> str:
+        body = self.wrap(e.body, _IFEXP + 1)
+        return f"{body} if {self.wrap(e.test, _IFEXP + 1)} else {self.wrap(e.orelse, _IFEXP)}"
+
+    def emit_torch(self, e: Torch) -> str:
+        return f"torch.{e.name}"
+
+    def emit_attr(self, e: Attr) -> str:
+        value = self.emit(e.value)
+        if _precedence(e.value) < _PRIMARY or isinstance(e.value, (Num, Literal)):
+            value = f"({value})"
+        return f"{value}.{e.name}"
+
+    def emit_subscript(self, e: Subscript) -> str:
+        index = e.index
+        if isinstance(index, Display) and index.kind == "tuple" and index.items:
+            text = ", ".join(self.emit(i) for i in index.items)
+            text += "," if len(index.items) == 1 else ""
+        else:
+            text = self.emit(index)
+        return f"{self.wrap(e.value, _PRIMARY)}[{text}]"
+
+    def emit_slice(self, e: Slice) -> str:
+        parts = [
+            "" if p is None else self.wrap(p, _IFEXP + 1)
+            for p in (e.lower, e.upper, e.step)
+        ]
+        return ":".join(parts if e.step is not None else parts[:2])
+
+    def emit_dots(self, e: Dots) -> str:
+        return "..."
+
+    def emit_display(self, e: Display) -> str:
+        items = ", ".join(self.emit(i) for i in e.items)
+        if e.kind == "list":
+            return f"[{items}]"
+        return f"({items},)" if len(e.items) == 1 else f"({items})"
+
+    def emit_call(self, e: Call) -> str:
+        parts = [self.emit(a) for a in e.args]
+        parts += [f"{k}={self.emit(v)}" for k, v in e.kwargs]
+        return f"{self.wrap(e.callee, _PRIMARY)}({', '.join(parts)})"
 
 
 def to_python(
@@ -522,6 +1067,10 @@ def to_python(
     ``name_map`` renames declared names (e.g. a buffer to ``inputs["x"]``);
     host paths are printed under ``self_name``. ``spec_spelling`` prints the
     spec's own form instead (host paths bare, ``ceil_div`` as a call).
+
+    A comparison, ``not``, ``and``/``or`` or conditional expression at the
+    top is parenthesised, so that generated code may place the text next to
+    any operator (``offset + (a if t else b)``).
     """
 
     def rename(name: str) -> str:
@@ -531,53 +1080,10 @@ def to_python(
             return name_map(name)
         return name_map.get(name, name)
 
-    def wrap(sub: Expr, min_prec: int) -> str:
-        text = emit(sub)
-        spelled_as_call = (
-            spec_spelling and isinstance(sub, Func) and sub.name == "ceil_sqrt"
-        )
-        if spelled_as_call:
-            return text
-        return f"({text})" if _precedence(sub) < min_prec else text
-
-    def emit(e: Expr) -> str:
-        if isinstance(e, Num):
-            return str(e.value)
-        if isinstance(e, Literal):
-            return repr(e.value)
-        if isinstance(e, Ref):
-            return rename(e.name)
-        if isinstance(e, HostPath):
-            if spec_spelling:
-                return e.dotted
-            out = self_name
-            for part in e.parts:
-                out += f"[{part}]" if isinstance(part, int) else f".{part}"
-            return out
-        if isinstance(e, BinOp):
-            prec = _PRECEDENCE[e.op]
-            if e.op == "**":
-                # Right-associative and tighter than unary minus on its left.
-                return f"{wrap(e.left, _ATOM)} ** {wrap(e.right, prec)}"
-            return f"{wrap(e.left, prec)} {e.op} {wrap(e.right, prec + 1)}"
-        if isinstance(e, Neg):
-            return f"-{wrap(e.operand, _UNARY)}"
-        if isinstance(e, Func):
-            if e.name == "ceil_div" and not spec_spelling:
-                num, den = e.args
-                # Ceiling division on Python ints without floats: -(-a // b).
-                return f"-(-{wrap(num, _UNARY)} // {wrap(den, _PRECEDENCE['//'] + 1)})"
-            if e.name == "ceil_sqrt" and not spec_spelling:
-                # Integers only (no float sqrt): isqrt(n - 1) + 1 for n >= 1.
-                return f"math.isqrt({wrap(e.args[0], _PRECEDENCE['-'])} - 1) + 1"
-            return f"{e.name}({', '.join(emit(a) for a in e.args)})"
-        if isinstance(e, Call):
-            parts = [emit(a) for a in e.args]
-            parts += [f"{k}={emit(v)}" for k, v in e.kwargs]
-            return f"{emit(e.callee)}({', '.join(parts)})"
-        raise TypeError(f"not an expression: {e!r}")
-
-    return emit(expr)
+    printer = _Printer(rename, self_name, spec_spelling)
+    if spec_spelling:
+        return printer.emit(expr)
+    return printer.wrap(expr, _COMPARE + 1)
 
 
 def to_spec_text(expr: Expr) -> str:
@@ -677,7 +1183,56 @@ def _compile(expr: Expr) -> Evaluator:
             return lambda env: _ceil_sqrt(operand(env))
         pick = min if expr.name == "min" else max
         return lambda env: pick([a(env) for a in args])
+    logic = _compile_logic(expr)
+    if logic is not None:
+        return logic
     raise EvaluationError(f"{type(expr).__name__} has no integer value")
+
+
+_COMPARE_OPS: dict[str, Callable[[int, int], bool]] = {
+    "==": lambda a, b: a == b,
+    "!=": lambda a, b: a != b,
+    "<": lambda a, b: a < b,
+    "<=": lambda a, b: a <= b,
+    ">": lambda a, b: a > b,
+    ">=": lambda a, b: a >= b,
+}
+
+
+def _compile_logic(expr: Expr) -> Evaluator | None:
+    """Comparisons (1 or 0), ``not``, ``and``/``or`` (an operand, as in
+    Python) and conditional expressions (only the branch taken runs)."""
+    if isinstance(expr, Compare):
+        test, left, right = (
+            _COMPARE_OPS[expr.op],
+            _compile(expr.left),
+            _compile(expr.right),
+        )
+        return lambda env: int(test(left(env), right(env)))
+    if isinstance(expr, Not):
+        operand = _compile(expr.operand)
+        return lambda env: int(not operand(env))
+    if isinstance(expr, BoolOp):
+        values = tuple(_compile(v) for v in expr.values)
+        if expr.op == "and":
+            return lambda env: _first(values, env, stop_when=False)
+        return lambda env: _first(values, env, stop_when=True)
+    if isinstance(expr, IfExp):
+        test, body, orelse = (_compile(e) for e in (expr.test, expr.body, expr.orelse))
+        return lambda env: body(env) if test(env) else orelse(env)
+    return None
+
+
+def _first(
+    values: tuple[Evaluator, ...], env: Mapping[str, int], stop_when: bool
+) -> int:
+    """``and`` (stop at the first false value) / ``or`` (the first true)."""
+    value = 0
+    for evaluator in values:
+        value = evaluator(env)
+        if bool(value) is stop_when:
+            return value
+    return value
 
 
 def _compile_binop(op: str, left: Evaluator, right: Evaluator) -> Evaluator:
@@ -691,7 +1246,9 @@ def _compile_binop(op: str, left: Evaluator, right: Evaluator) -> Evaluator:
         return lambda env: _floor_div(left(env), right(env))
     if op == "%":
         return lambda env: _modulo(left(env), right(env))
-    return lambda env: _power(_in_range(left(env)), right(env))
+    if op == "**":
+        return lambda env: _power(_in_range(left(env)), right(env))
+    raise EvaluationError(f"'{op}' has no integer value")
 
 
 def _ceil_sqrt(n: int) -> int:

@@ -67,6 +67,9 @@ class FieldScope:
     host_paths: bool = False
     calls: bool = False  # of host paths and imported helpers
     literals: bool = False  # True / False / None
+    #: A forward step: methods, attributes and subscripts of values,
+    #: ``torch.*``, list/tuple displays, strings and floats, ``/`` and ``~``.
+    tensor_ops: bool = False
 
     def scope(self, names: Mapping[NameKind, Iterable[str]], extra=()) -> Scope:
         """The formula scope for a spec whose declared names are ``names``."""
@@ -84,6 +87,7 @@ class FieldScope:
             ),
             allow_calls=self.calls,
             allow_literals=self.literals,
+            tensor_ops=self.tensor_ops,
         )
 
     def describe(self) -> str:
@@ -93,6 +97,8 @@ class FieldScope:
             parts.append("host paths")
         if self.calls:
             parts.append("calls of host methods and imported helpers")
+        if self.tensor_ops:
+            parts.append("tensor expressions (methods, subscripts, `torch.*`)")
         parts += [f"`{b}`" for b in self.builtins]
         return ", ".join(parts) if parts else "literals only"
 
@@ -164,18 +170,21 @@ FIELD_SCOPES: dict[str, FieldScope] = {
         host_paths=True,
         calls=True,
         literals=True,
+        tensor_ops=True,
     ),
     "eager_steps": FieldScope(
         frozenset({_K.FLAT, _K.CONSTANT, _K.GRID, _K.EAGER_STEP}),
         host_paths=True,
         calls=True,
         literals=True,
+        tensor_ops=True,
     ),
     "eager_steps_per_item": FieldScope(
         frozenset({_K.FLAT, _K.CONSTANT, _K.DIM, _K.EAGER_STEP}),
         host_paths=True,
         calls=True,
         literals=True,
+        tensor_ops=True,
     ),
 }
 
@@ -321,6 +330,7 @@ METHODS: dict[str, Method] = {
             "encoder_cudagraph_forward",
             (SELF, Param("inputs", "dict[str, torch.Tensor]"), PATH),
             "torch.Tensor",
+            ("_",),  # a tuple target's discarded part
             spec_kinds=frozenset({_K.CONSTANT, _K.BUFFER, _K.GRAPH_STEP, _K.IMPORT}),
             exploded=True,
         ),
@@ -328,7 +338,7 @@ METHODS: dict[str, Method] = {
             "encoder_eager_forward",
             (SELF, MM_KWARGS, PATH),
             "torch.Tensor",
-            ("keys", "outputs"),
+            ("keys", "outputs", "_"),
             (("item_{}", _K.FLAT), ("{}_offset", _K.FLAT)),
             frozenset(
                 {_K.CONSTANT, _K.FLAT, _K.GRID, _K.DIM, _K.EAGER_STEP, _K.IMPORT}

@@ -110,7 +110,10 @@ class VarlenAttention(nn.Module):
             if max_seqlen is not None:
                 raise ValueError("max_seqlen without cu_seqlens")
             rows = q.shape[0]
-            cu_seqlens = torch.tensor([0, rows], dtype=torch.int32, device=q.device)
+            # [0, rows] made on q's device, as vLLM's wrapper does (an arange):
+            # a tensor built from a list would be a blocking host-to-device
+            # copy in every layer of every dense call.
+            cu_seqlens = torch.arange(2, dtype=torch.int32, device=q.device) * rows
             max_seqlen = rows
         elif max_seqlen is None:
             raise ValueError("cu_seqlens without max_seqlen")

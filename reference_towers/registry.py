@@ -695,11 +695,15 @@ class MiniMaxM3Reference(_MergedGridReference[MiniMaxM3VisionHost]):
         seed: int = 0,
         modality: str = "image",
     ) -> dict[str, Any]:
-        """``pixel_values`` (Σ t·h·w, C·T·p²) fp32 and ``image_grid_thw``
-        (n, 3) int64, both on ``device`` (the processor's fp32 output; the
-        mixin casts to the tower dtype). Each image is random CLIP-normalised
-        pixels repeated to T frames, cut into rows in the processor's
-        (block-row, block-col, mh, mw) order with features (C, T, p, p)."""
+        """``pixel_values`` (Σ t·h·w, C·T·p²) in the tower dtype on
+        ``device`` and ``image_grid_thw`` (n, 3) int64 on the CPU, as vLLM
+        hands them to the model: its processing context casts the
+        processor's fp32 output to the model dtype, and the grid is
+        ``keep_on_cpu`` (a device grid would cost the mixin a
+        synchronisation each time it reads it). Each image is random
+        CLIP-normalised pixels repeated to T frames, cut into rows in the
+        processor's (block-row, block-col, mh, mw) order with features
+        (C, T, p, p)."""
         self.check_modality(modality)
         config = host.config
         p, m = config.patch_size, config.spatial_merge_size
@@ -718,10 +722,13 @@ class MiniMaxM3Reference(_MergedGridReference[MiniMaxM3VisionHost]):
             video = torch.stack(frames)  # (t·T, C, H, W)
             rows.append(self._processor_rows(video, t, h, w, p, m))
         pixel_values = torch.cat(rows) if rows else torch.zeros((0, config.patch_dim))
-        grid = torch.tensor(list(items), dtype=torch.int64).reshape(-1, 3)
         return {
-            "pixel_values": pixel_values.to(device),
-            "image_grid_thw": grid.to(device),
+            "pixel_values": pixel_values.to(
+                device=device, dtype=host.vision_tower.dtype
+            ),
+            "image_grid_thw": torch.tensor(list(items), dtype=torch.int64).reshape(
+                -1, 3
+            ),
         }
 
 
@@ -828,10 +835,11 @@ class Qwen2VLReference(_MergedGridReference[Qwen2VLVisionHost]):
         seed: int = 0,
         modality: str = "image",
     ) -> dict[str, Any]:
-        """Images: ``pixel_values`` (Σ t·h·w, C·T·p²) fp32 and
-        ``image_grid_thw`` (n, 3) int64; videos: ``pixel_values_videos`` and
-        ``video_grid_thw`` alike. All on ``device`` (the processor's fp32
-        output; the tower casts to its dtype).
+        """Images: ``pixel_values`` (Σ t·h·w, C·T·p²) in the tower dtype on
+        ``device`` and ``image_grid_thw`` (n, 3) int64 on the CPU; videos:
+        ``pixel_values_videos`` and ``video_grid_thw`` alike. As vLLM hands
+        them to the model: its processing context casts the processor's fp32
+        output to the model dtype, and the grids are ``keep_on_cpu``.
 
         Pixels are random and CLIP-normalised. An image is one frame repeated
         to the T frames of its temporal patch; a video item of ``t`` temporal
@@ -870,7 +878,10 @@ class Qwen2VLReference(_MergedGridReference[Qwen2VLVisionHost]):
             if modality == "image"
             else ("pixel_values_videos", "video_grid_thw")
         )
-        return {pixel_key: pixel_values.to(device), grid_key: grid.to(device)}
+        return {
+            pixel_key: pixel_values.to(device=device, dtype=visual.dtype),
+            grid_key: grid,
+        }
 
 
 class Qwen2_5_VLReference(Qwen2VLReference):

@@ -15,7 +15,10 @@ helpers:
   an :class:`AngleTable`, gather indices), built on the host once per grid
   and kept on the device; a batch concatenates them with one kernel.
 
-Nothing here reads a device tensor on the host.
+Nothing here reads a device tensor on the host, and every host-to-device
+copy (a table's growth, a new grid) goes through
+:func:`~encoder_cudagraph_runtime.host_transfer.async_tensor_h2d`: pinned
+staging and ``non_blocking``, so a cache miss never waits for the device.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 
 import torch
+
+from encoder_cudagraph_runtime.host_transfer import async_tensor_h2d
 
 __all__ = ["AngleTable", "GridIndexCache", "concat_on_device"]
 
@@ -70,8 +75,8 @@ class AngleTable:
                     cos, sin = self._arrange(cos), self._arrange(sin)
             entry = (
                 capacity,
-                cos.to(device=key[0], dtype=dtype),
-                sin.to(device=key[0], dtype=dtype),
+                async_tensor_h2d(cos, key[0], dtype=dtype),
+                async_tensor_h2d(sin, key[0], dtype=dtype),
             )
             self._tables[key] = entry
         return entry[1], entry[2]
@@ -107,10 +112,12 @@ class GridIndexCache:
             self._entries.move_to_end(full_key)
             return value
         built = self._build(key)
+        # A new grid is a replay's host work: its copy must not wait for the
+        # device (a pageable `.to(device)` would block until the queue drains).
         if isinstance(built, torch.Tensor):
-            value = built.to(full_key[1])
+            value = async_tensor_h2d(built, full_key[1])
         else:
-            value = tuple(t.to(full_key[1]) for t in built)
+            value = tuple(async_tensor_h2d(t, full_key[1]) for t in built)
         if store:
             self._entries[full_key] = value
             if len(self._entries) > self._maxsize:

@@ -32,25 +32,66 @@ from generator.yaml_loader import Node
 
 @dataclass(frozen=True)
 class Step:
-    """``target = expr`` (``target`` None: the output)."""
+    """``target = expr`` or ``a, b = expr`` (no targets: the output)."""
 
-    target: str | None
+    targets: tuple[str, ...]
     expr: Expr
     location: Location
 
+    @property
+    def target(self) -> str | None:
+        """The statement's left-hand side as printed (``a, _``), or None."""
+        return ", ".join(self.targets) if self.targets else None
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The names the step binds (a discarded ``_`` is none)."""
+        return tuple(t for t in self.targets if t != fx.DISCARD)
+
+
+#: Methods that copy a tensor to the host: inside a captured graph they
+#: would synchronise at capture and be skipped at replay.
+HOST_SYNC_METHODS = frozenset({"item", "tolist", "cpu", "numpy"})
+#: torch functions that copy Python data to the device: a graph replays
+#: the values of its capture.
+HOST_DATA_FUNCTIONS = frozenset({"tensor", "as_tensor"})
+
+
+def host_sync(expr: Expr) -> str | None:
+    """How ``expr`` reads tensor data on the host or bakes host data in, if
+    it does."""
+    for sub in fx.walk(expr):
+        if not isinstance(sub, fx.Call):
+            continue
+        callee = sub.callee
+        if isinstance(callee, fx.Attr) and callee.name in HOST_SYNC_METHODS:
+            return f"'.{callee.name}()' copies to the host"
+        if isinstance(callee, fx.Torch) and callee.name in HOST_DATA_FUNCTIONS:
+            return f"'torch.{callee.name}(...)' copies host data to the device"
+    return None
+
 
 class Steps(ValueType):
-    """Statements: ``name = call(...)`` steps, the last one a bare expression.
-    Each step's target is in scope for the steps after it."""
+    """Statements: ``name = expr`` or ``a, b = expr`` steps, the last one a
+    bare expression. Each step's targets are in scope for the steps after it;
+    ``captured`` steps run inside a CUDA graph (no host round trips)."""
 
     kinds = ("array",)
     words = "list of statements"
 
-    def __init__(self, scope: str, kind: NameKind, last: str, before_last: str):
+    def __init__(
+        self,
+        scope: str,
+        kind: NameKind,
+        last: str,
+        before_last: str,
+        captured: bool = False,
+    ):
         self.scope_id = scope
         self.kind = kind
         self.last_assigns = last
         self.bare_before_last = before_last
+        self.captured = captured
 
     def schema(self) -> dict[str, Any]:
         return {"type": "array", "items": {"type": "string"}, "minItems": 1}
@@ -68,15 +109,15 @@ class Steps(ValueType):
                 continue
             step = self.statement(line, path, ctx, scope_id)
             if step is None:
-                # Later steps may still use the name it assigns.
-                target = fx.assignment_target(line.value)
-                if target is not None:
-                    ctx.declare(self.kind, target, line.location, path)
+                # Later steps may still use the names it assigns.
+                for target in fx.assignment_targets(line.value):
+                    if target != fx.DISCARD:
+                        ctx.declare(self.kind, target, line.location, path)
                 continue
             last = i == len(lines) - 1
-            if last and step.target is not None:
+            if last and step.targets:
                 ctx.error(line, path, self.last_assigns)
-            if not last and step.target is None:
+            if not last and not step.targets:
                 ctx.error(line, path, self.bare_before_last)
             steps.append(step)
         return tuple(steps)
@@ -84,7 +125,7 @@ class Steps(ValueType):
     def statement(self, line: Node, path: str, ctx: ReadContext, scope_id: str):
         scope = ctx.scope(scope_id)
         try:
-            target, expr = fx.parse_assignment(line.value, scope)
+            targets, expr = fx.parse_statement(line.value, scope)
         except FormulaError as exc:
             ctx.error(
                 formula_location(line, exc), path, formula_error_message(exc, scope)
@@ -94,12 +135,17 @@ class Steps(ValueType):
         if zero is not None:
             ctx.error(line, path, f"division by zero: {zero} always raises")
             return None
-        if target is not None:
+        sync = host_sync(expr) if self.captured else None
+        if sync is not None:
+            ctx.error(line, path, f"{sync}: a captured graph cannot (do it eagerly)")
+            return None
+        step = Step(targets, expr, line.location)
+        for target in step.names:
             if check_name(ctx, line.location, path, target, "step"):
                 if target in scope.names or target in scope.host_roots:
                     ctx.error(line, path, f"{target!r} is already a name")
             ctx.declare(self.kind, target, line.location, path)
-        return Step(target, expr, line.location)
+        return step
 
 
 GRAPH_STEPS = Steps(
@@ -107,6 +153,7 @@ GRAPH_STEPS = Steps(
     NameKind.GRAPH_STEP,
     "the last step is the output: write an expression, not an assignment",
     "only the last step may be a bare expression",
+    captured=True,
 )
 _EAGER_SHAPE = "every step but the last assigns a name; the last is the output"
 EAGER_STEPS = Steps("eager_steps", NameKind.EAGER_STEP, _EAGER_SHAPE, _EAGER_SHAPE)

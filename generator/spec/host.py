@@ -11,7 +11,7 @@ from generator import formulas as fx
 from generator.diagnostics import Location
 from generator.formulas import FormulaError, HostPath
 from generator.naming import TARGETS
-from generator.scopes import NameKind
+from generator.scopes import METHODS, NameKind
 from generator.spec.names import check_name
 from generator.spec.reader import Key, Keys, ReadContext, Reader
 from generator.spec.values import (
@@ -21,6 +21,7 @@ from generator.spec.values import (
     HostPathValue,
     Integer,
     ValueType,
+    is_name,
 )
 from generator.yaml_loader import Node
 
@@ -296,7 +297,24 @@ class HostMethodName(ValueType):
 
     def value(self, node: Node, field: str, ctx: ReadContext, **_: Any) -> Any:
         name = node.value
-        check_name(ctx, node.location, field, name, "host method")
+        if is_name(name) and name.startswith("_") and not name.startswith("__"):
+            # vLLM's mixins call private helpers of their host
+            # (``self._process_image_input``): declared ones may be called.
+            if name in METHODS:
+                ctx.error(
+                    node, field, f"host method {name!r} is a method the mixin defines"
+                )
+                ctx.bad_names.add(name)
+        elif is_name(name) and name.startswith("__"):
+            ctx.error(
+                node,
+                field,
+                f"host method {name!r} must not start with '__' (a private "
+                "helper starts with one '_')",
+            )
+            ctx.bad_names.add(name)
+        else:
+            check_name(ctx, node.location, field, name, "host method")
         if ctx.kind_of(name) in (NameKind.HOST, NameKind.HOST_METHOD, NameKind.IMPORT):
             ctx.error(node, field, f"{name!r} is declared twice")
         ctx.declare(NameKind.HOST_METHOD, name, node.location, field)

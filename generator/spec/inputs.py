@@ -258,17 +258,7 @@ def prescan_dims(ctx: ReadContext, inputs_node) -> None:
 
 def substitute(expr: Expr, mapping: dict[str, Expr | None]) -> Expr:
     """``expr`` with the names of ``mapping`` replaced by their formulas."""
-    if isinstance(expr, Ref) and mapping.get(expr.name) is not None:
-        return mapping[expr.name]  # type: ignore[return-value]
-    if isinstance(expr, fx.BinOp):
-        return fx.BinOp(
-            expr.op, substitute(expr.left, mapping), substitute(expr.right, mapping)
-        )
-    if isinstance(expr, fx.Neg):
-        return fx.Neg(substitute(expr.operand, mapping))
-    if isinstance(expr, fx.Func):
-        return fx.Func(expr.name, tuple(substitute(a, mapping) for a in expr.args))
-    return expr
+    return fx.substitute(expr, {k: v for k, v in mapping.items() if v is not None})
 
 
 def with_item_rows(flat: FlatInput, input_size: Expr, output_tokens: Expr) -> FlatInput:

@@ -155,7 +155,8 @@ class MixinSpec:
         Key(
             "host_methods",
             ListOf(HostMethodName()),
-            "Methods the host model defines that expressions may call.",
+            "Methods the host model defines that expressions may call; a "
+            "private one (`_process_image_input`) only when declared here.",
             example="[get_max_frames_per_video]",
         ),
         Key(
@@ -315,10 +316,10 @@ class MixinSpec:
             NameKind.AXIS_DIM: frozenset(d for a in self.capture_axes for d in a.dims),
             NameKind.BUFFER: frozenset(b.key for b in self.buffers),
             NameKind.GRAPH_STEP: frozenset(
-                s.target for p in paths for s in p.graph_forward if s.target
+                n for p in paths for s in p.graph_forward for n in s.names
             ),
             NameKind.EAGER_STEP: frozenset(
-                s.target for p in paths for s in p.eager_forward.steps if s.target
+                n for p in paths for s in p.eager_forward.steps for n in s.names
             ),
             NameKind.BUILDER_RESULT: frozenset(
                 b.result_name for p in paths for b in p.metadata

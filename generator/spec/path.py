@@ -105,9 +105,11 @@ class EncoderPath:
         Key(
             "graph_forward",
             GRAPH_STEPS,
-            "The captured computation: `name = call(...)` steps over the buffers, "
-            "the last one a bare expression, the output; `rest` passes the "
-            "buffers no step names, as a dict. Every buffer must be read.",
+            "The captured computation: statements (`name = expr`, `a, _ = expr`) "
+            "over the buffers, the last one a bare expression, the output; `rest` "
+            "passes the buffers no step names, as a dict. Every buffer must be "
+            "read; nothing may copy to the host (`.item()`, `.tolist()`, `.cpu()`, "
+            "`.numpy()`, `torch.tensor`).",
             required=True,
             example="[vision_tower(pixel_values, grid_thw=None, encoder_metadata=rest)]",
         ),

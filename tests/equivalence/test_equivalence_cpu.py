@@ -20,18 +20,12 @@ buffer that capture did not register must raise a clear ``RuntimeError``.
 from __future__ import annotations
 
 import random
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-try:
-    import equivalence_driver as drv
-except ImportError:  # run without tests/ on sys.path (e.g. --import-mode=importlib)
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    import equivalence_driver as drv
+import equivalence_driver as drv
 
 from encoder_cudagraph_runtime.attention_backends import AttentionBackendEnum
 from encoder_cudagraph_runtime.config import MultiModalConfig

@@ -95,12 +95,13 @@ class FakeCall:
     name: str
     calls: list[tuple[tuple, dict]] = field(default_factory=list)
     queue: list[torch.Tensor] = field(default_factory=list)
+    returned: list[torch.Tensor] = field(default_factory=list)
 
     def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         self.calls.append((args, kwargs))
-        if self.queue:
-            return self.queue.pop(0)
-        return torch.zeros(1, OUT_WIDTH)
+        out = self.queue.pop(0) if self.queue else torch.zeros(1, OUT_WIDTH)
+        self.returned.append(out)
+        return out
 
 
 class SpecWorld:
@@ -304,7 +305,8 @@ class SpecWorld:
         steps = [s for p in paths for s in p.graph_forward + p.eager_forward.steps]
         for step in steps:
             for sub in fx.walk(step.expr):
-                if isinstance(sub, fx.Call):
+                # Methods of values and torch functions run for real.
+                if isinstance(sub, fx.Call) and is_host_call(sub):
                     name = _callee_name(sub.callee)
                     fake = self.calls.setdefault(name, FakeCall(name))
                     self._install(host, sub.callee, fake)
@@ -538,6 +540,23 @@ _COMPARE = {
 
 def _callee_name(callee) -> str:
     return callee.name if isinstance(callee, fx.Ref) else callee.dotted
+
+
+def is_host_call(expr: fx.Expr) -> bool:
+    """A call of a host path or an imported helper (faked), not of a
+    value's method or a torch function (run for real)."""
+    return isinstance(expr, fx.Call) and isinstance(expr.callee, (fx.HostPath, fx.Ref))
+
+
+def output_call(step_expr: fx.Expr) -> tuple[fx.Call | None, bool]:
+    """The outermost host call of a forward's last step, and whether it is
+    the whole step (its result is then the forward's output)."""
+    call = next((e for e in fx.walk(step_expr) if is_host_call(e)), None)
+    return call, call is step_expr
+
+
+def fake_of(world: SpecWorld, call: fx.Call) -> FakeCall:
+    return world.calls[_callee_name(call.callee)]
 
 
 class FakeBuilder:

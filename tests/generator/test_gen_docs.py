@@ -8,6 +8,8 @@ them.
 
 from __future__ import annotations
 
+import re
+
 from generator.spec.doc_tables import SECTIONS, marked_sections, update_doc
 from genmixin_testlib import REPO, UPDATE, update_hint
 
@@ -56,3 +58,17 @@ def test_the_limits_section_states_the_caps_in_force() -> None:
         f"at most {MAX_GENERATED_BYTES // 1024} KiB before formatting",
     ):
         assert stated in limits, stated
+
+
+def test_the_step_table_lists_the_torch_names_allowed() -> None:
+    """The ``torch.<function>`` and ``torch.<dtype>`` rows of the forward
+    steps table name exactly the allow-lists the parser enforces."""
+    from generator.formulas import TORCH_DTYPES, TORCH_FUNCTIONS
+
+    text = DOC.read_text(encoding="utf-8")
+    for label, allowed in (("function", TORCH_FUNCTIONS), ("dtype", TORCH_DTYPES)):
+        row = next(
+            line for line in text.splitlines() if line.startswith(f"| `torch.<{label}>`")
+        )
+        listed = row.split("|")[1].split(":", 1)[1]
+        assert set(re.findall(r"`(\w+)`", listed)) == allowed, label

@@ -21,21 +21,33 @@ from hypothesis import strategies as st
 
 from generator import formulas as fx
 from generator.formulas import (
+    Attr,
     BinOp,
+    BoolOp,
     Call,
+    Compare,
+    Display,
+    Dots,
     EvaluationError,
     FormulaError,
     Func,
     HostPath,
+    IfExp,
+    Invert,
     Literal,
     Neg,
+    Not,
     Num,
     Ref,
     Scope,
+    Slice,
+    Subscript,
+    Torch,
     ValueOutOfRange,
     evaluate,
     parse_assignment,
     parse_expression,
+    parse_statement,
     to_python,
     to_spec_text,
 )
@@ -49,6 +61,14 @@ CALLS = Scope(
     callables=frozenset({"helper"}),
     allow_calls=True,
     allow_literals=True,
+)
+STEPS = Scope(
+    frozenset({"x", "y", "n", "mask", "hidden"}),
+    host_roots=frozenset({"vision", "_encode"}),
+    callables=frozenset({"helper"}),
+    allow_calls=True,
+    allow_literals=True,
+    tensor_ops=True,
 )
 
 # -- an independent evaluator ----------------------------------------------------------
@@ -85,6 +105,20 @@ def oracle(expr: fx.Expr, env: dict[str, int], bounded: bool = False) -> int:
             q, r = divmod(vals[0], vals[1])
             return q + (r != 0)  # ceiling = floor + 1 unless exact
         return min(vals) if expr.name == "min" else max(vals)
+    if isinstance(expr, Compare):
+        left, right = oracle(expr.left, env, bounded), oracle(expr.right, env, bounded)
+        return int(COMPARISONS[expr.op](left, right))
+    if isinstance(expr, Not):
+        return int(not oracle(expr.operand, env, bounded))
+    if isinstance(expr, IfExp):
+        taken = expr.body if oracle(expr.test, env, bounded) else expr.orelse
+        return oracle(taken, env, bounded)
+    if isinstance(expr, BoolOp):
+        for value in expr.values:
+            result = oracle(value, env, bounded)
+            if bool(result) == (expr.op == "or"):
+                return result
+        return result
     assert isinstance(expr, BinOp)
     left = oracle(expr.left, env, bounded)
     if expr.op == "**":
@@ -99,6 +133,16 @@ def oracle(expr: fx.Expr, env: dict[str, int], bounded: bool = False) -> int:
         "**": lambda: _checked(left**right, bounded),
     }
     return ops[expr.op]()
+
+
+COMPARISONS = {
+    "==": lambda a, b: a == b,
+    "!=": lambda a, b: a != b,
+    "<": lambda a, b: a < b,
+    "<=": lambda a, b: a <= b,
+    ">": lambda a, b: a > b,
+    ">=": lambda a, b: a >= b,
+}
 
 
 def bounded_oracle(expr: fx.Expr, env: dict[str, int]) -> int:
@@ -126,6 +170,14 @@ def _grow(children: st.SearchStrategy) -> st.SearchStrategy:
         st.tuples(
             st.sampled_from(["min", "max"]), st.lists(children, min_size=2, max_size=3)
         ).map(lambda t: Func(t[0], tuple(t[1]))),
+        st.tuples(st.sampled_from(sorted(COMPARISONS)), children, children).map(
+            lambda t: Compare(*t)
+        ),
+        st.tuples(
+            st.sampled_from(["and", "or"]), st.lists(children, min_size=2, max_size=3)
+        ).map(lambda t: BoolOp(t[0], tuple(t[1]))),
+        children.map(Not),
+        st.tuples(children, children, children).map(lambda t: IfExp(*t)),
     )
 
 
@@ -235,6 +287,27 @@ ENV = {"a": 7, "b": -3, "c": 2, "t": 2, "h": 5, "w": 11}
         ("ceil_div(a + b, c) ** 2", "(ceil_div(a + b, c)) ** 2", 4),
         ("min(a, b, c) + max(h, w)", "min(a, b, c) + max(h, w)", 8),
         ("h * (w + 1) + 2", "h * (w + 1) + 2", 62),
+        ("h * w if t > 1 else 0", "h * w if t > 1 else 0", 55),
+        ("h * w if t > 2 else 0", "h * w if t > 2 else 0", 0),
+        ("(a if c else b) * 2", "(a if c else b) * 2", 14),
+        ("a if b else c if t else h", "a if b else c if t else h", 7),
+        ("(a if b else c) if t else h", "(a if b else c) if t else h", 7),
+        ("a < b + c", "a < b + c", 0),
+        ("(a < b) + c", "(a < b) + c", 2),
+        ("a == 7 and h > 4", "a == 7 and h > 4", 1),
+        ("a and b or c", "a and b or c", -3),
+        ("a and (b or c)", "a and (b or c)", -3),
+        ("(a or b) and c", "(a or b) and c", 2),
+        ("not a", "not a", 0),
+        ("not a == b", "not a == b", 1),
+        ("(not a) == b", "(not a) == b", 0),
+        ("-a if not b else a", "-a if not b else a", 7),
+        ("a if c else a // (b - b)", "a if c else a // (b - b)", 7),
+        (
+            "max(t, 1) if t != 2 else ceil_div(w, t)",
+            "max(t, 1) if t != 2 else ceil_div(w, t)",
+            6,
+        ),
     ],
 )
 def test_precedence_cases(text, canonical, value) -> None:
@@ -395,20 +468,22 @@ REJECTED = [
     ("a / 2", "'/' is not allowed (use // or ceil_div)"),
     ("lambda: a", "lambdas are not allowed"),
     ("(lambda: a)()", ""),
-    ("a if b else c", "conditional expressions"),
-    ("a < b", "comparisons are not allowed"),
-    ("a == b", "comparisons are not allowed"),
-    ("a and b", "'and' and 'or' are not allowed"),
-    ("not a", "operator 'not' is not allowed"),
-    ("~a", "operator '~' is not allowed"),
+    ("a < b < c", "chained comparisons are not allowed"),
+    ("a is b", "comparison 'is' is not allowed"),
+    ("a in b", "comparison 'in' is not allowed"),
+    ("a if b", "syntax error"),
+    ("~a", "operator '~' is only allowed in forward steps"),
+    ("torch.int64", "only allowed in forward steps"),
+    ("torch", "torch is only allowed as torch.<function or dtype>"),
+    ("a.view(1)", "calls are not allowed here"),
     ("a & b", "operator '&' is not allowed"),
     ("a | b", "operator '|' is not allowed"),
     ("a ^ b", "operator '^' is not allowed"),
     ("a << 2", "operator '<<' is not allowed"),
     ("a >> 2", "operator '>>' is not allowed"),
     ("a @ b", "operator '@' is not allowed"),
-    ("[a, b]", "lists are not allowed"),
-    ("(a, b)", "tuples are not allowed"),
+    ("[a, b]", "lists are only allowed in forward steps"),
+    ("(a, b)", "tuples are only allowed in forward steps"),
     ("{a: b}", "dicts are not allowed"),
     ("{a}", "sets are not allowed"),
     ("[x for x in a]", "comprehensions are not allowed"),
@@ -529,3 +604,268 @@ def test_arbitrary_text_never_crashes(text) -> None:
             continue
         # Whatever is accepted prints to code that parses and re-reads the same.
         assert parse_expression(to_spec_text(expr), scope) == expr
+
+
+# -- forward steps (tensor expressions) -------------------------------------------------------
+
+#: (step expression, printed Python): a buffer ``x`` renamed as the graph
+#: forward does, host paths under ``self``.
+STEP_CASES = [
+    ("x.view(-1, hidden)", 'inputs["x"].view(-1, hidden)'),
+    ("x.flatten(0, 1)", 'inputs["x"].flatten(0, 1)'),
+    (
+        "x.unsqueeze(1).to(torch.bfloat16)",
+        'inputs["x"].unsqueeze(1).to(torch.bfloat16)',
+    ),
+    (
+        "x.reshape(n, -1, hidden).permute(0, 2, 1).contiguous()",
+        'inputs["x"].reshape(n, -1, hidden).permute(0, 2, 1).contiguous()',
+    ),
+    ("vision(x).last_hidden_state", 'self.vision(inputs["x"]).last_hidden_state'),
+    ("vision.encoder(x)[0]", 'self.vision.encoder(inputs["x"])[0]'),
+    ("vision.blocks[0].attn(x)", 'self.vision.blocks[0].attn(inputs["x"])'),
+    ("_encode(x, flag=False)", 'self._encode(inputs["x"], flag=False)'),
+    ("x[0]", 'inputs["x"][0]'),
+    ("x[-1]", 'inputs["x"][-1]'),
+    ("x[:, 4:]", 'inputs["x"][:, 4:]'),
+    ("x[..., :n]", 'inputs["x"][..., :n]'),
+    ("x[n:n + 2]", 'inputs["x"][n:n + 2]'),
+    ("x[::2]", 'inputs["x"][::2]'),
+    ("x[None]", 'inputs["x"][None]'),
+    ("x[n,]", 'inputs["x"][n,]'),
+    ("x[(n if n > 0 else 0):]", 'inputs["x"][(n if n > 0 else 0):]'),
+    ("x.shape[-1]", 'inputs["x"].shape[-1]'),
+    ("torch.cat([x, y], dim=0)", 'torch.cat([inputs["x"], y], dim=0)'),
+    ("torch.stack((x, y))", 'torch.stack((inputs["x"], y))'),
+    (
+        "torch.zeros(n, hidden, dtype=torch.float32)",
+        "torch.zeros(n, hidden, dtype=torch.float32)",
+    ),
+    ("torch.cat(helper(x), dim=0)", 'torch.cat(helper(inputs["x"]), dim=0)'),
+    ("(x + y).unsqueeze(0)", '(inputs["x"] + y).unsqueeze(0)'),
+    ("(x == -1).all(dim=-1)", '(inputs["x"] == -1).all(dim=-1)'),
+    ("~mask", "~mask"),
+    ("~(x == 0)", '~(inputs["x"] == 0)'),
+    ("x / 2.5", 'inputs["x"] / 2.5'),
+    ("x * -1", 'inputs["x"] * -1'),
+    ("(-x).abs()", '(-inputs["x"]).abs()'),
+    ("(3).bit_length()", "(3).bit_length()"),
+    ("helper(x, 'nearest')", "helper(inputs[\"x\"], 'nearest')"),
+    ("x if n > 0 else y", '(inputs["x"] if n > 0 else y)'),
+    ("not mask", "(not mask)"),
+    ("mask and n", "(mask and n)"),
+    ("(x if mask else y).view(-1)", '(inputs["x"] if mask else y).view(-1)'),
+]
+
+
+@pytest.mark.parametrize(("text", "python"), STEP_CASES)
+def test_step_expressions_print_as_python(text, python) -> None:
+    import ast
+
+    expr = parse_expression(text, STEPS)
+    assert to_python(expr, {"x": 'inputs["x"]'}) == python
+    ast.parse(python, mode="eval")
+    assert parse_expression(to_spec_text(expr), STEPS) == expr
+
+
+def test_step_expression_trees() -> None:
+    expr = parse_expression("vision(x).out[:, n:].view(-1, hidden)", STEPS)
+    sliced = Subscript(
+        Attr(Call(HostPath(("vision",)), (Ref("x"),), ()), "out"),
+        Display("tuple", (Slice(None, None, None), Slice(Ref("n"), None, None))),
+    )
+    assert expr == Call(Attr(sliced, "view"), (Num(-1), Ref("hidden")), ())
+    assert fx.names_in(expr) == {"x", "n", "hidden"}
+    assert fx.host_paths_in(expr) == {HostPath(("vision",))}
+    assert parse_expression("x[..., 0]", STEPS).index == Display(
+        "tuple", (Dots(), Num(0))
+    )
+    assert parse_expression("torch.int64", STEPS) == Torch("int64")
+    assert parse_expression("~mask", STEPS) == Invert(Ref("mask"))
+
+
+#: (step expression, message fragment, column)
+STEP_ERRORS = [
+    ("x._data", "attribute '_data' is not allowed", 2),
+    ("x.__class__", "attribute '__class__' is not allowed", 2),
+    ("x.view()._base", "attribute '_base' is not allowed", 9),
+    ("vision._private(x)", "attribute '_private' is not allowed", 7),
+    ("torch.nn.functional.gelu(x)", "torch.nn is not allowed", 0),
+    ("torch.load(x)", "torch.load is not allowed", 0),
+    ("torch.float32(x)", "torch.float32 is a dtype, not a function", 0),
+    ("torch.cat", "torch.cat must be called", 0),
+    ("torch.catt([x])", "did you mean 'cat'?", 0),
+    ("torch", "torch is only allowed as torch.<function or dtype>", 0),
+    ("eval(x)", "cannot call 'eval'", 0),
+    ("x[0](y)", "only host methods, imported helpers, torch functions", 0),
+    ("unknown.view(1)", "unknown name 'unknown'", 0),
+    ("x.view(-1, hiden)", "did you mean 'hidden'?", 11),
+    ("x.view(*y)", "*args is not allowed", 7),
+    ("x.view(**y)", "**kwargs is not allowed", 7),
+    ("[i for i in x]", "comprehensions are not allowed", 0),
+    ("{x: y}", "dicts are not allowed", 0),
+    ("f'{x}'", "f-strings are not allowed", 0),
+    ("lambda: x", "lambdas are not allowed", 0),
+    ("x is None", "comparison 'is' is not allowed", 0),
+    ("0 < x < n", "chained comparisons", 0),
+    ("b'x'", "is not allowed (integers, strings, finite floats)", 0),
+    ("1e999", "is not allowed (integers, strings, finite floats)", 0),
+    ("x ** n", "the exponent of ** must be a literal", 0),
+    ("x @ y", "operator '@' is not allowed", 0),
+    ("(y := x)", "assignment expressions", 1),
+    ("...", "is not allowed", 0),
+    ("x[1:2:3:4]", "syntax error", 7),
+]
+
+
+@pytest.mark.parametrize(("text", "fragment", "column"), STEP_ERRORS)
+def test_step_expression_errors(text, fragment, column) -> None:
+    with pytest.raises(FormulaError) as info:
+        parse_expression(text, STEPS)
+    assert fragment in str(info.value)
+    assert info.value.column == column
+
+
+@pytest.mark.parametrize(
+    "text", ["x.view(1)", "x[0]", "torch.cat([x])", "[x]", "'s'", "1.5", "x / 2"]
+)
+def test_step_syntax_is_refused_outside_forward_steps(text) -> None:
+    """The same text in a call field without ``tensor_ops`` (a builder call)."""
+    scope = Scope(STEPS.names, STEPS.host_roots, STEPS.callables, True, True)
+    with pytest.raises(FormulaError):
+        parse_expression(text, scope)
+
+
+#: (statement, targets)
+STATEMENTS = [
+    ("out = vision(x)", ("out",)),
+    ("a, b = vision(x)", ("a", "b")),
+    ("pooled, _ = vision(x)", ("pooled", "_")),
+    ("  a ,b= vision(x)\n", ("a", "b")),
+    ("vision(x)", ()),
+    ("x == vision(y)", ()),
+]
+
+
+@pytest.mark.parametrize(("text", "targets"), STATEMENTS)
+def test_statements(text, targets) -> None:
+    got, _ = parse_statement(text, STEPS)
+    assert got == targets
+    assert fx.assignment_targets(text) == targets
+
+
+#: (statement, message fragment, column)
+BAD_STATEMENTS = [
+    ("_, _ = vision(x)", "needs at least one name", 0),
+    ("a, a = vision(x)", "'a' is assigned twice", 3),
+    ("a, _b = vision(x)", "bad assignment target '_b'", 3),
+    ("  a, _b = vision(x)", "bad assignment target '_b'", 5),
+    ("_ = vision(x)", "bad assignment target '_'", 0),
+    ("a, for = vision(x)", "bad assignment target 'for'", 3),
+    ("a, = vision(x)", "syntax error", 3),
+    ("a, b = c = vision(x)", "syntax error", 9),
+    ("x[0] = y", "syntax error", 5),
+]
+
+
+@pytest.mark.parametrize(("text", "fragment", "column"), BAD_STATEMENTS)
+def test_bad_statements(text, fragment, column) -> None:
+    with pytest.raises(FormulaError) as info:
+        parse_statement(text, STEPS)
+    assert fragment in str(info.value)
+    assert info.value.column == column
+
+
+def test_tuple_targets_are_statements_only() -> None:
+    with pytest.raises(FormulaError, match="tuple target"):
+        parse_assignment("a, b = vision(x)", STEPS)
+
+
+def test_step_expressions_have_no_integer_value() -> None:
+    for text in ("x.view(1)", "x[0]", "torch.int64", "x / 2", "~x", "'s'"):
+        with pytest.raises(EvaluationError):
+            evaluate(parse_expression(text, STEPS), {"x": 1})
+
+
+def test_substitute_reaches_every_node() -> None:
+    expr = parse_expression("x[n:].view(n if mask else -n, helper(k=n))", STEPS)
+    got = fx.substitute(expr, {"n": Num(4)})
+    assert to_spec_text(got) == "x[4:].view(4 if mask else -4, helper(k=4))"
+
+
+# -- random step trees: printing is exact -------------------------------------------------------
+
+_step_leaves = st.one_of(
+    st.integers(min_value=0, max_value=9).map(Num),
+    st.sampled_from(["x", "y", "n"]).map(Ref),
+    st.sampled_from(["s", 1.5]).map(Literal),
+    st.just(Torch("int64")),
+)
+
+
+def _not_num(children: st.SearchStrategy) -> st.SearchStrategy:
+    return children.filter(lambda c: not isinstance(c, Num))
+
+
+def _index(children: st.SearchStrategy) -> st.SearchStrategy:
+    part = st.one_of(st.none(), children)
+    item = st.one_of(
+        children, st.tuples(part, part, part).map(lambda t: Slice(*t)), st.just(Dots())
+    )
+    return st.one_of(
+        item, st.lists(item, max_size=3).map(lambda i: Display("tuple", tuple(i)))
+    )
+
+
+def _grow_step(children: st.SearchStrategy) -> st.SearchStrategy:
+    args = st.lists(children, max_size=2).map(tuple)
+    return st.one_of(
+        st.tuples(
+            st.sampled_from(["+", "-", "*", "/", "//", "%"]), children, children
+        ).map(lambda t: BinOp(*t)),
+        st.tuples(children, st.integers(0, 3)).map(
+            lambda t: BinOp("**", t[0], Num(t[1]))
+        ),
+        _not_num(children).map(Neg),
+        children.map(Invert),
+        children.map(Not),
+        st.tuples(st.sampled_from(sorted(COMPARISONS)), children, children).map(
+            lambda t: Compare(*t)
+        ),
+        st.tuples(st.sampled_from(["and", "or"]), children, children).map(
+            lambda t: BoolOp(t[0], t[1:])
+        ),
+        st.tuples(children, children, children).map(lambda t: IfExp(*t)),
+        children.map(lambda c: Attr(c, "view")),
+        st.tuples(children, _index(children)).map(lambda t: Subscript(*t)),
+        st.tuples(children, args).map(lambda t: Call(Attr(t[0], "view"), t[1], ())),
+        st.tuples(st.sampled_from(["list", "tuple"]), args).map(lambda t: Display(*t)),
+        args.map(
+            lambda a: Call(Torch("cat"), (Display("list", a),), (("dim", Num(0)),))
+        ),
+    )
+
+
+step_trees = st.recursive(_step_leaves, _grow_step, max_leaves=8)
+
+
+@settings(max_examples=400, deadline=None)
+@given(tree=step_trees)
+def test_step_printing_is_exact(tree) -> None:
+    """Printing then parsing gives the same tree: every parenthesis the
+    tree needs is printed, and the Python spelling has the same syntax tree."""
+    import ast
+
+    assert parse_expression(to_spec_text(tree), STEPS) == tree
+    python = ast.dump(ast.parse(to_python(tree), mode="eval"))
+    assert python == ast.dump(ast.parse(to_spec_text(tree), mode="eval"))
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text(alphabet="xyn()[]:.,=-+*/~ 0123456789torchviewif", max_size=40))
+def test_arbitrary_step_text_never_crashes(text) -> None:
+    try:
+        targets, expr = parse_statement(text, STEPS)
+    except FormulaError:
+        return
+    assert parse_expression(to_spec_text(expr), STEPS) == expr

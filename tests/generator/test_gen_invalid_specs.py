@@ -8,22 +8,12 @@ by its path relative to the root). ``GEN_MIXIN_UPDATE_GOLDEN=1`` rewrites the
 ``.expected`` files; review every change by eye. The cases are written by
 ``data/make_invalid_corpus.py`` (each: a spec of ``specs/`` with one small
 mutation); rerun it when the specs have moved on.
-
-Cases in ``KNOWN_ISSUES`` show a problem of the generator (a crash, a message
-that misleads, a broken location or format). Their ``.expected`` holds the
-output proposed instead, never the current one, and the update switch leaves
-them alone; their test is ``xfail(strict=True)`` and checks a property the
-fixed output must have, so it starts passing (and fails as XPASS) as soon as
-the issue is fixed, whatever the wording chosen. Then move the case out of
-``KNOWN_ISSUES`` and regenerate its ``.expected``.
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -59,27 +49,6 @@ def _well_formed(stderr: str) -> bool:
     )
 
 
-def _line_of(path: str, needle: str) -> int:
-    """1-based line of the first occurrence of ``needle`` in a corpus file."""
-    lines = (REPO / path).read_text(encoding="utf-8").splitlines()
-    return next(i for i, line in enumerate(lines, 1) if needle in line)
-
-
-@dataclass(frozen=True)
-class KnownIssue:
-    reason: str
-    fixed: Callable[[str, int, str], bool]  # (case path, exit code, stderr)
-
-
-def _one_problem(path: str, rc: int, err: str) -> bool:
-    return rc == 2 and len(_diags(err)) == 1
-
-
-#: Empty: every issue the corpus pinned so far is fixed (their cases are
-#: ordinary cases now). Add an entry here for a newly found one.
-KNOWN_ISSUES: dict[str, KnownIssue] = {}
-
-
 def test_corpus_is_complete() -> None:
     assert len(CASES) >= 40
     expected = {p.stem for p in INVALID_DIR.glob("*.expected")}
@@ -87,7 +56,6 @@ def test_corpus_is_complete() -> None:
         assert expected == set(CASES), update_hint(
             f"unpaired files: {sorted(expected ^ set(CASES))}"
         )
-    assert set(KNOWN_ISSUES) <= set(CASES)
     others = {
         p.name for p in INVALID_DIR.iterdir() if p.suffix not in (".yaml", ".expected")
     }
@@ -109,7 +77,7 @@ def _check_invariants(rc: int, stdout: str, stderr: str, out: Path) -> None:
     assert _well_formed(stderr), stderr
 
 
-@pytest.mark.parametrize("name", [n for n in CASES if n not in KNOWN_ISSUES])
+@pytest.mark.parametrize("name", CASES)
 def test_invalid_spec(name: str, tmp_path: Path, monkeypatch) -> None:
     rc, stdout, stderr, out = _run_case(name, tmp_path, monkeypatch)
     expected_file = INVALID_DIR / f"{name}.expected"
@@ -128,25 +96,10 @@ def test_invalid_spec(name: str, tmp_path: Path, monkeypatch) -> None:
         assert int(m["line"]) <= n_lines
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(
-            n, marks=pytest.mark.xfail(strict=True, reason=KNOWN_ISSUES[n].reason)
-        )
-        for n in sorted(KNOWN_ISSUES)
-    ],
-)
-def test_known_issue(name: str, tmp_path: Path, monkeypatch) -> None:
-    rc, stdout, stderr, out = _run_case(name, tmp_path, monkeypatch)
-    _check_invariants(rc, stdout, stderr, out)
-    assert KNOWN_ISSUES[name].fixed(_rel(name), rc, stderr), stderr
-
-
 def test_cli_subprocess_reports_the_whole_corpus(tmp_path: Path) -> None:
     """The real command on every pinned case at once: exit 2, the cases'
     diagnostics in order, nothing written, no traceback."""
-    names = [n for n in CASES if n not in KNOWN_ISSUES]
+    names = CASES
     out = tmp_path / "out"
     proc = subprocess.run(
         [sys.executable, "-m", "generator.cli", *map(_rel, names), "--out", str(out)],
@@ -168,7 +121,7 @@ def test_cli_subprocess_reports_the_whole_corpus(tmp_path: Path) -> None:
 def test_one_invalid_spec_blocks_every_output(tmp_path: Path, monkeypatch) -> None:
     """A valid spec next to an invalid one is not written either."""
     monkeypatch.chdir(REPO)
-    name = next(n for n in CASES if n not in KNOWN_ISSUES)
+    name = CASES[0]
     out = tmp_path / "out"
     rc, _, stderr = run_main(["specs/minimax_m3.yaml", _rel(name), "--out", str(out)])
     assert rc == 2, stderr

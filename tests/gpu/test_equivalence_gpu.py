@@ -27,19 +27,13 @@ from __future__ import annotations
 import gc
 import json
 import os
-import sys
 import traceback
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-try:
-    import equivalence_driver as drv
-except ImportError:  # tests/ not on sys.path (e.g. --import-mode=importlib)
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    import equivalence_driver as drv
+import equivalence_driver as drv
 
 from encoder_cudagraph_runtime.attention_backends import AttentionBackendEnum
 from encoder_cudagraph_runtime.graph_backends import CudaGraphBackend

@@ -519,10 +519,10 @@ def test_tower_matches_an_independent_dense_derivation(host, items, modality):
 
 def test_pixels_are_cast_to_the_tower_dtype():
     bf16 = TOWER.build_host(PlainMixin, "tiny", device="cpu", dtype=torch.bfloat16)
-    kwargs = _kwargs(bf16, [(1, 4, 4)], "image")
-    assert kwargs["pixel_values"].dtype == torch.float32
-    out = bf16.visual(kwargs["pixel_values"], [(1, 4, 4)])
-    same = bf16.visual(kwargs["pixel_values"].bfloat16(), [(1, 4, 4)])
+    # The processor's fp32 pixels (make_mm_kwargs casts them as vLLM does).
+    pixels = _pixels(bf16, [(1, 4, 4)], "image").float()
+    out = bf16.visual(pixels, [(1, 4, 4)])
+    same = bf16.visual(pixels.bfloat16(), [(1, 4, 4)])
     assert out.dtype == torch.bfloat16
     assert torch.equal(out, same)
     assert bf16.visual.dtype == torch.bfloat16  # no module mutation

@@ -286,8 +286,118 @@ case(
     "formula_string_literal",
     "minimax_m3",
     (
+        "prepare_encoder_metadata(image_grid_thw, device=device)",
+        "prepare_encoder_metadata(image_grid_thw, device='cuda')",
+    ),
+)
+# -- the step language ------------------------------------------------------------
+case(
+    "step_private_method",
+    "minimax_m3",
+    (
         "  - vision_tower(pixel_values, grid_thw=None, encoder_metadata=rest)",
-        "  - vision_tower(pixel_values, grid_thw='none', encoder_metadata=rest)",
+        "  - vision_tower(pixel_values, grid_thw=None, encoder_metadata=rest)._rows()",
+    ),
+)
+case(
+    "step_torch_not_allowed",
+    "minimax_m3",
+    (
+        "    - vision_tower(pixel_values=pixel_values, grid_thw=image_grid_thw)",
+        "    - torch.load(vision_tower(pixel_values=pixel_values, grid_thw=image_grid_thw))",
+    ),
+)
+case(
+    "step_torch_dtype_called",
+    "minimax_m3",
+    (
+        "    - vision_tower(pixel_values=pixel_values, grid_thw=image_grid_thw)",
+        "    - torch.float32(vision_tower(pixel_values=pixel_values, grid_thw=image_grid_thw))",
+    ),
+)
+case(
+    "step_host_sync_in_graph",
+    "minimax_m3",
+    (
+        "  - vision_tower(pixel_values, grid_thw=None, encoder_metadata=rest)",
+        "  - out = vision_tower(pixel_values, grid_thw=None, encoder_metadata=rest)\n"
+        "  - out.cpu()",
+    ),
+)
+case(
+    "step_tensor_from_host_in_graph",
+    "minimax_m3",
+    (
+        "  - vision_tower(pixel_values, grid_thw=None, encoder_metadata=rest)",
+        "  - vision_tower(pixel_values, grid_thw=torch.tensor([1, 2]), encoder_metadata=rest)",
+    ),
+)
+case(
+    "step_tuple_target_twice",
+    "minimax_m3",
+    (
+        "    - vision_tower(pixel_values=pixel_values, grid_thw=image_grid_thw)",
+        "    - out, out = vision_tower(pixel_values=pixel_values, grid_thw=image_grid_thw)\n"
+        "    - out",
+    ),
+)
+case(
+    "step_tuple_target_last",
+    "minimax_m3",
+    (
+        "    - vision_tower(pixel_values=pixel_values, grid_thw=image_grid_thw)",
+        "    - out, _ = vision_tower(pixel_values=pixel_values, grid_thw=image_grid_thw)",
+    ),
+)
+case(
+    "step_only_discards",
+    "minimax_m3",
+    (
+        "    - vision_tower(pixel_values=pixel_values, grid_thw=image_grid_thw)",
+        "    - _, _ = vision_tower(pixel_values=pixel_values, grid_thw=image_grid_thw)\n"
+        "    - pixel_values",
+    ),
+)
+case(
+    "step_method_in_arithmetic",
+    "minimax_m3",
+    ("  input_size: t * h * w", "  input_size: t * h * w.bit_length()"),
+)
+case(
+    "step_slice_in_arithmetic",
+    "minimax_m3",
+    ("  input_size: t * h * w", '  input_size: "t * h * w[1:]"'),
+)
+case(
+    "step_chained_method_unknown_name",
+    "minimax_m3",
+    (
+        "    - vision_tower(pixel_values=pixel_values, grid_thw=image_grid_thw)",
+        "    - vision_tower(pixel_values=pixel_values, grid_thw=image_grid_thw).view(-1, hiden)",
+    ),
+)
+case(
+    "host_method_private_undeclared",
+    "minimax_m3",
+    (
+        "    - vision_tower(pixel_values=pixel_values, grid_thw=image_grid_thw)",
+        "    - _process_image_input(pixel_values)",
+    ),
+)
+case(
+    "host_method_private_generated",
+    "qwen2_vl",
+    (
+        "host_methods: [get_max_frames_per_video]",
+        "host_methods: [get_max_frames_per_video, _counts]",
+    ),
+)
+case(
+    "host_method_dunder",
+    "qwen2_vl",
+    (
+        "host_methods: [get_max_frames_per_video]",
+        "host_methods: [get_max_frames_per_video, __init__]",
     ),
 )
 case(
@@ -351,9 +461,9 @@ case(
     ("  input_size: t * h * w", "  input_size: t * h * w * True"),
 )
 case(
-    "formula_comparison",
+    "formula_chained_comparison",
     "minimax_m3",
-    ("  input_size: t * h * w", '  input_size: "t * h * w if t > 1 else h"'),
+    ("  input_size: t * h * w", '  input_size: "t * h * w if 1 < t < 4 else h"'),
 )
 case(
     "formula_subscript_not_host",
@@ -743,9 +853,9 @@ case(
     ("  input_size: t * h * w", "  input_size: t * h | w"),
 )
 case(
-    "formula_comparison_plain",
+    "formula_comparison_is",
     "minimax_m3",
-    ("  input_size: t * h * w", "  input_size: t * h * (w > 1)"),
+    ("  input_size: t * h * w", "  input_size: t * h * (w is 1)"),
 )
 case(
     "formula_attribute_not_host",
