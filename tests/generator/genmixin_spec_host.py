@@ -96,12 +96,14 @@ class FakeCall:
     calls: list[tuple[tuple, dict]] = field(default_factory=list)
     queue: list[torch.Tensor] = field(default_factory=list)
     returned: list[torch.Tensor] = field(default_factory=list)
+    #: The result is a list of tensors (a step joins it with torch.cat).
+    listed: bool = False
 
-    def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         self.calls.append((args, kwargs))
         out = self.queue.pop(0) if self.queue else torch.zeros(1, OUT_WIDTH)
         self.returned.append(out)
-        return out
+        return [out] if self.listed else out
 
 
 class SpecWorld:
@@ -303,12 +305,14 @@ class SpecWorld:
             self.builders.append(fake)
             self._install(host, b.call.callee, fake)
         steps = [s for p in paths for s in p.graph_forward + p.eager_forward.steps]
+        listed = _joined_results(steps)
         for step in steps:
             for sub in fx.walk(step.expr):
                 # Methods of values and torch functions run for real.
                 if isinstance(sub, fx.Call) and is_host_call(sub):
                     name = _callee_name(sub.callee)
                     fake = self.calls.setdefault(name, FakeCall(name))
+                    fake.listed = fake.listed or name in listed
                     self._install(host, sub.callee, fake)
 
     def _install(self, host: Any, callee, fake) -> None:
@@ -536,6 +540,28 @@ _COMPARE = {
     "==": lambda a, b: a == b,
     "!=": lambda a, b: a != b,
 }
+
+
+def _joined_results(steps) -> set[str]:
+    """Host calls whose result a later step joins with ``torch.cat`` or
+    ``torch.stack`` (MoonViT's per-image path returns a list of tensors)."""
+    joined = set()
+    for step in steps:
+        for sub in fx.walk(step.expr):
+            if (
+                isinstance(sub, fx.Call)
+                and isinstance(sub.callee, fx.Torch)
+                and sub.callee.name in ("cat", "stack")
+                and sub.args
+                and isinstance(sub.args[0], fx.Ref)
+            ):
+                joined.add(sub.args[0].name)
+    out = set()
+    for step in steps:
+        if step.target in joined and isinstance(step.expr, fx.Call):
+            if is_host_call(step.expr):
+                out.add(_callee_name(step.expr.callee))
+    return out
 
 
 def _callee_name(callee) -> str:
