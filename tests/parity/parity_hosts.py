@@ -1316,7 +1316,12 @@ def _kimi_k3_parity() -> ModelParity:
     return ModelParity(
         name="kimi_k3",
         vllm_host=host_class,
-        our_host=type("GeneratedKimiK3Host", (ours,), {}),
+        # The model class defines the projector glue the forwards call.
+        our_host=type(
+            "GeneratedKimiK3Host",
+            (ours,),
+            {"_project_encoder_features": host_class._project_encoder_features},
+        ),
         make_host=make_host,
         modalities=("image",),
         make_batch=moon3d_batch,
@@ -2114,3 +2119,25 @@ def minicpmv_image(slices: list[tuple[int, int]]) -> dict[str, Any]:
         "pixel_values": [pixels],
         "tgt_sizes": [torch.tensor(slices, dtype=torch.int64)],
     }
+
+
+def runtime_manager(host: Any, budgets: list[int], items: int) -> Any:
+    """The runtime's manager on ``host`` with these budgets and items per
+    batch, its graphs replayed eagerly on CPU."""
+    from encoder_cudagraph_runtime.config import CompilationConfig, VllmConfig
+    from encoder_cudagraph_runtime.graph_backends import EagerReplayGraphBackend
+    from encoder_cudagraph_runtime.manager import EncoderCudaGraphManager
+
+    base = HostSettings().vllm_config()
+    config = VllmConfig(
+        scheduler_config=base.scheduler_config,
+        model_config=base.model_config,
+        compilation_config=CompilationConfig(
+            cudagraph_mm_encoder=True,
+            encoder_cudagraph_token_budgets=budgets,
+            encoder_cudagraph_max_vision_items_per_batch=items,
+        ),
+    )
+    return EncoderCudaGraphManager(
+        config, CPU, torch.float32, host, graph_backend=EagerReplayGraphBackend()
+    )

@@ -247,24 +247,7 @@ def test_step3_vl_results_of_crop_less_images_alias_the_graph_output() -> None:
     assert first.untyped_storage().data_ptr() == second.untyped_storage().data_ptr()
 
 
-def _runtime_manager(host, budgets: list[int], items: int):
-    from encoder_cudagraph_runtime.config import CompilationConfig, VllmConfig
-    from encoder_cudagraph_runtime.graph_backends import EagerReplayGraphBackend
-    from encoder_cudagraph_runtime.manager import EncoderCudaGraphManager
-
-    base = hosts.HostSettings().vllm_config()
-    config = VllmConfig(
-        scheduler_config=base.scheduler_config,
-        model_config=base.model_config,
-        compilation_config=CompilationConfig(
-            cudagraph_mm_encoder=True,
-            encoder_cudagraph_token_budgets=budgets,
-            encoder_cudagraph_max_vision_items_per_batch=items,
-        ),
-    )
-    return EncoderCudaGraphManager(
-        config, CPU, torch.float32, host, graph_backend=EagerReplayGraphBackend()
-    )
+_runtime_manager = hosts.runtime_manager
 
 
 def test_gemma4_an_image_of_a_request_level_max_soft_tokens_has_no_graph() -> None:
