@@ -141,13 +141,15 @@ def test_plan_shapes_follow_the_dummy_batch(spec):
         flat = ir.path.capture.tensors[0].key
         # Every flat capture buffer holds exactly the dummy batch's input rows.
         assert by_key[flat].shape[0] == budget_plan.rows
-        cu = ir.path.pad_buffers[0]
-        if cu.pad is PadRule.TRAILING_SEQUENCE:
-            # Every offset of a full batch, plus the spare slot.
-            assert by_key[cu.key].shape == [4 + 2]
-        else:
-            # One offset per sequence (per frame for videos).
-            assert by_key[cu.key].shape == [max(plan.max_frames_per_batch, 4) + 1]
+        # Offsets the mixin pads (a tower that pads its own has none).
+        for cu in ir.path.pad_buffers[:1]:
+            if cu.pad is PadRule.TRAILING_SEQUENCE:
+                # Every offset of a full batch, plus the spare slot.
+                assert by_key[cu.key].shape == [4 + 2]
+            else:
+                # One offset per sequence (per frame for videos).
+                want = [max(plan.max_frames_per_batch, 4) + 1]
+                assert by_key[cu.key].shape == want
         assert budget_plan.total_bytes == sum(
             b.nbytes or 0 for b in budget_plan.buffers
         )
