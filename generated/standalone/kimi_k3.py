@@ -3,7 +3,7 @@
 # From specs/kimi_k3.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k3.yaml`.
 # spec-sha256: ad6641f35858cb67b82324e0fe35328756a63adb2d7abd235e5b5acf4e00b9f4
-# templates-sha256: 59c7e1d82937d69aa331421af5713921c8ef8d3111d9efd996073f6def417de4
+# templates-sha256: 0c2b7cc818fdeee8616e446fcbef98d127c3982399c5e0252dde43f1944548b3
 
 import itertools
 import math
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 # budget holds (budgets are at most max_model_len tokens), so the manager packs
 # the item alone and finds no graph for it. Only the budget count is inflated;
 # output_tokens stays the item's real count.
-_EAGER_ONLY_TOKENS = 2**62
+_EAGER_ONLY_TOKENS = 4611686018427387904  # 2**62, a literal
 
 
 def _concat_rows(value: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:

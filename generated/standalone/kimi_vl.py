@@ -3,7 +3,7 @@
 # From specs/kimi_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_vl.yaml`.
 # spec-sha256: dec5f629ea45e6747065da9f1de34c016f7c11dcc328326c287b6a82ba94d373
-# templates-sha256: 59c7e1d82937d69aa331421af5713921c8ef8d3111d9efd996073f6def417de4
+# templates-sha256: 0c2b7cc818fdeee8616e446fcbef98d127c3982399c5e0252dde43f1944548b3
 
 import itertools
 from collections.abc import Hashable

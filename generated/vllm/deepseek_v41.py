@@ -3,7 +3,7 @@
 # From specs/deepseek_v41.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_v41.yaml`.
 # spec-sha256: 1f04a1f9e4d05b0cc183f1fd2e61be9e931a352547d22961423cf6479bb8e992
-# templates-sha256: 59c7e1d82937d69aa331421af5713921c8ef8d3111d9efd996073f6def417de4
+# templates-sha256: 0c2b7cc818fdeee8616e446fcbef98d127c3982399c5e0252dde43f1944548b3
 
 import itertools
 import weakref

@@ -3,7 +3,7 @@
 # From specs/qwen2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_vl.yaml`.
 # spec-sha256: a61607801855577c257b0c6af9f388ac7f2b849a6741b68c13ba9bb25a2b6ab3
-# templates-sha256: 59c7e1d82937d69aa331421af5713921c8ef8d3111d9efd996073f6def417de4
+# templates-sha256: 0c2b7cc818fdeee8616e446fcbef98d127c3982399c5e0252dde43f1944548b3
 
 import itertools
 from collections.abc import Hashable

@@ -3,7 +3,7 @@
 # From specs/minimax_m3.yaml: change the spec or the templates and run
 # `gen-mixin specs/minimax_m3.yaml`.
 # spec-sha256: 679a222a35671178384492aa0dc1e20daf1dbe9ee4c77a16239d17f4a618116f
-# templates-sha256: 59c7e1d82937d69aa331421af5713921c8ef8d3111d9efd996073f6def417de4
+# templates-sha256: 0c2b7cc818fdeee8616e446fcbef98d127c3982399c5e0252dde43f1944548b3
 
 import itertools
 import weakref
