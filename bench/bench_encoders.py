@@ -1,8 +1,9 @@
 """End-to-end encoder CUDA graph benchmark of the generated mixins (issue #6).
 
 For every spec stem that has a reference tower (``specs/<stem>.yaml`` and
-``REFERENCE_TOWERS[stem]``) and takes images, the generated standalone mixin
-is mixed into the reference host and measured on image workloads:
+``REFERENCE_TOWERS[stem]``), takes images and runs one encoder path, the
+generated standalone mixin is mixed into the reference host and measured on
+image workloads:
 
 * uniform: 1, 2, 4, 8, 16 images of 224², 448², 896² pixels;
 * mixed: seeded batches of 1..16 images whose sides lie in 224..1344 px with
@@ -14,7 +15,9 @@ patch x merge (MiniMax M3, Qwen2-VL: 28 px, so 224² is t=1, 16x16 patches),
 then shrunk to the model's per-image limit (MiniMax M3 ``max_pixels`` =
 672²: its 896² images are 48x48 patches; DeepSeek-V4.1's span cap of
 ``vision_max_n_token`` tokens). Every grid is checked with the registry's
-``is_legal`` and the JSON records it.
+``is_legal`` and the JSON records it. The other towers (InternVL, Kimi-VL)
+take their processor's rule from ``image_traffic``, checked against the
+per-item token cap.
 
 What is measured, per workload (all latencies: ``torch.cuda.synchronize()``,
 ``t0 = perf_counter_ns()``, the call, ``torch.cuda.synchronize()``, ``t1``;
@@ -113,6 +116,11 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # `python3 bench/bench_encoders.py` as is
     sys.path.insert(0, str(REPO_ROOT))
+BENCH_DIR = Path(__file__).resolve().parent
+if str(BENCH_DIR) not in sys.path:  # image_traffic, a sibling script
+    sys.path.insert(0, str(BENCH_DIR))
+
+import image_traffic  # noqa: E402
 
 from encoder_cudagraph_runtime.config import (
     CompilationConfig,
@@ -216,17 +224,36 @@ TARGETS: tuple[dict[str, Any], ...] = (
 # ---------------------------------------------------------------------------
 
 
+def unusable_reason(stem: str, size: str) -> str | None:
+    """Why the benchmarks cannot measure ``stem`` at ``size`` (``None``: they
+    can): it needs a spec (and so its generated mixin), a reference tower of
+    that size that takes images, and one encoder path (the benchmarks time
+    the ``"default"`` path's graphs)."""
+    if not (SPECS_DIR / f"{stem}.yaml").is_file():
+        return f"no spec specs/{stem}.yaml"
+    tower = REFERENCE_TOWERS.get(stem)
+    if tower is None:
+        return "no reference tower"
+    if size not in tower.sizes:
+        return f"no {size} reference tower"
+    if "image" not in getattr(tower, "modalities", (tower.modality,)):
+        return "the tower takes no images"
+    if tuple(tower.paths) != ("default",):
+        return (
+            f"encoder paths {', '.join(tower.paths)}: the benchmarks measure "
+            "the one default path"
+        )
+    return None
+
+
 def discover_stems(size: str) -> list[str]:
-    """Spec stems with a reference tower of ``size`` that takes images."""
-    stems = []
-    for path in sorted(SPECS_DIR.glob("*.yaml")):
-        tower = REFERENCE_TOWERS.get(path.stem)
-        if tower is None or size not in tower.sizes:
-            continue
-        if "image" not in getattr(tower, "modalities", (tower.modality,)):
-            continue
-        stems.append(path.stem)
-    return stems
+    """Spec stems the benchmarks can measure at ``size``
+    (:func:`unusable_reason`)."""
+    return [
+        path.stem
+        for path in sorted(SPECS_DIR.glob("*.yaml"))
+        if unusable_reason(path.stem, size) is None
+    ]
 
 
 def images_only_config() -> MultiModalConfig:
@@ -274,8 +301,22 @@ def pixels_to_item(
     tower: ReferenceTower[Any], size: str, height: int, width: int
 ) -> tuple[int, ...]:
     """The legal grid the model's processor would make of a ``height x
-    width`` image (see the module docstring)."""
+    width`` image (see the module docstring). The seed models and Qwen2-VL
+    keep this benchmark's own approximation, so that their figures stay
+    comparable across runs; the other towers take their processor's rule
+    from ``image_traffic``."""
     config = tower.config(size)  # type: ignore[arg-type]
+    if not any(hasattr(config, field) for field in ("vision_patch_size", "max_pixels")):
+        # The processor's own grid, checked against the per-item cap only:
+        # Kimi-VL's processor emits grids of shrunk images that the
+        # registry's legality bound leaves out (docs/real-traffic.md).
+        item = image_traffic.model_grid(tower.name, config)(height, width)
+        if tower.output_tokens(item) > tower.max_output_tokens(size):  # type: ignore[arg-type]
+            raise ValueError(
+                f"{tower.name}: {item} for {height}x{width} px exceeds the "
+                "per-item token cap"
+            )
+        return item
     if hasattr(config, "vision_patch_size"):  # DeepSeek-V4.1: (n_vit_h, n_vit_w)
         p = config.vision_patch_size
         h, w = max(1, round(height / p)), max(1, round(width / p))
@@ -465,6 +506,10 @@ def capture_ideal(
     for key in config.buffer_keys:
         value = replay.get(key)
         tmpl = template.get(key)
+        if value is None and tmpl is None and key in template:
+            # An optional buffer, None under this backend (as captured).
+            inputs[key] = None
+            continue
         if isinstance(value, torch.Tensor):
             # A copy the graph owns, in the captured buffer's dtype and device:
             # the manager's replay copy converts the same way (MiniMax M3's

@@ -62,6 +62,7 @@ import functools
 import gc
 import json
 import math
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -79,11 +80,11 @@ import image_traffic  # noqa: E402
 from bench_encoders import (  # noqa: E402
     FINE_MAX_ITEMS,
     REPO_ROOT,
+    SPECS_DIR,
     TARGET_MODELS,
     Schedule,
     build_vllm_config,
     capture_ideal,
-    discover_stems,
     eager_call,
     environment,
     fine_ladder,
@@ -95,8 +96,10 @@ from bench_encoders import (  # noqa: E402
     pixels_to_item,
     ratio,
     summarize,
+    unusable_reason,
     write_json,
 )
+from profile_launch import host_probe_us  # noqa: E402
 
 from encoder_cudagraph_runtime.cost_aware import plan_execution  # noqa: E402
 from encoder_cudagraph_runtime.graph_backends import (  # noqa: E402
@@ -105,9 +108,16 @@ from encoder_cudagraph_runtime.graph_backends import (  # noqa: E402
     GraphBackend,
 )
 from encoder_cudagraph_runtime.manager import EncoderCudaGraphManager  # noqa: E402
+from generator.resolve import load_spec  # noqa: E402
 from reference_towers.registry import REFERENCE_TOWERS  # noqa: E402
 
 SCHEMA_VERSION = 2
+#: The models of ``run_gpu.sh traffic-new``: the reference towers beyond the
+#: seed models whose processors' resize rules ``image_traffic`` has.
+#: Qwen2.5-VL last: its batches are the slowest (a 12 MP photo is 62,208
+#: patches at its checkpoint's ``max_pixels``), so the time limits cut its
+#: batches, not the others'.
+NEW_MODELS = ("internvl", "kimi_vl", "step3_vl", "qwen2_5_vl")
 LADDERS = ("default", "fine", "tuned")
 POLICIES = ("vllm", "cost")
 DEFAULT_MAX_TOKENS = {"full": 16384, "tiny": 512}
@@ -177,14 +187,28 @@ TARGETS: tuple[dict[str, Any], ...] = (
 # ---------------------------------------------------------------------------
 
 
+@functools.cache
+def spec_grid_dims(path: Path) -> tuple[tuple[str, ...], ...]:
+    """The dims of every per-item input (grids, counts) of the spec ``path``."""
+    return tuple(tuple(grid.dims) for grid in load_spec(path).item_inputs)
+
+
 def spec_dims(stem: str, item: tuple[int, ...], config: Any) -> dict[str, int]:
-    """A tower item in its spec's grid dims (the traffic file's items)."""
+    """A tower item in its spec's grid dims (the traffic file's items): the
+    one grid of the spec with as many dims as the item has values, in order
+    (DeepSeek-V4.1's second grid, the merged one, is derived)."""
     if stem == "deepseek_v41":
         h, w = item
         r = config.vision_downsample_ratio
         return {"h": h, "w": w, "lh": -(-h // r), "lw": -(-w // r)}
-    t, h, w = item
-    return {"t": t, "h": h, "w": w}
+    every = spec_grid_dims(SPECS_DIR / f"{stem}.yaml")
+    grids = {dims for dims in every if len(dims) == len(item)}
+    if len(grids) != 1:
+        raise ValueError(
+            f"{stem}: cannot name the values of the item {item} after the spec's "
+            f"grid dims {sorted(every)}"
+        )
+    return dict(zip(grids.pop(), item))
 
 
 def traffic_document(
@@ -333,15 +357,44 @@ def calibration_batches(
     return batches
 
 
+@dataclasses.dataclass(frozen=True)
+class Rounds:
+    """What :func:`measure_rounds` timed."""
+
+    samples: dict[str, list[float]]
+    """Milliseconds per call, in round order."""
+    host_probe_us: list[float]
+    """The host's speed at the start of each round (``host_probe_us`` of
+    ``bench/profile_launch.py``: a fixed pure-Python workload)."""
+
+
+def round_order(names: list[str], round_index: int) -> list[str]:
+    """The calls of round ``round_index``: ``names`` rotated by the round,
+    so that no call always follows the same one. The host of these runs
+    comes in speed modes seconds long (GPU run B, 2026-12-01: the launch
+    profile's probe 0.5 or 1.1 ms), and a device-bound call can take the
+    next call's host time into its own; a fixed order gives every round
+    the same neighbours."""
+    shift = round_index % len(names) if names else 0
+    return names[shift:] + names[:shift]
+
+
+def paired_ratio(numerators: list[float], denominators: list[float]) -> float | None:
+    """Median over rounds of ``numerator / denominator`` of the same round
+    (a speedup of calls timed side by side, in the same host mode)."""
+    ratios = [n / d for n, d in zip(numerators, denominators, strict=True) if d > 0]
+    return statistics.median(ratios) if ratios else None
+
+
 def measure_rounds(
     calls: dict[str, Callable[[], object]],
     sync: Callable[[], None],
     schedule: Schedule,
     before: dict[str, Callable[[], None]] | None = None,
     after: dict[str, Callable[[], None]] | None = None,
-) -> dict[str, list[float]]:
-    """Milliseconds per call of each of ``calls``, timed in interleaved
-    rounds (one call of each per round, device synchronised around each),
+) -> Rounds:
+    """Time each of ``calls`` in interleaved rounds (one call of each per
+    round, in :func:`round_order`, device synchronised around each),
     ``schedule.min_iters`` to ``max_iters`` rounds, stopping once
     ``target_s`` is spent (after 2 rounds when a round takes more than
     :data:`SLOW_ROUND_S`: large batches vary little). ``before`` / ``after``
@@ -349,18 +402,20 @@ def measure_rounds(
     pauses are not the code's)."""
     before, after = before or {}, after or {}
     samples: dict[str, list[float]] = {name: [] for name in calls}
+    probes: list[float] = []
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
         start = time.perf_counter()
         rounds = 0
         while rounds < schedule.max_iters:
-            for name, fn in calls.items():
+            probes.append(host_probe_us(3))
+            for name in round_order(list(calls), rounds):
                 if name in before:
                     before[name]()
                 sync()
                 t0 = time.perf_counter_ns()
-                fn()
+                calls[name]()
                 sync()
                 samples[name].append((time.perf_counter_ns() - t0) / 1e6)
                 if name in after:
@@ -375,7 +430,7 @@ def measure_rounds(
     finally:
         if gc_was_enabled:
             gc.enable()
-    return samples
+    return Rounds(samples, probes)
 
 
 class TrafficBench:
@@ -447,9 +502,10 @@ class TrafficBench:
         # walk the model's objects.
         gc.collect()
         gc.freeze()
+        old = QUICK_OLD_WORKLOADS if args.quick else OLD_WORKLOADS
         result["old_workloads"] = [
             self._old_workload(host, managers["fine"], res, n)
-            for res, n in (QUICK_OLD_WORKLOADS if args.quick else OLD_WORKLOADS)
+            for res, n in (old if args.old_workloads else ())
         ]
         result["batches"] = []
         hard = self.ctx["started"] + args.hard_limit_s
@@ -682,7 +738,11 @@ class TrafficBench:
             )
             overhead[name] = []
             after[name] = functools.partial(_record_overhead, manager, overhead[name])
-        samples = measure_rounds(calls, self.sync, schedule, before, after)
+        rounds = measure_rounds(calls, self.sync, schedule, before, after)
+        samples = rounds.samples
+        # Raw samples and the host probe: a median of 3-5 rounds hides which
+        # host mode each call was timed in.
+        row["rounds"] = dataclasses.asdict(rounds)
         row["eager_ms"] = summarize(samples["eager"])
         row["ideal_e2e_ms"] = summarize(samples["ideal_e2e"])
         row["best_ms"] = min(row["eager_ms"]["median"], row["ideal_e2e_ms"]["median"])
@@ -693,6 +753,7 @@ class TrafficBench:
             entry["host_overhead_us"] = summarize(overhead[name])
             median = entry["graph_ms"]["median"]
             entry["speedup"] = ratio(row["eager_ms"]["median"], median)
+            entry["paired_speedup"] = paired_ratio(samples["eager"], samples[name])
             entry["efficiency"] = ratio(row["ideal_ms"]["median"], median)
             entry["efficiency_e2e"] = ratio(row["ideal_e2e_ms"]["median"], median)
             entry["vs_best"] = ratio(row["best_ms"], median)
@@ -786,6 +847,7 @@ def summarize_traffic(
     used = sum(e["padding"]["rows_used"] for e in entries)
     speedups = [e["speedup"] for e in entries]
     worst = min(range(len(rows)), key=lambda i: speedups[i]) if rows else None
+    paired = [e["paired_speedup"] for e in entries if e.get("paired_speedup")]
     kinds: dict[str, int] = {}
     for e in entries:
         if e["plan"].get("kind") is not None:
@@ -804,6 +866,9 @@ def summarize_traffic(
         "efficiency_e2e": ratio(ideal_e2e, graph),
         "vs_best": ratio(best, graph),
         "speedup_per_batch": summarize(speedups),
+        # Per batch, the median over rounds of eager / this call in the same
+        # round (see paired_ratio): what the same host mode gives.
+        "paired_speedup_per_batch": summarize(paired),
         "worst_batch": None if worst is None else rows[worst]["index"],
         "rows_replayed": replayed,
         "rows_used": used,
@@ -906,13 +971,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--models",
         default=",".join(TARGET_MODELS),
-        help="comma-separated spec stems (default: the seed models)",
+        help="comma-separated spec stems, 'new' for NEW_MODELS (default: the seed "
+        "models)",
     )
     parser.add_argument(
         "--batches",
         type=int,
         help="batches per model measured whatever the time (more follow while "
         "the model's share of --soft-limit-s lasts, up to --max-batches)",
+    )
+    parser.add_argument(
+        "--skip-unusable",
+        action="store_true",
+        help="record the --models that cannot be measured (no spec yet, several "
+        "encoder paths) under 'skipped' and measure the others, instead of exiting",
+    )
+    parser.add_argument(
+        "--old-workloads",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also measure issue #6's uniform workloads (default: yes)",
     )
     parser.add_argument("--max-batches", type=int)
     parser.add_argument("--max-tokens", type=int)
@@ -972,10 +1050,16 @@ def run(
             flush=True,
         )
 
-    stems = [s.strip() for s in args.models.split(",") if s.strip()]
-    unknown = sorted(set(stems) - set(discover_stems(args.size)))
-    if unknown:
-        raise SystemExit(f"unknown or unusable spec stems: {unknown}")
+    wanted = [s.strip() for s in args.models.split(",") if s.strip()]
+    wanted = [m for s in wanted for m in (NEW_MODELS if s == "new" else (s,))]
+    skipped = {
+        stem: reason
+        for stem in wanted
+        if (reason := unusable_reason(stem, args.size)) is not None
+    }
+    if skipped and not args.skip_unusable:
+        raise SystemExit(f"unknown or unusable spec stems: {skipped}")
+    stems = [stem for stem in wanted if stem not in skipped]
     ctx = {
         "started": started,
         "device": device,
@@ -996,6 +1080,7 @@ def run(
             "dtype": str(ctx["dtype"]),
             "quick": args.quick,
             "stems": stems,
+            "old_workloads": args.old_workloads,
             "batches": args.batches,
             "max_batches": args.max_batches,
             "soft_limit_s": args.soft_limit_s,
@@ -1022,9 +1107,12 @@ def run(
             "batch_sizes": [list(b) for b in image_traffic.BATCH_SIZES],
         },
         "models": {},
+        "skipped": skipped,
         "errors": {},
     }
     log(f"models {stems} on {result['environment']['device']}")
+    for stem, reason in skipped.items():
+        log(f"[{stem}] skipped: {reason}")
     for k, stem in enumerate(stems):
         # Each model's batches beyond --batches: until its share of the
         # soft limit is spent.

@@ -13,7 +13,18 @@ Qwen2-VL, the HF processor vLLM calls), checked against it by
   Qwen2-VL's checkpoint at 12845056;
 * DeepSeek-V4.1: ``load_image`` of ``vllm/models/deepseek_v41/common/
   mm_preprocess.py`` (upscale below ``min_pixels``, sides rounded up to the
-  patch, shrink until the span has at most ``max_n_token`` tokens).
+  patch, shrink until the span has at most ``max_n_token`` tokens);
+* InternVL: the dynamic tiling of ``vllm/transformers_utils/processors/
+  internvl.py`` (the ``i×j`` grid of 448² tiles whose aspect ratio is
+  closest to the image's, larger grids of the same ratio for large images,
+  plus a thumbnail when there is more than one tile);
+* Step3-VL: ``ImagePatcher`` of ``vllm/transformers_utils/processors/
+  step3_vl.py`` (the long side capped at 3024 px, then 504² crops, or
+  crops of the short side for elongated images, none for small ones);
+* Kimi-VL: ``KimiVLProcessingInfo.get_num_image_tokens`` of
+  ``vllm/model_executor/models/kimi_vl.py`` (the Hugging Face processor's
+  rule with ``pad_input``: shrink to at most ``in_token_limit`` whole
+  patches, then pad to the 2×2 merge kernel).
 """
 
 from __future__ import annotations
@@ -30,9 +41,12 @@ __all__ = [
     "ImageSource",
     "deepseek_v41_grid",
     "draw_image_batches",
+    "internvl_tiles",
+    "kimi_vl_grid",
     "merged_grid",
     "model_grid",
     "smart_resize",
+    "step3_vl_crops",
 ]
 
 
@@ -267,12 +281,129 @@ def deepseek_v41_grid(
     return best_h // patch, best_w // patch
 
 
+def _tile_grids(min_tiles: int, max_tiles: int) -> list[tuple[int, int]]:
+    """InternVL's candidate ``(columns, rows)`` grids, fewest tiles first."""
+    return sorted(
+        (
+            (cols, rows)
+            for cols in range(1, max_tiles + 1)
+            for rows in range(1, max_tiles // cols + 1)
+            if cols * rows >= min_tiles
+        ),
+        key=lambda grid: (grid[0] * grid[1], grid[0]),
+    )
+
+
+def internvl_tiles(
+    height: int,
+    width: int,
+    *,
+    image_size: int,
+    min_tiles: int,
+    max_tiles: int,
+    use_thumbnail: bool,
+) -> tuple[int]:
+    """``(tiles,)`` of an image under InternVL's dynamic tiling.
+
+    The grid whose ``columns / rows`` is closest to ``width / height`` wins;
+    on a tie (the same ratio again in a larger grid, or two ratios equally
+    far) the later grid wins if the image has more than half its pixels
+    (``0.5 · image_size² · tiles``), so large images get more tiles of the
+    same shape. A thumbnail tile is added to any grid of more than one."""
+    aspect = width / height
+    best, best_diff = (1, 1), math.inf
+    for cols, rows in _tile_grids(min_tiles, max_tiles):
+        diff = abs(aspect - cols / rows)
+        if diff < best_diff:
+            best, best_diff = (cols, rows), diff
+        elif diff == best_diff and width * height > 0.5 * image_size**2 * cols * rows:
+            best = (cols, rows)
+    tiles = best[0] * best[1]
+    return (tiles + 1 if use_thumbnail and tiles != 1 else tiles,)
+
+
+#: Step3-VL's processor: the long side is scaled down to this (``MAX_IMAGE_SIZE``).
+STEP3_MAX_SIDE = 3024
+#: Step3-VL's processor: the side of a local crop (``patch_size``).
+STEP3_CROP_SIZE = 504
+#: Step3-VL's processor: images with a shorter long side get crops only
+#: when elongated (a literal in ``determine_window_size``; also the global
+#: view's side).
+STEP3_SMALL_LONG_SIDE = 728
+
+
+def _crops_along(side: int, window: int) -> int:
+    """Crops of ``window`` px along one side: the side is resized to a
+    multiple of the window, rounded down unless more than 0.2 of a window
+    is left over (a side shorter than the window is one crop)."""
+    if side < window:
+        return 1
+    whole = side // window
+    return whole + 1 if side / window - whole > 0.2 else whole
+
+
+def step3_vl_crops(
+    height: int,
+    width: int,
+    *,
+    crop: int = STEP3_CROP_SIZE,
+    max_side: int = STEP3_MAX_SIDE,
+) -> int:
+    """Local crops (``num_patches``) Step3-VL's ``ImagePatcher`` cuts from an
+    image, besides its global view.
+
+    A thin strip (short side under 32 px, aspect above 4) is padded to a
+    square first; the long side is then scaled down to ``max_side``. Images
+    whose long side is under 728 px get crops of their short side only
+    when their aspect exceeds 1.5; larger ones get ``crop``² crops, or crops
+    of the short side when the aspect exceeds 4."""
+    if min(height, width) < 32 and max(height, width) > 4 * min(height, width):
+        height = width = max(height, width)
+    if max(height, width) > max_side:
+        scale = max_side / max(height, width)
+        height, width = int(height * scale), int(width * scale)
+    long, short = max(height, width), min(height, width)
+    if long < STEP3_SMALL_LONG_SIDE:
+        window = short if long / short > 1.5 else 0
+    else:
+        window = min(short, crop) if long / short > 4 else crop
+    if window == 0:
+        return 0
+    return _crops_along(width, window) * _crops_along(height, window)
+
+
+def kimi_vl_grid(
+    height: int,
+    width: int,
+    *,
+    patch: int,
+    kernel: tuple[int, int],
+    in_token_limit: int,
+    max_patches_per_side: int,
+) -> tuple[int, int]:
+    """``(h, w)`` patches of an image for Kimi-VL's MoonViT: scaled (aspect
+    kept, sides truncated to whole pixels) to at most ``in_token_limit``
+    whole patches, then padded up to multiples of ``kernel`` patches."""
+    whole = (width // patch) * (height // patch)
+    if whole > in_token_limit:
+        scale = math.sqrt(in_token_limit / whole)
+        height, width = int(height * scale), int(width * scale)
+    kh, kw = kernel
+    grid = (
+        math.ceil(height / (kh * patch)) * kh,
+        math.ceil(width / (kw * patch)) * kw,
+    )
+    if min(grid) < 1 or max(grid) > max_patches_per_side:
+        raise ValueError(
+            f"Kimi-VL's processor cannot take a {height}x{width} px image "
+            f"(grid {grid[0]}x{grid[1]} patches)"
+        )
+    return grid
+
+
 #: vLLM's ``DeepseekV41Config`` default of ``vision_config["min_pixels"]``
 #: (544²): smaller images are upscaled to it.
 DEEPSEEK_V41_MIN_PIXELS = 295936
-#: The reference towers whose processors' resize rules are not written here
-#: yet: they take no part in the real-traffic benchmark.
-NO_RESIZE_RULE = frozenset({"kimi_vl", "internvl", "step3_vl"})
 #: Qwen2-VL's (and Qwen2.5-VL's) processor minimum (56², HF default) and MiniMax M3's
 #: ``smart_resize`` default (4 · 28²): the same 3136 pixels.
 MERGED_MIN_PIXELS = 3136
@@ -300,4 +431,49 @@ def model_grid(stem: str, config: Any) -> Callable[[int, int], tuple[int, ...]]:
             min_pixels=MERGED_MIN_PIXELS,
             max_pixels=max_pixels,
         )
+    if stem == "internvl":
+        return lambda h, w: internvl_tiles(
+            h,
+            w,
+            image_size=config.image_size,
+            min_tiles=config.min_dynamic_patch if config.dynamic_image_size else 1,
+            max_tiles=config.max_dynamic_patch if config.dynamic_image_size else 1,
+            use_thumbnail=config.use_thumbnail,
+        )
+    if stem == "step3_vl":
+        return _step3_vl_rule(config)
+    if stem == "kimi_vl":
+        vision = config.vision_config
+        return lambda h, w: kimi_vl_grid(
+            h,
+            w,
+            patch=vision.patch_size,
+            kernel=tuple(vision.merge_kernel_size),
+            in_token_limit=config.in_token_limit,
+            max_patches_per_side=config.max_patches_per_side,
+        )
     raise KeyError(f"no resize rule for {stem!r}")
+
+
+def step3_vl_max_side(config: Any) -> int:
+    """The long-side cap of the Step3-VL rule for a tower ``config``: the
+    largest square of crops within ``max_patches_per_image`` (6 x 6 of 504
+    px: vLLM's 3024 for the released tower; 2 x 2 for the tiny one, whose
+    items hold at most 6 crops)."""
+    return STEP3_CROP_SIZE * math.isqrt(config.max_patches_per_image)
+
+
+def _step3_vl_rule(config: Any) -> Callable[[int, int], tuple[int]]:
+    max_side = step3_vl_max_side(config)
+    most = config.max_patches_per_image
+
+    def rule(height: int, width: int) -> tuple[int]:
+        crops = step3_vl_crops(height, width, crop=STEP3_CROP_SIZE, max_side=max_side)
+        if crops > most:
+            raise ValueError(
+                f"a {height}x{width} px image makes {crops} Step3-VL crops, "
+                f"more than the tower's {most}"
+            )
+        return (crops,)
+
+    return rule

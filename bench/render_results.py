@@ -380,20 +380,23 @@ def _traffic_targets(result: dict[str, Any]) -> list[str]:
 def _traffic_summary(model: dict[str, Any]) -> list[str]:
     out = [
         "| ladder | policy | Σ eager ms | Σ exact graph ms (replay / e2e) | Σ best ms | "
-        "Σ graph ms | speedup | worst batch | vs best | efficiency (replay / e2e) | "
-        "waste | plans |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "Σ graph ms | speedup | worst batch | worst paired | vs best | "
+        "efficiency (replay / e2e) | waste | plans |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for ladder in TRAFFIC_LADDERS:
         for policy in POLICIES:
             s = model["summary"][ladder][policy]
             plans = ", ".join(f"{k} {v}" for k, v in sorted(s["plans"].items())) or "–"
+            # Same-round eager / call (absent before run C's JSON).
+            paired = s.get("paired_speedup_per_batch", {}).get("min")
+            paired_cell = "–" if paired is None else f"{paired:.2f}x"
             out.append(
                 f"| {ladder} | {policy} | {_f(s['eager_ms_total'], 1)} | "
                 f"{_f(s['ideal_ms_total'], 1)} / {_f(s['ideal_e2e_ms_total'], 1)} | "
                 f"{_f(s['best_ms_total'], 1)} | {_f(s['graph_ms_total'], 1)} | "
                 f"{_f(s['speedup'])}x | {_f(s['speedup_per_batch']['min'])}x "
-                f"(#{s['worst_batch']}) | {_f(s['vs_best'], 3)} | "
+                f"(#{s['worst_batch']}) | {paired_cell} | {_f(s['vs_best'], 3)} | "
                 f"{_f(s['efficiency'], 3)} / {_f(s['efficiency_e2e'], 3)} | "
                 f"{_pct(s['padding_waste'])} | {plans} |"
             )
@@ -477,6 +480,8 @@ def render_traffic_markdown(result: dict[str, Any]) -> str:
     out += _traffic_targets(result)
     for stem in result.get("errors", {}):
         out += [f"**{stem} failed**: see the run's log (`errors` in the JSON).", ""]
+    for stem, reason in result.get("skipped", {}).items():
+        out += [f"**{stem} not measured**: {reason}.", ""]
     for stem, model in result["models"].items():
         out += [f"### {stem}", ""]
         out += [

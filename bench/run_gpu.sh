@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One command for a GPU machine: every GPU test and benchmark, logs in $OUT.
-#   bash bench/run_gpu.sh [stage...]    stages: smoke tests overhead profile bench dp traffic launch
+#   bash bench/run_gpu.sh [stage...]    stages: smoke tests overhead profile bench dp traffic
+#                                       traffic-new launch checks
 #   GEN_MIXIN_SMOKE=1 bash bench/run_gpu.sh [stage...]
 #       the same stages on the CPU, tiny towers, eager-replay graphs, in seconds
 #       (tests and dp are skipped): checks the scripts, not the numbers.
@@ -23,10 +24,23 @@
 #                     traffic.json, traffic.png (markdown from the JSON:
 #                     python bench/render_results.py traffic.json --markdown traffic.md;
 #                     decisions replayed offline: python bench/replay_traffic.py traffic.json)
+#   traffic-new ~110-170 s (est.) bench_traffic.py --models new: the real-traffic benchmark of
+#                     the towers beyond the seed models (InternVL, Kimi-VL, Step3-VL,
+#                     Qwen2.5-VL; those without a spec yet, and Step3-VL's two encoder
+#                     paths, are listed as skipped), without issue #6's workloads; at
+#                     least 3 batches per model, more while its share of 80 s lasts,
+#                     one at most after 100 s. Estimate: ~15 s start, ~30 s per model to
+#                     build, capture and calibrate 3 ladders and tune (~55 s for
+#                     Qwen2.5-VL, whose tuned ladder reaches 262k patches), batches of
+#                     2-5 s (InternVL, Kimi-VL) to ~15 s (Qwen2.5-VL, 100k patches):
+#                     ~110 s with Qwen2.5-VL alone, ~150-170 s with three models (the
+#                     limits cut batches, not set-up); traffic-new.json, traffic-new.png
 #   launch    ~90 s         profile_launch.py (issue #17 item 5: execute's host split at 448² and
 #                     896² x 8, idle / queued / back-to-back, cudaGraphLaunch per budget,
 #                     two passes); launch.json (markdown from the JSON:
 #                     python bench/profile_launch.py --render launch.json)
+#   checks    ~60 s (est.)  bench_input_checks.py (issue #16 item 6: host time of the mixins'
+#                     input checks per item, full towers, pixels on the GPU); checks.json
 # `smoke traffic launch` returns 7 files: summary.log, smoke.log, traffic.log,
 # traffic.json, traffic.png, launch.log, launch.json.
 set -uo pipefail
@@ -37,8 +51,11 @@ mkdir -p "$OUT"
 stages=${*:-smoke tests overhead}
 status=0
 cpu=()
+# traffic-new's limits (about 150 s at most on one H200); the smoke keeps --quick's.
+traffic_new=(--batches 3 --soft-limit-s 80 --hard-limit-s 100)
 if [ "${GEN_MIXIN_SMOKE:-0}" = 1 ]; then
     cpu=(--device cpu --size tiny --quick)
+    traffic_new=()
     export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 fi
 run() {  # name, command...
@@ -80,7 +97,14 @@ for stage in $stages; do
             run dp bash bench/run_dp.sh "$OUT" ;;
         traffic) run traffic python3 bench/bench_traffic.py --out "$OUT/traffic.json" \
                    --plot "$OUT/traffic.png" --soft-limit-s 240 "${cpu[@]}" ;;
+        traffic-new) run traffic-new python3 bench/bench_traffic.py --out "$OUT/traffic-new.json" \
+                   --plot "$OUT/traffic-new.png" --models new --skip-unusable --no-old-workloads \
+                   "${traffic_new[@]}" "${cpu[@]}" ;;
         launch) run launch python3 bench/profile_launch.py --out "$OUT/launch.json" "${cpu[@]}" ;;
+        checks)
+            if [ ${#cpu[@]} -gt 0 ]; then checks=(--device cpu --size tiny --quick)
+            else checks=(--device cuda --size full); fi
+            run checks python3 bench/bench_input_checks.py --out "$OUT/checks.json" "${checks[@]}" ;;
         *) echo "unknown stage $stage"; status=2 ;;
     esac
 done

@@ -36,7 +36,7 @@ from generator.formulas import (
     to_spec_text,
 )
 from generator.limits import MAX_INTEGER
-from generator.spec.capture import Buffer, CaptureTensor, set_by_expr
+from generator.spec.capture import Buffer, CaptureTensor, DtypeFallback, set_by_expr
 from generator.spec.enums import Modality
 from generator.spec.mixin import MixinSpec
 from generator.static_checks import (
@@ -364,6 +364,13 @@ def _needed_names(spec: MixinSpec) -> set[str]:
     return needed
 
 
+def _dtype_text(dtype) -> str:
+    """A capture tensor's dtype as the spec writes it."""
+    if isinstance(dtype, DtypeFallback):
+        return " or ".join([*(to_spec_text(p) for p in dtype.options), "dtype"])
+    return to_spec_text(dtype)
+
+
 def _buffer_plan(
     buf: Buffer, scope: dict[str, int], dtype: str, unknown: set[str]
 ) -> BufferPlan:
@@ -386,7 +393,7 @@ def _buffer_plan(
         type_name = (
             dtype
             if isinstance(tensor.dtype, Ref)
-            else f"{dtype} ({to_spec_text(tensor.dtype)})"
+            else f"{dtype} ({_dtype_text(tensor.dtype)})"
         )
         item = ITEMSIZE[dtype]
     elif buf.shape is not None:

@@ -24,6 +24,7 @@ from generator.static_checks import (
     Arithmetic,
     PathRows,
     axis_problems,
+    budget_range_problems,
     capture_problems,
     path_problems,
     slot_problems,
@@ -90,6 +91,7 @@ def _arithmetic_problems(ctx: ReadContext):
             yield prefix + field, message
     axes = parts.get("capture_axes", ())
     yield from axis_problems(axes, constants)
+    yield from budget_range_problems(parts.get("budget"), constants)
     if items is not None and named and len(named) == len(parts["paths"]):
         yield from path_problems(
             tuple(named), items, constants, parts.get("item_inputs", ())
@@ -102,10 +104,11 @@ def _path_arithmetic(ctx: ReadContext, path: dict, items, tokens):
     parts = ctx.partial
     constants = parts.get("constants", ())
     buffers = path.get("buffers", ())
+    video = parts.get("video", False)
     if "output_tokens" in path and tokens is None:
         items = None  # its rows per item did not resolve
     if items is None or path.get("capture") is None:
-        yield from slot_problems(constants, buffers)
+        yield from slot_problems(constants, buffers, video=video)
         return
     yield from capture_problems(
         Arithmetic(
@@ -116,8 +119,9 @@ def _path_arithmetic(ctx: ReadContext, path: dict, items, tokens):
             buffers,
             parts.get("sizes", ()),
             parts.get("items_resolved", True),
-            parts.get("capture_axes", ()),
-            parts["budget"].min if parts.get("budget") is not None else None,
+            video=video,
+            axes=parts.get("capture_axes", ()),
+            budget_min=parts["budget"].min if parts.get("budget") is not None else None,
         )
     )
 

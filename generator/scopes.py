@@ -34,6 +34,7 @@ class NameKind(Enum):
     GRAPH_STEP = "graph_forward step"
     EAGER_STEP = "eager_forward step"
     CAPTURE_LET = "capture intermediate"  # capture.let
+    POST_STEP = "postprocess step"
     BUILDER_RESULT = "builder result"  # chosen by the generator, never collides
 
 
@@ -55,6 +56,13 @@ BUILTIN_MEANINGS: dict[str, str] = {
     "rest": "the buffers no step names, as a dict",
     "input_size": "the item's `items.input_size`",
     "output_tokens": "the item's `items.output_tokens`",
+    "max_num_batched_tokens": "the scheduler's token limit per step",
+    "max_model_len": "the model's context length",
+    "path_output": "the path's output rows for the batch (a graph's padded output "
+    "buffer or the eager forward's rows)",
+    "graph_rows": "the graph rows of the batch's items (`items.graph_rows`, else "
+    "`output_tokens`, summed): `path_output[:graph_rows]` are the real rows",
+    "item_output": "the item's graph rows of `path_output`",
 }
 
 
@@ -122,6 +130,9 @@ FIELD_SCOPES: dict[str, FieldScope] = {
         frozenset({_K.DIM, _K.CONSTANT}), ("input_size", "output_tokens")
     ),
     "constants": FieldScope(frozenset({_K.CONSTANT})),
+    "budget_max": FieldScope(
+        frozenset({_K.CONSTANT}), ("max_num_batched_tokens", "max_model_len")
+    ),
     "constants_and_host": FieldScope(frozenset({_K.CONSTANT}), host_paths=True),
     "max_frames_per_video": FieldScope(
         frozenset({_K.CONSTANT}), host_paths=True, calls=True
@@ -158,7 +169,8 @@ FIELD_SCOPES: dict[str, FieldScope] = {
         literals=True,
     ),
     "slots": FieldScope(
-        frozenset({_K.CONSTANT}), ("max_batch_size", "max_frames_per_batch")
+        frozenset({_K.CONSTANT}),
+        ("max_batch_size", "max_frames_per_batch", "token_budget"),
     ),
     "buffer_shape": FieldScope(
         frozenset({_K.CONSTANT, _K.SIZE, _K.AXIS_DIM, _K.CAPTURE_LET}),
@@ -181,6 +193,22 @@ FIELD_SCOPES: dict[str, FieldScope] = {
     ),
     "eager_steps_per_item": FieldScope(
         frozenset({_K.FLAT, _K.CONSTANT, _K.DIM, _K.EAGER_STEP}),
+        host_paths=True,
+        calls=True,
+        literals=True,
+        tensor_ops=True,
+    ),
+    "post_steps": FieldScope(
+        frozenset({_K.CONSTANT, _K.GRID, _K.POST_STEP}),
+        ("path_output", "graph_rows"),
+        host_paths=True,
+        calls=True,
+        literals=True,
+        tensor_ops=True,
+    ),
+    "post_steps_per_item": FieldScope(
+        frozenset({_K.CONSTANT, _K.DIM, _K.POST_STEP}),
+        ("path_output", "item_output"),
         host_paths=True,
         calls=True,
         literals=True,
@@ -245,6 +273,7 @@ METHODS: dict[str, Method] = {
                 "EncoderCudaGraphPathConfig",
                 "mm_config",
                 "backend",
+                "modalities",
             ),
             spec_kinds=frozenset({_K.CONSTANT}),
         ),
@@ -252,21 +281,21 @@ METHODS: dict[str, Method] = {
             "get_encoder_cudagraph_budget_range",
             (SELF, Param("vllm_config", '"VllmConfig"')),
             "tuple[int, int]",
-            ("min_budget", "max_budget"),
+            ("min_budget", "max_budget", "max_num_batched_tokens", "max_model_len"),
             spec_kinds=frozenset({_K.CONSTANT}),
         ),
         Method(
             "get_encoder_cudagraph_item_specs",
             (SELF, MM_KWARGS),
             "list[{EncoderItemSpec}]",
-            ("EncoderItemSpec", "keys"),
+            ("EncoderItemSpec", "keys", "grids"),
             spec_kinds=_READS_INPUTS,
         ),
         Method(
             "select_encoder_cudagraph_items",
             (SELF, MM_KWARGS, Param("indices", "list[int]")),
             "dict[str, Any]",
-            ("keys", "selected", "ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG"),
+            ("keys", "grids", "selected", "ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG"),
             spec_kinds=_READS_INPUTS,
         ),
         Method(
@@ -283,7 +312,9 @@ METHODS: dict[str, Method] = {
             ),
             "{EncoderCudaGraphCaptureInputs}",
             (
+                "AttentionBackendEnum",
                 "EncoderCudaGraphCaptureInputs",
+                "backend",
                 "k",
                 "frames_per_item",
                 "rows",
@@ -378,8 +409,16 @@ METHODS: dict[str, Method] = {
                 "per_item",
                 "item_rows",
                 "row_start",
+                "path_output",
+                "graph_rows",
+                "item_output",
+                "post_rows",
+                "item_tokens",
+                "batch_tokens",
+                "aliased",
+                "_",
             ),
-            spec_kinds=_READS_INPUTS | {_K.IMPORT},
+            spec_kinds=_READS_INPUTS | {_K.IMPORT, _K.POST_STEP},
             exploded=True,
         ),
         Method("get_input_modality", (SELF, MM_KWARGS), "str"),
@@ -405,8 +444,79 @@ METHODS: dict[str, Method] = {
             "Hashable",
             ("key", "parts", "p", "n"),
         ),
+        # The input checks of item specs and selection (emitters/input_checks.py).
+        Method(
+            "_checked_grids",
+            (SELF, MM_KWARGS, Param("indices", "list[int] | None", "None")),
+            "dict[str, list[Any]]",
+            ("keys", "num_items", "index"),
+            spec_kinds=_READS_INPUTS,
+        ),
         # Helpers: no spec name reaches them.
         Method("_modality_keys", (SELF, MM_KWARGS), "dict[str, str]"),
+        Method(
+            "_grid_values",
+            (MM_KWARGS, Param("key", "str"), Param("width", "int")),
+            "list[list[int]]",
+            ("grid", "rows", "index", "row", "v", "i"),
+        ),
+        Method(
+            "_count_values",
+            (MM_KWARGS, Param("key", "str")),
+            "list[int]",
+            ("counts", "values", "index", "value", "i"),
+        ),
+        Method(
+            "_num_items",
+            (Param("inputs", "dict[str, list[Any]]"),),
+            "int",
+            ("counts", "key", "values", "listed", "k", "n"),
+        ),
+        Method(
+            "_mismatch",
+            (
+                Param("index", "int"),
+                Param("derived", "tuple[str, Any]"),
+                Param("sources", "dict[str, Any]"),
+                Param("rules", "list[tuple[str, int]]"),
+                Param("constants", "dict[str, int]"),
+            ),
+            "ValueError",
+            ("key", "row", "given", "expected", "values", "k", "v", "rule", "value", "name"),
+        ),
+        Method(
+            "_check_rows",
+            (
+                MM_KWARGS,
+                Param("key", "str"),
+                Param("rows", "int"),
+                Param("num_items", "int"),
+                Param("per_item", "str"),
+                Param("row_shape", "tuple[int, ...] | None", "None"),
+                Param("accepts_list", "bool", "False"),
+            ),
+            "None",
+            ("value", "parts", "part", "held"),
+        ),
+        Method(
+            "_check_span_types",
+            (
+                MM_KWARGS,
+                Param("key", "str"),
+                Param("kinds", "dict[str, int]"),
+                Param("content", "str"),
+                Param("content_rows", "list[int]"),
+                Param("lengths", "list[int]"),
+            ),
+            "None",
+            ("types", "known", "position", "names", "name", "value", "running", "ends", "found", "index", "i", "n"),
+        ),
+        Method(
+            "_check_indices",
+            (Param("indices", "list[int]"), Param("num_items", "int")),
+            "None",
+            ("index",),
+        ),
         Method(
             "_grid_rows",
             (MM_KWARGS, Param("key", "str")),
@@ -478,6 +588,12 @@ METHODS: dict[str, Method] = {
             (Param("dst", "torch.Tensor"), Param("src", "torch.Tensor")),
             "None",
             ("n",),
+        ),
+        Method(
+            "_pad_flashinfer_sections",
+            (Param("dst", "torch.Tensor"), Param("src", "torch.Tensor")),
+            "None",
+            ("n", "half"),
         ),
     )
 }

@@ -29,8 +29,15 @@ from generator.formulas import (
     names_in,
     walk,
 )
-from generator.spec.capture import Buffer, Capture, CaptureAssert, set_by_expr
-from generator.spec.enums import PadRule, Rounding, SequenceBound
+from generator.spec.capture import (
+    ITEM_BOUND,
+    Buffer,
+    Capture,
+    CaptureAssert,
+    bounded_buffer,
+    set_by_expr,
+)
+from generator.spec.enums import Modality, PadRule, Rounding
 from generator.spec.host import Constant, Size
 from generator.spec.inputs import FlatInput, ItemInput
 from generator.spec.items import Items
@@ -52,6 +59,8 @@ class Arithmetic:
     # False when items.graph_rows or items.budget_tokens was given but did
     # not resolve: the coverage checks would run on the wrong defaults.
     items_resolved: bool = True
+    #: The spec captures videos (max_frames_per_batch may exceed the items).
+    video: bool = False
     axes: tuple = ()  # the spec's capture axes
     budget_min: Expr | None = None
 
@@ -66,6 +75,7 @@ class Arithmetic:
             spec.items.on_path(path.output_tokens),
             path.buffers,
             spec.sizes,
+            video=Modality.VIDEO in spec.modalities,
             axes=spec.capture_axes,
             budget_min=spec.budget.min,
         )
@@ -202,6 +212,46 @@ def flat_rows(flat: FlatInput, env: Mapping[str, int], dims: Mapping[str, int]) 
     return value_at(field, flat.rows, {**env, **dims})
 
 
+#: Scheduler steps (``min(max_num_batched_tokens, max_model_len)``) the
+#: largest budget is sampled at.
+SAMPLE_STEPS = (64, 512, 2048, 8192, 16384, 131072)
+
+
+def budget_range_problems(budget, constants) -> Iterator[tuple[str, str]]:
+    """``budget.max``: at every sampled step (``max_num_batched_tokens =
+    max_model_len``, and each twice the other), at least the smallest budget
+    and not falling as the step grows; a range that breaks either captures
+    no graph or fewer for a larger step."""
+    if budget is None or budget.max is None:
+        return
+    env = {c.name: c.default for c in constants if c.default is not None}
+    try:
+        minimum = value_at("budget.min", budget.min, env)
+        previous = None
+        for step in SAMPLE_STEPS:
+            for tokens, length in ((step, step), (step, 2 * step), (2 * step, step)):
+                scope = {**env, "max_num_batched_tokens": tokens, "max_model_len": length}
+                largest = value_at("budget.max", budget.max, scope)
+                if min(tokens, length) >= minimum and largest < minimum:
+                    yield "budget.max", (
+                        f"is {largest} at max_num_batched_tokens={tokens}, "
+                        f"max_model_len={length}: below the smallest budget "
+                        f"({minimum}), so no graph would be captured"
+                    )
+                    return
+            if previous is not None and largest < previous:
+                yield "budget.max", (
+                    f"falls from {previous} to {largest} as the step grows to "
+                    f"{step} tokens: a larger step must not shrink the range"
+                )
+                return
+            previous = largest
+    except EvaluationError:
+        return  # a constant without a default: nothing known to check
+    except OutOfRange as exc:
+        yield exc.field, exc.message
+
+
 def capture_problems(
     ir: Arithmetic, overrides: Mapping[str, int] | None = None
 ) -> Iterator[tuple[str, str]]:
@@ -230,7 +280,7 @@ def capture_problems(
     except OutOfRange as exc:
         # The values after it would be meaningless: one problem, then on.
         yield exc.field, exc.message
-    yield from slot_problems(ir.constants, ir.buffers, overrides)
+    yield from slot_problems(ir.constants, ir.buffers, overrides, ir.video)
 
 
 def axis_combos(axes, env: Mapping[str, int]) -> list[tuple[tuple, dict[str, int]]]:
@@ -321,36 +371,12 @@ def _budget_problems(
                         f"holds {held} rows but the dummy batch has {need} input rows "
                         f"(budget {budget}, max_batch_size {mbs}); size dim 0 with 'rows'",
                     )
-            for buf in ir.buffers:
-                expr = set_by_expr(buf)
-                field = f"buffers.{buf.key}.set_by"
-                try:
-                    bound = value_at(field, expr, scope) if expr is not None else None
-                except (EvaluationError, ArithmeticError):
-                    continue
-                if bound is None or field in reported:
-                    continue
-                if buf.bounds is SequenceBound.ITEM:
-                    # Only real sequences matter: the dummy's are replaced
-                    # before any replay reads them.
-                    need = longest.rows(budget)
-                    if bound < need:
-                        reported.add(field)
-                        yield (
-                            field,
-                            f"{buf.key} is captured as {bound} but an item within "
-                            f"budget {budget} is one attention sequence of {need} "
-                            "input rows; the attention launch would truncate it",
-                        )
-                elif bound < rows:
+            for field, message in host_scalar_problems(
+                ir, env, scope, budget, mbs, dims, longest
+            ):
+                if field not in reported:
                     reported.add(field)
-                    yield (
-                        field,
-                        f"{buf.key} is captured as {bound} but one sequence can hold all "
-                        f"{rows} input rows of budget {budget} (a single large item, or "
-                        "the trailing padding sequence); the attention launch would "
-                        "truncate it (expected at least rows, or bounds: item)",
-                    )
+                    yield field, message
             if not ir.items_resolved:
                 continue
             # Graph rows the captured batch has room for: the dummy's, or
@@ -430,6 +456,93 @@ def smallest_budget_problems(
             f"{check.check.spec_text()} fails for the smallest budget ({smallest}) "
             "with one item per batch: no graph could be captured",
         )
+
+
+def host_scalar_problems(
+    ir: Arithmetic,
+    env: Mapping[str, int],
+    scope: Mapping[str, int],
+    budget: int,
+    mbs: int,
+    dims: Mapping[str, int],
+    longest: LongestItems,
+) -> Iterator[tuple[str, str]]:
+    """A host scalar's capture value (``set_by``) is baked into the attention
+    launch: it must hold the longest sequence of the pad buffer it bounds (or,
+    with ``bounds: item``, the longest item within the budget)."""
+    for buf in ir.buffers:
+        expr = set_by_expr(buf)
+        if expr is None:
+            continue
+        try:
+            bound = value_at(f"buffers.{buf.key}.set_by", expr, scope)
+            found = longest_sequence(ir, env, buf, budget, mbs, dims, longest)
+        except (EvaluationError, ArithmeticError):
+            continue
+        if found is None:
+            continue  # which pad buffer it bounds is unknown (reported)
+        need, why = found
+        if bound < need:
+            yield (
+                f"buffers.{buf.key}.set_by",
+                f"{buf.key} is captured as {bound} but {why}; the attention launch "
+                f"would truncate it (expected at least {need})",
+            )
+
+
+def longest_sequence(
+    ir: Arithmetic,
+    env: Mapping[str, int],
+    scalar: Buffer,
+    budget: int,
+    mbs: int,
+    dims: Mapping[str, int],
+    longest: LongestItems,
+) -> tuple[int, str] | None:
+    """The input rows of the longest attention sequence a captured graph of
+    ``budget`` can be given, and why (None when the pad buffer the scalar
+    bounds is not known).
+
+    ``bounds: item``: the builder makes one sequence per item and none for
+    padding, and the dummy's sequences are replaced before any replay reads
+    the value, so only real items count: the longest item within the budget.
+
+    A trailing padding sequence (or no pad buffer) can hold every captured
+    row. Zero-length padding adds no rows: a sequence then lies within one
+    item, so one dummy item or one item that takes the whole budget (the
+    dummy item of ``max_batch_size`` 1) is the longest; a windowed pad
+    buffer's sequence is one window of ``window`` x ``window`` tokens."""
+    if scalar.bounds == ITEM_BOUND:
+        need = longest.rows(budget)
+        return need, (
+            f"an item within budget {budget} is one attention sequence of {need} "
+            "input rows"
+        )
+    rows = mbs * item_values(ir, env, dims)["input_size"]
+    padded = bounded_buffer(ir.buffers, scalar)
+    pads = [b for b in ir.buffers if b.pad is not None]
+    if padded is None and (scalar.bounds is not None or len(pads) > 1):
+        return None
+    if padded is None or padded.pad is PadRule.TRAILING_SEQUENCE:
+        return rows, (
+            f"one sequence can hold all {rows} input rows of budget {budget} (a "
+            "single large item, or the trailing padding sequence)"
+        )
+    whole = item_values(ir, env, dummy_item(ir, env, budget, 1, 0))
+    if padded.window is not None:
+        side = evaluate(padded.window, env)
+        per_token = -(-whole["input_size"] // max(whole["budget_tokens"], 1))
+        need = side * side * per_token
+        return need, (
+            f"a window of {padded.key} holds up to {side} x {side} tokens, {need} "
+            "input rows"
+        )
+    one = item_values(ir, env, dims)["input_size"]
+    need = max(one, whole["input_size"])
+    return need, (
+        f"a sequence of {padded.key} can be one item of {need} input rows (one "
+        f"dummy item, or one item that takes the whole budget {budget})"
+    )
 
 
 def fixed_batch_tokens(ir: Arithmetic, env: Mapping[str, int], mbs: int) -> float:
@@ -578,39 +691,83 @@ def slot_problems(
     constants: tuple[Constant, ...],
     buffers: tuple[Buffer, ...],
     overrides: Mapping[str, int] | None = None,
+    video: bool = False,
 ) -> Iterator[tuple[str, str]]:
-    """A trailing padding sequence needs a spare cu_seqlens slot."""
+    """A full batch's offsets fit the slots; a trailing padding sequence
+    needs a spare slot; a windowed buffer has a slot for every window."""
     env = {c.name: c.default for c in constants if c.default is not None}
     env.update(overrides or {})
     for buf in buffers:
         if buf.pad is None or buf.slots is None:
             continue
-        spare = 1 if buf.pad is PadRule.TRAILING_SEQUENCE else 0
         field = f"buffers.{buf.key}.slots"
-        for mbs in SAMPLE_BATCH_SIZES:
-            scope = {**env, "max_batch_size": mbs, "max_frames_per_batch": mbs}
-            try:
-                slots = value_at(field, buf.slots, scope)
-            except (EvaluationError, ArithmeticError):
-                break
-            except OutOfRange as exc:
-                yield exc.field, exc.message
-                break
-            if buf.pad is PadRule.REPEAT_LAST and slots < mbs + 1:
-                yield (
-                    field,
-                    f"{slots} slots for max_batch_size {mbs}: a full batch has "
-                    f"{mbs + 1} offsets (expected at least max_batch_size + 1)",
-                )
-                break
-            if spare and slots < mbs + 2:
-                yield (
-                    field,
-                    f"{slots} slots for max_batch_size {mbs}: a full batch fills "
-                    f"{mbs + 1} offsets and the padding sequence needs one spare slot "
-                    f"(expected at least max_batch_size + 2)",
-                )
-                break
+        try:
+            problem = _first_slot_problem(buf, env, video)
+        except OutOfRange as exc:
+            yield exc.field, exc.message
+            continue
+        if problem is not None:
+            yield field, problem
+
+
+def _first_slot_problem(buf: Buffer, env: dict[str, int], video: bool) -> str | None:
+    for mbs in SAMPLE_BATCH_SIZES:
+        for budget in SAMPLE_BUDGETS:
+            if budget < mbs:
+                continue
+            for mfpb in (mbs, 4 * mbs) if video else (mbs,):
+                names = {
+                    **env,
+                    "max_batch_size": mbs,
+                    "max_frames_per_batch": mfpb,
+                    "token_budget": budget,
+                }
+                try:
+                    slots = value_at(f"buffers.{buf.key}.slots", buf.slots, names)
+                    side = (
+                        value_at(f"buffers.{buf.key}.window", buf.window, env)
+                        if buf.window
+                        else None
+                    )
+                except (EvaluationError, ArithmeticError):
+                    return None
+                problem = _slot_problem(buf, slots, side, budget, mbs, mfpb)
+                if problem is not None:
+                    return problem
+    return None
+
+
+def _slot_problem(
+    buf: Buffer, slots: int, side: int | None, budget: int, mbs: int, mfpb: int
+) -> str | None:
+    if buf.pad is PadRule.REPEAT_LAST and slots < mbs + 1:
+        return (
+            f"{slots} slots for max_batch_size {mbs}: a full batch has "
+            f"{mbs + 1} offsets (expected at least max_batch_size + 1)"
+        )
+    if buf.pad is PadRule.TRAILING_SEQUENCE and slots < mbs + 2:
+        return (
+            f"{slots} slots for max_batch_size {mbs}: a full batch fills "
+            f"{mbs + 1} offsets and the padding sequence needs one spare slot "
+            f"(expected at least max_batch_size + 2)"
+        )
+    if side is not None and side > 0:
+        # A frame of a x b tokens has ceil(a/s)·ceil(b/s) <= a·b/s + 1
+        # windows, and every window holds a token: a batch of at most
+        # max(max_batch_size, max_frames_per_batch) frames within the budget
+        # has at most min(budget, frames + ceil(budget / s)) windows.
+        frames = max(mbs, mfpb)
+        windows = min(budget, frames + -(-budget // side))
+        spare = 1 if buf.pad is PadRule.TRAILING_SEQUENCE else 0
+        if slots < windows + 1 + spare:
+            return (
+                f"{slots} slots for budget {budget}, max_batch_size {mbs}, "
+                f"max_frames_per_batch {mfpb}: a batch within the budget can have "
+                f"{windows} windows of {side} x {side} tokens (min(token_budget, "
+                f"frames + ceil_div(token_budget, window))), {windows + 1 + spare} "
+                "offsets"
+            )
+    return None
 
 
 # -- encoder paths ----------------------------------------------------------------

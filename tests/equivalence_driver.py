@@ -30,14 +30,20 @@ What one run does, for one spec stem:
    *total* budget tokens sit on every budget boundary, more items than ``max_batch_size`` (the
    manager splits), and items above the largest budget (eager fallback).
    Towers that take several modalities (``tower.modalities``, e.g. Qwen2-VL
-   images and videos) get batches of each, one modality per ``execute``;
+   images and videos) get batches of each, one modality per ``execute``.
+   Towers with several encoder paths (``tower.paths``, Step3-VL's global
+   views and crops) are planned per path: boundary batches sit on each
+   path's budgets (``tower.path_tokens``), eager items exceed some path's
+   largest budget, and the budgets to replay are those of each path that a
+   legal batch can reach (``PhasePlan.coverage``);
 4. runs ``manager.execute`` and compares every item with
    ``REFERENCE_TOWERS[stem].reference_outputs(host, mm_kwargs)``:
    same shape, dtype and device, finite, and
    ``max|out - ref| <= tolerance * max(1, max|ref|)``; it also checks that
    every graph output buffer is finite after each execute, that results of
    the previous execute are not overwritten by later replays, and that
-   hits + misses count every item once;
+   hits + misses count what vLLM's manager counts (each item once per
+   replayed path, once if it replayed none);
 5. returns a JSON-serialisable summary (batches, items, graph hits/misses,
    eager fallbacks, worst abs/rel error, max padding waste, failures);
    :func:`assert_equivalent` turns it into a pass/fail with coverage checks.
@@ -92,11 +98,13 @@ from reference_towers.registry import generated_mixin as load_mixin
 __all__ = [
     "BATCH_KINDS",
     "CPU_RUN",
+    "CPU_RUN_OVERRIDES",
     "DEFAULT_MAX_TOKENS",
     "DEFAULT_PHASE_KINDS",
     "DEFAULT_TOLERANCE",
     "EAGER_PHASE_KINDS",
     "GPU_RUNS",
+    "GPU_RUN_OVERRIDES",
     "REPO_ROOT",
     "PhasePlan",
     "PlannedBatch",
@@ -105,8 +113,11 @@ __all__ = [
     "build_manager",
     "build_meta_host",
     "build_vllm_config",
+    "cpu_run",
     "discover_spec_stems",
     "eager_ladder",
+    "gpu_plan_problems",
+    "gpu_run",
     "load_mixin",
     "load_spec",
     "max_item_tokens",
@@ -191,6 +202,44 @@ tokens (the DeepSeek-V4.1 / MiniMax M3 caps already are; Qwen2-VL's is
 16384), so the per-image eager reference stays fast; boundary and eager
 batches still take the items a budget needs."""
 
+CPU_RUN_OVERRIDES: dict[str, dict[str, Any]] = {
+    # Each 728² global view alone costs a CPU about 0.3 s in the tiny tower
+    # (the released view geometry): 12 batches still reach every batch kind.
+    "step3_vl": {"num_batches": 12},
+}
+"""Per spec stem: settings of the CPU run that differ from :data:`CPU_RUN`."""
+
+GPU_RUN_OVERRIDES: dict[str, dict[str, dict[str, Any]]] = {
+    # Step3-VL's full tower (63 layers, 1792 wide) runs ~16 ViT rows per
+    # output token (2704 per global view, 1296 per crop): with the default
+    # 8192-token ladder its 150 batches would cost about twelve times
+    # Qwen2-VL's. Budgets up to 2048 (five graphs per path), items of at most
+    # 512 output tokens where drawn at random, at most 4 items, bring that to
+    # about four times; every kind, path budget, split and eager fallback
+    # stays covered (tests/equivalence checks the plan).
+    "step3_vl": {
+        "full": {
+            "max_tokens": 2048,
+            "max_random_tokens": 512,
+            "max_items": 4,
+            "over_max_extra": 1,
+        }
+    },
+}
+"""Per spec stem and size: settings of the GPU run that differ from
+:data:`GPU_RUNS` (never the batch count: that is the bar)."""
+
+
+def cpu_run(stem: str) -> dict[str, Any]:
+    """The CPU suite's run settings for ``stem``."""
+    return {**CPU_RUN, **CPU_RUN_OVERRIDES.get(stem, {})}
+
+
+def gpu_run(stem: str, size: str) -> dict[str, Any]:
+    """The GPU suite's run settings for ``stem`` at ``size``."""
+    return {**GPU_RUNS[size], **GPU_RUN_OVERRIDES.get(stem, {}).get(size, {})}
+
+
 _MAX_FAILURES_KEPT = 20
 
 
@@ -248,10 +297,12 @@ def build_host(
     attn_backend: AttentionBackendEnum = AttentionBackendEnum.FLASH_ATTN,
     multimodal_config: MultiModalConfig | None = None,
     seed: int = 0,
+    mixin: type | None = None,
 ) -> Any:
-    """The reference host with the generated mixin mixed in front."""
+    """The reference host with the generated mixin (or ``mixin``: another
+    implementation of the protocol, e.g. vLLM's own) mixed in front."""
     return REFERENCE_TOWERS[stem].build_host(
-        load_mixin(stem),
+        mixin or load_mixin(stem),
         size,
         device=device,
         dtype=dtype,
@@ -372,6 +423,13 @@ class _Planner:
     rng: random.Random
     modality: str = "image"
     counters: dict[str, int] = field(default_factory=dict)
+    path_budgets: dict[str, list[int]] = field(default_factory=dict)
+    """Each encoder path's budgets (the manager's ``path_token_budgets``);
+    used by towers with several paths, whose boundaries are per path."""
+    _pools: dict[str, dict[str, dict[int, list[tuple[int, ...]]]]] = field(
+        default_factory=dict
+    )
+    _fewest: dict[tuple[str, str], list[int]] = field(default_factory=dict)
 
     # -- the tower, for the current modality --------------------------------
 
@@ -399,7 +457,139 @@ class _Planner:
 
     @property
     def has_eager(self) -> bool:
+        if self.multi_path:
+            return any(
+                max(self._pool(p)) > self.path_budgets[p][-1] for p in self.path_budgets
+            )
         return self.cap > self.budgets[-1]
+
+    # -- several encoder paths ------------------------------------------------
+
+    @property
+    def multi_path(self) -> bool:
+        return len(self.path_budgets) > 1
+
+    def _pool(self, path: str) -> dict[int, list[tuple[int, ...]]]:
+        """Legal items of the current modality by their rows on ``path``: one
+        drawn per reachable budget-token count (deterministic)."""
+        if self.modality not in self._pools:
+            pools: dict[str, dict[int, list[tuple[int, ...]]]] = {
+                p: {} for p in self.path_budgets
+            }
+            for t in range(self.min_tokens, self.cap + 1):
+                if not self._reachable(t):
+                    continue
+                item = self.tower.budget_item(
+                    random.Random(t), self.size, budget_tokens=t, **self._kw
+                )
+                for p, rows in self.tower.path_tokens(item).items():
+                    found = pools[p].setdefault(rows, [])
+                    if item not in found:
+                        found.append(item)
+            self._pools[self.modality] = pools
+        return self._pools[self.modality][path]
+
+    def _fewest_items(self, path: str) -> list[int]:
+        """``[s]``: the fewest legal items whose rows on ``path`` sum to ``s``
+        (up to the path's largest budget + 1; a large number if none)."""
+        key = (self.modality, path)
+        if key in self._fewest:
+            return self._fewest[key]
+        top = self.path_budgets[path][-1] + 1
+        values = [v for v in self._pool(path) if v > 0]
+        never = 1 << 30
+        fewest = [0] + [never] * top
+        for total in range(1, top + 1):
+            fewest[total] = 1 + min(
+                (fewest[total - v] for v in values if v <= total), default=never - 1
+            )
+        self._fewest[key] = fewest
+        return fewest
+
+    def _fits_one_batch(self, total: int, path: str) -> bool:
+        fewest = self._fewest_items(path)
+        return 0 < total < len(fewest) and fewest[total] <= self.max_batch_size
+
+    def path_coverage(self, path: str) -> list[int]:
+        """The budgets of ``path`` that a legal batch can replay: some total
+        of at most ``max_batch_size`` items lies above the next smaller
+        budget and within this one."""
+        budgets = [b for b in self.path_budgets[path] if b > 0]
+        return [
+            b
+            for lo, b in zip([0, *budgets], budgets)
+            if any(self._fits_one_batch(t, path) for t in range(lo + 1, b + 1))
+        ]
+
+    def _path_targets(self) -> list[tuple[str, int]]:
+        """(path, total rows) of the boundary batches: every budget exactly,
+        then minus one, then plus one, where reachable; a budget none of
+        those reach gets the largest reachable total within it."""
+        exact, minus, plus, fallback = [], [], [], []
+        for path in self.path_budgets:
+            budgets = [b for b in self.path_budgets[path] if b > 0]
+            for lo, b in zip([0, *budgets], budgets):
+                hits = [
+                    (group, b + d)
+                    for group, d in ((exact, 0), (minus, -1), (plus, 1))
+                    if self._fits_one_batch(b + d, path)
+                ]
+                for group, total in hits:
+                    group.append((path, total))
+                inside = [
+                    t for t in range(lo + 1, b + 1) if self._fits_one_batch(t, path)
+                ]
+                if inside and not any(lo < t <= b for _, t in hits):
+                    fallback.append((path, inside[-1]))
+        return exact + minus + plus + fallback
+
+    def _path_total_items(self, path: str, total: int) -> list[tuple[int, ...]]:
+        """Items whose rows on ``path`` sum to ``total`` (the fewest), each
+        drawn at random among the legal items with its rows there; on the
+        other paths the smaller is preferred when the batch would overflow."""
+        fewest = self._fewest_items(path)
+        pool = self._pool(path)
+        items: list[tuple[int, ...]] = []
+        left = total
+        while left > 0:
+            options = [
+                v
+                for v in pool
+                if 0 < v <= left and fewest[left - v] == fewest[left] - 1
+            ]
+            value = self.rng.choice(sorted(options))
+            items.append(self.rng.choice(pool[value]))
+            left -= value
+        for other in self.path_budgets:
+            if other == path:
+                continue
+            rows = sum(self.tower.path_tokens(i)[other] for i in items)
+            if rows > self.path_budgets[other][-1]:
+                items = [
+                    min(
+                        pool[self.tower.path_tokens(i)[path]],
+                        key=lambda c: self.tower.path_tokens(c)[other],
+                    )
+                    for i in items
+                ]
+        self.rng.shuffle(items)
+        return items
+
+    def _path_oversized_item(self, smallest: bool) -> tuple[int, ...]:
+        """A legal item above the largest budget of some path: the one with
+        the fewest budget tokens (just over a boundary) or a random one."""
+        choices = sorted(
+            {
+                item
+                for p, budgets in self.path_budgets.items()
+                for rows, found in self._pool(p).items()
+                if rows > budgets[-1]
+                for item in found
+            }
+        )
+        if smallest:
+            return min(choices, key=self.tower.budget_tokens)
+        return self.rng.choice(choices)
 
     def _item(
         self, tokens: int | None = None, max_tokens: int | None = None
@@ -437,6 +627,14 @@ class _Planner:
             if self._reachable(t):
                 return t
         raise RuntimeError(f"no legal {self.modality} item with {lo}..{hi} tokens")
+
+    def _largest_reachable(self, hi: int) -> int:
+        """The largest reachable token count up to ``hi`` (``hi`` itself,
+        drawn as :meth:`_reachable_in` draws it, when reachable: a tower whose
+        counts step by more than one, as Step3-VL's crops, may miss it)."""
+        if self._reachable(hi):
+            return self._reachable_in(hi, hi)
+        return next(t for t in range(hi, self.min_tokens - 1, -1) if self._reachable(t))
 
     # -- batch kinds ----------------------------------------------------------
 
@@ -476,13 +674,15 @@ class _Planner:
                 return [self.smallest], "smallest"
             if i == 1:
                 return [self._item(tokens=self._reachable_in(1, self.random_cap))], ""
-            return [self._item(tokens=self._reachable_in(self.cap, self.cap))], "cap"
+            return [self._item(tokens=self._largest_reachable(self.cap))], "cap"
         if kind == "smallest":
             n = self._count()
             items = [self.smallest] * n
             if n > 1 and rng.random() < 0.5:
                 items[rng.randrange(n)] = self._item()
             return items, ""
+        if kind in ("item_boundary", "total_boundary", "eager") and self.multi_path:
+            return self._path_kind_items(kind)
         if kind == "item_boundary":
             targets = [
                 b + d
@@ -538,11 +738,48 @@ class _Planner:
                     items.append(self.smallest)
                 elif r < 0.4:
                     cap = self.random_cap
-                    items.append(self._item(tokens=self._reachable_in(cap, cap)))
+                    items.append(self._item(tokens=self._largest_reachable(cap)))
                 else:
                     items.append(self._item())
             return items, ""
         raise ValueError(f"unknown batch kind {kind!r}")
+
+    def _path_kind_items(self, kind: str) -> tuple[list[tuple[int, ...]], str] | None:
+        """The boundary and eager kinds of a tower with several paths: each
+        path's budgets are its own (a batch's rows on a path pick that
+        path's graph)."""
+        rng = self.rng
+        if kind == "total_boundary":
+            targets = self._path_targets()
+            path, total = targets[self._nth(kind) % len(targets)]
+            return self._path_total_items(path, total), f"{total} {path} rows in total"
+        if kind == "item_boundary":
+            targets = [
+                (path, rows)
+                for path, budgets in self.path_budgets.items()
+                for rows in sorted(self._pool(path))
+                if rows > 0 and any(rows - b in (-1, 0, 1) for b in budgets if b > 0)
+            ]
+            if not targets:
+                return None
+            path, rows = targets[self._nth(kind) % len(targets)]
+            items = [rng.choice(self._pool(path)[rows])]
+            room = max(0, min(self.max_batch_size, self.max_items) - 1)
+            items += [self._item() for _ in range(rng.randint(0, min(2, room)))]
+            rng.shuffle(items)
+            return items, f"an item of {rows} {path} rows"
+        assert kind == "eager"
+        if not self.has_eager:
+            return None
+        first_small = self._nth(kind) % 2 == 0
+        big = [
+            self._path_oversized_item(smallest=first_small and i == 0)
+            for i in range(rng.randint(1, 2))
+        ]
+        room = max(0, min(3, self.max_items - len(big)))
+        items = big + [self._item() for _ in range(rng.randint(0, room))]
+        rng.shuffle(items)
+        return items, f"{len(big)} above a path's largest budget"
 
 
 def plan_batches(
@@ -558,6 +795,7 @@ def plan_batches(
     max_random_tokens: int | None = None,
     kinds: Sequence[str] = DEFAULT_PHASE_KINDS,
     modalities: Sequence[str] | None = None,
+    path_budgets: dict[str, list[int]] | None = None,
 ) -> list[PlannedBatch]:
     """``num_batches`` seeded batches cycling through ``kinds``; the batches
     of each kind alternate between ``modalities`` (every modality of the
@@ -581,6 +819,7 @@ def plan_batches(
         ),
         max_random_tokens=max_random_tokens,
         rng=rng,
+        path_budgets=dict(path_budgets or {"default": sorted(budgets)}),
     )
     plans: list[PlannedBatch] = []
     made_of_kind: dict[str, int] = {}
@@ -719,6 +958,11 @@ class PhasePlan:
     token_budgets: list[int]
     max_batch_size: int
     batches: list[PlannedBatch]
+    path_budgets: dict[str, list[int]] = field(default_factory=dict)
+    """Each path's budgets (``path_token_budgets``; 0: the path left out)."""
+    coverage: dict[str, list[int]] = field(default_factory=dict)
+    """Per path, the budgets its batches must replay: those a legal batch
+    can reach (every budget of a single-path tower)."""
 
 
 def build_meta_host(
@@ -727,20 +971,24 @@ def build_meta_host(
     *,
     attn_backend: AttentionBackendEnum = AttentionBackendEnum.FLASH_ATTN,
     multimodal_config: MultiModalConfig | None = None,
+    mixin: type | None = None,
 ) -> Any:
     """A host on the meta device (no memory, no weights): enough for the
     manager to resolve budgets, so a run can be planned without running it."""
     tower = REFERENCE_TOWERS[stem]
     with torch.device("meta"):
-        return tower.host_class(load_mixin(stem))(
+        return tower.host_class(mixin or load_mixin(stem))(
             tower.config(size),
             multimodal_config=multimodal_config,
             attn_backend=attn_backend,
         )
 
 
-def _resolve_ladder(host: Any, vllm_config: VllmConfig) -> tuple[list[int], int]:
-    """The manager's own budget and batch-size resolution (no capture)."""
+def _resolve_ladder(
+    host: Any, vllm_config: VllmConfig
+) -> tuple[list[int], int, dict[str, list[int]]]:
+    """The manager's own budget and batch-size resolution (no capture): the
+    budgets, the items per batch and each path's budgets."""
     manager = EncoderCudaGraphManager(
         vllm_config,
         torch.device("cpu"),
@@ -748,7 +996,60 @@ def _resolve_ladder(host: Any, vllm_config: VllmConfig) -> tuple[list[int], int]
         host,
         graph_backend=EagerReplayGraphBackend(),
     )
-    return list(manager.token_budgets), manager.max_batch_size
+    paths = {p: list(b) for p, b in manager.path_token_budgets.items()}
+    return list(manager.token_budgets), manager.max_batch_size, paths
+
+
+def _path_caps(tower: ReferenceTower[Any], size: Size) -> dict[str, int]:
+    """The most rows one legal item puts on each path (the budget-token cap
+    for a single path)."""
+    if len(tower.paths) == 1:
+        return {tower.paths[0]: max_item_tokens(tower, size)}
+    caps = dict.fromkeys(tower.paths, 0)
+    for modality in tower_modalities(tower):
+        kw = _modality_kwargs(modality)
+        probe = random.Random(0)
+        for t in range(
+            tower.budget_tokens(tower.smallest_item(size, **kw)),
+            tower.max_budget_tokens(size, **kw) + 1,
+        ):
+            try:
+                item = tower.budget_item(probe, size, budget_tokens=t, **kw)
+            except ValueError:
+                continue
+            for p, rows in tower.path_tokens(item).items():
+                caps[p] = max(caps[p], rows)
+    return caps
+
+
+def _coverage(
+    tower: ReferenceTower[Any],
+    size: Size,
+    budgets: list[int],
+    max_batch_size: int,
+    path_budgets: dict[str, list[int]],
+) -> dict[str, list[int]]:
+    """Per path, the budgets a legal batch can replay (see
+    :meth:`_Planner.path_coverage`); every budget for a single path."""
+    if len(path_budgets) == 1:
+        return {p: [x for x in b if x > 0] for p, b in path_budgets.items()}
+    planner = _Planner(
+        tower=tower,
+        size=size,
+        budgets=sorted(budgets),
+        max_batch_size=max_batch_size,
+        max_items=max_batch_size,
+        over_max_extra=1,
+        max_random_tokens=None,
+        rng=random.Random(0),
+        path_budgets=path_budgets,
+    )
+    covered: dict[str, set[int]] = {p: set() for p in path_budgets}
+    for modality in tower_modalities(tower):
+        planner.modality = modality
+        for p in path_budgets:
+            covered[p].update(planner.path_coverage(p))
+    return {p: sorted(c) for p, c in covered.items()}
 
 
 def plan_phases(
@@ -776,15 +1077,21 @@ def plan_phases(
     default_config = build_vllm_config(
         size, max_tokens=max_tokens, multimodal_config=mm_config
     )
-    budgets, max_batch_size = _resolve_ladder(host, default_config)
-    if max_item_tokens(tower, size) > budgets[-1]:
+    budgets, max_batch_size, path_budgets = _resolve_ladder(host, default_config)
+    caps = _path_caps(tower, size)
+    if any(caps[p] > b[-1] for p, b in path_budgets.items()):
         eager_batches = 0  # the default phase draws eager items itself
     elif eager_batches is None:
         eager_batches = max(2, num_batches // 5)
     eager_batches = max(0, min(eager_batches, num_batches - 1))
 
     def batches(
-        budgets: list[int], mbs: int, n: int, seed: int, kinds: Sequence[str]
+        budgets: list[int],
+        mbs: int,
+        n: int,
+        seed: int,
+        kinds: Sequence[str],
+        path_budgets: dict[str, list[int]],
     ) -> list[PlannedBatch]:
         return plan_batches(
             tower,
@@ -797,6 +1104,7 @@ def plan_phases(
             over_max_extra=over_max_extra,
             max_random_tokens=max_random_tokens,
             kinds=kinds,
+            path_budgets=path_budgets,
         )
 
     phases = [
@@ -811,7 +1119,10 @@ def plan_phases(
                 num_batches - eager_batches,
                 seed,
                 DEFAULT_PHASE_KINDS,
+                path_budgets,
             ),
+            path_budgets,
+            _coverage(tower, size, budgets, max_batch_size, path_budgets),
         )
     ]
     if eager_batches:
@@ -823,7 +1134,7 @@ def plan_phases(
             max_items_per_batch=user_items,
             multimodal_config=mm_config,
         )
-        budgets, max_batch_size = _resolve_ladder(host, config)
+        budgets, max_batch_size, path_budgets = _resolve_ladder(host, config)
         phases.append(
             PhasePlan(
                 "eager_ladder",
@@ -836,7 +1147,10 @@ def plan_phases(
                     eager_batches,
                     seed + 1,
                     EAGER_PHASE_KINDS,
+                    path_budgets,
                 ),
+                path_budgets,
+                _coverage(tower, size, budgets, max_batch_size, path_budgets),
             )
         )
     return phases
@@ -845,29 +1159,30 @@ def plan_phases(
 def predict_packing(stem: str, phase: PhasePlan) -> dict[str, Any]:
     """What the manager's packing rules make of a phase's batches (from
     :func:`encoder_cudagraph_runtime.packing.pack_items`, no model run):
-    replays per budget, eager batches and executes split in several.
-    Assumes the single ``default`` path (its tokens: the budget tokens),
-    which is what every current spec captures."""
-    from encoder_cudagraph_runtime.packing import pack_items
-
+    replays per budget (per ``(path, budget)`` in ``replays_per_path_budget``;
+    a single path's rows are its budget tokens), eager batches (a batch with
+    some path too big for its budgets) and executes split in several."""
     tower = REFERENCE_TOWERS[stem]
+    paths = list(phase.path_budgets or {"default": phase.token_budgets})
     per_budget: dict[int, int] = {}
+    per_path_budget: dict[str, dict[int, int]] = {p: {} for p in paths}
     eager = splits = 0
     for batch in phase.batches:
-        tokens = [tower.budget_tokens(item) for item in batch.items]
-        outputs = [tower.output_tokens(item) for item in batch.items]
-        packed = pack_items(
-            [tokens], outputs, [phase.token_budgets], phase.max_batch_size
-        )
+        packed = _pack(tower, phase, batch.items)[1]
         splits += len(packed) > 1
-        for p in packed:
-            budget = p.path_budgets[0]
-            if budget is None:
+        for unit in packed:
+            if None in unit.path_budgets:
                 eager += 1
-            else:
-                per_budget[budget] = per_budget.get(budget, 0) + 1
+            for path, budget in zip(paths, unit.path_budgets, strict=True):
+                if budget:
+                    counts = per_path_budget[path]
+                    counts[budget] = counts.get(budget, 0) + 1
+                    per_budget[budget] = per_budget.get(budget, 0) + 1
     return {
         "replays_per_budget": dict(sorted(per_budget.items())),
+        "replays_per_path_budget": {
+            p: dict(sorted(c.items())) for p, c in per_path_budget.items()
+        },
         "eager_batches": eager,
         "split_executes": splits,
         "max_items": max((len(b.items) for b in phase.batches), default=0),
@@ -875,6 +1190,39 @@ def predict_packing(stem: str, phase: PhasePlan) -> dict[str, Any]:
             tower.input_size(item) for b in phase.batches for item in b.items
         ),
     }
+
+
+def gpu_plan_problems(stem: str, size: Size, host: Any) -> list[str]:
+    """What the GPU run of ``stem`` at ``size`` would miss, from its plan on
+    ``host`` (a meta host: :func:`build_meta_host`): the bar's batch count,
+    every budget of every path a legal batch can reach replayed (every
+    budget, for a single path), some execute split, some eager fallback,
+    only legal items. Empty when the plan covers all."""
+    tower = REFERENCE_TOWERS[stem]
+    run = gpu_run(stem, size)
+    phases = plan_phases(stem, size, host, seed=0, **run)
+    problems = []
+    planned = sum(len(p.batches) for p in phases)
+    if planned != run["num_batches"] or planned < GPU_RUNS[size]["num_batches"]:
+        problems.append(f"{planned} batches planned, the bar is {GPU_RUNS[size]}")
+    predicted = {p.name: predict_packing(stem, p) for p in phases}
+    default = next(p for p in phases if p.name == "default")
+    replayed = predicted["default"]["replays_per_path_budget"]
+    for path, budgets in default.coverage.items():
+        if set(replayed[path]) != set(budgets):
+            problems.append(f"path {path!r} replays {replayed[path]}, not {budgets}")
+    if len(default.path_budgets) == 1:
+        if set(default.coverage["default"]) != set(default.token_budgets):
+            problems.append(f"coverage {default.coverage} != {default.token_budgets}")
+    if predicted["default"]["split_executes"] == 0:
+        problems.append("no execute splits")
+    if predicted.get("eager_ladder", predicted["default"])["eager_batches"] == 0:
+        problems.append("no batch falls back to the eager forward")
+    for batch in (b for p in phases for b in p.batches):
+        kw = _modality_kwargs(batch.modality)
+        if not all(tower.is_legal(item, size, **kw) for item in batch.items):
+            problems.append(f"illegal items in {batch}")
+    return problems
 
 
 # ---------------------------------------------------------------------------
@@ -899,7 +1247,8 @@ class _Stats:
     nonfinite: int = 0
     aliasing: int = 0
     kinds: dict[str, int] = field(default_factory=dict)
-    budgets_replayed: set[int] = field(default_factory=set)
+    budgets_replayed: set[tuple[str, int]] = field(default_factory=set)
+    """(path, budget) of every graph replayed."""
     failures: list[str] = field(default_factory=list)
     num_failures: int = 0
 
@@ -911,12 +1260,12 @@ class _Stats:
 
 def _padding_totals(manager: EncoderCudaGraphManager) -> dict[str, Any]:
     stats = manager.get_padding_stats()
-    per_budget: dict[int, int] = {}
+    per_budget: dict[tuple[str, int], int] = {}
     eager_batches = 0
-    for path in stats["paths"].values():
+    for name, path in stats["paths"].items():
         eager_batches += path["eager_batches"]
         for budget, entry in path["budgets"].items():
-            per_budget[int(budget)] = per_budget.get(int(budget), 0) + entry["replays"]
+            per_budget[(name, int(budget))] = entry["replays"]
     return {
         "replays": stats["replays"],
         "rows_replayed": stats["rows_replayed"],
@@ -927,7 +1276,7 @@ def _padding_totals(manager: EncoderCudaGraphManager) -> dict[str, Any]:
 
 
 def _output_buffers(
-    manager: EncoderCudaGraphManager, replayed: set[int]
+    manager: EncoderCudaGraphManager, replayed: set[tuple[str, int]]
 ) -> list[torch.Tensor]:
     """Output buffers of the graphs replayed since capture.
 
@@ -937,9 +1286,9 @@ def _output_buffers(
     """
     return [
         meta.output_buffer
-        for graphs in manager.budget_graphs.values()
+        for path, graphs in manager.budget_graphs.items()
         for meta in graphs.values()
-        if meta.token_budget in replayed
+        if (path, meta.token_budget) in replayed
     ]
 
 
@@ -984,6 +1333,53 @@ def _compare(
         )
 
 
+def _pack(
+    tower: ReferenceTower[Any], phase: PhasePlan, items: Sequence[tuple[int, ...]]
+) -> tuple[list[str], list[Any]]:
+    """The phase's paths and the replay units the manager's packing rules
+    make of ``items`` (see :func:`encoder_cudagraph_runtime.packing`)."""
+    from encoder_cudagraph_runtime.packing import pack_items
+
+    paths = list(phase.path_budgets or {"default": phase.token_budgets})
+    budgets = [phase.path_budgets.get(p, phase.token_budgets) for p in paths]
+    if len(paths) == 1:
+        tokens = [[tower.budget_tokens(item) for item in items]]
+    else:
+        rows = [tower.path_tokens(item) for item in items]
+        tokens = [[r[p] for r in rows] for p in paths]
+    outputs = [tower.output_tokens(item) for item in items]
+    return paths, pack_items(tokens, outputs, budgets, phase.max_batch_size)
+
+
+def _expected_counters(
+    tower: ReferenceTower[Any], phase: PhasePlan, items: Sequence[tuple[int, ...]]
+) -> tuple[int, int]:
+    """(graph hits, graph misses) the manager counts for one execute, as
+    vLLM's counts them: each replay of a path counts the unit's items as
+    hits (an item with rows on two paths counts twice); a unit with no
+    replay counts its items as misses."""
+    hits = misses = 0
+    for unit in _pack(tower, phase, items)[1]:
+        replayed = sum(1 for b in unit.path_budgets if b)
+        if replayed:
+            hits += replayed * len(unit.indices)
+        else:
+            misses += len(unit.indices)
+    return hits, misses
+
+
+def _oversized(
+    tower: ReferenceTower[Any],
+    item: tuple[int, ...],
+    budgets: list[int],
+    largest: dict[str, int],
+) -> bool:
+    """Whether ``item`` alone exceeds the largest budget (of some path)."""
+    if len(largest) <= 1:
+        return tower.budget_tokens(item) > budgets[-1]
+    return any(rows > largest[p] for p, rows in tower.path_tokens(item).items())
+
+
 def _run_phase(
     phase: PhasePlan,
     *,
@@ -1017,8 +1413,10 @@ def _run_phase(
             raise ValueError("poison_pool needs the CUDA graph backend")
         poison = poison_graph_pool(manager.graph_pool, device, graph_backend)
     budgets = phase.token_budgets
+    largest = {p: b[-1] for p, b in phase.path_budgets.items()}
     items_before = stats.items
-    replayed_here: set[int] = set()
+    expected_hits = expected_misses = 0
+    replayed_here: set[tuple[str, int]] = set()
     previous: list[tuple[torch.Tensor, torch.Tensor]] = []
     for b, plan in enumerate(phase.batches):
         note = f", {plan.note}" if plan.note else ""
@@ -1036,6 +1434,9 @@ def _run_phase(
 
         stats.batches += 1
         stats.items += len(plan.items)
+        hits, misses = _expected_counters(tower, phase, plan.items)
+        expected_hits += hits
+        expected_misses += misses
         kind = plan.kind if plan.modality == "image" else f"{plan.modality}:{plan.kind}"
         stats.kinds[kind] = stats.kinds.get(kind, 0) + 1
         replays = after["replays"] - before["replays"]
@@ -1043,7 +1444,7 @@ def _run_phase(
         stats.replays += replays
         stats.eager_batches += eager
         stats.eager_items += sum(
-            1 for item in plan.items if tower.budget_tokens(item) > budgets[-1]
+            1 for item in plan.items if _oversized(tower, item, budgets, largest)
         )
         if replays + eager > 1:
             stats.split_executes += 1
@@ -1090,10 +1491,13 @@ def _run_phase(
 
     cumulative = manager.get_cumulative_stats()
     phase_items = stats.items - items_before
-    if cumulative["graph_hits"] + cumulative["graph_misses"] != phase_items:
+    # One count per item and replayed path (per item for a single path).
+    counted = cumulative["graph_hits"] + cumulative["graph_misses"]
+    if counted != expected_hits + expected_misses:
         stats.fail(
             f"{phase.name}: hits {cumulative['graph_hits']} + misses "
-            f"{cumulative['graph_misses']} != items {phase_items}"
+            f"{cumulative['graph_misses']} != {expected_hits + expected_misses} "
+            f"(items {phase_items}, each once per replayed path)"
         )
     summary = {
         "token_budgets": budgets,
@@ -1106,6 +1510,11 @@ def _run_phase(
         "graph_misses": cumulative["graph_misses"],
         "eager_fallbacks": _padding_totals(manager)["eager_batches"],
         "padding_waste": manager.get_padding_stats()["waste_fraction"],
+        "path_budgets": phase.path_budgets,
+        "path_coverage": phase.coverage,
+        "path_budgets_replayed": {
+            p: sorted(b for q, b in replayed_here if q == p) for p in phase.path_budgets
+        },
     }
     if poison is not None:
         summary["poisoned_bytes"] = poison.nbytes
@@ -1134,6 +1543,7 @@ def run_equivalence(
     max_random_tokens: int | None = None,
     eager_batches: int | None = None,
     poison_pool: bool = False,
+    mixin: type | None = None,
 ) -> dict[str, Any]:
     """Run the equivalence check of one spec; see the module docstring.
 
@@ -1162,6 +1572,8 @@ def run_equivalence(
             at least 2; none when the default phase can draw eager items).
         poison_pool: (CUDA) fill the pool's free blocks with NaN after
             capture and before every execute (:func:`poison_graph_pool`).
+        mixin: the protocol implementation to check (default: the
+            generated ``generated.standalone.<stem>`` mixin), e.g. vLLM's own.
 
     Returns:
         A JSON-serialisable summary; ``failures`` lists mismatches (empty
@@ -1186,6 +1598,7 @@ def run_equivalence(
         attn_backend=attn_backend,
         multimodal_config=mm_config,
         seed=seed,
+        mixin=mixin,
     )
     phases = plan_phases(
         stem,
@@ -1203,6 +1616,7 @@ def run_equivalence(
     stats = _Stats()
     results: dict[str, Any] = {}
     default_budgets_replayed: list[int] = []
+    default_path_replayed: dict[str, list[int]] = {}
     for phase in phases:
         results[phase.name] = _run_phase(
             phase,
@@ -1216,7 +1630,8 @@ def run_equivalence(
             stats=stats,
         )
         if phase.name == "default":
-            default_budgets_replayed = sorted(stats.budgets_replayed)
+            default_budgets_replayed = sorted({b for _, b in stats.budgets_replayed})
+            default_path_replayed = results[phase.name]["path_budgets_replayed"]
 
     return {
         "spec": stem,
@@ -1247,7 +1662,9 @@ def run_equivalence(
         ),
         "default_budgets": results["default"]["token_budgets"],
         "default_budgets_replayed": default_budgets_replayed,
-        "budgets_replayed": sorted(stats.budgets_replayed),
+        "default_path_coverage": results["default"]["path_coverage"],
+        "default_path_budgets_replayed": default_path_replayed,
+        "budgets_replayed": sorted({b for _, b in stats.budgets_replayed}),
         "kinds": dict(sorted(stats.kinds.items())),
         "nonfinite": stats.nonfinite,
         "aliasing": stats.aliasing,
@@ -1269,11 +1686,12 @@ def assert_equivalent(
     if summary["num_failures"] > len(problems):
         problems.append(f"... {summary['num_failures'] - len(problems)} more")
     if require_coverage:
-        missing = sorted(
-            set(summary["default_budgets"]) - set(summary["default_budgets_replayed"])
-        )
-        if missing:
-            problems.append(f"default budgets never replayed: {missing}")
+        for path, budgets in summary["default_path_coverage"].items():
+            replayed = summary["default_path_budgets_replayed"].get(path, [])
+            missing = sorted(set(budgets) - set(replayed))
+            if missing:
+                where = "" if path == "default" else f" of path {path!r}"
+                problems.append(f"default budgets{where} never replayed: {missing}")
         if summary["graph_hits"] == 0:
             problems.append("no graph was replayed")
         if summary["split_executes"] == 0:

@@ -3,7 +3,7 @@
 # From specs/minimax_m3.yaml: change the spec or the templates and run
 # `gen-mixin specs/minimax_m3.yaml`.
 # spec-sha256: 679a222a35671178384492aa0dc1e20daf1dbe9ee4c77a16239d17f4a618116f
-# templates-sha256: 0c2b7cc818fdeee8616e446fcbef98d127c3982399c5e0252dde43f1944548b3
+# templates-sha256: 7442ecbc7c54680d3f8bacb1a38ee22893bc4b20342b5bdae4c6d0557088d75a
 
 import itertools
 import weakref
@@ -67,6 +67,118 @@ def _copy_rows_on_dim1(dst: torch.Tensor, src: torch.Tensor) -> None:
     n = src.shape[1]
     dst[:, n:].zero_()
     dst[:, :n].copy_(src)
+
+
+def _grid_values(mm_kwargs: dict[str, Any], key: str, width: int) -> list[list[int]]:
+    """The grid ``key`` as rows of Python ints: an integer tensor of shape
+    ``(items, width)`` or a list of rows of ``width`` ints, every dim at
+    least 1. Anything else is refused, not converted (``int()`` would
+    truncate a float grid)."""
+    grid = mm_kwargs[key]
+    if isinstance(grid, torch.Tensor):
+        if (
+            grid.dtype.is_floating_point
+            or grid.dtype.is_complex
+            or grid.dtype == torch.bool
+        ):
+            raise ValueError(
+                f"mm_kwargs[{key!r}] holds {grid.dtype} values, not integers"
+            )
+        if grid.ndim != 2 or grid.shape[1] != width:
+            raise ValueError(
+                f"mm_kwargs[{key!r}] has shape {tuple(grid.shape)}; a grid has "
+                f"one row of {width} dims per item"
+            )
+        if grid.numel() and int(grid.min()) < 1:
+            index = int((grid.min(dim=1).values < 1).nonzero()[0, 0])
+            raise ValueError(
+                f"mm_kwargs[{key!r}][{index}] is {grid[index].tolist()}; every dim "
+                "is at least 1"
+            )
+        return grid.tolist()
+    if isinstance(grid, (list, tuple)):
+        rows = [list(row) if isinstance(row, (list, tuple)) else row for row in grid]
+        for index, row in enumerate(rows):
+            if not (
+                isinstance(row, list)
+                and len(row) == width
+                and all(type(v) is int for v in row)
+            ):
+                raise ValueError(
+                    f"mm_kwargs[{key!r}][{index}] is {row!r}; a grid row is "
+                    f"{width} ints"
+                )
+    else:
+        raise ValueError(
+            f"mm_kwargs[{key!r}] is a {type(grid).__name__}; a grid is an "
+            "integer tensor or a list of rows"
+        )
+    if rows and min(map(min, rows)) < 1:
+        index = next(i for i, row in enumerate(rows) if min(row) < 1)
+        raise ValueError(
+            f"mm_kwargs[{key!r}][{index}] is {rows[index]}; every dim is at least 1"
+        )
+    return rows
+
+
+def _num_items(inputs: dict[str, list[Any]]) -> int:
+    """The batch's item count: every grid and count input has one entry per
+    item."""
+    counts = {key: len(values) for key, values in inputs.items()}
+    if len(set(counts.values())) > 1:
+        listed = ", ".join(f"mm_kwargs[{k!r}] has {n}" for k, n in counts.items())
+        raise ValueError(f"the inputs disagree on the number of items: {listed}")
+    return next(iter(counts.values()))
+
+
+def _check_rows(
+    mm_kwargs: dict[str, Any],
+    key: str,
+    rows: int,
+    num_items: int,
+    per_item: str,
+    row_shape: tuple[int, ...] | None = None,
+    accepts_list: bool = False,
+) -> None:
+    """The flat input ``key`` holds exactly ``rows`` rows, its items'
+    ``per_item`` summed, each of ``row_shape`` (the captured buffer's row,
+    when it is fixed: the replay copy would broadcast a narrower one).
+
+    Selection, replay and the eager forward slice the rows by the grids; rows
+    that do not match them would shift every item without an error. Only
+    shapes are read.
+    """
+    value = mm_kwargs[key]
+    parts = value if accepts_list and isinstance(value, list) else [value]
+    for part in parts:
+        if not isinstance(part, torch.Tensor) or part.ndim == 0:
+            raise ValueError(
+                f"mm_kwargs[{key!r}] is a {type(part).__name__}; it must be a "
+                "tensor of rows" + (" or a list of them" if accepts_list else "")
+            )
+        if row_shape is not None and part.shape[1:] != row_shape:
+            raise ValueError(
+                f"mm_kwargs[{key!r}] has rows of shape {tuple(part.shape[1:])}, "
+                f"but the captured buffers hold rows of shape {row_shape}"
+            )
+    held = sum(part.shape[0] for part in parts)
+    if held != rows:
+        raise ValueError(
+            f"mm_kwargs[{key!r}] has {held} rows, but its {num_items} item(s) "
+            f"need {rows} ({per_item})"
+        )
+
+
+def _check_indices(indices: list[int], num_items: int) -> None:
+    """A selection names items of the batch by position: ints in
+    ``range(num_items)``, repeated or reordered at will. A negative index
+    would pick a grid row from the end but slice no rows."""
+    for index in indices:
+        if type(index) is not int or not 0 <= index < num_items:
+            raise ValueError(
+                f"selection index {index!r} is not an item of this batch of "
+                f"{num_items}"
+            )
 
 
 class MiniMaxM3EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
@@ -155,10 +267,13 @@ class MiniMaxM3EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
     def get_encoder_cudagraph_item_specs(
         self, mm_kwargs: dict[str, Any]
     ) -> list["EncoderItemSpec"]:
-        """One spec per item, in order, computed from the host-side grids."""
+        """One spec per item, in order, computed from the host-side grids once
+        the batch's inputs are checked against them (``_checked_grids``).
+        """
         from vllm.v1.worker.encoder_cudagraph_defs import EncoderItemSpec
 
-        image_grid_thw = self._grid_rows(mm_kwargs, "image_grid_thw")
+        grids = self._checked_grids(mm_kwargs)
+        image_grid_thw = grids["image_grid_thw"]
         merge = self.vision_tower.spatial_merge_size
         return [
             EncoderItemSpec(
@@ -172,8 +287,10 @@ class MiniMaxM3EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         self, mm_kwargs: dict[str, Any], indices: list[int]
     ) -> dict[str, Any]:
         """The sub-batch ``indices`` (in that order), as valid input to every
-        other method; an empty ``indices`` gives empty tensors."""
-        image_grid_thw = self._grid_rows(mm_kwargs, "image_grid_thw")
+        other method; an empty ``indices`` gives empty tensors. The grids and
+        ``indices`` are checked first (``_checked_grids``)."""
+        grids = self._checked_grids(mm_kwargs, indices)
+        image_grid_thw = grids["image_grid_thw"]
         return {
             "pixel_values": _select_rows(
                 _concat_rows(mm_kwargs["pixel_values"]),
@@ -293,6 +410,46 @@ class MiniMaxM3EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         return self.vision_tower(pixel_values=pixel_values, grid_thw=image_grid_thw)
 
     # -- helpers -------------------------------------------------------------------
+
+    def _checked_grids(
+        self, mm_kwargs: dict[str, Any], indices: list[int] | None = None
+    ) -> dict[str, list[Any]]:
+        """The batch's grids and counts as Python ints, after checking on the
+        host that every input agrees with them (item specs), or that
+        ``indices`` name items of the batch (a selection: its grids are
+        checked, its rows were checked by item specs).
+
+        Inconsistent inputs would run without an error, on the graph and the
+        eager path, and give wrong rows: ValueError names the input and the
+        mismatch instead. Only shapes and the grids (which every method reads
+        as Python ints anyway) are read: checking adds no device
+        synchronisation.
+        """
+        image_grid_thw = _grid_values(mm_kwargs, "image_grid_thw", 3)
+        num_items = _num_items({"image_grid_thw": image_grid_thw})
+        if indices is not None:
+            # A selection: the manager checked this batch's rows in item specs,
+            # which it calls first on every execute; checking them again for
+            # every packed batch would cost the items' rows per batch.
+            _check_indices(indices, num_items)
+            return {
+                "image_grid_thw": image_grid_thw,
+            }
+        channels = self.vision_tower.vision_model.embeddings.num_channels
+        frames = self.vision_tower.vision_model.embeddings.temporal_patch_size
+        patch = self.vision_tower.vision_model.embeddings.patch_size
+        _check_rows(
+            mm_kwargs,
+            "pixel_values",
+            sum(t * h * w for t, h, w in image_grid_thw),
+            num_items,
+            "t * h * w from image_grid_thw",
+            row_shape=(channels * frames * patch**2,),
+            accepts_list=True,
+        )
+        return {
+            "image_grid_thw": image_grid_thw,
+        }
 
     @staticmethod
     def _grid_rows(mm_kwargs: dict[str, Any], key: str) -> list[list[int]]:

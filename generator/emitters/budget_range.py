@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from generator import formulas as fx
 from generator.emitters.method_body import Body, signature
 from generator.emitters.prose import comment_lines
 from generator.spec.mixin import MixinSpec
@@ -15,6 +16,13 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
         "signature": signature(spec, "get_encoder_cudagraph_budget_range"),
         "min": body.expr(spec.budget.min),
         "why": comment_lines(spec.budget.why),
+        "max": None if spec.budget.max is None else body.expr(spec.budget.max),
+        "max_why": comment_lines(spec.budget.max_why),
+        "unit": (
+            None
+            if spec.items.budget_tokens is None
+            else fx.to_spec_text(spec.items.budget_tokens)
+        ),
     }
     ctx["constants"] = body.bindings()
     return ctx

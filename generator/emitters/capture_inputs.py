@@ -6,12 +6,24 @@ from typing import Any
 
 from generator import formulas as fx
 from generator.emitters.capture_axes import capture_context
-from generator.emitters.method_body import Body, dims_of, path_dispatch, times
+from generator.emitters.method_body import (
+    Body,
+    dims_of,
+    optional_note,
+    path_dispatch,
+    times,
+)
 from generator.emitters.prose import comment_lines, message_literal, plain_message
 from generator.formulas import Ref
 from generator.naming import PROTOCOL_MODULES
 from generator.spec import conditions
-from generator.spec.capture import Buffer, CaptureAssert, CaptureTensor, MetadataBuilder
+from generator.spec.capture import (
+    Buffer,
+    CaptureAssert,
+    CaptureTensor,
+    DtypeFallback,
+    MetadataBuilder,
+)
 from generator.spec.enums import ImageLimitGuard, PadRule, Rounding
 from generator.spec.mixin import MixinSpec
 from generator.spec.path import EncoderPath
@@ -137,9 +149,19 @@ def _tensor(body: Body, t: CaptureTensor, of_units: bool) -> dict[str, Any]:
         ),
         "fill": t.fill.value,
         "shape": ", ".join(body.expr(s, names) for s in t.shape),
-        "dtype": "dtype" if isinstance(t.dtype, Ref) else body.expr(t.dtype),
+        "dtype": _dtype(body, t),
         "why": comment_lines(t.why),
     }
+
+
+def _dtype(body: Body, t: CaptureTensor) -> str:
+    """The capture tensor's dtype: the manager's, a host path's, or the first
+    host path that is not None, the manager's after them."""
+    if isinstance(t.dtype, Ref):
+        return "dtype"
+    if isinstance(t.dtype, DtypeFallback):
+        return " or ".join([*(body.expr(p) for p in t.dtype.options), "dtype"])
+    return body.expr(t.dtype)
 
 
 def _allocated(body: Body, buf: Buffer) -> dict[str, str]:
@@ -161,7 +183,21 @@ def _padded(body: Body, buf: Buffer) -> dict[str, Any]:
         "slots": body.expr(buf.slots),
         "source": builder_value(buf),
         "register": buf.pad is PadRule.TRAILING_SEQUENCE,
+        # Under FlashInfer the builder's two-section layout is kept as built.
+        "sections": bool(buf.pad_by_backend),
     }
+
+
+def _sections_backend(path: EncoderPath) -> str | None:
+    """The backend under which some pad buffer of ``path`` keeps the
+    builder's FlashInfer sections (the model allows FLASHINFER only)."""
+    backends = {
+        backend.value
+        for buf in path.pad_buffers
+        for backend, rule in buf.pad_by_backend
+        if rule is PadRule.FLASHINFER_SECTIONS
+    }
+    return backends.pop() if backends else None
 
 
 def _path_body(spec: MixinSpec, path: EncoderPath) -> dict[str, Any]:
@@ -176,7 +212,13 @@ def _path_body(spec: MixinSpec, path: EncoderPath) -> dict[str, Any]:
         else:
             entries.append({"key": buf.key, "value": builder_value(buf)})
     budget_tokens = path.named or spec.items.budget_tokens is not None
+    sections = _sections_backend(path)
+    guard = spec.guards.attention_backend
     ctx: dict[str, Any] = {
+        "sections": sections,
+        "backend_path": (
+            body.expr(guard.path) if sections and guard is not None else None
+        ),
         "why": comment_lines(capture.why),
         "k_counts": "Budget tokens" if budget_tokens else "Output tokens",
         "floor": capture.rounding is Rounding.FLOOR,
@@ -200,6 +242,7 @@ def _path_body(spec: MixinSpec, path: EncoderPath) -> dict[str, Any]:
             body.expr(capture.graph_rows) if capture.graph_rows is not None else None
         ),
         "entries": entries,
+        "optional": comment_lines(optional_note(path)),
     }
     ctx["constants"] = body.bindings()
     return ctx
@@ -220,6 +263,8 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
     ctx.update(
         defs_local=spec.local_defs_import,
         defs_module=PROTOCOL_MODULES[target]["defs"],
+        backends_module=PROTOCOL_MODULES[target]["backends"],
+        sections=any(_sections_backend(p) for p in spec.paths),
         image_limit=(
             plain_message(
                 f"cudagraph_mm_encoder requires the {spec.display_name} vision "

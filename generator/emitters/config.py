@@ -16,14 +16,27 @@ DEFAULT_BACKEND_WHY = (
 )
 
 
+#: The replay copy of each pad rule.
+PAD_COPIES = {
+    PadRule.TRAILING_SEQUENCE: "self._pad_with_trailing_sequence",
+    PadRule.REPEAT_LAST: "_pad_with_empty_sequences",
+    PadRule.FLASHINFER_SECTIONS: "_pad_flashinfer_sections",
+}
+
+
 def padding_logics(spec: MixinSpec) -> list[dict[str, str]]:
-    """The replay copies that differ from the manager's default, by buffer."""
+    """The replay copies that differ from the manager's default, by buffer
+    (chosen by the attention backend ``backend`` where a rule depends on it)."""
     out = []
     for buf in spec.buffers:
-        if buf.pad is PadRule.TRAILING_SEQUENCE:
-            out.append({"key": buf.key, "fn": "self._pad_with_trailing_sequence"})
-        elif buf.pad is PadRule.REPEAT_LAST:
-            out.append({"key": buf.key, "fn": "_pad_with_empty_sequences"})
+        if buf.pad is not None:
+            fn = PAD_COPIES[buf.pad]
+            for backend, rule in buf.pad_by_backend:
+                fn = (
+                    f"({PAD_COPIES[rule]} if backend == "
+                    f"AttentionBackendEnum.{backend.value} else {fn})"
+                )
+            out.append({"key": buf.key, "fn": fn})
         elif buf.rows_dim:
             out.append({"key": buf.key, "fn": f"_copy_rows_on_dim{buf.rows_dim}"})
     return out
@@ -87,7 +100,17 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
         )
     backend = _backend(spec, body)
     mfpv = spec.max_frames_per_video
+    off = spec.capture_off
     ctx = {
+        "capture_off": (
+            {
+                "flag": body.expr(off.when),
+                "why": comment_lines(off.why)
+                or ["Nothing is captured while this host flag is set."],
+            }
+            if off is not None
+            else None
+        ),
         "signature": signature(spec, "get_encoder_cudagraph_config"),
         "defs_local": spec.local_defs_import,
         "defs_module": PROTOCOL_MODULES[target]["defs"],

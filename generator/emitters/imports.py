@@ -8,7 +8,7 @@ from typing import Any
 
 from generator import formulas as fx
 from generator.emitters.method_body import DEFS_NAMES
-from generator.emitters.postprocess import writes_default
+from generator.emitters.postprocess import scatters
 from generator.import_rules import TARGET_ROOTS
 from generator.naming import PROTOCOL_MODULES
 from generator.spec.mixin import MixinSpec
@@ -23,15 +23,19 @@ def used_import_names(spec: MixinSpec) -> set[str]:
         exprs += [
             v for m in path.metadata for _, v in m.capture_kwargs + m.replay_kwargs
         ]
+        exprs += [
+            v for m in path.metadata for _, kw in m.replay_by_modality for _, v in kw
+        ]
         exprs += [s.expr for s in path.graph_forward + path.eager_forward.steps]
+    exprs += [s.expr for s in spec.post_steps]
     used = set().union(*(fx.names_in(e) for e in exprs)) if exprs else set()
     for attr in spec.host:
         used |= attr.names
     span = spec.span_assembly
     if span is not None:
         used.add(span.content.name)
-        # The first delimiter is the index's fallback (offset 0): not named.
-        used.update(imp.name for imp, _ in span.delimiters[1:])
+        # Every delimiter: the input checks name each span type.
+        used.update(imp.name for imp, _ in span.delimiters)
     return used
 
 
@@ -126,7 +130,7 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
         plain.add("math")
     if spec.span_assembly is not None:
         add(first_party, mods["async_tensor_h2d"], "async_tensor_h2d")
-    if writes_default(spec) and not spec.has_paths:
+    if scatters(spec):
         add(first_party, mods["scatter_output_slices"], "scatter_output_slices")
     _check_roots(target, first_party, type_checking)
     return {

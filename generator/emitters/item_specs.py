@@ -11,6 +11,11 @@ from generator.spec import conditions
 from generator.spec.mixin import MixinSpec
 
 
+def checked(key: str) -> dict[str, str]:
+    """A grid or count as ``_checked_grids`` returned it."""
+    return {"name": key, "value": f'grids["{key}"]'}
+
+
 def context(spec: MixinSpec, target: str) -> dict[str, Any]:
     body = Body(spec)
     loads = Loads(spec)
@@ -34,7 +39,8 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
         "defs_local": spec.local_defs_import,
         "defs_module": PROTOCOL_MODULES[target]["defs"],
         "keys": loads.by_modality,
-        "grids": [loads.item(k) for k in keys],
+        "grids": [checked(k) for k in keys],
+        "checked": "self._checked_grids(mm_kwargs)",
         "input_size": body.expr(items.input_size),
         "output_tokens": body.expr(items.output_tokens),
         "budget_tokens": (

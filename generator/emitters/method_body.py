@@ -12,6 +12,7 @@ from generator.emitters.prose import comment_lines, message_literal
 from generator.formulas import Expr
 from generator.scopes import METHODS
 from generator.spec.mixin import MixinSpec
+from generator.spec.path import EncoderPath
 
 #: The protocol's data classes, imported at module top or inside each method.
 DEFS_NAMES = (
@@ -155,3 +156,16 @@ class Loads:
         item = self.spec.item_input(key)
         reader = "_counts" if item is not None and item.is_count else "_grid_rows"
         return {"name": key, "value": f"self.{reader}({source}, {self.key(key)})"}
+
+
+def optional_note(path: EncoderPath) -> str | None:
+    """Why some buffers of ``path`` may be None (a comment)."""
+    keys = [b.key for b in path.buffers if b.optional]
+    if not keys:
+        return None
+    verb = "is" if len(keys) == 1 else "are"
+    return (
+        f"{', '.join(keys)} {verb} None where the builder does not need "
+        f"{'it' if len(keys) == 1 else 'them'} (other attention backends): the "
+        "manager skips a None buffer."
+    )

@@ -21,7 +21,12 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
         "select_counts": any(g.is_count for g in spec.item_inputs),
         "select_grid": any(not g.is_count for g in spec.item_inputs),
         "rows_dims": sorted({b.rows_dim for b in buffers if b.rows_dim}),
-        "repeat_last": any(b.pad is PadRule.REPEAT_LAST for b in buffers),
+        "repeat_last": any(
+            rule in (PadRule.REPEAT_LAST, PadRule.FLASHINFER_SECTIONS)
+            for b in buffers
+            for rule in (b.pad, *(r for _, r in b.pad_by_backend))
+        ),
+        "flashinfer_sections": any(b.pad_by_backend for b in buffers),
         "modality_keys": spec.has_video_keys,
         "grid_rows": any(not g.is_count for g in spec.item_inputs),
         "counts": any(g.is_count for g in spec.item_inputs),

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from generator import formulas as fx
+from generator.emitters.graph_forward import steps
 from generator.emitters.method_body import (
     Body,
     Loads,
@@ -19,7 +21,49 @@ from generator.spec.mixin import MixinSpec
 
 def writes_default(spec: MixinSpec) -> bool:
     """The protocol's default scatter, written out (base: none)."""
-    return spec.span_assembly is None and not spec.protocol_base
+    return spec.postprocess is None and not spec.protocol_base
+
+
+def scatters(spec: MixinSpec) -> bool:
+    """Whether the method calls ``scatter_output_slices``."""
+    if spec.has_paths:
+        return False
+    return writes_default(spec) or bool(
+        spec.post_steps and not spec.postprocess.per_item
+    )
+
+
+def _steps(spec: MixinSpec) -> dict[str, Any]:
+    """Custom post-processing: the spec's steps over ``path_output``, once for the
+    batch (split by ``per_item_out_tokens``) or once per item."""
+    post = spec.postprocess
+    assert post is not None and post.steps  # noqa: S101 (the model)
+    body = Body(spec)
+    loads = Loads(spec)
+    rows = spec.items.graph_rows or spec.items.output_tokens
+    used = set().union(*(fx.names_in(s.expr) for s in post.steps))
+    ctx: dict[str, Any] = {
+        "per_item": post.per_item,
+        "why": comment_lines(post.why),
+        "no_kwargs": plain_message(
+            f"{spec.display_name} post-processing needs batch_mm_kwargs"
+        ),
+    }
+    if post.per_item:
+        dims = {d for g in spec.item_inputs for d in g.dims} & used
+        target, iterable, keys = item_loop(spec, dims | dims_of(spec, rows))
+        ctx.update(target=target, iterable=iterable, item_rows=body.expr(rows))
+    else:
+        keys = [g.key for g in spec.item_inputs if g.key in used]
+        ctx["graph_rows"] = None
+        if "graph_rows" in used:
+            target, iterable, row_keys = item_loop(spec, dims_of(spec, rows))
+            ctx["graph_rows"] = f"sum({body.expr(rows)} for {target} in {iterable})"
+            keys += [k for k in row_keys if k not in keys]
+    ctx["grids"] = [loads.item(k, "batch_mm_kwargs") for k in keys]
+    ctx["steps"] = steps(body, post.steps, {})
+    ctx["constants"] = body.bindings()
+    return ctx
 
 
 def _concat(spec: MixinSpec) -> dict[str, Any]:
@@ -87,6 +131,14 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any] | None:
             "signature": signature(spec, "postprocess_encoder_output"),
             "span": None,
             "concat": _concat(spec),
+            "steps": None,
+        }
+    if spec.post_steps:
+        return {
+            "signature": signature(spec, "postprocess_encoder_output"),
+            "span": None,
+            "concat": None,
+            "steps": _steps(spec),
         }
     if spec.span_assembly is None and not writes_default(spec):
         return None
@@ -94,4 +146,5 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any] | None:
         "signature": signature(spec, "postprocess_encoder_output"),
         "span": _span(spec) if spec.span_assembly is not None else None,
         "concat": None,
+        "steps": None,
     }

@@ -7,7 +7,7 @@ from typing import Any
 from generator import formulas as fx
 from generator.emitters.capture_axes import bind_axis_dims
 from generator.emitters.capture_inputs import builder_calls, builder_value
-from generator.emitters.method_body import Body, Loads, path_dispatch
+from generator.emitters.method_body import Body, Loads, optional_note, path_dispatch
 from generator.emitters.prose import comment_lines
 from generator.naming import PROTOCOL_MODULES
 from generator.spec.capture import MetadataBuilder
@@ -20,9 +20,32 @@ def _builder_names(path: EncoderPath) -> set[str]:
     names: set[str] = set()
     for b in path.metadata:
         names |= fx.names_in(b.call)
+        for _, kwargs in b.replay_by_modality:
+            for _, value in kwargs:
+                names |= fx.names_in(value)
         for _, value in b.replay_kwargs:
             names |= fx.names_in(value)
     return names
+
+
+def _by_modality(
+    spec: MixinSpec, path: EncoderPath, body: Body, name_map: dict[str, str]
+) -> list[list[dict[str, str]] | None]:
+    """Per builder, its replay call by modality when the modalities differ
+    (``[{modality, call}, ...]`` in the spec's order), else None."""
+    out = []
+    for b in path.metadata:
+        if not b.replay_by_modality:
+            out.append(None)
+            continue
+        calls = []
+        for modality in spec.modalities:
+            call = fx.Call(b.call.callee, b.call.args, b.kwargs("replay", modality))
+            calls.append(
+                {"modality": repr(modality.value), "call": body.expr(call, name_map)}
+            )
+        out.append(calls)
+    return out
 
 
 def _notes(path: EncoderPath) -> list[list[str]]:
@@ -47,10 +70,18 @@ def _notes(path: EncoderPath) -> list[list[str]]:
                 "padding sequence up to the captured rows."
             )
         if buf.pad is PadRule.REPEAT_LAST:
+            sections = (
+                ", in each of FlashInfer's two sections under FlashInfer"
+                if buf.pad_by_backend
+                else ""
+            )
             notes.append(
                 f"{buf.key} goes unpadded: its padding logic repeats the last offset "
-                "(zero-length sequences)."
+                f"(zero-length sequences){sections}."
             )
+    optional = optional_note(path)
+    if optional:
+        notes.append(optional)
     return [comment_lines(n) for n in notes]
 
 
@@ -85,7 +116,14 @@ def _path_body(spec: MixinSpec, path: EncoderPath) -> dict[str, Any]:
         "axis_dims": (bind_axis_dims(spec, "axis_keys") if used & axis_dims else []),
         "loads": flat_loads,
         "grids": [loads.item(g.key) for g in spec.item_inputs if g.key in used],
-        "builders": builder_calls(path, body, "replay", name_map),
+        "builders": [
+            {**call, "branches": branches}
+            for call, branches in zip(
+                builder_calls(path, body, "replay", name_map),
+                _by_modality(spec, path, body, name_map),
+                strict=True,
+            )
+        ],
         "entries": entries,
         "notes": _notes(path),
     }

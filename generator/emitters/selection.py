@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from generator.emitters.item_specs import checked
 from generator.emitters.method_body import Body, Loads, per_item_list, signature
 from generator.naming import PROTOCOL_MODULES
 from generator.spec.inputs import FlatInput
@@ -31,7 +32,8 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
     ctx = {
         "signature": signature(spec, "select_encoder_cudagraph_items"),
         "keys": loads.by_modality,
-        "grids": [loads.item(g.key) for g in spec.item_inputs if g.key in needed],
+        "grids": [checked(g.key) for g in spec.item_inputs if g.key in needed],
+        "checked": "self._checked_grids(mm_kwargs, indices)",
         "entries": entries,
         "axes": bool(spec.capture_axes),
         "axes_import": (

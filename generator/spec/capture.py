@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -10,12 +11,13 @@ from generator.formulas import Call, Expr, HostPath, Ref
 from generator.scopes import ITEM_CAPTURE_NAMES, UNIT_CAPTURE_NAMES, NameKind
 from generator.spec.conditions import Comparison, Condition
 from generator.spec.enums import (
+    Backend,
     Dtype,
     Fill,
+    Modality,
     PadRule,
     ReplayRule,
     Rounding,
-    SequenceBound,
 )
 from generator.spec.inputs import FlatInput, ItemInput
 from generator.spec.names import check_name
@@ -34,10 +36,85 @@ from generator.spec.values import (
     MapOf,
     Section,
     Text,
+    ValueType,
     is_name,
     parse_formula,
 )
 from generator.yaml_loader import Node
+
+
+@dataclass(frozen=True)
+class DtypeFallback:
+    """``first_of: [host paths..., dtype]``: the first of the host paths that
+    is not ``None`` at run time, else the manager's ``dtype`` (vLLM's
+    ``visual.input_norm.input_dtype or dtype``: uint8 pixels when the input
+    normalisation is fused into the tower, the manager's dtype otherwise)."""
+
+    options: tuple[HostPath, ...]
+
+
+class CaptureDtype(ValueType):
+    """A capture tensor's dtype: ``dtype``, a host path, or ``{first_of:
+    [host path, ..., dtype]}``."""
+
+    kinds = ("string", "integer", "object")
+    words = "`dtype`, a host path, or `{first_of: [host path, ..., dtype]}`"
+
+    def __init__(self) -> None:
+        self.single = DtypeValue()
+
+    def schema(self) -> dict[str, Any]:
+        options = {"type": "array", "items": {"type": "string"}, "minItems": 2}
+        fallback = {
+            "type": "object",
+            "properties": {"first_of": options},
+            "required": ["first_of"],
+            "additionalProperties": False,
+        }
+        return {"anyOf": [self.single.schema(), fallback]}
+
+    def value(self, node, field: str, ctx, **kw: Any) -> Any:
+        if node.kind != "mapping":
+            return self.single.value(node, field, ctx, **kw)
+        return _dtype_fallback(node, field, ctx, self.single)
+
+
+def _dtype_fallback(node, field: str, ctx, single: DtypeValue) -> Any:
+    extra = [k for k in node.value if k != "first_of"]
+    for key in extra:
+        close = difflib.get_close_matches(str(key), ["first_of"], n=1)
+        hint = "; did you mean 'first_of'?" if close else " (allowed: first_of)"
+        ctx.error(
+            (node.key_locations or {}).get(key, node.location),
+            f"{field}.{key}",
+            f"unknown key{hint}",
+        )
+    options = node.value.get("first_of")
+    if options is None and extra:
+        return INVALID
+    if options is None or options.kind != "sequence":
+        ctx.error(node, f"{field}.first_of", "expected a list: [host path, ..., dtype]")
+        return INVALID
+    path = f"{field}.first_of"
+    exprs = [
+        single.convert(n, f"{path}[{i}]", ctx) for i, n in enumerate(options.value)
+    ]
+    if INVALID in exprs or extra:
+        return INVALID
+    if len(exprs) < 2 or exprs[-1] != Ref("dtype"):
+        ctx.error(
+            options,
+            path,
+            "list host paths, then dtype last: the manager's dtype is the fallback "
+            "when every host path is None",
+        )
+        return INVALID
+    if Ref("dtype") in exprs[:-1]:
+        ctx.error(
+            options, path, "dtype is never None: only the last entry may be dtype"
+        )
+        return INVALID
+    return DtypeFallback(tuple(exprs[:-1]))
 
 
 @dataclass(frozen=True)
@@ -47,7 +124,9 @@ class CaptureTensor:
     flat: FlatInput
     location: Location
     shape: tuple[Expr, ...]
-    dtype: Ref | HostPath  # Ref("dtype"): the manager's
+    #: Ref("dtype"): the manager's; a HostPath; or the first non-None of
+    #: several host paths, else the manager's.
+    dtype: Ref | HostPath | DtypeFallback
     fill: Fill
     why: str | None
 
@@ -66,8 +145,11 @@ class CaptureTensor:
         ),
         Key(
             "dtype",
-            DtypeValue(),
-            "`dtype` (the manager's) or a host path.",
+            CaptureDtype(),
+            "`dtype` (the manager's), a host path, or the first of several host "
+            "paths that is not `None` at run time with the manager's dtype last "
+            "(`{first_of: [visual.input_norm.input_dtype, dtype]}`: uint8 pixels "
+            "when the host fuses the input normalisation into the tower).",
             required=True,
             example="vision_tower.dtype",
         ),
@@ -368,6 +450,8 @@ class MetadataBuilder:
     #: The local the generated code keeps the result in (chosen to collide
     #: with no spec name and no generated local).
     result_name: str = "metadata"
+    #: Extra replay keyword arguments of one modality (after replay_kwargs).
+    replay_by_modality: tuple[tuple[Modality, tuple[tuple[str, Expr], ...]], ...] = ()
 
     KEYS: ClassVar = Keys(
         Key(
@@ -394,6 +478,16 @@ class MetadataBuilder:
             example="{max_batch_size: max_batch_size}",
         ),
         Key(
+            "replay_kwargs_by_modality",
+            MapOf(MapOf(Argument("replay_kwargs"))),
+            "Extra keyword arguments at replay for a batch of one modality "
+            "(`image`, `video`), after `replay_kwargs` (vLLM's Qwen2.5-VL pads "
+            "an image batch's offsets to `max_batch_size` sequences and a "
+            "video batch's to `max_frames_per_batch`).",
+            example="{image: {max_batch_size: max_batch_size}, video: "
+            "{max_frames_per_batch: max_frames_per_batch}}",
+        ),
+        Key(
             "provides",
             ListOf(Identifier(), min_items=1),
             "The keys of the returned dict that are buffers.",
@@ -404,9 +498,14 @@ class MetadataBuilder:
     )
     DOC_TITLE = "metadata"
 
-    def kwargs(self, phase: str) -> tuple[tuple[str, Expr], ...]:
-        """Every keyword argument of the call at ``capture`` or ``replay``."""
+    def kwargs(
+        self, phase: str, modality: Modality | None = None
+    ) -> tuple[tuple[str, Expr], ...]:
+        """Every keyword argument of the call at ``capture`` or ``replay``
+        (of a batch of ``modality``)."""
         extra = self.capture_kwargs if phase == "capture" else self.replay_kwargs
+        if phase == "replay" and modality is not None:
+            extra += dict(self.replay_by_modality).get(modality, ())
         return self.call.kwargs + extra
 
     @classmethod
@@ -434,6 +533,7 @@ class MetadataBuilder:
                 if expr is not INVALID:
                     items.append((kw, expr))
             kwargs[phase] = tuple(items)
+        by_modality = _replay_by_modality(r, call, dict(kwargs["replay_kwargs"]))
         provides = _provides(r, provided)
         why = r.take("why")
         if call is None:
@@ -446,7 +546,47 @@ class MetadataBuilder:
             tuple(provides),
             why,
             r.node.location,
+            replay_by_modality=by_modality,
         )
+
+
+def _replay_by_modality(r: Reader, call, common: dict):
+    """``replay_kwargs_by_modality``: modality -> keyword arguments, none of
+    them passed by the call or by ``replay_kwargs`` already."""
+    values = r.take("replay_kwargs_by_modality") or {}
+    node = r.raw("replay_kwargs_by_modality")
+    field = r.path("replay_kwargs_by_modality")
+    out = []
+    for name, kwargs in values.items():
+        where = (node.key_locations or {}).get(name, node.location)
+        if name not in Modality.values():
+            r.ctx.error(
+                where,
+                f"{field}.{name}",
+                f"unknown modality {name!r} (expected one of: "
+                f"{', '.join(Modality.values())})",
+            )
+            continue
+        if kwargs is INVALID:
+            continue
+        sub = node.value[name]
+        items = []
+        for kw, expr in kwargs.items():
+            at = (sub.key_locations or {}).get(kw, sub.location)
+            if not is_name(kw):
+                r.ctx.error(at, f"{field}.{name}.{kw}", f"bad keyword {kw!r}")
+                continue
+            if (call is not None and kw in dict(call.kwargs)) or kw in common:
+                r.ctx.error(
+                    at,
+                    f"{field}.{name}.{kw}",
+                    f"{kw!r} is already passed by the call or by replay_kwargs",
+                )
+                continue
+            if expr is not INVALID:
+                items.append((kw, expr))
+        out.append((Modality(name), tuple(items)))
+    return tuple(out)
 
 
 def _provides(r: Reader, provided: dict[str, str]) -> list[str]:
@@ -484,9 +624,22 @@ class Buffer:
     shape: tuple[Expr, ...] | None  # declared (builder buffers)
     dtype: Dtype | None  # declared (builder buffers)
     set_by: str | None  # host scalar: the builder's capture kwarg that sets it
-    bounds: SequenceBound  # host scalar: what its capture value must bound
     allocate: bool  # capture: zeros of shape/dtype, the dummy's value copied in
     why: str | None
+    #: Another rule under some attention backends (FlashInfer's sections).
+    pad_by_backend: tuple[tuple[Backend, PadRule], ...] = ()
+    #: Host scalars: the pad buffer whose sequences the value bounds, or
+    #: ITEM_BOUND (the longest item within the budget).
+    bounds: str | None = None
+    #: Pad buffers: each sequence is a window of at most this many tokens a
+    #: side (merged tokens), not a whole item or frame.
+    window: Expr | None = None
+    #: Builder buffers the builder may return as None (the manager skips them).
+    optional: bool = False
+
+    def pad_under(self, backend: Backend | None) -> PadRule | None:
+        """The pad rule under ``backend`` (``None``: the default one)."""
+        return dict(self.pad_by_backend).get(backend, self.pad)
 
     KEYS: ClassVar = Keys(
         Key(
@@ -499,14 +652,15 @@ class Buffer:
         ),
         Key(
             "pad",
-            Choice(PadRule),
+            Choice(PadRule, exclude=(PadRule.FLASHINFER_SECTIONS,)),
             "`cu_seqlens` closed with one padding sequence up to the captured rows "
             "(`trailing_sequence`: `slots` at least `max_batch_size + 2`, the "
             "captured rows registered per instance under the buffer's address), "
             "or with zero-length sequences (`repeat_last`: the tail repeats the "
             "last offset, on the device; `slots` at least `max_batch_size + 1`, or "
             "`max(max_frames_per_batch, max_batch_size) + 1` with one sequence per "
-            "frame). Every `pad` buffer gets its own `slots`-long capture buffer.",
+            "frame). Every `pad` buffer gets its own capture buffer of `slots` "
+            "entries (more if the dummy batch brings more sequences).",
             example="trailing_sequence",
         ),
         Key(
@@ -547,24 +701,9 @@ class Buffer:
             "set_by",
             Identifier(),
             "Host scalars: the builder's capture keyword argument that sets the "
-            "capture value; checked to be at least `rows`.",
+            "capture value; checked to hold the longest sequence it bounds (see "
+            "`bounds`).",
             example="max_seqlen_override",
-        ),
-        Key(
-            "bounds",
-            Choice(SequenceBound),
-            "Host scalars with `set_by`: the longest attention sequence the capture "
-            "value must cover. `rows`: all input rows of the dummy batch (one "
-            "sequence may hold them: a trailing padding sequence, or a single "
-            "item). `item`: the builder makes one sequence per item and none for "
-            "padding, so the value must cover the input rows of any item within "
-            "the budget (checked on items whose dims are multiples of the item "
-            "formulas' divisors, as processors emit them; the dummy's own "
-            "sequences may be longer, their rows are replaced before a replay); "
-            "not with `trailing_sequence`.",
-            default=SequenceBound.ROWS,
-            default_doc="`rows`",
-            example="item",
         ),
         Key(
             "allocate",
@@ -573,6 +712,52 @@ class Buffer:
             "allocates the buffer at its shape (zeros) and copies the builder's "
             "dummy value into its leading rows, for buffers that hold the "
             "`capture.graph_rows` capacity.",
+            default=False,
+        ),
+        Key(
+            "pad_by_backend",
+            MapOf(Choice(PadRule)),
+            "`pad` buffers: another rule under some attention backends, read "
+            "where `guards.attention_backend` reads the backend. "
+            "`flashinfer_sections` (FLASHINFER only): the builder lays the "
+            "offsets out as FlashInfer's two sections (Q/K/O, then V), each "
+            "padded to a batch bucket; capture keeps the builder's value (its "
+            "capture keyword arguments must pad it to `slots` sequences), and "
+            "replay repeats the last offset of each section.",
+            example="{FLASHINFER: flashinfer_sections}",
+        ),
+        Key(
+            "window",
+            Formula("constants"),
+            "`pad` buffers of windowed attention: each sequence is a window of at "
+            "most `window` x `window` tokens. The static checks then bound the "
+            "window count of a batch (`slots`) and the longest window (its host "
+            "scalar).",
+            example="window_size // merge // patch",
+        ),
+        Key(
+            "bounds",
+            Identifier(),
+            "Host scalars: the `pad` buffer whose sequences the value bounds "
+            "(default: the only `pad` buffer). The static checks need the "
+            "capture value to hold that buffer's longest sequence: every row "
+            "with `trailing_sequence` (or no `pad` buffer), one window with "
+            "`window`, else one item (of the dummy batch, or one that takes the "
+            "whole budget). `item` (so no buffer may be named `item`): the "
+            "builder makes one sequence per item and none for padding, so the "
+            "value must cover the input rows of any item within the budget "
+            "(checked on items whose dims are multiples of the item formulas' "
+            "divisors, as processors emit them; the dummy's own sequences may "
+            "be longer, their rows are replaced before a replay); needs `set_by`, "
+            "not with `trailing_sequence`.",
+            example="cu_window_seqlens",
+        ),
+        Key(
+            "optional",
+            Boolean(),
+            "Builder buffers: the builder may return `None` (FlashInfer's "
+            "`sequence_lengths` under other backends); the manager then skips "
+            "the buffer at capture and replay.",
             default=False,
         ),
         Key("why", Text(), "Comment on the buffer."),
@@ -591,10 +776,14 @@ class Buffer:
         shape = r.take("shape")
         dtype = r.take("dtype")
         set_by = r.take("set_by")
-        bounds = r.take("bounds")
         allocate = r.take("allocate")
+        pad_by_backend = _pad_by_backend(r, pad)
+        window = r.take("window")
+        bounds = r.take("bounds")
+        optional = r.take("optional")
         why = r.take("why")
         _check_rules(r, pad, host_scalar, rows_dim)
+        _check_extras(r, pad, host_scalar, allocate, optional)
         source = sources.get(key)
         if source is None:
             if key not in r.ctx.failed_sources:
@@ -619,9 +808,63 @@ class Buffer:
             tuple(shape) if shape is not None else None,
             dtype,
             set_by,
-            bounds,
             allocate,
             why,
+            pad_by_backend,
+            bounds,
+            window,
+            optional,
+        )
+
+
+def _pad_by_backend(r: Reader, pad) -> tuple[tuple[Backend, PadRule], ...]:
+    """``pad_by_backend``: backend names to rules; only FlashInfer's sections,
+    and only on a ``pad`` buffer."""
+    rules = r.take("pad_by_backend") or {}
+    node = r.raw("pad_by_backend")
+    out = []
+    for name, rule in rules.items():
+        where = (node.key_locations or {}).get(name, node.location)
+        field = f"{r.path('pad_by_backend')}.{name}"
+        if name not in Backend.values():
+            r.ctx.error(
+                where,
+                field,
+                f"unknown backend {name!r} (expected one of: "
+                f"{', '.join(Backend.values())})",
+            )
+            continue
+        if rule is INVALID:
+            continue
+        if (Backend(name), rule) != (Backend.FLASHINFER, PadRule.FLASHINFER_SECTIONS):
+            r.ctx.error(
+                node.value[name],
+                field,
+                "only FLASHINFER: flashinfer_sections differs by backend (FlashInfer "
+                "lays the offsets out in two sections)",
+            )
+            continue
+        out.append((Backend(name), rule))
+    if rules and pad is None and r.ok("pad"):
+        r.error(r.key_location("pad_by_backend"), "needs pad (the default rule)")
+    return tuple(out)
+
+
+def _check_extras(r: Reader, pad, host_scalar, allocate, optional) -> None:
+    """Where window, bounds and optional apply."""
+    if r.has("window") and pad is None and r.ok("pad"):
+        r.error(r.key_location("window"), "window only goes with pad", r.path("window"))
+    if r.has("bounds") and not host_scalar:
+        r.error(
+            r.key_location("bounds"),
+            "bounds only goes with host_scalar",
+            r.path("bounds"),
+        )
+    if optional and (pad or host_scalar or allocate):
+        r.error(
+            r.key_location("optional"),
+            "only plain builder buffers may be None (no pad, host_scalar or allocate)",
+            r.path("optional"),
         )
 
 
@@ -660,3 +903,17 @@ def set_by_expr(buf: Buffer) -> Expr | None:
     if buf.set_by is None or not isinstance(buf.source, MetadataBuilder):
         return None
     return dict(buf.source.kwargs("capture")).get(buf.set_by)
+
+
+#: ``bounds: item``: the value bounds the longest single item within the
+#: budget, not a pad buffer's sequences.
+ITEM_BOUND = "item"
+
+
+def bounded_buffer(buffers: tuple[Buffer, ...], scalar: Buffer) -> Buffer | None:
+    """The pad buffer whose sequences a host scalar bounds (its ``bounds``,
+    or the only pad buffer), if any."""
+    pads = [b for b in buffers if b.pad is not None]
+    if scalar.bounds is not None:
+        return next((b for b in pads if b.key == scalar.bounds), None)
+    return pads[0] if len(pads) == 1 else None

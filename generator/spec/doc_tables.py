@@ -24,7 +24,7 @@ from generator.spec.capture import (
 from generator.spec.forwards import EagerForward, Postprocess, SpanAssembly, Steps
 from generator.spec.host import Constant, Import
 from generator.spec.inputs import InputEntry
-from generator.spec.items import BackendGuard, Budget, Guards, Items
+from generator.spec.items import BackendGuard, Budget, CaptureOff, Guards, Items
 from generator.spec.mixin import MixinSpec
 from generator.spec.path import EncoderPath
 from generator.spec.reader import Key, Keys
@@ -47,6 +47,7 @@ SECTIONS: dict[str, type] = {
     "budget": Budget,
     "guards": Guards,
     "guards.attention_backend": BackendGuard,
+    "capture_off": CaptureOff,
     "capture": Capture,
     "capture.tensors": CaptureTensor,
     "capture.assert": CaptureAssert,

@@ -53,13 +53,9 @@ class Fill(SpecEnum):
 class PadRule(SpecEnum):
     TRAILING_SEQUENCE = "trailing_sequence"
     REPEAT_LAST = "repeat_last"
-
-
-class SequenceBound(SpecEnum):
-    """What a host scalar's capture value (``max_seqlen``) must bound."""
-
-    ROWS = "rows"  # every input row of the dummy batch (one sequence may hold all)
-    ITEM = "item"  # one item: each item is one attention sequence
+    #: FlashInfer's two-section ``cu_seqlens`` (Q/K/O offsets, then V
+    #: offsets), laid out and padded by the builder: only by backend.
+    FLASHINFER_SECTIONS = "flashinfer_sections"
 
 
 class ReplayRule(SpecEnum):

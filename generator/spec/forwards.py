@@ -157,6 +157,8 @@ GRAPH_STEPS = Steps(
 )
 _EAGER_SHAPE = "every step but the last assigns a name; the last is the output"
 EAGER_STEPS = Steps("eager_steps", NameKind.EAGER_STEP, _EAGER_SHAPE, _EAGER_SHAPE)
+_POST_SHAPE = "every step but the last assigns a name; the last is the output rows"
+POST_STEPS = Steps("post_steps", NameKind.POST_STEP, _POST_SHAPE, _POST_SHAPE)
 
 
 def check_graph_forward(
@@ -326,6 +328,10 @@ def _lookup(r: Reader, key: str, table: dict, problem: str):
 class Postprocess:
     span_assembly: SpanAssembly | None
     concatenate: tuple[str, ...] | None = None
+    #: Custom post-processing: statements over the path's ``path_output``.
+    steps: tuple[Step, ...] | None = None
+    per_item: bool = False
+    why: str | None = None
 
     KEYS: ClassVar = Keys(
         Key(
@@ -343,20 +349,61 @@ class Postprocess:
             "image's crop rows, then its global rows.",
             example="[local, global]",
         ),
+        Key(
+            "steps",
+            POST_STEPS,
+            "Custom post-processing of the default path's output `path_output` "
+            "(a graph's padded buffer, or the eager rows): statements, the last "
+            "one the output rows of every item in order (or with `per_item` the "
+            "item's), split by `per_item_out_tokens` into `dest`. A result that is "
+            "a view of `path_output` is cloned when the manager asks for `clone`. "
+            "ERNIE-4.5-VL: the resampler over `path_output[:graph_rows]`.",
+            example="[resampler(path_output[:graph_rows], torch.tensor(grid_thw))]",
+        ),
+        Key(
+            "per_item",
+            Boolean(),
+            "With `steps`: run them once per item over `item_output` (the item's "
+            "graph rows of `path_output`) with its grid dims bound; the last step "
+            "is the item's output rows.",
+            default=False,
+        ),
+        Key("why", Text(), "With `steps`: comment on the post-processing."),
     )
     DOC_TITLE = "postprocess"
 
     @classmethod
     def from_yaml(cls, r: Reader, paths=None, **kw: Any) -> Postprocess | None:
-        if r.has("span_assembly") == r.has("concatenate"):
-            r.error(r.node, "give exactly one of span_assembly or concatenate")
+        kinds = [k for k in ("span_assembly", "concatenate", "steps") if r.has(k)]
+        if len(kinds) != 1:
+            r.error(r.node, "give exactly one of span_assembly, concatenate or steps")
         span = r.take("span_assembly", **kw)
         order = r.take("concatenate")
+        per_item = r.take("per_item")
+        why = r.take("why")
+        if r.has("steps") and paths is not None:
+            r.error(
+                "steps",
+                "post-processing steps read the default path's output: not with "
+                "paths (yet)",
+            )
+        steps = r.take(
+            "steps", scope="post_steps_per_item" if per_item else "post_steps"
+        )
+        for key in ("per_item", "why"):
+            if r.has(key) and not r.has("steps"):
+                r.error(r.key_location(key), "only with steps", r.path(key))
         if order is not None and not _path_order(r, order, paths):
             return None
-        if span is None and order is None:
+        if span is None and order is None and steps is None:
             return None
-        return cls(span, tuple(order) if order is not None else None)
+        return cls(
+            span,
+            tuple(order) if order is not None else None,
+            steps,
+            bool(per_item),
+            why,
+        )
 
 
 def _path_order(r: Reader, order: list, paths) -> bool:

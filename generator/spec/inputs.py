@@ -23,6 +23,7 @@ from generator.spec.values import (
     Identifier,
     Integer,
     ListOf,
+    MapOf,
 )
 
 
@@ -59,10 +60,17 @@ class ItemInput:
     kind: InputKind  # GRID or COUNT
     dims: tuple[str, ...]
     video_key: str | None
+    #: ``(dim, formula)``: each item's ``dim`` equals the formula over
+    #: constants and the free dims of other inputs (``inputs.<key>.equals``).
+    equals: tuple[tuple[str, Expr], ...] = ()
 
     @property
     def is_count(self) -> bool:
         return self.kind is InputKind.COUNT
+
+    @property
+    def derived_dims(self) -> tuple[str, ...]:
+        return tuple(dim for dim, _ in self.equals)
 
 
 Input = FlatInput | ItemInput
@@ -145,6 +153,17 @@ class InputEntry:
             example="vision_tower.dtype",
         ),
         Key(
+            "equals",
+            MapOf(Formula("items")),
+            "Dims this input derives from the others': dim → formula over "
+            "constants and the dims of other inputs that have no formula "
+            "themselves. The mixin checks every item on the host (a "
+            "`ValueError` names both inputs), and the static checks draw the "
+            "dims this way.",
+            applies="grid, count",
+            example="{lh: ceil_div(h, r), lw: ceil_div(w, r)}",
+        ),
+        Key(
             "video_key",
             Identifier(),
             "The key this input has in a video batch; all inputs or none have "
@@ -177,6 +196,8 @@ class InputEntry:
         for name, applies in cls.APPLIES.items():
             if applies is not kind and r.has(name):
                 r.refuse(name, _ONLY[applies])
+        if kind is InputKind.FLAT and r.has("equals"):
+            r.refuse("equals", "only for grid and count inputs")
         video_key = r.take("video_key")
         if kind is InputKind.FLAT:
             return FlatInput(
@@ -191,10 +212,29 @@ class InputEntry:
                 video_key,
             )
         dims = _item_dims(r, kind)
+        equals = _equals(r, dims)
         if dims is None:
             r.ctx.failed_inputs.add(key)
             return None
-        return ItemInput(key, key_location, kind, dims, video_key)
+        return ItemInput(key, key_location, kind, dims, video_key, equals)
+
+
+def _equals(r: Reader, dims: tuple[str, ...] | None) -> tuple[tuple[str, Expr], ...]:
+    """``equals`` as ``(dim, formula)`` pairs: each key a dim of this input,
+    no formula reading its own dim (a check that could not fail)."""
+    formulas = r.take("equals") or {}
+    locations = getattr(r.raw("equals"), "key_locations", None) or {}
+    out = []
+    for dim, expr in formulas.items():
+        where = locations.get(dim, r.key_location("equals"))
+        field = f"{r.path('equals')}.{dim}"
+        if dims is not None and dim not in dims:
+            r.ctx.error(where, field, f"{dim!r} is not a dim of this input")
+        elif expr is not INVALID and dim in fx.names_in(expr):
+            r.ctx.error(where, field, f"the formula of {dim!r} reads {dim!r} itself")
+        elif expr is not INVALID:
+            out.append((dim, expr))
+    return tuple(out)
 
 
 def _fold_ranks(r: Reader) -> tuple[int, ...]:

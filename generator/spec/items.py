@@ -105,6 +105,8 @@ class Items:
 class Budget:
     min: Expr
     why: str | None
+    max: Expr | None = None
+    max_why: str | None = None
 
     KEYS: ClassVar = Keys(
         Key(
@@ -116,6 +118,17 @@ class Budget:
             example="64",
         ),
         Key("why", Text(), "Comment on the smallest budget."),
+        Key(
+            "max",
+            Formula("budget_max"),
+            "The largest token budget, in the unit the budgets count "
+            "(`items.budget_tokens`): what one scheduler step can bring, "
+            "default `min(max_num_batched_tokens, max_model_len)`. The static "
+            "checks refuse a largest budget below the smallest or falling as "
+            "the step grows.",
+            example="r * r * min(max_num_batched_tokens, max_model_len)",
+        ),
+        Key("max_why", Text(), "Comment on the largest budget."),
     )
     DOC_TITLE = "budget"
 
@@ -123,7 +136,11 @@ class Budget:
     def from_yaml(cls, r: Reader, **_: Any) -> Budget | None:
         minimum = r.take("min")
         why = r.take("why")
-        return None if minimum is None else cls(minimum, why)
+        maximum = r.take("max")
+        max_why = r.take("max_why")
+        if minimum is None:
+            return None
+        return cls(minimum, why, maximum, max_why)
 
 
 @dataclass(frozen=True)
@@ -230,3 +247,33 @@ class Guards:
 
 
 Guards.NONE = Guards(ImageLimitGuard.OFF, False, None)
+
+
+@dataclass(frozen=True)
+class CaptureOff:
+    """A host flag that turns capture off: the config then lists no
+    modality (vLLM's EVS video pruning, whose post-processing the graphs
+    would skip)."""
+
+    when: HostPath
+    why: str | None
+
+    KEYS: ClassVar = Keys(
+        Key(
+            "when",
+            HostPathValue(),
+            "Host path of a flag: when it is true, `modalities` is `[]` (and "
+            "`max_frames_per_video` 1), so nothing is captured, and no guard "
+            "refuses the configuration.",
+            required=True,
+            example="is_multimodal_pruning_enabled",
+        ),
+        Key("why", Text(), "Comment on the condition."),
+    )
+    DOC_TITLE = "capture_off"
+
+    @classmethod
+    def from_yaml(cls, r: Reader, **_: Any) -> CaptureOff | None:
+        when = r.take("when")
+        why = r.take("why")
+        return None if when is None else cls(when, why)

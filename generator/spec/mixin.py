@@ -11,11 +11,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import ClassVar
 
+from generator import formulas as fx
 from generator.formulas import Expr
 from generator.scopes import NameKind
 from generator.spec.axes import CaptureAxis
 from generator.spec.enums import Base, DefsImport, Modality
-from generator.spec.forwards import Postprocess, SpanAssembly
+from generator.spec.forwards import Postprocess, SpanAssembly, Step
 from generator.spec.host import (
     Annotation,
     Constant,
@@ -34,7 +35,7 @@ from generator.spec.inputs import (
     prescan_dims,
     with_item_rows,
 )
-from generator.spec.items import Budget, Guards, Items
+from generator.spec.items import Budget, CaptureOff, Guards, Items
 from generator.spec.names import check_name, report_collisions
 from generator.spec.path import EncoderPath
 from generator.spec.reader import Key, Keys, Reader
@@ -85,6 +86,7 @@ class MixinSpec:
     items: Items
     budget: Budget
     guards: Guards
+    capture_off: CaptureOff | None
     sizes: tuple[Size, ...]
     out_hidden_size: Expr
     paths: tuple[EncoderPath, ...]
@@ -196,6 +198,11 @@ class MixinSpec:
         Key("budget", Section(Budget), "The budget range.", required=True),
         Key("guards", Section(Guards), "Refused configurations."),
         Key(
+            "capture_off",
+            Section(CaptureOff),
+            "A host flag under which nothing is captured (`modalities: []`).",
+        ),
+        Key(
             "capture_axes",
             ListOf(Section(CaptureAxis), min_items=1),
             "Extra capture axes (`EncoderCudaGraphConfig.capture_axes`): one "
@@ -297,6 +304,11 @@ class MixinSpec:
         return self.postprocess.span_assembly if self.postprocess else None
 
     @property
+    def post_steps(self) -> tuple[Step, ...]:
+        """Custom post-processing steps (none: another or the default kind)."""
+        return (self.postprocess.steps or ()) if self.postprocess else ()
+
+    @property
     def has_video_keys(self) -> bool:
         return any(i.video_key for i in self.inputs)
 
@@ -327,6 +339,7 @@ class MixinSpec:
             NameKind.CAPTURE_LET: frozenset(
                 let.name for p in paths for let in p.capture.lets
             ),
+            NameKind.POST_STEP: frozenset(n for s in self.post_steps for n in s.names),
         }
 
     def constant(self, name: str) -> Constant | None:
@@ -360,6 +373,7 @@ class MixinSpec:
         _check_host_clashes(r)
         host_methods = tuple(_values(r.take("host_methods")))
         modalities = _modalities(r)
+        ctx.partial["video"] = Modality.VIDEO in modalities
         constants = _values(r.take("constants"))
         ctx.partial["constants"] = tuple(constants)
         inputs = _inputs(r, modalities)
@@ -381,6 +395,7 @@ class MixinSpec:
         ctx.partial["budget"] = budget
         mfpv = _max_frames(r, modalities)
         guards = r.take("guards") or Guards.NONE
+        capture_off = r.take("capture_off")
         if (
             guards.read_multimodal_config
             and "multimodal_config" not in ctx.names[NameKind.HOST]
@@ -400,6 +415,10 @@ class MixinSpec:
                 "capture axes with several paths: vLLM 0.33.0's manager refuses "
                 "the combination (NotImplementedError)",
             )
+        for p in paths or ():
+            prefix = "" if p.output_tokens is None else f"paths.{p.name}."
+            _check_pad_backends(r, guards, p.buffers, prefix)
+            _check_replay_modalities(r, p.metadata, inputs, prefix)
         out_hidden = r.take("out_hidden_size")
         post = r.take(
             "postprocess",
@@ -436,6 +455,7 @@ class MixinSpec:
             items,
             budget,
             guards,
+            capture_off,
             sizes,
             out_hidden,
             paths,
@@ -581,7 +601,30 @@ def _inputs(r: Reader, modalities) -> list[Input]:
     if not any(isinstance(i, FlatInput) for i in inputs):
         r.error("inputs", "at least one flat input is needed")
     _check_video_keys(r, node, modalities)
+    _check_equals(r, node, inputs)
     return inputs
+
+
+def _check_equals(r: Reader, node, inputs: list[Input]) -> None:
+    """The formulas of ``equals`` read free dims only (dims without a formula
+    of their own), so that every derived dim follows from drawn ones."""
+    derived = {
+        dim: i.key for i in inputs if isinstance(i, ItemInput) for dim in i.derived_dims
+    }
+    for inp in inputs:
+        if not isinstance(inp, ItemInput):
+            continue
+        for dim, expr in inp.equals:
+            chained = sorted(fx.names_in(expr) & derived.keys())
+            if chained:
+                where = node.value[inp.key].value["equals"].key_locations[dim]
+                r.ctx.error(
+                    where,
+                    f"inputs.{inp.key}.equals.{dim}",
+                    f"reads {', '.join(chained)}, which inputs."
+                    f"{derived[chained[0]]}.equals derives itself: write the "
+                    "formula over the dims it is derived from",
+                )
 
 
 def _check_video_keys(r: Reader, node, modalities) -> None:
@@ -614,6 +657,43 @@ def _check_video_keys(r: Reader, node, modalities) -> None:
         if vk.value in seen:
             r.ctx.error(vk, f"inputs.{key}.video_key", f"{vk.value!r} is already a key")
         seen.add(vk.value)
+
+
+def _check_pad_backends(r: Reader, guards: Guards, buffers, prefix: str) -> None:
+    """A pad rule chosen by backend reads the backend where the backend guard
+    does, and names a backend the guard lets through."""
+    guard = guards.attention_backend
+    for buf in buffers:
+        for backend, _ in buf.pad_by_backend:
+            field = f"{prefix}buffers.{buf.key}.pad_by_backend"
+            if guard is None:
+                r.ctx.error(
+                    buf.location,
+                    field,
+                    "needs guards.attention_backend (its from: is where the "
+                    "backend is read)",
+                )
+            elif backend in guard.deny or (guard.allow and backend not in guard.allow):
+                r.ctx.error(
+                    buf.location,
+                    field,
+                    f"the backend guard refuses {backend.value}: its rule is never used",
+                )
+
+
+def _check_replay_modalities(r: Reader, builders, inputs, prefix: str) -> None:
+    """Replay kwargs by modality need the video keys (batches of two
+    modalities, told apart by their keys)."""
+    if any(i.video_key for i in inputs):
+        return
+    for i, b in enumerate(builders):
+        if b.replay_by_modality:
+            r.ctx.error(
+                b.location,
+                f"{prefix}metadata[{i}].replay_kwargs_by_modality",
+                "needs the video modality and video_key inputs; with one modality "
+                "write replay_kwargs",
+            )
 
 
 def _max_frames(r: Reader, modalities) -> Expr | None:

@@ -19,8 +19,14 @@ from generator import formulas as fx
 from generator.formulas import Expr
 from generator.naming import builder_result_name
 from generator.scopes import METHODS, NameKind
-from generator.spec.capture import Buffer, Capture, CaptureTensor, MetadataBuilder
-from generator.spec.enums import PadRule, SequenceBound
+from generator.spec.capture import (
+    ITEM_BOUND,
+    Buffer,
+    Capture,
+    CaptureTensor,
+    MetadataBuilder,
+)
+from generator.spec.enums import PadRule
 from generator.spec.forwards import (
     GRAPH_STEPS,
     EagerForward,
@@ -322,6 +328,13 @@ def _check_buffers(r: Reader, buffers, tensors, builders, capture) -> None:
             )
         _check_set_by(r, b, buffers)
         _check_allocated(ctx, b, r.path("buffers"))
+        if b.optional and isinstance(b.source, CaptureTensor):
+            ctx.error(
+                b.location,
+                f"{r.path('buffers')}.{b.key}.optional",
+                "a capture tensor is never None: only builder buffers may be optional",
+            )
+    _check_bounds(r, buffers)
     if (
         capture is not None
         and capture.graph_rows is not None
@@ -347,7 +360,7 @@ def _buffer_node(r: Reader, key: str, name: str):
 
 
 def _check_set_by(r: Reader, buf: Buffer, buffers) -> None:
-    if buf.bounds is SequenceBound.ITEM:
+    if buf.bounds == ITEM_BOUND:
         where = _buffer_node(r, buf.key, "bounds") or buf.location
         field = f"{r.path('buffers')}.{buf.key}.bounds"
         if buf.set_by is None:
@@ -371,6 +384,38 @@ def _check_set_by(r: Reader, buf: Buffer, buffers) -> None:
         return
     if buf.set_by not in dict(buf.source.kwargs("capture")):
         r.ctx.error(where, field, f"its builder passes no {buf.set_by!r} at capture")
+
+
+def _check_bounds(r: Reader, buffers: tuple[Buffer, ...]) -> None:
+    """A host scalar's ``bounds`` names a pad buffer; with several pad
+    buffers, a host scalar set at capture must say which."""
+    pads = [b.key for b in buffers if b.pad is not None]
+    for b in buffers:
+        field = f"{r.path('buffers')}.{b.key}.bounds"
+        where = _buffer_node(r, b.key, "bounds") or b.location
+        if b.key == ITEM_BOUND:
+            r.ctx.error(
+                b.location,
+                f"{r.path('buffers')}.{b.key}",
+                f"{ITEM_BOUND!r} is reserved: a host scalar's 'bounds: item' means "
+                "the longest item within the budget; rename the buffer",
+            )
+        if b.bounds == ITEM_BOUND:
+            continue
+        if b.bounds is not None and b.bounds not in pads:
+            listed = ", ".join(pads) or "none"
+            r.ctx.error(
+                where,
+                field,
+                f"{b.bounds!r} is not a pad buffer (pad buffers: {listed})",
+            )
+        elif b.bounds is None and b.host_scalar and b.set_by and len(pads) > 1:
+            r.ctx.error(
+                b.location,
+                field,
+                f"several pad buffers ({', '.join(pads)}): say whose sequences "
+                f"{b.key} bounds",
+            )
 
 
 def _check_allocated(ctx: ReadContext, b: Buffer, buffers_field: str) -> None:

@@ -242,20 +242,29 @@ class Boolean(ValueType):
 class Choice(ValueType):
     """One member of a closed set (an Enum whose values are the spellings)."""
 
-    def __init__(self, enum: type[SpecEnum]) -> None:
+    def __init__(
+        self, enum: type[SpecEnum], exclude: tuple[SpecEnum, ...] = ()
+    ) -> None:
         self.enum = enum
+        self.exclude = exclude
+
+    def values(self) -> list[str]:
+        return [m.value for m in self.enum if m not in self.exclude]
 
     def describe(self) -> str:
-        return " / ".join(f"`{v}`" for v in self.enum.values())
+        return " / ".join(f"`{v}`" for v in self.values())
 
     def schema(self) -> dict[str, Any]:
-        return {"type": "string", "enum": self.enum.values()}
+        return {"type": "string", "enum": self.values()}
 
     def value(self, node: Node, field: str, ctx: ReadContext, **_: Any) -> Any:
         try:
-            return self.enum(node.value)
+            member = self.enum(node.value)
+            if member in self.exclude:
+                raise ValueError(node.value)
+            return member
         except ValueError:
-            choices = ", ".join(self.enum.values())
+            choices = ", ".join(self.values())
             ctx.error(
                 node,
                 field,
@@ -484,6 +493,8 @@ class MapOf(ValueType):
             ctx.error(node, field, "must not be empty")
         out = {}
         locations = node.key_locations or {}
+        # A nested mapping's entries are keyed by their own names.
+        kw = {k: v for k, v in kw.items() if k not in ("key", "key_location")}
         for key, child in node.value.items():
             from generator.diagnostics import field_key
 

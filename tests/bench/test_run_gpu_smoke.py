@@ -1,5 +1,5 @@
 """``bench/run_gpu.sh`` in its CPU smoke mode: the stages the GPU run uses
-(``smoke overhead profile traffic launch``; ``bench`` is covered by
+(``smoke overhead profile traffic traffic-new launch``; ``bench`` is covered by
 ``test_bench_smoke.py``) run on the tiny towers with the eager-replay
 backend, and what they write is checked.
 
@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from bench_modules import REPO_ROOT, load_bench_module
 
-STAGES = ("smoke", "overhead", "profile", "traffic", "launch")
+STAGES = ("smoke", "overhead", "profile", "traffic", "traffic-new", "launch")
 LADDERS = ("default", "fine", "tuned")
 POLICIES = ("vllm", "cost")
 
@@ -54,8 +54,15 @@ def traffic(smoke_run: Path) -> dict[str, Any]:
 
 
 def test_traffic_outputs_equal_eager(traffic: dict[str, Any]) -> None:
-    assert traffic["benchmark"] == "encoder_traffic"
     assert set(traffic["models"]) == {"deepseek_v41", "minimax_m3"}
+    assert traffic["skipped"] == {}
+    check_traffic_outputs(traffic)
+
+
+def check_traffic_outputs(traffic: dict[str, Any]) -> None:
+    """Every measured batch and workload of a traffic run equals eager."""
+    assert traffic["benchmark"] == "encoder_traffic"
+    assert not traffic["errors"], traffic["errors"]
     for stem, model in traffic["models"].items():
         rows = model["batches"] + model["old_workloads"]
         assert model["batches"], stem
@@ -70,6 +77,52 @@ def test_traffic_outputs_equal_eager(traffic: dict[str, Any]) -> None:
             for entry in row["graph"].values():
                 assert entry["check_vs_eager"] < 1e-4, (stem, row["resolution"])
         assert all(r["best_ms"] <= r["eager_ms"]["median"] for r in rows)
+
+
+def test_traffic_new_measures_or_skips_each_new_model(smoke_run: Path) -> None:
+    """``traffic-new``: every new model is measured, or listed with the reason
+    it cannot be (no spec yet, several encoder paths); no issue #6 workloads."""
+    result = json.loads((smoke_run / "traffic-new.json").read_text())
+    encoders = load_bench_module("bench_encoders")
+    new = load_bench_module("bench_traffic").NEW_MODELS
+    assert set(result["models"]) | set(result["skipped"]) == set(new)
+    for stem in new:
+        reason = encoders.unusable_reason(stem, "tiny")
+        assert result["skipped"].get(stem) == reason, stem
+    assert result["params"]["old_workloads"] is False
+    check_traffic_outputs(result)
+    for model in result["models"].values():
+        assert model["old_workloads"] == []
+
+
+def test_traffic_of_a_model_beyond_the_seeds(tmp_path: Path) -> None:
+    """Until the new models' specs land: Qwen2-VL through the same code (its
+    items named after its spec's grid dims), Step3-VL listed as skipped."""
+    out = tmp_path / "traffic.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "bench/bench_traffic.py",
+            *("--device", "cpu", "--size", "tiny", "--quick", "--out", str(out)),
+            *("--models", "qwen2_vl,step3_vl", "--skip-unusable", "--no-old-workloads"),
+            *("--batches", "1", "--max-batches", "1"),
+        ],
+        cwd=REPO_ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(out.read_text())
+    assert list(result["models"]) == ["qwen2_vl"]
+    assert set(result["skipped"]) == {"step3_vl"}
+    check_traffic_outputs(result)
+    model = result["models"]["qwen2_vl"]
+    assert len(model["batches"]) == 1
+    waste = model["tuned_waste"]
+    assert waste["measured"] == pytest.approx(waste["predicted_measured"], abs=1e-12)
 
 
 def test_traffic_padding_and_plans(traffic: dict[str, Any]) -> None:

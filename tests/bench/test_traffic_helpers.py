@@ -5,6 +5,7 @@ interleaved rounds."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 from bench_modules import load_bench_module
@@ -44,12 +45,129 @@ def test_replay_cost_rows(replay_ms, host_ms, expected) -> None:  # type: ignore
     assert bench.replay_cost_rows(replay_ms, host_ms) == expected
 
 
-def test_rounds_interleave_the_calls() -> None:
+def test_rounds_interleave_the_calls_in_a_rotating_order() -> None:
     events: list[str] = []
     calls = {name: (lambda name=name: events.append(name)) for name in "abc"}
     before = {"b": lambda: events.append("before b")}
     after = {"c": lambda: events.append("after c")}
     schedule = Schedule(warmup=0, min_iters=3, max_iters=5, target_s=0.0)
-    samples = bench.measure_rounds(calls, lambda: None, schedule, before, after)
-    assert events == ["a", "before b", "b", "c", "after c"] * 3
-    assert {name: len(v) for name, v in samples.items()} == {"a": 3, "b": 3, "c": 3}
+    rounds = bench.measure_rounds(calls, lambda: None, schedule, before, after)
+    # Each call follows a different one in each round (run B: a fixed order
+    # put every cost-aware eager call right after the same graph replay).
+    assert events == [
+        *["a", "before b", "b", "c", "after c"],
+        *["before b", "b", "c", "after c", "a"],
+        *["c", "after c", "a", "before b", "b"],
+    ]
+    assert {name: len(v) for name, v in rounds.samples.items()} == {
+        "a": 3,
+        "b": 3,
+        "c": 3,
+    }
+    assert len(rounds.host_probe_us) == 3 and min(rounds.host_probe_us) > 0
+
+
+@pytest.mark.parametrize(
+    ("eager", "graph", "expected"),
+    [
+        # The same call in two host modes, timed side by side: 1.0, where
+        # the medians of the two lists (56 / 65) would say 0.86.
+        ([56.0, 56.0, 65.0], [65.0, 56.0, 65.0], 1.0),
+        ([10.0, 20.0, 30.0], [5.0, 10.0, 10.0], 2.0),
+        ([10.0], [0.0], None),
+    ],
+)
+def test_paired_ratio_compares_calls_of_the_same_round(eager, graph, expected) -> None:  # type: ignore[no-untyped-def]
+    assert bench.paired_ratio(eager, graph) == expected
+
+
+@pytest.mark.parametrize(
+    ("stem", "item", "dims"),
+    [
+        # One grid of three dims: the item's values in the spec's order.
+        ("qwen2_vl", (1, 16, 20), {"t": 1, "h": 16, "w": 20}),
+        ("minimax_m3", (1, 40, 54), {"t": 1, "h": 40, "w": 54}),
+        # DeepSeek-V4.1's merged grid is derived: ceil(16 / 3), ceil(20 / 3).
+        ("deepseek_v41", (16, 20), {"h": 16, "w": 20, "lh": 6, "lw": 7}),
+    ],
+)
+def test_items_in_the_specs_dims(
+    stem: str, item: tuple[int, ...], dims: dict[str, int]
+) -> None:
+    from reference_towers.registry import REFERENCE_TOWERS
+
+    config = REFERENCE_TOWERS[stem].config("tiny")
+    assert bench.spec_dims(stem, item, config) == dims
+
+
+def test_count_items_take_the_count_dim(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A tower of view counts (InternVL's tiles) against a spec whose one
+    per-item input is a count."""
+    from bench_modules import REPO_ROOT
+
+    spec = REPO_ROOT / "tests" / "generator" / "data" / "valid" / "tiles_count.yaml"
+    (tmp_path / "internvl.yaml").write_text(spec.read_text())
+    monkeypatch.setattr(bench, "SPECS_DIR", tmp_path)
+    assert bench.spec_dims("internvl", (13,), None) == {"n": 13}
+
+
+def test_items_no_grid_names_are_refused() -> None:
+    with pytest.raises(ValueError, match=r"item \(16, 20\) after the spec's grid dims"):
+        bench.spec_dims("qwen2_vl", (16, 20), None)
+
+
+@pytest.mark.parametrize(
+    ("stem", "spec", "size", "reason"),
+    [
+        ("minimax_m3", True, "full", None),
+        ("no_such_model", True, "full", "no reference tower"),
+        ("internvl", False, "tiny", "no spec specs/internvl.yaml"),
+        ("internvl", True, "tiny", None),
+        (
+            "step3_vl",
+            True,
+            "full",
+            "encoder paths global, local: the benchmarks measure the one default path",
+        ),
+    ],
+)
+def test_unusable_models_and_why(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    stem: str,
+    spec: bool,
+    size: str,
+    reason: str | None,
+) -> None:
+    encoders = load_bench_module("bench_encoders")
+    monkeypatch.setattr(encoders, "SPECS_DIR", tmp_path)
+    if spec:
+        (tmp_path / f"{stem}.yaml").write_text("")  # only its presence counts
+    assert encoders.unusable_reason(stem, size) == reason
+
+
+@pytest.mark.parametrize(
+    ("stem", "size", "pixels", "item"),
+    [
+        # The seed models keep bench_encoders' own rule: MiniMax M3 shrinks
+        # 896² px under its 672² max_pixels.
+        ("minimax_m3", "full", (896, 896), (1, 48, 48)),
+        # The new towers take their processor's: 896² px is 2 x 2 InternVL
+        # tiles (more than half of their pixels) plus the thumbnail.
+        ("internvl", "full", (896, 896), (5,)),
+        ("internvl", "tiny", (224, 224), (1,)),
+        # Kimi-VL's tiny 256-patch limit halves 448² px: 8 x 8 kernels.
+        ("kimi_vl", "tiny", (448, 448), (16, 16)),
+        # A grid the registry's legality leaves out, within the token cap.
+        ("kimi_vl", "full", (2049, 1250), (84, 52)),
+    ],
+)
+def test_benchmark_grids(
+    stem: str, size: str, pixels: tuple[int, int], item: tuple[int, ...]
+) -> None:
+    from reference_towers.registry import REFERENCE_TOWERS
+
+    encoders = load_bench_module("bench_encoders")
+    assert encoders.pixels_to_item(REFERENCE_TOWERS[stem], size, *pixels) == item

@@ -110,11 +110,10 @@ def test_equivalence_tiny_fp32(stem):
         attn_backend=AttentionBackendEnum.FLASH_ATTN,
         tolerance=FP32_TOLERANCE,
         seed=0,
-        **drv.CPU_RUN,
+        **drv.cpu_run(stem),
     )
     drv.assert_equivalent(summary)
-    assert summary["batches"] == drv.CPU_RUN["num_batches"]
-    assert summary["graph_hits"] + summary["graph_misses"] == summary["items"]
+    assert summary["batches"] == drv.cpu_run(stem)["num_batches"]
     assert summary["eager_fallbacks"] > 0 and summary["eager_items"] > 0
     assert summary["nonfinite"] == 0 and summary["aliasing"] == 0
     kinds = {kind.split(":")[-1] for kind in summary["kinds"]}
@@ -130,7 +129,12 @@ def test_recapture_after_clear_replays_right(stem):
     tower = REFERENCE_TOWERS[stem]
     mm_config = MultiModalConfig()
     host = _host(stem, multimodal_config=mm_config)
-    manager = _manager(host, mm_config, token_budgets=[64], max_items_per_batch=4)
+    # One budget of at least 64 that every path accepts (Step3-VL's global
+    # path starts at 169).
+    budget = max(
+        64, host.get_encoder_cudagraph_budget_range(drv.build_vllm_config("tiny"))[0]
+    )
+    manager = _manager(host, mm_config, token_budgets=[budget], max_items_per_batch=4)
     items = [tower.smallest_item("tiny"), tower.legal_grid(random.Random(7), "tiny")]
     mm_kwargs = tower.make_mm_kwargs(host, items, "cpu", seed=3)
     expected = tower.reference_outputs(host, mm_kwargs)
@@ -153,24 +157,7 @@ def test_gpu_plans_reach_every_budget_split_and_eager(stem, size):
     """The GPU runs' batches, packed by the manager's rules on a meta host:
     every default budget is replayed, some executes split, and the eager
     phase falls back to eager; the bounded sizes keep the references small."""
-    host = drv.build_meta_host(stem, size)
-    phases = drv.plan_phases(stem, size, host, seed=0, **drv.GPU_RUNS[size])
-    assert sum(len(p.batches) for p in phases) == drv.GPU_RUNS[size]["num_batches"]
-    predicted = {p.name: drv.predict_packing(stem, p) for p in phases}
-    default = next(p for p in phases if p.name == "default")
-    assert set(predicted["default"]["replays_per_budget"]) == set(default.token_budgets)
-    assert predicted["default"]["split_executes"] > 0
-    eager = predicted.get("eager_ladder", predicted["default"])
-    assert eager["eager_batches"] > 0
-    for batch in (b for p in phases for b in p.batches):
-        assert all(
-            REFERENCE_TOWERS[stem].is_legal(item, size, **_modality(batch.modality))
-            for item in batch.items
-        ), batch
-
-
-def _modality(modality: str) -> dict[str, str]:
-    return {} if modality == "image" else {"modality": modality}
+    assert drv.gpu_plan_problems(stem, size, drv.build_meta_host(stem, size)) == []
 
 
 def test_plans_are_deterministic():

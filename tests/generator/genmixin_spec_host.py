@@ -32,11 +32,13 @@ from generator import formulas as fx
 from generator.emit import render_spec
 from generator.resolve import load_spec
 from generator.spec import Buffer, EncoderPath, MetadataBuilder, MixinSpec, PadRule
-from generator.spec.capture import CaptureTensor
+from generator.spec.capture import CaptureTensor, DtypeFallback
 from generator.static_checks import per_item_tokens
 from genmixin_testlib import load_module_copy
 
 OUT_WIDTH = 5
+#: The dtype the last host path of a ``first_of`` capture dtype holds.
+FALLBACK_DTYPE = torch.uint8
 #: Value of host integers no constant default names (shapes over host paths).
 HOST_INT = 3
 
@@ -242,8 +244,12 @@ class SpecWorld:
         spec = self.spec
         cls = type("SpecHost", (getattr(self.module, spec.class_name),), {})
         host = cls.__new__(cls)
-        for attr in spec.host:
-            setattr(host, attr.name, HostObject())
+        for i, attr in enumerate(spec.host):
+            # A learned row (a parameter of the host) is a tensor; the rest
+            # are module trees.
+            tensor = attr.annotation == "torch.Tensor"
+            value = torch.full((OUT_WIDTH,), -10.0 - i) if tensor else HostObject()
+            setattr(host, attr.name, value)
         if "multimodal_config" in {a.name for a in spec.host}:
             host.multimodal_config = MultiModalConfig()
         for c in spec.constants:
@@ -257,6 +263,12 @@ class SpecWorld:
         for t in (t for p in spec.paths for t in p.capture.tensors):
             if isinstance(t.dtype, fx.HostPath):
                 set_path(host, t.dtype.parts, torch.float32)
+            elif isinstance(t.dtype, DtypeFallback):
+                # None everywhere but the last host path: the fallback is taken.
+                *unset, last = t.dtype.options
+                for option in unset:
+                    set_path(host, option.parts, None)
+                set_path(host, last.parts, FALLBACK_DTYPE)
         guard = spec.guards.attention_backend
         if guard is not None:
             ok = guard.allow[0].value if guard.allow else "FLASH_ATTN"
@@ -265,6 +277,8 @@ class SpecWorld:
             set_path(host, guard.path.parts, getattr(AttentionBackendEnum, ok))
         if isinstance(spec.out_hidden_size, fx.HostPath):
             set_path(host, spec.out_hidden_size.parts, OUT_WIDTH)
+        if spec.capture_off is not None:
+            set_path(host, spec.capture_off.when.parts, False)
         for name in spec.host_methods:
             frames = self.env.get("max_frames_per_video", 2)
             setattr(host, name, lambda frames=frames: frames)
@@ -288,7 +302,9 @@ class SpecWorld:
                 exprs.append(path.eager_forward.empty_width)
             for b in path.metadata:
                 exprs += [b.call, *(v for _, v in b.capture_kwargs + b.replay_kwargs)]
+                exprs += [v for _, kw in b.replay_by_modality for _, v in kw]
             exprs += [s.expr for s in path.graph_forward + path.eager_forward.steps]
+        exprs += [s.expr for s in spec.post_steps]
         paths = {p for e in exprs for p in fx.host_paths_in(e)}
         callees = {
             sub.callee for e in exprs for sub in fx.walk(e) if isinstance(sub, fx.Call)
@@ -306,14 +322,26 @@ class SpecWorld:
             self._install(host, b.call.callee, fake)
         steps = [s for p in paths for s in p.graph_forward + p.eager_forward.steps]
         listed = _joined_results(steps)
+        steps += self.spec.post_steps
         for step in steps:
             for sub in fx.walk(step.expr):
                 # Methods of values and torch functions run for real.
-                if isinstance(sub, fx.Call) and is_host_call(sub):
+                if (
+                    isinstance(sub, fx.Call)
+                    and is_host_call(sub)
+                    and not self.on_tensor(sub.callee)
+                ):
                     name = _callee_name(sub.callee)
                     fake = self.calls.setdefault(name, FakeCall(name))
                     fake.listed = fake.listed or name in listed
                     self._install(host, sub.callee, fake)
+
+    def on_tensor(self, callee) -> bool:
+        """A method of a host tensor (``image_newline.to``): runs for real."""
+        if not isinstance(callee, fx.HostPath) or len(callee.parts) < 2:
+            return False
+        root = next((a for a in self.spec.host if a.name == callee.parts[0]), None)
+        return root is not None and root.annotation == "torch.Tensor"
 
     def _install(self, host: Any, callee, fake) -> None:
         if isinstance(callee, fx.Ref):  # an imported helper
@@ -349,7 +377,9 @@ class SpecWorld:
                     left, right = sub.args
                 else:
                     continue
-                for dim in fx.names_in(left):
+                # Only a division of dims needs dims that divide evenly (a
+                # constant's own division, side // patch, does not).
+                for dim in fx.names_in(left) & self.dims:
                     step = max(1, abs(self.value(right)))
                     steps[dim] = math.lcm(steps.get(dim, 1), step)
         return steps
@@ -358,14 +388,28 @@ class SpecWorld:
         self, rng: random.Random, big: int = 3, zero_counts: bool = False
     ) -> dict[str, int]:
         """Random dims (multiples of their :meth:`dim_steps`); counts may be
-        0 with ``zero_counts`` (an image without crops)."""
+        0 with ``zero_counts`` (an image without crops). Free dims are drawn,
+        derived dims (``inputs.<key>.equals``) computed."""
         steps = self.dim_steps()
-        return {
-            d: steps.get(d, 1)
-            * rng.randint(0 if zero_counts and g.is_count else 1, big)
-            for g in self.spec.item_inputs
-            for d in g.dims
-        }
+        derived = {d for g in self.spec.item_inputs for d in g.derived_dims}
+        return self.derive(
+            {
+                d: steps.get(d, 1)
+                * rng.randint(0 if zero_counts and g.is_count else 1, big)
+                for g in self.spec.item_inputs
+                for d in g.dims
+                if d not in derived
+            }
+        )
+
+    def derive(self, item: dict[str, int]) -> dict[str, int]:
+        """``item`` with every derived dim set from its formula."""
+        out = dict(item)
+        for g in self.spec.item_inputs:
+            for dim, expr in g.equals:
+                out[dim] = self.value(expr, **item)
+        order = [d for g in self.spec.item_inputs for d in g.dims]
+        return {d: out[d] for d in order}
 
     def runs_eagerly(self, item: Mapping[str, int]) -> bool:
         """``items.eager_when`` holds for the item."""
@@ -423,7 +467,10 @@ class SpecWorld:
 
     def flat_tensor(self, key: str, items) -> torch.Tensor:
         """Row ``r`` of item ``i`` starts with ``(i, r)``: a selection's order
-        shows (rows of one element hold ``i``)."""
+        shows (rows of one element hold ``i``). Span types are valid ones."""
+        span = self.spec.span_assembly
+        if span is not None and span.types.key == key:
+            return self.span_types(items)
         shape = self.row_shape(key)
         width = math.prod(shape)
         rows = []
@@ -436,6 +483,20 @@ class SpecWorld:
                 rows.append(row)
         flat = torch.stack(rows) if rows else torch.zeros(0, width)
         return flat.reshape(len(rows), *shape)
+
+    def span_types(self, items) -> torch.Tensor:
+        """Per item: its graph rows as content positions, then delimiters
+        rotated by the item's index (so that a selection's order shows), one
+        type per output token."""
+        span = self.spec.span_assembly
+        content = getattr(self.module, span.content.name)
+        marks = [getattr(self.module, imp.name) for imp, _ in span.delimiters]
+        types: list[int] = []
+        for i, it in enumerate(items):
+            rows = self.graph_rows(it)
+            extra = self.item_values(it)["output_tokens"] - rows
+            types += [content] * rows + [marks[(i + j) % len(marks)] for j in range(extra)]
+        return torch.tensor(types, dtype=torch.int64)
 
     @staticmethod
     def row_ids(flat: torch.Tensor) -> list[list[float]]:
@@ -473,7 +534,9 @@ class SpecWorld:
         allows (each dim grown in turn, by multiples of its step), or None
         when even the smallest does not fit."""
         steps = self.dim_steps()
-        item = {d: steps.get(d, 1) for g in self.spec.item_inputs for d in g.dims}
+        item = self.derive(
+            {d: steps.get(d, 1) for g in self.spec.item_inputs for d in g.dims}
+        )
 
         def fits(candidate: dict[str, int]) -> bool:
             return self.path_tokens(candidate, path) <= budget
@@ -482,11 +545,12 @@ class SpecWorld:
             return None
         items = self.spec.items.on_path(path.output_tokens if path else None)
         counted = fx.names_in(items.budget_tokens or items.output_tokens)
-        for dim in (d for d in item if d in counted):
+        derived = {d for g in self.spec.item_inputs for d in g.derived_dims}
+        for dim in (d for d in item if d in counted and d not in derived):
             step = steps.get(dim, 1)
             grow = step
             while grow >= step:
-                trial = {**item, dim: item[dim] + grow}
+                trial = self.derive({**item, dim: item[dim] + grow})
                 if fits(trial) and trial[dim] <= budget * step:
                     item = trial
                     grow *= 2
@@ -635,7 +699,12 @@ class FakeBuilder:
         out = {}
         for key in self.builder.provides:
             buf = next(b for b in self.world.spec.buffers if b.key == key)
-            out[key] = self.tensor(buf, items, kwargs, device, dtype, axes)
+            # An optional buffer is None, as under the backends that need none.
+            out[key] = (
+                None
+                if buf.optional
+                else self.tensor(buf, items, kwargs, device, dtype, axes)
+            )
         return out
 
     def tensor(
@@ -688,6 +757,7 @@ def is_capture_tensor(buf: Buffer) -> bool:
 
 
 __all__ = [
+    "FALLBACK_DTYPE",
     "OUT_WIDTH",
     "FakeBuilder",
     "FakeCall",

@@ -68,7 +68,9 @@ def test_the_step_table_lists_the_torch_names_allowed() -> None:
     text = DOC.read_text(encoding="utf-8")
     for label, allowed in (("function", TORCH_FUNCTIONS), ("dtype", TORCH_DTYPES)):
         row = next(
-            line for line in text.splitlines() if line.startswith(f"| `torch.<{label}>`")
+            line
+            for line in text.splitlines()
+            if line.startswith(f"| `torch.<{label}>`")
         )
         listed = row.split("|")[1].split(":", 1)[1]
         assert set(re.findall(r"`(\w+)`", listed)) == allowed, label

@@ -29,6 +29,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from encoder_cudagraph_runtime.attention_backends import (  # noqa: E402
+    AttentionBackendEnum,
+)
 from encoder_cudagraph_runtime.defs import (  # noqa: E402
     ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG,
 )
@@ -41,12 +44,15 @@ from encoder_cudagraph_runtime.manager import EncoderCudaGraphManager  # noqa: E
 from generator import formulas as fx  # noqa: E402
 from generator.resolve import load_spec  # noqa: E402
 from generator.spec import FlatInput, PadRule  # noqa: E402
+from generator.spec.capture import DtypeFallback  # noqa: E402
 from genmixin_spec_host import (  # noqa: E402
+    FALLBACK_DTYPE,
     OUT_WIDTH,
     SpecWorld,
     fake_of,
     is_capture_tensor,
     output_call,
+    set_path,
 )
 from genmixin_testlib import spec_paths, valid_corpus_paths  # noqa: E402
 
@@ -85,6 +91,14 @@ def test_config(world: SpecWorld) -> None:
     assert config.modalities == [m.value for m in spec.modalities]
     special = {b.key for b in spec.buffers if b.pad is not None or b.rows_dim}
     assert set(config.padding_logics) == special
+    off = world.spec.capture_off
+    if off is not None:
+        # The host flag turns capture off: no modality, one frame per video.
+        host = world.host()
+        set_path(host, off.when.parts, True)
+        config = host.get_encoder_cudagraph_config()
+        assert config.modalities == []
+        assert config.max_frames_per_video == 1
     paths = {
         name: (c.min_token_budget, c.allow_zero_tokens)
         for name, c in config.paths.items()
@@ -102,7 +116,12 @@ def test_budget_range(world: SpecWorld, tokens: int, model_len: int) -> None:
         model_config=ModelConfig(max_model_len=model_len),
     )
     got = world.host().get_encoder_cudagraph_budget_range(cfg)
-    assert got == (world.value(world.spec.budget.min), min(tokens, model_len))
+    largest = min(tokens, model_len)
+    if world.spec.budget.max is not None:  # budget.max, over the scheduler's limits
+        largest = world.value(
+            world.spec.budget.max, max_num_batched_tokens=tokens, max_model_len=model_len
+        )
+    assert got == (world.value(world.spec.budget.min), largest)
 
 
 @pytest.mark.parametrize("lists", [False, True], ids=["tensors", "lists"])
@@ -312,12 +331,16 @@ def check_capture_inputs(
     rows = mbs * world.item_values(dims)["input_size"]
     for buf in path.buffers:
         value = values[buf.key]
+        if value is None:
+            assert buf.optional, f"{buf.key} is None but not optional"
+            continue
         if is_capture_tensor(buf):
             own = mbs * world.flat_rows(buf.key, dims)
             shape = [
                 world.value(e, **names, rows=own, **dims) for e in buf.source.shape
             ]
             assert list(value.shape) == shape, buf.key
+            assert value.dtype == expected_dtype(buf.source), buf.key
             assert value.shape[0] >= own, f"{buf.key}: room for the dummy's rows"
         elif buf.pad is not None:
             slots = world.value(buf.slots, **names)
@@ -336,6 +359,14 @@ def check_capture_inputs(
             # A builder buffer's declared shape (with axes: it follows the key).
             shape = [world.value(e, **names, rows=rows) for e in buf.shape]
             assert list(value.shape) == shape, buf.key
+    # With every host path of a first_of None, the manager's dtype is taken.
+    for t in path.capture.tensors:
+        if isinstance(t.dtype, DtypeFallback):
+            unset = world.host()
+            for option in t.dtype.options:
+                set_path(unset, option.parts, None)
+            again = capture(world, unset, budget, mbs, mfpb, path, axis_keys)
+            assert again[t.key].dtype == torch.float32, t.key
     # The dummy batch covers its budget, in budget tokens and in graph rows
     # (a path whose items all have the same rows: the most of max_batch_size
     # such items).
@@ -352,6 +383,15 @@ def check_capture_inputs(
     for fake in world.builders:
         seen = fake.items(*fake.calls[-1])
         assert seen == [{d: v for d, v in it.items() if d in seen[0]} for it in dummy]
+
+
+def expected_dtype(tensor) -> torch.dtype:
+    """The capture dtype on the spec host: float32 for the manager's dtype and
+    for host paths; a ``first_of`` takes its last host path's
+    (``FALLBACK_DTYPE``: the ones before it are None)."""
+    if isinstance(tensor.dtype, DtypeFallback):
+        return FALLBACK_DTYPE
+    return torch.float32
 
 
 def fixed_batch_rows(world: SpecWorld, path, mbs: int) -> float:
@@ -443,6 +483,9 @@ def check_replayed(world, path, items, target, replay, rows_captured) -> None:
         if buf.key not in replay:
             continue
         src = replay[buf.key]
+        if src is None:
+            assert buf.optional and value is None, buf.key
+            continue
         if is_capture_tensor(buf):
             assert src.shape[0] == sum(world.flat_rows(buf.key, it) for it in items)
         if buf.pad is not None:
@@ -518,6 +561,51 @@ def test_graph_forward(world: SpecWorld, budget: int, mbs: int, mfpb: int) -> No
             call, whole = output_call(path.graph_forward[-1].expr)
             if call is not None and whole:
                 assert out is fake_of(world, call).returned[-1]
+
+
+# -- pad rules chosen by backend ---------------------------------------------------
+
+
+SECTIONS_SPECS = [
+    p for p in SPECS if any(b.pad_by_backend for b in load_spec(p).buffers)
+]
+
+
+@pytest.fixture(
+    scope="module",
+    params=SECTIONS_SPECS,
+    ids=[f"{p.parent.name}/{p.stem}" for p in SECTIONS_SPECS],
+)
+def sections_world(request) -> SpecWorld:
+    return SpecWorld(Path(request.param))
+
+
+def test_flashinfer_sections(sections_world: SpecWorld) -> None:
+    """Under FlashInfer a ``pad_by_backend`` buffer keeps the builder's
+    two-section layout at capture, and replay pads each section on its own."""
+    world = sections_world
+    keys = [b.key for b in world.spec.paths[0].buffers if b.pad_by_backend]
+    host = world.host()
+    guard = world.spec.guards.attention_backend
+    set_path(host, guard.path.parts, AttentionBackendEnum.FLASHINFER)
+    config = host.get_encoder_cudagraph_config()
+    values = capture(world, host, 100, 3, 3, world.spec.paths[0])
+    built = world.builders[0].calls[-1]
+    sections = world.module._pad_flashinfer_sections
+    for key in keys:
+        assert config.padding_logics[key] is sections
+        # Kept as the builder made it (the fake builder's plain offsets).
+        offsets = [0]
+        for item in world.builders[0].items(*built):
+            offsets.append(offsets[-1] + world.item_values(item)["input_size"])
+        assert values[key].tolist() == offsets, key
+    # Two captured sections of 5; a batch's sections of 3 (Q/K/O, then V).
+    dst = torch.full((10,), -1, dtype=torch.int32)
+    src = torch.tensor([0, 4, 6, 0, 12, 18], dtype=torch.int32)
+    sections(dst, src)
+    assert dst.tolist() == [0, 4, 6, 6, 6, 0, 12, 18, 18, 18]
+    with pytest.raises(RuntimeError, match="sections"):
+        sections(torch.zeros(4, dtype=torch.int32), src)
 
 
 # -- several paths -------------------------------------------------------------------
@@ -686,3 +774,101 @@ def test_the_manager_replays_the_selected_keys(axes_world: SpecWorld, seed: int)
     manager.execute(world.batch(items))
     assert replayed and all(got == want for got, want in replayed)
     assert manager.graph_hits == len(items)
+
+
+# -- custom post-processing ----------------------------------------------------------
+
+
+#: Specs whose graph output is not rows of ``out_hidden_size`` (DeepSeek-VL2:
+#: ``(tiles, h * h, width)``): the fake output below is rows, so their
+#: post-processing is checked by their parity test instead.
+BLOCK_OUTPUTS = {"deepseek_vl2"}
+POST_SPECS = [
+    p for p in SPECS if load_spec(p).post_steps and p.stem not in BLOCK_OUTPUTS
+]
+
+
+@pytest.fixture(scope="module", params=POST_SPECS, ids=[p.stem for p in POST_SPECS])
+def post_world(request) -> SpecWorld:
+    return SpecWorld(Path(request.param))
+
+
+def run_post_steps(world: SpecWorld, seed: int, clone: bool):
+    """Post-process a padded output of random selected items: (dest, out,
+    indices, tokens). A last step that is a host call returns rows numbered
+    in batch order (per item: the item's position)."""
+    rng = random.Random(seed)
+    items = [world.random_item(rng) for _ in range(4)]
+    indices = rng.sample(range(4), rng.randint(1, 4))
+    chosen = [items[i] for i in indices]
+    # The manager's per_item_out_tokens: every item's, by its index.
+    every = [world.item_values(it)["output_tokens"] for it in items]
+    tokens = [every[i] for i in indices]
+    rows = sum(world.item_values(it)["graph_rows"] for it in chosen)
+    out = torch.arange((rows + 3) * OUT_WIDTH, dtype=torch.float32)
+    out = out.reshape(rows + 3, OUT_WIDTH)
+    host = world.host()
+    post = world.spec.postprocess
+    call, whole = output_call(post.steps[-1].expr)
+    if whole:
+        if post.per_item:
+            queue = [torch.full((n, OUT_WIDTH), float(j)) for j, n in enumerate(tokens)]
+        else:
+            numbers = torch.arange(sum(tokens), dtype=torch.float32)
+            queue = [numbers[:, None].repeat(1, OUT_WIDTH)]
+        fake_of(world, call).queue = queue
+    batch = host.select_encoder_cudagraph_items(world.batch(items), indices)
+    dest: dict = {}
+    host.postprocess_encoder_output(
+        {"default": out}, indices, every, dest, clone=clone, batch_mm_kwargs=batch
+    )
+    return dest, out, indices, tokens, whole
+
+
+@pytest.mark.parametrize("clone", [True, False])
+@pytest.mark.parametrize("seed", range(3))
+def test_postprocess_steps(post_world: SpecWorld, seed: int, clone: bool) -> None:
+    """Every selected item gets its output_tokens rows, in order; with
+    ``clone`` none shares the graph output's memory."""
+    world = post_world
+    dest, out, indices, tokens, whole = run_post_steps(world, seed, clone)
+    assert set(dest) == set(indices)
+    offset = 0
+    for j, idx in enumerate(indices):
+        assert dest[idx].shape[0] == tokens[j]
+        if whole and world.spec.postprocess.per_item:
+            assert dest[idx][:, 0].tolist() == [float(j)] * tokens[j]
+        elif whole:
+            want = [float(r) for r in range(offset, offset + tokens[j])]
+            assert dest[idx][:, 0].tolist() == want
+        offset += tokens[j]
+        if clone:
+            assert dest[idx].untyped_storage().data_ptr() != (
+                out.untyped_storage().data_ptr()
+            ), "a result shares the graph output's memory"
+
+
+def test_postprocess_steps_clone_a_view_of_the_output(tmp_path: Path) -> None:
+    """Steps that return a view of ``path_output`` (every merge-th row) get
+    their rows cloned when the manager asks for ``clone``, and only then."""
+    source = Path(__file__).parent / "data" / "valid" / "postprocess_steps.yaml"
+    text = source.read_text(encoding="utf-8").replace(
+        "    - projector(path_output[:graph_rows], grid)",
+        "    - path_output[:graph_rows].view(-1, merge * merge, path_output.shape[-1])[:, 0]",
+    )
+    assert "[:, 0]" in text
+    spec = tmp_path / "postprocess_view.yaml"
+    spec.write_text(text, encoding="utf-8")
+    world = SpecWorld(spec)
+    for clone in (True, False):
+        dest, out, indices, tokens, _ = run_post_steps(world, 1, clone)
+        offset = 0
+        for j, idx in enumerate(indices):
+            merge = world.env["merge"]
+            first = (offset * merge * merge) * OUT_WIDTH
+            assert dest[idx][0, 0].item() == first
+            shares = dest[idx].untyped_storage().data_ptr() == (
+                out.untyped_storage().data_ptr()
+            )
+            assert shares is not clone
+            offset += tokens[j]

@@ -167,7 +167,7 @@ def assert_same_tensor(a, b, what: str) -> None:
     "list_grids", [False, True], ids=["tensor-grids", "list-grids"]
 )
 @pytest.mark.parametrize("rng_seed", range(3))
-def test_item_specs_match_seed(module, backends, list_grids, rng_seed) -> None:
+def test_item_specs_match_seed(module, backends, env, list_grids, rng_seed) -> None:
     host = make_host(module, backends)
     batch = make_batch(random.Random(rng_seed), 5, list_grids=list_grids)
     specs = host.get_encoder_cudagraph_item_specs(batch)
@@ -194,7 +194,7 @@ def test_item_specs_reject_mismatched_grids(module, backends) -> None:
 @pytest.mark.parametrize(
     "indices", [[0], [4], [3, 1], [4, 0, 2], [0, 1, 2, 3, 4], [2, 4, 1, 3, 0]]
 )
-def test_select_matches_seed(module, backends, list_grids, indices) -> None:
+def test_select_matches_seed(module, backends, env, list_grids, indices) -> None:
     host = make_host(module, backends)
     batch = make_batch(random.Random(7), 5, list_grids=list_grids)
     got = host.select_encoder_cudagraph_items(batch, list(indices))
@@ -210,7 +210,7 @@ def test_select_matches_seed(module, backends, list_grids, indices) -> None:
 @pytest.mark.parametrize(
     "list_grids", [False, True], ids=["tensor-grids", "list-grids"]
 )
-def test_select_empty(module, backends, list_grids) -> None:
+def test_select_empty(module, backends, env, list_grids) -> None:
     host = make_host(module, backends)
     batch = make_batch(random.Random(3), 4, list_grids=list_grids, dtype=torch.float16)
     got = host.select_encoder_cudagraph_items(batch, [])
@@ -226,7 +226,7 @@ def test_select_empty(module, backends, list_grids) -> None:
     assert host.encoder_eager_forward(got).shape == (0, HIDDEN)
 
 
-def test_selection_of_a_selection(module, backends) -> None:
+def test_selection_of_a_selection(module, backends, env) -> None:
     """DP re-selects from a selection: composing is selecting the composition."""
     host = make_host(module, backends)
     batch = make_batch(random.Random(11), 6)
@@ -258,7 +258,10 @@ def test_budget_range(module, backends, tokens, model_len) -> None:
         model_config=ModelConfig(max_model_len=model_len),
     )
     host = make_host(module, backends)
-    assert host.get_encoder_cudagraph_budget_range(cfg) == seed.budget_range(cfg)
+    smallest, step = seed.budget_range(cfg)
+    # Not in the seed: budgets count patches, up to R * R per output token
+    # of a scheduler step (budget.max).
+    assert host.get_encoder_cudagraph_budget_range(cfg) == (smallest, R * R * step)
 
 
 def test_config_matches_seed(module, backends, env) -> None:

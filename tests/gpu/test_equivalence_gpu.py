@@ -8,7 +8,10 @@ CUDA. Per spec with a reference tower (discovered, as in the CPU suite):
   kernel), the manager's default budget ladder (``max_num_batched_tokens`` =
   ``max_model_len`` = 512 / 8192) plus the small user ladder of the eager
   fallback phase; ``GPU_RUNS`` batches per size (150 + 150 = 300 per model)
-  of every batch kind (see ``tests/equivalence_driver.py``);
+  of every batch kind (see ``tests/equivalence_driver.py``), with a model's
+  ``GPU_RUN_OVERRIDES`` (Step3-VL ``full``: budgets up to 2048, smaller
+  random items); towers with several encoder paths (Step3-VL: global views
+  and crops) are planned and checked per path;
 * one model (``POISON_STEM``, ``tiny``) with the graph pool's free blocks
   filled with NaN after capture and before every ``execute``.
 
@@ -118,9 +121,9 @@ def _free_device_memory():
 @pytest.mark.parametrize("size", ["tiny", "full"])
 @pytest.mark.parametrize("stem", STEMS)
 def test_equivalence_bf16_cuda_graphs(stem, size, request):
-    summary = _run(request.node.nodeid, stem, size, **drv.GPU_RUNS[size])
+    summary = _run(request.node.nodeid, stem, size, **drv.gpu_run(stem, size))
     drv.assert_equivalent(summary)
-    assert summary["batches"] == drv.GPU_RUNS[size]["num_batches"]
+    assert summary["batches"] == drv.gpu_run(stem, size)["num_batches"]
     assert summary["graph_hits"] > 0 and summary["eager_fallbacks"] > 0
     assert summary["nonfinite"] == 0 and summary["aliasing"] == 0
     assert summary["worst_rel_err"] <= BF16_TOLERANCE

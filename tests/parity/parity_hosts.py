@@ -28,6 +28,7 @@ import itertools
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 import torch
 from encoder_cudagraph_runtime.attention_backends import AttentionBackendEnum
 from encoder_cudagraph_runtime.config import (
@@ -38,6 +39,7 @@ from encoder_cudagraph_runtime.config import (
     VllmConfig,
 )
 
+from encoder_cudagraph_runtime.defs import ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG
 from parity_testlib import (
     WheelCode,
     load_generated_vllm_module,
@@ -74,6 +76,7 @@ class HostSettings:
     max_model_len: int = 8192
     max_num_batched_tokens: int = 8192
     max_frames_per_video: int = 4
+    pruning: bool = False  # the host's is_multimodal_pruning_enabled
 
     def multimodal_config(self) -> MultiModalConfig | None:
         if self.no_multimodal_config:
@@ -491,12 +494,433 @@ def qwen2_vl() -> ModelParity:
 
 
 # ---------------------------------------------------------------------------
+# Qwen2.5-VL
+# ---------------------------------------------------------------------------
+
+QWEN2_5_VL = "vllm.model_executor.models.qwen2_5_vl"
+MM_ATTENTION = "vllm.model_executor.layers.attention.mm_encoder_attention"
+
+
+def flashinfer_attention(
+    x: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    sequence_lengths: torch.Tensor,
+    max_seqlen: Any,
+    stride: int,
+    violations: dict[str, list[str]],
+) -> torch.Tensor:
+    """FlashInfer's cuDNN varlen attention by its contract, on 2-D rows.
+
+    ``cu_seqlens`` holds two sections: element offsets of each sequence's
+    Q/K/O rows (rows x ``stride``), then of its V rows (3 x ``stride``, the
+    interleaved QKV buffer); ``sequence_lengths`` the rows of each sequence.
+    Each Q row becomes itself plus the mean of its sequence's V rows, read at
+    the V offset: a wrong V section reads other rows. Rows no sequence
+    covers stay NaN; what breaks the contract lands in ``violations``.
+    """
+    rows = x.shape[0]
+    offsets = [int(v) for v in cu_seqlens.tolist()]
+    half = len(offsets) // 2
+    qko, v = offsets[:half], offsets[half:]
+    lengths = [int(n) for n in sequence_lengths.tolist()]
+    bound = _as_int(max_seqlen)
+    out = torch.full_like(x, float("nan"))
+
+    def violation(kind: str, message: str) -> None:
+        violations.setdefault(kind, []).append(message)
+
+    if len(offsets) % 2 or len(lengths) + 1 != half:
+        violation(
+            "flashinfer-layout", f"{len(offsets)} offsets, {len(lengths)} lengths"
+        )
+        return out
+    for i, length in enumerate(lengths):
+        if length == 0:
+            continue
+        start, rest = divmod(qko[i], stride)
+        v_start, v_rest = divmod(v[i], 3 * stride)
+        if rest or v_rest or start + length > rows or v_start + length > rows:
+            violation("offsets-past-rows", f"sequence {i}: {qko[i]}, {v[i]}, {length}")
+            continue
+        done = length if bound is None else min(length, bound)
+        if done < length:
+            violation("max_seqlen-too-small", f"sequence {i}: {length} > {bound}")
+        mean = x[v_start : v_start + length].mean(dim=0, keepdim=True)
+        out[start : start + done] = x[start : start + done] + mean
+    return out
+
+
+class _Qwen25Block:
+    def __init__(self, tower: Any) -> None:
+        self.tower = tower
+
+    def __call__(
+        self,
+        x,
+        *,
+        cu_seqlens,
+        rotary_pos_emb_cos,
+        rotary_pos_emb_sin,
+        max_seqlen=None,
+        sequence_lengths=None,
+    ):
+        rows = x[:, 0, :].float() + rotary_pos_emb_cos.float()
+        tower = self.tower
+        if tower.attn_backend is AttentionBackendEnum.FLASHINFER:
+            out = flashinfer_attention(
+                rows,
+                cu_seqlens,
+                sequence_lengths,
+                max_seqlen,
+                tower.hidden_size // tower.tp_size,
+                tower.violations,
+            )
+        else:
+            out = varlen_attention(rows, cu_seqlens, max_seqlen, tower.violations)
+        return out.to(x.dtype)[:, None, :]
+
+
+class _Qwen25TowerParts(Recorder):
+    """The learned parts of ``Qwen2_5_VisionTransformer`` and its attributes:
+    a window of 2 x 2 merged tokens (``window_size`` 8 with 2-pixel patches),
+    one windowed block then one full-attention block. ``forward``, the
+    metadata builder, window indices and RoPE gathers are vLLM's (subclass)."""
+
+    def __init__(self, settings: HostSettings, dtype: torch.dtype, norm: Any) -> None:
+        super().__init__()
+        self.spatial_merge_size = 2
+        self.spatial_merge_unit = 4
+        self.patch_size = PATCH
+        self.window_size = 8
+        self.fullatt_block_indexes = (1,)
+        self.hidden_size = WIDTH
+        self.out_hidden_size = WIDTH
+        self.tp_size = 1
+        self.fp8_padded_hidden_size = None
+        self.attn_backend = AttentionBackendEnum[settings.backend]
+        self.patch_embed = _CallablePatchEmbed(
+            lambda x: patch_embedding(x, dtype),
+            proj=_Obj(in_channels=3),
+            patch_size=PATCH,
+            temporal_patch_size=2,
+        )
+        self.input_norm = norm
+        self.rotary_pos_emb = _QwenRotary(dtype)
+        self._rope_by_thw_cache: dict[tuple[int, int, int], Any] = {}
+        self.blocks = [_Qwen25Block(self), _Qwen25Block(self)]
+        self.merger = lambda x: group_means(x[:, 0, :], 4)
+        self._dtype = dtype
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._dtype
+
+    @property
+    def device(self) -> torch.device:
+        return CPU
+
+    def __call__(self, x, grid_thw, *, encoder_metadata=None):
+        self.calls.append(
+            {
+                "x": _snapshot(x),
+                "grid_thw": _snapshot(grid_thw),
+                "encoder_metadata": _snapshot(encoder_metadata),
+            }
+        )
+        return self.forward(x, grid_thw, encoder_metadata=encoder_metadata)
+
+
+def mm_attention_helpers(code: WheelCode) -> None:
+    """vLLM's own encoder-attention metadata helpers (the FlashInfer
+    repacking included), without the layer itself, as ``MMEncoderAttention``."""
+    code.stubs.setdefault(MM_ATTENTION, {})["MMEncoderAttention"] = code.klass(
+        MM_ATTENTION,
+        "MMEncoderAttention",
+        ["compute_max_seqlen", "maybe_compute_seq_lens", "maybe_recompute_cu_seqlens"],
+    )
+
+
+def _qwen25_parity() -> ModelParity:
+    code = _wheel_code(
+        {
+            "vllm.multimodal": {"MULTIMODAL_REGISTRY": _Registry()},
+            QWEN2_5_VL: {"Qwen2VLProcessingInfo": _QwenProcessingInfo},
+        }
+    )
+    mm_attention_helpers(code)
+    tower_class = code.klass(
+        QWEN2_5_VL,
+        "Qwen2_5_VisionTransformer",
+        [
+            "forward",
+            "prepare_encoder_metadata",
+            "get_encoder_cudagraph_max_window_seqs",
+        ],
+        bases=(_Qwen25TowerParts,),
+        exclude=["device", "dtype"],
+    )
+    host_class = "Qwen2_5_VLForConditionalGeneration"
+    host_methods = code.klass(QWEN2_5_VL, host_class, ["get_max_frames_per_video"])
+    vllm_mixin = code.klass(
+        QWEN2_5_VL,
+        host_class,
+        _defined(code, QWEN2_5_VL, host_class),
+        bases=(_protocol(code),),
+        exclude=["get_max_frames_per_video"],
+    )
+    ours = load_generated_vllm_module(
+        "qwen2_5_vl", code
+    ).Qwen2_5_VLEncoderCudaGraphMixin
+
+    def make_host(host_class: type, settings: HostSettings) -> Any:
+        dtype = torch.float32
+        norm = _qwen_norm(code, settings.fused_input_norm)
+        host = host_class()
+        vllm_config = settings.vllm_config()
+        host.model_config = vllm_config.model_config
+        host.model_config.parity_max_frames = settings.max_frames_per_video
+        host.multimodal_config = vllm_config.model_config.multimodal_config
+        host.is_multimodal_pruning_enabled = settings.pruning
+        host.visual = tower_class(settings, dtype, norm)
+        return host
+
+    return ModelParity(
+        name="qwen2_5_vl",
+        vllm_host=type("VllmQwen2_5_VLHost", (host_methods, vllm_mixin), {}),
+        our_host=type("GeneratedQwen2_5_VLHost", (host_methods, ours), {}),
+        make_host=make_host,
+        modalities=("image", "video"),
+        make_batch=_qwen_batch,
+        random_grid=_merged_grid,
+        frames=lambda grid: grid[0],
+    )
+
+
+@functools.cache
+def qwen2_5_vl() -> ModelParity:
+    return _qwen25_parity()
+
+
+# ---------------------------------------------------------------------------
+# Qwen3-VL
+# ---------------------------------------------------------------------------
+
+QWEN3_VL = "vllm.model_executor.models.qwen3_vl"
+#: Side of the fake position-embedding grid (vLLM: 48, a 2304-entry table).
+POS_GRID = 4
+
+
+class _Qwen3Block:
+    """A Qwen3-VL (and Cohere Compass) vision block: FlashAttention's or
+    FlashInfer's varlen contract, by the tower's backend."""
+
+    def __init__(self, tower: Any) -> None:
+        self.tower = tower
+
+    def __call__(
+        self,
+        x,
+        *,
+        cu_seqlens,
+        rotary_pos_emb_cos,
+        rotary_pos_emb_sin,
+        max_seqlen=None,
+        sequence_lengths=None,
+    ):
+        rows = x[:, 0, :].float() + rotary_pos_emb_cos.float()[:, : x.shape[-1]]
+        tower = self.tower
+        if tower.attn_backend is AttentionBackendEnum.FLASHINFER:
+            out = flashinfer_attention(
+                rows,
+                cu_seqlens,
+                sequence_lengths,
+                max_seqlen,
+                tower.hidden_size // tower.tp_size,
+                tower.violations,
+            )
+        else:
+            out = varlen_attention(rows, cu_seqlens, max_seqlen, tower.violations)
+        return out.to(x.dtype)[:, None, :]
+
+
+class _Qwen3TowerParts(Recorder):
+    """The learned parts of ``Qwen3_VisionTransformer``: a 4 x 4 position
+    table, one block, one DeepStack merger after it (output rows twice
+    ``WIDTH`` wide). ``forward``, the metadata builder, the position
+    interpolation and the RoPE position ids are vLLM's (subclass)."""
+
+    def __init__(self, settings: HostSettings, dtype: torch.dtype, norm: Any) -> None:
+        super().__init__()
+        self.spatial_merge_size = 2
+        self.hidden_size = WIDTH
+        self.out_hidden_size = 2 * WIDTH
+        self.tp_size = 1
+        self.fp8_padded_hidden_size = None
+        self.num_grid_per_side = POS_GRID
+        self.attn_backend = AttentionBackendEnum[settings.backend]
+        self.patch_embed = _CallablePatchEmbed(
+            lambda x: patch_embedding(x, dtype),
+            proj=_Obj(in_channels=3),
+            patch_size=PATCH,
+            temporal_patch_size=2,
+        )
+        codes = torch.arange(POS_GRID * POS_GRID * WIDTH, dtype=torch.float32)
+        self.pos_embed = _Obj(weight=(codes.reshape(-1, WIDTH) / 64).to(dtype))
+        self.input_norm = norm
+        self.rotary_pos_emb = _QwenRotary(dtype)
+        self._rot_pos_ids_cache: dict[tuple[int, int, int], Any] = {}
+        self.blocks = [_Qwen3Block(self)]
+        self.deepstack_visual_indexes = [0]
+        self.deepstack_merger_list = [lambda x: -group_means(x[:, 0, :], 4)]
+        self.merger = lambda x: group_means(x[:, 0, :], 4)
+        self._dtype = dtype
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._dtype
+
+    @property
+    def device(self) -> torch.device:
+        return CPU
+
+    def __call__(self, x, grid_thw, *, encoder_metadata=None):
+        self.calls.append(
+            {
+                "x": _snapshot(x),
+                "grid_thw": _snapshot(grid_thw),
+                "encoder_metadata": _snapshot(encoder_metadata),
+            }
+        )
+        return self.forward(x, grid_thw, encoder_metadata=encoder_metadata)
+
+
+def _qwen3_parity() -> ModelParity:
+    code = _wheel_code(
+        {
+            "vllm.multimodal": {"MULTIMODAL_REGISTRY": _Registry()},
+            # vLLM picks its Triton kernel when Triton is importable.
+            QWEN3_VL: {
+                "Qwen3VLProcessingInfo": _QwenProcessingInfo,
+                "HAS_TRITON": False,
+                "triton_pos_embed_interpolate": None,
+            },
+        }
+    )
+    mm_attention_helpers(code)
+    tower_class = code.klass(
+        QWEN3_VL,
+        "Qwen3_VisionTransformer",
+        ["forward", "prepare_encoder_metadata"],
+        bases=(_Qwen3TowerParts,),
+        exclude=["device", "dtype"],
+    )
+    host_class = "Qwen3VLForConditionalGeneration"
+    host_methods = code.klass(QWEN3_VL, host_class, ["get_max_frames_per_video"])
+    vllm_mixin = code.klass(
+        QWEN3_VL,
+        host_class,
+        _defined(code, QWEN3_VL, host_class),
+        bases=(_protocol(code),),
+        exclude=["get_max_frames_per_video"],
+    )
+    ours = load_generated_vllm_module("qwen3_vl", code).Qwen3VLEncoderCudaGraphMixin
+
+    def make_host(host_class: type, settings: HostSettings) -> Any:
+        host = host_class()
+        vllm_config = settings.vllm_config()
+        host.model_config = vllm_config.model_config
+        host.model_config.parity_max_frames = settings.max_frames_per_video
+        host.multimodal_config = vllm_config.model_config.multimodal_config
+        host.is_multimodal_pruning_enabled = settings.pruning
+        norm = _qwen_norm(code, settings.fused_input_norm)
+        host.visual = tower_class(settings, torch.float32, norm)
+        return host
+
+    return ModelParity(
+        name="qwen3_vl",
+        vllm_host=type("VllmQwen3VLHost", (host_methods, vllm_mixin), {}),
+        our_host=type("GeneratedQwen3VLHost", (host_methods, ours), {}),
+        make_host=make_host,
+        modalities=("image", "video"),
+        make_batch=_qwen_batch,
+        random_grid=_merged_grid,
+        frames=lambda grid: grid[0],
+    )
+
+
+@functools.cache
+def qwen3_vl() -> ModelParity:
+    return _qwen3_parity()
+
+
+# ---------------------------------------------------------------------------
+# Cohere Compass
+# ---------------------------------------------------------------------------
+
+COHERE_COMPASS = "vllm.model_executor.models.cohere_compass"
+
+
+def _cohere_parity() -> ModelParity:
+    code = _wheel_code(
+        {
+            COHERE_COMPASS: {
+                "HAS_TRITON": False,
+                "triton_pos_embed_interpolate": None,
+            },
+        }
+    )
+    mm_attention_helpers(code)
+    # The tower is Qwen3-VL's but for its input: cast, never normalised.
+    tower_class = code.klass(
+        COHERE_COMPASS,
+        "Cohere_VisionTransformer",
+        ["forward", "prepare_encoder_metadata"],
+        bases=(_Qwen3TowerParts,),
+        exclude=["device", "dtype"],
+    )
+    host_class = "CohereCompassForConditionalGeneration"
+    vllm_mixin = code.klass(
+        COHERE_COMPASS,
+        host_class,
+        _defined(code, COHERE_COMPASS, host_class),
+        bases=(_protocol(code),),
+    )
+    ours = load_generated_vllm_module(
+        "cohere_compass", code
+    ).CohereCompassEncoderCudaGraphMixin
+
+    def make_host(host_class: type, settings: HostSettings) -> Any:
+        host = host_class()
+        vllm_config = settings.vllm_config()
+        host.model_config = vllm_config.model_config
+        host.multimodal_config = vllm_config.model_config.multimodal_config
+        host.is_multimodal_pruning_enabled = settings.pruning
+        host.visual = tower_class(settings, torch.float32, _QwenIdentityNorm())
+        return host
+
+    return ModelParity(
+        name="cohere_compass",
+        vllm_host=type("VllmCohereCompassHost", (vllm_mixin,), {}),
+        our_host=type("GeneratedCohereCompassHost", (ours,), {}),
+        make_host=make_host,
+        modalities=("image",),
+        make_batch=_qwen_batch,
+        random_grid=_merged_grid,
+        frames=lambda grid: grid[0],
+    )
+
+
+@functools.cache
+def cohere_compass() -> ModelParity:
+    return _cohere_parity()
+
+
+# ---------------------------------------------------------------------------
 # MiniMax M3
 # ---------------------------------------------------------------------------
 
 MINIMAX_TOWER = "vllm.models.minimax_m3.common.vision_tower"
 MINIMAX_MIXIN = "vllm.models.minimax_m3.common.encoder_cudagraph"
-MM_ATTENTION = "vllm.model_executor.layers.attention.mm_encoder_attention"
 
 
 def merge_window_positions(grid_thw, merge: int) -> torch.Tensor:
@@ -667,6 +1091,257 @@ def _minimax_batch(
 @functools.cache
 def minimax_m3() -> ModelParity:
     return _minimax_parity()
+
+
+# ---------------------------------------------------------------------------
+# ERNIE-4.5-VL
+# ---------------------------------------------------------------------------
+
+ERNIE = "vllm.model_executor.models.ernie45_vl"
+#: Columns of an ERNIE pixel row: 3 channels x PATCH x PATCH (no frames).
+ERNIE_PIXEL_COLUMNS = 3 * PATCH * PATCH
+
+
+class _ErnieRotary:
+    """``Ernie4_5_VisionRotaryEmbedding(seqlen)``: position codes of
+    ``WIDTH // 4`` columns (the tower puts the h and w codes side by side)."""
+
+    def __call__(self, seqlen: Any) -> torch.Tensor:
+        steps = torch.arange(WIDTH // 4, dtype=torch.float32) / WIDTH
+        return torch.arange(int(seqlen), dtype=torch.float32)[:, None] + steps
+
+
+class _ErnieBlock:
+    def __init__(self, recorder: Recorder) -> None:
+        self.recorder = recorder
+
+    def __call__(self, x, cu_seqlens, rotary_pos_emb, max_seqlen=None):
+        codes = rotary_pos_emb.float().sum(dim=-1, keepdim=True)
+        rows = x[:, 0, :].float() + codes
+        out = varlen_attention(rows, cu_seqlens, max_seqlen, self.recorder.violations)
+        return out.to(x.dtype)[:, None, :]
+
+
+class _ErnieTowerParts(Recorder):
+    """The learned parts of ``Ernie4_5_VisionTransformer``; ``forward`` and
+    its metadata helpers are vLLM's (subclass)."""
+
+    def __init__(self, settings: HostSettings, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.spatial_merge_size = 2
+        self.attn_backend = AttentionBackendEnum[settings.backend]
+        self.patch_embed = _CallablePatchEmbed(
+            lambda x: patch_embedding(x, dtype), in_channels=3, patch_size=PATCH
+        )
+        self.rotary_pos_emb = _ErnieRotary()
+        self.blocks = [_ErnieBlock(self)]
+        self.ln = lambda x: x
+        self._dtype = dtype
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._dtype
+
+    @property
+    def device(self) -> torch.device:
+        return CPU
+
+    def __call__(self, x, grid_thw=None, num_pad=0, *, encoder_metadata=None):
+        self.calls.append(
+            {
+                "x": _snapshot(x),
+                "grid_thw": _snapshot(grid_thw),
+                "encoder_metadata": _snapshot(encoder_metadata),
+            }
+        )
+        return self.forward(x, grid_thw, num_pad, encoder_metadata=encoder_metadata)
+
+
+class ErnieResampler:
+    """``VariableResolutionResamplerModel``: each 2 x 2 merge window of
+    ``WIDTH``-wide ViT rows to one token of ``out_dim`` columns. Like the
+    real one, it refuses rows of another width (its first linear layer takes
+    four ViT rows) and rows that are not the grid's patches (its offsets
+    come from the grid)."""
+
+    out_dim = 2 * WIDTH
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, Any]] = []
+
+    def __call__(self, x: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
+        self.calls.append({"rows": x.shape[0], "grid_thw": _snapshot(grid_thw)})
+        if x.shape[-1] != WIDTH:
+            raise RuntimeError(f"rows of {x.shape[-1]} columns, not {WIDTH}")
+        patches = int(torch.as_tensor(grid_thw).prod(-1).sum())
+        if x.shape[0] != patches:
+            raise RuntimeError(f"{x.shape[0]} rows for a grid of {patches} patches")
+        merged = group_means(x, 4)
+        return torch.cat([merged, -merged], dim=-1)
+
+
+def _ernie_parity() -> ModelParity:
+    code = _wheel_code(
+        {"vllm.utils.gpu_sync_debug": {"gpu_sync_allowed": contextlib.nullcontext}}
+    )
+    tower_class = code.klass(
+        ERNIE,
+        "Ernie4_5_VisionTransformer",
+        ["forward", "prepare_encoder_metadata", "rot_pos_emb", "compute_attn_mask_seqlen"],
+        bases=(_ErnieTowerParts,),
+        exclude=["device", "dtype"],
+    )
+    host_name = "Ernie4_5_VLMoeForConditionalGeneration"
+    vllm_mixin = code.klass(
+        ERNIE, host_name, _defined(code, ERNIE, host_name), bases=(_protocol(code),)
+    )
+    ours = load_generated_vllm_module("ernie45_vl", code).Ernie45VLEncoderCudaGraphMixin
+
+    def make_host(host_class: type, settings: HostSettings) -> Any:
+        host = host_class()
+        host.vision_model = tower_class(settings, torch.float32)
+        host.resampler_model = ErnieResampler()
+        # vLLM reads the LM width from the config; the resampler is built with it.
+        host.config = _Obj(hidden_size=ErnieResampler.out_dim)
+        return host
+
+    return ModelParity(
+        name="ernie45_vl",
+        vllm_host=type("VllmErnie45VLHost", (vllm_mixin,), {}),
+        our_host=type("GeneratedErnie45VLHost", (ours,), {}),
+        make_host=make_host,
+        modalities=("image",),
+        make_batch=ernie_batch,
+        random_grid=_merged_grid,
+        frames=lambda grid: grid[0],
+    )
+
+
+def ernie_batch(
+    gen: torch.Generator, modality: str, grids: list[tuple[int, int, int]]
+) -> dict[str, Any]:
+    """An ERNIE-4.5-VL image batch of ``grids`` ([1, h, w] patches, h and w
+    even)."""
+    assert modality == "image"
+    rows = sum(t * h * w for t, h, w in grids)
+    pixels = torch.randn(rows, ERNIE_PIXEL_COLUMNS, generator=gen)
+    grid = torch.tensor(grids, dtype=torch.int64).reshape(-1, 3)
+    return {"pixel_values": pixels, "image_grid_thw": grid}
+
+
+@functools.cache
+def ernie45_vl() -> ModelParity:
+    return _ernie_parity()
+
+
+# ---------------------------------------------------------------------------
+# DeepSeek-VL2
+# ---------------------------------------------------------------------------
+
+DEEPSEEK_VL2 = "vllm.model_executor.models.deepseek_vl2"
+#: The fake DeepSeek-VL2's tiles: 6 x 6 pixels of 2 x 2 patches, 3 x 3
+#: patches per tile, which the projector pads to 4 x 4 and merges to 2 x 2
+#: (the released 384 / 14 = 27 patches pad to 28 and merge to 14 the same way).
+DV2_SIDE = 6
+DV2_PATCH = 2
+DV2_EMBED = 2 * WIDTH
+
+
+class _DeepseekVL2Vision(Recorder):
+    """timm's SigLIP ``forward_features``: each tile's patches to
+    ``WIDTH``-wide rows, ``(tiles, patches, WIDTH)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.patch_embed = _Obj(
+            img_size=(DV2_SIDE, DV2_SIDE), patch_size=(DV2_PATCH, DV2_PATCH)
+        )
+
+    def forward_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        self.calls.append({"pixel_values": _snapshot(pixel_values)})
+        tiles = pixel_values.shape[0]
+        grid = DV2_SIDE // DV2_PATCH
+        patches = pixel_values.reshape(tiles, 3, grid, DV2_PATCH, grid, DV2_PATCH)
+        patches = patches.permute(0, 2, 4, 1, 3, 5).reshape(tiles * grid * grid, -1)
+        rows = patch_embedding(patches, pixel_values.dtype)
+        return rows.reshape(tiles, grid * grid, WIDTH)
+
+
+class _DeepseekVL2ProjectorParts:
+    """``MlpProjector``'s learned layers (a fixed linear map of each merged
+    2 x 2 window); its ``forward`` (padding and unfold) is vLLM's."""
+
+    def __init__(self) -> None:
+        self.cfg = _Obj(downsample_ratio=2, n_embed=DV2_EMBED)
+        self.projector_type = "downsample_mlp_gelu"
+        self.layers = lambda x: x @ _mixing(4 * WIDTH, DV2_EMBED)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward(x)
+
+
+def _dv2_parity() -> ModelParity:
+    code = _wheel_code({})
+    projector_class = code.klass(
+        DEEPSEEK_VL2, "MlpProjector", ["forward"], bases=(_DeepseekVL2ProjectorParts,)
+    )
+    host_name = "DeepseekVLV2ForCausalLM"
+    vllm_mixin = code.klass(
+        DEEPSEEK_VL2,
+        host_name,
+        [*_defined(code, DEEPSEEK_VL2, host_name), "_proj_hw"],
+        bases=(_protocol(code),),
+    )
+    ours = load_generated_vllm_module(
+        "deepseek_vl2", code
+    ).DeepseekVL2EncoderCudaGraphMixin
+
+    def make_host(host_class: type, settings: HostSettings) -> Any:
+        host = host_class()
+        host.vision = _DeepseekVL2Vision()
+        host.projector = projector_class()
+        host.vision_config = _Obj(image_size=DV2_SIDE, patch_size=DV2_PATCH)
+        host.projector_config = host.projector.cfg
+        host.model_config = settings.vllm_config().model_config
+        rows = torch.arange(DV2_EMBED, dtype=torch.float32)
+        host.image_newline = -1.0 - rows / 64
+        host.view_seperator = -2.0 - rows / 64
+        host.global_view_pos = "head"
+        return host
+
+    return ModelParity(
+        name="deepseek_vl2",
+        vllm_host=type("VllmDeepseekVL2Host", (vllm_mixin,), {}),
+        our_host=type("GeneratedDeepseekVL2Host", (ours,), {}),
+        make_host=make_host,
+        modalities=("image",),
+        make_batch=deepseek_vl2_batch,
+        random_grid=_tile_grid,
+        frames=lambda grid: 1,
+    )
+
+
+def _tile_grid(gen: torch.Generator, modality: str) -> tuple[int, int]:
+    """A random ``(tw, th)`` local tile grid of 1..3 x 1..3 tiles."""
+    tw, th = torch.randint(1, 4, (2,), generator=gen).tolist()
+    return (tw, th)
+
+
+def deepseek_vl2_batch(
+    gen: torch.Generator, modality: str, grids: list[tuple[int, int]]
+) -> dict[str, Any]:
+    """A DeepSeek-VL2 image batch: per image a global tile and ``tw x th``
+    local tiles of pixels, and its ``images_spatial_crop`` row."""
+    assert modality == "image"
+    tiles = sum(1 + tw * th for tw, th in grids)
+    pixels = torch.randn(tiles, 3, DV2_SIDE, DV2_SIDE, generator=gen)
+    crop = torch.tensor(grids, dtype=torch.int64).reshape(-1, 2)
+    return {"pixel_values": pixels, "images_spatial_crop": crop}
+
+
+@functools.cache
+def deepseek_vl2() -> ModelParity:
+    return _dv2_parity()
 
 
 # ---------------------------------------------------------------------------
@@ -1342,62 +2017,183 @@ def kimi_k3() -> ModelParity:
 GLM4_1V = "vllm.model_executor.models.glm4_1v"
 
 
-class _GlmTowerParts:
-    """The learned parts of ``Glm4vVisionTransformer``; its metadata
-    builder and RoPE position ids are vLLM's (subclass)."""
+class _GlmEmbeddingParts:
+    """``Glm4vVisionEmbeddings``' learned table (4 x 4 positions); its
+    bicubic interpolation is vLLM's (subclass)."""
 
-    def __init__(self) -> None:
+    def __init__(self, dtype: torch.dtype) -> None:
+        codes = torch.arange(POS_GRID * POS_GRID * WIDTH, dtype=torch.float32)
+        self.position_embedding = _Obj(weight=(codes.reshape(-1, WIDTH) / 64).to(dtype))
+
+    def __call__(self, **kwargs: Any) -> torch.Tensor:
+        return self.forward(**kwargs)
+
+
+class _GlmTowerParts(Recorder):
+    """The learned parts of ``Glm4vVisionTransformer``: one block (no
+    ``sequence_lengths``: vLLM's tower passes none), identity norms, a 2 x 2
+    mean as the downsampling convolution. ``forward``, the metadata builder,
+    the position interpolation and the RoPE ids are vLLM's (subclass)."""
+
+    def __init__(
+        self, settings: HostSettings, dtype: torch.dtype, norm: Any, embeddings: Any
+    ) -> None:
+        super().__init__()
         self.spatial_merge_size = 2
         self.hidden_size = self.out_hidden_size = WIDTH
         self.tp_size = 1
-        self.attn_backend = AttentionBackendEnum.FLASH_ATTN
-        self.patch_embed = _Obj(
-            proj=_Obj(in_channels=3), patch_size=PATCH, temporal_patch_size=2
+        self.attn_backend = AttentionBackendEnum[settings.backend]
+        self.patch_embed = _CallablePatchEmbed(
+            lambda x: patch_embedding(x, dtype),
+            proj=_Obj(in_channels=3),
+            patch_size=PATCH,
+            temporal_patch_size=2,
         )
-        self.input_norm = _QwenIdentityNorm()
-        self.rotary_pos_emb = _QwenRotary(torch.float32)
-        self.device = CPU
+        self.input_norm = norm
+        self.rotary_pos_emb = _QwenRotary(dtype)
+        self.embeddings = embeddings
+        self.post_conv_layernorm = self.post_layernorm = lambda x: x
+        self.blocks = [_Qwen3Block(self)]
+        self.downsample = lambda x: x.mean(dim=(2, 3), keepdim=True)
+        self.merger = lambda x: x
+        self._dtype = dtype
 
-    def pos_embeds_interpolate(self, grid_thw) -> torch.Tensor:
-        return torch.zeros(sum(t * h * w for t, h, w in grid_thw), WIDTH)
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._dtype
+
+    @property
+    def device(self) -> torch.device:
+        return CPU
+
+    def __call__(self, x, grid_thw, *, encoder_metadata=None):
+        self.calls.append(
+            {
+                "x": _snapshot(x),
+                "grid_thw": _snapshot(grid_thw),
+                "encoder_metadata": _snapshot(encoder_metadata),
+            }
+        )
+        return self.forward(x, grid_thw, encoder_metadata=encoder_metadata)
 
 
-@functools.cache
-def glm4_1v_host_class() -> tuple[type, type]:
-    """(host class with vLLM's GLM-4.1V mixin, its tower class)."""
+def _glm_parity() -> ModelParity:
     code = _wheel_code({})
-    code.stubs.setdefault(MM_ATTENTION, {})["MMEncoderAttention"] = code.klass(
-        MM_ATTENTION,
-        "MMEncoderAttention",
-        ["compute_max_seqlen", "maybe_compute_seq_lens", "maybe_recompute_cu_seqlens"],
+    mm_attention_helpers(code)
+    embeddings_class = code.klass(
+        GLM4_1V, "Glm4vVisionEmbeddings", ["forward"], bases=(_GlmEmbeddingParts,)
     )
-    tower = code.klass(
+    tower_class = code.klass(
         GLM4_1V,
         "Glm4vVisionTransformer",
-        ["prepare_encoder_metadata"],
+        ["forward", "prepare_encoder_metadata"],
         bases=(_GlmTowerParts,),
-        exclude=["device", "dtype", "pos_embeds_interpolate"],
+        exclude=["device", "dtype"],
     )
-    mixin = code.klass(
+    host_class = "Glm4vForConditionalGeneration"
+    host_methods = code.klass(GLM4_1V, host_class, ["get_max_frames_per_video"])
+    vllm_mixin = code.klass(
         GLM4_1V,
-        "Glm4vForConditionalGeneration",
-        _defined(code, GLM4_1V, "Glm4vForConditionalGeneration"),
+        host_class,
+        _defined(code, GLM4_1V, host_class),
         bases=(_protocol(code),),
         exclude=["get_max_frames_per_video"],
     )
-    return mixin, tower
+    ours = load_generated_vllm_module("glm4_1v", code).Glm4vEncoderCudaGraphMixin
+
+    def make_host(host_class: type, settings: HostSettings) -> Any:
+        dtype = torch.float32
+        host = host_class()
+        vllm_config = settings.vllm_config()
+        host.model_config = vllm_config.model_config
+        host.multimodal_config = vllm_config.model_config.multimodal_config
+        host.is_multimodal_pruning_enabled = settings.pruning
+        norm = _qwen_norm(code, settings.fused_input_norm)
+        host.visual = tower_class(settings, dtype, norm, embeddings_class(dtype))
+        return host
+
+    return ModelParity(
+        name="glm4_1v",
+        vllm_host=type("VllmGlm4vHost", (host_methods, vllm_mixin), {}),
+        our_host=type("GeneratedGlm4vHost", (host_methods, ours), {}),
+        make_host=make_host,
+        modalities=("image", "video"),
+        make_batch=_qwen_batch,
+        random_grid=_merged_grid,
+        frames=lambda grid: grid[0],
+    )
+
+
+@functools.cache
+def glm4_1v() -> ModelParity:
+    return _glm_parity()
+
+
+GLM5_NEXT = "vllm.models.glm5next.common.model"
+GLM5_NEXT_VISION = "vllm.models.glm5next.common.multimodal"
+
+
+def _glm5_next_parity() -> ModelParity:
+    """GLM-5-Next: vLLM's subclass of the GLM-4.1V host overrides only the
+    config (no ``pos_embeds`` buffer); its tower builds no position
+    embeddings."""
+    code = _wheel_code({})
+    mm_attention_helpers(code)
+    tower_class = code.klass(
+        GLM5_NEXT_VISION,
+        "Glm5NextVisionTransformer",
+        ["forward", "prepare_encoder_metadata"],
+        bases=(_GlmTowerParts,),
+        exclude=["device", "dtype"],
+    )
+    glm4 = "Glm4vForConditionalGeneration"
+    host_methods = code.klass(GLM4_1V, glm4, ["get_max_frames_per_video"])
+    glm4_mixin = code.klass(
+        GLM4_1V,
+        glm4,
+        _defined(code, GLM4_1V, glm4),
+        bases=(_protocol(code),),
+        exclude=["get_max_frames_per_video"],
+    )
+    host_class = "Glm5NextForConditionalGeneration"
+    vllm_mixin = code.klass(
+        GLM5_NEXT,
+        host_class,
+        _defined(code, GLM5_NEXT, host_class),
+        bases=(glm4_mixin,),
+    )
+    ours = load_generated_vllm_module("glm5_next", code).Glm5NextEncoderCudaGraphMixin
+
+    def make_host(host_class: type, settings: HostSettings) -> Any:
+        host = host_class()
+        vllm_config = settings.vllm_config()
+        host.model_config = vllm_config.model_config
+        host.multimodal_config = vllm_config.model_config.multimodal_config
+        host.is_multimodal_pruning_enabled = settings.pruning
+        norm = _qwen_norm(code, settings.fused_input_norm)
+        host.visual = tower_class(settings, torch.float32, norm, None)
+        return host
+
+    return ModelParity(
+        name="glm5_next",
+        vllm_host=type("VllmGlm5NextHost", (host_methods, vllm_mixin), {}),
+        our_host=type("GeneratedGlm5NextHost", (host_methods, ours), {}),
+        make_host=make_host,
+        modalities=("image", "video"),
+        make_batch=_qwen_batch,
+        random_grid=_merged_grid,
+        frames=lambda grid: grid[0],
+    )
+
+
+@functools.cache
+def glm5_next() -> ModelParity:
+    return _glm5_next_parity()
 
 
 def glm4_1v_host() -> Any:
     """A host of vLLM's GLM-4.1V mixin (2 x 2 merge, PATCH-sized patches)."""
-    mixin, tower = glm4_1v_host_class()
-    host = mixin()
-    host.visual = tower()
-    host.model_config = ModelConfig()
-    host.is_multimodal_pruning_enabled = False
-    # The frame count vLLM reads from the processor (stubbed here).
-    host.get_max_frames_per_video = lambda: 4
-    return host
+    return glm4_1v().hosts()[0]
 
 
 GEMMA3 = "vllm.model_executor.models.gemma3_mm"
@@ -1498,8 +2294,11 @@ def compare(
     run: Callable[[Any], Any],
     settings: HostSettings = HostSettings(),
 ) -> list[str]:
-    """The differing paths of ``run(host)`` on both hosts (fresh ones)."""
-    from parity_testlib import differences, observe
+    """The differing paths of ``run(host)`` on both hosts (fresh ones). A
+    method that raises on both hosts is no agreement where a batch is valid
+    input (selections, captures, replays, forwards): it is reported as
+    ``<label>/raised-on-both`` (configs may refuse alike)."""
+    from parity_testlib import Raised, differences, observe
 
     vllm_host, our_host = model.hosts(settings)
 
@@ -1508,7 +2307,15 @@ def compare(
         torch.manual_seed(0)
         return observe(lambda: run(host))
 
-    return differences(seeded(vllm_host), seeded(our_host), label)
+    theirs, ours = seeded(vllm_host), seeded(our_host)
+    found = differences(theirs, ours, label)
+    if (
+        isinstance(theirs, Raised)
+        and isinstance(ours, Raised)
+        and not label.startswith(("config", "budget_range"))
+    ):
+        found.append(f"{label}/raised-on-both")
+    return found
 
 
 def _capture(
@@ -1569,19 +2376,30 @@ def replay_view(
     paths: tuple[str, ...] = ("default",),
 ) -> list[dict[str, Any]]:
     """Replays of ``batches`` (in order) into one capture of ``case`` per
-    path: per path with rows, the replay's values, the captured buffers after
-    the manager's copy and what the forward saw; then the items' final rows
-    from every path's output."""
+    path (and per capture-axis keys): per path with rows, the replay's
+    values, the captured buffers after the manager's copy and what the
+    forward saw; then the items' final rows from every path's output. With
+    capture axes the manager replays what selection returns, in the graph of
+    the keys it resolves: so does this."""
     config = host.get_encoder_cudagraph_config()
-    captured = {p: _capture(host, case, p) for p in paths}
+    captured: dict[tuple, dict[str, torch.Tensor]] = {}
     views = []
     for batch in batches:
-        view: dict[str, Any] = {}
+        keys: tuple = ()
+        if config.capture_axes:
+            count = len(host.get_encoder_cudagraph_item_specs(batch))
+            batch = host.select_encoder_cudagraph_items(batch, list(range(count)))
+            keys = tuple(batch.pop(ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG))
+        view: dict[str, Any] = {"axis_keys": keys} if keys else {}
         outputs = {}
         for p in paths:
             if path_tokens(host, batch, p) == 0:
                 continue
-            seen, outputs[p] = _replay_path(host, case, config, captured[p], batch, p)
+            if (p, keys) not in captured:
+                captured[(p, keys)] = _capture(host, case, p, keys)
+            seen, outputs[p] = _replay_path(
+                host, case, config, captured[(p, keys)], batch, p
+            )
             view.update(
                 {k if p == "default" else f"{p}/{k}": v for k, v in seen.items()}
             )
@@ -1687,6 +2505,7 @@ MULTIMODAL_SETTINGS = (
     {"fp8": "static"},
     {"fp8": "dynamic"},
     {"no_multimodal_config": True},
+    {"pruning": True},
 )
 #: (max_model_len, max_num_batched_tokens) of the budget-range checks.
 SCHEDULER_LIMITS = ((8192, 8192), (4096, 16384), (32768, 2048), (100, 50))
@@ -1806,13 +2625,15 @@ def compare_batches(
                 lambda h, b=batch: eager_view(h, b, model.paths),
                 settings,
             )
+    axes = model.hosts(settings)[0].get_encoder_cudagraph_config().capture_axes
     for case in plan.capture_cases:
-        for path in model.paths:
+        for path, keys in itertools.product(model.paths, itertools.product(*axes)):
             where = "" if path == "default" else f",{path}"
+            where += f",keys={keys}" if keys else ""
             found += compare(
                 model,
                 f"{prefix}capture[{case.label}{where}]",
-                lambda h, c=case, p=path: capture_view(h, c, p),
+                lambda h, c=case, p=path, k=keys: capture_view(h, c, p, k),
                 settings,
             )
         gen = torch.Generator().manual_seed(case.budget * 31 + case.max_batch_size)
@@ -1831,6 +2652,158 @@ def compare_batches(
                 settings,
             )
     return found
+
+
+def check_selected_grids_work_everywhere(model: ModelParity) -> None:
+    """vLLM's Qwen-family mixins select grids as Python lists, the generated
+    ones as int64 host tensors (the processor's type): either selection has
+    the same rows, and is valid input to either mixin with equal results."""
+    gen = torch.Generator().manual_seed(5)
+    for modality in model.modalities:
+        grids = (
+            [(1, 4, 2), (2, 2, 2), (1, 2, 6)]
+            if modality == "video"
+            else [(1, 4, 2), (1, 2, 2), (1, 2, 6)]
+        )
+        batch = model.make_batch(gen, modality, grids)
+        key = f"{modality}_grid_thw"
+        vllm_host, ours = model.hosts()
+        for indices in ([2, 0, 2], []):
+            picked = vllm_host.select_encoder_cudagraph_items(batch, indices)
+            kept = ours.select_encoder_cudagraph_items(batch, indices)
+            assert isinstance(picked[key], list)
+            assert kept[key].dtype == torch.int64
+            assert kept[key].shape == (len(indices), 3)
+            assert kept[key].tolist() == list(picked[key])
+            if not indices:
+                continue
+            for host in (vllm_host, ours):
+                views = [
+                    (
+                        specs_view(host.get_encoder_cudagraph_item_specs(s)),
+                        eager_view(host, s)["items"],
+                    )
+                    for s in (picked, kept)
+                ]
+                assert views[0][0] == views[1][0]
+                assert all(
+                    torch.equal(a, b)
+                    for a, b in zip(views[0][1], views[1][1], strict=True)
+                )
+
+
+def check_dummy_frames_stop_at_k(model: ModelParity, case: CaptureCase) -> None:
+    """For a case with more frame slots per item (``max_frames_per_batch //
+    max_batch_size``) than tokens per item (``k``): vLLM's dummy items carry
+    every frame slot, a graph several times its budget; the generated ones
+    stop at ``k`` frames (a frame has at least one token), a graph of the
+    budget, and replay the fitting batch with the most frames alike."""
+    k = -(-case.budget // case.max_batch_size)
+    frames_per_item = case.max_frames_per_batch // case.max_batch_size
+    assert frames_per_item > k
+    merged = 4  # 2 x 2 patches per token
+    rows, slots = [], []
+    for host in model.hosts():
+        captured = host.prepare_encoder_cudagraph_capture_inputs(
+            case.budget,
+            case.max_batch_size,
+            case.max_frames_per_batch,
+            CPU,
+            torch.float32,
+        ).values
+        rows.append(captured["pixel_values"].shape[0])
+        slots.append(captured["cu_seqlens"].shape[0])
+    vllm_rows, our_rows = rows
+    assert vllm_rows == case.max_batch_size * frames_per_item * merged
+    assert our_rows == case.max_batch_size * k * merged >= case.budget * merged
+    # One offset per frame: vLLM's every frame slot, ours (with video
+    # replays unpadded) the most frames a batch within the budget has.
+    frame_slots = max(min(case.budget, case.max_frames_per_batch), case.max_batch_size)
+    assert slots == [case.max_frames_per_batch + 1, frame_slots + 1]
+    # The batch within the budget with the most frames: one-token frames.
+    frames = case.budget // case.max_batch_size
+    grids = [(frames, 2, 2)] * case.max_batch_size
+    batch = model.make_batch(torch.Generator().manual_seed(2), "video", grids)
+    views = [replay_view(host, case, [batch])[0] for host in model.hosts()]
+    assert all(not v["violations"] for v in views)
+    for ours, theirs in zip(views[1]["items"], views[0]["items"], strict=True):
+        assert not ours.isnan().any() and torch.equal(ours, theirs)
+
+
+def check_torch_sdpa_guard(model: ModelParity, vllm_code: Any) -> None:
+    """vLLM's mixin returns a config under TORCH_SDPA, the generated one
+    refuses it: vLLM's SDPA attention reads ``cu_seqlens`` on the host (a
+    sync a CUDA graph capture refuses). With capture off (pruning) neither
+    refuses."""
+    from parity_testlib import method_call_receivers
+
+    vllm_host, ours = model.hosts(HostSettings(backend="TORCH_SDPA"))
+    assert vllm_host.get_encoder_cudagraph_config().modalities == list(model.modalities)
+    with pytest.raises(ValueError, match="TORCH_SDPA"):
+        ours.get_encoder_cudagraph_config()
+    sdpa = vllm_code.definition(
+        "vllm.v1.attention.ops.vit_attn_wrappers", "torch_sdpa_wrapper"
+    )
+    assert any("cu_seqlens" in r for r in method_call_receivers(sdpa, "tolist"))
+    for host in model.hosts(HostSettings(backend="TORCH_SDPA", pruning=True)):
+        assert host.get_encoder_cudagraph_config().modalities == []
+
+
+#: GLM-4.1V's capture cases for the battery (GLM-5-Next's too).
+GLM_CASES = (
+    CaptureCase(16, 1, 0),
+    CaptureCase(32, 4, 0),
+    CaptureCase(64, 4, 16),  # videos: 4 frames per item
+    CaptureCase(30, 4, 8),  # a budget that 4 items do not divide
+    CaptureCase(64, 4, 2),  # fewer frames than items (user-set)
+    CaptureCase(48, 3, 12),
+    CaptureCase(100, 3, 0),  # vLLM's floor: 99 tokens for budget 100
+    CaptureCase(16, 4, 56),  # more frame slots per item (14) than tokens (4)
+    CaptureCase(64, 2, 1200),  # vLLM's default: 600 frame slots per item
+)
+
+
+def glm_differences(stem: str) -> tuple[Any, ...]:
+    """The differences of the generated GLM-4.1V (and GLM-5-Next, whose vLLM
+    mixin is GLM-4.1V's) from vLLM's, by id ``<stem>.<name>``."""
+    from parity_testlib import Difference
+
+    frames = r"b=(16,n=4,f=56|64,n=2,f=1200)"
+    floor = r"b=100,n=3,f=0"
+    return (
+        Difference(
+            f"{stem}.backend-guard",
+            (r"^config\[backend=(TORCH_SDPA|FLASHINFER)[,\]]",),
+        ),
+        Difference(
+            f"{stem}.cu-seqlens-padding",
+            (
+                r"^config\[.*/padding_logics",
+                r"replay\[.*/replay/cu_seqlens\.",
+                r"replay\[.*/(captured|calls\[\d+\]/encoder_metadata)/cu_seqlens\.values$",
+                r"replay\[.*/cu_seqlens_tail$",
+                r"replay\[.*/violations(\.keys|/cu_seqlens-decreasing)",
+            ),
+        ),
+        Difference(
+            f"{stem}.per-item-tokens",
+            (
+                rf"^(fused:)?capture\[{floor}\]/(values|forward)/",
+                rf"^(fused:)?replay\[{floor},\w+\]\[\d+\]/(captured|calls|cu_seqlens_tail)",
+            ),
+        ),
+        Difference(
+            f"{stem}.dummy-frames",
+            (
+                rf"^(fused:)?capture\[{frames}\]/(values|forward)/",
+                rf"^(fused:)?replay\[{frames},\w+\]\[\d+\]/(captured|calls|cu_seqlens_tail)",
+            ),
+        ),
+        Difference(
+            f"{stem}.selected-grid",
+            (r"^select\[.*/(selected|reselected)/(image|video)_grid_thw",),
+        ),
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -1918,6 +2891,37 @@ def step3_vl_batch(
         "patch_pixel_values": torch.randn(sum(counts), 3, 504, 504, generator=gen),
         "num_patches": torch.tensor(counts, dtype=torch.int64),
     }
+
+
+def step3_vl_grid(gen: torch.Generator, modality: str) -> tuple[int]:
+    """A random item: no crops, or 2 to 4 (the processor never makes one)."""
+    assert modality == "image"
+    return ((0, 2, 3, 4)[int(torch.randint(0, 4, (1,), generator=gen))],)
+
+
+@functools.cache
+def step3_vl() -> ModelParity:
+    """vLLM's Step3-VL host against one with the generated mixin; both read
+    vLLM's own token arithmetic and the same fake tower."""
+    code = _wheel_code({})
+    token_arithmetic = code.klass(
+        STEP3_VL,
+        "Step3VLForConditionalGeneration",
+        ["img_output_tokens", "patch_output_tokens", "_compute_spatial_tokens"],
+        bases=(_Step3HostParts,),
+    )
+    ours = load_generated_vllm_module("step3_vl", code).Step3VLEncoderCudaGraphMixin
+    return ModelParity(
+        name="step3_vl",
+        vllm_host=step3_vl_host_class(),
+        our_host=type("GeneratedStep3VLHost", (ours, token_arithmetic), {}),
+        make_host=lambda host_class, settings: step3_vl_host(host_class, settings),
+        modalities=("image",),
+        make_batch=step3_vl_batch,
+        random_grid=step3_vl_grid,
+        frames=lambda grid: 1,
+        paths=("global", "local"),
+    )
 
 
 # ---------------------------------------------------------------------------

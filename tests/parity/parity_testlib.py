@@ -610,9 +610,10 @@ def differences(vllm_side: Any, ours: Any, prefix: str) -> list[str]:
 # ---------------------------------------------------------------------------
 
 DIFFERENCES_DOC = REPO / "docs" / "vllm-differences.md"
+_TEST_REF = r"`test_[a-z0-9_]+\.py::test_[a-z0-9_]+`"
 _DOC_ROW = re.compile(
     r"^\| `(?P<id>(?P<model>[a-z0-9_]+)\.[a-z0-9-]+)` \|"
-    r".*\| `(?P<test>test_[a-z0-9_]+\.py::test_[a-z0-9_]+)` \|$"
+    rf".*\| (?P<tests>{_TEST_REF}(?:, {_TEST_REF})*) \|$"
 )
 
 
@@ -628,14 +629,14 @@ class Difference:
         return any(re.search(p, path) for p in self.paths)
 
 
-def listed_in_doc() -> dict[str, str]:
-    """id -> the test (``file.py::name``) of every difference the document
-    lists."""
+def listed_in_doc() -> dict[str, tuple[str, ...]]:
+    """id -> the tests (``file.py::name``, one or more) of every difference
+    the document lists."""
     rows = {}
     for line in DIFFERENCES_DOC.read_text(encoding="utf-8").splitlines():
         match = _DOC_ROW.match(line)
         if match:
-            rows[match["id"]] = match["test"]
+            rows[match["id"]] = tuple(re.findall(r"`([^`]+)`", match["tests"]))
     return rows
 
 

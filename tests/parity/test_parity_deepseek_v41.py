@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import parity_hosts as hosts
-from parity_hosts import CPU, CaptureCase, Plan
+from parity_hosts import CPU, CaptureCase, HostSettings, Plan
 from parity_testlib import Difference, check_differences, copy_replay_into_captured
 
 CASES = (
@@ -28,6 +28,9 @@ DIFFERENCES = (
         "deepseek_v41.budget-unit",
         (
             r"specs\[.*/default$",
+            # The largest budget: a step's output tokens in vLLM, the patches
+            # they can bring (r * r each) here.
+            r"budget_range\[.*\]\[1\]$",
             r"specs\[.*\.keys$",
             r"capture\[.*/values/",
             r"capture\[.*/forward/shape",
@@ -107,6 +110,36 @@ def test_patch_budgets_fit_every_batch_with_fewer_padding_patches(model) -> None
             captured_patches[side] += patches.shape[0]
     # ... and counted in patches, the ViT runs on fewer padding patches.
     assert real <= captured_patches["ours"] < captured_patches["vllm"]
+
+
+@pytest.mark.parametrize("pixels", [224, 448, 896])
+def test_the_largest_budget_holds_a_step_of_images_on_both_sides(model, pixels) -> None:
+    """A scheduler step full of images (their output tokens summed within
+    ``min(max_num_batched_tokens, max_model_len)``) fits the largest budget
+    of vLLM's mixin, counted in output tokens, and of ours, counted in
+    patches (r * r per output token at most); a largest budget of the step's
+    token count in patches would hold a fifth to an eighth of it."""
+    settings = HostSettings(max_num_batched_tokens=16384, max_model_len=32768)
+    side = pixels // 14  # patches per side at patch size 14
+    for host in model.hosts():
+        r = host.config.vision_downsample_ratio
+        lh = lw = -(-side // r)
+        per_image = lh * (lw + 1) + 2
+        batch = model.make_batch(
+            torch.Generator().manual_seed(5),
+            "image",
+            [(side, side)] * (16384 // per_image),
+        )
+        tokens = sum(
+            s.get_path_output_tokens("default")
+            for s in host.get_encoder_cudagraph_item_specs(batch)
+        )
+        _, largest = host.get_encoder_cudagraph_budget_range(settings.vllm_config())
+        assert tokens <= largest
+    patches = len(batch["vit_grid"]) * side * side
+    # In patches the step is 5.8x (224 px) to 8.1x (896 px) its tokens: a
+    # largest budget of 16384 patches would hold less than a fifth of it.
+    assert patches > 5 * 16384
 
 
 def test_trailing_sequence_leaves_no_vit_row_unwritten(model) -> None:

@@ -15,16 +15,17 @@ import parity_hosts as hosts
 from parity_hosts import CaptureCase, Plan
 from parity_testlib import Difference, check_differences
 
-#: The fake RoPE grid holds (64 // 2) ** 2 = 1024 merged tokens per image:
-#: the last case is beyond it (both mixins raise ValueError).
+#: The fake RoPE grid holds (64 // 2) ** 2 = 1024 merged tokens per image.
 CASES = (
     CaptureCase(64, 1, 0),
     CaptureCase(100, 4, 0),
     CaptureCase(256, 8, 0),
     CaptureCase(30, 4, 0),  # a budget that 4 items do not divide
     CaptureCase(1024, 1, 0),  # the whole RoPE grid in one dummy image
-    CaptureCase(4096, 1, 0),
 )
+#: Beyond the RoPE grid: both mixins refuse the capture (a refusal on both
+#: sides is no agreement the battery counts, so it is checked on its own).
+BEYOND_ROPE = CaptureCase(4096, 1, 0)
 
 DIFFERENCES = (
     Difference(
@@ -71,3 +72,16 @@ def test_an_item_of_several_frames_runs_eagerly_instead_of_failing(model) -> Non
         model.hosts()[1], batch, model.hosts()[1].encoder_eager_forward(batch)
     )
     assert torch.equal(rows, eager)
+
+
+def test_a_budget_beyond_the_rope_grid_is_refused_on_both_sides(model) -> None:
+    case = BEYOND_ROPE
+    for host in model.hosts():
+        with pytest.raises(ValueError, match="(?i)rope"):
+            host.prepare_encoder_cudagraph_capture_inputs(
+                case.budget,
+                case.max_batch_size,
+                case.max_frames_per_batch,
+                torch.device("cpu"),
+                torch.float32,
+            )

@@ -75,13 +75,15 @@ def test_qwen2_vl_replay_leaves_a_decreasing_cu_seqlens(
     assert not (our_cu[1:] < our_cu[:-1]).any() and not our_violations
 
 
-def test_qwen2_vl_more_frames_than_the_user_set_maximum_fail_at_replay() -> None:
+@pytest.mark.parametrize("stem", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+def test_qwen2_vl_more_frames_than_the_user_set_maximum_fail_at_replay(stem) -> None:
     # encoder_cudagraph_max_frames_per_batch=2 with 2 items per batch: the
     # manager packs by items and tokens, not frames, so two videos of 3 and 2
     # frames (10 tokens) go to the budget-64 graph, whose cu_seqlens has
     # slots for 2 frames. The generated module sizes cu_seqlens the same
-    # way and fails alike (see the findings document).
-    model = hosts.qwen2_vl()
+    # way and fails alike (see the findings document). Qwen2.5-VL and
+    # Qwen3-VL copy the mechanism.
+    model = getattr(hosts, stem)()
     case = CaptureCase(64, 2, 2)
     batch = model.make_batch(
         torch.Generator().manual_seed(1), "video", [(3, 2, 2), (2, 2, 2)]
@@ -202,6 +204,85 @@ def test_kimi_vl_selection_puts_the_grid_where_replay_must_read_it_back(
         manager, "prepare_encoder_cudagraph_replay_buffers"
     ) == [False]
     assert all(_inside_sync_allowed(manager, "get_encoder_cudagraph_item_specs"))
+
+
+# Qwen2-VL's mechanism in the mixins that copy it without a padding logic:
+# the builder pads the captured cu_seqlens to max_frames_per_batch, an image
+# replay's to max_batch_size, and the manager's default copy zeroes the rest.
+QWEN_FAMILY_DEFAULT_COPY = ["qwen3_vl", "cohere_compass", "glm4_1v"]
+
+
+@pytest.mark.parametrize("stem", QWEN_FAMILY_DEFAULT_COPY)
+def test_qwen_family_replay_leaves_a_decreasing_cu_seqlens(stem) -> None:
+    model = getattr(hosts, stem)()
+    case = CaptureCase(64, 4, 16)
+    batch = model.make_batch(
+        torch.Generator().manual_seed(0), "image", [(1, 4, 4), (1, 2, 6)]
+    )
+    views = []
+    for host in model.hosts():
+        assert _fits(host, batch, case)
+        views.append(hosts.replay_view(host, case, [batch])[0])
+    vllm_view, our_view = views
+    assert (
+        vllm_view["captured"]["cu_seqlens"].tolist() == [0, 16, 28, 28, 28] + [0] * 12
+    )
+    assert "cu_seqlens-decreasing" in vllm_view["violations"]
+    ours = our_view["captured"]["cu_seqlens"]
+    assert not (ours[1:] < ours[:-1]).any() and not our_view["violations"]
+
+
+@pytest.mark.parametrize("stem", ["qwen3_vl", "cohere_compass"])
+def test_qwen_family_flashinfer_replay_reads_v_rows_at_wrong_offsets(stem) -> None:
+    # 8 items and 16 frame slots (F = 2): the capture's sections are padded to
+    # the batch bucket of 16 sequences, an image replay's to that of 8; the
+    # default copy puts the replay's V section where the Q/K/O one ends.
+    model = getattr(hosts, stem)()
+    settings = hosts.HostSettings(backend="FLASHINFER")
+    case = CaptureCase(128, 8, 16)
+    batch = model.make_batch(
+        torch.Generator().manual_seed(3), "image", [(1, 4, 4), (1, 2, 6), (1, 6, 2)]
+    )
+    results = []
+    for host in model.hosts(settings):
+        assert _fits(host, batch, case)
+        replayed = hosts.replay_view(host, case, [batch])[0]
+        eager = hosts.eager_view(host, batch)["items"]
+        results.append((replayed, eager))
+    (vllm_view, vllm_eager), (our_view, our_eager) = results
+    captured = vllm_view["captured"]["cu_seqlens"]
+    assert captured.shape[0] == 2 * (16 + 1)
+    # The V section starts inside the Q/K/O offsets of the replay.
+    assert captured[17:].tolist() != vllm_view["replay"]["cu_seqlens"][9:].tolist()
+    assert any(
+        not torch.allclose(r, e, equal_nan=False)
+        for r, e in zip(vllm_view["items"], vllm_eager, strict=True)
+    )
+    assert not our_view["violations"]
+    for r, e in zip(our_view["items"], our_eager, strict=True):
+        assert torch.allclose(r, e)
+
+
+def test_glm4_1v_captures_600_frames_per_dummy_item() -> None:
+    # Every video may have 600 frames (GLM-4.1V's constant), so the automatic
+    # max_frames_per_batch is 600 x max_batch_size and every dummy item gets
+    # 600 frames of at least one token: with the automatic 64 items per batch,
+    # the budget-64 graph holds 64 x 600 tokens (38 400, 600 times its budget),
+    # in 153 600 pixel rows with 38 401 cu_seqlens offsets; every replay runs
+    # them all. A batch within the budget has at most 64 frames.
+    model = hosts.glm4_1v()
+    vllm_host, ours = model.hosts()
+    case = CaptureCase(64, 64, 64 * vllm_host.get_max_frames_per_video())
+    assert case.max_frames_per_batch == 38400
+    shapes = []
+    for host in (vllm_host, ours):
+        captured = _capture(host, case)
+        shapes.append(
+            (captured["pixel_values"].shape[0], captured["cu_seqlens"].shape[0])
+        )
+    assert shapes[0] == (64 * 600 * 4, 38401)
+    # The generated mixin: k = 1 token per item, one frame each.
+    assert shapes[1] == (64 * 4, 65)
 
 
 def test_step3_vl_results_of_crop_less_images_alias_the_graph_output() -> None:
@@ -335,3 +416,35 @@ def test_gemma4_unified_inherits_a_mixin_its_tower_cannot_run() -> None:
     assert manager.get_num_graphs_to_capture() == 3
     with pytest.raises(AttributeError, match="'NoneType' object has no attribute"):
         manager.capture()
+
+
+def test_ernie45_vl_eager_batches_apply_the_resampler_twice() -> None:
+    # A batch above every budget runs eagerly; the manager then calls the
+    # mixin's post-processing on the eager rows, as on a graph's output.
+    model = hosts.ernie45_vl()
+    vllm_host, _ = model.hosts()
+    batch = model.make_batch(torch.Generator().manual_seed(0), "image", [(1, 4, 4)])
+    rows = vllm_host.encoder_eager_forward(batch)
+    # vLLM's eager forward already ran the resampler: 4 tokens of the LM width.
+    assert rows.shape == (4, hosts.ErnieResampler.out_dim)
+    with pytest.raises(RuntimeError, match="columns"):
+        vllm_host.postprocess_encoder_output(
+            {"default": rows}, [0], [4], {}, clone=True, batch_mm_kwargs=batch
+        )
+    # The second resampler call got the resampled rows.
+    calls = vllm_host.resampler_model.calls
+    assert [c["rows"] for c in calls] == [16, 4]
+
+
+def test_deepseek_vl2_eager_batches_have_no_output() -> None:
+    # A batch above every budget: the manager calls the eager forward, then
+    # post-processes its output as it does a graph's.
+    model = hosts.deepseek_vl2()
+    vllm_host, _ = model.hosts()
+    batch = model.make_batch(torch.Generator().manual_seed(0), "image", [(3, 2)])
+    output = vllm_host.encoder_eager_forward(batch)
+    assert output is None
+    with pytest.raises(AttributeError, match="shape"):
+        vllm_host.postprocess_encoder_output(
+            {"default": output}, [0], [1], {}, clone=True, batch_mm_kwargs=batch
+        )

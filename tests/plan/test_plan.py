@@ -130,7 +130,32 @@ def test_generate_budgets_examples():
         resolve_budgets((100, 50))
 
 
-@pytest.mark.parametrize("spec", SPECS, ids=[s.stem for s in SPECS])
+def _captures_units(spec: Path) -> bool:
+    """A unit capture (tiles, crops, chunks): no dummy items, no offsets."""
+    return re.search(r"^ +units:", spec.read_text(encoding="utf-8"), re.M) is not None
+
+
+ITEM_SPECS = [s for s in SPECS if not _captures_units(s)]
+UNIT_SPECS = [s for s in SPECS if _captures_units(s)]
+
+
+@pytest.mark.parametrize("spec", UNIT_SPECS, ids=[s.stem for s in UNIT_SPECS])
+def test_plan_shapes_follow_the_captured_units(spec):
+    ir = load_spec(spec)
+    # Budgets above every unit spec's smallest (one view of up to 256 tokens;
+    # Step3-VL's default path plans its own budgets, one global view each).
+    plan = make_plan(ir, budgets=[1024, 4096], max_items=4)
+    for budget_plan in plan.per_budget:
+        assert budget_plan.k is None and budget_plan.units >= 1
+        by_key = {b.key: b for b in budget_plan.buffers}
+        # Every flat capture buffer holds one view per captured unit.
+        # (per_budget is the first path's: a spec's paths in order.)
+        for tensor in ir.paths[0].capture.tensors:
+            assert by_key[tensor.key].shape[0] == budget_plan.units
+    assert plan.problems == []
+
+
+@pytest.mark.parametrize("spec", ITEM_SPECS, ids=[s.stem for s in ITEM_SPECS])
 def test_plan_shapes_follow_the_dummy_batch(spec):
     ir = load_spec(spec)
     plan = make_plan(ir, budgets=[128, 512], max_items=4)
@@ -141,15 +166,18 @@ def test_plan_shapes_follow_the_dummy_batch(spec):
         flat = ir.path.capture.tensors[0].key
         # Every flat capture buffer holds exactly the dummy batch's input rows.
         assert by_key[flat].shape[0] == budget_plan.rows
-        # Offsets the mixin pads (a tower that pads its own has none).
-        for cu in ir.path.pad_buffers[:1]:
-            if cu.pad is PadRule.TRAILING_SEQUENCE:
-                # Every offset of a full batch, plus the spare slot.
-                assert by_key[cu.key].shape == [4 + 2]
-            else:
-                # One offset per sequence (per frame for videos).
-                want = [max(plan.max_frames_per_batch, 4) + 1]
-                assert by_key[cu.key].shape == want
+        # No pad buffer: the tower pads its offsets itself (ERNIE-4.5-VL).
+        cu = ir.path.pad_buffers[0] if ir.path.pad_buffers else None
+        if cu is None:
+            pass
+        elif cu.pad is PadRule.TRAILING_SEQUENCE:
+            # Every offset of a full batch, plus the spare slot.
+            assert by_key[cu.key].shape == [4 + 2]
+        else:
+            # One offset per sequence: every item, and every frame a batch
+            # within the budget can bring (a frame has at least one token).
+            frames = min(budget_plan.budget, plan.max_frames_per_batch)
+            assert by_key[cu.key].shape[0] >= max(frames, 4) + 1
         assert budget_plan.total_bytes == sum(
             b.nbytes or 0 for b in budget_plan.buffers
         )

@@ -9,6 +9,7 @@ import dataclasses
 import math
 import random
 
+import equivalence_driver as drv
 import pytest
 import torch
 import torch.nn.functional as F
@@ -17,6 +18,7 @@ from towers_vllm_source import runtime_namespace, vllm_mixin
 
 from encoder_cudagraph_runtime.attention_backends import AttentionBackendEnum
 from encoder_cudagraph_runtime.config import MultiModalConfig
+from encoder_cudagraph_runtime.graph_backends import EagerReplayGraphBackend
 from reference_towers.registry import REFERENCE_TOWERS
 from reference_towers.step3_vl import (
     CLIP_MEAN,
@@ -451,6 +453,45 @@ def test_vllm_postprocess_returns_views_of_the_graph_output(vllm_step3_mixin):
     assert first.data_ptr() == second.data_ptr()
     assert torch.equal(first, second)
     assert not torch.allclose(first, expected[0], atol=1e-3)
+
+
+@pytest.mark.parametrize("size", ["tiny", "full"])
+def test_gpu_plans_cover_every_budget_of_both_paths(vllm_step3_mixin, size):
+    """The GPU suite's plan for Step3-VL, per path: each path's budgets that
+    a legal batch can reach are replayed (the local path's 81 is not: no
+    image has a single crop), executes split, items fall back to eager.
+    The budgets come from the mixin's config, vLLM's here."""
+    host = drv.build_meta_host("step3_vl", size, mixin=vllm_step3_mixin)
+    assert drv.gpu_plan_problems("step3_vl", size, host) == []
+    (default, *_) = drv.plan_phases(
+        "step3_vl", size, host, **drv.gpu_run("step3_vl", size)
+    )
+    assert 81 in default.path_budgets["local"]
+    assert 81 not in default.coverage["local"]
+
+
+def test_vllm_mixin_fails_the_path_driver_by_aliasing_only(vllm_step3_mixin):
+    """vLLM's own mixin through the equivalence driver (both paths captured
+    and replayed by the manager): the items with crops are right, the
+    crop-less ones are not: a later replay of the same global graph, in the
+    same execute or the next, overwrites them (the finding above, caught by
+    the driver's comparison and its aliasing check)."""
+    summary = drv.run_equivalence(
+        "step3_vl",
+        "tiny",
+        device="cpu",
+        dtype=torch.float32,
+        graph_backend=EagerReplayGraphBackend(),
+        num_batches=6,
+        tolerance=1e-4,
+        mixin=vllm_step3_mixin,
+    )
+    wrong = [f for f in summary["failures"] if "aliases a graph buffer" not in f]
+    assert summary["aliasing"] > 0 and wrong
+    assert all(" (0,) " in f and "max abs err" in f for f in wrong), wrong
+    assert summary["nonfinite"] == 0 and summary["graph_hits"] > 0
+    replayed = summary["default_path_budgets_replayed"]
+    assert replayed["global"] and replayed["local"]
 
 
 # -- registry entry ---------------------------------------------------------------

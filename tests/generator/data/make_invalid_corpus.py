@@ -944,7 +944,7 @@ case(
 case(
     "grid_dim_not_a_name",
     "deepseek_v41",
-    ("llm_grid: {kind: grid, dims: [lh, lw]}", "llm_grid: {kind: grid, dims: [1, lw]}"),
+    ("llm_grid: {kind: grid, dims: [lh, lw],", "llm_grid: {kind: grid, dims: [1, lw],"),
 )
 # -- encoder paths (paths:) -------------------------------------------------------
 # A path's keys beside the top-level ones, and an empty path.
@@ -1029,6 +1029,16 @@ case(
         "max_seqlen: {host_scalar: true, replay: drop, set_by: max_seqlen_override, bounds: item}",
     ),
 )
+# `bounds: item` is the longest item, so no buffer may be named item.
+case(
+    "bounds_item_a_buffer_named_item",
+    "kimi_vl",
+    (
+        "cu_seqlens, max_seqlen, merge_gather_idx]",
+        "cu_seqlens, max_seqlen, item]",
+    ),
+    ("  merge_gather_idx: {}\n", "  item: {}\n"),
+)
 # -- vision chunks: one modality, eager multi-frame chunks, folded pixels -------
 valid_case(
     "vision_chunk_with_image",
@@ -1056,6 +1066,157 @@ valid_case(
     (
         "grid_thws: {kind: grid, dims: [t, h, w]}",
         "grid_thws: {kind: grid, dims: [t, h, w], fold_ranks: [3]}",
+    ),
+)
+# -- capture dtype with a fallback (first_of) ------------------------------------
+FUSED_DTYPE = "dtype: {first_of: [visual.input_norm.input_dtype, dtype]}"
+case(
+    "capture_dtype_first_of_without_dtype",
+    "qwen2_vl",
+    (FUSED_DTYPE, "dtype: {first_of: [visual.input_norm.input_dtype]}"),
+)
+case(
+    "capture_dtype_first_of_dtype_not_last",
+    "qwen2_vl",
+    (FUSED_DTYPE, "dtype: {first_of: [dtype, visual.input_norm.input_dtype, dtype]}"),
+)
+case(
+    "capture_dtype_first_of_typo",
+    "qwen2_vl",
+    (FUSED_DTYPE, "dtype: {firstof: [visual.input_norm.input_dtype, dtype]}"),
+)
+case(
+    "capture_dtype_first_of_not_a_path",
+    "qwen2_vl",
+    (FUSED_DTYPE, "dtype: {first_of: [merge * 2, dtype]}"),
+)
+# -- pad rules by backend, windows, bounds, optional buffers (Qwen2.5-VL) ---------
+CU = """  cu_seqlens:
+    pad: repeat_last
+    pad_by_backend: {FLASHINFER: flashinfer_sections}
+"""
+case(
+    "pad_by_backend_unknown_backend",
+    "qwen2_5_vl",
+    (CU, CU.replace("{FLASHINFER:", "{FLASH_INFER:")),
+)
+case(
+    "pad_by_backend_not_sections",
+    "qwen2_5_vl",
+    (CU, CU.replace("{FLASHINFER: flashinfer_sections}", "{FLASHINFER: repeat_last}")),
+)
+case(
+    "pad_by_backend_without_pad",
+    "qwen2_5_vl",
+    (CU, CU.replace("    pad: repeat_last\n", "")),
+)
+case(
+    "pad_by_backend_denied_backend",
+    "qwen2_5_vl",
+    ("    deny: [TORCH_SDPA]\n", "    deny: [TORCH_SDPA, FLASHINFER]\n"),
+)
+regex(
+    "pad_by_backend_without_guard",
+    "qwen2_5_vl",
+    r"guards:\n  attention_backend:\n(    .*\n|      .*\n)+\n",
+    "",
+)
+case(
+    "pad_flashinfer_sections_as_default",
+    "qwen2_5_vl",
+    (CU, CU.replace("    pad: repeat_last\n", "    pad: flashinfer_sections\n")),
+)
+case(
+    "window_without_pad",
+    "qwen2_5_vl",
+    (
+        "  rotary_pos_emb_cos: {shape: [rows, head_dim // 2], dtype: dtype}",
+        "  rotary_pos_emb_cos: {shape: [rows, head_dim // 2], dtype: dtype, window: 4}",
+    ),
+)
+case(
+    "window_slots_too_few",
+    "qwen2_5_vl",
+    (
+        '    slots: "min(token_budget, max(max_batch_size, max_frames_per_batch) + '
+        'ceil_div(token_budget, window // merge // patch)) + 1"',
+        "    slots: max(max_batch_size, max_frames_per_batch) + 1",
+    ),
+)
+case(
+    "window_scalar_too_small",
+    "qwen2_5_vl",
+    (
+        "max_seqlen_window_override: (window // merge // patch)**2 * merge**2",
+        "max_seqlen_window_override: (window // merge // patch) * merge**2",
+    ),
+)
+case(
+    "bounds_not_a_pad_buffer",
+    "qwen2_5_vl",
+    ("bounds: cu_seqlens}", "bounds: pixel_values}"),
+)
+case(
+    "bounds_without_host_scalar",
+    "qwen2_5_vl",
+    (CU, CU + "    bounds: cu_window_seqlens\n"),
+)
+case(
+    "bounds_missing_with_two_pad_buffers",
+    "qwen2_5_vl",
+    (", bounds: cu_seqlens}", "}"),
+)
+case(
+    "set_by_below_one_item",
+    "qwen2_vl",
+    (
+        "capture_kwargs: {max_seqlen_override: token_budget * merge**2}",
+        "capture_kwargs: {max_seqlen_override: token_budget * merge}",
+    ),
+)
+case(
+    "optional_on_pad_buffer",
+    "qwen2_5_vl",
+    (CU, CU + "    optional: true\n"),
+)
+case(
+    "optional_on_capture_tensor",
+    "qwen2_5_vl",
+    ("  pixel_values: {}\n", "  pixel_values: {optional: true}\n"),
+)
+# -- replay keyword arguments by modality ------------------------------------------
+BY_MODALITY = "      image: {max_batch_size: max_batch_size}\n"
+case(
+    "replay_by_modality_unknown_modality",
+    "qwen2_5_vl",
+    (BY_MODALITY, BY_MODALITY.replace("image:", "audio:")),
+)
+case(
+    "replay_by_modality_kwarg_twice",
+    "qwen2_5_vl",
+    (BY_MODALITY, "      image: {max_batch_size: max_batch_size, device: device}\n"),
+)
+case(
+    "replay_by_modality_without_video",
+    "minimax_m3",
+    (
+        "    capture_kwargs: {max_seqlen_override: rows}\n",
+        "    capture_kwargs: {max_seqlen_override: rows}\n"
+        "    replay_kwargs_by_modality: {image: {max_batch_size: max_batch_size}}\n",
+    ),
+)
+# -- capture turned off by a host flag ---------------------------------------------
+case(
+    "capture_off_not_a_path",
+    "qwen2_5_vl",
+    ("  when: is_multimodal_pruning_enabled\n", "  when: 1\n"),
+)
+case(
+    "capture_off_typo",
+    "qwen2_5_vl",
+    (
+        "  when: is_multimodal_pruning_enabled\n",
+        "  wehn: is_multimodal_pruning_enabled\n",
     ),
 )
 # Crop-less images have no local rows: the path must allow zero tokens.
@@ -1231,8 +1392,88 @@ valid_case(
         "units: max(token_budget // tokens_per_tile, k)",
     ),
 )
+# -- custom post-processing steps ----------------------------------------------------
+case(
+    "post_steps_beside_span_assembly",
+    "deepseek_v41",
+    (
+        "postprocess:\n  span_assembly:",
+        "postprocess:\n  steps: [path_output]\n  span_assembly:",
+    ),
+)
+case(
+    "post_per_item_without_steps",
+    "deepseek_v41",
+    (
+        "postprocess:\n  span_assembly:",
+        "postprocess:\n  per_item: true\n  span_assembly:",
+    ),
+)
+valid_case(
+    "post_steps_with_paths",
+    "two_paths",
+    ("  concatenate: [local, global]", "  steps: [path_output]"),
+)
+valid_case(
+    "post_steps_graph_rows_per_item",
+    "postprocess_per_item",
+    ("item_output.view(t * h, w, -1)", "path_output[:graph_rows].view(t * h, w, -1)"),
+)
+valid_case(
+    "post_steps_last_assigns",
+    "postprocess_steps",
+    (
+        "    - projector(path_output[:graph_rows], grid)",
+        "    - merged = projector(path_output[:graph_rows], grid)",
+    ),
+)
+valid_case(
+    "post_steps_read_a_flat_input",
+    "postprocess_steps",
+    ("torch.tensor(image_grid_thw)", "torch.tensor(pixel_values)"),
+)
 NOT_UTF8 = {"not_utf8": ("minimax_m3", "name: MiniMax M3", "name: MiniMax M\xe9")}
 
+
+# -- derived grids (inputs.<key>.equals) ----------------------------------------------
+
+_EQUALS = '{lh: "ceil_div(h, r)", lw: "ceil_div(w, r)"}'
+case(
+    "equals_not_a_dim",
+    "deepseek_v41",
+    (_EQUALS, '{lx: "ceil_div(h, r)", lw: "ceil_div(w, r)"}'),
+)
+case(
+    "equals_reads_its_own_dim",
+    "deepseek_v41",
+    (_EQUALS, '{lh: "ceil_div(h, r)", lw: "ceil_div(lw, r)"}'),
+)
+case(
+    "equals_unknown_name",
+    "deepseek_v41",
+    (_EQUALS, '{lh: "ceil_div(h, q)", lw: "ceil_div(w, r)"}'),
+)
+case(
+    "equals_on_a_flat_input",
+    "deepseek_v41",
+    ("types: {kind: flat, rows: output_tokens}", 'types: {kind: flat, rows: output_tokens, equals: {n: "h"}}'),
+)
+case(
+    "equals_chained",
+    "deepseek_v41",
+    ("vit_grid: {kind: grid, dims: [h, w]}", 'vit_grid: {kind: grid, dims: [h, w], equals: {w: "lw * r"}}'),
+)
+
+# -- the largest budget (budget.max) ---------------------------------------------------
+
+_MAX = "max: r * r * min(max_num_batched_tokens, max_model_len)"
+case("budget_max_below_min", "deepseek_v41", (_MAX, "max: r * 16"))
+case(
+    "budget_max_falls",
+    "deepseek_v41",
+    (_MAX, "max: 64 + 1000000 // min(max_num_batched_tokens, max_model_len)"),
+)
+case("budget_max_unknown_name", "deepseek_v41", (_MAX, "max: r * r * max_tokens"))
 
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,160 @@
+"""``_checked_grids``: the batch's grids and counts as Python ints, after
+checking on the host that every input agrees with them.
+
+Inconsistent ``mm_kwargs`` (pixel rows that do not match the grid, a float
+grid, a derived grid that does not match its source, span types of the wrong
+length or kind) run without an error on the graph and the eager path and give
+wrong rows. Item specs and selection read their grids through this helper, so
+each execute checks its batch once before anything runs, and each selection
+its input and indices. Only shapes and host values are read: no device value.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from generator import formulas as fx
+from generator.emitters.method_body import Body, Loads, item_loop, signature
+from generator.spec.inputs import FlatInput, ItemInput
+from generator.spec.mixin import MixinSpec
+
+
+def _reads(spec: MixinSpec, loads: Loads) -> list[dict[str, str]]:
+    out = []
+    for item in spec.item_inputs:
+        key = loads.key(item.key)
+        value = (
+            f"_count_values(mm_kwargs, {key})"
+            if item.is_count
+            else f"_grid_values(mm_kwargs, {key}, {len(item.dims)})"
+        )
+        out.append({"name": item.key, "value": value})
+    return out
+
+
+def _relation(spec: MixinSpec, body: Body, loads: Loads, item: ItemInput) -> dict:
+    """One loop over the items comparing ``item``'s derived dims with their
+    formulas (``inputs.<key>.equals``); the message names both inputs."""
+    needed = set(item.dims)
+    for _, expr in item.equals:
+        needed |= fx.names_in(expr)
+    target, iterable, keys = item_loop(spec, needed)
+    printed = [(dim, body.expr(expr)) for dim, expr in item.equals]
+    sources = [spec.item_input(k) for k in keys if k != item.key]
+    rules = ", ".join(
+        f"({repr(f'{dim} = {fx.to_spec_text(expr)}')}, {value})"
+        for (dim, expr), (_, value) in zip(item.equals, printed, strict=True)
+    )
+    used = sorted(
+        {n for _, e in item.equals for n in fx.names_in(e)}
+        & {c.name for c in spec.constants}
+    )
+    return {
+        "comment": (
+            f"{item.key} is derived from {', '.join(s.key for s in sources)}."
+            if sources
+            else f"{item.key}'s dims are derived from each other."
+        ),
+        "target": f"index, ({target})" if "," in target else f"index, {target}",
+        "iterable": f"enumerate({iterable})",
+        "condition": " or ".join(f"{dim} != {value}" for dim, value in printed),
+        "derived": f"({loads.key(item.key)}, {_row(item)})",
+        "sources": "{"
+        + ", ".join(f"{loads.key(s.key)}: {_row(s)}" for s in sources)
+        + "}",
+        "rules": f"[{rules}]",
+        "constants": "{" + ", ".join(f"{n!r}: {n}" for n in used) + "}",
+    }
+
+
+def _row(item: ItemInput) -> str:
+    return item.dims[0] if item.is_count else f"[{', '.join(item.dims)}]"
+
+
+def _row_shape(spec: MixinSpec, body: Body, flat: FlatInput) -> str | None:
+    """The captured buffers' row shape as a tuple expression, when every path
+    that captures ``flat`` gives it one fixed by constants and host paths
+    (then every real row must have it: the replay copy would broadcast a
+    narrower one silently)."""
+    constants = {c.name for c in spec.constants}
+    shapes = set()
+    for path in spec.paths:
+        for tensor in path.capture.tensors:
+            if tensor.key != flat.key:
+                continue
+            trailing = tensor.shape[1:]
+            if not trailing or any(fx.names_in(e) - constants for e in trailing):
+                return None
+            shapes.add(tuple(body.expr(e) for e in trailing))
+    if len(shapes) != 1:
+        return None
+    (dims,) = shapes
+    return f"({dims[0]},)" if len(dims) == 1 else f"({', '.join(dims)})"
+
+
+def _rows_check(spec: MixinSpec, body: Body, loads: Loads, flat: FlatInput) -> dict:
+    target, iterable, keys = item_loop(spec, fx.names_in(flat.rows))
+    rows = body.expr(flat.rows)
+    if fx.names_in(flat.rows) & {d for g in spec.item_inputs for d in g.dims}:
+        total = f"sum({rows} for {target} in {iterable})"
+    else:
+        total = f"num_items * ({rows})" if isinstance(flat.rows, fx.BinOp) else f"num_items * {rows}"
+    per_item = f"{fx.to_spec_text(flat.rows)} from {', '.join(keys)}"
+    return {
+        "key": loads.key(flat.key),
+        "total": total,
+        "per_item": repr(per_item),
+        "row_shape": _row_shape(spec, body, flat),
+        "accepts_list": flat.accepts_list,
+        "fold_ranks": repr(flat.fold_ranks) if flat.fold_ranks else None,
+    }
+
+
+def _span(spec: MixinSpec, body: Body, loads: Loads) -> dict[str, Any] | None:
+    span = spec.span_assembly
+    if span is None:
+        return None
+    items = spec.items
+    graph_rows = items.graph_rows or items.output_tokens
+    rows_target, rows_iter, _ = item_loop(spec, fx.names_in(graph_rows))
+    len_target, len_iter, _ = item_loop(spec, fx.names_in(items.output_tokens))
+    kinds = [span.content.name] + [imp.name for imp, _ in span.delimiters]
+    return {
+        "key": loads.key(span.types.key),
+        "kinds": "{" + ", ".join(f"{n!r}: {n}" for n in kinds) + "}",
+        "content": repr(span.content.name),
+        "content_rows": f"[{body.expr(graph_rows)} for {rows_target} in {rows_iter}]",
+        "lengths": f"[{body.expr(items.output_tokens)} for {len_target} in {len_iter}]",
+    }
+
+
+def context(spec: MixinSpec, target: str) -> dict[str, Any]:
+    body = Body(spec)
+    loads = Loads(spec)
+    relations = [_relation(spec, body, loads, i) for i in spec.item_inputs if i.equals]
+    ctx = {
+        "signature": signature(spec, "_checked_grids"),
+        "keys": loads.by_modality,
+        "reads": _reads(spec, loads),
+        "counted": "{"
+        + ", ".join(f"{loads.key(i.key)}: {i.key}" for i in spec.item_inputs)
+        + "}",
+        "relations": relations,
+        "rows": [_rows_check(spec, body, loads, f) for f in spec.flat_inputs],
+        "span": _span(spec, body, loads),
+        "returns": [i.key for i in spec.item_inputs],
+    }
+    ctx["constants"] = body.bindings()
+    return ctx
+
+
+def helpers(spec: MixinSpec) -> dict[str, bool]:
+    """Which module-level check functions the module needs."""
+    return {
+        "grids": any(not i.is_count for i in spec.item_inputs),
+        "counts": any(i.is_count for i in spec.item_inputs),
+        "span": spec.span_assembly is not None,
+        "relations": any(i.equals for i in spec.item_inputs),
+    }
+
+

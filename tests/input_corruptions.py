@@ -1,0 +1,223 @@
+"""Corrupted ``mm_kwargs``, derived from a spec: the inconsistent inputs that
+a generated mixin must refuse with a ``ValueError`` naming the input and the
+mismatch (issue #16 item 6), rather than run them to wrong rows.
+
+This is an importable helper, not a test module. :func:`corruptions` turns
+one valid batch of at least two items into a table of :class:`Corruption`
+cases: every flat input one row short and emptied, every grid and count
+input with one row more than there are items, as floats (tensor and list),
+of the wrong width, with a zero or negative dim, every derived grid
+(``inputs.<key>.equals``) off by one against its sources, and the span types
+of a span-assembly spec with an unknown value or a content position moved
+from one item's span to the next. The spec tests
+(``tests/generator/test_gen_input_checks.py``) call the protocol methods
+directly; the equivalence tests run the cases through the manager on the
+graph and the eager path.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from generator.spec import FlatInput, ItemInput, MixinSpec
+
+#: A value no span-type constant takes in any spec of this project.
+UNKNOWN_SPAN_TYPE = 1_000_003
+
+
+@dataclass(frozen=True)
+class Corruption:
+    """One corrupted batch and the ``ValueError`` message it must raise."""
+
+    name: str
+    mm_kwargs: dict[str, Any]
+    message: str  # a regular expression, searched in the message
+    #: Selection refuses it too: a grid or count it reads. The rows, derived
+    #: grids and span types are checked by item specs only, which the manager
+    #: calls first on every execute.
+    in_selection: bool = True
+
+    @property
+    def pattern(self) -> re.Pattern[str]:
+        return re.compile(self.message)
+
+
+def _key(key: str) -> str:
+    return re.escape(f"mm_kwargs[{key!r}]")
+
+
+def _rows(value: Any) -> list[list[Any]] | list[Any]:
+    return value.tolist() if isinstance(value, torch.Tensor) else copy.deepcopy(value)
+
+
+def _like(value: Any, rows: list[Any]) -> Any:
+    """``rows`` in the form ``value`` had (an int64 tensor or a list)."""
+    if not isinstance(value, torch.Tensor):
+        return rows
+    return torch.tensor(rows, dtype=value.dtype).reshape(len(rows), *value.shape[1:])
+
+
+def _with(mm_kwargs: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
+    return {**mm_kwargs, key: value}
+
+
+def _flat_cases(spec: MixinSpec, mm_kwargs: dict[str, Any], flat: FlatInput):
+    value = mm_kwargs[flat.key]
+    last = value[-1] if isinstance(value, list) else value
+    if not isinstance(last, torch.Tensor) or last.shape[0] == 0:
+        return
+    short = last[:-1]
+    yield Corruption(
+        f"{flat.key}:one-row-short",
+        _with(
+            mm_kwargs,
+            flat.key,
+            [*value[:-1], short] if isinstance(value, list) else short,
+        ),
+        rf"{_key(flat.key)} has \d+ rows, but its \d+ item\(s\) need \d+",
+        in_selection=False,
+    )
+    empty = last[:0]
+    yield Corruption(
+        f"{flat.key}:empty",
+        _with(mm_kwargs, flat.key, [empty] if isinstance(value, list) else empty),
+        rf"{_key(flat.key)} has 0 rows, but its \d+ item\(s\) need [1-9]",
+        in_selection=False,
+    )
+
+
+def _item_cases(spec: MixinSpec, mm_kwargs: dict[str, Any], item: ItemInput):
+    key = item.key
+    value = mm_kwargs[key]
+    rows = _rows(value)
+    several = len(spec.item_inputs) > 1
+    yield Corruption(
+        f"{key}:one-row-more-than-items",
+        _with(mm_kwargs, key, _like(value, [*rows, copy.deepcopy(rows[-1])])),
+        (
+            "the inputs disagree on the number of items"
+            if several
+            else r"has \d+ rows, but its \d+ item\(s\) need"
+        ),
+        in_selection=several,
+    )
+    yield Corruption(
+        f"{key}:float-tensor",
+        _with(mm_kwargs, key, torch.tensor(rows, dtype=torch.float32)),
+        rf"{_key(key)} holds torch.float32 values, not integers",
+    )
+    floats = copy.deepcopy(rows)
+    if item.is_count:
+        floats[0] = floats[0] + 0.5
+        what = "a count is an int"
+    else:
+        floats[0][0] = floats[0][0] + 0.5
+        what = "a grid row is"
+    yield Corruption(
+        f"{key}:float-in-list",
+        _with(mm_kwargs, key, floats),
+        rf"{_key(key)}\[0\] is .*; {what}",
+    )
+    if item.is_count:
+        negative = copy.deepcopy(rows)
+        negative[0] = -1
+        yield Corruption(
+            f"{key}:negative",
+            _with(mm_kwargs, key, _like(value, negative)),
+            rf"{_key(key)}\[0\] is -1; a count is not negative",
+        )
+        return
+    narrow = torch.tensor([row[:-1] for row in rows], dtype=torch.int64)
+    yield Corruption(
+        f"{key}:wrong-width",
+        _with(mm_kwargs, key, narrow),
+        rf"{_key(key)} has shape \(\d+, {len(item.dims) - 1}\); a grid has one row of",
+    )
+    zero = copy.deepcopy(rows)
+    zero[0][0] = 0
+    yield Corruption(
+        f"{key}:zero-dim",
+        _with(mm_kwargs, key, _like(value, zero)),
+        rf"{_key(key)}\[0\] is \[0.*\]; every dim is at least 1",
+    )
+    if item.equals:
+        off = copy.deepcopy(rows)
+        off[0][item.dims.index(item.equals[0][0])] += 1
+        yield Corruption(
+            f"{key}:derived-off-by-one",
+            _with(mm_kwargs, key, _like(value, off)),
+            rf"{_key(key)}\[0\] is \[.*\], which does not match mm_kwargs\[",
+            in_selection=False,
+        )
+
+
+def _span_cases(
+    spec: MixinSpec,
+    module: ModuleType,
+    mm_kwargs: dict[str, Any],
+    lengths: list[int],
+):
+    span = spec.span_assembly
+    key = span.types.key
+    types = mm_kwargs[key]
+    unknown = types.clone()
+    unknown[0] = UNKNOWN_SPAN_TYPE
+    yield Corruption(
+        f"{key}:unknown-span-type",
+        _with(mm_kwargs, key, unknown),
+        rf"{_key(key)}\[0\] is {UNKNOWN_SPAN_TYPE}, not a span type",
+        in_selection=False,
+    )
+    content = getattr(module, span.content.name)
+    first, second = range(lengths[0]), range(lengths[0], lengths[0] + lengths[1])
+    other = next((i for i in first if int(types[i]) != content), None)
+    moved = next((i for i in second if int(types[i]) == content), None)
+    if other is None or moved is None:
+        return
+    swapped = types.clone()
+    swapped[other], swapped[moved] = types[moved], types[other]
+    yield Corruption(
+        f"{key}:content-moved-to-previous-item",
+        _with(mm_kwargs, key, swapped),
+        rf"item 0's span in {_key(key)} has \d+ {span.content.name} positions, "
+        r"but the graph emits \d+ rows",
+        in_selection=False,
+    )
+
+
+def corruptions(
+    spec: MixinSpec,
+    module: ModuleType,
+    mm_kwargs: dict[str, Any],
+    output_tokens: Callable[[int], int],
+) -> list[Corruption]:
+    """The corrupted variants of the valid image batch ``mm_kwargs`` (at
+    least two items; ``output_tokens(i)`` gives item ``i``'s output tokens,
+    for the span-type cases)."""
+    cases: list[Corruption] = []
+    for flat in spec.flat_inputs:
+        cases += _flat_cases(spec, mm_kwargs, flat)
+    for item in spec.item_inputs:
+        cases += _item_cases(spec, mm_kwargs, item)
+    if spec.span_assembly is not None:
+        lengths = [output_tokens(0), output_tokens(1)]
+        cases += _span_cases(spec, module, mm_kwargs, lengths)
+    return cases
+
+
+def index_corruptions(num_items: int) -> list[tuple[str, list[Any], str]]:
+    """Selection indices that name no item of a batch of ``num_items``:
+    ``(name, indices, message)``."""
+    message = rf"selection index {{}} is not an item of this batch of {num_items}"
+    return [
+        ("past-the-end", [0, num_items], message.format(num_items)),
+        ("negative", [-1], message.format(-1)),
+        ("float", [0.0], message.format(re.escape("0.0"))),
+    ]
