@@ -496,7 +496,9 @@ METHODS: dict[str, Method] = {
                 Param("accepts_list", "bool", "False"),
             ),
             "None",
-            ("value", "parts", "part", "held"),
+            # fold_ranks: a keyword-only parameter, only in a module whose
+            # flat inputs fold (``inputs.<key>.fold_ranks``).
+            ("value", "parts", "part", "held", "fold_ranks"),
         ),
         Method(
             "_check_span_types",

@@ -3,7 +3,7 @@
 # From specs/deepseek_vl2.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_vl2.yaml`.
 # spec-sha256: 6f892ea020ee953004c7a45b78d4d9f058c9fcef960abef7cba31604ab4b32b1
-# templates-sha256: 7442ecbc7c54680d3f8bacb1a38ee22893bc4b20342b5bdae4c6d0557088d75a
+# templates-sha256: 2323a562fbb34cd4be9bd520ed8c41ea9ce29df6c559349052aae99292354944
 
 import itertools
 from collections.abc import Hashable

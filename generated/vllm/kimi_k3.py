@@ -3,7 +3,7 @@
 # From specs/kimi_k3.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k3.yaml`.
 # spec-sha256: ad6641f35858cb67b82324e0fe35328756a63adb2d7abd235e5b5acf4e00b9f4
-# templates-sha256: 7442ecbc7c54680d3f8bacb1a38ee22893bc4b20342b5bdae4c6d0557088d75a
+# templates-sha256: 2323a562fbb34cd4be9bd520ed8c41ea9ce29df6c559349052aae99292354944
 
 import itertools
 import math
@@ -140,6 +140,7 @@ def _check_rows(
     per_item: str,
     row_shape: tuple[int, ...] | None = None,
     accepts_list: bool = False,
+    *,
     fold_ranks: tuple[int, ...] = (),
 ) -> None:
     """The flat input ``key`` holds exactly ``rows`` rows, its items'

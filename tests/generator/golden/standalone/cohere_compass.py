@@ -3,7 +3,7 @@
 # From specs/cohere_compass.yaml: change the spec or the templates and run
 # `gen-mixin specs/cohere_compass.yaml`.
 # spec-sha256: d0b3571feeeed12e487ccaa7caa29d450a482d4ae7cfb2cb9c2e528321160bf0
-# templates-sha256: 7442ecbc7c54680d3f8bacb1a38ee22893bc4b20342b5bdae4c6d0557088d75a
+# templates-sha256: 2323a562fbb34cd4be9bd520ed8c41ea9ce29df6c559349052aae99292354944
 
 import itertools
 from collections.abc import Hashable

@@ -3,7 +3,7 @@
 # From specs/minimax_m3.yaml: change the spec or the templates and run
 # `gen-mixin specs/minimax_m3.yaml`.
 # spec-sha256: 679a222a35671178384492aa0dc1e20daf1dbe9ee4c77a16239d17f4a618116f
-# templates-sha256: 7442ecbc7c54680d3f8bacb1a38ee22893bc4b20342b5bdae4c6d0557088d75a
+# templates-sha256: 2323a562fbb34cd4be9bd520ed8c41ea9ce29df6c559349052aae99292354944
 
 import itertools
 import weakref

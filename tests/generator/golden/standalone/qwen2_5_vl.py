@@ -3,7 +3,7 @@
 # From specs/qwen2_5_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_vl.yaml`.
 # spec-sha256: 96480d9c7c7c980974bbfd1e9ab20c6575a966715da8e48283b6883b95e654af
-# templates-sha256: 7442ecbc7c54680d3f8bacb1a38ee22893bc4b20342b5bdae4c6d0557088d75a
+# templates-sha256: 2323a562fbb34cd4be9bd520ed8c41ea9ce29df6c559349052aae99292354944
 
 import itertools
 from collections.abc import Hashable

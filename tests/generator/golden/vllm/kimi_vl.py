@@ -3,7 +3,7 @@
 # From specs/kimi_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_vl.yaml`.
 # spec-sha256: dec5f629ea45e6747065da9f1de34c016f7c11dcc328326c287b6a82ba94d373
-# templates-sha256: 7442ecbc7c54680d3f8bacb1a38ee22893bc4b20342b5bdae4c6d0557088d75a
+# templates-sha256: 2323a562fbb34cd4be9bd520ed8c41ea9ce29df6c559349052aae99292354944
 
 import itertools
 from collections.abc import Hashable
