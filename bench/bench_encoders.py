@@ -335,6 +335,16 @@ def pixels_to_item(
             scale = min(0.99, math.sqrt(cap / tower.output_tokens((h, w))))
             h, w = max(1, math.floor(h * scale)), max(1, math.floor(w * scale))
         return (h, w)
+    vision = getattr(config, "vision_config", None)
+    if hasattr(vision, "merge_kernel_size"):  # Kimi-VL: (h, w) patches
+        p = vision.patch_size
+        kh, kw = vision.merge_kernel_size
+        h = max(kh, round(height / (p * kh)) * kh)
+        w = max(kw, round(width / (p * kw)) * kw)
+        while not tower.is_legal((h, w), size):  # type: ignore[arg-type]
+            # The processor scales an image over its token limit down.
+            h, w = max(kh, h - kh) if h >= w else h, max(kw, w - kw) if w > h else w
+        return (h, w)
     # Patch + merge towers (MiniMax M3, Qwen2-VL): Qwen2-VL's smart_resize.
     p = config.patch_size
     m = config.spatial_merge_size

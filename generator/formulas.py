@@ -22,7 +22,9 @@ Allowed everywhere:
   ``or``, and conditional expressions ``a if cond else b``: integers in
   the arithmetic fields (a comparison is 1 or 0, ``and``/``or`` return an
   operand, as in Python);
-* ``ceil_div(a, b)``, ``min(a, ...)``, ``max(a, ...)``;
+* ``ceil_div(a, b)``, ``min(a, ...)``, ``max(a, ...)``, ``ceil_sqrt(n)``
+  (``math.isqrt(n - 1) + 1``: the ceiling of the square root of ``n >= 1``,
+  in integers);
 * calls of host methods or imported helpers where the context allows calls,
   with positional and keyword arguments (no ``*args``/``**kwargs``);
 * at most :data:`MAX_EXPRESSION_LENGTH` characters and :data:`MAX_NODES`
@@ -58,7 +60,7 @@ MAX_DEPTH = 24
 #: this bounds their work.
 MAX_NODES = 64
 MAX_POWER = 8
-ARITHMETIC_FUNCTIONS = ("ceil_div", "min", "max")
+ARITHMETIC_FUNCTIONS = ("ceil_div", "min", "max", "ceil_sqrt")
 #: ``torch.<name>`` functions a forward step may call.
 TORCH_FUNCTIONS = frozenset(
     {
@@ -162,7 +164,7 @@ class Neg:
 
 @dataclass(frozen=True)
 class Func:
-    """``ceil_div``, ``min`` or ``max``."""
+    """``ceil_div``, ``min``, ``max`` or ``ceil_sqrt``."""
 
     name: str
     args: tuple[Expr, ...]
@@ -677,6 +679,8 @@ class _Converter:
             raise self.fail(node, f"{name}() takes integer formulas")
         if name == "ceil_div" and len(args) != 2:
             raise self.fail(node, "ceil_div() takes exactly 2 arguments")
+        if name == "ceil_sqrt" and len(args) != 1:
+            raise self.fail(node, "ceil_sqrt() takes exactly 1 argument")
         if name in ("min", "max") and len(args) < 2:
             raise self.fail(node, f"{name}() takes at least 2 arguments")
         return Func(name, args)
@@ -923,6 +927,8 @@ def _precedence(expr: Expr) -> int:
         return _UNARY
     if isinstance(expr, Func) and expr.name == "ceil_div":
         return _UNARY
+    if isinstance(expr, Func) and expr.name == "ceil_sqrt":
+        return _PRECEDENCE["+"]
     if isinstance(expr, (Attr, Subscript, Call)):
         return _PRIMARY
     if isinstance(expr, IfExp):
@@ -946,6 +952,8 @@ class _Printer:
 
     def wrap(self, sub: Expr, min_prec: int) -> str:
         text = self.emit(sub)
+        if self.spec and isinstance(sub, Func) and sub.name == "ceil_sqrt":
+            return text  # a call in the spec's spelling
         return f"({text})" if _precedence(sub) < min_prec else text
 
     def emit(self, e: Expr) -> str:
@@ -989,6 +997,9 @@ class _Printer:
             num, den = e.args
             # Ceiling division on Python ints without floats: -(-a // b).
             return f"-(-{self.wrap(num, _UNARY)} // {self.wrap(den, _PRECEDENCE['//'] + 1)})"
+        if e.name == "ceil_sqrt" and not self.spec:
+            # Integers only (no float sqrt): isqrt(n - 1) + 1 for n >= 1.
+            return f"math.isqrt({self.wrap(e.args[0], _PRECEDENCE['-'])} - 1) + 1"
         return f"{e.name}({', '.join(self.emit(a) for a in e.args)})"
 
     def emit_compare(self, e: Compare) -> str:
@@ -1167,6 +1178,9 @@ def _compile(expr: Expr) -> Evaluator:
         if expr.name == "ceil_div":
             num, den = args
             return lambda env: -_floor_div(-num(env), den(env))
+        if expr.name == "ceil_sqrt":
+            (operand,) = args
+            return lambda env: _ceil_sqrt(operand(env))
         pick = min if expr.name == "min" else max
         return lambda env: pick([a(env) for a in args])
     logic = _compile_logic(expr)
@@ -1235,6 +1249,12 @@ def _compile_binop(op: str, left: Evaluator, right: Evaluator) -> Evaluator:
     if op == "**":
         return lambda env: _power(_in_range(left(env)), right(env))
     raise EvaluationError(f"'{op}' has no integer value")
+
+
+def _ceil_sqrt(n: int) -> int:
+    if n < 1:
+        raise EvaluationError(f"ceil_sqrt of {n} (needs n >= 1)")
+    return math.isqrt(n - 1) + 1
 
 
 def _floor_div(num: int, den: int) -> int:

@@ -45,11 +45,13 @@ from generator.static_checks import (
     axis_combos,
     axis_problems,
     capture_problems,
+    capture_names,
     capture_scope,
     constant_env,
     dummy_item,
     flat_rows,
     item_values,
+    refusal,
     unit_scope,
 )
 
@@ -67,6 +69,8 @@ ITEMSIZE = {
     "bool": 1,
     "uint8": 1,
 }
+#: Buffers may hold more dtypes than the manager runs in.
+BUFFER_ITEMSIZE = {**ITEMSIZE, "complex64": 8}
 
 
 class PlanError(ValueError):
@@ -245,19 +249,20 @@ def make_plan(
             raise PlanError(f"{path.field}min_token_budget: {exc}") from None
         captured = [b for b in budgets if b != 0]
         combos = axis_combos(spec.capture_axes, env)
-        paths.append(
-            PathPlan(
-                path.name,
-                budgets,
-                [
+        plans = []
+        for b in captured:
+            for keys, dims in combos:
+                axis_env = {**env, **dims}
+                refused = _refusal(spec, path, axis_env, b, (mbs, mfpb))
+                if refused is not None:
+                    problems.append(f"{path.field}{refused}")
+                    continue
+                plans.append(
                     _budget_plan(
-                        spec, path, {**env, **dims}, b, (mbs, mfpb), dtype, unknown
+                        spec, path, axis_env, b, (mbs, mfpb), dtype, unknown
                     ).with_axis_keys(keys)
-                    for b in captured
-                    for keys, dims in combos
-                ],
-            )
-        )
+                )
+        paths.append(PathPlan(path.name, budgets, plans))
         arithmetic = Arithmetic.of(spec, path)
         problems += [
             f"{path.field}{f}: {m}" for f, m in capture_problems(arithmetic, env)
@@ -282,6 +287,22 @@ def make_plan(
     )
 
 
+def _refusal(spec, path, env, budget, limits) -> str | None:
+    """Why ``path``'s capture refuses ``budget`` (a ``capture.assert`` that
+    does not hold), or None."""
+    if path.capture.of_units:
+        return None
+    mbs, mfpb = limits
+    arithmetic = Arithmetic.of(spec, path)
+    check = refusal(arithmetic, capture_names(arithmetic, env, budget, mbs, mfpb))
+    if check is None:
+        return None
+    return (
+        f"capture.assert: budget {budget} (max_batch_size {mbs}) is refused: "
+        f"{check.message} ({check.check.spec_text()} does not hold)"
+    )
+
+
 def _budget_plan(spec, path, env, budget, limits, dtype, unknown) -> BudgetPlan:
     """What ``path``'s graph of ``budget`` captures (``env``: with the dims of
     its capture-axis keys; ``limits``: max_batch_size, max_frames_per_batch)."""
@@ -289,11 +310,10 @@ def _budget_plan(spec, path, env, budget, limits, dtype, unknown) -> BudgetPlan:
         return _unit_budget_plan(path, env, budget, limits, dtype, unknown)
     mbs, mfpb = limits
     arithmetic = Arithmetic.of(spec, path)
-    rounding = path.capture.rounding
     dims = dummy_item(arithmetic, env, budget, mbs, mfpb)
     values = item_values(arithmetic, env, dims)
     rows = mbs * values["input_size"]
-    scope = capture_scope(env, budget, mbs, mfpb, rows, rounding)
+    scope = capture_scope(arithmetic, env, budget, mbs, mfpb, rows)
     plan = BudgetPlan(
         budget,
         scope["k"],
@@ -305,7 +325,7 @@ def _budget_plan(spec, path, env, budget, limits, dtype, unknown) -> BudgetPlan:
         if isinstance(buf.source, CaptureTensor) and buf.source.flat.own_rows:
             # In its capture shape, rows is the input's own rows.
             rows_own = mbs * flat_rows(buf.source.flat, env, dims)
-            own = capture_scope(env, budget, mbs, mfpb, rows_own, rounding)
+            own = capture_scope(arithmetic, env, budget, mbs, mfpb, rows_own)
         plan.buffers.append(_buffer_plan(buf, own, dtype, unknown))
     return plan
 
@@ -329,11 +349,16 @@ def _needed_names(spec: MixinSpec) -> set[str]:
         | names_in(spec.items.output_tokens)
     )
     for path in spec.paths:
-        for _, exprs in path.capture.dummy:
+        capture = path.capture
+        for _, exprs in capture.dummy:
             for e in exprs:
                 needed |= names_in(e)
-        if path.capture.units is not None:
-            needed |= names_in(path.capture.units)
+        for let in capture.lets:
+            needed |= names_in(let.expr)
+        for check in capture.asserts:
+            needed |= check.check.names()
+        if capture.units is not None:
+            needed |= names_in(capture.units)
         if path.min_token_budget is not None:
             needed |= names_in(path.min_token_budget)
     return needed
@@ -376,7 +401,7 @@ def _buffer_plan(
         shape_exprs = buf.shape
         declared = buf.dtype.value if buf.dtype is not None else "dtype"
         type_name = dtype if declared == "dtype" else declared
-        item = ITEMSIZE[dtype if declared == "dtype" else declared]
+        item = BUFFER_ITEMSIZE[dtype if declared == "dtype" else declared]
     else:
         unknown.add(buf.key)
         return BufferPlan(

@@ -121,13 +121,14 @@ def _path_arithmetic(ctx: ReadContext, path: dict, items, tokens):
             parts.get("items_resolved", True),
             video=video,
             axes=parts.get("capture_axes", ()),
+            budget_min=parts["budget"].min if parts.get("budget") is not None else None,
         )
     )
 
 
 def _node_at(tree: Node, field: str) -> Node:
     """The node at a dotted field path (``buffers.cu_seqlens.slots``,
-    ``capture_axes[0].bound``), or the deepest one found on the way."""
+    ``capture.assert[0].check``), or the deepest one found on the way."""
     cur = tree
     for part in field.split(".") if field else ():
         key, _, index = part.partition("[")
@@ -135,8 +136,8 @@ def _node_at(tree: Node, field: str) -> Node:
             break
         cur = cur.value[key]
         if index:
-            i = int(index.rstrip("]"))
-            if cur.kind != "sequence" or i >= len(cur.value):
+            i = int(index.rstrip("]")) if index.rstrip("]").isdigit() else -1
+            if cur.kind != "sequence" or not 0 <= i < len(cur.value):
                 break
             cur = cur.value[i]
     return cur

@@ -33,6 +33,7 @@ class NameKind(Enum):
     BUFFER = "buffer"
     GRAPH_STEP = "graph_forward step"
     EAGER_STEP = "eager_forward step"
+    CAPTURE_LET = "capture intermediate"  # capture.let
     POST_STEP = "postprocess step"
     BUILDER_RESULT = "builder result"  # chosen by the generator, never collides
 
@@ -118,6 +119,9 @@ CAPTURE_KWARG_NAMES = (*DUMMY_NAMES, "frames_per_item", "rows", "units")
 #: capture (``capture.units``) does not bind, and the reverse.
 ITEM_CAPTURE_NAMES = frozenset({"k", "rows", "frames_per_item"})
 UNIT_CAPTURE_NAMES = frozenset({"units"})
+#: Constants, capture-axis dims and the capture intermediates
+#: (``capture.let``) declared so far.
+_CAPTURE_VALUES = frozenset({_K.CONSTANT, _K.AXIS_DIM, _K.CAPTURE_LET})
 
 FIELD_SCOPES: dict[str, FieldScope] = {
     "host_path": FieldScope(host_paths=True),
@@ -133,30 +137,27 @@ FIELD_SCOPES: dict[str, FieldScope] = {
     "max_frames_per_video": FieldScope(
         frozenset({_K.CONSTANT}), host_paths=True, calls=True
     ),
-    "dummy": FieldScope(
-        frozenset({_K.CONSTANT, _K.AXIS_DIM}), (*DUMMY_NAMES, "frames_per_item")
-    ),
+    "capture_let": FieldScope(_CAPTURE_VALUES, (*DUMMY_NAMES, "frames_per_item")),
+    "capture_assert": FieldScope(_CAPTURE_VALUES, (*DUMMY_NAMES, "frames_per_item")),
+    "dummy": FieldScope(_CAPTURE_VALUES, (*DUMMY_NAMES, "frames_per_item")),
     "units": FieldScope(
         frozenset({_K.CONSTANT, _K.AXIS_DIM}),
         ("token_budget", "max_batch_size", "max_frames_per_batch"),
     ),
-    "tensor_shape": FieldScope(
-        frozenset({_K.CONSTANT, _K.AXIS_DIM}), CAPTURE_SIZES, host_paths=True
-    ),
+    "tensor_shape": FieldScope(_CAPTURE_VALUES, CAPTURE_SIZES, host_paths=True),
     "tensor_dtype": FieldScope(builtins=("dtype",), host_paths=True),
     "graph_rows": FieldScope(
-        frozenset({_K.CONSTANT, _K.AXIS_DIM}),
-        ("k", "rows", "max_batch_size", "token_budget"),
+        _CAPTURE_VALUES, ("k", "rows", "max_batch_size", "token_budget")
     ),
     "builder_call": FieldScope(
         frozenset({_K.CONSTANT, _K.FLAT, _K.GRID, _K.AXIS_DIM}),
-        ("device", "dtype"),
+        ("device", "dtype", "max_batch_size", "max_frames_per_batch"),
         host_paths=True,
         calls=True,
         literals=True,
     ),
     "capture_kwargs": FieldScope(
-        frozenset({_K.CONSTANT, _K.FLAT, _K.GRID, _K.AXIS_DIM}),
+        frozenset({_K.CONSTANT, _K.FLAT, _K.GRID, _K.AXIS_DIM, _K.CAPTURE_LET}),
         ("device", "dtype", *CAPTURE_KWARG_NAMES),
         host_paths=True,
         literals=True,
@@ -172,7 +173,7 @@ FIELD_SCOPES: dict[str, FieldScope] = {
         ("max_batch_size", "max_frames_per_batch", "token_budget"),
     ),
     "buffer_shape": FieldScope(
-        frozenset({_K.CONSTANT, _K.SIZE, _K.AXIS_DIM}),
+        frozenset({_K.CONSTANT, _K.SIZE, _K.AXIS_DIM, _K.CAPTURE_LET}),
         (*CAPTURE_SIZES, "max_frames_per_batch"),
     ),
     "graph_forward": FieldScope(
@@ -323,7 +324,14 @@ METHODS: dict[str, Method] = {
             ),
             (("{}_rows", _K.FLAT),),
             _READS_INPUTS
-            | {_K.FLAT, _K.BUFFER, _K.IMPORT, _K.BUILDER_RESULT, _K.AXIS_DIM},
+            | {
+                _K.FLAT,
+                _K.BUFFER,
+                _K.IMPORT,
+                _K.BUILDER_RESULT,
+                _K.AXIS_DIM,
+                _K.CAPTURE_LET,
+            },
             exploded=True,
         ),
         Method(
@@ -488,7 +496,9 @@ METHODS: dict[str, Method] = {
                 Param("accepts_list", "bool", "False"),
             ),
             "None",
-            ("value", "parts", "part", "held"),
+            # fold_ranks: a keyword-only parameter, only in a module whose
+            # flat inputs fold (``inputs.<key>.fold_ranks``).
+            ("value", "parts", "part", "held", "fold_ranks"),
         ),
         Method(
             "_check_units",
@@ -543,6 +553,11 @@ METHODS: dict[str, Method] = {
             (SELF, Param("dst", "torch.Tensor"), Param("src", "torch.Tensor")),
             "None",
             ("entry", "n"),
+        ),
+        Method(
+            "_fold_leading",
+            (Param("value", "torch.Tensor"), Param("ranks", "tuple[int, ...]")),
+            "torch.Tensor",
         ),
         Method(
             "_concat_rows",
@@ -627,6 +642,7 @@ MODULE_NAMES = frozenset(
     {
         "torch",
         "itertools",
+        "math",
         "weakref",
         "Any",
         "Hashable",
@@ -645,6 +661,7 @@ MODULE_NAMES = frozenset(
         "MultiModalConfig",
         "_IMAGE_KEYS",
         "_VIDEO_KEYS",
+        "_EAGER_ONLY_TOKENS",
     }
 )
 
@@ -652,7 +669,7 @@ MODULE_NAMES = frozenset(
 #: no spec name may take them, whichever method it lives in.
 RESERVED = frozenset(
     {b for s in FIELD_SCOPES.values() for b in s.builtins}
-    | {"self", "ceil_div"}
+    | {"self", "ceil_div", "ceil_sqrt"}
     | MODULE_NAMES
 )
 PYTHON_BUILTINS = frozenset(dir(builtins))

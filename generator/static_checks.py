@@ -11,6 +11,7 @@ whose formula computed it (:class:`OutOfRange`).
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 import random
@@ -21,13 +22,21 @@ from generator.formulas import (
     BinOp,
     EvaluationError,
     Expr,
+    Func,
     Ref,
     ValueOutOfRange,
     evaluate,
     names_in,
     walk,
 )
-from generator.spec.capture import Buffer, Capture, bounded_buffer, set_by_expr
+from generator.spec.capture import (
+    ITEM_BOUND,
+    Buffer,
+    Capture,
+    CaptureAssert,
+    bounded_buffer,
+    set_by_expr,
+)
 from generator.spec.enums import Modality, PadRule, Rounding
 from generator.spec.host import Constant, Size
 from generator.spec.inputs import FlatInput, ItemInput
@@ -53,6 +62,7 @@ class Arithmetic:
     #: The spec captures videos (max_frames_per_batch may exceed the items).
     video: bool = False
     axes: tuple = ()  # the spec's capture axes
+    budget_min: Expr | None = None
 
     @classmethod
     def of(cls, spec, path=None) -> Arithmetic:
@@ -67,6 +77,7 @@ class Arithmetic:
             spec.sizes,
             video=Modality.VIDEO in spec.modalities,
             axes=spec.capture_axes,
+            budget_min=spec.budget.min,
         )
 
     @property
@@ -123,29 +134,12 @@ def per_item_tokens(
     return -(-budget // max_batch_size)
 
 
-def capture_scope(
-    env: Mapping[str, int],
-    budget: int,
-    mbs: int,
-    mfpb: int,
-    rows: int,
-    rounding: Rounding = Rounding.CEIL,
-) -> dict[str, int]:
-    """The names a capture-time formula may use, for one budget."""
-    return {
-        **env,
-        "k": per_item_tokens(budget, mbs, rounding),
-        "rows": rows,
-        "max_batch_size": mbs,
-        "token_budget": budget,
-        "max_frames_per_batch": mfpb,
-    }
-
-
-def dummy_item(
+def capture_names(
     ir: Arithmetic, env: Mapping[str, int], budget: int, mbs: int, mfpb: int = 0
 ) -> dict[str, int]:
-    """The dims of one dummy item for ``budget`` (raises EvaluationError,
+    """The names the capture binds before its dummy batch, for one budget:
+    ``k``, the manager's arguments, ``frames_per_item`` and the
+    ``capture.let`` intermediates, in order (raises EvaluationError,
     OutOfRange)."""
     scope = dict(env)
     scope.update(
@@ -155,6 +149,37 @@ def dummy_item(
         max_frames_per_batch=mfpb,
         frames_per_item=max(mfpb // mbs, 1),
     )
+    for let in ir.capture.lets:
+        scope[let.name] = value_at(f"capture.let.{let.name}", let.expr, scope)
+    return scope
+
+
+def capture_scope(
+    ir: Arithmetic,
+    env: Mapping[str, int],
+    budget: int,
+    mbs: int,
+    mfpb: int,
+    rows: int,
+) -> dict[str, int]:
+    """The names a capture-time formula may use, for one budget."""
+    return {**capture_names(ir, env, budget, mbs, mfpb), "rows": rows}
+
+
+def refusal(ir: Arithmetic, names: Mapping[str, int]) -> CaptureAssert | None:
+    """The first ``capture.assert`` the capture of these names breaks."""
+    for check in ir.capture.asserts:
+        if not check.check.holds(names):
+            return check
+    return None
+
+
+def dummy_item(
+    ir: Arithmetic, env: Mapping[str, int], budget: int, mbs: int, mfpb: int = 0
+) -> dict[str, int]:
+    """The dims of one dummy item for ``budget`` (raises EvaluationError,
+    OutOfRange)."""
+    scope = capture_names(ir, env, budget, mbs, mfpb)
     dims: dict[str, int] = {}
     for item, exprs in ir.capture.dummy:
         for dim, expr in zip(item.dims, exprs):
@@ -233,6 +258,7 @@ def capture_problems(
     """(field, message) for each arithmetic problem found with known values
     (with capture axes: for every combination of their keys)."""
     env = constant_env(ir, overrides)
+    yield from smallest_budget_problems(ir, env)
     if any(g.unit_of for g in ir.item_inputs) and not ir.capture.of_units:
         return  # refused: units need a unit capture
     reported: set[str] = set()
@@ -293,11 +319,14 @@ def _budget_problems(
 ) -> Iterator[tuple[str, str]]:
     """The checks of every sampled budget and batch size (raises
     OutOfRange)."""
+    longest = LongestItems(ir, env)
     for mbs in SAMPLE_BATCH_SIZES:
         for budget in SAMPLE_BUDGETS:
             if mbs > budget:
                 continue
             try:
+                if refusal(ir, capture_names(ir, env, budget, mbs, mbs)):
+                    continue  # the capture refuses this budget (plan says so)
                 dims = dummy_item(ir, env, budget, mbs)
                 values = item_values(ir, env, dims)
             except (EvaluationError, ArithmeticError):
@@ -312,15 +341,28 @@ def _budget_problems(
                     f"dummy dims {', '.join(bad_dims)} are not positive (counts: "
                     f"negative) for budget {budget} and max_batch_size {mbs}",
                 )
+            eager = ir.items.eager_when
+            if (
+                eager is not None
+                and "capture.dummy" not in reported
+                and eager.holds({**env, **dims})
+            ):
+                reported.add("capture.dummy")
+                yield (
+                    "capture.dummy",
+                    f"the dummy item runs eagerly ({eager.spec_text()}, "
+                    f"items.eager_when) for budget {budget} and max_batch_size "
+                    f"{mbs}: the graph would be captured for items it never takes",
+                )
             rows = mbs * values["input_size"]
             rounding = ir.capture.rounding
             env_sizes = {**env, **ir.size_env}
-            scope = capture_scope(env_sizes, budget, mbs, mbs, rows, rounding)
+            scope = capture_scope(ir, env_sizes, budget, mbs, mbs, rows)
             for tensor in ir.capture.tensors:
                 field = f"capture.tensors.{tensor.key}.shape"
                 try:
                     need = mbs * flat_rows(tensor.flat, env, dims)
-                    own = capture_scope(env_sizes, budget, mbs, mbs, need, rounding)
+                    own = capture_scope(ir, env_sizes, budget, mbs, mbs, need)
                     held = value_at(field, tensor.shape[0], own)
                 except (EvaluationError, ArithmeticError):
                     continue
@@ -332,7 +374,7 @@ def _budget_problems(
                         f"(budget {budget}, max_batch_size {mbs}); size dim 0 with 'rows'",
                     )
             for field, message in host_scalar_problems(
-                ir, env, scope, budget, mbs, dims
+                ir, env, scope, budget, mbs, dims, longest
             ):
                 if field not in reported:
                     reported.add(field)
@@ -394,6 +436,30 @@ def _budget_problems(
                 )
 
 
+def smallest_budget_problems(
+    ir: Arithmetic, env: Mapping[str, int]
+) -> Iterator[tuple[str, str]]:
+    """A ``capture.assert`` that refuses the smallest budget even for one
+    item per batch refuses every graph: the capture would always fail."""
+    if ir.budget_min is None or not ir.capture.asserts:
+        return
+    try:
+        smallest = evaluate(ir.budget_min, env)
+        check = refusal(ir, capture_names(ir, env, smallest, 1, 1))
+    except (EvaluationError, ArithmeticError):
+        return
+    except OutOfRange as exc:
+        yield exc.field, exc.message
+        return
+    if check is not None:
+        index = ir.capture.asserts.index(check)
+        yield (
+            f"capture.assert[{index}].check",
+            f"{check.check.spec_text()} fails for the smallest budget ({smallest}) "
+            "with one item per batch: no graph could be captured",
+        )
+
+
 def host_scalar_problems(
     ir: Arithmetic,
     env: Mapping[str, int],
@@ -401,21 +467,23 @@ def host_scalar_problems(
     budget: int,
     mbs: int,
     dims: Mapping[str, int],
+    longest: LongestItems,
 ) -> Iterator[tuple[str, str]]:
     """A host scalar's capture value (``set_by``) is baked into the attention
-    launch: it must hold the longest sequence of the pad buffer it bounds."""
+    launch: it must hold the longest sequence of the pad buffer it bounds (or,
+    with ``bounds: item``, the longest item within the budget)."""
     for buf in ir.buffers:
         expr = set_by_expr(buf)
         if expr is None:
             continue
         try:
             bound = value_at(f"buffers.{buf.key}.set_by", expr, scope)
-            longest = longest_sequence(ir, env, buf, budget, mbs, dims)
+            found = longest_sequence(ir, env, buf, budget, mbs, dims, longest)
         except (EvaluationError, ArithmeticError):
             continue
-        if longest is None:
+        if found is None:
             continue  # which pad buffer it bounds is unknown (reported)
-        need, why = longest
+        need, why = found
         if bound < need:
             yield (
                 f"buffers.{buf.key}.set_by",
@@ -431,16 +499,27 @@ def longest_sequence(
     budget: int,
     mbs: int,
     dims: Mapping[str, int],
+    longest: LongestItems,
 ) -> tuple[int, str] | None:
     """The input rows of the longest attention sequence a captured graph of
     ``budget`` can be given, and why (None when the pad buffer the scalar
     bounds is not known).
+
+    ``bounds: item``: the builder makes one sequence per item and none for
+    padding, and the dummy's sequences are replaced before any replay reads
+    the value, so only real items count: the longest item within the budget.
 
     A trailing padding sequence (or no pad buffer) can hold every captured
     row. Zero-length padding adds no rows: a sequence then lies within one
     item, so one dummy item or one item that takes the whole budget (the
     dummy item of ``max_batch_size`` 1) is the longest; a windowed pad
     buffer's sequence is one window of ``window`` x ``window`` tokens."""
+    if scalar.bounds == ITEM_BOUND:
+        need = longest.rows(budget)
+        return need, (
+            f"an item within budget {budget} is one attention sequence of {need} "
+            "input rows"
+        )
     rows = mbs * item_values(ir, env, dims)["input_size"]
     padded = bounded_buffer(ir.buffers, scalar)
     pads = [b for b in ir.buffers if b.pad is not None]
@@ -487,6 +566,91 @@ SAMPLE_DIMS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 33, 64)
 MAX_DIM_SAMPLES = 4096
 
 
+def _sampled_dims(
+    names: list[str], scales: Mapping[str, int] | None = None
+) -> Iterator[tuple[int, ...]]:
+    """Every combination of sampled values for ``names`` (each times its
+    scale), or a seeded random subset when there are too many."""
+    values = [[(scales or {}).get(n, 1) * v for v in SAMPLE_DIMS] for n in names]
+    if len(SAMPLE_DIMS) ** len(names) <= MAX_DIM_SAMPLES:
+        yield from itertools.product(*values)
+        return
+    rng = random.Random(0)
+    for _ in range(MAX_DIM_SAMPLES):
+        yield tuple(rng.choice(v) for v in values)
+
+
+def dim_steps(ir: Arithmetic, env: Mapping[str, int]) -> dict[str, int]:
+    """For each dim divided in an item formula, the least common multiple of
+    its divisors: real items have dims that divide exactly (a processor pads
+    to the merge kernel), so samples of real items are multiples of it."""
+    items = ir.items
+    exprs = [items.input_size, items.output_tokens, items.graph_rows]
+    exprs.append(items.budget_tokens)
+    steps: dict[str, int] = {}
+    for expr in filter(None, exprs):
+        for sub in walk(expr):
+            if isinstance(sub, BinOp) and sub.op in ("//", "%"):
+                numerator, divisor = sub.left, sub.right
+            elif isinstance(sub, Func) and sub.name == "ceil_div":
+                numerator, divisor = sub.args
+            else:
+                continue
+            try:
+                value = max(1, abs(evaluate(divisor, env)))
+            except (EvaluationError, ArithmeticError):
+                continue
+            for dim in names_in(numerator):
+                steps[dim] = math.lcm(steps.get(dim, 1), value)
+    return steps
+
+
+class LongestItems:
+    """The most input rows of one item with at most some budget tokens, over
+    sampled items whose dims are multiples of their :func:`dim_steps`, items
+    that run eagerly left out (computed once, on first use)."""
+
+    def __init__(self, ir: Arithmetic, env: Mapping[str, int]) -> None:
+        self.ir = ir
+        self.env = env
+        self._tokens: list[int] | None = None
+        self._rows: list[int] = []
+
+    def _sample(self) -> None:
+        items = self.ir.items
+        budget_tokens = items.budget_tokens or items.output_tokens
+        used = names_in(items.input_size) | names_in(budget_tokens)
+        eager = items.eager_when
+        if eager is not None:
+            used |= eager.names()
+        dims = [d for g in self.ir.item_inputs for d in g.dims if d in used]
+        pairs = []
+        steps = dim_steps(self.ir, self.env)
+        for combo in _sampled_dims(dims, steps):
+            scope = {**self.env, **dict(zip(dims, combo, strict=True))}
+            try:
+                if eager is not None and eager.holds(scope):
+                    continue  # never replayed: it runs eagerly
+                pairs.append(
+                    (evaluate(budget_tokens, scope), evaluate(items.input_size, scope))
+                )
+            except (EvaluationError, ArithmeticError):
+                continue
+        pairs.sort()
+        self._tokens = [t for t, _ in pairs]
+        best = 0
+        for _, rows in pairs:
+            best = max(best, rows)
+            self._rows.append(best)
+
+    def rows(self, budget: int) -> int:
+        if self._tokens is None:
+            self._sample()
+        assert self._tokens is not None  # noqa: S101
+        i = bisect.bisect_right(self._tokens, budget)
+        return self._rows[i - 1] if i else 0
+
+
 def item_bound_problems(
     ir: Arithmetic, env: Mapping[str, int]
 ) -> Iterator[tuple[str, str]]:
@@ -507,15 +671,7 @@ def item_bound_problems(
     # Only the dims the two formulas read vary their values.
     used = names_in(graph_rows) | names_in(budget_tokens)
     dims = [d for g in ir.item_inputs for d in g.dims if d in used]
-    combos: Iterator[tuple[int, ...]]
-    if len(SAMPLE_DIMS) ** len(dims) <= MAX_DIM_SAMPLES:
-        combos = itertools.product(SAMPLE_DIMS, repeat=len(dims))
-    else:
-        rng = random.Random(0)
-        combos = (
-            tuple(rng.choice(SAMPLE_DIMS) for _ in dims) for _ in range(MAX_DIM_SAMPLES)
-        )
-    for combo in combos:
+    for combo in _sampled_dims(dims):
         scope = {**env, **dict(zip(dims, combo, strict=True))}
         try:
             rows = value_at(rows_field, graph_rows, scope)

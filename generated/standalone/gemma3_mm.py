@@ -3,7 +3,7 @@
 # From specs/gemma3_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma3_mm.yaml`.
 # spec-sha256: 19cc0f6e849ba8315b6202b90204158da9f48161f059a5255254f1c8d3c71b41
-# templates-sha256: 2da5b5e605e4607c89dd424fd9a10534761d6b02187f5c70aa672f88605feb11
+# templates-sha256: a50af49f229ef2059add140aa2d52c82c4531cf3746de1ab13b212e99090a0de
 
 import itertools
 from collections.abc import Hashable

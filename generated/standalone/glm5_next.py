@@ -3,7 +3,7 @@
 # From specs/glm5_next.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm5_next.yaml`.
 # spec-sha256: c3575549c4ed50dd76892d25b692f5f5f648d2f13a2ea29bebd572d144fcdb24
-# templates-sha256: 2da5b5e605e4607c89dd424fd9a10534761d6b02187f5c70aa672f88605feb11
+# templates-sha256: a50af49f229ef2059add140aa2d52c82c4531cf3746de1ab13b212e99090a0de
 
 import itertools
 from collections.abc import Hashable

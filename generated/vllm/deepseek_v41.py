@@ -3,7 +3,7 @@
 # From specs/deepseek_v41.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_v41.yaml`.
 # spec-sha256: 5a5e49b0dc755e0765f16e9bea83916dae1ad10e566a6756645034252356e46f
-# templates-sha256: 2da5b5e605e4607c89dd424fd9a10534761d6b02187f5c70aa672f88605feb11
+# templates-sha256: a50af49f229ef2059add140aa2d52c82c4531cf3746de1ab13b212e99090a0de
 
 import itertools
 import weakref

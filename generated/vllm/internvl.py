@@ -3,7 +3,7 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
-# templates-sha256: 2da5b5e605e4607c89dd424fd9a10534761d6b02187f5c70aa672f88605feb11
+# templates-sha256: a50af49f229ef2059add140aa2d52c82c4531cf3746de1ab13b212e99090a0de
 
 import itertools
 from collections.abc import Hashable

@@ -3,7 +3,7 @@
 # From specs/qwen2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_vl.yaml`.
 # spec-sha256: 1215cbd2187709b1e172830108e4b18a70b517f0386b5aaf848e6c0d07d27655
-# templates-sha256: 2da5b5e605e4607c89dd424fd9a10534761d6b02187f5c70aa672f88605feb11
+# templates-sha256: a50af49f229ef2059add140aa2d52c82c4531cf3746de1ab13b212e99090a0de
 
 import itertools
 from collections.abc import Hashable

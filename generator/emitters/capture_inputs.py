@@ -13,11 +13,13 @@ from generator.emitters.method_body import (
     path_dispatch,
     times,
 )
-from generator.emitters.prose import comment_lines, plain_message
+from generator.emitters.prose import comment_lines, message_literal, plain_message
 from generator.formulas import Ref
 from generator.naming import PROTOCOL_MODULES
+from generator.spec import conditions
 from generator.spec.capture import (
     Buffer,
+    CaptureAssert,
     CaptureTensor,
     DtypeFallback,
     MetadataBuilder,
@@ -90,6 +92,46 @@ def _dummies(spec: MixinSpec, path: EncoderPath, body: Body) -> list[dict[str, A
             }
         )
     return out
+
+
+def _assertion(spec: MixinSpec, body: Body, check: CaptureAssert) -> dict[str, Any]:
+    """The refusal of a budget whose dummy breaks ``check``: the negated
+    comparison and a message with the spec's text (escaped by the literal
+    printer) and the values of both sides."""
+    broken = check.check.negated
+    # Placeholders end the message's clauses: the literal printer puts a space
+    # between every part.
+    message = message_literal(
+        [
+            (
+                f"{spec.display_name}: {check.message.rstrip('.')}: needs "
+                f"{check.check.spec_text()}, got",
+                False,
+            ),
+            (body.expr(broken.left), True),
+            (broken.op, False),
+            (body.expr(broken.right), True),
+            ("at token_budget", False),
+            ("token_budget", True),
+            ("with max_batch_size", False),
+            ("max_batch_size", True),
+        ]
+    )
+    return {
+        "why": comment_lines(check.why),
+        "condition": conditions.to_python(broken, body.expr),
+        "message": message,
+    }
+
+
+def _capture_names(capture) -> set[str]:
+    """The names the dummy, the intermediates and the checks read."""
+    names = {n for _, exprs in capture.dummy for e in exprs for n in fx.names_in(e)}
+    for let in capture.lets:
+        names |= fx.names_in(let.expr)
+    for check in capture.asserts:
+        names |= check.check.names()
+    return names
 
 
 def _tensor(body: Body, t: CaptureTensor, of_units: bool) -> dict[str, Any]:
@@ -187,11 +229,11 @@ def _path_body(spec: MixinSpec, path: EncoderPath) -> dict[str, Any]:
         "floor": capture.rounding is Rounding.FLOOR,
         "units": body.expr(capture.units) if capture.of_units else None,
         "dummies": _dummies(spec, path, body),
-        "frames_per_item": any(
-            "frames_per_item" in fx.names_in(e)
-            for _, exprs in capture.dummy
-            for e in exprs
-        ),
+        "frames_per_item": "frames_per_item" in _capture_names(capture),
+        "lets": [
+            {"name": let.name, "value": body.expr(let.expr)} for let in capture.lets
+        ],
+        "asserts": [_assertion(spec, body, a) for a in capture.asserts],
         "rows": (
             None
             if capture.of_units

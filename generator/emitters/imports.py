@@ -12,6 +12,7 @@ from generator.emitters.postprocess import scatters
 from generator.import_rules import TARGET_ROOTS
 from generator.naming import PROTOCOL_MODULES
 from generator.spec.mixin import MixinSpec
+from generator.spec.path import EncoderPath
 
 
 def used_import_names(spec: MixinSpec) -> set[str]:
@@ -36,6 +37,45 @@ def used_import_names(spec: MixinSpec) -> set[str]:
         # Every delimiter: the input checks name each span type.
         used.update(imp.name for imp, _ in span.delimiters)
     return used
+
+
+def _printed_formulas(spec: MixinSpec) -> list[fx.Expr]:
+    """Every formula the generated code may print."""
+    items = spec.items
+    exprs = [items.input_size, items.output_tokens, items.graph_rows]
+    exprs += [items.budget_tokens, spec.budget.min, spec.out_hidden_size]
+    if items.eager_when is not None:
+        exprs += [items.eager_when.left, items.eager_when.right]
+    exprs += [f.rows for f in spec.flat_inputs]
+    for path in spec.paths:
+        exprs += _path_formulas(path)
+    return [e for e in exprs if e is not None]
+
+
+def _path_formulas(path: EncoderPath) -> list[fx.Expr | None]:
+    """The formulas of one encoder path."""
+    capture = path.capture
+    exprs = [path.output_tokens, path.min_token_budget, capture.units]
+    exprs += [let.expr for let in capture.lets]
+    exprs += [side for a in capture.asserts for side in (a.check.left, a.check.right)]
+    exprs += [e for _, dims in capture.dummy for e in dims]
+    exprs += [e for t in capture.tensors for e in t.shape]
+    exprs += [capture.graph_rows, path.eager_forward.empty_width]
+    exprs += [m.call for m in path.metadata]
+    exprs += [v for m in path.metadata for _, v in m.capture_kwargs + m.replay_kwargs]
+    exprs += [b.slots for b in path.buffers]
+    exprs += [e for b in path.buffers for e in b.shape or ()]
+    exprs += [s.expr for s in path.graph_forward + path.eager_forward.steps]
+    return exprs
+
+
+def uses_ceil_sqrt(spec: MixinSpec) -> bool:
+    """``ceil_sqrt`` prints as ``math.isqrt``: the module imports ``math``."""
+    return any(
+        isinstance(sub, fx.Func) and sub.name == "ceil_sqrt"
+        for e in _printed_formulas(spec)
+        for sub in fx.walk(e)
+    )
 
 
 def _sort_key(name: str) -> tuple[int, list[int | str]]:
@@ -86,6 +126,8 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
             )
     if spec.trailing is not None:
         plain.add("weakref")
+    if uses_ceil_sqrt(spec):
+        plain.add("math")
     if spec.span_assembly is not None:
         add(first_party, mods["async_tensor_h2d"], "async_tensor_h2d")
     if scatters(spec):

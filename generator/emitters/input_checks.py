@@ -136,6 +136,7 @@ def _rows_check(spec: MixinSpec, body: Body, loads: Loads, flat: FlatInput) -> d
         "per_item": repr(per_item),
         "row_shape": _row_shape(spec, body, flat),
         "accepts_list": flat.accepts_list,
+        "fold_ranks": repr(flat.fold_ranks) if flat.fold_ranks else None,
     }
 
 

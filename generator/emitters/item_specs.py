@@ -15,6 +15,7 @@ from generator.emitters.method_body import (
     units_of_items,
 )
 from generator.naming import PROTOCOL_MODULES
+from generator.spec import conditions
 from generator.spec.mixin import MixinSpec
 
 
@@ -31,6 +32,9 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
     both = fx.BinOp("+", items.input_size, items.output_tokens)
     if items.budget_tokens is not None:
         both = fx.BinOp("+", both, items.budget_tokens)
+    eager = items.eager_when
+    if eager is not None:
+        both = fx.BinOp("+", both, fx.BinOp("+", eager.left, eager.right))
     for path in spec.paths:
         if path.output_tokens is not None:
             both = fx.BinOp("+", both, path.output_tokens)
@@ -42,6 +46,9 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
     else:
         loop_target, iterable, keys = item_loop(spec, dims_of(spec, both))
         expr = body.expr
+    budget_tokens = items.budget_tokens
+    if budget_tokens is None and eager is not None:
+        budget_tokens = items.output_tokens
     ctx = {
         "signature": signature(spec, "get_encoder_cudagraph_item_specs"),
         "defs_local": spec.local_defs_import,
@@ -52,7 +59,11 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
         "input_size": expr(items.input_size),
         "output_tokens": expr(items.output_tokens),
         "budget_tokens": (
-            expr(items.budget_tokens) if items.budget_tokens is not None else None
+            expr(budget_tokens) if budget_tokens is not None else None
+        ),
+        "counts_other": items.budget_tokens is not None,
+        "eager_when": (
+            conditions.to_python(eager, body.expr) if eager is not None else None
         ),
         "path_tokens": (
             [

@@ -146,7 +146,11 @@ class Loads:
     def flat(self, key: str) -> str:
         read = f"mm_kwargs[{self.key(key)}]"
         flat = self.spec.flat(key)
-        return f"_concat_rows({read})" if flat and flat.accepts_list else read
+        if flat and flat.accepts_list:
+            read = f"_concat_rows({read})"
+        if flat and flat.fold_ranks:
+            read = f"_fold_leading({read}, {flat.fold_ranks!r})"
+        return read
 
     def item(self, key: str, source: str = "mm_kwargs") -> dict[str, str]:
         item = self.spec.item_input(key)

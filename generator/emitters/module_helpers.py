@@ -17,6 +17,8 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
     buffers = spec.buffers
     return {
         "concat_rows": any(f.accepts_list for f in spec.flat_inputs),
+        "fold_leading": any(f.fold_ranks for f in spec.flat_inputs),
+        "eager_only": spec.items.eager_when is not None,
         "select_counts": any(g.is_count for g in spec.item_inputs),
         "select_grid": any(not g.is_count for g in spec.item_inputs),
         "rows_dims": sorted({b.rows_dim for b in buffers if b.rows_dim}),

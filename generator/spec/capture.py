@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 from generator.diagnostics import Location
 from generator.formulas import Call, Expr, HostPath, Ref
 from generator.scopes import ITEM_CAPTURE_NAMES, UNIT_CAPTURE_NAMES, NameKind
+from generator.spec.conditions import Comparison, Condition
 from generator.spec.enums import (
     Backend,
     Dtype,
@@ -19,7 +20,8 @@ from generator.spec.enums import (
     Rounding,
 )
 from generator.spec.inputs import FlatInput, ItemInput
-from generator.spec.reader import Key, Keys, Reader
+from generator.spec.names import check_name
+from generator.spec.reader import Key, Keys, ReadContext, Reader
 from generator.spec.values import (
     INVALID,
     Argument,
@@ -38,6 +40,7 @@ from generator.spec.values import (
     is_name,
     parse_formula,
 )
+from generator.yaml_loader import Node
 
 
 @dataclass(frozen=True)
@@ -187,6 +190,74 @@ class CaptureTensor:
 
 
 @dataclass(frozen=True)
+class CaptureLet:
+    """``name = formula``: an intermediate of the dummy's geometry, bound in
+    the capture method after ``k``."""
+
+    name: str
+    expr: Expr
+    location: Location
+
+
+class LetFormula(Formula):
+    """A ``capture.let`` entry: its formula may use the entries before it;
+    the name is declared once the formula is read."""
+
+    def __init__(self) -> None:
+        super().__init__("capture_let")
+
+    def value(self, node: Node, field: str, ctx: ReadContext, **kw: Any) -> Any:
+        name, where = kw["key"], kw["key_location"]
+        expr = super().value(node, field, ctx)
+        kind = ctx.kind_of(name)
+        if check_name(ctx, where, field, name, "capture intermediate") and kind:
+            ctx.error(where, field, f"{name!r} is already a {kind.value}")
+        ctx.declare(NameKind.CAPTURE_LET, name, where, field)
+        return INVALID if expr is INVALID else CaptureLet(name, expr, where)
+
+
+@dataclass(frozen=True)
+class CaptureAssert:
+    """A condition the capture checks before it builds anything; a budget
+    that breaks it is refused with ``ValueError``."""
+
+    check: Comparison
+    message: str
+    why: str | None
+    location: Location
+
+    KEYS: ClassVar = Keys(
+        Key(
+            "check",
+            Condition("capture_assert"),
+            "What must hold for the dummy batch to be built: one comparison of two "
+            "formulas.",
+            required=True,
+            example="ho * kh <= rope_h",
+        ),
+        Key(
+            "message",
+            Text(nonempty=True, one_line=True),
+            "Says what is exceeded; the error adds the budget, the batch size and "
+            "both sides' values.",
+            required=True,
+            example="exceeds the RoPE grid of the tower",
+        ),
+        Key("why", Text(), "Comment on the check."),
+    )
+    DOC_TITLE = "capture.assert"
+
+    @classmethod
+    def from_yaml(cls, r: Reader, **_: Any) -> CaptureAssert | None:
+        check = r.take("check")
+        message = r.take("message")
+        why = r.take("why")
+        if check is None or message is None:
+            return None
+        return cls(check, message, why, r.node.location)
+
+
+@dataclass(frozen=True)
 class Capture:
     """What each budget is captured with: a dummy batch of
     ``max_batch_size`` items (``dummy``), or ``units`` fixed-size views
@@ -199,6 +270,9 @@ class Capture:
     why: str | None
     #: A unit capture: the views captured (then ``dummy`` is empty).
     units: Expr | None = None
+    #: ``capture.let`` and ``capture.assert``, in order.
+    lets: tuple[CaptureLet, ...] = ()
+    asserts: tuple[CaptureAssert, ...] = ()
 
     KEYS: ClassVar = Keys(
         Key(
@@ -223,6 +297,24 @@ class Capture:
             "does not make up for it.",
             default=Rounding.CEIL,
             default_doc="`ceil`",
+        ),
+        Key(
+            "let",
+            MapOf(LetFormula()),
+            "Named intermediates of the dummy geometry, bound in order after `k`; "
+            "each may use the ones before it. The dummy, the capture tensors' "
+            "shapes, `assert`, `graph_rows`, builders' `capture_kwargs` and buffer "
+            "shapes may use them.",
+            example="{wo: min(k, rope_w // kw), ho: ceil_div(k, wo)}",
+        ),
+        Key(
+            "assert",
+            ListOf(Section(CaptureAssert)),
+            "Conditions checked first thing at capture (after `let`): a budget "
+            "whose dummy breaks one raises `ValueError` with the message, the "
+            "budget and the values (never a Python `assert`, which `-O` drops). "
+            "The static checks skip the budgets a condition refuses; `gen-mixin "
+            "plan` reports them.",
         ),
         Key(
             "dummy",
@@ -266,6 +358,8 @@ class Capture:
             UNIT_CAPTURE_UNBOUND if r.has("units") else ITEM_CAPTURE_UNBOUND
         )
         rounding = r.take("per_item_tokens")
+        lets = tuple(v for v in (r.take("let") or {}).values() if v is not INVALID)
+        asserts = tuple(a for a in r.take("assert") or () if a is not INVALID)
         if r.has("units"):
             dummy: tuple | None = ()
         elif not r.has("dummy"):
@@ -282,7 +376,9 @@ class Capture:
         failed = {k for k, t in tensors.items() if t is INVALID}
         r.ctx.failed_sources.update(failed)
         good = tuple(t for t in tensors.values() if t is not INVALID)
-        return cls(rounding, dummy, good, graph_rows, why, units)
+        if not r.ok("let", "assert"):
+            return None
+        return cls(rounding, dummy, good, graph_rows, why, units, lets, asserts)
 
 
 #: Why the keys of a capture of items do not go with ``units``.
@@ -380,7 +476,9 @@ class MetadataBuilder:
             CallValue("builder_call"),
             "The call both phases make: a host method or imported helper; "
             "arguments over grid keys (the grid rows as lists), flat inputs, "
-            "constants, host paths, `device`, `dtype`, literals.",
+            "constants, host paths, `device`, `dtype`, the manager's "
+            "`max_batch_size` and `max_frames_per_batch` (both phases have them), "
+            "literals.",
             required=True,
             example="visual.prepare_encoder_metadata(image_grid_thw, device=device)",
         ),
@@ -570,7 +668,8 @@ class Buffer:
     why: str | None
     #: Another rule under some attention backends (FlashInfer's sections).
     pad_by_backend: tuple[tuple[Backend, PadRule], ...] = ()
-    #: Host scalars: the pad buffer whose sequences the value bounds.
+    #: Host scalars: the pad buffer whose sequences the value bounds, or
+    #: ITEM_BOUND (the longest item within the budget).
     bounds: str | None = None
     #: Pad buffers: each sequence is a window of at most this many tokens a
     #: side (merged tokens), not a whole item or frame.
@@ -682,8 +781,15 @@ class Buffer:
             "Host scalars: the `pad` buffer whose sequences the value bounds "
             "(default: the only `pad` buffer). The static checks need the "
             "capture value to hold that buffer's longest sequence: every row "
-            "with `trailing_sequence`, one window with `window`, else one item "
-            "(of the dummy batch, or one that takes the whole budget).",
+            "with `trailing_sequence` (or no `pad` buffer), one window with "
+            "`window`, else one item (of the dummy batch, or one that takes the "
+            "whole budget). `item` (so no buffer may be named `item`): the "
+            "builder makes one sequence per item and none for padding, so the "
+            "value must cover the input rows of any item within the budget "
+            "(checked on items whose dims are multiples of the item formulas' "
+            "divisors, as processors emit them; the dummy's own sequences may "
+            "be longer, their rows are replaced before a replay); needs `set_by`, "
+            "not with `trailing_sequence`.",
             example="cu_window_seqlens",
         ),
         Key(
@@ -837,6 +943,11 @@ def set_by_expr(buf: Buffer) -> Expr | None:
     if buf.set_by is None or not isinstance(buf.source, MetadataBuilder):
         return None
     return dict(buf.source.kwargs("capture")).get(buf.set_by)
+
+
+#: ``bounds: item``: the value bounds the longest single item within the
+#: budget, not a pad buffer's sequences.
+ITEM_BOUND = "item"
 
 
 def bounded_buffer(buffers: tuple[Buffer, ...], scalar: Buffer) -> Buffer | None:

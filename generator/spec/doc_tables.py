@@ -14,7 +14,13 @@ import re
 
 from generator.scopes import FIELD_SCOPES
 from generator.spec.axes import CaptureAxis
-from generator.spec.capture import Buffer, Capture, CaptureTensor, MetadataBuilder
+from generator.spec.capture import (
+    Buffer,
+    Capture,
+    CaptureAssert,
+    CaptureTensor,
+    MetadataBuilder,
+)
 from generator.spec.forwards import EagerForward, Postprocess, SpanAssembly, Steps
 from generator.spec.host import Constant, Import
 from generator.spec.inputs import InputEntry
@@ -44,6 +50,7 @@ SECTIONS: dict[str, type] = {
     "capture_off": CaptureOff,
     "capture": Capture,
     "capture.tensors": CaptureTensor,
+    "capture.assert": CaptureAssert,
     "metadata": MetadataBuilder,
     "buffers": Buffer,
     "eager_forward": EagerForward,

@@ -30,6 +30,8 @@ class DefsImport(SpecEnum):
 class Modality(SpecEnum):
     IMAGE = "image"
     VIDEO = "video"
+    #: Kimi-K2.5's one modality for images and video chunks alike.
+    VISION_CHUNK = "vision_chunk"
 
 
 class InputKind(SpecEnum):
@@ -79,6 +81,9 @@ class Dtype(SpecEnum):
     INT64 = "int64"
     BOOL = "bool"
     UINT8 = "uint8"
+    #: MoonViT's RoPE table ``rope_freqs_cis``: one complex number per
+    #: (row, frequency).
+    COMPLEX64 = "complex64"
 
 
 class Backend(SpecEnum):

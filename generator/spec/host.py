@@ -29,7 +29,7 @@ from generator.yaml_loader import Node
 #: a config whose class has no module in one of the targets, is imported by
 #: every generated module).
 TYPE_NAMES = frozenset(
-    {"torch", "int", "float", "str", "bool", "list", "dict", "tuple", "Any"}
+    {"torch", "int", "float", "str", "bool", "list", "dict", "tuple", "Any", "object"}
 )
 #: vLLM's config types, imported for type checking only.
 VLLM_TYPE_NAMES = frozenset({"MultiModalConfig", "VllmConfig"})
@@ -46,7 +46,9 @@ TORCH_TYPES = frozenset(
         "torch.nn.Parameter",
     }
 )
-_PLAIN_TYPES = frozenset({"int", "float", "str", "bool", "Any"})
+#: ``object``: a host attribute whose class this project has no stand-in
+#: for (a model's config), read only through the spec's paths.
+_PLAIN_TYPES = frozenset({"int", "float", "str", "bool", "Any", "object"})
 _GENERICS = frozenset({"list", "dict", "tuple"})
 
 

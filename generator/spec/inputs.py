@@ -21,6 +21,7 @@ from generator.spec.values import (
     Formula,
     HostPathValue,
     Identifier,
+    Integer,
     ListOf,
     MapOf,
 )
@@ -39,6 +40,9 @@ class FlatInput:
     #: ``rows`` was written (else the item's ``input_size``).
     own_rows: bool
     accepts_list: bool
+    #: Ranks at which the value arrives with a leading batch dim, folded
+    #: into the rows on read.
+    fold_ranks: tuple[int, ...]
     replay_dtype: HostPath | None
     eager_dtype: HostPath | None
     video_key: str | None
@@ -131,6 +135,16 @@ class InputEntry:
             applies="flat",
         ),
         Key(
+            "fold_ranks",
+            ListOf(Integer(2, 8), min_items=1),
+            "A tensor of one of these ranks has a leading batch dim: its first two "
+            "dims are merged into the rows on read (Kimi-K3's pixel values may "
+            "arrive 3-D or 5-D around the usual 2-D / 4-D rows); after "
+            "`accepts_list`'s concatenation.",
+            applies="flat",
+            example="[3, 5]",
+        ),
+        Key(
             "replay_dtype",
             HostPathValue(),
             "Cast to this dtype before replay.",
@@ -183,6 +197,7 @@ class InputEntry:
         "dim": InputKind.COUNT,
         "rows": InputKind.FLAT,
         "accepts_list": InputKind.FLAT,
+        "fold_ranks": InputKind.FLAT,
         "replay_dtype": InputKind.FLAT,
         "eager_dtype": InputKind.FLAT,
     }
@@ -213,6 +228,7 @@ class InputEntry:
                 r.take("rows", extra=()) or default_rows,
                 r.has("rows") and r.ok("rows"),
                 r.take("accepts_list"),
+                _fold_ranks(r),
                 r.take("replay_dtype"),
                 r.take("eager_dtype"),
                 video_key,
@@ -247,6 +263,13 @@ def _equals(r: Reader, dims: tuple[str, ...] | None) -> tuple[tuple[str, Expr], 
         elif expr is not INVALID:
             out.append((dim, expr))
     return tuple(out)
+
+
+def _fold_ranks(r: Reader) -> tuple[int, ...]:
+    ranks = tuple(v for v in r.take("fold_ranks") or () if v is not INVALID)
+    if len(set(ranks)) != len(ranks):
+        r.error("fold_ranks", "ranks must not repeat")
+    return ranks
 
 
 def _item_dims(r: Reader, kind: InputKind) -> tuple[str, ...] | None:

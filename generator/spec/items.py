@@ -6,6 +6,7 @@ from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 from generator.formulas import Expr, HostPath
+from generator.spec.conditions import Comparison, Condition
 from generator.spec.enums import Backend, ImageLimitGuard
 from generator.spec.reader import Key, Keys, Reader
 from generator.spec.values import (
@@ -30,6 +31,7 @@ class Items:
     #: The formulas are per unit (over the ``unit_of`` grids' dims); an
     #: item's values are their sums over its units.
     per_unit: bool = False
+    eager_when: Comparison | None = None  # items no graph takes
 
     KEYS: ClassVar = Keys(
         Key(
@@ -73,6 +75,15 @@ class Items:
             "tokens are the sum over its tiles, `(h // f) * (w // f)` each).",
             default=False,
         ),
+        Key(
+            "eager_when",
+            Condition("items"),
+            "Items no graph takes (Kimi-K2.5's video chunks): their budget tokens "
+            "(`path_output_tokens`) are set above any budget, so the manager runs "
+            "each alone in the eager forward; `output_tokens` stays the item's "
+            "real count, which the data-parallel gather sizes its buffers by.",
+            example="t != 1",
+        ),
     )
     DOC_TITLE = "items"
 
@@ -102,12 +113,22 @@ class Items:
         graph_rows = r.take("graph_rows")
         budget_tokens = r.take("budget_tokens")
         per_unit = r.take("per_unit")
+        eager_when = r.take("eager_when")
         # Coverage is checked against graph_rows and budget_tokens: not when
         # either was written but failed (their defaults would mislead).
         r.ctx.partial["items_resolved"] = r.ok("graph_rows", "budget_tokens")
         if input_size is None or output_tokens is None:
             return None
-        return cls(input_size, output_tokens, graph_rows, budget_tokens, per_unit)
+        if not r.ok("eager_when"):
+            return None
+        return cls(
+            input_size,
+            output_tokens,
+            graph_rows,
+            budget_tokens,
+            per_unit=per_unit,
+            eager_when=eager_when,
+        )
 
 
 @dataclass(frozen=True)

@@ -337,6 +337,9 @@ class MixinSpec:
             NameKind.BUILDER_RESULT: frozenset(
                 b.result_name for p in paths for b in p.metadata
             ),
+            NameKind.CAPTURE_LET: frozenset(
+                let.name for p in paths for let in p.capture.lets
+            ),
             NameKind.POST_STEP: frozenset(n for s in self.post_steps for n in s.names),
         }
 
@@ -567,6 +570,12 @@ def _modalities(r: Reader) -> tuple[Modality, ...]:
     values = tuple(m for m in r.take("modalities") or () if m is not INVALID)
     if len(set(values)) != len(values):
         r.error("modalities", "modalities must not repeat")
+    if Modality.VISION_CHUNK in values and len(values) > 1:
+        r.error(
+            "modalities",
+            "vision_chunk is one modality for images and video chunks alike: "
+            "list it alone",
+        )
     return values
 
 

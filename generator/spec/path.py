@@ -19,7 +19,13 @@ from generator import formulas as fx
 from generator.formulas import Expr
 from generator.naming import builder_result_name
 from generator.scopes import METHODS, NameKind
-from generator.spec.capture import Buffer, Capture, CaptureTensor, MetadataBuilder
+from generator.spec.capture import (
+    ITEM_BOUND,
+    Buffer,
+    Capture,
+    CaptureTensor,
+    MetadataBuilder,
+)
 from generator.spec.enums import PadRule
 from generator.spec.forwards import (
     GRAPH_STEPS,
@@ -335,7 +341,7 @@ def _check_buffers(r: Reader, buffers, tensors, builders, capture) -> None:
                 f"{r.path('buffers')}.{b.key}",
                 "shape and dtype of a capture tensor's buffer come from capture.tensors",
             )
-        _check_set_by(r, b)
+        _check_set_by(r, b, buffers)
         _check_allocated(ctx, b, r.path("buffers"))
         if b.optional and isinstance(b.source, CaptureTensor):
             ctx.error(
@@ -368,7 +374,19 @@ def _buffer_node(r: Reader, key: str, name: str):
     return entry.value.get(name)
 
 
-def _check_set_by(r: Reader, buf: Buffer) -> None:
+def _check_set_by(r: Reader, buf: Buffer, buffers) -> None:
+    if buf.bounds == ITEM_BOUND:
+        where = _buffer_node(r, buf.key, "bounds") or buf.location
+        field = f"{r.path('buffers')}.{buf.key}.bounds"
+        if buf.set_by is None:
+            r.ctx.error(where, field, "bounds only goes with set_by")
+        elif any(b.pad is PadRule.TRAILING_SEQUENCE for b in buffers):
+            r.ctx.error(
+                where,
+                field,
+                "a trailing padding sequence may hold every row of the dummy "
+                "batch: with trailing_sequence, a host scalar bounds rows",
+            )
     if buf.set_by is None:
         return
     field = f"{r.path('buffers')}.{buf.key}.set_by"
@@ -390,6 +408,15 @@ def _check_bounds(r: Reader, buffers: tuple[Buffer, ...]) -> None:
     for b in buffers:
         field = f"{r.path('buffers')}.{b.key}.bounds"
         where = _buffer_node(r, b.key, "bounds") or b.location
+        if b.key == ITEM_BOUND:
+            r.ctx.error(
+                b.location,
+                f"{r.path('buffers')}.{b.key}",
+                f"{ITEM_BOUND!r} is reserved: a host scalar's 'bounds: item' means "
+                "the longest item within the budget; rename the buffer",
+            )
+        if b.bounds == ITEM_BOUND:
+            continue
         if b.bounds is not None and b.bounds not in pads:
             listed = ", ".join(pads) or "none"
             r.ctx.error(

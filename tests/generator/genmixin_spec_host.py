@@ -100,12 +100,14 @@ class FakeCall:
     calls: list[tuple[tuple, dict]] = field(default_factory=list)
     queue: list[torch.Tensor] = field(default_factory=list)
     returned: list[torch.Tensor] = field(default_factory=list)
+    #: The result is a list of tensors (a step joins it with torch.cat).
+    listed: bool = False
 
-    def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         self.calls.append((args, kwargs))
         out = self.queue.pop(0) if self.queue else torch.zeros(1, OUT_WIDTH)
         self.returned.append(out)
-        return out
+        return [out] if self.listed else out
 
 
 class SpecWorld:
@@ -198,8 +200,8 @@ class SpecWorld:
         spec = self.spec
         if spec.has_paths:
             return {p.name: self.value(p.output_tokens, **dims) for p in spec.paths}
-        if spec.items.budget_tokens is not None:
-            return {"default": self.value(spec.items.budget_tokens, **dims)}
+        if spec.items.budget_tokens is not None or spec.items.eager_when is not None:
+            return {"default": self.path_tokens(dims)}
         return {}
 
     def items_of(self, batch: Mapping[str, Any]) -> list[dict[str, int]]:
@@ -356,6 +358,7 @@ class SpecWorld:
             self.builders.append(fake)
             self._install(host, b.call.callee, fake)
         steps = [s for p in paths for s in p.graph_forward + p.eager_forward.steps]
+        listed = _joined_results(steps)
         steps += self.spec.post_steps
         for step in steps:
             for sub in fx.walk(step.expr):
@@ -367,6 +370,7 @@ class SpecWorld:
                 ):
                     name = _callee_name(sub.callee)
                     fake = self.calls.setdefault(name, FakeCall(name))
+                    fake.listed = fake.listed or name in listed
                     self._install(host, sub.callee, fake)
 
     def on_tensor(self, callee) -> bool:
@@ -391,41 +395,45 @@ class SpecWorld:
 
     # -- batches -------------------------------------------------------------------------
 
-    def dim_step(self) -> int:
-        """Dims are drawn as multiples of every divisor in the item and row
-        formulas, so each division is exact as in real inputs."""
+    def dim_steps(self) -> dict[str, int]:
+        """Each dim divided in the item or row formulas is drawn as a multiple
+        of its divisors, so each division is exact as in real inputs; the
+        other dims as any positive number."""
         exprs = [self.spec.items.input_size, self.spec.items.output_tokens]
         exprs += [
             e for e in (self.spec.items.graph_rows, self.spec.items.budget_tokens) if e
         ]
         exprs += [p.output_tokens for p in self.spec.paths if p.named]
         exprs += [f.rows for f in self.spec.flat_inputs]
-        step = 1
+        steps: dict[str, int] = {}
         for e in exprs:
             for sub in fx.walk(e):
+                if isinstance(sub, fx.BinOp) and sub.op in ("//", "%"):
+                    left, right = sub.left, sub.right
+                elif isinstance(sub, fx.Func) and sub.name == "ceil_div":
+                    left, right = sub.args
+                else:
+                    continue
                 # Only a division of dims needs dims that divide evenly (a
                 # constant's own division, side // patch, does not).
-                dims_divided = (
-                    fx.names_in(sub.left) & self.dims
-                    if (isinstance(sub, fx.BinOp))
-                    else set()
-                )
-                if dims_divided and sub.op in ("//", "%"):
-                    step = math.lcm(step, max(1, abs(self.value(sub.right))))
-        return step
+                for dim in fx.names_in(left) & self.dims:
+                    step = max(1, abs(self.value(right)))
+                    steps[dim] = math.lcm(steps.get(dim, 1), step)
+        return steps
 
     def random_item(
         self, rng: random.Random, big: int = 3, zero_counts: bool = False
     ) -> dict[str, Any]:
-        """Random dims (multiples of :meth:`dim_step`); counts may be 0 with
-        ``zero_counts`` (an image without crops). Free dims are drawn, derived
-        dims (``inputs.<key>.equals``) computed. Items of units carry their
-        units' dims under ``UNITS``."""
-        step = self.dim_step()
+        """Random dims (multiples of their :meth:`dim_steps`); counts may be
+        0 with ``zero_counts`` (an image without crops). Free dims are drawn,
+        derived dims (``inputs.<key>.equals``) computed. Items of units carry
+        their units' dims under ``UNITS``."""
+        steps = self.dim_steps()
         derived = {d for g in self.spec.item_inputs for d in g.derived_dims}
         item: dict[str, Any] = self.derive(
             {
-                d: step * rng.randint(0 if zero_counts and g.is_count else 1, big)
+                d: steps.get(d, 1)
+                * rng.randint(0 if zero_counts and g.is_count else 1, big)
                 for g in self.spec.item_inputs
                 for d in g.dims
                 if d not in derived
@@ -433,6 +441,7 @@ class SpecWorld:
         )
         if self.unit_grids:
             unit_dims = self._unit_dims()
+            step = self._unit_step(steps)
             units = [
                 {d: step * rng.randint(1, big) for d in unit_dims}
                 for _ in range(rng.randint(1, big))
@@ -450,6 +459,23 @@ class SpecWorld:
                 out[dim] = self.value(expr, **item)
         order = [d for g in self.spec.item_inputs for d in g.dims]
         return {d: out[d] for d in order}
+
+    def runs_eagerly(self, item: Mapping[str, int]) -> bool:
+        """``items.eager_when`` holds for the item."""
+        eager = self.spec.items.eager_when
+        if eager is None:
+            return False
+        left = self.value(eager.left, **item)
+        return _COMPARE[eager.op](left, self.value(eager.right, **item))
+
+    def path_tokens(
+        self, item: Mapping[str, int], path: EncoderPath | None = None
+    ) -> int:
+        """The item's budget tokens (on ``path``) as the manager sees them:
+        above every budget when it runs eagerly."""
+        if self.runs_eagerly(item):
+            return self.module._EAGER_ONLY_TOKENS
+        return self.item_values(item, path)["budget_tokens"]
 
     def batch(
         self,
@@ -544,7 +570,7 @@ class SpecWorld:
         for _ in range(mbs):
             for big in (3, 2, 1):
                 item = self.random_item(rng, big)
-                tokens = self.item_values(item, path)["budget_tokens"]
+                tokens = self.path_tokens(item, path)
                 if used + tokens <= budget:
                     items.append(item)
                     used += tokens
@@ -557,15 +583,17 @@ class SpecWorld:
         self, budget: int, path: EncoderPath | None = None
     ) -> dict[str, int] | None:
         """One item with as many budget tokens (on ``path``) as ``budget``
-        allows (each dim grown in turn), or None when even the smallest does
-        not fit."""
-        step = self.dim_step()
+        allows (each dim grown in turn, by multiples of its step), or None
+        when even the smallest does not fit."""
+        steps = self.dim_steps()
         if self.unit_grids:
-            return self._most_units(budget, step)
-        item = self.derive({d: step for g in self.spec.item_inputs for d in g.dims})
+            return self._most_units(budget, self._unit_step(steps))
+        item = self.derive(
+            {d: steps.get(d, 1) for g in self.spec.item_inputs for d in g.dims}
+        )
 
         def fits(candidate: dict[str, int]) -> bool:
-            return self.item_values(candidate, path)["budget_tokens"] <= budget
+            return self.path_tokens(candidate, path) <= budget
 
         if not fits(item):
             return None
@@ -573,6 +601,7 @@ class SpecWorld:
         counted = fx.names_in(items.budget_tokens or items.output_tokens)
         derived = {d for g in self.spec.item_inputs for d in g.derived_dims}
         for dim in (d for d in item if d in counted and d not in derived):
+            step = steps.get(dim, 1)
             grow = step
             while grow >= step:
                 trial = self.derive({**item, dim: item[dim] + grow})
@@ -583,6 +612,10 @@ class SpecWorld:
                     grow //= 2
                     grow -= grow % step
         return item
+
+    def _unit_step(self, steps: dict[str, int]) -> int:
+        """One step for every unit dim (their dims' steps' least multiple)."""
+        return math.lcm(1, *(steps.get(d, 1) for d in self._unit_dims()))
 
     def _most_units(self, budget: int, step: int) -> dict[str, Any] | None:
         """One item of as many of the smallest units as the budget holds."""
@@ -598,6 +631,71 @@ class SpecWorld:
 
     def k(self, budget: int, mbs: int, path: EncoderPath) -> int:
         return per_item_tokens(budget, mbs, path.capture.rounding)
+
+    def capture_names(
+        self,
+        budget: int,
+        mbs: int,
+        mfpb: int,
+        path: EncoderPath,
+        axis_keys: tuple = (),
+    ) -> dict[str, int]:
+        """What ``path``'s capture binds before its dummy: ``k``, the
+        manager's arguments, ``frames_per_item``, the capture axes' dims and
+        the ``capture.let`` values, each from the spec's formula."""
+        names = {
+            "k": self.k(budget, mbs, path),
+            "max_batch_size": mbs,
+            "token_budget": budget,
+            "max_frames_per_batch": mfpb,
+            "frames_per_item": max(mfpb // mbs, 1),
+            **self.axis_dims(axis_keys),
+        }
+        for let in path.capture.lets:
+            names[let.name] = self.value(let.expr, **names)
+        return names
+
+    def refused(self, names: Mapping[str, int], path: EncoderPath):
+        """The first ``capture.assert`` of ``path`` these capture names
+        break, if any."""
+        for check in path.capture.asserts:
+            left = self.value(check.check.left, **names)
+            right = self.value(check.check.right, **names)
+            if not _COMPARE[check.check.op](left, right):
+                return check
+        return None
+
+
+_COMPARE = {
+    "<": lambda a, b: a < b,
+    "<=": lambda a, b: a <= b,
+    ">": lambda a, b: a > b,
+    ">=": lambda a, b: a >= b,
+    "==": lambda a, b: a == b,
+    "!=": lambda a, b: a != b,
+}
+
+
+def _joined_results(steps) -> set[str]:
+    """Host calls whose result a later step joins with ``torch.cat`` or
+    ``torch.stack`` (MoonViT's per-image path returns a list of tensors)."""
+    joined = set()
+    for step in steps:
+        for sub in fx.walk(step.expr):
+            if (
+                isinstance(sub, fx.Call)
+                and isinstance(sub.callee, fx.Torch)
+                and sub.callee.name in ("cat", "stack")
+                and sub.args
+                and isinstance(sub.args[0], fx.Ref)
+            ):
+                joined.add(sub.args[0].name)
+    out = set()
+    for step in steps:
+        if step.target in joined and isinstance(step.expr, fx.Call):
+            if is_host_call(step.expr):
+                out.add(_callee_name(step.expr.callee))
+    return out
 
 
 def _callee_name(callee) -> str:

@@ -337,6 +337,48 @@ def test_ceil_div(num, den) -> None:
     assert eval(code, {"__builtins__": {}}, {"a": num, "b": den}) == want
 
 
+@pytest.mark.parametrize(
+    "n",
+    [
+        1,
+        2,
+        3,
+        4,
+        5,
+        8,
+        9,
+        10,
+        15,
+        16,
+        17,
+        65535,
+        65536,
+        65537,
+        (2**31 + 1) ** 2,
+        2**62 + 1,
+    ],
+)
+def test_ceil_sqrt(n) -> None:
+    """The ceiling of the square root in integers (Kimi-K3's near-square
+    dummy: vLLM's ``math.ceil(math.sqrt(k))``, exact at every size)."""
+    expr = parse_expression("2 * ceil_sqrt(a + 1 - 1)", ARITH)
+    # The least r with r * r >= n, found from below independently.
+    root = math.isqrt(n)
+    want = 2 * (root if root * root == n else root + 1)
+    assert evaluate(expr, {"a": n}) == want
+    assert to_spec_text(expr) == "2 * ceil_sqrt(a + 1 - 1)"
+    code = to_python(expr)
+    assert "sqrt(" not in code.replace("isqrt(", "")
+    assert eval(code, {"__builtins__": {}, "math": math}, {"a": n}) == want
+    if n < 2**52:
+        assert evaluate(expr, {"a": n}) == 2 * math.ceil(math.sqrt(n))
+
+
+def test_ceil_sqrt_below_one_is_an_evaluation_error() -> None:
+    with pytest.raises(EvaluationError, match="n >= 1"):
+        evaluate(parse_expression("ceil_sqrt(a - a)", ARITH), ENV)
+
+
 def test_ceil_div_by_zero_is_an_evaluation_error() -> None:
     with pytest.raises(EvaluationError):
         evaluate(parse_expression("ceil_div(a, b - b)", ARITH), ENV)
@@ -463,6 +505,8 @@ REJECTED = [
     ("a ** b", "literal"),
     ("a ** 9", "literal"),
     ("a ** -1", "literal"),
+    ("ceil_sqrt(a, b)", "exactly 1"),
+    ("ceil_sqrt()", "exactly 1"),
     ("ceil_div(a)", "exactly 2"),
     ("ceil_div(a, b, c)", "exactly 2"),
     ("ceil_div(a, b=c)", "keyword"),

@@ -146,6 +146,7 @@ IMPORT_ROOTS = {
     "collections",
     "typing",
     "itertools",
+    "math",  # ceil_sqrt prints as math.isqrt
     "weakref",
     "torch",
     "vllm",

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -137,6 +138,37 @@ def test_item_specs(world: SpecWorld, lists: bool, seed: int) -> None:
     assert got_specs(got) == expected_specs(world, items)
 
 
+def test_input_modality(world: SpecWorld) -> None:
+    if world.spec.has_video_keys:
+        pytest.skip("by the batch's keys: test_selection_by_video_keys")
+    (modality,) = world.spec.modalities
+    host = world.host()
+    if not hasattr(host, "get_input_modality"):
+        assert modality.value == "image", "a plain mixin answers the protocol default"
+        return
+    batch = world.batch([world.random_item(random.Random(3))])
+    assert host.get_input_modality(batch) == modality.value
+
+
+def test_eager_items_exceed_every_budget(world: SpecWorld) -> None:
+    eager = world.spec.items.eager_when
+    if eager is None:
+        pytest.skip("no items.eager_when")
+    rng = random.Random(11)
+    items = [world.random_item(rng) for _ in range(24)]
+    eager_items = [it for it in items if world.runs_eagerly(it)]
+    assert eager_items and len(eager_items) < len(items), "draw both kinds"
+    specs = world.host().get_encoder_cudagraph_item_specs(world.batch(items))
+    for item, spec in zip(items, specs, strict=True):
+        tokens = spec.get_path_output_tokens("default")
+        if world.runs_eagerly(item):
+            # Above any budget (at most max_model_len); output_tokens real.
+            assert tokens > 2**40
+        else:
+            assert tokens == world.item_values(item)["budget_tokens"]
+        assert spec.output_tokens == world.item_values(item)["output_tokens"]
+
+
 # -- selection ----------------------------------------------------------------------------
 
 
@@ -174,6 +206,31 @@ def test_selection(world: SpecWorld, lists: bool, indices: list[int]) -> None:
     assert got_specs(host.get_encoder_cudagraph_item_specs(got)) == expected_specs(
         world, chosen
     )
+
+
+def test_selection_of_folded_inputs(world: SpecWorld) -> None:
+    """Flat inputs with ``fold_ranks`` may arrive with a leading batch dim:
+    the selection, replay and eager forward read them as the plain rows."""
+    folded = [f for f in world.spec.flat_inputs if f.fold_ranks]
+    if not folded:
+        pytest.skip("no fold_ranks")
+    rng = random.Random(5)
+    items = [world.random_item(rng) for _ in range(3)]
+    host = world.host()
+    plain = world.batch(items)
+    batch = dict(plain)
+    for flat in folded:
+        rank = plain[flat.key].ndim + 1
+        assert rank in flat.fold_ranks, "the spec folds one more leading dim"
+        batch[flat.key] = plain[flat.key].unsqueeze(0)
+    got = host.select_encoder_cudagraph_items(batch, [2, 0])
+    want = host.select_encoder_cudagraph_items(plain, [2, 0])
+    for key in want:
+        assert torch.equal(got[key], want[key]), key
+    replayed = host.prepare_encoder_cudagraph_replay_buffers(batch, 4, 4).values
+    for flat in folded:
+        if flat.key in replayed:
+            assert torch.equal(replayed[flat.key], plain[flat.key])
 
 
 VIDEO_SPECS = [p for p in SPECS if load_spec(p).has_video_keys]
@@ -217,15 +274,7 @@ def capture(
 
 def dummy_items(world: SpecWorld, budget: int, mbs: int, mfpb: int, path, axis_keys=()):
     """The dummy batch's items, from the spec's dummy formulas."""
-    k = world.k(budget, mbs, path)
-    names = {
-        "k": k,
-        "max_batch_size": mbs,
-        "token_budget": budget,
-        "max_frames_per_batch": mfpb,
-        "frames_per_item": max(mfpb // mbs, 1),
-        **world.axis_dims(axis_keys),
-    }
+    names = world.capture_names(budget, mbs, mfpb, path, axis_keys)
     item = {}
     for inp, exprs in path.capture.dummy:
         for dim, e in zip(inp.dims, exprs, strict=True):
@@ -267,6 +316,14 @@ def check_capture_inputs(
     world: SpecWorld, path, budget: int, mbs: int, mfpb: int, axis_keys: tuple
 ):
     host = world.host()
+    refused = world.refused(
+        world.capture_names(budget, mbs, mfpb, path, axis_keys), path
+    )
+    if refused is not None:
+        # A dummy beyond the tower's capacity: refused, with the spec's message.
+        with pytest.raises(ValueError, match=re.escape(refused.message)):
+            capture(world, host, budget, mbs, mfpb, path, axis_keys)
+        return
     values = capture(world, host, budget, mbs, mfpb, path, axis_keys)
     assert list(values) == [b.key for b in path.buffers]
     if path.capture.of_units:
@@ -379,20 +436,30 @@ def _rows_dim(buf) -> int:
 def test_replay_buffers(
     world: SpecWorld, budget: int, mbs: int, mfpb: int, seed: int
 ) -> None:
+    checked = 0
     for path in world.spec.paths:
         rng = random.Random(seed * 1000 + budget)
-        check_replay_buffers(world, path, rng, budget, mbs, mfpb)
+        checked += check_replay_buffers(world, path, rng, budget, mbs, mfpb)
+    if not checked:
+        pytest.skip("the capture refuses this budget (test_capture_inputs)")
 
 
-def check_replay_buffers(world, path, rng, budget: int, mbs: int, mfpb: int):
+def check_replay_buffers(world, path, rng, budget: int, mbs: int, mfpb: int) -> int:
+    """Replays of random batches into ``path``'s capture; how many (none
+    when the capture refuses the budget)."""
     host = world.host()
     config = host.get_encoder_cudagraph_config()
     # Random batches, and the one item with the most budget tokens that fits.
     largest = world.largest_item(budget, path)
     batches = [world.fitting_items(rng, budget, mbs, path) for _ in range(3)]
+    checked = 0
     for items in batches + ([[largest]] if largest else []):
         # The graph of the keys the batch selects.
         keys = world.selected_axis_keys(items) if world.spec.capture_axes else ()
+        names = world.capture_names(budget, mbs, mfpb, path, keys)
+        if world.refused(names, path) is not None:
+            continue
+        checked += 1
         captured = capture(world, host, budget, mbs, mfpb, path, keys)
         rows_captured = (
             None  # a unit capture pads no offsets
@@ -414,6 +481,7 @@ def check_replay_buffers(world, path, rng, budget: int, mbs: int, mfpb: int):
                 target[buf.key] = captured[buf.key]
         replay_into(config, target, replay)
         check_replayed(world, path, items, target, replay, rows_captured)
+    return checked
 
 
 def check_replayed(world, path, items, target, replay, rows_captured) -> None:

@@ -1518,63 +1518,503 @@ def deepseek_v41() -> ModelParity:
 
 
 # ---------------------------------------------------------------------------
-# Models without a spec yet, for vLLM findings: vLLM's mixin on a fake host
+# Kimi-VL (MoonViT)
 # ---------------------------------------------------------------------------
 
 KIMI_VL = "vllm.model_executor.models.kimi_vl"
 MOONVIT = "vllm.model_executor.models.moonvit"
-GLM4_1V = "vllm.model_executor.models.glm4_1v"
+#: The fake MoonViT's head dim: RoPE tables are (rows, MOONVIT_HEAD_DIM // 2)
+#: complex64.
+MOONVIT_HEAD_DIM = 8
+#: Its RoPE grid (vLLM's is 512 x 512): small, so that a capture case can
+#: exceed it.
+MOONVIT_ROPE_GRID = 64
 
 
-class _MoonVitParts:
-    """The learned parts of ``MoonVitPretrainedModel``; its metadata
-    builder and merge indices are vLLM's (subclass)."""
+class _CallableForward:
+    """A module-like object whose call is its (vLLM) ``forward``."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.forward(*args, **kwargs)
+
+
+class _MoonVitRopeParts:
+    """``Rope2DPosEmb``'s sizes; its table and lookups are vLLM's (subclass)."""
 
     def __init__(self) -> None:
-        self.merge_kernel_size = (2, 2)
-        self.patch_embed = _Obj(
-            pos_emb=_Obj(get_pos_embeds=lambda grids: torch.zeros(_rows(grids), WIDTH))
+        self.dim = MOONVIT_HEAD_DIM
+        self.max_height = self.max_width = MOONVIT_ROPE_GRID
+        self.theta_base = 10000
+        self.device = "cpu"
+
+
+class _MoonVitPosEmbParts:
+    """``Learnable2DInterpPosEmb``'s learned grid; the bicubic resize to each
+    image is vLLM's (subclass)."""
+
+    def __init__(self) -> None:
+        self.height = self.width = 4
+        self.interpolation_mode = "bicubic"
+        self.weight = _mixing(16, WIDTH).reshape(4, 4, WIDTH)
+
+
+class _MoonVitBlock:
+    """A MoonViT encoder layer: its RoPE table as a row code, then varlen
+    attention by FlashAttention's contract."""
+
+    def __init__(self, recorder: Recorder, backend: str) -> None:
+        self.recorder = recorder
+        self.attn = _Obj(attn_backend=AttentionBackendEnum[backend])
+
+    def __call__(self, hidden_states, cu_seqlens, rope_freqs_cis=None, max_seqlen=None):
+        code = rope_freqs_cis.real.sum(-1, keepdim=True) + rope_freqs_cis.imag.sum(
+            -1, keepdim=True
         )
-        self.encoder = _Obj(
-            rope_2d=_Obj(max_height=64, max_width=64),
-            get_rope_freqs_cis=lambda grids: torch.ones(
-                _rows(grids), 2, dtype=torch.complex64
-            ),
-        )
+        rows = hidden_states.float() + code
+        out = varlen_attention(rows, cu_seqlens, max_seqlen, self.recorder.violations)
+        return out.to(hidden_states.dtype)
 
 
-def _rows(grids) -> int:
-    return sum(int(h) * int(w) for h, w in grids)
-
-
-@functools.cache
-def kimi_vl_host_class() -> tuple[type, type]:
-    """(host class with vLLM's Kimi-VL mixin, its tower class)."""
-    code = _wheel_code({})
+def _moonvit_classes(code: WheelCode) -> dict[str, type]:
+    """vLLM's MoonViT parts on fake learned layers: the RoPE table, the
+    position-embedding resize, the patch embedding's glue, the encoder's
+    loop and the tower's metadata builder and forward."""
+    rope = code.klass(
+        MOONVIT,
+        "Rope2DPosEmb",
+        [
+            "precomputed_freqs_cis",
+            "get_freqs_cis_by_seqlens_list",
+            "get_freqs_cis_by_seqlens",
+        ],
+        bases=(_MoonVitRopeParts,),
+    )
+    pos_emb = code.klass(
+        MOONVIT,
+        "Learnable2DInterpPosEmb",
+        ["get_pos_embeds", "forward"],
+        bases=(_MoonVitPosEmbParts, _CallableForward),
+    )
+    patch_embed = code.klass(
+        MOONVIT, "MoonVisionPatchEmbed", ["forward"], bases=(_CallableForward,)
+    )
+    encoder = code.klass(
+        MOONVIT,
+        "MoonVitEncoder",
+        ["forward", "get_rope_freqs_cis"],
+        bases=(_CallableForward,),
+    )
     tower = code.klass(
         MOONVIT,
         "MoonVitPretrainedModel",
-        ["prepare_encoder_metadata"],
+        ["forward", "prepare_encoder_metadata"],
         bases=(_MoonVitParts,),
     )
-    mixin = code.klass(
+    return {
+        "rope": rope,
+        "pos_emb": pos_emb,
+        "patch_embed": patch_embed,
+        "encoder": encoder,
+        "tower": tower,
+    }
+
+
+class _MoonVitParts(Recorder):
+    """The learned parts of ``MoonVitPretrainedModel`` and its sizes; its
+    metadata builder and forward are vLLM's (subclass)."""
+
+    def __init__(self, classes: dict[str, type], settings: HostSettings) -> None:
+        super().__init__()
+        self.merge_kernel_size = (2, 2)
+        self.hidden_size = WIDTH
+        self.patch_size = PATCH
+        patch_embed = classes["patch_embed"]()
+        patch_embed.proj = lambda x: patch_embedding(x, torch.float32)
+        patch_embed.pos_emb = classes["pos_emb"]()
+        self.patch_embed = patch_embed
+        encoder = classes["encoder"]()
+        encoder.rope_2d = classes["rope"]()
+        encoder.blocks = [_MoonVitBlock(self, settings.backend)]
+        encoder.final_layernorm = lambda x: x
+        self.encoder = encoder
+
+    def parameters(self):
+        yield torch.zeros(1)
+
+    def __call__(self, pixel_values, grid_hw=None, *, encoder_metadata=None):
+        self.calls.append(
+            {
+                "pixel_values": _snapshot(pixel_values),
+                "grid_hw": _snapshot(grid_hw),
+                "encoder_metadata": _snapshot(encoder_metadata),
+            }
+        )
+        return self.forward(pixel_values, grid_hw, encoder_metadata=encoder_metadata)
+
+
+@functools.cache
+def _kimi_vl_vllm() -> tuple[WheelCode, type, Callable[[type, HostSettings], Any]]:
+    """The wheel's code, vLLM's Kimi-VL host class and the host builder."""
+    code = _wheel_code(
+        {"vllm.utils.gpu_sync_debug": {"gpu_sync_allowed": contextlib.nullcontext}}
+    )
+    classes = _moonvit_classes(code)
+    vllm_mixin = code.klass(
         KIMI_VL,
         "KimiVLForConditionalGeneration",
         _defined(code, KIMI_VL, "KimiVLForConditionalGeneration"),
         bases=(_protocol(code),),
     )
-    return mixin, tower
+
+    def make_host(host_class: type, settings: HostSettings) -> Any:
+        host = host_class()
+        host.config = _Obj(
+            vision_config=_Obj(merge_kernel_size=(2, 2), patch_size=PATCH)
+        )
+        host.vision_tower = classes["tower"](classes, settings)
+        # The projector: the mean of each output token's kh x kw rows.
+        host.multi_modal_projector = lambda x: x.mean(dim=1)
+        host.hidden_size = WIDTH
+        host.model_config = settings.vllm_config().model_config
+        return host
+
+    return code, type("VllmKimiVLHost", (vllm_mixin,), {}), make_host
+
+
+def _kimi_vl_parity() -> ModelParity:
+    code, vllm_host, make_host = _kimi_vl_vllm()
+    ours = load_generated_vllm_module("kimi_vl", code).KimiVLEncoderCudaGraphMixin
+    return ModelParity(
+        name="kimi_vl",
+        vllm_host=vllm_host,
+        our_host=type("GeneratedKimiVLHost", (ours,), {}),
+        make_host=make_host,
+        modalities=("image",),
+        make_batch=_patch_grid_batch,
+        random_grid=lambda gen, modality: tuple(
+            (2 * torch.randint(1, 9, (2,), generator=gen)).tolist()
+        ),
+        frames=lambda grid: 1,
+    )
+
+
+def _patch_grid_batch(
+    gen: torch.Generator, modality: str, grids: list[tuple[int, int]]
+) -> dict[str, Any]:
+    """A Kimi-VL image batch: ``(h, w)`` patch grids (even sides) and their
+    patches, ``(3, PATCH, PATCH)`` each, image after image."""
+    assert modality == "image"
+    rows = sum(h * w for h, w in grids)
+    return {
+        "pixel_values": torch.randn(rows, 3, PATCH, PATCH, generator=gen),
+        "image_grid_hws": torch.tensor(grids, dtype=torch.int64).reshape(-1, 2),
+    }
+
+
+def kimi_vl_batch(grids: list[tuple[int, int]], seed: int = 0) -> dict[str, Any]:
+    """A Kimi-VL image batch of ``grids`` with seeded random patches."""
+    return _patch_grid_batch(torch.Generator().manual_seed(seed), "image", grids)
+
+
+@functools.cache
+def kimi_vl() -> ModelParity:
+    return _kimi_vl_parity()
 
 
 def kimi_vl_host() -> Any:
     """A host of vLLM's Kimi-VL mixin (2 x 2 merge, PATCH-sized patches)."""
-    mixin, tower = kimi_vl_host_class()
-    host = mixin()
-    host.config = _Obj(vision_config=_Obj(merge_kernel_size=(2, 2), patch_size=PATCH))
-    host.vision_tower = tower()
+    _, vllm_host, make_host = _kimi_vl_vllm()
+    return make_host(vllm_host, HostSettings())
+
+
+# ---------------------------------------------------------------------------
+# Kimi-K3 and Kimi-K2.5 (MoonViT3d)
+# ---------------------------------------------------------------------------
+
+KIMI_K25 = "vllm.model_executor.models.kimi_k25"
+KIMI_K25_VIT = "vllm.model_executor.models.kimi_k25_vit"
+KIMI_K3 = "vllm.models.kimi_k3.nvidia.model"
+
+
+def _rope_shape(org, interpolation_mode, shape):
+    """vLLM's ``get_rope_shape`` without its ``torch.compile`` decorators
+    (the same bicubic resize of the learned grid)."""
+    return (
+        torch.nn.functional.interpolate(
+            org.permute((2, 0, 1)).unsqueeze(0), size=shape, mode=interpolation_mode
+        )
+        .squeeze(0)
+        .permute((1, 2, 0))
+        .flatten(end_dim=1)
+    )
+
+
+class _RegisterBuffer:
+    """``nn.Module.register_buffer`` for a plain object: an attribute."""
+
+    def register_buffer(self, name: str, value: torch.Tensor, persistent=True) -> None:
+        setattr(self, name, value)
+
+
+class _Moon3dRopeParts(_RegisterBuffer):
+    """``Rope2DPosEmbRepeated``'s sizes; its table is vLLM's (subclass)."""
+
+    def __init__(self) -> None:
+        self.dim = MOONVIT_HEAD_DIM
+        self.max_height = self.max_width = MOONVIT_ROPE_GRID
+        self.theta_base = 10000
+
+
+class _Moon3dPosEmbParts:
+    """``Learnable2DInterpPosEmbDivided_fixed``'s learned grid and its
+    fixed sin-cos time table (vLLM's own function)."""
+
+    def __init__(self, sincos: Callable[..., Any]) -> None:
+        self.height = self.width = 4
+        self.num_frames = 4
+        self.dim = WIDTH
+        self.interpolation_mode = "bicubic"
+        self.weight = _mixing(16, WIDTH).reshape(4, 4, WIDTH)
+        self.time_weight = (
+            torch.from_numpy(sincos(self.dim, self.num_frames)).float().unsqueeze(1)
+        )
+
+
+class _Moon3dBlock:
+    """A MoonViT3d encoder layer: its RoPE table as a row code, then varlen
+    attention by FlashAttention's contract (what the call carries recorded)."""
+
+    def __init__(self, recorder: Recorder, backend: str) -> None:
+        self.recorder = recorder
+        self.attn = _Obj(attn_backend=AttentionBackendEnum[backend])
+        self.hidden_dim = WIDTH
+        self.tp_size = 1
+
+    def __call__(
+        self,
+        hidden_states,
+        cu_seqlens,
+        rope_freqs_cis=None,
+        max_seqlen=None,
+        sequence_lengths=None,
+    ):
+        code = rope_freqs_cis.real.sum(-1, keepdim=True) + rope_freqs_cis.imag.sum(
+            -1, keepdim=True
+        )
+        rows = hidden_states.float() + code
+        out = varlen_attention(rows, cu_seqlens, max_seqlen, self.recorder.violations)
+        return out.to(hidden_states.dtype)
+
+
+class _Moon3dProjector:
+    """``KimiK25MultiModalProjector``: the mean of each token's kh x kw rows
+    (its parameters give the mixins' cast target)."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        self.weight = torch.zeros(1, dtype=dtype)
+
+    def parameters(self):
+        yield self.weight
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return x.mean(dim=1)
+
+
+class _Moon3dParts(Recorder):
+    """The learned parts of ``MoonViT3dPretrainedModel`` and its sizes; its
+    metadata builders and forward are vLLM's (subclass)."""
+
+    def __init__(self, classes: dict[str, Any], settings: HostSettings) -> None:
+        super().__init__()
+        self.merge_kernel_size = (2, 2)
+        self.patch_size = PATCH
+        self.merge_type = "sd2_tpool"
+        patch_embed = classes["patch_embed"]()
+        patch_embed.proj = _Obj(
+            weight=torch.zeros(1),
+            out_channels=WIDTH,
+            forward_native=lambda x: patch_embedding(x, torch.float32),
+        )
+        patch_embed.input_norm = classes["input_norm"](settings.fused_input_norm)
+        patch_embed.pos_emb = classes["pos_emb"](classes["sincos"])
+        self.patch_embed = patch_embed
+        encoder = classes["encoder"]()
+        encoder.rope_2d = classes["rope"]()
+        encoder.blocks = [_Moon3dBlock(self, settings.backend)]
+        encoder.final_layernorm = lambda x: x
+        self.encoder = encoder
+
+    def __call__(self, pixel_values, grid_thws=None, *, encoder_metadata=None):
+        self.calls.append(
+            {
+                "pixel_values": _snapshot(pixel_values),
+                "grid_thws": _snapshot(grid_thws),
+                "encoder_metadata": _snapshot(encoder_metadata),
+            }
+        )
+        return self.forward(pixel_values, grid_thws, encoder_metadata=encoder_metadata)
+
+
+@functools.cache
+def _moonvit3d_code() -> tuple[WheelCode, dict[str, Any]]:
+    """vLLM's MoonViT3d parts (``kimi_k25_vit.py``) on fake learned layers:
+    the RoPE table, the position-embedding resize with its time table, the
+    patch embedding's glue, the encoder's metadata and loop (with vLLM's
+    encoder-attention helpers) and the tower's builders and forward."""
+    code = _wheel_code(
+        {
+            KIMI_K25_VIT: {"get_rope_shape": _rope_shape},
+            "vllm.utils.gpu_sync_debug": {"gpu_sync_allowed": contextlib.nullcontext},
+        }
+    )
+    code.stubs.setdefault(MM_ATTENTION, {})["MMEncoderAttention"] = code.klass(
+        MM_ATTENTION,
+        "MMEncoderAttention",
+        ["compute_max_seqlen", "maybe_compute_seq_lens", "maybe_recompute_cu_seqlens"],
+    )
+    classes: dict[str, Any] = {
+        "rope": code.klass(
+            KIMI_K25_VIT,
+            "Rope2DPosEmbRepeated",
+            ["_precompute_freqs_cis", "get_freqs_cis"],
+            bases=(_Moon3dRopeParts,),
+        ),
+        "pos_emb": code.klass(
+            KIMI_K25_VIT,
+            "Learnable2DInterpPosEmbDivided_fixed",
+            ["get_pos_embeds", "forward"],
+            bases=(_Moon3dPosEmbParts, _CallableForward),
+        ),
+        "sincos": code.function(KIMI_K25_VIT, "get_1d_sincos_pos_embed"),
+        "patch_embed": code.klass(
+            KIMI_K25_VIT,
+            "MoonVision3dPatchEmbed",
+            ["forward"],
+            bases=(_CallableForward,),
+        ),
+        "encoder": code.klass(
+            KIMI_K25_VIT,
+            "MoonViT3dEncoder",
+            ["prepare_encoder_metadata", "forward"],
+            bases=(_CallableForward,),
+        ),
+        "input_norm": lambda fused: _qwen_norm(code, fused),
+    }
+    classes["tower"] = code.klass(
+        KIMI_K25_VIT,
+        "MoonViT3dPretrainedModel",
+        ["forward", "prepare_encoder_cudagraph_metadata"],
+        bases=(_Moon3dParts,),
+    )
+    return code, classes
+
+
+def _moon3d_host(classes: dict[str, Any], host_class: type, settings: HostSettings):
+    """A host of a MoonViT3d tower (2 x 2 merge, PATCH-sized patches) and the
+    fake projector; the K3 and K2.5 mixins read their sizes from here."""
+    host = host_class()
+    host.config = _Obj(
+        vision_config=_Obj(merge_kernel_size=(2, 2), patch_size=PATCH),
+        text_config=_Obj(hidden_size=WIDTH),
+    )
+    host.vision_tower = classes["tower"](classes, settings)
+    host.mm_projector = _Moon3dProjector(torch.float32)
     host.hidden_size = WIDTH
-    host.model_config = ModelConfig()
+    host.use_data_parallel = False
+    host.device = CPU
+    host.model_config = settings.vllm_config().model_config
     return host
+
+
+def _thw_grid(gen: torch.Generator, modality: str) -> tuple[int, int, int]:
+    """A random ``(t, h, w)`` patch grid of one image (``t = 1``), even
+    sides of 2..16 patches."""
+    h, w = (2 * torch.randint(1, 9, (2,), generator=gen)).tolist()
+    return (1, h, w)
+
+
+def moon3d_batch(
+    gen: torch.Generator,
+    modality: str,
+    grids: list[tuple[int, int, int]],
+    *,
+    raw: bool = False,
+    shape: str = "rows",
+) -> dict[str, Any]:
+    """A MoonViT3d batch: ``grid_thws`` and their patches, ``(3, PATCH,
+    PATCH)`` each, item after item (``raw``: uint8 bytes for the fused input
+    normalisation). ``shape`` lays the pixels out as the processor may:
+    ``rows``, a ``list`` of per-item tensors, or ``batched`` with a leading
+    dim of 1 (5-D)."""
+    rows = sum(t * h * w for t, h, w in grids)
+    size = (rows, 3, PATCH, PATCH)
+    if raw:
+        pixels = torch.randint(0, 256, size, generator=gen, dtype=torch.uint8)
+    else:
+        pixels = torch.randn(size, generator=gen)
+    value: Any = pixels
+    if shape == "list":
+        value = list(pixels.split([t * h * w for t, h, w in grids]))
+    elif shape == "batched":
+        value = pixels.unsqueeze(0)
+    return {
+        "pixel_values": value,
+        "grid_thws": torch.tensor(grids, dtype=torch.int64).reshape(-1, 3),
+    }
+
+
+@functools.cache
+def _kimi_k3_vllm() -> tuple[type, Callable[[type, HostSettings], Any]]:
+    code, classes = _moonvit3d_code()
+    mixin = code.klass(
+        KIMI_K3,
+        "KimiK3ForConditionalGeneration",
+        _defined(code, KIMI_K3, "KimiK3ForConditionalGeneration"),
+        bases=(_protocol(code),),
+    )
+    return (
+        type("VllmKimiK3Host", (mixin,), {}),
+        functools.partial(_moon3d_host, classes),
+    )
+
+
+def kimi_k3_vllm_host(settings: HostSettings = HostSettings()) -> Any:
+    """A host of vLLM's Kimi-K3 mixin."""
+    host_class, make_host = _kimi_k3_vllm()
+    return make_host(host_class, settings)
+
+
+def _kimi_k3_parity() -> ModelParity:
+    code, _ = _moonvit3d_code()
+    host_class, make_host = _kimi_k3_vllm()
+    ours = load_generated_vllm_module("kimi_k3", code).KimiK3EncoderCudaGraphMixin
+    return ModelParity(
+        name="kimi_k3",
+        vllm_host=host_class,
+        # The model class defines the projector glue the forwards call.
+        our_host=type(
+            "GeneratedKimiK3Host",
+            (ours,),
+            {"_project_encoder_features": host_class._project_encoder_features},
+        ),
+        make_host=make_host,
+        modalities=("image",),
+        make_batch=moon3d_batch,
+        random_grid=_thw_grid,
+        frames=lambda grid: 1,
+    )
+
+
+@functools.cache
+def kimi_k3() -> ModelParity:
+    return _kimi_k3_parity()
+
+
+# ---------------------------------------------------------------------------
+# Models without a spec yet, for vLLM findings: vLLM's mixin on a fake host
+# ---------------------------------------------------------------------------
+
+GLM4_1V = "vllm.model_executor.models.glm4_1v"
 
 
 class _GlmEmbeddingParts:
@@ -2464,16 +2904,20 @@ def compare(
 def _capture(
     host: Any, case: CaptureCase, path: str = "default", axis_keys: tuple = ()
 ) -> dict[str, torch.Tensor]:
-    """``path``'s capture inputs of ``case``, called as the manager calls."""
-    return host.prepare_encoder_cudagraph_capture_inputs(
-        case.budget,
-        case.max_batch_size,
-        case.max_frames_per_batch,
-        CPU,
-        torch.float32,
-        path,
-        axis_keys,
-    ).values
+    """``path``'s capture inputs of ``case``, called as the manager calls,
+    drawn from a fixed seed: a dummy filled with ``torch.randn`` (Kimi-VL's)
+    holds the same values on both hosts."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return host.prepare_encoder_cudagraph_capture_inputs(
+            case.budget,
+            case.max_batch_size,
+            case.max_frames_per_batch,
+            CPU,
+            torch.float32,
+            path,
+            axis_keys,
+        ).values
 
 
 def capture_view(
@@ -2561,6 +3005,8 @@ def _replay_path(host, case, config, captured, batch, path):
         "replay": {k: v for k, v in replay.items() if v is not None}
     }
     copy_replay_into_captured(config, captured, replay)
+    # A builder may capture None for a buffer another backend needs
+    # (Kimi-K3's sequence_lengths): the manager keeps and skips it.
     view["captured"] = {
         k: v.clone() if v is not None else None for k, v in captured.items()
     }
@@ -3260,3 +3706,25 @@ def minicpmv_image(slices: list[tuple[int, int]]) -> dict[str, Any]:
         "pixel_values": [pixels],
         "tgt_sizes": [torch.tensor(slices, dtype=torch.int64)],
     }
+
+
+def runtime_manager(host: Any, budgets: list[int], items: int) -> Any:
+    """The runtime's manager on ``host`` with these budgets and items per
+    batch, its graphs replayed eagerly on CPU."""
+    from encoder_cudagraph_runtime.config import CompilationConfig, VllmConfig
+    from encoder_cudagraph_runtime.graph_backends import EagerReplayGraphBackend
+    from encoder_cudagraph_runtime.manager import EncoderCudaGraphManager
+
+    base = HostSettings().vllm_config()
+    config = VllmConfig(
+        scheduler_config=base.scheduler_config,
+        model_config=base.model_config,
+        compilation_config=CompilationConfig(
+            cudagraph_mm_encoder=True,
+            encoder_cudagraph_token_budgets=budgets,
+            encoder_cudagraph_max_vision_items_per_batch=items,
+        ),
+    )
+    return EncoderCudaGraphManager(
+        config, CPU, torch.float32, host, graph_backend=EagerReplayGraphBackend()
+    )

@@ -9,6 +9,8 @@ real row.
 
 from __future__ import annotations
 
+import ast
+
 import pytest
 import torch
 
@@ -223,6 +225,50 @@ def test_lfm2_vl_tiles_below_the_minimum_overflow_the_captured_offsets() -> None
         copy_replay_into_captured(host.get_encoder_cudagraph_config(), captured, replay)
 
 
+def _inside_sync_allowed(tree, call: str) -> list[bool]:
+    """For each call of ``call`` in ``tree``: whether a ``with
+    gpu_sync_allowed()`` block encloses it."""
+    found = []
+
+    def visit(node, allowed: bool) -> None:
+        if isinstance(node, ast.With) and any(
+            "gpu_sync_allowed" in ast.unparse(item.context_expr) for item in node.items
+        ):
+            allowed = True
+        if isinstance(node, ast.Call) and ast.unparse(node.func).endswith(call):
+            found.append(allowed)
+        for child in ast.iter_child_nodes(node):
+            visit(child, allowed)
+
+    visit(tree, False)
+    return found
+
+
+def test_kimi_vl_selection_puts_the_grid_where_replay_must_read_it_back(
+    vllm_code,
+) -> None:
+    vllm_host = hosts.kimi_vl_host()
+    batch = hosts.kimi_vl_batch([(4, 6), (2, 2)])
+    # The pixel values live on the accelerator; the meta device stands in for
+    # it on CPU: a tensor there has no data the host can read.
+    batch["pixel_values"] = batch["pixel_values"].to("meta")
+    picked = vllm_host.select_encoder_cudagraph_items(batch, [1, 0])
+    # vLLM builds the selected grid on the pixels' device ...
+    assert picked["image_grid_hws"].device.type == "meta"
+    # ... and the replay reads it back to the host (`.tolist()`): on a GPU a
+    # blocking copy before every replay, which the manager makes outside
+    # gpu_sync_allowed (unlike its item-spec and selection calls).
+    with pytest.raises(NotImplementedError):
+        vllm_host.prepare_encoder_cudagraph_replay_buffers(picked, 2, 0)
+    manager = vllm_code.definition(
+        "vllm.v1.worker.encoder_cudagraph", "EncoderCudaGraphManager"
+    )
+    assert _inside_sync_allowed(
+        manager, "prepare_encoder_cudagraph_replay_buffers"
+    ) == [False]
+    assert all(_inside_sync_allowed(manager, "get_encoder_cudagraph_item_specs"))
+
+
 # Qwen2-VL's mechanism in the mixins that copy it without a padding logic:
 # the builder pads the captured cu_seqlens to max_frames_per_batch, an image
 # replay's to max_batch_size, and the manager's default copy zeroes the rest.
@@ -345,24 +391,7 @@ def test_step3_vl_results_of_crop_less_images_alias_the_graph_output() -> None:
     assert first.untyped_storage().data_ptr() == second.untyped_storage().data_ptr()
 
 
-def _runtime_manager(host, budgets: list[int], items: int):
-    from encoder_cudagraph_runtime.config import CompilationConfig, VllmConfig
-    from encoder_cudagraph_runtime.graph_backends import EagerReplayGraphBackend
-    from encoder_cudagraph_runtime.manager import EncoderCudaGraphManager
-
-    base = hosts.HostSettings().vllm_config()
-    config = VllmConfig(
-        scheduler_config=base.scheduler_config,
-        model_config=base.model_config,
-        compilation_config=CompilationConfig(
-            cudagraph_mm_encoder=True,
-            encoder_cudagraph_token_budgets=budgets,
-            encoder_cudagraph_max_vision_items_per_batch=items,
-        ),
-    )
-    return EncoderCudaGraphManager(
-        config, CPU, torch.float32, host, graph_backend=EagerReplayGraphBackend()
-    )
+_runtime_manager = hosts.runtime_manager
 
 
 def test_gemma4_an_image_of_a_request_level_max_soft_tokens_has_no_graph() -> None:

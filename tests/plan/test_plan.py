@@ -310,6 +310,24 @@ def test_plan_sizes_a_flat_input_by_its_own_rows():
     assert shapes["patches"] == [2 * tiles * 4, 6]
 
 
+def test_plan_lists_the_budgets_a_capture_check_refuses():
+    """capture.assert: a budget whose dummy exceeds the RoPE table is
+    reported (the manager's capture would raise), the others are planned,
+    complex64 buffers at 8 bytes an entry."""
+    spec = load_spec(ROOT / "tests" / "generator" / "data" / "valid" / "rope_grid.yaml")
+    # One item per batch: k = budget; the dummy is ceil(k / 8) rows of 8
+    # tokens, 2 patches a token a side, in a 24-patch-high table.
+    plan = make_plan(spec, budgets=[64, 96, 97, 128], max_items=1)
+    assert [p.budget for p in plan.per_budget] == [64, 96]
+    assert [re.search(r"budget (\d+)", p).group(1) for p in plan.problems] == [
+        "97",
+        "128",
+    ]
+    assert all("ho * m <= rope_h does not hold" in p for p in plan.problems)
+    rope = next(b for b in plan.per_budget[0].buffers if b.key == "rope_freqs_cis")
+    assert rope.dtype == "complex64" and rope.nbytes == 8 * 4 * rope.shape[0]
+
+
 @pytest.mark.parametrize(
     ("budget", "max_items", "units"), [(16, 1, 1), (1024, 1, 64), (1000, 8, 62)]
 )

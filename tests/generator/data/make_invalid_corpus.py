@@ -953,6 +953,121 @@ case(
     "minimax_m3",
     ("budget:\n  min: 64\n", "budget:\n  min: 64\npaths: {local: {}}\n"),
 )
+# -- capture intermediates and checks (MoonViT's RoPE grid) ----------------------
+valid_case(
+    "capture_let_uses_a_later_one",
+    "rope_grid",
+    (
+        "    wo: min(k, rope_w // m)\n    ho: ceil_div(k, wo)\n",
+        "    ho: ceil_div(k, wo)\n    wo: min(k, rope_w // m)\n",
+    ),
+)
+valid_case(
+    "capture_let_takes_a_dim",
+    "rope_grid",
+    ("    wo: min(k, rope_w // m)\n", "    wo: min(k, rope_w // m)\n    h: 2\n"),
+)
+valid_case(
+    "capture_assert_not_a_comparison",
+    "rope_grid",
+    ("check: ho * m <= rope_h", "check: ho * m"),
+)
+valid_case(
+    "capture_assert_two_comparisons",
+    "rope_grid",
+    ("check: ho * m <= rope_h", "check: ho * m <= rope_h and wo * m <= rope_w"),
+)
+valid_case(
+    "capture_assert_chained",
+    "rope_grid",
+    ("check: ho * m <= rope_h", "check: 1 <= ho * m <= rope_h"),
+)
+valid_case(
+    "capture_assert_without_message",
+    "rope_grid",
+    ("      message: the dummy grid is taller than the RoPE table\n", ""),
+)
+valid_case(
+    "capture_assert_refuses_every_budget",
+    "rope_grid",
+    ("default: 24}", "default: 1}"),
+)
+# -- what a host scalar bounds ---------------------------------------------------
+# vLLM's Kimi-VL captures max_seqlen = token_budget, in output tokens.
+valid_case(
+    "bounds_item_in_tokens",
+    "rope_grid",
+    (
+        'max_seqlen_override: "max(token_budget * m * m, ho * m * wo * m)"',
+        "max_seqlen_override: token_budget",
+    ),
+)
+# Frames of one video are one sequence: t * h * w rows for h * w / 4 tokens.
+valid_case(
+    "bounds_item_misses_the_frames",
+    "vision_chunks",
+    (
+        "  max_seqlen: {host_scalar: true, set_by: max_seqlen_override}",
+        "  max_seqlen: {host_scalar: true, set_by: max_seqlen_override, bounds: item}",
+    ),
+    ("  eager_when: t != 1\n", ""),
+    ("{max_seqlen_override: rows}", "{max_seqlen_override: token_budget * m * m}"),
+)
+valid_case(
+    "bounds_without_set_by",
+    "rope_grid",
+    (
+        "  max_seqlen: {host_scalar: true, set_by: max_seqlen_override, bounds: item}",
+        "  max_seqlen: {host_scalar: true, bounds: item}",
+    ),
+)
+case(
+    "bounds_item_with_trailing_sequence",
+    "deepseek_v41",
+    (
+        "max_seqlen: {host_scalar: true, replay: drop, set_by: max_seqlen_override}",
+        "max_seqlen: {host_scalar: true, replay: drop, set_by: max_seqlen_override, bounds: item}",
+    ),
+)
+# `bounds: item` is the longest item, so no buffer may be named item.
+case(
+    "bounds_item_a_buffer_named_item",
+    "kimi_vl",
+    (
+        "cu_seqlens, max_seqlen, merge_gather_idx]",
+        "cu_seqlens, max_seqlen, item]",
+    ),
+    ("  merge_gather_idx: {}\n", "  item: {}\n"),
+)
+# -- vision chunks: one modality, eager multi-frame chunks, folded pixels -------
+valid_case(
+    "vision_chunk_with_image",
+    "vision_chunks",
+    ("modalities: [vision_chunk]", "modalities: [image, vision_chunk]"),
+)
+valid_case(
+    "eager_when_not_a_comparison",
+    "vision_chunks",
+    ("eager_when: t != 1", "eager_when: t - 1"),
+)
+valid_case(
+    "eager_when_takes_the_dummy",
+    "vision_chunks",
+    ("grid_thws: [1, m, k * m]", "grid_thws: [2, m, k * m]"),
+)
+valid_case(
+    "fold_ranks_repeat",
+    "vision_chunks",
+    ("fold_ranks: [3, 5]", "fold_ranks: [5, 5]"),
+)
+valid_case(
+    "fold_ranks_on_a_grid",
+    "vision_chunks",
+    (
+        "grid_thws: {kind: grid, dims: [t, h, w]}",
+        "grid_thws: {kind: grid, dims: [t, h, w], fold_ranks: [3]}",
+    ),
+)
 # -- capture dtype with a fallback (first_of) ------------------------------------
 FUSED_DTYPE = "dtype: {first_of: [visual.input_norm.input_dtype, dtype]}"
 case(
