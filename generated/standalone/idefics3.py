@@ -3,7 +3,7 @@
 # From specs/idefics3.yaml: change the spec or the templates and run
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 8b488cb972956d4df57232df809f3b4c048f68b21019dab78906516f52b22e02
-# templates-sha256: a50af49f229ef2059add140aa2d52c82c4531cf3746de1ab13b212e99090a0de
+# templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
 
 import itertools
 from collections.abc import Hashable

@@ -7,7 +7,6 @@ from typing import Any
 from generator import formulas as fx
 from generator.emitters.method_body import (
     Body,
-    Loads,
     dims_of,
     item_loop,
     signature,
@@ -26,7 +25,6 @@ def checked(key: str) -> dict[str, str]:
 
 def context(spec: MixinSpec, target: str) -> dict[str, Any]:
     body = Body(spec)
-    loads = Loads(spec)
     items = spec.items
     # Only to collect the dims the formulas need.
     both = fx.BinOp("+", items.input_size, items.output_tokens)
@@ -53,7 +51,6 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
         "signature": signature(spec, "get_encoder_cudagraph_item_specs"),
         "defs_local": spec.local_defs_import,
         "defs_module": PROTOCOL_MODULES[target]["defs"],
-        "keys": loads.by_modality,
         "grids": [checked(k) for k in keys],
         "checked": "self._checked_grids(mm_kwargs)",
         "input_size": expr(items.input_size),

@@ -3,7 +3,7 @@
 # From specs/glm5_next.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm5_next.yaml`.
 # spec-sha256: c3575549c4ed50dd76892d25b692f5f5f648d2f13a2ea29bebd572d144fcdb24
-# templates-sha256: a50af49f229ef2059add140aa2d52c82c4531cf3746de1ab13b212e99090a0de
+# templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
 
 import itertools
 from collections.abc import Hashable
@@ -265,7 +265,6 @@ class Glm5NextEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         """
         from encoder_cudagraph_runtime.defs import EncoderItemSpec
 
-        keys = self._modality_keys(mm_kwargs)
         grids = self._checked_grids(mm_kwargs)
         image_grid_thw = grids["image_grid_thw"]
         merge = self.visual.spatial_merge_size

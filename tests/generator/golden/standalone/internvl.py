@@ -3,7 +3,7 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
-# templates-sha256: a50af49f229ef2059add140aa2d52c82c4531cf3746de1ab13b212e99090a0de
+# templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
 
 import itertools
 from collections.abc import Hashable
@@ -212,7 +212,6 @@ class InternVLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         """
         from encoder_cudagraph_runtime.defs import EncoderItemSpec
 
-        keys = self._modality_keys(mm_kwargs)
         grids = self._checked_grids(mm_kwargs)
         image_num_patches = grids["image_num_patches"]
         tokens = self.num_image_token

@@ -3,7 +3,7 @@
 # From specs/kimi_k3.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k3.yaml`.
 # spec-sha256: ad6641f35858cb67b82324e0fe35328756a63adb2d7abd235e5b5acf4e00b9f4
-# templates-sha256: a50af49f229ef2059add140aa2d52c82c4531cf3746de1ab13b212e99090a0de
+# templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
 
 import itertools
 import math

@@ -3,7 +3,7 @@
 # From specs/qwen2_5_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_vl.yaml`.
 # spec-sha256: 96480d9c7c7c980974bbfd1e9ab20c6575a966715da8e48283b6883b95e654af
-# templates-sha256: a50af49f229ef2059add140aa2d52c82c4531cf3746de1ab13b212e99090a0de
+# templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
 
 import itertools
 from collections.abc import Hashable
@@ -298,7 +298,6 @@ class Qwen2_5_VLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         """
         from vllm.v1.worker.encoder_cudagraph_defs import EncoderItemSpec
 
-        keys = self._modality_keys(mm_kwargs)
         grids = self._checked_grids(mm_kwargs)
         image_grid_thw = grids["image_grid_thw"]
         merge = self.visual.spatial_merge_size

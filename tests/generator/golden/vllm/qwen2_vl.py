@@ -3,7 +3,7 @@
 # From specs/qwen2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_vl.yaml`.
 # spec-sha256: 1215cbd2187709b1e172830108e4b18a70b517f0386b5aaf848e6c0d07d27655
-# templates-sha256: a50af49f229ef2059add140aa2d52c82c4531cf3746de1ab13b212e99090a0de
+# templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
 
 import itertools
 from collections.abc import Hashable
@@ -259,7 +259,6 @@ class Qwen2VLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         """
         from vllm.v1.worker.encoder_cudagraph_defs import EncoderItemSpec
 
-        keys = self._modality_keys(mm_kwargs)
         grids = self._checked_grids(mm_kwargs)
         image_grid_thw = grids["image_grid_thw"]
         merge = self.visual.spatial_merge_size
