@@ -166,7 +166,9 @@ def test_generated_mixins_keep_the_shortcut(stem: str) -> None:
         dtype=torch.float32,
         multimodal_config=mm_config,
     )
-    config = make_vllm_config(budgets=[64, 128], max_items=4, video_limit=0)
+    # Two budgets every path accepts (Step3-VL's global view needs 169).
+    low = max(64, host.get_encoder_cudagraph_budget_range(make_vllm_config())[0])
+    config = make_vllm_config(budgets=[low, 2 * low], max_items=4, video_limit=0)
     manager = EncoderCudaGraphManager(
         config,
         torch.device("cpu"),
@@ -177,7 +179,9 @@ def test_generated_mixins_keep_the_shortcut(stem: str) -> None:
     manager.capture()
     report = manager.get_capture_report()
     assert report is not None
-    assert (report.num_graphs, report.plain_copy_graphs) == (2, 0)
+    # Every graph captured (per path: its own ladder), none on plain copies.
+    assert report.num_graphs >= 2 * len(tower.paths)
+    assert report.plain_copy_graphs == 0
 
 
 def test_capture_twice_checks_the_new_graphs() -> None:
