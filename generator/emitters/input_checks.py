@@ -122,6 +122,7 @@ def _rows_check(spec: MixinSpec, body: Body, loads: Loads, flat: FlatInput) -> d
             "per_item": repr(f"{fx.to_spec_text(flat.rows)} per unit from {keys}"),
             "row_shape": _row_shape(spec, body, flat),
             "accepts_list": flat.accepts_list,
+            "fold_ranks": repr(flat.fold_ranks) if flat.fold_ranks else None,
         }
     target, iterable, keys = item_loop(spec, fx.names_in(flat.rows))
     rows = body.expr(flat.rows)
