@@ -138,9 +138,32 @@ def test_item_specs(world: SpecWorld, lists: bool, seed: int) -> None:
     assert got_specs(got) == expected_specs(world, items)
 
 
-def test_input_modality(world: SpecWorld) -> None:
-    if world.spec.has_video_keys:
-        pytest.skip("by the batch's keys: test_selection_by_video_keys")
+SINGLE_MODALITY_SPECS = [p for p in SPECS if not load_spec(p).has_video_keys]
+EAGER_WHEN_SPECS = [p for p in SPECS if load_spec(p).items.eager_when is not None]
+FOLDED_SPECS = [p for p in SPECS if any(f.fold_ranks for f in load_spec(p).flat_inputs)]
+
+
+def _worlds(paths: list[Path]):
+    """A module-scoped fixture of the worlds of ``paths`` only."""
+
+    @pytest.fixture(
+        scope="module", params=paths, ids=[f"{p.parent.name}/{p.stem}" for p in paths]
+    )
+    def fixture(request) -> SpecWorld:
+        return SpecWorld(Path(request.param))
+
+    return fixture
+
+
+single_modality_world = _worlds(SINGLE_MODALITY_SPECS)
+eager_when_world = _worlds(EAGER_WHEN_SPECS)
+folded_world = _worlds(FOLDED_SPECS)
+
+
+def test_input_modality(single_modality_world: SpecWorld) -> None:
+    """(Specs with video keys answer by the batch's keys:
+    test_selection_by_video_keys.)"""
+    world = single_modality_world
     (modality,) = world.spec.modalities
     host = world.host()
     if not hasattr(host, "get_input_modality"):
@@ -150,10 +173,9 @@ def test_input_modality(world: SpecWorld) -> None:
     assert host.get_input_modality(batch) == modality.value
 
 
-def test_eager_items_exceed_every_budget(world: SpecWorld) -> None:
+def test_eager_items_exceed_every_budget(eager_when_world: SpecWorld) -> None:
+    world = eager_when_world
     eager = world.spec.items.eager_when
-    if eager is None:
-        pytest.skip("no items.eager_when")
     rng = random.Random(11)
     items = [world.random_item(rng) for _ in range(24)]
     eager_items = [it for it in items if world.runs_eagerly(it)]
@@ -208,12 +230,11 @@ def test_selection(world: SpecWorld, lists: bool, indices: list[int]) -> None:
     )
 
 
-def test_selection_of_folded_inputs(world: SpecWorld) -> None:
+def test_selection_of_folded_inputs(folded_world: SpecWorld) -> None:
     """Flat inputs with ``fold_ranks`` may arrive with a leading batch dim:
     the selection, replay and eager forward read them as the plain rows."""
+    world = folded_world
     folded = [f for f in world.spec.flat_inputs if f.fold_ranks]
-    if not folded:
-        pytest.skip("no fold_ranks")
     rng = random.Random(5)
     items = [world.random_item(rng) for _ in range(3)]
     host = world.host()
