@@ -255,15 +255,7 @@ def test_selection_of_folded_inputs(folded_world: SpecWorld) -> None:
 
 
 VIDEO_SPECS = [p for p in SPECS if load_spec(p).has_video_keys]
-
-
-@pytest.fixture(
-    scope="module",
-    params=VIDEO_SPECS,
-    ids=[f"{p.parent.name}/{p.stem}" for p in VIDEO_SPECS],
-)
-def video_world(request) -> SpecWorld:
-    return SpecWorld(Path(request.param))
+video_world = _worlds(VIDEO_SPECS)
 
 
 def test_selection_by_video_keys(video_world: SpecWorld) -> None:
