@@ -62,6 +62,7 @@ import functools
 import gc
 import json
 import math
+import random
 import statistics
 import subprocess
 import sys
@@ -369,14 +370,19 @@ class Rounds:
 
 
 def round_order(names: list[str], round_index: int) -> list[str]:
-    """The calls of round ``round_index``: ``names`` rotated by the round,
-    so that no call always follows the same one. The host of these runs
-    comes in speed modes seconds long (GPU run B, 2026-12-01: the launch
-    profile's probe 0.5 or 1.1 ms), and a device-bound call can take the
-    next call's host time into its own; a fixed order gives every round
-    the same neighbours."""
-    shift = round_index % len(names) if names else 0
-    return names[shift:] + names[:shift]
+    """The calls of round ``round_index``: ``names`` in an order shuffled by
+    the round (seeded, so runs repeat), so that no call keeps the same
+    neighbour. The host of these runs comes in speed modes seconds long
+    (GPU run B, 2026-12-01: the launch profile's probe 0.5 or 1.1 ms), and a
+    call can inherit the state its predecessor left (a device-bound call
+    takes the next call's host time into its own). A rotation was not
+    enough: it moves every call by one place, so each call kept its
+    predecessor in every round but one (GPU run D: the cost-aware eager
+    plans, the very code of the eager baseline, measured 1-3 % slower, always
+    right after a large replay of the same ladder)."""
+    order = list(names)
+    random.Random(round_index).shuffle(order)
+    return order
 
 
 def paired_ratio(numerators: list[float], denominators: list[float]) -> float | None:
@@ -1020,10 +1026,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.quick:
         args.schedule = Schedule(warmup=0, min_iters=1, max_iters=1, target_s=0.0)
     else:
-        # Rounds of every call of a batch: 3-5 for small batches, 2 for those
+        # Rounds of every call of a batch: 4-6 for small batches, 2 for those
         # whose round takes more than SLOW_ROUND_S.
-        args.schedule = Schedule(warmup=1, min_iters=3, max_iters=5, target_s=0.6)
-    args.schedule_late = Schedule(warmup=0, min_iters=2, max_iters=2, target_s=0.0)
+        args.schedule = Schedule(warmup=1, min_iters=4, max_iters=6, target_s=0.6)
+    args.schedule_late = Schedule(warmup=0, min_iters=3, max_iters=3, target_s=0.0)
     return args
 
 

@@ -15,12 +15,14 @@
 #   profile   not recorded  profile_execute.py; profile.json, profile.txt
 #   bench     ~315 s        bench_encoders.py (issue #6 workloads); bench.json, bench.md, bench.png
 #   dp        not recorded  2 GPUs (run_dp.sh)
-#   traffic   ~255 s        bench_traffic.py (issue #17: real-traffic batches, seed models,
+#   traffic   ~330 s (est.) bench_traffic.py (issue #17: real-traffic batches, seed models,
 #                     default / fine / tuned ladders, vLLM vs cost-aware execution in
 #                     interleaved rounds, plans with predicted and measured ms, the
 #                     tuner's prediction, issue #6 workloads with cost-aware execution;
-#                     24 batches per model, more while the model's share of 240 s
-#                     lasts, then a short schedule; run A, 2026-12-01: 254 s);
+#                     24 batches per model, more while the model's share of 300 s
+#                     lasts, then a short schedule (3 rounds); 4-6 rounds a batch in
+#                     a shuffled order; run A, 2026-12-01: 254 s with 240 s and 3-5
+#                     rounds; est. ~330 s now);
 #                     traffic.json, traffic.png (markdown from the JSON:
 #                     python bench/render_results.py traffic.json --markdown traffic.md;
 #                     decisions replayed offline: python bench/replay_traffic.py traffic.json)
@@ -96,7 +98,7 @@ for stage in $stages; do
             if [ ${#cpu[@]} -gt 0 ]; then skip dp; continue; fi
             run dp bash bench/run_dp.sh "$OUT" ;;
         traffic) run traffic python3 bench/bench_traffic.py --out "$OUT/traffic.json" \
-                   --plot "$OUT/traffic.png" --soft-limit-s 240 "${cpu[@]}" ;;
+                   --plot "$OUT/traffic.png" --soft-limit-s 300 "${cpu[@]}" ;;
         traffic-new) run traffic-new python3 bench/bench_traffic.py --out "$OUT/traffic-new.json" \
                    --plot "$OUT/traffic-new.png" --models new --skip-unusable --no-old-workloads \
                    "${traffic_new[@]}" "${cpu[@]}" ;;

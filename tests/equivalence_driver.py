@@ -1750,3 +1750,126 @@ def assert_equivalent(
             f"{summary['device']} ({summary['graph_backend']}): "
         )
         raise AssertionError(head + "\n  " + "\n  ".join(problems))
+
+
+# ---------------------------------------------------------------------------
+# One item, diagnosed
+# ---------------------------------------------------------------------------
+
+
+def _as_fp32(value: Any) -> Any:
+    if isinstance(value, torch.Tensor) and value.is_floating_point():
+        return value.float()
+    if isinstance(value, dict):
+        return {k: _as_fp32(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_as_fp32(v) for v in value)
+    return value
+
+
+def _fp32_twin(stem: str, size: Size, host: Any, *, device, seed: int) -> Any:
+    """The host's tower in fp32, with exactly the host's (rounded) weights,
+    on TORCH_SDPA (the flash varlen kernel has no fp32)."""
+    twin = build_host(
+        stem,
+        size,
+        device=device,
+        dtype=torch.float32,
+        attn_backend=AttentionBackendEnum.TORCH_SDPA,
+        multimodal_config=MultiModalConfig(),
+        seed=seed,
+    )
+    ours = host.state_dict()
+    with torch.no_grad():
+        for name, value in twin.state_dict().items():
+            if value.is_floating_point():
+                value.copy_(ours[name].float())
+    return twin
+
+
+def diagnose_item(
+    stem: str,
+    size: Size,
+    *,
+    batch: int,
+    item: int,
+    device: torch.device | str,
+    dtype: torch.dtype = torch.bfloat16,
+    graph_backend: Callable[[], GraphBackend],
+    phase_name: str = "default",
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Where one item's graph result stands: batch ``batch`` of the GPU run's
+    phase replayed after the batches before it (as the suite runs it) and on
+    a freshly captured manager (a difference: state left by earlier replays),
+    against the eager reference in ``dtype`` and an fp32 truth with the same
+    weights. Relative errors as the suite's bar measures them."""
+    device = torch.device(device)
+    tower = REFERENCE_TOWERS[stem]
+    host = build_host(
+        stem,
+        size,
+        device=device,
+        dtype=dtype,
+        multimodal_config=MultiModalConfig(),
+        seed=seed,
+    )
+    wanted = inspect.signature(plan_phases).parameters
+    settings = {k: v for k, v in gpu_run(stem, size).items() if k in wanted}
+    (phase,) = [
+        p
+        for p in plan_phases(
+            stem,
+            size,
+            host,
+            seed=seed,
+            multimodal_config=MultiModalConfig(),
+            **settings,
+        )
+        if p.name == phase_name
+    ]
+
+    def kwargs_of(b: int) -> dict[str, Any]:
+        plan = phase.batches[b]
+        return tower.make_mm_kwargs(
+            host, plan.items, device, seed=plan.seed, **_modality_kwargs(plan.modality)
+        )
+
+    def graph_result(batches: range) -> torch.Tensor:
+        manager = build_manager(
+            host,
+            phase.vllm_config,
+            device=device,
+            dtype=dtype,
+            graph_backend=graph_backend(),
+        )
+        manager.capture()
+        for b in batches:
+            outputs = manager.execute(kwargs_of(b))
+        result = outputs[item].clone()
+        manager.clear()
+        return result
+
+    in_sequence = graph_result(range(batch + 1))
+    fresh = graph_result(range(batch, batch + 1))
+    mm_kwargs = kwargs_of(batch)
+    with torch.inference_mode():
+        eager = tower.reference_outputs(host, mm_kwargs)[item]
+        twin = _fp32_twin(stem, size, host, device=device, seed=seed)
+        truth = tower.reference_outputs(twin, _as_fp32(mm_kwargs))[item]
+    return {
+        "spec": stem,
+        "size": size,
+        "phase": phase_name,
+        "batch": batch,
+        "item": item,
+        "item_dims": list(phase.batches[batch].items[item]),
+        "batch_items": len(phase.batches[batch].items),
+        "dtype": str(dtype).removeprefix("torch."),
+        "graph_in_sequence_vs_eager": _rel_err(in_sequence, eager),
+        "graph_fresh_vs_eager": _rel_err(fresh, eager),
+        "graph_in_sequence_vs_fresh": _rel_err(in_sequence, fresh),
+        "graph_vs_fp32": _rel_err(in_sequence, truth),
+        "eager_vs_fp32": _rel_err(eager, truth),
+        "fp32_absmax": truth.abs().max().item(),
+    }
