@@ -26,17 +26,25 @@
 #                     traffic.json, traffic.png (markdown from the JSON:
 #                     python bench/render_results.py traffic.json --markdown traffic.md;
 #                     decisions replayed offline: python bench/replay_traffic.py traffic.json)
-#   traffic-new ~110-170 s (est.) bench_traffic.py --models new: the real-traffic benchmark of
+#   traffic-new ~195 s (est.) bench_traffic.py --models new: the real-traffic benchmark of
 #                     the towers beyond the seed models (InternVL, Kimi-VL, Step3-VL,
-#                     Qwen2.5-VL; those without a spec yet, and Step3-VL's two encoder
-#                     paths, are listed as skipped), without issue #6's workloads; at
-#                     least 3 batches per model, more while its share of 80 s lasts,
-#                     one at most after 100 s. Estimate: ~15 s start, ~30 s per model to
-#                     build, capture and calibrate 3 ladders and tune (~55 s for
-#                     Qwen2.5-VL, whose tuned ladder reaches 262k patches), batches of
-#                     2-5 s (InternVL, Kimi-VL) to ~15 s (Qwen2.5-VL, 100k patches):
-#                     ~110 s with Qwen2.5-VL alone, ~150-170 s with three models (the
-#                     limits cut batches, not set-up); traffic-new.json, traffic-new.png
+#                     Qwen2.5-VL; those without a spec yet are listed as skipped),
+#                     without issue #6's workloads; at least 3 batches per model, more
+#                     while its share of 80 s lasts, one at most after 100 s. Step3-VL's
+#                     two encoder paths: default and fine ladders, vLLM's packing only
+#                     (no tuned ladder, no cost-aware policy: n/a (multi-path) in the
+#                     JSON). Estimate: InternVL and Kimi-VL ~34 s each (run C,
+#                     measured: build, 3 ladders, 3 batches); Step3-VL ~40 s: build ~5 s,
+#                     2 ladders of 17 graphs ~7 s each (a warm-up forward per graph: 457
+#                     crops and 223 / 191 global views of a 1.5B-parameter ViT, ~7 / ~18
+#                     ms each at ~3.6 GFLOP a patch), no calibration or tuning, then its
+#                     first 3 batches (36, 2 and 74 crops) ~19 s (eager 0.03-0.6 s, the
+#                     default ladder pads 36 crops to 64 and 74 to 128, ~16 calls per
+#                     batch); Qwen2.5-VL ~90 s (run C: 45 s to its second ladder, a tuned
+#                     ladder to 262k patches, one batch after the hard limit). Over the
+#                     ~170 s aim: the set-ups alone, which the limits do not cut, are ~150
+#                     s; without Qwen2.5-VL (--models internvl,kimi_vl,step3_vl) ~110 s;
+#                     traffic-new.json, traffic-new.png
 #   launch    ~90 s         profile_launch.py (issue #17 item 5: execute's host split at 448² and
 #                     896² x 8, idle / queued / back-to-back, cudaGraphLaunch per budget,
 #                     two passes); launch.json (markdown from the JSON:

@@ -119,18 +119,21 @@ def test_items_no_grid_names_are_refused() -> None:
 
 
 @pytest.mark.parametrize(
-    ("stem", "spec", "size", "reason"),
+    ("stem", "spec", "size", "multi_path", "reason"),
     [
-        ("minimax_m3", True, "full", None),
-        ("no_such_model", True, "full", "no reference tower"),
-        ("internvl", False, "tiny", "no spec specs/internvl.yaml"),
-        ("internvl", True, "tiny", None),
+        ("minimax_m3", True, "full", False, None),
+        ("no_such_model", True, "full", True, "no reference tower"),
+        ("internvl", False, "tiny", True, "no spec specs/internvl.yaml"),
+        ("internvl", True, "tiny", False, None),
         (
             "step3_vl",
             True,
             "full",
+            False,
             "encoder paths global, local: the benchmarks measure the one default path",
         ),
+        # The real-traffic benchmark times every path.
+        ("step3_vl", True, "full", True, None),
     ],
 )
 def test_unusable_models_and_why(
@@ -139,13 +142,14 @@ def test_unusable_models_and_why(
     stem: str,
     spec: bool,
     size: str,
+    multi_path: bool,
     reason: str | None,
 ) -> None:
     encoders = load_bench_module("bench_encoders")
     monkeypatch.setattr(encoders, "SPECS_DIR", tmp_path)
     if spec:
         (tmp_path / f"{stem}.yaml").write_text("")  # only its presence counts
-    assert encoders.unusable_reason(stem, size) == reason
+    assert encoders.unusable_reason(stem, size, multi_path=multi_path) == reason
 
 
 @pytest.mark.parametrize(
