@@ -4,6 +4,7 @@
 # `gen-mixin specs/deepseek_v41.yaml`.
 # spec-sha256: 5a5e49b0dc755e0765f16e9bea83916dae1ad10e566a6756645034252356e46f
 # templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
+# output-sha256: 3cd48e1bb2abcce0ba6074c3d85cd2dbbfbd7fc2a5e0866aabe18c1b51bd285f
 
 import itertools
 import weakref

@@ -4,6 +4,7 @@
 # `gen-mixin specs/ernie45_vl.yaml`.
 # spec-sha256: 44a19487b2f61417079df3347e463bfafc30019f50c2056291e8a1b652284f7c
 # templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
+# output-sha256: 0cfbcf6805333b57fe4b90ba8791d737705948cf51c3d869c80b012ac725d604
 
 import itertools
 from collections.abc import Hashable

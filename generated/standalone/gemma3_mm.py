@@ -4,6 +4,7 @@
 # `gen-mixin specs/gemma3_mm.yaml`.
 # spec-sha256: 19cc0f6e849ba8315b6202b90204158da9f48161f059a5255254f1c8d3c71b41
 # templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
+# output-sha256: e7b0e3375e859783e23e50df1b8cc9c3ffe592f715ea37002a63c3e38f8a5f30
 
 import itertools
 from collections.abc import Hashable

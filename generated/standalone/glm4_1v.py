@@ -4,6 +4,7 @@
 # `gen-mixin specs/glm4_1v.yaml`.
 # spec-sha256: 8dbf4b67da8ee0c6b971a56e7a214b9a1b0132047a02b9a4eb35c668e955ad21
 # templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
+# output-sha256: 6474ef5a9abd2ce546ae3d8426db9a9155a7ce1513176f596ac986749525d95f
 
 import itertools
 from collections.abc import Hashable

@@ -4,6 +4,7 @@
 # `gen-mixin specs/minimax_m3.yaml`.
 # spec-sha256: 679a222a35671178384492aa0dc1e20daf1dbe9ee4c77a16239d17f4a618116f
 # templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
+# output-sha256: 06e71ee1316ca86b1c075dd6196bf54063f1e2de458faa61a369addc09148bc4
 
 import itertools
 import weakref

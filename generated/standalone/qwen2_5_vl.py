@@ -4,6 +4,7 @@
 # `gen-mixin specs/qwen2_5_vl.yaml`.
 # spec-sha256: 96480d9c7c7c980974bbfd1e9ab20c6575a966715da8e48283b6883b95e654af
 # templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
+# output-sha256: 102995d3078b28b7ef79380126650b94d7677235533606723ac7ef1ed62fa524
 
 import itertools
 from collections.abc import Hashable

@@ -4,6 +4,7 @@
 # `gen-mixin specs/glm4_1v.yaml`.
 # spec-sha256: 8dbf4b67da8ee0c6b971a56e7a214b9a1b0132047a02b9a4eb35c668e955ad21
 # templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
+# output-sha256: cf3f910c64f0df2094767b06d3a5eda45732a25f77d0298d9afef3d9af7b4d43
 
 import itertools
 from collections.abc import Hashable

@@ -4,6 +4,7 @@
 # `gen-mixin specs/glm5_next.yaml`.
 # spec-sha256: c3575549c4ed50dd76892d25b692f5f5f648d2f13a2ea29bebd572d144fcdb24
 # templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
+# output-sha256: 284f2d7ddeb234521c322da27f5ce912f1d92745bcacbff3de3bd22ea691198d
 
 import itertools
 from collections.abc import Hashable

@@ -4,6 +4,7 @@
 # `gen-mixin specs/kimi_k3.yaml`.
 # spec-sha256: ad6641f35858cb67b82324e0fe35328756a63adb2d7abd235e5b5acf4e00b9f4
 # templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
+# output-sha256: a4ea525fec2b3cca4129be5d8a89c2fa0e1ee2771fd229b3f128520d0dc95285
 
 import itertools
 import math

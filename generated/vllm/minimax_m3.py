@@ -4,6 +4,7 @@
 # `gen-mixin specs/minimax_m3.yaml`.
 # spec-sha256: 679a222a35671178384492aa0dc1e20daf1dbe9ee4c77a16239d17f4a618116f
 # templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
+# output-sha256: 6107eb071d1897e73eaa3da355eb21a6a0e40b8e2a08dcc83ab8ad6aeafe7850
 
 import itertools
 import weakref

@@ -122,6 +122,34 @@ def test_equivalence_tiny_fp32(stem):
     assert modalities == set(drv.tower_modalities(REFERENCE_TOWERS[stem]))
 
 
+@pytest.mark.parametrize("stem", ["qwen2_5_vl", "step3_vl"])
+def test_items_over_the_bar_carry_the_eager_noise_floor(stem):
+    """An item over the tolerance is rerun alone, eagerly: the summary puts
+    the graph's error beside the distance between the two eager results.
+    (A negative tolerance puts every item over the bar.)"""
+    summary = drv.run_equivalence(
+        stem,
+        "tiny",
+        device="cpu",
+        dtype=torch.float32,
+        graph_backend=EagerReplayGraphBackend(),
+        tolerance=-1.0,
+        seed=0,
+        num_batches=4,
+    )
+    assert summary["num_failures"] >= len(summary["over_bar"]) > 0
+    for entry in summary["over_bar"]:
+        assert "error" not in entry, entry
+        assert entry["where"] in "\n".join(summary["failures"])
+        # fp32 on the CPU: graph, alone and batched agree to rounding.
+        for key in (
+            "graph_vs_batched_eager",
+            "graph_vs_alone_eager",
+            "alone_vs_batched_eager",
+        ):
+            assert 0.0 <= entry[key] <= FP32_TOLERANCE, (key, entry)
+
+
 @pytest.mark.parametrize("stem", STEMS)
 def test_recapture_after_clear_replays_right(stem):
     """capture -> clear -> capture: buffers are new (maybe at old addresses);

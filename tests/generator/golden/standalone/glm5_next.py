@@ -4,6 +4,7 @@
 # `gen-mixin specs/glm5_next.yaml`.
 # spec-sha256: c3575549c4ed50dd76892d25b692f5f5f648d2f13a2ea29bebd572d144fcdb24
 # templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
+# output-sha256: f486ce2754375c5455433c313924a091cfff5a5324d31216d0fcc5abaf280b76
 
 import itertools
 from collections.abc import Hashable

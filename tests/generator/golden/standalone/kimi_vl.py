@@ -4,6 +4,7 @@
 # `gen-mixin specs/kimi_vl.yaml`.
 # spec-sha256: dec5f629ea45e6747065da9f1de34c016f7c11dcc328326c287b6a82ba94d373
 # templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
+# output-sha256: cde8a9cc078d7f327924814b3ebe79df9c998634d938dd69f65d4cdf568505a8
 
 import itertools
 from collections.abc import Hashable

@@ -4,6 +4,7 @@
 # `gen-mixin specs/mllama4.yaml`.
 # spec-sha256: 3a4c5d7bdb1ee216f77e7723529296ab4a8d77acd6df01a22770eb4a40007938
 # templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
+# output-sha256: 90ab755ccd384633df5f4b30d50675b6596d99b5dacb4ed092625070e2caa6c9
 
 import itertools
 from collections.abc import Hashable

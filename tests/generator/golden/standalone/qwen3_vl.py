@@ -4,6 +4,7 @@
 # `gen-mixin specs/qwen3_vl.yaml`.
 # spec-sha256: 28992035a32ca0711943f61e569736ce2ca71587c2e480781972b42541c1b620
 # templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
+# output-sha256: 0585af35dcc70bb3b9b653f4a38f9a93054bd8d5436952473a9dd00132475fb8
 
 import itertools
 from collections.abc import Hashable

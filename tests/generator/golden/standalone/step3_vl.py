@@ -4,6 +4,7 @@
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
 # templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
+# output-sha256: 29372cec6ae541ca55fd1dd44ae4c2195a410a7a18dfbd26612edbdb073a9edf
 
 import itertools
 from collections.abc import Hashable

@@ -4,6 +4,7 @@
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 8b488cb972956d4df57232df809f3b4c048f68b21019dab78906516f52b22e02
 # templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
+# output-sha256: 78e6b4f122504fe196ccbcf239f5162f036fa383b07b2676202f228baea518fa
 
 import itertools
 from collections.abc import Hashable

@@ -4,6 +4,7 @@
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
 # templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
+# output-sha256: 74213e0aabdbd62db11c0bb6555ba503a2ce014d1dbc3c309b8dde21c208b75a
 
 import itertools
 from collections.abc import Hashable

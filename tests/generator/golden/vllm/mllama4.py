@@ -4,6 +4,7 @@
 # `gen-mixin specs/mllama4.yaml`.
 # spec-sha256: 3a4c5d7bdb1ee216f77e7723529296ab4a8d77acd6df01a22770eb4a40007938
 # templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
+# output-sha256: eedf4e63751bf653ae98a645dc2d7ede02be92988e84e6ecd9b52793e9fd0fb1
 
 import itertools
 from collections.abc import Hashable

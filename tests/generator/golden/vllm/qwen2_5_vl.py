@@ -4,6 +4,7 @@
 # `gen-mixin specs/qwen2_5_vl.yaml`.
 # spec-sha256: 96480d9c7c7c980974bbfd1e9ab20c6575a966715da8e48283b6883b95e654af
 # templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
+# output-sha256: a94917bc4c565ccde162397cb05ef009b619c1a16382d5bad78a7476d80b7060
 
 import itertools
 from collections.abc import Hashable

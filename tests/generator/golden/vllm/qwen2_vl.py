@@ -4,6 +4,7 @@
 # `gen-mixin specs/qwen2_vl.yaml`.
 # spec-sha256: 1215cbd2187709b1e172830108e4b18a70b517f0386b5aaf848e6c0d07d27655
 # templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
+# output-sha256: cba334889ad8fef5be502f264424d9b798465525f3b6e339127dc1adb25a9af7
 
 import itertools
 from collections.abc import Hashable
