@@ -4,6 +4,7 @@
 # `gen-mixin specs/kimi_k25.yaml`.
 # spec-sha256: 48ab13502da49bdd4a5c48e47fa70f6469e759d2e60e4da2ae50d39a02300d68
 # templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
+# output-sha256: 5e6808dcc3ba530c8829904daf915fee35c4a379eb4d8c02b090c2cba2db9513
 
 import itertools
 from collections.abc import Hashable

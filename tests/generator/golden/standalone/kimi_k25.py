@@ -4,6 +4,7 @@
 # `gen-mixin specs/kimi_k25.yaml`.
 # spec-sha256: 48ab13502da49bdd4a5c48e47fa70f6469e759d2e60e4da2ae50d39a02300d68
 # templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
+# output-sha256: 8ec532539b23845aa273ca59155fe763d508bea56d560f59821756a664350a8b
 
 import itertools
 from collections.abc import Hashable
