@@ -33,8 +33,9 @@ Allowed everywhere:
 In forward steps (a scope with ``tensor_ops``) also: attributes, method
 calls and subscripts (slices, ``...``, ``None``) on any value, with plain
 attribute and method names; ``torch.<name>`` for :data:`TORCH_FUNCTIONS`
-and :data:`TORCH_DTYPES`; list and tuple displays; string and float
-literals; ``/`` and unary ``~``.
+and :data:`TORCH_DTYPES`; the built-ins of :data:`BUILTIN_FUNCTIONS`
+(``next``); list and tuple displays; string and float literals; ``/`` and
+unary ``~``.
 """
 
 from __future__ import annotations
@@ -80,6 +81,10 @@ TORCH_FUNCTIONS = frozenset(
         "zeros_like",
     }
 )
+#: Python built-in functions a forward step may call (unless a spec name
+#: shadows them): ``next`` reads a module's first parameter, as vLLM's
+#: mixins find a projector's dtype (``next(proj.parameters()).dtype``).
+BUILTIN_FUNCTIONS = frozenset({"next"})
 #: ``torch.<name>`` dtypes a forward step may name.
 TORCH_DTYPES = frozenset(
     {
@@ -213,6 +218,13 @@ class Torch:
 
 
 @dataclass(frozen=True)
+class Builtin:
+    """A Python built-in function of :data:`BUILTIN_FUNCTIONS` (called)."""
+
+    name: str
+
+
+@dataclass(frozen=True)
 class Attr:
     """``value.name`` on a value that is not a host path (a step's result,
     a buffer, an input): ``out.last_hidden_state``, ``x.view``."""
@@ -257,7 +269,7 @@ class Call:
     """A call of a host method/module (``HostPath``), an imported helper
     (``Ref``), a torch function (``Torch``) or a method of a value (``Attr``)."""
 
-    callee: HostPath | Ref | Torch | Attr
+    callee: HostPath | Ref | Torch | Builtin | Attr
     args: tuple[Expr, ...]
     kwargs: tuple[tuple[str, Expr], ...]
 
@@ -276,6 +288,7 @@ Expr = (
     | IfExp
     | Invert
     | Torch
+    | Builtin
     | Attr
     | Slice
     | Dots
@@ -685,12 +698,20 @@ class _Converter:
             raise self.fail(node, f"{name}() takes at least 2 arguments")
         return Func(name, args)
 
-    def callee(self, func: ast.AST, depth: int) -> HostPath | Ref | Torch | Attr:
+    def callee(
+        self, func: ast.AST, depth: int
+    ) -> HostPath | Ref | Torch | Builtin | Attr:
         if isinstance(func, ast.Name):
             if func.id in self.scope.callables:
                 return Ref(func.id)
             if func.id in self.scope.host_roots:
                 return HostPath((func.id,))
+            if (
+                self.scope.tensor_ops
+                and func.id in BUILTIN_FUNCTIONS
+                and func.id not in self.scope.names
+            ):
+                return Builtin(func.id)
             known = set(self.scope.callables) | set(self.scope.host_roots)
             private = (
                 "; a private host method must be declared under host_methods"
@@ -1018,6 +1039,9 @@ class _Printer:
 
     def emit_torch(self, e: Torch) -> str:
         return f"torch.{e.name}"
+
+    def emit_builtin(self, e: Builtin) -> str:
+        return e.name
 
     def emit_attr(self, e: Attr) -> str:
         value = self.emit(e.value)

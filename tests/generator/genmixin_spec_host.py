@@ -100,14 +100,32 @@ class FakeCall:
     calls: list[tuple[tuple, dict]] = field(default_factory=list)
     queue: list[torch.Tensor] = field(default_factory=list)
     returned: list[torch.Tensor] = field(default_factory=list)
-    #: The result is a list of tensors (a step joins it with torch.cat).
-    listed: bool = False
+    #: The generated methods in which the result is a list of tensors (a
+    #: step there joins it with torch.cat): MoonViT3d's tower returns one
+    #: tensor to the graph forward and a list to the eager one.
+    listed_in: set[str] = field(default_factory=set)
+    #: The result is an iterator (a step passes it to ``next``: a module's
+    #: ``parameters()``).
+    iterated: bool = False
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         self.calls.append((args, kwargs))
         out = self.queue.pop(0) if self.queue else torch.zeros(1, OUT_WIDTH)
         self.returned.append(out)
-        return [out] if self.listed else out
+        if self.iterated:
+            return iter([out])
+        return [out] if _forward_calling() in self.listed_in else out
+
+
+def _forward_calling() -> str | None:
+    """The generated forward method this call comes from (the innermost
+    ``encoder_*_forward`` frame), if any."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name in ("encoder_cudagraph_forward", "encoder_eager_forward"):
+            return frame.f_code.co_name
+        frame = frame.f_back
+    return None
 
 
 class SpecWorld:
@@ -358,7 +376,15 @@ class SpecWorld:
             self.builders.append(fake)
             self._install(host, b.call.callee, fake)
         steps = [s for p in paths for s in p.graph_forward + p.eager_forward.steps]
-        listed = _joined_results(steps)
+        listed = {
+            "encoder_cudagraph_forward": _joined_results(
+                [s for p in paths for s in p.graph_forward]
+            ),
+            "encoder_eager_forward": _joined_results(
+                [s for p in paths for s in p.eager_forward.steps]
+            ),
+        }
+        iterated = _iterated_results(steps)
         steps += self.spec.post_steps
         for step in steps:
             for sub in fx.walk(step.expr):
@@ -370,7 +396,8 @@ class SpecWorld:
                 ):
                     name = _callee_name(sub.callee)
                     fake = self.calls.setdefault(name, FakeCall(name))
-                    fake.listed = fake.listed or name in listed
+                    fake.listed_in |= {m for m, names in listed.items() if name in names}
+                    fake.iterated = fake.iterated or sub in iterated
                     self._install(host, sub.callee, fake)
 
     def on_tensor(self, callee) -> bool:
@@ -696,6 +723,20 @@ def _joined_results(steps) -> set[str]:
             if is_host_call(step.expr):
                 out.add(_callee_name(step.expr.callee))
     return out
+
+
+def _iterated_results(steps) -> set[fx.Call]:
+    """Host calls a step passes to ``next`` (``next(proj.parameters())``)."""
+    return {
+        sub.args[0]
+        for step in steps
+        for sub in fx.walk(step.expr)
+        if isinstance(sub, fx.Call)
+        and isinstance(sub.callee, fx.Builtin)
+        and sub.callee.name == "next"
+        and sub.args
+        and is_host_call(sub.args[0])
+    }
 
 
 def _callee_name(callee) -> str:

@@ -61,16 +61,17 @@ def test_the_limits_section_states_the_caps_in_force() -> None:
 
 
 def test_the_step_table_lists_the_torch_names_allowed() -> None:
-    """The ``torch.<function>`` and ``torch.<dtype>`` rows of the forward
-    steps table name exactly the allow-lists the parser enforces."""
-    from generator.formulas import TORCH_DTYPES, TORCH_FUNCTIONS
+    """The ``torch.<function>``, ``torch.<dtype>`` and built-in function
+    rows of the forward steps table name exactly the allow-lists the parser
+    enforces."""
+    from generator.formulas import BUILTIN_FUNCTIONS, TORCH_DTYPES, TORCH_FUNCTIONS
 
     text = DOC.read_text(encoding="utf-8")
-    for label, allowed in (("function", TORCH_FUNCTIONS), ("dtype", TORCH_DTYPES)):
-        row = next(
-            line
-            for line in text.splitlines()
-            if line.startswith(f"| `torch.<{label}>`")
-        )
-        listed = row.split("|")[1].split(":", 1)[1]
-        assert set(re.findall(r"`(\w+)`", listed)) == allowed, label
+    for start, allowed in (
+        ("| `torch.<function>`", TORCH_FUNCTIONS),
+        ("| `torch.<dtype>`", TORCH_DTYPES),
+        ("| built-in functions", BUILTIN_FUNCTIONS),
+    ):
+        row = next(line for line in text.splitlines() if line.startswith(start))
+        listed = row.split("|")[1].split(":", 1)[1].split("(")[0]
+        assert set(re.findall(r"`(\w+)`", listed)) == allowed, start

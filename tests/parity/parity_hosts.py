@@ -77,6 +77,7 @@ class HostSettings:
     max_num_batched_tokens: int = 8192
     max_frames_per_video: int = 4
     pruning: bool = False  # the host's is_multimodal_pruning_enabled
+    vit_data_parallel: bool = False  # the host's use_data_parallel (Kimi-K2.5)
 
     def multimodal_config(self) -> MultiModalConfig | None:
         if self.no_multimodal_config:
@@ -1782,7 +1783,8 @@ class _Moon3dPosEmbParts:
 
 class _Moon3dBlock:
     """A MoonViT3d encoder layer: its RoPE table as a row code, then varlen
-    attention by FlashAttention's contract (what the call carries recorded)."""
+    attention by FlashAttention's contract, or FlashInfer's under FLASHINFER
+    (what the call carries recorded)."""
 
     def __init__(self, recorder: Recorder, backend: str) -> None:
         self.recorder = recorder
@@ -1802,7 +1804,19 @@ class _Moon3dBlock:
             -1, keepdim=True
         )
         rows = hidden_states.float() + code
-        out = varlen_attention(rows, cu_seqlens, max_seqlen, self.recorder.violations)
+        if self.attn.attn_backend is AttentionBackendEnum.FLASHINFER:
+            out = flashinfer_attention(
+                rows,
+                cu_seqlens,
+                sequence_lengths,
+                max_seqlen,
+                self.hidden_dim // self.tp_size,
+                self.recorder.violations,
+            )
+        else:
+            out = varlen_attention(
+                rows, cu_seqlens, max_seqlen, self.recorder.violations
+            )
         return out.to(hidden_states.dtype)
 
 
@@ -1920,7 +1934,7 @@ def _moon3d_host(classes: dict[str, Any], host_class: type, settings: HostSettin
     host.vision_tower = classes["tower"](classes, settings)
     host.mm_projector = _Moon3dProjector(torch.float32)
     host.hidden_size = WIDTH
-    host.use_data_parallel = False
+    host.use_data_parallel = settings.vit_data_parallel
     host.device = CPU
     host.model_config = settings.vllm_config().model_config
     return host
@@ -2008,6 +2022,77 @@ def _kimi_k3_parity() -> ModelParity:
 @functools.cache
 def kimi_k3() -> ModelParity:
     return _kimi_k3_parity()
+
+
+# ---------------------------------------------------------------------------
+# Kimi-K2.5 (MoonViT3d, images and video chunks as one modality)
+# ---------------------------------------------------------------------------
+
+#: vLLM's Kimi-K2.5 helpers its eager forward calls: its media parsing and
+#: its tower-and-projector forward (``vision_tower_forward``, from the wheel).
+KIMI_K25_HELPERS = ("_parse_and_validate_media_input", "_process_media_input")
+
+
+class ViTDataParallelCollective(RuntimeError):
+    """vLLM's ``run_dp_sharded_mrope_vision_model`` was called: it spreads
+    the items over the tensor-parallel ranks and all-gathers their rows, a
+    collective every rank must join (not faked: the hosts are one rank)."""
+
+
+def _vit_data_parallel(vision_model, pixel_values, grid_thw_list, *, rope_type):
+    raise ViTDataParallelCollective(f"{len(grid_thw_list)} items, {rope_type}")
+
+
+@functools.cache
+def _kimi_k25_vllm() -> tuple[type, Callable[[type, HostSettings], Any]]:
+    code, classes = _moonvit3d_code()
+    # The parsed media: a TensorSchema of the two inputs, read by key.
+    code.stubs.setdefault(KIMI_K25, {})["KimiK25MediaPixelInputs"] = dict
+    code.stubs.setdefault(KIMI_K25_VIT, {})["run_dp_sharded_mrope_vision_model"] = (
+        _vit_data_parallel
+    )
+    mixin = code.klass(
+        KIMI_K25,
+        "KimiK25ForConditionalGeneration",
+        [*_defined(code, KIMI_K25, "KimiK25ForConditionalGeneration"), *KIMI_K25_HELPERS],
+        bases=(_protocol(code),),
+    )
+    return (
+        type("VllmKimiK25Host", (mixin,), {}),
+        functools.partial(_moon3d_host, classes),
+    )
+
+
+def kimi_k25_vllm_host(settings: HostSettings = HostSettings()) -> Any:
+    """A host of vLLM's Kimi-K2.5 mixin."""
+    host_class, make_host = _kimi_k25_vllm()
+    return make_host(host_class, settings)
+
+
+def _kimi_k25_grid(gen: torch.Generator, modality: str) -> tuple[int, int, int]:
+    """A random ``vision_chunk`` item: mostly an image (``t = 1``), at times a
+    video chunk of 2 or 4 frames; even sides of 2..16 patches."""
+    t = (1, 1, 1, 2, 4)[int(torch.randint(0, 5, (1,), generator=gen))]
+    h, w = (2 * torch.randint(1, 9, (2,), generator=gen)).tolist()
+    return (t, h, w)
+
+
+@functools.cache
+def kimi_k25() -> ModelParity:
+    code, _ = _moonvit3d_code()
+    host_class, make_host = _kimi_k25_vllm()
+    ours = load_generated_vllm_module("kimi_k25", code).KimiK25EncoderCudaGraphMixin
+    return ModelParity(
+        name="kimi_k25",
+        vllm_host=host_class,
+        # The model class defines the media helpers the eager forward calls.
+        our_host=type("GeneratedKimiK25Host", (ours,), {}),
+        make_host=make_host,
+        modalities=("vision_chunk",),
+        make_batch=moon3d_batch,
+        random_grid=_kimi_k25_grid,
+        frames=lambda grid: 1,
+    )
 
 
 # ---------------------------------------------------------------------------

@@ -511,3 +511,152 @@ def test_deepseek_vl2_eager_batches_have_no_output() -> None:
         vllm_host.postprocess_encoder_output(
             {"default": output}, [0], [1], {}, clone=True, batch_mm_kwargs=batch
         )
+
+
+# -- Kimi-K2.5 ------------------------------------------------------------------
+
+MANAGER = "vllm.v1.worker.encoder_cudagraph"
+
+
+class _AllGather:
+    """``tensor_model_parallel_all_gather`` on 2 ranks: records what each
+    rank hands in (meta tensors: the shapes, no memory)."""
+
+    def __init__(self) -> None:
+        self.shapes: list[tuple[int, ...]] = []
+
+    def __call__(self, tensor: torch.Tensor, dim: int = 0) -> torch.Tensor:
+        self.shapes.append(tuple(tensor.shape))
+        return torch.cat([tensor, tensor], dim=dim)
+
+
+def _dp_manager(host, all_gather: _AllGather, rank: int):
+    """vLLM's manager as rank ``rank`` of 2 under ``--mm-encoder-tp-mode
+    data``: its own ``_dp_shard`` and ``_dp_gather`` (and the item-spec and
+    selection calls they make), on ``host``; its device is ``meta``."""
+    import contextlib
+    import logging
+
+    from parity_testlib import WheelCode, protocol_stubs, vllm_wheel
+
+    stubs = protocol_stubs()
+    stubs.update(
+        {
+            "vllm.logger": {"init_logger": logging.getLogger},
+            "vllm.utils.gpu_sync_debug": {"gpu_sync_allowed": contextlib.nullcontext},
+            "vllm.distributed": {
+                "get_tensor_model_parallel_rank": lambda: rank,
+                "get_tensor_model_parallel_world_size": lambda: 2,
+                "tensor_model_parallel_all_gather": all_gather,
+            },
+        }
+    )
+    code = WheelCode(vllm_wheel(), stubs)
+    manager_class = code.klass(
+        MANAGER,
+        "EncoderCudaGraphManager",
+        ["_dp_shard", "_dp_gather", "_get_per_item_out_tokens"],
+    )
+    manager = object.__new__(manager_class)
+    manager.model = host
+    manager.config = host.get_encoder_cudagraph_config()
+    manager._capture_axes = ()
+    manager.device, manager.dtype = torch.device("meta"), torch.bfloat16
+    return manager
+
+
+def test_kimi_k25_video_sentinel_sizes_the_data_parallel_gather() -> None:
+    # One request with a 4-frame video chunk (8 x 8 patches: 16 tokens) and
+    # an image (4 x 6: 6 tokens), on 2 ranks with the ViT data-parallel.
+    batch = hosts.moon3d_batch(
+        torch.Generator().manual_seed(0), "vision_chunk", [(4, 8, 8), (1, 4, 6)]
+    )
+    model = hosts.kimi_k25()
+    for host, chunk_tokens in zip(model.hosts(), (2**30, 16), strict=True):
+        gather = _AllGather()
+        manager = _dp_manager(host, gather, rank=1)
+        tokens = manager._get_per_item_out_tokens(batch)
+        local, assignment, per_rank, max_per_rank = manager._dp_shard(batch, tokens)
+        assert tokens == [chunk_tokens, 6] and per_rank == [1, 1]
+        # This rank's rows (its one item), then the gather.
+        (item,) = assignment[1:]
+        rows = [torch.empty(tokens[item], hosts.WIDTH, device="meta")]
+        manager._dp_gather(rows, tokens, assignment, per_rank, max_per_rank)
+        # Every rank pads its rows to the largest rank's output tokens.
+        assert gather.shapes == [(max_per_rank, hosts.WIDTH)]
+    # vLLM's sentinel: 2**30 rows of the text width on every rank, 15 TB of
+    # bf16 at Kimi-K2.5's 7168 (an out-of-memory error, the engine dies);
+    # the generated mixin's real count: 16 rows.
+    assert max_per_rank == 16
+    assert 2**30 * 7168 * 2 > 15 * 10**12
+
+
+def test_kimi_k25_flashinfer_replay_reads_v_rows_at_wrong_offsets() -> None:
+    # 8 items per batch: the capture pads cu_seqlens to 9 sequences, each
+    # FlashInfer section to the bucket of 16; a replay of 3 images is
+    # unpadded (bucket 8), and pad_cu_seqlens repeats the last V offset
+    # after it: the wrapper's V section (the second half) is that one offset.
+    model = hosts.kimi_k25()
+    vllm_host = model.hosts(hosts.HostSettings(backend="FLASHINFER"))[0]
+    case = CaptureCase(256, 8, 8)
+    batch = hosts.moon3d_batch(
+        torch.Generator().manual_seed(3), "vision_chunk", [(1, 4, 4), (1, 2, 6), (1, 6, 2)]
+    )
+    assert _fits(vllm_host, batch, case)
+    view = hosts.replay_view(vllm_host, case, [batch])[0]
+    captured, replayed = view["captured"]["cu_seqlens"], view["replay"]["cu_seqlens"]
+    assert captured.shape[0] == 2 * 17 and replayed.shape[0] == 2 * 9
+    assert captured[17:].tolist() == [int(replayed[-1])] * 17
+    eager = hosts.eager_view(vllm_host, batch)["items"]
+    # Every image attends over V rows past the batch's: not its eager rows.
+    for got, want in zip(view["items"], eager, strict=True):
+        assert not torch.allclose(got, want)
+
+
+def test_kimi_k25_selection_puts_the_grid_where_replay_must_read_it_back(
+    vllm_code,
+) -> None:
+    vllm_host = hosts.kimi_k25_vllm_host()
+    batch = hosts.moon3d_batch(
+        torch.Generator().manual_seed(0), "vision_chunk", [(1, 4, 6), (1, 2, 2)]
+    )
+    # The pixel values on the accelerator (the meta device stands in for it),
+    # the grid on the host, as the processor keeps it (keep_on_cpu).
+    batch["pixel_values"] = batch["pixel_values"].to("meta")
+    picked = vllm_host.select_encoder_cudagraph_items(batch, [1, 0])
+    assert picked["grid_thws"].device.type == "meta"
+    # The replay reads it back (.tolist()), outside gpu_sync_allowed.
+    with pytest.raises(NotImplementedError):
+        vllm_host.prepare_encoder_cudagraph_replay_buffers(picked, 2, 2)
+    manager = vllm_code.definition(MANAGER, "EncoderCudaGraphManager")
+    assert _inside_sync_allowed(
+        manager, "prepare_encoder_cudagraph_replay_buffers"
+    ) == [False]
+    ours = hosts.kimi_k25().hosts()[1]
+    kept = ours.select_encoder_cudagraph_items(batch, [1, 0])
+    assert kept["grid_thws"].device.type == "cpu"
+
+
+def test_kimi_k25_eager_forward_shards_again_under_the_managers_data_parallel(
+    vllm_code,
+) -> None:
+    # Under --mm-encoder-tp-mode data (TP > 1) the manager gives each rank
+    # its items (_dp_shard) and runs them locally; a rank's video chunk goes
+    # to the mixin's eager forward, which vLLM's vision_tower_forward spreads
+    # over the ranks again (run_dp_sharded_mrope_vision_model: an all-gather)
+    # while the other ranks replay their graphs and enter _dp_gather's.
+    manager = vllm_code.definition(MANAGER, "EncoderCudaGraphManager.execute")
+    dp_branch = next(n for n in ast.walk(manager) if isinstance(n, ast.If))
+    assert ast.unparse(dp_branch.test) == "self.use_dp"
+    body = ast.unparse(ast.Module(body=dp_branch.body, type_ignores=[]))
+    assert "_dp_shard" in body and "_execute_local(local_mm_kwargs)" in body
+    mode = vllm_code.definition(
+        "vllm.model_executor.models.vision", "is_vit_use_data_parallel"
+    )
+    assert "mm_encoder_tp_mode == 'data'" in ast.unparse(mode)
+    chunk = hosts.moon3d_batch(
+        torch.Generator().manual_seed(0), "vision_chunk", [(4, 4, 4)]
+    )
+    vllm_host = hosts.kimi_k25_vllm_host(hosts.HostSettings(vit_data_parallel=True))
+    with pytest.raises(hosts.ViTDataParallelCollective):
+        vllm_host.encoder_eager_forward(chunk)

@@ -1578,6 +1578,22 @@ case(
 )
 case("budget_max_unknown_name", "deepseek_v41", (_MAX, "max: r * r * max_tokens"))
 
+# -- built-in functions in steps (next) ----------------------------------------------
+
+# A step named `next` shadows the built-in: calling it is refused.
+case(
+    "builtin_next_shadowed",
+    "kimi_k25",
+    ("- merged = torch.cat(feats)", "- next = torch.cat(feats)"),
+    ("mm_projector(merged.to(next(", "mm_projector(next.to(next("),
+)
+# Built-ins are for forward steps; a formula has only ceil_div, min, max.
+case(
+    "builtin_next_in_a_formula",
+    "kimi_k25",
+    ("input_size: t * h * w", "input_size: next(t)"),
+)
+
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     wanted = set(cases) | set(NOT_UTF8)
