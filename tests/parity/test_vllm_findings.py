@@ -515,7 +515,9 @@ def test_minicpmv_slices_wider_than_the_position_table_replay_clamped(
     gen = torch.Generator().manual_seed(1)
     embeddings = torch.randn(1, 70 * 70, resampler.embed_dim, generator=gen)
     with torch.no_grad():
-        graph, eager = _minicpmv_graph_and_eager(resampler, tgt, embeddings, monkeypatch)
+        graph, eager = _minicpmv_graph_and_eager(
+            resampler, tgt, embeddings, monkeypatch
+        )
     assert torch.allclose(graph, eager, atol=1e-5) == same
     # The eager call replaced the table the graph was captured with.
     assert (resampler.pos_embed is captured_table) == same
