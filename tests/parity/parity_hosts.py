@@ -3793,6 +3793,44 @@ def minicpmv_image(slices: list[tuple[int, int]]) -> dict[str, Any]:
     }
 
 
+MINICPMV_RESAMPLER = "vllm.model_executor.layers.resampler"
+
+
+@functools.cache
+def minicpmv_resampler_class() -> type:
+    """vLLM's ``Resampler2_5`` (MiniCPM-V 2.5 / 2.6 / 4.0) on its
+    ``BaseResampler``, both from the wheel: the 2-D sincos position table
+    of ``max_size`` (70, 70), grown by ``_adjust_pos_cache`` in eager calls
+    only. ``kv_dim`` equal to ``embed_dim`` keeps ``kv_proj`` an identity
+    (no ``ReplicatedLinear``)."""
+    code = _wheel_code(
+        {
+            MINICPMV: {"torch": torch},
+            MINICPMV_RESAMPLER: {"ReplicatedLinear": None, "QuantizationConfig": Any},
+        }
+    )
+    base = code.klass(
+        MINICPMV_RESAMPLER,
+        "BaseResampler",
+        ["__init__", "_repeat"],
+        bases=(torch.nn.Module,),
+    )
+    return code.klass(MINICPMV, "Resampler2_5", ["__init__", "forward"], bases=(base,))
+
+
+def minicpmv_resampler(width: int = 8, queries: int = 4) -> Any:
+    """A small ``Resampler2_5`` with seeded random weights (the released
+    ones are learned; any non-degenerate ones show the positions)."""
+    resampler = minicpmv_resampler_class()(
+        num_queries=queries, embed_dim=width, num_heads=2
+    )
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for parameter in resampler.parameters():
+            parameter.copy_(torch.randn(parameter.shape, generator=gen))
+    return resampler.eval()
+
+
 def runtime_manager(host: Any, budgets: list[int], items: int) -> Any:
     """The runtime's manager on ``host`` with these budgets and items per
     batch, its graphs replayed eagerly on CPU."""

@@ -16,6 +16,7 @@ import torch
 
 import parity_hosts as hosts
 from parity_hosts import CPU, CaptureCase
+from encoder_cudagraph_runtime.defs import ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG
 from encoder_cudagraph_runtime.budget_ladder import resolve_budget_ladder
 from parity_testlib import copy_replay_into_captured
 
@@ -466,6 +467,61 @@ def test_minicpmv_slices_beyond_the_config_clamp_fail_at_replay() -> None:
     assert ten.shape[0] == 10 * 64
     with pytest.raises(RuntimeError, match="must match the size"):
         manager.execute(batch)
+
+
+def _minicpmv_graph_and_eager(resampler, tgt, embeddings, monkeypatch):
+    """The resampler's rows as a graph captured on the key's grid computes
+    them (``_adjust_pos_cache`` skipped while capturing: the table of the
+    capture, clamped indices) and as the eager forward does (the slice's own
+    patches, the table grown first)."""
+    patches = int(tgt.prod(-1).max())
+    rows = {}
+    for capturing, width in ((True, embeddings.shape[1]), (False, patches)):
+        # (The CPU build of torch has no stream to ask.)
+        monkeypatch.setattr(
+            torch.cuda, "is_current_stream_capturing", lambda c=capturing: c
+        )
+        rows[capturing] = resampler(embeddings[:, :width], tgt)
+    return rows[True], rows[False]
+
+
+@pytest.mark.parametrize(
+    ("grid", "same"),
+    [
+        # At most 70 patches a side: the graph and the eager forward agree.
+        ((14, 70), True),
+        # A 5:1 image's thumbnail (994 x 196 px, 14 px patches): 71 columns.
+        ((14, 71), False),
+    ],
+)
+def test_minicpmv_slices_wider_than_the_position_table_replay_clamped(
+    grid, same, monkeypatch
+) -> None:
+    """No key covers a slice with a side above 70 patches; selection then
+    falls back to the (70, 70) grid, whose 4900 patches hold the slice, and
+    the graph replays it. The resampler's position table is 70 x 70 at
+    capture: the graph clamps every column (or row) past 69 to the last one,
+    while the eager forward grows the table first and re-registers
+    ``pos_embed``, a new tensor that the graphs captured before do not read."""
+    host = hosts.minicpmv_host()
+    selected = host.select_encoder_cudagraph_items(hosts.minicpmv_image([grid]), [0])
+    assert selected[ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG] == ((70, 70),)
+    tgt = host.prepare_encoder_cudagraph_replay_buffers(selected, 1, 1).values[
+        "minicpmv_tgt_sizes"
+    ]
+    assert tgt.tolist() == [list(grid)]
+    resampler = hosts.minicpmv_resampler()
+    captured_table = resampler.pos_embed
+    gen = torch.Generator().manual_seed(1)
+    embeddings = torch.randn(1, 70 * 70, resampler.embed_dim, generator=gen)
+    with torch.no_grad():
+        graph, eager = _minicpmv_graph_and_eager(
+            resampler, tgt, embeddings, monkeypatch
+        )
+    assert torch.allclose(graph, eager, atol=1e-5) == same
+    # The eager call replaced the table the graph was captured with.
+    assert (resampler.pos_embed is captured_table) == same
+    assert resampler.pos_embed.shape[:2] == (70, max(70, grid[1]))
 
 
 def test_gemma4_unified_inherits_a_mixin_its_tower_cannot_run() -> None:
