@@ -3708,9 +3708,12 @@ def minicpmv_image(slices: list[tuple[int, int]]) -> dict[str, Any]:
     }
 
 
-def runtime_manager(host: Any, budgets: list[int], items: int) -> Any:
-    """The runtime's manager on ``host`` with these budgets and items per
-    batch, its graphs replayed eagerly on CPU."""
+def runtime_manager(
+    host: Any, budgets: list[int], items: int, max_frames: int | None = None
+) -> Any:
+    """The runtime's manager on ``host`` with these budgets, items per batch
+    and (when given) a user-set ``encoder_cudagraph_max_frames_per_batch``,
+    its graphs replayed eagerly on CPU."""
     from encoder_cudagraph_runtime.config import CompilationConfig, VllmConfig
     from encoder_cudagraph_runtime.graph_backends import EagerReplayGraphBackend
     from encoder_cudagraph_runtime.manager import EncoderCudaGraphManager
@@ -3723,6 +3726,7 @@ def runtime_manager(host: Any, budgets: list[int], items: int) -> Any:
             cudagraph_mm_encoder=True,
             encoder_cudagraph_token_budgets=budgets,
             encoder_cudagraph_max_vision_items_per_batch=items,
+            encoder_cudagraph_max_frames_per_batch=max_frames,
         ),
     )
     return EncoderCudaGraphManager(
