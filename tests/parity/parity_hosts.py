@@ -3831,9 +3831,12 @@ def minicpmv_resampler(width: int = 8, queries: int = 4) -> Any:
     return resampler.eval()
 
 
-def runtime_manager(host: Any, budgets: list[int], items: int) -> Any:
-    """The runtime's manager on ``host`` with these budgets and items per
-    batch, its graphs replayed eagerly on CPU."""
+def runtime_manager(
+    host: Any, budgets: list[int], items: int, max_frames: int | None = None
+) -> Any:
+    """The runtime's manager on ``host`` with these budgets, items per batch
+    and (when given) a user-set ``encoder_cudagraph_max_frames_per_batch``,
+    its graphs replayed eagerly on CPU."""
     from encoder_cudagraph_runtime.config import CompilationConfig, VllmConfig
     from encoder_cudagraph_runtime.graph_backends import EagerReplayGraphBackend
     from encoder_cudagraph_runtime.manager import EncoderCudaGraphManager
@@ -3846,6 +3849,7 @@ def runtime_manager(host: Any, budgets: list[int], items: int) -> Any:
             cudagraph_mm_encoder=True,
             encoder_cudagraph_token_budgets=budgets,
             encoder_cudagraph_max_vision_items_per_batch=items,
+            encoder_cudagraph_max_frames_per_batch=max_frames,
         ),
     )
     return EncoderCudaGraphManager(

@@ -716,3 +716,48 @@ def test_kimi_k25_eager_forward_shards_again_under_the_managers_data_parallel(
     vllm_host = hosts.kimi_k25_vllm_host(hosts.HostSettings(vit_data_parallel=True))
     with pytest.raises(hosts.ViTDataParallelCollective):
         vllm_host.encoder_eager_forward(chunk)
+
+
+def _gemma4_video(frames: int) -> dict[str, torch.Tensor]:
+    """One video of ``frames`` 24 x 24-patch frames (64 real soft tokens of
+    70 pooled slots each), as vLLM's processor batches it."""
+    pixels, positions = hosts.gemma4_frames([(24, 24)] * frames, 70)
+    return {
+        "pixel_values_videos": pixels,
+        "pixel_position_ids_videos": positions,
+        "video_frame_counts": torch.tensor([frames]),
+    }
+
+
+@pytest.mark.parametrize(
+    ("budget", "max_frames", "frames", "held", "fails"),
+    [
+        (1120, 4, 8, 4, True),  # a user-set max_frames_per_batch
+        (4480, None, 64, 32, True),  # a video sampled with 64 frames
+        (1120, None, 8, 16, False),  # the control: automatic, 8 frames
+    ],
+)
+def test_gemma4_video_frames_beyond_the_captured_rows_fail_at_replay(
+    budget, max_frames, frames, held, fails
+) -> None:
+    """The capture holds min(max(max_batch_size, max_frames_per_batch),
+    token_budget // 70) frame rows for the 70-wide key, but the manager
+    packs videos by items and tokens, not frames: with a user-set
+    max_frames_per_batch of 4, one 8-frame video (560 tokens) fits the
+    budget-1120 graph, which holds 4 frames, and its replay copy fails; the
+    automatic max_frames_per_batch (max_batch_size * 32) fails a video of
+    more than 32 frames alike."""
+    host = hosts.gemma4_host()
+    manager = _runtime_manager(host, [budget], 1, max_frames=max_frames)
+    manager.capture()
+    graph = manager.budget_graphs["default"][(budget, (70,))]
+    assert graph.input_buffers["pixel_values"].shape[0] == held
+    batch = _gemma4_video(frames)
+    (spec,) = host.get_encoder_cudagraph_item_specs(batch)
+    assert spec.output_tokens == frames * 70 <= budget
+    if fails:
+        with pytest.raises(RuntimeError, match="must match the size"):
+            manager.execute(batch)
+    else:
+        (rows_out,) = manager.execute(batch)
+        assert rows_out.shape[0] == frames * 70
