@@ -224,11 +224,12 @@ TARGETS: tuple[dict[str, Any], ...] = (
 # ---------------------------------------------------------------------------
 
 
-def unusable_reason(stem: str, size: str) -> str | None:
+def unusable_reason(stem: str, size: str, *, multi_path: bool = False) -> str | None:
     """Why the benchmarks cannot measure ``stem`` at ``size`` (``None``: they
     can): it needs a spec (and so its generated mixin), a reference tower of
     that size that takes images, and one encoder path (the benchmarks time
-    the ``"default"`` path's graphs)."""
+    the ``"default"`` path's graphs) unless ``multi_path`` (the real-traffic
+    benchmark times every path)."""
     if not (SPECS_DIR / f"{stem}.yaml").is_file():
         return f"no spec specs/{stem}.yaml"
     tower = REFERENCE_TOWERS.get(stem)
@@ -238,7 +239,7 @@ def unusable_reason(stem: str, size: str) -> str | None:
         return f"no {size} reference tower"
     if "image" not in getattr(tower, "modalities", (tower.modality,)):
         return "the tower takes no images"
-    if tuple(tower.paths) != ("default",):
+    if tuple(tower.paths) != ("default",) and not multi_path:
         return (
             f"encoder paths {', '.join(tower.paths)}: the benchmarks measure "
             "the one default path"
@@ -482,22 +483,31 @@ def ratio(num: float | None, den: float | None) -> float | None:
 # ---------------------------------------------------------------------------
 
 
-def eager_call(host: Any, mm_kwargs: dict[str, Any]) -> tuple[Any, list[Any]]:
-    """vLLM's path without encoder graphs: the whole batch eagerly, then the
-    mixin's postprocess. Returns (raw encoder output, per-item outputs)."""
+def eager_call(
+    host: Any, mm_kwargs: dict[str, Any], paths: Sequence[str] = ("default",)
+) -> tuple[Any, list[Any]]:
+    """vLLM's path without encoder graphs: the whole batch eagerly, on every
+    one of ``paths`` that has rows (as the manager skips a path a batch
+    leaves out), then the mixin's postprocess. Returns (raw encoder output:
+    the tensor of the one default path, else a dict by path; per-item
+    outputs)."""
     specs = host.get_encoder_cudagraph_item_specs(mm_kwargs)
     per_item = [spec.output_tokens for spec in specs]
-    raw = host.encoder_eager_forward(mm_kwargs, path="default")
+    raw = {
+        path: host.encoder_eager_forward(mm_kwargs, path=path)
+        for path in paths
+        if path == "default" or any(s.get_path_output_tokens(path) for s in specs)
+    }
     dest: list[Any] = [None] * len(specs)
     host.postprocess_encoder_output(
-        {"default": raw},
+        raw,
         list(range(len(specs))),
         per_item,
         dest,
         clone=False,
         batch_mm_kwargs=mm_kwargs,
     )
-    return raw, dest
+    return (raw["default"] if tuple(paths) == ("default",) else raw), dest
 
 
 @dataclass
@@ -513,16 +523,23 @@ def capture_ideal(
     backend: GraphBackend,
     mm_kwargs: dict[str, Any],
     template: dict[str, Any],
+    path: str = "default",
 ) -> IdealGraph:
-    """A graph of ``encoder_cudagraph_forward`` on this batch's own, unpadded
-    buffers (see ``ideal_ms`` in the module docstring)."""
+    """A graph of ``encoder_cudagraph_forward`` of ``path`` on this batch's
+    own, unpadded buffers (see ``ideal_ms`` in the module docstring);
+    ``template``: that path's capture inputs (the buffers a path's graph
+    holds, of the config's ``buffer_keys``)."""
     config = host.get_encoder_cudagraph_config()
     specs = host.get_encoder_cudagraph_item_specs(mm_kwargs)
     replay = host.prepare_encoder_cudagraph_replay_buffers(
-        mm_kwargs, len(specs), 0, "default"
+        mm_kwargs, len(specs), 0, path
     ).values
     inputs: dict[str, Any] = {}
-    for key in config.buffer_keys:
+    keys = config.buffer_keys
+    if path != "default":
+        # Each path captures its own subset of the buffer keys.
+        keys = [key for key in keys if key in template]
+    for key in keys:
         value = replay.get(key)
         tmpl = template.get(key)
         if value is None and tmpl is None and key in template:
@@ -552,7 +569,7 @@ def capture_ideal(
             f"ideal capture: the replay buffers have no {key!r} and its exact "
             "value is unknown"
         )
-    forward = functools.partial(host.encoder_cudagraph_forward, path="default")
+    forward = functools.partial(host.encoder_cudagraph_forward, path=path)
     start = time.perf_counter()
     # Warm-up as the manager does: outside the graph, on the capture stream.
     with backend.capture_scope():
@@ -594,10 +611,12 @@ class Workload:
     index: int | None = None
 
 
-def graph_input_rows(manager: EncoderCudaGraphManager, budget: int) -> int | None:
-    """Rows of the first row buffer captured for ``budget`` (the encoder's
-    input: patches / pixel values)."""
-    meta = manager.budget_graphs.get("default", {}).get(budget)
+def graph_input_rows(
+    manager: EncoderCudaGraphManager, budget: int, path: str = "default"
+) -> int | None:
+    """Rows of the first row buffer captured for ``path``'s ``budget`` (the
+    encoder's input: patches / pixel values; views for fixed-size views)."""
+    meta = manager.budget_graphs.get(path, {}).get(budget)
     if meta is None:
         return None
     for key in manager.config.buffer_keys:
@@ -608,27 +627,29 @@ def graph_input_rows(manager: EncoderCudaGraphManager, budget: int) -> int | Non
 
 
 def padding_summary(
-    manager: EncoderCudaGraphManager, input_rows_used: int
+    manager: EncoderCudaGraphManager, input_rows_used: int, path: str = "default"
 ) -> dict[str, Any]:
-    stats = manager.get_padding_stats()
-    path = stats["paths"].get("default", {})
-    budgets = {int(b): e["replays"] for b, e in path.get("budgets", {}).items()}
+    """The padding of ``path``'s replays since the manager's last reset, in
+    budget rows and in the rows of the graphs' first input buffer (of which
+    the batch used ``input_rows_used``)."""
+    stats = manager.get_padding_stats()["paths"].get(path, {})
+    budgets = {int(b): e["replays"] for b, e in stats.get("budgets", {}).items()}
     input_replayed = 0
     for budget, replays in budgets.items():
-        rows = graph_input_rows(manager, budget)
+        rows = graph_input_rows(manager, budget, path)
         if rows is None:
             input_replayed = None
             break
         input_replayed += rows * replays
-    eager_batches = path.get("eager_batches", 0)
-    used = stats["rows_used"]
+    eager_batches = stats.get("eager_batches", 0)
+    replayed, used = stats.get("rows_replayed", 0), stats.get("rows_used", 0)
     return {
-        "replays": stats["replays"],
+        "replays": stats.get("replays", 0),
         "budgets_replayed": budgets,
-        "rows_replayed": stats["rows_replayed"],
+        "rows_replayed": replayed,
         "rows_used": used,
-        "padding_waste": (stats["rows_replayed"] / used - 1.0) if used else None,
-        "waste_fraction": stats["waste_fraction"],
+        "padding_waste": (replayed / used - 1.0) if used else None,
+        "waste_fraction": stats.get("waste_fraction", 0.0),
         "eager_batches": eager_batches,
         "input_rows_replayed": input_replayed,
         "input_rows_used": input_rows_used,

@@ -43,6 +43,16 @@ draw, so runs compare batch by batch), none after ``--hard-limit-s``.
     Issue #6's uniform workloads that its targets gate (a subset), fine
     ladder, both policies: cost-aware execution must keep those targets.
 
+Several encoder paths (Step3-VL's ``global`` views and ``local`` crops)
+    Every call times the whole batch: eager runs each path the batch has
+    rows on, the exact-shape graph is one graph per such path, the manager
+    replays each path's budget. Measured: the default and fine ladders with
+    vLLM's packing, and the padding per path (``padding.paths``, in budget
+    rows and in the rows of the path's first input buffer: views). Recorded
+    as not applicable (``not_applicable``, :data:`MULTI_PATH_NOT_APPLICABLE`),
+    not measured: the tuned ladder, the cost-aware policy, issue #6's
+    workloads; no target is evaluated on such a model.
+
 Targets (issue #17, seed models, cost-aware policy): no batch slower than
 0.97x eager (every ladder); Σ best / Σ graph >= 0.95 (tuned ladder; the
 others reported); the tuned ladder's measured waste within 3 points of the
@@ -62,6 +72,7 @@ import functools
 import gc
 import json
 import math
+import random
 import statistics
 import subprocess
 import sys
@@ -82,6 +93,7 @@ from bench_encoders import (  # noqa: E402
     REPO_ROOT,
     SPECS_DIR,
     TARGET_MODELS,
+    IdealGraph,
     Schedule,
     build_vllm_config,
     capture_ideal,
@@ -124,6 +136,19 @@ DEFAULT_MAX_TOKENS = {"full": 16384, "tiny": 512}
 BATCHES = {"full": 24, "quick": 2}
 MAX_BATCHES = {"full": 64, "quick": 2}
 TRAIN_BATCHES = 400
+#: What the benchmark cannot measure on a model of several encoder paths
+#: (Step3-VL's ``global`` and ``local``), and why: recorded in the JSON and
+#: the report instead of a figure.
+MULTI_PATH_NOT_APPLICABLE = {
+    "tuned": "n/a (multi-path): `gen-mixin plan --traffic` tunes one ladder of "
+    "the items' output tokens, while each path that sets min_token_budget "
+    "gets vLLM's doubling from its minimum whatever the budgets (only the "
+    "largest budget and the items per batch carry over)",
+    "cost": "n/a (multi-path): cost-aware execution plans one 'default' path "
+    "(the manager refuses several paths)",
+    "old_workloads": "n/a (multi-path): issue #6's workloads compare the two "
+    "policies on single-path seed models",
+}
 # Rows quantiles of the training items timed alone at calibration, and the
 # warm-up batches of several items (quantile, count).
 CALIBRATION_SINGLES = (0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0)
@@ -300,30 +325,35 @@ def predicted_waste(
 # ---------------------------------------------------------------------------
 
 
-def ideal_e2e_call(host: Any, ideal: Any, mm_kwargs: dict[str, Any]) -> list[Any]:
-    """An execute with a graph of this exact shape (see ``ideal_e2e_ms``)."""
+def ideal_e2e_call(
+    host: Any, ideals: dict[str, IdealGraph], mm_kwargs: dict[str, Any]
+) -> list[Any]:
+    """An execute with a graph of this exact shape per path (see
+    ``ideal_e2e_ms``; ``ideals``: the paths the batch has rows on)."""
     specs = host.get_encoder_cudagraph_item_specs(mm_kwargs)
     per_item = [spec.output_tokens for spec in specs]
-    values = host.prepare_encoder_cudagraph_replay_buffers(
-        mm_kwargs, len(specs), 0, "default"
-    ).values
     dst, src = [], []
-    for key, buf in ideal.inputs.items():
-        value = values.get(key)
-        # Host scalars (max_seqlen) stay as captured.
-        if (
-            isinstance(buf, torch.Tensor)
-            and isinstance(value, torch.Tensor)
-            and value.ndim
-        ):
-            dst.append(buf)
-            src.append(value)
+    for path, ideal in ideals.items():
+        values = host.prepare_encoder_cudagraph_replay_buffers(
+            mm_kwargs, len(specs), 0, path
+        ).values
+        for key, buf in ideal.inputs.items():
+            value = values.get(key)
+            # Host scalars (max_seqlen) stay as captured.
+            if (
+                isinstance(buf, torch.Tensor)
+                and isinstance(value, torch.Tensor)
+                and value.ndim
+            ):
+                dst.append(buf)
+                src.append(value)
     if dst:
         torch._foreach_copy_(dst, src)
-    ideal.graph.replay()
+    for ideal in ideals.values():
+        ideal.graph.replay()
     dest: list[Any] = [None] * len(specs)
     host.postprocess_encoder_output(
-        {"default": ideal.output},
+        {path: ideal.output for path, ideal in ideals.items()},
         list(range(len(specs))),
         per_item,
         dest,
@@ -331,6 +361,29 @@ def ideal_e2e_call(host: Any, ideal: Any, mm_kwargs: dict[str, Any]) -> list[Any
         batch_mm_kwargs=mm_kwargs,
     )
     return dest
+
+
+def replay_all(ideals: dict[str, IdealGraph]) -> None:
+    """The exact-shape graphs' replays alone (``ideal_ms``)."""
+    for ideal in ideals.values():
+        ideal.graph.replay()
+
+
+def path_input_rows(host: Any, mm_kwargs: dict[str, Any], path: str) -> int:
+    """Rows of the batch's first row buffer on ``path`` (as
+    ``graph_input_rows`` counts a graph's: patches, or views for encoders
+    of fixed-size views), 0 when the batch leaves the path out."""
+    specs = host.get_encoder_cudagraph_item_specs(mm_kwargs)
+    if not any(spec.get_path_output_tokens(path) for spec in specs):
+        return 0
+    values = host.prepare_encoder_cudagraph_replay_buffers(
+        mm_kwargs, len(specs), 0, path
+    ).values
+    for key in host.get_encoder_cudagraph_config().buffer_keys:
+        value = values.get(key)
+        if isinstance(value, torch.Tensor) and value.ndim > 0:
+            return int(value.shape[0])
+    return 0
 
 
 # ---------------------------------------------------------------------------
@@ -369,14 +422,19 @@ class Rounds:
 
 
 def round_order(names: list[str], round_index: int) -> list[str]:
-    """The calls of round ``round_index``: ``names`` rotated by the round,
-    so that no call always follows the same one. The host of these runs
-    comes in speed modes seconds long (GPU run B, 2026-12-01: the launch
-    profile's probe 0.5 or 1.1 ms), and a device-bound call can take the
-    next call's host time into its own; a fixed order gives every round
-    the same neighbours."""
-    shift = round_index % len(names) if names else 0
-    return names[shift:] + names[:shift]
+    """The calls of round ``round_index``: ``names`` in an order shuffled by
+    the round (seeded, so runs repeat), so that no call keeps the same
+    neighbour. The host of these runs comes in speed modes seconds long
+    (GPU run B, 2026-12-01: the launch profile's probe 0.5 or 1.1 ms), and a
+    call can inherit the state its predecessor left (a device-bound call
+    takes the next call's host time into its own). A rotation was not
+    enough: it moves every call by one place, so each call kept its
+    predecessor in every round but one (GPU run D: the cost-aware eager
+    plans, the very code of the eager baseline, measured 1-3 % slower, always
+    right after a large replay of the same ladder)."""
+    order = list(names)
+    random.Random(round_index).shuffle(order)
+    return order
 
 
 def paired_ratio(numerators: list[float], denominators: list[float]) -> float | None:
@@ -447,6 +505,12 @@ class TrafficBench:
         self.tower = REFERENCE_TOWERS[stem]
         self.config = self.tower.config(args.size)
         self.grid = image_traffic.model_grid(stem, self.config)
+        self.paths: tuple[str, ...] = tuple(self.tower.paths)
+        self.multi_path = self.paths != ("default",)
+        # A model of several paths: vLLM's packing on the default and fine
+        # ladders only (MULTI_PATH_NOT_APPLICABLE).
+        self.ladders = ("default", "fine") if self.multi_path else LADDERS
+        self.policies = ("vllm",) if self.multi_path else POLICIES
 
     def schedule(self) -> Schedule:
         late = time.perf_counter() - self.ctx["started"] > self.args.soft_limit_s
@@ -493,10 +557,26 @@ class TrafficBench:
         measured_px = image_traffic.draw_image_batches(args.seed, args.max_batches)
         train_px = image_traffic.draw_image_batches(args.seed + 1, TRAIN_BATCHES)
         measured, train = self.items(measured_px), self.items(train_px)
+        result["paths"] = list(self.paths)
+        result["ladders_measured"] = list(self.ladders)
+        result["policies_measured"] = list(self.policies)
+        if self.multi_path:
+            result["not_applicable"] = dict(MULTI_PATH_NOT_APPLICABLE)
         result["ladders"] = self._capture(host, managers, train, result)
-        self.template = host.prepare_encoder_cudagraph_capture_inputs(
-            64, 1, 0, self.device, self.dtype, "default", ()
-        ).values
+        # Each path's capture inputs at its smallest budget: the dtype,
+        # device and keys of its graphs' buffers.
+        self.templates = {
+            path: host.prepare_encoder_cudagraph_capture_inputs(
+                min(b for b in managers["default"].path_token_budgets[path] if b),
+                1,
+                0,
+                self.device,
+                self.dtype,
+                path,
+                (),
+            ).values
+            for path in self.paths
+        }
         # Serving state from here on: vLLM freezes the collector's heap after
         # its warm-up (gc_utils.freeze_gc_heap), so that its passes do not
         # walk the model's objects.
@@ -505,7 +585,7 @@ class TrafficBench:
         old = QUICK_OLD_WORKLOADS if args.quick else OLD_WORKLOADS
         result["old_workloads"] = [
             self._old_workload(host, managers["fine"], res, n)
-            for res, n in (old if args.old_workloads else ())
+            for res, n in (old if args.old_workloads and not self.multi_path else ())
         ]
         result["batches"] = []
         hard = self.ctx["started"] + args.hard_limit_s
@@ -516,27 +596,38 @@ class TrafficBench:
             result["batches"].append(self._batch(host, managers, i, pixels, items))
         result["summary"] = {
             ladder: {
-                p: summarize_traffic(result["batches"], ladder, p) for p in POLICIES
+                p: summarize_traffic(result["batches"], ladder, p)
+                for p in self.policies
             }
-            for ladder in LADDERS
+            for ladder in self.ladders
         }
         used = [measured[r["index"]] for r in result["batches"]]
-        result["tuned_waste"] = {
-            "predicted_train": result["tuner"]["tuned"]["waste"],
-            "predicted_measured": predicted_waste(
-                self.stem,
-                traffic_document(self.stem, used, self.config, f"seed {args.seed}"),
-                result["ladders"]["tuned"],
-                args.max_tokens,
-            ),
-            "measured": result["summary"]["tuned"]["vllm"]["padding_waste"],
-        }
+        result["tuned_waste"] = (
+            None
+            if self.multi_path
+            else {
+                "predicted_train": result["tuner"]["tuned"]["waste"],
+                "predicted_measured": predicted_waste(
+                    self.stem,
+                    traffic_document(self.stem, used, self.config, f"seed {args.seed}"),
+                    result["ladders"]["tuned"],
+                    args.max_tokens,
+                ),
+                "measured": result["summary"]["tuned"]["vllm"]["padding_waste"],
+            }
+        )
         for ladder, per_policy in result["summary"].items():
             for policy, s in per_policy.items():
+                per_path = "".join(
+                    f", {path} {100 * w['padding_waste']:.1f}%"
+                    for path, w in s.get("paths", {}).items()
+                    if w["padding_waste"] is not None
+                )
                 self.log(
                     f"[{self.stem}] {ladder}/{policy}: speedup {s['speedup']:.2f}x, "
                     f"worst batch {s['speedup_per_batch']['min']:.2f}x, vs best "
                     f"{s['vs_best']:.3f}, waste {100 * s['padding_waste']:.1f}%"
+                    + per_path
                 )
 
     def _capture(
@@ -557,15 +648,22 @@ class TrafficBench:
                 args.max_tokens, fine_ladder(lo, hi), FINE_MAX_ITEMS
             ),
         }
-        calibration_kwargs = [
-            self.tower.make_mm_kwargs(host, b, self.device, seed=50 + i)
-            for i, b in enumerate(calibration_batches(train, args.quick))
-        ]
+        calibration_kwargs = (
+            []
+            if self.multi_path
+            else [
+                self.tower.make_mm_kwargs(host, b, self.device, seed=50 + i)
+                for i, b in enumerate(calibration_batches(train, args.quick))
+            ]
+        )
         ladders: dict[str, Any] = {}
         for name, cfg in configs.items():
             ladders[name] = self._capture_one(
                 name, cfg, host, managers, calibration_kwargs
             )
+        if self.multi_path:
+            result["tuner"] = None
+            return ladders
         tuning = self._tuning(host, managers["default"], train)
         tuner = run_tuner(
             self.stem,
@@ -600,34 +698,48 @@ class TrafficBench:
             self.dtype,
             host,
             graph_backend=self.ctx["make_backend"](),
-            cost_aware=True,
+            cost_aware=not self.multi_path,
         )
         manager.capture()
+        managers[name] = manager
+        report = manager.get_capture_report()
+        assert report is not None
+        ladder = {
+            "budgets": list(manager.token_budgets),
+            # What each path captures: a path with min_token_budget doubles
+            # from it up to the largest budget (vLLM's rule).
+            "path_budgets": {
+                path: list(b) for path, b in manager.path_token_budgets.items()
+            },
+            "max_batch_size": manager.max_batch_size,
+            "capture": dataclasses.asdict(report),
+            "calibration_s": None,
+            "cost_model": None,
+            "calibration_samples": None,
+        }
+        captured = (
+            f"[{self.stem}] ladder {name}: {report.num_graphs} graphs, "
+            f"captured in {report.seconds:.1f}s"
+        )
+        if self.multi_path:
+            manager.enable_timing()
+            self.log(f"{captured}, {ladder['path_budgets']}; not calibrated")
+            return ladder
         start = time.perf_counter()
         # Eager calls are timed (the fastest of two) on the first ladder only:
         # their cost does not depend on the ladder. Graph units once each.
-        first = next(iter(managers.values()), None)
+        first = next((m for m in managers.values() if m is not manager), None)
         eager_from = first.cost_model if first is not None else None
         cost = manager.calibrate_cost_model(
             calibration_kwargs, repeats=1 if eager_from else 2, eager_from=eager_from
         )
-        managers[name] = manager
-        report = manager.get_capture_report()
-        assert report is not None
         manager.enable_timing()
-        ladder = {
-            "budgets": list(manager.token_budgets),
-            "max_batch_size": manager.max_batch_size,
-            "capture": dataclasses.asdict(report),
-            "calibration_s": time.perf_counter() - start,
-            "cost_model": cost.as_dict(),
-            "calibration_samples": manager.calibration_samples,
-        }
+        ladder["calibration_s"] = time.perf_counter() - start
+        ladder["cost_model"] = cost.as_dict()
+        ladder["calibration_samples"] = manager.calibration_samples
         self.log(
-            f"[{self.stem}] ladder {name}: {report.num_graphs} graphs, "
-            f"captured in {report.seconds:.1f}s, calibrated in "
-            f"{ladder['calibration_s']:.1f}s (errors: graph "
-            f"{cost.graph_error:.3f}, eager {cost.eager_error:.3f})"
+            f"{captured}, calibrated in {ladder['calibration_s']:.1f}s (errors: "
+            f"graph {cost.graph_error:.3f}, eager {cost.eager_error:.3f})"
         )
         return ladder
 
@@ -673,45 +785,72 @@ class TrafficBench:
         tower = self.tower
         kw = tower.make_mm_kwargs(host, items, self.device, seed=1000 + index)
         specs = host.get_encoder_cudagraph_item_specs(kw)
+        path_rows = {
+            path: [s.get_path_output_tokens(path) for s in specs] for path in self.paths
+        }
         row: dict[str, Any] = {
             "index": index,
             "images": len(items),
             "pixels": [list(p) for p in pixels],
             "items": [list(i) for i in items],
-            "item_rows": [s.get_path_output_tokens("default") for s in specs],
             "item_tokens": [s.output_tokens for s in specs],
-            "budget_tokens": sum(s.get_path_output_tokens("default") for s in specs),
+            # Rows the manager packs (every path's, budget tokens).
+            "budget_tokens": sum(sum(rows) for rows in path_rows.values()),
             "output_tokens": sum(s.output_tokens for s in specs),
             "input_rows": sum(s.input_size for s in specs),
         }
-        _, ref_items = eager_call(host, kw)
-        ideal = capture_ideal(host, self.ctx["make_backend"](), kw, self.template)
-        row["check_ideal"] = max_rel_diff(ideal_e2e_call(host, ideal, kw), ref_items)
+        if self.multi_path:
+            row["path_rows"] = path_rows
+            row["path_input_rows"] = {
+                path: path_input_rows(host, kw, path) for path in self.paths
+            }
+        else:
+            row["item_rows"] = path_rows["default"]
+        _, ref_items = eager_call(host, kw, self.paths)
+        ideals = self._capture_ideals(host, kw)
+        row["check_ideal"] = max_rel_diff(ideal_e2e_call(host, ideals, kw), ref_items)
         cells = {
             (ladder, policy): managers[ladder]
-            for ladder in LADDERS
-            for policy in POLICIES
+            for ladder in self.ladders
+            for policy in self.policies
         }
-        self._measure(host, ideal, kw, row, ref_items, cells)
-        del ideal
+        self._measure(host, ideals, kw, row, ref_items, cells)
+        del ideals
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         text = " | ".join(
-            f"{ladder}: {g['vllm']['speedup']:.2f}x / {g['cost']['speedup']:.2f}x "
-            f"({g['cost']['plan']['source'][0]}{g['cost']['plan']['kind'][0]})"
+            f"{ladder}: "
+            + " / ".join(f"{g[p]['speedup']:.2f}x" for p in self.policies)
+            + (
+                ""
+                if "cost" not in g
+                else f" ({g['cost']['plan']['source'][0]}{g['cost']['plan']['kind'][0]})"
+            )
             for ladder, g in row["graph"].items()
         )
         self.log(
             f"[{self.stem}] batch {index:>2} x{len(items):<2} eager "
             f"{row['eager_ms']['median']:.2f} ms, exact graph e2e "
-            f"{row['ideal_e2e_ms']['median']:.2f} ms; vllm / cost (plan): {text}"
+            f"{row['ideal_e2e_ms']['median']:.2f} ms; "
+            f"{' / '.join(self.policies)}: {text}"
         )
         return row
+
+    def _capture_ideals(self, host: Any, kw: dict[str, Any]) -> dict[str, IdealGraph]:
+        """The exact-shape graph of every path the batch has rows on."""
+        specs = host.get_encoder_cudagraph_item_specs(kw)
+        return {
+            path: capture_ideal(
+                host, self.ctx["make_backend"](), kw, self.templates[path], path
+            )
+            for path in self.paths
+            if path == "default" or any(s.get_path_output_tokens(path) for s in specs)
+        }
 
     def _measure(
         self,
         host: Any,
-        ideal: Any,
+        ideals: dict[str, IdealGraph],
         kw: dict[str, Any],
         row: dict[str, Any],
         ref_items: list[Any],
@@ -720,14 +859,16 @@ class TrafficBench:
         """Check every policy once, then time eager, the exact-shape graph
         and every policy in interleaved rounds; fill ``row``."""
         schedule = self.schedule()
-        row["ideal_ms"] = summarize(measure(ideal.graph.replay, self.sync, schedule))
+        row["ideal_ms"] = summarize(
+            measure(functools.partial(replay_all, ideals), self.sync, schedule)
+        )
         checks = {
             cell: self._check(manager, cell[1], kw, row, ref_items)
             for cell, manager in cells.items()
         }
         calls: dict[str, Callable[[], object]] = {
-            "eager": functools.partial(eager_call, host, kw),
-            "ideal_e2e": functools.partial(ideal_e2e_call, host, ideal, kw),
+            "eager": functools.partial(eager_call, host, kw, self.paths),
+            "ideal_e2e": functools.partial(ideal_e2e_call, host, ideals, kw),
         }
         before, after, overhead = {}, {}, {}
         for (ladder, policy), manager in cells.items():
@@ -774,6 +915,17 @@ class TrafficBench:
         manager.reset_padding_stats()
         outputs = manager.execute(kw)
         self.sync()
+        if self.multi_path:
+            entry = {
+                "padding": self._path_padding(manager, row),
+                "check_vs_eager": max_rel_diff(outputs, ref_items),
+                "plan": {"source": "vllm", "kind": None, "predicted_ms": None},
+                "predicted_ms": None,
+                "predicted_vllm_ms": None,
+                "predicted_eager_ms": None,
+            }
+            del outputs
+            return entry
         cost = manager.cost_model
         assert cost is not None
         predicted = plan_execution(
@@ -799,6 +951,32 @@ class TrafficBench:
         del outputs
         return entry
 
+    def _path_padding(
+        self, manager: EncoderCudaGraphManager, row: dict[str, Any]
+    ) -> dict[str, Any]:
+        """The last execute's padding: totals over the paths in budget rows
+        (in input rows n/a: each path's graphs take other inputs), and per
+        path in budget rows and in its first input buffer's rows."""
+        stats = manager.get_padding_stats()
+        paths = {
+            path: padding_summary(manager, row["path_input_rows"][path], path)
+            for path in self.paths
+        }
+        used = stats["rows_used"]
+        return {
+            "replays": stats["replays"],
+            "budgets_replayed": None,
+            "rows_replayed": stats["rows_replayed"],
+            "rows_used": used,
+            "padding_waste": stats["rows_replayed"] / used - 1.0 if used else None,
+            "waste_fraction": stats["waste_fraction"],
+            "eager_batches": sum(p["eager_batches"] for p in paths.values()),
+            "input_rows_replayed": None,
+            "input_rows_used": None,
+            "input_padding_waste": None,
+            "paths": paths,
+        }
+
     def _old_workload(
         self, host: Any, manager: EncoderCudaGraphManager, res: int, n: int
     ) -> dict[str, Any]:
@@ -815,10 +993,10 @@ class TrafficBench:
             "input_rows": n * self.tower.input_size(item),
         }
         _, ref_items = eager_call(host, kw)
-        ideal = capture_ideal(host, self.ctx["make_backend"](), kw, self.template)
+        ideals = self._capture_ideals(host, kw)
         cells = {("fine", policy): manager for policy in POLICIES}
-        self._measure(host, ideal, kw, row, ref_items, cells)
-        del ideal
+        self._measure(host, ideals, kw, row, ref_items, cells)
+        del ideals
         row["graph"] = row["graph"]["fine"]
         return row
 
@@ -853,7 +1031,7 @@ def summarize_traffic(
         if e["plan"].get("kind") is not None:
             kind = f"{e['plan']['source']}/{e['plan']['kind']}"
             kinds[kind] = kinds.get(kind, 0) + 1
-    return {
+    out = {
         "batches": len(rows),
         "images": sum(r["images"] for r in rows),
         "eager_ms_total": eager,
@@ -876,11 +1054,58 @@ def summarize_traffic(
         "eager_batches": sum(e["padding"]["eager_batches"] for e in entries),
         "plans": kinds,
     }
+    if entries and "paths" in entries[0]["padding"]:
+        out["paths"] = {
+            path: summarize_path_padding([e["padding"]["paths"][path] for e in entries])
+            for path in entries[0]["padding"]["paths"]
+        }
+    return out
+
+
+def summarize_path_padding(paddings: list[dict[str, Any]]) -> dict[str, Any]:
+    """One path's padding over batches, in budget rows and in input rows
+    (n/a where a graph's input rows are unknown or some rows ran eagerly)."""
+    replayed = sum(p["rows_replayed"] for p in paddings)
+    used = sum(p["rows_used"] for p in paddings)
+    known = all(p["input_rows_replayed"] is not None for p in paddings)
+    in_replayed = sum(p["input_rows_replayed"] or 0 for p in paddings)
+    in_used = sum(p["input_rows_used"] for p in paddings)
+    eager = sum(p["eager_batches"] for p in paddings)
+    return {
+        "replays": sum(p["replays"] for p in paddings),
+        "rows_replayed": replayed,
+        "rows_used": used,
+        "padding_waste": replayed / used - 1.0 if used else None,
+        "eager_batches": eager,
+        "input_rows_replayed": in_replayed if known else None,
+        "input_rows_used": in_used,
+        "input_padding_waste": (
+            in_replayed / in_used - 1.0 if known and in_used and not eager else None
+        ),
+    }
+
+
+def not_applicable(name: str, model: dict[str, Any], ladder: str) -> str | None:
+    """Why target ``name`` has no value for ``model`` on ``ladder`` (a
+    model of several paths: no tuned ladder, no cost-aware policy), or
+    ``None``."""
+    reasons = model.get("not_applicable", {})
+    if ladder not in model["summary"]:
+        return reasons.get(ladder, f"n/a: no {ladder} ladder")
+    if name == "tuned_waste_prediction" and model.get("tuned_waste") is None:
+        return reasons.get("tuned", "n/a: no tuned ladder")
+    if name.startswith("issue6") and not model["old_workloads"]:
+        return reasons.get("old_workloads")
+    if "cost" not in model["summary"][ladder]:
+        return reasons.get("cost", "n/a: no cost-aware policy")
+    return None
 
 
 def _target_values(
     name: str, model: dict[str, Any], ladder: str
 ) -> list[tuple[float | None, dict[str, Any]]]:
+    if not_applicable(name, model, ladder) is not None:
+        return []
     if name == "no_batch_slower_than_eager":
         s = model["summary"][ladder]["cost"]
         return [(s["speedup_per_batch"]["min"], {"batch": s["worst_batch"]})]
@@ -906,6 +1131,21 @@ def _target_values(
         )
         for r in rows
     ]
+
+
+def _not_applicable(
+    target: dict[str, Any], models: dict[str, Any], ladders: list[str]
+) -> list[dict[str, Any]]:
+    """The (model, ladder) pairs the target cannot be checked on, and why
+    (only the reasons a model records: an empty issue #6 list of a run
+    without those workloads is no gap)."""
+    out = []
+    for ladder in ladders:
+        for stem, model in models.items():
+            reason = not_applicable(target["name"], model, ladder)
+            if reason is not None and "not_applicable" in model:
+                out.append({"model": stem, "ladder": ladder, "reason": reason})
+    return out
 
 
 def _checks(
@@ -950,6 +1190,11 @@ def evaluate_targets(models: dict[str, Any]) -> list[dict[str, Any]]:
                 "worst": _worst(target, checks),
                 "failing": [c for c in checks if not c["ok"]],
                 "info": info,
+                "not_applicable": _not_applicable(
+                    target,
+                    gated,
+                    target["gating_ladders"] + target.get("info_ladders", []),
+                ),
             }
         )
     return out
@@ -983,8 +1228,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--skip-unusable",
         action="store_true",
-        help="record the --models that cannot be measured (no spec yet, several "
-        "encoder paths) under 'skipped' and measure the others, instead of exiting",
+        help="record the --models that cannot be measured (no spec yet, no "
+        "reference tower) under 'skipped' and measure the others, instead of exiting",
     )
     parser.add_argument(
         "--old-workloads",
@@ -1020,10 +1265,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.quick:
         args.schedule = Schedule(warmup=0, min_iters=1, max_iters=1, target_s=0.0)
     else:
-        # Rounds of every call of a batch: 3-5 for small batches, 2 for those
+        # Rounds of every call of a batch: 4-6 for small batches, 2 for those
         # whose round takes more than SLOW_ROUND_S.
-        args.schedule = Schedule(warmup=1, min_iters=3, max_iters=5, target_s=0.6)
-    args.schedule_late = Schedule(warmup=0, min_iters=2, max_iters=2, target_s=0.0)
+        args.schedule = Schedule(warmup=1, min_iters=4, max_iters=6, target_s=0.6)
+    args.schedule_late = Schedule(warmup=0, min_iters=3, max_iters=3, target_s=0.0)
     return args
 
 
@@ -1055,7 +1300,7 @@ def run(
     skipped = {
         stem: reason
         for stem in wanted
-        if (reason := unusable_reason(stem, args.size)) is not None
+        if (reason := unusable_reason(stem, args.size, multi_path=True)) is not None
     }
     if skipped and not args.skip_unusable:
         raise SystemExit(f"unknown or unusable spec stems: {skipped}")

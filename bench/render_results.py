@@ -339,6 +339,25 @@ TRAFFIC_LADDERS = ("default", "fine", "tuned")
 POLICIES = ("vllm", "cost")
 
 
+def _missing(
+    model: dict[str, Any], ladder: str, policy: str | None = None
+) -> str | None:
+    """A table cell for a ``ladder`` (and ``policy``) not measured on
+    ``model`` (a model of several encoder paths: ``n/a (multi-path)``, the
+    reasons in full under the model's tables), or ``None``."""
+    reasons = model.get("not_applicable", {})
+    missing = ladder if ladder not in model["summary"] else None
+    if (
+        missing is None
+        and policy is not None
+        and policy not in model["summary"][ladder]
+    ):
+        missing = policy
+    if missing is None:
+        return None
+    return reasons.get(missing, "n/a").split(":")[0]
+
+
 def _header(result: dict[str, Any], title: str) -> list[str]:
     env, params = result["environment"], result["params"]
     return [
@@ -373,8 +392,19 @@ def _traffic_targets(result: dict[str, Any]) -> list[str]:
                 status += (
                     f"; {check['model']} {check['ladder']} (info): {check['value']:.3g}"
                 )
+        gaps: dict[str, str] = {}
+        for c in target.get("not_applicable", []):
+            gaps.setdefault(c["model"], c["reason"].split(":")[0])
+        for stem, reason in gaps.items():
+            status += f"; {stem}: {reason}"
         out.append(f"| {target['description']} | {status} | {cell} |")
     return out + [""]
+
+
+def _budget_list(budgets: list[int]) -> str:
+    if len(budgets) <= 12:
+        return ", ".join(map(str, budgets))
+    return ", ".join(map(str, budgets[:6])) + f", … ({len(budgets)})"
 
 
 def _traffic_summary(model: dict[str, Any]) -> list[str]:
@@ -386,6 +416,10 @@ def _traffic_summary(model: dict[str, Any]) -> list[str]:
     ]
     for ladder in TRAFFIC_LADDERS:
         for policy in POLICIES:
+            reason = _missing(model, ladder, policy)
+            if reason is not None:
+                out.append(f"| {ladder} | {policy} | {reason} |" + " |" * 10)
+                continue
             s = model["summary"][ladder][policy]
             plans = ", ".join(f"{k} {v}" for k, v in sorted(s["plans"].items())) or "–"
             # Same-round eager / call (absent before run C's JSON).
@@ -401,6 +435,36 @@ def _traffic_summary(model: dict[str, Any]) -> list[str]:
                 f"{_pct(s['padding_waste'])} | {plans} |"
             )
     return out + [""]
+
+
+def _path_waste(model: dict[str, Any]) -> list[str]:
+    """Per-path padding of vLLM's packing (a model of several paths): in
+    budget rows, and in the rows of each path's first input buffer (views
+    for encoders of fixed-size views)."""
+    out = [
+        "Padding per encoder path (vLLM's packing):",
+        "",
+        "| ladder | path | budgets | replays | budget rows replayed / used | waste | "
+        "input rows replayed / used | input waste |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for ladder, per_policy in model["summary"].items():
+        for path, w in per_policy["vllm"].get("paths", {}).items():
+            budgets = model["ladders"][ladder].get("path_budgets", {}).get(path, [])
+            out.append(
+                f"| {ladder} | {path} | {', '.join(map(str, budgets))} | "
+                f"{w['replays']} | {w['rows_replayed']} / {w['rows_used']} | "
+                f"{_pct(w['padding_waste'])} | {w['input_rows_replayed']} / "
+                f"{w['input_rows_used']} | {_pct(w['input_padding_waste'])} |"
+            )
+    return out + [""]
+
+
+def _budget_tokens_cell(row: dict[str, Any]) -> str:
+    """A batch's budget tokens, per path where it has several."""
+    if "path_rows" not in row:
+        return str(row["budget_tokens"])
+    return ", ".join(f"{p} {sum(r)}" for p, r in row["path_rows"].items())
 
 
 def _plan_cell(entry: dict[str, Any]) -> str:
@@ -424,15 +488,22 @@ def _traffic_batches(model: dict[str, Any]) -> list[str]:
         + " |",
         "|---|---|---|---|---|" + "---|" * len(TRAFFIC_LADDERS),
     ]
+
+    def cell(row: dict[str, Any], ladder: str) -> str:
+        if _missing(model, ladder) is not None:
+            return "n/a"
+        graph = row["graph"][ladder]
+        if "cost" not in graph:
+            return f"{_f(graph['vllm']['speedup'])}x / n/a"
+        return (
+            f"{_f(graph['vllm']['speedup'])}x / {_f(graph['cost']['speedup'])}x"
+            + _plan_cell(graph["cost"])
+        )
+
     for row in model["batches"]:
-        cells = [
-            f"{_f(row['graph'][ladder]['vllm']['speedup'])}x / "
-            f"{_f(row['graph'][ladder]['cost']['speedup'])}x"
-            + _plan_cell(row["graph"][ladder]["cost"])
-            for ladder in TRAFFIC_LADDERS
-        ]
+        cells = [cell(row, ladder) for ladder in TRAFFIC_LADDERS]
         out.append(
-            f"| {row['index']} | {row['images']} | {row['budget_tokens']} | "
+            f"| {row['index']} | {row['images']} | {_budget_tokens_cell(row)} | "
             f"{_ms(row['eager_ms'])} | {_ms(row['ideal_e2e_ms'])} | "
             + " | ".join(cells)
             + " |"
@@ -489,44 +560,77 @@ def render_traffic_markdown(result: dict[str, Any]) -> str:
             "|---|---|---|---|---|---|---|",
         ]
         for name in TRAFFIC_LADDERS:
+            if name not in model["ladders"]:
+                out.append(f"| {name} | {_missing(model, name)} |" + " |" * 5)
+                continue
             lad = model["ladders"][name]
             cap = lad["capture"]
-            budgets = lad["budgets"]
-            shown = (
-                ", ".join(map(str, budgets))
-                if len(budgets) <= 12
-                else (", ".join(map(str, budgets[:6])) + f", … ({len(budgets)})")
-            )
+            if "not_applicable" in model:
+                # What each path captures (not the global list).
+                shown = "; ".join(
+                    f"{path}: {_budget_list(b)}"
+                    for path, b in lad["path_budgets"].items()
+                )
+            else:
+                shown = _budget_list(lad["budgets"])
             out.append(
                 f"| {name} | {cap['num_graphs']} | {lad['max_batch_size']} | "
-                f"{_f(cap['seconds'], 1)} | {_f(lad['calibration_s'], 1)} | "
+                f"{_f(cap['seconds'], 1)} | "
+                f"{'n/a' if lad['calibration_s'] is None else _f(lad['calibration_s'], 1)} | "
                 f"{_mib(cap['pool_bytes'])} | {shown} |"
             )
         out.append("")
         out += _traffic_summary(model)
-        t = model["tuned_waste"]
-        out += [
-            f"Tuned ladder: predicted waste {_pct(t['predicted_train'])} on the training "
-            f"sample and {_pct(t['predicted_measured'])} on these batches; measured "
-            f"{_pct(t['measured'])}.",
-            "",
-        ]
+        multi = "not_applicable" in model
+        if multi:
+            out += [
+                f"Encoder paths {', '.join(model['paths'])}: each call times the whole "
+                "batch (every path's replays or eager calls, and the merge); the "
+                "exact-shape graph is one graph per path. Not measured: "
+                + "; ".join(
+                    f"**{what}**, {reason}"
+                    for what, reason in model["not_applicable"].items()
+                )
+                + ".",
+                "",
+            ]
+            out += _path_waste(model)
+        else:
+            t = model["tuned_waste"]
+            out += [
+                f"Tuned ladder: predicted waste {_pct(t['predicted_train'])} on the "
+                f"training sample and {_pct(t['predicted_measured'])} on these batches; "
+                f"measured {_pct(t['measured'])}.",
+                "",
+            ]
         rows = model["batches"]
         patches = sum(r["input_rows"] for r in rows)
         tokens = sum(r["output_tokens"] for r in rows)
-        split = sum(
-            1 for r in rows if r["graph"]["default"]["vllm"]["padding"]["replays"] > 1
-        )
+        split = sum(1 for r in rows if _replays_per_path(r) > 1)
         out += [
             f"Budget tokens {sum(r['budget_tokens'] for r in rows)}, output tokens {tokens}, "
             f"encoder input rows {patches} over {len(rows)} batches; {split} batches need "
-            "more than one replay on the default ladder.",
+            f"more than one replay{' on a path' if multi else ''} on the default ladder.",
             "",
         ]
         out += _traffic_batches(model)
-        out += ["Issue #6 workloads (fine ladder):", ""]
-        out += _old_workloads(model)
+        if multi:
+            out += [
+                f"Issue #6 workloads: {model['not_applicable']['old_workloads']}.",
+                "",
+            ]
+        else:
+            out += ["Issue #6 workloads (fine ladder):", ""]
+            out += _old_workloads(model)
     return "\n".join(out) + "\n"
+
+
+def _replays_per_path(row: dict[str, Any]) -> int:
+    """The most replays one path of the batch took on the default ladder."""
+    padding = row["graph"]["default"]["vllm"]["padding"]
+    if "paths" in padding:
+        return max(p["replays"] for p in padding["paths"].values())
+    return padding["replays"]
 
 
 def render_traffic_plot(result: dict[str, Any], path: Path) -> None:
@@ -548,6 +652,8 @@ def render_traffic_plot(result: dict[str, Any], path: Path) -> None:
         xs = [r["eager_ms"]["median"] for r in rows]
         for ladder in TRAFFIC_LADDERS:
             for policy, style in (("vllm", ":"), ("cost", "-")):
+                if _missing(model, ladder, policy) is not None:
+                    continue  # a model of several paths (see the report)
                 ys = [r["graph"][ladder][policy]["speedup"] for r in rows]
                 ax.plot(
                     xs,
@@ -569,7 +675,12 @@ def render_traffic_plot(result: dict[str, Any], path: Path) -> None:
         ax.set_xscale("log")
         ax.set_xlabel("eager ms (batches sorted by it)")
         ax.set_ylabel("speedup = eager / graph")
-        ax.set_title(stem)
+        gaps = [
+            name
+            for name in (*TRAFFIC_LADDERS, *POLICIES)
+            if name in model.get("not_applicable", {})
+        ]
+        ax.set_title(stem + (f" ({', '.join(gaps)}: n/a, multi-path)" if gaps else ""))
         ax.set_ylim(bottom=0)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)

@@ -300,8 +300,13 @@ def replay_old_workloads(stem: str, model: dict[str, Any]) -> list[dict[str, Any
 
 
 def replay(result: dict[str, Any]) -> dict[str, Any]:
+    """Every model's decisions replayed; a model measured without the
+    cost-aware policy (several encoder paths) gets its reason instead."""
     out: dict[str, Any] = {}
     for stem, model in result["models"].items():
+        if "cost" not in model.get("policies_measured", ["cost"]):
+            out[stem] = {"not_applicable": model["not_applicable"]["cost"]}
+            continue
         out[stem] = {"old_workloads": replay_old_workloads(stem, model)}
         for name in LADDERS:
             decisions = replay_ladder(stem, model, name)
@@ -329,7 +334,8 @@ def render(replayed: dict[str, Any]) -> str:
             f"[{low:.3f}, {high:.3f}]"
         )
 
-    for stem, ladders in replayed.items():
+    measured = {k: v for k, v in replayed.items() if "not_applicable" not in v}
+    for stem, ladders in measured.items():
         for name, r in ladders.items():
             if name == "old_workloads":
                 continue
@@ -348,6 +354,9 @@ def render(replayed: dict[str, Any]) -> str:
         "",
     ]
     for stem, ladders in replayed.items():
+        if "not_applicable" in ladders:
+            lines.append(f"- {stem}: {ladders['not_applicable']}")
+            continue
         cells = "; ".join(
             f"{w['workload']} {w['source']}/{w['kind']} {w['speedup']:.2f}x "
             f"{w['efficiency']:.3f} ({w['from']})"
@@ -355,7 +364,7 @@ def render(replayed: dict[str, Any]) -> str:
         )
         lines.append(f"- {stem}: {cells}")
     lines.append("")
-    for stem, ladders in replayed.items():
+    for stem, ladders in measured.items():
         for name, r in ladders.items():
             if name == "old_workloads":
                 continue

@@ -15,26 +15,36 @@
 #   profile   not recorded  profile_execute.py; profile.json, profile.txt
 #   bench     ~315 s        bench_encoders.py (issue #6 workloads); bench.json, bench.md, bench.png
 #   dp        not recorded  2 GPUs (run_dp.sh)
-#   traffic   ~255 s        bench_traffic.py (issue #17: real-traffic batches, seed models,
+#   traffic   ~330 s (est.) bench_traffic.py (issue #17: real-traffic batches, seed models,
 #                     default / fine / tuned ladders, vLLM vs cost-aware execution in
 #                     interleaved rounds, plans with predicted and measured ms, the
 #                     tuner's prediction, issue #6 workloads with cost-aware execution;
-#                     24 batches per model, more while the model's share of 240 s
-#                     lasts, then a short schedule; run A, 2026-12-01: 254 s);
+#                     24 batches per model, more while the model's share of 300 s
+#                     lasts, then a short schedule (3 rounds); 4-6 rounds a batch in
+#                     a shuffled order; run A, 2026-12-01: 254 s with 240 s and 3-5
+#                     rounds; est. ~330 s now);
 #                     traffic.json, traffic.png (markdown from the JSON:
 #                     python bench/render_results.py traffic.json --markdown traffic.md;
 #                     decisions replayed offline: python bench/replay_traffic.py traffic.json)
-#   traffic-new ~110-170 s (est.) bench_traffic.py --models new: the real-traffic benchmark of
+#   traffic-new ~195 s (est.) bench_traffic.py --models new: the real-traffic benchmark of
 #                     the towers beyond the seed models (InternVL, Kimi-VL, Step3-VL,
-#                     Qwen2.5-VL; those without a spec yet, and Step3-VL's two encoder
-#                     paths, are listed as skipped), without issue #6's workloads; at
-#                     least 3 batches per model, more while its share of 80 s lasts,
-#                     one at most after 100 s. Estimate: ~15 s start, ~30 s per model to
-#                     build, capture and calibrate 3 ladders and tune (~55 s for
-#                     Qwen2.5-VL, whose tuned ladder reaches 262k patches), batches of
-#                     2-5 s (InternVL, Kimi-VL) to ~15 s (Qwen2.5-VL, 100k patches):
-#                     ~110 s with Qwen2.5-VL alone, ~150-170 s with three models (the
-#                     limits cut batches, not set-up); traffic-new.json, traffic-new.png
+#                     Qwen2.5-VL; those without a spec yet are listed as skipped),
+#                     without issue #6's workloads; at least 3 batches per model, more
+#                     while its share of 80 s lasts, one at most after 100 s. Step3-VL's
+#                     two encoder paths: default and fine ladders, vLLM's packing only
+#                     (no tuned ladder, no cost-aware policy: n/a (multi-path) in the
+#                     JSON). Estimate: InternVL and Kimi-VL ~34 s each (run C,
+#                     measured: build, 3 ladders, 3 batches); Step3-VL ~40 s: build ~5 s,
+#                     2 ladders of 17 graphs ~7 s each (a warm-up forward per graph: 457
+#                     crops and 223 / 191 global views of a 1.5B-parameter ViT, ~7 / ~18
+#                     ms each at ~3.6 GFLOP a patch), no calibration or tuning, then its
+#                     first 3 batches (36, 2 and 74 crops) ~19 s (eager 0.03-0.6 s, the
+#                     default ladder pads 36 crops to 64 and 74 to 128, ~16 calls per
+#                     batch); Qwen2.5-VL ~90 s (run C: 45 s to its second ladder, a tuned
+#                     ladder to 262k patches, one batch after the hard limit). Over the
+#                     ~170 s aim: the set-ups alone, which the limits do not cut, are ~150
+#                     s; without Qwen2.5-VL (--models internvl,kimi_vl,step3_vl) ~110 s;
+#                     traffic-new.json, traffic-new.png
 #   launch    ~90 s         profile_launch.py (issue #17 item 5: execute's host split at 448² and
 #                     896² x 8, idle / queued / back-to-back, cudaGraphLaunch per budget,
 #                     two passes); launch.json (markdown from the JSON:
@@ -96,7 +106,7 @@ for stage in $stages; do
             if [ ${#cpu[@]} -gt 0 ]; then skip dp; continue; fi
             run dp bash bench/run_dp.sh "$OUT" ;;
         traffic) run traffic python3 bench/bench_traffic.py --out "$OUT/traffic.json" \
-                   --plot "$OUT/traffic.png" --soft-limit-s 240 "${cpu[@]}" ;;
+                   --plot "$OUT/traffic.png" --soft-limit-s 300 "${cpu[@]}" ;;
         traffic-new) run traffic-new python3 bench/bench_traffic.py --out "$OUT/traffic-new.json" \
                    --plot "$OUT/traffic-new.png" --models new --skip-unusable --no-old-workloads \
                    "${traffic_new[@]}" "${cpu[@]}" ;;

@@ -148,16 +148,21 @@ def _check(args, rendered, targets: tuple[str, ...]) -> int:
 
 
 def generate_main(argv: list[str]) -> int:
-    from generator.emit import OutputError, write_all
     from generator.render import RenderError
 
     args = _generate_parser().parse_args(argv)
-    targets = _targets(args.target)
     try:
-        rendered = _render_all(args.specs, targets, args.out)
+        return _generate(args)
     except RenderError as err:
         print(f"gen-mixin: internal error while rendering: {err}", file=sys.stderr)
         return EXIT_INTERNAL
+
+
+def _generate(args) -> int:
+    from generator.emit import OutputError, write_all
+
+    targets = _targets(args.target)
+    rendered = _render_all(args.specs, targets, args.out)
     if rendered is None:
         return EXIT_INVALID  # nothing is written when any spec is invalid
     try:

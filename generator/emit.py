@@ -17,22 +17,30 @@ import secrets
 import shutil
 import stat
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from generator.diagnostics import printable
 from generator.limits import MAX_EXISTING_OUTPUT_BYTES
 from generator.naming import TARGETS, output_path, spec_display_path
-from generator.render import render
+from generator.render import finish, is_sealed_output, render_unformatted
 from generator.resolve import resolve_text
 from generator.yaml_loader import read_spec_file
 
 
 @dataclass(frozen=True)
 class Rendered:
+    """One module: the templates' output, formatted when first asked for
+    (``--check`` formats only the modules whose seal does not match)."""
+
     spec: Path
     target: str
     path: Path
-    source: str
+    unformatted: str
+
+    @cached_property
+    def source(self) -> str:
+        return finish(self.unformatted)
 
 
 class OutputError(Exception):
@@ -55,7 +63,7 @@ def render_spec(
             spec,
             target,
             output_path(out_dir, target, ir.stem),
-            render(ir, target, data, display),
+            render_unformatted(ir, target, data, display),
         )
         for target in targets
     ]
@@ -289,6 +297,8 @@ def check(
     stale = []
     for item in rendered:
         current = read_existing(item.path)
+        if current is not None and is_sealed_output(item.unformatted, current):
+            continue
         if current != item.source.encode("utf-8"):
             stale.append((item.path, unified_diff(item.path, item.source, current)))
     orphaned: list[Path] = []

@@ -525,6 +525,15 @@ def _traffic(spec: MixinSpec, plan: Plan, args, overrides: dict[str, int]) -> in
     """``--traffic``: the ladder tuned to a sample of traffic."""
     from generator.ladder_tuner import traffic_main
 
+    if len(spec.paths) > 1:
+        # The tuner packs every item's budget tokens on one ladder; a path
+        # with min_token_budget captures vLLM's doubling from it whatever
+        # the budgets, so a tuned ladder would not be what gets captured.
+        raise PlanError(
+            "--traffic: the ladder tuner handles one encoder path; this spec "
+            f"has {len(spec.paths)} ({', '.join(p.name for p in spec.paths)})"
+        )
+
     def sized_plan(budgets: list[int], max_items: int) -> Plan:
         return make_plan(
             spec,

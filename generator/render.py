@@ -1,14 +1,24 @@
-"""Spec model -> Python source (black-formatted, parsed back).
+"""Spec model -> Python source (black-formatted, parsed back, sealed).
 
 The emitters (:mod:`generator.emitters`) decide everything a module holds;
 the templates (``templates/``) print it; black formats it with a pinned mode;
 the result is parsed back before anyone may write it.
+
+The seal: the header's ``output-sha256`` line is a digest of the unformatted
+rendering, of what turns it into the module (black's version, the formatting
+code, the seal's own version) and of the module itself. ``gen-mixin --check``
+renders a spec without formatting it; when the file on disk carries the
+digest of that rendering and of its own text, formatting would give that text
+again and the file is up to date without running black (about half of a
+check's time). Any other file is formatted and compared as before: the seal
+can only spare work, never pass a file that differs.
 """
 
 from __future__ import annotations
 
 import ast
 import hashlib
+import re
 import shlex
 from functools import cache
 from pathlib import Path
@@ -96,6 +106,7 @@ def provenance_header(spec_display: str, target: str, spec_bytes: bytes) -> list
         f"`gen-mixin {shlex.quote(shown)}`.",
         f"spec-sha256: {hashlib.sha256(spec_bytes).hexdigest()}",
         f"templates-sha256: {templates_digest()}",
+        f"{SEAL_KEY}: {_UNSEALED}",
     ]
 
 
@@ -116,9 +127,12 @@ def refuse_oversized(raw: str, spec_path: str) -> None:
         raise SpecError(diags.sorted())
 
 
-def render(spec: MixinSpec, target: str, spec_text: bytes, spec_display: str) -> str:
-    """The formatted, parsed-back source of one generated module (raises
-    SpecError when the module would be too large to format)."""
+def render_unformatted(
+    spec: MixinSpec, target: str, spec_text: bytes, spec_display: str
+) -> str:
+    """The templates' output for one module, its parts marked for
+    :func:`~generator.formatting.format_module` (raises SpecError when the
+    module would be too large to format)."""
     from generator.emitters import build_context
 
     header = provenance_header(spec_display, target, spec_text)
@@ -128,6 +142,11 @@ def render(spec: MixinSpec, target: str, spec_text: bytes, spec_display: str) ->
     except Exception as exc:
         raise RenderError(f"template error: {exc}") from exc
     refuse_oversized(raw, spec.spec_path)
+    return raw
+
+
+def finish(raw: str) -> str:
+    """The module of ``raw``: formatted, parsed back, sealed."""
     try:
         formatted = format_module(raw)
     except FormatError as exc:
@@ -136,4 +155,64 @@ def render(spec: MixinSpec, target: str, spec_text: bytes, spec_display: str) ->
         ast.parse(formatted)
     except SyntaxError as exc:
         raise RenderError(f"generated code does not parse: {exc}") from exc
-    return formatted
+    line = f"# {SEAL_KEY}: {_UNSEALED}\n"
+    at = formatted.find(line)
+    if at < 0 or not all(h.startswith("#") for h in formatted[:at].splitlines()):
+        raise RenderError("the provenance header has no seal line")
+    sealed = f"# {SEAL_KEY}: {_seal(raw, formatted)}\n"
+    return formatted[:at] + sealed + formatted[at + len(line) :]
+
+
+def render(spec: MixinSpec, target: str, spec_text: bytes, spec_display: str) -> str:
+    """The formatted, parsed-back, sealed source of one generated module
+    (raises SpecError when the module would be too large to format)."""
+    return finish(render_unformatted(spec, target, spec_text, spec_display))
+
+
+# -- the seal ---------------------------------------------------------------------------
+
+SEAL_KEY = "output-sha256"
+_SEAL_VERSION = b"gen-mixin output seal 1"
+#: The seal line's value while the digest is computed (and in the templates'
+#: output): the digest covers the module with this in its place.
+_UNSEALED = "0" * 64
+_SEAL_LINE = re.compile(rf"^# {SEAL_KEY}: ([0-9a-f]{{64}})$", re.M)
+
+
+@cache
+def _formatter_identity() -> bytes:
+    """What, besides the rendering, decides the formatted text: black's
+    version (none when black is missing: no seal then matches) and the
+    formatting code."""
+    from importlib import metadata
+
+    try:
+        black_version = metadata.version("black")
+    except metadata.PackageNotFoundError:
+        black_version = "none"
+    formatting = Path(__file__).with_name("formatting.py").read_bytes()
+    return b"\0".join(
+        (_SEAL_VERSION, black_version.encode(), hashlib.sha256(formatting).digest())
+    )
+
+
+def _seal(raw: str, unsealed: str) -> str:
+    h = hashlib.sha256(_formatter_identity())
+    for text in (raw, unsealed):
+        data = text.encode("utf-8")
+        h.update(b"\0%d\0" % len(data) + data)
+    return h.hexdigest()
+
+
+def is_sealed_output(raw: str, current: bytes) -> bool:
+    """Whether ``current`` (a file's bytes) is what :func:`finish` makes of
+    ``raw``, told by its seal alone (``False`` also when it cannot tell)."""
+    try:
+        text = current.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    match = _SEAL_LINE.search(text)
+    if match is None:
+        return False
+    unsealed = text[: match.start(1)] + _UNSEALED + text[match.end(1) :]
+    return match.group(1) == _seal(raw, unsealed)

@@ -230,7 +230,11 @@ def budget_range_problems(budget, constants) -> Iterator[tuple[str, str]]:
         previous = None
         for step in SAMPLE_STEPS:
             for tokens, length in ((step, step), (step, 2 * step), (2 * step, step)):
-                scope = {**env, "max_num_batched_tokens": tokens, "max_model_len": length}
+                scope = {
+                    **env,
+                    "max_num_batched_tokens": tokens,
+                    "max_model_len": length,
+                }
                 largest = value_at("budget.max", budget.max, scope)
                 if min(tokens, length) >= minimum and largest < minimum:
                     yield "budget.max", (
@@ -953,6 +957,7 @@ def unit_capture_problems(
 
 
 def _first_overflow(ir: Arithmetic, env, tensor, hull) -> tuple[str, str] | None:
+    bounds: dict[tuple[int, int], tuple[int, object]] = {}  # the frames change none
     for mbs in SAMPLE_BATCH_SIZES:
         for budget in (b for b in SAMPLE_BUDGETS if b >= mbs):
             for factor in SAMPLE_FRAME_FACTORS:
@@ -966,7 +971,9 @@ def _first_overflow(ir: Arithmetic, env, tensor, hull) -> tuple[str, str] | None
                 # Points of a per-unit spec are units, as many per item as
                 # fit: max_batch_size limits nothing then.
                 limit = budget if ir.items.per_unit else mbs
-                need, batch = most_rows(hull, budget, limit)
+                if (budget, limit) not in bounds:
+                    bounds[budget, limit] = most_rows(hull, budget, limit)
+                need, batch = bounds[budget, limit]
                 if held >= need:
                     continue
                 noun = "unit" if ir.items.per_unit else "item"

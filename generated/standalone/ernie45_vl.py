@@ -4,6 +4,7 @@
 # `gen-mixin specs/ernie45_vl.yaml`.
 # spec-sha256: 44a19487b2f61417079df3347e463bfafc30019f50c2056291e8a1b652284f7c
 # templates-sha256: adab187331400a63c543eeb0fa1482b60b2484e9b9c3b18bf0800b9d39ab05ec
+# output-sha256: 7d1723bccb4a2de6a9919f092d258b5ad61e58adf046a88f46e53d7d24e81638
 
 import itertools
 from collections.abc import Hashable

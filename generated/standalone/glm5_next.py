@@ -4,6 +4,7 @@
 # `gen-mixin specs/glm5_next.yaml`.
 # spec-sha256: c3575549c4ed50dd76892d25b692f5f5f648d2f13a2ea29bebd572d144fcdb24
 # templates-sha256: adab187331400a63c543eeb0fa1482b60b2484e9b9c3b18bf0800b9d39ab05ec
+# output-sha256: 5a18325f5c8b97e4c7bc555e7f571be3e8cf00d74c308341610c825fdefc1de9
 
 import itertools
 from collections.abc import Hashable

@@ -4,6 +4,7 @@
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
 # templates-sha256: adab187331400a63c543eeb0fa1482b60b2484e9b9c3b18bf0800b9d39ab05ec
+# output-sha256: 4ea42da2357cde531c30356599cb8fe4a060857033b74a76f167648d5b9f7bd7
 
 import itertools
 from collections.abc import Hashable

@@ -4,6 +4,7 @@
 # `gen-mixin specs/mllama4.yaml`.
 # spec-sha256: 3a4c5d7bdb1ee216f77e7723529296ab4a8d77acd6df01a22770eb4a40007938
 # templates-sha256: adab187331400a63c543eeb0fa1482b60b2484e9b9c3b18bf0800b9d39ab05ec
+# output-sha256: 12f9cc866c0ba6c79bdf14ca6efdd42a2d60f8c671b0dfc7380d3e57a8f226d9
 
 import itertools
 from collections.abc import Hashable

@@ -4,6 +4,7 @@
 # `gen-mixin specs/cohere_compass.yaml`.
 # spec-sha256: d0b3571feeeed12e487ccaa7caa29d450a482d4ae7cfb2cb9c2e528321160bf0
 # templates-sha256: adab187331400a63c543eeb0fa1482b60b2484e9b9c3b18bf0800b9d39ab05ec
+# output-sha256: c8de143c525f64dc3359f482a2ca459e0004a374f3d7f9f92760467bf8e57295
 
 import itertools
 from collections.abc import Hashable

@@ -4,6 +4,7 @@
 # `gen-mixin specs/deepseek_ocr.yaml`.
 # spec-sha256: 0bfb43e4316a4a39192bb100e7cfeecbb3f7339c7a907dfaa07f9b62999ceee7
 # templates-sha256: adab187331400a63c543eeb0fa1482b60b2484e9b9c3b18bf0800b9d39ab05ec
+# output-sha256: e7a9bd361ff48a944d4cd439d114c892c44aac89f60b9ccb1f29487c5f8afa37
 
 import itertools
 from collections.abc import Hashable

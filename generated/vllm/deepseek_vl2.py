@@ -4,6 +4,7 @@
 # `gen-mixin specs/deepseek_vl2.yaml`.
 # spec-sha256: 6f892ea020ee953004c7a45b78d4d9f058c9fcef960abef7cba31604ab4b32b1
 # templates-sha256: adab187331400a63c543eeb0fa1482b60b2484e9b9c3b18bf0800b9d39ab05ec
+# output-sha256: acf74ec9dea08c68f80ee2761adca1130dc0b0eec30f00ebf2338b489ef7f67d
 
 import itertools
 from collections.abc import Hashable

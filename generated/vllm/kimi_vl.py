@@ -4,6 +4,7 @@
 # `gen-mixin specs/kimi_vl.yaml`.
 # spec-sha256: dec5f629ea45e6747065da9f1de34c016f7c11dcc328326c287b6a82ba94d373
 # templates-sha256: adab187331400a63c543eeb0fa1482b60b2484e9b9c3b18bf0800b9d39ab05ec
+# output-sha256: f57d19ab46afd069dfb34c9e9780b1afb63f3e1a02f4475a85498495e7a810d9
 
 import itertools
 from collections.abc import Hashable

@@ -4,6 +4,7 @@
 # `gen-mixin specs/mllama4.yaml`.
 # spec-sha256: 3a4c5d7bdb1ee216f77e7723529296ab4a8d77acd6df01a22770eb4a40007938
 # templates-sha256: adab187331400a63c543eeb0fa1482b60b2484e9b9c3b18bf0800b9d39ab05ec
+# output-sha256: 6e673ec42a535ae1ee7b8eb176e5b38c3756e8bd15349d2f6b927e40f20d6f99
 
 import itertools
 from collections.abc import Hashable

@@ -129,7 +129,11 @@ def _rows_check(spec: MixinSpec, body: Body, loads: Loads, flat: FlatInput) -> d
     if fx.names_in(flat.rows) & {d for g in spec.item_inputs for d in g.dims}:
         total = f"sum({rows} for {target} in {iterable})"
     else:
-        total = f"num_items * ({rows})" if isinstance(flat.rows, fx.BinOp) else f"num_items * {rows}"
+        total = (
+            f"num_items * ({rows})"
+            if isinstance(flat.rows, fx.BinOp)
+            else f"num_items * {rows}"
+        )
     per_item = f"{fx.to_spec_text(flat.rows)} from {', '.join(keys)}"
     return {
         "key": loads.key(flat.key),
@@ -203,5 +207,3 @@ def helpers(spec: MixinSpec) -> dict[str, bool]:
         "relations": any(i.equals for i in spec.item_inputs),
         "units": bool(unit_grids(spec)),
     }
-
-

@@ -55,18 +55,13 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
         "checked": "self._checked_grids(mm_kwargs)",
         "input_size": expr(items.input_size),
         "output_tokens": expr(items.output_tokens),
-        "budget_tokens": (
-            expr(budget_tokens) if budget_tokens is not None else None
-        ),
+        "budget_tokens": (expr(budget_tokens) if budget_tokens is not None else None),
         "counts_other": items.budget_tokens is not None,
         "eager_when": (
             conditions.to_python(eager, body.expr) if eager is not None else None
         ),
         "path_tokens": (
-            [
-                {"name": repr(p.name), "value": expr(p.output_tokens)}
-                for p in spec.paths
-            ]
+            [{"name": repr(p.name), "value": expr(p.output_tokens)} for p in spec.paths]
             if spec.has_paths
             else None
         ),

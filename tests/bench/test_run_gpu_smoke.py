@@ -68,8 +68,10 @@ def check_traffic_outputs(traffic: dict[str, Any]) -> None:
         assert model["batches"], stem
         for row in model["batches"]:
             assert row["check_ideal"] < 1e-4, (stem, row["items"])
-            for ladder in LADDERS:
-                for policy in POLICIES:
+            # A model of several encoder paths: vLLM's packing on the default
+            # and fine ladders (the rest is recorded as not applicable).
+            for ladder in model["ladders_measured"]:
+                for policy in model["policies_measured"]:
                     entry = row["graph"][ladder][policy]
                     assert entry["check_vs_eager"] < 1e-4, (stem, ladder, policy)
                     assert entry["speedup"] > 0
@@ -80,14 +82,16 @@ def check_traffic_outputs(traffic: dict[str, Any]) -> None:
 
 
 def test_traffic_new_measures_or_skips_each_new_model(smoke_run: Path) -> None:
-    """``traffic-new``: every new model is measured, or listed with the reason
-    it cannot be (no spec yet, several encoder paths); no issue #6 workloads."""
+    """``traffic-new``: every new model is measured (Step3-VL's two encoder
+    paths too), or listed with the reason it cannot be (no spec yet); no
+    issue #6 workloads."""
     result = json.loads((smoke_run / "traffic-new.json").read_text())
     encoders = load_bench_module("bench_encoders")
     new = load_bench_module("bench_traffic").NEW_MODELS
     assert set(result["models"]) | set(result["skipped"]) == set(new)
+    assert "step3_vl" in result["models"]
     for stem in new:
-        reason = encoders.unusable_reason(stem, "tiny")
+        reason = encoders.unusable_reason(stem, "tiny", multi_path=True)
         assert result["skipped"].get(stem) == reason, stem
     assert result["params"]["old_workloads"] is False
     check_traffic_outputs(result)
@@ -96,8 +100,8 @@ def test_traffic_new_measures_or_skips_each_new_model(smoke_run: Path) -> None:
 
 
 def test_traffic_of_a_model_beyond_the_seeds(tmp_path: Path) -> None:
-    """Until the new models' specs land: Qwen2-VL through the same code (its
-    items named after its spec's grid dims), Step3-VL listed as skipped."""
+    """Qwen2-VL through the same code (its items named after its spec's grid
+    dims), and Step3-VL with its two encoder paths."""
     out = tmp_path / "traffic.json"
     proc = subprocess.run(
         [
@@ -116,8 +120,8 @@ def test_traffic_of_a_model_beyond_the_seeds(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(out.read_text())
-    assert list(result["models"]) == ["qwen2_vl"]
-    assert set(result["skipped"]) == {"step3_vl"}
+    assert list(result["models"]) == ["qwen2_vl", "step3_vl"]
+    assert result["skipped"] == {}
     check_traffic_outputs(result)
     model = result["models"]["qwen2_vl"]
     assert len(model["batches"]) == 1

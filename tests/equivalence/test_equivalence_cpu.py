@@ -122,6 +122,61 @@ def test_equivalence_tiny_fp32(stem):
     assert modalities == set(drv.tower_modalities(REFERENCE_TOWERS[stem]))
 
 
+@pytest.mark.parametrize("stem", ["qwen2_5_vl", "step3_vl"])
+def test_items_over_the_bar_carry_the_eager_noise_floor(stem):
+    """An item over the tolerance is rerun alone, eagerly: the summary puts
+    the graph's error beside the distance between the two eager results.
+    (A negative tolerance puts every item over the bar.)"""
+    summary = drv.run_equivalence(
+        stem,
+        "tiny",
+        device="cpu",
+        dtype=torch.float32,
+        graph_backend=EagerReplayGraphBackend(),
+        tolerance=-1.0,
+        seed=0,
+        num_batches=4,
+    )
+    assert summary["num_failures"] >= len(summary["over_bar"]) > 0
+    for entry in summary["over_bar"]:
+        assert "error" not in entry, entry
+        assert entry["where"] in "\n".join(summary["failures"])
+        # fp32 on the CPU: graph, alone and batched agree to rounding.
+        for key in (
+            "graph_vs_batched_eager",
+            "graph_vs_alone_eager",
+            "alone_vs_batched_eager",
+        ):
+            assert 0.0 <= entry[key] <= FP32_TOLERANCE, (key, entry)
+        # In fp32 there is no truer result to hold the graph to.
+        assert "graph_vs_fp32" not in entry and not entry["within_bar_of_fp32"]
+
+
+def test_below_fp32_an_item_over_the_bar_is_held_to_the_fp32_twin():
+    """bf16 on the CPU, every item put over the bar (a negative tolerance):
+    each is compared with the fp32 twin, and fails unless within the
+    tolerance of it."""
+    tol = -1.0
+    summary = drv.run_equivalence(
+        "qwen2_vl",
+        "tiny",
+        device="cpu",
+        dtype=torch.bfloat16,
+        graph_backend=EagerReplayGraphBackend(),
+        tolerance=tol,
+        seed=0,
+        num_batches=3,
+    )
+    over = summary["over_bar"]
+    assert over
+    for entry in over:
+        assert 0.0 < entry["graph_vs_fp32"] < 0.05, entry
+        assert 0.0 < entry["eager_vs_fp32"] < 0.05, entry
+        assert entry["within_bar_of_fp32"] == (entry["graph_vs_fp32"] <= tol)
+    failed = [e for e in over if not e["within_bar_of_fp32"]]
+    assert summary["num_failures"] >= len(failed) > 0
+
+
 @pytest.mark.parametrize("stem", STEMS)
 def test_recapture_after_clear_replays_right(stem):
     """capture -> clear -> capture: buffers are new (maybe at old addresses);

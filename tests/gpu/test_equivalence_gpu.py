@@ -126,7 +126,12 @@ def test_equivalence_bf16_cuda_graphs(stem, size, request):
     assert summary["batches"] == drv.gpu_run(stem, size)["num_batches"]
     assert summary["graph_hits"] > 0 and summary["eager_fallbacks"] > 0
     assert summary["nonfinite"] == 0 and summary["aliasing"] == 0
-    assert summary["worst_rel_err"] <= BF16_TOLERANCE
+    # An item over the bar against bf16 eager passes only within it of the
+    # fp32 twin (the driver counts it as a failure otherwise).
+    over = summary["over_bar"]
+    assert summary["worst_rel_err"] <= BF16_TOLERANCE or (
+        over and all(e["within_bar_of_fp32"] for e in over)
+    )
     modalities = {k.split(":")[0] if ":" in k else "image" for k in summary["kinds"]}
     assert modalities == set(drv.tower_modalities(drv.REFERENCE_TOWERS[stem]))
 

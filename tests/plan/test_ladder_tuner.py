@@ -307,6 +307,19 @@ def test_max_budget_holds_batches_in_one_replay(tmp_path: Path) -> None:
     assert wide["tuned"]["waste"] == 0.0
 
 
+def test_several_encoder_paths_exit_2(tmp_path: Path) -> None:
+    """Step3-VL's paths each double from their own minimum: a tuned global
+    ladder would not be what they capture (it crashed on the sizes)."""
+    path = write(tmp_path, {"batches": [[{"np": 30}, {"np": 6}], [{"np": 2}]]})
+    proc = run_plan(str(ROOT / "specs" / "step3_vl.yaml"), "--traffic", str(path))
+    assert proc.returncode == 2, proc.stderr
+    assert (
+        "--traffic: the ladder tuner handles one encoder path; this spec has 2 "
+        "(global, local)" in proc.stderr
+    )
+    assert proc.stdout == ""
+
+
 def test_max_budget_below_the_minimum_exits_2(tmp_path: Path) -> None:
     path = write(
         tmp_path,

@@ -4,6 +4,7 @@
 # `gen-mixin specs/deepseek_v41.yaml`.
 # spec-sha256: 5a5e49b0dc755e0765f16e9bea83916dae1ad10e566a6756645034252356e46f
 # templates-sha256: adab187331400a63c543eeb0fa1482b60b2484e9b9c3b18bf0800b9d39ab05ec
+# output-sha256: 1e1d37c0af33f57745042ffebbb695a078be895ac8d3f8e093cfbb028509dae8
 
 import itertools
 import weakref

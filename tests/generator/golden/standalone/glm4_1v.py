@@ -4,6 +4,7 @@
 # `gen-mixin specs/glm4_1v.yaml`.
 # spec-sha256: 8dbf4b67da8ee0c6b971a56e7a214b9a1b0132047a02b9a4eb35c668e955ad21
 # templates-sha256: adab187331400a63c543eeb0fa1482b60b2484e9b9c3b18bf0800b9d39ab05ec
+# output-sha256: b5c1e187c6e5365df3e01514c76375cf2fad5c30469713c9c6bd27bd0240d845
 
 import itertools
 from collections.abc import Hashable

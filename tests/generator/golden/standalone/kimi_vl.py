@@ -4,6 +4,7 @@
 # `gen-mixin specs/kimi_vl.yaml`.
 # spec-sha256: dec5f629ea45e6747065da9f1de34c016f7c11dcc328326c287b6a82ba94d373
 # templates-sha256: adab187331400a63c543eeb0fa1482b60b2484e9b9c3b18bf0800b9d39ab05ec
+# output-sha256: beb6d1b28e38eb457a2f64028a5d1ea6479047d690e73fed417bc08c3cdad5e0
 
 import itertools
 from collections.abc import Hashable

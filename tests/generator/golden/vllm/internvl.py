@@ -4,6 +4,7 @@
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
 # templates-sha256: adab187331400a63c543eeb0fa1482b60b2484e9b9c3b18bf0800b9d39ab05ec
+# output-sha256: c81971ed59e5f13cab815f74329ff843ad9133ceac9bb2e7181409aed00e0bd2
 
 import itertools
 from collections.abc import Hashable

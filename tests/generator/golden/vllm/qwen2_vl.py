@@ -4,6 +4,7 @@
 # `gen-mixin specs/qwen2_vl.yaml`.
 # spec-sha256: 1215cbd2187709b1e172830108e4b18a70b517f0386b5aaf848e6c0d07d27655
 # templates-sha256: adab187331400a63c543eeb0fa1482b60b2484e9b9c3b18bf0800b9d39ab05ec
+# output-sha256: 00e02fa4fa6d04c0974c25e473e8651b0a7c455c250f85775c2edc463332cf55
 
 import itertools
 from collections.abc import Hashable
