@@ -94,7 +94,11 @@ def _arithmetic_problems(ctx: ReadContext):
     yield from budget_range_problems(parts.get("budget"), constants)
     if items is not None and named and len(named) == len(parts["paths"]):
         yield from path_problems(
-            tuple(named), items, constants, parts.get("item_inputs", ())
+            tuple(named),
+            items,
+            constants,
+            parts.get("item_inputs", ()),
+            custom_rows=parts.get("post_steps_with_paths", False),
         )
 
 

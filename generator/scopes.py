@@ -416,6 +416,8 @@ METHODS: dict[str, Method] = {
                 "item_tokens",
                 "batch_tokens",
                 "aliased",
+                "absent_rows",
+                "path_out",
                 "_",
             ),
             spec_kinds=_READS_INPUTS | {_K.IMPORT, _K.POST_STEP},

@@ -195,14 +195,18 @@ def _own_methods(klass: ast.ClassDef) -> dict[str, ast.FunctionDef]:
     }
 
 
-def _counted(defs: dict[str, ast.FunctionDef]) -> list[str]:
+def _counted(
+    defs: dict[str, ast.FunctionDef], kept: frozenset[str] = frozenset()
+) -> list[str]:
     """Protocol methods, then the private helpers only they call.
 
     A helper that the model's other methods also call (its own eager
-    ``_process_image_input``, say) predates the mixin and is not counted.
+    ``_process_image_input``, say) predates the mixin and is not counted;
+    nor is one the spec calls itself (``kept``, its ``host_methods``): the
+    generated mixin leaves it in the model, so it replaces nothing.
     """
     counted = [name for name in PROTOCOL_METHODS if name in defs]
-    callers: dict[str, set[str]] = {}
+    callers: dict[str, set[str]] = {name: {"<the spec>"} for name in kept}
     for name, node in defs.items():
         for attr in _self_calls(node):
             if attr in defs and attr != name:
@@ -223,9 +227,14 @@ def _counted(defs: dict[str, ast.FunctionDef]) -> list[str]:
     return counted
 
 
-def hand_written(wheel: zipfile.ZipFile, sources: str | tuple[str, ...]) -> HandWritten:
-    """The counted methods of a model's class; later files supply what the
-    first file's class inherits."""
+def hand_written(
+    wheel: zipfile.ZipFile,
+    sources: str | tuple[str, ...],
+    kept: frozenset[str] = frozenset(),
+) -> HandWritten:
+    """The counted methods of a model's class (``kept``: helpers the spec
+    calls, see :func:`_counted`); later files supply what the first file's
+    class inherits."""
     paths = (sources,) if isinstance(sources, str) else sources
     total, methods, classes = 0, [], []
     for path in paths:
@@ -233,7 +242,7 @@ def hand_written(wheel: zipfile.ZipFile, sources: str | tuple[str, ...]) -> Hand
         tree = ast.parse(source)
         klass = _protocol_class(tree, path)
         defs = _own_methods(klass)
-        names = [name for name in _counted(defs) if name not in methods]
+        names = [name for name in _counted(defs, kept) if name not in methods]
         methods += names
         classes.append(klass.name)
         total += python_code_lines(source, [defs[n] for n in names], tree)
@@ -254,14 +263,23 @@ def measure(wheel: zipfile.ZipFile, specs: Path = SPECS) -> list[Row]:
             raise LookupError(
                 f"{spec.name}: no vLLM source known; add it to VLLM_SOURCES"
             )
+        text = spec.read_text()
         rows.append(
             Row(
                 spec.stem,
-                yaml_code_lines(spec.read_text()),
-                hand_written(wheel, source),
+                yaml_code_lines(text),
+                hand_written(wheel, source, _kept(text)),
             )
         )
     return rows
+
+
+def _kept(spec_text: str) -> frozenset[str]:
+    """The host methods a spec calls (``host_methods``)."""
+    import yaml
+
+    data = yaml.safe_load(spec_text) or {}
+    return frozenset(data.get("host_methods") or ())
 
 
 def _inherited(hand: HandWritten) -> str:
@@ -282,7 +300,8 @@ def render(rows: list[Row]) -> str:
         "lines*: no blank lines, no comment-only lines, no docstrings (for a spec:",
         "no `docstring:` block). vLLM's code is read from the wheel with `ast`.",
         "A private helper is counted when only counted methods call it (the",
-        "model's own eager helpers predate the mixin and are left out). A class",
+        "model's own eager helpers predate the mixin and are left out), unless",
+        "the spec calls it itself (`host_methods`: it stays in the model). A class",
         "that inherits protocol methods (GLM-5-Next from GLM-4.1V) is measured",
         "with them: its generated mixin is a complete drop-in, as its spec is.",
         "",

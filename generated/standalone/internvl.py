@@ -3,8 +3,8 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
-# templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
-# output-sha256: 6a49aa98848703614257890407d02172a754e221f533075f43d03190cb62de5d
+# templates-sha256: adab187331400a63c543eeb0fa1482b60b2484e9b9c3b18bf0800b9d39ab05ec
+# output-sha256: 4ea42da2357cde531c30356599cb8fe4a060857033b74a76f167648d5b9f7bd7
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/qwen2_5_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_vl.yaml`.
 # spec-sha256: 96480d9c7c7c980974bbfd1e9ab20c6575a966715da8e48283b6883b95e654af
-# templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
-# output-sha256: 102995d3078b28b7ef79380126650b94d7677235533606723ac7ef1ed62fa524
+# templates-sha256: adab187331400a63c543eeb0fa1482b60b2484e9b9c3b18bf0800b9d39ab05ec
+# output-sha256: d2d86f20c8ab537fbe366ad8e03ed0e210fa127f8f6dbbbcaa6e7bc059cb1137
 
 import itertools
 from collections.abc import Hashable

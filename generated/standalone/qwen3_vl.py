@@ -3,8 +3,8 @@
 # From specs/qwen3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen3_vl.yaml`.
 # spec-sha256: 28992035a32ca0711943f61e569736ce2ca71587c2e480781972b42541c1b620
-# templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
-# output-sha256: 0585af35dcc70bb3b9b653f4a38f9a93054bd8d5436952473a9dd00132475fb8
+# templates-sha256: adab187331400a63c543eeb0fa1482b60b2484e9b9c3b18bf0800b9d39ab05ec
+# output-sha256: e0722c068686955d58b60a68d19e94fd059e1d25920777eaf6913e95e7516b9d
 
 import itertools
 from collections.abc import Hashable

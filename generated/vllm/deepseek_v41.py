@@ -3,8 +3,8 @@
 # From specs/deepseek_v41.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_v41.yaml`.
 # spec-sha256: 5a5e49b0dc755e0765f16e9bea83916dae1ad10e566a6756645034252356e46f
-# templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
-# output-sha256: 7bbd3f3d3befb8e51237b88022e7f0b41c5f2bd80aa1a3f155a6917066440906
+# templates-sha256: adab187331400a63c543eeb0fa1482b60b2484e9b9c3b18bf0800b9d39ab05ec
+# output-sha256: 4a32c19cc65de7f02adddd4a8464e255d62b0dc21cd9797cd91b6f0a5d4ead56
 
 import itertools
 import weakref

@@ -3,8 +3,8 @@
 # From specs/deepseek_vl2.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_vl2.yaml`.
 # spec-sha256: 6f892ea020ee953004c7a45b78d4d9f058c9fcef960abef7cba31604ab4b32b1
-# templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
-# output-sha256: d9e43b9ec498538003ed4ada066f48695813fdfddb98f858297c5f5a97a4be4f
+# templates-sha256: adab187331400a63c543eeb0fa1482b60b2484e9b9c3b18bf0800b9d39ab05ec
+# output-sha256: acf74ec9dea08c68f80ee2761adca1130dc0b0eec30f00ebf2338b489ef7f67d
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/glm4_1v.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm4_1v.yaml`.
 # spec-sha256: 8dbf4b67da8ee0c6b971a56e7a214b9a1b0132047a02b9a4eb35c668e955ad21
-# templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
-# output-sha256: cf3f910c64f0df2094767b06d3a5eda45732a25f77d0298d9afef3d9af7b4d43
+# templates-sha256: adab187331400a63c543eeb0fa1482b60b2484e9b9c3b18bf0800b9d39ab05ec
+# output-sha256: 3507a3e11d39eaa19bfd1d82cf5c5357ec964804d1f0e97639f78a252ce29824
 
 import itertools
 from collections.abc import Hashable

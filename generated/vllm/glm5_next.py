@@ -3,8 +3,8 @@
 # From specs/glm5_next.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm5_next.yaml`.
 # spec-sha256: c3575549c4ed50dd76892d25b692f5f5f648d2f13a2ea29bebd572d144fcdb24
-# templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
-# output-sha256: 284f2d7ddeb234521c322da27f5ce912f1d92745bcacbff3de3bd22ea691198d
+# templates-sha256: adab187331400a63c543eeb0fa1482b60b2484e9b9c3b18bf0800b9d39ab05ec
+# output-sha256: a39da50d617d1e0044e7d5506b8699876962d854f8f65954fe2c5ef6b06d845d
 
 import itertools
 from collections.abc import Hashable

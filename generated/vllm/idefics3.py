@@ -3,8 +3,8 @@
 # From specs/idefics3.yaml: change the spec or the templates and run
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 8b488cb972956d4df57232df809f3b4c048f68b21019dab78906516f52b22e02
-# templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
-# output-sha256: 78e6b4f122504fe196ccbcf239f5162f036fa383b07b2676202f228baea518fa
+# templates-sha256: adab187331400a63c543eeb0fa1482b60b2484e9b9c3b18bf0800b9d39ab05ec
+# output-sha256: fed5de876520f3a6797d97059c572619b0a23485669b67b76a6268fbbb3ce1d4
 
 import itertools
 from collections.abc import Hashable

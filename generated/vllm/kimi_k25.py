@@ -3,8 +3,8 @@
 # From specs/kimi_k25.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k25.yaml`.
 # spec-sha256: 48ab13502da49bdd4a5c48e47fa70f6469e759d2e60e4da2ae50d39a02300d68
-# templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
-# output-sha256: 5e6808dcc3ba530c8829904daf915fee35c4a379eb4d8c02b090c2cba2db9513
+# templates-sha256: adab187331400a63c543eeb0fa1482b60b2484e9b9c3b18bf0800b9d39ab05ec
+# output-sha256: 0bc192c3d03bc6c1a6eb2ae14637f9922f5f7d227c83766dd80cb6005f517c40
 
 import itertools
 from collections.abc import Hashable

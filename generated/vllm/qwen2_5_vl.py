@@ -3,8 +3,8 @@
 # From specs/qwen2_5_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_vl.yaml`.
 # spec-sha256: 96480d9c7c7c980974bbfd1e9ab20c6575a966715da8e48283b6883b95e654af
-# templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
-# output-sha256: a94917bc4c565ccde162397cb05ef009b619c1a16382d5bad78a7476d80b7060
+# templates-sha256: adab187331400a63c543eeb0fa1482b60b2484e9b9c3b18bf0800b9d39ab05ec
+# output-sha256: d30ca72db7d08c1fba6797a80dedc4de8ceb1872924c6aacb1fc940bbb9e27fc
 
 import itertools
 from collections.abc import Hashable

@@ -31,6 +31,10 @@ def used_import_names(spec: MixinSpec) -> set[str]:
     used = set().union(*(fx.names_in(e) for e in exprs)) if exprs else set()
     for attr in spec.host:
         used |= attr.names
+    # A constant's imported name, where a printed formula or step reads the
+    # constant (each method binds the constants it uses).
+    read = set().union(*(fx.names_in(e) for e in [*_printed_formulas(spec), *exprs]))
+    used |= {c.imported for c in spec.constants if c.imported and c.name in read}
     span = spec.span_assembly
     if span is not None:
         used.add(span.content.name)

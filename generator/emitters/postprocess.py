@@ -90,6 +90,41 @@ def _concat(spec: MixinSpec) -> dict[str, Any]:
     return ctx
 
 
+def _path_steps(spec: MixinSpec) -> dict[str, Any]:
+    """Per-item steps over each path's rows of the item (``<path>_rows``)."""
+    post = spec.postprocess
+    assert post is not None and post.steps and post.per_item  # noqa: S101
+    body = Body(spec)
+    loads = Loads(spec)
+    used = set().union(*(fx.names_in(s.expr) for s in post.steps))
+    dims = {d for g in spec.item_inputs for d in g.dims} & used
+    target, iterable, keys = item_loop(spec, dims)
+    rows = []
+    for path in spec.paths:
+        assert path.output_tokens is not None  # noqa: S101 (a named path)
+        value, read = per_item_list(spec, body, path.output_tokens)
+        keys += [k for k in read if k not in keys]
+        rows.append({"name": repr(path.name), "value": value})
+    names = dict(post.path_rows)
+    required = next(p for p in spec.paths if not p.allow_zero_tokens)
+    ctx = {
+        "names": ", ".join(f"``{names[p.name]}``" for p in spec.paths),
+        "why": comment_lines(post.why),
+        "no_kwargs": plain_message(
+            f"{spec.display_name} post-processing needs batch_mm_kwargs"
+        ),
+        "rows": rows,
+        "required": repr(required.name),
+        "bind": [{"name": names[p.name], "path": repr(p.name)} for p in spec.paths],
+        "target": target,
+        "iterable": iterable,
+    }
+    ctx["grids"] = [loads.item(k, "batch_mm_kwargs") for k in keys]
+    ctx["steps"] = steps(body, post.steps, {})
+    ctx["constants"] = body.bindings()
+    return ctx
+
+
 def _span(spec: MixinSpec) -> dict[str, Any]:
     span = spec.span_assembly
     graph_rows = spec.items.graph_rows
@@ -127,11 +162,13 @@ def _span(spec: MixinSpec) -> dict[str, Any]:
 
 def context(spec: MixinSpec, target: str) -> dict[str, Any] | None:
     if spec.has_paths:
+        custom = bool(spec.post_steps)
         return {
             "signature": signature(spec, "postprocess_encoder_output"),
             "span": None,
-            "concat": _concat(spec),
+            "concat": None if custom else _concat(spec),
             "steps": None,
+            "path_steps": _path_steps(spec) if custom else None,
         }
     if spec.post_steps:
         return {
@@ -139,6 +176,7 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any] | None:
             "span": None,
             "concat": None,
             "steps": _steps(spec),
+            "path_steps": None,
         }
     if spec.span_assembly is None and not writes_default(spec):
         return None
@@ -147,4 +185,5 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any] | None:
         "span": _span(spec) if spec.span_assembly is not None else None,
         "concat": None,
         "steps": None,
+        "path_steps": None,
     }

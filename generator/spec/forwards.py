@@ -98,6 +98,7 @@ class Steps(ValueType):
 
     def value(self, node: Node, field: str, ctx: ReadContext, **kw: Any) -> Any:
         scope_id = kw.get("scope", self.scope_id)
+        extra = kw.get("extra", ())
         lines = node.value
         if not lines:
             ctx.error(node, field, "needs at least 1 item(s)")
@@ -107,7 +108,7 @@ class Steps(ValueType):
             if line.kind != "string":
                 ctx.error(line, path, f"expected a string, got {line.kind}")
                 continue
-            step = self.statement(line, path, ctx, scope_id)
+            step = self.statement(line, path, ctx, scope_id, extra)
             if step is None:
                 # Later steps may still use the names it assigns.
                 for target in fx.assignment_targets(line.value):
@@ -122,13 +123,17 @@ class Steps(ValueType):
             steps.append(step)
         return tuple(steps)
 
-    def statement(self, line: Node, path: str, ctx: ReadContext, scope_id: str):
-        scope = ctx.scope(scope_id)
+    def statement(
+        self, line: Node, path: str, ctx: ReadContext, scope_id: str, extra=()
+    ):
+        scope = ctx.scope(scope_id, extra)
         try:
             targets, expr = fx.parse_statement(line.value, scope)
         except FormulaError as exc:
             ctx.error(
-                formula_location(line, exc), path, formula_error_message(exc, scope)
+                formula_location(line, exc),
+                path,
+                formula_error_message(exc, scope, ctx.unbound),
             )
             return None
         zero = zero_divisor(expr)
@@ -324,6 +329,11 @@ def _lookup(r: Reader, key: str, table: dict, problem: str):
     return found
 
 
+#: The name per-item post-processing steps give an item's rows of a path.
+def path_rows_name(path: str) -> str:
+    return f"{path}_rows"
+
+
 @dataclass(frozen=True)
 class Postprocess:
     span_assembly: SpanAssembly | None
@@ -332,6 +342,8 @@ class Postprocess:
     steps: tuple[Step, ...] | None = None
     per_item: bool = False
     why: str | None = None
+    #: With paths: (path, the name of an item's rows of it) for every path.
+    path_rows: tuple[tuple[str, str], ...] = ()
 
     KEYS: ClassVar = Keys(
         Key(
@@ -357,7 +369,10 @@ class Postprocess:
             "one the output rows of every item in order (or with `per_item` the "
             "item's), split by `per_item_out_tokens` into `dest`. A result that is "
             "a view of `path_output` is cloned when the manager asks for `clone`. "
-            "ERNIE-4.5-VL: the resampler over `path_output[:graph_rows]`.",
+            "ERNIE-4.5-VL: the resampler over `path_output[:graph_rows]`. With "
+            "paths, per item only: each path's rows of the item are "
+            "`<path>_rows` (DeepSeek-OCR: `local_rows`, `global_rows`), and the "
+            "steps' result is `items.output_tokens` rows.",
             example="[resampler(path_output[:graph_rows], torch.tensor(grid_thw))]",
         ),
         Key(
@@ -381,15 +396,29 @@ class Postprocess:
         order = r.take("concatenate")
         per_item = r.take("per_item")
         why = r.take("why")
+        path_rows: tuple[tuple[str, str], ...] = ()
+        extra: tuple[str, ...] = ()
         if r.has("steps") and paths is not None:
-            r.error(
+            if not per_item:
+                r.error(
+                    "steps",
+                    "with paths, post-processing steps run per item (per_item: "
+                    "true) over each path's rows of the item (<path>_rows)",
+                )
+            path_rows = _declare_path_rows(r, paths)
+            extra = tuple(name for _, name in path_rows)
+            r.ctx.partial["post_steps_with_paths"] = True
+        saved = r.ctx.unbound
+        if paths is not None:
+            r.ctx.unbound = dict(_UNBOUND_WITH_PATHS)
+        try:
+            steps = r.take(
                 "steps",
-                "post-processing steps read the default path's output: not with "
-                "paths (yet)",
+                scope="post_steps_per_item" if per_item else "post_steps",
+                extra=extra,
             )
-        steps = r.take(
-            "steps", scope="post_steps_per_item" if per_item else "post_steps"
-        )
+        finally:
+            r.ctx.unbound = saved
         for key in ("per_item", "why"):
             if r.has(key) and not r.has("steps"):
                 r.error(r.key_location(key), "only with steps", r.path(key))
@@ -403,7 +432,38 @@ class Postprocess:
             steps,
             bool(per_item),
             why,
+            path_rows,
         )
+
+
+#: The default path's names, which steps over several paths do not bind.
+_UNBOUND_WITH_PATHS = {
+    name: "with paths, each path's rows of the item are <path>_rows"
+    for name in ("path_output", "item_output", "graph_rows")
+}
+
+
+def _declare_path_rows(r: Reader, paths) -> tuple[tuple[str, str], ...]:
+    """The names of an item's rows of each path, declared as postprocess
+    step names (checked against every other name, and against what the
+    method binds for itself)."""
+    out = []
+    location = r.key_location("steps")
+    for path in paths:
+        name = path_rows_name(path.name)
+        field = f"paths.{path.name}"
+        if check_name(r.ctx, location, field, name, "step"):
+            kind = r.ctx.kind_of(name)
+            if kind is not None:
+                r.ctx.error(
+                    location,
+                    r.path("steps"),
+                    f"{name!r} (the item's rows of path {path.name!r}) is also a "
+                    f"{kind.value}: rename one",
+                )
+        r.ctx.declare(NameKind.POST_STEP, name, location, r.path("steps"))
+        out.append((path.name, name))
+    return tuple(out)
 
 
 def _path_order(r: Reader, order: list, paths) -> bool:

@@ -215,13 +215,15 @@ class ConstantSource(HostPathValue):
     """A host attribute path, or a call of a declared host method without
     arguments (Llama 4's ``get_image_patches_per_chunk()``)."""
 
-    words = "host path or host method call"
+    words = "host path, host method call or imported name"
 
     def value(self, node: Node, field: str, ctx: ReadContext, **kw: Any) -> Any:
         methods = ctx.names[NameKind.HOST_METHOD]
         text = node.value.strip() if isinstance(node.value, str) else ""
         if text.endswith("()") and text[:-2] in methods:
             return fx.Call(HostPath((text[:-2],)), (), ())
+        if text in ctx.names[NameKind.IMPORT]:
+            return _imported_constant(node, field, ctx, text)
         if text.endswith(")") and "(" in text:
             ctx.error(
                 node,
@@ -233,13 +235,28 @@ class ConstantSource(HostPathValue):
         return super().value(node, field, ctx, **kw)
 
 
+def _imported_constant(node: Node, field: str, ctx: ReadContext, name: str) -> Any:
+    """A module-level integer of an imported module (DeepSeek-OCR's
+    ``BASE_SIZE``): a value, so not a type-only import."""
+    imp = next((i for i in ctx.partial.get("imports", ()) if i.name == name), None)
+    if imp is not None and imp.type_only:
+        ctx.error(
+            node,
+            field,
+            f"{name!r} is a type-only import: a constant reads the name at run time",
+        )
+        return INVALID
+    return fx.Ref(name)
+
+
 @dataclass(frozen=True)
 class Constant:
     """A name bound to a host attribute path (or the result of a host
-    method), read first thing by each method that uses it."""
+    method, or a module-level value of an imported module), read first thing
+    by each method that uses it."""
 
     name: str
-    path: HostPath | fx.Call
+    path: HostPath | fx.Call | fx.Ref
     default: int | None
     location: Location
 
@@ -250,12 +267,24 @@ class Constant:
             return self.path.callee.parts[0]  # type: ignore[union-attr]
         return None
 
+    @property
+    def imported(self) -> str | None:
+        """The imported name whose value the constant is, if it is one."""
+        return self.path.name if isinstance(self.path, fx.Ref) else None
+
+    @property
+    def host_path(self) -> HostPath | None:
+        """The host attribute path the constant reads, if it reads one."""
+        return self.path if isinstance(self.path, HostPath) else None
+
     KEYS: ClassVar = Keys(
         Key(
             "from",
             ConstantSource(),
-            "The host attribute path the constant reads, or a host method it "
-            "calls (declared under `host_methods`, no arguments).",
+            "The host attribute path the constant reads, a host method it "
+            "calls (declared under `host_methods`, no arguments), or a name "
+            "under `imports` whose module-level value it is (DeepSeek-OCR's "
+            "`BASE_SIZE`; then `default` is required).",
             required=True,
             example="vision_tower.spatial_merge_size",
         ),
@@ -263,7 +292,8 @@ class Constant:
             "default",
             Integer(),
             "The released model's value: the static checks and `gen-mixin plan` "
-            "use it.",
+            "use it. For an imported name, the module's value (the generator "
+            "never imports the module).",
             example="2",
         ),
     )
@@ -274,6 +304,14 @@ class Constant:
         declare_constant(r.ctx, key, key_location, r.field)
         path = r.take("from")
         default = r.take("default")
+        if isinstance(path, fx.Ref) and default is None:
+            r.error(
+                r.node,
+                f"{path.name!r} is imported: give its module's value as default "
+                "(the static checks need it; the generator never imports the module)",
+                r.path("default"),
+            )
+            return None
         return None if path is None else cls(key, path, default, key_location)
 
 
@@ -287,10 +325,20 @@ def declare_constant(ctx: ReadContext, name: str, loc: Location, field: str) -> 
 class ConstantPath(ConstantSource):
     """The short form ``name: host.path``."""
 
+    words = "host path or host method call"
+
     def value(self, node: Node, field: str, ctx: ReadContext, **kw: Any) -> Any:
         declare_constant(ctx, kw["key"], kw["key_location"], field)
         path = super().value(node, field, ctx)
         if path is INVALID:
+            return INVALID
+        if isinstance(path, fx.Ref):
+            ctx.error(
+                node,
+                field,
+                f"{path.name!r} is imported: write {{from: {path.name}, default: "
+                "<its value>} (the static checks need the value)",
+            )
             return INVALID
         return Constant(kw["key"], path, None, kw["key_location"])
 

@@ -340,7 +340,10 @@ class MixinSpec:
             NameKind.CAPTURE_LET: frozenset(
                 let.name for p in paths for let in p.capture.lets
             ),
-            NameKind.POST_STEP: frozenset(n for s in self.post_steps for n in s.names),
+            NameKind.POST_STEP: frozenset(n for s in self.post_steps for n in s.names)
+            | frozenset(
+                n for _, n in (self.postprocess.path_rows if self.postprocess else ())
+            ),
         }
 
     def constant(self, name: str) -> Constant | None:
@@ -370,6 +373,7 @@ class MixinSpec:
             )
         }
         imports = _values(r.take("imports"))
+        ctx.partial["imports"] = tuple(imports)
         host = _values(r.take("host"))
         _check_host_clashes(r)
         host_methods = tuple(_values(r.take("host_methods")))

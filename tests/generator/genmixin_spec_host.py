@@ -146,8 +146,8 @@ class SpecWorld:
         for c in self.spec.constants:
             value = c.default if c.default is not None else HOST_INT
             env[c.name] = value
-            if c.method is None:
-                env[c.path.dotted] = value
+            if c.host_path is not None:
+                env[c.host_path.dotted] = value
         for path in self._int_paths():
             env.setdefault(path.dotted, HOST_INT)
         if isinstance(self.spec.out_hidden_size, fx.HostPath):
@@ -304,8 +304,8 @@ class SpecWorld:
         if "multimodal_config" in {a.name for a in spec.host}:
             host.multimodal_config = MultiModalConfig()
         for c in spec.constants:
-            if c.method is None:
-                set_path(host, c.path.parts, self.env[c.name])
+            if c.host_path is not None:
+                set_path(host, c.host_path.parts, self.env[c.name])
         for path in self._int_paths():
             set_path(host, path.parts, self.env[path.dotted])
         for flat in spec.flat_inputs:
@@ -365,7 +365,14 @@ class SpecWorld:
             sub.callee for e in exprs for sub in fx.walk(e) if isinstance(sub, fx.Call)
         }
         prefixes = {p.parts[:i] for p in paths for i in range(1, len(p.parts))}
-        return {p for p in paths - callees if p.parts not in prefixes}
+        # A learned row (a tensor attribute, ``view_seperator[None]``) stays
+        # the tensor the host is given.
+        tensors = {a.name for a in spec.host if a.annotation == "torch.Tensor"}
+        return {
+            p
+            for p in paths - callees
+            if p.parts not in prefixes and p.parts[0] not in tensors
+        }
 
     def _install_callables(self, host: Any) -> None:
         self.builders = []

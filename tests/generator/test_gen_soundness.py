@@ -639,11 +639,21 @@ def paths_world(request) -> SpecWorld:
     return SpecWorld(Path(request.param))
 
 
+#: Path specs whose items are their rows of every path, concatenated (no
+#: post-processing steps).
+CONCAT_SPECS = [p for p in PATH_SPECS if not load_spec(p).post_steps]
+
+
+@pytest.fixture(scope="module", params=CONCAT_SPECS, ids=[p.stem for p in CONCAT_SPECS])
+def concat_world(request) -> SpecWorld:
+    return SpecWorld(Path(request.param))
+
+
 @pytest.mark.parametrize("seed", range(3))
-def test_postprocess_concatenates_the_paths(paths_world: SpecWorld, seed: int) -> None:
+def test_postprocess_concatenates_the_paths(concat_world: SpecWorld, seed: int) -> None:
     """Each item's output is its rows of every path in path order, in a
     tensor of its own; a path without rows in the batch is absent."""
-    world = paths_world
+    world = concat_world
     rng = random.Random(seed)
     items = [world.random_item(rng, zero_counts=True) for _ in range(4)]
     indices = rng.sample(range(4), rng.randint(1, 4))
@@ -804,7 +814,11 @@ def test_the_manager_replays_the_selected_keys(axes_world: SpecWorld, seed: int)
 #: post-processing is checked by their parity test instead.
 BLOCK_OUTPUTS = {"deepseek_vl2"}
 POST_SPECS = [
-    p for p in SPECS if load_spec(p).post_steps and p.stem not in BLOCK_OUTPUTS
+    p
+    for p in SPECS
+    if load_spec(p).post_steps
+    and not load_spec(p).has_paths
+    and p.stem not in BLOCK_OUTPUTS
 ]
 
 
@@ -866,6 +880,58 @@ def test_postprocess_steps(post_world: SpecWorld, seed: int, clone: bool) -> Non
             assert dest[idx].untyped_storage().data_ptr() != (
                 out.untyped_storage().data_ptr()
             ), "a result shares the graph output's memory"
+
+
+PATH_POST_SPECS = [p for p in PATH_SPECS if load_spec(p).post_steps]
+
+
+@pytest.fixture(
+    scope="module", params=PATH_POST_SPECS, ids=[p.stem for p in PATH_POST_SPECS]
+)
+def path_post_world(request) -> SpecWorld:
+    return SpecWorld(Path(request.param))
+
+
+@pytest.mark.parametrize("clone", [True, False])
+@pytest.mark.parametrize("seed", range(3))
+def test_postprocess_steps_over_paths(
+    path_post_world: SpecWorld, seed: int, clone: bool
+) -> None:
+    """Per-item steps over each path's rows (``<path>_rows``): every selected
+    item gets its output_tokens rows (the generated code checks the count
+    against ``per_item_out_tokens``), a path without rows in the batch is
+    absent from the outputs, and no result shares a graph output's memory
+    unless its steps return a view (none of the corpus' do)."""
+    world = path_post_world
+    rng = random.Random(seed)
+    items = [world.random_item(rng, zero_counts=True) for _ in range(4)]
+    indices = rng.sample(range(4), rng.randint(1, 4))
+    chosen = [items[i] for i in indices]
+    every = [world.item_values(it)["output_tokens"] for it in items]
+    outputs = {}
+    for path in world.spec.paths:
+        rows = sum(world.path_rows(it)[path.name] for it in chosen)
+        if rows:  # a padded tail after the real rows, as a graph's buffer
+            out = torch.arange((rows + 3) * OUT_WIDTH, dtype=torch.float32)
+            outputs[path.name] = out.reshape(rows + 3, OUT_WIDTH)
+    host = world.host()
+    batch = host.select_encoder_cudagraph_items(world.batch(items), indices)
+    dest: dict = {}
+    host.postprocess_encoder_output(
+        outputs, indices, every, dest, clone=clone, batch_mm_kwargs=batch
+    )
+    assert set(dest) == set(indices)
+    for idx in indices:
+        assert dest[idx].shape == (every[idx], OUT_WIDTH)
+        for out in outputs.values():
+            assert dest[idx].untyped_storage().data_ptr() != (
+                out.untyped_storage().data_ptr()
+            ), "a result shares the graph output's memory"
+    wrong = [n + 1 for n in every]
+    with pytest.raises(ValueError, match="post-processing gave"):
+        host.postprocess_encoder_output(
+            outputs, indices, wrong, {}, clone=clone, batch_mm_kwargs=batch
+        )
 
 
 def test_postprocess_steps_clone_a_view_of_the_output(tmp_path: Path) -> None:

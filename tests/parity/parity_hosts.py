@@ -1188,7 +1188,12 @@ def _ernie_parity() -> ModelParity:
     tower_class = code.klass(
         ERNIE,
         "Ernie4_5_VisionTransformer",
-        ["forward", "prepare_encoder_metadata", "rot_pos_emb", "compute_attn_mask_seqlen"],
+        [
+            "forward",
+            "prepare_encoder_metadata",
+            "rot_pos_emb",
+            "compute_attn_mask_seqlen",
+        ],
         bases=(_ErnieTowerParts,),
         exclude=["device", "dtype"],
     )
@@ -2377,7 +2382,9 @@ def _gemma3_parity() -> ModelParity:
 def _pan_and_scan_crops(gen: torch.Generator, modality: str) -> tuple[int]:
     """1 crop (pan-and-scan off, the default), or 2..4 crops and the
     original image."""
-    return (int(torch.tensor([1, 1, 3, 4, 5])[torch.randint(0, 5, (1,), generator=gen)]),)
+    return (
+        int(torch.tensor([1, 1, 3, 4, 5])[torch.randint(0, 5, (1,), generator=gen)]),
+    )
 
 
 def crops_batch(
@@ -2619,7 +2626,9 @@ def _llama4_parity() -> ModelParity:
 
 def _llama4_chunks(gen: torch.Generator, modality: str) -> tuple[int]:
     """1 chunk, or a tile grid of 2..6 tiles and the global chunk."""
-    return (int(torch.tensor([1, 3, 4, 5, 7])[torch.randint(0, 5, (1,), generator=gen)]),)
+    return (
+        int(torch.tensor([1, 3, 4, 5, 7])[torch.randint(0, 5, (1,), generator=gen)]),
+    )
 
 
 def _llama4_batch(
@@ -3829,6 +3838,160 @@ def minicpmv_resampler(width: int = 8, queries: int = 4) -> Any:
         for parameter in resampler.parameters():
             parameter.copy_(torch.randn(parameter.shape, generator=gen))
     return resampler.eval()
+
+
+# ---------------------------------------------------------------------------
+# DeepSeek-OCR
+# ---------------------------------------------------------------------------
+
+DEEPSEEK_OCR = "vllm.model_executor.models.deepseek_ocr"
+#: The fake DeepSeek-OCR's processor sizes, stubbed into vLLM's processor
+#: module: 192² global views and 128² tiles, 64 pixels per output row (16
+#: per patch, 4 patches merged, as the released 1024 and 640): 3 x 3 global
+#: rows and a newline after each line (12), 2 x 2 rows per tile (4).
+OCR_BASE_SIZE = 192
+OCR_IMAGE_SIZE = 128
+OCR_PROCESSOR = "vllm.transformers_utils.processors.deepseek_ocr"
+
+
+class _DeepseekOCRImagePixelInputs(_Obj):
+    """vLLM's ``TensorSchema`` of the eager ``"default"`` path, as the plain
+    record it is to ``_process_image_input``."""
+
+    def __init__(self, type: str, **fields: Any) -> None:  # noqa: A002
+        super().__init__(type=type, **fields)
+
+
+class _DeepseekOCRTower(Recorder):
+    """SAM-ViT-B, the CLIP tower and the projector as fixed maps of each
+    view's 64 x 64 pixel blocks: ``sam`` gives ``(views, 3, s, s)`` block
+    means, ``clip`` a class row and those means again, ``project`` a fixed
+    linear map of the concatenation to ``WIDTH`` columns."""
+
+    def sam(self, pixels: torch.Tensor) -> torch.Tensor:
+        self.calls.append({"sam": _snapshot(pixels)})
+        views, side = pixels.shape[0], pixels.shape[-1] // 64
+        blocks = pixels.reshape(views, 3, side, 64, side, 64).mean(dim=(3, 5))
+        return blocks + torch.arange(side * side).reshape(1, 1, side, side) / 16
+
+    def clip(self, pixels: torch.Tensor, sam: torch.Tensor) -> torch.Tensor:
+        self.calls.append({"clip": (tuple(pixels.shape), _snapshot(sam))})
+        rows = sam.flatten(2).permute(0, 2, 1)
+        return torch.cat([torch.full_like(rows[:, :1], -7.0), 2 * rows], dim=1)
+
+    def project(self, features: torch.Tensor) -> torch.Tensor:
+        self.calls.append({"project": _snapshot(features)})
+        return features @ _mixing(features.shape[-1], WIDTH)
+
+
+def _deepseek_ocr_code() -> WheelCode:
+    return _wheel_code(
+        {
+            OCR_PROCESSOR: {"BASE_SIZE": OCR_BASE_SIZE, "IMAGE_SIZE": OCR_IMAGE_SIZE},
+            DEEPSEEK_OCR: {
+                "DeepseekOCRImagePixelInputs": _DeepseekOCRImagePixelInputs,
+                "NestedTensors": Any,
+            },
+        }
+    )
+
+
+#: vLLM's batched forwards of the two paths (methods of the model class),
+#: which the spec calls as host methods.
+OCR_BATCHED_FORWARDS = [
+    "_batched_encoder_forward_global_path",
+    "_batched_encoder_forward_local_path",
+]
+#: vLLM's own token arithmetic of the host (properties of the model class).
+OCR_PROPERTIES = [
+    "image_side",
+    "global_image_output_token",
+    "patch_side",
+    "single_patch_output_token",
+]
+
+
+@functools.cache
+def deepseek_ocr_host_class() -> type:
+    """A host class with vLLM's DeepSeek-OCR mixin (its two paths, its
+    batched path helpers, its post-processing with ``_assemble_patch_grid``)
+    and its eager ``"default"`` path (``_process_image_input``)."""
+    code = _deepseek_ocr_code()
+    host_name = "DeepseekOCRForCausalLM"
+    return code.klass(
+        DEEPSEEK_OCR,
+        host_name,
+        [*_defined(code, DEEPSEEK_OCR, host_name), *OCR_PROPERTIES],
+        bases=(_protocol(code),),
+    )
+
+
+def deepseek_ocr_host(host_class: type, settings: HostSettings = HostSettings()):
+    """A DeepSeek-OCR host on the fake tower, ``WIDTH``-wide rows."""
+    host = host_class()
+    tower = _DeepseekOCRTower()
+    host.ocr_tower = tower
+    host.sam_model = tower.sam
+    host.vision_model = tower.clip
+    host.projector = tower.project
+    host.projector_config = _Obj(n_embed=WIDTH)
+    host.model_config = settings.vllm_config().model_config
+    rows = torch.arange(WIDTH, dtype=torch.float32)
+    host.image_newline = -1.0 - rows / 64
+    host.view_seperator = -2.0 - rows / 64
+    return host
+
+
+def deepseek_ocr_batch(
+    gen: torch.Generator, modality: str, grids: list[tuple[int, int]]
+) -> dict[str, Any]:
+    """A DeepSeek-OCR image batch as the processor gives it: one global view
+    per image, the tiles of the tiled ones back to back, ``[tw, th]`` per
+    image (``[1, 1]``: untiled) as an int64 CPU tensor."""
+    assert modality == "image"
+    tiles = sum(tw * th for tw, th in grids if tw > 1 or th > 1)
+    base, tile = OCR_BASE_SIZE, OCR_IMAGE_SIZE
+    return {
+        "pixel_values": torch.randn(len(grids), 3, base, base, generator=gen),
+        "images_crop": torch.randn(tiles, 3, tile, tile, generator=gen),
+        "images_spatial_crop": torch.tensor(grids, dtype=torch.int64).reshape(-1, 2),
+    }
+
+
+#: Grids the processor makes: untiled, or 2 to 6 tiles (MIN_CROPS, MAX_CROPS).
+OCR_GRIDS = ((1, 1), (2, 1), (1, 2), (2, 2), (3, 1), (3, 2), (2, 3), (1, 3))
+
+
+def deepseek_ocr_grid(gen: torch.Generator, modality: str) -> tuple[int, int]:
+    assert modality == "image"
+    return OCR_GRIDS[int(torch.randint(0, len(OCR_GRIDS), (1,), generator=gen))]
+
+
+@functools.cache
+def deepseek_ocr() -> ModelParity:
+    """vLLM's DeepSeek-OCR host against one with the generated mixin; both
+    have vLLM's own token properties and batched forwards, and the same fake
+    tower."""
+    code = _deepseek_ocr_code()
+    host_parts = code.klass(
+        DEEPSEEK_OCR,
+        "DeepseekOCRForCausalLM",
+        [*OCR_PROPERTIES, *OCR_BATCHED_FORWARDS],
+    )
+    ours = load_generated_vllm_module(
+        "deepseek_ocr", code
+    ).DeepseekOCREncoderCudaGraphMixin
+    return ModelParity(
+        name="deepseek_ocr",
+        vllm_host=deepseek_ocr_host_class(),
+        our_host=type("GeneratedDeepseekOCRHost", (ours, host_parts), {}),
+        make_host=deepseek_ocr_host,
+        modalities=("image",),
+        make_batch=deepseek_ocr_batch,
+        random_grid=deepseek_ocr_grid,
+        frames=lambda grid: 1,
+        paths=("global", "local"),
+    )
 
 
 def runtime_manager(

@@ -103,6 +103,19 @@ def test_helpers_counted_only_when_only_protocol_methods_call_them() -> None:
     ]
 
 
+def test_helpers_the_spec_calls_itself_are_not_counted() -> None:
+    """A spec's ``host_methods`` stay in the model (the generated mixin
+    calls them), and so do the helpers only they call."""
+    klass = ast.parse(CLASS_SOURCE).body[0]
+    counted = TOOL._counted(TOOL._own_methods(klass), frozenset({"_only_mixin"}))
+    assert counted == ["get_encoder_cudagraph_config", "encoder_eager_forward"]
+
+
+def test_a_spec_s_host_methods_are_read_from_its_yaml() -> None:
+    assert TOOL._kept("name: X\nhost_methods: [_a, _b]\n") == {"_a", "_b"}
+    assert TOOL._kept("name: X\n") == frozenset()
+
+
 def test_table_is_current() -> None:
     path = find_vllm_wheel()
     if path is None:

@@ -1517,6 +1517,34 @@ valid_case(
     "two_paths",
     ("  concatenate: [local, global]", "  steps: [path_output]"),
 )
+case(
+    "post_steps_with_paths_read_item_output",
+    "deepseek_ocr",
+    ("torch.cat([local_part, global_rows,", "torch.cat([local_part, item_output,"),
+)
+case(
+    "post_steps_path_rows_taken",
+    "deepseek_ocr",
+    ("    - lines = th * tile_side", "    - local_rows = th * tile_side"),
+)
+case(
+    "constant_from_type_only_import",
+    "deepseek_ocr",
+    (
+        "    standalone: reference_towers.deepseek_ocr\n  IMAGE_SIZE:",
+        "    standalone: reference_towers.deepseek_ocr\n    type_only: true\n  IMAGE_SIZE:",
+    ),
+)
+case(
+    "constant_from_import_without_default",
+    "deepseek_ocr",
+    ("base: {from: BASE_SIZE, default: 1024}", "base: {from: BASE_SIZE}"),
+)
+case(
+    "constant_short_form_import",
+    "deepseek_ocr",
+    ("base: {from: BASE_SIZE, default: 1024}", "base: BASE_SIZE"),
+)
 valid_case(
     "post_steps_graph_rows_per_item",
     "postprocess_per_item",

@@ -3,8 +3,8 @@
 # From specs/deepseek_v41.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_v41.yaml`.
 # spec-sha256: 5a5e49b0dc755e0765f16e9bea83916dae1ad10e566a6756645034252356e46f
-# templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
-# output-sha256: 3cd48e1bb2abcce0ba6074c3d85cd2dbbfbd7fc2a5e0866aabe18c1b51bd285f
+# templates-sha256: adab187331400a63c543eeb0fa1482b60b2484e9b9c3b18bf0800b9d39ab05ec
+# output-sha256: 1e1d37c0af33f57745042ffebbb695a078be895ac8d3f8e093cfbb028509dae8
 
 import itertools
 import weakref

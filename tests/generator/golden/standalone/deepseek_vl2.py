@@ -3,8 +3,8 @@
 # From specs/deepseek_vl2.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_vl2.yaml`.
 # spec-sha256: 6f892ea020ee953004c7a45b78d4d9f058c9fcef960abef7cba31604ab4b32b1
-# templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
-# output-sha256: 2e6efc4758a791e528ce80f5fe44318b41611c2b12c3b497212ca3104c45097f
+# templates-sha256: adab187331400a63c543eeb0fa1482b60b2484e9b9c3b18bf0800b9d39ab05ec
+# output-sha256: ff6987116c5cc0802ebbbf2c4b6b5c929fe29ef8b2fb4a3773ce4d0297cd959a
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/ernie45_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/ernie45_vl.yaml`.
 # spec-sha256: 44a19487b2f61417079df3347e463bfafc30019f50c2056291e8a1b652284f7c
-# templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
-# output-sha256: 0cfbcf6805333b57fe4b90ba8791d737705948cf51c3d869c80b012ac725d604
+# templates-sha256: adab187331400a63c543eeb0fa1482b60b2484e9b9c3b18bf0800b9d39ab05ec
+# output-sha256: 7d1723bccb4a2de6a9919f092d258b5ad61e58adf046a88f46e53d7d24e81638
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/gemma3_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma3_mm.yaml`.
 # spec-sha256: 19cc0f6e849ba8315b6202b90204158da9f48161f059a5255254f1c8d3c71b41
-# templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
-# output-sha256: e7b0e3375e859783e23e50df1b8cc9c3ffe592f715ea37002a63c3e38f8a5f30
+# templates-sha256: adab187331400a63c543eeb0fa1482b60b2484e9b9c3b18bf0800b9d39ab05ec
+# output-sha256: b67992a1174183e2a5c14ceeb3ecfa56fd1be8056210bb6fb8c450680ddb7579
 
 import itertools
 from collections.abc import Hashable

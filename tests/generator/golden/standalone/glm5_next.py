@@ -3,8 +3,8 @@
 # From specs/glm5_next.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm5_next.yaml`.
 # spec-sha256: c3575549c4ed50dd76892d25b692f5f5f648d2f13a2ea29bebd572d144fcdb24
-# templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
-# output-sha256: f486ce2754375c5455433c313924a091cfff5a5324d31216d0fcc5abaf280b76
+# templates-sha256: adab187331400a63c543eeb0fa1482b60b2484e9b9c3b18bf0800b9d39ab05ec
+# output-sha256: 5a18325f5c8b97e4c7bc555e7f571be3e8cf00d74c308341610c825fdefc1de9
 
 import itertools
 from collections.abc import Hashable

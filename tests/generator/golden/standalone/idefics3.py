@@ -3,8 +3,8 @@
 # From specs/idefics3.yaml: change the spec or the templates and run
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 8b488cb972956d4df57232df809f3b4c048f68b21019dab78906516f52b22e02
-# templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
-# output-sha256: 430f82ab72ed3eed10f9bb769f72d6ec63d90a1b4e03e8736b6813e62cc2ea54
+# templates-sha256: adab187331400a63c543eeb0fa1482b60b2484e9b9c3b18bf0800b9d39ab05ec
+# output-sha256: 99560d82d9086f5e38906ac4812e8d352c68709ae25fecab13ebfe089576cdca
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/kimi_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_vl.yaml`.
 # spec-sha256: dec5f629ea45e6747065da9f1de34c016f7c11dcc328326c287b6a82ba94d373
-# templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
-# output-sha256: cde8a9cc078d7f327924814b3ebe79df9c998634d938dd69f65d4cdf568505a8
+# templates-sha256: adab187331400a63c543eeb0fa1482b60b2484e9b9c3b18bf0800b9d39ab05ec
+# output-sha256: beb6d1b28e38eb457a2f64028a5d1ea6479047d690e73fed417bc08c3cdad5e0
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/mllama4.yaml: change the spec or the templates and run
 # `gen-mixin specs/mllama4.yaml`.
 # spec-sha256: 3a4c5d7bdb1ee216f77e7723529296ab4a8d77acd6df01a22770eb4a40007938
-# templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
-# output-sha256: 90ab755ccd384633df5f4b30d50675b6596d99b5dacb4ed092625070e2caa6c9
+# templates-sha256: adab187331400a63c543eeb0fa1482b60b2484e9b9c3b18bf0800b9d39ab05ec
+# output-sha256: 12f9cc866c0ba6c79bdf14ca6efdd42a2d60f8c671b0dfc7380d3e57a8f226d9
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/step3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
-# templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
-# output-sha256: 29372cec6ae541ca55fd1dd44ae4c2195a410a7a18dfbd26612edbdb073a9edf
+# templates-sha256: adab187331400a63c543eeb0fa1482b60b2484e9b9c3b18bf0800b9d39ab05ec
+# output-sha256: 647d836ee16877047cde7b0eb4a9082cb9765919bbfadb05f2d4add1d003daf7
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/ernie45_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/ernie45_vl.yaml`.
 # spec-sha256: 44a19487b2f61417079df3347e463bfafc30019f50c2056291e8a1b652284f7c
-# templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
-# output-sha256: 69650fb89d40c9dbe5a15da6d0d16bdfe69286595463d28219a5917c747136bf
+# templates-sha256: adab187331400a63c543eeb0fa1482b60b2484e9b9c3b18bf0800b9d39ab05ec
+# output-sha256: 5b20d34c0ea87db803a787a754fe2f5fb8dfd62793ee6bd7837878de75c0332d
 
 import itertools
 from collections.abc import Hashable

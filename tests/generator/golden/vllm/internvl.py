@@ -3,8 +3,8 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
-# templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
-# output-sha256: 74213e0aabdbd62db11c0bb6555ba503a2ce014d1dbc3c309b8dde21c208b75a
+# templates-sha256: adab187331400a63c543eeb0fa1482b60b2484e9b9c3b18bf0800b9d39ab05ec
+# output-sha256: c81971ed59e5f13cab815f74329ff843ad9133ceac9bb2e7181409aed00e0bd2
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/kimi_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_vl.yaml`.
 # spec-sha256: dec5f629ea45e6747065da9f1de34c016f7c11dcc328326c287b6a82ba94d373
-# templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
-# output-sha256: aeb89c8a08220af753621c7d49059c8d373f3d46b9992509453eea7e29292b10
+# templates-sha256: adab187331400a63c543eeb0fa1482b60b2484e9b9c3b18bf0800b9d39ab05ec
+# output-sha256: f57d19ab46afd069dfb34c9e9780b1afb63f3e1a02f4475a85498495e7a810d9
 
 import itertools
 from collections.abc import Hashable

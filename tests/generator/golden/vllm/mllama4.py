@@ -3,8 +3,8 @@
 # From specs/mllama4.yaml: change the spec or the templates and run
 # `gen-mixin specs/mllama4.yaml`.
 # spec-sha256: 3a4c5d7bdb1ee216f77e7723529296ab4a8d77acd6df01a22770eb4a40007938
-# templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
-# output-sha256: eedf4e63751bf653ae98a645dc2d7ede02be92988e84e6ecd9b52793e9fd0fb1
+# templates-sha256: adab187331400a63c543eeb0fa1482b60b2484e9b9c3b18bf0800b9d39ab05ec
+# output-sha256: 6e673ec42a535ae1ee7b8eb176e5b38c3756e8bd15349d2f6b927e40f20d6f99
 
 import itertools
 from collections.abc import Hashable

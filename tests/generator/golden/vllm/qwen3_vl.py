@@ -3,8 +3,8 @@
 # From specs/qwen3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen3_vl.yaml`.
 # spec-sha256: 28992035a32ca0711943f61e569736ce2ca71587c2e480781972b42541c1b620
-# templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
-# output-sha256: f11c021989e61d1c5c4f366fd7ea7b855b52823e3987a974c85324f0ad8e3b03
+# templates-sha256: adab187331400a63c543eeb0fa1482b60b2484e9b9c3b18bf0800b9d39ab05ec
+# output-sha256: 695debc57251d741d8c625b74304beaae44ae0e99b08f2b4ad9127174fd6fc2b
 
 import itertools
 from collections.abc import Hashable
