@@ -36,6 +36,7 @@ class NameKind(Enum):
     CAPTURE_LET = "capture intermediate"  # capture.let
     POST_STEP = "postprocess step"
     BUILDER_RESULT = "builder result"  # chosen by the generator, never collides
+    BUILDER_STEP = "metadata step"  # metadata.steps: the builder's own names
 
 
 # -- names in scope for each spec field -------------------------------------------
@@ -155,6 +156,18 @@ FIELD_SCOPES: dict[str, FieldScope] = {
         host_paths=True,
         calls=True,
         literals=True,
+    ),
+    "builder_steps": FieldScope(
+        frozenset({_K.CONSTANT, _K.FLAT, _K.GRID, _K.AXIS_DIM, _K.BUILDER_STEP}),
+        ("device", "dtype", "max_batch_size", "max_frames_per_batch"),
+        host_paths=True,
+        calls=True,
+        literals=True,
+        tensor_ops=True,
+    ),
+    "capture_value": FieldScope(
+        frozenset({_K.CONSTANT, _K.AXIS_DIM, _K.CAPTURE_LET}),
+        CAPTURE_KWARG_NAMES,
     ),
     "capture_kwargs": FieldScope(
         frozenset({_K.CONSTANT, _K.FLAT, _K.GRID, _K.AXIS_DIM, _K.CAPTURE_LET}),
@@ -329,6 +342,7 @@ METHODS: dict[str, Method] = {
                 _K.BUFFER,
                 _K.IMPORT,
                 _K.BUILDER_RESULT,
+                _K.BUILDER_STEP,
                 _K.AXIS_DIM,
                 _K.CAPTURE_LET,
             },
@@ -352,6 +366,7 @@ METHODS: dict[str, Method] = {
                     _K.FLAT,
                     _K.IMPORT,
                     _K.BUILDER_RESULT,
+                    _K.BUILDER_STEP,
                     _K.AXIS_DIM,
                 }
             ),

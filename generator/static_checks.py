@@ -35,6 +35,7 @@ from generator.spec.capture import (
     Capture,
     CaptureAssert,
     bounded_buffer,
+    capture_value_field,
     set_by_expr,
 )
 from generator.spec.enums import Modality, PadRule, Rounding
@@ -480,8 +481,9 @@ def host_scalar_problems(
         expr = set_by_expr(buf)
         if expr is None:
             continue
+        field = f"buffers.{buf.key}.{capture_value_field(buf)}"
         try:
-            bound = value_at(f"buffers.{buf.key}.set_by", expr, scope)
+            bound = value_at(field, expr, scope)
             found = longest_sequence(ir, env, buf, budget, mbs, dims, longest)
         except (EvaluationError, ArithmeticError):
             continue
@@ -490,7 +492,7 @@ def host_scalar_problems(
         need, why = found
         if bound < need:
             yield (
-                f"buffers.{buf.key}.set_by",
+                field,
                 f"{buf.key} is captured as {bound} but {why}; the attention launch "
                 f"would truncate it (expected at least {need})",
             )

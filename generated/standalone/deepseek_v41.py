@@ -3,8 +3,8 @@
 # From specs/deepseek_v41.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_v41.yaml`.
 # spec-sha256: 5a5e49b0dc755e0765f16e9bea83916dae1ad10e566a6756645034252356e46f
-# templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
-# output-sha256: 3cd48e1bb2abcce0ba6074c3d85cd2dbbfbd7fc2a5e0866aabe18c1b51bd285f
+# templates-sha256: 2a948643c0cf0c52cba6609a61f60c56394ac84ab0aca5df14ee4ae5486d6c9b
+# output-sha256: ade0372ab2f104b829c0d73aadbd801233a7516ffd7e9f93fbdd9619cc06c74c
 
 import itertools
 import weakref

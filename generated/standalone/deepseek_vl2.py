@@ -3,8 +3,8 @@
 # From specs/deepseek_vl2.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_vl2.yaml`.
 # spec-sha256: 6f892ea020ee953004c7a45b78d4d9f058c9fcef960abef7cba31604ab4b32b1
-# templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
-# output-sha256: 2e6efc4758a791e528ce80f5fe44318b41611c2b12c3b497212ca3104c45097f
+# templates-sha256: 2a948643c0cf0c52cba6609a61f60c56394ac84ab0aca5df14ee4ae5486d6c9b
+# output-sha256: 6720c52936fa7b2d227e0f292ed0d67b02b3e14e4f23e5183bb58ff437c3e610
 
 import itertools
 from collections.abc import Hashable

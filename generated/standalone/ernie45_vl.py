@@ -3,8 +3,8 @@
 # From specs/ernie45_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/ernie45_vl.yaml`.
 # spec-sha256: 44a19487b2f61417079df3347e463bfafc30019f50c2056291e8a1b652284f7c
-# templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
-# output-sha256: 0cfbcf6805333b57fe4b90ba8791d737705948cf51c3d869c80b012ac725d604
+# templates-sha256: 2a948643c0cf0c52cba6609a61f60c56394ac84ab0aca5df14ee4ae5486d6c9b
+# output-sha256: c2d46bc7a0977f3f7f50b5c35f5b8e00229afca279c527b5c37d2f1e9761f769
 
 import itertools
 from collections.abc import Hashable

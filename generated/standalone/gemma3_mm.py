@@ -3,8 +3,8 @@
 # From specs/gemma3_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma3_mm.yaml`.
 # spec-sha256: 19cc0f6e849ba8315b6202b90204158da9f48161f059a5255254f1c8d3c71b41
-# templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
-# output-sha256: e7b0e3375e859783e23e50df1b8cc9c3ffe592f715ea37002a63c3e38f8a5f30
+# templates-sha256: 2a948643c0cf0c52cba6609a61f60c56394ac84ab0aca5df14ee4ae5486d6c9b
+# output-sha256: d75a99b449cc5dbc5802c3581dd540e6821d07f3d7b440ecdc8fa7899d21f899
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/idefics3.yaml: change the spec or the templates and run
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 8b488cb972956d4df57232df809f3b4c048f68b21019dab78906516f52b22e02
-# templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
-# output-sha256: 430f82ab72ed3eed10f9bb769f72d6ec63d90a1b4e03e8736b6813e62cc2ea54
+# templates-sha256: 2a948643c0cf0c52cba6609a61f60c56394ac84ab0aca5df14ee4ae5486d6c9b
+# output-sha256: d93b56261f314278953ab3dd8875bff1e7f630ec95b7c4654e682119102a5e4c
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/kimi_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_vl.yaml`.
 # spec-sha256: dec5f629ea45e6747065da9f1de34c016f7c11dcc328326c287b6a82ba94d373
-# templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
-# output-sha256: cde8a9cc078d7f327924814b3ebe79df9c998634d938dd69f65d4cdf568505a8
+# templates-sha256: 2a948643c0cf0c52cba6609a61f60c56394ac84ab0aca5df14ee4ae5486d6c9b
+# output-sha256: 003fa183a9944c0bae5369f1192d926702f2beb22bd6c2a385c4991ceedf29f1
 
 import itertools
 from collections.abc import Hashable

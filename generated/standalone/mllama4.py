@@ -3,8 +3,8 @@
 # From specs/mllama4.yaml: change the spec or the templates and run
 # `gen-mixin specs/mllama4.yaml`.
 # spec-sha256: 3a4c5d7bdb1ee216f77e7723529296ab4a8d77acd6df01a22770eb4a40007938
-# templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
-# output-sha256: 90ab755ccd384633df5f4b30d50675b6596d99b5dacb4ed092625070e2caa6c9
+# templates-sha256: 2a948643c0cf0c52cba6609a61f60c56394ac84ab0aca5df14ee4ae5486d6c9b
+# output-sha256: 59eeb22a6c63390eb0686933853d9dfc2514b0f3cd826b2fba0d5b8e96abe9f1
 
 import itertools
 from collections.abc import Hashable

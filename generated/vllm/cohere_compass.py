@@ -3,8 +3,8 @@
 # From specs/cohere_compass.yaml: change the spec or the templates and run
 # `gen-mixin specs/cohere_compass.yaml`.
 # spec-sha256: d0b3571feeeed12e487ccaa7caa29d450a482d4ae7cfb2cb9c2e528321160bf0
-# templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
-# output-sha256: 55c905eb617e81f48303c0bae120dfd15a5faa782de217c4830b60da12a60cb7
+# templates-sha256: 2a948643c0cf0c52cba6609a61f60c56394ac84ab0aca5df14ee4ae5486d6c9b
+# output-sha256: 2acc5f6d7ba0c72aa3dc79c157ee8f608f0daf90b1d8b7e6b1ab344bb4927566
 
 import itertools
 from collections.abc import Hashable

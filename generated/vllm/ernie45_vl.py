@@ -3,8 +3,8 @@
 # From specs/ernie45_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/ernie45_vl.yaml`.
 # spec-sha256: 44a19487b2f61417079df3347e463bfafc30019f50c2056291e8a1b652284f7c
-# templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
-# output-sha256: 69650fb89d40c9dbe5a15da6d0d16bdfe69286595463d28219a5917c747136bf
+# templates-sha256: 2a948643c0cf0c52cba6609a61f60c56394ac84ab0aca5df14ee4ae5486d6c9b
+# output-sha256: 0b53611b7f2a3d15eaee7069783888de6c54b48e15e537a716f433905c6dbe8b
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
-# templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
-# output-sha256: 74213e0aabdbd62db11c0bb6555ba503a2ce014d1dbc3c309b8dde21c208b75a
+# templates-sha256: 2a948643c0cf0c52cba6609a61f60c56394ac84ab0aca5df14ee4ae5486d6c9b
+# output-sha256: c64733fa1a9da00a17268d24a57d6c723ef23b8053165c4a93c3c19cbc552fc6
 
 import itertools
 from collections.abc import Hashable

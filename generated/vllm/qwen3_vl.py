@@ -3,8 +3,8 @@
 # From specs/qwen3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen3_vl.yaml`.
 # spec-sha256: 28992035a32ca0711943f61e569736ce2ca71587c2e480781972b42541c1b620
-# templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
-# output-sha256: f11c021989e61d1c5c4f366fd7ea7b855b52823e3987a974c85324f0ad8e3b03
+# templates-sha256: 2a948643c0cf0c52cba6609a61f60c56394ac84ab0aca5df14ee4ae5486d6c9b
+# output-sha256: 3fe1acb2113bcf18b1baace2e58fa1de3a4043ff0aef4907ce44640552b28c35
 
 import itertools
 from collections.abc import Hashable

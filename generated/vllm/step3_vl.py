@@ -3,8 +3,8 @@
 # From specs/step3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
-# templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
-# output-sha256: 4ad0592ba549afcb8a909e7c299fbba984b51dbc11089b0b7191a09cc13bfcdd
+# templates-sha256: 2a948643c0cf0c52cba6609a61f60c56394ac84ab0aca5df14ee4ae5486d6c9b
+# output-sha256: 54d8eadcb9605fafa86fd100c016c17a89f76c252c9b3c1ad4f33fab0b70578d
 
 import itertools
 from collections.abc import Hashable

@@ -10,6 +10,7 @@ from generator.diagnostics import Location
 from generator.formulas import Call, Expr, HostPath, Ref
 from generator.scopes import ITEM_CAPTURE_NAMES, UNIT_CAPTURE_NAMES, NameKind
 from generator.spec.conditions import Comparison, Condition
+from generator.spec.forwards import BUILDER_STEPS, Step
 from generator.spec.enums import (
     Backend,
     Dtype,
@@ -454,9 +455,10 @@ def _dummy(r: Reader, item_inputs: dict[str, ItemInput]):
 @dataclass(frozen=True)
 class MetadataBuilder:
     """A call run at capture on the dummy grids and at replay on the real
-    ones, returning a dict that holds some of the buffers."""
+    ones, returning a dict that holds some of the buffers; or steps run in
+    both phases, whose names listed in ``provides`` are the buffers."""
 
-    call: Call
+    call: Call | None
     capture_kwargs: tuple[tuple[str, Expr], ...]
     replay_kwargs: tuple[tuple[str, Expr], ...]
     provides: tuple[str, ...]
@@ -469,6 +471,8 @@ class MetadataBuilder:
     returns_tensor: bool = False
     #: Extra replay keyword arguments of one modality (after replay_kwargs).
     replay_by_modality: tuple[tuple[Modality, tuple[tuple[str, Expr], ...]], ...] = ()
+    #: ``steps:`` instead of ``call:`` (then ``call`` is None).
+    steps: tuple[Step, ...] = ()
 
     KEYS: ClassVar = Keys(
         Key(
@@ -478,9 +482,23 @@ class MetadataBuilder:
             "arguments over grid keys (the grid rows as lists), flat inputs, "
             "constants, host paths, `device`, `dtype`, the manager's "
             "`max_batch_size` and `max_frames_per_batch` (both phases have them), "
-            "literals.",
-            required=True,
+            "literals. Required unless `steps` is given.",
             example="visual.prepare_encoder_metadata(image_grid_thw, device=device)",
+        ),
+        Key(
+            "steps",
+            BUILDER_STEPS,
+            "Instead of `call`: statements, every one `name = expr`, run at "
+            "capture on the capture tensors and dummy grids and at replay on the "
+            "batch's inputs (flat inputs as tensors, grids as lists of rows), in "
+            "the step language of the forwards (tensor methods, subscripts, "
+            "`torch.*`, host calls); the names in `provides` are the buffers. "
+            "For metadata a host model builds in private helpers that the "
+            "generated mixin replaces (LFM2-VL's packed pixels, offsets and "
+            "gather indices). A buffer built here need not be an input; a "
+            "capture tensor that is no buffer feeds the steps at capture.",
+            example="[lengths = torch.tensor(image_grid).prod(-1), cu_seqlens = "
+            "torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])]",
         ),
         Key(
             "capture_kwargs",
@@ -507,7 +525,8 @@ class MetadataBuilder:
         Key(
             "provides",
             ListOf(Identifier(), min_items=1),
-            "The keys of the returned dict that are buffers (or `returns`).",
+            "The keys of the returned dict that are buffers (or `returns`); with "
+            "`steps`, the step names that are buffers.",
             example="[rotary_cos, rotary_sin, cu_seqlens, max_seqlen]",
         ),
         Key(
@@ -532,9 +551,26 @@ class MetadataBuilder:
             extra += dict(self.replay_by_modality).get(modality, ())
         return self.call.kwargs + extra
 
+    @property
+    def exprs(self) -> tuple[Expr, ...]:
+        """Every expression the builder evaluates, in either phase."""
+        if self.call is None:
+            return tuple(s.expr for s in self.steps)
+        kwargs = self.capture_kwargs + self.replay_kwargs
+        kwargs += tuple(kv for _, kw in self.replay_by_modality for kv in kw)
+        return (self.call, *(v for _, v in kwargs))
+
+    @property
+    def step_names(self) -> frozenset[str]:
+        return frozenset(n for s in self.steps for n in s.names)
+
     @classmethod
     def from_yaml(cls, r: Reader, index: int, provided: dict, **_: Any):
+        if r.has("steps"):
+            return cls._from_steps(r, provided)
         call = r.take("call")
+        if call is None and r.ok("call"):
+            r.error(r.node, "required key is missing (call, or steps)", r.path("call"))
         kwargs = {}
         for phase in ("capture_kwargs", "replay_kwargs"):
             values = r.take(phase) or {}
@@ -583,6 +619,75 @@ class MetadataBuilder:
             returns_tensor=returns,
             replay_by_modality=by_modality,
         )
+
+
+    @classmethod
+    def _from_steps(cls, r: Reader, provided: dict):
+        """``steps:``: the same statements at capture and replay; every name
+        of ``provides`` one of their targets."""
+        for key in ("call", "capture_kwargs", "replay_kwargs"):
+            if r.has(key):
+                r.refuse(key, _NOT_WITH_STEPS[key])
+        for key in ("replay_kwargs_by_modality", "returns"):
+            if r.has(key):
+                r.refuse(key, _NOT_WITH_STEPS[key])
+        steps = r.take("steps")
+        if not r.has("provides"):
+            r.error(r.node, "steps need provides (the step names that are buffers)")
+        provides = _provides(r, provided, "provides")
+        why = r.take("why")
+        if steps is None:
+            r.ctx.failed_sources.update(provides)
+            return None
+        targets = {n for s in steps for n in s.names}
+        _check_step_targets(r, steps, set(provides))
+        node = r.raw("provides")
+        for name, item in zip(provides, node.value if node is not None else ()):
+            if name not in targets:
+                r.ctx.error(
+                    item,
+                    r.path("provides"),
+                    f"{name!r} is no step's name (names: "
+                    f"{', '.join(sorted(targets)) or 'none'})",
+                )
+        return cls(
+            None, (), (), tuple(provides), why, r.node.location, steps=tuple(steps)
+        )
+
+
+def _check_step_targets(r: Reader, steps, provides: set[str]) -> None:
+    """A builder's step binds a local of the capture and replay methods:
+    not a dim or capture intermediate (bound there too), nor a buffer that
+    it does not provide."""
+    node = r.raw("steps")
+    taken = {
+        NameKind.DIM: "a dim",
+        NameKind.CAPTURE_LET: "a capture intermediate",
+        NameKind.BUFFER: "a buffer this builder does not provide",
+    }
+    for i, step in enumerate(steps):
+        for name in step.names:
+            for kind, what in taken.items():
+                if name in r.ctx.names[kind] and not (
+                    kind is NameKind.BUFFER and name in provides
+                ):
+                    r.ctx.error(
+                        node.value[i] if node is not None else step.location,
+                        f"{r.path('steps')}[{i}]",
+                        f"{name!r} is {what}: a step name is a local of the "
+                        "capture and replay methods, choose another",
+                    )
+
+
+#: Why a call's keys do not go with ``steps``.
+_NOT_WITH_STEPS = {
+    "call": "give either call or steps",
+    "capture_kwargs": "steps run the same at capture and replay: a host scalar's "
+    "capture value is buffers.<key>.capture_value",
+    "replay_kwargs": "steps run the same at capture and replay",
+    "replay_kwargs_by_modality": "steps run the same for every modality",
+    "returns": "the buffers of steps are the names in provides",
+}
 
 
 def _replay_by_modality(r: Reader, call, common: dict):
@@ -676,6 +781,8 @@ class Buffer:
     window: Expr | None = None
     #: Builder buffers the builder may return as None (the manager skips them).
     optional: bool = False
+    #: Host scalars: the capture value itself (instead of ``set_by``).
+    capture_value: Expr | None = None
 
     def pad_under(self, backend: Backend | None) -> PadRule | None:
         """The pad rule under ``backend`` (``None``: the default one)."""
@@ -744,6 +851,15 @@ class Buffer:
             "capture value; checked to hold the longest sequence it bounds (see "
             "`bounds`).",
             example="max_seqlen_override",
+        ),
+        Key(
+            "capture_value",
+            Formula("capture_value"),
+            "Host scalars: the value captured, instead of the builder's "
+            "(`set_by` for a builder `call`; a builder's `steps` compute the "
+            "replay value only): a 0-dim CPU `int32` of this formula. Checked "
+            "like `set_by` to hold the longest sequence it bounds.",
+            example="token_budget * f**2",
         ),
         Key(
             "allocate",
@@ -816,6 +932,7 @@ class Buffer:
         shape = r.take("shape")
         dtype = r.take("dtype")
         set_by = r.take("set_by")
+        capture_value = r.take("capture_value")
         allocate = r.take("allocate")
         pad_by_backend = _pad_by_backend(r, pad)
         window = r.take("window")
@@ -854,6 +971,7 @@ class Buffer:
             bounds,
             window,
             optional,
+            capture_value,
         )
 
 
@@ -894,6 +1012,18 @@ def _check_extras(r: Reader, pad, host_scalar, allocate, optional) -> None:
     """Where window, bounds and optional apply."""
     if r.has("window") and pad is None and r.ok("pad"):
         r.error(r.key_location("window"), "window only goes with pad", r.path("window"))
+    if r.has("capture_value") and not host_scalar:
+        r.error(
+            r.key_location("capture_value"),
+            "capture_value only goes with host_scalar",
+            r.path("capture_value"),
+        )
+    elif r.has("capture_value") and r.has("set_by"):
+        r.error(
+            r.key_location("capture_value"),
+            "give either set_by (the builder's capture keyword) or capture_value",
+            r.path("capture_value"),
+        )
     if r.has("bounds") and not host_scalar:
         r.error(
             r.key_location("bounds"),
@@ -939,7 +1069,10 @@ def _check_rules(r: Reader, pad, host_scalar, rows_dim) -> None:
 
 
 def set_by_expr(buf: Buffer) -> Expr | None:
-    """The capture-time expression a host scalar's ``set_by`` names."""
+    """The capture-time expression of a host scalar: its ``capture_value``,
+    or the one its ``set_by`` names."""
+    if buf.capture_value is not None:
+        return buf.capture_value
     if buf.set_by is None or not isinstance(buf.source, MetadataBuilder):
         return None
     return dict(buf.source.kwargs("capture")).get(buf.set_by)
@@ -948,6 +1081,11 @@ def set_by_expr(buf: Buffer) -> Expr | None:
 #: ``bounds: item``: the value bounds the longest single item within the
 #: budget, not a pad buffer's sequences.
 ITEM_BOUND = "item"
+
+
+def capture_value_field(buf: Buffer) -> str:
+    """The key that sets a host scalar's capture value."""
+    return "capture_value" if buf.capture_value is not None else "set_by"
 
 
 def bounded_buffer(buffers: tuple[Buffer, ...], scalar: Buffer) -> Buffer | None:

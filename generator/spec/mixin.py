@@ -335,7 +335,10 @@ class MixinSpec:
                 n for p in paths for s in p.eager_forward.steps for n in s.names
             ),
             NameKind.BUILDER_RESULT: frozenset(
-                b.result_name for p in paths for b in p.metadata
+                b.result_name for p in paths for b in p.metadata if b.call is not None
+            ),
+            NameKind.BUILDER_STEP: frozenset(
+                n for p in paths for b in p.metadata for n in b.step_names
             ),
             NameKind.CAPTURE_LET: frozenset(
                 let.name for p in paths for let in p.capture.lets

@@ -258,6 +258,10 @@ def _builders(r: Reader) -> tuple[MetadataBuilder, ...]:
     taken |= _method_names()
     out = []
     for b in built:
+        if b.call is None:
+            # Steps bind their own names (the buffers among them).
+            out.append(b)
+            continue
         callee = b.call.callee
         last = callee.name if hasattr(callee, "name") else str(callee.parts[-1])
         own = b.provides[0] if b.returns_tensor else None
@@ -314,8 +318,9 @@ def _sources(
     tensors_node = (
         capture.value.get("tensors") if capture and capture.kind == "mapping" else None
     )
+    read = set().union(*(fx.names_in(e) for b in builders for e in b.exprs))
     for t in tensors:
-        if t.key not in buffers and not r.ctx.buffers_unknown:
+        if t.key not in buffers and t.key not in read and not r.ctx.buffers_unknown:
             r.ctx.error(
                 (tensors_node.key_locations or {}).get(t.key, t.location),
                 f"{r.path('capture')}.tensors.{t.key}",
@@ -378,7 +383,7 @@ def _check_set_by(r: Reader, buf: Buffer, buffers) -> None:
     if buf.bounds == ITEM_BOUND:
         where = _buffer_node(r, buf.key, "bounds") or buf.location
         field = f"{r.path('buffers')}.{buf.key}.bounds"
-        if buf.set_by is None:
+        if buf.set_by is None and buf.capture_value is None:
             r.ctx.error(where, field, "bounds only goes with set_by")
         elif any(b.pad is PadRule.TRAILING_SEQUENCE for b in buffers):
             r.ctx.error(
@@ -424,7 +429,12 @@ def _check_bounds(r: Reader, buffers: tuple[Buffer, ...]) -> None:
                 field,
                 f"{b.bounds!r} is not a pad buffer (pad buffers: {listed})",
             )
-        elif b.bounds is None and b.host_scalar and b.set_by and len(pads) > 1:
+        elif (
+            b.bounds is None
+            and b.host_scalar
+            and (b.set_by or b.capture_value is not None)
+            and len(pads) > 1
+        ):
             r.ctx.error(
                 b.location,
                 field,

@@ -338,8 +338,7 @@ class SpecWorld:
             if path.eager_forward.empty_width is not None:
                 exprs.append(path.eager_forward.empty_width)
             for b in path.metadata:
-                exprs += [b.call, *(v for _, v in b.capture_kwargs + b.replay_kwargs)]
-                exprs += [v for _, kw in b.replay_by_modality for _, v in kw]
+                exprs += b.exprs
             exprs += [s.expr for s in path.graph_forward + path.eager_forward.steps]
         exprs += [s.expr for s in spec.post_steps]
         paths = {p for e in exprs for p in fx.host_paths_in(e)}
@@ -353,12 +352,14 @@ class SpecWorld:
         self.builders = []
         self.calls: dict[str, FakeCall] = {}
         paths = self.spec.paths
-        for b in (b for p in paths for b in p.metadata):
+        for b in (b for p in paths for b in p.metadata if b.call is not None):
             fake = FakeBuilder(self, b)
             self.builders.append(fake)
             self._install(host, b.call.callee, fake)
         steps = [s for p in paths for s in p.graph_forward + p.eager_forward.steps]
         listed = _joined_results(steps)
+        # A builder's steps run for real, their host calls faked.
+        steps += [s for p in paths for b in p.metadata for s in b.steps]
         steps += self.spec.post_steps
         for step in steps:
             for sub in fx.walk(step.expr):

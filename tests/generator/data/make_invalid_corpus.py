@@ -1577,6 +1577,46 @@ case(
     (_MAX, "max: 64 + 1000000 // min(max_num_batched_tokens, max_model_len)"),
 )
 case("budget_max_unknown_name", "deepseek_v41", (_MAX, "max: r * r * max_tokens"))
+# -- builders given as steps --------------------------------------------------------
+valid_case(
+    "builder_steps_capture_value_short",
+    "builder_steps",
+    ("capture_value: token_budget * merge**2", "capture_value: k * merge * merge"),
+)
+valid_case(
+    "builder_steps_bare_step",
+    "builder_steps",
+    ("      - patches = pixel_values * 2\n", "      - pixel_values * 2\n"),
+)
+valid_case(
+    "builder_steps_provide_no_step",
+    "builder_steps",
+    ("      - patches = pixel_values * 2\n", "      - scaled = pixel_values * 2\n"),
+)
+valid_case(
+    "builder_steps_and_a_call",
+    "builder_steps",
+    ("  - steps:\n", "  - call: tower.metadata(image_grid)\n    steps:\n"),
+)
+valid_case(
+    "builder_steps_bind_a_dim",
+    "builder_steps",
+    ("      - lengths = sizes", "      - h = sizes[:, 0]\n      - lengths = sizes"),
+)
+valid_case(
+    "builder_steps_capture_kwargs",
+    "builder_steps",
+    ("    provides: [patches,", "    capture_kwargs: {n: rows}\n    provides: [patches,"),
+)
+valid_case(
+    "capture_value_not_a_host_scalar",
+    "builder_steps",
+    (
+        "  patches: {shape: [rows, width], dtype: dtype}",
+        "  patches: {shape: [rows, width], dtype: dtype, capture_value: rows}",
+    ),
+)
+
 
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)

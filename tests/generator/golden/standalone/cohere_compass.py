@@ -3,8 +3,8 @@
 # From specs/cohere_compass.yaml: change the spec or the templates and run
 # `gen-mixin specs/cohere_compass.yaml`.
 # spec-sha256: d0b3571feeeed12e487ccaa7caa29d450a482d4ae7cfb2cb9c2e528321160bf0
-# templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
-# output-sha256: 57c7939c5a7775e1b1bf52e4520efff135188f9bc1293e544f402c41b94fc91c
+# templates-sha256: 2a948643c0cf0c52cba6609a61f60c56394ac84ab0aca5df14ee4ae5486d6c9b
+# output-sha256: fb5956806e92c724904d8dbe266119294d3dcc4e1ec3dacbe0f8cc81760e433c
 
 import itertools
 from collections.abc import Hashable

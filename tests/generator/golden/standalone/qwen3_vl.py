@@ -3,8 +3,8 @@
 # From specs/qwen3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen3_vl.yaml`.
 # spec-sha256: 28992035a32ca0711943f61e569736ce2ca71587c2e480781972b42541c1b620
-# templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
-# output-sha256: 0585af35dcc70bb3b9b653f4a38f9a93054bd8d5436952473a9dd00132475fb8
+# templates-sha256: 2a948643c0cf0c52cba6609a61f60c56394ac84ab0aca5df14ee4ae5486d6c9b
+# output-sha256: bdd6621862d84c797eb18b32b67bfb84f83ba3d3cf38cd5f8cc19a31732003a8
 
 import itertools
 from collections.abc import Hashable

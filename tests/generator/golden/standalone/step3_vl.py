@@ -3,8 +3,8 @@
 # From specs/step3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
-# templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
-# output-sha256: 29372cec6ae541ca55fd1dd44ae4c2195a410a7a18dfbd26612edbdb073a9edf
+# templates-sha256: 2a948643c0cf0c52cba6609a61f60c56394ac84ab0aca5df14ee4ae5486d6c9b
+# output-sha256: 183962ba050a6143ff959b8ccf156bf7b520c26420699297da59f1ac252b6cab
 
 import itertools
 from collections.abc import Hashable

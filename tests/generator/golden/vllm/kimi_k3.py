@@ -3,8 +3,8 @@
 # From specs/kimi_k3.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k3.yaml`.
 # spec-sha256: ad6641f35858cb67b82324e0fe35328756a63adb2d7abd235e5b5acf4e00b9f4
-# templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
-# output-sha256: a4ea525fec2b3cca4129be5d8a89c2fa0e1ee2771fd229b3f128520d0dc95285
+# templates-sha256: 2a948643c0cf0c52cba6609a61f60c56394ac84ab0aca5df14ee4ae5486d6c9b
+# output-sha256: 67fc8d4a41ae574ff2761c7e3adcffa92a6a3ef189e927f21e4d75dd72e5507d
 
 import itertools
 import math

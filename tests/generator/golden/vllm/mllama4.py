@@ -3,8 +3,8 @@
 # From specs/mllama4.yaml: change the spec or the templates and run
 # `gen-mixin specs/mllama4.yaml`.
 # spec-sha256: 3a4c5d7bdb1ee216f77e7723529296ab4a8d77acd6df01a22770eb4a40007938
-# templates-sha256: be8488f4136216ff2e525515858e25a0313367d8d35c405df86e7bc3b23af02f
-# output-sha256: eedf4e63751bf653ae98a645dc2d7ede02be92988e84e6ecd9b52793e9fd0fb1
+# templates-sha256: 2a948643c0cf0c52cba6609a61f60c56394ac84ab0aca5df14ee4ae5486d6c9b
+# output-sha256: 2ecac5d1f9bf0095da95918c3dfc9c9b209d64f945b2ea73c91575264c91e543
 
 import itertools
 from collections.abc import Hashable
