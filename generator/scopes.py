@@ -47,6 +47,7 @@ BUILTIN_MEANINGS: dict[str, str] = {
     "`capture.per_item_tokens` says",
     "units": "the fixed-size views (tiles, crops, chunks) captured: "
     "`capture.units` for this budget",
+    "unit_index": "in `capture.unit_dummy`: the unit's place, `0 .. units - 1`",
     "rows": "input rows of the dummy batch (`max_batch_size` items)",
     "token_budget": "the budget being captured",
     "max_batch_size": "the manager's item limit per batch",
@@ -119,7 +120,7 @@ CAPTURE_KWARG_NAMES = (*DUMMY_NAMES, "frames_per_item", "rows", "units")
 #: Built-in names of a capture of items (``capture.dummy``), which a unit
 #: capture (``capture.units``) does not bind, and the reverse.
 ITEM_CAPTURE_NAMES = frozenset({"k", "rows", "frames_per_item"})
-UNIT_CAPTURE_NAMES = frozenset({"units"})
+UNIT_CAPTURE_NAMES = frozenset({"units", "unit_index"})
 #: Constants, capture-axis dims and the capture intermediates
 #: (``capture.let``) declared so far.
 _CAPTURE_VALUES = frozenset({_K.CONSTANT, _K.AXIS_DIM, _K.CAPTURE_LET})
@@ -144,6 +145,10 @@ FIELD_SCOPES: dict[str, FieldScope] = {
     "units": FieldScope(
         frozenset({_K.CONSTANT, _K.AXIS_DIM}),
         ("token_budget", "max_batch_size", "max_frames_per_batch"),
+    ),
+    "unit_dummy": FieldScope(
+        frozenset({_K.CONSTANT, _K.AXIS_DIM}),
+        ("token_budget", "max_batch_size", "max_frames_per_batch", "units", "unit_index"),
     ),
     "tensor_shape": FieldScope(_CAPTURE_VALUES, CAPTURE_SIZES, host_paths=True),
     "tensor_dtype": FieldScope(builtins=("dtype",), host_paths=True),
@@ -332,6 +337,7 @@ METHODS: dict[str, Method] = {
                 "frames_per_item",
                 "rows",
                 "units",
+                "unit_index",
                 "offsets",
                 "_",
             ),

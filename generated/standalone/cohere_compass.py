@@ -3,8 +3,8 @@
 # From specs/cohere_compass.yaml: change the spec or the templates and run
 # `gen-mixin specs/cohere_compass.yaml`.
 # spec-sha256: d0b3571feeeed12e487ccaa7caa29d450a482d4ae7cfb2cb9c2e528321160bf0
-# templates-sha256: 2a948643c0cf0c52cba6609a61f60c56394ac84ab0aca5df14ee4ae5486d6c9b
-# output-sha256: fb5956806e92c724904d8dbe266119294d3dcc4e1ec3dacbe0f8cc81760e433c
+# templates-sha256: f4fb5bb86eefb08ec3927e541310efb199dca9787a03eeafd66b841a776d6936
+# output-sha256: 197593cdc21bd9b7bd0b18f540e98eeae521386365eb30ede7bee04707fdeeb7
 
 import itertools
 from collections.abc import Hashable

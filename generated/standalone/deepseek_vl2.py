@@ -3,8 +3,8 @@
 # From specs/deepseek_vl2.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_vl2.yaml`.
 # spec-sha256: 6f892ea020ee953004c7a45b78d4d9f058c9fcef960abef7cba31604ab4b32b1
-# templates-sha256: 2a948643c0cf0c52cba6609a61f60c56394ac84ab0aca5df14ee4ae5486d6c9b
-# output-sha256: 6720c52936fa7b2d227e0f292ed0d67b02b3e14e4f23e5183bb58ff437c3e610
+# templates-sha256: f4fb5bb86eefb08ec3927e541310efb199dca9787a03eeafd66b841a776d6936
+# output-sha256: 6f078e4d80cb47a90ef91e9226d404045e5f82e9dd4a4e02deae18687d8fff75
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/glm5_next.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm5_next.yaml`.
 # spec-sha256: c3575549c4ed50dd76892d25b692f5f5f648d2f13a2ea29bebd572d144fcdb24
-# templates-sha256: 2a948643c0cf0c52cba6609a61f60c56394ac84ab0aca5df14ee4ae5486d6c9b
-# output-sha256: fd71e9cefb3caa501d3d05ed595247593766c2cd506c4007c81caf992b2b20b8
+# templates-sha256: f4fb5bb86eefb08ec3927e541310efb199dca9787a03eeafd66b841a776d6936
+# output-sha256: 60b1d2e4cc8e12af21e0350a97b64548f7ad9099c2effca6e36f27638d2f92a2
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/kimi_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_vl.yaml`.
 # spec-sha256: dec5f629ea45e6747065da9f1de34c016f7c11dcc328326c287b6a82ba94d373
-# templates-sha256: 2a948643c0cf0c52cba6609a61f60c56394ac84ab0aca5df14ee4ae5486d6c9b
-# output-sha256: 003fa183a9944c0bae5369f1192d926702f2beb22bd6c2a385c4991ceedf29f1
+# templates-sha256: f4fb5bb86eefb08ec3927e541310efb199dca9787a03eeafd66b841a776d6936
+# output-sha256: ffe8b8a0a24b8e613309a729f1b454bf4ac08ee3bd2a3ba75f8ee40976c1a870
 
 import itertools
 from collections.abc import Hashable

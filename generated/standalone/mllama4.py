@@ -3,8 +3,8 @@
 # From specs/mllama4.yaml: change the spec or the templates and run
 # `gen-mixin specs/mllama4.yaml`.
 # spec-sha256: 3a4c5d7bdb1ee216f77e7723529296ab4a8d77acd6df01a22770eb4a40007938
-# templates-sha256: 2a948643c0cf0c52cba6609a61f60c56394ac84ab0aca5df14ee4ae5486d6c9b
-# output-sha256: 59eeb22a6c63390eb0686933853d9dfc2514b0f3cd826b2fba0d5b8e96abe9f1
+# templates-sha256: f4fb5bb86eefb08ec3927e541310efb199dca9787a03eeafd66b841a776d6936
+# output-sha256: 8bce949176ff76d41ace53042329e4378f920f6325d95b948371ad37c2dab0c7
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/qwen3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen3_vl.yaml`.
 # spec-sha256: 28992035a32ca0711943f61e569736ce2ca71587c2e480781972b42541c1b620
-# templates-sha256: 2a948643c0cf0c52cba6609a61f60c56394ac84ab0aca5df14ee4ae5486d6c9b
-# output-sha256: bdd6621862d84c797eb18b32b67bfb84f83ba3d3cf38cd5f8cc19a31732003a8
+# templates-sha256: f4fb5bb86eefb08ec3927e541310efb199dca9787a03eeafd66b841a776d6936
+# output-sha256: 6c08e45df44cf7ee87fd5ed27c4c6f737e98b3e6334d997731b12a695e54cd9f
 
 import itertools
 from collections.abc import Hashable

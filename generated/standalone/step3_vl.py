@@ -3,8 +3,8 @@
 # From specs/step3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
-# templates-sha256: 2a948643c0cf0c52cba6609a61f60c56394ac84ab0aca5df14ee4ae5486d6c9b
-# output-sha256: 183962ba050a6143ff959b8ccf156bf7b520c26420699297da59f1ac252b6cab
+# templates-sha256: f4fb5bb86eefb08ec3927e541310efb199dca9787a03eeafd66b841a776d6936
+# output-sha256: 259a42d0ee78bc57c6cace74ef3d8454640f6e8f84b0d400038ee55100cf7828
 
 import itertools
 from collections.abc import Hashable

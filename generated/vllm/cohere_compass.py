@@ -3,8 +3,8 @@
 # From specs/cohere_compass.yaml: change the spec or the templates and run
 # `gen-mixin specs/cohere_compass.yaml`.
 # spec-sha256: d0b3571feeeed12e487ccaa7caa29d450a482d4ae7cfb2cb9c2e528321160bf0
-# templates-sha256: 2a948643c0cf0c52cba6609a61f60c56394ac84ab0aca5df14ee4ae5486d6c9b
-# output-sha256: 2acc5f6d7ba0c72aa3dc79c157ee8f608f0daf90b1d8b7e6b1ab344bb4927566
+# templates-sha256: f4fb5bb86eefb08ec3927e541310efb199dca9787a03eeafd66b841a776d6936
+# output-sha256: e9af6ba4b48dd48998f7441507403662dc186d7b2e219ef8c63e035ba190b76b
 
 import itertools
 from collections.abc import Hashable

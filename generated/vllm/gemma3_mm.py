@@ -3,8 +3,8 @@
 # From specs/gemma3_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma3_mm.yaml`.
 # spec-sha256: 19cc0f6e849ba8315b6202b90204158da9f48161f059a5255254f1c8d3c71b41
-# templates-sha256: 2a948643c0cf0c52cba6609a61f60c56394ac84ab0aca5df14ee4ae5486d6c9b
-# output-sha256: e2bf81ccb5ef205c034a2cca7feff7ce4d1960439e44b67b9cb6307e663d0c83
+# templates-sha256: f4fb5bb86eefb08ec3927e541310efb199dca9787a03eeafd66b841a776d6936
+# output-sha256: 3d73a6e81d4a0ee6c36df55095eaba4c01a6c4820940e24411037fafed7cbbc0
 
 import itertools
 from collections.abc import Hashable

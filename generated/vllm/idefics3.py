@@ -3,8 +3,8 @@
 # From specs/idefics3.yaml: change the spec or the templates and run
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 8b488cb972956d4df57232df809f3b4c048f68b21019dab78906516f52b22e02
-# templates-sha256: 2a948643c0cf0c52cba6609a61f60c56394ac84ab0aca5df14ee4ae5486d6c9b
-# output-sha256: 58545a724fc2246b3d2d75c1a03852b6dc4e5b07f16885e8a0e068329f900633
+# templates-sha256: f4fb5bb86eefb08ec3927e541310efb199dca9787a03eeafd66b841a776d6936
+# output-sha256: bd5b5a60fe2ae5a22259f1c73ddea8d9f7c6c396df9cbc9f2d9b20e077fbc5e8
 
 import itertools
 from collections.abc import Hashable

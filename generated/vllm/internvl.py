@@ -3,8 +3,8 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
-# templates-sha256: 2a948643c0cf0c52cba6609a61f60c56394ac84ab0aca5df14ee4ae5486d6c9b
-# output-sha256: c64733fa1a9da00a17268d24a57d6c723ef23b8053165c4a93c3c19cbc552fc6
+# templates-sha256: f4fb5bb86eefb08ec3927e541310efb199dca9787a03eeafd66b841a776d6936
+# output-sha256: 1953b8bfa5025040c9a249ef6f04da02aed3672b7733cdecd2208936eed77881
 
 import itertools
 from collections.abc import Hashable

@@ -249,6 +249,13 @@ def _path_body(spec: MixinSpec, path: EncoderPath) -> dict[str, Any]:
         "floor": capture.rounding is Rounding.FLOOR,
         "units": body.expr(capture.units) if capture.of_units else None,
         "dummies": _dummies(spec, path, body),
+        "unit_dummies": [
+            {
+                "key": item.key,
+                "row": "[" + ", ".join(body.expr(e) for e in exprs) + "]",
+            }
+            for item, exprs in capture.unit_dummy
+        ],
         "frames_per_item": "frames_per_item" in _capture_names(capture),
         "lets": [
             {"name": let.name, "value": body.expr(let.expr)} for let in capture.lets

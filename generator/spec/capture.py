@@ -274,6 +274,9 @@ class Capture:
     #: ``capture.let`` and ``capture.assert``, in order.
     lets: tuple[CaptureLet, ...] = ()
     asserts: tuple[CaptureAssert, ...] = ()
+    #: A unit capture's dummy units: unit grid -> the dims of unit
+    #: ``unit_index``.
+    unit_dummy: tuple[tuple[ItemInput, tuple[Expr, ...]], ...] = ()
 
     KEYS: ClassVar = Keys(
         Key(
@@ -287,6 +290,17 @@ class Capture:
             "hold every batch within the budget: `max_batch_size` bounds the "
             "items of a batch, not their views.",
             example="max(token_budget // T, 1)",
+        ),
+        Key(
+            "unit_dummy",
+            MapOf(ListOf(Formula("unit_dummy"))),
+            "A unit capture's dummy units: grid with `unit_of` → the dims of unit "
+            "`unit_index` (`0 .. units - 1`), over the constants, `token_budget` "
+            "and `units`. Builders then read that grid at capture (one row per "
+            "unit), and the units' offsets may be padded (`pad: repeat_last`) "
+            "and bounded by a host scalar. Needs `items.per_unit`. LFM2-VL cuts "
+            "the budget into tiles of `m` tokens and a last, shorter one.",
+            example="{spatial_shapes: [f, min(token_budget - unit_index * m, m) * f]}",
         ),
         Key(
             "per_item_tokens",
@@ -361,6 +375,12 @@ class Capture:
         rounding = r.take("per_item_tokens")
         lets = tuple(v for v in (r.take("let") or {}).values() if v is not INVALID)
         asserts = tuple(a for a in r.take("assert") or () if a is not INVALID)
+        unit_dummy: tuple | None = ()
+        if r.has("unit_dummy"):
+            if not r.has("units"):
+                r.refuse("unit_dummy", "the dummy units of a unit capture: needs units")
+            else:
+                unit_dummy = _dummy(r, items_inputs, "unit_dummy")
         if r.has("units"):
             dummy: tuple | None = ()
         elif not r.has("dummy"):
@@ -374,12 +394,16 @@ class Capture:
         why = r.take("why")
         if dummy is None or tensors is None or (r.has("units") and units is None):
             return None
+        if unit_dummy is None:
+            return None
         failed = {k for k, t in tensors.items() if t is INVALID}
         r.ctx.failed_sources.update(failed)
         good = tuple(t for t in tensors.values() if t is not INVALID)
         if not r.ok("let", "assert"):
             return None
-        return cls(rounding, dummy, good, graph_rows, why, units, lets, asserts)
+        return cls(
+            rounding, dummy, good, graph_rows, why, units, lets, asserts, unit_dummy
+        )
 
 
 #: Why the keys of a capture of items do not go with ``units``.
@@ -404,19 +428,23 @@ ITEM_CAPTURE_UNBOUND = {
 }
 
 
-def _dummy(r: Reader, item_inputs: dict[str, ItemInput]):
-    node = r.take_node("dummy")
+def _dummy(r: Reader, item_inputs: dict[str, ItemInput], key_name: str = "dummy"):
+    """``capture.dummy`` (every grid and count input) or ``capture.unit_dummy``
+    (grids with ``unit_of``)."""
+    units = key_name == "unit_dummy"
+    node = r.take_node(key_name)
     if node is None:
         return None
-    field = r.path("dummy")
+    field = r.path(key_name)
     out = []
     for key, dims_node in node.value.items():
         path = f"{field}.{key}"
         where = (node.key_locations or {}).get(key, node.location)
         item = item_inputs.get(key)
-        if item is None:
+        if item is None or (units and (item.is_count or item.unit_of is None)):
             if key not in r.ctx.failed_inputs:
-                r.ctx.error(where, path, f"{key!r} is not a grid or count input")
+                what = "a grid with unit_of" if units else "a grid or count input"
+                r.ctx.error(where, path, f"{key!r} is not {what}")
             continue
         if dims_node.kind != "sequence":
             r.ctx.error(dims_node, path, f"expected a list, got {dims_node.kind}")
@@ -434,7 +462,7 @@ def _dummy(r: Reader, item_inputs: dict[str, ItemInput]):
                 f"got {len(dims_node.value)}{hint}",
             )
             continue
-        scope = r.ctx.scope("dummy")
+        scope = r.ctx.scope(key_name)
         exprs = []
         for i, n in enumerate(dims_node.value):
             if n.kind not in ("string", "integer"):
@@ -446,7 +474,7 @@ def _dummy(r: Reader, item_inputs: dict[str, ItemInput]):
             exprs.append(parse_formula(n, f"{path}[{i}]", r.ctx, scope))
         if all(e is not INVALID for e in exprs):
             out.append((item, tuple(exprs)))
-    for key in item_inputs:
+    for key in item_inputs if not units else ():
         if key not in node.value:
             r.ctx.error(node, f"{field}.{key}", "every grid input needs a dummy item")
     return tuple(out)

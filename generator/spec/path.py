@@ -198,7 +198,7 @@ class EncoderPath:
         partial["metadata"] = builders
         _check_buffers(r, buffers, tensors, builders, capture)
         if capture is not None and capture.of_units:
-            _check_unit_capture(r, buffers, builders)
+            _check_unit_capture(r, buffers, builders, capture)
         if not known:
             # Without buffers, every name of the forward would be unknown.
             r.take_node("graph_forward")
@@ -463,33 +463,48 @@ def _check_allocated(ctx: ReadContext, b: Buffer, buffers_field: str) -> None:
         )
 
 
-def _check_unit_capture(r: Reader, buffers, builders) -> None:
-    """What a unit capture cannot say yet: builders see no dummy grids, and
-    padded offsets and host scalars need a bound on sequences the checks
-    do not have."""
+def _check_unit_capture(r: Reader, buffers, builders, capture) -> None:
+    """What a unit capture can say: builders see only the grids of
+    ``capture.unit_dummy``, and padded offsets and host scalars set at
+    capture need those dummy units (their sequences), ``repeat_last`` only."""
     ctx = r.ctx
-    grids = ctx.names[NameKind.GRID]
+    grids = set(ctx.names[NameKind.GRID]) - {i.key for i, _ in capture.unit_dummy}
     node = r.raw("metadata")
     for i, b in enumerate(builders):
-        read = set().union(
-            *(fx.names_in(e) for e in (b.call, *(v for _, v in b.capture_kwargs)))
-        )
-        for name in sorted(read & set(grids)):
+        exprs = b.exprs if b.call is None else (b.call, *(v for _, v in b.capture_kwargs))
+        read = set().union(*(fx.names_in(e) for e in exprs))
+        for name in sorted(read & grids):
             where = node.value[i] if node is not None else b.location
             ctx.error(
                 where,
-                f"{r.path('metadata')}[{i}].call",
+                f"{r.path('metadata')}[{i}].{'call' if b.call else 'steps'}",
                 f"reads the grid {name!r} at capture, but a unit capture has no "
-                "dummy items: pass flat inputs (the capture tensors) instead",
+                "dummy items: give its dummy units (capture.unit_dummy) or pass "
+                "flat inputs (the capture tensors) instead",
             )
     for b in buffers:
         what = (
-            "pad" if b.pad is not None else "set_by" if b.set_by is not None else None
+            "pad"
+            if b.pad is not None
+            else "set_by"
+            if b.set_by is not None
+            else "capture_value"
+            if b.capture_value is not None
+            else None
         )
-        if what is not None:
+        if what is None:
+            continue
+        if not capture.unit_dummy:
             ctx.error(
                 b.location,
                 f"{r.path('buffers')}.{b.key}.{what}",
-                f"{what} does not go with capture.units yet: the static checks "
-                "bound sequences by items, which a unit capture does not count",
+                f"{what} in a unit capture needs its dummy units "
+                "(capture.unit_dummy): the static checks bound sequences by units",
+            )
+        elif what == "pad" and (b.pad is not PadRule.REPEAT_LAST or b.pad_by_backend):
+            ctx.error(
+                b.location,
+                f"{r.path('buffers')}.{b.key}.pad",
+                "a unit capture pads offsets with zero-length sequences only "
+                "(repeat_last, no pad_by_backend): it has no padding rows",
             )

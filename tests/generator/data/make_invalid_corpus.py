@@ -1617,6 +1617,51 @@ valid_case(
     ),
 )
 
+# -- variable-length units in a unit capture ------------------------------------------
+valid_case(
+    "unit_varlen_slots_per_dummy_unit",
+    "unit_varlen",
+    ("    slots: token_budget + 1\n", "    slots: ceil_div(token_budget, m) + 1\n"),
+)
+valid_case(
+    "unit_varlen_capture_value_short",
+    "unit_varlen",
+    ("capture_value: token_budget * f**2", "capture_value: m * f**2"),
+)
+valid_case(
+    "unit_varlen_dummy_short_of_the_budget",
+    "unit_varlen",
+    ("  units: ceil_div(token_budget, m)\n", "  units: token_budget // m\n"),
+)
+valid_case(
+    "unit_varlen_dummy_dims_not_positive",
+    "unit_varlen",
+    ("  units: ceil_div(token_budget, m)\n", "  units: ceil_div(token_budget, m) + 1\n"),
+)
+valid_case(
+    "unit_varlen_pad_without_dummy_units",
+    "unit_varlen",
+    (
+        '  unit_dummy:\n    spatial_shapes: [f, "min(token_budget - unit_index * m, m) * f"]\n',
+        "",
+    ),
+)
+valid_case(
+    "unit_varlen_trailing_sequence",
+    "unit_varlen",
+    ("    pad: repeat_last\n", "    pad: trailing_sequence\n"),
+)
+valid_case(
+    "unit_varlen_dummy_of_a_count",
+    "unit_varlen",
+    ('    spatial_shapes: [f, "min', '    num_tiles: [1]\n    spatial_shapes: [f, "min'),
+)
+valid_case(
+    "unit_dummy_without_units",
+    "builder_steps",
+    ("  dummy: {image_grid: [merge, k * merge]}\n", "  dummy: {image_grid: [merge, k * merge]}\n  unit_dummy: {image_grid: [1, 1]}\n"),
+)
+
 
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)

@@ -3,8 +3,8 @@
 # From specs/ernie45_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/ernie45_vl.yaml`.
 # spec-sha256: 44a19487b2f61417079df3347e463bfafc30019f50c2056291e8a1b652284f7c
-# templates-sha256: 2a948643c0cf0c52cba6609a61f60c56394ac84ab0aca5df14ee4ae5486d6c9b
-# output-sha256: c2d46bc7a0977f3f7f50b5c35f5b8e00229afca279c527b5c37d2f1e9761f769
+# templates-sha256: f4fb5bb86eefb08ec3927e541310efb199dca9787a03eeafd66b841a776d6936
+# output-sha256: 943a33af595da1c2ebb3316d67d69cbb625d07c5a69070d4d6996b497565c744
 
 import itertools
 from collections.abc import Hashable

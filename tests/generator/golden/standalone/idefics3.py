@@ -3,8 +3,8 @@
 # From specs/idefics3.yaml: change the spec or the templates and run
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 8b488cb972956d4df57232df809f3b4c048f68b21019dab78906516f52b22e02
-# templates-sha256: 2a948643c0cf0c52cba6609a61f60c56394ac84ab0aca5df14ee4ae5486d6c9b
-# output-sha256: d93b56261f314278953ab3dd8875bff1e7f630ec95b7c4654e682119102a5e4c
+# templates-sha256: f4fb5bb86eefb08ec3927e541310efb199dca9787a03eeafd66b841a776d6936
+# output-sha256: 26487d83a3fb15cd50b0c65568b3f6fe7e808caa5d2e2ba40c5416f6ff30a8f6
 
 import itertools
 from collections.abc import Hashable

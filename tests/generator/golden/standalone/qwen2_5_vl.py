@@ -3,8 +3,8 @@
 # From specs/qwen2_5_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_vl.yaml`.
 # spec-sha256: 96480d9c7c7c980974bbfd1e9ab20c6575a966715da8e48283b6883b95e654af
-# templates-sha256: 2a948643c0cf0c52cba6609a61f60c56394ac84ab0aca5df14ee4ae5486d6c9b
-# output-sha256: f4f61d8b33ced0ef289316fd4384e98be41a4a2a3dff5aa1f408dc1050e7c8ae
+# templates-sha256: f4fb5bb86eefb08ec3927e541310efb199dca9787a03eeafd66b841a776d6936
+# output-sha256: 06bf978a10de868ebe50676ab0bba26f6e757c88e581d5914468289bebdda1c6
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/glm5_next.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm5_next.yaml`.
 # spec-sha256: c3575549c4ed50dd76892d25b692f5f5f648d2f13a2ea29bebd572d144fcdb24
-# templates-sha256: 2a948643c0cf0c52cba6609a61f60c56394ac84ab0aca5df14ee4ae5486d6c9b
-# output-sha256: 906f010dedd2ca55833facd0d80184b7f328044e14793573b9bd8c6d21ed9299
+# templates-sha256: f4fb5bb86eefb08ec3927e541310efb199dca9787a03eeafd66b841a776d6936
+# output-sha256: f2e3b4ef7e5240d608781be05300eb889c73b2682c3656a96a1bcc4bf0b3e81c
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/qwen2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_vl.yaml`.
 # spec-sha256: 1215cbd2187709b1e172830108e4b18a70b517f0386b5aaf848e6c0d07d27655
-# templates-sha256: 2a948643c0cf0c52cba6609a61f60c56394ac84ab0aca5df14ee4ae5486d6c9b
-# output-sha256: 58950ff7e8353a017c7c1879aac0c857d09b2e23392adc2d4fe08de5fc3bf849
+# templates-sha256: f4fb5bb86eefb08ec3927e541310efb199dca9787a03eeafd66b841a776d6936
+# output-sha256: 22200443138c0028c10113fe5b9ca2143d3b8fabbd6b32e879ccc21d2fe5491b
 
 import itertools
 from collections.abc import Hashable

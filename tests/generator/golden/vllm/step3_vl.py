@@ -3,8 +3,8 @@
 # From specs/step3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
-# templates-sha256: 2a948643c0cf0c52cba6609a61f60c56394ac84ab0aca5df14ee4ae5486d6c9b
-# output-sha256: 54d8eadcb9605fafa86fd100c016c17a89f76c252c9b3c1ad4f33fab0b70578d
+# templates-sha256: f4fb5bb86eefb08ec3927e541310efb199dca9787a03eeafd66b841a776d6936
+# output-sha256: 47507bbffbcb7ee8b6224b4055a9506f86313672d7e6fe83023aaa4c884f98b9
 
 import itertools
 from collections.abc import Hashable
