@@ -194,6 +194,9 @@ FIELD_SCOPES: dict[str, FieldScope] = {
         frozenset({_K.CONSTANT, _K.SIZE, _K.AXIS_DIM, _K.CAPTURE_LET}),
         (*CAPTURE_SIZES, "max_frames_per_batch"),
     ),
+    "forward_context": FieldScope(
+        frozenset({_K.CONSTANT}), host_paths=True, calls=True, literals=True
+    ),
     "graph_forward": FieldScope(
         frozenset({_K.BUFFER, _K.GRAPH_STEP}),
         ("rest",),

@@ -3,8 +3,8 @@
 # From specs/cohere_compass.yaml: change the spec or the templates and run
 # `gen-mixin specs/cohere_compass.yaml`.
 # spec-sha256: d0b3571feeeed12e487ccaa7caa29d450a482d4ae7cfb2cb9c2e528321160bf0
-# templates-sha256: f4fb5bb86eefb08ec3927e541310efb199dca9787a03eeafd66b841a776d6936
-# output-sha256: 197593cdc21bd9b7bd0b18f540e98eeae521386365eb30ede7bee04707fdeeb7
+# templates-sha256: e95fb356979e2a496ca9afc3dac6070f35b655cbe64a22758ccf89077b3932bd
+# output-sha256: 57f343fbd538dd0928d26ee7f75ee916b716835ed0b74d9e8653085e352ec7f5
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/deepseek_v41.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_v41.yaml`.
 # spec-sha256: 5a5e49b0dc755e0765f16e9bea83916dae1ad10e566a6756645034252356e46f
-# templates-sha256: f4fb5bb86eefb08ec3927e541310efb199dca9787a03eeafd66b841a776d6936
-# output-sha256: 353f49ae8531c999fcdf0a7ff21bfedca20d6aecc313c39fead58c6d2cd56b46
+# templates-sha256: e95fb356979e2a496ca9afc3dac6070f35b655cbe64a22758ccf89077b3932bd
+# output-sha256: 205f751d155862f1c1c1bd10c7a603a58a1d93e0334d11dc73cc955ef0aedc85
 
 import itertools
 import weakref

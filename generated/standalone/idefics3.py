@@ -3,8 +3,8 @@
 # From specs/idefics3.yaml: change the spec or the templates and run
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 8b488cb972956d4df57232df809f3b4c048f68b21019dab78906516f52b22e02
-# templates-sha256: f4fb5bb86eefb08ec3927e541310efb199dca9787a03eeafd66b841a776d6936
-# output-sha256: 26487d83a3fb15cd50b0c65568b3f6fe7e808caa5d2e2ba40c5416f6ff30a8f6
+# templates-sha256: e95fb356979e2a496ca9afc3dac6070f35b655cbe64a22758ccf89077b3932bd
+# output-sha256: ce6b54ccc2d60e6b197748a4b2b5424256e2bfede55ab6733de4a7766eeeb897
 
 import itertools
 from collections.abc import Hashable

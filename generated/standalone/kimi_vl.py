@@ -3,8 +3,8 @@
 # From specs/kimi_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_vl.yaml`.
 # spec-sha256: dec5f629ea45e6747065da9f1de34c016f7c11dcc328326c287b6a82ba94d373
-# templates-sha256: f4fb5bb86eefb08ec3927e541310efb199dca9787a03eeafd66b841a776d6936
-# output-sha256: ffe8b8a0a24b8e613309a729f1b454bf4ac08ee3bd2a3ba75f8ee40976c1a870
+# templates-sha256: e95fb356979e2a496ca9afc3dac6070f35b655cbe64a22758ccf89077b3932bd
+# output-sha256: 2cfa71d231a309917beeda674a522e4cdc9d6a3d44c932a2b94a4817d02c2288
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/step3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
-# templates-sha256: f4fb5bb86eefb08ec3927e541310efb199dca9787a03eeafd66b841a776d6936
-# output-sha256: 259a42d0ee78bc57c6cace74ef3d8454640f6e8f84b0d400038ee55100cf7828
+# templates-sha256: e95fb356979e2a496ca9afc3dac6070f35b655cbe64a22758ccf89077b3932bd
+# output-sha256: 3952f3dec9b2ca780b1ebd0fc15143203464a1785e6f1e3e5ba88f1f66d564b3
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/ernie45_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/ernie45_vl.yaml`.
 # spec-sha256: 44a19487b2f61417079df3347e463bfafc30019f50c2056291e8a1b652284f7c
-# templates-sha256: f4fb5bb86eefb08ec3927e541310efb199dca9787a03eeafd66b841a776d6936
-# output-sha256: 39056faebc9e0d40343e91654476c24096b25fc675c5ba2054798db0d21a640d
+# templates-sha256: e95fb356979e2a496ca9afc3dac6070f35b655cbe64a22758ccf89077b3932bd
+# output-sha256: 7cdd1b4ccced7ac2d0d841ab6a72a2e3a3c4b4cec2134b49a91f7c976c5b7596
 
 import itertools
 from collections.abc import Hashable

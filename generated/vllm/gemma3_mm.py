@@ -3,8 +3,8 @@
 # From specs/gemma3_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma3_mm.yaml`.
 # spec-sha256: 19cc0f6e849ba8315b6202b90204158da9f48161f059a5255254f1c8d3c71b41
-# templates-sha256: f4fb5bb86eefb08ec3927e541310efb199dca9787a03eeafd66b841a776d6936
-# output-sha256: 3d73a6e81d4a0ee6c36df55095eaba4c01a6c4820940e24411037fafed7cbbc0
+# templates-sha256: e95fb356979e2a496ca9afc3dac6070f35b655cbe64a22758ccf89077b3932bd
+# output-sha256: 7b9016bc844501623ef8d2dd4e4b2654a3a1759f5d765f3b5d4ecf8e40dab600
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/glm5_next.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm5_next.yaml`.
 # spec-sha256: c3575549c4ed50dd76892d25b692f5f5f648d2f13a2ea29bebd572d144fcdb24
-# templates-sha256: f4fb5bb86eefb08ec3927e541310efb199dca9787a03eeafd66b841a776d6936
-# output-sha256: f2e3b4ef7e5240d608781be05300eb889c73b2682c3656a96a1bcc4bf0b3e81c
+# templates-sha256: e95fb356979e2a496ca9afc3dac6070f35b655cbe64a22758ccf89077b3932bd
+# output-sha256: 55cd0254dc7f617ef8416919a162963ee93a95eb36cf1c5237c73b99ce445447
 
 import itertools
 from collections.abc import Hashable

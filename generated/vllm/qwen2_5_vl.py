@@ -3,8 +3,8 @@
 # From specs/qwen2_5_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_vl.yaml`.
 # spec-sha256: 96480d9c7c7c980974bbfd1e9ab20c6575a966715da8e48283b6883b95e654af
-# templates-sha256: f4fb5bb86eefb08ec3927e541310efb199dca9787a03eeafd66b841a776d6936
-# output-sha256: eeab8b75e8f4d3f541802089dd8aee9909cb387d69fbcca536a1e48b84a3593d
+# templates-sha256: e95fb356979e2a496ca9afc3dac6070f35b655cbe64a22758ccf89077b3932bd
+# output-sha256: 0a24cf87a6cc7025c8351277ba338de885b12f2f08d8dd03d5b206671f8ff970
 
 import itertools
 from collections.abc import Hashable

@@ -20,6 +20,8 @@ def used_import_names(spec: MixinSpec) -> set[str]:
     exprs: list[fx.Expr] = []
     for path in spec.paths:
         exprs += [e for m in path.metadata for e in m.exprs]
+        if path.graph_forward_context is not None:
+            exprs.append(path.graph_forward_context)
         exprs += [s.expr for s in path.graph_forward + path.eager_forward.steps]
     exprs += [s.expr for s in spec.post_steps]
     used = set().union(*(fx.names_in(e) for e in exprs)) if exprs else set()
@@ -57,6 +59,7 @@ def _path_formulas(path: EncoderPath) -> list[fx.Expr | None]:
     exprs += [capture.graph_rows, path.eager_forward.empty_width]
     exprs += [e for m in path.metadata for e in m.exprs]
     exprs += [b.capture_value for b in path.buffers]
+    exprs.append(path.graph_forward_context)
     exprs += [b.slots for b in path.buffers]
     exprs += [e for b in path.buffers for e in b.shape or ()]
     exprs += [s.expr for s in path.graph_forward + path.eager_forward.steps]

@@ -62,7 +62,14 @@ _PATH_KEYS = {
         if EncoderPath.KEYS[name].required
         else EncoderPath.KEYS[name]
     )
-    for name in ("capture", "metadata", "buffers", "graph_forward", "eager_forward")
+    for name in (
+        "capture",
+        "metadata",
+        "buffers",
+        "graph_forward",
+        "graph_forward_context",
+        "eager_forward",
+    )
 }
 
 
@@ -229,6 +236,7 @@ class MixinSpec:
             example="visual.out_hidden_size",
         ),
         _PATH_KEYS["graph_forward"],
+        _PATH_KEYS["graph_forward_context"],
         _PATH_KEYS["eager_forward"],
         Key(
             "postprocess",

@@ -37,6 +37,7 @@ from generator.spec.reader import Key, Keys, ReadContext, Reader
 from generator.spec.values import (
     INVALID,
     Boolean,
+    CallValue,
     Formula,
     ListOf,
     MapOf,
@@ -59,6 +60,8 @@ class EncoderPath:
     min_token_budget: Expr | None = None
     allow_zero_tokens: bool = False
     why: str | None = None
+    #: ``graph_forward_context``: the context manager the captured steps run in.
+    graph_forward_context: Expr | None = None
 
     KEYS: ClassVar = Keys(
         Key(
@@ -119,6 +122,16 @@ class EncoderPath:
             "`.numpy()`, `torch.tensor`).",
             required=True,
             example="[vision_tower(pixel_values, grid_thw=None, encoder_metadata=rest)]",
+        ),
+        Key(
+            "graph_forward_context",
+            CallValue("forward_context"),
+            "A context manager the captured steps run in (`with <call>:`), a call "
+            "of an imported helper or host method: LFM2-VL's encoder runs under "
+            "`set_forward_context(None, vllm_config)`, which its compiled layers "
+            "read. The whole forward runs in it (vLLM's hand-written mixins "
+            "enter it around the encoder only).",
+            example="set_forward_context(None, vllm_config)",
         ),
         Key(
             "eager_forward",
@@ -213,11 +226,22 @@ class EncoderPath:
                 list(entries),
                 r.path("graph_forward"),
             )
+        context = r.take("graph_forward_context")
         eager = r.take("eager_forward")
         if None in (capture, graph_forward, eager) or INVALID in entries.values():
             return None
+        if not r.ok("graph_forward_context"):
+            return None
         if not named:
-            return cls("default", capture, builders, buffers, graph_forward, eager)
+            return cls(
+                "default",
+                capture,
+                builders,
+                buffers,
+                graph_forward,
+                eager,
+                graph_forward_context=context,
+            )
         if output_tokens is None or not r.ok("min_token_budget"):
             return None
         return cls(
@@ -231,6 +255,7 @@ class EncoderPath:
             min_budget,
             allow_zero,
             why,
+            context,
         )
 
 

@@ -40,6 +40,7 @@ from encoder_cudagraph_runtime.config import (  # noqa: E402
     SchedulerConfig,
     VllmConfig,
 )
+from encoder_cudagraph_runtime import forward_context  # noqa: E402
 from encoder_cudagraph_runtime.manager import EncoderCudaGraphManager  # noqa: E402
 from generator import formulas as fx  # noqa: E402
 from generator.resolve import load_spec  # noqa: E402
@@ -577,10 +578,14 @@ def test_graph_forward(world: SpecWorld, budget: int, mbs: int, mfpb: int) -> No
         for keys in world.axis_key_combos():
             host = world.host()
             values = capture(world, host, budget, mbs, mfpb, path, keys)
+            entered = len(forward_context.ENTERED)
             out = host.encoder_cudagraph_forward(dict(values), path.name)
             call, whole = output_call(path.graph_forward[-1].expr)
             if call is not None and whole:
                 assert out is fake_of(world, call).returned[-1]
+            if path.graph_forward_context is not None:
+                # The forward ran in its context, entered once.
+                assert len(forward_context.ENTERED) == entered + 1
 
 
 # -- pad rules chosen by backend ---------------------------------------------------

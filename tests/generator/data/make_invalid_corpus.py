@@ -1662,6 +1662,17 @@ valid_case(
     ("  dummy: {image_grid: [merge, k * merge]}\n", "  dummy: {image_grid: [merge, k * merge]}\n  unit_dummy: {image_grid: [1, 1]}\n"),
 )
 
+valid_case(
+    "forward_context_not_a_call",
+    "unit_varlen",
+    ("graph_forward_context: set_forward_context(None, vllm_config)", "graph_forward_context: vllm_config"),
+)
+valid_case(
+    "forward_context_unknown_helper",
+    "unit_varlen",
+    ("graph_forward_context: set_forward_context(None, vllm_config)", "graph_forward_context: forward_context(None, vllm_config)"),
+)
+
 
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)

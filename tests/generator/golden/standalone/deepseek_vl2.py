@@ -3,8 +3,8 @@
 # From specs/deepseek_vl2.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_vl2.yaml`.
 # spec-sha256: 6f892ea020ee953004c7a45b78d4d9f058c9fcef960abef7cba31604ab4b32b1
-# templates-sha256: f4fb5bb86eefb08ec3927e541310efb199dca9787a03eeafd66b841a776d6936
-# output-sha256: 6f078e4d80cb47a90ef91e9226d404045e5f82e9dd4a4e02deae18687d8fff75
+# templates-sha256: e95fb356979e2a496ca9afc3dac6070f35b655cbe64a22758ccf89077b3932bd
+# output-sha256: b2d745c45486b7b4fb25ecc6b93745eb2ffb611151212255fae92514d8bd0dfa
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/glm4_1v.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm4_1v.yaml`.
 # spec-sha256: 8dbf4b67da8ee0c6b971a56e7a214b9a1b0132047a02b9a4eb35c668e955ad21
-# templates-sha256: f4fb5bb86eefb08ec3927e541310efb199dca9787a03eeafd66b841a776d6936
-# output-sha256: 5823eb20f0b3753e4e991da31050a0eb239fa8f19bc01d2510ee6a42240359f7
+# templates-sha256: e95fb356979e2a496ca9afc3dac6070f35b655cbe64a22758ccf89077b3932bd
+# output-sha256: 45422108b143d389c34ba30f5ffe49e6d0b1c99a1a7c13feeb40e7321b6d8317
 
 import itertools
 from collections.abc import Hashable

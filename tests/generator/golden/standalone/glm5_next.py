@@ -3,8 +3,8 @@
 # From specs/glm5_next.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm5_next.yaml`.
 # spec-sha256: c3575549c4ed50dd76892d25b692f5f5f648d2f13a2ea29bebd572d144fcdb24
-# templates-sha256: f4fb5bb86eefb08ec3927e541310efb199dca9787a03eeafd66b841a776d6936
-# output-sha256: 60b1d2e4cc8e12af21e0350a97b64548f7ad9099c2effca6e36f27638d2f92a2
+# templates-sha256: e95fb356979e2a496ca9afc3dac6070f35b655cbe64a22758ccf89077b3932bd
+# output-sha256: 7bf33da6e4adb4bbed1dcb8a09d22d427bcfc08e7b0600c378232a206c59684b
 
 import itertools
 from collections.abc import Hashable

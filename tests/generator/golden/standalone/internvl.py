@@ -3,8 +3,8 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
-# templates-sha256: f4fb5bb86eefb08ec3927e541310efb199dca9787a03eeafd66b841a776d6936
-# output-sha256: cef6a914513045a3f953beb73fa895b71fc15271115c94134845bebed32f7fd6
+# templates-sha256: e95fb356979e2a496ca9afc3dac6070f35b655cbe64a22758ccf89077b3932bd
+# output-sha256: ba756415f1bb6558950fddac45bc2401960ac04640f7d49b4fc488db67694a58
 
 import itertools
 from collections.abc import Hashable

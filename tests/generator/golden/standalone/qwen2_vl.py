@@ -3,8 +3,8 @@
 # From specs/qwen2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_vl.yaml`.
 # spec-sha256: 1215cbd2187709b1e172830108e4b18a70b517f0386b5aaf848e6c0d07d27655
-# templates-sha256: f4fb5bb86eefb08ec3927e541310efb199dca9787a03eeafd66b841a776d6936
-# output-sha256: 71f485e837de54350457847afd5ad8b3e33e1f751ac318ad86c1b8fdc6560fdf
+# templates-sha256: e95fb356979e2a496ca9afc3dac6070f35b655cbe64a22758ccf89077b3932bd
+# output-sha256: df40c93d7b9369f9f8512c90f4d6a32f0fb15cbc76ab23789f116bfb6988e4c1
 
 import itertools
 from collections.abc import Hashable

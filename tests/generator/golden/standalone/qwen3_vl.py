@@ -3,8 +3,8 @@
 # From specs/qwen3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen3_vl.yaml`.
 # spec-sha256: 28992035a32ca0711943f61e569736ce2ca71587c2e480781972b42541c1b620
-# templates-sha256: f4fb5bb86eefb08ec3927e541310efb199dca9787a03eeafd66b841a776d6936
-# output-sha256: 6c08e45df44cf7ee87fd5ed27c4c6f737e98b3e6334d997731b12a695e54cd9f
+# templates-sha256: e95fb356979e2a496ca9afc3dac6070f35b655cbe64a22758ccf89077b3932bd
+# output-sha256: f6fda169ea546cddd109b5d5f5e24d13d4a53361df768c30c80a8aef6a4fbb72
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/deepseek_v41.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_v41.yaml`.
 # spec-sha256: 5a5e49b0dc755e0765f16e9bea83916dae1ad10e566a6756645034252356e46f
-# templates-sha256: f4fb5bb86eefb08ec3927e541310efb199dca9787a03eeafd66b841a776d6936
-# output-sha256: 2b9d73e2491c6200edd2185eac4565563fe3411df4997f2dccd2ca4379564c66
+# templates-sha256: e95fb356979e2a496ca9afc3dac6070f35b655cbe64a22758ccf89077b3932bd
+# output-sha256: f965c3c3165eecabbd599f3939f6faaa72cbaf6cfeaccdee2b2d986066ffe356
 
 import itertools
 import weakref

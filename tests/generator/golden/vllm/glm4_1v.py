@@ -3,8 +3,8 @@
 # From specs/glm4_1v.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm4_1v.yaml`.
 # spec-sha256: 8dbf4b67da8ee0c6b971a56e7a214b9a1b0132047a02b9a4eb35c668e955ad21
-# templates-sha256: f4fb5bb86eefb08ec3927e541310efb199dca9787a03eeafd66b841a776d6936
-# output-sha256: dd7c250a1187ba0a4d77681ede6ceead16b6eef6cb7937df7d7046ebf01cab26
+# templates-sha256: e95fb356979e2a496ca9afc3dac6070f35b655cbe64a22758ccf89077b3932bd
+# output-sha256: 691887df2b2cdccd02782494a97b23eb5d74cccbcc15c9c2aa4589f8e6fe6f07
 
 import itertools
 from collections.abc import Hashable

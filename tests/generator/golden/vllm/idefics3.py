@@ -3,8 +3,8 @@
 # From specs/idefics3.yaml: change the spec or the templates and run
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 8b488cb972956d4df57232df809f3b4c048f68b21019dab78906516f52b22e02
-# templates-sha256: f4fb5bb86eefb08ec3927e541310efb199dca9787a03eeafd66b841a776d6936
-# output-sha256: bd5b5a60fe2ae5a22259f1c73ddea8d9f7c6c396df9cbc9f2d9b20e077fbc5e8
+# templates-sha256: e95fb356979e2a496ca9afc3dac6070f35b655cbe64a22758ccf89077b3932bd
+# output-sha256: aaecb789ba0ebf4a74431f264bbbe6afc44cfbf46a12269ebbb3c156f6d0cea2
 
 import itertools
 from collections.abc import Hashable

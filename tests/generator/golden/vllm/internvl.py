@@ -3,8 +3,8 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
-# templates-sha256: f4fb5bb86eefb08ec3927e541310efb199dca9787a03eeafd66b841a776d6936
-# output-sha256: 1953b8bfa5025040c9a249ef6f04da02aed3672b7733cdecd2208936eed77881
+# templates-sha256: e95fb356979e2a496ca9afc3dac6070f35b655cbe64a22758ccf89077b3932bd
+# output-sha256: f3d8e220e273b431df9eedca37ca09712485bee440857ffffa7f0e5b5cd08e34
 
 import itertools
 from collections.abc import Hashable

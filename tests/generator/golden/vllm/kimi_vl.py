@@ -3,8 +3,8 @@
 # From specs/kimi_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_vl.yaml`.
 # spec-sha256: dec5f629ea45e6747065da9f1de34c016f7c11dcc328326c287b6a82ba94d373
-# templates-sha256: f4fb5bb86eefb08ec3927e541310efb199dca9787a03eeafd66b841a776d6936
-# output-sha256: 660af4e00b807f2635129d8f6ded34ea344e52c9a64769d9b4efa8fc3997def8
+# templates-sha256: e95fb356979e2a496ca9afc3dac6070f35b655cbe64a22758ccf89077b3932bd
+# output-sha256: 706a82927171073b61230d4f19975a3f88c4eb62dd40eba1bae05b508cf45c2b
 
 import itertools
 from collections.abc import Hashable

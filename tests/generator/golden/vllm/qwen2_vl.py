@@ -3,8 +3,8 @@
 # From specs/qwen2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_vl.yaml`.
 # spec-sha256: 1215cbd2187709b1e172830108e4b18a70b517f0386b5aaf848e6c0d07d27655
-# templates-sha256: f4fb5bb86eefb08ec3927e541310efb199dca9787a03eeafd66b841a776d6936
-# output-sha256: 22200443138c0028c10113fe5b9ca2143d3b8fabbd6b32e879ccc21d2fe5491b
+# templates-sha256: e95fb356979e2a496ca9afc3dac6070f35b655cbe64a22758ccf89077b3932bd
+# output-sha256: 9107bb377c44ac73b9a99bafdee22dc918f04250f75570f83b1ebb90499ff326
 
 import itertools
 from collections.abc import Hashable

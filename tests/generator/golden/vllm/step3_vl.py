@@ -3,8 +3,8 @@
 # From specs/step3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
-# templates-sha256: f4fb5bb86eefb08ec3927e541310efb199dca9787a03eeafd66b841a776d6936
-# output-sha256: 47507bbffbcb7ee8b6224b4055a9506f86313672d7e6fe83023aaa4c884f98b9
+# templates-sha256: e95fb356979e2a496ca9afc3dac6070f35b655cbe64a22758ccf89077b3932bd
+# output-sha256: edd7bd42374c8e80ddf872cce6247b7732eea924ee685b661d36c7db7f4f9c9c
 
 import itertools
 from collections.abc import Hashable
