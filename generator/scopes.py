@@ -536,6 +536,16 @@ METHODS: dict[str, Method] = {
             ("value", "parts", "part", "held", "fold_ranks"),
         ),
         Method(
+            "_check_multiples",
+            (
+                Param("key", "str"),
+                Param("rows", "list[Any]"),
+                Param("rules", "tuple[tuple[int, str, int], ...]"),
+            ),
+            "None",
+            ("index", "row", "values", "position", "dim", "divisor"),
+        ),
+        Method(
             "_check_units",
             (
                 Param("grid_key", "str"),

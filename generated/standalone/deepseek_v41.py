@@ -3,8 +3,8 @@
 # From specs/deepseek_v41.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_v41.yaml`.
 # spec-sha256: 5a5e49b0dc755e0765f16e9bea83916dae1ad10e566a6756645034252356e46f
-# templates-sha256: e95fb356979e2a496ca9afc3dac6070f35b655cbe64a22758ccf89077b3932bd
-# output-sha256: 205f751d155862f1c1c1bd10c7a603a58a1d93e0334d11dc73cc955ef0aedc85
+# templates-sha256: f16d611164b3e770e92a147cb45132fd6473df9d074b262f404f687d78fc061f
+# output-sha256: 503db34ca6114e18c1c63f86647e60f00950a5b4daaf1fc9a7dae8f34c1465f8
 
 import itertools
 import weakref

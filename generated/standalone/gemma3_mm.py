@@ -3,8 +3,8 @@
 # From specs/gemma3_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma3_mm.yaml`.
 # spec-sha256: 19cc0f6e849ba8315b6202b90204158da9f48161f059a5255254f1c8d3c71b41
-# templates-sha256: e95fb356979e2a496ca9afc3dac6070f35b655cbe64a22758ccf89077b3932bd
-# output-sha256: 531a7b9ffc376c32bfc17ab5f13115e50816e66859e91cdeeee513d1c2a6792c
+# templates-sha256: f16d611164b3e770e92a147cb45132fd6473df9d074b262f404f687d78fc061f
+# output-sha256: fec0162ba43e35286ce33c6530f9942278664c67998cd9de3085ef8990dfad53
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/glm4_1v.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm4_1v.yaml`.
 # spec-sha256: 8dbf4b67da8ee0c6b971a56e7a214b9a1b0132047a02b9a4eb35c668e955ad21
-# templates-sha256: e95fb356979e2a496ca9afc3dac6070f35b655cbe64a22758ccf89077b3932bd
-# output-sha256: 45422108b143d389c34ba30f5ffe49e6d0b1c99a1a7c13feeb40e7321b6d8317
+# templates-sha256: f16d611164b3e770e92a147cb45132fd6473df9d074b262f404f687d78fc061f
+# output-sha256: ff8704c7e16ba15f6eaf696567aa0e43d2a956839fc0ef1cf29395e49d5827eb
 
 import itertools
 from collections.abc import Hashable

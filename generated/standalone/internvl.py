@@ -3,8 +3,8 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
-# templates-sha256: e95fb356979e2a496ca9afc3dac6070f35b655cbe64a22758ccf89077b3932bd
-# output-sha256: ba756415f1bb6558950fddac45bc2401960ac04640f7d49b4fc488db67694a58
+# templates-sha256: f16d611164b3e770e92a147cb45132fd6473df9d074b262f404f687d78fc061f
+# output-sha256: dd7dc571b76ba204e352bad4ef405a73907420d048934f5d06ac9fd3062ec7eb
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/minimax_m3.yaml: change the spec or the templates and run
 # `gen-mixin specs/minimax_m3.yaml`.
 # spec-sha256: 679a222a35671178384492aa0dc1e20daf1dbe9ee4c77a16239d17f4a618116f
-# templates-sha256: e95fb356979e2a496ca9afc3dac6070f35b655cbe64a22758ccf89077b3932bd
-# output-sha256: 89d92a3dfed7754668b9efe409adf9f7e7be84140200365edbd7f03585b6f43c
+# templates-sha256: f16d611164b3e770e92a147cb45132fd6473df9d074b262f404f687d78fc061f
+# output-sha256: 5621ec79bc27d6c2a2ace407c8fbef8bf45a59a6a1924e4d9f2dbf13fbc8dd7d
 
 import itertools
 import weakref

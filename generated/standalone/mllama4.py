@@ -3,8 +3,8 @@
 # From specs/mllama4.yaml: change the spec or the templates and run
 # `gen-mixin specs/mllama4.yaml`.
 # spec-sha256: 3a4c5d7bdb1ee216f77e7723529296ab4a8d77acd6df01a22770eb4a40007938
-# templates-sha256: e95fb356979e2a496ca9afc3dac6070f35b655cbe64a22758ccf89077b3932bd
-# output-sha256: 9bd28fab5c888bfe318c281648ab63294be45bea7b71b61de68765c45b0b682c
+# templates-sha256: f16d611164b3e770e92a147cb45132fd6473df9d074b262f404f687d78fc061f
+# output-sha256: ebf0f1b89cc8cc6ce47ef83b6b8d5c8f0ec022e73c296d1716ea9d0a29f77899
 
 import itertools
 from collections.abc import Hashable

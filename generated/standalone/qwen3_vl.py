@@ -3,8 +3,8 @@
 # From specs/qwen3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen3_vl.yaml`.
 # spec-sha256: 28992035a32ca0711943f61e569736ce2ca71587c2e480781972b42541c1b620
-# templates-sha256: e95fb356979e2a496ca9afc3dac6070f35b655cbe64a22758ccf89077b3932bd
-# output-sha256: f6fda169ea546cddd109b5d5f5e24d13d4a53361df768c30c80a8aef6a4fbb72
+# templates-sha256: f16d611164b3e770e92a147cb45132fd6473df9d074b262f404f687d78fc061f
+# output-sha256: 2906311f72e54c42d3cc5b621bbbdd3cf4229f3daefe52c756960b0c90f87369
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/cohere_compass.yaml: change the spec or the templates and run
 # `gen-mixin specs/cohere_compass.yaml`.
 # spec-sha256: d0b3571feeeed12e487ccaa7caa29d450a482d4ae7cfb2cb9c2e528321160bf0
-# templates-sha256: e95fb356979e2a496ca9afc3dac6070f35b655cbe64a22758ccf89077b3932bd
-# output-sha256: 6ee270377ac93b3fd8bd509d19ce30509c8c60717452954bc2c1269094b5d512
+# templates-sha256: f16d611164b3e770e92a147cb45132fd6473df9d074b262f404f687d78fc061f
+# output-sha256: 9c9f630a437bc0faa21b3ba9cf80168b0a8a5f2ca944a60463d3c37ee798e060
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/ernie45_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/ernie45_vl.yaml`.
 # spec-sha256: 44a19487b2f61417079df3347e463bfafc30019f50c2056291e8a1b652284f7c
-# templates-sha256: e95fb356979e2a496ca9afc3dac6070f35b655cbe64a22758ccf89077b3932bd
-# output-sha256: 7cdd1b4ccced7ac2d0d841ab6a72a2e3a3c4b4cec2134b49a91f7c976c5b7596
+# templates-sha256: f16d611164b3e770e92a147cb45132fd6473df9d074b262f404f687d78fc061f
+# output-sha256: fa6a49fc24c07dcdf8fdc90cf0d74cc4da5c07498d3832eea8cb5a4051d98655
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/gemma3_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma3_mm.yaml`.
 # spec-sha256: 19cc0f6e849ba8315b6202b90204158da9f48161f059a5255254f1c8d3c71b41
-# templates-sha256: e95fb356979e2a496ca9afc3dac6070f35b655cbe64a22758ccf89077b3932bd
-# output-sha256: 7b9016bc844501623ef8d2dd4e4b2654a3a1759f5d765f3b5d4ecf8e40dab600
+# templates-sha256: f16d611164b3e770e92a147cb45132fd6473df9d074b262f404f687d78fc061f
+# output-sha256: eaa4c702ab469a16e70544a30551652c2c4ddf7735d1515e533a49098aa84d5c
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/idefics3.yaml: change the spec or the templates and run
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 8b488cb972956d4df57232df809f3b4c048f68b21019dab78906516f52b22e02
-# templates-sha256: e95fb356979e2a496ca9afc3dac6070f35b655cbe64a22758ccf89077b3932bd
-# output-sha256: aaecb789ba0ebf4a74431f264bbbe6afc44cfbf46a12269ebbb3c156f6d0cea2
+# templates-sha256: f16d611164b3e770e92a147cb45132fd6473df9d074b262f404f687d78fc061f
+# output-sha256: 3a84939b6535bc0ffff82e897683c922e969a5d1de979ca9af33c9d73650eafb
 
 import itertools
 from collections.abc import Hashable

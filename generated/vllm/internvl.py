@@ -3,8 +3,8 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
-# templates-sha256: e95fb356979e2a496ca9afc3dac6070f35b655cbe64a22758ccf89077b3932bd
-# output-sha256: f3d8e220e273b431df9eedca37ca09712485bee440857ffffa7f0e5b5cd08e34
+# templates-sha256: f16d611164b3e770e92a147cb45132fd6473df9d074b262f404f687d78fc061f
+# output-sha256: 7091dcdbd385c0e094e3c06e01e909332935ef0cb3392905d313d52c7691c026
 
 import itertools
 from collections.abc import Hashable

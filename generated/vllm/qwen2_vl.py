@@ -3,8 +3,8 @@
 # From specs/qwen2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_vl.yaml`.
 # spec-sha256: 1215cbd2187709b1e172830108e4b18a70b517f0386b5aaf848e6c0d07d27655
-# templates-sha256: e95fb356979e2a496ca9afc3dac6070f35b655cbe64a22758ccf89077b3932bd
-# output-sha256: 9107bb377c44ac73b9a99bafdee22dc918f04250f75570f83b1ebb90499ff326
+# templates-sha256: f16d611164b3e770e92a147cb45132fd6473df9d074b262f404f687d78fc061f
+# output-sha256: 4d17b228608241bf1ffb49c47a21eef766b1f6bd284cf87f6bf5b6bc0106d58b
 
 import itertools
 from collections.abc import Hashable

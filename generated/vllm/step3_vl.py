@@ -3,8 +3,8 @@
 # From specs/step3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
-# templates-sha256: e95fb356979e2a496ca9afc3dac6070f35b655cbe64a22758ccf89077b3932bd
-# output-sha256: edd7bd42374c8e80ddf872cce6247b7732eea924ee685b661d36c7db7f4f9c9c
+# templates-sha256: f16d611164b3e770e92a147cb45132fd6473df9d074b262f404f687d78fc061f
+# output-sha256: 36250b31273570f729ee58ccda3db37a582ff55f20d067ca99d03d474a7dc037
 
 import itertools
 from collections.abc import Hashable

@@ -1673,6 +1673,22 @@ valid_case(
     ("graph_forward_context: set_forward_context(None, vllm_config)", "graph_forward_context: forward_context(None, vllm_config)"),
 )
 
+valid_case(
+    "multiple_of_not_a_dim",
+    "unit_varlen",
+    ("multiple_of: {h: f, w: f}", "multiple_of: {h: f, n: f}"),
+)
+valid_case(
+    "multiple_of_zero",
+    "unit_varlen",
+    ("multiple_of: {h: f, w: f}", "multiple_of: {h: f, w: 0}"),
+)
+valid_case(
+    "multiple_of_on_a_flat_input",
+    "unit_varlen",
+    ("rows: h * w}", "rows: h * w, multiple_of: {h: f}}"),
+)
+
 
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)

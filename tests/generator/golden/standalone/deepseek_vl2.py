@@ -3,8 +3,8 @@
 # From specs/deepseek_vl2.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_vl2.yaml`.
 # spec-sha256: 6f892ea020ee953004c7a45b78d4d9f058c9fcef960abef7cba31604ab4b32b1
-# templates-sha256: e95fb356979e2a496ca9afc3dac6070f35b655cbe64a22758ccf89077b3932bd
-# output-sha256: b2d745c45486b7b4fb25ecc6b93745eb2ffb611151212255fae92514d8bd0dfa
+# templates-sha256: f16d611164b3e770e92a147cb45132fd6473df9d074b262f404f687d78fc061f
+# output-sha256: 92d10f4c6fbb84fa512b8ca423d2f06c5e60304b6c2b8d62a7e9704f0fecc012
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/glm5_next.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm5_next.yaml`.
 # spec-sha256: c3575549c4ed50dd76892d25b692f5f5f648d2f13a2ea29bebd572d144fcdb24
-# templates-sha256: e95fb356979e2a496ca9afc3dac6070f35b655cbe64a22758ccf89077b3932bd
-# output-sha256: 7bf33da6e4adb4bbed1dcb8a09d22d427bcfc08e7b0600c378232a206c59684b
+# templates-sha256: f16d611164b3e770e92a147cb45132fd6473df9d074b262f404f687d78fc061f
+# output-sha256: 78ff2667ec7c8cf4e7b7a9f46feaff18e2f42440e741e3b50c285e982f810538
 
 import itertools
 from collections.abc import Hashable

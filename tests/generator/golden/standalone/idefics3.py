@@ -3,8 +3,8 @@
 # From specs/idefics3.yaml: change the spec or the templates and run
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 8b488cb972956d4df57232df809f3b4c048f68b21019dab78906516f52b22e02
-# templates-sha256: e95fb356979e2a496ca9afc3dac6070f35b655cbe64a22758ccf89077b3932bd
-# output-sha256: ce6b54ccc2d60e6b197748a4b2b5424256e2bfede55ab6733de4a7766eeeb897
+# templates-sha256: f16d611164b3e770e92a147cb45132fd6473df9d074b262f404f687d78fc061f
+# output-sha256: cede991eca0e81943ed460ce8410c4b025bb375db24e524dd04f50bd45015810
 
 import itertools
 from collections.abc import Hashable

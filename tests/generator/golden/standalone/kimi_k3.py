@@ -3,8 +3,8 @@
 # From specs/kimi_k3.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k3.yaml`.
 # spec-sha256: ad6641f35858cb67b82324e0fe35328756a63adb2d7abd235e5b5acf4e00b9f4
-# templates-sha256: e95fb356979e2a496ca9afc3dac6070f35b655cbe64a22758ccf89077b3932bd
-# output-sha256: 1c7ad7c8dd5e4d85d1c2a98410a222da54f71af5bd8b737859ff054b73d5a805
+# templates-sha256: f16d611164b3e770e92a147cb45132fd6473df9d074b262f404f687d78fc061f
+# output-sha256: ec44f4350bed2fd1d8cd3bbeceb39f192cf4d37a2544e6f73a44f80f4e631d40
 
 import itertools
 import math

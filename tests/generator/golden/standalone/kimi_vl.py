@@ -3,8 +3,8 @@
 # From specs/kimi_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_vl.yaml`.
 # spec-sha256: dec5f629ea45e6747065da9f1de34c016f7c11dcc328326c287b6a82ba94d373
-# templates-sha256: e95fb356979e2a496ca9afc3dac6070f35b655cbe64a22758ccf89077b3932bd
-# output-sha256: 2cfa71d231a309917beeda674a522e4cdc9d6a3d44c932a2b94a4817d02c2288
+# templates-sha256: f16d611164b3e770e92a147cb45132fd6473df9d074b262f404f687d78fc061f
+# output-sha256: 311cc2529969e19105f6bfaffad7c3a78a690b4259e7bdd81f68b0697ea8e2d2
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/qwen2_5_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_vl.yaml`.
 # spec-sha256: 96480d9c7c7c980974bbfd1e9ab20c6575a966715da8e48283b6883b95e654af
-# templates-sha256: e95fb356979e2a496ca9afc3dac6070f35b655cbe64a22758ccf89077b3932bd
-# output-sha256: 5a0ba213bf3f231107d8f20948a86db1ef4b95caaf67e28b654f3b7d81c5825c
+# templates-sha256: f16d611164b3e770e92a147cb45132fd6473df9d074b262f404f687d78fc061f
+# output-sha256: 3ce93c865094b4f4c81ad64ca905225415376f5978ddaea3cec1159483e676f4
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/qwen2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_vl.yaml`.
 # spec-sha256: 1215cbd2187709b1e172830108e4b18a70b517f0386b5aaf848e6c0d07d27655
-# templates-sha256: e95fb356979e2a496ca9afc3dac6070f35b655cbe64a22758ccf89077b3932bd
-# output-sha256: df40c93d7b9369f9f8512c90f4d6a32f0fb15cbc76ab23789f116bfb6988e4c1
+# templates-sha256: f16d611164b3e770e92a147cb45132fd6473df9d074b262f404f687d78fc061f
+# output-sha256: e9f80be0959d057dc7d2362caa78a96116b8b5b0e714223b19a5ba5bef2df10f
 
 import itertools
 from collections.abc import Hashable

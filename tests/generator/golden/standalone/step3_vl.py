@@ -3,8 +3,8 @@
 # From specs/step3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
-# templates-sha256: e95fb356979e2a496ca9afc3dac6070f35b655cbe64a22758ccf89077b3932bd
-# output-sha256: 3952f3dec9b2ca780b1ebd0fc15143203464a1785e6f1e3e5ba88f1f66d564b3
+# templates-sha256: f16d611164b3e770e92a147cb45132fd6473df9d074b262f404f687d78fc061f
+# output-sha256: d7cb9378d02c6b48463004661672dff5ac149d46298e4ef50f622cb77501f75e
 
 import itertools
 from collections.abc import Hashable

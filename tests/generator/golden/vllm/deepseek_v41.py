@@ -3,8 +3,8 @@
 # From specs/deepseek_v41.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_v41.yaml`.
 # spec-sha256: 5a5e49b0dc755e0765f16e9bea83916dae1ad10e566a6756645034252356e46f
-# templates-sha256: e95fb356979e2a496ca9afc3dac6070f35b655cbe64a22758ccf89077b3932bd
-# output-sha256: f965c3c3165eecabbd599f3939f6faaa72cbaf6cfeaccdee2b2d986066ffe356
+# templates-sha256: f16d611164b3e770e92a147cb45132fd6473df9d074b262f404f687d78fc061f
+# output-sha256: e0c92f3afe4f19512a6bd0d8d64965a00d18a5ab69f3c926e08ddae3ffe38d3e
 
 import itertools
 import weakref

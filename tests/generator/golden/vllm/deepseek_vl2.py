@@ -3,8 +3,8 @@
 # From specs/deepseek_vl2.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_vl2.yaml`.
 # spec-sha256: 6f892ea020ee953004c7a45b78d4d9f058c9fcef960abef7cba31604ab4b32b1
-# templates-sha256: e95fb356979e2a496ca9afc3dac6070f35b655cbe64a22758ccf89077b3932bd
-# output-sha256: 05dfb70947d464ef8cbbb42bb73ba203e698e438a3862d45f98fa2c22648ba34
+# templates-sha256: f16d611164b3e770e92a147cb45132fd6473df9d074b262f404f687d78fc061f
+# output-sha256: a199da08483ee78cea6a6e0036de3b130eba85940f9ae1292d1809de8081ae20
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/kimi_k3.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k3.yaml`.
 # spec-sha256: ad6641f35858cb67b82324e0fe35328756a63adb2d7abd235e5b5acf4e00b9f4
-# templates-sha256: e95fb356979e2a496ca9afc3dac6070f35b655cbe64a22758ccf89077b3932bd
-# output-sha256: a3a789213dc6973eb4fcf921b04f8e61cd79951582fd1913c6ca5ce5337b8e13
+# templates-sha256: f16d611164b3e770e92a147cb45132fd6473df9d074b262f404f687d78fc061f
+# output-sha256: fd341429ac1d8017e9b97c0035b8323e704bd977d19a87e66271506ba11ce733
 
 import itertools
 import math

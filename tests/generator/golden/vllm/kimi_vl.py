@@ -3,8 +3,8 @@
 # From specs/kimi_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_vl.yaml`.
 # spec-sha256: dec5f629ea45e6747065da9f1de34c016f7c11dcc328326c287b6a82ba94d373
-# templates-sha256: e95fb356979e2a496ca9afc3dac6070f35b655cbe64a22758ccf89077b3932bd
-# output-sha256: 706a82927171073b61230d4f19975a3f88c4eb62dd40eba1bae05b508cf45c2b
+# templates-sha256: f16d611164b3e770e92a147cb45132fd6473df9d074b262f404f687d78fc061f
+# output-sha256: c7852f2ac0bd1d5a223755dd0b996cc02b27cc97856829080eb98cff65956fa0
 
 import itertools
 from collections.abc import Hashable

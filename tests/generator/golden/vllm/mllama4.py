@@ -3,8 +3,8 @@
 # From specs/mllama4.yaml: change the spec or the templates and run
 # `gen-mixin specs/mllama4.yaml`.
 # spec-sha256: 3a4c5d7bdb1ee216f77e7723529296ab4a8d77acd6df01a22770eb4a40007938
-# templates-sha256: e95fb356979e2a496ca9afc3dac6070f35b655cbe64a22758ccf89077b3932bd
-# output-sha256: fcafee46383cd67803d694211c35c7a047f84417a4513d2fd82208bee6249af9
+# templates-sha256: f16d611164b3e770e92a147cb45132fd6473df9d074b262f404f687d78fc061f
+# output-sha256: b7e01205ca56af1b2192a07cc8ca81986c13d67b72285b6d148558f9f679d2ea
 
 import itertools
 from collections.abc import Hashable

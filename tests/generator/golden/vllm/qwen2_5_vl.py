@@ -3,8 +3,8 @@
 # From specs/qwen2_5_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_vl.yaml`.
 # spec-sha256: 96480d9c7c7c980974bbfd1e9ab20c6575a966715da8e48283b6883b95e654af
-# templates-sha256: e95fb356979e2a496ca9afc3dac6070f35b655cbe64a22758ccf89077b3932bd
-# output-sha256: 0a24cf87a6cc7025c8351277ba338de885b12f2f08d8dd03d5b206671f8ff970
+# templates-sha256: f16d611164b3e770e92a147cb45132fd6473df9d074b262f404f687d78fc061f
+# output-sha256: 913b698949ad142765fdb21219473ea0e6835d15b8bfc3d1f3e5748914dc4c2d
 
 import itertools
 from collections.abc import Hashable

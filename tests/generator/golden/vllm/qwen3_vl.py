@@ -3,8 +3,8 @@
 # From specs/qwen3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen3_vl.yaml`.
 # spec-sha256: 28992035a32ca0711943f61e569736ce2ca71587c2e480781972b42541c1b620
-# templates-sha256: e95fb356979e2a496ca9afc3dac6070f35b655cbe64a22758ccf89077b3932bd
-# output-sha256: b140c796b7a75efb62a7a383e3222f2765833a2629a24955ccc72cfc7f90f0ac
+# templates-sha256: f16d611164b3e770e92a147cb45132fd6473df9d074b262f404f687d78fc061f
+# output-sha256: 720b66fa9dc7568de42422fa40f5db374d4273b6dbd2a33d18da358170d3a6b3
 
 import itertools
 from collections.abc import Hashable
