@@ -129,6 +129,38 @@ def test_budget_range(world: SpecWorld, tokens: int, model_len: int) -> None:
     assert got == (world.value(budget.min), largest)
 
 
+# A constant with a processor override, a fallback and a floor (LFM2-VL's
+# min_image_tokens): the override wins, a missing or falsy attribute falls
+# back, and the value is an int of at least `at_least`.
+OVERRIDES = [
+    ({"min_tokens": 8}, 6, 8),
+    ({"min_tokens": "12"}, 6, 12),
+    ({"min_tokens": 0}, 6, 1),
+    (None, 6, 6),
+    ({}, None, 4),
+    ({"other": 3}, 0, 4),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "attribute", "smallest"), OVERRIDES)
+def test_constant_override_fallback_floor(kwargs, attribute, smallest) -> None:
+    world = SpecWorld(next(p for p in SPECS if p.stem == "unit_varlen"))
+    host = world.host()
+    host.multimodal_config.mm_processor_kwargs = kwargs
+    host.tower.min_tokens = attribute
+    cfg = VllmConfig(scheduler_config=SchedulerConfig(max_num_batched_tokens=4096))
+    assert host.get_encoder_cudagraph_budget_range(cfg)[0] == smallest
+
+
+def test_constant_override_that_is_no_integer() -> None:
+    world = SpecWorld(next(p for p in SPECS if p.stem == "unit_varlen"))
+    host = world.host()
+    host.multimodal_config.mm_processor_kwargs = {"min_tokens": [4]}
+    cfg = VllmConfig(scheduler_config=SchedulerConfig(max_num_batched_tokens=4096))
+    with pytest.raises(TypeError, match="not 'list'"):
+        host.get_encoder_cudagraph_budget_range(cfg)
+
+
 @pytest.mark.parametrize("lists", [False, True], ids=["tensors", "lists"])
 @pytest.mark.parametrize("seed", range(3))
 def test_item_specs(world: SpecWorld, lists: bool, seed: int) -> None:

@@ -1689,6 +1689,17 @@ valid_case(
     ("rows: h * w}", "rows: h * w, multiple_of: {h: f}}"),
 )
 
+valid_case(
+    "constant_processor_kwarg_without_multimodal_config",
+    "builder_steps",
+    ("  merge: {from: tower.merge, default: 2}", "  merge: {from: tower.merge, default: 2, processor_kwarg: merge}"),
+)
+valid_case(
+    "constant_fallback_of_a_method",
+    "unit_capture_ceil",
+    ("{from: get_image_patches_per_chunk(), default: 144}", "{from: get_image_patches_per_chunk(), default: 144, fallback: 144}"),
+)
+
 
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
