@@ -86,7 +86,9 @@ def _row_shape(spec: MixinSpec, body: Body, flat: FlatInput) -> str | None:
     shapes = set()
     for path in spec.paths:
         for tensor in path.capture.tensors:
-            if tensor.key != flat.key:
+            if tensor.key != flat.key or path.buffer(flat.key) is None:
+                # A capture tensor that is no buffer only feeds the builders
+                # at capture: no replay copies rows into it.
                 continue
             trailing = tensor.shape[1:]
             if not trailing or any(fx.names_in(e) - constants for e in trailing):
