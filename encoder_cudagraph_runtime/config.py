@@ -28,6 +28,8 @@ class MultiModalConfig:
     mm_encoder_tp_mode: Literal["weights", "data"] = "weights"
     mm_encoder_attn_dtype: Literal["fp8"] | None = None
     mm_encoder_fp8_scale_path: str | None = None
+    mm_processor_kwargs: dict[str, object] | None = None
+    """Overrides of the HF processor's arguments (LFM2-VL's min_image_tokens)."""
 
     def __post_init__(self) -> None:
         if self.mm_encoder_tp_mode not in ("weights", "data"):

@@ -36,6 +36,7 @@ class NameKind(Enum):
     CAPTURE_LET = "capture intermediate"  # capture.let
     POST_STEP = "postprocess step"
     BUILDER_RESULT = "builder result"  # chosen by the generator, never collides
+    BUILDER_STEP = "metadata step"  # metadata.steps: the builder's own names
 
 
 # -- names in scope for each spec field -------------------------------------------
@@ -46,6 +47,7 @@ BUILTIN_MEANINGS: dict[str, str] = {
     "`capture.per_item_tokens` says",
     "units": "the fixed-size views (tiles, crops, chunks) captured: "
     "`capture.units` for this budget",
+    "unit_index": "in `capture.unit_dummy`: the unit's place, `0 .. units - 1`",
     "rows": "input rows of the dummy batch (`max_batch_size` items)",
     "token_budget": "the budget being captured",
     "max_batch_size": "the manager's item limit per batch",
@@ -118,7 +120,7 @@ CAPTURE_KWARG_NAMES = (*DUMMY_NAMES, "frames_per_item", "rows", "units")
 #: Built-in names of a capture of items (``capture.dummy``), which a unit
 #: capture (``capture.units``) does not bind, and the reverse.
 ITEM_CAPTURE_NAMES = frozenset({"k", "rows", "frames_per_item"})
-UNIT_CAPTURE_NAMES = frozenset({"units"})
+UNIT_CAPTURE_NAMES = frozenset({"units", "unit_index"})
 #: Constants, capture-axis dims and the capture intermediates
 #: (``capture.let``) declared so far.
 _CAPTURE_VALUES = frozenset({_K.CONSTANT, _K.AXIS_DIM, _K.CAPTURE_LET})
@@ -144,6 +146,10 @@ FIELD_SCOPES: dict[str, FieldScope] = {
         frozenset({_K.CONSTANT, _K.AXIS_DIM}),
         ("token_budget", "max_batch_size", "max_frames_per_batch"),
     ),
+    "unit_dummy": FieldScope(
+        frozenset({_K.CONSTANT, _K.AXIS_DIM}),
+        ("token_budget", "max_batch_size", "max_frames_per_batch", "units", "unit_index"),
+    ),
     "tensor_shape": FieldScope(_CAPTURE_VALUES, CAPTURE_SIZES, host_paths=True),
     "tensor_dtype": FieldScope(builtins=("dtype",), host_paths=True),
     "graph_rows": FieldScope(
@@ -155,6 +161,18 @@ FIELD_SCOPES: dict[str, FieldScope] = {
         host_paths=True,
         calls=True,
         literals=True,
+    ),
+    "builder_steps": FieldScope(
+        frozenset({_K.CONSTANT, _K.FLAT, _K.GRID, _K.AXIS_DIM, _K.BUILDER_STEP}),
+        ("device", "dtype", "max_batch_size", "max_frames_per_batch"),
+        host_paths=True,
+        calls=True,
+        literals=True,
+        tensor_ops=True,
+    ),
+    "capture_value": FieldScope(
+        frozenset({_K.CONSTANT, _K.AXIS_DIM, _K.CAPTURE_LET}),
+        CAPTURE_KWARG_NAMES,
     ),
     "capture_kwargs": FieldScope(
         frozenset({_K.CONSTANT, _K.FLAT, _K.GRID, _K.AXIS_DIM, _K.CAPTURE_LET}),
@@ -175,6 +193,9 @@ FIELD_SCOPES: dict[str, FieldScope] = {
     "buffer_shape": FieldScope(
         frozenset({_K.CONSTANT, _K.SIZE, _K.AXIS_DIM, _K.CAPTURE_LET}),
         (*CAPTURE_SIZES, "max_frames_per_batch"),
+    ),
+    "forward_context": FieldScope(
+        frozenset({_K.CONSTANT}), host_paths=True, calls=True, literals=True
     ),
     "graph_forward": FieldScope(
         frozenset({_K.BUFFER, _K.GRAPH_STEP}),
@@ -319,6 +340,7 @@ METHODS: dict[str, Method] = {
                 "frames_per_item",
                 "rows",
                 "units",
+                "unit_index",
                 "offsets",
                 "_",
             ),
@@ -329,6 +351,7 @@ METHODS: dict[str, Method] = {
                 _K.BUFFER,
                 _K.IMPORT,
                 _K.BUILDER_RESULT,
+                _K.BUILDER_STEP,
                 _K.AXIS_DIM,
                 _K.CAPTURE_LET,
             },
@@ -352,6 +375,7 @@ METHODS: dict[str, Method] = {
                     _K.FLAT,
                     _K.IMPORT,
                     _K.BUILDER_RESULT,
+                    _K.BUILDER_STEP,
                     _K.AXIS_DIM,
                 }
             ),
@@ -512,6 +536,16 @@ METHODS: dict[str, Method] = {
             # fold_ranks: a keyword-only parameter, only in a module whose
             # flat inputs fold (``inputs.<key>.fold_ranks``).
             ("value", "parts", "part", "held", "fold_ranks"),
+        ),
+        Method(
+            "_check_multiples",
+            (
+                Param("key", "str"),
+                Param("rows", "list[Any]"),
+                Param("rules", "tuple[tuple[int, str, int], ...]"),
+            ),
+            "None",
+            ("index", "row", "values", "position", "dim", "divisor"),
         ),
         Method(
             "_check_units",

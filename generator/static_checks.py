@@ -35,6 +35,7 @@ from generator.spec.capture import (
     Capture,
     CaptureAssert,
     bounded_buffer,
+    capture_value_field,
     set_by_expr,
 )
 from generator.spec.enums import Modality, PadRule, Rounding
@@ -270,7 +271,11 @@ def capture_problems(
         if ir.capture.of_units:
             # A unit capture's own coverage check replaces the dummy's.
             for axis_env in axis_envs(ir.axes, env):
-                for field, message in unit_capture_problems(ir, axis_env):
+                problems = itertools.chain(
+                    unit_capture_problems(ir, axis_env),
+                    unit_dummy_problems(ir, axis_env),
+                )
+                for field, message in problems:
                     if field not in reported:
                         reported.add(field)
                         yield field, message
@@ -480,8 +485,9 @@ def host_scalar_problems(
         expr = set_by_expr(buf)
         if expr is None:
             continue
+        field = f"buffers.{buf.key}.{capture_value_field(buf)}"
         try:
-            bound = value_at(f"buffers.{buf.key}.set_by", expr, scope)
+            bound = value_at(field, expr, scope)
             found = longest_sequence(ir, env, buf, budget, mbs, dims, longest)
         except (EvaluationError, ArithmeticError):
             continue
@@ -490,7 +496,7 @@ def host_scalar_problems(
         need, why = found
         if bound < need:
             yield (
-                f"buffers.{buf.key}.set_by",
+                field,
                 f"{buf.key} is captured as {bound} but {why}; the attention launch "
                 f"would truncate it (expected at least {need})",
             )
@@ -947,13 +953,175 @@ def unit_capture_problems(
     capture tensor's dim 0 at least the rows of its input that at most
     ``max_batch_size`` items within the budget can bring
     (:func:`generator.unit_coverage.most_rows`, over sampled items)."""
+    buffers = {b.key for b in ir.buffers}
     for tensor in ir.capture.tensors:
+        if tensor.key not in buffers:
+            continue  # only the builders read it: a capture-time input
         hull = envelope(list(_item_points(ir, env, tensor.flat)))
         if not hull:
             continue
         problem = _first_overflow(ir, env, tensor, hull)
         if problem is not None:
             yield problem
+
+
+# -- the dummy units of a unit capture (capture.unit_dummy) ------------------------
+
+#: Batch sizes tried with the dummy units (``units`` seldom reads it).
+UNIT_DUMMY_BATCH_SIZES = (1, 64)
+
+
+@dataclass(frozen=True)
+class UnitSample:
+    """A sampled unit: its budget tokens and input rows (one sequence)."""
+
+    tokens: int
+    rows: int
+
+
+def _unit_samples(ir: Arithmetic, env: Mapping[str, int]) -> list[UnitSample]:
+    """Units over sampled dims, each a multiple of its divisors in the item
+    formulas (as processors emit them)."""
+    items = ir.items
+    tokens_expr = items.budget_tokens or items.output_tokens
+    dims = [d for g in ir.item_inputs if g.unit_of for d in g.dims]
+    out = []
+    for combo in _sampled_dims(dims, dim_steps(ir, env)):
+        scope = {**env, **dict(zip(dims, combo, strict=True))}
+        try:
+            out.append(
+                UnitSample(evaluate(tokens_expr, scope), evaluate(items.input_size, scope))
+            )
+        except (EvaluationError, ArithmeticError):
+            continue
+    return out
+
+
+def unit_dummy_problems(
+    ir: Arithmetic, env: Mapping[str, int]
+) -> Iterator[tuple[str, str]]:
+    """The dummy units of a unit capture: positive dims that cover the budget
+    in budget tokens; ``pad`` offsets with a slot for every unit a batch
+    within the budget can bring (each has at least the fewest budget tokens a
+    unit can have); host scalars that hold the longest unit (a unit is one
+    sequence)."""
+    capture = ir.capture
+    if not capture.unit_dummy:
+        return
+    if not ir.items.per_unit:
+        yield (
+            "capture.unit_dummy",
+            "dummy units need items.per_unit: their dims are a unit's, and the "
+            "checks count a unit's budget tokens",
+        )
+        return
+    samples = _unit_samples(ir, env)
+    fewest = min((u.tokens for u in samples), default=None)
+    try:
+        lo = evaluate(ir.budget_min, env) if ir.budget_min is not None else 1
+    except (EvaluationError, ArithmeticError):
+        return
+    for budget in (b for b in SAMPLE_BUDGETS if b >= lo):
+        for mbs in UNIT_DUMMY_BATCH_SIZES:
+            scope = unit_scope(env, budget, mbs, mbs)
+            try:
+                units = value_at("capture.units", capture.units, scope)
+                dummy = _dummy_units(ir, {**scope, "units": units}, units)
+            except (EvaluationError, ArithmeticError):
+                return
+            except OutOfRange as exc:
+                yield exc.field, exc.message
+                return
+            problem = _dummy_unit_problem(ir, scope, dummy, budget, mbs, units)
+            if problem is None:
+                problem = _unit_pad_problem(ir, scope, units, fewest, budget)
+            if problem is None:
+                problem = _unit_scalar_problem(ir, scope, units, samples, dummy, budget)
+            if problem is not None:
+                yield problem
+                return
+
+
+def _dummy_units(ir: Arithmetic, scope: Mapping[str, int], units: int):
+    """Each dummy unit's dims (every unit grid's), at most 2**16 units."""
+    out = []
+    for index in range(min(units, 1 << 16)):
+        dims: dict[str, int] = {}
+        for item, exprs in ir.capture.unit_dummy:
+            for dim, expr in zip(item.dims, exprs, strict=True):
+                field = f"capture.unit_dummy.{item.key}"
+                dims[dim] = value_at(field, expr, {**scope, "unit_index": index})
+        out.append(dims)
+    return out
+
+
+def _dummy_unit_problem(ir, scope, dummy, budget: int, mbs: int, units: int):
+    items = ir.items
+    tokens_expr = items.budget_tokens or items.output_tokens
+    total = 0
+    for index, dims in enumerate(dummy):
+        bad = sorted(d for d, v in dims.items() if v <= 0)
+        if bad:
+            return (
+                "capture.unit_dummy",
+                f"unit {index} of {units} at budget {budget} has "
+                f"{', '.join(f'{d} = {dims[d]}' for d in bad)}: every dummy unit "
+                "needs positive dims (fewer units, or dims that stay positive)",
+            )
+        total += evaluate(tokens_expr, {**scope, **dims})
+    if total < budget:
+        return (
+            "capture.unit_dummy",
+            f"the {units} dummy units bring {total} budget tokens at budget "
+            f"{budget} (max_batch_size {mbs}): fewer than the budget, so the "
+            "buffers built from them would not hold a batch that fills it",
+        )
+    return None
+
+
+def _unit_pad_problem(ir, scope, units: int, fewest, budget: int):
+    for buf in ir.buffers:
+        if buf.pad is None or buf.slots is None:
+            continue
+        field = f"buffers.{buf.key}.slots"
+        slots = value_at(field, buf.slots, scope)
+        if fewest is None or fewest <= 0:
+            return (
+                field,
+                "a unit can have no budget tokens, so a batch within the budget "
+                "can bring any number of units: no slot count holds its offsets",
+            )
+        most = budget // fewest
+        if slots < most + 1:
+            return (
+                field,
+                f"{slots} slots at budget {budget}, but a batch within it can "
+                f"bring {most} units of {fewest} budget token(s) each, one "
+                f"sequence each: {most + 1} offsets (the dummy has {units} units; "
+                "expected at least token_budget // (the fewest tokens of a unit) "
+                "+ 1)",
+            )
+    return None
+
+
+def _unit_scalar_problem(ir, scope, units: int, samples, dummy, budget: int):
+    for buf in ir.buffers:
+        expr = set_by_expr(buf)
+        if expr is None:
+            continue
+        field = f"buffers.{buf.key}.{capture_value_field(buf)}"
+        bound = value_at(field, expr, {**scope, "units": units})
+        fits = [u.rows for u in samples if u.tokens <= budget]
+        own = [evaluate(ir.items.input_size, {**scope, **d}) for d in dummy]
+        need = max(fits + own, default=0)
+        if bound < need:
+            return (
+                field,
+                f"{buf.key} is captured as {bound} at budget {budget}, but one unit "
+                f"(one sequence) within the budget or of the dummy has {need} input "
+                "rows; the attention launch would truncate it",
+            )
+    return None
 
 
 def _first_overflow(ir: Arithmetic, env, tensor, hull) -> tuple[str, str] | None:

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from generator.formulas import evaluate
 from generator.spec import FlatInput, ItemInput, MixinSpec
 
 #: A value no span-type constant takes in any spec of this project.
@@ -155,6 +156,18 @@ def _item_cases(spec: MixinSpec, mm_kwargs: dict[str, Any], item: ItemInput):
         _with(mm_kwargs, key, _like(value, zero)),
         rf"{_key(key)}\[0\] is \[0.*\]; every dim is at least 1",
     )
+    env = {c.name: c.default for c in spec.constants if c.default is not None}
+    for dim, divisor in item.multiple_of:
+        if evaluate(divisor, env) < 2:
+            continue  # every dim is a multiple of 1
+        odd = copy.deepcopy(rows)
+        odd[0][item.dims.index(dim)] += 1
+        yield Corruption(
+            f"{key}:{dim}-not-a-multiple",
+            _with(mm_kwargs, key, _like(value, odd)),
+            rf"{_key(key)}\[0\] is \[.*\]; {dim} must be a multiple of",
+            in_selection=False,
+        )
     if item.equals:
         off = copy.deepcopy(rows)
         off[0][item.dims.index(item.equals[0][0])] += 1

@@ -3,8 +3,8 @@
 # From specs/deepseek_ocr.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_ocr.yaml`.
 # spec-sha256: 0bfb43e4316a4a39192bb100e7cfeecbb3f7339c7a907dfaa07f9b62999ceee7
-# templates-sha256: adab187331400a63c543eeb0fa1482b60b2484e9b9c3b18bf0800b9d39ab05ec
-# output-sha256: 2e6a4291bfe1e12dff7aa2deb7d52496f25a4418879aa6dfa31a5f4d80829c92
+# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
+# output-sha256: e1654df8e043c0d1a7807996e00959ec51fc3c1d0036468f822d2762b2199aa7
 
 import itertools
 from collections.abc import Hashable

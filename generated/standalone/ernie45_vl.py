@@ -3,8 +3,8 @@
 # From specs/ernie45_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/ernie45_vl.yaml`.
 # spec-sha256: 44a19487b2f61417079df3347e463bfafc30019f50c2056291e8a1b652284f7c
-# templates-sha256: adab187331400a63c543eeb0fa1482b60b2484e9b9c3b18bf0800b9d39ab05ec
-# output-sha256: 7d1723bccb4a2de6a9919f092d258b5ad61e58adf046a88f46e53d7d24e81638
+# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
+# output-sha256: dc30a70dcc6f8cf185f7977a3a1631e47525fdbeb00b171dfda18322fa6c7222
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
-# templates-sha256: adab187331400a63c543eeb0fa1482b60b2484e9b9c3b18bf0800b9d39ab05ec
-# output-sha256: 4ea42da2357cde531c30356599cb8fe4a060857033b74a76f167648d5b9f7bd7
+# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
+# output-sha256: df8daa835beaafd42fe941835a9f0600044dac55a0e750c78b7ba6d91f2a2017
 
 import itertools
 from collections.abc import Hashable

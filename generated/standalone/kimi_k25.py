@@ -3,8 +3,8 @@
 # From specs/kimi_k25.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k25.yaml`.
 # spec-sha256: 48ab13502da49bdd4a5c48e47fa70f6469e759d2e60e4da2ae50d39a02300d68
-# templates-sha256: adab187331400a63c543eeb0fa1482b60b2484e9b9c3b18bf0800b9d39ab05ec
-# output-sha256: 993e254b8b297d102185aa389e7fa322ced4b9fcfa4982d151cf76f0aeba5984
+# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
+# output-sha256: 87c6b075a16f10905cba20288837ae5f7f72969c770677cdcb746d616f8409fc
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/kimi_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_vl.yaml`.
 # spec-sha256: dec5f629ea45e6747065da9f1de34c016f7c11dcc328326c287b6a82ba94d373
-# templates-sha256: adab187331400a63c543eeb0fa1482b60b2484e9b9c3b18bf0800b9d39ab05ec
-# output-sha256: beb6d1b28e38eb457a2f64028a5d1ea6479047d690e73fed417bc08c3cdad5e0
+# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
+# output-sha256: f5505a7c25909cce5d72cd7ff3a670ff4b51f011918ab6b15aa2692f29f3d568
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/minimax_m3.yaml: change the spec or the templates and run
 # `gen-mixin specs/minimax_m3.yaml`.
 # spec-sha256: 679a222a35671178384492aa0dc1e20daf1dbe9ee4c77a16239d17f4a618116f
-# templates-sha256: adab187331400a63c543eeb0fa1482b60b2484e9b9c3b18bf0800b9d39ab05ec
-# output-sha256: ea7b78acbd5f1566b0993b2c7ac75caca11b3188463b87e5819ee9fa9cb27a1d
+# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
+# output-sha256: 56ab6dbe7c08f9110b78ff133fdebb1ae1f145cacd1e06e28bce4aac687b97eb
 
 import itertools
 import weakref

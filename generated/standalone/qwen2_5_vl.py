@@ -3,8 +3,8 @@
 # From specs/qwen2_5_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_vl.yaml`.
 # spec-sha256: 96480d9c7c7c980974bbfd1e9ab20c6575a966715da8e48283b6883b95e654af
-# templates-sha256: adab187331400a63c543eeb0fa1482b60b2484e9b9c3b18bf0800b9d39ab05ec
-# output-sha256: d2d86f20c8ab537fbe366ad8e03ed0e210fa127f8f6dbbbcaa6e7bc059cb1137
+# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
+# output-sha256: 5eb6305d0b60edf4d4b86525303b235f8db408395242af2ce0347924ba4c367a
 
 import itertools
 from collections.abc import Hashable

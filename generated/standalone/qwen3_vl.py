@@ -3,8 +3,8 @@
 # From specs/qwen3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen3_vl.yaml`.
 # spec-sha256: 28992035a32ca0711943f61e569736ce2ca71587c2e480781972b42541c1b620
-# templates-sha256: adab187331400a63c543eeb0fa1482b60b2484e9b9c3b18bf0800b9d39ab05ec
-# output-sha256: e0722c068686955d58b60a68d19e94fd059e1d25920777eaf6913e95e7516b9d
+# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
+# output-sha256: d78beeb1e13411f1f0b09eabee3aed71caabd9b26d2af644e135342a1c8d679f
 
 import itertools
 from collections.abc import Hashable

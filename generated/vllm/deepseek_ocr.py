@@ -3,8 +3,8 @@
 # From specs/deepseek_ocr.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_ocr.yaml`.
 # spec-sha256: 0bfb43e4316a4a39192bb100e7cfeecbb3f7339c7a907dfaa07f9b62999ceee7
-# templates-sha256: adab187331400a63c543eeb0fa1482b60b2484e9b9c3b18bf0800b9d39ab05ec
-# output-sha256: e7a9bd361ff48a944d4cd439d114c892c44aac89f60b9ccb1f29487c5f8afa37
+# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
+# output-sha256: 2e3fef22a0a5b4aedb3d12ff3a2597b77cadf37c016a8b0080f94768f69834a5
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/deepseek_v41.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_v41.yaml`.
 # spec-sha256: 5a5e49b0dc755e0765f16e9bea83916dae1ad10e566a6756645034252356e46f
-# templates-sha256: adab187331400a63c543eeb0fa1482b60b2484e9b9c3b18bf0800b9d39ab05ec
-# output-sha256: 4a32c19cc65de7f02adddd4a8464e255d62b0dc21cd9797cd91b6f0a5d4ead56
+# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
+# output-sha256: b747ab1d41faab400dcb050283ba22b448b6289bdb8ddf739b6504bae3c5ca21
 
 import itertools
 import weakref

@@ -3,8 +3,8 @@
 # From specs/deepseek_vl2.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_vl2.yaml`.
 # spec-sha256: 6f892ea020ee953004c7a45b78d4d9f058c9fcef960abef7cba31604ab4b32b1
-# templates-sha256: adab187331400a63c543eeb0fa1482b60b2484e9b9c3b18bf0800b9d39ab05ec
-# output-sha256: acf74ec9dea08c68f80ee2761adca1130dc0b0eec30f00ebf2338b489ef7f67d
+# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
+# output-sha256: e3b865214bc96b33a2a4ccf4050388910bda13cf85b04430da1dbcd139516d5f
 
 import itertools
 from collections.abc import Hashable

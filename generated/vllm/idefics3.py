@@ -3,8 +3,8 @@
 # From specs/idefics3.yaml: change the spec or the templates and run
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 8b488cb972956d4df57232df809f3b4c048f68b21019dab78906516f52b22e02
-# templates-sha256: adab187331400a63c543eeb0fa1482b60b2484e9b9c3b18bf0800b9d39ab05ec
-# output-sha256: fed5de876520f3a6797d97059c572619b0a23485669b67b76a6268fbbb3ce1d4
+# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
+# output-sha256: 41874fa9cbe1292ab9f0c379245fc5e9bd38588b43bccb869a107c8b0b769750
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
-# templates-sha256: adab187331400a63c543eeb0fa1482b60b2484e9b9c3b18bf0800b9d39ab05ec
-# output-sha256: c81971ed59e5f13cab815f74329ff843ad9133ceac9bb2e7181409aed00e0bd2
+# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
+# output-sha256: 750ab117531b0feb3e9509c22cc0dbea515f56ae614f5a50131b459bca23740d
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/mllama4.yaml: change the spec or the templates and run
 # `gen-mixin specs/mllama4.yaml`.
 # spec-sha256: 3a4c5d7bdb1ee216f77e7723529296ab4a8d77acd6df01a22770eb4a40007938
-# templates-sha256: adab187331400a63c543eeb0fa1482b60b2484e9b9c3b18bf0800b9d39ab05ec
-# output-sha256: 6e673ec42a535ae1ee7b8eb176e5b38c3756e8bd15349d2f6b927e40f20d6f99
+# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
+# output-sha256: 047bd9887353efd24aaa69a1b3bc9a4f0cf74c2a9b06be519f13df21c9231187
 
 import itertools
 from collections.abc import Hashable

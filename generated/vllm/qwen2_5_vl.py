@@ -3,8 +3,8 @@
 # From specs/qwen2_5_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_vl.yaml`.
 # spec-sha256: 96480d9c7c7c980974bbfd1e9ab20c6575a966715da8e48283b6883b95e654af
-# templates-sha256: adab187331400a63c543eeb0fa1482b60b2484e9b9c3b18bf0800b9d39ab05ec
-# output-sha256: d30ca72db7d08c1fba6797a80dedc4de8ceb1872924c6aacb1fc940bbb9e27fc
+# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
+# output-sha256: d989ac1423b4ea43eeb86c928b7ce5aa68d28083c95378c3f8a14a85800aa0bb
 
 import itertools
 from collections.abc import Hashable

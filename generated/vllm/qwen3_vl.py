@@ -3,8 +3,8 @@
 # From specs/qwen3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen3_vl.yaml`.
 # spec-sha256: 28992035a32ca0711943f61e569736ce2ca71587c2e480781972b42541c1b620
-# templates-sha256: adab187331400a63c543eeb0fa1482b60b2484e9b9c3b18bf0800b9d39ab05ec
-# output-sha256: 695debc57251d741d8c625b74304beaae44ae0e99b08f2b4ad9127174fd6fc2b
+# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
+# output-sha256: 6c4f2a5f5fc2c83215667bf615ad6b7221c3472425284f813548e0ac0c411755
 
 import itertools
 from collections.abc import Hashable

@@ -38,11 +38,23 @@ def builder_calls(
     """Each builder's call at ``phase`` (capture or replay) and its result name."""
     out = []
     for b in path.metadata:
+        if b.call is None:
+            out.append(
+                {
+                    "steps": [
+                        {"target": s.target, "expr": body.expr(s.expr, name_map)}
+                        for s in b.steps
+                    ],
+                    "why": comment_lines(b.why),
+                }
+            )
+            continue
         call = fx.Call(b.call.callee, b.call.args, b.kwargs(phase))
         out.append(
             {
                 "name": b.result_name,
                 "call": body.expr(call, name_map),
+                "steps": None,
                 "why": comment_lines(b.why),
             }
         )
@@ -50,8 +62,11 @@ def builder_calls(
 
 
 def builder_value(buf: Buffer) -> str:
-    """The buffer's value in its builder's result."""
+    """The buffer's value in its builder's result (a builder's steps bind
+    it under its own name)."""
     assert isinstance(buf.source, MetadataBuilder)  # noqa: S101
+    if buf.source.call is None:
+        return buf.key
     if buf.source.returns_tensor:
         return buf.source.result_name
     return f'{buf.source.result_name}["{buf.key}"]'
@@ -61,9 +76,9 @@ def _builder_grids(spec: MixinSpec, path: EncoderPath) -> set[str]:
     """Grid and count keys a builder reads at capture."""
     names: set[str] = set()
     for b in path.metadata:
-        names |= fx.names_in(b.call)
-        for _, value in b.capture_kwargs:
-            names |= fx.names_in(value)
+        exprs = b.exprs if b.call is None else (b.call, *(v for _, v in b.capture_kwargs))
+        for e in exprs:
+            names |= fx.names_in(e)
     return {n for n in names if spec.item_input(n) is not None}
 
 
@@ -214,6 +229,11 @@ def _path_body(spec: MixinSpec, path: EncoderPath) -> dict[str, Any]:
     for buf in path.buffers:
         if buf.key in own or isinstance(buf.source, CaptureTensor):
             entries.append({"key": buf.key, "value": buf.key})
+        elif buf.capture_value is not None:
+            value = body.expr(buf.capture_value)
+            entries.append(
+                {"key": buf.key, "value": f"torch.tensor({value}, dtype=torch.int32)"}
+            )
         else:
             entries.append({"key": buf.key, "value": builder_value(buf)})
     budget_tokens = path.named or spec.items.budget_tokens is not None
@@ -229,6 +249,13 @@ def _path_body(spec: MixinSpec, path: EncoderPath) -> dict[str, Any]:
         "floor": capture.rounding is Rounding.FLOOR,
         "units": body.expr(capture.units) if capture.of_units else None,
         "dummies": _dummies(spec, path, body),
+        "unit_dummies": [
+            {
+                "key": item.key,
+                "row": "[" + ", ".join(body.expr(e) for e in exprs) + "]",
+            }
+            for item, exprs in capture.unit_dummy
+        ],
         "frames_per_item": "frames_per_item" in _capture_names(capture),
         "lets": [
             {"name": let.name, "value": body.expr(let.expr)} for let in capture.lets

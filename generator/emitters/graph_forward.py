@@ -29,10 +29,12 @@ def _path_body(spec: MixinSpec, path: EncoderPath) -> dict[str, Any]:
         name_map["rest"] = "inputs"
     else:
         name_map.update({k: f'inputs["{k}"]' for k in keys})
+    context = path.graph_forward_context
     ctx = {
         "popped": popped,
         "uses_rest": uses_rest,
         "steps": steps(body, forward, name_map),
+        "context": body.expr(context) if context is not None else None,
     }
     ctx["constants"] = body.bindings()
     return ctx

@@ -19,13 +19,9 @@ def used_import_names(spec: MixinSpec) -> set[str]:
     """Imported names the generated code mentions."""
     exprs: list[fx.Expr] = []
     for path in spec.paths:
-        exprs += [m.call for m in path.metadata]
-        exprs += [
-            v for m in path.metadata for _, v in m.capture_kwargs + m.replay_kwargs
-        ]
-        exprs += [
-            v for m in path.metadata for _, kw in m.replay_by_modality for _, v in kw
-        ]
+        exprs += [e for m in path.metadata for e in m.exprs]
+        if path.graph_forward_context is not None:
+            exprs.append(path.graph_forward_context)
         exprs += [s.expr for s in path.graph_forward + path.eager_forward.steps]
     exprs += [s.expr for s in spec.post_steps]
     used = set().union(*(fx.names_in(e) for e in exprs)) if exprs else set()
@@ -65,8 +61,9 @@ def _path_formulas(path: EncoderPath) -> list[fx.Expr | None]:
     exprs += [e for _, dims in capture.dummy for e in dims]
     exprs += [e for t in capture.tensors for e in t.shape]
     exprs += [capture.graph_rows, path.eager_forward.empty_width]
-    exprs += [m.call for m in path.metadata]
-    exprs += [v for m in path.metadata for _, v in m.capture_kwargs + m.replay_kwargs]
+    exprs += [e for m in path.metadata for e in m.exprs]
+    exprs += [b.capture_value for b in path.buffers]
+    exprs.append(path.graph_forward_context)
     exprs += [b.slots for b in path.buffers]
     exprs += [e for b in path.buffers for e in b.shape or ()]
     exprs += [s.expr for s in path.graph_forward + path.eager_forward.steps]

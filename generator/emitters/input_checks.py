@@ -86,7 +86,9 @@ def _row_shape(spec: MixinSpec, body: Body, flat: FlatInput) -> str | None:
     shapes = set()
     for path in spec.paths:
         for tensor in path.capture.tensors:
-            if tensor.key != flat.key:
+            if tensor.key != flat.key or path.buffer(flat.key) is None:
+                # A capture tensor that is no buffer only feeds the builders
+                # at capture: no replay copies rows into it.
                 continue
             trailing = tensor.shape[1:]
             if not trailing or any(fx.names_in(e) - constants for e in trailing):
@@ -190,6 +192,20 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
             for g in unit_grids(spec)
         ],
         "relations": relations,
+        "multiples": [
+            {
+                "key": loads.key(i.key),
+                "rows": i.key,
+                "rules": "("
+                + "".join(
+                    f"({i.dims.index(dim)}, {dim!r}, {body.expr(expr)}), "
+                    for dim, expr in i.multiple_of
+                )
+                + ")",
+            }
+            for i in spec.item_inputs
+            if i.multiple_of
+        ],
         "rows": [_rows_check(spec, body, loads, f) for f in spec.flat_inputs],
         "span": _span(spec, body, loads),
         "returns": [i.key for i in spec.item_inputs],
@@ -205,5 +221,6 @@ def helpers(spec: MixinSpec) -> dict[str, bool]:
         "counts": any(i.is_count for i in spec.item_inputs),
         "span": spec.span_assembly is not None,
         "relations": any(i.equals for i in spec.item_inputs),
+        "multiples": any(i.multiple_of for i in spec.item_inputs),
         "units": bool(unit_grids(spec)),
     }

@@ -89,7 +89,7 @@ class Body:
 
     def bindings(self) -> list[dict[str, str]]:
         return [
-            {"name": c.name, "value": fx.to_python(c.path)}
+            {"name": c.name, "value": c.value_python()}
             for c in self.spec.constants
             if c.name in self.used
         ]

@@ -19,12 +19,12 @@ from generator.spec.path import EncoderPath
 def _builder_names(path: EncoderPath) -> set[str]:
     names: set[str] = set()
     for b in path.metadata:
-        names |= fx.names_in(b.call)
+        exprs = b.exprs if b.call is None else (b.call, *(v for _, v in b.replay_kwargs))
+        for e in exprs:
+            names |= fx.names_in(e)
         for _, kwargs in b.replay_by_modality:
             for _, value in kwargs:
                 names |= fx.names_in(value)
-        for _, value in b.replay_kwargs:
-            names |= fx.names_in(value)
     return names
 
 
@@ -89,8 +89,13 @@ def _path_body(spec: MixinSpec, path: EncoderPath) -> dict[str, Any]:
     body = Body(spec)
     loads = Loads(spec)
     buffer_keys = {b.key for b in path.buffers}
-    device_flat = next(f for f in spec.flat_inputs if f.key in buffer_keys)
     used = _builder_names(path)
+    # The device and dtype of the first flat buffer, else of the first flat
+    # input a builder reads (its buffers are built from it).
+    device_flat = next(
+        (f for f in spec.flat_inputs if f.key in buffer_keys),
+        next((f for f in spec.flat_inputs if f.key in used), spec.flat_inputs[0]),
+    )
     flat_loads = []
     for flat in spec.flat_inputs:
         if flat.key not in buffer_keys and flat.key not in used:

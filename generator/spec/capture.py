@@ -10,6 +10,7 @@ from generator.diagnostics import Location
 from generator.formulas import Call, Expr, HostPath, Ref
 from generator.scopes import ITEM_CAPTURE_NAMES, UNIT_CAPTURE_NAMES, NameKind
 from generator.spec.conditions import Comparison, Condition
+from generator.spec.forwards import BUILDER_STEPS, Step
 from generator.spec.enums import (
     Backend,
     Dtype,
@@ -273,6 +274,9 @@ class Capture:
     #: ``capture.let`` and ``capture.assert``, in order.
     lets: tuple[CaptureLet, ...] = ()
     asserts: tuple[CaptureAssert, ...] = ()
+    #: A unit capture's dummy units: unit grid -> the dims of unit
+    #: ``unit_index``.
+    unit_dummy: tuple[tuple[ItemInput, tuple[Expr, ...]], ...] = ()
 
     KEYS: ClassVar = Keys(
         Key(
@@ -286,6 +290,17 @@ class Capture:
             "hold every batch within the budget: `max_batch_size` bounds the "
             "items of a batch, not their views.",
             example="max(token_budget // T, 1)",
+        ),
+        Key(
+            "unit_dummy",
+            MapOf(ListOf(Formula("unit_dummy"))),
+            "A unit capture's dummy units: grid with `unit_of` → the dims of unit "
+            "`unit_index` (`0 .. units - 1`), over the constants, `token_budget` "
+            "and `units`. Builders then read that grid at capture (one row per "
+            "unit), and the units' offsets may be padded (`pad: repeat_last`) "
+            "and bounded by a host scalar. Needs `items.per_unit`. LFM2-VL cuts "
+            "the budget into tiles of `m` tokens and a last, shorter one.",
+            example="{spatial_shapes: [f, min(token_budget - unit_index * m, m) * f]}",
         ),
         Key(
             "per_item_tokens",
@@ -360,6 +375,12 @@ class Capture:
         rounding = r.take("per_item_tokens")
         lets = tuple(v for v in (r.take("let") or {}).values() if v is not INVALID)
         asserts = tuple(a for a in r.take("assert") or () if a is not INVALID)
+        unit_dummy: tuple | None = ()
+        if r.has("unit_dummy"):
+            if not r.has("units"):
+                r.refuse("unit_dummy", "the dummy units of a unit capture: needs units")
+            else:
+                unit_dummy = _dummy(r, items_inputs, "unit_dummy")
         if r.has("units"):
             dummy: tuple | None = ()
         elif not r.has("dummy"):
@@ -373,12 +394,16 @@ class Capture:
         why = r.take("why")
         if dummy is None or tensors is None or (r.has("units") and units is None):
             return None
+        if unit_dummy is None:
+            return None
         failed = {k for k, t in tensors.items() if t is INVALID}
         r.ctx.failed_sources.update(failed)
         good = tuple(t for t in tensors.values() if t is not INVALID)
         if not r.ok("let", "assert"):
             return None
-        return cls(rounding, dummy, good, graph_rows, why, units, lets, asserts)
+        return cls(
+            rounding, dummy, good, graph_rows, why, units, lets, asserts, unit_dummy
+        )
 
 
 #: Why the keys of a capture of items do not go with ``units``.
@@ -403,19 +428,23 @@ ITEM_CAPTURE_UNBOUND = {
 }
 
 
-def _dummy(r: Reader, item_inputs: dict[str, ItemInput]):
-    node = r.take_node("dummy")
+def _dummy(r: Reader, item_inputs: dict[str, ItemInput], key_name: str = "dummy"):
+    """``capture.dummy`` (every grid and count input) or ``capture.unit_dummy``
+    (grids with ``unit_of``)."""
+    units = key_name == "unit_dummy"
+    node = r.take_node(key_name)
     if node is None:
         return None
-    field = r.path("dummy")
+    field = r.path(key_name)
     out = []
     for key, dims_node in node.value.items():
         path = f"{field}.{key}"
         where = (node.key_locations or {}).get(key, node.location)
         item = item_inputs.get(key)
-        if item is None:
+        if item is None or (units and (item.is_count or item.unit_of is None)):
             if key not in r.ctx.failed_inputs:
-                r.ctx.error(where, path, f"{key!r} is not a grid or count input")
+                what = "a grid with unit_of" if units else "a grid or count input"
+                r.ctx.error(where, path, f"{key!r} is not {what}")
             continue
         if dims_node.kind != "sequence":
             r.ctx.error(dims_node, path, f"expected a list, got {dims_node.kind}")
@@ -433,7 +462,7 @@ def _dummy(r: Reader, item_inputs: dict[str, ItemInput]):
                 f"got {len(dims_node.value)}{hint}",
             )
             continue
-        scope = r.ctx.scope("dummy")
+        scope = r.ctx.scope(key_name)
         exprs = []
         for i, n in enumerate(dims_node.value):
             if n.kind not in ("string", "integer"):
@@ -445,7 +474,7 @@ def _dummy(r: Reader, item_inputs: dict[str, ItemInput]):
             exprs.append(parse_formula(n, f"{path}[{i}]", r.ctx, scope))
         if all(e is not INVALID for e in exprs):
             out.append((item, tuple(exprs)))
-    for key in item_inputs:
+    for key in item_inputs if not units else ():
         if key not in node.value:
             r.ctx.error(node, f"{field}.{key}", "every grid input needs a dummy item")
     return tuple(out)
@@ -454,9 +483,10 @@ def _dummy(r: Reader, item_inputs: dict[str, ItemInput]):
 @dataclass(frozen=True)
 class MetadataBuilder:
     """A call run at capture on the dummy grids and at replay on the real
-    ones, returning a dict that holds some of the buffers."""
+    ones, returning a dict that holds some of the buffers; or steps run in
+    both phases, whose names listed in ``provides`` are the buffers."""
 
-    call: Call
+    call: Call | None
     capture_kwargs: tuple[tuple[str, Expr], ...]
     replay_kwargs: tuple[tuple[str, Expr], ...]
     provides: tuple[str, ...]
@@ -469,6 +499,8 @@ class MetadataBuilder:
     returns_tensor: bool = False
     #: Extra replay keyword arguments of one modality (after replay_kwargs).
     replay_by_modality: tuple[tuple[Modality, tuple[tuple[str, Expr], ...]], ...] = ()
+    #: ``steps:`` instead of ``call:`` (then ``call`` is None).
+    steps: tuple[Step, ...] = ()
 
     KEYS: ClassVar = Keys(
         Key(
@@ -478,9 +510,23 @@ class MetadataBuilder:
             "arguments over grid keys (the grid rows as lists), flat inputs, "
             "constants, host paths, `device`, `dtype`, the manager's "
             "`max_batch_size` and `max_frames_per_batch` (both phases have them), "
-            "literals.",
-            required=True,
+            "literals. Required unless `steps` is given.",
             example="visual.prepare_encoder_metadata(image_grid_thw, device=device)",
+        ),
+        Key(
+            "steps",
+            BUILDER_STEPS,
+            "Instead of `call`: statements, every one `name = expr`, run at "
+            "capture on the capture tensors and dummy grids and at replay on the "
+            "batch's inputs (flat inputs as tensors, grids as lists of rows), in "
+            "the step language of the forwards (tensor methods, subscripts, "
+            "`torch.*`, host calls); the names in `provides` are the buffers. "
+            "For metadata a host model builds in private helpers that the "
+            "generated mixin replaces (LFM2-VL's packed pixels, offsets and "
+            "gather indices). A buffer built here need not be an input; a "
+            "capture tensor that is no buffer feeds the steps at capture.",
+            example="[lengths = torch.tensor(image_grid).prod(-1), cu_seqlens = "
+            "torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])]",
         ),
         Key(
             "capture_kwargs",
@@ -507,7 +553,8 @@ class MetadataBuilder:
         Key(
             "provides",
             ListOf(Identifier(), min_items=1),
-            "The keys of the returned dict that are buffers (or `returns`).",
+            "The keys of the returned dict that are buffers (or `returns`); with "
+            "`steps`, the step names that are buffers.",
             example="[rotary_cos, rotary_sin, cu_seqlens, max_seqlen]",
         ),
         Key(
@@ -532,9 +579,26 @@ class MetadataBuilder:
             extra += dict(self.replay_by_modality).get(modality, ())
         return self.call.kwargs + extra
 
+    @property
+    def exprs(self) -> tuple[Expr, ...]:
+        """Every expression the builder evaluates, in either phase."""
+        if self.call is None:
+            return tuple(s.expr for s in self.steps)
+        kwargs = self.capture_kwargs + self.replay_kwargs
+        kwargs += tuple(kv for _, kw in self.replay_by_modality for kv in kw)
+        return (self.call, *(v for _, v in kwargs))
+
+    @property
+    def step_names(self) -> frozenset[str]:
+        return frozenset(n for s in self.steps for n in s.names)
+
     @classmethod
     def from_yaml(cls, r: Reader, index: int, provided: dict, **_: Any):
+        if r.has("steps"):
+            return cls._from_steps(r, provided)
         call = r.take("call")
+        if call is None and r.ok("call"):
+            r.error(r.node, "required key is missing (call, or steps)", r.path("call"))
         kwargs = {}
         for phase in ("capture_kwargs", "replay_kwargs"):
             values = r.take(phase) or {}
@@ -583,6 +647,75 @@ class MetadataBuilder:
             returns_tensor=returns,
             replay_by_modality=by_modality,
         )
+
+
+    @classmethod
+    def _from_steps(cls, r: Reader, provided: dict):
+        """``steps:``: the same statements at capture and replay; every name
+        of ``provides`` one of their targets."""
+        for key in ("call", "capture_kwargs", "replay_kwargs"):
+            if r.has(key):
+                r.refuse(key, _NOT_WITH_STEPS[key])
+        for key in ("replay_kwargs_by_modality", "returns"):
+            if r.has(key):
+                r.refuse(key, _NOT_WITH_STEPS[key])
+        steps = r.take("steps")
+        if not r.has("provides"):
+            r.error(r.node, "steps need provides (the step names that are buffers)")
+        provides = _provides(r, provided, "provides")
+        why = r.take("why")
+        if steps is None:
+            r.ctx.failed_sources.update(provides)
+            return None
+        targets = {n for s in steps for n in s.names}
+        _check_step_targets(r, steps, set(provides))
+        node = r.raw("provides")
+        for name, item in zip(provides, node.value if node is not None else ()):
+            if name not in targets:
+                r.ctx.error(
+                    item,
+                    r.path("provides"),
+                    f"{name!r} is no step's name (names: "
+                    f"{', '.join(sorted(targets)) or 'none'})",
+                )
+        return cls(
+            None, (), (), tuple(provides), why, r.node.location, steps=tuple(steps)
+        )
+
+
+def _check_step_targets(r: Reader, steps, provides: set[str]) -> None:
+    """A builder's step binds a local of the capture and replay methods:
+    not a dim or capture intermediate (bound there too), nor a buffer that
+    it does not provide."""
+    node = r.raw("steps")
+    taken = {
+        NameKind.DIM: "a dim",
+        NameKind.CAPTURE_LET: "a capture intermediate",
+        NameKind.BUFFER: "a buffer this builder does not provide",
+    }
+    for i, step in enumerate(steps):
+        for name in step.names:
+            for kind, what in taken.items():
+                if name in r.ctx.names[kind] and not (
+                    kind is NameKind.BUFFER and name in provides
+                ):
+                    r.ctx.error(
+                        node.value[i] if node is not None else step.location,
+                        f"{r.path('steps')}[{i}]",
+                        f"{name!r} is {what}: a step name is a local of the "
+                        "capture and replay methods, choose another",
+                    )
+
+
+#: Why a call's keys do not go with ``steps``.
+_NOT_WITH_STEPS = {
+    "call": "give either call or steps",
+    "capture_kwargs": "steps run the same at capture and replay: a host scalar's "
+    "capture value is buffers.<key>.capture_value",
+    "replay_kwargs": "steps run the same at capture and replay",
+    "replay_kwargs_by_modality": "steps run the same for every modality",
+    "returns": "the buffers of steps are the names in provides",
+}
 
 
 def _replay_by_modality(r: Reader, call, common: dict):
@@ -676,6 +809,8 @@ class Buffer:
     window: Expr | None = None
     #: Builder buffers the builder may return as None (the manager skips them).
     optional: bool = False
+    #: Host scalars: the capture value itself (instead of ``set_by``).
+    capture_value: Expr | None = None
 
     def pad_under(self, backend: Backend | None) -> PadRule | None:
         """The pad rule under ``backend`` (``None``: the default one)."""
@@ -744,6 +879,15 @@ class Buffer:
             "capture value; checked to hold the longest sequence it bounds (see "
             "`bounds`).",
             example="max_seqlen_override",
+        ),
+        Key(
+            "capture_value",
+            Formula("capture_value"),
+            "Host scalars: the value captured, instead of the builder's "
+            "(`set_by` for a builder `call`; a builder's `steps` compute the "
+            "replay value only): a 0-dim CPU `int32` of this formula. Checked "
+            "like `set_by` to hold the longest sequence it bounds.",
+            example="token_budget * f**2",
         ),
         Key(
             "allocate",
@@ -816,6 +960,7 @@ class Buffer:
         shape = r.take("shape")
         dtype = r.take("dtype")
         set_by = r.take("set_by")
+        capture_value = r.take("capture_value")
         allocate = r.take("allocate")
         pad_by_backend = _pad_by_backend(r, pad)
         window = r.take("window")
@@ -854,6 +999,7 @@ class Buffer:
             bounds,
             window,
             optional,
+            capture_value,
         )
 
 
@@ -894,6 +1040,18 @@ def _check_extras(r: Reader, pad, host_scalar, allocate, optional) -> None:
     """Where window, bounds and optional apply."""
     if r.has("window") and pad is None and r.ok("pad"):
         r.error(r.key_location("window"), "window only goes with pad", r.path("window"))
+    if r.has("capture_value") and not host_scalar:
+        r.error(
+            r.key_location("capture_value"),
+            "capture_value only goes with host_scalar",
+            r.path("capture_value"),
+        )
+    elif r.has("capture_value") and r.has("set_by"):
+        r.error(
+            r.key_location("capture_value"),
+            "give either set_by (the builder's capture keyword) or capture_value",
+            r.path("capture_value"),
+        )
     if r.has("bounds") and not host_scalar:
         r.error(
             r.key_location("bounds"),
@@ -939,7 +1097,10 @@ def _check_rules(r: Reader, pad, host_scalar, rows_dim) -> None:
 
 
 def set_by_expr(buf: Buffer) -> Expr | None:
-    """The capture-time expression a host scalar's ``set_by`` names."""
+    """The capture-time expression of a host scalar: its ``capture_value``,
+    or the one its ``set_by`` names."""
+    if buf.capture_value is not None:
+        return buf.capture_value
     if buf.set_by is None or not isinstance(buf.source, MetadataBuilder):
         return None
     return dict(buf.source.kwargs("capture")).get(buf.set_by)
@@ -948,6 +1109,11 @@ def set_by_expr(buf: Buffer) -> Expr | None:
 #: ``bounds: item``: the value bounds the longest single item within the
 #: budget, not a pad buffer's sequences.
 ITEM_BOUND = "item"
+
+
+def capture_value_field(buf: Buffer) -> str:
+    """The key that sets a host scalar's capture value."""
+    return "capture_value" if buf.capture_value is not None else "set_by"
 
 
 def bounded_buffer(buffers: tuple[Buffer, ...], scalar: Buffer) -> Buffer | None:

@@ -83,10 +83,13 @@ class Steps(ValueType):
         self,
         scope: str,
         kind: NameKind,
-        last: str,
+        last: str | None,
         before_last: str,
         captured: bool = False,
     ):
+        """``last`` None: every step assigns (a builder's steps, whose
+        outputs are the names it provides), ``before_last`` the message for a
+        bare one."""
         self.scope_id = scope
         self.kind = kind
         self.last_assigns = last
@@ -115,7 +118,7 @@ class Steps(ValueType):
                     if target != fx.DISCARD:
                         ctx.declare(self.kind, target, line.location, path)
                 continue
-            last = i == len(lines) - 1
+            last = i == len(lines) - 1 and self.last_assigns is not None
             if last and step.targets:
                 ctx.error(line, path, self.last_assigns)
             if not last and not step.targets:
@@ -164,6 +167,12 @@ _EAGER_SHAPE = "every step but the last assigns a name; the last is the output"
 EAGER_STEPS = Steps("eager_steps", NameKind.EAGER_STEP, _EAGER_SHAPE, _EAGER_SHAPE)
 _POST_SHAPE = "every step but the last assigns a name; the last is the output rows"
 POST_STEPS = Steps("post_steps", NameKind.POST_STEP, _POST_SHAPE, _POST_SHAPE)
+BUILDER_STEPS = Steps(
+    "builder_steps",
+    NameKind.BUILDER_STEP,
+    None,
+    "every step assigns a name: the buffers are the names listed in provides",
+)
 
 
 def check_graph_forward(

@@ -19,6 +19,7 @@ from generator.spec.values import (
     Boolean,
     DottedName,
     HostPathValue,
+    Identifier,
     Integer,
     ValueType,
     is_name,
@@ -259,6 +260,12 @@ class Constant:
     path: HostPath | fx.Call | fx.Ref
     default: int | None
     location: Location
+    #: ``processor_kwarg``: the ``mm_processor_kwargs`` key read first.
+    processor_kwarg: str | None = None
+    #: ``fallback``: the value when the attribute is missing or falsy.
+    fallback: int | None = None
+    #: ``at_least``: ``max(at_least, int(value))``.
+    at_least: int | None = None
 
     @property
     def method(self) -> str | None:
@@ -296,6 +303,28 @@ class Constant:
             "never imports the module).",
             example="2",
         ),
+        Key(
+            "fallback",
+            Integer(),
+            "The value when the attribute is missing or falsy (`None`, 0): "
+            "`getattr(<path>, None) or <fallback>`; a host path only.",
+            example="64",
+        ),
+        Key(
+            "processor_kwarg",
+            Identifier(),
+            "A key of `multimodal_config.mm_processor_kwargs` that overrides the "
+            "attribute when a user passes it (needs `multimodal_config` under "
+            "`host`): LFM2-VL's `min_image_tokens`.",
+            example="min_image_tokens",
+        ),
+        Key(
+            "at_least",
+            Integer(),
+            "Convert the value with `int()` (a `TypeError` or `ValueError` for "
+            "what is no integer) and raise it to at least this.",
+            example="1",
+        ),
     )
     DOC_TITLE = "constants"
 
@@ -304,6 +333,27 @@ class Constant:
         declare_constant(r.ctx, key, key_location, r.field)
         path = r.take("from")
         default = r.take("default")
+        fallback = r.take("fallback")
+        kwarg = r.take("processor_kwarg")
+        at_least = r.take("at_least")
+        if r.has("fallback") and (
+            isinstance(path, (fx.Call, fx.Ref))
+            or (isinstance(path, HostPath) and not isinstance(path.parts[-1], str))
+        ):
+            r.error(
+                r.key_location("fallback"),
+                "a host path ending in an attribute only (a method's result or an "
+                "item is never missing)",
+                r.path("fallback"),
+            )
+        if r.has("processor_kwarg") and "multimodal_config" not in r.ctx.names[
+            NameKind.HOST
+        ]:
+            r.error(
+                r.key_location("processor_kwarg"),
+                "needs multimodal_config under host (it holds mm_processor_kwargs)",
+                r.path("processor_kwarg"),
+            )
         if isinstance(path, fx.Ref) and default is None:
             r.error(
                 r.node,
@@ -312,7 +362,25 @@ class Constant:
                 r.path("default"),
             )
             return None
-        return None if path is None else cls(key, path, default, key_location)
+        if path is None:
+            return None
+        return cls(key, path, default, key_location, kwarg, fallback, at_least)
+
+    def value_python(self) -> str:
+        """The Python expression the generated methods bind the constant to."""
+        value = fx.to_python(self.path)
+        if self.fallback is not None and isinstance(self.path, HostPath):
+            *head, last = self.path.parts
+            owner = fx.to_python(HostPath(tuple(head))) if head else "self"
+            value = f"getattr({owner}, {last!r}, None) or {self.fallback}"
+        if self.processor_kwarg is not None:
+            value = (
+                "(self.multimodal_config.mm_processor_kwargs or {}).get("
+                f"{self.processor_kwarg!r}, {value})"
+            )
+        if self.at_least is not None:
+            value = f"max({self.at_least}, int({value}))"
+        return value
 
 
 def declare_constant(ctx: ReadContext, name: str, loc: Location, field: str) -> None:

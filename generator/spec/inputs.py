@@ -69,6 +69,9 @@ class ItemInput:
     #: ``(dim, formula)``: each item's ``dim`` equals the formula over
     #: constants and the free dims of other inputs (``inputs.<key>.equals``).
     equals: tuple[tuple[str, Expr], ...] = ()
+    #: ``(dim, divisor)``: every row's ``dim`` is a multiple of the divisor
+    #: (``inputs.<key>.multiple_of``), checked on the host.
+    multiple_of: tuple[tuple[str, Expr], ...] = ()
 
     @property
     def is_count(self) -> bool:
@@ -181,6 +184,18 @@ class InputEntry:
             example="{lh: ceil_div(h, r), lw: ceil_div(w, r)}",
         ),
         Key(
+            "multiple_of",
+            MapOf(Formula("constants")),
+            "Dims that are multiples of a constant formula in every row (item or "
+            "unit), as the processor emits them: dim → divisor. The mixin "
+            "checks every row on the host (a `ValueError` names the input, the "
+            "row and the dim), as vLLM's LFM2-VL mixin refuses tiles whose grid "
+            "the projector's factor does not divide: the item formulas' `//` "
+            "would drop rows silently.",
+            applies="grid, count",
+            example="{h: f, w: f}",
+        ),
+        Key(
             "video_key",
             Identifier(),
             "The key this input has in a video batch; all inputs or none have "
@@ -215,6 +230,8 @@ class InputEntry:
                 r.refuse(name, _ONLY[applies])
         if kind is InputKind.FLAT and r.has("equals"):
             r.refuse("equals", "only for grid and count inputs")
+        if kind is InputKind.FLAT and r.has("multiple_of"):
+            r.refuse("multiple_of", "only for grid and count inputs")
         video_key = r.take("video_key")
         unit_of = r.take("unit_of")
         if kind is InputKind.COUNT and r.has("unit_of"):
@@ -239,12 +256,38 @@ class InputEntry:
             # equals is checked per item; a unit input has one row per unit.
             r.refuse("equals", "not with unit_of (equals states an item's dims)")
         equals = _equals(r, dims) if r.ok("equals") else ()
+        multiple_of = _multiple_of(r, dims) if r.ok("multiple_of") else ()
         if dims is None:
             r.ctx.failed_inputs.add(key)
             return None
         return ItemInput(
-            key, key_location, kind, dims, video_key, unit_of=unit_of, equals=equals
+            key,
+            key_location,
+            kind,
+            dims,
+            video_key,
+            unit_of=unit_of,
+            equals=equals,
+            multiple_of=multiple_of,
         )
+
+
+def _multiple_of(r: Reader, dims: tuple[str, ...] | None):
+    """``multiple_of`` as ``(dim, divisor)`` pairs, each a dim of this input
+    (a literal divisor of 0 would always raise)."""
+    formulas = r.take("multiple_of") or {}
+    locations = getattr(r.raw("multiple_of"), "key_locations", None) or {}
+    out = []
+    for dim, expr in formulas.items():
+        where = locations.get(dim, r.key_location("multiple_of"))
+        field = f"{r.path('multiple_of')}.{dim}"
+        if dims is not None and dim not in dims:
+            r.ctx.error(where, field, f"{dim!r} is not a dim of this input")
+        elif expr == Num(0):
+            r.ctx.error(where, field, "no dim is a multiple of 0")
+        elif expr is not INVALID:
+            out.append((dim, expr))
+    return tuple(out)
 
 
 def _equals(r: Reader, dims: tuple[str, ...] | None) -> tuple[tuple[str, Expr], ...]:

@@ -62,7 +62,14 @@ _PATH_KEYS = {
         if EncoderPath.KEYS[name].required
         else EncoderPath.KEYS[name]
     )
-    for name in ("capture", "metadata", "buffers", "graph_forward", "eager_forward")
+    for name in (
+        "capture",
+        "metadata",
+        "buffers",
+        "graph_forward",
+        "graph_forward_context",
+        "eager_forward",
+    )
 }
 
 
@@ -229,6 +236,7 @@ class MixinSpec:
             example="visual.out_hidden_size",
         ),
         _PATH_KEYS["graph_forward"],
+        _PATH_KEYS["graph_forward_context"],
         _PATH_KEYS["eager_forward"],
         Key(
             "postprocess",
@@ -335,7 +343,10 @@ class MixinSpec:
                 n for p in paths for s in p.eager_forward.steps for n in s.names
             ),
             NameKind.BUILDER_RESULT: frozenset(
-                b.result_name for p in paths for b in p.metadata
+                b.result_name for p in paths for b in p.metadata if b.call is not None
+            ),
+            NameKind.BUILDER_STEP: frozenset(
+                n for p in paths for b in p.metadata for n in b.step_names
             ),
             NameKind.CAPTURE_LET: frozenset(
                 let.name for p in paths for let in p.capture.lets

@@ -37,6 +37,7 @@ from generator.spec.reader import Key, Keys, ReadContext, Reader
 from generator.spec.values import (
     INVALID,
     Boolean,
+    CallValue,
     Formula,
     ListOf,
     MapOf,
@@ -59,6 +60,8 @@ class EncoderPath:
     min_token_budget: Expr | None = None
     allow_zero_tokens: bool = False
     why: str | None = None
+    #: ``graph_forward_context``: the context manager the captured steps run in.
+    graph_forward_context: Expr | None = None
 
     KEYS: ClassVar = Keys(
         Key(
@@ -119,6 +122,16 @@ class EncoderPath:
             "`.numpy()`, `torch.tensor`).",
             required=True,
             example="[vision_tower(pixel_values, grid_thw=None, encoder_metadata=rest)]",
+        ),
+        Key(
+            "graph_forward_context",
+            CallValue("forward_context"),
+            "A context manager the captured steps run in (`with <call>:`), a call "
+            "of an imported helper or host method: LFM2-VL's encoder runs under "
+            "`set_forward_context(None, vllm_config)`, which its compiled layers "
+            "read. The whole forward runs in it (vLLM's hand-written mixins "
+            "enter it around the encoder only).",
+            example="set_forward_context(None, vllm_config)",
         ),
         Key(
             "eager_forward",
@@ -198,7 +211,7 @@ class EncoderPath:
         partial["metadata"] = builders
         _check_buffers(r, buffers, tensors, builders, capture)
         if capture is not None and capture.of_units:
-            _check_unit_capture(r, buffers, builders)
+            _check_unit_capture(r, buffers, builders, capture)
         if not known:
             # Without buffers, every name of the forward would be unknown.
             r.take_node("graph_forward")
@@ -213,11 +226,22 @@ class EncoderPath:
                 list(entries),
                 r.path("graph_forward"),
             )
+        context = r.take("graph_forward_context")
         eager = r.take("eager_forward")
         if None in (capture, graph_forward, eager) or INVALID in entries.values():
             return None
+        if not r.ok("graph_forward_context"):
+            return None
         if not named:
-            return cls("default", capture, builders, buffers, graph_forward, eager)
+            return cls(
+                "default",
+                capture,
+                builders,
+                buffers,
+                graph_forward,
+                eager,
+                graph_forward_context=context,
+            )
         if output_tokens is None or not r.ok("min_token_budget"):
             return None
         return cls(
@@ -231,6 +255,7 @@ class EncoderPath:
             min_budget,
             allow_zero,
             why,
+            context,
         )
 
 
@@ -258,6 +283,10 @@ def _builders(r: Reader) -> tuple[MetadataBuilder, ...]:
     taken |= _method_names()
     out = []
     for b in built:
+        if b.call is None:
+            # Steps bind their own names (the buffers among them).
+            out.append(b)
+            continue
         callee = b.call.callee
         last = callee.name if hasattr(callee, "name") else str(callee.parts[-1])
         own = b.provides[0] if b.returns_tensor else None
@@ -314,8 +343,9 @@ def _sources(
     tensors_node = (
         capture.value.get("tensors") if capture and capture.kind == "mapping" else None
     )
+    read = set().union(*(fx.names_in(e) for b in builders for e in b.exprs))
     for t in tensors:
-        if t.key not in buffers and not r.ctx.buffers_unknown:
+        if t.key not in buffers and t.key not in read and not r.ctx.buffers_unknown:
             r.ctx.error(
                 (tensors_node.key_locations or {}).get(t.key, t.location),
                 f"{r.path('capture')}.tensors.{t.key}",
@@ -378,7 +408,7 @@ def _check_set_by(r: Reader, buf: Buffer, buffers) -> None:
     if buf.bounds == ITEM_BOUND:
         where = _buffer_node(r, buf.key, "bounds") or buf.location
         field = f"{r.path('buffers')}.{buf.key}.bounds"
-        if buf.set_by is None:
+        if buf.set_by is None and buf.capture_value is None:
             r.ctx.error(where, field, "bounds only goes with set_by")
         elif any(b.pad is PadRule.TRAILING_SEQUENCE for b in buffers):
             r.ctx.error(
@@ -424,7 +454,12 @@ def _check_bounds(r: Reader, buffers: tuple[Buffer, ...]) -> None:
                 field,
                 f"{b.bounds!r} is not a pad buffer (pad buffers: {listed})",
             )
-        elif b.bounds is None and b.host_scalar and b.set_by and len(pads) > 1:
+        elif (
+            b.bounds is None
+            and b.host_scalar
+            and (b.set_by or b.capture_value is not None)
+            and len(pads) > 1
+        ):
             r.ctx.error(
                 b.location,
                 field,
@@ -453,33 +488,48 @@ def _check_allocated(ctx: ReadContext, b: Buffer, buffers_field: str) -> None:
         )
 
 
-def _check_unit_capture(r: Reader, buffers, builders) -> None:
-    """What a unit capture cannot say yet: builders see no dummy grids, and
-    padded offsets and host scalars need a bound on sequences the checks
-    do not have."""
+def _check_unit_capture(r: Reader, buffers, builders, capture) -> None:
+    """What a unit capture can say: builders see only the grids of
+    ``capture.unit_dummy``, and padded offsets and host scalars set at
+    capture need those dummy units (their sequences), ``repeat_last`` only."""
     ctx = r.ctx
-    grids = ctx.names[NameKind.GRID]
+    grids = set(ctx.names[NameKind.GRID]) - {i.key for i, _ in capture.unit_dummy}
     node = r.raw("metadata")
     for i, b in enumerate(builders):
-        read = set().union(
-            *(fx.names_in(e) for e in (b.call, *(v for _, v in b.capture_kwargs)))
-        )
-        for name in sorted(read & set(grids)):
+        exprs = b.exprs if b.call is None else (b.call, *(v for _, v in b.capture_kwargs))
+        read = set().union(*(fx.names_in(e) for e in exprs))
+        for name in sorted(read & grids):
             where = node.value[i] if node is not None else b.location
             ctx.error(
                 where,
-                f"{r.path('metadata')}[{i}].call",
+                f"{r.path('metadata')}[{i}].{'call' if b.call else 'steps'}",
                 f"reads the grid {name!r} at capture, but a unit capture has no "
-                "dummy items: pass flat inputs (the capture tensors) instead",
+                "dummy items: give its dummy units (capture.unit_dummy) or pass "
+                "flat inputs (the capture tensors) instead",
             )
     for b in buffers:
         what = (
-            "pad" if b.pad is not None else "set_by" if b.set_by is not None else None
+            "pad"
+            if b.pad is not None
+            else "set_by"
+            if b.set_by is not None
+            else "capture_value"
+            if b.capture_value is not None
+            else None
         )
-        if what is not None:
+        if what is None:
+            continue
+        if not capture.unit_dummy:
             ctx.error(
                 b.location,
                 f"{r.path('buffers')}.{b.key}.{what}",
-                f"{what} does not go with capture.units yet: the static checks "
-                "bound sequences by items, which a unit capture does not count",
+                f"{what} in a unit capture needs its dummy units "
+                "(capture.unit_dummy): the static checks bound sequences by units",
+            )
+        elif what == "pad" and (b.pad is not PadRule.REPEAT_LAST or b.pad_by_backend):
+            ctx.error(
+                b.location,
+                f"{r.path('buffers')}.{b.key}.pad",
+                "a unit capture pads offsets with zero-length sequences only "
+                "(repeat_last, no pad_by_backend): it has no padding rows",
             )

@@ -67,6 +67,7 @@ PATH_KINDS = (
     NameKind.GRAPH_STEP,
     NameKind.EAGER_STEP,
     NameKind.BUILDER_RESULT,
+    NameKind.BUILDER_STEP,
 )
 
 

@@ -356,8 +356,7 @@ class SpecWorld:
             if path.eager_forward.empty_width is not None:
                 exprs.append(path.eager_forward.empty_width)
             for b in path.metadata:
-                exprs += [b.call, *(v for _, v in b.capture_kwargs + b.replay_kwargs)]
-                exprs += [v for _, kw in b.replay_by_modality for _, v in kw]
+                exprs += b.exprs
             exprs += [s.expr for s in path.graph_forward + path.eager_forward.steps]
         exprs += [s.expr for s in spec.post_steps]
         paths = {p for e in exprs for p in fx.host_paths_in(e)}
@@ -378,7 +377,7 @@ class SpecWorld:
         self.builders = []
         self.calls: dict[str, FakeCall] = {}
         paths = self.spec.paths
-        for b in (b for p in paths for b in p.metadata):
+        for b in (b for p in paths for b in p.metadata if b.call is not None):
             fake = FakeBuilder(self, b)
             self.builders.append(fake)
             self._install(host, b.call.callee, fake)
@@ -392,6 +391,8 @@ class SpecWorld:
             ),
         }
         iterated = _iterated_results(steps)
+        # A builder's steps run for real, their host calls faked.
+        steps += [s for p in paths for b in p.metadata for s in b.steps]
         steps += self.spec.post_steps
         for step in steps:
             for sub in fx.walk(step.expr):

@@ -40,6 +40,7 @@ from encoder_cudagraph_runtime.config import (  # noqa: E402
     SchedulerConfig,
     VllmConfig,
 )
+from encoder_cudagraph_runtime import forward_context  # noqa: E402
 from encoder_cudagraph_runtime.manager import EncoderCudaGraphManager  # noqa: E402
 from generator import formulas as fx  # noqa: E402
 from generator.resolve import load_spec  # noqa: E402
@@ -126,6 +127,38 @@ def test_budget_range(world: SpecWorld, tokens: int, model_len: int) -> None:
         )
     )
     assert got == (world.value(budget.min), largest)
+
+
+# A constant with a processor override, a fallback and a floor (LFM2-VL's
+# min_image_tokens): the override wins, a missing or falsy attribute falls
+# back, and the value is an int of at least `at_least`.
+OVERRIDES = [
+    ({"min_tokens": 8}, 6, 8),
+    ({"min_tokens": "12"}, 6, 12),
+    ({"min_tokens": 0}, 6, 1),
+    (None, 6, 6),
+    ({}, None, 4),
+    ({"other": 3}, 0, 4),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "attribute", "smallest"), OVERRIDES)
+def test_constant_override_fallback_floor(kwargs, attribute, smallest) -> None:
+    world = SpecWorld(next(p for p in SPECS if p.stem == "unit_varlen"))
+    host = world.host()
+    host.multimodal_config.mm_processor_kwargs = kwargs
+    host.tower.min_tokens = attribute
+    cfg = VllmConfig(scheduler_config=SchedulerConfig(max_num_batched_tokens=4096))
+    assert host.get_encoder_cudagraph_budget_range(cfg)[0] == smallest
+
+
+def test_constant_override_that_is_no_integer() -> None:
+    world = SpecWorld(next(p for p in SPECS if p.stem == "unit_varlen"))
+    host = world.host()
+    host.multimodal_config.mm_processor_kwargs = {"min_tokens": [4]}
+    cfg = VllmConfig(scheduler_config=SchedulerConfig(max_num_batched_tokens=4096))
+    with pytest.raises(TypeError, match="not 'list'"):
+        host.get_encoder_cudagraph_budget_range(cfg)
 
 
 @pytest.mark.parametrize("lists", [False, True], ids=["tensors", "lists"])
@@ -577,10 +610,14 @@ def test_graph_forward(world: SpecWorld, budget: int, mbs: int, mfpb: int) -> No
         for keys in world.axis_key_combos():
             host = world.host()
             values = capture(world, host, budget, mbs, mfpb, path, keys)
+            entered = len(forward_context.ENTERED)
             out = host.encoder_cudagraph_forward(dict(values), path.name)
             call, whole = output_call(path.graph_forward[-1].expr)
             if call is not None and whole:
                 assert out is fake_of(world, call).returned[-1]
+            if path.graph_forward_context is not None:
+                # The forward ran in its context, entered once.
+                assert len(forward_context.ENTERED) == entered + 1
 
 
 # -- pad rules chosen by backend ---------------------------------------------------

@@ -2836,55 +2836,192 @@ LFM2_PATCH_DIM = 3 * PATCH * PATCH
 LFM2_POSITIONS = 4
 
 
-class _Siglip2EmbeddingsParts:
-    """The learned parts of ``Siglip2VisionEmbeddings``; the packed
-    position-embedding resize is vLLM's (subclass)."""
+#: The tile size the parity hosts are configured with (mm_processor_kwargs).
+LFM2_MIN_TOKENS = 4
+
+
+class _Lfm2PatchEmbedding:
+    """A linear patch embedding: rows mixed to ``WIDTH`` (its dtype is read)."""
 
     def __init__(self) -> None:
-        self.patch_embedding = _Obj(weight=torch.zeros(WIDTH, LFM2_PATCH_DIM))
+        self.weight = torch.zeros(WIDTH, LFM2_PATCH_DIM)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return patch_embedding(x, x.dtype)
+
+
+class _Siglip2EmbeddingsParts:
+    """The learned parts of ``Siglip2VisionEmbeddings``; its forward and the
+    packed position-embedding resize are vLLM's (subclass)."""
+
+    def __init__(self) -> None:
+        self.patch_embedding = _Lfm2PatchEmbedding()
         self.position_embedding_size = LFM2_POSITIONS
         table = torch.arange(LFM2_POSITIONS**2 * WIDTH, dtype=torch.float32)
         self.position_embedding = _Obj(weight=table.reshape(-1, WIDTH) / 64)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return self.forward(*args, **kwargs)
+
+
+class _Lfm2Encoder(Recorder):
+    """``Siglip2Encoder``: varlen attention within each tile (FlashAttention's
+    contract), on ``(1, rows, WIDTH)`` embeddings; its backend is read."""
+
+    def __init__(self, backend: str) -> None:
+        super().__init__()
+        attn = _Obj(attn_backend=getattr(AttentionBackendEnum, backend))
+        self.layers = [_Obj(self_attn=_Obj(attn=attn))]
+
+    def __call__(self, inputs_embeds, cu_seqlens, max_seqlen, **_: Any):
+        self.calls.append(
+            {
+                "inputs_embeds": _snapshot(inputs_embeds),
+                "cu_seqlens": _snapshot(cu_seqlens),
+                "max_seqlen": _snapshot(max_seqlen),
+            }
+        )
+        out = varlen_attention(inputs_embeds[0], cu_seqlens, max_seqlen, self.violations)
+        return out.unsqueeze(0)
+
+
+class _Lfm2Tower:
+    """``Siglip2Model``: embeddings, encoder, the optional post layernorm."""
+
+    def __init__(self, embeddings: Any, backend: str, post_layernorm: bool) -> None:
+        norm = (lambda x: x * 0.5 + 1) if post_layernorm else None
+        self.vision_model = _Obj(
+            embeddings=embeddings, encoder=_Lfm2Encoder(backend), post_layernorm=norm
+        )
+
+    def __call__(self, pixel_values_packed, spatial_shapes, cu_seqlens, max_seqlen):
+        model = self.vision_model
+        hidden = model.embeddings(pixel_values_packed, spatial_shapes)
+        out = model.encoder(inputs_embeds=hidden, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
+        return out if model.post_layernorm is None else model.post_layernorm(out)
+
+
+class _Lfm2ProjectorParts:
+    """The learned parts of ``Lfm2VLMultiModalProjector``; its unshuffles
+    are vLLM's (subclass)."""
+
+    def __init__(self) -> None:
+        self.factor = 2
+        self.projector_use_layernorm = False
+        first, second = _mixing(4 * WIDTH, WIDTH), _mixing(WIDTH, WIDTH)
+        self.linear_1 = lambda x: x @ first
+        self.act = lambda x: x * 2
+        self.linear_2 = lambda x: x @ second
+
+    def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return self.forward(*args, **kwargs)
+
+
+class _Lfm2Schema(dict):
+    """``LFM2VLImageInputs`` (a TensorSchema read by key): a mapping."""
+
+    def __init__(self, **fields: Any) -> None:
+        super().__init__(**fields)
+
+
+@contextlib.contextmanager
+def _forward_context(attn_metadata: Any, vllm_config: Any) -> Any:
+    """``set_forward_context``: the fakes read no forward context."""
+    yield
 
 
 @functools.cache
 def _lfm2_vl_vllm() -> tuple[WheelCode, type, Callable[..., Any]]:
     """(the wheel code, vLLM's LFM2-VL mixin and its helpers, the host
     maker; ``min_image_tokens`` is the model-level processor setting)."""
-    code = _wheel_code({})
+    code = _wheel_code(
+        {
+            LFM2_VL: {"LFM2VLImageInputs": _Lfm2Schema},
+            "vllm.forward_context": {"set_forward_context": _forward_context},
+        }
+    )
     embeddings = code.klass(
         LFM2_SIGLIP2,
         "Siglip2VisionEmbeddings",
-        ["resize_positional_embeddings_packed"],
+        ["forward", "resize_positional_embeddings_packed"],
         bases=(_Siglip2EmbeddingsParts,),
+    )
+    projector = code.klass(
+        LFM2_VL,
+        "Lfm2VLMultiModalProjector",
+        ["forward", "forward_with_gather_idx", "forward_from_unshuffled"],
+        bases=(_Lfm2ProjectorParts,),
     )
     model_class = "Lfm2VLForConditionalGeneration"
     vllm_mixin = code.klass(
         LFM2_VL,
         model_class,
-        [m for m in _defined(code, LFM2_VL, model_class) if "forward" not in m],
+        _defined(code, LFM2_VL, model_class),
         bases=(_protocol(code),),
     )
 
     def make_host(
-        host_class: type, settings: HostSettings, min_image_tokens: int = 64
+        host_class: type,
+        settings: HostSettings,
+        min_image_tokens: int = LFM2_MIN_TOKENS,
+        post_layernorm: bool = True,
     ) -> Any:
         host = host_class()
         host.config = _Obj(text_config=_Obj(hidden_size=WIDTH))
-        host.multimodal_config = _Obj(
-            mm_processor_kwargs={"min_image_tokens": min_image_tokens}
-        )
-        host.model_config = settings.vllm_config().model_config
-        host.multi_modal_projector = _Obj(factor=2)
-        host.vision_tower = _Obj(vision_model=_Obj(embeddings=embeddings()))
+        host.multimodal_config = settings.multimodal_config()
+        if host.multimodal_config is not None:
+            host.multimodal_config.mm_processor_kwargs = {
+                "min_image_tokens": min_image_tokens
+            }
+        host.vllm_config = settings.vllm_config()
+        host.model_config = host.vllm_config.model_config
+        host.multi_modal_projector = projector()
+        host.vision_tower = _Lfm2Tower(embeddings(), settings.backend, post_layernorm)
+        # The recording tower, where the comparisons look for it.
+        host.vision_recorder = host.vision_tower.vision_model.encoder
         return host
 
     return code, type("VllmLfm2VLHost", (vllm_mixin,), {}), make_host
 
 
-def lfm2_vl_host(min_image_tokens: int = 64) -> Any:
-    """A host of vLLM's LFM2-VL mixin (downsample factor 2)."""
+def _lfm2_vl_parity() -> ModelParity:
+    code, vllm_host, make_host = _lfm2_vl_vllm()
+    ours = load_generated_vllm_module("lfm2_vl", code).Lfm2VLEncoderCudaGraphMixin
+    # The model's own eager path (and the helpers it calls), which the
+    # generated eager forward calls as the drop-in's host.
+    eager = code.klass(
+        LFM2_VL, "Lfm2VLForConditionalGeneration", ["_process_image_input"]
+    )
+    return ModelParity(
+        name="lfm2_vl",
+        vllm_host=vllm_host,
+        our_host=type("GeneratedLfm2VLHost", (ours, eager), {}),
+        make_host=make_host,
+        modalities=("image",),
+        make_batch=lambda gen, modality, grids: lfm2_vl_batch(gen, list(grids)),
+        random_grid=_lfm2_vl_image,
+        frames=lambda grid: 1,
+    )
+
+
+def _lfm2_vl_image(gen: torch.Generator, modality: str) -> tuple[tuple[int, int], ...]:
+    """One image: 1 to 3 tiles of 4 to 8 patches a side, even (the 2 x 2
+    merge), so every tile has at least LFM2_MIN_TOKENS tokens."""
+    tiles = int(torch.randint(1, 4, (1,), generator=gen))
+    sides = torch.randint(2, 5, (tiles, 2), generator=gen) * 2
+    return tuple((int(h), int(w)) for h, w in sides.tolist())
+
+
+@functools.cache
+def lfm2_vl() -> ModelParity:
+    return _lfm2_vl_parity()
+
+
+def lfm2_vl_host(min_image_tokens: int = 64, ours: bool = False) -> Any:
+    """A host of vLLM's LFM2-VL mixin (downsample factor 2), or of ours."""
     _, host_class, make_host = _lfm2_vl_vllm()
+    if ours:
+        host_class = lfm2_vl().our_host
     return make_host(host_class, HostSettings(), min_image_tokens)
 
 

@@ -35,9 +35,10 @@ from typing import Any
 
 import pytest
 import torch
-from encoder_cudagraph_runtime import attention_backends, defs
+from encoder_cudagraph_runtime import attention_backends, defs, forward_context
 from encoder_cudagraph_runtime.manager import EncoderCudaGraphManager
 from generator.vllm_manifest import find_vllm_wheel
+from reference_towers import lfm2_vl as lfm2_vl_inputs
 
 REPO = Path(__file__).resolve().parents[2]
 GENERATED_VLLM = REPO / "generated" / "vllm"
@@ -470,6 +471,15 @@ def protocol_stubs() -> dict[str, dict[str, Any]]:
         },
         # No pinned host memory on a CPU-only machine.
         "vllm.utils.torch_utils": {"PIN_MEMORY": False},
+        # No compiled layer reads a forward context on CPU.
+        "vllm.forward_context": {
+            "set_forward_context": forward_context.set_forward_context
+        },
+        # LFM2-VL's image input, a TensorSchema read by key (its shape checks
+        # need the wheel's TensorSchema machinery).
+        "vllm.model_executor.models.lfm2_vl": {
+            "LFM2VLImageInputs": lfm2_vl_inputs.LFM2VLImageInputs
+        },
     }
 
 

@@ -1605,6 +1605,129 @@ case(
     (_MAX, "max: 64 + 1000000 // min(max_num_batched_tokens, max_model_len)"),
 )
 case("budget_max_unknown_name", "deepseek_v41", (_MAX, "max: r * r * max_tokens"))
+# -- builders given as steps --------------------------------------------------------
+valid_case(
+    "builder_steps_capture_value_short",
+    "builder_steps",
+    ("capture_value: token_budget * merge**2", "capture_value: k * merge * merge"),
+)
+valid_case(
+    "builder_steps_bare_step",
+    "builder_steps",
+    ("      - patches = pixel_values * 2\n", "      - pixel_values * 2\n"),
+)
+valid_case(
+    "builder_steps_provide_no_step",
+    "builder_steps",
+    ("      - patches = pixel_values * 2\n", "      - scaled = pixel_values * 2\n"),
+)
+valid_case(
+    "builder_steps_and_a_call",
+    "builder_steps",
+    ("  - steps:\n", "  - call: tower.metadata(image_grid)\n    steps:\n"),
+)
+valid_case(
+    "builder_steps_bind_a_dim",
+    "builder_steps",
+    ("      - lengths = sizes", "      - h = sizes[:, 0]\n      - lengths = sizes"),
+)
+valid_case(
+    "builder_steps_capture_kwargs",
+    "builder_steps",
+    ("    provides: [patches,", "    capture_kwargs: {n: rows}\n    provides: [patches,"),
+)
+valid_case(
+    "capture_value_not_a_host_scalar",
+    "builder_steps",
+    (
+        "  patches: {shape: [rows, width], dtype: dtype}",
+        "  patches: {shape: [rows, width], dtype: dtype, capture_value: rows}",
+    ),
+)
+
+# -- variable-length units in a unit capture ------------------------------------------
+valid_case(
+    "unit_varlen_slots_per_dummy_unit",
+    "unit_varlen",
+    ("    slots: token_budget + 1\n", "    slots: ceil_div(token_budget, m) + 1\n"),
+)
+valid_case(
+    "unit_varlen_capture_value_short",
+    "unit_varlen",
+    ("capture_value: token_budget * f**2", "capture_value: m * f**2"),
+)
+valid_case(
+    "unit_varlen_dummy_short_of_the_budget",
+    "unit_varlen",
+    ("  units: ceil_div(token_budget, m)\n", "  units: token_budget // m\n"),
+)
+valid_case(
+    "unit_varlen_dummy_dims_not_positive",
+    "unit_varlen",
+    ("  units: ceil_div(token_budget, m)\n", "  units: ceil_div(token_budget, m) + 1\n"),
+)
+valid_case(
+    "unit_varlen_pad_without_dummy_units",
+    "unit_varlen",
+    (
+        '  unit_dummy:\n    spatial_shapes: [f, "min(token_budget - unit_index * m, m) * f"]\n',
+        "",
+    ),
+)
+valid_case(
+    "unit_varlen_trailing_sequence",
+    "unit_varlen",
+    ("    pad: repeat_last\n", "    pad: trailing_sequence\n"),
+)
+valid_case(
+    "unit_varlen_dummy_of_a_count",
+    "unit_varlen",
+    ('    spatial_shapes: [f, "min', '    num_tiles: [1]\n    spatial_shapes: [f, "min'),
+)
+valid_case(
+    "unit_dummy_without_units",
+    "builder_steps",
+    ("  dummy: {image_grid: [merge, k * merge]}\n", "  dummy: {image_grid: [merge, k * merge]}\n  unit_dummy: {image_grid: [1, 1]}\n"),
+)
+
+valid_case(
+    "forward_context_not_a_call",
+    "unit_varlen",
+    ("graph_forward_context: set_forward_context(None, vllm_config)", "graph_forward_context: vllm_config"),
+)
+valid_case(
+    "forward_context_unknown_helper",
+    "unit_varlen",
+    ("graph_forward_context: set_forward_context(None, vllm_config)", "graph_forward_context: forward_context(None, vllm_config)"),
+)
+
+valid_case(
+    "multiple_of_not_a_dim",
+    "unit_varlen",
+    ("multiple_of: {h: f, w: f}", "multiple_of: {h: f, n: f}"),
+)
+valid_case(
+    "multiple_of_zero",
+    "unit_varlen",
+    ("multiple_of: {h: f, w: f}", "multiple_of: {h: f, w: 0}"),
+)
+valid_case(
+    "multiple_of_on_a_flat_input",
+    "unit_varlen",
+    ("rows: h * w}", "rows: h * w, multiple_of: {h: f}}"),
+)
+
+valid_case(
+    "constant_processor_kwarg_without_multimodal_config",
+    "builder_steps",
+    ("  merge: {from: tower.merge, default: 2}", "  merge: {from: tower.merge, default: 2, processor_kwarg: merge}"),
+)
+valid_case(
+    "constant_fallback_of_a_method",
+    "unit_capture_ceil",
+    ("{from: get_image_patches_per_chunk(), default: 144}", "{from: get_image_patches_per_chunk(), default: 144, fallback: 144}"),
+)
+
 
 # -- built-in functions in steps (next) ----------------------------------------------
 

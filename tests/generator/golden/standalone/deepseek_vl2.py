@@ -3,8 +3,8 @@
 # From specs/deepseek_vl2.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_vl2.yaml`.
 # spec-sha256: 6f892ea020ee953004c7a45b78d4d9f058c9fcef960abef7cba31604ab4b32b1
-# templates-sha256: adab187331400a63c543eeb0fa1482b60b2484e9b9c3b18bf0800b9d39ab05ec
-# output-sha256: ff6987116c5cc0802ebbbf2c4b6b5c929fe29ef8b2fb4a3773ce4d0297cd959a
+# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
+# output-sha256: cec0c3c5189de4201e2ee56944ea067c379a43772f55246d3ed73bf7cbb9c3d2
 
 import itertools
 from collections.abc import Hashable

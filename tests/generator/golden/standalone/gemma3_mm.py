@@ -3,8 +3,8 @@
 # From specs/gemma3_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma3_mm.yaml`.
 # spec-sha256: 19cc0f6e849ba8315b6202b90204158da9f48161f059a5255254f1c8d3c71b41
-# templates-sha256: adab187331400a63c543eeb0fa1482b60b2484e9b9c3b18bf0800b9d39ab05ec
-# output-sha256: b67992a1174183e2a5c14ceeb3ecfa56fd1be8056210bb6fb8c450680ddb7579
+# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
+# output-sha256: 9de18bd55965878f3f386aa8f4e1057d725435fd9aec809814cbc0d6c690f9c3
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/glm4_1v.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm4_1v.yaml`.
 # spec-sha256: 8dbf4b67da8ee0c6b971a56e7a214b9a1b0132047a02b9a4eb35c668e955ad21
-# templates-sha256: adab187331400a63c543eeb0fa1482b60b2484e9b9c3b18bf0800b9d39ab05ec
-# output-sha256: b5c1e187c6e5365df3e01514c76375cf2fad5c30469713c9c6bd27bd0240d845
+# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
+# output-sha256: ea901e9bc6c78d7094b7bae3b48b892ef601d40b98dc6090f5ed2bebb298a315
 
 import itertools
 from collections.abc import Hashable

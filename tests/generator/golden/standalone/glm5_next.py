@@ -3,8 +3,8 @@
 # From specs/glm5_next.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm5_next.yaml`.
 # spec-sha256: c3575549c4ed50dd76892d25b692f5f5f648d2f13a2ea29bebd572d144fcdb24
-# templates-sha256: adab187331400a63c543eeb0fa1482b60b2484e9b9c3b18bf0800b9d39ab05ec
-# output-sha256: 5a18325f5c8b97e4c7bc555e7f571be3e8cf00d74c308341610c825fdefc1de9
+# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
+# output-sha256: 91fc4fb12743d0bb28a67d3a6c03d30abd8935b0e7bf83bf1c062d8875a96a35
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/idefics3.yaml: change the spec or the templates and run
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 8b488cb972956d4df57232df809f3b4c048f68b21019dab78906516f52b22e02
-# templates-sha256: adab187331400a63c543eeb0fa1482b60b2484e9b9c3b18bf0800b9d39ab05ec
-# output-sha256: 99560d82d9086f5e38906ac4812e8d352c68709ae25fecab13ebfe089576cdca
+# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
+# output-sha256: f5307ed4c689d69b0f3e771df81eca3d2307b44c5a4e2dcff4d9d128f2619445
 
 import itertools
 from collections.abc import Hashable

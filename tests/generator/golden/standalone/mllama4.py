@@ -3,8 +3,8 @@
 # From specs/mllama4.yaml: change the spec or the templates and run
 # `gen-mixin specs/mllama4.yaml`.
 # spec-sha256: 3a4c5d7bdb1ee216f77e7723529296ab4a8d77acd6df01a22770eb4a40007938
-# templates-sha256: adab187331400a63c543eeb0fa1482b60b2484e9b9c3b18bf0800b9d39ab05ec
-# output-sha256: 12f9cc866c0ba6c79bdf14ca6efdd42a2d60f8c671b0dfc7380d3e57a8f226d9
+# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
+# output-sha256: 03f52b2c545ff9ba508f43ba9cd446d4c47fa6eb4c28a6ba713adf17451ad794
 
 import itertools
 from collections.abc import Hashable

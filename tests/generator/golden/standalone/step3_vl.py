@@ -3,8 +3,8 @@
 # From specs/step3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
-# templates-sha256: adab187331400a63c543eeb0fa1482b60b2484e9b9c3b18bf0800b9d39ab05ec
-# output-sha256: 647d836ee16877047cde7b0eb4a9082cb9765919bbfadb05f2d4add1d003daf7
+# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
+# output-sha256: 78274e344b06b5245af60f7e1c217ec53efcc4ea2b997c85119ce25c2df8184c
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/cohere_compass.yaml: change the spec or the templates and run
 # `gen-mixin specs/cohere_compass.yaml`.
 # spec-sha256: d0b3571feeeed12e487ccaa7caa29d450a482d4ae7cfb2cb9c2e528321160bf0
-# templates-sha256: adab187331400a63c543eeb0fa1482b60b2484e9b9c3b18bf0800b9d39ab05ec
-# output-sha256: c8de143c525f64dc3359f482a2ca459e0004a374f3d7f9f92760467bf8e57295
+# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
+# output-sha256: 8ba1e874d08ec7132eab37d7366b03ce885b50c6d61b2e5cc3b6849c90daa20e
 
 import itertools
 from collections.abc import Hashable

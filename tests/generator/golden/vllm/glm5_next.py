@@ -3,8 +3,8 @@
 # From specs/glm5_next.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm5_next.yaml`.
 # spec-sha256: c3575549c4ed50dd76892d25b692f5f5f648d2f13a2ea29bebd572d144fcdb24
-# templates-sha256: adab187331400a63c543eeb0fa1482b60b2484e9b9c3b18bf0800b9d39ab05ec
-# output-sha256: a39da50d617d1e0044e7d5506b8699876962d854f8f65954fe2c5ef6b06d845d
+# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
+# output-sha256: 1fd0f692df19b702e43e0aa326d35597cd3710bc0c9fe6ba6f35ce1073a8ea24
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/kimi_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_vl.yaml`.
 # spec-sha256: dec5f629ea45e6747065da9f1de34c016f7c11dcc328326c287b6a82ba94d373
-# templates-sha256: adab187331400a63c543eeb0fa1482b60b2484e9b9c3b18bf0800b9d39ab05ec
-# output-sha256: f57d19ab46afd069dfb34c9e9780b1afb63f3e1a02f4475a85498495e7a810d9
+# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
+# output-sha256: 257f7a56c4cf9e50a2eb89f8ab6358600d35734dbc2553d51f1e25e4ccb61490
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/qwen2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_vl.yaml`.
 # spec-sha256: 1215cbd2187709b1e172830108e4b18a70b517f0386b5aaf848e6c0d07d27655
-# templates-sha256: adab187331400a63c543eeb0fa1482b60b2484e9b9c3b18bf0800b9d39ab05ec
-# output-sha256: 00e02fa4fa6d04c0974c25e473e8651b0a7c455c250f85775c2edc463332cf55
+# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
+# output-sha256: b38c0b23e68cb38bde80d5aa3f0d26b850aeb25ad3f200def28d9d92fe5184ca
 
 import itertools
 from collections.abc import Hashable
