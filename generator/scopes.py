@@ -309,7 +309,7 @@ METHODS: dict[str, Method] = {
             "get_encoder_cudagraph_item_specs",
             (SELF, MM_KWARGS),
             "list[{EncoderItemSpec}]",
-            ("EncoderItemSpec", "keys", "grids", "units"),
+            ("EncoderItemSpec", "keys", "grids", "units", "capture_keys"),
             spec_kinds=_READS_INPUTS,
         ),
         Method(
@@ -458,7 +458,7 @@ METHODS: dict[str, Method] = {
             "_capture_axis_keys",
             (SELF, MM_KWARGS),
             "tuple[Hashable, ...]",
-            ("keys", "needs", "axis", "need"),
+            ("keys", "needs", "axis", "need", "axes"),
             spec_kinds=_READS_INPUTS,
         ),
         Method(
@@ -469,6 +469,24 @@ METHODS: dict[str, Method] = {
             ),
             "Hashable",
             ("key", "parts", "p", "n"),
+        ),
+        # Axes with beyond_keys: eager (items no key covers run eagerly).
+        Method(
+            "_beyond_keys",
+            (
+                Param("keys", "tuple[Hashable, ...]"),
+                Param("need", "tuple[int, ...]"),
+            ),
+            "bool",
+            ("key", "parts", "p", "n"),
+        ),
+        Method(
+            "_key_or_need",
+            (
+                Param("keys", "tuple[Hashable, ...]"),
+                Param("need", "tuple[int, ...]"),
+            ),
+            "Hashable",
         ),
         # The input checks of item specs and selection (emitters/input_checks.py).
         Method(

@@ -895,7 +895,8 @@ def axis_problems(
     axes, constants: tuple[Constant, ...], overrides: Mapping[str, int] | None = None
 ) -> Iterator[tuple[str, str]]:
     """Every key a batch can select is captured: some key covers the axis'
-    bound (the largest need any item can have). Keys differ."""
+    bound (the largest need any item can have), or (``beyond_keys: eager``)
+    an item no key covers runs eagerly and selects no graph. Keys differ."""
     env = {c.name: c.default for c in constants if c.default is not None}
     env.update(overrides or {})
     for i, axis in enumerate(axes):
@@ -912,6 +913,8 @@ def axis_problems(
                     f"keys[{j}] is {_key_text(key)} again: each key is one graph "
                     "per budget, captured once",
                 )
+        if axis.eager_beyond:
+            continue  # such items run eagerly: their item specs say so
         if not any(all(k >= b for k, b in zip(key, bound)) for key in keys):
             yield (
                 f"{field}.bound",

@@ -3,8 +3,8 @@
 # From specs/ernie45_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/ernie45_vl.yaml`.
 # spec-sha256: 44a19487b2f61417079df3347e463bfafc30019f50c2056291e8a1b652284f7c
-# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
-# output-sha256: dc30a70dcc6f8cf185f7977a3a1631e47525fdbeb00b171dfda18322fa6c7222
+# templates-sha256: 6b083f5e560fcc7540199bcf2f47ab9c3e015f07a2cc770396fc56d4158ae06e
+# output-sha256: f3eb604c684222f8caec74a9b05eae85de82085e2c1e2d6b6b82a8e2e0349b85
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
-# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
-# output-sha256: df8daa835beaafd42fe941835a9f0600044dac55a0e750c78b7ba6d91f2a2017
+# templates-sha256: 6b083f5e560fcc7540199bcf2f47ab9c3e015f07a2cc770396fc56d4158ae06e
+# output-sha256: d027f674320f50ddf841b66b7fbd5e0f9b226f415eeb50609ffec9668f64cbc7
 
 import itertools
 from collections.abc import Hashable

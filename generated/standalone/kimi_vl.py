@@ -3,8 +3,8 @@
 # From specs/kimi_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_vl.yaml`.
 # spec-sha256: dec5f629ea45e6747065da9f1de34c016f7c11dcc328326c287b6a82ba94d373
-# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
-# output-sha256: f5505a7c25909cce5d72cd7ff3a670ff4b51f011918ab6b15aa2692f29f3d568
+# templates-sha256: 6b083f5e560fcc7540199bcf2f47ab9c3e015f07a2cc770396fc56d4158ae06e
+# output-sha256: eeefb0ab7442752f33ca3dc7482c9d1775e1209a34f7bffe691be03cae15a333
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/minimax_m3.yaml: change the spec or the templates and run
 # `gen-mixin specs/minimax_m3.yaml`.
 # spec-sha256: 679a222a35671178384492aa0dc1e20daf1dbe9ee4c77a16239d17f4a618116f
-# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
-# output-sha256: 56ab6dbe7c08f9110b78ff133fdebb1ae1f145cacd1e06e28bce4aac687b97eb
+# templates-sha256: 6b083f5e560fcc7540199bcf2f47ab9c3e015f07a2cc770396fc56d4158ae06e
+# output-sha256: c4ae5ac34894d63e949ab1729d47d9f51da11f3797b0756f18f7eb73a923512f
 
 import itertools
 import weakref

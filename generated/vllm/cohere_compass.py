@@ -3,8 +3,8 @@
 # From specs/cohere_compass.yaml: change the spec or the templates and run
 # `gen-mixin specs/cohere_compass.yaml`.
 # spec-sha256: d0b3571feeeed12e487ccaa7caa29d450a482d4ae7cfb2cb9c2e528321160bf0
-# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
-# output-sha256: 8ba1e874d08ec7132eab37d7366b03ce885b50c6d61b2e5cc3b6849c90daa20e
+# templates-sha256: 6b083f5e560fcc7540199bcf2f47ab9c3e015f07a2cc770396fc56d4158ae06e
+# output-sha256: c23b72debdac4a1f246dcc0009c2b74c2d7d5d4c98615e4ca5bf5c02bf0b6be9
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/deepseek_vl2.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_vl2.yaml`.
 # spec-sha256: 6f892ea020ee953004c7a45b78d4d9f058c9fcef960abef7cba31604ab4b32b1
-# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
-# output-sha256: e3b865214bc96b33a2a4ccf4050388910bda13cf85b04430da1dbcd139516d5f
+# templates-sha256: 6b083f5e560fcc7540199bcf2f47ab9c3e015f07a2cc770396fc56d4158ae06e
+# output-sha256: 0265cd122eced5fab359c3a9177416ff07686918d9c0a4575a5852dabc2b0b60
 
 import itertools
 from collections.abc import Hashable

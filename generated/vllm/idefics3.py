@@ -3,8 +3,8 @@
 # From specs/idefics3.yaml: change the spec or the templates and run
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 8b488cb972956d4df57232df809f3b4c048f68b21019dab78906516f52b22e02
-# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
-# output-sha256: 41874fa9cbe1292ab9f0c379245fc5e9bd38588b43bccb869a107c8b0b769750
+# templates-sha256: 6b083f5e560fcc7540199bcf2f47ab9c3e015f07a2cc770396fc56d4158ae06e
+# output-sha256: 82e3721dffbc992a8aac0f773dc6ffe5fe039d5c83f811b1671f7447c4f77609
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
-# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
-# output-sha256: 750ab117531b0feb3e9509c22cc0dbea515f56ae614f5a50131b459bca23740d
+# templates-sha256: 6b083f5e560fcc7540199bcf2f47ab9c3e015f07a2cc770396fc56d4158ae06e
+# output-sha256: 9a0e4cb1e3d3016628b577d9ba3bf94621957f224aa71b5665d045373adde99a
 
 import itertools
 from collections.abc import Hashable

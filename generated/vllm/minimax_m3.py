@@ -3,8 +3,8 @@
 # From specs/minimax_m3.yaml: change the spec or the templates and run
 # `gen-mixin specs/minimax_m3.yaml`.
 # spec-sha256: 679a222a35671178384492aa0dc1e20daf1dbe9ee4c77a16239d17f4a618116f
-# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
-# output-sha256: b55426b394fb3cc8605c787140e606525ad0d235d331039bc50cd19cc12537ca
+# templates-sha256: 6b083f5e560fcc7540199bcf2f47ab9c3e015f07a2cc770396fc56d4158ae06e
+# output-sha256: d9c63a6bf739dee673b8fdd5cd2fee9efdd338bbc092cbdf9463a7f1a16f571a
 
 import itertools
 import weakref

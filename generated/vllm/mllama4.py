@@ -3,8 +3,8 @@
 # From specs/mllama4.yaml: change the spec or the templates and run
 # `gen-mixin specs/mllama4.yaml`.
 # spec-sha256: 3a4c5d7bdb1ee216f77e7723529296ab4a8d77acd6df01a22770eb4a40007938
-# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
-# output-sha256: 047bd9887353efd24aaa69a1b3bc9a4f0cf74c2a9b06be519f13df21c9231187
+# templates-sha256: 6b083f5e560fcc7540199bcf2f47ab9c3e015f07a2cc770396fc56d4158ae06e
+# output-sha256: e07e1eb40314d4131d4286b73f2d8ea9e268c11c0864fe5b467640a530c1893e
 
 import itertools
 from collections.abc import Hashable

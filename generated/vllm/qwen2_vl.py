@@ -3,8 +3,8 @@
 # From specs/qwen2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_vl.yaml`.
 # spec-sha256: 1215cbd2187709b1e172830108e4b18a70b517f0386b5aaf848e6c0d07d27655
-# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
-# output-sha256: b38c0b23e68cb38bde80d5aa3f0d26b850aeb25ad3f200def28d9d92fe5184ca
+# templates-sha256: 6b083f5e560fcc7540199bcf2f47ab9c3e015f07a2cc770396fc56d4158ae06e
+# output-sha256: ae057363c2d66cd4cf289c92a6ca4a63b07425d1b19244d277e8365ff29f00e4
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/qwen3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen3_vl.yaml`.
 # spec-sha256: 28992035a32ca0711943f61e569736ce2ca71587c2e480781972b42541c1b620
-# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
-# output-sha256: 6c4f2a5f5fc2c83215667bf615ad6b7221c3472425284f813548e0ac0c411755
+# templates-sha256: 6b083f5e560fcc7540199bcf2f47ab9c3e015f07a2cc770396fc56d4158ae06e
+# output-sha256: 4463fbc86a8ab2fd8586a5841a3fc90e3767bf1ad96aa3ec59b8c57d40559298
 
 import itertools
 from collections.abc import Hashable

@@ -66,7 +66,26 @@ def helpers_context(spec: MixinSpec) -> dict[str, Any] | None:
         "grids": [loads.item(k) for k in grids],
         "needs": needs,
         "needs_constants": need_body.bindings(),
+        "beyond": any(a.eager_beyond for a in spec.capture_axes),
+        "picks": [
+            "_key_or_need" if a.eager_beyond else "_covering_key"
+            for a in spec.capture_axes
+        ],
     }
+
+
+def beyond_condition(spec: MixinSpec, render) -> str | None:
+    """Python source, inside the item specs' loop: the item's need on some
+    ``beyond_keys: eager`` axis is covered by no key (``capture_keys`` holds
+    the axes' keys)."""
+    parts = []
+    for i, axis in enumerate(spec.capture_axes):
+        if not axis.eager_beyond:
+            continue
+        need = ", ".join(render(c) for c in axis.covers)
+        trailing = "," if len(axis.covers) == 1 else ""
+        parts.append(f"_beyond_keys(capture_keys[{i}], ({need}{trailing}))")
+    return " or ".join(parts) or None
 
 
 def bind_axis_dims(spec: MixinSpec, source: str) -> list[dict[str, str]]:

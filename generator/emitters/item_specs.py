@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from generator import formulas as fx
+from generator.emitters.capture_axes import beyond_condition
 from generator.emitters.method_body import (
     Body,
     dims_of,
@@ -33,6 +34,10 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
     eager = items.eager_when
     if eager is not None:
         both = fx.BinOp("+", both, fx.BinOp("+", eager.left, eager.right))
+    beyond_axes = [a for a in spec.capture_axes if a.eager_beyond]
+    for axis in beyond_axes:
+        for cover in axis.covers:
+            both = fx.BinOp("+", both, cover)
     for path in spec.paths:
         if path.output_tokens is not None:
             both = fx.BinOp("+", both, path.output_tokens)
@@ -45,8 +50,14 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
         loop_target, iterable, keys = item_loop(spec, dims_of(spec, both))
         expr = body.expr
     budget_tokens = items.budget_tokens
-    if budget_tokens is None and eager is not None:
+    if budget_tokens is None and (eager is not None or beyond_axes):
         budget_tokens = items.output_tokens
+    conditions_ = []
+    if eager is not None:
+        conditions_.append(conditions.to_python(eager, body.expr))
+    beyond = beyond_condition(spec, expr) if beyond_axes else None
+    if beyond is not None:
+        conditions_.append(beyond)
     ctx = {
         "signature": signature(spec, "get_encoder_cudagraph_item_specs"),
         "defs_local": spec.local_defs_import,
@@ -57,9 +68,8 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
         "output_tokens": expr(items.output_tokens),
         "budget_tokens": (expr(budget_tokens) if budget_tokens is not None else None),
         "counts_other": items.budget_tokens is not None,
-        "eager_when": (
-            conditions.to_python(eager, body.expr) if eager is not None else None
-        ),
+        "eager_when": " or ".join(conditions_) or None,
+        "beyond_keys": beyond is not None,
         "path_tokens": (
             [{"name": repr(p.name), "value": expr(p.output_tokens)} for p in spec.paths]
             if spec.has_paths

@@ -18,7 +18,8 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
     return {
         "concat_rows": any(f.accepts_list for f in spec.flat_inputs),
         "fold_leading": any(f.fold_ranks for f in spec.flat_inputs),
-        "eager_only": spec.items.eager_when is not None,
+        "eager_only": spec.items.eager_when is not None
+        or any(a.eager_beyond for a in spec.capture_axes),
         "select_counts": any(g.is_count for g in spec.item_inputs),
         "select_grid": any(not g.is_count for g in spec.item_inputs),
         "rows_dims": sorted({b.rows_dim for b in buffers if b.rows_dim}),

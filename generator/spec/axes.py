@@ -18,10 +18,12 @@ from typing import Any, ClassVar
 from generator.diagnostics import Location
 from generator.formulas import Expr
 from generator.scopes import NameKind
+from generator.spec.enums import BeyondKeys
 from generator.spec.names import check_name
 from generator.spec.reader import Key, Keys, Reader
 from generator.spec.values import (
     INVALID,
+    Choice,
     Formula,
     Identifier,
     ListOf,
@@ -38,8 +40,11 @@ class CaptureAxis:
     dims: tuple[str, ...]
     keys: tuple[tuple[Expr, ...], ...]  # one formula per dim
     covers: tuple[Expr, ...]  # per item, one per dim
-    bound: tuple[Expr, ...]  # the largest ``covers`` values, one per dim
+    #: The largest ``covers`` values, one per dim (``()`` with
+    #: ``beyond_keys: eager``, where no key need cover every item).
+    bound: tuple[Expr, ...]
     why: str | None
+    beyond_keys: BeyondKeys = BeyondKeys.REFUSE
 
     KEYS: ClassVar = Keys(
         Key(
@@ -79,8 +84,20 @@ class CaptureAxis:
             "The largest need any item can have, per dim (what the processor "
             "allows, whatever a request asks for). Some key must cover it: "
             "otherwise a batch could select a key that was never captured.",
-            required=True,
+            default_doc="required unless `beyond_keys: eager`",
             example="[side, side]",
+        ),
+        Key(
+            "beyond_keys",
+            Choice(BeyondKeys),
+            "Items whose need no key covers: `refuse` (none exists: `bound` "
+            "says so, and some key covers it) or `eager`: such an item runs "
+            "eagerly, its budget tokens above every budget (as with "
+            "`items.eager_when`), so no graph is looked up for it (Gemma 4: a "
+            "request's `max_soft_tokens` above the model's, finding 7). No "
+            "`bound` then; not with `items.per_unit`.",
+            default=BeyondKeys.REFUSE,
+            example="eager",
         ),
         Key("why", Text(), "Comment on the axis (its keys in the config)."),
     )
@@ -98,15 +115,42 @@ class CaptureAxis:
         covers = r.take("covers")
         bound = r.take("bound")
         why = r.take("why")
+        beyond = r.take("beyond_keys")
+        if beyond is BeyondKeys.EAGER and r.has("bound"):
+            r.error(
+                "bound",
+                "with beyond_keys: eager an item no key covers runs eagerly: "
+                "no bound is needed (leave it out)",
+            )
+            return None
+        if beyond is BeyondKeys.REFUSE and not r.has("bound"):
+            if r.ok("beyond_keys"):
+                r.ctx.error(r.node, r.path("bound"), "required key is missing")
+            return None
+        if beyond is BeyondKeys.EAGER:
+            bound = []
         if dims is None or None in (keys, covers, bound):
             return None
         key_parts = _key_parts(r, keys, len(dims))
-        ok = _same_length(r, "covers", covers, dims) & _same_length(
-            r, "bound", bound, dims
-        )
+        ok = _same_length(r, "covers", covers, dims)
+        if bound:
+            ok &= _same_length(r, "bound", bound, dims)
         if key_parts is None or not ok or INVALID in (*covers, *bound):
             return None
-        return cls(r.node.location, dims, key_parts, tuple(covers), tuple(bound), why)
+        return cls(
+            r.node.location,
+            dims,
+            key_parts,
+            tuple(covers),
+            tuple(bound),
+            why,
+            beyond,
+        )
+
+    @property
+    def eager_beyond(self) -> bool:
+        """Items whose need no key covers run eagerly."""
+        return self.beyond_keys is BeyondKeys.EAGER
 
 
 def _dims(r: Reader) -> tuple[str, ...] | None:

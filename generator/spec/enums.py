@@ -34,6 +34,11 @@ class Modality(SpecEnum):
     VISION_CHUNK = "vision_chunk"
 
 
+class BeyondKeys(SpecEnum):
+    REFUSE = "refuse"  # every need within the bound, which some key covers
+    EAGER = "eager"  # items no key covers run eagerly
+
+
 class InputKind(SpecEnum):
     FLAT = "flat"  # every item's rows back to back
     GRID = "grid"  # one row of named dims per item

@@ -433,6 +433,15 @@ class MixinSpec:
                 "capture axes with several paths: vLLM 0.33.0's manager refuses "
                 "the combination (NotImplementedError)",
             )
+        if items is not None and items.per_unit:
+            for i, axis in enumerate(axes):
+                if axis.eager_beyond:
+                    r.error(
+                        "capture_axes",
+                        "beyond_keys: eager reads each item's need in its item "
+                        "spec, over the item's dims: not with items.per_unit",
+                        field=f"capture_axes[{i}].beyond_keys",
+                    )
         for p in paths or ():
             prefix = "" if p.output_tokens is None else f"paths.{p.name}."
             _check_pad_backends(r, guards, p.buffers, prefix)

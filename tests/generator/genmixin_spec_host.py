@@ -122,7 +122,10 @@ def _forward_calling() -> str | None:
     ``encoder_*_forward`` frame), if any."""
     frame = sys._getframe(1)
     while frame is not None:
-        if frame.f_code.co_name in ("encoder_cudagraph_forward", "encoder_eager_forward"):
+        if frame.f_code.co_name in (
+            "encoder_cudagraph_forward",
+            "encoder_eager_forward",
+        ):
             return frame.f_code.co_name
         frame = frame.f_back
     return None
@@ -218,7 +221,11 @@ class SpecWorld:
         spec = self.spec
         if spec.has_paths:
             return {p.name: self.value(p.output_tokens, **dims) for p in spec.paths}
-        if spec.items.budget_tokens is not None or spec.items.eager_when is not None:
+        if (
+            spec.items.budget_tokens is not None
+            or spec.items.eager_when is not None
+            or self.eager_beyond_axes
+        ):
             return {"default": self.path_tokens(dims)}
         return {}
 
@@ -259,7 +266,9 @@ class SpecWorld:
 
     def selected_axis_keys(self, items: list[dict[str, int]]) -> tuple:
         """The keys a batch of ``items`` must replay: per axis, the first key
-        covering the largest need of the items (the first key for none)."""
+        covering the largest need of the items (the first key for none); on
+        a ``beyond_keys: eager`` axis, the need itself when no key covers it
+        (the batch holds an item that runs eagerly)."""
         out = []
         combos = self.axis_key_combos()
         for i, axis in enumerate(self.spec.capture_axes):
@@ -268,11 +277,17 @@ class SpecWorld:
                 max((self.value(c, **it) for it in items), default=0)
                 for c in axis.covers
             ]
+            fallback = (
+                (need[0] if axis.scalar else tuple(need)) if axis.eager_beyond else None
+            )
             out.append(
                 next(
-                    k
-                    for k in keys
-                    if all(p >= n for p, n in zip((k,) if axis.scalar else k, need))
+                    (
+                        k
+                        for k in keys
+                        if all(p >= n for p, n in zip((k,) if axis.scalar else k, need))
+                    ),
+                    fallback,
                 )
             )
         return tuple(out)
@@ -404,7 +419,9 @@ class SpecWorld:
                 ):
                     name = _callee_name(sub.callee)
                     fake = self.calls.setdefault(name, FakeCall(name))
-                    fake.listed_in |= {m for m, names in listed.items() if name in names}
+                    fake.listed_in |= {
+                        m for m, names in listed.items() if name in names
+                    }
                     fake.iterated = fake.iterated or sub in iterated
                     self._install(host, sub.callee, fake)
 
@@ -495,8 +512,28 @@ class SpecWorld:
         order = [d for g in self.spec.item_inputs for d in g.dims]
         return {d: out[d] for d in order}
 
+    @property
+    def eager_beyond_axes(self) -> list[int]:
+        """The capture axes (by index) with ``beyond_keys: eager``."""
+        return [i for i, a in enumerate(self.spec.capture_axes) if a.eager_beyond]
+
+    def uncovered(self, item: Mapping[str, int]) -> bool:
+        """No key of some ``beyond_keys: eager`` axis covers the item."""
+        combos = self.axis_key_combos()
+        for i in self.eager_beyond_axes:
+            axis = self.spec.capture_axes[i]
+            need = [self.value(c, **item) for c in axis.covers]
+            keys = {c[i] for c in combos}
+            parts = [(k,) if axis.scalar else k for k in keys]
+            if not any(all(p >= n for p, n in zip(k, need)) for k in parts):
+                return True
+        return False
+
     def runs_eagerly(self, item: Mapping[str, int]) -> bool:
-        """``items.eager_when`` holds for the item."""
+        """``items.eager_when`` holds for the item, or no key of a
+        ``beyond_keys: eager`` axis covers it."""
+        if self.uncovered(item):
+            return True
         eager = self.spec.items.eager_when
         if eager is None:
             return False
@@ -582,7 +619,9 @@ class SpecWorld:
         for i, it in enumerate(items):
             rows = self.graph_rows(it)
             extra = self.item_values(it)["output_tokens"] - rows
-            types += [content] * rows + [marks[(i + j) % len(marks)] for j in range(extra)]
+            types += [content] * rows + [
+                marks[(i + j) % len(marks)] for j in range(extra)
+            ]
         return torch.tensor(types, dtype=torch.int64)
 
     @staticmethod
@@ -834,7 +873,13 @@ class FakeBuilder:
                 None
                 if buf.optional
                 else self.tensor(
-                    buf, items, kwargs, device, dtype, axes, self.flat_rows(args, kwargs)
+                    buf,
+                    items,
+                    kwargs,
+                    device,
+                    dtype,
+                    axes,
+                    self.flat_rows(args, kwargs),
                 )
             )
         if self.builder.returns_tensor:

@@ -1312,6 +1312,34 @@ valid_case(
     "capture_axes",
     ("    bound: [side, side]\n", "    bound: [side + 1, side]\n"),
 )
+# beyond_keys: eager sends the items no key covers to the eager forward: a
+# bound is then meaningless (refused); without it the bound is required; and
+# an unknown choice.
+valid_case(
+    "axis_beyond_eager_with_bound",
+    "capture_axis_eager",
+    ("    beyond_keys: eager\n", "    beyond_keys: eager\n    bound: [side, side]\n"),
+)
+valid_case(
+    "axis_beyond_refuse_without_bound",
+    "capture_axis_eager",
+    ("    beyond_keys: eager\n", "    beyond_keys: refuse\n"),
+)
+valid_case(
+    "axis_beyond_unknown",
+    "capture_axis_eager",
+    ("    beyond_keys: eager\n", "    beyond_keys: clamp\n"),
+)
+# Items made of units: beyond_keys: eager reads an item's need over its dims.
+valid_case(
+    "axis_beyond_per_unit",
+    "unit_varlen",
+    (
+        "capture:\n  units:",
+        "capture_axes:\n  - dims: [mw]\n    keys: [4]\n    covers: [n]\n"
+        "    beyond_keys: eager\n\ncapture:\n  units:",
+    ),
+)
 # A key of the wrong size, and a covers list short of a dim.
 valid_case(
     "axis_key_and_covers_sizes",

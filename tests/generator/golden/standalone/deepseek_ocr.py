@@ -3,8 +3,8 @@
 # From specs/deepseek_ocr.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_ocr.yaml`.
 # spec-sha256: 0bfb43e4316a4a39192bb100e7cfeecbb3f7339c7a907dfaa07f9b62999ceee7
-# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
-# output-sha256: e1654df8e043c0d1a7807996e00959ec51fc3c1d0036468f822d2762b2199aa7
+# templates-sha256: 6b083f5e560fcc7540199bcf2f47ab9c3e015f07a2cc770396fc56d4158ae06e
+# output-sha256: d362d1bc03cba2f99269932153dd4ef85ec58256fb3614cf2fd69381e223f0fd
 
 import itertools
 from collections.abc import Hashable

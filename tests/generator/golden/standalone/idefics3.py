@@ -3,8 +3,8 @@
 # From specs/idefics3.yaml: change the spec or the templates and run
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 8b488cb972956d4df57232df809f3b4c048f68b21019dab78906516f52b22e02
-# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
-# output-sha256: f5307ed4c689d69b0f3e771df81eca3d2307b44c5a4e2dcff4d9d128f2619445
+# templates-sha256: 6b083f5e560fcc7540199bcf2f47ab9c3e015f07a2cc770396fc56d4158ae06e
+# output-sha256: b2262af5bc7a8277d5c1d04c792ddba8898d278323ef680aa147053af04e5e7b
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/kimi_k25.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k25.yaml`.
 # spec-sha256: 48ab13502da49bdd4a5c48e47fa70f6469e759d2e60e4da2ae50d39a02300d68
-# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
-# output-sha256: 87c6b075a16f10905cba20288837ae5f7f72969c770677cdcb746d616f8409fc
+# templates-sha256: 6b083f5e560fcc7540199bcf2f47ab9c3e015f07a2cc770396fc56d4158ae06e
+# output-sha256: 34fbcfffdd2d056db6c002af94299caa45a59d256a45b7d305e17fb54d323012
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/mllama4.yaml: change the spec or the templates and run
 # `gen-mixin specs/mllama4.yaml`.
 # spec-sha256: 3a4c5d7bdb1ee216f77e7723529296ab4a8d77acd6df01a22770eb4a40007938
-# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
-# output-sha256: 03f52b2c545ff9ba508f43ba9cd446d4c47fa6eb4c28a6ba713adf17451ad794
+# templates-sha256: 6b083f5e560fcc7540199bcf2f47ab9c3e015f07a2cc770396fc56d4158ae06e
+# output-sha256: e8c5948d66435e516e3376f5cdf22a8256e57ed98a3840231d815316fd843855
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/qwen3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen3_vl.yaml`.
 # spec-sha256: 28992035a32ca0711943f61e569736ce2ca71587c2e480781972b42541c1b620
-# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
-# output-sha256: d78beeb1e13411f1f0b09eabee3aed71caabd9b26d2af644e135342a1c8d679f
+# templates-sha256: 6b083f5e560fcc7540199bcf2f47ab9c3e015f07a2cc770396fc56d4158ae06e
+# output-sha256: b23504e51bc27b31e7eed182d7d903d0c5be23cdb8ff31f1af17968cea17e5f1
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/step3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
-# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
-# output-sha256: 78274e344b06b5245af60f7e1c217ec53efcc4ea2b997c85119ce25c2df8184c
+# templates-sha256: 6b083f5e560fcc7540199bcf2f47ab9c3e015f07a2cc770396fc56d4158ae06e
+# output-sha256: 3e32a6a026e0da6a7c4a62c2f7cc6f1c000300e09f6804ef840ae636f6dd7259
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/deepseek_ocr.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_ocr.yaml`.
 # spec-sha256: 0bfb43e4316a4a39192bb100e7cfeecbb3f7339c7a907dfaa07f9b62999ceee7
-# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
-# output-sha256: 2e3fef22a0a5b4aedb3d12ff3a2597b77cadf37c016a8b0080f94768f69834a5
+# templates-sha256: 6b083f5e560fcc7540199bcf2f47ab9c3e015f07a2cc770396fc56d4158ae06e
+# output-sha256: 60b374d77bd0e793eb41d097199e7c2df3c9e224448ad8c7d7b2ebc7c72f833a
 
 import itertools
 from collections.abc import Hashable

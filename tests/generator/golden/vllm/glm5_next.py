@@ -3,8 +3,8 @@
 # From specs/glm5_next.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm5_next.yaml`.
 # spec-sha256: c3575549c4ed50dd76892d25b692f5f5f648d2f13a2ea29bebd572d144fcdb24
-# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
-# output-sha256: 1fd0f692df19b702e43e0aa326d35597cd3710bc0c9fe6ba6f35ce1073a8ea24
+# templates-sha256: 6b083f5e560fcc7540199bcf2f47ab9c3e015f07a2cc770396fc56d4158ae06e
+# output-sha256: 78b02ea7398ca47e8203746fcf0be57666cb5230d15e628c01b3264e9d4ab2f0
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/kimi_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_vl.yaml`.
 # spec-sha256: dec5f629ea45e6747065da9f1de34c016f7c11dcc328326c287b6a82ba94d373
-# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
-# output-sha256: 257f7a56c4cf9e50a2eb89f8ab6358600d35734dbc2553d51f1e25e4ccb61490
+# templates-sha256: 6b083f5e560fcc7540199bcf2f47ab9c3e015f07a2cc770396fc56d4158ae06e
+# output-sha256: dd09bac4f5a132a43792fad091aa4137207dd1d0a6d8a1f87095960609b7e82d
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/qwen2_5_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_vl.yaml`.
 # spec-sha256: 96480d9c7c7c980974bbfd1e9ab20c6575a966715da8e48283b6883b95e654af
-# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
-# output-sha256: d989ac1423b4ea43eeb86c928b7ce5aa68d28083c95378c3f8a14a85800aa0bb
+# templates-sha256: 6b083f5e560fcc7540199bcf2f47ab9c3e015f07a2cc770396fc56d4158ae06e
+# output-sha256: ba92ebc20e9a0d35f9e60c17867c28b8406e3e879b21d4ac9519191887481f78
 
 import itertools
 from collections.abc import Hashable
