@@ -3,8 +3,8 @@
 # From specs/cohere_compass.yaml: change the spec or the templates and run
 # `gen-mixin specs/cohere_compass.yaml`.
 # spec-sha256: d0b3571feeeed12e487ccaa7caa29d450a482d4ae7cfb2cb9c2e528321160bf0
-# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
-# output-sha256: f89be06f1ef4b6263085c581cf73f726e8726ae1c5366e09adec09d6c7813043
+# templates-sha256: 2d3080da14f22be8c88c9f92a5994763cf9746963fe0f6b1e5d04ee1d0f48897
+# output-sha256: 2b97a09b375c8e19e59d31faa5625c541a9e48e5c0a6787bfbd122ef76a3ee90
 
 import itertools
 from collections.abc import Hashable

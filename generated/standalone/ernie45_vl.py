@@ -3,8 +3,8 @@
 # From specs/ernie45_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/ernie45_vl.yaml`.
 # spec-sha256: 44a19487b2f61417079df3347e463bfafc30019f50c2056291e8a1b652284f7c
-# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
-# output-sha256: dc30a70dcc6f8cf185f7977a3a1631e47525fdbeb00b171dfda18322fa6c7222
+# templates-sha256: 2d3080da14f22be8c88c9f92a5994763cf9746963fe0f6b1e5d04ee1d0f48897
+# output-sha256: 63fa867e8e1b07a85e3bea5f3ee1613430eb867e308cf97d00a028b61044906e
 
 import itertools
 from collections.abc import Hashable

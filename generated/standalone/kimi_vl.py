@@ -3,8 +3,8 @@
 # From specs/kimi_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_vl.yaml`.
 # spec-sha256: dec5f629ea45e6747065da9f1de34c016f7c11dcc328326c287b6a82ba94d373
-# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
-# output-sha256: f5505a7c25909cce5d72cd7ff3a670ff4b51f011918ab6b15aa2692f29f3d568
+# templates-sha256: 2d3080da14f22be8c88c9f92a5994763cf9746963fe0f6b1e5d04ee1d0f48897
+# output-sha256: 902c256bc6e2ca28395ec0a7b6f5122ef29a3d3ead635055da4f83c7d33abe07
 
 import itertools
 from collections.abc import Hashable

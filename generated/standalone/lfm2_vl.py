@@ -3,8 +3,8 @@
 # From specs/lfm2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/lfm2_vl.yaml`.
 # spec-sha256: 53ffcb080829243979571d9cfcffa8d459e19e51a7ca8ee40c70b1caa23721ca
-# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
-# output-sha256: b841219a4021cb2c9a8486a8c27cfb0f73d2cc7376c0d818437f65c76d1891ac
+# templates-sha256: 2d3080da14f22be8c88c9f92a5994763cf9746963fe0f6b1e5d04ee1d0f48897
+# output-sha256: 12d18fd8d0b222953050d12997e2c504164895f49bb92636a32ca8fd659d95f8
 
 import itertools
 from collections.abc import Hashable
@@ -481,12 +481,16 @@ class Lfm2VLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
             (max(token_budget + 1, offsets.numel()),), dtype=torch.int32, device=device
         )
         _pad_with_empty_sequences(cu_seqlens, offsets)
+        # max_seqlen: captured at the value that holds every batch
+        # within the budget, at least the dummy batch's own (from the steps).
         return EncoderCudaGraphCaptureInputs(
             values={
                 "pixel_values_packed": pixel_values_packed,
                 "pos_embeds": pos_embeds,
                 "cu_seqlens": cu_seqlens,
-                "max_seqlen": torch.tensor(token_budget * f**2, dtype=torch.int32),
+                "max_seqlen": torch.tensor(
+                    max(token_budget * f**2, int(max_seqlen)), dtype=torch.int32
+                ),
                 "gather_idx": gather_idx,
             }
         )

@@ -3,8 +3,8 @@
 # From specs/mllama4.yaml: change the spec or the templates and run
 # `gen-mixin specs/mllama4.yaml`.
 # spec-sha256: 3a4c5d7bdb1ee216f77e7723529296ab4a8d77acd6df01a22770eb4a40007938
-# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
-# output-sha256: 03f52b2c545ff9ba508f43ba9cd446d4c47fa6eb4c28a6ba713adf17451ad794
+# templates-sha256: 2d3080da14f22be8c88c9f92a5994763cf9746963fe0f6b1e5d04ee1d0f48897
+# output-sha256: c796f0b2170a2b5d98125d2fe8eb13ecf6e496adbadb2366df1406c760e43342
 
 import itertools
 from collections.abc import Hashable

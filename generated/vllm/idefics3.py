@@ -3,8 +3,8 @@
 # From specs/idefics3.yaml: change the spec or the templates and run
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 8b488cb972956d4df57232df809f3b4c048f68b21019dab78906516f52b22e02
-# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
-# output-sha256: 41874fa9cbe1292ab9f0c379245fc5e9bd38588b43bccb869a107c8b0b769750
+# templates-sha256: 2d3080da14f22be8c88c9f92a5994763cf9746963fe0f6b1e5d04ee1d0f48897
+# output-sha256: 2b290f09edc80cd562946bf9533e1d62af63e10b4dbaba8c537ab379f40b908a
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
-# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
-# output-sha256: 750ab117531b0feb3e9509c22cc0dbea515f56ae614f5a50131b459bca23740d
+# templates-sha256: 2d3080da14f22be8c88c9f92a5994763cf9746963fe0f6b1e5d04ee1d0f48897
+# output-sha256: da6c0a1ed2924472c5ce4c9decfe498c62d6bc64f69d8c47da26a8b7c509d9a2
 
 import itertools
 from collections.abc import Hashable

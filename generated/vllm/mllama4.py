@@ -3,8 +3,8 @@
 # From specs/mllama4.yaml: change the spec or the templates and run
 # `gen-mixin specs/mllama4.yaml`.
 # spec-sha256: 3a4c5d7bdb1ee216f77e7723529296ab4a8d77acd6df01a22770eb4a40007938
-# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
-# output-sha256: 047bd9887353efd24aaa69a1b3bc9a4f0cf74c2a9b06be519f13df21c9231187
+# templates-sha256: 2d3080da14f22be8c88c9f92a5994763cf9746963fe0f6b1e5d04ee1d0f48897
+# output-sha256: bd1b12b69f65bfd795b37b941f39af5a423039f0aa87c6962b3d6e8ed3c6ac95
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/glm4_1v.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm4_1v.yaml`.
 # spec-sha256: 8dbf4b67da8ee0c6b971a56e7a214b9a1b0132047a02b9a4eb35c668e955ad21
-# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
-# output-sha256: ea901e9bc6c78d7094b7bae3b48b892ef601d40b98dc6090f5ed2bebb298a315
+# templates-sha256: 2d3080da14f22be8c88c9f92a5994763cf9746963fe0f6b1e5d04ee1d0f48897
+# output-sha256: dd44cf88b773dbc72fa19b8b12a87b7771f6c8a2480b645b4d3a110592fc6819
 
 import itertools
 from collections.abc import Hashable

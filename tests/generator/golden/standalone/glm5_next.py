@@ -3,8 +3,8 @@
 # From specs/glm5_next.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm5_next.yaml`.
 # spec-sha256: c3575549c4ed50dd76892d25b692f5f5f648d2f13a2ea29bebd572d144fcdb24
-# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
-# output-sha256: 91fc4fb12743d0bb28a67d3a6c03d30abd8935b0e7bf83bf1c062d8875a96a35
+# templates-sha256: 2d3080da14f22be8c88c9f92a5994763cf9746963fe0f6b1e5d04ee1d0f48897
+# output-sha256: a80ea84d0ad76ac71911db364e60f7b6392ea183d60822734d312d1ae9a076c2
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/idefics3.yaml: change the spec or the templates and run
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 8b488cb972956d4df57232df809f3b4c048f68b21019dab78906516f52b22e02
-# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
-# output-sha256: f5307ed4c689d69b0f3e771df81eca3d2307b44c5a4e2dcff4d9d128f2619445
+# templates-sha256: 2d3080da14f22be8c88c9f92a5994763cf9746963fe0f6b1e5d04ee1d0f48897
+# output-sha256: 4537c022a1b6e06c5da0deccb91289acb22b885c9b214c3dab4bfbd6ca975be1
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
-# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
-# output-sha256: df8daa835beaafd42fe941835a9f0600044dac55a0e750c78b7ba6d91f2a2017
+# templates-sha256: 2d3080da14f22be8c88c9f92a5994763cf9746963fe0f6b1e5d04ee1d0f48897
+# output-sha256: 94a3cd86a0d7e4f6fd0a463a26b4ef186feb032b63aea50ca515e25df2e75d84
 
 import itertools
 from collections.abc import Hashable

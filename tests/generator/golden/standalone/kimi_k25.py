@@ -3,8 +3,8 @@
 # From specs/kimi_k25.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k25.yaml`.
 # spec-sha256: 593beb16e06a103837efc5aa14a6c25d495096029ae4609647637b59aaa4b37c
-# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
-# output-sha256: 8babc11cddf83786de202a8c28d36432de9c35ea1a7f03629887f24dd56e5245
+# templates-sha256: 2d3080da14f22be8c88c9f92a5994763cf9746963fe0f6b1e5d04ee1d0f48897
+# output-sha256: 04fcdb8cd84570c54b651cd734c0735634ad3e0a82e43597619f876a69d89073
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/deepseek_ocr.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_ocr.yaml`.
 # spec-sha256: 0bfb43e4316a4a39192bb100e7cfeecbb3f7339c7a907dfaa07f9b62999ceee7
-# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
-# output-sha256: 2e3fef22a0a5b4aedb3d12ff3a2597b77cadf37c016a8b0080f94768f69834a5
+# templates-sha256: 2d3080da14f22be8c88c9f92a5994763cf9746963fe0f6b1e5d04ee1d0f48897
+# output-sha256: dfa976146a742603e4964a9feb6c1ddf39a4f826ec4b9b22ab43be8b6edd9cc6
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/gemma3_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma3_mm.yaml`.
 # spec-sha256: 19cc0f6e849ba8315b6202b90204158da9f48161f059a5255254f1c8d3c71b41
-# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
-# output-sha256: dd583a787674b840602fa46d58c57b1bc5ae2aee860ad01a8777f44e1684c222
+# templates-sha256: 2d3080da14f22be8c88c9f92a5994763cf9746963fe0f6b1e5d04ee1d0f48897
+# output-sha256: 4c973c5c0e6501a1e3c8ac242c71ea1aab27c0657a9932c34ce36e359a1d5b7a
 
 import itertools
 from collections.abc import Hashable

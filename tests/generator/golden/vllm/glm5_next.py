@@ -3,8 +3,8 @@
 # From specs/glm5_next.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm5_next.yaml`.
 # spec-sha256: c3575549c4ed50dd76892d25b692f5f5f648d2f13a2ea29bebd572d144fcdb24
-# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
-# output-sha256: 1fd0f692df19b702e43e0aa326d35597cd3710bc0c9fe6ba6f35ce1073a8ea24
+# templates-sha256: 2d3080da14f22be8c88c9f92a5994763cf9746963fe0f6b1e5d04ee1d0f48897
+# output-sha256: 4edb543fa26fa3b3e8d460daa65209c8c6c865c31be0b7c9348c968d1407fecb
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/kimi_k25.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k25.yaml`.
 # spec-sha256: 593beb16e06a103837efc5aa14a6c25d495096029ae4609647637b59aaa4b37c
-# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
-# output-sha256: af71fd3c0288429ea0f5d29f4f76d753a8863eb0beca0965cf94094bf275a458
+# templates-sha256: 2d3080da14f22be8c88c9f92a5994763cf9746963fe0f6b1e5d04ee1d0f48897
+# output-sha256: c9a58c2b5841cf7d98f3819592a6cf5814d6be903977aaa5dfdac76136c79135
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/kimi_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_vl.yaml`.
 # spec-sha256: dec5f629ea45e6747065da9f1de34c016f7c11dcc328326c287b6a82ba94d373
-# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
-# output-sha256: 257f7a56c4cf9e50a2eb89f8ab6358600d35734dbc2553d51f1e25e4ccb61490
+# templates-sha256: 2d3080da14f22be8c88c9f92a5994763cf9746963fe0f6b1e5d04ee1d0f48897
+# output-sha256: fbfd90faf3b0e65a58156c923420fd5328580922adab6d2cb4977468db4c2de0
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/lfm2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/lfm2_vl.yaml`.
 # spec-sha256: 53ffcb080829243979571d9cfcffa8d459e19e51a7ca8ee40c70b1caa23721ca
-# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
-# output-sha256: bea6633648869dc2e47652953d0aaceede1242cb29cc42cefd32a92f443c249b
+# templates-sha256: 2d3080da14f22be8c88c9f92a5994763cf9746963fe0f6b1e5d04ee1d0f48897
+# output-sha256: e257f967ce82474dd83c19fe8a007f35c78e9e0e7aa01220a826fd6c227d0fec
 
 import itertools
 from collections.abc import Hashable
@@ -482,12 +482,16 @@ class Lfm2VLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
             (max(token_budget + 1, offsets.numel()),), dtype=torch.int32, device=device
         )
         _pad_with_empty_sequences(cu_seqlens, offsets)
+        # max_seqlen: captured at the value that holds every batch
+        # within the budget, at least the dummy batch's own (from the steps).
         return EncoderCudaGraphCaptureInputs(
             values={
                 "pixel_values_packed": pixel_values_packed,
                 "pos_embeds": pos_embeds,
                 "cu_seqlens": cu_seqlens,
-                "max_seqlen": torch.tensor(token_budget * f**2, dtype=torch.int32),
+                "max_seqlen": torch.tensor(
+                    max(token_budget * f**2, int(max_seqlen)), dtype=torch.int32
+                ),
                 "gather_idx": gather_idx,
             }
         )

@@ -3,8 +3,8 @@
 # From specs/qwen2_5_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_vl.yaml`.
 # spec-sha256: 96480d9c7c7c980974bbfd1e9ab20c6575a966715da8e48283b6883b95e654af
-# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
-# output-sha256: d989ac1423b4ea43eeb86c928b7ce5aa68d28083c95378c3f8a14a85800aa0bb
+# templates-sha256: 2d3080da14f22be8c88c9f92a5994763cf9746963fe0f6b1e5d04ee1d0f48897
+# output-sha256: a9be5f3d35b4f228d539d0a3b93d355ad40efeedc5b7e80209ce6b02dbb51866
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/qwen2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_vl.yaml`.
 # spec-sha256: 1215cbd2187709b1e172830108e4b18a70b517f0386b5aaf848e6c0d07d27655
-# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
-# output-sha256: b38c0b23e68cb38bde80d5aa3f0d26b850aeb25ad3f200def28d9d92fe5184ca
+# templates-sha256: 2d3080da14f22be8c88c9f92a5994763cf9746963fe0f6b1e5d04ee1d0f48897
+# output-sha256: 10d45e0da55420a4153f511204c1e247607f00922b32ddd5a4b3309e92f02fd6
 
 import itertools
 from collections.abc import Hashable
