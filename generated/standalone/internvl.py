@@ -3,8 +3,8 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
-# templates-sha256: 6b083f5e560fcc7540199bcf2f47ab9c3e015f07a2cc770396fc56d4158ae06e
-# output-sha256: d027f674320f50ddf841b66b7fbd5e0f9b226f415eeb50609ffec9668f64cbc7
+# templates-sha256: 1f0640f09e209783a18fd66824e96141f0312ca8341765bdceab5bc748f947a3
+# output-sha256: b7a2edf70df3684ef9fc2cdc713143c3ec756b39cd0373dd47dff29bcaa62c89
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/qwen2_5_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_vl.yaml`.
 # spec-sha256: 96480d9c7c7c980974bbfd1e9ab20c6575a966715da8e48283b6883b95e654af
-# templates-sha256: 6b083f5e560fcc7540199bcf2f47ab9c3e015f07a2cc770396fc56d4158ae06e
-# output-sha256: d9ba41942b973f2fcf227796962e806becdc1335cf7076a61a0226f5d40ffdd9
+# templates-sha256: 1f0640f09e209783a18fd66824e96141f0312ca8341765bdceab5bc748f947a3
+# output-sha256: eebb7249e863ea8cebdbd742f13d1871b7189901d3fb5cd4e214abb1ca03c85e
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/ernie45_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/ernie45_vl.yaml`.
 # spec-sha256: 44a19487b2f61417079df3347e463bfafc30019f50c2056291e8a1b652284f7c
-# templates-sha256: 6b083f5e560fcc7540199bcf2f47ab9c3e015f07a2cc770396fc56d4158ae06e
-# output-sha256: 4f7385f5e507d627b83d8d7ebfc919f7b542313441cf5b44d721646e9b84afd6
+# templates-sha256: 1f0640f09e209783a18fd66824e96141f0312ca8341765bdceab5bc748f947a3
+# output-sha256: 18e1fc87fba252b4b45e330412efddb712d1c733d50a42fb8ab463bd2846091b
 
 import itertools
 from collections.abc import Hashable

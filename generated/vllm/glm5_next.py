@@ -3,8 +3,8 @@
 # From specs/glm5_next.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm5_next.yaml`.
 # spec-sha256: c3575549c4ed50dd76892d25b692f5f5f648d2f13a2ea29bebd572d144fcdb24
-# templates-sha256: 6b083f5e560fcc7540199bcf2f47ab9c3e015f07a2cc770396fc56d4158ae06e
-# output-sha256: 78b02ea7398ca47e8203746fcf0be57666cb5230d15e628c01b3264e9d4ab2f0
+# templates-sha256: 1f0640f09e209783a18fd66824e96141f0312ca8341765bdceab5bc748f947a3
+# output-sha256: b92aa945fa9f39a48350a7e1b1fc024b4582cb2d9d19feef6e096dfc33e6b2a6
 
 import itertools
 from collections.abc import Hashable

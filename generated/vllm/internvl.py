@@ -3,8 +3,8 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
-# templates-sha256: 6b083f5e560fcc7540199bcf2f47ab9c3e015f07a2cc770396fc56d4158ae06e
-# output-sha256: 9a0e4cb1e3d3016628b577d9ba3bf94621957f224aa71b5665d045373adde99a
+# templates-sha256: 1f0640f09e209783a18fd66824e96141f0312ca8341765bdceab5bc748f947a3
+# output-sha256: 008faac94ccb4d2b65adc93e05eb6c99e79fa65034331350559c0521dc5b3a2b
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/step3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
-# templates-sha256: 6b083f5e560fcc7540199bcf2f47ab9c3e015f07a2cc770396fc56d4158ae06e
-# output-sha256: 2c85a277d04b979bae984c119b6e795b570cb3af071bd8beac1e5c3c1e9c2fdd
+# templates-sha256: 1f0640f09e209783a18fd66824e96141f0312ca8341765bdceab5bc748f947a3
+# output-sha256: e396f980fc519ecf1aec325bdaafd01cf2e06d73c78d1599f8fc05a191213693
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/cohere_compass.yaml: change the spec or the templates and run
 # `gen-mixin specs/cohere_compass.yaml`.
 # spec-sha256: d0b3571feeeed12e487ccaa7caa29d450a482d4ae7cfb2cb9c2e528321160bf0
-# templates-sha256: 6b083f5e560fcc7540199bcf2f47ab9c3e015f07a2cc770396fc56d4158ae06e
-# output-sha256: b5296f1bf362fd2553c4dff9cffb4209091748e5a098ee4f5f8a12ffa6bc211d
+# templates-sha256: 1f0640f09e209783a18fd66824e96141f0312ca8341765bdceab5bc748f947a3
+# output-sha256: 0a56b473a19f2fb92f717198c36e4a181ff855410d8ec8fcb5e91527106f3a6c
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/deepseek_ocr.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_ocr.yaml`.
 # spec-sha256: 0bfb43e4316a4a39192bb100e7cfeecbb3f7339c7a907dfaa07f9b62999ceee7
-# templates-sha256: 6b083f5e560fcc7540199bcf2f47ab9c3e015f07a2cc770396fc56d4158ae06e
-# output-sha256: d362d1bc03cba2f99269932153dd4ef85ec58256fb3614cf2fd69381e223f0fd
+# templates-sha256: 1f0640f09e209783a18fd66824e96141f0312ca8341765bdceab5bc748f947a3
+# output-sha256: 0ea4c8f9b689a1cae3ba45f232d3fcbae00fa4f47fd15003ff50481e5a2ed47e
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/ernie45_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/ernie45_vl.yaml`.
 # spec-sha256: 44a19487b2f61417079df3347e463bfafc30019f50c2056291e8a1b652284f7c
-# templates-sha256: 6b083f5e560fcc7540199bcf2f47ab9c3e015f07a2cc770396fc56d4158ae06e
-# output-sha256: f3eb604c684222f8caec74a9b05eae85de82085e2c1e2d6b6b82a8e2e0349b85
+# templates-sha256: 1f0640f09e209783a18fd66824e96141f0312ca8341765bdceab5bc748f947a3
+# output-sha256: 42bb16008600839c4a326b6939b7889ecb30dfc8e5d8954fb1e5b2403e58e6cd
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/glm4_1v.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm4_1v.yaml`.
 # spec-sha256: 8dbf4b67da8ee0c6b971a56e7a214b9a1b0132047a02b9a4eb35c668e955ad21
-# templates-sha256: 6b083f5e560fcc7540199bcf2f47ab9c3e015f07a2cc770396fc56d4158ae06e
-# output-sha256: eefd2302665b35517a6d91830a4bdeb603446d44a5f5f926cb5644492867271e
+# templates-sha256: 1f0640f09e209783a18fd66824e96141f0312ca8341765bdceab5bc748f947a3
+# output-sha256: 4cd2260e262423af497a5d29fe1bcfe0adeff33bf4285b7c775503b685c9b515
 
 import itertools
 from collections.abc import Hashable

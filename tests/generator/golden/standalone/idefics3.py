@@ -3,8 +3,8 @@
 # From specs/idefics3.yaml: change the spec or the templates and run
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 8b488cb972956d4df57232df809f3b4c048f68b21019dab78906516f52b22e02
-# templates-sha256: 6b083f5e560fcc7540199bcf2f47ab9c3e015f07a2cc770396fc56d4158ae06e
-# output-sha256: b2262af5bc7a8277d5c1d04c792ddba8898d278323ef680aa147053af04e5e7b
+# templates-sha256: 1f0640f09e209783a18fd66824e96141f0312ca8341765bdceab5bc748f947a3
+# output-sha256: 84acde0fefad3eb3532f8f72131f51b6687920d0ed7e389b718aa63d807bec0c
 
 import itertools
 from collections.abc import Hashable

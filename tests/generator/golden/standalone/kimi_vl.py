@@ -3,8 +3,8 @@
 # From specs/kimi_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_vl.yaml`.
 # spec-sha256: dec5f629ea45e6747065da9f1de34c016f7c11dcc328326c287b6a82ba94d373
-# templates-sha256: 6b083f5e560fcc7540199bcf2f47ab9c3e015f07a2cc770396fc56d4158ae06e
-# output-sha256: eeefb0ab7442752f33ca3dc7482c9d1775e1209a34f7bffe691be03cae15a333
+# templates-sha256: 1f0640f09e209783a18fd66824e96141f0312ca8341765bdceab5bc748f947a3
+# output-sha256: 15ab292369855fcd0ca0027ec2e79430ae6f4947a862e7c6328088501d69ea5d
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/lfm2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/lfm2_vl.yaml`.
 # spec-sha256: 53ffcb080829243979571d9cfcffa8d459e19e51a7ca8ee40c70b1caa23721ca
-# templates-sha256: 6b083f5e560fcc7540199bcf2f47ab9c3e015f07a2cc770396fc56d4158ae06e
-# output-sha256: 3218de57213246fd1e61010a39dead94cf52bf4efe191fabf158075b7b5806bb
+# templates-sha256: 1f0640f09e209783a18fd66824e96141f0312ca8341765bdceab5bc748f947a3
+# output-sha256: 4ccd8579252c0825877f84aa98ade575395789a7dcfc3403fcc0f544fad03099
 
 import itertools
 from collections.abc import Hashable
@@ -481,12 +481,16 @@ class Lfm2VLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
             (max(token_budget + 1, offsets.numel()),), dtype=torch.int32, device=device
         )
         _pad_with_empty_sequences(cu_seqlens, offsets)
+        # max_seqlen: captured at the value that holds every batch
+        # within the budget, at least the dummy batch's own (from the steps).
         return EncoderCudaGraphCaptureInputs(
             values={
                 "pixel_values_packed": pixel_values_packed,
                 "pos_embeds": pos_embeds,
                 "cu_seqlens": cu_seqlens,
-                "max_seqlen": torch.tensor(token_budget * f**2, dtype=torch.int32),
+                "max_seqlen": torch.tensor(
+                    max(token_budget * f**2, int(max_seqlen)), dtype=torch.int32
+                ),
                 "gather_idx": gather_idx,
             }
         )

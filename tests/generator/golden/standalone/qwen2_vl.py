@@ -3,8 +3,8 @@
 # From specs/qwen2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_vl.yaml`.
 # spec-sha256: 1215cbd2187709b1e172830108e4b18a70b517f0386b5aaf848e6c0d07d27655
-# templates-sha256: 6b083f5e560fcc7540199bcf2f47ab9c3e015f07a2cc770396fc56d4158ae06e
-# output-sha256: 5f1aed1080c821e668ec91f094a5b7f1d65faf24c2a7592a9e2666c3090409b5
+# templates-sha256: 1f0640f09e209783a18fd66824e96141f0312ca8341765bdceab5bc748f947a3
+# output-sha256: c79a6856aef8c5cca0de2f91148aa7e7959a118c0a23d7848a24290689847d3a
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/qwen3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen3_vl.yaml`.
 # spec-sha256: 28992035a32ca0711943f61e569736ce2ca71587c2e480781972b42541c1b620
-# templates-sha256: 6b083f5e560fcc7540199bcf2f47ab9c3e015f07a2cc770396fc56d4158ae06e
-# output-sha256: b23504e51bc27b31e7eed182d7d903d0c5be23cdb8ff31f1af17968cea17e5f1
+# templates-sha256: 1f0640f09e209783a18fd66824e96141f0312ca8341765bdceab5bc748f947a3
+# output-sha256: b25a5aa5b0b04461ca1a1f759f03d6154f2df69cc4eb1b9ca858f2bddc5bd81d
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/step3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
-# templates-sha256: 6b083f5e560fcc7540199bcf2f47ab9c3e015f07a2cc770396fc56d4158ae06e
-# output-sha256: 3e32a6a026e0da6a7c4a62c2f7cc6f1c000300e09f6804ef840ae636f6dd7259
+# templates-sha256: 1f0640f09e209783a18fd66824e96141f0312ca8341765bdceab5bc748f947a3
+# output-sha256: 025e1480e88f95158c08d3699296ffb4877e17943339a7d990423b9796d9cba4
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/gemma3_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma3_mm.yaml`.
 # spec-sha256: 19cc0f6e849ba8315b6202b90204158da9f48161f059a5255254f1c8d3c71b41
-# templates-sha256: 6b083f5e560fcc7540199bcf2f47ab9c3e015f07a2cc770396fc56d4158ae06e
-# output-sha256: 2dac03e318193f121f9485623519e32aed3e263e4d40ad99103666f57989d236
+# templates-sha256: 1f0640f09e209783a18fd66824e96141f0312ca8341765bdceab5bc748f947a3
+# output-sha256: 1b819b53ce8989f48f4c7c430cf014b31af54abe04e6de328b6cab6a1d36d6e9
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/idefics3.yaml: change the spec or the templates and run
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 8b488cb972956d4df57232df809f3b4c048f68b21019dab78906516f52b22e02
-# templates-sha256: 6b083f5e560fcc7540199bcf2f47ab9c3e015f07a2cc770396fc56d4158ae06e
-# output-sha256: 82e3721dffbc992a8aac0f773dc6ffe5fe039d5c83f811b1671f7447c4f77609
+# templates-sha256: 1f0640f09e209783a18fd66824e96141f0312ca8341765bdceab5bc748f947a3
+# output-sha256: 40438b8edf6ecfb03edee5bb5c5173c882bbc0f1e69e992046ce383845b8c103
 
 import itertools
 from collections.abc import Hashable

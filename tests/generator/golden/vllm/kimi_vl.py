@@ -3,8 +3,8 @@
 # From specs/kimi_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_vl.yaml`.
 # spec-sha256: dec5f629ea45e6747065da9f1de34c016f7c11dcc328326c287b6a82ba94d373
-# templates-sha256: 6b083f5e560fcc7540199bcf2f47ab9c3e015f07a2cc770396fc56d4158ae06e
-# output-sha256: dd09bac4f5a132a43792fad091aa4137207dd1d0a6d8a1f87095960609b7e82d
+# templates-sha256: 1f0640f09e209783a18fd66824e96141f0312ca8341765bdceab5bc748f947a3
+# output-sha256: d86ea23bac2e615fcb5aaebef486c4cc40fc6e5db8863e66bf5d51d23696cd93
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/minimax_m3.yaml: change the spec or the templates and run
 # `gen-mixin specs/minimax_m3.yaml`.
 # spec-sha256: 679a222a35671178384492aa0dc1e20daf1dbe9ee4c77a16239d17f4a618116f
-# templates-sha256: 6b083f5e560fcc7540199bcf2f47ab9c3e015f07a2cc770396fc56d4158ae06e
-# output-sha256: d9c63a6bf739dee673b8fdd5cd2fee9efdd338bbc092cbdf9463a7f1a16f571a
+# templates-sha256: 1f0640f09e209783a18fd66824e96141f0312ca8341765bdceab5bc748f947a3
+# output-sha256: a6e0bf467f0dbbf4005903fb17e4ac1e5b29a8d25c343721f99dde2af726efd9
 
 import itertools
 import weakref

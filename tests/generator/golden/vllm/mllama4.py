@@ -3,8 +3,8 @@
 # From specs/mllama4.yaml: change the spec or the templates and run
 # `gen-mixin specs/mllama4.yaml`.
 # spec-sha256: 3a4c5d7bdb1ee216f77e7723529296ab4a8d77acd6df01a22770eb4a40007938
-# templates-sha256: 6b083f5e560fcc7540199bcf2f47ab9c3e015f07a2cc770396fc56d4158ae06e
-# output-sha256: e07e1eb40314d4131d4286b73f2d8ea9e268c11c0864fe5b467640a530c1893e
+# templates-sha256: 1f0640f09e209783a18fd66824e96141f0312ca8341765bdceab5bc748f947a3
+# output-sha256: b2668065c72f9a2f05e3c236b34dcdef30b2219e71f5e304a390ebef30ea6930
 
 import itertools
 from collections.abc import Hashable

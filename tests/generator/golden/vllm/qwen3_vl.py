@@ -3,8 +3,8 @@
 # From specs/qwen3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen3_vl.yaml`.
 # spec-sha256: 28992035a32ca0711943f61e569736ce2ca71587c2e480781972b42541c1b620
-# templates-sha256: 6b083f5e560fcc7540199bcf2f47ab9c3e015f07a2cc770396fc56d4158ae06e
-# output-sha256: 4463fbc86a8ab2fd8586a5841a3fc90e3767bf1ad96aa3ec59b8c57d40559298
+# templates-sha256: 1f0640f09e209783a18fd66824e96141f0312ca8341765bdceab5bc748f947a3
+# output-sha256: 32c8642f0f422e1a0685a3756d5b8f07fbb4adfee1995a826bb312f001626be2
 
 import itertools
 from collections.abc import Hashable
