@@ -3,8 +3,8 @@
 # From specs/deepseek_v41.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_v41.yaml`.
 # spec-sha256: 5a5e49b0dc755e0765f16e9bea83916dae1ad10e566a6756645034252356e46f
-# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
-# output-sha256: ebf6e4ec051653ae5b4e654a6012a14069ed4df6220bac4c6099ba7ceb59ef24
+# templates-sha256: 31b72af5c4186eb4a96edc3882e0ca7da0490c8d15a2b016ef7865d216ba0e1a
+# output-sha256: db6b0196143e847336e598431fe41a02b3a7d4189a6b110120ffcdd47f95fca4
 
 import itertools
 import weakref

@@ -3,8 +3,8 @@
 # From specs/gemma3_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma3_mm.yaml`.
 # spec-sha256: 19cc0f6e849ba8315b6202b90204158da9f48161f059a5255254f1c8d3c71b41
-# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
-# output-sha256: 9de18bd55965878f3f386aa8f4e1057d725435fd9aec809814cbc0d6c690f9c3
+# templates-sha256: 31b72af5c4186eb4a96edc3882e0ca7da0490c8d15a2b016ef7865d216ba0e1a
+# output-sha256: 395f5ab027c4472542c13ec237ca4d621443cd09bdc5cd84bd544a80f66f6e89
 
 import itertools
 from collections.abc import Hashable

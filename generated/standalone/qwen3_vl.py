@@ -3,8 +3,8 @@
 # From specs/qwen3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen3_vl.yaml`.
 # spec-sha256: 28992035a32ca0711943f61e569736ce2ca71587c2e480781972b42541c1b620
-# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
-# output-sha256: d78beeb1e13411f1f0b09eabee3aed71caabd9b26d2af644e135342a1c8d679f
+# templates-sha256: 31b72af5c4186eb4a96edc3882e0ca7da0490c8d15a2b016ef7865d216ba0e1a
+# output-sha256: 3e54f86ea43c629a5d8a20b69e575324b49b6cafc923f54cfd24fbc422756088
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/deepseek_vl2.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_vl2.yaml`.
 # spec-sha256: 6f892ea020ee953004c7a45b78d4d9f058c9fcef960abef7cba31604ab4b32b1
-# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
-# output-sha256: e3b865214bc96b33a2a4ccf4050388910bda13cf85b04430da1dbcd139516d5f
+# templates-sha256: 31b72af5c4186eb4a96edc3882e0ca7da0490c8d15a2b016ef7865d216ba0e1a
+# output-sha256: b084f524b8602a074f58362f1d5a4ea8fcaba1f3a1a1ec9699268f12035c7994
 
 import itertools
 from collections.abc import Hashable

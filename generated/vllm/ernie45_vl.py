@@ -3,8 +3,8 @@
 # From specs/ernie45_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/ernie45_vl.yaml`.
 # spec-sha256: 44a19487b2f61417079df3347e463bfafc30019f50c2056291e8a1b652284f7c
-# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
-# output-sha256: a8b600e706ea24cfc85368b63dae1c919080591050fc8d27a2aa62830d908773
+# templates-sha256: 31b72af5c4186eb4a96edc3882e0ca7da0490c8d15a2b016ef7865d216ba0e1a
+# output-sha256: 0fe10f471f3fc1ee4db42d83ad7d69e0c0cec5ddfe737473e9e712a0848dc25c
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/glm5_next.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm5_next.yaml`.
 # spec-sha256: c3575549c4ed50dd76892d25b692f5f5f648d2f13a2ea29bebd572d144fcdb24
-# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
-# output-sha256: 1fd0f692df19b702e43e0aa326d35597cd3710bc0c9fe6ba6f35ce1073a8ea24
+# templates-sha256: 31b72af5c4186eb4a96edc3882e0ca7da0490c8d15a2b016ef7865d216ba0e1a
+# output-sha256: f3b7d3b6f237feb36af3ec0804a61316aa0f0f0e034391123b3dfae749486a74
 
 import itertools
 from collections.abc import Hashable

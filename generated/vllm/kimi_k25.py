@@ -3,8 +3,8 @@
 # From specs/kimi_k25.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k25.yaml`.
 # spec-sha256: 48ab13502da49bdd4a5c48e47fa70f6469e759d2e60e4da2ae50d39a02300d68
-# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
-# output-sha256: 6df0aa325cd05335378933f83b32c0a25c95208664303d69614ad38257a5239a
+# templates-sha256: 31b72af5c4186eb4a96edc3882e0ca7da0490c8d15a2b016ef7865d216ba0e1a
+# output-sha256: 5fb8f49adbf5344957fdc98ea241007f6558be1400affa5cfc1e3331292e751f
 
 import itertools
 from collections.abc import Hashable

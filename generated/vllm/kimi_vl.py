@@ -3,8 +3,8 @@
 # From specs/kimi_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_vl.yaml`.
 # spec-sha256: dec5f629ea45e6747065da9f1de34c016f7c11dcc328326c287b6a82ba94d373
-# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
-# output-sha256: 257f7a56c4cf9e50a2eb89f8ab6358600d35734dbc2553d51f1e25e4ccb61490
+# templates-sha256: 31b72af5c4186eb4a96edc3882e0ca7da0490c8d15a2b016ef7865d216ba0e1a
+# output-sha256: 1c601a9424f20a75193801b1c9ae245e5968f00bb9c2d44e1c68cd56ff65e23c
 
 import itertools
 from collections.abc import Hashable

@@ -90,7 +90,12 @@ def test_config(world: SpecWorld) -> None:
     spec = world.spec
     assert config.buffer_keys == [b.key for b in spec.buffers]
     assert config.out_hidden_size == world.value(spec.out_hidden_size)
-    assert config.modalities == [m.value for m in spec.modalities]
+    conditional = dict(spec.modality_when)
+    assert config.modalities == [
+        m.value
+        for m in spec.modalities
+        if m not in conditional or world.value(conditional[m])
+    ]
     special = {b.key for b in spec.buffers if b.pad is not None or b.rows_dim}
     assert set(config.padding_logics) == special
     off = world.spec.capture_off
@@ -159,6 +164,25 @@ def test_constant_override_that_is_no_integer() -> None:
     cfg = VllmConfig(scheduler_config=SchedulerConfig(max_num_batched_tokens=4096))
     with pytest.raises(TypeError, match="not 'list'"):
         host.get_encoder_cudagraph_budget_range(cfg)
+
+
+#: MiniCPM-V's rule: video from versions 2.6 and 4.0 only (then the host's
+#: frames per video, else 1).
+VERSIONED_MODALITIES = [
+    ((2, 5), ["image"], 1),
+    ((2, 6), ["image", "video"], 4),
+    ((4, 0), ["image", "video"], 4),
+    ((4, 5), ["image"], 1),
+]
+
+
+@pytest.mark.parametrize(("version", "modalities", "frames"), VERSIONED_MODALITIES)
+def test_modality_when_a_host_condition_holds(version, modalities, frames) -> None:
+    world = SpecWorld(next(p for p in SPECS if p.stem == "modality_when"))
+    host = world.host()
+    host.version = version
+    config = host.get_encoder_cudagraph_config()
+    assert (config.modalities, config.max_frames_per_video) == (modalities, frames)
 
 
 @pytest.mark.parametrize("lists", [False, True], ids=["tensors", "lists"])

@@ -3,8 +3,8 @@
 # From specs/deepseek_ocr.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_ocr.yaml`.
 # spec-sha256: 0bfb43e4316a4a39192bb100e7cfeecbb3f7339c7a907dfaa07f9b62999ceee7
-# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
-# output-sha256: e1654df8e043c0d1a7807996e00959ec51fc3c1d0036468f822d2762b2199aa7
+# templates-sha256: 31b72af5c4186eb4a96edc3882e0ca7da0490c8d15a2b016ef7865d216ba0e1a
+# output-sha256: d22ae6cf429cb4cdbe1c63d9920cfccdee0feeaa61de553d15cc581e8b1e43d4
 
 import itertools
 from collections.abc import Hashable

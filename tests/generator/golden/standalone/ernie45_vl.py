@@ -3,8 +3,8 @@
 # From specs/ernie45_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/ernie45_vl.yaml`.
 # spec-sha256: 44a19487b2f61417079df3347e463bfafc30019f50c2056291e8a1b652284f7c
-# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
-# output-sha256: dc30a70dcc6f8cf185f7977a3a1631e47525fdbeb00b171dfda18322fa6c7222
+# templates-sha256: 31b72af5c4186eb4a96edc3882e0ca7da0490c8d15a2b016ef7865d216ba0e1a
+# output-sha256: c366cdb5f49b1a5d8b321b2632450436c1754f3e7ca318913e12293de12b8381
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/glm5_next.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm5_next.yaml`.
 # spec-sha256: c3575549c4ed50dd76892d25b692f5f5f648d2f13a2ea29bebd572d144fcdb24
-# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
-# output-sha256: 91fc4fb12743d0bb28a67d3a6c03d30abd8935b0e7bf83bf1c062d8875a96a35
+# templates-sha256: 31b72af5c4186eb4a96edc3882e0ca7da0490c8d15a2b016ef7865d216ba0e1a
+# output-sha256: 091dafde95438ce9d41fe946a3c23505ee78dca5f53551a2827b250147f4abbc
 
 import itertools
 from collections.abc import Hashable

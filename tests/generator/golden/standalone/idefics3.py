@@ -3,8 +3,8 @@
 # From specs/idefics3.yaml: change the spec or the templates and run
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 8b488cb972956d4df57232df809f3b4c048f68b21019dab78906516f52b22e02
-# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
-# output-sha256: f5307ed4c689d69b0f3e771df81eca3d2307b44c5a4e2dcff4d9d128f2619445
+# templates-sha256: 31b72af5c4186eb4a96edc3882e0ca7da0490c8d15a2b016ef7865d216ba0e1a
+# output-sha256: 54f88a8a2351c63aa66ac6aa8c5969482d92e3e4ecb80ee9376454987cb202be
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/minimax_m3.yaml: change the spec or the templates and run
 # `gen-mixin specs/minimax_m3.yaml`.
 # spec-sha256: 679a222a35671178384492aa0dc1e20daf1dbe9ee4c77a16239d17f4a618116f
-# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
-# output-sha256: 56ab6dbe7c08f9110b78ff133fdebb1ae1f145cacd1e06e28bce4aac687b97eb
+# templates-sha256: 31b72af5c4186eb4a96edc3882e0ca7da0490c8d15a2b016ef7865d216ba0e1a
+# output-sha256: 767644e5dd654d1e6b547c8433b1ec74deab80d0dfb8e1da3b1331cbf3f10a8d
 
 import itertools
 import weakref

@@ -3,8 +3,8 @@
 # From specs/step3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
-# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
-# output-sha256: 78274e344b06b5245af60f7e1c217ec53efcc4ea2b997c85119ce25c2df8184c
+# templates-sha256: 31b72af5c4186eb4a96edc3882e0ca7da0490c8d15a2b016ef7865d216ba0e1a
+# output-sha256: 559eb12331e6dec7fd8fea5d41d74968d00a5a6f15d9dcaf9dd835eec43d95b6
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/cohere_compass.yaml: change the spec or the templates and run
 # `gen-mixin specs/cohere_compass.yaml`.
 # spec-sha256: d0b3571feeeed12e487ccaa7caa29d450a482d4ae7cfb2cb9c2e528321160bf0
-# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
-# output-sha256: 8ba1e874d08ec7132eab37d7366b03ce885b50c6d61b2e5cc3b6849c90daa20e
+# templates-sha256: 31b72af5c4186eb4a96edc3882e0ca7da0490c8d15a2b016ef7865d216ba0e1a
+# output-sha256: bc5aea7b0d0c464c7a21c0f69aa0fef8c776596434f3966ce9d974f37d5e1479
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/idefics3.yaml: change the spec or the templates and run
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 8b488cb972956d4df57232df809f3b4c048f68b21019dab78906516f52b22e02
-# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
-# output-sha256: 41874fa9cbe1292ab9f0c379245fc5e9bd38588b43bccb869a107c8b0b769750
+# templates-sha256: 31b72af5c4186eb4a96edc3882e0ca7da0490c8d15a2b016ef7865d216ba0e1a
+# output-sha256: 9a98d5427c327fd614bfad1e549e2935c4c870af932b96efa78603b0e057c6a8
 
 import itertools
 from collections.abc import Hashable

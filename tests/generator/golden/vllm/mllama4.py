@@ -3,8 +3,8 @@
 # From specs/mllama4.yaml: change the spec or the templates and run
 # `gen-mixin specs/mllama4.yaml`.
 # spec-sha256: 3a4c5d7bdb1ee216f77e7723529296ab4a8d77acd6df01a22770eb4a40007938
-# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
-# output-sha256: 047bd9887353efd24aaa69a1b3bc9a4f0cf74c2a9b06be519f13df21c9231187
+# templates-sha256: 31b72af5c4186eb4a96edc3882e0ca7da0490c8d15a2b016ef7865d216ba0e1a
+# output-sha256: c637f44f9e3e004c0f40a1595c61449f9368049f5218875b7c5937ad3f767dd1
 
 import itertools
 from collections.abc import Hashable

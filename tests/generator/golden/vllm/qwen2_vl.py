@@ -3,8 +3,8 @@
 # From specs/qwen2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_vl.yaml`.
 # spec-sha256: 1215cbd2187709b1e172830108e4b18a70b517f0386b5aaf848e6c0d07d27655
-# templates-sha256: 826b36ccda48a8ad65e49af796e9f61e6eedbe14e59e54badc32531739b63d90
-# output-sha256: b38c0b23e68cb38bde80d5aa3f0d26b850aeb25ad3f200def28d9d92fe5184ca
+# templates-sha256: 31b72af5c4186eb4a96edc3882e0ca7da0490c8d15a2b016ef7865d216ba0e1a
+# output-sha256: dbef4d536fcff4ec18bcf2e6ac458686b5a04164dce5e9a864cd238863422956
 
 import itertools
 from collections.abc import Hashable
