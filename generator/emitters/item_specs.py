@@ -10,6 +10,7 @@ from generator.emitters.method_body import (
     dims_of,
     item_loop,
     signature,
+    unit_any,
     unit_sum,
     units_of_items,
 )
@@ -57,9 +58,7 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
         "output_tokens": expr(items.output_tokens),
         "budget_tokens": (expr(budget_tokens) if budget_tokens is not None else None),
         "counts_other": items.budget_tokens is not None,
-        "eager_when": (
-            conditions.to_python(eager, body.expr) if eager is not None else None
-        ),
+        "eager_when": _eager_when(spec, body),
         "path_tokens": (
             [{"name": repr(p.name), "value": expr(p.output_tokens)} for p in spec.paths]
             if spec.has_paths
@@ -70,3 +69,14 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
     }
     ctx["constants"] = body.bindings()
     return ctx
+
+
+def _eager_when(spec: MixinSpec, body: Body) -> str | None:
+    """The condition an item runs eagerly under; per unit (over a unit's
+    dims), it holds for an item when it holds for any of its units: one
+    unit no graph can take keeps the whole item from the graphs."""
+    eager = spec.items.eager_when
+    if eager is None:
+        return None
+    condition = conditions.to_python(eager, body.expr)
+    return unit_any(spec, condition) if spec.items.per_unit else condition

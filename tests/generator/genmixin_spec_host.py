@@ -496,12 +496,18 @@ class SpecWorld:
         return {d: out[d] for d in order}
 
     def runs_eagerly(self, item: Mapping[str, int]) -> bool:
-        """``items.eager_when`` holds for the item."""
+        """``items.eager_when`` holds for the item (a per-unit spec's: for
+        one of its units)."""
         eager = self.spec.items.eager_when
         if eager is None:
             return False
-        left = self.value(eager.left, **item)
-        return _COMPARE[eager.op](left, self.value(eager.right, **item))
+        units = item[UNITS] if self.spec.items.per_unit else [item]
+        return any(
+            _COMPARE[eager.op](
+                self.value(eager.left, **dims), self.value(eager.right, **dims)
+            )
+            for dims in units
+        )
 
     def path_tokens(
         self, item: Mapping[str, int], path: EncoderPath | None = None

@@ -1770,6 +1770,16 @@ valid_case(
     ("video: major == 2 and minor == 6 or major == 4 and minor == 0", "video: [[2, 6], [4, 0]]"),
 )
 
+
+# -- eager_when per unit -------------------------------------------------------------
+
+# Per unit, the condition is tested on each unit: an item's count is not in scope.
+valid_case(
+    "unit_eager_when_reads_the_count",
+    "unit_eager_when",
+    ("  eager_when: w > side\n", "  eager_when: n > side\n"),
+)
+
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     wanted = set(cases) | set(NOT_UTF8)
