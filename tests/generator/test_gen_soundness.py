@@ -248,6 +248,28 @@ def test_eager_items_exceed_every_budget(eager_when_world: SpecWorld) -> None:
         assert spec.output_tokens == world.item_values(item)["output_tokens"]
 
 
+EAGER_AXES_SPECS = [p for p in EAGER_WHEN_SPECS if load_spec(p).capture_axes]
+eager_axes_world = _worlds(EAGER_AXES_SPECS)
+
+
+def test_an_eager_item_is_selected_without_a_covering_key(eager_axes_world):
+    """The manager selects every packed batch, graph or eager: an item that
+    runs eagerly, with a unit no key covers, gets a key (the first) rather
+    than a refusal, and its batch runs eagerly through the manager."""
+    world = eager_axes_world
+    rng = random.Random(5)
+    drawn = (world.random_item(rng) for _ in range(10**3))
+    item = next(it for it in drawn if world.runs_eagerly(it))
+    host = world.host()
+    got = host.select_encoder_cudagraph_items(world.batch([item]), [0])
+    first = world.axis_key_combos()[0]
+    assert got.pop(ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG) == first
+    manager = _manager(world, host)
+    manager.capture()
+    manager.execute(world.batch([item]))
+    assert manager.graph_hits == 0
+
+
 # -- selection ----------------------------------------------------------------------------
 
 
@@ -861,7 +883,9 @@ def test_the_manager_replays_the_selected_keys(axes_world: SpecWorld, seed: int)
 
     manager._run_budget_graph = spy
     rng = random.Random(seed)
-    items = [world.random_item(rng) for _ in range(rng.randint(1, 6))]
+    drawn = (world.random_item(rng) for _ in range(10**3))
+    # Items a graph takes (items.eager_when sends the others eagerly).
+    items = [it for it in drawn if not world.runs_eagerly(it)][: rng.randint(1, 6)]
     manager.execute(world.batch(items))
     assert replayed and all(got == want for got, want in replayed)
     assert manager.graph_hits == len(items)

@@ -1777,7 +1777,7 @@ valid_case(
 valid_case(
     "unit_eager_when_reads_the_count",
     "unit_eager_when",
-    ("  eager_when: w > side\n", "  eager_when: n > side\n"),
+    ("  eager_when: max(h, w) > side\n", "  eager_when: n > side\n"),
 )
 
 def main() -> None:
