@@ -49,7 +49,7 @@
 #                     896² x 8, idle / queued / back-to-back, cudaGraphLaunch per budget,
 #                     two passes); launch.json (markdown from the JSON:
 #                     python bench/profile_launch.py --render launch.json)
-#   checks    ~60 s (est.)  bench_input_checks.py (issue #16 item 6: host time of the mixins'
+#   checks    ~30 s (est.)  bench_input_checks.py (issue #16 item 6: host time of the mixins'
 #                     input checks per item, full towers, pixels on the GPU); checks.json
 # `smoke traffic launch` returns 7 files: summary.log, smoke.log, traffic.log,
 # traffic.json, traffic.png, launch.log, launch.json.

@@ -471,6 +471,7 @@ def format_plan(plan: Plan) -> str:
             lines.append(
                 f"budget {p.budget}{keys}: k={p.k}, rows={p.rows}, dummy item {dummy} x {plan.max_batch_size}"
             )
+        width = max([16, *(len(b.key) for b in p.buffers)])
         for b in p.buffers:
             shape = (
                 "?"
@@ -479,8 +480,11 @@ def format_plan(plan: Plan) -> str:
             )
             size = "?" if b.nbytes is None else _human(b.nbytes)
             note = f"  [{b.note}]" if b.note else ""
-            lines.append(f"  {b.key:<16} {shape:<22} {b.dtype:<28} {size:>10}{note}")
-        lines.append(f"  {'total':<16} {'':<22} {'':<28} {_human(p.total_bytes):>10}")
+            lines.append(
+                f"  {b.key:<{width}} {shape:<22} {b.dtype:<28} {size:>10}{note}"
+            )
+        total = _human(p.total_bytes)
+        lines.append(f"  {'total':<{width}} {'':<22} {'':<28} {total:>10}")
         grand += p.total_bytes
     lines.append("")
     lines.append(f"all graphs' input buffers: {_human(grand)}")

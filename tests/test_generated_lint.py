@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -51,4 +52,39 @@ def test_generated_module_is_lint_clean(path):
     proc = subprocess.run(
         [*_ruff(), *RUFF_ARGS, str(path)], capture_output=True, text=True
     )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    problems = [
+        line
+        for line in proc.stdout.splitlines()
+        if re.match(r"^\S+:\d+:\d+: ", line) and not _unsplittable(path, line)
+    ]
+    assert proc.returncode in (0, 1) and not problems, proc.stdout + proc.stderr
+
+
+#: A line black leaves long: an optional ``name = `` target, one dotted name
+#: (a spec's host path, which has no place to break), an optional ``(``.
+_ONE_DOTTED_NAME = re.compile(r"^(\w+ = )?[A-Za-z_][\w.]*\(?$")
+
+
+def _unsplittable(path: Path, diagnostic: str) -> bool:
+    """An E501 on a line that is one dotted name (as vLLM's own code has:
+    long attribute paths, which no formatter can split)."""
+    match = re.match(r"^\S+:(\d+):\d+: E501 ", diagnostic)
+    if match is None:
+        return False
+    line = path.read_text(encoding="utf-8").splitlines()[int(match.group(1)) - 1]
+    return bool(_ONE_DOTTED_NAME.match(line.strip()))
+
+
+@pytest.mark.parametrize(
+    ("line", "unsplittable"),
+    [
+        ("        resized = self.a_very_long.host_path.method_name(", True),
+        ("        self.a_very_long.host_path.attribute", True),
+        ("        x = f(a, b) + self.long_name.method(c, d)", False),
+        ('        raise ValueError("a long message that black leaves alone")', False),
+    ],
+)
+def test_only_a_dotted_name_may_stay_long(tmp_path, line, unsplittable):
+    module = tmp_path / "m.py"
+    module.write_text(line + "\n", encoding="utf-8")
+    assert _unsplittable(module, f"{module}:1:89: E501 Line too long") is unsplittable

@@ -268,18 +268,17 @@ def measure(wheel: zipfile.ZipFile, specs: Path = SPECS) -> list[Row]:
             Row(
                 spec.stem,
                 yaml_code_lines(text),
-                hand_written(wheel, source, _kept(text)),
+                hand_written(wheel, source, _kept(spec)),
             )
         )
     return rows
 
 
-def _kept(spec_text: str) -> frozenset[str]:
+def _kept(spec: Path) -> frozenset[str]:
     """The host methods a spec calls (``host_methods``)."""
-    import yaml
+    from generator.resolve import load_spec
 
-    data = yaml.safe_load(spec_text) or {}
-    return frozenset(data.get("host_methods") or ())
+    return frozenset(load_spec(spec).host_methods)
 
 
 def _inherited(hand: HandWritten) -> str:

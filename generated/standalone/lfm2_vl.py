@@ -3,8 +3,8 @@
 # From specs/lfm2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/lfm2_vl.yaml`.
 # spec-sha256: 53ffcb080829243979571d9cfcffa8d459e19e51a7ca8ee40c70b1caa23721ca
-# templates-sha256: 31b72af5c4186eb4a96edc3882e0ca7da0490c8d15a2b016ef7865d216ba0e1a
-# output-sha256: 9af79931cb5265edd917a4a6d32228c24c0ddfcb48487fe4c397571340e9665c
+# templates-sha256: 200d0aa2a5f4755881332608e85b8af5ba8e472970a3ad564f2841197e4b3ed2
+# output-sha256: 29527e4cc47591834532df8499d80f75fd85ba1b5216697fdcddbdea610dfa1f
 
 import itertools
 from collections.abc import Hashable
@@ -481,12 +481,16 @@ class Lfm2VLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
             (max(token_budget + 1, offsets.numel()),), dtype=torch.int32, device=device
         )
         _pad_with_empty_sequences(cu_seqlens, offsets)
+        # max_seqlen: captured at the value that holds every batch
+        # within the budget, at least the dummy batch's own (from the steps).
         return EncoderCudaGraphCaptureInputs(
             values={
                 "pixel_values_packed": pixel_values_packed,
                 "pos_embeds": pos_embeds,
                 "cu_seqlens": cu_seqlens,
-                "max_seqlen": torch.tensor(token_budget * f**2, dtype=torch.int32),
+                "max_seqlen": torch.tensor(
+                    max(token_budget * f**2, int(max_seqlen)), dtype=torch.int32
+                ),
                 "gather_idx": gather_idx,
             }
         )

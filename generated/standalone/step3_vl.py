@@ -3,8 +3,8 @@
 # From specs/step3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
-# templates-sha256: 31b72af5c4186eb4a96edc3882e0ca7da0490c8d15a2b016ef7865d216ba0e1a
-# output-sha256: 559eb12331e6dec7fd8fea5d41d74968d00a5a6f15d9dcaf9dd835eec43d95b6
+# templates-sha256: 200d0aa2a5f4755881332608e85b8af5ba8e472970a3ad564f2841197e4b3ed2
+# output-sha256: bdb0fddf0612a4f9fac7ce23fed6ae6ddf4a0bcce59d6e616dd596e6bb496937
 
 import itertools
 from collections.abc import Hashable

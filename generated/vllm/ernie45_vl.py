@@ -3,8 +3,8 @@
 # From specs/ernie45_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/ernie45_vl.yaml`.
 # spec-sha256: 44a19487b2f61417079df3347e463bfafc30019f50c2056291e8a1b652284f7c
-# templates-sha256: 31b72af5c4186eb4a96edc3882e0ca7da0490c8d15a2b016ef7865d216ba0e1a
-# output-sha256: 0fe10f471f3fc1ee4db42d83ad7d69e0c0cec5ddfe737473e9e712a0848dc25c
+# templates-sha256: 200d0aa2a5f4755881332608e85b8af5ba8e472970a3ad564f2841197e4b3ed2
+# output-sha256: c695d3cc148197207077ccb645afb1226dadd92d9b18a40e2f8d5ecbd46c5761
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/glm4_1v.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm4_1v.yaml`.
 # spec-sha256: 8dbf4b67da8ee0c6b971a56e7a214b9a1b0132047a02b9a4eb35c668e955ad21
-# templates-sha256: 31b72af5c4186eb4a96edc3882e0ca7da0490c8d15a2b016ef7865d216ba0e1a
-# output-sha256: 4e16dee20106599a1683e91afc4344750e491d247c2cd3658b2a2ac7b8af84c5
+# templates-sha256: 200d0aa2a5f4755881332608e85b8af5ba8e472970a3ad564f2841197e4b3ed2
+# output-sha256: 8d6cc7f6dd73ca605d64c3b82f5425bc2d888ae2027f2d45b39f367da0b1aea6
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/glm5_next.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm5_next.yaml`.
 # spec-sha256: c3575549c4ed50dd76892d25b692f5f5f648d2f13a2ea29bebd572d144fcdb24
-# templates-sha256: 31b72af5c4186eb4a96edc3882e0ca7da0490c8d15a2b016ef7865d216ba0e1a
-# output-sha256: f3b7d3b6f237feb36af3ec0804a61316aa0f0f0e034391123b3dfae749486a74
+# templates-sha256: 200d0aa2a5f4755881332608e85b8af5ba8e472970a3ad564f2841197e4b3ed2
+# output-sha256: cc6bea028445263ee3fba38a7236ce8c134f2eb3bb19bdd6e8764f7e13216578
 
 import itertools
 from collections.abc import Hashable

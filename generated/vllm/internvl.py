@@ -3,8 +3,8 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
-# templates-sha256: 31b72af5c4186eb4a96edc3882e0ca7da0490c8d15a2b016ef7865d216ba0e1a
-# output-sha256: f09971830a112e8f974bda847c70a3cffb60aac83db62896af52ab8d71b9b9c9
+# templates-sha256: 200d0aa2a5f4755881332608e85b8af5ba8e472970a3ad564f2841197e4b3ed2
+# output-sha256: 1860d75d66b55d825f6155d212df74c05bd7019e15c24bfd947842413bd7682c
 
 import itertools
 from collections.abc import Hashable

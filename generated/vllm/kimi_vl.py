@@ -3,8 +3,8 @@
 # From specs/kimi_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_vl.yaml`.
 # spec-sha256: dec5f629ea45e6747065da9f1de34c016f7c11dcc328326c287b6a82ba94d373
-# templates-sha256: 31b72af5c4186eb4a96edc3882e0ca7da0490c8d15a2b016ef7865d216ba0e1a
-# output-sha256: 1c601a9424f20a75193801b1c9ae245e5968f00bb9c2d44e1c68cd56ff65e23c
+# templates-sha256: 200d0aa2a5f4755881332608e85b8af5ba8e472970a3ad564f2841197e4b3ed2
+# output-sha256: f0b39f89d9ecee2d74d2a0e2e444bf62b315966f2f9531e32b68d6ca0a79f874
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/minimax_m3.yaml: change the spec or the templates and run
 # `gen-mixin specs/minimax_m3.yaml`.
 # spec-sha256: 679a222a35671178384492aa0dc1e20daf1dbe9ee4c77a16239d17f4a618116f
-# templates-sha256: 31b72af5c4186eb4a96edc3882e0ca7da0490c8d15a2b016ef7865d216ba0e1a
-# output-sha256: f0a4379cbb1834919d47e3c3cc2a367eff5a102843d5dca89ffc728e3608741f
+# templates-sha256: 200d0aa2a5f4755881332608e85b8af5ba8e472970a3ad564f2841197e4b3ed2
+# output-sha256: 1d2dbe566ef8af10dd7059b18cb3263b01f6badd3eaa57ec8411d0701f6dbab9
 
 import itertools
 import weakref

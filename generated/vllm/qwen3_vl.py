@@ -3,8 +3,8 @@
 # From specs/qwen3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen3_vl.yaml`.
 # spec-sha256: 28992035a32ca0711943f61e569736ce2ca71587c2e480781972b42541c1b620
-# templates-sha256: 31b72af5c4186eb4a96edc3882e0ca7da0490c8d15a2b016ef7865d216ba0e1a
-# output-sha256: 294925f33958c2cf98916f2db0473d250f4c261f66a787cacfa081ae0ae66932
+# templates-sha256: 200d0aa2a5f4755881332608e85b8af5ba8e472970a3ad564f2841197e4b3ed2
+# output-sha256: 21c0ea58a56b0eb65d5120bd2642750ffa382e6ee2c3814f2f9ce4bc502d67ca
 
 import itertools
 from collections.abc import Hashable

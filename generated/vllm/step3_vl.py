@@ -3,8 +3,8 @@
 # From specs/step3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
-# templates-sha256: 31b72af5c4186eb4a96edc3882e0ca7da0490c8d15a2b016ef7865d216ba0e1a
-# output-sha256: 68736065b0d2cb2030d8966b2c5ba3909dc0f6fbaaf2560bf9cd14021a2a0049
+# templates-sha256: 200d0aa2a5f4755881332608e85b8af5ba8e472970a3ad564f2841197e4b3ed2
+# output-sha256: bb73b9e5d72f6e73f5ed6fe3ea889e3068c4fe48690e3d6c36084be79b3ee693
 
 import itertools
 from collections.abc import Hashable

@@ -226,11 +226,17 @@ def _path_body(spec: MixinSpec, path: EncoderPath) -> dict[str, Any]:
     padded = path.pad_buffers
     own = {b.key for b in padded} | {b.key for b in path.buffers if b.allocate}
     entries = []
+    stepped_scalars: list[str] = []
     for buf in path.buffers:
         if buf.key in own or isinstance(buf.source, CaptureTensor):
             entries.append({"key": buf.key, "value": buf.key})
         elif buf.capture_value is not None:
             value = body.expr(buf.capture_value)
+            if isinstance(buf.source, MetadataBuilder) and buf.source.call is None:
+                # The steps computed the dummy batch's own value: at most the
+                # capture value (checked statically), and kept as its floor.
+                value = f"max({value}, int({buf.key}))"
+                stepped_scalars.append(buf.key)
             entries.append(
                 {"key": buf.key, "value": f"torch.tensor({value}, dtype=torch.int32)"}
             )
@@ -240,6 +246,7 @@ def _path_body(spec: MixinSpec, path: EncoderPath) -> dict[str, Any]:
     sections = _sections_backend(path)
     guard = spec.guards.attention_backend
     ctx: dict[str, Any] = {
+        "stepped_scalars": stepped_scalars,
         "sections": sections,
         "backend_path": (
             body.expr(guard.path) if sections and guard is not None else None

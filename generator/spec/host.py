@@ -30,8 +30,11 @@ from generator.yaml_loader import Node
 #: a config whose class has no module in one of the targets, is imported by
 #: every generated module).
 TYPE_NAMES = frozenset(
-    {"torch", "int", "float", "str", "bool", "list", "dict", "tuple", "Any", "object"}
+    {"torch", "int", "float", "str", "bool", "list", "dict", "tuple", "Any"}
 )
+#: Spellings a host annotation must write another way, and how (one name per
+#: idea: ``Any`` is the attribute of no class the targets share).
+RESPELLED_TYPES = {"object": "Any"}
 #: vLLM's config types, imported for type checking only.
 VLLM_TYPE_NAMES = frozenset({"MultiModalConfig", "VllmConfig"})
 #: torch types an annotation may name unquoted (they exist in every torch).
@@ -47,9 +50,9 @@ TORCH_TYPES = frozenset(
         "torch.nn.Parameter",
     }
 )
-#: ``object``: a host attribute whose class this project has no stand-in
-#: for (a model's config), read only through the spec's paths.
-_PLAIN_TYPES = frozenset({"int", "float", "str", "bool", "Any", "object"})
+#: ``Any``: a host attribute whose class this project has no stand-in for (a
+#: model's config), read only through the spec's paths.
+_PLAIN_TYPES = frozenset({"int", "float", "str", "bool", "Any"})
 _GENERICS = frozenset({"list", "dict", "tuple"})
 
 
@@ -106,6 +109,11 @@ def parse_annotation(text: object, known: frozenset[str]) -> tuple[str, set[str]
 
     def emit(node: ast.AST) -> str:
         if isinstance(node, ast.Name):
+            if node.id in RESPELLED_TYPES and node.id not in known:
+                raise FormulaError(
+                    f"write {RESPELLED_TYPES[node.id]!r} instead of {node.id!r} "
+                    "(an attribute of no class both targets can import)"
+                )
             if node.id not in known:
                 raise FormulaError(
                     f"unknown type {node.id!r} (declare it under imports; "

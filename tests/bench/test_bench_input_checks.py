@@ -39,9 +39,26 @@ def test_pixels_move_to_the_device_metadata_stays_on_the_host() -> None:
     import torch
 
     bench = load_bench_module("bench_input_checks")
-    moved = bench.on_device(
-        {"pixels": torch.zeros(2, 3), "grid": torch.ones(2, 2, dtype=torch.int64)},
-        "meta",
+    pixels = torch.zeros(2, 3, device="meta")
+    moved, where = bench.on_device(
+        {"pixels": pixels, "grid": torch.ones(2, 2, dtype=torch.int64)}, "cpu"
     )
-    assert moved["pixels"].device.type == "meta"
+    assert where == "cpu"
+    assert moved["pixels"].device.type == "cpu" and moved["pixels"].shape == (2, 3)
+    assert moved["grid"].device.type == "cpu"
+
+
+def test_a_batch_too_large_for_the_device_keeps_its_pixels_on_meta() -> None:
+    import torch
+
+    bench = load_bench_module("bench_input_checks")
+    rows = bench.MAX_DEVICE_BYTES // 4 + 1
+    moved, where = bench.on_device(
+        {
+            "pixels": torch.zeros(rows, device="meta"),
+            "grid": torch.ones(1, 2, dtype=torch.int64),
+        },
+        "cpu",
+    )
+    assert where == "meta" and moved["pixels"].device.type == "meta"
     assert moved["grid"].device.type == "cpu"

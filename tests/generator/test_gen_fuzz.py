@@ -221,12 +221,30 @@ def assert_inert_module(source: bytes, log: object = "") -> None:
             assert not isinstance(
                 sub, (ast.Call, ast.NamedExpr, ast.Lambda)
             ), f"{ast.unparse(expr)[:120]!r} runs on import ({log})"
+    # A constant's fallback reads a public attribute that may be missing:
+    # getattr(x, "name", None) with a literal, public name is attribute access.
+    plain_getattr = {
+        id(node.func)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "getattr"
+        and len(node.args) == 3
+        and not node.keywords
+        and isinstance(node.args[1], ast.Constant)
+        and isinstance(node.args[1].value, str)
+        and node.args[1].value.isidentifier()
+        and not node.args[1].value.startswith("_")
+        and "PWNED" not in node.args[1].value
+        and isinstance(node.args[2], ast.Constant)
+        and node.args[2].value is None
+    }
     for node in ast.walk(tree):
         bad = None
         if isinstance(node, ast.Name) and (
             "PWNED" in node.id or node.id in DANGEROUS_NAMES
         ):
-            bad = node.id
+            bad = None if id(node) in plain_getattr else node.id
         elif isinstance(node, ast.Attribute) and "PWNED" in node.attr:
             bad = node.attr
         elif isinstance(node, (ast.Import, ast.ImportFrom)):

@@ -150,8 +150,11 @@ def test_plan_shapes_follow_the_captured_units(spec):
         by_key = {b.key: b for b in budget_plan.buffers}
         # Every flat capture buffer holds one view per captured unit.
         # (per_budget is the first path's: a spec's paths in order.)
+        # (A capture tensor that only feeds builder steps is no buffer:
+        # LFM2-VL's pixels, which its steps pack.)
         for tensor in ir.paths[0].capture.tensors:
-            assert by_key[tensor.key].shape[0] == budget_plan.units
+            if tensor.key in by_key:
+                assert by_key[tensor.key].shape[0] == budget_plan.units
     assert plan.problems == []
 
 

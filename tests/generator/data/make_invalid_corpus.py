@@ -234,6 +234,11 @@ case(
     ),
 )
 case(
+    "host_type_object",
+    "kimi_k3",
+    ("  config: Any\n", "  config: object\n"),
+)
+case(
     "host_unknown_type",
     "minimax_m3",
     ("  vision_tower: MiniMaxVLVisionModel", "  vision_tower: MiniMaxVLVisionModle"),

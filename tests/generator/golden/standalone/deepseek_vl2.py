@@ -3,8 +3,8 @@
 # From specs/deepseek_vl2.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_vl2.yaml`.
 # spec-sha256: 6f892ea020ee953004c7a45b78d4d9f058c9fcef960abef7cba31604ab4b32b1
-# templates-sha256: 31b72af5c4186eb4a96edc3882e0ca7da0490c8d15a2b016ef7865d216ba0e1a
-# output-sha256: e45f10648673b8723abe8a2beb47d2ed02ce9377b367348b6951737172f6c33b
+# templates-sha256: 200d0aa2a5f4755881332608e85b8af5ba8e472970a3ad564f2841197e4b3ed2
+# output-sha256: be731dd3fa9f0caae4797726435773917b7f66d45f7e825e79734cef3c8f4999
 
 import itertools
 from collections.abc import Hashable

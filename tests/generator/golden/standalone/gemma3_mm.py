@@ -3,8 +3,8 @@
 # From specs/gemma3_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma3_mm.yaml`.
 # spec-sha256: 19cc0f6e849ba8315b6202b90204158da9f48161f059a5255254f1c8d3c71b41
-# templates-sha256: 31b72af5c4186eb4a96edc3882e0ca7da0490c8d15a2b016ef7865d216ba0e1a
-# output-sha256: 395f5ab027c4472542c13ec237ca4d621443cd09bdc5cd84bd544a80f66f6e89
+# templates-sha256: 200d0aa2a5f4755881332608e85b8af5ba8e472970a3ad564f2841197e4b3ed2
+# output-sha256: 7c8120e84ada903a5f038ddb5525cc7c09894f3292890ba9bdef2b303325d4f4
 
 import itertools
 from collections.abc import Hashable

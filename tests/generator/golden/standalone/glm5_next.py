@@ -3,8 +3,8 @@
 # From specs/glm5_next.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm5_next.yaml`.
 # spec-sha256: c3575549c4ed50dd76892d25b692f5f5f648d2f13a2ea29bebd572d144fcdb24
-# templates-sha256: 31b72af5c4186eb4a96edc3882e0ca7da0490c8d15a2b016ef7865d216ba0e1a
-# output-sha256: 091dafde95438ce9d41fe946a3c23505ee78dca5f53551a2827b250147f4abbc
+# templates-sha256: 200d0aa2a5f4755881332608e85b8af5ba8e472970a3ad564f2841197e4b3ed2
+# output-sha256: 87bc0e15f7ea498c4f3b6a6b10d279ec06cbae9bf893851e289467ce120bd4e7
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/idefics3.yaml: change the spec or the templates and run
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 8b488cb972956d4df57232df809f3b4c048f68b21019dab78906516f52b22e02
-# templates-sha256: 31b72af5c4186eb4a96edc3882e0ca7da0490c8d15a2b016ef7865d216ba0e1a
-# output-sha256: 54f88a8a2351c63aa66ac6aa8c5969482d92e3e4ecb80ee9376454987cb202be
+# templates-sha256: 200d0aa2a5f4755881332608e85b8af5ba8e472970a3ad564f2841197e4b3ed2
+# output-sha256: 36e64c1383ceae736bc1df65cae29bd1499d4518de4c42078ad4f3acefe00660
 
 import itertools
 from collections.abc import Hashable

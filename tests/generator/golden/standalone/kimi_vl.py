@@ -3,8 +3,8 @@
 # From specs/kimi_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_vl.yaml`.
 # spec-sha256: dec5f629ea45e6747065da9f1de34c016f7c11dcc328326c287b6a82ba94d373
-# templates-sha256: 31b72af5c4186eb4a96edc3882e0ca7da0490c8d15a2b016ef7865d216ba0e1a
-# output-sha256: ec10461f3d12653f799a140c7f8db33f601cd25fac21eb444823d34020ebb715
+# templates-sha256: 200d0aa2a5f4755881332608e85b8af5ba8e472970a3ad564f2841197e4b3ed2
+# output-sha256: 7b1c85f94d0ac07e4e0b4a18b944ce40d71395acbb773d98c4bd30e38157d8ac
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/qwen2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_vl.yaml`.
 # spec-sha256: 1215cbd2187709b1e172830108e4b18a70b517f0386b5aaf848e6c0d07d27655
-# templates-sha256: 31b72af5c4186eb4a96edc3882e0ca7da0490c8d15a2b016ef7865d216ba0e1a
-# output-sha256: ed551b216161309c241583d5a0e2377c2b4efce5f8abf60db8b96db5712afb8a
+# templates-sha256: 200d0aa2a5f4755881332608e85b8af5ba8e472970a3ad564f2841197e4b3ed2
+# output-sha256: 977592ffe91cf5fc2eccd6358fd4bc23be6e7f4ce312e50e38bacabeb2e46a8b
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/idefics3.yaml: change the spec or the templates and run
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 8b488cb972956d4df57232df809f3b4c048f68b21019dab78906516f52b22e02
-# templates-sha256: 31b72af5c4186eb4a96edc3882e0ca7da0490c8d15a2b016ef7865d216ba0e1a
-# output-sha256: 9a98d5427c327fd614bfad1e549e2935c4c870af932b96efa78603b0e057c6a8
+# templates-sha256: 200d0aa2a5f4755881332608e85b8af5ba8e472970a3ad564f2841197e4b3ed2
+# output-sha256: e246bdef74b31f6feff5236a2842d33bcf41ce0c9503b46e28c647b3295003fc
 
 import itertools
 from collections.abc import Hashable
