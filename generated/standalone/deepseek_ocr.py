@@ -3,8 +3,8 @@
 # From specs/deepseek_ocr.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_ocr.yaml`.
 # spec-sha256: 0bfb43e4316a4a39192bb100e7cfeecbb3f7339c7a907dfaa07f9b62999ceee7
-# templates-sha256: 1f0640f09e209783a18fd66824e96141f0312ca8341765bdceab5bc748f947a3
-# output-sha256: 0ea4c8f9b689a1cae3ba45f232d3fcbae00fa4f47fd15003ff50481e5a2ed47e
+# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
+# output-sha256: 626b31354ee7a7cca5226a931ad82a348521e74253b3aa5918de8ecb648d9232
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/deepseek_vl2.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_vl2.yaml`.
 # spec-sha256: 6f892ea020ee953004c7a45b78d4d9f058c9fcef960abef7cba31604ab4b32b1
-# templates-sha256: 1f0640f09e209783a18fd66824e96141f0312ca8341765bdceab5bc748f947a3
-# output-sha256: da5f66445253ebfa1c8e8a5aae191e3c046daaca170ad3f295a59497e5d218a6
+# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
+# output-sha256: ed78ce9c93833661be3db795f33a8b650375dc40688268917cf462e6676554d7
 
 import itertools
 from collections.abc import Hashable

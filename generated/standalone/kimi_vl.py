@@ -3,8 +3,8 @@
 # From specs/kimi_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_vl.yaml`.
 # spec-sha256: dec5f629ea45e6747065da9f1de34c016f7c11dcc328326c287b6a82ba94d373
-# templates-sha256: 1f0640f09e209783a18fd66824e96141f0312ca8341765bdceab5bc748f947a3
-# output-sha256: 15ab292369855fcd0ca0027ec2e79430ae6f4947a862e7c6328088501d69ea5d
+# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
+# output-sha256: 7dd0450bb6c5147faf5cbec5f7eb93318df8c9434bd3783f07bd5bded2bb924f
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/lfm2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/lfm2_vl.yaml`.
 # spec-sha256: 53ffcb080829243979571d9cfcffa8d459e19e51a7ca8ee40c70b1caa23721ca
-# templates-sha256: 1f0640f09e209783a18fd66824e96141f0312ca8341765bdceab5bc748f947a3
-# output-sha256: 4ccd8579252c0825877f84aa98ade575395789a7dcfc3403fcc0f544fad03099
+# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
+# output-sha256: 00b422c47de9aafa75f450de3fa6fdaa9b8d80306b7aeddb783b99d773c4a05d
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/qwen3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen3_vl.yaml`.
 # spec-sha256: 28992035a32ca0711943f61e569736ce2ca71587c2e480781972b42541c1b620
-# templates-sha256: 1f0640f09e209783a18fd66824e96141f0312ca8341765bdceab5bc748f947a3
-# output-sha256: b25a5aa5b0b04461ca1a1f759f03d6154f2df69cc4eb1b9ca858f2bddc5bd81d
+# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
+# output-sha256: 307423825e4b011c015406b6e0d1b81c793c9c869751e8b68f2801e5bc9fd7b0
 
 import itertools
 from collections.abc import Hashable

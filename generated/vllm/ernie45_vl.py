@@ -3,8 +3,8 @@
 # From specs/ernie45_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/ernie45_vl.yaml`.
 # spec-sha256: 44a19487b2f61417079df3347e463bfafc30019f50c2056291e8a1b652284f7c
-# templates-sha256: 1f0640f09e209783a18fd66824e96141f0312ca8341765bdceab5bc748f947a3
-# output-sha256: 18e1fc87fba252b4b45e330412efddb712d1c733d50a42fb8ab463bd2846091b
+# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
+# output-sha256: 6e1cf0333a3369fd3fc377a9a30b127e376531f2bea05a8c0b6a3d115423495a
 
 import itertools
 from collections.abc import Hashable

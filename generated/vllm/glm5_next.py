@@ -3,8 +3,8 @@
 # From specs/glm5_next.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm5_next.yaml`.
 # spec-sha256: c3575549c4ed50dd76892d25b692f5f5f648d2f13a2ea29bebd572d144fcdb24
-# templates-sha256: 1f0640f09e209783a18fd66824e96141f0312ca8341765bdceab5bc748f947a3
-# output-sha256: b92aa945fa9f39a48350a7e1b1fc024b4582cb2d9d19feef6e096dfc33e6b2a6
+# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
+# output-sha256: cd232d348cf7a8ae3449a8105fc14e7fdb7c6801ce70e5025d1af60eb250ca9f
 
 import itertools
 from collections.abc import Hashable

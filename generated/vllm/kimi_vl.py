@@ -3,8 +3,8 @@
 # From specs/kimi_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_vl.yaml`.
 # spec-sha256: dec5f629ea45e6747065da9f1de34c016f7c11dcc328326c287b6a82ba94d373
-# templates-sha256: 1f0640f09e209783a18fd66824e96141f0312ca8341765bdceab5bc748f947a3
-# output-sha256: d86ea23bac2e615fcb5aaebef486c4cc40fc6e5db8863e66bf5d51d23696cd93
+# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
+# output-sha256: c506c28def7244a5e3bef17dff5989bdbe01d00c3692483fd28056f5aceeb0d8
 
 import itertools
 from collections.abc import Hashable

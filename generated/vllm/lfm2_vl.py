@@ -3,8 +3,8 @@
 # From specs/lfm2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/lfm2_vl.yaml`.
 # spec-sha256: 53ffcb080829243979571d9cfcffa8d459e19e51a7ca8ee40c70b1caa23721ca
-# templates-sha256: 1f0640f09e209783a18fd66824e96141f0312ca8341765bdceab5bc748f947a3
-# output-sha256: fbfe74e2d8526cea7ad03cb9c85d815950128b1e035a417f2c734954a259cbf5
+# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
+# output-sha256: ff89997f3343b5a08bee79b53a24b98d6e3fc077f6747daf9c4ad2461c9424e4
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/minimax_m3.yaml: change the spec or the templates and run
 # `gen-mixin specs/minimax_m3.yaml`.
 # spec-sha256: 679a222a35671178384492aa0dc1e20daf1dbe9ee4c77a16239d17f4a618116f
-# templates-sha256: 1f0640f09e209783a18fd66824e96141f0312ca8341765bdceab5bc748f947a3
-# output-sha256: a6e0bf467f0dbbf4005903fb17e4ac1e5b29a8d25c343721f99dde2af726efd9
+# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
+# output-sha256: f2a31e829e43b2c2d38ff9eb85da3aa30d3b2e78938aac73dee82afd3ef8090f
 
 import itertools
 import weakref

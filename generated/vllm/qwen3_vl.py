@@ -3,8 +3,8 @@
 # From specs/qwen3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen3_vl.yaml`.
 # spec-sha256: 28992035a32ca0711943f61e569736ce2ca71587c2e480781972b42541c1b620
-# templates-sha256: 1f0640f09e209783a18fd66824e96141f0312ca8341765bdceab5bc748f947a3
-# output-sha256: 32c8642f0f422e1a0685a3756d5b8f07fbb4adfee1995a826bb312f001626be2
+# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
+# output-sha256: 4eee0ef1ced4d9384171b0a5ae1e8eda3cf1882bd8dd57942198d681711bc79f
 
 import itertools
 from collections.abc import Hashable

@@ -8,6 +8,7 @@ from typing import Any
 from generator import formulas as fx
 from generator.emitters.method_body import Body, Loads, dims_of, item_loop, signature
 from generator.emitters.prose import comment_lines, plain_message
+from generator.spec import conditions
 from generator.spec.axes import CaptureAxis
 from generator.spec.mixin import MixinSpec
 
@@ -31,10 +32,23 @@ def _need(spec: MixinSpec, body: Body, axis: CaptureAxis) -> tuple[str, list[str
     tuple), and the grid keys it reads."""
     parts = []
     keys: list[str] = []
+    eager = spec.items.eager_when
     for cover in axis.covers:
-        target, iterable, used = item_loop(spec, dims_of(spec, cover))
+        read = cover if eager is None else fx.BinOp("+", cover, eager.left)
+        if eager is not None:
+            read = fx.BinOp("+", read, eager.right)
+        target, iterable, used = item_loop(spec, dims_of(spec, read))
         keys += [k for k in used if k not in keys]
-        parts.append(f"max(({body.expr(cover)} for {target} in {iterable}), default=0)")
+        # Items (or units) that run eagerly need no key: a batch of such an
+        # item (packed alone) is selected, but replays no graph.
+        skip = (
+            ""
+            if eager is None
+            else f" if not {conditions.to_python(eager, body.expr)}"
+        )
+        parts.append(
+            f"max(({body.expr(cover)} for {target} in {iterable}{skip}), default=0)"
+        )
     trailing = "," if len(parts) == 1 else ""
     return f"({', '.join(parts)}{trailing})", keys
 

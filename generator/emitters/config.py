@@ -118,7 +118,13 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
         "image_limit": image_limit,
         "fp8": fp8,
         "backend": backend,
-        "modalities": [repr(m.value) for m in spec.modalities],
+        "modalities": [
+            repr(m.value) for m in spec.modalities if m not in dict(spec.modality_when)
+        ],
+        "modality_when": [
+            {"name": repr(m.value), "when": body.expr(cond)}
+            for m, cond in spec.modality_when
+        ],
         "buffer_keys": [repr(b.key) for b in spec.buffers],
         "paths": _paths(spec, body),
         "out_hidden_size": body.expr(spec.out_hidden_size),

@@ -11,6 +11,7 @@ from generator.emitters.method_body import (
     dims_of,
     item_loop,
     signature,
+    unit_any,
     unit_sum,
     units_of_items,
 )
@@ -53,8 +54,9 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
     if budget_tokens is None and (eager is not None or beyond_axes):
         budget_tokens = items.output_tokens
     conditions_ = []
-    if eager is not None:
-        conditions_.append(conditions.to_python(eager, body.expr))
+    eager_condition = _eager_when(spec, body)
+    if eager_condition is not None:
+        conditions_.append(eager_condition)
     beyond = beyond_condition(spec, expr) if beyond_axes else None
     if beyond is not None:
         conditions_.append(beyond)
@@ -80,3 +82,14 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
     }
     ctx["constants"] = body.bindings()
     return ctx
+
+
+def _eager_when(spec: MixinSpec, body: Body) -> str | None:
+    """The condition an item runs eagerly under; per unit (over a unit's
+    dims), it holds for an item when it holds for any of its units: one
+    unit no graph can take keeps the whole item from the graphs."""
+    eager = spec.items.eager_when
+    if eager is None:
+        return None
+    condition = conditions.to_python(eager, body.expr)
+    return unit_any(spec, condition) if spec.items.per_unit else condition

@@ -194,6 +194,14 @@ def units_of_items(spec: MixinSpec) -> tuple[str, str, list[str]]:
     return target, f"_split_units({rows}, {count})", keys
 
 
+def unit_any(spec: MixinSpec, condition: str) -> str:
+    """``any(<condition> for <unit dims> in units)``: a per-unit condition
+    that holds for an item when it holds for one of its units (bound as
+    ``units``)."""
+    target, _, _ = units_of_items(spec)
+    return f"any({condition} for {target} in units)"
+
+
 def unit_sum(spec: MixinSpec, body: Body, expr: Expr) -> str:
     """``sum(<expr> for <unit dims> in units)``: a per-unit formula summed
     over the units of one item (bound as ``units``)."""

@@ -83,7 +83,10 @@ class CaptureAxis:
             ListOf(Formula("constants"), min_items=1),
             "The largest need any item can have, per dim (what the processor "
             "allows, whatever a request asks for). Some key must cover it: "
-            "otherwise a batch could select a key that was never captured.",
+            "otherwise a batch could select a key that was never captured. "
+            "With `items.eager_when`, the largest need of the items (units) a "
+            "graph takes: those that run eagerly need no key (their batch "
+            "selects the first).",
             default_doc="required unless `beyond_keys: eager`",
             example="[side, side]",
         ),

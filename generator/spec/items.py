@@ -81,7 +81,10 @@ class Items:
             "Items no graph takes (Kimi-K2.5's video chunks): their budget tokens "
             "(`path_output_tokens`) are set above any budget, so the manager runs "
             "each alone in the eager forward; `output_tokens` stays the item's "
-            "real count, which the data-parallel gather sizes its buffers by.",
+            "real count, which the data-parallel gather sizes its buffers by. "
+            "With `per_unit`, over a unit's dims: an item runs eagerly when one "
+            "of its units does (MiniCPM-V's slices wider than the resampler's "
+            "position table).",
             example="t != 1",
         ),
     )

@@ -100,6 +100,9 @@ class MixinSpec:
     paths: tuple[EncoderPath, ...]
     postprocess: Postprocess | None
     capture_axes: tuple[CaptureAxis, ...] = ()
+    #: Modalities listed only while a host condition holds, in the order of
+    #: ``modalities``.
+    modality_when: tuple[tuple[Modality, Expr], ...] = ()
 
     KEYS: ClassVar = Keys(
         Key(
@@ -181,6 +184,16 @@ class MixinSpec:
             "`EncoderCudaGraphConfig.modalities`.",
             required=True,
             example="[image, video]",
+        ),
+        Key(
+            "modality_when",
+            MapOf(Formula("constants_and_host")),
+            "Modalities of `modalities` that the config lists only while a "
+            "condition over the constants and host paths holds (a formula, "
+            "`and` / `or` / `==` allowed): MiniCPM-V captures video only for "
+            "its versions 2.6 and 4.0. The static checks check the spec with "
+            "every modality listed.",
+            example="{video: major == 2 and minor == 6 or major == 4 and minor == 0}",
         ),
         Key(
             "max_frames_per_video",
@@ -392,6 +405,7 @@ class MixinSpec:
         ctx.partial["video"] = Modality.VIDEO in modalities
         constants = _values(r.take("constants"))
         ctx.partial["constants"] = tuple(constants)
+        modality_when = _modality_when(r, modalities)
         inputs = _inputs(r, modalities)
         item_inputs = {i.key: i for i in inputs if isinstance(i, ItemInput)}
         items = r.take("items")
@@ -491,7 +505,29 @@ class MixinSpec:
             paths,
             post,
             axes,
+            modality_when,
         )
+
+
+def _modality_when(r: Reader, modalities) -> tuple[tuple[Modality, Expr], ...]:
+    """The conditional modalities, each one of ``modalities``, in its
+    order."""
+    given = r.take("modality_when") or {}
+    listed = {m.value: m for m in modalities}
+    node = r.raw("modality_when")
+    locations = (node.key_locations or {}) if node is not None else {}
+    for name in given:
+        if name not in listed:
+            r.ctx.error(
+                locations.get(name, node),
+                f"modality_when.{name}",
+                f"{name!r} is not one of modalities ({', '.join(listed) or 'none'})",
+            )
+    return tuple(
+        (m, given[m.value])
+        for m in modalities
+        if m.value in given and given[m.value] is not INVALID
+    )
 
 
 def _paths(r: Reader, item_inputs, flats) -> tuple[EncoderPath, ...] | None:

@@ -58,6 +58,12 @@ def check_units(r: Reader, inputs: list[Input], items: Items) -> None:
         bad = sorted(fx.names_in(expr) & wrong)
         if bad:
             r.error("items", f"{what}: {', '.join(bad)}", f"items.{key}")
+    if items.eager_when is not None:
+        # Per unit, the condition is tested on each unit (any one sends the
+        # item to the eager forward): it sees a unit's dims, as the formulas.
+        bad = sorted(items.eager_when.names() & wrong)
+        if bad:
+            r.error("items", f"{what}: {', '.join(bad)}", "items.eager_when")
     for flat in (i for i in units if isinstance(i, FlatInput)):
         # Per-item formulas see an item's units only by their count: a
         # unit's rows are then the same for every unit.

@@ -230,8 +230,27 @@ class SpecWorld:
         return {}
 
     def items_of(self, batch: Mapping[str, Any]) -> list[dict[str, int]]:
-        """The dims of each item of a batch, read from its grids and counts."""
-        items: list[dict[str, int]] = []
+        """The dims of each item of a batch, read from its grids and counts
+        (an item of units: its units' dims under ``UNITS``)."""
+        items: list[dict[str, Any]] = []
+        unit_grids = self.unit_grids
+        if unit_grids:
+            counts = batch[unit_grids[0].unit_of]
+            counts = counts.tolist() if isinstance(counts, torch.Tensor) else counts
+            rows = [
+                dict(zip(g.dims, map(int, row), strict=True))
+                for g in unit_grids
+                for row in (
+                    batch[g.key].tolist()
+                    if isinstance(batch[g.key], torch.Tensor)
+                    else batch[g.key]
+                )
+            ]
+            offsets = [0, *itertools.accumulate(counts)]
+            return [
+                {self.unit_count_dim: n, UNITS: rows[a:b]}
+                for n, a, b in zip(counts, offsets, offsets[1:], strict=False)
+            ]
         for inp in self.spec.item_inputs:
             rows = batch[inp.key]
             rows = rows.tolist() if isinstance(rows, torch.Tensor) else rows
@@ -271,10 +290,18 @@ class SpecWorld:
         (the batch holds an item that runs eagerly)."""
         out = []
         combos = self.axis_key_combos()
+        # A per-unit spec's needs are its units'; items (units) that run
+        # eagerly need no key.
+        rows = (
+            [u for it in items for u in it[UNITS]]
+            if self.spec.items.per_unit
+            else items
+        )
+        rows = [r for r in rows if not self._holds_eager(r)]
         for i, axis in enumerate(self.spec.capture_axes):
             keys = list(dict.fromkeys(c[i] for c in combos))
             need = [
-                max((self.value(c, **it) for it in items), default=0)
+                max((self.value(c, **it) for it in rows), default=0)
                 for c in axis.covers
             ]
             fallback = (
@@ -530,15 +557,25 @@ class SpecWorld:
         return False
 
     def runs_eagerly(self, item: Mapping[str, int]) -> bool:
-        """``items.eager_when`` holds for the item, or no key of a
-        ``beyond_keys: eager`` axis covers it."""
+        """``items.eager_when`` holds for the item (a per-unit spec's: for
+        one of its units), or no key of a ``beyond_keys: eager`` axis
+        covers it."""
         if self.uncovered(item):
             return True
         eager = self.spec.items.eager_when
         if eager is None:
             return False
-        left = self.value(eager.left, **item)
-        return _COMPARE[eager.op](left, self.value(eager.right, **item))
+        units = item[UNITS] if self.spec.items.per_unit else [item]
+        return any(self._holds_eager(dims) for dims in units)
+
+    def _holds_eager(self, dims: Mapping[str, int]) -> bool:
+        """``items.eager_when`` holds for these dims (an item's, or with
+        ``per_unit`` a unit's)."""
+        eager = self.spec.items.eager_when
+        if eager is None:
+            return False
+        left = self.value(eager.left, **dims)
+        return _COMPARE[eager.op](left, self.value(eager.right, **dims))
 
     def path_tokens(
         self, item: Mapping[str, int], path: EncoderPath | None = None

@@ -90,7 +90,12 @@ def test_config(world: SpecWorld) -> None:
     spec = world.spec
     assert config.buffer_keys == [b.key for b in spec.buffers]
     assert config.out_hidden_size == world.value(spec.out_hidden_size)
-    assert config.modalities == [m.value for m in spec.modalities]
+    conditional = dict(spec.modality_when)
+    assert config.modalities == [
+        m.value
+        for m in spec.modalities
+        if m not in conditional or world.value(conditional[m])
+    ]
     special = {b.key for b in spec.buffers if b.pad is not None or b.rows_dim}
     assert set(config.padding_logics) == special
     off = world.spec.capture_off
@@ -161,6 +166,25 @@ def test_constant_override_that_is_no_integer() -> None:
         host.get_encoder_cudagraph_budget_range(cfg)
 
 
+#: MiniCPM-V's rule: video from versions 2.6 and 4.0 only (then the host's
+#: frames per video, else 1).
+VERSIONED_MODALITIES = [
+    ((2, 5), ["image"], 1),
+    ((2, 6), ["image", "video"], 4),
+    ((4, 0), ["image", "video"], 4),
+    ((4, 5), ["image"], 1),
+]
+
+
+@pytest.mark.parametrize(("version", "modalities", "frames"), VERSIONED_MODALITIES)
+def test_modality_when_a_host_condition_holds(version, modalities, frames) -> None:
+    world = SpecWorld(next(p for p in SPECS if p.stem == "modality_when"))
+    host = world.host()
+    host.version = version
+    config = host.get_encoder_cudagraph_config()
+    assert (config.modalities, config.max_frames_per_video) == (modalities, frames)
+
+
 @pytest.mark.parametrize("lists", [False, True], ids=["tensors", "lists"])
 @pytest.mark.parametrize("seed", range(3))
 def test_item_specs(world: SpecWorld, lists: bool, seed: int) -> None:
@@ -227,6 +251,28 @@ def test_eager_items_exceed_every_budget(eager_when_world: SpecWorld) -> None:
         else:
             assert tokens == world.item_values(item)["budget_tokens"]
         assert spec.output_tokens == world.item_values(item)["output_tokens"]
+
+
+EAGER_AXES_SPECS = [p for p in EAGER_WHEN_SPECS if load_spec(p).capture_axes]
+eager_axes_world = _worlds(EAGER_AXES_SPECS)
+
+
+def test_an_eager_item_is_selected_without_a_covering_key(eager_axes_world):
+    """The manager selects every packed batch, graph or eager: an item that
+    runs eagerly, with a unit no key covers, gets a key (the first) rather
+    than a refusal, and its batch runs eagerly through the manager."""
+    world = eager_axes_world
+    rng = random.Random(5)
+    drawn = (world.random_item(rng) for _ in range(10**3))
+    item = next(it for it in drawn if world.runs_eagerly(it))
+    host = world.host()
+    got = host.select_encoder_cudagraph_items(world.batch([item]), [0])
+    first = world.axis_key_combos()[0]
+    assert got.pop(ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG) == first
+    manager = _manager(world, host)
+    manager.capture()
+    manager.execute(world.batch([item]))
+    assert manager.graph_hits == 0
 
 
 # -- selection ----------------------------------------------------------------------------
@@ -842,7 +888,9 @@ def test_the_manager_replays_the_selected_keys(axes_world: SpecWorld, seed: int)
 
     manager._run_budget_graph = spy
     rng = random.Random(seed)
-    items = [world.random_item(rng) for _ in range(rng.randint(1, 6))]
+    drawn = (world.random_item(rng) for _ in range(10**3))
+    # Items a graph takes (items.eager_when sends the others eagerly).
+    items = [it for it in drawn if not world.runs_eagerly(it)][: rng.randint(1, 6)]
     manager.execute(world.batch(items))
     assert all(got == want for got, want in replayed)
     # Items no key covers (beyond_keys: eager) run eagerly; the rest replay.

@@ -1778,6 +1778,41 @@ case(
     ("input_size: t * h * w", "input_size: next(t)"),
 )
 
+
+# -- modalities under a host condition (modality_when) -----------------------------
+
+# The condition names a modality the spec does not list.
+valid_case(
+    "modality_when_not_listed",
+    "modality_when",
+    ("modalities: [image, video]", "modalities: [image]"),
+    ("max_frames_per_video: 4\n", ""),
+    ("{kind: flat, video_key: pixel_values_videos}", "{kind: flat}"),
+    ("{kind: grid, dims: [t, h, w], video_key: video_grid_thw}", "{kind: grid, dims: [t, h, w]}"),
+)
+# The condition reads a name that is neither a constant nor a host path.
+valid_case(
+    "modality_when_unknown_name",
+    "modality_when",
+    ("video: major == 2 and minor == 6", "video: mayor == 2 and minor == 6"),
+)
+# A condition is an expression, not a list of versions.
+valid_case(
+    "modality_when_not_an_expression",
+    "modality_when",
+    ("video: major == 2 and minor == 6 or major == 4 and minor == 0", "video: [[2, 6], [4, 0]]"),
+)
+
+
+# -- eager_when per unit -------------------------------------------------------------
+
+# Per unit, the condition is tested on each unit: an item's count is not in scope.
+valid_case(
+    "unit_eager_when_reads_the_count",
+    "unit_eager_when",
+    ("  eager_when: max(h, w) > side\n", "  eager_when: n > side\n"),
+)
+
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     wanted = set(cases) | set(NOT_UTF8)

@@ -3,8 +3,8 @@
 # From specs/cohere_compass.yaml: change the spec or the templates and run
 # `gen-mixin specs/cohere_compass.yaml`.
 # spec-sha256: d0b3571feeeed12e487ccaa7caa29d450a482d4ae7cfb2cb9c2e528321160bf0
-# templates-sha256: 1f0640f09e209783a18fd66824e96141f0312ca8341765bdceab5bc748f947a3
-# output-sha256: 0a56b473a19f2fb92f717198c36e4a181ff855410d8ec8fcb5e91527106f3a6c
+# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
+# output-sha256: 4ff2911ac59d1b400227b2cd8997b116cfbf29302e9937136498d1ee1aa9c09c
 
 import itertools
 from collections.abc import Hashable

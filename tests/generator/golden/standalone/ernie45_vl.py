@@ -3,8 +3,8 @@
 # From specs/ernie45_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/ernie45_vl.yaml`.
 # spec-sha256: 44a19487b2f61417079df3347e463bfafc30019f50c2056291e8a1b652284f7c
-# templates-sha256: 1f0640f09e209783a18fd66824e96141f0312ca8341765bdceab5bc748f947a3
-# output-sha256: 42bb16008600839c4a326b6939b7889ecb30dfc8e5d8954fb1e5b2403e58e6cd
+# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
+# output-sha256: f0b9a9cbf4bb75931d865331dc36f32a5358d7118261cf73256b7f0c9b1aefb8
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
-# templates-sha256: 1f0640f09e209783a18fd66824e96141f0312ca8341765bdceab5bc748f947a3
-# output-sha256: b7a2edf70df3684ef9fc2cdc713143c3ec756b39cd0373dd47dff29bcaa62c89
+# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
+# output-sha256: 57ac107e1652a4f95c2a4cbab52a95f79e5ba6dc9d788c336ff22b2cd64d37cf
 
 import itertools
 from collections.abc import Hashable

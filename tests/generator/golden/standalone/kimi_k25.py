@@ -3,8 +3,8 @@
 # From specs/kimi_k25.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k25.yaml`.
 # spec-sha256: 593beb16e06a103837efc5aa14a6c25d495096029ae4609647637b59aaa4b37c
-# templates-sha256: 1f0640f09e209783a18fd66824e96141f0312ca8341765bdceab5bc748f947a3
-# output-sha256: b966e2e0ac7201cc79bbe2f3b5b9d127018db761163e886713ff7cd6d5e879b9
+# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
+# output-sha256: 8daa4c037977ff9f5caae6cb92c3858ec3aedfa8ff85b4159a45d9e36f65c31c
 
 import itertools
 from collections.abc import Hashable

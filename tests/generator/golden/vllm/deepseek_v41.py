@@ -3,8 +3,8 @@
 # From specs/deepseek_v41.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_v41.yaml`.
 # spec-sha256: 5a5e49b0dc755e0765f16e9bea83916dae1ad10e566a6756645034252356e46f
-# templates-sha256: 1f0640f09e209783a18fd66824e96141f0312ca8341765bdceab5bc748f947a3
-# output-sha256: a7f88de9428558aa00d54b467fd46f6ee5fdab6a311aa09473462ca2f0c36749
+# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
+# output-sha256: 02418d286825da1bf6e49cbf04c3392affd0f2819e30ef984a4466239b6d2923
 
 import itertools
 import weakref

@@ -3,8 +3,8 @@
 # From specs/deepseek_vl2.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_vl2.yaml`.
 # spec-sha256: 6f892ea020ee953004c7a45b78d4d9f058c9fcef960abef7cba31604ab4b32b1
-# templates-sha256: 1f0640f09e209783a18fd66824e96141f0312ca8341765bdceab5bc748f947a3
-# output-sha256: eb7d6506f54a2e9d7ce19314e6fca63544ef6953a20b47c9f4399b67ad830a86
+# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
+# output-sha256: 665beecb474bf1d239eb058b0bdfc81de634cf0dd6ceb08640d9768746ac0ea3
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/gemma3_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma3_mm.yaml`.
 # spec-sha256: 19cc0f6e849ba8315b6202b90204158da9f48161f059a5255254f1c8d3c71b41
-# templates-sha256: 1f0640f09e209783a18fd66824e96141f0312ca8341765bdceab5bc748f947a3
-# output-sha256: 1b819b53ce8989f48f4c7c430cf014b31af54abe04e6de328b6cab6a1d36d6e9
+# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
+# output-sha256: 90f16476b0b1196a2c2deaa5f3361df11e7e26825f60195e889bb9ce9aadbeef
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/glm4_1v.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm4_1v.yaml`.
 # spec-sha256: 8dbf4b67da8ee0c6b971a56e7a214b9a1b0132047a02b9a4eb35c668e955ad21
-# templates-sha256: 1f0640f09e209783a18fd66824e96141f0312ca8341765bdceab5bc748f947a3
-# output-sha256: 6bf69f1d5c3c7447d1511d438b3c45104b48b67b8607682608f152b9cb5918dd
+# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
+# output-sha256: 3005230f31b1980d8a9c5b89cbf462d30709a11e537cc0cbda25d79d502cf1a3
 
 import itertools
 from collections.abc import Hashable

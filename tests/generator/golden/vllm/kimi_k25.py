@@ -3,8 +3,8 @@
 # From specs/kimi_k25.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k25.yaml`.
 # spec-sha256: 593beb16e06a103837efc5aa14a6c25d495096029ae4609647637b59aaa4b37c
-# templates-sha256: 1f0640f09e209783a18fd66824e96141f0312ca8341765bdceab5bc748f947a3
-# output-sha256: 74a49b189168823ec26bea3636d5d1da0e9981ac5b9695f9cd7fead727e9e316
+# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
+# output-sha256: b093295019bfd6ed30424ba8bdd7c21652bdd8d4edd1f97d2c9f0897eb20c29e
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/kimi_k3.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k3.yaml`.
 # spec-sha256: 1913eb478f4bae1accc4351c633300f743a2b1c000a8337cc758991b7f9e5568
-# templates-sha256: 1f0640f09e209783a18fd66824e96141f0312ca8341765bdceab5bc748f947a3
-# output-sha256: 8fc1424de3efb42eb7d0bee4c35557258d549240184b7cb26051b123502d3ee7
+# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
+# output-sha256: 30fb47b6a37f18add670cf9e8588883f65fe27006f407d90a4be400330001337
 
 import itertools
 import math
