@@ -10,6 +10,7 @@ checked where it is read.
 
 from __future__ import annotations
 
+import functools
 import keyword
 import re
 from typing import TYPE_CHECKING, Any
@@ -286,7 +287,14 @@ def formula_location(node: Node, exc: FormulaError) -> Location:
 
 
 def _names_listed(scope: fx.Scope) -> str:
-    names = sorted(n for n in scope.names | scope.host_roots if fx.is_identifier(n))
+    return _listing(scope.names | scope.host_roots)
+
+
+@functools.lru_cache(maxsize=64)
+def _listing(in_scope: frozenset[str]) -> str:
+    """The names in scope, as a message lists them (the same scope serves
+    every formula of a field: a spec of many unknown names asks often)."""
+    names = sorted(n for n in in_scope if fx.is_identifier(n))
     if not names:
         return " (no names are in scope here)"
     shown = names[:MAX_LISTED_NAMES]
