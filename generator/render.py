@@ -163,12 +163,6 @@ def finish(raw: str) -> str:
     return formatted[:at] + sealed + formatted[at + len(line) :]
 
 
-def render(spec: MixinSpec, target: str, spec_text: bytes, spec_display: str) -> str:
-    """The formatted, parsed-back, sealed source of one generated module
-    (raises SpecError when the module would be too large to format)."""
-    return finish(render_unformatted(spec, target, spec_text, spec_display))
-
-
 # -- the seal ---------------------------------------------------------------------------
 
 SEAL_KEY = "output-sha256"
