@@ -382,7 +382,7 @@ def _traffic_targets(result: dict[str, Any]) -> list[str]:
         cell = "–"
         if worst and worst.get("value") is not None:
             where = ", ".join(
-                f"{k} {v}"
+                f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
                 for k, v in worst.items()
                 if k not in ("value", "ok") and v is not None
             )

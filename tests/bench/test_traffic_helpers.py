@@ -94,6 +94,41 @@ def test_paired_ratio_compares_calls_of_the_same_round(eager, graph, expected) -
 
 
 @pytest.mark.parametrize(
+    ("aa_ratios", "expected"),
+    [
+        # Slower or faster against itself: the same distance from 1.
+        ([1.0, 0.9, 1.02], 0.9),
+        ([1.0, 1.25], 0.8),
+        # Rows of a JSON from before the A/A call, or a ratio not measured.
+        ([None, None], None),
+        ([], None),
+    ],
+)
+def test_aa_floor_is_the_eager_call_s_worst_distance_from_itself(
+    aa_ratios, expected
+) -> None:  # type: ignore[no-untyped-def]
+    rows = [{"aa_ratio": r} for r in aa_ratios]
+    floor = bench.aa_floor(rows)
+    assert floor == (None if expected is None else pytest.approx(expected))
+
+
+def test_the_worst_batch_target_carries_the_aa_floor() -> None:
+    model = {
+        "summary": {
+            "default": {
+                "cost": {
+                    "speedup_per_batch": {"min": 0.85},
+                    "worst_batch": 22,
+                    "aa_floor": 0.84,
+                }
+            }
+        }
+    }
+    values = bench._target_values("no_batch_slower_than_eager", model, "default")
+    assert values == [(0.85, {"batch": 22, "aa_floor": 0.84})]
+
+
+@pytest.mark.parametrize(
     ("stem", "item", "dims"),
     [
         # One grid of three dims: the item's values in the spec's order.
