@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import random
 import statistics
@@ -64,6 +65,10 @@ from reference_towers.registry import REFERENCE_TOWERS  # noqa: E402
 # or replayed graphs slower than eager (MiniMax M3 12).
 DEFAULT_BATCHES = {"deepseek_v41": (9, 13, 22), "minimax_m3": (0, 12)}
 MODES = ("idle", "loaded")
+# Run E2's two-item batches whose eager call took 20-30 % longer than the
+# cost model's fit (a small image before a large one), and two whose
+# large image comes first (fitted within 3 %).
+ORDER_BATCHES = {"deepseek_v41": (0, 12, 15, 19, 7, 23), "minimax_m3": (15, 16)}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -75,6 +80,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=12)
     p.add_argument("--load", type=int, default=os.cpu_count() or 4)
     p.add_argument("--quick", action="store_true", help="one batch, 2 rounds (smoke)")
+    p.add_argument(
+        "--order", action="store_true", help="only the item-order comparison"
+    )
     p.add_argument("--out", type=Path, required=True)
     return p.parse_args(argv)
 
@@ -161,6 +169,51 @@ def summary(samples: dict[str, list[float]]) -> dict[str, float]:
         "host_bound_share": sum(e >= 0.9 * t for e, t in zip(enqueue, total))
         / len(total),
     }
+
+
+def order_run(stem: str, args: argparse.Namespace, log: Callable[[str], None]) -> dict:
+    """The eager call on each of ``ORDER_BATCHES[stem]`` as drawn and with
+    its items largest first (by input rows), in interleaved rounds."""
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    dtype = torch.bfloat16 if cuda else torch.float32
+    tower = REFERENCE_TOWERS[stem]
+    grid = image_traffic.model_grid(stem, tower.config(args.size))
+    host = tower.build_host(
+        load_mixin(stem),
+        args.size,
+        device=device,
+        dtype=dtype,
+        multimodal_config=images_only_config(),
+    )
+    wanted = ORDER_BATCHES[stem][: 1 if args.quick else None]
+    measured = image_traffic.draw_image_batches(args.seed, max(wanted) + 1)
+    out: dict[str, Any] = {}
+    with torch.inference_mode():
+        for index in wanted:
+            drawn = [grid(h, w) for h, w in measured[index]]
+            largest_first = sorted(drawn, key=math.prod, reverse=True)
+            calls = {}
+            for name, items in (("drawn", drawn), ("largest_first", largest_first)):
+                kw = tower.make_mm_kwargs(host, items, device, seed=1000 + index)
+                calls[name] = lambda kw=kw: eager_call(host, kw)
+                calls[name]()
+            raw = rounds(calls, args.rounds, seed=index)
+            s = {n: summary(raw[n]) for n in calls}
+            out[str(index)] = {
+                "drawn": [list(i) for i in drawn],
+                "raw": raw,
+                "summary": s,
+            }
+            log(
+                f"[{stem}] order, batch {index} {drawn}: "
+                + ", ".join(
+                    f"{n} {v['total_median']:.1f} ms (min {v['total_min']:.1f}, "
+                    f"enqueue {v['enqueue_median']:.1f})"
+                    for n, v in s.items()
+                )
+            )
+    return out
 
 
 def model_run(stem: str, args: argparse.Namespace, log: Callable[[str], None]) -> dict:
@@ -283,7 +336,10 @@ def main(argv: list[str] | None = None) -> int:
         "models": {},
     }
     for stem in args.models.split(","):
-        result["models"][stem] = model_run(stem, args, log)
+        if args.order:
+            result["models"][stem] = {"order": order_run(stem, args, log)}
+        else:
+            result["models"][stem] = model_run(stem, args, log)
         args.out.write_text(json.dumps(result, indent=1))
     result["elapsed_s"] = time.perf_counter() - started
     args.out.write_text(json.dumps(result, indent=1))
