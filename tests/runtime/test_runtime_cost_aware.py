@@ -211,6 +211,26 @@ class TestPlannedExecute:
         ((indices, paths, clone, batch),) = model.calls_named("postprocess")
         assert (indices, paths, clone, batch) == ([0, 1], ["default"], False, kwargs)
 
+    @pytest.mark.parametrize(
+        ("rows", "selected", "postprocessed"),
+        [
+            # All eager, smaller first: selected largest first.
+            ([33, 40], [1, 0], [1, 0]),
+            # The eager unit of a mixed plan (33 and 40; 8 replays).
+            ([33, 40, 8], [1, 0], [1, 0]),
+        ],
+    )
+    def test_eager_units_run_their_items_largest_first(
+        self, rows, selected, postprocessed
+    ) -> None:  # type: ignore[no-untyped-def]
+        manager, model = calibrated_manager()
+        model.calls.clear()
+        items = make_items(rows, seed=4)
+        assert_outputs(manager.execute(make_kwargs(items)), items)
+        assert selected in model.calls_named("select")
+        eager_posts = [c[0] for c in model.calls_named("postprocess") if not c[2]]
+        assert eager_posts == [postprocessed]
+
     def test_statistics(self) -> None:
         manager, _ = calibrated_manager()
         for rows in ([8], [33], [33, 40, 8]):
