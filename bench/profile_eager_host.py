@@ -18,7 +18,13 @@ and with ``--load`` busy-looping processes beside it. ``profile`` holds one
 profiled call of each kind per host mode: kernels launched, the sum of
 their device time, and the host calls that waited for the device.
 
+``--order``: instead, the eager call on a few multi-item batches as drawn
+and with the items largest first (a tower that encodes item by item hides a
+small item's launches under a large one's work only when the large one comes
+first).
+
     PYTHONPATH=. python bench/profile_eager_host.py --out eager_host.json
+    PYTHONPATH=. python bench/profile_eager_host.py --order --out eager_order.json
 
 Diagnostics, not the benchmark: ``bench/bench_traffic.py`` makes the figures.
 """
