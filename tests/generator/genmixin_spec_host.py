@@ -33,6 +33,7 @@ from generator.emit import render_spec
 from generator.resolve import load_spec
 from generator.spec import Buffer, EncoderPath, MetadataBuilder, MixinSpec, PadRule
 from generator.spec.capture import CaptureTensor, DtypeFallback
+from generator.spec.inputs import ItemInput
 from generator.static_checks import per_item_tokens
 from genmixin_testlib import load_module_copy
 
@@ -252,6 +253,13 @@ class SpecWorld:
                 for n, a, b in zip(counts, offsets, offsets[1:], strict=False)
             ]
         for inp in self.spec.item_inputs:
+            if inp.is_padded:
+                rows = [[size] for size in self.padded_sizes(batch[inp.key])]
+                for i, row in enumerate(rows):
+                    if i == len(items):
+                        items.append({})
+                    items[i][inp.dims[0]] = row[0]
+                continue
             rows = batch[inp.key]
             rows = rows.tolist() if isinstance(rows, torch.Tensor) else rows
             for i, row in enumerate(rows):
@@ -598,7 +606,9 @@ class SpecWorld:
         out: dict[str, Any] = {}
         for inp in self.spec.inputs:
             key = inp.video_key if video and inp.video_key else inp.key
-            if inp in self.spec.item_inputs:
+            if isinstance(inp, ItemInput) and inp.is_padded:
+                out[key] = self.padded_value(inp.key, items, lists=lists)
+            elif inp in self.spec.item_inputs:
                 if inp.unit_of is not None:  # one row per unit
                     rows = [[u[d] for d in inp.dims] for it in items for u in it[UNITS]]
                 else:
@@ -618,13 +628,87 @@ class SpecWorld:
         return out
 
     def row_shape(self, key: str) -> list[int]:
-        """The shape of one row of a flat input: its capture buffer's, or 2."""
+        """The shape of one row of a flat input: its capture buffer's, or 2
+        (of a padded input: past its size dim)."""
         tensors = (t for p in self.spec.paths for t in p.capture.tensors)
         tensor = next((t for t in tensors if t.key == key), None)
         if tensor is None:
             return [2]
         names = {"k": 1, "rows": 1, "max_batch_size": 1, "token_budget": 1}
-        return [self.value(e, **names) for e in tensor.shape[1:]] or []
+        item = self.spec.item_input(key)
+        skip = 2 if item is not None and item.is_padded else 1
+        if skip == 2:
+            names.update(self.axis_dims(self.axis_key_combos()[0]))
+            names.update({let.name: 1 for let in self.spec.paths[0].capture.lets})
+        return [self.value(e, **names) for e in tensor.shape[skip:]] or []
+
+    # -- padded inputs --------------------------------------------------------------------
+
+    def padded_probe_items(self) -> list[dict[str, int]]:
+        """Items of every size (multiples of its step) up to the widest key
+        and a bit past it, the other dims at their step."""
+        steps = self.dim_steps()
+        sizes = {g.dims[0] for g in self.spec.item_inputs if g.is_padded}
+        base = {d: steps.get(d, 1) for g in self.spec.item_inputs for d in g.dims}
+        widest = max(
+            (self.value(p) for a in self.spec.capture_axes for k in a.keys for p in k),
+            default=64,
+        )
+        step = math.lcm(1, *(steps.get(d, 1) for d in sizes))
+        return [
+            self.derive({**base, **{d: step * m for d in sizes}})
+            for m in range(1, 2 * widest + 2)
+        ]
+
+    def takes(self, item: Mapping[str, int], key_dims: Mapping[str, int], budget: int):
+        """A graph of these axis dims and budget replays batches holding
+        ``item``: no eager rule sends it away, the key covers it and its
+        budget tokens fit."""
+        if self.runs_eagerly(item) or self.path_tokens(item) > budget:
+            return False
+        for axis in self.spec.capture_axes:
+            need = [self.value(c, **item) for c in axis.covers]
+            if any(n > key_dims[d] for n, d in zip(need, axis.dims, strict=True)):
+                return False
+        return True
+
+    def padded_value(self, key: str, items, *, lists: bool = False):
+        """A padded input of these items: a list of ``(p_i, ...)`` tensors, or
+        (``lists`` False and every size alike) one ``(N, p, ...)`` tensor.
+        Row ``r`` of item ``i`` starts with ``(i, r)``: a selection's order
+        and the padding show."""
+        item = self.spec.item_input(key)
+        shape = self.row_shape(key)
+        parts = []
+        for i, it in enumerate(items):
+            part = torch.zeros(it[item.dims[0]], *shape)
+            view = part.view(part.shape[0], -1)
+            view[:, 0] = i
+            if view.shape[1] > 1:
+                view[:, 1] = torch.arange(part.shape[0])
+            parts.append(part)
+        sizes = {p.shape[0] for p in parts}
+        if not lists and len(sizes) == 1:
+            return torch.stack(parts)
+        if not lists and not parts:
+            return torch.zeros(0, 1, *shape)
+        return parts
+
+    @staticmethod
+    def padded_sizes(value) -> list[int]:
+        if isinstance(value, torch.Tensor):
+            return [value.shape[1]] * value.shape[0]
+        return [part.shape[0] for part in value]
+
+    @staticmethod
+    def padded_ids(value, sizes: list[int]) -> list[list[list[float]]]:
+        """Per item, ``(item, row)`` of its rows within its own size."""
+        parts = list(value) if isinstance(value, torch.Tensor) else value
+        out = []
+        for part, size in zip(parts, sizes, strict=True):
+            view = part[:size].reshape(size, -1)
+            out.append(view[:, :2].tolist() if view.shape[1] > 1 else view.tolist())
+        return out
 
     def flat_tensor(self, key: str, items) -> torch.Tensor:
         """Row ``r`` of item ``i`` starts with ``(i, r)``: a selection's order
