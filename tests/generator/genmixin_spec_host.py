@@ -108,6 +108,12 @@ class FakeCall:
     #: The result is an iterator (a step passes it to ``next``: a module's
     #: ``parameters()``).
     iterated: bool = False
+    #: A step reads this attribute of the result (HF's
+    #: ``encoder(...).last_hidden_state``): an object holding the output.
+    attribute: str | None = None
+    #: A step takes element 0 of the result (HF's pooler returns a tuple):
+    #: a tuple whose first element is rows enough for any gather index.
+    indexed: bool = False
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         self.calls.append((args, kwargs))
@@ -115,7 +121,19 @@ class FakeCall:
         self.returned.append(out)
         if self.iterated:
             return iter([out])
+        if self.attribute is not None:
+            return HostObjectWith(**{self.attribute: out})
+        if self.indexed:
+            rows = out if self.queue or out.shape[0] > 1 else out.expand(1 << 16, -1)
+            return (rows, None)
         return [out] if _forward_calling() in self.listed_in else out
+
+
+class HostObjectWith:
+    """A call result whose attributes the steps read (a model output)."""
+
+    def __init__(self, **attrs: Any) -> None:
+        self.__dict__.update(attrs)
 
 
 def _forward_calling() -> str | None:
@@ -358,6 +376,12 @@ class SpecWorld:
                 set_path(host, c.host_path.parts, self.env[c.name])
         for path in self._int_paths():
             set_path(host, path.parts, self.env[path.dotted])
+        for attr in spec.host:
+            if attr.annotation == "torch.dtype":
+                setattr(host, attr.name, torch.float32)  # the forwards cast to it
+        for path in self._int_paths():
+            if path.parts[-1] == "dtype":  # a weight's dtype, cast to
+                set_path(host, path.parts, torch.float32)
         for flat in spec.flat_inputs:
             for dtype_path in (flat.replay_dtype, flat.eager_dtype):
                 if dtype_path is not None:
@@ -445,6 +469,12 @@ class SpecWorld:
         steps += [s for p in paths for b in p.metadata for s in b.steps]
         steps += self.spec.post_steps
         for step in steps:
+            # Methods called on a result (``.to(dtype)``) are no attribute reads.
+            methods = {
+                id(sub.callee)
+                for sub in fx.walk(step.expr)
+                if isinstance(sub, fx.Call) and isinstance(sub.callee, fx.Attr)
+            }
             for sub in fx.walk(step.expr):
                 # Methods of values and torch functions run for real.
                 if (
@@ -459,6 +489,23 @@ class SpecWorld:
                     }
                     fake.iterated = fake.iterated or sub in iterated
                     self._install(host, sub.callee, fake)
+                if (
+                    isinstance(sub, fx.Subscript)
+                    and isinstance(sub.value, fx.Call)
+                    and is_host_call(sub.value)
+                    and sub.index == fx.Num(0)
+                ):
+                    name = _callee_name(sub.value.callee)
+                    self.calls.setdefault(name, FakeCall(name)).indexed = True
+                if (
+                    isinstance(sub, fx.Attr)
+                    and isinstance(sub.value, fx.Call)
+                    and id(sub) not in methods
+                ):
+                    if is_host_call(sub.value):
+                        name = _callee_name(sub.value.callee)
+                        fake = self.calls.setdefault(name, FakeCall(name))
+                        fake.attribute = sub.name
 
     def on_tensor(self, callee) -> bool:
         """A method of a host tensor (``image_newline.to``): runs for real."""
@@ -537,6 +584,20 @@ class SpecWorld:
             item[self.unit_count_dim] = len(units)
             item[UNITS] = units
         return item
+
+    def eager_item(self, rng: random.Random) -> dict[str, Any]:
+        """A random item that runs eagerly: its dims doubled until no key of
+        a ``beyond_keys: eager`` axis covers it (the keys of real specs are
+        far above :meth:`random_item`'s small dims)."""
+        item = self.random_item(rng)
+        for _ in range(40):
+            if self.runs_eagerly(item):
+                return item
+            derived = {d for g in self.spec.item_inputs for d in g.derived_dims}
+            item = self.derive(
+                {d: v * 2 if d not in derived else v for d, v in item.items()}
+            )
+        raise AssertionError("no item of this spec runs eagerly")
 
     def derive(self, item: dict[str, int]) -> dict[str, int]:
         """``item`` with every derived dim set from its formula."""
