@@ -159,3 +159,20 @@ def test_an_empty_selection_replays_a_captured_key(model) -> None:
     mine = ours.select_encoder_cudagraph_items(batch, [])
     assert theirs["encoder_cudagraph_axis_keys"] == (0,) and 0 not in widths
     assert mine["encoder_cudagraph_axis_keys"] == (widths[0],)
+
+
+def test_an_image_wider_than_every_key_runs_eagerly(model) -> None:
+    # Finding 7's image: a request-level max_soft_tokens of 560 above the
+    # model's 280. vLLM's manager finds no graph for its key (560,) and
+    # stops; ours counts it above every budget, so the manager runs it on
+    # the eager path, with the eager path's rows.
+    vllm_host, ours = model.hosts()
+    pixels, positions = hosts.gemma4_frames([(60, 60)], 560)
+    batch = {"pixel_values": list(pixels), "pixel_position_ids": list(positions)}
+    (spec,) = ours.get_encoder_cudagraph_item_specs(batch)
+    assert spec.output_tokens == 560 and spec.get_path_output_tokens("default") > 2**40
+    manager = hosts.runtime_manager(ours, [560], 1)
+    manager.capture()
+    (rows,) = manager.execute(batch)
+    assert manager.graph_hits == 0
+    assert torch.equal(rows, vllm_host.encoder_eager_forward(batch))
