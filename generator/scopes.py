@@ -344,7 +344,9 @@ METHODS: dict[str, Method] = {
                 "offsets",
                 "_",
             ),
-            (("{}_rows", _K.FLAT),),
+            # A tensor's own dummy rows; a padded input's dummy sizes; an
+            # allocated buffer's dummy value (its builder names it the same).
+            (("{}_rows", _K.FLAT), ("{}_sizes", _K.GRID), ("{}_dummy", _K.BUFFER)),
             _READS_INPUTS
             | {
                 _K.FLAT,
@@ -368,6 +370,7 @@ METHODS: dict[str, Method] = {
             ),
             "{EncoderCudaGraphReplayBuffers}",
             ("EncoderCudaGraphReplayBuffers", "keys", "axis_keys"),
+            (("{}_sizes", _K.GRID),),  # a padded input's sizes, for builders
             spec_kinds=frozenset(
                 {
                     _K.CONSTANT,
@@ -509,6 +512,22 @@ METHODS: dict[str, Method] = {
             (MM_KWARGS, Param("key", "str")),
             "list[int]",
             ("counts", "values", "index", "value", "i"),
+        ),
+        Method(
+            "_padded_values",
+            (
+                MM_KWARGS,
+                Param("key", "str"),
+                Param("item_shape", "tuple[int, ...] | None"),
+            ),
+            "list[int]",
+            ("value", "parts", "shapes", "sizes", "index", "part", "shape", "want"),
+        ),
+        Method(
+            "_check_same_sizes",
+            (Param("inputs", "dict[str, list[int]]"),),
+            "None",
+            ("first", "sizes", "others", "key", "other", "index", "size", "theirs"),
         ),
         Method(
             "_num_items",
@@ -679,6 +698,40 @@ METHODS: dict[str, Method] = {
             (Param("counts", "list[int]"), Param("indices", "list[int]")),
             "torch.Tensor",
             ("i",),
+        ),
+        # Padded inputs (kind: padded).
+        Method(
+            "_padded_sizes",
+            (Param("value", "torch.Tensor | list[torch.Tensor]"),),
+            "list[int]",
+            ("part",),
+        ),
+        Method(
+            "_select_padded",
+            (
+                Param("value", "torch.Tensor | list[torch.Tensor]"),
+                Param("indices", "list[int]"),
+            ),
+            "torch.Tensor | list[torch.Tensor]",
+            ("i",),
+        ),
+        Method(
+            "_stack_padded",
+            (
+                Param("value", "torch.Tensor | list[torch.Tensor]"),
+                Param("pad_value", "int"),
+            ),
+            "torch.Tensor",
+            ("part", "first", "widest", "stacked", "row"),
+        ),
+        Method(
+            "_copy_padded",
+            (
+                Param("dst", "torch.Tensor"),
+                Param("src", "torch.Tensor"),
+                Param("pad_value", "int"),
+            ),
+            "None",
         ),
         Method(
             "_copy_rows_on_dim",  # one per rows_dim: _copy_rows_on_dim1, ...

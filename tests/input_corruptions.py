@@ -179,6 +179,59 @@ def _item_cases(spec: MixinSpec, mm_kwargs: dict[str, Any], item: ItemInput):
         )
 
 
+def _parts(value: Any) -> list[torch.Tensor]:
+    """A padded input's items as a list of ``(size, ...)`` tensors."""
+    return list(value) if isinstance(value, torch.Tensor) else list(value)
+
+
+def _padded_cases(spec: MixinSpec, mm_kwargs: dict[str, Any], item: ItemInput):
+    """A padded input of the wrong rank, an item of the wrong row shape, one
+    item more than the others have, an item whose size differs from its
+    twin's (padded inputs of one dim) and, for ``multiple_of``, an item one
+    row past a multiple (every padded input of the dim alike)."""
+    key = item.key
+    parts = _parts(mm_kwargs[key])
+    yield Corruption(
+        f"{key}:one-dim-tensor",
+        _with(mm_kwargs, key, torch.zeros(3)),
+        rf"{_key(key)} has shape \(3,\); a padded input is a tensor of shape",
+    )
+    wide = [torch.zeros(parts[0].shape[0], *parts[0].shape[1:-1], parts[0].shape[-1] + 1)]
+    yield Corruption(
+        f"{key}:wrong-row-shape",
+        _with(mm_kwargs, key, wide + parts[1:]),
+        rf"{_key(key)}\[0\] has rows of shape \(.*\), but the captured buffers",
+    )
+    counted = [i for i in spec.item_inputs if i.unit_of is None]
+    if len(counted) > 1:
+        yield Corruption(
+            f"{key}:one-item-more",
+            _with(mm_kwargs, key, [*parts, parts[-1]]),
+            "the inputs disagree on the number of items",
+        )
+    twins = [i for i in spec.item_inputs if i.is_padded and i.dims == item.dims]
+    if len(twins) > 1:
+        yield Corruption(
+            f"{key}:size-differs-from-its-twin",
+            _with(mm_kwargs, key, [parts[0][:-1], *parts[1:]]),
+            r"padded inputs of one dim have the same size per item",
+        )
+    env = {c.name: c.default for c in spec.constants if c.default is not None}
+    for dim, divisor in item.multiple_of:
+        if evaluate(divisor, env) < 2:
+            continue  # every size is a multiple of 1
+        odd = dict(mm_kwargs)
+        for twin in twins:
+            first, *rest = _parts(mm_kwargs[twin.key])
+            odd[twin.key] = [torch.cat([first, first[:1]]), *rest]
+        yield Corruption(
+            f"{key}:{dim}-not-a-multiple",
+            odd,
+            rf"{_key(key)}\[0\] is \d+; {dim} must be a multiple of",
+            in_selection=False,
+        )
+
+
 def _span_cases(
     spec: MixinSpec,
     module: ModuleType,
@@ -226,6 +279,9 @@ def corruptions(
     for flat in spec.flat_inputs:
         cases += _flat_cases(spec, mm_kwargs, flat)
     for item in spec.item_inputs:
+        if item.is_padded:
+            cases += _padded_cases(spec, mm_kwargs, item)
+            continue
         cases += _item_cases(spec, mm_kwargs, item)
     if spec.span_assembly is not None:
         lengths = [output_tokens(0), output_tokens(1)]

@@ -3,8 +3,8 @@
 # From specs/kimi_k25.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k25.yaml`.
 # spec-sha256: 593beb16e06a103837efc5aa14a6c25d495096029ae4609647637b59aaa4b37c
-# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
-# output-sha256: 8daa4c037977ff9f5caae6cb92c3858ec3aedfa8ff85b4159a45d9e36f65c31c
+# templates-sha256: bf7fac33f4c37d6ef71249d9788654df618ebf0f3164024b9febae2219400492
+# output-sha256: 17b75ae227ad4f8a4d408974c8cffd44de5bd2f254c115d661948b956a5bf8b6
 
 import itertools
 from collections.abc import Hashable

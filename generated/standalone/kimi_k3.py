@@ -3,8 +3,8 @@
 # From specs/kimi_k3.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k3.yaml`.
 # spec-sha256: 1913eb478f4bae1accc4351c633300f743a2b1c000a8337cc758991b7f9e5568
-# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
-# output-sha256: 4b872f91bf3e089a9355f2ed6bc312dbe2e26a35a3af7036e478b4011f1c4aaa
+# templates-sha256: bf7fac33f4c37d6ef71249d9788654df618ebf0f3164024b9febae2219400492
+# output-sha256: 9b77648ccdf25fc22351da9192e4f915131832f9da79aa2bf9026f3a73640bae
 
 import itertools
 import math

@@ -3,8 +3,8 @@
 # From specs/lfm2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/lfm2_vl.yaml`.
 # spec-sha256: 53ffcb080829243979571d9cfcffa8d459e19e51a7ca8ee40c70b1caa23721ca
-# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
-# output-sha256: 00b422c47de9aafa75f450de3fa6fdaa9b8d80306b7aeddb783b99d773c4a05d
+# templates-sha256: bf7fac33f4c37d6ef71249d9788654df618ebf0f3164024b9febae2219400492
+# output-sha256: 33f5c21a7904524e9556024f0368504493df18610f19b4c8d1406f6bef81c0a3
 
 import itertools
 from collections.abc import Hashable

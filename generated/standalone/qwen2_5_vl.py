@@ -3,8 +3,8 @@
 # From specs/qwen2_5_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_vl.yaml`.
 # spec-sha256: 96480d9c7c7c980974bbfd1e9ab20c6575a966715da8e48283b6883b95e654af
-# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
-# output-sha256: f49bd35adaf374a9fd42978d83e9e7b622e071f84aa87d61628cc4bc6539de8e
+# templates-sha256: bf7fac33f4c37d6ef71249d9788654df618ebf0f3164024b9febae2219400492
+# output-sha256: 5f081ea8a2a53b2ddb1c9c8c9bbbb4cb05cab6b54dfa7fb7992dbe1eabde6060
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/qwen3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen3_vl.yaml`.
 # spec-sha256: 28992035a32ca0711943f61e569736ce2ca71587c2e480781972b42541c1b620
-# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
-# output-sha256: 307423825e4b011c015406b6e0d1b81c793c9c869751e8b68f2801e5bc9fd7b0
+# templates-sha256: bf7fac33f4c37d6ef71249d9788654df618ebf0f3164024b9febae2219400492
+# output-sha256: 9eaab7d90ac97c736ba44ca69ae416859bc1b5005187d3d73f53d5ec239ea2d4
 
 import itertools
 from collections.abc import Hashable

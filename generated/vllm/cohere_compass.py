@@ -3,8 +3,8 @@
 # From specs/cohere_compass.yaml: change the spec or the templates and run
 # `gen-mixin specs/cohere_compass.yaml`.
 # spec-sha256: d0b3571feeeed12e487ccaa7caa29d450a482d4ae7cfb2cb9c2e528321160bf0
-# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
-# output-sha256: 6e31172cdd42ceda657e8d14e198966599af926f0a88c4aa248d7f1a0761941a
+# templates-sha256: bf7fac33f4c37d6ef71249d9788654df618ebf0f3164024b9febae2219400492
+# output-sha256: b222f66c73f4345d7d17ff435a615b2519edf93262b1b95a5820fcd17cbc5919
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/glm5_next.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm5_next.yaml`.
 # spec-sha256: c3575549c4ed50dd76892d25b692f5f5f648d2f13a2ea29bebd572d144fcdb24
-# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
-# output-sha256: cd232d348cf7a8ae3449a8105fc14e7fdb7c6801ce70e5025d1af60eb250ca9f
+# templates-sha256: bf7fac33f4c37d6ef71249d9788654df618ebf0f3164024b9febae2219400492
+# output-sha256: 263b1a252ac65711338575bd43aa42ad7a38e810f168725b9fa7c43cfdd78fa9
 
 import itertools
 from collections.abc import Hashable

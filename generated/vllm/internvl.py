@@ -3,8 +3,8 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
-# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
-# output-sha256: faadf9507a8c1641c47ac235d9b57798395da07e607df418956932c37748db44
+# templates-sha256: bf7fac33f4c37d6ef71249d9788654df618ebf0f3164024b9febae2219400492
+# output-sha256: f3a0dabdfb98e6693aaca88db6de2575ba45045b28c5b2561ffcd0dd2f661c58
 
 import itertools
 from collections.abc import Hashable

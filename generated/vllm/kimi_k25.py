@@ -3,8 +3,8 @@
 # From specs/kimi_k25.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k25.yaml`.
 # spec-sha256: 593beb16e06a103837efc5aa14a6c25d495096029ae4609647637b59aaa4b37c
-# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
-# output-sha256: b093295019bfd6ed30424ba8bdd7c21652bdd8d4edd1f97d2c9f0897eb20c29e
+# templates-sha256: bf7fac33f4c37d6ef71249d9788654df618ebf0f3164024b9febae2219400492
+# output-sha256: 79edb7d2a97d03ec7132abb9b102f0c0364e3795302bb63487c5f17aa2fc71c4
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/kimi_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_vl.yaml`.
 # spec-sha256: dec5f629ea45e6747065da9f1de34c016f7c11dcc328326c287b6a82ba94d373
-# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
-# output-sha256: c506c28def7244a5e3bef17dff5989bdbe01d00c3692483fd28056f5aceeb0d8
+# templates-sha256: bf7fac33f4c37d6ef71249d9788654df618ebf0f3164024b9febae2219400492
+# output-sha256: 19eb61013a4fdc6eae7d92ffd0b914497fef2e1c8fad8e04f1d2fa2c95732ff7
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/qwen2_5_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_vl.yaml`.
 # spec-sha256: 96480d9c7c7c980974bbfd1e9ab20c6575a966715da8e48283b6883b95e654af
-# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
-# output-sha256: 3265ee4844ab005f12d6e9b3df0d5127eb58acce1a8c4b8a91c9c421aa75a2f0
+# templates-sha256: bf7fac33f4c37d6ef71249d9788654df618ebf0f3164024b9febae2219400492
+# output-sha256: e061518029b2e0bf36b5df89edb42500577b7c6d8ebf915a5d18a9412630dafb
 
 import itertools
 from collections.abc import Hashable

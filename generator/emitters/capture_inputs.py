@@ -24,7 +24,7 @@ from generator.spec.capture import (
     DtypeFallback,
     MetadataBuilder,
 )
-from generator.spec.enums import Dtype, ImageLimitGuard, PadRule, Rounding
+from generator.spec.enums import Dtype, Fill, ImageLimitGuard, PadRule, Rounding
 from generator.spec.mixin import MixinSpec
 from generator.spec.path import EncoderPath
 
@@ -93,16 +93,22 @@ def _dummies(spec: MixinSpec, path: EncoderPath, body: Body) -> list[dict[str, A
     for t in _own_rows(path):
         rows_dims |= dims_of(spec, t.flat.rows)
     out = []
+    bound: set[str] = set()
     for item, exprs in path.capture.dummy:
         if item.key not in builder_grids and not (set(item.dims) & rows_dims):
             continue
+        if item.is_padded and set(item.dims) <= bound and item.key not in builder_grids:
+            continue  # a size dim another padded input's dummy already binds
+        bound |= set(item.dims)
         targets = ", ".join(item.dims)
         out.append(
             {
                 "key": item.key,
                 "targets": targets,
                 "dim_values": ", ".join(body.expr(e) for e in exprs),
-                "list": item.key in builder_grids,
+                # A builder reads a padded input's sizes (padded_sizes).
+                "list": item.key in builder_grids and not item.is_padded,
+                "padded": item.is_padded,
                 "row": targets if item.is_count else f"[{targets}]",
             }
         )
@@ -153,6 +159,9 @@ def _tensor(body: Body, t: CaptureTensor, of_units: bool) -> dict[str, Any]:
     # In its own shape, ``rows`` is the input's rows in the dummy batch (a
     # unit capture has no dummy batch: its shapes use ``units``).
     own_rows = t.flat.own_rows and not of_units
+    if getattr(t.flat, "is_padded", False):
+        # One row per item: named only where the shape reads ``rows``.
+        own_rows = own_rows and any("rows" in fx.names_in(s) for s in t.shape)
     names = {"rows": f"{t.key}_rows"} if own_rows else None
     return {
         "key": t.key,
@@ -165,6 +174,8 @@ def _tensor(body: Body, t: CaptureTensor, of_units: bool) -> dict[str, Any]:
             else None
         ),
         "fill": t.fill.value,
+        # fill: pad, a padded input's dummy of padding only.
+        "fill_value": (repr(t.flat.pad_value) if t.fill is Fill.PAD else None),
         "shape": ", ".join(body.expr(s, names) for s in t.shape),
         "dtype": _dtype(body, t),
         "why": comment_lines(t.why),
@@ -245,6 +256,7 @@ def _path_body(spec: MixinSpec, path: EncoderPath) -> dict[str, Any]:
     budget_tokens = path.named or spec.items.budget_tokens is not None
     sections = _sections_backend(path)
     guard = spec.guards.attention_backend
+    read = _padded_capture_reads(path)
     ctx: dict[str, Any] = {
         "stepped_scalars": stepped_scalars,
         "sections": sections,
@@ -255,7 +267,11 @@ def _path_body(spec: MixinSpec, path: EncoderPath) -> dict[str, Any]:
         "k_counts": "Budget tokens" if budget_tokens else "Output tokens",
         "floor": capture.rounding is Rounding.FLOOR,
         "units": body.expr(capture.units) if capture.of_units else None,
-        "dummies": _dummies(spec, path, body),
+        "dummies": [
+            d
+            for d in _dummies(spec, path, body)
+            if read.get(d["key"], True) or read.get("rows", True)
+        ],
         "unit_dummies": [
             {
                 "key": item.key,
@@ -270,11 +286,13 @@ def _path_body(spec: MixinSpec, path: EncoderPath) -> dict[str, Any]:
         "asserts": [_assertion(spec, body, a) for a in capture.asserts],
         "rows": (
             None
-            if capture.of_units
+            if capture.of_units or not read.get("rows", True)
             else times("max_batch_size", body, spec.items.input_size)
         ),
+        "k": read.get("k", True),
         "tensors": [_tensor(body, t, capture.of_units) for t in capture.tensors],
-        "builders": builder_calls(path, body, "capture"),
+        "padded_sizes": _padded_sizes(spec, path, body),
+        "builders": builder_calls(path, body, "capture", padded_sizes_names(spec, path)),
         "padded": [_padded(body, b) for b in padded],
         "allocated": [_allocated(body, b) for b in path.buffers if b.allocate],
         "graph_rows": (
@@ -285,6 +303,63 @@ def _path_body(spec: MixinSpec, path: EncoderPath) -> dict[str, Any]:
     }
     ctx["constants"] = body.bindings()
     return ctx
+
+
+def _padded_capture_reads(path: EncoderPath) -> dict[str, bool]:
+    """For a capture of padded inputs only (its tensors sized by the capture
+    axes, not by a dummy batch of rows): whether ``k``, ``rows`` and each
+    dummy grid are read by a formula, so that unread ones are not bound.
+    Empty (all bound, as before) for every other capture."""
+    capture = path.capture
+    if capture.of_units or not capture.tensors:
+        return {}
+    if not all(getattr(t.flat, "is_padded", False) for t in capture.tensors):
+        return {}
+    exprs = [e for t in capture.tensors for e in t.shape]
+    exprs += [let.expr for let in capture.lets]
+    exprs += [e for b in path.buffers for e in (b.shape or ())]
+    exprs += [b.slots for b in path.buffers if b.slots is not None]
+    exprs += [b.capture_value for b in path.buffers if b.capture_value is not None]
+    for b in path.metadata:
+        exprs += b.exprs if b.call is None else (b.call, *(v for _, v in b.capture_kwargs))
+    if capture.graph_rows is not None:
+        exprs.append(capture.graph_rows)
+    names = set().union(*(fx.names_in(e) for e in exprs)) if exprs else set()
+    for check in capture.asserts:
+        names |= check.check.names()
+    out = {"k": "k" in names, "rows": "rows" in names}
+    for item, _ in capture.dummy:
+        # A builder reads a padded input's sizes from its dummy formula.
+        out[item.key] = bool(set(item.dims) & names) or (
+            item.key in names and not item.is_padded
+        )
+    return out
+
+
+def padded_sizes_names(spec: MixinSpec, path: EncoderPath) -> dict[str, str] | None:
+    """The builders' name for each padded input they read: its sizes, a list
+    of one int per item (the padded input's grid), bound as ``<key>_sizes``
+    beside the tensor of the same key."""
+    read = _builder_grids(spec, path)
+    names = {
+        g.key: f"{g.key}_sizes"
+        for g in spec.item_inputs
+        if g.is_padded and g.key in read
+    }
+    return names or None
+
+
+def _padded_sizes(spec: MixinSpec, path: EncoderPath, body: Body) -> list[dict]:
+    """At capture, the sizes of the dummy items of each padded input a
+    builder reads: one per item its capture tensor holds (dim 0), each the
+    dummy's size."""
+    names = padded_sizes_names(spec, path) or {}
+    out = []
+    for item, exprs in path.capture.dummy:
+        if item.key in names:
+            value = f"[{body.expr(exprs[0])} for _ in range({item.key}.shape[0])]"
+            out.append({"name": names[item.key], "value": value})
+    return out
 
 
 def _units_doc(spec: MixinSpec) -> str:

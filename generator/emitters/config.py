@@ -39,7 +39,17 @@ def padding_logics(spec: MixinSpec) -> list[dict[str, str]]:
             out.append({"key": buf.key, "fn": fn})
         elif buf.rows_dim:
             out.append({"key": buf.key, "fn": f"_copy_rows_on_dim{buf.rows_dim}"})
+        elif _padded_input(spec, buf.key) is not None:
+            pad = _padded_input(spec, buf.key).pad_value
+            fn = f"lambda dst, src: _copy_padded(dst, src, {pad!r})"
+            out.append({"key": buf.key, "fn": fn})
     return out
+
+
+def _padded_input(spec: MixinSpec, key: str):
+    """The padded input that fills buffer ``key``, if one does."""
+    item = spec.item_input(key)
+    return item if item is not None and item.is_padded else None
 
 
 def _backend(spec: MixinSpec, body: Body) -> dict[str, Any] | None:

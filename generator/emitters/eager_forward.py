@@ -39,12 +39,21 @@ def _path_body(spec: MixinSpec, path: EncoderPath) -> dict[str, Any]:
         if flat.eager_dtype is not None:
             value = f"{value}.to({body.expr(flat.eager_dtype)})"
         flat_loads.append({"name": flat.key, "value": value})
+    flat_loads += [
+        loads.padded(g.key, stacked=False)
+        for g in spec.item_inputs
+        if g.is_padded and g.key in used
+    ]
     ctx: dict[str, Any] = {
         "per_item": eager.per_item,
         "loads": flat_loads,
     }
     if not eager.per_item:
-        ctx["grids"] = [loads.item(g.key) for g in spec.item_inputs if g.key in used]
+        ctx["grids"] = [
+            loads.item(g.key)
+            for g in spec.item_inputs
+            if g.key in used and not g.is_padded
+        ]
         ctx["steps"] = steps(body, eager.steps, {})
         ctx["constants"] = body.bindings()
         return ctx

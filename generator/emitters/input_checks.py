@@ -25,17 +25,53 @@ from generator.spec.inputs import FlatInput, ItemInput
 from generator.spec.mixin import MixinSpec
 
 
-def _reads(spec: MixinSpec, loads: Loads) -> list[dict[str, str]]:
+def _reads(spec: MixinSpec, loads: Loads, body: Body) -> list[dict[str, str]]:
     out = []
     for item in spec.item_inputs:
         key = loads.key(item.key)
-        value = (
-            f"_count_values(mm_kwargs, {key})"
-            if item.is_count
-            else f"_grid_values(mm_kwargs, {key}, {len(item.dims)})"
-        )
+        if item.is_padded:
+            shape = _padded_item_shape(spec, body, item)
+            value = f"_padded_values(mm_kwargs, {key}, {shape})"
+        elif item.is_count:
+            value = f"_count_values(mm_kwargs, {key})"
+        else:
+            value = f"_grid_values(mm_kwargs, {key}, {len(item.dims)})"
         out.append({"name": item.key, "value": value})
     return out
+
+
+def _padded_item_shape(spec: MixinSpec, body: Body, item: ItemInput) -> str:
+    """The shape past the size dim every item of a padded input must have:
+    its capture buffers' (``shape[2:]``) when constants fix it, else None
+    (the replay copy would broadcast a narrower one silently)."""
+    constants = {c.name for c in spec.constants}
+    shapes = set()
+    for path in spec.paths:
+        for tensor in path.capture.tensors:
+            if tensor.key != item.key or path.buffer(item.key) is None:
+                continue
+            trailing = tensor.shape[2:]
+            if any(fx.names_in(e) - constants for e in trailing):
+                return "None"
+            shapes.add(tuple(body.expr(e) for e in trailing))
+    if len(shapes) != 1:
+        return "None"
+    (dims,) = shapes
+    return f"({dims[0]},)" if len(dims) == 1 else f"({', '.join(dims)})"
+
+
+def _padded_groups(spec: MixinSpec, loads: Loads) -> list[str]:
+    """``{key: sizes, ...}`` of the padded inputs that share a size dim, for
+    ``_check_same_sizes`` (an image's pixels and positions are one item)."""
+    groups: dict[str, list[ItemInput]] = {}
+    for item in spec.item_inputs:
+        if item.is_padded:
+            groups.setdefault(item.dims[0], []).append(item)
+    return [
+        "{" + ", ".join(f"{loads.key(i.key)}: {i.key}" for i in group) + "}"
+        for group in groups.values()
+        if len(group) > 1
+    ]
 
 
 def _relation(spec: MixinSpec, body: Body, loads: Loads, item: ItemInput) -> dict:
@@ -168,11 +204,18 @@ def _span(spec: MixinSpec, body: Body, loads: Loads) -> dict[str, Any] | None:
 def context(spec: MixinSpec, target: str) -> dict[str, Any]:
     body = Body(spec)
     loads = Loads(spec)
+    # The constants a padded input's item shape reads are bound before the
+    # inputs are read (the others after the selection's early return).
+    early = Body(spec)
+    reads = _reads(spec, loads, early)
+    body.used |= early.used
     relations = [_relation(spec, body, loads, i) for i in spec.item_inputs if i.equals]
     ctx = {
         "signature": signature(spec, "_checked_grids"),
         "keys": loads.by_modality,
-        "reads": _reads(spec, loads),
+        "early_constants": early.bindings(),
+        "reads": reads,
+        "same_sizes": _padded_groups(spec, loads),
         # Unit grids have a row per unit, not per item: their count input
         # must give as many units as they hold.
         "counted": "{"
@@ -210,15 +253,18 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
         "span": _span(spec, body, loads),
         "returns": [i.key for i in spec.item_inputs],
     }
-    ctx["constants"] = body.bindings()
+    ctx["constants"] = [
+        c for c in body.bindings() if c not in ctx["early_constants"]
+    ]
     return ctx
 
 
 def helpers(spec: MixinSpec) -> dict[str, bool]:
     """Which module-level check functions the module needs."""
     return {
-        "grids": any(not i.is_count for i in spec.item_inputs),
+        "grids": any(not i.is_count and not i.is_padded for i in spec.item_inputs),
         "counts": any(i.is_count for i in spec.item_inputs),
+        "padded": any(i.is_padded for i in spec.item_inputs),
         "span": spec.span_assembly is not None,
         "relations": any(i.equals for i in spec.item_inputs),
         "multiples": any(i.multiple_of for i in spec.item_inputs),

@@ -106,6 +106,12 @@ def item_loop(spec: MixinSpec, dims_needed: set[str]) -> tuple[str, str, list[st
     inputs = [g for g in spec.item_inputs if dims_needed & set(g.dims)] or [
         spec.item_inputs[0]
     ]
+    # Padded inputs share their size dim: the first one gives it.
+    inputs = [
+        g
+        for i, g in enumerate(inputs)
+        if not g.is_padded or not any(set(g.dims) <= set(h.dims) for h in inputs[:i])
+    ]
     if len(inputs) == 1:
         return ", ".join(inputs[0].dims), inputs[0].key, [inputs[0].key]
     target = ", ".join(
@@ -154,8 +160,24 @@ class Loads:
 
     def item(self, key: str, source: str = "mm_kwargs") -> dict[str, str]:
         item = self.spec.item_input(key)
+        if item is not None and item.is_padded:
+            # A padded input's sizes (its grid), read off the shapes.
+            return {
+                "name": key,
+                "value": f"_padded_sizes({source}[{self.key(key)}])",
+            }
         reader = "_counts" if item is not None and item.is_count else "_grid_rows"
         return {"name": key, "value": f"self.{reader}({source}, {self.key(key)})"}
+
+    def padded(self, key: str, stacked: bool) -> dict[str, str]:
+        """A padded input as the tensor a forward or builder reads: as sent
+        (a list or a tensor: the model's eager path takes both), or stacked
+        into one ``(N, max P, ...)`` tensor (replay)."""
+        read = f"mm_kwargs[{self.key(key)}]"
+        if stacked:
+            item = self.spec.item_input(key)
+            read = f"_stack_padded({read}, {item.pad_value!r})"
+        return {"name": key, "value": read}
 
 
 def optional_note(path: EncoderPath) -> str | None:

@@ -21,7 +21,8 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
         "eager_only": spec.items.eager_when is not None
         or any(a.eager_beyond for a in spec.capture_axes),
         "select_counts": any(g.is_count for g in spec.item_inputs),
-        "select_grid": any(not g.is_count for g in spec.item_inputs),
+        "select_grid": any(not g.is_count and not g.is_padded for g in spec.item_inputs),
+        "padded": any(g.is_padded for g in spec.item_inputs),
         "rows_dims": sorted({b.rows_dim for b in buffers if b.rows_dim}),
         "repeat_last": any(
             rule in (PadRule.REPEAT_LAST, PadRule.FLASHINFER_SECTIONS)
@@ -30,7 +31,7 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
         ),
         "flashinfer_sections": any(b.pad_by_backend for b in buffers),
         "modality_keys": spec.has_video_keys,
-        "grid_rows": any(not g.is_count for g in spec.item_inputs),
+        "grid_rows": any(not g.is_count and not g.is_padded for g in spec.item_inputs),
         "counts": any(g.is_count for g in spec.item_inputs),
         "split_units": spec.items.per_unit
         or any(f.unit_of and f.rows != Num(1) for f in spec.flat_inputs),

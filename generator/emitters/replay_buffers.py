@@ -6,7 +6,11 @@ from typing import Any
 
 from generator import formulas as fx
 from generator.emitters.capture_axes import bind_axis_dims
-from generator.emitters.capture_inputs import builder_calls, builder_value
+from generator.emitters.capture_inputs import (
+    builder_calls,
+    builder_value,
+    padded_sizes_names,
+)
 from generator.emitters.method_body import Body, Loads, optional_note, path_dispatch
 from generator.emitters.prose import comment_lines
 from generator.naming import PROTOCOL_MODULES
@@ -92,9 +96,10 @@ def _path_body(spec: MixinSpec, path: EncoderPath) -> dict[str, Any]:
     used = _builder_names(path)
     # The device and dtype of the first flat buffer, else of the first flat
     # input a builder reads (its buffers are built from it).
+    row_inputs = (*spec.flat_inputs, *(g for g in spec.item_inputs if g.is_padded))
     device_flat = next(
-        (f for f in spec.flat_inputs if f.key in buffer_keys),
-        next((f for f in spec.flat_inputs if f.key in used), spec.flat_inputs[0]),
+        (f for f in row_inputs if f.key in buffer_keys),
+        next((f for f in row_inputs if f.key in used), row_inputs[0]),
     )
     flat_loads = []
     for flat in spec.flat_inputs:
@@ -104,10 +109,19 @@ def _path_body(spec: MixinSpec, path: EncoderPath) -> dict[str, Any]:
         if flat.replay_dtype is not None:
             value = f"{value}.to({body.expr(flat.replay_dtype)})"
         flat_loads.append({"name": flat.key, "value": value})
+    # A padded input stacked to the batch's widest item (its pad_value past
+    # each item's own size); the replay copy pads it on to the captured width.
+    flat_loads += [
+        loads.padded(g.key, stacked=True)
+        for g in spec.item_inputs
+        if g.is_padded and (g.key in buffer_keys or g is device_flat)
+    ]
     name_map = {
         "device": f"{device_flat.key}.device",
         "dtype": f"{device_flat.key}.dtype",
     }
+    sizes = padded_sizes_names(spec, path) or {}
+    name_map.update(sizes)
     entries = []
     for buf in path.buffers:
         if buf.host_scalar and buf.replay is ReplayRule.DROP:
@@ -120,7 +134,12 @@ def _path_body(spec: MixinSpec, path: EncoderPath) -> dict[str, Any]:
     ctx = {
         "axis_dims": (bind_axis_dims(spec, "axis_keys") if used & axis_dims else []),
         "loads": flat_loads,
-        "grids": [loads.item(g.key) for g in spec.item_inputs if g.key in used],
+        "grids": [
+            loads.item(g.key)
+            for g in spec.item_inputs
+            if g.key in used and not g.is_padded
+        ]
+        + [{**loads.item(key), "name": name} for key, name in sizes.items()],
         "builders": [
             {**call, "branches": branches}
             for call, branches in zip(

@@ -29,6 +29,9 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
             sizes, keys = _flat_sizes(spec, body, item)
             needed += [k for k in keys if k not in needed]
             value = f"_select_rows({loads.flat(item.key)}, {sizes}, indices)"
+        elif item.is_padded:
+            # The chosen items in the form they came in (a list or a tensor).
+            value = f"_select_padded(mm_kwargs[{loads.key(item.key)}], indices)"
         else:
             keys = [item.key] + ([item.unit_of] if item.unit_of else [])
             needed += [k for k in keys if k not in needed]

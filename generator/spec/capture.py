@@ -166,8 +166,10 @@ class CaptureTensor:
         Key(
             "fill",
             Choice(Fill),
-            "What the dummy holds: zeros, random normal values (pixels) or ones "
-            "(an all-true `bool` mask: every position valid).",
+            "What the dummy holds: zeros, random normal values (pixels), ones "
+            "(an all-true `bool` mask: every position valid) or, for a padded "
+            "input, its `pad_value` (`pad`: a dummy of padding only, as Gemma 4 "
+            "captures position ids of -1).",
             default=Fill.ZEROS,
         ),
         Key("why", Text(), "Comment on the buffer."),
@@ -183,9 +185,19 @@ class CaptureTensor:
         flat = flats.get(key)
         if flat is None:
             if key not in r.ctx.failed_inputs:
-                r.ctx.error(key_location, r.field, f"{key!r} is not a flat input")
+                r.ctx.error(
+                    key_location, r.field, f"{key!r} is not a flat or padded input"
+                )
             return None
         if shape is None or any(s is INVALID for s in shape) or dtype is None:
+            return None
+        padded = getattr(flat, "is_padded", False)
+        if fill is Fill.PAD and not padded:
+            r.refuse("fill", "`pad` fills a padded input's buffer with its pad_value")
+            return None
+        if padded and len(shape) < 2:
+            r.error("shape", "a padded input's buffer has items on dim 0 and "
+                    "their sizes on dim 1: give at least two dims")
             return None
         return cls(flat, key_location, tuple(shape), dtype, fill, why)
 

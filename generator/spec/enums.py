@@ -43,6 +43,9 @@ class InputKind(SpecEnum):
     FLAT = "flat"  # every item's rows back to back
     GRID = "grid"  # one row of named dims per item
     COUNT = "count"  # one integer per item (a 1-D tensor or list)
+    #: One ``(N, P, ...)`` tensor or a list of ``(P_i, ...)`` tensors: each
+    #: item's size is read off its shape, replay stacks to the widest.
+    PADDED = "padded"
 
 
 class Rounding(SpecEnum):
@@ -54,6 +57,7 @@ class Fill(SpecEnum):
     ZEROS = "zeros"
     RANDN = "randn"
     ONES = "ones"  # an all-true mask (bool), every position valid
+    PAD = "pad"  # a padded input's pad_value: a dummy of padding only
 
 
 class PadRule(SpecEnum):

@@ -1,6 +1,7 @@
 """The ``mm_kwargs`` keys a mixin reads: flat inputs (every item's rows back
-to back), grids (one row of named dims per item) and counts (one integer per
-item)."""
+to back), grids (one row of named dims per item), counts (one integer per
+item) and padded inputs (one ``(N, P, ...)`` tensor or a list of ``(P_i,
+...)`` tensors, each item's ``P_i`` read off the shape)."""
 
 from __future__ import annotations
 
@@ -55,12 +56,14 @@ class FlatInput:
 
 @dataclass(frozen=True)
 class ItemInput:
-    """An input with one entry per item: a grid row of ``dims`` or, for a
-    count input, one integer named ``dims[0]``."""
+    """An input with one entry per item: a grid row of ``dims``; for a count
+    input, one integer named ``dims[0]``; for a padded input, the item's
+    size ``dims[0]`` (dim 1 of one ``(N, P, ...)`` tensor, dim 0 of each
+    tensor of a list)."""
 
     key: str
     location: Location
-    kind: InputKind  # GRID or COUNT
+    kind: InputKind  # GRID, COUNT or PADDED
     dims: tuple[str, ...]
     video_key: str | None
     #: A grid of one row per unit (tile), the count input ``unit_of`` giving
@@ -72,10 +75,28 @@ class ItemInput:
     #: ``(dim, divisor)``: every row's ``dim`` is a multiple of the divisor
     #: (``inputs.<key>.multiple_of``), checked on the host.
     multiple_of: tuple[tuple[str, Expr], ...] = ()
+    #: Padded inputs: the value the replay stacks a list's shorter items
+    #: with, and the replay copy fills the captured buffer with.
+    pad_value: int | None = None
 
     @property
     def is_count(self) -> bool:
         return self.kind is InputKind.COUNT
+
+    @property
+    def is_padded(self) -> bool:
+        return self.kind is InputKind.PADDED
+
+    # A padded input's dim 0 holds one entry per item: to a capture tensor
+    # it is a flat input of one row per item (``rows`` in its shape: the
+    # dummy batch's items).
+    @property
+    def rows(self) -> Expr:
+        return Num(1)
+
+    @property
+    def own_rows(self) -> bool:
+        return self.is_padded
 
     @property
     def derived_dims(self) -> tuple[str, ...]:
@@ -88,6 +109,8 @@ _ONLY = {
     InputKind.FLAT: "only for flat inputs",
     InputKind.GRID: "only for grid inputs",
     InputKind.COUNT: "only for count inputs",
+    InputKind.PADDED: "only for padded inputs",
+    (InputKind.COUNT, InputKind.PADDED): "only for count and padded inputs",
 }
 
 
@@ -101,7 +124,13 @@ class InputEntry:
             "`flat`: a tensor holding every item's rows back to back; `grid`: one "
             "row of named dims per item (a tensor or a list of lists, read on the "
             "host); `count`: one integer per item (a 1-D tensor or a list, read on "
-            "the host), e.g. the tiles of each image.",
+            "the host), e.g. the tiles of each image; `padded`: one `(N, P, ...)` "
+            "tensor or a list of `(P_i, ...)` tensors, each item's size `P_i` "
+            "read off the shape (an item dim named by `dim`; padded inputs may "
+            "share it, the mixin checks they agree), replayed stacked to the "
+            "widest item with `pad_value` and copied into `[:N, :P]` of a "
+            "captured buffer filled with `pad_value` (Gemma 4's pixels and "
+            "position ids).",
             required=True,
             example="grid",
         ),
@@ -116,8 +145,9 @@ class InputEntry:
         Key(
             "dim",
             Identifier(),
-            "The name item formulas use for the count.",
-            applies="count",
+            "The name item formulas use for the count (padded: for each item's "
+            "size, `P_i`).",
+            applies="count, padded",
             example="n",
         ),
         Key(
@@ -192,8 +222,19 @@ class InputEntry:
             "row and the dim), as vLLM's LFM2-VL mixin refuses tiles whose grid "
             "the projector's factor does not divide: the item formulas' `//` "
             "would drop rows silently.",
-            applies="grid, count",
+            applies="grid, count, padded",
             example="{h: f, w: f}",
+        ),
+        Key(
+            "pad_value",
+            Integer(-(2**31), 2**31 - 1),
+            "What pads an item past its own size: the replay stacks a list's "
+            "shorter items with it, the replay copy fills the captured buffer "
+            "with it before copying `[:N, :P]`, and `fill: pad` makes a capture "
+            "dummy of it (Gemma 4's position ids: -1, a padding patch).",
+            default=0,
+            applies="padded",
+            example="-1",
         ),
         Key(
             "video_key",
@@ -209,7 +250,8 @@ class InputEntry:
     DOC_TITLE = "inputs"
     APPLIES = {
         "dims": InputKind.GRID,
-        "dim": InputKind.COUNT,
+        "dim": (InputKind.COUNT, InputKind.PADDED),
+        "pad_value": InputKind.PADDED,
         "rows": InputKind.FLAT,
         "accepts_list": InputKind.FLAT,
         "fold_ranks": InputKind.FLAT,
@@ -226,7 +268,8 @@ class InputEntry:
                 r.taken.add(name)
             return None
         for name, applies in cls.APPLIES.items():
-            if applies is not kind and r.has(name):
+            kinds = applies if isinstance(applies, tuple) else (applies,)
+            if kind not in kinds and r.has(name):
                 r.refuse(name, _ONLY[applies])
         if kind is InputKind.FLAT and r.has("equals"):
             r.refuse("equals", "only for grid and count inputs")
@@ -237,6 +280,8 @@ class InputEntry:
         if kind is InputKind.COUNT and r.has("unit_of"):
             r.refuse("unit_of", "only for flat and grid inputs (a count gives units)")
             unit_of = None
+        if kind is InputKind.PADDED:
+            return _padded(r, key, key_location, video_key)
         if kind is InputKind.FLAT:
             default_rows = Num(1) if unit_of else Ref("input_size")
             return FlatInput(
@@ -270,6 +315,34 @@ class InputEntry:
             equals=equals,
             multiple_of=multiple_of,
         )
+
+
+def _padded(r: Reader, key: str, key_location: Location, video_key):
+    """A padded input: its size dim, divisors and pad value (no ``equals``:
+    the size is the tensor's, nothing to derive; no ``unit_of``: one tensor
+    row per item)."""
+    for name, why in (
+        ("equals", "only for grid and count inputs (a padded size is its shape)"),
+        ("unit_of", "only for flat and grid inputs (a padded input has one "
+         "entry per item)"),
+    ):
+        if r.has(name):
+            r.refuse(name, why)
+    dims = _item_dims(r, InputKind.PADDED)
+    multiple_of = _multiple_of(r, dims) if r.ok("multiple_of") else ()
+    pad_value = r.take("pad_value")
+    if dims is None:
+        r.ctx.failed_inputs.add(key)
+        return None
+    return ItemInput(
+        key,
+        key_location,
+        InputKind.PADDED,
+        dims,
+        video_key,
+        multiple_of=multiple_of,
+        pad_value=pad_value if r.ok("pad_value") else 0,
+    )
 
 
 def _multiple_of(r: Reader, dims: tuple[str, ...] | None):
@@ -339,6 +412,7 @@ def prescan_dims(ctx: ReadContext, inputs_node) -> None:
     if inputs_node is None or inputs_node.kind != "mapping":
         return
     seen: dict[str, str] = {}
+    padded: set[str] = set()
     for key, entry in inputs_node.value.items():
         if entry.kind != "mapping":
             continue
@@ -354,6 +428,14 @@ def prescan_dims(ctx: ReadContext, inputs_node) -> None:
                 continue
             where = f"{field}.{name}"
             check_name(ctx, dim_node.location, where, dim, "dim")
+            kind_node = entry.value.get("kind")
+            is_padded = kind_node is not None and kind_node.value == "padded"
+            if dim in seen and is_padded and seen[dim] in padded:
+                # Padded inputs share their size dim (the mixin checks that
+                # they agree per item).
+                continue
+            if is_padded:
+                padded.add(key)
             if dim in seen:
                 ctx.error(
                     dim_node, where, f"dim {dim!r} is already a dim of {seen[dim]!r}"

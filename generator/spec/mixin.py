@@ -440,7 +440,13 @@ class MixinSpec:
         ctx.partial["sizes"] = sizes
         axes = tuple(_values(r.take("capture_axes")))
         ctx.partial["capture_axes"] = axes
-        paths = _paths(r, item_inputs, flats)
+        # A capture tensor may fill a flat input or a padded one (one row,
+        # its item, per item on dim 0).
+        row_inputs = {
+            **flats,
+            **{k: i for k, i in item_inputs.items() if i.is_padded},
+        }
+        paths = _paths(r, item_inputs, row_inputs)
         if axes and paths and len(paths) > 1:
             r.error(
                 "capture_axes",
@@ -664,7 +670,10 @@ def _inputs(r: Reader, modalities) -> list[Input]:
             "inputs",
             "at least one grid or count input is needed (items are read from them)",
         )
-    if not any(isinstance(i, FlatInput) for i in inputs):
+    # A padded input holds rows too (one per item, on dim 0).
+    if not any(
+        isinstance(i, FlatInput) or getattr(i, "is_padded", False) for i in inputs
+    ):
         r.error("inputs", "at least one flat input is needed")
     _check_video_keys(r, node, modalities)
     _check_equals(r, node, inputs)

@@ -33,6 +33,7 @@ from generator.emit import render_spec
 from generator.resolve import load_spec
 from generator.spec import Buffer, EncoderPath, MetadataBuilder, MixinSpec, PadRule
 from generator.spec.capture import CaptureTensor, DtypeFallback
+from generator.spec.inputs import ItemInput
 from generator.static_checks import per_item_tokens
 from genmixin_testlib import load_module_copy
 
@@ -107,6 +108,12 @@ class FakeCall:
     #: The result is an iterator (a step passes it to ``next``: a module's
     #: ``parameters()``).
     iterated: bool = False
+    #: A step reads this attribute of the result (HF's
+    #: ``encoder(...).last_hidden_state``): an object holding the output.
+    attribute: str | None = None
+    #: A step takes element 0 of the result (HF's pooler returns a tuple):
+    #: a tuple whose first element is rows enough for any gather index.
+    indexed: bool = False
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         self.calls.append((args, kwargs))
@@ -114,7 +121,19 @@ class FakeCall:
         self.returned.append(out)
         if self.iterated:
             return iter([out])
+        if self.attribute is not None:
+            return HostObjectWith(**{self.attribute: out})
+        if self.indexed:
+            rows = out if self.queue or out.shape[0] > 1 else out.expand(1 << 16, -1)
+            return (rows, None)
         return [out] if _forward_calling() in self.listed_in else out
+
+
+class HostObjectWith:
+    """A call result whose attributes the steps read (a model output)."""
+
+    def __init__(self, **attrs: Any) -> None:
+        self.__dict__.update(attrs)
 
 
 def _forward_calling() -> str | None:
@@ -252,6 +271,13 @@ class SpecWorld:
                 for n, a, b in zip(counts, offsets, offsets[1:], strict=False)
             ]
         for inp in self.spec.item_inputs:
+            if inp.is_padded:
+                rows = [[size] for size in self.padded_sizes(batch[inp.key])]
+                for i, row in enumerate(rows):
+                    if i == len(items):
+                        items.append({})
+                    items[i][inp.dims[0]] = row[0]
+                continue
             rows = batch[inp.key]
             rows = rows.tolist() if isinstance(rows, torch.Tensor) else rows
             for i, row in enumerate(rows):
@@ -350,6 +376,12 @@ class SpecWorld:
                 set_path(host, c.host_path.parts, self.env[c.name])
         for path in self._int_paths():
             set_path(host, path.parts, self.env[path.dotted])
+        for attr in spec.host:
+            if attr.annotation == "torch.dtype":
+                setattr(host, attr.name, torch.float32)  # the forwards cast to it
+        for path in self._int_paths():
+            if path.parts[-1] == "dtype":  # a weight's dtype, cast to
+                set_path(host, path.parts, torch.float32)
         for flat in spec.flat_inputs:
             for dtype_path in (flat.replay_dtype, flat.eager_dtype):
                 if dtype_path is not None:
@@ -437,6 +469,12 @@ class SpecWorld:
         steps += [s for p in paths for b in p.metadata for s in b.steps]
         steps += self.spec.post_steps
         for step in steps:
+            # Methods called on a result (``.to(dtype)``) are no attribute reads.
+            methods = {
+                id(sub.callee)
+                for sub in fx.walk(step.expr)
+                if isinstance(sub, fx.Call) and isinstance(sub.callee, fx.Attr)
+            }
             for sub in fx.walk(step.expr):
                 # Methods of values and torch functions run for real.
                 if (
@@ -451,6 +489,23 @@ class SpecWorld:
                     }
                     fake.iterated = fake.iterated or sub in iterated
                     self._install(host, sub.callee, fake)
+                if (
+                    isinstance(sub, fx.Subscript)
+                    and isinstance(sub.value, fx.Call)
+                    and is_host_call(sub.value)
+                    and sub.index == fx.Num(0)
+                ):
+                    name = _callee_name(sub.value.callee)
+                    self.calls.setdefault(name, FakeCall(name)).indexed = True
+                if (
+                    isinstance(sub, fx.Attr)
+                    and isinstance(sub.value, fx.Call)
+                    and id(sub) not in methods
+                ):
+                    if is_host_call(sub.value):
+                        name = _callee_name(sub.value.callee)
+                        fake = self.calls.setdefault(name, FakeCall(name))
+                        fake.attribute = sub.name
 
     def on_tensor(self, callee) -> bool:
         """A method of a host tensor (``image_newline.to``): runs for real."""
@@ -530,6 +585,20 @@ class SpecWorld:
             item[UNITS] = units
         return item
 
+    def eager_item(self, rng: random.Random) -> dict[str, Any]:
+        """A random item that runs eagerly: its dims doubled until no key of
+        a ``beyond_keys: eager`` axis covers it (the keys of real specs are
+        far above :meth:`random_item`'s small dims)."""
+        item = self.random_item(rng)
+        for _ in range(40):
+            if self.runs_eagerly(item):
+                return item
+            derived = {d for g in self.spec.item_inputs for d in g.derived_dims}
+            item = self.derive(
+                {d: v * 2 if d not in derived else v for d, v in item.items()}
+            )
+        raise AssertionError("no item of this spec runs eagerly")
+
     def derive(self, item: dict[str, int]) -> dict[str, int]:
         """``item`` with every derived dim set from its formula."""
         out = dict(item)
@@ -598,7 +667,9 @@ class SpecWorld:
         out: dict[str, Any] = {}
         for inp in self.spec.inputs:
             key = inp.video_key if video and inp.video_key else inp.key
-            if inp in self.spec.item_inputs:
+            if isinstance(inp, ItemInput) and inp.is_padded:
+                out[key] = self.padded_value(inp.key, items, lists=lists)
+            elif inp in self.spec.item_inputs:
                 if inp.unit_of is not None:  # one row per unit
                     rows = [[u[d] for d in inp.dims] for it in items for u in it[UNITS]]
                 else:
@@ -618,13 +689,87 @@ class SpecWorld:
         return out
 
     def row_shape(self, key: str) -> list[int]:
-        """The shape of one row of a flat input: its capture buffer's, or 2."""
+        """The shape of one row of a flat input: its capture buffer's, or 2
+        (of a padded input: past its size dim)."""
         tensors = (t for p in self.spec.paths for t in p.capture.tensors)
         tensor = next((t for t in tensors if t.key == key), None)
         if tensor is None:
             return [2]
         names = {"k": 1, "rows": 1, "max_batch_size": 1, "token_budget": 1}
-        return [self.value(e, **names) for e in tensor.shape[1:]] or []
+        item = self.spec.item_input(key)
+        skip = 2 if item is not None and item.is_padded else 1
+        if skip == 2:
+            names.update(self.axis_dims(self.axis_key_combos()[0]))
+            names.update({let.name: 1 for let in self.spec.paths[0].capture.lets})
+        return [self.value(e, **names) for e in tensor.shape[skip:]] or []
+
+    # -- padded inputs --------------------------------------------------------------------
+
+    def padded_probe_items(self) -> list[dict[str, int]]:
+        """Items of every size (multiples of its step) up to the widest key
+        and a bit past it, the other dims at their step."""
+        steps = self.dim_steps()
+        sizes = {g.dims[0] for g in self.spec.item_inputs if g.is_padded}
+        base = {d: steps.get(d, 1) for g in self.spec.item_inputs for d in g.dims}
+        widest = max(
+            (self.value(p) for a in self.spec.capture_axes for k in a.keys for p in k),
+            default=64,
+        )
+        step = math.lcm(1, *(steps.get(d, 1) for d in sizes))
+        return [
+            self.derive({**base, **{d: step * m for d in sizes}})
+            for m in range(1, 2 * widest + 2)
+        ]
+
+    def takes(self, item: Mapping[str, int], key_dims: Mapping[str, int], budget: int):
+        """A graph of these axis dims and budget replays batches holding
+        ``item``: no eager rule sends it away, the key covers it and its
+        budget tokens fit."""
+        if self.runs_eagerly(item) or self.path_tokens(item) > budget:
+            return False
+        for axis in self.spec.capture_axes:
+            need = [self.value(c, **item) for c in axis.covers]
+            if any(n > key_dims[d] for n, d in zip(need, axis.dims, strict=True)):
+                return False
+        return True
+
+    def padded_value(self, key: str, items, *, lists: bool = False):
+        """A padded input of these items: a list of ``(p_i, ...)`` tensors, or
+        (``lists`` False and every size alike) one ``(N, p, ...)`` tensor.
+        Row ``r`` of item ``i`` starts with ``(i, r)``: a selection's order
+        and the padding show."""
+        item = self.spec.item_input(key)
+        shape = self.row_shape(key)
+        parts = []
+        for i, it in enumerate(items):
+            part = torch.zeros(it[item.dims[0]], *shape)
+            view = part.view(part.shape[0], -1)
+            view[:, 0] = i
+            if view.shape[1] > 1:
+                view[:, 1] = torch.arange(part.shape[0])
+            parts.append(part)
+        sizes = {p.shape[0] for p in parts}
+        if not lists and len(sizes) == 1:
+            return torch.stack(parts)
+        if not lists and not parts:
+            return torch.zeros(0, 1, *shape)
+        return parts
+
+    @staticmethod
+    def padded_sizes(value) -> list[int]:
+        if isinstance(value, torch.Tensor):
+            return [value.shape[1]] * value.shape[0]
+        return [part.shape[0] for part in value]
+
+    @staticmethod
+    def padded_ids(value, sizes: list[int]) -> list[list[list[float]]]:
+        """Per item, ``(item, row)`` of its rows within its own size."""
+        parts = list(value) if isinstance(value, torch.Tensor) else value
+        out = []
+        for part, size in zip(parts, sizes, strict=True):
+            view = part[:size].reshape(size, -1)
+            out.append(view[:, :2].tolist() if view.shape[1] > 1 else view.tolist())
+        return out
 
     def flat_tensor(self, key: str, items) -> torch.Tensor:
         """Row ``r`` of item ``i`` starts with ``(i, r)``: a selection's order

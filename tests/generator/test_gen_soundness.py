@@ -46,7 +46,7 @@ from generator import formulas as fx  # noqa: E402
 from generator.resolve import load_spec  # noqa: E402
 from generator.spec import FlatInput, PadRule  # noqa: E402
 from generator.spec.capture import DtypeFallback  # noqa: E402
-from generator.spec.enums import Dtype  # noqa: E402
+from generator.spec.enums import Dtype, Fill, InputKind  # noqa: E402
 from genmixin_spec_host import (  # noqa: E402
     FALLBACK_DTYPE,
     OUT_WIDTH,
@@ -97,7 +97,14 @@ def test_config(world: SpecWorld) -> None:
         if m not in conditional or world.value(conditional[m])
     ]
     special = {b.key for b in spec.buffers if b.pad is not None or b.rows_dim}
-    assert set(config.padding_logics) == special
+    padded = {b.key for b in spec.buffers if is_padded_buffer(world, b)}
+    assert set(config.padding_logics) == special | padded
+    for key in padded:
+        # pad_value everywhere but the batch's [:N, :P] block.
+        pad = world.spec.item_input(key).pad_value
+        dst, src = torch.full((3, 5, 2), 7.0), torch.ones(2, 4, 2)
+        config.padding_logics[key](dst, src)
+        assert dst[:2, :4].eq(1).all() and (dst.sum() == 16 + pad * (30 - 16)), key
     off = world.spec.capture_off
     if off is not None:
         # The host flag turns capture off: no modality, one frame per video.
@@ -240,6 +247,8 @@ def test_eager_items_exceed_every_budget(eager_when_world: SpecWorld) -> None:
     eager = world.spec.items.eager_when
     rng = random.Random(11)
     items = [world.random_item(rng) for _ in range(24)]
+    if not any(world.runs_eagerly(it) for it in items):
+        items[::12] = [world.eager_item(rng) for _ in items[::12]]
     eager_items = [it for it in items if world.runs_eagerly(it)]
     assert eager_items and len(eager_items) < len(items), "draw both kinds"
     specs = world.host().get_encoder_cudagraph_item_specs(world.batch(items))
@@ -266,7 +275,8 @@ def test_an_eager_item_is_selected_without_a_covering_key(eager_axes_world):
     world = eager_axes_world
     rng = random.Random(5)
     drawn = (world.random_item(rng) for _ in range(10**3))
-    item = next(it for it in drawn if world.runs_eagerly(it))
+    item = next((it for it in drawn if world.runs_eagerly(it)), None)
+    item = item or world.eager_item(rng)
     host = world.host()
     got = host.select_encoder_cudagraph_items(world.batch([item]), [0])
     expected = world.selected_axis_keys([item])
@@ -299,7 +309,15 @@ def test_selection(world: SpecWorld, lists: bool, indices: list[int]) -> None:
     want = world.batch(chosen)
     for inp in world.spec.inputs:
         value = got[inp.key]
-        if isinstance(inp, FlatInput):
+        if inp.kind is InputKind.PADDED:
+            # The chosen items in the form they came in, each its own rows.
+            sent = batch[inp.key]
+            assert isinstance(value, list) == isinstance(sent, list), inp.key
+            sizes = world.padded_sizes(value)
+            assert sizes == [it[inp.dims[0]] for it in chosen], inp.key
+            whole = world.padded_ids(sent, world.padded_sizes(sent))
+            assert world.padded_ids(value, sizes) == [whole[i] for i in indices]
+        elif isinstance(inp, FlatInput):
             # Rows (item, row) of the chosen items, in the order chosen.
             want_rows = world.row_ids(world.batch(items)[inp.key])
             starts = [0]
@@ -439,7 +457,9 @@ def check_capture_inputs(
         if value is None:
             assert buf.optional, f"{buf.key} is None but not optional"
             continue
-        if is_capture_tensor(buf):
+        if is_padded_buffer(world, buf):
+            check_padded_capture(world, buf, value, names, dims, budget, mbs)
+        elif is_capture_tensor(buf):
             own = mbs * world.flat_rows(buf.key, dims)
             shape = [
                 world.value(e, **names, rows=own, **dims) for e in buf.source.shape
@@ -472,6 +492,8 @@ def check_capture_inputs(
                 set_path(unset, option.parts, None)
             again = capture(world, unset, budget, mbs, mfpb, path, axis_keys)
             assert again[t.key].dtype == torch.float32, t.key
+    if any(is_padded_buffer(world, b) for b in path.buffers):
+        return  # check_padded_capture: what a key's graph takes, not a dummy's
     # The dummy batch covers its budget, in budget tokens and in graph rows
     # (a path whose items all have the same rows: the most of max_batch_size
     # such items).
@@ -488,6 +510,32 @@ def check_capture_inputs(
     for fake in world.builders:
         seen = fake.items(*fake.calls[-1])
         assert seen == [{d: v for d, v in it.items() if d in seen[0]} for it in dummy]
+
+
+def is_padded_buffer(world: SpecWorld, buf) -> bool:
+    item = world.spec.item_input(buf.key)
+    return item is not None and item.is_padded and is_capture_tensor(buf)
+
+
+def check_padded_capture(world, buf, value, names, dims, budget, mbs) -> None:
+    """A padded input's capture buffer has its shape, holds its pad_value
+    (``fill: pad``) and has room for every batch the key's graph takes: as
+    many items as fit the budget at the fewest budget tokens of an item the
+    key covers, each up to the widest size it covers."""
+    shape = [world.value(e, **names, rows=mbs, **dims) for e in buf.source.shape]
+    assert list(value.shape) == shape, buf.key
+    assert value.dtype == expected_dtype(buf.source), buf.key
+    if buf.source.fill is Fill.PAD:
+        assert value.eq(world.spec.item_input(buf.key).pad_value).all(), buf.key
+    key_dims = {d: names[d] for a in world.spec.capture_axes for d in a.dims}
+    taken = [it for it in world.padded_probe_items() if world.takes(it, key_dims, budget)]
+    if not taken:
+        return
+    fewest = min(world.path_tokens(it) for it in taken)
+    most = min(mbs, max(1, budget // fewest)) if fewest > 0 else mbs
+    size = world.spec.item_input(buf.key).dims[0]
+    assert value.shape[0] >= most, f"{buf.key}: room for {most} items"
+    assert value.shape[1] >= max(it[size] for it in taken), f"{buf.key}: widest"
 
 
 def expected_dtype(tensor) -> torch.dtype:
@@ -580,6 +628,10 @@ def check_replay_buffers(world, path, rng, budget: int, mbs: int, mfpb: int) -> 
         for buf in path.buffers:
             if buf.pad is PadRule.TRAILING_SEQUENCE:
                 target[buf.key] = captured[buf.key]
+        for buf in path.buffers:
+            if is_padded_buffer(world, buf):
+                # Stale values of an earlier, larger batch.
+                target[buf.key].fill_(7)
         replay_into(config, target, replay)
         check_replayed(world, path, items, target, replay, rows_captured)
     return checked
@@ -593,6 +645,9 @@ def check_replayed(world, path, items, target, replay, rows_captured) -> None:
         src = replay[buf.key]
         if src is None:
             assert buf.optional and value is None, buf.key
+            continue
+        if is_padded_buffer(world, buf):
+            check_padded_replay(world, buf, items, value, src)
             continue
         if is_capture_tensor(buf):
             assert src.shape[0] == sum(world.flat_rows(buf.key, it) for it in items)
@@ -614,6 +669,27 @@ def check_replayed(world, path, items, target, replay, rows_captured) -> None:
             assert torch.equal(head, src.to(value.dtype)), buf.key
             rest = value.narrow(dim, n, value.shape[dim] - n)
             assert not rest.any(), f"{buf.key}: stale rows after the real ones"
+
+
+def check_padded_replay(world, buf, items, value, src) -> None:
+    """The replay stacked the items to the widest (pad_value past each one's
+    size), and the copy put them at ``[:N, :P]`` of a buffer of pad_value."""
+    item = world.spec.item_input(buf.key)
+    pad = item.pad_value
+    sizes = [it[item.dims[0]] for it in items]
+    assert list(src.shape[:2]) == [len(items), max(sizes)], buf.key
+    assert world.padded_ids(src, sizes) == [
+        [[i, r] for r in range(n)] if src[0].numel() // src.shape[1] > 1 else
+        [[i]] * n
+        for i, n in enumerate(sizes)
+    ], buf.key
+    for i, n in enumerate(sizes):
+        assert src[i, n:].eq(pad).all(), f"{buf.key}: item {i} padded"
+    head = value[: src.shape[0], : src.shape[1]]
+    assert torch.equal(head, src.to(value.dtype)), buf.key
+    mask = torch.ones(value.shape[:2], dtype=torch.bool)
+    mask[: src.shape[0], : src.shape[1]] = False
+    assert value[mask].eq(pad).all(), f"{buf.key}: stale rows past the batch"
 
 
 # -- eager forward -------------------------------------------------------------------------
@@ -663,6 +739,9 @@ def test_graph_forward(world: SpecWorld, budget: int, mbs: int, mfpb: int) -> No
     that is a host call returns that call's result unchanged."""
     for path in world.spec.paths:
         for keys in world.axis_key_combos():
+            names = world.capture_names(budget, mbs, mfpb, path, keys)
+            if world.refused(names, path) is not None:
+                continue  # test_capture_inputs: the capture refuses this budget
             host = world.host()
             values = capture(world, host, budget, mbs, mfpb, path, keys)
             entered = len(forward_context.ENTERED)
@@ -842,10 +921,17 @@ def axes_world(request) -> SpecWorld:
     return SpecWorld(Path(request.param))
 
 
-def _manager(world: SpecWorld, host, tokens: int = 256, items: int = 4):
+def manager_tokens(world: SpecWorld) -> int:
+    """The scheduler step of the manager tests: 256, or four of the
+    smallest budget where that is larger (Gemma 4's images count 280)."""
+    return max(256, 4 * world.value(world.spec.budget.min))
+
+
+def _manager(world: SpecWorld, host, tokens: int | None = None, items: int = 4):
     from encoder_cudagraph_runtime.config import CompilationConfig, MultiModalConfig
     from encoder_cudagraph_runtime.graph_backends import EagerReplayGraphBackend
 
+    tokens = tokens or manager_tokens(world)
     cfg = VllmConfig(
         scheduler_config=SchedulerConfig(max_num_batched_tokens=tokens),
         model_config=ModelConfig(
@@ -875,8 +961,9 @@ def test_the_manager_replays_the_selected_keys(axes_world: SpecWorld, seed: int)
     world = axes_world
     host = world.host()
     manager = _manager(world, host)
+    tokens = manager_tokens(world)
     plan = make_plan(
-        world.spec, max_num_batched_tokens=256, max_model_len=256, max_items=4
+        world.spec, max_num_batched_tokens=tokens, max_model_len=tokens, max_items=4
     )
     assert manager.get_num_graphs_to_capture() == plan.num_graphs
     manager.capture()

@@ -4131,6 +4131,126 @@ def deepseek_ocr() -> ModelParity:
     )
 
 
+# ---------------------------------------------------------------------------
+# Gemma 4 (the parity battery; the fakes are those of its findings above)
+# ---------------------------------------------------------------------------
+
+#: Soft tokens per image the battery draws (the model-level 280 covers them).
+GEMMA4_SOFT_TOKENS = (70, 140, 280)
+
+
+class _TorchOnTheHost:
+    """``torch`` for vLLM's Gemma 4 eager path on CPU: its chunking reads
+    the accelerator's free memory, which a CPU run has none of (a plenty
+    that keeps every bucket in one chunk, as a GPU with room does)."""
+
+    accelerator = _Obj(get_memory_info=lambda: (1 << 40, 1 << 41))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(torch, name)
+
+
+@functools.cache
+def _gemma4_vllm() -> tuple[WheelCode, type]:
+    """(the wheel code, vLLM's Gemma 4 host class with its eager image path:
+    vLLM's own ``_process_image_input`` on the fake tower)."""
+    code = _wheel_code(
+        {
+            GEMMA4: {
+                "torch": _TorchOnTheHost(),
+                "gpu_sync_allowed": contextlib.nullcontext,
+                # The TensorSchema only checks shapes: a mapping of the fields.
+                "Gemma4ImagePixelInputs": lambda **fields: fields,
+                "Gemma4VideoInputs": lambda **fields: fields,
+            }
+        }
+    )
+    vllm_mixin = code.klass(
+        GEMMA4,
+        "Gemma4ForConditionalGeneration",
+        _defined(code, GEMMA4, "Gemma4ForConditionalGeneration"),
+        bases=(_protocol(code),),
+    )
+    return code, type("VllmGemma4Host", (vllm_mixin,), {})
+
+
+def gemma4_make_host(host_class: type, settings: HostSettings) -> Any:
+    """A Gemma 4 host of the checkpoint's model-level 280 soft tokens."""
+    host = host_class()
+    host.config = _Obj(
+        vision_config=_Obj(
+            default_output_length=280,
+            pooling_kernel_size=GEMMA4_KERNEL,
+            position_embedding_size=64,
+        ),
+        text_config=_Obj(hidden_size=WIDTH),
+    )
+    host.multimodal_config = settings.multimodal_config()
+    host.vision_tower = _Gemma4VisionTower()
+    host.model_dtype = torch.float32
+    host.embed_vision = _Gemma4EmbedVision()
+    host._enable_mm_lora = False
+    return host
+
+
+def gemma4_random_image(gen: torch.Generator, modality: str) -> tuple[int, int, int]:
+    """(h, w, soft tokens): a patch grid within a row of that many soft
+    tokens (``soft * k²`` patches), as the processor resizes an image."""
+    assert modality == "image"
+    soft = GEMMA4_SOFT_TOKENS[int(torch.randint(0, 3, (1,), generator=gen))]
+    side = int((soft * GEMMA4_KERNEL**2) ** 0.5)
+    h, w = (int(v) for v in torch.randint(1, side + 1, (2,), generator=gen))
+    return h, w, soft
+
+
+def gemma4_batch(
+    gen: torch.Generator,
+    modality: str,
+    grids: list[tuple[int, int, int]],
+    *,
+    lists: bool = False,
+) -> dict[str, Any]:
+    """Images as HF's processor pads them (``gemma4_frames``), batched as
+    vLLM's field config does: one tensor when every image has the same
+    number of patches (unless ``lists``), else a list of per-image tensors."""
+    assert modality == "image"
+    pixels, positions = [], []
+    for h, w, soft in grids:
+        pv, pp = gemma4_frames([(h, w)], soft)
+        noise = torch.randn(pv.shape, generator=gen) * (pp != -1).all(-1, True)
+        pixels.append(pv[0] + noise[0])
+        positions.append(pp[0])
+    if not lists and len({p.shape[0] for p in pixels}) == 1:
+        return {
+            "pixel_values": torch.stack(pixels),
+            "pixel_position_ids": torch.stack(positions),
+        }
+    return {"pixel_values": pixels, "pixel_position_ids": positions}
+
+
+@functools.cache
+def gemma4_mm() -> ModelParity:
+    """vLLM's Gemma 4 host (its eager image path included) against one with
+    the generated mixin, on the same fake tower."""
+    code, vllm_host = _gemma4_vllm()
+    ours = load_generated_vllm_module("gemma4_mm", code).Gemma4EncoderCudaGraphMixin
+    host_parts = code.klass(
+        GEMMA4,
+        "Gemma4ForConditionalGeneration",
+        ["_get_max_soft_tokens", "_parse_and_validate_image_input", "_process_image_input"],
+    )
+    return ModelParity(
+        name="gemma4_mm",
+        vllm_host=vllm_host,
+        our_host=type("GeneratedGemma4Host", (ours, host_parts), {}),
+        make_host=gemma4_make_host,
+        modalities=("image",),
+        make_batch=gemma4_batch,
+        random_grid=gemma4_random_image,
+        frames=lambda grid: 1,
+    )
+
+
 def runtime_manager(
     host: Any, budgets: list[int], items: int, max_frames: int | None = None
 ) -> Any:

@@ -1813,6 +1813,49 @@ valid_case(
     ("  eager_when: max(h, w) > side\n", "  eager_when: n > side\n"),
 )
 
+
+# -- padded inputs (kind: padded) ------------------------------------------------------
+
+# pad_value is a padded input's; fill: pad fills a padded input's buffer; a
+# padded size is its shape (no equals); a padded buffer has items and sizes.
+valid_case(
+    "padded_key_on_other_kinds",
+    "capture_axes",
+    ("  image_grid: {kind: grid, dims: [h, w]}\n",
+     "  image_grid: {kind: grid, dims: [h, w], pad_value: -1}\n"),
+    ("    patches: {shape: [rows, patch], dtype: dtype}\n",
+     "    patches: {shape: [rows, patch], dtype: dtype, fill: pad}\n"),
+)
+valid_case(
+    "padded_equals_and_flat_shape",
+    "padded_items",
+    ("  positions: {kind: padded, dim: p, pad_value: -1}\n",
+     "  positions: {kind: padded, dim: p, pad_value: -1, equals: {p: pool}}\n"),
+    ("    patches: {shape: [images, w * pool, patch], dtype: dtype}\n",
+     "    patches: {shape: [images * w * pool * patch], dtype: dtype}\n"),
+)
+# Images counted by their own tokens: a graph of width w then gets up to
+# token_budget images of one token, but holds token_budget // widest.
+valid_case(
+    "padded_items_beyond_the_key_rows",
+    "padded_items",
+    ("  budget_tokens: widest\n", "  budget_tokens: p // pool\n"),
+    ("budget:\n  min: widest\n", "budget:\n  min: 1\n"),
+)
+# Rows of w patches: an image the key w covers has up to w * pool.
+valid_case(
+    "padded_items_wider_than_the_rows",
+    "padded_items",
+    ("    positions: {shape: [images, w * pool, 2]",
+     "    positions: {shape: [images, w * pool - 1, 2]"),
+)
+# pad_value is an integer.
+valid_case(
+    "padded_pad_value_not_an_integer",
+    "padded_items",
+    ("pad_value: -1}", "pad_value: -0.5}"),
+)
+
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     wanted = set(cases) | set(NOT_UTF8)

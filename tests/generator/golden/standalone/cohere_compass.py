@@ -3,8 +3,8 @@
 # From specs/cohere_compass.yaml: change the spec or the templates and run
 # `gen-mixin specs/cohere_compass.yaml`.
 # spec-sha256: d0b3571feeeed12e487ccaa7caa29d450a482d4ae7cfb2cb9c2e528321160bf0
-# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
-# output-sha256: 4ff2911ac59d1b400227b2cd8997b116cfbf29302e9937136498d1ee1aa9c09c
+# templates-sha256: bf7fac33f4c37d6ef71249d9788654df618ebf0f3164024b9febae2219400492
+# output-sha256: c06dbb4799ac62507cfb499cdc59b9790af0cf2ed226008443f7a4c826e6f0bc
 
 import itertools
 from collections.abc import Hashable

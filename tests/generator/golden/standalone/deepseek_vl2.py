@@ -3,8 +3,8 @@
 # From specs/deepseek_vl2.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_vl2.yaml`.
 # spec-sha256: 6f892ea020ee953004c7a45b78d4d9f058c9fcef960abef7cba31604ab4b32b1
-# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
-# output-sha256: ed78ce9c93833661be3db795f33a8b650375dc40688268917cf462e6676554d7
+# templates-sha256: bf7fac33f4c37d6ef71249d9788654df618ebf0f3164024b9febae2219400492
+# output-sha256: 0af98208ad35a4f5fcf113161bf3e2a84b0b17c18748cb52b0ceb4d029fcc3b3
 
 import itertools
 from collections.abc import Hashable

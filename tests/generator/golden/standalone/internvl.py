@@ -3,8 +3,8 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
-# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
-# output-sha256: 57ac107e1652a4f95c2a4cbab52a95f79e5ba6dc9d788c336ff22b2cd64d37cf
+# templates-sha256: bf7fac33f4c37d6ef71249d9788654df618ebf0f3164024b9febae2219400492
+# output-sha256: 8825606bfe436ed2a36aef82706d3ac8bfde1efea3608b6696540c1c0089ec7f
 
 import itertools
 from collections.abc import Hashable

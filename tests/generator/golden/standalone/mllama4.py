@@ -3,8 +3,8 @@
 # From specs/mllama4.yaml: change the spec or the templates and run
 # `gen-mixin specs/mllama4.yaml`.
 # spec-sha256: 3a4c5d7bdb1ee216f77e7723529296ab4a8d77acd6df01a22770eb4a40007938
-# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
-# output-sha256: 660bcf3116f52d339c581d4f3e359f22a27615b59432323e35f2ec758abd8723
+# templates-sha256: bf7fac33f4c37d6ef71249d9788654df618ebf0f3164024b9febae2219400492
+# output-sha256: 5b64635d52d6ef69fdbd12c7aa86c61fea66b7fef89bed415a4e953e0ea96ff6
 
 import itertools
 from collections.abc import Hashable

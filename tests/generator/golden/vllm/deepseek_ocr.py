@@ -3,8 +3,8 @@
 # From specs/deepseek_ocr.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_ocr.yaml`.
 # spec-sha256: 0bfb43e4316a4a39192bb100e7cfeecbb3f7339c7a907dfaa07f9b62999ceee7
-# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
-# output-sha256: 387827e712f06dc10622fe2efc5d1b3e17823fa7ebf577f6d6505734aaa91310
+# templates-sha256: bf7fac33f4c37d6ef71249d9788654df618ebf0f3164024b9febae2219400492
+# output-sha256: 08e336c931a928fc1780f035d2597066545b87d701ce3ea5ec483ead822e6c91
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/deepseek_vl2.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_vl2.yaml`.
 # spec-sha256: 6f892ea020ee953004c7a45b78d4d9f058c9fcef960abef7cba31604ab4b32b1
-# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
-# output-sha256: 665beecb474bf1d239eb058b0bdfc81de634cf0dd6ceb08640d9768746ac0ea3
+# templates-sha256: bf7fac33f4c37d6ef71249d9788654df618ebf0f3164024b9febae2219400492
+# output-sha256: a1804d6b0e68cbdd3e5a34660b218c1123be18158c7c612c5e82ade819a460a5
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/ernie45_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/ernie45_vl.yaml`.
 # spec-sha256: 44a19487b2f61417079df3347e463bfafc30019f50c2056291e8a1b652284f7c
-# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
-# output-sha256: 6e1cf0333a3369fd3fc377a9a30b127e376531f2bea05a8c0b6a3d115423495a
+# templates-sha256: bf7fac33f4c37d6ef71249d9788654df618ebf0f3164024b9febae2219400492
+# output-sha256: a3a509ae11cfe7952060f7ecb2801b391bfc6fa9a245b7a67dba953c210ab0de
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/lfm2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/lfm2_vl.yaml`.
 # spec-sha256: 53ffcb080829243979571d9cfcffa8d459e19e51a7ca8ee40c70b1caa23721ca
-# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
-# output-sha256: ff89997f3343b5a08bee79b53a24b98d6e3fc077f6747daf9c4ad2461c9424e4
+# templates-sha256: bf7fac33f4c37d6ef71249d9788654df618ebf0f3164024b9febae2219400492
+# output-sha256: 886ab6fcfbbd4e1aa9c3ef62526c0d124e153c972c08f7f76cd8dc9920812d5d
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/step3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
-# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
-# output-sha256: 5577d042915932bd487a3e125d44ac07efee120e45d75fe99357ea62f761edec
+# templates-sha256: bf7fac33f4c37d6ef71249d9788654df618ebf0f3164024b9febae2219400492
+# output-sha256: 83582c0d44606ef7581ff5ca1c77ec7a5b9f0586c4053041e4bb6cd38e29454c
 
 import itertools
 from collections.abc import Hashable
