@@ -1370,12 +1370,11 @@ class KimiK25Reference(ReferenceTower[KimiK25VisionHost]):
         best = 0
         for bh in range(1, self._max_side(size, kh) // kh + 1):
             spare_rows = max(1, (bh - 1) * kh)
-            # max(1, (bw - 1)·kw) <= limit // spare_rows
-            bw = min(widest, max(1, (limit // spare_rows) // kw + 1))
-            while bw > 1 and not self._legal_frame(bh * kh, bw * kw, size):
-                bw -= 1
-            if self._legal_frame(bh * kh, bw * kw, size):
-                best = max(best, bh * bw)
+            if spare_rows > limit:
+                break
+            # The widest bw with max(1, (bw - 1)·kw) · spare_rows <= limit.
+            bw = min(widest, (limit // spare_rows) // kw + 1)
+            best = max(best, bh * bw)
         return best
 
     def smallest_item(self, size: Size, *, modality: str = "image") -> Item:

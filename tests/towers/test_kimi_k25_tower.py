@@ -427,7 +427,15 @@ def test_legal_grids_are_what_the_processor_emits(vllm_source):
         config = TOWER.config(size)
 
         def processor(width, height, config=config):
-            out = resize(width, height, 14, 2, config.in_patch_limit, 512, None)
+            out = resize(
+                width,
+                height,
+                14,
+                2,
+                config.in_patch_limit,
+                config.patch_limit_on_one_side,
+                None,
+            )
             grid = (
                 1,
                 (out["new_height"] + out["pad_height"]) // 14,
