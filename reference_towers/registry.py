@@ -120,6 +120,7 @@ from reference_towers.internvl import (
     InternVLVisionHost,
     image_tile_counts,
 )
+from reference_towers.kimi_k25 import KimiK25Config, KimiK25VisionHost
 from reference_towers.kimi_vl import KimiVLConfig, KimiVLVisionHost
 from reference_towers.minimax_vl import MiniMaxM3VisionConfig, MiniMaxM3VisionHost
 from reference_towers.qwen2_5_vl import Qwen2_5_VLVisionConfig, Qwen2_5_VLVisionHost
@@ -137,6 +138,7 @@ __all__ = [
     "DeepseekV41Reference",
     "InternVLReference",
     "Item",
+    "KimiK25Reference",
     "KimiVLReference",
     "MiniMaxM3Reference",
     "Qwen2VLReference",
@@ -1280,6 +1282,161 @@ class Step3VLReference(_ViewCountReference[Step3VLVisionHost]):
         }
 
 
+class KimiK25Reference(ReferenceTower[KimiK25VisionHost]):
+    """Kimi-K2.5: items are patch grids ``(t, h, w)`` of the ``vision_chunk``
+    modality (images and video chunks, batched together by vLLM).
+
+    The tower's items (``modality="image"``) are images, ``t == 1``: the ones
+    the spec captures, and the only ones the driver can plan by budget
+    tokens (a video chunk reports a budget above every budget, so it is
+    packed alone and runs eagerly). Legal: ``h``, ``w`` positive multiples
+    of the merge kernel (the processor pads to them) of at most
+    ``patch_limit_on_one_side`` patches a side (rounded down to the kernel,
+    within the 512-a-side RoPE grid) and ``max(1, h - kh)·max(1, w - kw) <=
+    in_patch_limit`` (the smallest image padding to ``h×w`` has ``h - kh``
+    whole patches a side): the grids the processor emits for images it does
+    not downscale. Output tokens ``(h / kh)·(w / kw)``; input rows
+    ``t·h·w``.
+
+    Video chunks (``2 <= t <= frames_per_chunk`` frames of such a grid,
+    :meth:`is_legal_chunk`) go through :meth:`make_mm_kwargs` and
+    :meth:`reference_outputs` like images; their output tokens are the same
+    (the merger pools the frames).
+    """
+
+    name = "kimi_k25"
+    host_cls = KimiK25VisionHost
+
+    def config(self, size: Size) -> KimiK25Config:
+        return KimiK25Config.for_size(size)
+
+    @property
+    def merge_kernel_size(self) -> tuple[int, int]:
+        kernels = {
+            tuple(self.config(s).vision_config.merge_kernel_size) for s in self.sizes
+        }
+        if len(kernels) != 1:
+            raise RuntimeError(f"sizes disagree on merge_kernel_size: {kernels}")
+        return kernels.pop()
+
+    def _max_side(self, size: Size, kernel: int) -> int:
+        """The largest legal side (patches): a multiple of ``kernel``."""
+        limit = self.config(size).patch_limit_on_one_side
+        # Unscaled widths are at most limit·p pixels: (side - k)·p + 1 of them.
+        return min(limit + kernel - 1, 512) // kernel * kernel
+
+    def input_size(self, item: Item) -> int:
+        t, h, w = item
+        return t * h * w
+
+    def output_tokens(self, item: Item) -> int:
+        _, h, w = item
+        kh, kw = self.merge_kernel_size
+        return (h // kh) * (w // kw)
+
+    def _legal_frame(self, h: int, w: int, size: Size) -> bool:
+        kh, kw = self.merge_kernel_size
+        return (
+            kh <= h <= self._max_side(size, kh)
+            and kw <= w <= self._max_side(size, kw)
+            and h % kh == 0
+            and w % kw == 0
+            and max(1, h - kh) * max(1, w - kw) <= self.config(size).in_patch_limit
+        )
+
+    def is_legal(self, item: Item, size: Size, *, modality: str = "image") -> bool:
+        self.check_modality(modality)
+        if len(item) != 3 or not all(isinstance(v, int) for v in item):
+            return False
+        t, h, w = item
+        return t == 1 and self._legal_frame(h, w, size)
+
+    def is_legal_chunk(self, item: Item, size: Size) -> bool:
+        """Whether ``item`` is a video chunk the processor can emit: 2 up to
+        ``frames_per_chunk`` frames of a legal image grid (the per-frame
+        patch limit taken as the image one, vLLM's default)."""
+        if len(item) != 3 or not all(isinstance(v, int) for v in item):
+            return False
+        t, h, w = item
+        frames = self.config(size).frames_per_chunk
+        return 2 <= t <= frames and self._legal_frame(h, w, size)
+
+    def max_output_tokens(self, size: Size, *, modality: str = "image") -> int:
+        """For every block height the widest legal grid, at most."""
+        self.check_modality(modality)
+        kh, kw = self.merge_kernel_size
+        limit = self.config(size).in_patch_limit
+        widest = self._max_side(size, kw) // kw
+        best = 0
+        for bh in range(1, self._max_side(size, kh) // kh + 1):
+            spare_rows = max(1, (bh - 1) * kh)
+            if spare_rows > limit:
+                break
+            # The widest bw with max(1, (bw - 1)·kw) · spare_rows <= limit.
+            bw = min(widest, (limit // spare_rows) // kw + 1)
+            best = max(best, bh * bw)
+        return best
+
+    def smallest_item(self, size: Size, *, modality: str = "image") -> Item:
+        self.check_modality(modality)
+        return (1, *self.merge_kernel_size)
+
+    def _items_with_output_tokens(
+        self,
+        rng: random.Random,
+        size: Size,
+        output_tokens: int,
+        *,
+        modality: str = "image",
+    ) -> Item | None:
+        self.check_modality(modality)
+        if output_tokens < 1:
+            return None
+        kh, kw = self.merge_kernel_size
+        shapes = [
+            (1, bh * kh, bw * kw)
+            for bh, bw in _divisor_pairs(output_tokens)
+            if self._legal_frame(bh * kh, bw * kw, size)
+        ]
+        return rng.choice(shapes) if shapes else None
+
+    def make_mm_kwargs(
+        self,
+        host: KimiK25VisionHost,
+        items: Sequence[Item],
+        device: torch.device | str,
+        *,
+        seed: int = 0,
+        modality: str = "image",
+    ) -> dict[str, Any]:
+        """``pixel_values`` ``(Σ t·h·w, 3, p, p)`` in the tower dtype on
+        ``device`` (vLLM casts the processor's floats to the model dtype)
+        and ``grid_thws`` ``(n, 3)`` int64 on the CPU (``keep_on_cpu``), as
+        vLLM's processor lays out a ``vision_chunk`` batch: images (``t ==
+        1``) and video chunks (``t`` distinct frames) alike. Pixels are
+        uniform in [-1, 1] (mean = std = 0.5), cut into patches frame by
+        frame, row-major."""
+        self.check_modality(modality)
+        p = host.config.vision_config.patch_size
+        generator = torch.Generator().manual_seed(seed)
+        patches = []
+        for item in items:
+            t, h, w = item
+            if min(item) < 1:
+                raise ValueError(f"{item} is not a (t, h, w) grid")
+            frames = torch.rand((t, 3, h * p, w * p), generator=generator) * 2 - 1
+            patches.append(
+                frames.reshape(t, 3, h, p, w, p)
+                .permute(0, 2, 4, 1, 3, 5)
+                .reshape(-1, 3, p, p)
+            )
+        pixels = torch.cat(patches) if patches else torch.zeros((0, 3, p, p))
+        return {
+            "pixel_values": pixels.to(device=device, dtype=host.vision_tower.dtype),
+            "grid_thws": torch.tensor(list(items), dtype=torch.int64).reshape(-1, 3),
+        }
+
+
 REFERENCE_TOWERS: dict[str, ReferenceTower[Any]] = {
     tower.name: tower
     for tower in (
@@ -1290,6 +1447,7 @@ REFERENCE_TOWERS: dict[str, ReferenceTower[Any]] = {
         Qwen2VLReference(),
         Qwen2_5_VLReference(),
         Step3VLReference(),
+        KimiK25Reference(),
     )
 }
 

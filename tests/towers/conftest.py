@@ -11,6 +11,7 @@ from towers_vllm_source import VllmSource, wheel_path
 
 from reference_towers.deepseek_v4 import DeepseekV41VisionHost
 from reference_towers.internvl import InternVLVisionHost
+from reference_towers.kimi_k25 import KimiK25VisionHost
 from reference_towers.kimi_vl import KimiVLVisionHost
 from reference_towers.minimax_vl import MiniMaxM3VisionHost
 from reference_towers.qwen2_5_vl import Qwen2_5_VLVisionHost
@@ -50,6 +51,13 @@ def qwen2_5_vl_host() -> Qwen2_5_VLVisionHost:
 @pytest.fixture(scope="session")
 def kimi_vl_host() -> KimiVLVisionHost:
     return REFERENCE_TOWERS["kimi_vl"].build_host(
+        PlainMixin, "tiny", device="cpu", dtype=torch.float32, seed=0
+    )
+
+
+@pytest.fixture(scope="session")
+def kimi_k25_host() -> KimiK25VisionHost:
+    return REFERENCE_TOWERS["kimi_k25"].build_host(
         PlainMixin, "tiny", device="cpu", dtype=torch.float32, seed=0
     )
 

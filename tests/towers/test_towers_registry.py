@@ -53,6 +53,7 @@ def _views(fixed: int, per_view: int, counts: tuple[int, ...]) -> Callable[[int]
 TINY_ITEMS = {
     "deepseek_v41": TinyItems(4, _every_count),
     "internvl": TinyItems(256, _views(0, 256, (1, 3, 4, 5)), layout_items=2),
+    "kimi_k25": TinyItems(1, _every_count),
     "kimi_vl": TinyItems(1, _every_count),
     "minimax_m3": TinyItems(1, _every_count),
     "qwen2_5_vl": TinyItems(1, _every_count),
@@ -88,6 +89,7 @@ def test_registry_keys_are_spec_names():
     assert TOWERS == [
         "deepseek_v41",
         "internvl",
+        "kimi_k25",
         "kimi_vl",
         "minimax_m3",
         "qwen2_5_vl",
