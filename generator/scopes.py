@@ -511,6 +511,24 @@ METHODS: dict[str, Method] = {
             ("counts", "values", "index", "value", "i"),
         ),
         Method(
+            "_list_lengths",
+            (MM_KWARGS, Param("key", "str")),
+            "list[int]",
+            ("items", "index", "units", "unit"),
+        ),
+        Method(
+            "_unit_grid_values",
+            (MM_KWARGS, Param("key", "str"), Param("width", "int")),
+            "list[list[int]]",
+            ("grid", "part", "shapes"),
+        ),
+        Method(
+            "_check_unit_shapes",
+            (MM_KWARGS, Param("key", "str"), Param("shapes", "list[tuple[int, ...]]")),
+            "None",
+            ("units", "i", "j", "item", "unit", "index", "position", "shape"),
+        ),
+        Method(
             "_num_items",
             (Param("inputs", "dict[str, list[Any]]"),),
             "int",
@@ -621,6 +639,12 @@ METHODS: dict[str, Method] = {
             ("counts", "v"),
         ),
         Method(
+            "_list_units",
+            (MM_KWARGS, Param("key", "str")),
+            "list[torch.Tensor]",
+            ("unit", "units"),
+        ),
+        Method(
             "_register_captured_rows",
             (SELF, Param("cu_seqlens", "torch.Tensor"), Param("rows", "int")),
             "None",
@@ -673,6 +697,12 @@ METHODS: dict[str, Method] = {
             (Param("counts", "list[int]"), Param("indices", "list[int]")),
             "list[int]",
             ("offsets", "u", "i"),
+        ),
+        Method(
+            "_select_items",
+            (Param("items", "list"), Param("indices", "list[int]")),
+            "list",
+            ("i",),
         ),
         Method(
             "_select_counts",

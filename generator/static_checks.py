@@ -368,6 +368,8 @@ def _budget_problems(
             env_sizes = {**env, **ir.size_env}
             scope = capture_scope(ir, env_sizes, budget, mbs, mbs, rows)
             for tensor in ir.capture.tensors:
+                if not isinstance(tensor.flat, FlatInput):
+                    continue  # a list input's units: a unit capture only
                 field = f"capture.tensors.{tensor.key}.shape"
                 try:
                     need = mbs * flat_rows(tensor.flat, env, dims)
@@ -958,7 +960,7 @@ def unit_capture_problems(
     (:func:`generator.unit_coverage.most_rows`, over sampled items)."""
     buffers = {b.key for b in ir.buffers}
     for tensor in ir.capture.tensors:
-        if tensor.key not in buffers:
+        if tensor.key not in buffers or not isinstance(tensor.flat, FlatInput):
             continue  # only the builders read it: a capture-time input
         hull = envelope(list(_item_points(ir, env, tensor.flat)))
         if not hull:

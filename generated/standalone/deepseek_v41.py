@@ -3,8 +3,8 @@
 # From specs/deepseek_v41.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_v41.yaml`.
 # spec-sha256: 5a5e49b0dc755e0765f16e9bea83916dae1ad10e566a6756645034252356e46f
-# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
-# output-sha256: d99a0252ec7532fd3c0af539b60f7b634cf55b0ae3d3382f449a4b48bf64d8e0
+# templates-sha256: c55faa5a862a5c79ca643e024a4daa08219402f664c1c0e294acb510dde1f267
+# output-sha256: 899786ac4d98d79d9863dc5671b84405036337e92b72acc60770ec3ddbbcf598
 
 import itertools
 import weakref

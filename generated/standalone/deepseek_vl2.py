@@ -3,8 +3,8 @@
 # From specs/deepseek_vl2.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_vl2.yaml`.
 # spec-sha256: 6f892ea020ee953004c7a45b78d4d9f058c9fcef960abef7cba31604ab4b32b1
-# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
-# output-sha256: ed78ce9c93833661be3db795f33a8b650375dc40688268917cf462e6676554d7
+# templates-sha256: c55faa5a862a5c79ca643e024a4daa08219402f664c1c0e294acb510dde1f267
+# output-sha256: ed03163c48086c989e0c7e135c50f0b10a7b36c202e3f0b187b6763f1043d3f4
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/ernie45_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/ernie45_vl.yaml`.
 # spec-sha256: 44a19487b2f61417079df3347e463bfafc30019f50c2056291e8a1b652284f7c
-# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
-# output-sha256: f0b9a9cbf4bb75931d865331dc36f32a5358d7118261cf73256b7f0c9b1aefb8
+# templates-sha256: c55faa5a862a5c79ca643e024a4daa08219402f664c1c0e294acb510dde1f267
+# output-sha256: fe5ea480842eafa0c538c586de04abae3fe580f862514faca1bd1e425edaaf54
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/glm4_1v.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm4_1v.yaml`.
 # spec-sha256: 8dbf4b67da8ee0c6b971a56e7a214b9a1b0132047a02b9a4eb35c668e955ad21
-# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
-# output-sha256: 18ebedf726285305bea16a615a0f184acda0f4f42ad060e0e068f7d7803c0437
+# templates-sha256: c55faa5a862a5c79ca643e024a4daa08219402f664c1c0e294acb510dde1f267
+# output-sha256: 66ad52f40486f547f8b10ae4aa1b0574d9c4a70c22ffe53c8968f15003cc62f4
 
 import itertools
 from collections.abc import Hashable

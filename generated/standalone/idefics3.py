@@ -3,8 +3,8 @@
 # From specs/idefics3.yaml: change the spec or the templates and run
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 8b488cb972956d4df57232df809f3b4c048f68b21019dab78906516f52b22e02
-# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
-# output-sha256: d75d06168b8a359381b999869a9daef42533001ac04793db00f30a1005d5686b
+# templates-sha256: c55faa5a862a5c79ca643e024a4daa08219402f664c1c0e294acb510dde1f267
+# output-sha256: 94eb60530aede28db6bfad8e4707dedf5f81c08ccc2517d52c3d1f4e5eb84a9b
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/kimi_k25.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k25.yaml`.
 # spec-sha256: 593beb16e06a103837efc5aa14a6c25d495096029ae4609647637b59aaa4b37c
-# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
-# output-sha256: 8daa4c037977ff9f5caae6cb92c3858ec3aedfa8ff85b4159a45d9e36f65c31c
+# templates-sha256: c55faa5a862a5c79ca643e024a4daa08219402f664c1c0e294acb510dde1f267
+# output-sha256: e5259714d80709fb6531fedffc935473ddd0c49d0bd645e6a4131b5a82727bab
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/lfm2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/lfm2_vl.yaml`.
 # spec-sha256: 53ffcb080829243979571d9cfcffa8d459e19e51a7ca8ee40c70b1caa23721ca
-# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
-# output-sha256: 00b422c47de9aafa75f450de3fa6fdaa9b8d80306b7aeddb783b99d773c4a05d
+# templates-sha256: c55faa5a862a5c79ca643e024a4daa08219402f664c1c0e294acb510dde1f267
+# output-sha256: 2fb941b2e48b525b5044ad44bf059d832ced789bd2034e533f6d6c7ce55bd5c8
 
 import itertools
 from collections.abc import Hashable

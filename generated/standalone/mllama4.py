@@ -3,8 +3,8 @@
 # From specs/mllama4.yaml: change the spec or the templates and run
 # `gen-mixin specs/mllama4.yaml`.
 # spec-sha256: 3a4c5d7bdb1ee216f77e7723529296ab4a8d77acd6df01a22770eb4a40007938
-# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
-# output-sha256: 660bcf3116f52d339c581d4f3e359f22a27615b59432323e35f2ec758abd8723
+# templates-sha256: c55faa5a862a5c79ca643e024a4daa08219402f664c1c0e294acb510dde1f267
+# output-sha256: 84e0d52b98ffb3f14a16a55b0c9caa5fc35f4e1e2a04cbc5057c2c638f9912d6
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/qwen2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_vl.yaml`.
 # spec-sha256: 1215cbd2187709b1e172830108e4b18a70b517f0386b5aaf848e6c0d07d27655
-# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
-# output-sha256: d7212266e5887dfd23c66695b6a0cd4d0692265e021448b1967b57b6794ec089
+# templates-sha256: c55faa5a862a5c79ca643e024a4daa08219402f664c1c0e294acb510dde1f267
+# output-sha256: 174e4c2d9b8072de7e3cc4b4fbc7a2ef93e7f774282ea044412350018c5c9ccc
 
 import itertools
 from collections.abc import Hashable

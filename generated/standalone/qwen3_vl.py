@@ -3,8 +3,8 @@
 # From specs/qwen3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen3_vl.yaml`.
 # spec-sha256: 28992035a32ca0711943f61e569736ce2ca71587c2e480781972b42541c1b620
-# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
-# output-sha256: 307423825e4b011c015406b6e0d1b81c793c9c869751e8b68f2801e5bc9fd7b0
+# templates-sha256: c55faa5a862a5c79ca643e024a4daa08219402f664c1c0e294acb510dde1f267
+# output-sha256: 7baab532dc565eb1e94012fc3ece4ede5fbbf78422f1841cca480e6ecb678b78
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/deepseek_ocr.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_ocr.yaml`.
 # spec-sha256: 0bfb43e4316a4a39192bb100e7cfeecbb3f7339c7a907dfaa07f9b62999ceee7
-# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
-# output-sha256: 387827e712f06dc10622fe2efc5d1b3e17823fa7ebf577f6d6505734aaa91310
+# templates-sha256: c55faa5a862a5c79ca643e024a4daa08219402f664c1c0e294acb510dde1f267
+# output-sha256: b42283b4c4fa276bf5d4ab04cd089f6cccfe6a364c20605a6f3577a203405e1c
 
 import itertools
 from collections.abc import Hashable

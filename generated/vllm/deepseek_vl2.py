@@ -3,8 +3,8 @@
 # From specs/deepseek_vl2.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_vl2.yaml`.
 # spec-sha256: 6f892ea020ee953004c7a45b78d4d9f058c9fcef960abef7cba31604ab4b32b1
-# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
-# output-sha256: 665beecb474bf1d239eb058b0bdfc81de634cf0dd6ceb08640d9768746ac0ea3
+# templates-sha256: c55faa5a862a5c79ca643e024a4daa08219402f664c1c0e294acb510dde1f267
+# output-sha256: 437c836522199f7c2e69a62859649536966401b139c6f3ce0b7311f9b01daa58
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/kimi_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_vl.yaml`.
 # spec-sha256: dec5f629ea45e6747065da9f1de34c016f7c11dcc328326c287b6a82ba94d373
-# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
-# output-sha256: c506c28def7244a5e3bef17dff5989bdbe01d00c3692483fd28056f5aceeb0d8
+# templates-sha256: c55faa5a862a5c79ca643e024a4daa08219402f664c1c0e294acb510dde1f267
+# output-sha256: 0e857082e50df9565392a8917bf7f23a2034cf8017ae21b2960620a246e361cf
 
 import itertools
 from collections.abc import Hashable

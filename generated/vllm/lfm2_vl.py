@@ -3,8 +3,8 @@
 # From specs/lfm2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/lfm2_vl.yaml`.
 # spec-sha256: 53ffcb080829243979571d9cfcffa8d459e19e51a7ca8ee40c70b1caa23721ca
-# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
-# output-sha256: ff89997f3343b5a08bee79b53a24b98d6e3fc077f6747daf9c4ad2461c9424e4
+# templates-sha256: c55faa5a862a5c79ca643e024a4daa08219402f664c1c0e294acb510dde1f267
+# output-sha256: d5319402ccf774e866067a783c7060c75624508a1d1d4548c4f8c8854ccf1c2c
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/mllama4.yaml: change the spec or the templates and run
 # `gen-mixin specs/mllama4.yaml`.
 # spec-sha256: 3a4c5d7bdb1ee216f77e7723529296ab4a8d77acd6df01a22770eb4a40007938
-# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
-# output-sha256: bfd44f63e43fa2a4c387c0d645160b18504e0be4c4b9b09c0a6d87dacc6d3f15
+# templates-sha256: c55faa5a862a5c79ca643e024a4daa08219402f664c1c0e294acb510dde1f267
+# output-sha256: 65e8143518cb44960c2ec667dd572ad5d5bea787d20e4fd061deea6938455c73
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/qwen2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_vl.yaml`.
 # spec-sha256: 1215cbd2187709b1e172830108e4b18a70b517f0386b5aaf848e6c0d07d27655
-# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
-# output-sha256: d7e817b58851c163c14dac16d2d5a9628dff5b2c5661d30dd9ba2a9486c3d3d8
+# templates-sha256: c55faa5a862a5c79ca643e024a4daa08219402f664c1c0e294acb510dde1f267
+# output-sha256: e282b661594396f80a7e3db5158637d082f965bcc69691acb0684e64100fdbf7
 
 import itertools
 from collections.abc import Hashable

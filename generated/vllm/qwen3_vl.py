@@ -3,8 +3,8 @@
 # From specs/qwen3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen3_vl.yaml`.
 # spec-sha256: 28992035a32ca0711943f61e569736ce2ca71587c2e480781972b42541c1b620
-# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
-# output-sha256: 4eee0ef1ced4d9384171b0a5ae1e8eda3cf1882bd8dd57942198d681711bc79f
+# templates-sha256: c55faa5a862a5c79ca643e024a4daa08219402f664c1c0e294acb510dde1f267
+# output-sha256: 1aea7d69961bd6b9d57266b7edfb596cb152566a3d7f051c267dcb06baee4140
 
 import itertools
 from collections.abc import Hashable

@@ -25,6 +25,7 @@ from generator.spec.capture import (
     MetadataBuilder,
 )
 from generator.spec.enums import Dtype, ImageLimitGuard, PadRule, Rounding
+from generator.spec.inputs import FlatInput
 from generator.spec.mixin import MixinSpec
 from generator.spec.path import EncoderPath
 
@@ -84,7 +85,11 @@ def _builder_grids(spec: MixinSpec, path: EncoderPath) -> set[str]:
 
 def _own_rows(path: EncoderPath) -> list[CaptureTensor]:
     """Capture tensors of flat inputs with their own rows per item."""
-    return [t for t in path.capture.tensors if t.flat.own_rows]
+    return [
+        t
+        for t in path.capture.tensors
+        if isinstance(t.flat, FlatInput) and t.flat.own_rows
+    ]
 
 
 def _dummies(spec: MixinSpec, path: EncoderPath, body: Body) -> list[dict[str, Any]]:
@@ -152,10 +157,12 @@ def _capture_names(capture) -> set[str]:
 def _tensor(body: Body, t: CaptureTensor, of_units: bool) -> dict[str, Any]:
     # In its own shape, ``rows`` is the input's rows in the dummy batch (a
     # unit capture has no dummy batch: its shapes use ``units``).
-    own_rows = t.flat.own_rows and not of_units
+    own_rows = isinstance(t.flat, FlatInput) and t.flat.own_rows and not of_units
     names = {"rows": f"{t.key}_rows"} if own_rows else None
     return {
         "key": t.key,
+        # A list input's dummy: one unit per row, as a list like the batch's.
+        "units_list": not isinstance(t.flat, FlatInput),
         "rows": (
             {
                 "name": f"{t.key}_rows",

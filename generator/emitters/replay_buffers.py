@@ -94,7 +94,10 @@ def _path_body(spec: MixinSpec, path: EncoderPath) -> dict[str, Any]:
     # input a builder reads (its buffers are built from it).
     device_flat = next(
         (f for f in spec.flat_inputs if f.key in buffer_keys),
-        next((f for f in spec.flat_inputs if f.key in used), spec.flat_inputs[0]),
+        next(
+            (f for f in spec.flat_inputs if f.key in used),
+            spec.flat_inputs[0] if spec.flat_inputs else None,
+        ),
     )
     flat_loads = []
     for flat in spec.flat_inputs:
@@ -104,10 +107,14 @@ def _path_body(spec: MixinSpec, path: EncoderPath) -> dict[str, Any]:
         if flat.replay_dtype is not None:
             value = f"{value}.to({body.expr(flat.replay_dtype)})"
         flat_loads.append({"name": flat.key, "value": value})
-    name_map = {
-        "device": f"{device_flat.key}.device",
-        "dtype": f"{device_flat.key}.dtype",
-    }
+    # Without flat inputs, the first unit of the first list input (a replay
+    # has at least one item).
+    source = (
+        device_flat.key
+        if device_flat is not None
+        else f"{next(g.key for g in spec.item_inputs if g.is_list)}[0]"
+    )
+    name_map = {"device": f"{source}.device", "dtype": f"{source}.dtype"}
     entries = []
     for buf in path.buffers:
         if buf.host_scalar and buf.replay is ReplayRule.DROP:

@@ -128,9 +128,10 @@ def _dtype_fallback(node, field: str, ctx, single: DtypeValue) -> Any:
 
 @dataclass(frozen=True)
 class CaptureTensor:
-    """The capture buffer of a flat input (zeros or random of a shape)."""
+    """The capture buffer of a flat input (zeros or random of a shape), or
+    of a list input: then the list of its ``shape[0]`` units at capture."""
 
-    flat: FlatInput
+    flat: FlatInput | ItemInput
     location: Location
     shape: tuple[Expr, ...]
     #: Ref("dtype"): the manager's; a dtype by name; a HostPath; or the first
@@ -180,14 +181,22 @@ class CaptureTensor:
         dtype = r.take("dtype")
         fill = r.take("fill")
         why = r.take("why")
-        flat = flats.get(key)
+        flat = flats.get(key) or _list_input(r, key)
         if flat is None:
             if key not in r.ctx.failed_inputs:
-                r.ctx.error(key_location, r.field, f"{key!r} is not a flat input")
+                r.ctx.error(
+                    key_location, r.field, f"{key!r} is not a flat or list input"
+                )
             return None
         if shape is None or any(s is INVALID for s in shape) or dtype is None:
             return None
         return cls(flat, key_location, tuple(shape), dtype, fill, why)
+
+
+def _list_input(r: Reader, key: str) -> ItemInput | None:
+    """The list input ``key`` (its capture tensor holds one unit per row)."""
+    items = r.ctx.partial.get("item_inputs", ())
+    return next((i for i in items if i.key == key and i.is_list), None)
 
 
 @dataclass(frozen=True)

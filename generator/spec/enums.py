@@ -43,6 +43,7 @@ class InputKind(SpecEnum):
     FLAT = "flat"  # every item's rows back to back
     GRID = "grid"  # one row of named dims per item
     COUNT = "count"  # one integer per item (a 1-D tensor or list)
+    LIST = "list"  # per item a list of unit tensors, its length the item's units
 
 
 class Rounding(SpecEnum):

@@ -237,6 +237,8 @@ class SpecWorld:
         if unit_grids:
             counts = batch[unit_grids[0].unit_of]
             counts = counts.tolist() if isinstance(counts, torch.Tensor) else counts
+            if self.spec.item_input(unit_grids[0].unit_of).is_list:
+                counts = [len(units) for units in counts]
             rows = [
                 dict(zip(g.dims, map(int, row), strict=True))
                 for g in unit_grids
@@ -598,7 +600,9 @@ class SpecWorld:
         out: dict[str, Any] = {}
         for inp in self.spec.inputs:
             key = inp.video_key if video and inp.video_key else inp.key
-            if inp in self.spec.item_inputs:
+            if inp in self.spec.item_inputs and inp.is_list:
+                out[key] = self.list_units(inp, items)
+            elif inp in self.spec.item_inputs:
                 if inp.unit_of is not None:  # one row per unit
                     rows = [[u[d] for d in inp.dims] for it in items for u in it[UNITS]]
                 else:
@@ -615,6 +619,21 @@ class SpecWorld:
                     )
             else:
                 out[key] = self.flat_tensor(inp.key, items)
+        return out
+
+    def list_units(self, inp, items) -> list[list[torch.Tensor]]:
+        """A list input: per item its units' tensors, each of ``unit_shape``
+        for its unit's dims, starting with ``(item, unit)`` (so that a
+        selection's order shows)."""
+        out = []
+        for i, it in enumerate(items):
+            units = []
+            for u, dims in enumerate(it[UNITS]):
+                shape = [self.value(e, **dims) for e in inp.unit_shape]
+                unit = torch.zeros(math.prod(shape))
+                unit[: min(2, unit.numel())] = torch.tensor([i, u][: unit.numel()])
+                units.append(unit.reshape(shape))
+            out.append(units)
         return out
 
     def row_shape(self, key: str) -> list[int]:

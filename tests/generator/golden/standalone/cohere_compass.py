@@ -3,8 +3,8 @@
 # From specs/cohere_compass.yaml: change the spec or the templates and run
 # `gen-mixin specs/cohere_compass.yaml`.
 # spec-sha256: d0b3571feeeed12e487ccaa7caa29d450a482d4ae7cfb2cb9c2e528321160bf0
-# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
-# output-sha256: 4ff2911ac59d1b400227b2cd8997b116cfbf29302e9937136498d1ee1aa9c09c
+# templates-sha256: c55faa5a862a5c79ca643e024a4daa08219402f664c1c0e294acb510dde1f267
+# output-sha256: 8412efb5fd265c187a3c0cde2f03b83d54a100e9940c0f414f4b504d84ccfe2e
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/gemma3_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma3_mm.yaml`.
 # spec-sha256: 19cc0f6e849ba8315b6202b90204158da9f48161f059a5255254f1c8d3c71b41
-# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
-# output-sha256: f958fd87df042ef2f83fd2604b57906abf21aa19f617093559acbf357a86f9db
+# templates-sha256: c55faa5a862a5c79ca643e024a4daa08219402f664c1c0e294acb510dde1f267
+# output-sha256: 32c02cce1f0624d959a443e742fba6b3dc42a0c290d784d084506a0abbccc968
 
 import itertools
 from collections.abc import Hashable

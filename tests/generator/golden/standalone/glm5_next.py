@@ -3,8 +3,8 @@
 # From specs/glm5_next.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm5_next.yaml`.
 # spec-sha256: c3575549c4ed50dd76892d25b692f5f5f648d2f13a2ea29bebd572d144fcdb24
-# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
-# output-sha256: 91daa21ff266576453335bd5adc20b05cf784c69c7893e90769b20093171a5b1
+# templates-sha256: c55faa5a862a5c79ca643e024a4daa08219402f664c1c0e294acb510dde1f267
+# output-sha256: 61cdde28f169df3f42c1a60d88ac89d3face2d6b1f3c97f2f5acd0e3196da911
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
-# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
-# output-sha256: 57ac107e1652a4f95c2a4cbab52a95f79e5ba6dc9d788c336ff22b2cd64d37cf
+# templates-sha256: c55faa5a862a5c79ca643e024a4daa08219402f664c1c0e294acb510dde1f267
+# output-sha256: cba2f1094fb9b713f76bef8b53c4e80c4779ee75e10702018d005b8c9357fa36
 
 import itertools
 from collections.abc import Hashable

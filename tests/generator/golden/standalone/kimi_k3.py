@@ -3,8 +3,8 @@
 # From specs/kimi_k3.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k3.yaml`.
 # spec-sha256: 1913eb478f4bae1accc4351c633300f743a2b1c000a8337cc758991b7f9e5568
-# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
-# output-sha256: 4b872f91bf3e089a9355f2ed6bc312dbe2e26a35a3af7036e478b4011f1c4aaa
+# templates-sha256: c55faa5a862a5c79ca643e024a4daa08219402f664c1c0e294acb510dde1f267
+# output-sha256: f8618d9fc2b990d717fe84c50bedaef2f88c5f674429dd59af49ce3cd5b61dbc
 
 import itertools
 import math

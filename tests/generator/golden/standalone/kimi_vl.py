@@ -3,8 +3,8 @@
 # From specs/kimi_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_vl.yaml`.
 # spec-sha256: dec5f629ea45e6747065da9f1de34c016f7c11dcc328326c287b6a82ba94d373
-# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
-# output-sha256: 7dd0450bb6c5147faf5cbec5f7eb93318df8c9434bd3783f07bd5bded2bb924f
+# templates-sha256: c55faa5a862a5c79ca643e024a4daa08219402f664c1c0e294acb510dde1f267
+# output-sha256: a6bc935cf20c9fef7d0ce14eeca0a372024c04fd237dd4462d1ab73beb90ca66
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/minimax_m3.yaml: change the spec or the templates and run
 # `gen-mixin specs/minimax_m3.yaml`.
 # spec-sha256: 679a222a35671178384492aa0dc1e20daf1dbe9ee4c77a16239d17f4a618116f
-# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
-# output-sha256: a73ed7478b1ded948dd28725323d35bd08cb2917234921acc99a1acaca6aba70
+# templates-sha256: c55faa5a862a5c79ca643e024a4daa08219402f664c1c0e294acb510dde1f267
+# output-sha256: aba64d05ea50ce66dc66e18d6a3d7d57604d2fd6932d3de1feaa674405b89db4
 
 import itertools
 import weakref

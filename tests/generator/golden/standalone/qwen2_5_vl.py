@@ -3,8 +3,8 @@
 # From specs/qwen2_5_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_vl.yaml`.
 # spec-sha256: 96480d9c7c7c980974bbfd1e9ab20c6575a966715da8e48283b6883b95e654af
-# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
-# output-sha256: f49bd35adaf374a9fd42978d83e9e7b622e071f84aa87d61628cc4bc6539de8e
+# templates-sha256: c55faa5a862a5c79ca643e024a4daa08219402f664c1c0e294acb510dde1f267
+# output-sha256: 8e07999255f42de96999359845cd7ced7feb5aa524d2ebecfa853970aff766b1
 
 import itertools
 from collections.abc import Hashable

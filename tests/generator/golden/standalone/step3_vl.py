@@ -3,8 +3,8 @@
 # From specs/step3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
-# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
-# output-sha256: 7cb03199d5c644e8d9359be0bb7882bb399d0f29b583246654e9d28f61bf1724
+# templates-sha256: c55faa5a862a5c79ca643e024a4daa08219402f664c1c0e294acb510dde1f267
+# output-sha256: efcfda4ba06e81333bce6e63260d022170ba492cf1216237255a6a7cd49eb2fc
 
 import itertools
 from collections.abc import Hashable

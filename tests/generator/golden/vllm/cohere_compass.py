@@ -3,8 +3,8 @@
 # From specs/cohere_compass.yaml: change the spec or the templates and run
 # `gen-mixin specs/cohere_compass.yaml`.
 # spec-sha256: d0b3571feeeed12e487ccaa7caa29d450a482d4ae7cfb2cb9c2e528321160bf0
-# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
-# output-sha256: 6e31172cdd42ceda657e8d14e198966599af926f0a88c4aa248d7f1a0761941a
+# templates-sha256: c55faa5a862a5c79ca643e024a4daa08219402f664c1c0e294acb510dde1f267
+# output-sha256: 1e9b5162b8ae03758c27b3b3e806906a422ae82f063047f53a3b6870f365db5d
 
 import itertools
 from collections.abc import Hashable

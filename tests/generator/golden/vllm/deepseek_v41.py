@@ -3,8 +3,8 @@
 # From specs/deepseek_v41.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_v41.yaml`.
 # spec-sha256: 5a5e49b0dc755e0765f16e9bea83916dae1ad10e566a6756645034252356e46f
-# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
-# output-sha256: 02418d286825da1bf6e49cbf04c3392affd0f2819e30ef984a4466239b6d2923
+# templates-sha256: c55faa5a862a5c79ca643e024a4daa08219402f664c1c0e294acb510dde1f267
+# output-sha256: 6b9b87ee144c339c087e13864b5745a5958728078d2567d0fc81b75dd5117cea
 
 import itertools
 import weakref

@@ -3,8 +3,8 @@
 # From specs/ernie45_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/ernie45_vl.yaml`.
 # spec-sha256: 44a19487b2f61417079df3347e463bfafc30019f50c2056291e8a1b652284f7c
-# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
-# output-sha256: 6e1cf0333a3369fd3fc377a9a30b127e376531f2bea05a8c0b6a3d115423495a
+# templates-sha256: c55faa5a862a5c79ca643e024a4daa08219402f664c1c0e294acb510dde1f267
+# output-sha256: a41066785115cd7db0e105023c46e6d5f82c7f43ce686161c0432941536db926
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/glm4_1v.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm4_1v.yaml`.
 # spec-sha256: 8dbf4b67da8ee0c6b971a56e7a214b9a1b0132047a02b9a4eb35c668e955ad21
-# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
-# output-sha256: 3005230f31b1980d8a9c5b89cbf462d30709a11e537cc0cbda25d79d502cf1a3
+# templates-sha256: c55faa5a862a5c79ca643e024a4daa08219402f664c1c0e294acb510dde1f267
+# output-sha256: 8f3c8008af542218775b4c78bd5517b835b352aebe336788ea19e26de5b4f075
 
 import itertools
 from collections.abc import Hashable

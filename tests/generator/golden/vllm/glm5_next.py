@@ -3,8 +3,8 @@
 # From specs/glm5_next.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm5_next.yaml`.
 # spec-sha256: c3575549c4ed50dd76892d25b692f5f5f648d2f13a2ea29bebd572d144fcdb24
-# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
-# output-sha256: cd232d348cf7a8ae3449a8105fc14e7fdb7c6801ce70e5025d1af60eb250ca9f
+# templates-sha256: c55faa5a862a5c79ca643e024a4daa08219402f664c1c0e294acb510dde1f267
+# output-sha256: 46b833ae270ed5fd51c7b1f7a93e0175defa9613e86da0215f6d87d0670ba1b8
 
 import itertools
 from collections.abc import Hashable

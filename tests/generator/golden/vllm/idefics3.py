@@ -3,8 +3,8 @@
 # From specs/idefics3.yaml: change the spec or the templates and run
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 8b488cb972956d4df57232df809f3b4c048f68b21019dab78906516f52b22e02
-# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
-# output-sha256: 095a8697cada5df123208736b074125048a1183c453b826b33ad354a22d29083
+# templates-sha256: c55faa5a862a5c79ca643e024a4daa08219402f664c1c0e294acb510dde1f267
+# output-sha256: 7e646276a35061ca2955f5c38eb0ad748ce701b20a0866a43990a1a99d5890b6
 
 import itertools
 from collections.abc import Hashable

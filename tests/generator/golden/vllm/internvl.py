@@ -3,8 +3,8 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
-# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
-# output-sha256: faadf9507a8c1641c47ac235d9b57798395da07e607df418956932c37748db44
+# templates-sha256: c55faa5a862a5c79ca643e024a4daa08219402f664c1c0e294acb510dde1f267
+# output-sha256: fbea5c8468640db6f08730d21e833b4f08c823ada4a6ca8e2020abbe9ae16ae1
 
 import itertools
 from collections.abc import Hashable

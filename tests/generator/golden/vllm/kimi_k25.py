@@ -3,8 +3,8 @@
 # From specs/kimi_k25.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k25.yaml`.
 # spec-sha256: 593beb16e06a103837efc5aa14a6c25d495096029ae4609647637b59aaa4b37c
-# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
-# output-sha256: b093295019bfd6ed30424ba8bdd7c21652bdd8d4edd1f97d2c9f0897eb20c29e
+# templates-sha256: c55faa5a862a5c79ca643e024a4daa08219402f664c1c0e294acb510dde1f267
+# output-sha256: 99a867a2769a3c9da873e91b0074b4c37acf7c9ab0420087624137b0c41add15
 
 import itertools
 from collections.abc import Hashable

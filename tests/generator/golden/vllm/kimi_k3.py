@@ -3,8 +3,8 @@
 # From specs/kimi_k3.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k3.yaml`.
 # spec-sha256: 1913eb478f4bae1accc4351c633300f743a2b1c000a8337cc758991b7f9e5568
-# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
-# output-sha256: 30fb47b6a37f18add670cf9e8588883f65fe27006f407d90a4be400330001337
+# templates-sha256: c55faa5a862a5c79ca643e024a4daa08219402f664c1c0e294acb510dde1f267
+# output-sha256: 9eb3b81d86ac2b98f1cdb81ea279df95f934f664dcf7d8778889ff56c854e74f
 
 import itertools
 import math

@@ -3,8 +3,8 @@
 # From specs/minimax_m3.yaml: change the spec or the templates and run
 # `gen-mixin specs/minimax_m3.yaml`.
 # spec-sha256: 679a222a35671178384492aa0dc1e20daf1dbe9ee4c77a16239d17f4a618116f
-# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
-# output-sha256: f2a31e829e43b2c2d38ff9eb85da3aa30d3b2e78938aac73dee82afd3ef8090f
+# templates-sha256: c55faa5a862a5c79ca643e024a4daa08219402f664c1c0e294acb510dde1f267
+# output-sha256: 0abc9fbd6315539785d5f634cc6f57011cb748ae3c18f77084c16c4372202396
 
 import itertools
 import weakref

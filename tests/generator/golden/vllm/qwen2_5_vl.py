@@ -3,8 +3,8 @@
 # From specs/qwen2_5_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_vl.yaml`.
 # spec-sha256: 96480d9c7c7c980974bbfd1e9ab20c6575a966715da8e48283b6883b95e654af
-# templates-sha256: 19e558d5990d9844282c787da8ad47f79627c97e9e02ae4b5cddefb2b29119e8
-# output-sha256: 3265ee4844ab005f12d6e9b3df0d5127eb58acce1a8c4b8a91c9c421aa75a2f0
+# templates-sha256: c55faa5a862a5c79ca643e024a4daa08219402f664c1c0e294acb510dde1f267
+# output-sha256: bdd4de5b9d6d2febd5b6a47803c814e416c8d559261b6896ebccfcb469a5f330
 
 import itertools
 from collections.abc import Hashable
