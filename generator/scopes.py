@@ -342,6 +342,8 @@ METHODS: dict[str, Method] = {
                 "units",
                 "unit_index",
                 "offsets",
+                "kept",
+                "tensor",
                 "_",
             ),
             (("{}_rows", _K.FLAT),),

@@ -3,8 +3,8 @@
 # From specs/gemma3_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma3_mm.yaml`.
 # spec-sha256: 19cc0f6e849ba8315b6202b90204158da9f48161f059a5255254f1c8d3c71b41
-# templates-sha256: c55faa5a862a5c79ca643e024a4daa08219402f664c1c0e294acb510dde1f267
-# output-sha256: 32c02cce1f0624d959a443e742fba6b3dc42a0c290d784d084506a0abbccc968
+# templates-sha256: 45fb49f1c5736ab6ba88dcdd806c176af69c6c5744fb56b57ad6460ed7964f16
+# output-sha256: c0d88ccdadc3a89feb1411a237b05a140c25df9a741d35c07d8d32d522f63862
 
 import itertools
 from collections.abc import Hashable
@@ -249,6 +249,14 @@ class Gemma3EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         # token_budget // tokens crops, in one image or many. (vLLM 0.33.0 clamps
         # them to max_batch_size, which counts images: an image of four crops then
         # does not fit a graph it fits by budget.)
+        # The graphs read these host tensors by address. The host may replace
+        # one after this capture (MiniCPM-V's resampler re-registers pos_embed in
+        # an eager call with a wider slice); the captured graphs would keep
+        # reading the old one, freed and its memory handed to other tensors.
+        # Holding it keeps every replay reading the values it was captured with.
+        kept = self.__dict__.setdefault("_encoder_cg_keep_alive", {})
+        for tensor in ():
+            kept[id(tensor)] = tensor
         # Views captured for this budget; every view buffer is sized from it.
         units = token_budget // tokens
         pixel_values = torch.randn((units, 3, side, side), device=device, dtype=dtype)

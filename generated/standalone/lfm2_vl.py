@@ -3,8 +3,8 @@
 # From specs/lfm2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/lfm2_vl.yaml`.
 # spec-sha256: 53ffcb080829243979571d9cfcffa8d459e19e51a7ca8ee40c70b1caa23721ca
-# templates-sha256: c55faa5a862a5c79ca643e024a4daa08219402f664c1c0e294acb510dde1f267
-# output-sha256: 2fb941b2e48b525b5044ad44bf059d832ced789bd2034e533f6d6c7ce55bd5c8
+# templates-sha256: 45fb49f1c5736ab6ba88dcdd806c176af69c6c5744fb56b57ad6460ed7964f16
+# output-sha256: ba45cf6da76bb3cfe7c6663ab381877d76e863580e3bc719d9a1c298c3dc1a23
 
 import itertools
 from collections.abc import Hashable
@@ -420,6 +420,14 @@ class Lfm2VLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         side = self.vision_tower.vision_model.embeddings.position_embedding_size
         # Tiles of m tokens, the last one the rest of the budget, as vLLM 0.33.0
         # cuts it.
+        # The graphs read these host tensors by address. The host may replace
+        # one after this capture (MiniCPM-V's resampler re-registers pos_embed in
+        # an eager call with a wider slice); the captured graphs would keep
+        # reading the old one, freed and its memory handed to other tensors.
+        # Holding it keeps every replay reading the values it was captured with.
+        kept = self.__dict__.setdefault("_encoder_cg_keep_alive", {})
+        for tensor in ():
+            kept[id(tensor)] = tensor
         # Views captured for this budget; every view buffer is sized from it.
         units = -(-token_budget // m)
         # The dummy units, one grid row each (unit_index 0 .. units - 1).

@@ -3,8 +3,8 @@
 # From specs/minimax_m3.yaml: change the spec or the templates and run
 # `gen-mixin specs/minimax_m3.yaml`.
 # spec-sha256: 679a222a35671178384492aa0dc1e20daf1dbe9ee4c77a16239d17f4a618116f
-# templates-sha256: c55faa5a862a5c79ca643e024a4daa08219402f664c1c0e294acb510dde1f267
-# output-sha256: aba64d05ea50ce66dc66e18d6a3d7d57604d2fd6932d3de1feaa674405b89db4
+# templates-sha256: 45fb49f1c5736ab6ba88dcdd806c176af69c6c5744fb56b57ad6460ed7964f16
+# output-sha256: bd173df8ee248aec24fa6c2a264f5424fbc3d43a003c18f0d4cd24e886360eb3
 
 import itertools
 import weakref
@@ -319,6 +319,14 @@ class MiniMaxM3EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         channels = self.vision_tower.vision_model.embeddings.num_channels
         frames = self.vision_tower.vision_model.embeddings.temporal_patch_size
         patch = self.vision_tower.vision_model.embeddings.patch_size
+        # The graphs read these host tensors by address. The host may replace
+        # one after this capture (MiniCPM-V's resampler re-registers pos_embed in
+        # an eager call with a wider slice); the captured graphs would keep
+        # reading the old one, freed and its memory handed to other tensors.
+        # Holding it keeps every replay reading the values it was captured with.
+        kept = self.__dict__.setdefault("_encoder_cg_keep_alive", {})
+        for tensor in ():
+            kept[id(tensor)] = tensor
         # Output tokens of each dummy item, rounded up so the dummy batch
         # covers the whole budget.
         k = -(-token_budget // max_batch_size)

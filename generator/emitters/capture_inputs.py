@@ -271,6 +271,8 @@ def _path_body(spec: MixinSpec, path: EncoderPath) -> dict[str, Any]:
             for item, exprs in capture.unit_dummy
         ],
         "frames_per_item": "frames_per_item" in _capture_names(capture),
+        "keep_alive": ", ".join(body.expr(p) for p in capture.keep_alive)
+        + ("," if len(capture.keep_alive) == 1 else ""),
         "lets": [
             {"name": let.name, "value": body.expr(let.expr)} for let in capture.lets
         ],

@@ -31,6 +31,7 @@ from generator.spec.values import (
     Choice,
     DtypeValue,
     Formula,
+    HostPathValue,
     Identifier,
     Integer,
     ListOf,
@@ -286,6 +287,9 @@ class Capture:
     #: A unit capture's dummy units: unit grid -> the dims of unit
     #: ``unit_index``.
     unit_dummy: tuple[tuple[ItemInput, tuple[Expr, ...]], ...] = ()
+    #: Host tensors the graphs read that the host may replace later; the
+    #: capture holds a reference to each (``capture.keep_alive``).
+    keep_alive: tuple[HostPath, ...] = ()
 
     KEYS: ClassVar = Keys(
         Key(
@@ -363,6 +367,17 @@ class Capture:
             "`allocate` buffer. DeepSeek-V4.1: `token_budget`.",
             example="token_budget",
         ),
+        Key(
+            "keep_alive",
+            ListOf(HostPathValue(), min_items=1),
+            "Host tensors the graphs read by address that the host may replace "
+            "after capture: the mixin holds a reference to the one each capture "
+            "read, so its memory is never freed while the graphs replay. "
+            "MiniCPM-V's resampler re-registers its position table `pos_embed` "
+            "when an eager call brings a wider slice; the table the graphs "
+            "captured would otherwise be freed and its memory reused.",
+            example="[resampler.pos_embed]",
+        ),
         Key("why", Text(), "Comment on the dummy batch."),
     )
     DOC_TITLE = "capture"
@@ -400,6 +415,7 @@ class Capture:
             dummy = _dummy(r, items_inputs)
         tensors = r.take("tensors", flats=flats)
         graph_rows = r.take("graph_rows")
+        keep_alive = tuple(p for p in r.take("keep_alive") or () if p is not INVALID)
         why = r.take("why")
         if dummy is None or tensors is None or (r.has("units") and units is None):
             return None
@@ -411,7 +427,16 @@ class Capture:
         if not r.ok("let", "assert"):
             return None
         return cls(
-            rounding, dummy, good, graph_rows, why, units, lets, asserts, unit_dummy
+            rounding,
+            dummy,
+            good,
+            graph_rows,
+            why,
+            units,
+            lets,
+            asserts,
+            unit_dummy,
+            keep_alive,
         )
 
 

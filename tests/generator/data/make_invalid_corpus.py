@@ -1854,6 +1854,22 @@ valid_case(
 )
 
 
+# -- capture.keep_alive --------------------------------------------------------------
+
+# The tensors held are host attributes: a formula is no tensor to hold.
+case(
+    "keep_alive_not_a_host_path",
+    "minicpmv",
+    ("keep_alive: [resampler.pos_embed]", "keep_alive: [resampler.pos_embed * 2]"),
+)
+# An empty list holds nothing: leave the key out.
+case(
+    "keep_alive_empty",
+    "minicpmv",
+    ("keep_alive: [resampler.pos_embed]", "keep_alive: []"),
+)
+
+
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     wanted = set(cases) | set(NOT_UTF8)

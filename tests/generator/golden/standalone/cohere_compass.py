@@ -3,8 +3,8 @@
 # From specs/cohere_compass.yaml: change the spec or the templates and run
 # `gen-mixin specs/cohere_compass.yaml`.
 # spec-sha256: d0b3571feeeed12e487ccaa7caa29d450a482d4ae7cfb2cb9c2e528321160bf0
-# templates-sha256: c55faa5a862a5c79ca643e024a4daa08219402f664c1c0e294acb510dde1f267
-# output-sha256: 8412efb5fd265c187a3c0cde2f03b83d54a100e9940c0f414f4b504d84ccfe2e
+# templates-sha256: 45fb49f1c5736ab6ba88dcdd806c176af69c6c5744fb56b57ad6460ed7964f16
+# output-sha256: 53e57e369b29d6ea10c6eb5c241a7b524307f7d2c138595dab5cf395c0f18b14
 
 import itertools
 from collections.abc import Hashable
@@ -323,6 +323,14 @@ class CohereCompassEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         frames = self.visual.patch_embed.temporal_patch_size
         patch = self.visual.patch_embed.patch_size
         backend = self.visual.attn_backend
+        # The graphs read these host tensors by address. The host may replace
+        # one after this capture (MiniCPM-V's resampler re-registers pos_embed in
+        # an eager call with a wider slice); the captured graphs would keep
+        # reading the old one, freed and its memory handed to other tensors.
+        # Holding it keeps every replay reading the values it was captured with.
+        kept = self.__dict__.setdefault("_encoder_cg_keep_alive", {})
+        for tensor in ():
+            kept[id(tensor)] = tensor
         # Output tokens of each dummy item, rounded up so the dummy batch
         # covers the whole budget.
         k = -(-token_budget // max_batch_size)

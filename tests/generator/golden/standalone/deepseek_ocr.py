@@ -3,8 +3,8 @@
 # From specs/deepseek_ocr.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_ocr.yaml`.
 # spec-sha256: 0bfb43e4316a4a39192bb100e7cfeecbb3f7339c7a907dfaa07f9b62999ceee7
-# templates-sha256: c55faa5a862a5c79ca643e024a4daa08219402f664c1c0e294acb510dde1f267
-# output-sha256: d4776971419c0b4c6dabc71d2197f33996b497bbf242178e07a39e6f772157c9
+# templates-sha256: 45fb49f1c5736ab6ba88dcdd806c176af69c6c5744fb56b57ad6460ed7964f16
+# output-sha256: 9956dcc8fad228de3cb1c60055dc8ca8810adfe8e80cd17618ff0e33d0369326
 
 import itertools
 from collections.abc import Hashable
@@ -288,6 +288,14 @@ class DeepseekOCREncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         if path == "global":
             base = BASE_SIZE
             side = self.image_side
+            # The graphs read these host tensors by address. The host may replace
+            # one after this capture (MiniCPM-V's resampler re-registers pos_embed in
+            # an eager call with a wider slice); the captured graphs would keep
+            # reading the old one, freed and its memory handed to other tensors.
+            # Holding it keeps every replay reading the values it was captured with.
+            kept = self.__dict__.setdefault("_encoder_cg_keep_alive", {})
+            for tensor in ():
+                kept[id(tensor)] = tensor
             # Views captured for this budget; every view buffer is sized from it.
             units = min(max_batch_size, token_budget // (side * (side + 1)))
             pixel_values = torch.randn(
@@ -302,6 +310,14 @@ class DeepseekOCREncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         if path == "local":
             tile = IMAGE_SIZE
             tile_side = self.patch_side
+            # The graphs read these host tensors by address. The host may replace
+            # one after this capture (MiniCPM-V's resampler re-registers pos_embed in
+            # an eager call with a wider slice); the captured graphs would keep
+            # reading the old one, freed and its memory handed to other tensors.
+            # Holding it keeps every replay reading the values it was captured with.
+            kept = self.__dict__.setdefault("_encoder_cg_keep_alive", {})
+            for tensor in ():
+                kept[id(tensor)] = tensor
             # Views captured for this budget; every view buffer is sized from it.
             units = token_budget // tile_side**2
             images_crop = torch.randn(

@@ -3,8 +3,8 @@
 # From specs/deepseek_v41.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_v41.yaml`.
 # spec-sha256: 5a5e49b0dc755e0765f16e9bea83916dae1ad10e566a6756645034252356e46f
-# templates-sha256: c55faa5a862a5c79ca643e024a4daa08219402f664c1c0e294acb510dde1f267
-# output-sha256: 899786ac4d98d79d9863dc5671b84405036337e92b72acc60770ec3ddbbcf598
+# templates-sha256: 45fb49f1c5736ab6ba88dcdd806c176af69c6c5744fb56b57ad6460ed7964f16
+# output-sha256: dfecf834d7cfa88557eda284b602f6bd3e73af62baad07fe6956121917418414
 
 import itertools
 import weakref
@@ -407,6 +407,14 @@ class DeepseekV4VLEncoderCudaGraphMixin:
             )
         r = self.config.vision_downsample_ratio
         patch = self.config.vision_patch_size
+        # The graphs read these host tensors by address. The host may replace
+        # one after this capture (MiniCPM-V's resampler re-registers pos_embed in
+        # an eager call with a wider slice); the captured graphs would keep
+        # reading the old one, freed and its memory handed to other tensors.
+        # Holding it keeps every replay reading the values it was captured with.
+        kept = self.__dict__.setdefault("_encoder_cg_keep_alive", {})
+        for tensor in ():
+            kept[id(tensor)] = tensor
         # Budget tokens of each dummy item, rounded up so the dummy batch
         # covers the whole budget.
         k = -(-token_budget // max_batch_size)

@@ -3,8 +3,8 @@
 # From specs/deepseek_vl2.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_vl2.yaml`.
 # spec-sha256: 6f892ea020ee953004c7a45b78d4d9f058c9fcef960abef7cba31604ab4b32b1
-# templates-sha256: c55faa5a862a5c79ca643e024a4daa08219402f664c1c0e294acb510dde1f267
-# output-sha256: ed03163c48086c989e0c7e135c50f0b10a7b36c202e3f0b187b6763f1043d3f4
+# templates-sha256: 45fb49f1c5736ab6ba88dcdd806c176af69c6c5744fb56b57ad6460ed7964f16
+# output-sha256: 84d6ef62b6a9c9284c5c6d82ee55ea45e4f90660e0f5c3abb7d0a9fbc62d593b
 
 import itertools
 from collections.abc import Hashable
@@ -275,6 +275,14 @@ class DeepseekVL2EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         patch = self.vision.patch_embed.patch_size[0]
         ratio = self.projector.cfg.downsample_ratio
         # Every tile brings at least h * h output tokens.
+        # The graphs read these host tensors by address. The host may replace
+        # one after this capture (MiniCPM-V's resampler re-registers pos_embed in
+        # an eager call with a wider slice); the captured graphs would keep
+        # reading the old one, freed and its memory handed to other tensors.
+        # Holding it keeps every replay reading the values it was captured with.
+        kept = self.__dict__.setdefault("_encoder_cg_keep_alive", {})
+        for tensor in ():
+            kept[id(tensor)] = tensor
         # Views captured for this budget; every view buffer is sized from it.
         units = -(-token_budget // (-(-(side // patch) // ratio)) ** 2)
         pixel_values = torch.randn((units, 3, side, side), device=device, dtype=dtype)

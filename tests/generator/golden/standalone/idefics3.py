@@ -3,8 +3,8 @@
 # From specs/idefics3.yaml: change the spec or the templates and run
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 8b488cb972956d4df57232df809f3b4c048f68b21019dab78906516f52b22e02
-# templates-sha256: c55faa5a862a5c79ca643e024a4daa08219402f664c1c0e294acb510dde1f267
-# output-sha256: 94eb60530aede28db6bfad8e4707dedf5f81c08ccc2517d52c3d1f4e5eb84a9b
+# templates-sha256: 45fb49f1c5736ab6ba88dcdd806c176af69c6c5744fb56b57ad6460ed7964f16
+# output-sha256: f791b94d60bae2f147e52db11d72155974438033b23131228d73ac1a0cd16f8e
 
 import itertools
 from collections.abc import Hashable
@@ -251,6 +251,14 @@ class Idefics3EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         # Every tile is `tokens` tokens, so a batch within the budget has at most
         # token_budget // tokens tiles, whatever max_batch_size (rounded up as
         # vLLM 0.33.0 does).
+        # The graphs read these host tensors by address. The host may replace
+        # one after this capture (MiniCPM-V's resampler re-registers pos_embed in
+        # an eager call with a wider slice); the captured graphs would keep
+        # reading the old one, freed and its memory handed to other tensors.
+        # Holding it keeps every replay reading the values it was captured with.
+        kept = self.__dict__.setdefault("_encoder_cg_keep_alive", {})
+        for tensor in ():
+            kept[id(tensor)] = tensor
         # Views captured for this budget; every view buffer is sized from it.
         units = max(-(-token_budget // tokens), 1)
         pixel_values = torch.randn((units, 3, side, side), device=device, dtype=dtype)

@@ -3,8 +3,8 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
-# templates-sha256: c55faa5a862a5c79ca643e024a4daa08219402f664c1c0e294acb510dde1f267
-# output-sha256: cba2f1094fb9b713f76bef8b53c4e80c4779ee75e10702018d005b8c9357fa36
+# templates-sha256: 45fb49f1c5736ab6ba88dcdd806c176af69c6c5744fb56b57ad6460ed7964f16
+# output-sha256: 41d17af83f096d57ee562ba13c6559386f2a7bc2ce22b74ed5a22aaacdea0bf9
 
 import itertools
 from collections.abc import Hashable
@@ -259,6 +259,14 @@ class InternVLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         side = self.config.vision_config.image_size
         # Every tile is `tokens` tokens, so a batch within the budget has at most
         # token_budget // tokens tiles, whatever max_batch_size.
+        # The graphs read these host tensors by address. The host may replace
+        # one after this capture (MiniCPM-V's resampler re-registers pos_embed in
+        # an eager call with a wider slice); the captured graphs would keep
+        # reading the old one, freed and its memory handed to other tensors.
+        # Holding it keeps every replay reading the values it was captured with.
+        kept = self.__dict__.setdefault("_encoder_cg_keep_alive", {})
+        for tensor in ():
+            kept[id(tensor)] = tensor
         # Views captured for this budget; every view buffer is sized from it.
         units = max(token_budget // tokens, 1)
         pixel_values_flat = torch.randn(

@@ -3,8 +3,8 @@
 # From specs/mllama4.yaml: change the spec or the templates and run
 # `gen-mixin specs/mllama4.yaml`.
 # spec-sha256: 3a4c5d7bdb1ee216f77e7723529296ab4a8d77acd6df01a22770eb4a40007938
-# templates-sha256: c55faa5a862a5c79ca643e024a4daa08219402f664c1c0e294acb510dde1f267
-# output-sha256: 84e0d52b98ffb3f14a16a55b0c9caa5fc35f4e1e2a04cbc5057c2c638f9912d6
+# templates-sha256: 45fb49f1c5736ab6ba88dcdd806c176af69c6c5744fb56b57ad6460ed7964f16
+# output-sha256: fe5f718ed53ffcd0645c1cec16d4b91f77466eacc9987e7d3c0a13ae36d22fa6
 
 import itertools
 from collections.abc import Hashable
@@ -246,6 +246,14 @@ class Llama4EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         # token_budget // tokens chunks, whatever max_batch_size (rounded up as
         # vLLM 0.33.0 does: one spare chunk when `tokens` does not divide the
         # budget).
+        # The graphs read these host tensors by address. The host may replace
+        # one after this capture (MiniCPM-V's resampler re-registers pos_embed in
+        # an eager call with a wider slice); the captured graphs would keep
+        # reading the old one, freed and its memory handed to other tensors.
+        # Holding it keeps every replay reading the values it was captured with.
+        kept = self.__dict__.setdefault("_encoder_cg_keep_alive", {})
+        for tensor in ():
+            kept[id(tensor)] = tensor
         # Views captured for this budget; every view buffer is sized from it.
         units = max(1, -(-token_budget // tokens))
         pixel_values = torch.randn(

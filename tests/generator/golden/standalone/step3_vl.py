@@ -3,8 +3,8 @@
 # From specs/step3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
-# templates-sha256: c55faa5a862a5c79ca643e024a4daa08219402f664c1c0e294acb510dde1f267
-# output-sha256: efcfda4ba06e81333bce6e63260d022170ba492cf1216237255a6a7cd49eb2fc
+# templates-sha256: 45fb49f1c5736ab6ba88dcdd806c176af69c6c5744fb56b57ad6460ed7964f16
+# output-sha256: d3bea5f570d2c2982eca6e03bc1bcf82555990a11b61a8c4b3a5eabca1b198cd
 
 import itertools
 from collections.abc import Hashable
@@ -268,6 +268,14 @@ class Step3VLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         if path == "global":
             side = self.config.vision_config.image_size
             global_tokens = self.img_output_tokens
+            # The graphs read these host tensors by address. The host may replace
+            # one after this capture (MiniCPM-V's resampler re-registers pos_embed in
+            # an eager call with a wider slice); the captured graphs would keep
+            # reading the old one, freed and its memory handed to other tensors.
+            # Holding it keeps every replay reading the values it was captured with.
+            kept = self.__dict__.setdefault("_encoder_cg_keep_alive", {})
+            for tensor in ():
+                kept[id(tensor)] = tensor
             # Views captured for this budget; every view buffer is sized from it.
             units = min(max_batch_size, token_budget // global_tokens)
             pixel_values = torch.randn(
@@ -281,6 +289,14 @@ class Step3VLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         # Crop-less images have no rows here; a batch of them skips the path.
         if path == "local":
             crop_tokens = self.patch_output_tokens
+            # The graphs read these host tensors by address. The host may replace
+            # one after this capture (MiniCPM-V's resampler re-registers pos_embed in
+            # an eager call with a wider slice); the captured graphs would keep
+            # reading the old one, freed and its memory handed to other tensors.
+            # Holding it keeps every replay reading the values it was captured with.
+            kept = self.__dict__.setdefault("_encoder_cg_keep_alive", {})
+            for tensor in ():
+                kept[id(tensor)] = tensor
             # Views captured for this budget; every view buffer is sized from it.
             units = token_budget // crop_tokens
             patch_pixel_values = torch.randn(

@@ -3,8 +3,8 @@
 # From specs/deepseek_ocr.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_ocr.yaml`.
 # spec-sha256: 0bfb43e4316a4a39192bb100e7cfeecbb3f7339c7a907dfaa07f9b62999ceee7
-# templates-sha256: c55faa5a862a5c79ca643e024a4daa08219402f664c1c0e294acb510dde1f267
-# output-sha256: b42283b4c4fa276bf5d4ab04cd089f6cccfe6a364c20605a6f3577a203405e1c
+# templates-sha256: 45fb49f1c5736ab6ba88dcdd806c176af69c6c5744fb56b57ad6460ed7964f16
+# output-sha256: e141879eecba6fd7e671d7fd6eaa8419324184c8b94654a3a9b08b2ff9b0207d
 
 import itertools
 from collections.abc import Hashable
@@ -288,6 +288,14 @@ class DeepseekOCREncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         if path == "global":
             base = BASE_SIZE
             side = self.image_side
+            # The graphs read these host tensors by address. The host may replace
+            # one after this capture (MiniCPM-V's resampler re-registers pos_embed in
+            # an eager call with a wider slice); the captured graphs would keep
+            # reading the old one, freed and its memory handed to other tensors.
+            # Holding it keeps every replay reading the values it was captured with.
+            kept = self.__dict__.setdefault("_encoder_cg_keep_alive", {})
+            for tensor in ():
+                kept[id(tensor)] = tensor
             # Views captured for this budget; every view buffer is sized from it.
             units = min(max_batch_size, token_budget // (side * (side + 1)))
             pixel_values = torch.randn(
@@ -302,6 +310,14 @@ class DeepseekOCREncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         if path == "local":
             tile = IMAGE_SIZE
             tile_side = self.patch_side
+            # The graphs read these host tensors by address. The host may replace
+            # one after this capture (MiniCPM-V's resampler re-registers pos_embed in
+            # an eager call with a wider slice); the captured graphs would keep
+            # reading the old one, freed and its memory handed to other tensors.
+            # Holding it keeps every replay reading the values it was captured with.
+            kept = self.__dict__.setdefault("_encoder_cg_keep_alive", {})
+            for tensor in ():
+                kept[id(tensor)] = tensor
             # Views captured for this budget; every view buffer is sized from it.
             units = token_budget // tile_side**2
             images_crop = torch.randn(

@@ -3,8 +3,8 @@
 # From specs/minimax_m3.yaml: change the spec or the templates and run
 # `gen-mixin specs/minimax_m3.yaml`.
 # spec-sha256: 679a222a35671178384492aa0dc1e20daf1dbe9ee4c77a16239d17f4a618116f
-# templates-sha256: c55faa5a862a5c79ca643e024a4daa08219402f664c1c0e294acb510dde1f267
-# output-sha256: 0abc9fbd6315539785d5f634cc6f57011cb748ae3c18f77084c16c4372202396
+# templates-sha256: 45fb49f1c5736ab6ba88dcdd806c176af69c6c5744fb56b57ad6460ed7964f16
+# output-sha256: b4ebb3ffac386cf59294f7985f1c60bd99d6435417b868520958aea9b60eac27
 
 import itertools
 import weakref
@@ -320,6 +320,14 @@ class MiniMaxM3EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         channels = self.vision_tower.vision_model.embeddings.num_channels
         frames = self.vision_tower.vision_model.embeddings.temporal_patch_size
         patch = self.vision_tower.vision_model.embeddings.patch_size
+        # The graphs read these host tensors by address. The host may replace
+        # one after this capture (MiniCPM-V's resampler re-registers pos_embed in
+        # an eager call with a wider slice); the captured graphs would keep
+        # reading the old one, freed and its memory handed to other tensors.
+        # Holding it keeps every replay reading the values it was captured with.
+        kept = self.__dict__.setdefault("_encoder_cg_keep_alive", {})
+        for tensor in ():
+            kept[id(tensor)] = tensor
         # Output tokens of each dummy item, rounded up so the dummy batch
         # covers the whole budget.
         k = -(-token_budget // max_batch_size)
