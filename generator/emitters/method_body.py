@@ -156,7 +156,10 @@ class Loads:
         item = self.spec.item_input(key)
         if item is not None and item.is_list:
             # The batch's unit tensors, item after item.
-            return {"name": key, "value": f"self._list_units({source}, {self.key(key)})"}
+            return {
+                "name": key,
+                "value": f"self._list_units({source}, {self.key(key)})",
+            }
         if item is not None and of_list(self.spec, item):
             width = len(item.dims)
             value = f"_unit_grid_values({source}, {self.key(key)}, {width})"

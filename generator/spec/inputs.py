@@ -404,9 +404,7 @@ def prescan_dims(ctx: ReadContext, inputs_node) -> None:
         if entry.kind != "mapping":
             continue
         field = f"inputs.{key}"
-        name = next(
-            (n for n in ("dims", "units_per_item") if n in entry.value), "dim"
-        )
+        name = next((n for n in ("dims", "units_per_item") if n in entry.value), "dim")
         dims_node = entry.value.get(name)
         if dims_node is None:
             continue

@@ -487,7 +487,9 @@ def check_capture_inputs(
         tensor = get_path(host, kept.parts)
         assert any(t is tensor for t in held), kept.dotted
         set_path(host, kept.parts, tensor.clone())
-        assert any(t is tensor for t in host.__dict__["_encoder_cg_keep_alive"].values())
+        assert any(
+            t is tensor for t in host.__dict__["_encoder_cg_keep_alive"].values()
+        )
     if path.capture.of_units:
         names = unit_names(world, budget, mbs, mfpb, path, axis_keys)
         check_unit_capture(world, path, values, names)

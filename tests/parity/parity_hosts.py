@@ -4136,14 +4136,6 @@ def deepseek_ocr() -> ModelParity:
 # ---------------------------------------------------------------------------
 
 
-class _MiniCPMVSchema(dict):
-    """``MiniCPMVImagePixelInputs`` (a TensorSchema read by key): a mapping;
-    ``validate`` is the schema's switch."""
-
-    def __init__(self, *, validate: bool = True, **fields: Any) -> None:
-        super().__init__(**fields)
-
-
 class _MiniCPMVPatchTower(Recorder):
     """``vpm`` as a patch embedding that keeps the patch order: each
     ``p x p`` patch of a slice image becomes ``WIDTH`` fixed mixes of its
@@ -4216,8 +4208,6 @@ def _minicpmv_vllm() -> tuple[WheelCode, type, type]:
         {
             MINICPMV: {
                 "torch": torch,
-                "MiniCPMVImagePixelInputs": _MiniCPMVSchema,
-                "MiniCPMVImageEmbeddingInputs": _MiniCPMVSchema,
                 "gpu_sync_allowed": contextlib.nullcontext,
                 "flatten_bn": _flatten_bn,
             }

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 import parity_hosts as hosts
+from encoder_cudagraph_runtime.defs import ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG
 from parity_hosts import CPU, CaptureCase, HostSettings, Plan
 from parity_testlib import Difference, check_differences, copy_replay_into_captured
-from encoder_cudagraph_runtime.defs import ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG
 
 Q = hosts.MINICPMV_QUERIES
 
@@ -93,7 +93,9 @@ def test_slices_beyond_the_config_clamp_replay(model) -> None:
     batch = hosts.minicpmv_batch(gen, "image", [((8, 8),) * 17])
     rows = {}
     for host_class in (model.vllm_host, model.our_host):
-        host = hosts.minicpmv_parity_host(host_class, HostSettings(max_frames_per_video=1))
+        host = hosts.minicpmv_parity_host(
+            host_class, HostSettings(max_frames_per_video=1)
+        )
         manager = hosts.runtime_manager(host, [2048], 1)
         manager.capture()
         if host_class is model.vllm_host:
@@ -116,7 +118,9 @@ def test_the_selection_is_a_subset_that_replays_the_same_buffers(model) -> None:
     # tensor, the processor's type); the packing runs in replay steps, and
     # the buffers the manager copies are vLLM's, value for value.
     gen = torch.Generator().manual_seed(7)
-    batch = hosts.minicpmv_batch(gen, "image", [((5, 9), (30, 60)), ((2, 70),), ((40, 3),)])
+    batch = hosts.minicpmv_batch(
+        gen, "image", [((5, 9), (30, 60)), ((2, 70),), ((40, 3),)]
+    )
     vllm_host, ours = model.hosts()
     for indices in ([2, 0], [1], [0, 1, 2]):
         theirs = vllm_host.select_encoder_cudagraph_items(batch, indices)
@@ -125,7 +129,11 @@ def test_the_selection_is_a_subset_that_replays_the_same_buffers(model) -> None:
             "minicpmv_encoder_input_flat",
             "minicpmv_encoder_patch_grid",
         }
-        assert set(mine) == {"pixel_values", "tgt_sizes", ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG}
+        assert set(mine) == {
+            "pixel_values",
+            "tgt_sizes",
+            ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG,
+        }
         assert all(
             a is b
             for i, units in zip(indices, mine["pixel_values"], strict=True)
@@ -158,7 +166,9 @@ def test_a_slice_wider_than_the_table_runs_eagerly(model, monkeypatch) -> None:
     # positions past column 69. Ours sends the item to the eager forward
     # (budget tokens above every budget, its real output tokens), which
     # grows the table and gives vLLM's eager rows.
-    batch = hosts.minicpmv_batch(torch.Generator().manual_seed(1), "image", [((14, 71),)])
+    batch = hosts.minicpmv_batch(
+        torch.Generator().manual_seed(1), "image", [((14, 71),)]
+    )
     vllm_host = _real_resampler_host(model.vllm_host, monkeypatch)
     ours = _real_resampler_host(model.our_host, monkeypatch)
     (spec,) = ours.get_encoder_cudagraph_item_specs(batch)
