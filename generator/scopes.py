@@ -342,6 +342,8 @@ METHODS: dict[str, Method] = {
                 "units",
                 "unit_index",
                 "offsets",
+                "kept",
+                "tensor",
                 "_",
             ),
             # A tensor's own dummy rows; a padded input's dummy sizes; an
@@ -530,6 +532,24 @@ METHODS: dict[str, Method] = {
             ("first", "sizes", "others", "key", "other", "index", "size", "theirs"),
         ),
         Method(
+            "_list_lengths",
+            (MM_KWARGS, Param("key", "str")),
+            "list[int]",
+            ("items", "index", "units", "unit"),
+        ),
+        Method(
+            "_unit_grid_values",
+            (MM_KWARGS, Param("key", "str"), Param("width", "int")),
+            "list[list[int]]",
+            ("grid", "part", "shapes"),
+        ),
+        Method(
+            "_check_unit_shapes",
+            (MM_KWARGS, Param("key", "str"), Param("shapes", "list[tuple[int, ...]]")),
+            "None",
+            ("units", "i", "j", "item", "unit", "index", "position", "shape"),
+        ),
+        Method(
             "_num_items",
             (Param("inputs", "dict[str, list[Any]]"),),
             "int",
@@ -640,6 +660,12 @@ METHODS: dict[str, Method] = {
             ("counts", "v"),
         ),
         Method(
+            "_list_units",
+            (MM_KWARGS, Param("key", "str")),
+            "list[torch.Tensor]",
+            ("unit", "units"),
+        ),
+        Method(
             "_register_captured_rows",
             (SELF, Param("cu_seqlens", "torch.Tensor"), Param("rows", "int")),
             "None",
@@ -692,6 +718,12 @@ METHODS: dict[str, Method] = {
             (Param("counts", "list[int]"), Param("indices", "list[int]")),
             "list[int]",
             ("offsets", "u", "i"),
+        ),
+        Method(
+            "_select_items",
+            (Param("items", "list"), Param("indices", "list[int]")),
+            "list",
+            ("i",),
         ),
         Method(
             "_select_counts",

@@ -382,6 +382,8 @@ def _budget_problems(
             for tensor in ir.capture.tensors:
                 if tensor in padded:
                     continue  # padded_problems: a key's graph holds its items
+                if not isinstance(tensor.flat, FlatInput):
+                    continue  # a list input's units: a unit capture only
                 field = f"capture.tensors.{tensor.key}.shape"
                 try:
                     need = mbs * flat_rows(tensor.flat, env, dims)
@@ -979,7 +981,7 @@ def unit_capture_problems(
     (:func:`generator.unit_coverage.most_rows`, over sampled items)."""
     buffers = {b.key for b in ir.buffers}
     for tensor in ir.capture.tensors:
-        if tensor.key not in buffers:
+        if tensor.key not in buffers or not isinstance(tensor.flat, FlatInput):
             continue  # only the builders read it: a capture-time input
         hull = envelope(list(_item_points(ir, env, tensor.flat)))
         if not hull:

@@ -230,6 +230,39 @@ def _padded_cases(spec: MixinSpec, mm_kwargs: dict[str, Any], item: ItemInput):
             rf"{_key(key)}\[0\] is \d+; {dim} must be a multiple of",
             in_selection=False,
         )
+def _list_cases(spec: MixinSpec, mm_kwargs: dict[str, Any], item: ItemInput):
+    """A list input: per item a list of unit tensors of ``unit_shape``."""
+    key = item.key
+    value = mm_kwargs[key]
+    grids = [i for i in spec.item_inputs if i.unit_of == key]
+    if grids:
+        more = [*value]
+        more[0] = [*value[0], value[0][-1].clone()]
+        yield Corruption(
+            f"{key}:one-unit-more",
+            _with(mm_kwargs, key, more),
+            rf"{_key(grids[0].key)} has \d+ unit rows, but {_key(key)} gives \d+ units",
+        )
+    yield Corruption(
+        f"{key}:not-a-list",
+        _with(mm_kwargs, key, value[0][0]),
+        rf"{_key(key)} is a Tensor; a list input is a list per item of unit tensors",
+    )
+    not_list = [value[0][0], *value[1:]]
+    yield Corruption(
+        f"{key}:item-not-a-list",
+        _with(mm_kwargs, key, not_list),
+        rf"{_key(key)}\[0\] is a Tensor; an item of a list input is a list",
+    )
+    unit = value[0][0]
+    wider = torch.cat([unit, unit[..., :1]], dim=-1)
+    reshaped = [[wider, *value[0][1:]], *value[1:]]
+    yield Corruption(
+        f"{key}:wrong-unit-shape",
+        _with(mm_kwargs, key, reshaped),
+        rf"{_key(key)}\[0\]\[0\] has shape .*, but its grid row gives it",
+        in_selection=False,
+    )
 
 
 def _span_cases(
@@ -282,7 +315,10 @@ def corruptions(
         if item.is_padded:
             cases += _padded_cases(spec, mm_kwargs, item)
             continue
-        cases += _item_cases(spec, mm_kwargs, item)
+        if item.is_list:
+            cases += _list_cases(spec, mm_kwargs, item)
+        else:
+            cases += _item_cases(spec, mm_kwargs, item)
     if spec.span_assembly is not None:
         lengths = [output_tokens(0), output_tokens(1)]
         cases += _span_cases(spec, module, mm_kwargs, lengths)

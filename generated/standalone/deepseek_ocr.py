@@ -3,8 +3,8 @@
 # From specs/deepseek_ocr.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_ocr.yaml`.
 # spec-sha256: 0bfb43e4316a4a39192bb100e7cfeecbb3f7339c7a907dfaa07f9b62999ceee7
-# templates-sha256: bf7fac33f4c37d6ef71249d9788654df618ebf0f3164024b9febae2219400492
-# output-sha256: 81f7debc02fae998e3bec20ceb6074485273d17b689f4b8a0a126fea683b5bec
+# templates-sha256: 5d60f62a45738b26e13055260d8c19a8e26fea4ba25fbbc286b8df445fe726cf
+# output-sha256: d08434d219d0fe38e4d43b173c965173c604ca51a262940be4f13b8b39f42c3e
 
 import itertools
 from collections.abc import Hashable
@@ -288,6 +288,14 @@ class DeepseekOCREncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         if path == "global":
             base = BASE_SIZE
             side = self.image_side
+            # The graphs read these host tensors by address. The host may replace
+            # one after this capture (MiniCPM-V's resampler re-registers pos_embed in
+            # an eager call with a wider slice); the captured graphs would keep
+            # reading the old one, freed and its memory handed to other tensors.
+            # Holding it keeps every replay reading the values it was captured with.
+            kept = self.__dict__.setdefault("_encoder_cg_keep_alive", {})
+            for tensor in ():
+                kept[id(tensor)] = tensor
             # Views captured for this budget; every view buffer is sized from it.
             units = min(max_batch_size, token_budget // (side * (side + 1)))
             pixel_values = torch.randn(
@@ -302,6 +310,14 @@ class DeepseekOCREncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         if path == "local":
             tile = IMAGE_SIZE
             tile_side = self.patch_side
+            # The graphs read these host tensors by address. The host may replace
+            # one after this capture (MiniCPM-V's resampler re-registers pos_embed in
+            # an eager call with a wider slice); the captured graphs would keep
+            # reading the old one, freed and its memory handed to other tensors.
+            # Holding it keeps every replay reading the values it was captured with.
+            kept = self.__dict__.setdefault("_encoder_cg_keep_alive", {})
+            for tensor in ():
+                kept[id(tensor)] = tensor
             # Views captured for this budget; every view buffer is sized from it.
             units = token_budget // tile_side**2
             images_crop = torch.randn(

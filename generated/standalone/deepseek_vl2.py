@@ -3,8 +3,8 @@
 # From specs/deepseek_vl2.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_vl2.yaml`.
 # spec-sha256: 6f892ea020ee953004c7a45b78d4d9f058c9fcef960abef7cba31604ab4b32b1
-# templates-sha256: bf7fac33f4c37d6ef71249d9788654df618ebf0f3164024b9febae2219400492
-# output-sha256: 0af98208ad35a4f5fcf113161bf3e2a84b0b17c18748cb52b0ceb4d029fcc3b3
+# templates-sha256: 5d60f62a45738b26e13055260d8c19a8e26fea4ba25fbbc286b8df445fe726cf
+# output-sha256: 06a9b194c6eacd3ff418da02b5ea333e8d41128a31b1699e5563b3d8983a8af0
 
 import itertools
 from collections.abc import Hashable
@@ -275,6 +275,14 @@ class DeepseekVL2EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         patch = self.vision.patch_embed.patch_size[0]
         ratio = self.projector.cfg.downsample_ratio
         # Every tile brings at least h * h output tokens.
+        # The graphs read these host tensors by address. The host may replace
+        # one after this capture (MiniCPM-V's resampler re-registers pos_embed in
+        # an eager call with a wider slice); the captured graphs would keep
+        # reading the old one, freed and its memory handed to other tensors.
+        # Holding it keeps every replay reading the values it was captured with.
+        kept = self.__dict__.setdefault("_encoder_cg_keep_alive", {})
+        for tensor in ():
+            kept[id(tensor)] = tensor
         # Views captured for this budget; every view buffer is sized from it.
         units = -(-token_budget // (-(-(side // patch) // ratio)) ** 2)
         pixel_values = torch.randn((units, 3, side, side), device=device, dtype=dtype)

@@ -3,8 +3,8 @@
 # From specs/idefics3.yaml: change the spec or the templates and run
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 8b488cb972956d4df57232df809f3b4c048f68b21019dab78906516f52b22e02
-# templates-sha256: bf7fac33f4c37d6ef71249d9788654df618ebf0f3164024b9febae2219400492
-# output-sha256: 009430954dce84a99fdd72233536c6594b55bd6e5e03738ff648c56c7ae073e7
+# templates-sha256: 5d60f62a45738b26e13055260d8c19a8e26fea4ba25fbbc286b8df445fe726cf
+# output-sha256: 3eac93e4980985ecd5e8c14a1fef501ef9b6d6c5bc23ae4ff8cfef43a253dbef
 
 import itertools
 from collections.abc import Hashable
@@ -251,6 +251,14 @@ class Idefics3EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         # Every tile is `tokens` tokens, so a batch within the budget has at most
         # token_budget // tokens tiles, whatever max_batch_size (rounded up as
         # vLLM 0.33.0 does).
+        # The graphs read these host tensors by address. The host may replace
+        # one after this capture (MiniCPM-V's resampler re-registers pos_embed in
+        # an eager call with a wider slice); the captured graphs would keep
+        # reading the old one, freed and its memory handed to other tensors.
+        # Holding it keeps every replay reading the values it was captured with.
+        kept = self.__dict__.setdefault("_encoder_cg_keep_alive", {})
+        for tensor in ():
+            kept[id(tensor)] = tensor
         # Views captured for this budget; every view buffer is sized from it.
         units = max(-(-token_budget // tokens), 1)
         pixel_values = torch.randn((units, 3, side, side), device=device, dtype=dtype)

@@ -3,8 +3,8 @@
 # From specs/kimi_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_vl.yaml`.
 # spec-sha256: dec5f629ea45e6747065da9f1de34c016f7c11dcc328326c287b6a82ba94d373
-# templates-sha256: bf7fac33f4c37d6ef71249d9788654df618ebf0f3164024b9febae2219400492
-# output-sha256: 746e9225adbfcfa3e22c1c447997de3f720247cd79391fcb2fbdb259df34747c
+# templates-sha256: 5d60f62a45738b26e13055260d8c19a8e26fea4ba25fbbc286b8df445fe726cf
+# output-sha256: d45baaeb4d4cf360540e6ca69bd9dc7f3b2ed0e9497b617e509af72341ce9868
 
 import itertools
 from collections.abc import Hashable
@@ -271,6 +271,14 @@ class KimiVLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         patch = self.config.vision_config.patch_size
         rope_h = self.vision_tower.encoder.rope_2d.max_height
         rope_w = self.vision_tower.encoder.rope_2d.max_width
+        # The graphs read these host tensors by address. The host may replace
+        # one after this capture (MiniCPM-V's resampler re-registers pos_embed in
+        # an eager call with a wider slice); the captured graphs would keep
+        # reading the old one, freed and its memory handed to other tensors.
+        # Holding it keeps every replay reading the values it was captured with.
+        kept = self.__dict__.setdefault("_encoder_cg_keep_alive", {})
+        for tensor in ():
+            kept[id(tensor)] = tensor
         # Output tokens of each dummy item, rounded up so the dummy batch
         # covers the whole budget.
         k = -(-token_budget // max_batch_size)

@@ -3,8 +3,8 @@
 # From specs/minimax_m3.yaml: change the spec or the templates and run
 # `gen-mixin specs/minimax_m3.yaml`.
 # spec-sha256: 679a222a35671178384492aa0dc1e20daf1dbe9ee4c77a16239d17f4a618116f
-# templates-sha256: bf7fac33f4c37d6ef71249d9788654df618ebf0f3164024b9febae2219400492
-# output-sha256: d11d830a10a8aaef924bb90a368f06de34122f9f1397a28432651fed451cac0a
+# templates-sha256: 5d60f62a45738b26e13055260d8c19a8e26fea4ba25fbbc286b8df445fe726cf
+# output-sha256: ca3a4c03d6503e55a076ff710dd152ccea2a4f5e9e6a25a633d15f6a489a93d9
 
 import itertools
 import weakref
@@ -319,6 +319,14 @@ class MiniMaxM3EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         channels = self.vision_tower.vision_model.embeddings.num_channels
         frames = self.vision_tower.vision_model.embeddings.temporal_patch_size
         patch = self.vision_tower.vision_model.embeddings.patch_size
+        # The graphs read these host tensors by address. The host may replace
+        # one after this capture (MiniCPM-V's resampler re-registers pos_embed in
+        # an eager call with a wider slice); the captured graphs would keep
+        # reading the old one, freed and its memory handed to other tensors.
+        # Holding it keeps every replay reading the values it was captured with.
+        kept = self.__dict__.setdefault("_encoder_cg_keep_alive", {})
+        for tensor in ():
+            kept[id(tensor)] = tensor
         # Output tokens of each dummy item, rounded up so the dummy batch
         # covers the whole budget.
         k = -(-token_budget // max_batch_size)

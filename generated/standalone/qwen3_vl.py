@@ -3,8 +3,8 @@
 # From specs/qwen3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen3_vl.yaml`.
 # spec-sha256: 28992035a32ca0711943f61e569736ce2ca71587c2e480781972b42541c1b620
-# templates-sha256: bf7fac33f4c37d6ef71249d9788654df618ebf0f3164024b9febae2219400492
-# output-sha256: 9eaab7d90ac97c736ba44ca69ae416859bc1b5005187d3d73f53d5ec239ea2d4
+# templates-sha256: 5d60f62a45738b26e13055260d8c19a8e26fea4ba25fbbc286b8df445fe726cf
+# output-sha256: 9f0d20284b9fad7ffcf622cab0d48aff4be5de4f52aa0313f65187692a3852ee
 
 import itertools
 from collections.abc import Hashable
@@ -338,6 +338,14 @@ class Qwen3VLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         frames = self.visual.patch_embed.temporal_patch_size
         patch = self.visual.patch_embed.patch_size
         backend = self.visual.attn_backend
+        # The graphs read these host tensors by address. The host may replace
+        # one after this capture (MiniCPM-V's resampler re-registers pos_embed in
+        # an eager call with a wider slice); the captured graphs would keep
+        # reading the old one, freed and its memory handed to other tensors.
+        # Holding it keeps every replay reading the values it was captured with.
+        kept = self.__dict__.setdefault("_encoder_cg_keep_alive", {})
+        for tensor in ():
+            kept[id(tensor)] = tensor
         # Output tokens of each dummy item, rounded up so the dummy batch
         # covers the whole budget.
         k = -(-token_budget // max_batch_size)

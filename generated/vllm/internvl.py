@@ -3,8 +3,8 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
-# templates-sha256: bf7fac33f4c37d6ef71249d9788654df618ebf0f3164024b9febae2219400492
-# output-sha256: f3a0dabdfb98e6693aaca88db6de2575ba45045b28c5b2561ffcd0dd2f661c58
+# templates-sha256: 5d60f62a45738b26e13055260d8c19a8e26fea4ba25fbbc286b8df445fe726cf
+# output-sha256: 36afe3ab84c757d58952d07132e16eea99900d1124c597a2cdab181b3e933e6a
 
 import itertools
 from collections.abc import Hashable
@@ -259,6 +259,14 @@ class InternVLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         side = self.config.vision_config.image_size
         # Every tile is `tokens` tokens, so a batch within the budget has at most
         # token_budget // tokens tiles, whatever max_batch_size.
+        # The graphs read these host tensors by address. The host may replace
+        # one after this capture (MiniCPM-V's resampler re-registers pos_embed in
+        # an eager call with a wider slice); the captured graphs would keep
+        # reading the old one, freed and its memory handed to other tensors.
+        # Holding it keeps every replay reading the values it was captured with.
+        kept = self.__dict__.setdefault("_encoder_cg_keep_alive", {})
+        for tensor in ():
+            kept[id(tensor)] = tensor
         # Views captured for this budget; every view buffer is sized from it.
         units = max(token_budget // tokens, 1)
         pixel_values_flat = torch.randn(

@@ -3,8 +3,8 @@
 # From specs/kimi_k25.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k25.yaml`.
 # spec-sha256: 593beb16e06a103837efc5aa14a6c25d495096029ae4609647637b59aaa4b37c
-# templates-sha256: bf7fac33f4c37d6ef71249d9788654df618ebf0f3164024b9febae2219400492
-# output-sha256: 79edb7d2a97d03ec7132abb9b102f0c0364e3795302bb63487c5f17aa2fc71c4
+# templates-sha256: 5d60f62a45738b26e13055260d8c19a8e26fea4ba25fbbc286b8df445fe726cf
+# output-sha256: 3ed2fc76345345d31e1e1518d72431298a4b224e199fd14063c869762d3043be
 
 import itertools
 from collections.abc import Hashable
@@ -339,6 +339,14 @@ class KimiK25EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         rope_h = self.vision_tower.encoder.rope_2d.max_height
         rope_w = self.vision_tower.encoder.rope_2d.max_width
         backend = self.vision_tower.encoder.blocks[0].attn.attn_backend
+        # The graphs read these host tensors by address. The host may replace
+        # one after this capture (MiniCPM-V's resampler re-registers pos_embed in
+        # an eager call with a wider slice); the captured graphs would keep
+        # reading the old one, freed and its memory handed to other tensors.
+        # Holding it keeps every replay reading the values it was captured with.
+        kept = self.__dict__.setdefault("_encoder_cg_keep_alive", {})
+        for tensor in ():
+            kept[id(tensor)] = tensor
         # Output tokens of each dummy item, rounded up so the dummy batch
         # covers the whole budget.
         k = -(-token_budget // max_batch_size)

@@ -3,8 +3,8 @@
 # From specs/kimi_k3.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k3.yaml`.
 # spec-sha256: 1913eb478f4bae1accc4351c633300f743a2b1c000a8337cc758991b7f9e5568
-# templates-sha256: bf7fac33f4c37d6ef71249d9788654df618ebf0f3164024b9febae2219400492
-# output-sha256: 8c9af102e060cd546d496a29fa8fff54ffa9ca2b182950d63d2b18dac9aaef13
+# templates-sha256: 5d60f62a45738b26e13055260d8c19a8e26fea4ba25fbbc286b8df445fe726cf
+# output-sha256: 24761d3b70295b0e720dd2dbb0bfe5e97c22bc7ab7af17bec85903bfef80d549
 
 import itertools
 import math
@@ -303,6 +303,14 @@ class KimiK3EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         patch = self.config.vision_config.patch_size
         rope_h = self.vision_tower.encoder.rope_2d.max_height
         rope_w = self.vision_tower.encoder.rope_2d.max_width
+        # The graphs read these host tensors by address. The host may replace
+        # one after this capture (MiniCPM-V's resampler re-registers pos_embed in
+        # an eager call with a wider slice); the captured graphs would keep
+        # reading the old one, freed and its memory handed to other tensors.
+        # Holding it keeps every replay reading the values it was captured with.
+        kept = self.__dict__.setdefault("_encoder_cg_keep_alive", {})
+        for tensor in ():
+            kept[id(tensor)] = tensor
         # Output tokens of each dummy item, rounded up so the dummy batch
         # covers the whole budget.
         k = -(-token_budget // max_batch_size)

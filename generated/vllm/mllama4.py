@@ -3,8 +3,8 @@
 # From specs/mllama4.yaml: change the spec or the templates and run
 # `gen-mixin specs/mllama4.yaml`.
 # spec-sha256: 3a4c5d7bdb1ee216f77e7723529296ab4a8d77acd6df01a22770eb4a40007938
-# templates-sha256: bf7fac33f4c37d6ef71249d9788654df618ebf0f3164024b9febae2219400492
-# output-sha256: 52f52a450d2e1990c103b888687b97c00b805f0f015d6b547e3b37baf4bdac80
+# templates-sha256: 5d60f62a45738b26e13055260d8c19a8e26fea4ba25fbbc286b8df445fe726cf
+# output-sha256: 9582ba6414b70305a1ea428d39460c48fe47bf8ad51aed930f7d935ee4b4d257
 
 import itertools
 from collections.abc import Hashable
@@ -246,6 +246,14 @@ class Llama4EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         # token_budget // tokens chunks, whatever max_batch_size (rounded up as
         # vLLM 0.33.0 does: one spare chunk when `tokens` does not divide the
         # budget).
+        # The graphs read these host tensors by address. The host may replace
+        # one after this capture (MiniCPM-V's resampler re-registers pos_embed in
+        # an eager call with a wider slice); the captured graphs would keep
+        # reading the old one, freed and its memory handed to other tensors.
+        # Holding it keeps every replay reading the values it was captured with.
+        kept = self.__dict__.setdefault("_encoder_cg_keep_alive", {})
+        for tensor in ():
+            kept[id(tensor)] = tensor
         # Views captured for this budget; every view buffer is sized from it.
         units = max(1, -(-token_budget // tokens))
         pixel_values = torch.randn(

@@ -158,6 +158,7 @@ def _capture_names(capture) -> set[str]:
 def _tensor(body: Body, t: CaptureTensor, of_units: bool) -> dict[str, Any]:
     # In its own shape, ``rows`` is the input's rows in the dummy batch (a
     # unit capture has no dummy batch: its shapes use ``units``).
+    # (A list input's units have no rows of their own: ``own_rows`` is False.)
     own_rows = t.flat.own_rows and not of_units
     if getattr(t.flat, "is_padded", False):
         # One row per item: named only where the shape reads ``rows``.
@@ -165,6 +166,8 @@ def _tensor(body: Body, t: CaptureTensor, of_units: bool) -> dict[str, Any]:
     names = {"rows": f"{t.key}_rows"} if own_rows else None
     return {
         "key": t.key,
+        # A list input's dummy: one unit per row, as a list like the batch's.
+        "units_list": getattr(t.flat, "is_list", False),
         "rows": (
             {
                 "name": f"{t.key}_rows",
@@ -280,6 +283,8 @@ def _path_body(spec: MixinSpec, path: EncoderPath) -> dict[str, Any]:
             for item, exprs in capture.unit_dummy
         ],
         "frames_per_item": "frames_per_item" in _capture_names(capture),
+        "keep_alive": ", ".join(body.expr(p) for p in capture.keep_alive)
+        + ("," if len(capture.keep_alive) == 1 else ""),
         "lets": [
             {"name": let.name, "value": body.expr(let.expr)} for let in capture.lets
         ],

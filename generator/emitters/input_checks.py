@@ -18,6 +18,7 @@ from generator.emitters.method_body import (
     Body,
     Loads,
     item_loop,
+    of_list,
     signature,
     unit_grids,
 )
@@ -32,6 +33,10 @@ def _reads(spec: MixinSpec, loads: Loads, body: Body) -> list[dict[str, str]]:
         if item.is_padded:
             shape = _padded_item_shape(spec, body, item)
             value = f"_padded_values(mm_kwargs, {key}, {shape})"
+        elif item.is_list:
+            value = f"_list_lengths(mm_kwargs, {key})"
+        elif of_list(spec, item):
+            value = f"_unit_grid_values(mm_kwargs, {key}, {len(item.dims)})"
         elif item.is_count:
             value = f"_count_values(mm_kwargs, {key})"
         else:
@@ -183,6 +188,23 @@ def _rows_check(spec: MixinSpec, body: Body, loads: Loads, flat: FlatInput) -> d
     }
 
 
+def _unit_shapes(spec: MixinSpec, body: Body, loads: Loads, item: ItemInput) -> dict:
+    """Each unit's expected shape of the list input ``item``, from its unit
+    grids' rows (or the constants alone), item after item."""
+    shape = ", ".join(body.expr(e) for e in item.unit_shape)
+    shape = f"({shape},)" if len(item.unit_shape) == 1 else f"({shape})"
+    grids = [g for g in spec.item_inputs if g.unit_of == item.key]
+    if not grids:
+        shapes = f"[{shape}] * sum({item.key})"
+    elif len(grids) == 1:
+        shapes = f"[{shape} for {', '.join(grids[0].dims)} in {grids[0].key}]"
+    else:
+        target = ", ".join(f"({', '.join(g.dims)})" for g in grids)
+        rows = f"zip({', '.join(g.key for g in grids)}, strict=True)"
+        shapes = f"[{shape} for {target} in {rows}]"
+    return {"key": loads.key(item.key), "shapes": shapes}
+
+
 def _span(spec: MixinSpec, body: Body, loads: Loads) -> dict[str, Any] | None:
     span = spec.span_assembly
     if span is None:
@@ -250,6 +272,9 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
             if i.multiple_of
         ],
         "rows": [_rows_check(spec, body, loads, f) for f in spec.flat_inputs],
+        "unit_shapes": [
+            _unit_shapes(spec, body, loads, i) for i in spec.item_inputs if i.is_list
+        ],
         "span": _span(spec, body, loads),
         "returns": [i.key for i in spec.item_inputs],
     }
@@ -263,8 +288,9 @@ def helpers(spec: MixinSpec) -> dict[str, bool]:
     """Which module-level check functions the module needs."""
     return {
         "grids": any(not i.is_count and not i.is_padded for i in spec.item_inputs),
-        "counts": any(i.is_count for i in spec.item_inputs),
+        "counts": any(i.is_count and not i.is_list for i in spec.item_inputs),
         "padded": any(i.is_padded for i in spec.item_inputs),
+        "lists": any(i.is_list for i in spec.item_inputs),
         "span": spec.span_assembly is not None,
         "relations": any(i.equals for i in spec.item_inputs),
         "multiples": any(i.multiple_of for i in spec.item_inputs),

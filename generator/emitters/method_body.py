@@ -166,6 +166,16 @@ class Loads:
                 "name": key,
                 "value": f"_padded_sizes({source}[{self.key(key)}])",
             }
+        if item is not None and item.is_list:
+            # The batch's unit tensors, item after item.
+            return {
+                "name": key,
+                "value": f"self._list_units({source}, {self.key(key)})",
+            }
+        if item is not None and of_list(self.spec, item):
+            width = len(item.dims)
+            value = f"_unit_grid_values({source}, {self.key(key)}, {width})"
+            return {"name": key, "value": value}
         reader = "_counts" if item is not None and item.is_count else "_grid_rows"
         return {"name": key, "value": f"self.{reader}({source}, {self.key(key)})"}
 
@@ -194,6 +204,12 @@ def optional_note(path: EncoderPath) -> str | None:
 
 
 # -- items made of units (LFM2-VL's tiles) ------------------------------------------
+
+
+def of_list(spec: MixinSpec, item) -> bool:
+    """A grid of one row per unit of a list input (MiniCPM-V's ``tgt_sizes``)."""
+    target = spec.item_input(item.unit_of) if item.unit_of else None
+    return target is not None and target.is_list
 
 
 def unit_grids(spec: MixinSpec) -> list:

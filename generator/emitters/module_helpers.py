@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from generator.emitters.capture_axes import helpers_context
+from generator.emitters.method_body import of_list
 from generator.formulas import Num
 from generator.spec.enums import PadRule
 from generator.spec.mixin import MixinSpec
@@ -20,7 +21,9 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
         "fold_leading": any(f.fold_ranks for f in spec.flat_inputs),
         "eager_only": spec.items.eager_when is not None
         or any(a.eager_beyond for a in spec.capture_axes),
-        "select_counts": any(g.is_count for g in spec.item_inputs),
+        "select_counts": any(g.is_count and not g.is_list for g in spec.item_inputs),
+        "select_items": any(g.is_list for g in spec.item_inputs),
+        "list_units": any(g.is_list for g in spec.item_inputs),
         "select_grid": any(not g.is_count and not g.is_padded for g in spec.item_inputs),
         "padded": any(g.is_padded for g in spec.item_inputs),
         "rows_dims": sorted({b.rows_dim for b in buffers if b.rows_dim}),
@@ -31,8 +34,11 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
         ),
         "flashinfer_sections": any(b.pad_by_backend for b in buffers),
         "modality_keys": spec.has_video_keys,
-        "grid_rows": any(not g.is_count and not g.is_padded for g in spec.item_inputs),
-        "counts": any(g.is_count for g in spec.item_inputs),
+        "grid_rows": any(
+            not g.is_count and not g.is_padded and not of_list(spec, g)
+            for g in spec.item_inputs
+        ),
+        "counts": any(g.is_count and not g.is_list for g in spec.item_inputs),
         "split_units": spec.items.per_unit
         or any(f.unit_of and f.rows != Num(1) for f in spec.flat_inputs),
         "unit_indices": any(g.unit_of for g in spec.item_inputs),

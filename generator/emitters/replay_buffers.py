@@ -99,7 +99,10 @@ def _path_body(spec: MixinSpec, path: EncoderPath) -> dict[str, Any]:
     row_inputs = (*spec.flat_inputs, *(g for g in spec.item_inputs if g.is_padded))
     device_flat = next(
         (f for f in row_inputs if f.key in buffer_keys),
-        next((f for f in row_inputs if f.key in used), row_inputs[0]),
+        next(
+            (f for f in row_inputs if f.key in used),
+            row_inputs[0] if row_inputs else None,
+        ),
     )
     flat_loads = []
     for flat in spec.flat_inputs:
@@ -116,10 +119,14 @@ def _path_body(spec: MixinSpec, path: EncoderPath) -> dict[str, Any]:
         for g in spec.item_inputs
         if g.is_padded and (g.key in buffer_keys or g is device_flat)
     ]
-    name_map = {
-        "device": f"{device_flat.key}.device",
-        "dtype": f"{device_flat.key}.dtype",
-    }
+    # Without flat or padded inputs, the first unit of the first list input
+    # (a replay has at least one item).
+    source = (
+        device_flat.key
+        if device_flat is not None
+        else f"{next(g.key for g in spec.item_inputs if g.is_list)}[0]"
+    )
+    name_map = {"device": f"{source}.device", "dtype": f"{source}.dtype"}
     sizes = padded_sizes_names(spec, path) or {}
     name_map.update(sizes)
     entries = []

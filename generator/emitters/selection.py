@@ -39,6 +39,9 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
                 # The chosen items' units, in order.
                 units = f"_unit_indices({item.unit_of}, indices)"
                 value = f"_select_grid({item.key}, {units}, {len(item.dims)})"
+            elif item.is_list:
+                # Each chosen item's unit tensors, as they came.
+                value = f"_select_items(mm_kwargs[{loads.key(item.key)}], indices)"
             elif item.is_count:
                 value = f"_select_counts({item.key}, indices)"
             else:

@@ -31,6 +31,7 @@ from generator.spec.values import (
     Choice,
     DtypeValue,
     Formula,
+    HostPathValue,
     Identifier,
     Integer,
     ListOf,
@@ -128,9 +129,10 @@ def _dtype_fallback(node, field: str, ctx, single: DtypeValue) -> Any:
 
 @dataclass(frozen=True)
 class CaptureTensor:
-    """The capture buffer of a flat input (zeros or random of a shape)."""
+    """The capture buffer of a flat input (zeros or random of a shape), or
+    of a list input: then the list of its ``shape[0]`` units at capture."""
 
-    flat: FlatInput
+    flat: FlatInput | ItemInput
     location: Location
     shape: tuple[Expr, ...]
     #: Ref("dtype"): the manager's; a dtype by name; a HostPath; or the first
@@ -182,11 +184,11 @@ class CaptureTensor:
         dtype = r.take("dtype")
         fill = r.take("fill")
         why = r.take("why")
-        flat = flats.get(key)
+        flat = flats.get(key) or _list_input(r, key)
         if flat is None:
             if key not in r.ctx.failed_inputs:
                 r.ctx.error(
-                    key_location, r.field, f"{key!r} is not a flat or padded input"
+                    key_location, r.field, f"{key!r} is not a flat, padded or list input"
                 )
             return None
         if shape is None or any(s is INVALID for s in shape) or dtype is None:
@@ -200,6 +202,12 @@ class CaptureTensor:
                     "their sizes on dim 1: give at least two dims")
             return None
         return cls(flat, key_location, tuple(shape), dtype, fill, why)
+
+
+def _list_input(r: Reader, key: str) -> ItemInput | None:
+    """The list input ``key`` (its capture tensor holds one unit per row)."""
+    items = r.ctx.partial.get("item_inputs", ())
+    return next((i for i in items if i.key == key and i.is_list), None)
 
 
 @dataclass(frozen=True)
@@ -289,6 +297,9 @@ class Capture:
     #: A unit capture's dummy units: unit grid -> the dims of unit
     #: ``unit_index``.
     unit_dummy: tuple[tuple[ItemInput, tuple[Expr, ...]], ...] = ()
+    #: Host tensors the graphs read that the host may replace later; the
+    #: capture holds a reference to each (``capture.keep_alive``).
+    keep_alive: tuple[HostPath, ...] = ()
 
     KEYS: ClassVar = Keys(
         Key(
@@ -366,6 +377,17 @@ class Capture:
             "`allocate` buffer. DeepSeek-V4.1: `token_budget`.",
             example="token_budget",
         ),
+        Key(
+            "keep_alive",
+            ListOf(HostPathValue(), min_items=1),
+            "Host tensors the graphs read by address that the host may replace "
+            "after capture: the mixin holds a reference to the one each capture "
+            "read, so its memory is never freed while the graphs replay. "
+            "MiniCPM-V's resampler re-registers its position table `pos_embed` "
+            "when an eager call brings a wider slice; the table the graphs "
+            "captured would otherwise be freed and its memory reused.",
+            example="[resampler.pos_embed]",
+        ),
         Key("why", Text(), "Comment on the dummy batch."),
     )
     DOC_TITLE = "capture"
@@ -403,6 +425,7 @@ class Capture:
             dummy = _dummy(r, items_inputs)
         tensors = r.take("tensors", flats=flats)
         graph_rows = r.take("graph_rows")
+        keep_alive = tuple(p for p in r.take("keep_alive") or () if p is not INVALID)
         why = r.take("why")
         if dummy is None or tensors is None or (r.has("units") and units is None):
             return None
@@ -414,7 +437,16 @@ class Capture:
         if not r.ok("let", "assert"):
             return None
         return cls(
-            rounding, dummy, good, graph_rows, why, units, lets, asserts, unit_dummy
+            rounding,
+            dummy,
+            good,
+            graph_rows,
+            why,
+            units,
+            lets,
+            asserts,
+            unit_dummy,
+            keep_alive,
         )
 
 

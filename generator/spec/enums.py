@@ -46,6 +46,7 @@ class InputKind(SpecEnum):
     #: One ``(N, P, ...)`` tensor or a list of ``(P_i, ...)`` tensors: each
     #: item's size is read off its shape, replay stacks to the widest.
     PADDED = "padded"
+    LIST = "list"  # per item a list of unit tensors, its length the item's units
 
 
 class Rounding(SpecEnum):

@@ -78,10 +78,20 @@ class ItemInput:
     #: Padded inputs: the value the replay stacks a list's shorter items
     #: with, and the replay copy fills the captured buffer with.
     pad_value: int | None = None
+    #: A list input: the shape of each unit tensor, over constants and the
+    #: dims of the unit grids (``inputs.<key>.unit_shape``).
+    unit_shape: tuple[Expr, ...] = ()
 
     @property
     def is_count(self) -> bool:
-        return self.kind is InputKind.COUNT
+        """One integer per item: a count, or a list input's units per item
+        (its length), which every formula and check reads as a count."""
+        return self.kind in (InputKind.COUNT, InputKind.LIST)
+
+    @property
+    def is_list(self) -> bool:
+        """Per item a list of unit tensors (``kind: list``)."""
+        return self.kind is InputKind.LIST
 
     @property
     def is_padded(self) -> bool:
@@ -111,6 +121,7 @@ _ONLY = {
     InputKind.COUNT: "only for count inputs",
     InputKind.PADDED: "only for padded inputs",
     (InputKind.COUNT, InputKind.PADDED): "only for count and padded inputs",
+    InputKind.LIST: "only for list inputs",
 }
 
 
@@ -130,7 +141,8 @@ class InputEntry:
             "share it, the mixin checks they agree), replayed stacked to the "
             "widest item with `pad_value` and copied into `[:N, :P]` of a "
             "captured buffer filled with `pad_value` (Gemma 4's pixels and "
-            "position ids).",
+            "position ids); `list`: per item a list of unit tensors of their own "
+            "shapes (MiniCPM-V's slices), the list's length the item's units.",
             required=True,
             example="grid",
         ),
@@ -149,6 +161,27 @@ class InputEntry:
             "size, `P_i`).",
             applies="count, padded",
             example="n",
+        ),
+        Key(
+            "units_per_item",
+            Identifier(),
+            "The name item formulas use for an item's units (the length of its "
+            "list), as a count input's `dim`; grids with `unit_of: <this input>` "
+            "have one row per unit.",
+            applies="list",
+            example="n",
+        ),
+        Key(
+            "unit_shape",
+            ListOf(Formula("items"), min_items=1),
+            "The shape of each unit tensor, over constants and the dims of the "
+            "unit grids: the mixin checks every unit on the host (a `ValueError` "
+            "names the input, item and unit), as the graph's buffers are built "
+            "from them by shape. Builders and the eager forward see the input as "
+            "the list of the batch's units, item after item; a capture tensor "
+            "of `[units, ...]` is that list at capture.",
+            applies="list",
+            example="[3, p, h * w * p]",
         ),
         Key(
             "rows",
@@ -257,6 +290,8 @@ class InputEntry:
         "fold_ranks": InputKind.FLAT,
         "replay_dtype": InputKind.FLAT,
         "eager_dtype": InputKind.FLAT,
+        "units_per_item": InputKind.LIST,
+        "unit_shape": InputKind.LIST,
     }
 
     @classmethod
@@ -277,11 +312,15 @@ class InputEntry:
             r.refuse("multiple_of", "only for grid and count inputs")
         video_key = r.take("video_key")
         unit_of = r.take("unit_of")
-        if kind is InputKind.COUNT and r.has("unit_of"):
+        if kind in (InputKind.COUNT, InputKind.LIST) and r.has("unit_of"):
             r.refuse("unit_of", "only for flat and grid inputs (a count gives units)")
             unit_of = None
         if kind is InputKind.PADDED:
             return _padded(r, key, key_location, video_key)
+        if kind is InputKind.LIST:
+            for name in ("equals", "multiple_of"):
+                if r.has(name):
+                    r.refuse(name, "only for grid and count inputs")
         if kind is InputKind.FLAT:
             default_rows = Num(1) if unit_of else Ref("input_size")
             return FlatInput(
@@ -302,6 +341,7 @@ class InputEntry:
             r.refuse("equals", "not with unit_of (equals states an item's dims)")
         equals = _equals(r, dims) if r.ok("equals") else ()
         multiple_of = _multiple_of(r, dims) if r.ok("multiple_of") else ()
+        unit_shape = _unit_shape(r, kind)
         if dims is None:
             r.ctx.failed_inputs.add(key)
             return None
@@ -314,6 +354,7 @@ class InputEntry:
             unit_of=unit_of,
             equals=equals,
             multiple_of=multiple_of,
+            unit_shape=unit_shape,
         )
 
 
@@ -343,6 +384,19 @@ def _padded(r: Reader, key: str, key_location: Location, video_key):
         multiple_of=multiple_of,
         pad_value=pad_value if r.ok("pad_value") else 0,
     )
+def _unit_shape(r: Reader, kind: InputKind) -> tuple[Expr, ...]:
+    """A list input's ``unit_shape`` (required: the host checks every unit
+    against it); ``()`` for the other kinds and when it failed (reported:
+    the input itself stays declared, so nothing else fails with it)."""
+    if kind is not InputKind.LIST:
+        return ()
+    shape = r.take("unit_shape")
+    if not r.has("unit_shape"):
+        r.error(r.node, "a list input needs unit_shape", r.path("unit_shape"))
+        return ()
+    if not r.ok("unit_shape") or INVALID in shape:
+        return ()
+    return tuple(shape)
 
 
 def _multiple_of(r: Reader, dims: tuple[str, ...] | None):
@@ -389,7 +443,7 @@ def _fold_ranks(r: Reader) -> tuple[int, ...]:
 
 
 def _item_dims(r: Reader, kind: InputKind) -> tuple[str, ...] | None:
-    name = "dims" if kind is InputKind.GRID else "dim"
+    name = _DIMS_KEY.get(kind, "dim")
     value = r.take(name)
     if not r.has(name):
         r.error(r.node, f"a {kind.value} input needs {name}", r.path(name))
@@ -406,6 +460,10 @@ def _item_dims(r: Reader, kind: InputKind) -> tuple[str, ...] | None:
     return tuple(value) if kind is InputKind.GRID else (value,)
 
 
+#: The key that names an item input's dims, by kind (``dim`` for counts).
+_DIMS_KEY = {InputKind.GRID: "dims", InputKind.LIST: "units_per_item"}
+
+
 def prescan_dims(ctx: ReadContext, inputs_node) -> None:
     """Declare every grid and count dim before the inputs are read, so a flat
     input's ``rows`` may use the dims of grids declared after it."""
@@ -417,7 +475,7 @@ def prescan_dims(ctx: ReadContext, inputs_node) -> None:
         if entry.kind != "mapping":
             continue
         field = f"inputs.{key}"
-        name = "dims" if "dims" in entry.value else "dim"
+        name = next((n for n in ("dims", "units_per_item") if n in entry.value), "dim")
         dims_node = entry.value.get(name)
         if dims_node is None:
             continue

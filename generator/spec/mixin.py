@@ -36,7 +36,12 @@ from generator.spec.inputs import (
     with_item_rows,
 )
 from generator.spec.items import Budget, CaptureOff, Guards, Items
-from generator.spec.units import check_unit_path, check_units, unit_inputs
+from generator.spec.units import (
+    check_list_path,
+    check_unit_path,
+    check_units,
+    unit_inputs,
+)
 from generator.spec.names import check_name, report_collisions
 from generator.spec.path import EncoderPath
 from generator.spec.reader import Key, Keys, Reader
@@ -481,6 +486,10 @@ class MixinSpec:
         if paths and any(unit_inputs(inputs)):
             for path in paths:
                 check_unit_path(r, path)
+        lists = [i.key for i in inputs if isinstance(i, ItemInput) and i.is_list]
+        if paths and lists:
+            for path in paths:
+                check_list_path(r, path, lists, any(unit_inputs(inputs)))
         report_collisions(ctx, ctx.fields)
         required = [head[k] for k in ("format", "name", "class_name", "docstring")]
         if ctx.diags or None in (*required, items, budget, paths, out_hidden):
@@ -670,11 +679,14 @@ def _inputs(r: Reader, modalities) -> list[Input]:
             "inputs",
             "at least one grid or count input is needed (items are read from them)",
         )
-    # A padded input holds rows too (one per item, on dim 0).
+    # A padded input holds rows too (one per item, on dim 0), a list input
+    # its units.
     if not any(
-        isinstance(i, FlatInput) or getattr(i, "is_padded", False) for i in inputs
+        isinstance(i, FlatInput)
+        or (isinstance(i, ItemInput) and (i.is_padded or i.is_list))
+        for i in inputs
     ):
-        r.error("inputs", "at least one flat input is needed")
+        r.error("inputs", "at least one flat, padded or list input is needed")
     _check_video_keys(r, node, modalities)
     _check_equals(r, node, inputs)
     return inputs

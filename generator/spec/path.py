@@ -33,6 +33,7 @@ from generator.spec.forwards import (
     Step,
     check_graph_forward,
 )
+from generator.spec.inputs import FlatInput
 from generator.spec.reader import Key, Keys, ReadContext, Reader
 from generator.spec.values import (
     INVALID,
@@ -494,6 +495,8 @@ def _check_unit_capture(r: Reader, buffers, builders, capture) -> None:
     capture need those dummy units (their sequences), ``repeat_last`` only."""
     ctx = r.ctx
     grids = set(ctx.names[NameKind.GRID]) - {i.key for i, _ in capture.unit_dummy}
+    # A list input's capture tensor is its dummy units.
+    grids -= {t.key for t in capture.tensors if not isinstance(t.flat, FlatInput)}
     node = r.raw("metadata")
     for i, b in enumerate(builders):
         exprs = b.exprs if b.call is None else (b.call, *(v for _, v in b.capture_kwargs))

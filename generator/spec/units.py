@@ -95,3 +95,24 @@ def check_unit_path(r: Reader, path) -> None:
             "per_item does not go with unit_of inputs: run the batch at once",
             "eager_forward.per_item",
         )
+
+
+def check_list_path(r: Reader, path, lists: list[str], unit_grids: bool) -> None:
+    """A list input's units are the batch's units: they need a unit capture
+    (said once, by :func:`check_unit_path`, when unit grids need it too),
+    and its value (a list of tensors) is no buffer the manager could copy;
+    builders make the buffers from it."""
+    if not path.capture.of_units and not unit_grids:
+        r.error(
+            "capture",
+            f"list inputs ({', '.join(lists)}) need a unit capture (capture.units): "
+            "their units are what a budget holds",
+        )
+    for buf in path.buffers:
+        if buf.key in lists:
+            r.ctx.error(
+                buf.location,
+                f"{path.field}buffers.{buf.key}",
+                "a list input is no buffer (the manager copies tensors): build "
+                "the buffer from it in a builder's steps",
+            )

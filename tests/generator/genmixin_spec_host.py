@@ -256,6 +256,8 @@ class SpecWorld:
         if unit_grids:
             counts = batch[unit_grids[0].unit_of]
             counts = counts.tolist() if isinstance(counts, torch.Tensor) else counts
+            if self.spec.item_input(unit_grids[0].unit_of).is_list:
+                counts = [len(units) for units in counts]
             rows = [
                 dict(zip(g.dims, map(int, row), strict=True))
                 for g in unit_grids
@@ -395,6 +397,9 @@ class SpecWorld:
                 for option in unset:
                     set_path(host, option.parts, None)
                 set_path(host, last.parts, FALLBACK_DTYPE)
+        for i, kept in enumerate(k for p in spec.paths for k in p.capture.keep_alive):
+            # A host tensor the graphs read, which the capture holds.
+            set_path(host, kept.parts, torch.full((2,), float(i)))
         guard = spec.guards.attention_backend
         if guard is not None:
             ok = guard.allow[0].value if guard.allow else "FLASH_ATTN"
@@ -576,8 +581,9 @@ class SpecWorld:
         if self.unit_grids:
             unit_dims = self._unit_dims()
             step = self._unit_step(steps)
+            edge = self._unit_edge()
             units = [
-                {d: step * rng.randint(1, big) for d in unit_dims}
+                {d: self._unit_dim(rng, step, big, edge) for d in unit_dims}
                 for _ in range(rng.randint(1, big))
             ]
             item = {d: v for d, v in item.items() if d not in unit_dims}
@@ -598,6 +604,25 @@ class SpecWorld:
                 {d: v * 2 if d not in derived else v for d, v in item.items()}
             )
         raise AssertionError("no item of this spec runs eagerly")
+    def _unit_edge(self) -> int | None:
+        """Where units start to run eagerly, when the small draws never get
+        there: the largest capture-axis bound of a spec whose per-unit
+        ``eager_when`` keeps wider units out of the graphs (MiniCPM-V's
+        slices past 70 patches)."""
+        spec = self.spec
+        if not (spec.items.per_unit and spec.items.eager_when is not None):
+            return None
+        bounds = [self.value(b) for a in spec.capture_axes for b in a.bound or ()]
+        return max(bounds) if bounds and max(bounds) > 3 else None
+
+    @staticmethod
+    def _unit_dim(rng: random.Random, step: int, big: int, edge: int | None) -> int:
+        """A unit dim: small, or (with an eager edge) at the edge or one
+        past it, a quarter of the time each."""
+        draw = rng.random()
+        if edge is not None and draw < 0.5:
+            return edge if draw < 0.25 else edge + 1
+        return step * rng.randint(1, big)
 
     def derive(self, item: dict[str, int]) -> dict[str, int]:
         """``item`` with every derived dim set from its formula."""
@@ -669,6 +694,8 @@ class SpecWorld:
             key = inp.video_key if video and inp.video_key else inp.key
             if isinstance(inp, ItemInput) and inp.is_padded:
                 out[key] = self.padded_value(inp.key, items, lists=lists)
+            elif inp in self.spec.item_inputs and inp.is_list:
+                out[key] = self.list_units(inp, items)
             elif inp in self.spec.item_inputs:
                 if inp.unit_of is not None:  # one row per unit
                     rows = [[u[d] for d in inp.dims] for it in items for u in it[UNITS]]
@@ -686,6 +713,22 @@ class SpecWorld:
                     )
             else:
                 out[key] = self.flat_tensor(inp.key, items)
+        return out
+
+    def list_units(self, inp, items) -> list[list[torch.Tensor]]:
+        """A list input: per item its units' tensors, each of ``unit_shape``
+        for its unit's dims, starting with ``(item, unit)`` (so that a
+        selection's order shows)."""
+        out = []
+        for i, it in enumerate(items):
+            units = []
+            for u, dims in enumerate(it[UNITS]):
+                shape = [self.value(e, **dims) for e in inp.unit_shape]
+                # (i, u) in every element, without the memory of a unit at the
+                # eager edge: a stride-0 view, materialised where it is packed.
+                unit = torch.tensor(float(i * 100 + u)).expand(shape)
+                units.append(unit)
+            out.append(units)
         return out
 
     def row_shape(self, key: str) -> list[int]:

@@ -50,8 +50,10 @@ from generator.spec.enums import Dtype, Fill, InputKind  # noqa: E402
 from genmixin_spec_host import (  # noqa: E402
     FALLBACK_DTYPE,
     OUT_WIDTH,
+    UNITS,
     SpecWorld,
     fake_of,
+    get_path,
     is_capture_tensor,
     output_call,
     set_path,
@@ -210,6 +212,7 @@ EAGER_WHEN_SPECS = [
     or any(a.eager_beyond for a in load_spec(p).capture_axes)
 ]
 FOLDED_SPECS = [p for p in SPECS if any(f.fold_ranks for f in load_spec(p).flat_inputs)]
+LIST_SPECS = [p for p in SPECS if any(i.is_list for i in load_spec(p).item_inputs)]
 
 
 def _worlds(paths: list[Path]):
@@ -227,6 +230,46 @@ def _worlds(paths: list[Path]):
 single_modality_world = _worlds(SINGLE_MODALITY_SPECS)
 eager_when_world = _worlds(EAGER_WHEN_SPECS)
 folded_world = _worlds(FOLDED_SPECS)
+list_world = _worlds(LIST_SPECS)
+
+
+def _unit_grid_layouts(world: SpecWorld, batch: dict, counts: list[int]):
+    """The unit grids of a list input as a processor may give them: one row
+    per unit, a list per item of ``(units, width)`` tensors, and (items of
+    as many units) one ``(items, units, width)`` tensor."""
+    grids = [g for g in world.spec.item_inputs if g.unit_of is not None]
+    per_item = dict(batch)
+    stacked = dict(batch) if len(set(counts)) == 1 else None
+    for g in grids:
+        rows = batch[g.key]
+        per_item[g.key] = list(torch.split(rows, counts))
+        if stacked is not None:
+            stacked[g.key] = rows.reshape(len(counts), counts[0], -1)
+    return [b for b in (batch, per_item, stacked) if b is not None]
+
+
+def test_list_inputs_read_unit_grids_in_every_layout(list_world: SpecWorld) -> None:
+    world = list_world
+    host = world.host()
+    rng = random.Random(4)
+    for same in (False, True):
+        items = [world.random_item(rng) for _ in range(3)]
+        if same:
+            # Items of as many units: a processor stacks their grids.
+            n = len(items[0][UNITS])
+            items = [it for it in items if len(it[UNITS]) == n] or items[:1]
+        batch = world.batch(items)
+        lists = [i for i in world.spec.item_inputs if i.is_list]
+        counts = [len(units) for units in batch[lists[0].key]]
+        layouts = _unit_grid_layouts(world, batch, counts)
+        want = got_specs(host.get_encoder_cudagraph_item_specs(batch))
+        assert want == expected_specs(world, items)
+        for layout in layouts[1:]:
+            assert got_specs(host.get_encoder_cudagraph_item_specs(layout)) == want
+            chosen = host.select_encoder_cudagraph_items(layout, [len(items) - 1, 0])
+            again = host.select_encoder_cudagraph_items(batch, [len(items) - 1, 0])
+            for g in (g for g in world.spec.item_inputs if g.unit_of is not None):
+                assert torch.equal(chosen[g.key], again[g.key])
 
 
 def test_input_modality(single_modality_world: SpecWorld) -> None:
@@ -327,6 +370,16 @@ def test_selection(world: SpecWorld, lists: bool, indices: list[int]) -> None:
                 want_rows[r] for i in indices for r in range(starts[i], starts[i + 1])
             ]
             assert world.row_ids(value) == rows, inp.key
+        elif inp.is_list:
+            # The chosen items' own unit tensors, in the order chosen.
+            assert [len(units) for units in value] == [
+                len(batch[inp.key][i]) for i in indices
+            ], inp.key
+            assert all(
+                u is v
+                for i, units in zip(indices, value, strict=True)
+                for u, v in zip(units, batch[inp.key][i], strict=True)
+            ), inp.key
         else:
             assert value.dtype == torch.int64
             assert value.tolist() == want[inp.key].tolist(), inp.key
@@ -445,6 +498,16 @@ def check_capture_inputs(
         return
     values = capture(world, host, budget, mbs, mfpb, path, axis_keys)
     assert list(values) == [b.key for b in path.buffers]
+    held = list(host.__dict__.get("_encoder_cg_keep_alive", {}).values())
+    for kept in path.capture.keep_alive:
+        # The host tensor the graphs read is held by the mixin: replacing it
+        # on the host (an eager call re-registering it) cannot free it.
+        tensor = get_path(host, kept.parts)
+        assert any(t is tensor for t in held), kept.dotted
+        set_path(host, kept.parts, tensor.clone())
+        assert any(
+            t is tensor for t in host.__dict__["_encoder_cg_keep_alive"].values()
+        )
     if path.capture.of_units:
         names = unit_names(world, budget, mbs, mfpb, path, axis_keys)
         check_unit_capture(world, path, values, names)
@@ -602,7 +665,12 @@ def check_replay_buffers(world, path, rng, budget: int, mbs: int, mfpb: int) -> 
     largest = world.largest_item(budget, path)
     batches = [world.fitting_items(rng, budget, mbs, path) for _ in range(3)]
     checked = 0
+    lists = any(i.is_list for i in world.spec.item_inputs)
     for items in batches + ([[largest]] if largest else []):
+        if lists and not items:
+            # The manager replays no empty batch, and a list input's builders
+            # take the replay's device from its first unit.
+            continue
         # The graph of the keys the batch selects.
         keys = world.selected_axis_keys(items) if world.spec.capture_axes else ()
         names = world.capture_names(budget, mbs, mfpb, path, keys)

@@ -4251,6 +4251,163 @@ def gemma4_mm() -> ModelParity:
     )
 
 
+# ---------------------------------------------------------------------------
+# MiniCPM-V (by spec: the vLLM host with its eager path and resampler table)
+# ---------------------------------------------------------------------------
+
+
+class _MiniCPMVPatchTower(Recorder):
+    """``vpm`` as a patch embedding that keeps the patch order: each
+    ``p x p`` patch of a slice image becomes ``WIDTH`` fixed mixes of its
+    pixels, row-major over the image's patch grid, masked by
+    ``patch_attention_mask`` (the real Idefics2 tower reads positions from
+    ``tgt_sizes``; the row-major order is what the graph and the eager path
+    must agree on)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embeddings = _Obj(image_size=70 * MINICPMV_PATCH, patch_size=MINICPMV_PATCH)
+        self._weight = torch.zeros(1)
+
+    def parameters(self):
+        yield self._weight
+
+    def __call__(self, pixel_values, patch_attention_mask=None, tgt_sizes=None):
+        self.calls.append(
+            {
+                "pixel_values": _snapshot(pixel_values),
+                "patch_attention_mask": _snapshot(patch_attention_mask),
+                "tgt_sizes": _snapshot(tgt_sizes),
+            }
+        )
+        p = MINICPMV_PATCH
+        slices, channels, height, width = pixel_values.shape
+        patches = (
+            pixel_values.reshape(slices, channels, height // p, p, width // p, p)
+            .permute(0, 2, 4, 1, 3, 5)
+            .reshape(slices, (height // p) * (width // p), channels * p * p)
+        )
+        embedded = patches.float() @ _mixing(channels * p * p, WIDTH)
+        return embedded * patch_attention_mask.reshape(slices, -1, 1)
+
+
+class _MiniCPMVResampler:
+    """``resampler`` as an order-sensitive pooling: each slice's ``h * w``
+    patch rows weighted by their place (1, 2, ...), then ``query_num`` rows
+    scaled 1, 2, ...; a slice of 0 patches (the graph's padding) gives 0.
+    ``pos_embed`` is the table the graphs read (held at capture)."""
+
+    def __init__(self) -> None:
+        self.pos_embed = torch.zeros(70, 70, WIDTH)
+
+    def __call__(self, embeddings, tgt_sizes):
+        counts = tgt_sizes.prod(-1)
+        place = torch.arange(1, embeddings.shape[1] + 1, dtype=torch.float32)
+        weights = place[None, :] * (place[None, :] <= counts[:, None])
+        pooled = (embeddings * weights[..., None]).sum(1)
+        scale = torch.arange(1, MINICPMV_QUERIES + 1, dtype=torch.float32)
+        return pooled[:, None, :] * scale[None, :, None]
+
+
+def _flatten_bn(x, *, concat: bool = False):
+    """vLLM 0.33.0's ``utils.flatten_bn`` as written there (its four
+    ``@overload`` stubs give the wheel loader five bindings of the name)."""
+    if isinstance(x, torch.Tensor):
+        return x.flatten(0, 1)
+    if concat:
+        return torch.cat(x)
+    return [x_n for x_b in x for x_n in x_b]
+
+
+@functools.cache
+def _minicpmv_vllm() -> tuple[WheelCode, type, type]:
+    """(the wheel code, vLLM's MiniCPM-V 2.6 host class: the mixin, the base
+    model's input parsing and 2.6's ``get_vision_hidden_states``, the eager
+    path's parts for the generated mixin's host)."""
+    code = _wheel_code(
+        {
+            MINICPMV: {
+                "torch": torch,
+                "gpu_sync_allowed": contextlib.nullcontext,
+                "flatten_bn": _flatten_bn,
+            }
+        }
+    )
+    parsing = code.klass(
+        MINICPMV, "MiniCPMVBaseModel", ["_parse_and_validate_multimodal_inputs"]
+    )
+    hidden = code.klass(
+        MINICPMV, "MiniCPMV2_6", ["get_vision_hidden_states"], bases=(parsing,)
+    )
+    mixin = "_MiniCPMVEncoderCudaGraphMixin"
+    vllm_mixin = code.klass(
+        MINICPMV,
+        mixin,
+        [m for m in _defined(code, MINICPMV, mixin) if m != "get_max_frames_per_video"],
+        bases=(_protocol(code), hidden),
+        exclude=["get_max_frames_per_video"],
+    )
+    return code, vllm_mixin, hidden
+
+
+def minicpmv_parity_host(
+    host_class: type, settings: HostSettings = HostSettings(), version=(2, 6)
+) -> Any:
+    """A MiniCPM-V host (2.6 unless told): 64 queries per slice, at most 9
+    slices besides the thumbnail by its HF config, slices of at most 70 x 70
+    patches (image_size 140, patch 2), the resampler's table 70 x 70."""
+    host = host_class()
+    host.version = version
+    host.config = _Obj(query_num=MINICPMV_QUERIES, max_slice_num=9)
+    host.embed_dim = WIDTH
+    host.vpm = _MiniCPMVPatchTower()
+    host.resampler = _MiniCPMVResampler()
+    host.get_max_frames_per_video = lambda: settings.max_frames_per_video
+    return host
+
+
+def minicpmv_batch(
+    gen: torch.Generator, modality: str, items: list[tuple[tuple[int, int], ...]]
+) -> dict[str, Any]:
+    """Items as the processor gives them: per item a list of slices (video
+    frames), each ``(3, p, h * w * p)``, and per item its ``(slices, 2)``
+    ``tgt_sizes`` (a batched field: a list of CPU tensors)."""
+    p = MINICPMV_PATCH
+    pixels = [
+        [torch.randn(3, p, h * w * p, generator=gen) for h, w in slices]
+        for slices in items
+    ]
+    sizes = [torch.tensor(slices, dtype=torch.int64) for slices in items]
+    if modality == "video":
+        return {"video_pixel_values": pixels, "video_tgt_sizes": sizes}
+    return {"pixel_values": pixels, "tgt_sizes": sizes}
+
+
+def minicpmv_item(gen: torch.Generator, modality: str) -> tuple[tuple[int, int], ...]:
+    """One image of 1 to 3 slices, or one video of 1 to 3 one-slice frames,
+    each 2 to 40 patches tall and 2 to 70 wide (every key gets batches)."""
+    count = int(torch.randint(1, 4, (1,), generator=gen))
+    heights = torch.randint(2, 41, (count,), generator=gen).tolist()
+    widths = torch.randint(2, 71, (count,), generator=gen).tolist()
+    return tuple(zip(heights, widths, strict=True))
+
+
+@functools.cache
+def minicpmv() -> ModelParity:
+    code, vllm_mixin, hidden = _minicpmv_vllm()
+    ours = load_generated_vllm_module("minicpmv", code).MiniCPMVEncoderCudaGraphMixin
+    return ModelParity(
+        name="minicpmv",
+        vllm_host=type("VllmMiniCPMVHost", (vllm_mixin,), {}),
+        our_host=type("GeneratedMiniCPMVHost", (ours, hidden), {}),
+        make_host=minicpmv_parity_host,
+        modalities=("image", "video"),
+        make_batch=minicpmv_batch,
+        random_grid=minicpmv_item,
+        frames=len,
+    )
+
+
 def runtime_manager(
     host: Any, budgets: list[int], items: int, max_frames: int | None = None
 ) -> Any:

@@ -39,6 +39,7 @@ from encoder_cudagraph_runtime import attention_backends, defs, forward_context
 from encoder_cudagraph_runtime.manager import EncoderCudaGraphManager
 from generator.vllm_manifest import find_vllm_wheel
 from reference_towers import lfm2_vl as lfm2_vl_inputs
+from reference_towers import minicpmv as minicpmv_inputs
 
 REPO = Path(__file__).resolve().parents[2]
 GENERATED_VLLM = REPO / "generated" / "vllm"
@@ -479,6 +480,12 @@ def protocol_stubs() -> dict[str, dict[str, Any]]:
         # need the wheel's TensorSchema machinery).
         "vllm.model_executor.models.lfm2_vl": {
             "LFM2VLImageInputs": lfm2_vl_inputs.LFM2VLImageInputs
+        },
+        # MiniCPM-V's image input, the same (the generated eager forward
+        # builds it; vLLM's input parsing builds it and its embedding twin).
+        "vllm.model_executor.models.minicpmv": {
+            "MiniCPMVImagePixelInputs": minicpmv_inputs.MiniCPMVImagePixelInputs,
+            "MiniCPMVImageEmbeddingInputs": minicpmv_inputs.MiniCPMVImagePixelInputs,
         },
     }
 

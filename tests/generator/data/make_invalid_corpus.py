@@ -1856,6 +1856,63 @@ valid_case(
     ("pad_value: -1}", "pad_value: -0.5}"),
 )
 
+# -- list inputs (kind: list) --------------------------------------------------------
+
+# A list input's units are checked on the host against unit_shape: it is required.
+valid_case(
+    "list_without_unit_shape",
+    "list_units",
+    ("{kind: list, units_per_item: n, unit_shape: [c, h * w]}", "{kind: list, units_per_item: n}"),
+)
+# The name of an item's units is the list's; dims and dim are other kinds' keys.
+valid_case(
+    "list_with_dims",
+    "list_units",
+    ("{kind: list, units_per_item: n,", "{kind: list, dims: [a, b], units_per_item: n,"),
+)
+# unit_shape reads constants and dims: a capture name is not in scope.
+valid_case(
+    "list_unit_shape_reads_units",
+    "list_units",
+    ("unit_shape: [c, h * w]", "unit_shape: [c, units]"),
+)
+# A list input gives units: it is not itself the units of another input.
+valid_case(
+    "list_with_unit_of",
+    "list_units",
+    ("{kind: list, units_per_item: n,", "{kind: list, unit_of: sizes, units_per_item: n,"),
+)
+# Its units are what a budget holds: an item capture has no place for them.
+valid_case(
+    "list_without_unit_capture",
+    "list_units",
+    ("  units: ceil_div(token_budget, q)\n", ""),
+    ("  unit_dummy:\n    sizes: [side, side]\n", "  dummy: {sizes: [side, side], slices: [1]}\n"),
+)
+# A list of tensors is no buffer the manager can copy.
+valid_case(
+    "list_as_a_buffer",
+    "list_units",
+    ("  patches: {shape: [units, c, side * side], dtype: dtype}\n", "  slices: {}\n  patches: {shape: [units, c, side * side], dtype: dtype}\n"),
+)
+
+
+# -- capture.keep_alive --------------------------------------------------------------
+
+# The tensors held are host attributes: a formula is no tensor to hold.
+case(
+    "keep_alive_not_a_host_path",
+    "minicpmv",
+    ("keep_alive: [resampler.pos_embed]", "keep_alive: [resampler.pos_embed * 2]"),
+)
+# An empty list holds nothing: leave the key out.
+case(
+    "keep_alive_empty",
+    "minicpmv",
+    ("keep_alive: [resampler.pos_embed]", "keep_alive: []"),
+)
+
+
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     wanted = set(cases) | set(NOT_UTF8)

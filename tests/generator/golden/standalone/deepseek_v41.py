@@ -3,8 +3,8 @@
 # From specs/deepseek_v41.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_v41.yaml`.
 # spec-sha256: 5a5e49b0dc755e0765f16e9bea83916dae1ad10e566a6756645034252356e46f
-# templates-sha256: bf7fac33f4c37d6ef71249d9788654df618ebf0f3164024b9febae2219400492
-# output-sha256: 849eaf95dd633b70fb01919de81cc59071e7a6d51f4894bb1e9caffdc972726a
+# templates-sha256: 5d60f62a45738b26e13055260d8c19a8e26fea4ba25fbbc286b8df445fe726cf
+# output-sha256: badb898098ab2ac590aeb7bba94aec7446df50dd6f47b6c413aeffe676db7ea4
 
 import itertools
 import weakref
@@ -407,6 +407,14 @@ class DeepseekV4VLEncoderCudaGraphMixin:
             )
         r = self.config.vision_downsample_ratio
         patch = self.config.vision_patch_size
+        # The graphs read these host tensors by address. The host may replace
+        # one after this capture (MiniCPM-V's resampler re-registers pos_embed in
+        # an eager call with a wider slice); the captured graphs would keep
+        # reading the old one, freed and its memory handed to other tensors.
+        # Holding it keeps every replay reading the values it was captured with.
+        kept = self.__dict__.setdefault("_encoder_cg_keep_alive", {})
+        for tensor in ():
+            kept[id(tensor)] = tensor
         # Budget tokens of each dummy item, rounded up so the dummy batch
         # covers the whole budget.
         k = -(-token_budget // max_batch_size)

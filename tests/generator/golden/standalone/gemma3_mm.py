@@ -3,8 +3,8 @@
 # From specs/gemma3_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma3_mm.yaml`.
 # spec-sha256: 19cc0f6e849ba8315b6202b90204158da9f48161f059a5255254f1c8d3c71b41
-# templates-sha256: bf7fac33f4c37d6ef71249d9788654df618ebf0f3164024b9febae2219400492
-# output-sha256: 499804d6e8e2bd1f7bc6fe314c2901749d2a8490e709028b837d557c67865d6c
+# templates-sha256: 5d60f62a45738b26e13055260d8c19a8e26fea4ba25fbbc286b8df445fe726cf
+# output-sha256: 75148fea0c0af19bb0754647842ee938f7d9b96991cd252671e87ff2c4df901e
 
 import itertools
 from collections.abc import Hashable
@@ -249,6 +249,14 @@ class Gemma3EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         # token_budget // tokens crops, in one image or many. (vLLM 0.33.0 clamps
         # them to max_batch_size, which counts images: an image of four crops then
         # does not fit a graph it fits by budget.)
+        # The graphs read these host tensors by address. The host may replace
+        # one after this capture (MiniCPM-V's resampler re-registers pos_embed in
+        # an eager call with a wider slice); the captured graphs would keep
+        # reading the old one, freed and its memory handed to other tensors.
+        # Holding it keeps every replay reading the values it was captured with.
+        kept = self.__dict__.setdefault("_encoder_cg_keep_alive", {})
+        for tensor in ():
+            kept[id(tensor)] = tensor
         # Views captured for this budget; every view buffer is sized from it.
         units = token_budget // tokens
         pixel_values = torch.randn((units, 3, side, side), device=device, dtype=dtype)

@@ -3,8 +3,8 @@
 # From specs/lfm2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/lfm2_vl.yaml`.
 # spec-sha256: 53ffcb080829243979571d9cfcffa8d459e19e51a7ca8ee40c70b1caa23721ca
-# templates-sha256: bf7fac33f4c37d6ef71249d9788654df618ebf0f3164024b9febae2219400492
-# output-sha256: 33f5c21a7904524e9556024f0368504493df18610f19b4c8d1406f6bef81c0a3
+# templates-sha256: 5d60f62a45738b26e13055260d8c19a8e26fea4ba25fbbc286b8df445fe726cf
+# output-sha256: c6cbe255b06808499a62bd9d50369e23d28079bb69eb65cb129e2980da64b88a
 
 import itertools
 from collections.abc import Hashable
@@ -420,6 +420,14 @@ class Lfm2VLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         side = self.vision_tower.vision_model.embeddings.position_embedding_size
         # Tiles of m tokens, the last one the rest of the budget, as vLLM 0.33.0
         # cuts it.
+        # The graphs read these host tensors by address. The host may replace
+        # one after this capture (MiniCPM-V's resampler re-registers pos_embed in
+        # an eager call with a wider slice); the captured graphs would keep
+        # reading the old one, freed and its memory handed to other tensors.
+        # Holding it keeps every replay reading the values it was captured with.
+        kept = self.__dict__.setdefault("_encoder_cg_keep_alive", {})
+        for tensor in ():
+            kept[id(tensor)] = tensor
         # Views captured for this budget; every view buffer is sized from it.
         units = -(-token_budget // m)
         # The dummy units, one grid row each (unit_index 0 .. units - 1).

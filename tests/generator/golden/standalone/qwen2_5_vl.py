@@ -3,8 +3,8 @@
 # From specs/qwen2_5_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_vl.yaml`.
 # spec-sha256: 96480d9c7c7c980974bbfd1e9ab20c6575a966715da8e48283b6883b95e654af
-# templates-sha256: bf7fac33f4c37d6ef71249d9788654df618ebf0f3164024b9febae2219400492
-# output-sha256: 5f081ea8a2a53b2ddb1c9c8c9bbbb4cb05cab6b54dfa7fb7992dbe1eabde6060
+# templates-sha256: 5d60f62a45738b26e13055260d8c19a8e26fea4ba25fbbc286b8df445fe726cf
+# output-sha256: 9b1648b1aa3276ae942b14c519b1935eabbad3f15e7d3268a159384836a0c91e
 
 import itertools
 from collections.abc import Hashable
@@ -350,6 +350,14 @@ class Qwen2_5_VLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         patch = self.visual.patch_embed.patch_size
         window = self.visual.window_size
         backend = self.visual.attn_backend
+        # The graphs read these host tensors by address. The host may replace
+        # one after this capture (MiniCPM-V's resampler re-registers pos_embed in
+        # an eager call with a wider slice); the captured graphs would keep
+        # reading the old one, freed and its memory handed to other tensors.
+        # Holding it keeps every replay reading the values it was captured with.
+        kept = self.__dict__.setdefault("_encoder_cg_keep_alive", {})
+        for tensor in ():
+            kept[id(tensor)] = tensor
         # Output tokens of each dummy item, rounded up so the dummy batch
         # covers the whole budget.
         k = -(-token_budget // max_batch_size)

@@ -3,8 +3,8 @@
 # From specs/ernie45_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/ernie45_vl.yaml`.
 # spec-sha256: 44a19487b2f61417079df3347e463bfafc30019f50c2056291e8a1b652284f7c
-# templates-sha256: bf7fac33f4c37d6ef71249d9788654df618ebf0f3164024b9febae2219400492
-# output-sha256: a3a509ae11cfe7952060f7ecb2801b391bfc6fa9a245b7a67dba953c210ab0de
+# templates-sha256: 5d60f62a45738b26e13055260d8c19a8e26fea4ba25fbbc286b8df445fe726cf
+# output-sha256: 40fa7db723fb5b94ed3dc59ceb9e42c9828a390ea20c7f2738ba34a7b9410914
 
 import itertools
 from collections.abc import Hashable
@@ -263,6 +263,14 @@ class Ernie45VLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         merge = self.vision_model.spatial_merge_size
         channels = self.vision_model.patch_embed.in_channels
         patch = self.vision_model.patch_embed.patch_size
+        # The graphs read these host tensors by address. The host may replace
+        # one after this capture (MiniCPM-V's resampler re-registers pos_embed in
+        # an eager call with a wider slice); the captured graphs would keep
+        # reading the old one, freed and its memory handed to other tensors.
+        # Holding it keeps every replay reading the values it was captured with.
+        kept = self.__dict__.setdefault("_encoder_cg_keep_alive", {})
+        for tensor in ():
+            kept[id(tensor)] = tensor
         # Output tokens of each dummy item, rounded up so the dummy batch
         # covers the whole budget.
         k = -(-token_budget // max_batch_size)

@@ -3,8 +3,8 @@
 # From specs/gemma4_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma4_mm.yaml`.
 # spec-sha256: 148b1e0d274e84158f902fd11628140ec5226f1b1ab73e2346d9b6fbfd1545e4
-# templates-sha256: bf7fac33f4c37d6ef71249d9788654df618ebf0f3164024b9febae2219400492
-# output-sha256: a1288d2c25be4e2f3ff4ea3da0fe529e6ec54fb69aea16721a6cabf637e34045
+# templates-sha256: 5d60f62a45738b26e13055260d8c19a8e26fea4ba25fbbc286b8df445fe726cf
+# output-sha256: 25bed514e29952f11b8632f6a39670578cc49c40f632bce85b1e3a957f47e91a
 
 import itertools
 from collections.abc import Hashable
@@ -418,6 +418,14 @@ class Gemma4EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         channels = getattr(self.vision_tower.config, "num_channels", None) or 3
         m = self._get_max_soft_tokens()
         # Rows of w soft tokens, as many as images of m budget tokens fit.
+        # The graphs read these host tensors by address. The host may replace
+        # one after this capture (MiniCPM-V's resampler re-registers pos_embed in
+        # an eager call with a wider slice); the captured graphs would keep
+        # reading the old one, freed and its memory handed to other tensors.
+        # Holding it keeps every replay reading the values it was captured with.
+        kept = self.__dict__.setdefault("_encoder_cg_keep_alive", {})
+        for tensor in ():
+            kept[id(tensor)] = tensor
         images = min(max_batch_size, max(1, token_budget // m))
         # Every image counts m budget tokens; the budget range starts at m.
         if token_budget < m:

@@ -3,8 +3,8 @@
 # From specs/glm5_next.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm5_next.yaml`.
 # spec-sha256: c3575549c4ed50dd76892d25b692f5f5f648d2f13a2ea29bebd572d144fcdb24
-# templates-sha256: bf7fac33f4c37d6ef71249d9788654df618ebf0f3164024b9febae2219400492
-# output-sha256: 263b1a252ac65711338575bd43aa42ad7a38e810f168725b9fa7c43cfdd78fa9
+# templates-sha256: 5d60f62a45738b26e13055260d8c19a8e26fea4ba25fbbc286b8df445fe726cf
+# output-sha256: 0626f9d7454d704d344bf3887456f472f920241b93e1a521ea44b25a63a70f7b
 
 import itertools
 from collections.abc import Hashable
@@ -314,6 +314,14 @@ class Glm5NextEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         channels = self.visual.patch_embed.proj.in_channels
         frames = self.visual.patch_embed.temporal_patch_size
         patch = self.visual.patch_embed.patch_size
+        # The graphs read these host tensors by address. The host may replace
+        # one after this capture (MiniCPM-V's resampler re-registers pos_embed in
+        # an eager call with a wider slice); the captured graphs would keep
+        # reading the old one, freed and its memory handed to other tensors.
+        # Holding it keeps every replay reading the values it was captured with.
+        kept = self.__dict__.setdefault("_encoder_cg_keep_alive", {})
+        for tensor in ():
+            kept[id(tensor)] = tensor
         # Output tokens of each dummy item, rounded up so the dummy batch
         # covers the whole budget.
         k = -(-token_budget // max_batch_size)

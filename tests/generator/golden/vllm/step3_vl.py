@@ -3,8 +3,8 @@
 # From specs/step3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
-# templates-sha256: bf7fac33f4c37d6ef71249d9788654df618ebf0f3164024b9febae2219400492
-# output-sha256: 83582c0d44606ef7581ff5ca1c77ec7a5b9f0586c4053041e4bb6cd38e29454c
+# templates-sha256: 5d60f62a45738b26e13055260d8c19a8e26fea4ba25fbbc286b8df445fe726cf
+# output-sha256: d939321328bf1b77a0142bb17f19ee16e7cbf0b9bd3e5b1919837f0c961cf28b
 
 import itertools
 from collections.abc import Hashable
@@ -268,6 +268,14 @@ class Step3VLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         if path == "global":
             side = self.config.vision_config.image_size
             global_tokens = self.img_output_tokens
+            # The graphs read these host tensors by address. The host may replace
+            # one after this capture (MiniCPM-V's resampler re-registers pos_embed in
+            # an eager call with a wider slice); the captured graphs would keep
+            # reading the old one, freed and its memory handed to other tensors.
+            # Holding it keeps every replay reading the values it was captured with.
+            kept = self.__dict__.setdefault("_encoder_cg_keep_alive", {})
+            for tensor in ():
+                kept[id(tensor)] = tensor
             # Views captured for this budget; every view buffer is sized from it.
             units = min(max_batch_size, token_budget // global_tokens)
             pixel_values = torch.randn(
@@ -281,6 +289,14 @@ class Step3VLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         # Crop-less images have no rows here; a batch of them skips the path.
         if path == "local":
             crop_tokens = self.patch_output_tokens
+            # The graphs read these host tensors by address. The host may replace
+            # one after this capture (MiniCPM-V's resampler re-registers pos_embed in
+            # an eager call with a wider slice); the captured graphs would keep
+            # reading the old one, freed and its memory handed to other tensors.
+            # Holding it keeps every replay reading the values it was captured with.
+            kept = self.__dict__.setdefault("_encoder_cg_keep_alive", {})
+            for tensor in ():
+                kept[id(tensor)] = tensor
             # Views captured for this budget; every view buffer is sized from it.
             units = token_budget // crop_tokens
             patch_pixel_values = torch.randn(
