@@ -401,6 +401,29 @@ def kimi_vl_grid(
     return grid
 
 
+def kimi_k25_grid(
+    height: int,
+    width: int,
+    *,
+    patch: int,
+    kernel: int,
+    in_patch_limit: int,
+    patch_limit_on_one_side: int,
+) -> tuple[int, int, int]:
+    """``(1, h, w)`` patches of an image for Kimi-K2.5's MoonViT3d (vLLM's
+    ``navit_resize_image``): scaled (aspect kept, sides truncated to whole
+    pixels) to at most ``in_patch_limit`` whole patches and
+    ``patch_limit_on_one_side`` patches a side, then padded up to multiples
+    of the ``kernel`` x ``kernel`` merge."""
+    whole = max(1.0, width // patch) * max(1.0, height // patch)
+    side = patch_limit_on_one_side * patch
+    scale = min(1.0, math.sqrt(in_patch_limit / whole), side / width, side / height)
+    new_w = min(max(1, int(width * scale)), side)
+    new_h = min(max(1, int(height * scale)), side)
+    factor = kernel * patch
+    return (1, math.ceil(new_h / factor) * kernel, math.ceil(new_w / factor) * kernel)
+
+
 #: vLLM's ``DeepseekV41Config`` default of ``vision_config["min_pixels"]``
 #: (544²): smaller images are upscaled to it.
 DEEPSEEK_V41_MIN_PIXELS = 295936
@@ -451,6 +474,18 @@ def model_grid(stem: str, config: Any) -> Callable[[int, int], tuple[int, ...]]:
             kernel=tuple(vision.merge_kernel_size),
             in_token_limit=config.in_token_limit,
             max_patches_per_side=config.max_patches_per_side,
+        )
+    if stem == "kimi_k25":
+        vision = config.vision_config
+        kh, kw = vision.merge_kernel_size
+        assert kh == kw, "navit_resize_image takes one square merge kernel"
+        return lambda h, w: kimi_k25_grid(
+            h,
+            w,
+            patch=vision.patch_size,
+            kernel=kh,
+            in_patch_limit=config.in_patch_limit,
+            patch_limit_on_one_side=config.patch_limit_on_one_side,
         )
     raise KeyError(f"no resize rule for {stem!r}")
 

@@ -33,6 +33,7 @@ DEEPSEEK_PREPROCESS = "vllm/models/deepseek_v41/common/mm_preprocess.py"
 INTERNVL_PROCESSOR = "vllm/transformers_utils/processors/internvl.py"
 STEP3_PROCESSOR = "vllm/transformers_utils/processors/step3_vl.py"
 KIMI_VL_MODEL = "vllm/model_executor/models/kimi_vl.py"
+KIMI_K25_PROCESSOR = "vllm/transformers_utils/processors/kimi_k25_vision_fused.py"
 
 
 def wheel_path() -> Path | None:
@@ -281,6 +282,47 @@ def vllm_kimi_grid() -> Any:
         return 2 * th, 2 * tw
 
     return grid
+
+
+@pytest.fixture(scope="module")
+def vllm_kimi_k25_resize() -> Any:
+    """vLLM's ``navit_resize_image`` (Kimi-K2.5's processor), from the wheel."""
+    nodes = vllm_functions(KIMI_K25_PROCESSOR, {"navit_resize_image"})
+    return compile_functions(list(nodes.values()), {})["navit_resize_image"]
+
+
+@pytest.mark.parametrize(
+    ("in_patch_limit", "side_limit"), [(16384, 512), (256, 512), (4096, 64)]
+)
+def test_kimi_k25_grid_is_vllms(
+    vllm_kimi_k25_resize: Any, in_patch_limit: int, side_limit: int
+) -> None:
+    thin = [(14, 7000), (14, 9000), (3, 5000), (1, 14), (20000, 30)]
+    for h, w in every_size() + thin:
+        out = vllm_kimi_k25_resize(
+            width=w,
+            height=h,
+            patch_size=14,
+            merge_kernel_size=2,
+            in_patch_limit=in_patch_limit,
+            patch_limit_on_one_side=side_limit,
+            fixed_output_tokens=None,
+        )
+        expected = (
+            1,
+            (out["new_height"] + out["pad_height"]) // 14,
+            (out["new_width"] + out["pad_width"]) // 14,
+        )
+        got = traffic.kimi_k25_grid(
+            h,
+            w,
+            patch=14,
+            kernel=2,
+            in_patch_limit=in_patch_limit,
+            patch_limit_on_one_side=side_limit,
+        )
+        assert got == expected, (h, w)
+        assert out["num_tokens"] == got[1] * got[2] // 4, (h, w)
 
 
 @pytest.mark.parametrize("max_patch", [12, 4, 6])
