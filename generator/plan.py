@@ -115,6 +115,9 @@ class BudgetPlan:
         return self
 
     units: int | None = None  # a unit capture's views
+    #: A capture of padded inputs: its buffers hold items (dim 0) of the
+    #: dummy item's sizes (dim 1), not the dummy batch's rows.
+    padded: bool = False
 
     @property
     def total_bytes(self) -> int:
@@ -319,6 +322,7 @@ def _budget_plan(spec, path, env, budget, limits, dtype, unknown) -> BudgetPlan:
         scope["k"],
         rows,
         {item.key: [dims[d] for d in item.dims] for item, _ in path.capture.dummy},
+        padded=any(getattr(t.flat, "is_padded", False) for t in path.capture.tensors),
     )
     for buf in path.buffers:
         own = scope
@@ -467,6 +471,8 @@ def format_plan(plan: Plan) -> str:
         lines.append("")
         if p.units is not None:
             lines.append(f"budget {p.budget}{keys}: units={p.units}")
+        elif p.padded:
+            lines.append(f"budget {p.budget}{keys}: rows of the dummy item {dummy}")
         else:
             lines.append(
                 f"budget {p.budget}{keys}: k={p.k}, rows={p.rows}, dummy item {dummy} x {plan.max_batch_size}"

@@ -543,10 +543,11 @@ def test_every_draw_is_legal_for_every_tower() -> None:
 
 
 #: Grids the processors emit that the registry's legality refuses: Kimi-VL's
-#: bound ``(h - kh)·(w - kw) <= in_token_limit`` holds for images the
-#: processor does not shrink; a shrunk image keeps up to about 3 % more
-#: (a 320 x 180 thumbnail for the tiny tower's 256-patch limit).
-REGISTRY_GAPS = {("kimi_vl", "tiny", (14, 24))}
+#: bound ``(h - kh)·(w - kw) <= in_token_limit`` (Kimi-K2.5's with its
+#: ``in_patch_limit``) holds for images the processor does not shrink; a
+#: shrunk image keeps up to about 3 % more (a 320 x 180 thumbnail for the
+#: tiny towers' 256-patch limit).
+REGISTRY_GAPS = {("kimi_vl", "tiny", (14, 24)), ("kimi_k25", "tiny", (1, 14, 24))}
 
 
 @pytest.mark.parametrize(

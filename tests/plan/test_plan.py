@@ -135,8 +135,14 @@ def _captures_units(spec: Path) -> bool:
     return re.search(r"^ +units:", spec.read_text(encoding="utf-8"), re.M) is not None
 
 
-ITEM_SPECS = [s for s in SPECS if not _captures_units(s)]
+def _captures_padded(spec: Path) -> bool:
+    """A capture of padded inputs (rows of items, not a dummy batch's rows)."""
+    return re.search(r"kind: padded", spec.read_text(encoding="utf-8")) is not None
+
+
+ITEM_SPECS = [s for s in SPECS if not _captures_units(s) and not _captures_padded(s)]
 UNIT_SPECS = [s for s in SPECS if _captures_units(s)]
+PADDED_SPECS = [s for s in SPECS if _captures_padded(s)]
 
 
 @pytest.mark.parametrize("spec", UNIT_SPECS, ids=[s.stem for s in UNIT_SPECS])
@@ -155,6 +161,23 @@ def test_plan_shapes_follow_the_captured_units(spec):
         for tensor in ir.paths[0].capture.tensors:
             if tensor.key in by_key:
                 assert by_key[tensor.key].shape[0] == budget_plan.units
+    assert plan.problems == []
+
+
+@pytest.mark.parametrize("spec", PADDED_SPECS, ids=[s.stem for s in PADDED_SPECS])
+def test_plan_shapes_of_padded_inputs_are_rows_of_the_dummy_item(spec):
+    ir = load_spec(spec)
+    plan = make_plan(ir, max_items=4)
+    text = format_plan(plan)
+    padded = {i.key for i in ir.item_inputs if i.is_padded}
+    for budget_plan in plan.per_budget:
+        assert budget_plan.padded and "k=" not in text
+        by_key = {b.key: b for b in budget_plan.buffers}
+        for key in padded & set(by_key):
+            rows, size = by_key[key].shape[:2]
+            # At most max_batch_size rows, each as wide as the dummy item.
+            assert 1 <= rows <= 4
+            assert [size] == budget_plan.dummy[key]
     assert plan.problems == []
 
 
