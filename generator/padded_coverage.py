@@ -85,10 +85,10 @@ class TakenItems:
         """(the fewest budget tokens, the largest size) of the items taken
         within ``budget``, over the sampled other dims; None when none is."""
         fewest, largest = None, 0
+        steps = {d: _step(self.ir, self.env, d) for d in self.sizes}
         for combo in itertools.product(OTHER_DIM_SAMPLES, repeat=len(self.others)):
             other = dict(zip(self.others, combo, strict=True))
-            steps = {d: _step(self.ir, self.env, d) for d in self.sizes}
-            smallest = {d: steps[d] for d in self.sizes}
+            smallest = dict(steps)
             tokens = self._taken({**other, **smallest}, budget)
             if tokens is None:
                 continue
