@@ -80,8 +80,8 @@ __all__ = [
     "MiniCPMVVisionConfig",
     "MiniCPMVVisionHost",
     "Resampler2_5",
-    "slice_pixels",
     "sincos_table_2d",
+    "slice_pixels",
 ]
 
 RESAMPLER_MAX_SIZE = (70, 70)
