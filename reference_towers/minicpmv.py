@@ -482,7 +482,7 @@ class MiniCPMVVisionHost(nn.Module):
     ) -> None:
         super().__init__()
         self.config = config
-        self.multimodal_config = multimodal_config or MultiModalConfig()
+        self.multimodal_config = multimodal_config
         self.version = version_of(config)
         vision = config.vision_config
         layers = vision.num_hidden_layers - int(config.drop_vision_last_layer)
@@ -501,7 +501,8 @@ class MiniCPMVVisionHost(nn.Module):
         """``MiniCPMVProcessingInfo.get_num_frames_with_most_features``
         (M:806-820) with no images: a frame is one slice (video
         ``max_slice_nums`` 1, M:793) of ``query_num`` tokens; at most 16."""
-        videos = self.multimodal_config.get_limit_per_prompt("video")
+        mm_config = self.multimodal_config or MultiModalConfig()
+        videos = mm_config.get_limit_per_prompt("video")
         frames = (self.config.max_model_len // self.config.query_num) // max(videos, 1)
         return max(min(frames, MAX_FRAMES_PER_VIDEO), 1)
 
@@ -582,6 +583,8 @@ class MiniCPMVVisionHost(nn.Module):
             and isinstance(sizes[0], torch.Tensor)
         ):
             sizes = torch.cat(list(sizes))
+        elif isinstance(sizes, torch.Tensor) and sizes.ndim == 3:
+            sizes = sizes.reshape(-1, 2)
         rows = grid_rows(sizes, 2)
         if len(rows) != sum(len(slices) for slices in items):
             raise ValueError(
