@@ -232,6 +232,13 @@ GPU_RUN_OVERRIDES: dict[str, dict[str, dict[str, Any]]] = {
             "over_max_extra": 1,
         }
     },
+    # MiniCPM-V captures every budget once per patch-grid key, each slot a
+    # fixed grid (1024, 2048, 2048 and 4900 ViT rows through SigLIP-400M)
+    # whatever the slice: the default 8192-token ladder would run 255 slots of
+    # every key at capture (2.5M rows) and up to 128 x 4900 rows a replay.
+    # Budgets up to 2048 (six graphs a key, 32 slots at most) keep every key,
+    # split and eager fallback (the eager ladder's) covered.
+    "minicpmv": {"full": {"max_tokens": 2048}},
 }
 """Per spec stem and size: settings of the GPU run that differ from
 :data:`GPU_RUNS` (never the batch count: that is the bar)."""
