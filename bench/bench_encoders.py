@@ -227,7 +227,8 @@ TARGETS: tuple[dict[str, Any], ...] = (
 def unusable_reason(stem: str, size: str, *, multi_path: bool = False) -> str | None:
     """Why the benchmarks cannot measure ``stem`` at ``size`` (``None``: they
     can): it needs a spec (and so its generated mixin), a reference tower of
-    that size that takes images, and one encoder path (the benchmarks time
+    that size that takes images, a resize rule (``image_traffic``), and one
+    encoder path (the benchmarks time
     the ``"default"`` path's graphs) unless ``multi_path`` (the real-traffic
     benchmark times every path)."""
     if not (SPECS_DIR / f"{stem}.yaml").is_file():
@@ -239,6 +240,8 @@ def unusable_reason(stem: str, size: str, *, multi_path: bool = False) -> str | 
         return f"no {size} reference tower"
     if "image" not in getattr(tower, "modalities", (tower.modality,)):
         return "the tower takes no images"
+    if stem in image_traffic.NO_RESIZE_RULE:
+        return image_traffic.NO_RESIZE_RULE[stem]
     if tuple(tower.paths) != ("default",) and not multi_path:
         return (
             f"encoder paths {', '.join(tower.paths)}: the benchmarks measure "

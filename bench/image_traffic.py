@@ -37,6 +37,7 @@ from typing import Any
 
 __all__ = [
     "BATCH_SIZES",
+    "NO_RESIZE_RULE",
     "SOURCES",
     "ImageSource",
     "deepseek_v41_grid",
@@ -432,9 +433,23 @@ DEEPSEEK_V41_MIN_PIXELS = 295936
 MERGED_MIN_PIXELS = 3136
 
 
+#: Models with a tower but no resize rule here, and why: the benchmarks and
+#: the traffic checks leave them out rather than guess a rule.
+NO_RESIZE_RULE: dict[str, str] = {
+    "minicpmv": (
+        "MiniCPM-V's slicing (find_best_resize, get_sliced_grid, the refined "
+        "image's grid) is the checkpoint's remote image processor, not in "
+        "vLLM 0.33.0's source: no rule could be checked against it"
+    ),
+}
+
+
 def model_grid(stem: str, config: Any) -> Callable[[int, int], tuple[int, ...]]:
     """``(height, width) -> grid item`` of the model ``stem`` with its tower
-    ``config`` (the reference towers' config classes)."""
+    ``config`` (the reference towers' config classes); ``KeyError`` for a
+    model without a rule (:data:`NO_RESIZE_RULE` says why)."""
+    if stem in NO_RESIZE_RULE:
+        raise KeyError(f"no resize rule for {stem!r}: {NO_RESIZE_RULE[stem]}")
     if stem == "deepseek_v41":
         return lambda h, w: deepseek_v41_grid(
             h,

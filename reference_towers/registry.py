@@ -41,7 +41,8 @@ multimodal_config=None, seed=0)``
     ``(h, w)`` patches for Kimi-VL, ``(t, h, w)`` for MiniMax M3, Qwen2-VL
     and Qwen2.5-VL; a count for the models that batch fixed-size views:
     ``(tiles,)`` for InternVL (frames for videos), ``(num_patches,)`` (local
-    crops besides the global view) for Step3-VL.
+    crops besides the global view) for Step3-VL; for MiniCPM-V a tuple of
+    ``(h, w)`` slices (the thumbnail, then the grid's slices).
 ``input_size(item)``, ``output_tokens(item)``
     What the mixin's ``EncoderItemSpec`` must say for the item.
 ``is_legal(item, size, *, modality="image")``, ``max_output_tokens(size, *,
@@ -122,6 +123,7 @@ from reference_towers.internvl import (
 )
 from reference_towers.kimi_k25 import KimiK25Config, KimiK25VisionHost
 from reference_towers.kimi_vl import KimiVLConfig, KimiVLVisionHost
+from reference_towers.minicpmv import MiniCPMVConfig, MiniCPMVVisionHost, slice_pixels
 from reference_towers.minimax_vl import MiniMaxM3VisionConfig, MiniMaxM3VisionHost
 from reference_towers.qwen2_5_vl import Qwen2_5_VLVisionConfig, Qwen2_5_VLVisionHost
 from reference_towers.qwen2_vl import Qwen2VisionConfig, Qwen2VLVisionHost
@@ -140,6 +142,7 @@ __all__ = [
     "Item",
     "KimiK25Reference",
     "KimiVLReference",
+    "MiniCPMVReference",
     "MiniMaxM3Reference",
     "Qwen2VLReference",
     "Qwen2_5_VLReference",
@@ -1437,6 +1440,142 @@ class KimiK25Reference(ReferenceTower[KimiK25VisionHost]):
         }
 
 
+class MiniCPMVReference(ReferenceTower[MiniCPMVVisionHost]):
+    """MiniCPM-V 2.6: items are images as their slices, a tuple of ``(h,
+    w)`` patch grids: the thumbnail (the whole image resized) first, then the
+    grid's slices, all of one size (the processor cuts the refined image
+    into equal parts).
+
+    Legal: the thumbnail alone, or it and 2 up to ``max_slice_num`` slices
+    (``get_sliced_grid`` never makes a grid of one); every slice at most
+    ``image_size // patch_size`` patches a side (a longer one runs eagerly,
+    ``items.eager_when``: not drawn here, as its budget tokens exceed every
+    budget) and at most ``slice_patch_limit`` patches. Output tokens
+    ``slices · query_num``; input rows ``Σ h·w``. Only images: video frames
+    are one slice each and go through the same code (left to a later tower).
+    """
+
+    name = "minicpmv"
+    host_cls = MiniCPMVVisionHost
+
+    LONG_SIDE_ODDS = 1 / 16
+    """How often a drawn slice has a side beyond the 64-patch keys (it then
+    replays the full-side key, the costliest graph)."""
+
+    def config(self, size: Size) -> MiniCPMVConfig:
+        return MiniCPMVConfig.for_size(size)
+
+    @property
+    def query_num(self) -> int:
+        return self._config_constant("query_num")
+
+    def slice_counts(self, size: Size) -> tuple[int, ...]:
+        """Every legal number of slices (the thumbnail included)."""
+        return (1, *range(3, self.config(size).max_slice_num + 2))
+
+    def input_size(self, item: Item) -> int:
+        return sum(h * w for h, w in item)
+
+    def output_tokens(self, item: Item) -> int:
+        return len(item) * self.query_num
+
+    def max_output_tokens(self, size: Size, *, modality: str = "image") -> int:
+        self.check_modality(modality)
+        return self.slice_counts(size)[-1] * self.query_num
+
+    def _legal_slice(self, grid: Any, size: Size) -> bool:
+        config = self.config(size)
+        return (
+            isinstance(grid, tuple)
+            and len(grid) == 2
+            and all(isinstance(v, int) and 1 <= v <= config.max_side for v in grid)
+            and grid[0] * grid[1] <= config.slice_patch_limit
+        )
+
+    def is_legal(self, item: Item, size: Size, *, modality: str = "image") -> bool:
+        self.check_modality(modality)
+        return (
+            isinstance(item, tuple)
+            and len(item) in self.slice_counts(size)
+            and all(self._legal_slice(grid, size) for grid in item)
+            and len(set(item[1:])) <= 1
+        )
+
+    def smallest_item(self, size: Size, *, modality: str = "image") -> Item:
+        self.check_modality(modality)
+        return ((1, 1),)
+
+    def _slice_shape(self, rng: random.Random, size: Size) -> tuple[int, int]:
+        """A random legal slice: now and then one with a side past 64."""
+        config = self.config(size)
+        limit, side = config.slice_patch_limit, config.max_side
+        if side > 64 and limit > 64 and rng.random() < self.LONG_SIDE_ODDS:
+            long = rng.randint(65, min(side, limit))
+            short = rng.randint(1, limit // long)
+            return (long, short) if rng.random() < 0.5 else (short, long)
+        h = rng.randint(1, min(side, 64, limit))
+        w = rng.randint(1, min(side, 64, limit // h))
+        return h, w
+
+    def _items_with_output_tokens(
+        self,
+        rng: random.Random,
+        size: Size,
+        output_tokens: int,
+        *,
+        modality: str = "image",
+    ) -> Item | None:
+        self.check_modality(modality)
+        slices, rest = divmod(output_tokens, self.query_num)
+        if rest or slices not in self.slice_counts(size):
+            return None
+        thumbnail = self._slice_shape(rng, size)
+        if slices == 1:
+            return (thumbnail,)
+        return (thumbnail, *[self._slice_shape(rng, size)] * (slices - 1))
+
+    def _listed_token_counts(
+        self, size: Size, *, modality: str = "image"
+    ) -> list[int] | None:
+        return [n * self.query_num for n in self.slice_counts(size)]
+
+    def make_mm_kwargs(
+        self,
+        host: MiniCPMVVisionHost,
+        items: Sequence[Item],
+        device: torch.device | str,
+        *,
+        seed: int = 0,
+        modality: str = "image",
+    ) -> dict[str, Any]:
+        """As vLLM's processor lays them out (field config M:500-510):
+        ``pixel_values`` a list per image of its slices, each ``(3, p,
+        h·w·p)`` (the patches side by side, ``reshape_by_patch``) in the
+        tower dtype on ``device``; ``tgt_sizes`` int64 on the host
+        (``keep_on_cpu``): a list per image of ``(n, 2)`` tensors, stacked to
+        ``(images, n, 2)`` when every image has ``n`` slices (the batched
+        field stacks items of one shape). Pixels are uniform in [-1, 1]
+        (mean = std = 0.5)."""
+        self.check_modality(modality)
+        p = host.vpm.embeddings.patch_size
+        dtype = host.vpm.embeddings.patch_embedding.weight.dtype
+        generator = torch.Generator().manual_seed(seed)
+        pixel_values, tgt_sizes = [], []
+        for item in items:
+            if not item or any(len(g) != 2 or min(g) < 1 for g in item):
+                raise ValueError(f"{item} is not a tuple of (h, w) slices")
+            slices = []
+            for h, w in item:
+                image = torch.rand((3, h * p, w * p), generator=generator) * 2 - 1
+                slices.append(slice_pixels(image, p).to(device=device, dtype=dtype))
+            pixel_values.append(slices)
+            tgt_sizes.append(torch.tensor(list(item), dtype=torch.int64))
+        if tgt_sizes and len({t.shape for t in tgt_sizes}) == 1:
+            # vLLM's batched field stacks items of one shape.
+            return {"pixel_values": pixel_values, "tgt_sizes": torch.stack(tgt_sizes)}
+        return {"pixel_values": pixel_values, "tgt_sizes": tgt_sizes}
+
+
 REFERENCE_TOWERS: dict[str, ReferenceTower[Any]] = {
     tower.name: tower
     for tower in (
@@ -1448,6 +1587,7 @@ REFERENCE_TOWERS: dict[str, ReferenceTower[Any]] = {
         Qwen2_5_VLReference(),
         Step3VLReference(),
         KimiK25Reference(),
+        MiniCPMVReference(),
     )
 }
 

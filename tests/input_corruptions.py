@@ -94,9 +94,24 @@ def _flat_cases(spec: MixinSpec, mm_kwargs: dict[str, Any], flat: FlatInput):
     )
 
 
+def _flat_grid(value: Any) -> Any:
+    """A grid given per item (a list of ``(units, width)`` tensors, or them
+    stacked, as MiniCPM-V's ``tgt_sizes``) as the flat grid of every unit's
+    rows, a form the mixins take too; any other value as it is."""
+    if (
+        isinstance(value, list)
+        and value
+        and all(isinstance(v, torch.Tensor) for v in value)
+    ):
+        return torch.cat(value)
+    if isinstance(value, torch.Tensor) and value.ndim == 3:
+        return value.reshape(-1, value.shape[-1])
+    return value
+
+
 def _item_cases(spec: MixinSpec, mm_kwargs: dict[str, Any], item: ItemInput):
     key = item.key
-    value = mm_kwargs[key]
+    value = _flat_grid(mm_kwargs[key])
     rows = _rows(value)
     # Unit grids hold a row per unit; the items are counted by the others.
     counted = [i for i in spec.item_inputs if i.unit_of is None]
@@ -196,7 +211,9 @@ def _padded_cases(spec: MixinSpec, mm_kwargs: dict[str, Any], item: ItemInput):
         _with(mm_kwargs, key, torch.zeros(3)),
         rf"{_key(key)} has shape \(3,\); a padded input is a tensor of shape",
     )
-    wide = [torch.zeros(parts[0].shape[0], *parts[0].shape[1:-1], parts[0].shape[-1] + 1)]
+    wide = [
+        torch.zeros(parts[0].shape[0], *parts[0].shape[1:-1], parts[0].shape[-1] + 1)
+    ]
     yield Corruption(
         f"{key}:wrong-row-shape",
         _with(mm_kwargs, key, wide + parts[1:]),
@@ -230,6 +247,8 @@ def _padded_cases(spec: MixinSpec, mm_kwargs: dict[str, Any], item: ItemInput):
             rf"{_key(key)}\[0\] is \d+; {dim} must be a multiple of",
             in_selection=False,
         )
+
+
 def _list_cases(spec: MixinSpec, mm_kwargs: dict[str, Any], item: ItemInput):
     """A list input: per item a list of unit tensors of ``unit_shape``."""
     key = item.key

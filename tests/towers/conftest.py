@@ -13,6 +13,7 @@ from reference_towers.deepseek_v4 import DeepseekV41VisionHost
 from reference_towers.internvl import InternVLVisionHost
 from reference_towers.kimi_k25 import KimiK25VisionHost
 from reference_towers.kimi_vl import KimiVLVisionHost
+from reference_towers.minicpmv import MiniCPMVVisionHost
 from reference_towers.minimax_vl import MiniMaxM3VisionHost
 from reference_towers.qwen2_5_vl import Qwen2_5_VLVisionHost
 from reference_towers.qwen2_vl import Qwen2VLVisionHost
@@ -58,6 +59,13 @@ def kimi_vl_host() -> KimiVLVisionHost:
 @pytest.fixture(scope="session")
 def kimi_k25_host() -> KimiK25VisionHost:
     return REFERENCE_TOWERS["kimi_k25"].build_host(
+        PlainMixin, "tiny", device="cpu", dtype=torch.float32, seed=0
+    )
+
+
+@pytest.fixture(scope="session")
+def minicpmv_host() -> MiniCPMVVisionHost:
+    return REFERENCE_TOWERS["minicpmv"].build_host(
         PlainMixin, "tiny", device="cpu", dtype=torch.float32, seed=0
     )
 

@@ -36,6 +36,9 @@ class TinyItems:
     layout_items: int = 4
     """Items of the final-layout check (the tile and crop towers' fixed
     448² and 728² views are slow on a CPU)."""
+    text_width: int = 96
+    """Width of the output rows (MiniCPM-V's resampler needs a multiple of
+    128: ``width // 128`` heads)."""
 
 
 def _every_count(tokens: int) -> bool:
@@ -55,6 +58,9 @@ TINY_ITEMS = {
     "internvl": TinyItems(256, _views(0, 256, (1, 3, 4, 5)), layout_items=2),
     "kimi_k25": TinyItems(1, _every_count),
     "kimi_vl": TinyItems(1, _every_count),
+    "minicpmv": TinyItems(
+        64, _views(0, 64, (1, 3, 4, 5, 6, 7, 8, 9, 10)), text_width=128
+    ),
     "minimax_m3": TinyItems(1, _every_count),
     "qwen2_5_vl": TinyItems(1, _every_count),
     "qwen2_vl": TinyItems(1, _every_count),
@@ -91,6 +97,7 @@ def test_registry_keys_are_spec_names():
         "internvl",
         "kimi_k25",
         "kimi_vl",
+        "minicpmv",
         "minimax_m3",
         "qwen2_5_vl",
         "qwen2_vl",
@@ -390,5 +397,8 @@ def test_reference_outputs_have_the_final_layout(name, request):
         tower.sample_item(rng, "tiny") for _ in range(TINY_ITEMS[name].layout_items)
     ]
     outputs = tower.reference_outputs(host, tower.make_mm_kwargs(host, items, "cpu"))
-    assert [o.shape for o in outputs] == [(tower.output_tokens(i), 96) for i in items]
+    width = TINY_ITEMS[name].text_width
+    assert [o.shape for o in outputs] == [
+        (tower.output_tokens(i), width) for i in items
+    ]
     assert all(o.dtype == torch.float32 and torch.isfinite(o).all() for o in outputs)
