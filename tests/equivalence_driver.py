@@ -70,7 +70,6 @@ from __future__ import annotations
 import inspect
 import math
 import random
-import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -106,7 +105,6 @@ __all__ = [
     "EAGER_PHASE_KINDS",
     "GPU_RUNS",
     "GPU_RUN_OVERRIDES",
-    "KNOWN_PADDED_SLOT_NAN",
     "REPO_ROOT",
     "PhasePlan",
     "PlannedBatch",
@@ -129,7 +127,6 @@ __all__ = [
     "predict_packing",
     "protocol_shadowed_host_methods",
     "run_equivalence",
-    "set_aside_known_padded_slot_nan",
     "tower_modalities",
 ]
 
@@ -1762,49 +1759,6 @@ def run_equivalence(
         ),
         "seconds": round(time.perf_counter() - start, 3),
     }
-
-
-KNOWN_PADDED_SLOT_NAN: dict[str, str] = {
-    "minicpmv": (
-        "MiniCPM-V: the graphs' padded slots replay with tgt_sizes (0, 0) and "
-        "an all-False patch mask, so Resampler2_5's key padding mask is all "
-        "True and nn.MultiheadAttention writes NaN rows past the batch's own "
-        "(vLLM's mixin and the generated one alike; the items' rows are right)"
-    ),
-}
-"""Per spec stem: why its graph output buffers hold NaN in the rows of
-padded slots (a finding of its tower, not yet fixed in the spec). Only
-those buffers are set aside (:func:`set_aside_known_padded_slot_nan`)."""
-
-_BUFFER_NAN = re.compile(r": graph output buffer \d+ holds NaN/Inf$")
-
-
-def set_aside_known_padded_slot_nan(
-    summary: dict[str, Any],
-) -> tuple[dict[str, Any], str | None]:
-    """``summary`` without its NaN output-buffer failures and the finding
-    that explains them, for a stem of :data:`KNOWN_PADDED_SLOT_NAN` whose
-    buffers held NaN; ``(summary, None)`` otherwise. Every other check
-    still holds the rest; a listed stem whose buffers stayed finite raises
-    (the finding is fixed: drop its entry)."""
-    reason = KNOWN_PADDED_SLOT_NAN.get(summary["spec"])
-    if reason is None:
-        return summary, None
-    count = summary["nonfinite_buffers"]
-    if count == 0:
-        raise AssertionError(
-            f"{summary['spec']}: no graph output buffer held NaN; the finding "
-            "is fixed, drop it from KNOWN_PADDED_SLOT_NAN"
-        )
-    kept = [f for f in summary["failures"] if not _BUFFER_NAN.search(f)]
-    rest = {
-        **summary,
-        "failures": kept,
-        "num_failures": summary["num_failures"] - count,
-        "nonfinite": summary["nonfinite"] - count,
-        "nonfinite_buffers": 0,
-    }
-    return rest, reason
 
 
 def assert_equivalent(

@@ -204,3 +204,29 @@ def test_the_graphs_keep_the_table_an_eager_call_replaces(model, monkeypatch) ->
     (held,) = host.__dict__["_encoder_cg_keep_alive"].values()
     assert held is captured_table
     assert torch.equal(table[:70, :70], held)
+
+
+@pytest.mark.parametrize(
+    ("which", "finite"), [("vllm_host", False), ("our_host", True)]
+)
+def test_the_graphs_padded_slots_write_no_nan(
+    model, monkeypatch, which, finite
+) -> None:
+    # Finding 25: a slot the batch leaves empty replays with tgt_sizes (0, 0),
+    # so Resampler2_5's key padding mask is all True and
+    # nn.MultiheadAttention writes NaN rows for it (vLLM's graphs). Ours gives
+    # the resampler the sizes clamped to one patch: finite rows, and the
+    # item's rows unchanged.
+    host = _real_resampler_host(getattr(model, which), monkeypatch)
+    batch = hosts.minicpmv_batch(torch.Generator().manual_seed(2), "image", [((3, 5),)])
+    manager = hosts.runtime_manager(host, [8], 2)
+    manager.capture()
+    with torch.no_grad():
+        (rows,) = manager.execute(batch)
+        eager = host.encoder_eager_forward(batch)
+    assert manager.graph_hits == 1
+    assert torch.allclose(rows, eager, atol=1e-5)
+    # The (32, 32) key's graph, the one a 3 x 5 slice replays: 2 slots.
+    graph = manager.budget_graphs["default"][(8, ((32, 32),))]
+    assert torch.isfinite(graph.output_buffer[:4]).all()
+    assert bool(torch.isfinite(graph.output_buffer[4:]).all()) is finite
