@@ -41,13 +41,6 @@ DIFFERENCES = (
         (r"^select\[[^]]*\]\]/(selected|reselected)[./]",),
     ),
     Difference(
-        "minicpmv.empty-slots",
-        (
-            r"^replay\[[^]]*\]\[\d+\]/calls\[\d+\]/"
-            r"(patch_attention_mask|tgt_sizes)\.values$",
-        ),
-    ),
-    Difference(
         "minicpmv.wide-slices-eager",
         (r"^(select\[[^]]*\]\]/)?specs(\[[^]]*\])?\[\d+\]\[2\](\.keys|/default)$",),
     ),
