@@ -938,7 +938,21 @@ class Qwen2_5_VLReference(Qwen2VLReference):
         return out
 
 
-class KimiVLReference(ReferenceTower[KimiVLVisionHost]):
+class _MoonViTReference(ReferenceTower[HostT]):
+    """The towers on MoonViT (Kimi-VL, Kimi-K2.5): patches merged ``kh x kw``
+    into tokens, the one kernel every size of the tower has."""
+
+    @property
+    def merge_kernel_size(self) -> tuple[int, int]:
+        kernels = {
+            tuple(self.config(s).vision_config.merge_kernel_size) for s in self.sizes
+        }
+        if len(kernels) != 1:
+            raise RuntimeError(f"sizes disagree on merge_kernel_size: {kernels}")
+        return kernels.pop()
+
+
+class KimiVLReference(_MoonViTReference[KimiVLVisionHost]):
     """Kimi-VL: items are patch grids ``(h, w)`` of images.
 
     Legal: ``h`` and ``w`` positive multiples of the merge kernel ``(kh,
@@ -955,15 +969,6 @@ class KimiVLReference(ReferenceTower[KimiVLVisionHost]):
 
     def config(self, size: Size) -> KimiVLConfig:
         return KimiVLConfig.for_size(size)
-
-    @property
-    def merge_kernel_size(self) -> tuple[int, int]:
-        kernels = {
-            tuple(self.config(s).vision_config.merge_kernel_size) for s in self.sizes
-        }
-        if len(kernels) != 1:
-            raise RuntimeError(f"sizes disagree on merge_kernel_size: {kernels}")
-        return kernels.pop()
 
     def _max_side(self, size: Size, kernel: int) -> int:
         """The largest legal side: a multiple of ``kernel``."""
@@ -1285,7 +1290,7 @@ class Step3VLReference(_ViewCountReference[Step3VLVisionHost]):
         }
 
 
-class KimiK25Reference(ReferenceTower[KimiK25VisionHost]):
+class KimiK25Reference(_MoonViTReference[KimiK25VisionHost]):
     """Kimi-K2.5: items are patch grids ``(t, h, w)`` of the ``vision_chunk``
     modality (images and video chunks, batched together by vLLM).
 
@@ -1312,15 +1317,6 @@ class KimiK25Reference(ReferenceTower[KimiK25VisionHost]):
 
     def config(self, size: Size) -> KimiK25Config:
         return KimiK25Config.for_size(size)
-
-    @property
-    def merge_kernel_size(self) -> tuple[int, int]:
-        kernels = {
-            tuple(self.config(s).vision_config.merge_kernel_size) for s in self.sizes
-        }
-        if len(kernels) != 1:
-            raise RuntimeError(f"sizes disagree on merge_kernel_size: {kernels}")
-        return kernels.pop()
 
     def _max_side(self, size: Size, kernel: int) -> int:
         """The largest legal side (patches): a multiple of ``kernel``."""
