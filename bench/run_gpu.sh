@@ -20,7 +20,7 @@
 #                     interleaved rounds, plans with predicted and measured ms, the
 #                     tuner's prediction, issue #6 workloads with cost-aware execution;
 #                     24 batches per model, more while the model's share of 300 s
-#                     lasts, then a short schedule (3 rounds); 4-6 rounds a batch in
+#                     lasts, then a short schedule (3 rounds); 6-8 rounds a batch in
 #                     a shuffled order; run A, 2026-12-01: 254 s with 240 s and 3-5
 #                     rounds; est. ~330 s now);
 #                     traffic.json, traffic.png (markdown from the JSON:

@@ -46,7 +46,7 @@ from __future__ import annotations
 import itertools
 import math
 from bisect import bisect_left
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 from encoder_cudagraph_runtime.packing import pack_items
@@ -72,16 +72,24 @@ __all__ = [
 @dataclass(frozen=True)
 class EagerCost:
     """Milliseconds of one ``encoder_eager_forward`` call (with its item
-    selection and postprocess) on ``n`` items of ``rows_i`` rows: the larger
-    of the host's launch time and the device's work,
-
-    ``max(host_fixed + host_per_item·n,
-    fixed + per_item·n + per_row·Σ rows_i + per_row_sq·Σ rows_i²)``.
+    selection and postprocess) on ``n`` items of ``rows_i`` rows.
 
     An eager forward launches hundreds of small kernels: for small items the
     host's launches are the bottleneck and the time hardly depends on rows;
     for large ones the device is. A sum of both terms would price small
     items at the device's few milliseconds instead of the launches' tens.
+    Two forms take the larger of the two:
+
+    * **batched** (``serial`` false), one forward over every item: the
+      larger of the two sums, ``max(host_fixed + host_per_item·n, fixed +
+      per_item·n + per_row·Σ rows_i + per_row_sq·Σ rows_i²)``;
+    * **serial**, a forward per item whose host waits for the device within
+      each item (DeepSeek-V4.1's tower): each item is bound on its own,
+      ``fixed + Σ_i max(host_per_item, per_item + per_row·rows_i +
+      per_row_sq·rows_i²)`` (``host_fixed`` unused). A small item after a
+      large one then costs its launches, not the few device milliseconds
+      the batched form would add: measured on the H200, a 1,566-patch image
+      beside an 8,748-patch one added 20-30 ms, the batched fit 8.
     """
 
     fixed_ms: float = 0.0
@@ -90,6 +98,7 @@ class EagerCost:
     per_row_sq_ms: float = 0.0
     host_fixed_ms: float = 0.0
     host_per_item_ms: float = 0.0
+    serial: bool = False
 
     def device_ms(self, items: int, rows: int, rows_sq: int) -> float:
         return (
@@ -102,16 +111,29 @@ class EagerCost:
     def host_ms(self, items: int) -> float:
         return self.host_fixed_ms + self.host_per_item_ms * items
 
-    def predict_totals(self, items: int, rows: int, rows_sq: int) -> float:
-        """One call on ``items`` items of ``rows`` rows in all and ``rows_sq``
-        summed squares (0 for no items)."""
-        if items == 0:
-            return 0.0
-        return max(self.host_ms(items), self.device_ms(items, rows, rows_sq))
+    def item_ms(self, rows: int) -> float:
+        """One item's share of a serial call (without the call's ``fixed``)."""
+        device = self.per_item_ms + self.per_row_ms * rows + self.per_row_sq_ms * rows * rows
+        return max(self.host_per_item_ms, device)
+
+    def suffix_ms(self, sizes: Sequence[int]) -> list[float]:
+        """``[predict(sizes[start:]) for start in 0 .. n]``, in one pass."""
+        out = [0.0] * (len(sizes) + 1)
+        items = rows = rows_sq = 0
+        serial = 0.0
+        for start in range(len(sizes) - 1, -1, -1):
+            size = sizes[start]
+            if self.serial:
+                serial += self.item_ms(size)
+                out[start] = self.fixed_ms + serial
+                continue
+            items, rows, rows_sq = items + 1, rows + size, rows_sq + size * size
+            out[start] = max(self.host_ms(items), self.device_ms(items, rows, rows_sq))
+        return out
 
     def predict(self, rows: Sequence[int]) -> float:
-        """One call on items of ``rows``."""
-        return self.predict_totals(len(rows), sum(rows), sum(r * r for r in rows))
+        """One call on items of ``rows`` (0 for no items)."""
+        return self.suffix_ms(rows)[0]
 
 
 @dataclass(frozen=True)
@@ -304,12 +326,9 @@ def _cheapest_units(
             if ms < best[end]:
                 best[end], back[end] = ms, (start, budget)
     split, split_ms = 0, inf
-    tail = tail_sq = 0
-    for start in range(n, -1, -1):
-        if start < n:
-            tail += sizes[start]
-            tail_sq += sizes[start] * sizes[start]
-        ms = best[start] + cost.eager.predict_totals(n - start, tail, tail_sq)
+    tails = cost.eager.suffix_ms(sizes)
+    for start in range(n, -1, -1):  # on a tie, more items in graphs
+        ms = best[start] + tails[start]
         if ms < split_ms:
             split, split_ms = start, ms
     units = []
@@ -433,12 +452,17 @@ def fit_eager_cost(
     the summed squared *relative* error, then refitted without the samples
     more than ``slow_trim`` slower than the fit (``None``: keep all).
 
-    The samples, in ascending rows, are split into a host-bound head and a
-    device-bound tail at every point; each part gets its non-negative least
-    squares, each sample then goes to the term that predicts it higher and
-    both are refitted until that settles. The split with the smallest error
-    wins. Relative errors, because the decisions compare plans of the same
-    batch, and a 20 ms batch matters as much as a 600 ms one.
+    Both forms are fitted and the one with the smaller error on the samples
+    both kept wins (the batched one on a tie): which one a tower follows
+    shows in the samples of several items, so the calibration must have
+    some. Batched form: the samples, in ascending rows, are split into a
+    host-bound head and a device-bound tail at every point; each part gets
+    its non-negative least squares, each sample then goes to the term that
+    predicts it higher and both are refitted until that settles. Serial
+    form: every item size splits the items into host-bound (smaller) and
+    device-bound ones. The split with the smallest error wins. Relative
+    errors, because the decisions compare plans of the same batch, and a
+    20 ms batch matters as much as a 600 ms one.
 
     The trimming is for hosts whose launch speed comes in modes (on a
     shared or virtualised host the same eager call can take 20 ms for a
@@ -448,15 +472,55 @@ def fit_eager_cost(
     """
     if not samples:
         raise ValueError("no eager samples to fit")
+    fits = [
+        _trimmed_fit(samples, fit, slow_trim)
+        for fit in (_fit_eager_splits, _fit_serial_splits)
+    ]
+    both = [s for s in fits[0][1] if s in fits[1][1]] or list(samples)
+    errors = [
+        _relative_sse([cost.predict(s.rows) for s in both], both) for cost, _ in fits
+    ]
+    return fits[1][0] if errors[1] < errors[0] * (1 - 1e-9) else fits[0][0]
+
+
+def _trimmed_fit(
+    samples: Sequence[EagerSample],
+    fit: Callable[[Sequence[EagerSample]], EagerCost],
+    slow_trim: float | None,
+) -> tuple[EagerCost, list[EagerSample]]:
+    """``fit`` refitted without the slow samples (see
+    :func:`fit_eager_cost`), with the samples it kept."""
     kept = list(samples)
-    cost = _fit_eager_splits(kept)
+    cost = fit(kept)
     while slow_trim is not None:
         fast = [s for s in kept if s.ms <= cost.predict(s.rows) * (1 + slow_trim)]
         if len(fast) == len(kept) or 2 * len(fast) < len(samples):
             break
         kept = fast
-        cost = _fit_eager_splits(kept)
-    return cost
+        cost = fit(kept)
+    return cost, kept
+
+
+def _fit_serial_splits(samples: Sequence[EagerSample]) -> EagerCost:
+    """The best host/device split of the serial form: items smaller than a
+    threshold are host-bound (``host_per_item`` each), the others pay the
+    device terms; every item size (and none) is tried."""
+    best: EagerCost | None = None
+    best_error = math.inf
+    for threshold in sorted({r for s in samples for r in s.rows}) + [math.inf]:
+        features = []
+        for s in samples:
+            device = [r for r in s.rows if r >= threshold]
+            features.append(
+                [1.0, float(len(s.rows) - len(device))] + _eager_features(device)[1:]
+            )
+        c = _fit_relative(features, samples)
+        cost = EagerCost(c[0], c[2], c[3], c[4], 0.0, c[1], serial=True)
+        error = _relative_sse([cost.predict(s.rows) for s in samples], samples)
+        if error < best_error * (1 - 1e-9):
+            best, best_error = cost, error
+    assert best is not None
+    return best
 
 
 def _fit_eager_splits(samples: Sequence[EagerSample]) -> EagerCost:

@@ -17,6 +17,7 @@ import math
 import random
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from fractions import Fraction
 
 from generator.formulas import (
     BinOp,
@@ -341,6 +342,7 @@ def _budget_problems(
     OutOfRange)."""
     longest = LongestItems(ir, env)
     padded = padded_tensors(ir)
+    slope = graph_row_slope(ir, env) if ir.capture.graph_rows is not None else None
     for mbs in SAMPLE_BATCH_SIZES:
         for budget in SAMPLE_BUDGETS:
             if mbs > budget:
@@ -424,6 +426,20 @@ def _budget_problems(
                         f"{mbs}): its builder values would not fit the buffers",
                     )
                 graph_capacity = max(graph_capacity, declared)
+                most = (
+                    batch_graph_rows(slope, budget, mbs) if slope is not None else budget
+                )
+                if graph_capacity < most and field not in reported:
+                    reported.add(field)
+                    yield (
+                        field,
+                        f"is {declared} but a batch of {mbs} item(s) within budget "
+                        f"{budget} can have {most} graph rows (sampled items have up "
+                        f"to {float(slope or 1):.3g} graph rows per budget token, plus "
+                        "one each): it would overflow the buffers",
+                    )
+                    # capture.dummy would report the same shortfall.
+                    reported.add("capture.dummy")
                 for buf in ir.buffers:
                     if not buf.allocate or not buf.shape:
                         continue
@@ -443,7 +459,12 @@ def _budget_problems(
             # The dummy batch must hold every batch whose budget tokens fit:
             # its graph rows and its budget tokens both reach the budget (or,
             # for items of a fixed token count, the most max_batch_size of
-            # them can have).
+            # them can have). A declared capacity holds the budget's batches
+            # when it reaches the most graph rows they can have
+            # (batch_graph_rows, checked above), which may be fewer than the
+            # budget.
+            if ir.capture.graph_rows is not None:
+                graph_capacity = max(graph_capacity, budget)
             covered = min(graph_capacity, mbs * values["budget_tokens"])
             # Padded buffers are checked by what a key's graph takes
             # (padded_problems), not by the dummy batch's items.
@@ -681,16 +702,14 @@ class LongestItems:
         return self._rows[i - 1] if i else 0
 
 
-def item_bound_problems(
+def _sampled_item_rows(
     ir: Arithmetic, env: Mapping[str, int]
-) -> Iterator[tuple[str, str]]:
-    """With a declared graph-row capacity of at least the budget, a batch
-    whose budget tokens fit has no more graph rows than that only if no item
-    has more graph rows than budget tokens: checked on sampled dims.
-
-    Every dim the two formulas read is sampled on its own, so write both
-    formulas over the same dims where grids depend on each other
-    (DeepSeek-V4.1: ``h``, ``w`` rather than the derived ``lh``, ``lw``)."""
+) -> Iterator[tuple[str, int, int]]:
+    """``(item, graph rows, budget tokens)`` of sampled items (``item``
+    names the dims). Every dim the two formulas read is sampled on its own,
+    so write both formulas over the same dims where grids depend on each
+    other (DeepSeek-V4.1: ``h``, ``w`` rather than the derived ``lh``,
+    ``lw``)."""
     items = ir.items
     graph_rows = items.graph_rows or items.output_tokens
     budget_tokens = items.budget_tokens or items.output_tokens
@@ -708,8 +727,40 @@ def item_bound_problems(
             tokens = value_at(tokens_field, budget_tokens, scope)
         except (EvaluationError, ArithmeticError):
             continue
+        yield ", ".join(f"{d}={v}" for d, v in zip(dims, combo, strict=True)), rows, tokens
+
+
+def graph_row_slope(ir: Arithmetic, env: Mapping[str, int]) -> Fraction | None:
+    """The largest ``(graph rows - 1) / budget tokens`` of the sampled items
+    (``None`` without items to sample): every item has at most ``slope ·
+    tokens + 1`` graph rows, so a batch of ``n`` items within a budget ``B``
+    has at most ``slope · B + n`` (:func:`batch_graph_rows`)."""
+    if not ir.items_resolved or ir.items.budget_tokens is None:
+        return None
+    slopes = [
+        Fraction(rows - 1, tokens)
+        for _, rows, tokens in _sampled_item_rows(ir, env)
+        if tokens > 0
+    ]
+    return max(slopes, default=None)
+
+
+def batch_graph_rows(slope: Fraction, budget: int, mbs: int) -> int:
+    """The most graph rows a batch of at most ``mbs`` items within ``budget``
+    budget tokens has, given :func:`graph_row_slope` and no item with more
+    graph rows than budget tokens (:func:`item_bound_problems`)."""
+    return min(budget, math.floor(slope * budget) + mbs)
+
+
+def item_bound_problems(
+    ir: Arithmetic, env: Mapping[str, int]
+) -> Iterator[tuple[str, str]]:
+    """With a declared graph-row capacity, a batch whose budget tokens fit
+    has no more graph rows than the budget only if no item has more graph
+    rows than budget tokens: checked on sampled dims
+    (:func:`_sampled_item_rows`)."""
+    for item, rows, tokens in _sampled_item_rows(ir, env):
         if rows > tokens:
-            item = ", ".join(f"{d}={v}" for d, v in zip(dims, combo, strict=True))
             yield (
                 "capture.graph_rows",
                 f"an item ({item}) has {rows} graph rows but {tokens} budget "

@@ -3,8 +3,8 @@
 # From specs/ernie45_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/ernie45_vl.yaml`.
 # spec-sha256: 44a19487b2f61417079df3347e463bfafc30019f50c2056291e8a1b652284f7c
-# templates-sha256: 5d60f62a45738b26e13055260d8c19a8e26fea4ba25fbbc286b8df445fe726cf
-# output-sha256: 47bd9e07f90ddfd8b5c07b12223d354a2f62d7cf9c4075422794d42f4f17cf7f
+# templates-sha256: f9f4b2cfb81c5c2df01f9073ece90a20e9c98463e390b87ba3f7591cdf304d6b
+# output-sha256: 860ff5b2ec50485d9fe6aa44cbf3d593f4170fe382b932968b5d896329e23ba5
 
 import itertools
 from collections.abc import Hashable

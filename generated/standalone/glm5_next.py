@@ -3,8 +3,8 @@
 # From specs/glm5_next.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm5_next.yaml`.
 # spec-sha256: c3575549c4ed50dd76892d25b692f5f5f648d2f13a2ea29bebd572d144fcdb24
-# templates-sha256: 5d60f62a45738b26e13055260d8c19a8e26fea4ba25fbbc286b8df445fe726cf
-# output-sha256: 1aed70f1890849e060b3dca1d5934a9507093323a7e2be8b27d610220e54268d
+# templates-sha256: f9f4b2cfb81c5c2df01f9073ece90a20e9c98463e390b87ba3f7591cdf304d6b
+# output-sha256: a31fa0d1a4cb674dbc25b4bb5706f6a789961c7ffe4e35958ae8ba5ea346668d
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/kimi_k25.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k25.yaml`.
 # spec-sha256: 593beb16e06a103837efc5aa14a6c25d495096029ae4609647637b59aaa4b37c
-# templates-sha256: 5d60f62a45738b26e13055260d8c19a8e26fea4ba25fbbc286b8df445fe726cf
-# output-sha256: 7931d242422d9688f9b57221449a4196b6b625caf478c06b4bc317b044304fe8
+# templates-sha256: f9f4b2cfb81c5c2df01f9073ece90a20e9c98463e390b87ba3f7591cdf304d6b
+# output-sha256: b09f0f356a480a9845c3447f77349bd0c5b92189c475dd21cc24cfdfc7201303
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/kimi_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_vl.yaml`.
 # spec-sha256: dec5f629ea45e6747065da9f1de34c016f7c11dcc328326c287b6a82ba94d373
-# templates-sha256: 5d60f62a45738b26e13055260d8c19a8e26fea4ba25fbbc286b8df445fe726cf
-# output-sha256: d45baaeb4d4cf360540e6ca69bd9dc7f3b2ed0e9497b617e509af72341ce9868
+# templates-sha256: f9f4b2cfb81c5c2df01f9073ece90a20e9c98463e390b87ba3f7591cdf304d6b
+# output-sha256: 90a55dec031434da110c7917c2de90229eee76be2ec349e8fbb9bd26ebc1f129
 
 import itertools
 from collections.abc import Hashable

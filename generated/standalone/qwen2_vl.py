@@ -3,8 +3,8 @@
 # From specs/qwen2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_vl.yaml`.
 # spec-sha256: 1215cbd2187709b1e172830108e4b18a70b517f0386b5aaf848e6c0d07d27655
-# templates-sha256: 5d60f62a45738b26e13055260d8c19a8e26fea4ba25fbbc286b8df445fe726cf
-# output-sha256: 83f27ea987d811ee07c9663c74adfb79309be9758f78b13a1a13f9ae115d0873
+# templates-sha256: f9f4b2cfb81c5c2df01f9073ece90a20e9c98463e390b87ba3f7591cdf304d6b
+# output-sha256: 29990ac4df5602c04fd9caa5e146a1eb510e3344877a1923efef9bced32bfadc
 
 import itertools
 from collections.abc import Hashable

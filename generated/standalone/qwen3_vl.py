@@ -3,8 +3,8 @@
 # From specs/qwen3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen3_vl.yaml`.
 # spec-sha256: 28992035a32ca0711943f61e569736ce2ca71587c2e480781972b42541c1b620
-# templates-sha256: 5d60f62a45738b26e13055260d8c19a8e26fea4ba25fbbc286b8df445fe726cf
-# output-sha256: 9f0d20284b9fad7ffcf622cab0d48aff4be5de4f52aa0313f65187692a3852ee
+# templates-sha256: f9f4b2cfb81c5c2df01f9073ece90a20e9c98463e390b87ba3f7591cdf304d6b
+# output-sha256: 43a500f83bc47230b859a21c8eeb293d9fd73c7b44c3fd55f5dfae598290038f
 
 import itertools
 from collections.abc import Hashable

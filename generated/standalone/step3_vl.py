@@ -3,8 +3,8 @@
 # From specs/step3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
-# templates-sha256: 5d60f62a45738b26e13055260d8c19a8e26fea4ba25fbbc286b8df445fe726cf
-# output-sha256: d397f977d56045051eb607ddd9d9f790d24c419107de5c2041acf3f06e4feb0d
+# templates-sha256: f9f4b2cfb81c5c2df01f9073ece90a20e9c98463e390b87ba3f7591cdf304d6b
+# output-sha256: 53d04eaf1a7d7dbd26f199183c581cf407a8d1f6b7d2903cf38deaef9a1ffc77
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/ernie45_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/ernie45_vl.yaml`.
 # spec-sha256: 44a19487b2f61417079df3347e463bfafc30019f50c2056291e8a1b652284f7c
-# templates-sha256: 5d60f62a45738b26e13055260d8c19a8e26fea4ba25fbbc286b8df445fe726cf
-# output-sha256: 40fa7db723fb5b94ed3dc59ceb9e42c9828a390ea20c7f2738ba34a7b9410914
+# templates-sha256: f9f4b2cfb81c5c2df01f9073ece90a20e9c98463e390b87ba3f7591cdf304d6b
+# output-sha256: 6e064992c1cfd8a0c38a97cbd68fa9c4f29044d09cc15fef65703d02664f2888
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/gemma4_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma4_mm.yaml`.
 # spec-sha256: 148b1e0d274e84158f902fd11628140ec5226f1b1ab73e2346d9b6fbfd1545e4
-# templates-sha256: 5d60f62a45738b26e13055260d8c19a8e26fea4ba25fbbc286b8df445fe726cf
-# output-sha256: 25bed514e29952f11b8632f6a39670578cc49c40f632bce85b1e3a957f47e91a
+# templates-sha256: f9f4b2cfb81c5c2df01f9073ece90a20e9c98463e390b87ba3f7591cdf304d6b
+# output-sha256: c21907b890642468267116a040ab3913b0091bd706936569fe67894c8f95ed2c
 
 import itertools
 from collections.abc import Hashable

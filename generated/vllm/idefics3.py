@@ -3,8 +3,8 @@
 # From specs/idefics3.yaml: change the spec or the templates and run
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 8b488cb972956d4df57232df809f3b4c048f68b21019dab78906516f52b22e02
-# templates-sha256: 5d60f62a45738b26e13055260d8c19a8e26fea4ba25fbbc286b8df445fe726cf
-# output-sha256: 0c28995faff618b7848a78045d73e0ef26995bc33d7bf1f5dfc7f7521fad5b91
+# templates-sha256: f9f4b2cfb81c5c2df01f9073ece90a20e9c98463e390b87ba3f7591cdf304d6b
+# output-sha256: 88599b6c8273d30998b89ab25cecf779227b74c620a44fe4b00afd99f48124b1
 
 import itertools
 from collections.abc import Hashable

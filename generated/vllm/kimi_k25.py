@@ -3,8 +3,8 @@
 # From specs/kimi_k25.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k25.yaml`.
 # spec-sha256: 593beb16e06a103837efc5aa14a6c25d495096029ae4609647637b59aaa4b37c
-# templates-sha256: 5d60f62a45738b26e13055260d8c19a8e26fea4ba25fbbc286b8df445fe726cf
-# output-sha256: 3ed2fc76345345d31e1e1518d72431298a4b224e199fd14063c869762d3043be
+# templates-sha256: f9f4b2cfb81c5c2df01f9073ece90a20e9c98463e390b87ba3f7591cdf304d6b
+# output-sha256: f9dc95fe5aaeed020ef92d665fb642e2df06cd33feb332dc586146baa01e8e97
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/minicpmv.yaml: change the spec or the templates and run
 # `gen-mixin specs/minicpmv.yaml`.
 # spec-sha256: d4a580fe01bc55f4be098f399ee38128cd927c0b2f6e20aecf28c2d3e8bd3368
-# templates-sha256: 5d60f62a45738b26e13055260d8c19a8e26fea4ba25fbbc286b8df445fe726cf
-# output-sha256: 0f2496c9cdabbc2d35e5ce6da0d5c6e3de6970f1d4f96a36ad6b6e4d5b733864
+# templates-sha256: f9f4b2cfb81c5c2df01f9073ece90a20e9c98463e390b87ba3f7591cdf304d6b
+# output-sha256: 81614b76577831aa7d01a5df742651e1cd18f42b3ad4c0ab5c4f51b825eeb183
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/qwen2_5_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_vl.yaml`.
 # spec-sha256: 96480d9c7c7c980974bbfd1e9ab20c6575a966715da8e48283b6883b95e654af
-# templates-sha256: 5d60f62a45738b26e13055260d8c19a8e26fea4ba25fbbc286b8df445fe726cf
-# output-sha256: 7b6d8d2663507af5a610a6f104069791ef6ac6d6ddc5ee34e38b6dac69cc9e01
+# templates-sha256: f9f4b2cfb81c5c2df01f9073ece90a20e9c98463e390b87ba3f7591cdf304d6b
+# output-sha256: a71f3755d0ea4c4a063defeb33eaa759092759d9e9a5bccba0844d4cedf51fc9
 
 import itertools
 from collections.abc import Hashable

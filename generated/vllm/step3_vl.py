@@ -3,8 +3,8 @@
 # From specs/step3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
-# templates-sha256: 5d60f62a45738b26e13055260d8c19a8e26fea4ba25fbbc286b8df445fe726cf
-# output-sha256: d939321328bf1b77a0142bb17f19ee16e7cbf0b9bd3e5b1919837f0c961cf28b
+# templates-sha256: f9f4b2cfb81c5c2df01f9073ece90a20e9c98463e390b87ba3f7591cdf304d6b
+# output-sha256: e4828bd8c6669045a632b98e20beed7ec72a58ff38e5a945a2eb08fd81469b40
 
 import itertools
 from collections.abc import Hashable

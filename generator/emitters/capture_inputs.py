@@ -303,6 +303,7 @@ def _path_body(spec: MixinSpec, path: EncoderPath) -> dict[str, Any]:
         "graph_rows": (
             body.expr(capture.graph_rows) if capture.graph_rows is not None else None
         ),
+        "graph_rows_why": comment_lines(capture.graph_rows_why),
         "entries": entries,
         "optional": comment_lines(optional_note(path)),
     }

@@ -300,6 +300,8 @@ class Capture:
     #: Host tensors the graphs read that the host may replace later; the
     #: capture holds a reference to each (``capture.keep_alive``).
     keep_alive: tuple[HostPath, ...] = ()
+    #: ``capture.graph_rows_why``: why no batch has more graph rows.
+    graph_rows_why: str | None = None
 
     KEYS: ClassVar = Keys(
         Key(
@@ -374,8 +376,20 @@ class Capture:
             Formula("graph_rows"),
             "The graph rows the captured batch has room for, when more than the "
             "dummy batch emits. Needs `items.budget_tokens` and at least one "
-            "`allocate` buffer. DeepSeek-V4.1: `token_budget`.",
-            example="token_budget",
+            "`allocate` buffer. It must reach the most graph rows a batch "
+            "within the budget has: at most `slope · token_budget + "
+            "max_batch_size`, where `slope` is the largest `(graph rows − 1) / "
+            "budget tokens` of the sampled items (each item also has no more "
+            "graph rows than budget tokens). DeepSeek-V4.1, whose images have "
+            "at most `ceil(h*w / r)` aligner rows: `ceil_div(token_budget, r) + "
+            "max_batch_size`.",
+            example="ceil_div(token_budget, r) + max_batch_size",
+        ),
+        Key(
+            "graph_rows_why",
+            Text(),
+            "Comment on `graph_rows`: why no batch within the budget has more "
+            "graph rows (the generator checks the bound on sampled items).",
         ),
         Key(
             "keep_alive",
@@ -400,9 +414,11 @@ class Capture:
     def from_yaml(cls, r: Reader, items_inputs, flats, **_: Any) -> Capture | None:
         units = r.take("units")
         if r.has("units"):
-            for key in ("dummy", "per_item_tokens", "graph_rows"):
+            for key in ("dummy", "per_item_tokens", "graph_rows", "graph_rows_why"):
                 if r.has(key):
                     r.refuse(key, _NOT_WITH_UNITS[key])
+        elif r.has("graph_rows_why") and not r.has("graph_rows"):
+            r.refuse("graph_rows_why", "comments capture.graph_rows, which is not given")
         r.ctx.unbound = dict(
             UNIT_CAPTURE_UNBOUND if r.has("units") else ITEM_CAPTURE_UNBOUND
         )
@@ -425,6 +441,7 @@ class Capture:
             dummy = _dummy(r, items_inputs)
         tensors = r.take("tensors", flats=flats)
         graph_rows = r.take("graph_rows")
+        graph_rows_why = r.take("graph_rows_why")
         keep_alive = tuple(p for p in r.take("keep_alive") or () if p is not INVALID)
         why = r.take("why")
         if dummy is None or tensors is None or (r.has("units") and units is None):
@@ -447,6 +464,7 @@ class Capture:
             asserts,
             unit_dummy,
             keep_alive,
+            graph_rows_why,
         )
 
 
@@ -458,6 +476,8 @@ _NOT_WITH_UNITS = {
     "does not have",
     "graph_rows": "a graph-row capacity beyond a dummy batch's; a unit capture "
     "has no dummy batch",
+    "graph_rows_why": "comments a graph-row capacity, which a unit capture does "
+    "not have",
 }
 #: Built-in names a path does not bind, by capture kind, and why.
 UNIT_CAPTURE_UNBOUND = {

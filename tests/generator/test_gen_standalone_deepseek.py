@@ -10,8 +10,9 @@ compared with the seed method transcribed as an oracle.
 Deliberate differences from the seed, checked as such: item specs carry
 ``path_output_tokens`` (the ViT patches budgets count), so the capture dummy
 is ``max_batch_size`` grids of ``1 x k`` patches and the aligner buffers are
-allocated for ``token_budget`` rows (a batch within the budget has at most
-one aligner row per patch); ``max_seqlen`` is
+allocated for ``ceil(token_budget / r) + max_batch_size`` rows (the most
+aligner rows a batch within the budget has: an image has at most
+``ceil(h*w / r)``); ``max_seqlen`` is
 left out of the replay values; the ``cu_seqlens`` registry is per instance,
 drops freed buffers and checks buffer identity; a batch without a spare
 ``cu_seqlens`` slot raises; a missing ``batch_mm_kwargs`` raises ValueError.
@@ -334,7 +335,8 @@ CAPTURE_CASES = [(64, 1), (64, 64), (100, 7), (257, 8), (1000, 3), (65, 64)]
 def test_capture_inputs(module, backends, env, budget, mbs, dtype) -> None:
     """Not the seed's dummy (r x r*k grids, budgets in aligner rows): budgets
     count patches, so the dummy is 1 x k patches per item and the aligner
-    buffers hold token_budget rows, the builder's dummy rows first."""
+    buffers hold ceil(token_budget / r) + max_batch_size rows, the builder's
+    dummy rows first."""
     host = make_host(module, backends)
     device = torch.device("cpu")
     got = host.prepare_encoder_cudagraph_capture_inputs(
@@ -366,15 +368,38 @@ def test_capture_inputs(module, backends, env, budget, mbs, dtype) -> None:
     )
     dummy_rows = mbs * -(-k // R)
     assert merge["merge_idx"].shape[0] == dummy_rows
-    assert got["merge_idx"].shape == (budget, R * R)
-    assert got["merge_mask"].shape == (budget, R * R, 1)
+    capacity = -(-budget // R) + mbs
+    assert got["merge_idx"].shape == (capacity, R * R)
+    assert got["merge_mask"].shape == (capacity, R * R, 1)
     assert got["merge_idx"].dtype == torch.int64 and got["merge_mask"].dtype == dtype
     assert torch.equal(got["merge_idx"][:dummy_rows], merge["merge_idx"])
     assert torch.equal(got["merge_mask"][:dummy_rows], merge["merge_mask"])
     assert not got["merge_idx"][dummy_rows:].any()
     assert not got["merge_mask"][dummy_rows:].any()
-    # Room for the worst batch within the budget: one aligner row per patch.
-    assert got["merge_idx"].shape[0] >= budget >= dummy_rows
+    # Room for the worst batch within the budget, found by brute force (the
+    # dummy, rounded up to whole items, may have more patches than it).
+    assert capacity >= max(most_aligner_rows(budget, mbs), dummy_rows)
+
+
+def most_aligner_rows(budget: int, mbs: int) -> int:
+    """The most aligner rows of at most ``mbs`` images of ``h x w`` patches,
+    ``h * w`` summed within ``budget``: a knapsack over every grid."""
+    gain = [0] * (budget + 1)  # best rows of one image of at most p patches
+    for h in range(1, budget + 1):
+        for w in range(1, budget // h + 1):
+            rows = -(-h // R) * -(-w // R)
+            gain[h * w] = max(gain[h * w], rows)
+    for p in range(1, budget + 1):
+        gain[p] = max(gain[p], gain[p - 1])
+    best = [0] * (budget + 1)  # with the images so far
+    for _ in range(mbs):
+        best = [
+            max(best[p], max(best[p - q] + gain[q] for q in range(1, p + 1)))
+            if p
+            else 0
+            for p in range(budget + 1)
+        ]
+    return best[budget]
 
 
 # -- replay copies (padding logics) -----------------------------------------------------------

@@ -240,6 +240,12 @@ EAGER_BATCHES = [
 ]
 
 
+# A tower that encodes item by item, its host waiting for the device within
+# each item (DeepSeek-V4.1's): 22 ms of launches per item, 6 ms + 6.5e-7 per
+# squared patch on the device, 2 ms per call.
+SERIAL = EagerCost(2.0, 6.0, 0.0, 6.5e-7, host_per_item_ms=22.0, serial=True)
+
+
 class TestFits:
     @pytest.mark.parametrize(
         "truth",
@@ -247,14 +253,44 @@ class TestFits:
             HOST_FLOOR,
             EagerCost(12.0, 0.3, 0.004, 1e-6),  # no host floor
             EagerCost(host_fixed_ms=30.0),  # host-bound everywhere
+            SERIAL,
         ],
     )
     def test_eager_recovers_its_predictions(self, truth: EagerCost) -> None:
-        samples = [EagerSample(b, truth.predict(b)) for b in EAGER_BATCHES]
+        # Device-bound sizes enough to tell the device terms apart.
+        batches = EAGER_BATCHES + [(3000,), (4500,), (8748,), (8748, 540)]
+        samples = [EagerSample(b, truth.predict(b)) for b in batches]
         fitted = fit_eager_cost(samples)
         for batch in [(80,), (1000, 1000), (64,) * 16, (3000, 5000)]:
             assert fitted.predict(batch) == pytest.approx(
                 truth.predict(batch), rel=1e-6
+            )
+
+    @pytest.mark.parametrize(
+        ("truth", "serial"), [(SERIAL, True), (HOST_FLOOR, False)]
+    )
+    def test_eager_form_follows_the_samples(
+        self, truth: EagerCost, serial: bool
+    ) -> None:
+        """The form is the one the samples of several items show."""
+        samples = [EagerSample(b, truth.predict(b)) for b in EAGER_BATCHES]
+        assert fit_eager_cost(samples).serial is serial
+
+    def test_serial_form_prices_a_small_item_beside_a_large_one(self) -> None:
+        """Per item, a small image after a large one costs its launches
+        (22 ms), where one batched forward's sums would add its device
+        milliseconds only."""
+        large, small = SERIAL.predict((8748,)), SERIAL.predict((540,))
+        assert SERIAL.predict((8748, 540)) == pytest.approx(large + small - 2.0)
+        assert small == pytest.approx(24.0)
+        batched = dataclasses.replace(SERIAL, serial=False)
+        assert batched.predict((8748, 540)) < large + 7.0
+
+    def test_suffix_costs_are_the_suffixes_predictions(self) -> None:
+        sizes = [64, 540, 540, 2304, 6000]
+        for cost in (SERIAL, HOST_FLOOR):
+            assert cost.suffix_ms(sizes) == pytest.approx(
+                [cost.predict(sizes[i:]) for i in range(len(sizes) + 1)]
             )
 
     def test_eager_sum_misprices_small_items(self) -> None:

@@ -91,11 +91,7 @@ case(
 case(
     "yaml_duplicate_buffer",
     "deepseek_v41",
-    (
-        "  merge_mask: {shape: [token_budget, r * r, 1], dtype: dtype, allocate: true}\n",
-        "  merge_mask: {shape: [token_budget, r * r, 1], dtype: dtype, allocate: true}\n"
-        "  vit_cos: {}\n",
-    ),
+    ("  merge_mask: {", "  vit_cos: {}\n  merge_mask: {"),
 )
 case(
     "yaml_anchor_alias",
@@ -568,9 +564,26 @@ case(
 )
 # Declared graph-row capacity (DeepSeek-V4.1: budgets count patches).
 case(
-    "graph_rows_below_budget",
+    "graph_rows_below_dummy",
     "deepseek_v41",
-    ("  graph_rows: token_budget\n", "  graph_rows: token_budget // 2\n"),
+    (
+        "  graph_rows: ceil_div(token_budget, r) + max_batch_size\n",
+        "  graph_rows: ceil_div(token_budget, r * r) + max_batch_size\n",
+    ),
+)
+# Enough for the dummy's strips, not for two images of one row each.
+case(
+    "graph_rows_below_batch_rows",
+    "deepseek_v41",
+    (
+        "  graph_rows: ceil_div(token_budget, r) + max_batch_size\n",
+        "  graph_rows: ceil_div(token_budget, r)\n",
+    ),
+)
+case(
+    "graph_rows_why_without_graph_rows",
+    "deepseek_v41",
+    ("  graph_rows: ceil_div(token_budget, r) + max_batch_size\n", ""),
 )
 case(
     "graph_rows_without_budget_tokens",
@@ -582,20 +595,26 @@ case(
     "deepseek_v41",
     ("    allocate: true\n", ""),
     (
-        "  merge_mask: {shape: [token_budget, r * r, 1], dtype: dtype, allocate: true}",
-        "  merge_mask: {shape: [token_budget, r * r, 1], dtype: dtype}",
+        '  merge_mask: {shape: ["ceil_div(token_budget, r) + max_batch_size", r * r, 1], '
+        "dtype: dtype, allocate: true}",
+        '  merge_mask: {shape: ["ceil_div(token_budget, r) + max_batch_size", r * r, 1], '
+        "dtype: dtype}",
     ),
 )
 case(
     "allocated_buffer_too_small",
     "deepseek_v41",
-    ("    shape: [token_budget, r * r]\n", "    shape: [max_batch_size, r * r]\n"),
+    (
+        '    shape: ["ceil_div(token_budget, r) + max_batch_size", r * r]\n',
+        '    shape: ["ceil_div(token_budget, r * r) + max_batch_size", r * r]\n',
+    ),
 )
 case(
     "allocated_buffer_without_shape",
     "deepseek_v41",
     (
-        "  merge_mask: {shape: [token_budget, r * r, 1], dtype: dtype, allocate: true}",
+        '  merge_mask: {shape: ["ceil_div(token_budget, r) + max_batch_size", r * r, 1], '
+        "dtype: dtype, allocate: true}",
         "  merge_mask: {dtype: dtype, allocate: true}",
     ),
 )

@@ -3,8 +3,8 @@
 # From specs/idefics3.yaml: change the spec or the templates and run
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 8b488cb972956d4df57232df809f3b4c048f68b21019dab78906516f52b22e02
-# templates-sha256: 5d60f62a45738b26e13055260d8c19a8e26fea4ba25fbbc286b8df445fe726cf
-# output-sha256: 3eac93e4980985ecd5e8c14a1fef501ef9b6d6c5bc23ae4ff8cfef43a253dbef
+# templates-sha256: f9f4b2cfb81c5c2df01f9073ece90a20e9c98463e390b87ba3f7591cdf304d6b
+# output-sha256: d9b1d802eca802b04f823a6054d0b461138a54bcbfa4f21434130a7f6f9ca444
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
-# templates-sha256: 5d60f62a45738b26e13055260d8c19a8e26fea4ba25fbbc286b8df445fe726cf
-# output-sha256: f35fa940f10094aefaa9c5e8895d14a0c09363c4117e0baeec0abf41c4aad995
+# templates-sha256: f9f4b2cfb81c5c2df01f9073ece90a20e9c98463e390b87ba3f7591cdf304d6b
+# output-sha256: 8a8e21b973f6fccf1514d0e2beabe46d17909cde8d3da5c9ff1c09ce1e92c3a0
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/cohere_compass.yaml: change the spec or the templates and run
 # `gen-mixin specs/cohere_compass.yaml`.
 # spec-sha256: d0b3571feeeed12e487ccaa7caa29d450a482d4ae7cfb2cb9c2e528321160bf0
-# templates-sha256: 5d60f62a45738b26e13055260d8c19a8e26fea4ba25fbbc286b8df445fe726cf
-# output-sha256: 29fd140e4f162fcc0b9f086a42c80c4a984acfc5f09cf1f12683a64a04e161ef
+# templates-sha256: f9f4b2cfb81c5c2df01f9073ece90a20e9c98463e390b87ba3f7591cdf304d6b
+# output-sha256: 992535e79d672cfd53bc612e6f99f4eed8a90a6657cb3bdc5df5514d1b7aa59e
 
 import itertools
 from collections.abc import Hashable

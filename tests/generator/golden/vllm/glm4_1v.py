@@ -3,8 +3,8 @@
 # From specs/glm4_1v.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm4_1v.yaml`.
 # spec-sha256: 8dbf4b67da8ee0c6b971a56e7a214b9a1b0132047a02b9a4eb35c668e955ad21
-# templates-sha256: 5d60f62a45738b26e13055260d8c19a8e26fea4ba25fbbc286b8df445fe726cf
-# output-sha256: 26e511d16035f74634b10c8f4bafe64ff0da46cf6e8d2aaf5acfe0bbac6c7b23
+# templates-sha256: f9f4b2cfb81c5c2df01f9073ece90a20e9c98463e390b87ba3f7591cdf304d6b
+# output-sha256: 62c2a5e60c5e8db1d22cb5bb405a05329457c1dd2eed6448462c85d3a198af27
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/glm5_next.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm5_next.yaml`.
 # spec-sha256: c3575549c4ed50dd76892d25b692f5f5f648d2f13a2ea29bebd572d144fcdb24
-# templates-sha256: 5d60f62a45738b26e13055260d8c19a8e26fea4ba25fbbc286b8df445fe726cf
-# output-sha256: 0626f9d7454d704d344bf3887456f472f920241b93e1a521ea44b25a63a70f7b
+# templates-sha256: f9f4b2cfb81c5c2df01f9073ece90a20e9c98463e390b87ba3f7591cdf304d6b
+# output-sha256: 0969e5a1b13934ce25fe912f5f2d1573e87c83b254ca4aab20b8b4ab44e047c7
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/kimi_k3.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k3.yaml`.
 # spec-sha256: 1913eb478f4bae1accc4351c633300f743a2b1c000a8337cc758991b7f9e5568
-# templates-sha256: 5d60f62a45738b26e13055260d8c19a8e26fea4ba25fbbc286b8df445fe726cf
-# output-sha256: 24761d3b70295b0e720dd2dbb0bfe5e97c22bc7ab7af17bec85903bfef80d549
+# templates-sha256: f9f4b2cfb81c5c2df01f9073ece90a20e9c98463e390b87ba3f7591cdf304d6b
+# output-sha256: 234c64b8e27efc4d88d22c6f7e3570932defd65fd935d61133b865c802b08395
 
 import itertools
 import math

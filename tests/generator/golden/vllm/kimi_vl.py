@@ -3,8 +3,8 @@
 # From specs/kimi_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_vl.yaml`.
 # spec-sha256: dec5f629ea45e6747065da9f1de34c016f7c11dcc328326c287b6a82ba94d373
-# templates-sha256: 5d60f62a45738b26e13055260d8c19a8e26fea4ba25fbbc286b8df445fe726cf
-# output-sha256: bbbd20a9324b2dda78097e50fd0d9b1c8f153592b8c0159383bea4604dcf4b82
+# templates-sha256: f9f4b2cfb81c5c2df01f9073ece90a20e9c98463e390b87ba3f7591cdf304d6b
+# output-sha256: a795c7fe11ad69e6517c4277b68f8d343a069a42b5e53619eea3eff34b87298f
 
 import itertools
 from collections.abc import Hashable

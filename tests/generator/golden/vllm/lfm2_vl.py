@@ -3,8 +3,8 @@
 # From specs/lfm2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/lfm2_vl.yaml`.
 # spec-sha256: 53ffcb080829243979571d9cfcffa8d459e19e51a7ca8ee40c70b1caa23721ca
-# templates-sha256: 5d60f62a45738b26e13055260d8c19a8e26fea4ba25fbbc286b8df445fe726cf
-# output-sha256: 329356635722ce8d7408eb91b527602534367ade45e5dbc4808094aac466471e
+# templates-sha256: f9f4b2cfb81c5c2df01f9073ece90a20e9c98463e390b87ba3f7591cdf304d6b
+# output-sha256: 91610468b2010deb19aaf6005b1b637d96c4991e24ddbd418e26f88191884e3f
 
 import itertools
 from collections.abc import Hashable

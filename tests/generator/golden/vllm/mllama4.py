@@ -3,8 +3,8 @@
 # From specs/mllama4.yaml: change the spec or the templates and run
 # `gen-mixin specs/mllama4.yaml`.
 # spec-sha256: 3a4c5d7bdb1ee216f77e7723529296ab4a8d77acd6df01a22770eb4a40007938
-# templates-sha256: 5d60f62a45738b26e13055260d8c19a8e26fea4ba25fbbc286b8df445fe726cf
-# output-sha256: 9582ba6414b70305a1ea428d39460c48fe47bf8ad51aed930f7d935ee4b4d257
+# templates-sha256: f9f4b2cfb81c5c2df01f9073ece90a20e9c98463e390b87ba3f7591cdf304d6b
+# output-sha256: 1abac643d954dde54b3d8ca3efdacb7d7f5ae33b5b84eb791c729d9fc93c5347
 
 import itertools
 from collections.abc import Hashable

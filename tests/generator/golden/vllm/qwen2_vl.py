@@ -3,8 +3,8 @@
 # From specs/qwen2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_vl.yaml`.
 # spec-sha256: 1215cbd2187709b1e172830108e4b18a70b517f0386b5aaf848e6c0d07d27655
-# templates-sha256: 5d60f62a45738b26e13055260d8c19a8e26fea4ba25fbbc286b8df445fe726cf
-# output-sha256: 1fb1838f68ee5a5a2a0ae4762fd4f973cde534a83777643ee3b5d2ce35b3be89
+# templates-sha256: f9f4b2cfb81c5c2df01f9073ece90a20e9c98463e390b87ba3f7591cdf304d6b
+# output-sha256: 1a8c930810c83f5a8b0f6f148c69413af6a0395c49853ac4f8695b1fa38a4740
 
 import itertools
 from collections.abc import Hashable

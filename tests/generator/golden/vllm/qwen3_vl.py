@@ -3,8 +3,8 @@
 # From specs/qwen3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen3_vl.yaml`.
 # spec-sha256: 28992035a32ca0711943f61e569736ce2ca71587c2e480781972b42541c1b620
-# templates-sha256: 5d60f62a45738b26e13055260d8c19a8e26fea4ba25fbbc286b8df445fe726cf
-# output-sha256: 5eb2340332a42287a37d55ee157ef2ed5af65868dfb3fc123691de34ee9f9234
+# templates-sha256: f9f4b2cfb81c5c2df01f9073ece90a20e9c98463e390b87ba3f7591cdf304d6b
+# output-sha256: fe6ab93209e8cb06583e6be327ef6df031668af75af6d172d0d02b2e6f9dc505
 
 import itertools
 from collections.abc import Hashable
