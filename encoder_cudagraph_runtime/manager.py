@@ -1100,6 +1100,7 @@ class EncoderCudaGraphManager:
             unit.item_rows,
             unit.tokens,
             {},
+            largest_first=True,
         )
         return EagerSample(unit.rows, self._time_ms(run, repeats))
 
@@ -1161,7 +1162,14 @@ class EncoderCudaGraphManager:
         for unit in plan.units:
             indices = list(unit.positions)
             if unit.budget is None:
-                self._run_eager_unit(mm_kwargs, indices, rows, tokens, results)
+                self._run_eager_unit(
+                    mm_kwargs,
+                    indices,
+                    rows,
+                    tokens,
+                    results,
+                    largest_first=self._cost_model.eager.serial,
+                )
             else:
                 self._run_graph_unit(
                     mm_kwargs, indices, unit.budget, unit.rows, tokens, results
@@ -1188,22 +1196,31 @@ class EncoderCudaGraphManager:
         item_rows: list[int],
         per_item_out_tokens: list[int],
         results: dict[int, torch.Tensor],
+        *,
+        largest_first: bool,
     ) -> None:
         """One unpadded ``encoder_eager_forward`` call on the items
         ``indices`` (``item_rows``: the rows of every item of ``mm_kwargs``),
-        largest first: the whole ``mm_kwargs`` as they are when they hold
-        exactly these items in that order, else their selection.
+        in their order or ``largest_first``: the whole ``mm_kwargs`` as they
+        are when they hold exactly these items in that order, else their
+        selection.
 
-        Largest first, because a tower that encodes item by item launches a
-        small item's kernels faster than the device runs a large one's: after
-        a large item they queue behind its work, before it the device idles
-        while they launch (DeepSeek-V4.1 on an H200, a thumbnail and a photo:
-        85-93 ms in the drawn order, 70-73 ms largest first; run E).
+        Largest first for a tower that encodes item by item (the cost
+        model's serial form; calibration times every tower that way): it
+        launches a small item's kernels faster than the device runs a large
+        one's, so after a large item they queue behind its work, before it
+        the device idles while they launch (DeepSeek-V4.1 on an H200, a
+        thumbnail and a photo: 85-93 ms in the drawn order, 70-73 ms largest
+        first; run E). A batched forward gains nothing from the order, and a
+        unit of every item then passes the caller's batch unselected, as
+        vLLM's eager path does (MiniMax M3 in run F: two-image batches
+        reordered into a selection took 7-12% longer than the baseline).
 
         Its output is a fresh tensor that no later call overwrites, so
         postprocess runs without clones.
         """
-        indices = sorted(indices, key=lambda i: (-item_rows[i], i))
+        if largest_first:
+            indices = sorted(indices, key=lambda i: (-item_rows[i], i))
         rows = sum(item_rows[i] for i in indices)
         if indices == list(range(len(per_item_out_tokens))):
             batch_kwargs = mm_kwargs

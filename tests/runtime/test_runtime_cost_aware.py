@@ -4,6 +4,9 @@ outputs in the right layout, also in data-parallel mode."""
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import pytest
 import torch
 from runtime_fakes import (
@@ -47,6 +50,15 @@ def timed_manager(attention_ms_per_sq=0.0, **kwargs):  # type: ignore[no-untyped
     )
     manager.capture()
     return manager, model
+
+
+def serial(manager: Any, form: bool) -> None:
+    """The manager's cost model with its eager form set to ``form``."""
+    cost = manager.cost_model
+    assert cost is not None
+    manager.set_cost_model(
+        dataclasses.replace(cost, eager=dataclasses.replace(cost.eager, serial=form))
+    )
 
 
 def calibrated_manager(**kwargs):  # type: ignore[no-untyped-def]
@@ -223,13 +235,36 @@ class TestPlannedExecute:
     def test_eager_units_run_their_items_largest_first(
         self, rows, selected, postprocessed
     ) -> None:  # type: ignore[no-untyped-def]
+        """When the eager cost has the serial form (a tower that encodes
+        item by item)."""
         manager, model = calibrated_manager()
+        serial(manager, True)
         model.calls.clear()
         items = make_items(rows, seed=4)
         assert_outputs(manager.execute(make_kwargs(items)), items)
         assert selected in model.calls_named("select")
         eager_posts = [c[0] for c in model.calls_named("postprocess") if not c[2]]
         assert eager_posts == [postprocessed]
+
+    @pytest.mark.parametrize(
+        ("rows", "selected"),
+        [
+            # All eager: the caller's batch, unselected.
+            ([33, 40], None),
+            # The eager unit of a mixed plan, in item order.
+            ([33, 40, 8], [0, 1]),
+        ],
+    )
+    def test_a_batched_forward_keeps_the_order(self, rows, selected) -> None:  # type: ignore[no-untyped-def]
+        manager, model = calibrated_manager()
+        serial(manager, False)
+        model.calls.clear()
+        items = make_items(rows, seed=4)
+        assert_outputs(manager.execute(make_kwargs(items)), items)
+        selections = model.calls_named("select")
+        assert (selected in selections) if selected else selections == []
+        eager_posts = [c[0] for c in model.calls_named("postprocess") if not c[2]]
+        assert eager_posts == [[0, 1]]
 
     def test_statistics(self) -> None:
         manager, _ = calibrated_manager()
