@@ -1168,7 +1168,7 @@ class EncoderCudaGraphManager:
                     rows,
                     tokens,
                     results,
-                    largest_first=self._cost_model.eager.serial,
+                    largest_first=self._eager_per_item(),
                 )
             else:
                 self._run_graph_unit(
@@ -1189,6 +1189,16 @@ class EncoderCudaGraphManager:
         batch = PackedBatch(indices, [rows], [budget])
         self._run_batch(mm_kwargs, batch, per_item_out_tokens, results)
 
+    def _eager_per_item(self) -> bool:
+        """Whether the tower encodes item by item: the model says so
+        (``encoder_eager_forward_per_item``, which generated standalone
+        mixins of such towers set), or the calibrated eager cost has the
+        serial form."""
+        declared = getattr(self.model, "encoder_eager_forward_per_item", False)
+        return declared is True or (
+            self._cost_model is not None and self._cost_model.eager.serial
+        )
+
     def _run_eager_unit(
         self,
         mm_kwargs: dict[str, Any],
@@ -1205,8 +1215,8 @@ class EncoderCudaGraphManager:
         are when they hold exactly these items in that order, else their
         selection.
 
-        Largest first for a tower that encodes item by item (the cost
-        model's serial form; calibration times every tower that way): it
+        Largest first for a tower that encodes item by item
+        (:meth:`_eager_per_item`; calibration times every tower that way): it
         launches a small item's kernels faster than the device runs a large
         one's, so after a large item they queue behind its work, before it
         the device idles while they launch (DeepSeek-V4.1 on an H200, a

@@ -3,8 +3,8 @@
 # From specs/cohere_compass.yaml: change the spec or the templates and run
 # `gen-mixin specs/cohere_compass.yaml`.
 # spec-sha256: d0b3571feeeed12e487ccaa7caa29d450a482d4ae7cfb2cb9c2e528321160bf0
-# templates-sha256: f9f4b2cfb81c5c2df01f9073ece90a20e9c98463e390b87ba3f7591cdf304d6b
-# output-sha256: 3d3065c6a50cba37aaa0b31a392b485a438d2c9bc6892400ce646b768aab56b7
+# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
+# output-sha256: b587af7eb7f8cef1544b406ff1bc0d9ef034738823feb86c58dffe2b870ee57e
 
 import itertools
 from collections.abc import Hashable

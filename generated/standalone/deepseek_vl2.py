@@ -3,8 +3,8 @@
 # From specs/deepseek_vl2.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_vl2.yaml`.
 # spec-sha256: 6f892ea020ee953004c7a45b78d4d9f058c9fcef960abef7cba31604ab4b32b1
-# templates-sha256: f9f4b2cfb81c5c2df01f9073ece90a20e9c98463e390b87ba3f7591cdf304d6b
-# output-sha256: bc3473fe7b90acfc34a0f9303848db86896257879eb6c2d5c961675507010ea0
+# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
+# output-sha256: 9def89afee1a6e9faf5cc1cf635f0467b334bcc702b4b2186866f2c175737ec9
 
 import itertools
 from collections.abc import Hashable

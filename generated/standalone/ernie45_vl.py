@@ -3,8 +3,8 @@
 # From specs/ernie45_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/ernie45_vl.yaml`.
 # spec-sha256: 44a19487b2f61417079df3347e463bfafc30019f50c2056291e8a1b652284f7c
-# templates-sha256: f9f4b2cfb81c5c2df01f9073ece90a20e9c98463e390b87ba3f7591cdf304d6b
-# output-sha256: 860ff5b2ec50485d9fe6aa44cbf3d593f4170fe382b932968b5d896329e23ba5
+# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
+# output-sha256: 4fef1167bec2f465ee53c01752897ff317be18763c71acf95cc6dedb538310a8
 
 import itertools
 from collections.abc import Hashable

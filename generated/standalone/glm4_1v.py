@@ -3,8 +3,8 @@
 # From specs/glm4_1v.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm4_1v.yaml`.
 # spec-sha256: 8dbf4b67da8ee0c6b971a56e7a214b9a1b0132047a02b9a4eb35c668e955ad21
-# templates-sha256: f9f4b2cfb81c5c2df01f9073ece90a20e9c98463e390b87ba3f7591cdf304d6b
-# output-sha256: 61c6f9082e2709440e0e2e1b7e03a0a165282d824ac8fd7c542a22b432576407
+# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
+# output-sha256: 59cc9836ac48280d34d806155fbb62fe1709b1724a86a51f94d8095c54e05536
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/glm5_next.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm5_next.yaml`.
 # spec-sha256: c3575549c4ed50dd76892d25b692f5f5f648d2f13a2ea29bebd572d144fcdb24
-# templates-sha256: f9f4b2cfb81c5c2df01f9073ece90a20e9c98463e390b87ba3f7591cdf304d6b
-# output-sha256: a31fa0d1a4cb674dbc25b4bb5706f6a789961c7ffe4e35958ae8ba5ea346668d
+# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
+# output-sha256: 681313f6365aa010a0a6dc83b3dca3cb92d23d27cbd96c172635d4356ebfa361
 
 import itertools
 from collections.abc import Hashable

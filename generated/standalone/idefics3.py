@@ -3,8 +3,8 @@
 # From specs/idefics3.yaml: change the spec or the templates and run
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 8b488cb972956d4df57232df809f3b4c048f68b21019dab78906516f52b22e02
-# templates-sha256: f9f4b2cfb81c5c2df01f9073ece90a20e9c98463e390b87ba3f7591cdf304d6b
-# output-sha256: d9b1d802eca802b04f823a6054d0b461138a54bcbfa4f21434130a7f6f9ca444
+# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
+# output-sha256: ca4fc1fbc7782004a739cc8606603e19c358b6aa5668ac047c136c9c3bba77a9
 
 import itertools
 from collections.abc import Hashable

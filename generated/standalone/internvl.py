@@ -3,8 +3,8 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
-# templates-sha256: f9f4b2cfb81c5c2df01f9073ece90a20e9c98463e390b87ba3f7591cdf304d6b
-# output-sha256: 8a8e21b973f6fccf1514d0e2beabe46d17909cde8d3da5c9ff1c09ce1e92c3a0
+# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
+# output-sha256: ec81d4f99289ffee83378c5f9de806164998c61e7f8d89f1486e811cda73fd0d
 
 import itertools
 from collections.abc import Hashable

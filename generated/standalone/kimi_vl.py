@@ -3,8 +3,8 @@
 # From specs/kimi_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_vl.yaml`.
 # spec-sha256: dec5f629ea45e6747065da9f1de34c016f7c11dcc328326c287b6a82ba94d373
-# templates-sha256: f9f4b2cfb81c5c2df01f9073ece90a20e9c98463e390b87ba3f7591cdf304d6b
-# output-sha256: 90a55dec031434da110c7917c2de90229eee76be2ec349e8fbb9bd26ebc1f129
+# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
+# output-sha256: e4c1e2cb180fac7ad9d2c0ef3adebeb36d48aea6807565026cdfbefc35a529ea
 
 import itertools
 from collections.abc import Hashable

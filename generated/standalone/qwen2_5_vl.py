@@ -3,8 +3,8 @@
 # From specs/qwen2_5_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_vl.yaml`.
 # spec-sha256: 96480d9c7c7c980974bbfd1e9ab20c6575a966715da8e48283b6883b95e654af
-# templates-sha256: f9f4b2cfb81c5c2df01f9073ece90a20e9c98463e390b87ba3f7591cdf304d6b
-# output-sha256: 6dd43843e516638739caf39b19e85e5dad7c1598fb1de413809a06138a552ed2
+# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
+# output-sha256: 390138756c91310ce201b60f9914937ae65a111b52ece018deec39292bebf765
 
 import itertools
 from collections.abc import Hashable

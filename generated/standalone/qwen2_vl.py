@@ -3,8 +3,8 @@
 # From specs/qwen2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_vl.yaml`.
 # spec-sha256: 1215cbd2187709b1e172830108e4b18a70b517f0386b5aaf848e6c0d07d27655
-# templates-sha256: f9f4b2cfb81c5c2df01f9073ece90a20e9c98463e390b87ba3f7591cdf304d6b
-# output-sha256: 29990ac4df5602c04fd9caa5e146a1eb510e3344877a1923efef9bced32bfadc
+# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
+# output-sha256: a713df7a079dbf9740a2368887ca09bf7d0ca8cf4bb5d3e138d7479a2f5da657
 
 import itertools
 from collections.abc import Hashable

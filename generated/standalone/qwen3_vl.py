@@ -3,8 +3,8 @@
 # From specs/qwen3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen3_vl.yaml`.
 # spec-sha256: 28992035a32ca0711943f61e569736ce2ca71587c2e480781972b42541c1b620
-# templates-sha256: f9f4b2cfb81c5c2df01f9073ece90a20e9c98463e390b87ba3f7591cdf304d6b
-# output-sha256: 43a500f83bc47230b859a21c8eeb293d9fd73c7b44c3fd55f5dfae598290038f
+# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
+# output-sha256: 4520440966a1528599f25d11bd40e7218d4e4caa6263587bb2c515b4b8ff3617
 
 import itertools
 from collections.abc import Hashable

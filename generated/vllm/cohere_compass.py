@@ -3,8 +3,8 @@
 # From specs/cohere_compass.yaml: change the spec or the templates and run
 # `gen-mixin specs/cohere_compass.yaml`.
 # spec-sha256: d0b3571feeeed12e487ccaa7caa29d450a482d4ae7cfb2cb9c2e528321160bf0
-# templates-sha256: f9f4b2cfb81c5c2df01f9073ece90a20e9c98463e390b87ba3f7591cdf304d6b
-# output-sha256: 992535e79d672cfd53bc612e6f99f4eed8a90a6657cb3bdc5df5514d1b7aa59e
+# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
+# output-sha256: b3bc06724816b8fef8c7ebd362489d613e86d0ccca2029dd21bc6f0fd1eb71f7
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/ernie45_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/ernie45_vl.yaml`.
 # spec-sha256: 44a19487b2f61417079df3347e463bfafc30019f50c2056291e8a1b652284f7c
-# templates-sha256: f9f4b2cfb81c5c2df01f9073ece90a20e9c98463e390b87ba3f7591cdf304d6b
-# output-sha256: 6e064992c1cfd8a0c38a97cbd68fa9c4f29044d09cc15fef65703d02664f2888
+# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
+# output-sha256: 42ec2641d8a3dabafcaa28efd9542b2e88400aa5aae4cd0b196d5b7e68a4484b
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/gemma3_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma3_mm.yaml`.
 # spec-sha256: 19cc0f6e849ba8315b6202b90204158da9f48161f059a5255254f1c8d3c71b41
-# templates-sha256: f9f4b2cfb81c5c2df01f9073ece90a20e9c98463e390b87ba3f7591cdf304d6b
-# output-sha256: 6abcfc0cea28c11cd43f1cc385ca4a5e58a665de2c587698f3c22721272eb5ce
+# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
+# output-sha256: 4c6a2211789db4f974a8516e3abb9c614161796602f67b77645b7e5d5086623d
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/glm5_next.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm5_next.yaml`.
 # spec-sha256: c3575549c4ed50dd76892d25b692f5f5f648d2f13a2ea29bebd572d144fcdb24
-# templates-sha256: f9f4b2cfb81c5c2df01f9073ece90a20e9c98463e390b87ba3f7591cdf304d6b
-# output-sha256: 0969e5a1b13934ce25fe912f5f2d1573e87c83b254ca4aab20b8b4ab44e047c7
+# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
+# output-sha256: 5aa41195213d6c789a0f907ae796e62b55f24071c7ac71261a689248fc5381dd
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/kimi_k25.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k25.yaml`.
 # spec-sha256: 593beb16e06a103837efc5aa14a6c25d495096029ae4609647637b59aaa4b37c
-# templates-sha256: f9f4b2cfb81c5c2df01f9073ece90a20e9c98463e390b87ba3f7591cdf304d6b
-# output-sha256: f9dc95fe5aaeed020ef92d665fb642e2df06cd33feb332dc586146baa01e8e97
+# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
+# output-sha256: 5c0c0416c1c75853f0051d4a2e980f4262bcf8bccd861a047edeb31b938a2b24
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/kimi_k3.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k3.yaml`.
 # spec-sha256: 1913eb478f4bae1accc4351c633300f743a2b1c000a8337cc758991b7f9e5568
-# templates-sha256: f9f4b2cfb81c5c2df01f9073ece90a20e9c98463e390b87ba3f7591cdf304d6b
-# output-sha256: 234c64b8e27efc4d88d22c6f7e3570932defd65fd935d61133b865c802b08395
+# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
+# output-sha256: 2f3d27c1607bfc0701b492114e831411b2e62deb134fdaecec9c90d303fb3e89
 
 import itertools
 import math

@@ -3,8 +3,8 @@
 # From specs/qwen2_5_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_vl.yaml`.
 # spec-sha256: 96480d9c7c7c980974bbfd1e9ab20c6575a966715da8e48283b6883b95e654af
-# templates-sha256: f9f4b2cfb81c5c2df01f9073ece90a20e9c98463e390b87ba3f7591cdf304d6b
-# output-sha256: a71f3755d0ea4c4a063defeb33eaa759092759d9e9a5bccba0844d4cedf51fc9
+# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
+# output-sha256: 231dea38ae2a16b5cac00c6737a4e071e8b934dde6284dffd5260cb345d0ee0a
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/qwen3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen3_vl.yaml`.
 # spec-sha256: 28992035a32ca0711943f61e569736ce2ca71587c2e480781972b42541c1b620
-# templates-sha256: f9f4b2cfb81c5c2df01f9073ece90a20e9c98463e390b87ba3f7591cdf304d6b
-# output-sha256: fe6ab93209e8cb06583e6be327ef6df031668af75af6d172d0d02b2e6f9dc505
+# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
+# output-sha256: 1deebe4996ae38d8c5f22e9a2262a4cac6e5bfb364b1ceea474f5976fca05ec1
 
 import itertools
 from collections.abc import Hashable

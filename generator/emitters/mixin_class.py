@@ -22,4 +22,10 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
             for a in spec.host
         ],
         "trailing": {"key": trailing.key} if trailing is not None else None,
+        # The standalone runtime's cost-aware eager units order their items
+        # for a tower that encodes item by item (one path: the only kind it
+        # plans); vLLM has no such reader.
+        "eager_per_item": target == "standalone"
+        and len(spec.paths) == 1
+        and spec.paths[0].eager_forward.per_item,
     }

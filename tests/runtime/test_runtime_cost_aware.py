@@ -246,6 +246,17 @@ class TestPlannedExecute:
         eager_posts = [c[0] for c in model.calls_named("postprocess") if not c[2]]
         assert eager_posts == [postprocessed]
 
+    def test_a_tower_declared_per_item_runs_largest_first(self) -> None:
+        """``encoder_eager_forward_per_item`` (generated for DeepSeek-V4.1's
+        standalone mixin) orders the items whatever the fitted form."""
+        manager, model = calibrated_manager()
+        serial(manager, False)
+        model.encoder_eager_forward_per_item = True
+        model.calls.clear()
+        items = make_items([33, 40], seed=4)
+        assert_outputs(manager.execute(make_kwargs(items)), items)
+        assert model.calls_named("select") == [[1, 0]]
+
     @pytest.mark.parametrize(
         ("rows", "selected"),
         [

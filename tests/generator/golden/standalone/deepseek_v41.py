@@ -3,8 +3,8 @@
 # From specs/deepseek_v41.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_v41.yaml`.
 # spec-sha256: c447e3749bf7cd0365b4659a2d5fc3fd1d54ac89404a6f484252d3b50423d391
-# templates-sha256: f9f4b2cfb81c5c2df01f9073ece90a20e9c98463e390b87ba3f7591cdf304d6b
-# output-sha256: caebcd75bde4edd888eda255b11c5535b456251d4b1d6876f3447f8c09f1366d
+# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
+# output-sha256: 5b344d1a3344227e1e0e66823f0b0cef6e70f1fe4b9aa90c4f2eaf5213b82ad6
 
 import itertools
 import weakref
@@ -267,6 +267,12 @@ class DeepseekV4VLEncoderCudaGraphMixin:
     # address (see _pad_with_trailing_sequence). Created per instance on first
     # capture.
     _encoder_cg_pad_totals: dict[int, tuple["weakref.ref[torch.Tensor]", int]]
+
+    # encoder_eager_forward encodes item by item, the host waiting for the
+    # device within each item: the runtime's cost-aware eager units run such
+    # a batch largest first, so that small items launch while a large one
+    # computes.
+    encoder_eager_forward_per_item = True
 
     # -- SupportsEncoderCudaGraph ------------------------------------------------
 

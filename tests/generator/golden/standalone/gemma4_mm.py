@@ -3,8 +3,8 @@
 # From specs/gemma4_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma4_mm.yaml`.
 # spec-sha256: 148b1e0d274e84158f902fd11628140ec5226f1b1ab73e2346d9b6fbfd1545e4
-# templates-sha256: f9f4b2cfb81c5c2df01f9073ece90a20e9c98463e390b87ba3f7591cdf304d6b
-# output-sha256: c84eb5dbe24594f455df8bceb52d79dc69386343b710cf432a96746d1591e356
+# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
+# output-sha256: b5eef4eff5290d125178c321fb4e27a915e80789db1d00298b68c5ca66a645dd
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/kimi_k3.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k3.yaml`.
 # spec-sha256: 1913eb478f4bae1accc4351c633300f743a2b1c000a8337cc758991b7f9e5568
-# templates-sha256: f9f4b2cfb81c5c2df01f9073ece90a20e9c98463e390b87ba3f7591cdf304d6b
-# output-sha256: 72063cf61313d31f25edd4b6bd00b8ef7fc2d9e5196e746f1280b49c7d6df667
+# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
+# output-sha256: 9ba65a559756aca87b1cfe4c6c49fbd3c11e45d836ce7e139b16614a679d71ee
 
 import itertools
 import math

@@ -3,8 +3,8 @@
 # From specs/lfm2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/lfm2_vl.yaml`.
 # spec-sha256: 53ffcb080829243979571d9cfcffa8d459e19e51a7ca8ee40c70b1caa23721ca
-# templates-sha256: f9f4b2cfb81c5c2df01f9073ece90a20e9c98463e390b87ba3f7591cdf304d6b
-# output-sha256: 7009ea6ff3d899a15308306c829da58d599eaf20b108a140017829066ce273c3
+# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
+# output-sha256: 3eb5b9db5a1cfd8427d695edd31d4acdd55e2b8540b59a852cc303be0edcab12
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/minicpmv.yaml: change the spec or the templates and run
 # `gen-mixin specs/minicpmv.yaml`.
 # spec-sha256: d4a580fe01bc55f4be098f399ee38128cd927c0b2f6e20aecf28c2d3e8bd3368
-# templates-sha256: f9f4b2cfb81c5c2df01f9073ece90a20e9c98463e390b87ba3f7591cdf304d6b
-# output-sha256: 012527584b248c91df4860e29a8e824ee54e706d138d48162b9b00001ffd5dbe
+# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
+# output-sha256: 5243bf5f29579f70fb4ac06247615f14cb2d4e2b93661b48dad2680891ef9bd5
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/step3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
-# templates-sha256: f9f4b2cfb81c5c2df01f9073ece90a20e9c98463e390b87ba3f7591cdf304d6b
-# output-sha256: 53d04eaf1a7d7dbd26f199183c581cf407a8d1f6b7d2903cf38deaef9a1ffc77
+# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
+# output-sha256: c0c9567517e2bf4fe56b7e9b2873629bd2f5f82818140b5a09374efc07948a3b
 
 import itertools
 from collections.abc import Hashable

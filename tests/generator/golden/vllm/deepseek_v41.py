@@ -3,8 +3,8 @@
 # From specs/deepseek_v41.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_v41.yaml`.
 # spec-sha256: c447e3749bf7cd0365b4659a2d5fc3fd1d54ac89404a6f484252d3b50423d391
-# templates-sha256: f9f4b2cfb81c5c2df01f9073ece90a20e9c98463e390b87ba3f7591cdf304d6b
-# output-sha256: 0af28a67632ae664317ce9acc3835331334d1397432e64f23f897ac441be3e81
+# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
+# output-sha256: a1ecc83ed600516e58a526f62fc65d1aec71151be6010ab1a2b8b2330a64aa3e
 
 import itertools
 import weakref

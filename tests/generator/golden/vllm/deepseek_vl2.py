@@ -3,8 +3,8 @@
 # From specs/deepseek_vl2.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_vl2.yaml`.
 # spec-sha256: 6f892ea020ee953004c7a45b78d4d9f058c9fcef960abef7cba31604ab4b32b1
-# templates-sha256: f9f4b2cfb81c5c2df01f9073ece90a20e9c98463e390b87ba3f7591cdf304d6b
-# output-sha256: 4cc9976c5a0a21d169806694f3cfee2d09447674f6e0de24d1841a7e62506421
+# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
+# output-sha256: b4cbe80d92285053f31847b6faad90a7fdf820396793adb176becc76093cb962
 
 import itertools
 from collections.abc import Hashable

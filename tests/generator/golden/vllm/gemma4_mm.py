@@ -3,8 +3,8 @@
 # From specs/gemma4_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma4_mm.yaml`.
 # spec-sha256: 148b1e0d274e84158f902fd11628140ec5226f1b1ab73e2346d9b6fbfd1545e4
-# templates-sha256: f9f4b2cfb81c5c2df01f9073ece90a20e9c98463e390b87ba3f7591cdf304d6b
-# output-sha256: c21907b890642468267116a040ab3913b0091bd706936569fe67894c8f95ed2c
+# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
+# output-sha256: 9e5ff55fb12c9b3d4e5dc488b8d8624868cb30693b569701168b70ae0bd6d868
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/idefics3.yaml: change the spec or the templates and run
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 8b488cb972956d4df57232df809f3b4c048f68b21019dab78906516f52b22e02
-# templates-sha256: f9f4b2cfb81c5c2df01f9073ece90a20e9c98463e390b87ba3f7591cdf304d6b
-# output-sha256: 88599b6c8273d30998b89ab25cecf779227b74c620a44fe4b00afd99f48124b1
+# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
+# output-sha256: 504b8f29e36bb6abbe7e846bf2e0deb7370cd923a3f7bc26d7fe421cba3b03a7
 
 import itertools
 from collections.abc import Hashable

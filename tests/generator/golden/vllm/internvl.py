@@ -3,8 +3,8 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
-# templates-sha256: f9f4b2cfb81c5c2df01f9073ece90a20e9c98463e390b87ba3f7591cdf304d6b
-# output-sha256: e77fbff11744c50e3d1e1157a06294a8d100768594a1124d67e563f257373e26
+# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
+# output-sha256: 56e7e080e7359ced332f6de1ad26a905b5e0394de5cd05e09908eb5a7fdd5ac8
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/qwen2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_vl.yaml`.
 # spec-sha256: 1215cbd2187709b1e172830108e4b18a70b517f0386b5aaf848e6c0d07d27655
-# templates-sha256: f9f4b2cfb81c5c2df01f9073ece90a20e9c98463e390b87ba3f7591cdf304d6b
-# output-sha256: 1a8c930810c83f5a8b0f6f148c69413af6a0395c49853ac4f8695b1fa38a4740
+# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
+# output-sha256: c7301d2793e8564b50310644f7e969b3c264498ca530934b665ab21979f7a09a
 
 import itertools
 from collections.abc import Hashable
