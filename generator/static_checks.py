@@ -435,8 +435,9 @@ def _budget_problems(
                         field,
                         f"is {declared} but a batch of {mbs} item(s) within budget "
                         f"{budget} can have {most} graph rows (sampled items have up "
-                        f"to {float(slope or 1):.3g} graph rows per budget token, plus "
-                        "one each): it would overflow the buffers",
+                        f"to {float(1 if slope is None else slope):.3g} graph rows "
+                        "per budget token, plus one each): it would overflow the "
+                        "buffers",
                     )
                     # capture.dummy would report the same shortfall.
                     reported.add("capture.dummy")
