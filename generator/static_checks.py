@@ -30,6 +30,7 @@ from generator.formulas import (
     names_in,
     walk,
 )
+from generator.padded_coverage import padded_problems, padded_tensors
 from generator.spec.capture import (
     ITEM_BOUND,
     Buffer,
@@ -43,7 +44,6 @@ from generator.spec.enums import Modality, PadRule, Rounding
 from generator.spec.host import Constant, Size
 from generator.spec.inputs import FlatInput, ItemInput
 from generator.spec.items import Items
-from generator.padded_coverage import padded_problems, padded_tensors
 from generator.unit_coverage import ItemPoint, envelope, most_rows
 
 
