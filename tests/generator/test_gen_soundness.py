@@ -564,11 +564,15 @@ def check_capture_inputs(
     need = min(budget, fixed_batch_rows(world, path, mbs))
     assert tokens >= need
     capacity = sum(world.item_values(d, path)["graph_rows"] for d in dummy)
+    rows_need = need
     if path.capture.graph_rows is not None:
         capacity = max(
             capacity, world.value(path.capture.graph_rows, **names, rows=rows)
         )
-    assert capacity >= need
+        # A declared capacity: the most graph rows a batch within the
+        # budget has, which may be fewer than its budget tokens.
+        rows_need = min(need, most_graph_rows(world, path, budget, mbs))
+    assert capacity >= rows_need
     # Every builder saw the dummy grids it reads.
     for fake in world.builders:
         seen = fake.items(*fake.calls[-1])
@@ -611,6 +615,41 @@ def expected_dtype(tensor) -> torch.dtype:
     if isinstance(tensor.dtype, Dtype):
         return getattr(torch, tensor.dtype.value)
     return torch.float32
+
+
+def most_graph_rows(world: SpecWorld, path, budget: int, mbs: int) -> int:
+    """The most graph rows of at most ``mbs`` items whose budget tokens sum
+    to at most ``budget``, by brute force: every item of the (at most two)
+    dims the two formulas read, each dim from 1 until the item's budget
+    tokens pass the budget, then a knapsack over the items' budget tokens.
+    ``budget`` when more dims are read (no bound below it is claimed)."""
+    items = world.spec.items.on_path(path.output_tokens)
+    rows_expr = items.graph_rows or items.output_tokens
+    tokens_expr = items.budget_tokens or items.output_tokens
+    dims = sorted((fx.names_in(rows_expr) | fx.names_in(tokens_expr)) & world.dims)
+    if len(dims) > 2:
+        return budget
+    gain = torch.zeros(budget + 1, dtype=torch.int64)  # best rows per tokens
+    for a in range(1, budget + 1):
+        first = dict(zip(dims[:1], [a]))
+        if dims and world.value(tokens_expr, **first, **{d: 1 for d in dims[1:]}) > budget:
+            break
+        for b in range(1, budget + 1) if len(dims) == 2 else [None]:
+            names = {**first, **({dims[1]: b} if b is not None else {})}
+            tokens = world.value(tokens_expr, **names)
+            if tokens > budget:
+                break
+            gain[tokens] = max(int(gain[tokens]), world.value(rows_expr, **names))
+        if not dims:
+            break
+    gain = torch.cummax(gain, 0).values  # at most that many tokens
+    best = torch.zeros(budget + 1, dtype=torch.int64)
+    for _ in range(mbs):
+        grown = best.clone()
+        for q in range(1, budget + 1):
+            grown[q:] = torch.maximum(grown[q:], best[: budget + 1 - q] + gain[q])
+        best = grown
+    return int(best[budget])
 
 
 def fixed_batch_rows(world: SpecWorld, path, mbs: int) -> float:
