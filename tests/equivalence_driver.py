@@ -1294,19 +1294,28 @@ def _padding_totals(manager: EncoderCudaGraphManager) -> dict[str, Any]:
 
 def _output_buffers(
     manager: EncoderCudaGraphManager, replayed: set[tuple[str, int]]
-) -> list[torch.Tensor]:
-    """Output buffers of the graphs replayed since capture.
+) -> list[tuple[tuple[str, Any], torch.Tensor]]:
+    """``((path, graph key), output buffer)`` of the graphs replayed since
+    capture.
 
     Capture allocates each output buffer with ``empty_like`` (as vLLM does)
     and only records the copy into it, so until a graph's first replay its
     buffer holds whatever the allocator handed out; nothing reads it then.
     """
     return [
-        meta.output_buffer
+        ((path, key), meta.output_buffer)
         for path, graphs in manager.budget_graphs.items()
-        for meta in graphs.values()
+        for key, meta in graphs.items()
         if (path, meta.token_budget) in replayed
     ]
+
+
+def _nonfinite_rows(key: tuple[str, Any], buf: torch.Tensor) -> str:
+    """Where a graph's output buffer holds NaN/Inf: its key and the rows."""
+    bad = ~torch.isfinite(buf.reshape(buf.shape[0], -1)).all(dim=1)
+    rows = bad.nonzero().flatten().tolist()
+    span = f"rows {rows[0]}-{rows[-1]}, {len(rows)} of {buf.shape[0]}" if rows else "no row"
+    return f"path {key[0]!r}, key {key[1]!r}, shape {tuple(buf.shape)}: {span}"
 
 
 def _compare(
@@ -1546,11 +1555,14 @@ def _run_phase(
                 stats.over_bar.append(entry)
             if not entry["within_bar_of_fp32"]:
                 stats.fail(_over_bar_message(where, out, ref, tol))
-        for k, buf in enumerate(_output_buffers(manager, replayed_here)):
+        for k, (key, buf) in enumerate(_output_buffers(manager, replayed_here)):
             if not bool(torch.isfinite(buf).all()):
                 stats.nonfinite += 1
                 stats.nonfinite_buffers += 1
-                stats.fail(f"{where_batch}: graph output buffer {k} holds NaN/Inf")
+                stats.fail(
+                    f"{where_batch}: graph output buffer {k} ({_nonfinite_rows(key, buf)}) "
+                    "holds NaN/Inf"
+                )
         # Results of the previous execute must survive this one's replays.
         for j, (out, snapshot) in enumerate(previous):
             if not torch.equal(out, snapshot):

@@ -380,3 +380,19 @@ def test_replay_into_an_unregistered_buffer_fails_clearly(stem, key):
 def test_gpu_runs_draw_at_least_300_batches_per_model():
     assert sum(run["num_batches"] for run in drv.GPU_RUNS.values()) >= 300
     assert set(drv.GPU_RUNS) == {"tiny", "full"}
+
+
+@pytest.mark.parametrize(
+    ("rows", "expected"),
+    [
+        ([], "no row"),
+        ([2], "rows 2-2, 1 of 6"),
+        ([1, 4, 5], "rows 1-5, 3 of 6"),
+    ],
+)
+def test_a_nonfinite_output_buffer_is_named_with_its_rows(rows, expected):
+    buf = torch.zeros(6, 2, 3)
+    for row in rows:
+        buf[row, 1, 0] = float("nan")
+    text = drv._nonfinite_rows(("default", 128), buf)
+    assert text == f"path 'default', key 128, shape (6, 2, 3): {expected}"
