@@ -56,6 +56,12 @@ STEMS = drv.discover_spec_stems()
 # tiny run not before it in the process): a read of pool memory the replay did
 # not write would show under the poison.
 POISON_STEMS = [s for s in ("deepseek_v41", "minicpmv") if s in STEMS] or STEMS[:1]
+#: Poisoned runs known to fail, and why (docs/gpu-runs/2026-12-01-run-f-h200.md).
+POISON_KNOWN_FAILURES = {
+    "minicpmv": "MiniCPM-V's graphs read pool memory the replay did not write: "
+    "NaN rows outside every item in 78 of 80 poisoned batches (GPU run F4); "
+    "the kernel is not located",
+}
 POISON_BATCHES = 80
 
 
@@ -140,7 +146,21 @@ def test_equivalence_bf16_cuda_graphs(stem, size, request):
     assert modalities == set(drv.tower_modalities(drv.REFERENCE_TOWERS[stem]))
 
 
-@pytest.mark.parametrize("stem", POISON_STEMS or [None])
+@pytest.mark.parametrize(
+    "stem",
+    [
+        pytest.param(
+            s,
+            marks=(
+                [pytest.mark.xfail(strict=True, reason=POISON_KNOWN_FAILURES[s])]
+                if s in POISON_KNOWN_FAILURES
+                else []
+            ),
+        )
+        for s in POISON_STEMS
+    ]
+    or [None],
+)
 def test_equivalence_poisoned_pool(stem, request):
     """Free pool blocks hold NaN before every execute: a graph that reads a
     pool row it did not write in the same replay would return NaN."""
