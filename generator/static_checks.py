@@ -615,16 +615,24 @@ def fixed_batch_tokens(ir: Arithmetic, env: Mapping[str, int], mbs: int) -> floa
 
 #: Values tried for every grid dim when a per-item relation is checked.
 SAMPLE_DIMS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 33, 64)
+#: And for the graph rows per budget token (:func:`graph_row_slope`): long
+#: sides, where a ratio like DeepSeek-V4.1's ``ceil(w / r) / w`` of a
+#: ``1 x w`` strip nears its supremum (1/3 at r = 3: 0.328 at w = 64, 0.33329
+#: at 16,385), so that no capacity below the true bound passes at the
+#: sampled budgets.
+SLOPE_SAMPLE_DIMS = SAMPLE_DIMS + (257, 1025, 4097, 16385)
 MAX_DIM_SAMPLES = 4096
 
 
 def _sampled_dims(
-    names: list[str], scales: Mapping[str, int] | None = None
+    names: list[str],
+    scales: Mapping[str, int] | None = None,
+    sample: tuple[int, ...] = SAMPLE_DIMS,
 ) -> Iterator[tuple[int, ...]]:
-    """Every combination of sampled values for ``names`` (each times its
+    """Every combination of ``sample`` values for ``names`` (each times its
     scale), or a seeded random subset when there are too many."""
-    values = [[(scales or {}).get(n, 1) * v for v in SAMPLE_DIMS] for n in names]
-    if len(SAMPLE_DIMS) ** len(names) <= MAX_DIM_SAMPLES:
+    values = [[(scales or {}).get(n, 1) * v for v in sample] for n in names]
+    if len(sample) ** len(names) <= MAX_DIM_SAMPLES:
         yield from itertools.product(*values)
         return
     rng = random.Random(0)
@@ -704,7 +712,7 @@ class LongestItems:
 
 
 def _sampled_item_rows(
-    ir: Arithmetic, env: Mapping[str, int]
+    ir: Arithmetic, env: Mapping[str, int], sample: tuple[int, ...] = SAMPLE_DIMS
 ) -> Iterator[tuple[str, int, int]]:
     """``(item, graph rows, budget tokens)`` of sampled items (``item``
     names the dims). Every dim the two formulas read is sampled on its own,
@@ -721,7 +729,7 @@ def _sampled_item_rows(
     # Only the dims the two formulas read vary their values.
     used = names_in(graph_rows) | names_in(budget_tokens)
     dims = [d for g in ir.item_inputs for d in g.dims if d in used]
-    for combo in _sampled_dims(dims):
+    for combo in _sampled_dims(dims, sample=sample):
         scope = {**env, **dict(zip(dims, combo, strict=True))}
         try:
             rows = value_at(rows_field, graph_rows, scope)
@@ -740,7 +748,7 @@ def graph_row_slope(ir: Arithmetic, env: Mapping[str, int]) -> Fraction | None:
         return None
     slopes = [
         Fraction(rows - 1, tokens)
-        for _, rows, tokens in _sampled_item_rows(ir, env)
+        for _, rows, tokens in _sampled_item_rows(ir, env, SLOPE_SAMPLE_DIMS)
         if tokens > 0
     ]
     return max(slopes, default=None)

@@ -29,7 +29,15 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import genmixin_seed_oracles as seed
-from genmixin_testlib import load_standalone_mixin
+from genmixin_testlib import SPECS_DIR, load_standalone_mixin
+
+from generator.resolve import load_spec
+from generator.static_checks import (
+    Arithmetic,
+    batch_graph_rows,
+    constant_env,
+    graph_row_slope,
+)
 
 R = 2  # vision_downsample_ratio
 PATCH = 2  # vision_patch_size
@@ -381,13 +389,26 @@ def test_capture_inputs(module, backends, env, budget, mbs, dtype) -> None:
     assert capacity >= max(most_aligner_rows(budget, mbs), dummy_rows)
 
 
-def most_aligner_rows(budget: int, mbs: int) -> int:
+@pytest.mark.parametrize(("budget", "mbs"), [(64, 2), (257, 8), (1000, 3), (1024, 64)])
+def test_the_static_check_bounds_every_batch(budget, mbs) -> None:
+    """The generator's bound on a batch's aligner rows (from the sampled
+    items' rows per patch, at the spec's r = 3) holds every batch that the
+    brute force finds, and stays within a row per item of it."""
+    ir = Arithmetic.of(load_spec(SPECS_DIR / "deepseek_v41.yaml"))
+    env = constant_env(ir)
+    slope = graph_row_slope(ir, env)
+    assert slope is not None and 0.3332 < slope < 1 / 3
+    most = most_aligner_rows(budget, mbs, r=env["r"])
+    assert most <= batch_graph_rows(slope, budget, mbs) <= most + mbs
+
+
+def most_aligner_rows(budget: int, mbs: int, r: int = R) -> int:
     """The most aligner rows of at most ``mbs`` images of ``h x w`` patches,
     ``h * w`` summed within ``budget``: a knapsack over every grid."""
     gain = [0] * (budget + 1)  # best rows of one image of at most p patches
     for h in range(1, budget + 1):
         for w in range(1, budget // h + 1):
-            rows = -(-h // R) * -(-w // R)
+            rows = -(-h // r) * -(-w // r)
             gain[h * w] = max(gain[h * w], rows)
     for p in range(1, budget + 1):
         gain[p] = max(gain[p], gain[p - 1])
