@@ -15,7 +15,7 @@ import bisect
 import itertools
 import math
 import random
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -412,60 +412,15 @@ def _budget_problems(
             # the declared capacity (which must hold the dummy's too).
             graph_capacity = mbs * values["graph_rows"]
             if ir.capture.graph_rows is not None:
-                field = "capture.graph_rows"
-                try:
-                    declared = value_at(field, ir.capture.graph_rows, scope)
-                except (EvaluationError, ArithmeticError):
-                    continue
-                if declared < graph_capacity and field not in reported:
-                    reported.add(field)
-                    yield (
-                        field,
-                        f"is {declared} but the dummy batch already emits "
-                        f"{graph_capacity} graph rows (budget {budget}, max_batch_size "
-                        f"{mbs}): its builder values would not fit the buffers",
-                    )
-                graph_capacity = max(graph_capacity, declared)
-                most = (
-                    batch_graph_rows(slope, budget, mbs) if slope is not None else budget
+                graph_capacity = yield from _declared_capacity_problems(
+                    ir, scope, budget, mbs, graph_capacity, slope, reported
                 )
-                if graph_capacity < most and field not in reported:
-                    reported.add(field)
-                    yield (
-                        field,
-                        f"is {declared} but a batch of {mbs} item(s) within budget "
-                        f"{budget} can have {most} graph rows (sampled items have up "
-                        f"to {float(1 if slope is None else slope):.3g} graph rows "
-                        "per budget token, plus one each): it would overflow the "
-                        "buffers",
-                    )
-                    # capture.dummy would report the same shortfall.
-                    reported.add("capture.dummy")
-                for buf in ir.buffers:
-                    if not buf.allocate or not buf.shape:
-                        continue
-                    field = f"buffers.{buf.key}.shape"
-                    try:
-                        held = value_at(field, buf.shape[0], scope)
-                    except (EvaluationError, ArithmeticError):
-                        continue
-                    if held < graph_capacity and field not in reported:
-                        reported.add(field)
-                        yield (
-                            field,
-                            f"holds {held} rows but the captured batch has room for "
-                            f"{graph_capacity} graph rows (budget {budget}, "
-                            f"max_batch_size {mbs}); size dim 0 with capture.graph_rows",
-                        )
+                if graph_capacity is None:
+                    continue
             # The dummy batch must hold every batch whose budget tokens fit:
             # its graph rows and its budget tokens both reach the budget (or,
             # for items of a fixed token count, the most max_batch_size of
-            # them can have). A declared capacity holds the budget's batches
-            # when it reaches the most graph rows they can have
-            # (batch_graph_rows, checked above), which may be fewer than the
-            # budget.
-            if ir.capture.graph_rows is not None:
-                graph_capacity = max(graph_capacity, budget)
+            # them can have).
             covered = min(graph_capacity, mbs * values["budget_tokens"])
             # Padded buffers are checked by what a key's graph takes
             # (padded_problems), not by the dummy batch's items.
@@ -485,6 +440,67 @@ def _budget_problems(
                     f"item needs at least {what}); a batch that fits the budget would "
                     "overflow the buffers",
                 )
+
+
+def _declared_capacity_problems(
+    ir: Arithmetic,
+    scope: Mapping[str, int],
+    budget: int,
+    mbs: int,
+    dummy_rows: int,
+    slope: Fraction | None,
+    reported: set[str],
+) -> Generator[tuple[str, str], None, int | None]:
+    """A declared ``capture.graph_rows`` at one budget: it holds the dummy's
+    graph rows and the most a batch within the budget can have
+    (:func:`batch_graph_rows`, which may be fewer than the budget), and the
+    ``allocate`` buffers hold it. Returns the graph rows it covers for the
+    dummy's coverage check (the budget: every batch's rows fit), or
+    ``None`` when it cannot be evaluated (the budget is skipped, as the
+    other checks skip it)."""
+    field = "capture.graph_rows"
+    try:
+        declared = value_at(field, ir.capture.graph_rows, scope)
+    except (EvaluationError, ArithmeticError):
+        return None
+    if declared < dummy_rows and field not in reported:
+        reported.add(field)
+        yield (
+            field,
+            f"is {declared} but the dummy batch already emits {dummy_rows} graph "
+            f"rows (budget {budget}, max_batch_size {mbs}): its builder values "
+            "would not fit the buffers",
+        )
+    capacity = max(dummy_rows, declared)
+    most = batch_graph_rows(slope, budget, mbs) if slope is not None else budget
+    if capacity < most and field not in reported:
+        reported.add(field)
+        yield (
+            field,
+            f"is {declared} but a batch of {mbs} item(s) within budget {budget} can "
+            f"have {most} graph rows (sampled items have up to "
+            f"{float(1 if slope is None else slope):.3g} graph rows per budget "
+            "token, plus one each): it would overflow the buffers",
+        )
+        # capture.dummy would report the same shortfall.
+        reported.add("capture.dummy")
+    for buf in ir.buffers:
+        if not buf.allocate or not buf.shape:
+            continue
+        field = f"buffers.{buf.key}.shape"
+        try:
+            held = value_at(field, buf.shape[0], scope)
+        except (EvaluationError, ArithmeticError):
+            continue
+        if held < capacity and field not in reported:
+            reported.add(field)
+            yield (
+                field,
+                f"holds {held} rows but the captured batch has room for {capacity} "
+                f"graph rows (budget {budget}, max_batch_size {mbs}); size dim 0 "
+                "with capture.graph_rows",
+            )
+    return max(capacity, budget)
 
 
 def smallest_budget_problems(
