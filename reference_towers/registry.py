@@ -940,7 +940,9 @@ class Qwen2_5_VLReference(Qwen2VLReference):
 
 class _MoonViTReference(ReferenceTower[HostT]):
     """The towers on MoonViT (Kimi-VL, Kimi-K2.5): patches merged ``kh x kw``
-    into tokens, the one kernel every size of the tower has."""
+    into tokens, the one kernel every size of the tower has; an image is
+    one ``h x w`` patch grid, whose item form and limits each tower gives
+    (:meth:`_item_of`, :meth:`_legal_frame`)."""
 
     @property
     def merge_kernel_size(self) -> tuple[int, int]:
@@ -950,6 +952,37 @@ class _MoonViTReference(ReferenceTower[HostT]):
         if len(kernels) != 1:
             raise RuntimeError(f"sizes disagree on merge_kernel_size: {kernels}")
         return kernels.pop()
+
+    @abc.abstractmethod
+    def _item_of(self, h: int, w: int) -> Item:
+        """The item of one image of ``h x w`` patches."""
+
+    @abc.abstractmethod
+    def _legal_frame(self, h: int, w: int, size: Size) -> bool:
+        """Whether the processor can emit an image of ``h x w`` patches."""
+
+    def smallest_item(self, size: Size, *, modality: str = "image") -> Item:
+        self.check_modality(modality)
+        return self._item_of(*self.merge_kernel_size)
+
+    def _items_with_output_tokens(
+        self,
+        rng: random.Random,
+        size: Size,
+        output_tokens: int,
+        *,
+        modality: str = "image",
+    ) -> Item | None:
+        self.check_modality(modality)
+        if output_tokens < 1:
+            return None
+        kh, kw = self.merge_kernel_size
+        shapes = [
+            self._item_of(bh * kh, bw * kw)
+            for bh, bw in _divisor_pairs(output_tokens)
+            if self._legal_frame(bh * kh, bw * kw, size)
+        ]
+        return rng.choice(shapes) if shapes else None
 
 
 class KimiVLReference(_MoonViTReference[KimiVLVisionHost]):
@@ -983,11 +1016,11 @@ class KimiVLReference(_MoonViTReference[KimiVLVisionHost]):
         kh, kw = self.merge_kernel_size
         return (h // kh) * (w // kw)
 
-    def is_legal(self, item: Item, size: Size, *, modality: str = "image") -> bool:
-        self.check_modality(modality)
-        if len(item) != 2 or not all(isinstance(v, int) for v in item):
-            return False
-        (h, w), (kh, kw) = item, self.merge_kernel_size
+    def _item_of(self, h: int, w: int) -> Item:
+        return (h, w)
+
+    def _legal_frame(self, h: int, w: int, size: Size) -> bool:
+        kh, kw = self.merge_kernel_size
         return (
             kh <= h <= self._max_side(size, kh)
             and kw <= w <= self._max_side(size, kw)
@@ -995,6 +1028,12 @@ class KimiVLReference(_MoonViTReference[KimiVLVisionHost]):
             and w % kw == 0
             and (h - kh) * (w - kw) <= self.config(size).in_token_limit
         )
+
+    def is_legal(self, item: Item, size: Size, *, modality: str = "image") -> bool:
+        self.check_modality(modality)
+        if len(item) != 2 or not all(isinstance(v, int) for v in item):
+            return False
+        return self._legal_frame(*item, size)
 
     def max_output_tokens(self, size: Size, *, modality: str = "image") -> int:
         """The most tokens of a legal grid: for every block height the widest
@@ -1013,29 +1052,6 @@ class KimiVLReference(_MoonViTReference[KimiVLVisionHost]):
             )
             best = max(best, bh * bw)
         return best
-
-    def smallest_item(self, size: Size, *, modality: str = "image") -> Item:
-        self.check_modality(modality)
-        return self.merge_kernel_size
-
-    def _items_with_output_tokens(
-        self,
-        rng: random.Random,
-        size: Size,
-        output_tokens: int,
-        *,
-        modality: str = "image",
-    ) -> Item | None:
-        self.check_modality(modality)
-        if output_tokens < 1:
-            return None
-        kh, kw = self.merge_kernel_size
-        shapes = [
-            (bh * kh, bw * kw)
-            for bh, bw in _divisor_pairs(output_tokens)
-            if self.is_legal((bh * kh, bw * kw), size)
-        ]
-        return rng.choice(shapes) if shapes else None
 
     def make_mm_kwargs(
         self,
@@ -1333,6 +1349,9 @@ class KimiK25Reference(_MoonViTReference[KimiK25VisionHost]):
         kh, kw = self.merge_kernel_size
         return (h // kh) * (w // kw)
 
+    def _item_of(self, h: int, w: int) -> Item:
+        return (1, h, w)
+
     def _legal_frame(self, h: int, w: int, size: Size) -> bool:
         kh, kw = self.merge_kernel_size
         return (
@@ -1375,29 +1394,6 @@ class KimiK25Reference(_MoonViTReference[KimiK25VisionHost]):
             bw = min(widest, (limit // spare_rows) // kw + 1)
             best = max(best, bh * bw)
         return best
-
-    def smallest_item(self, size: Size, *, modality: str = "image") -> Item:
-        self.check_modality(modality)
-        return (1, *self.merge_kernel_size)
-
-    def _items_with_output_tokens(
-        self,
-        rng: random.Random,
-        size: Size,
-        output_tokens: int,
-        *,
-        modality: str = "image",
-    ) -> Item | None:
-        self.check_modality(modality)
-        if output_tokens < 1:
-            return None
-        kh, kw = self.merge_kernel_size
-        shapes = [
-            (1, bh * kh, bw * kw)
-            for bh, bw in _divisor_pairs(output_tokens)
-            if self._legal_frame(bh * kh, bw * kw, size)
-        ]
-        return rng.choice(shapes) if shapes else None
 
     def make_mm_kwargs(
         self,
