@@ -280,3 +280,21 @@ def run_measured(argv: list[str]) -> dict:
     )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
+
+
+def most_rows_within(gain: list[int], mbs: int) -> int:
+    """The most rows of at most ``mbs`` items whose tokens sum to at most
+    ``len(gain) - 1``: a knapsack, ``gain[p]`` the most rows of one item of
+    exactly ``p`` tokens (0 where none has ``p``). Brute force for the tests
+    of a graph-row capacity (torch, for speed at budgets of thousands)."""
+    import torch
+
+    budget = len(gain) - 1
+    best_one = torch.cummax(torch.tensor(gain, dtype=torch.int64), 0).values
+    best = torch.zeros(budget + 1, dtype=torch.int64)
+    for _ in range(mbs):
+        grown = best.clone()
+        for q in range(1, budget + 1):
+            grown[q:] = torch.maximum(grown[q:], best[: budget + 1 - q] + best_one[q])
+        best = grown
+    return int(best[budget])

@@ -58,7 +58,11 @@ from genmixin_spec_host import (  # noqa: E402
     output_call,
     set_path,
 )
-from genmixin_testlib import spec_paths, valid_corpus_paths  # noqa: E402
+from genmixin_testlib import (  # noqa: E402
+    most_rows_within,
+    spec_paths,
+    valid_corpus_paths,
+)
 
 SPECS = spec_paths() + valid_corpus_paths()
 IDS = [f"{p.parent.name}/{p.stem}" for p in SPECS]
@@ -629,7 +633,7 @@ def most_graph_rows(world: SpecWorld, path, budget: int, mbs: int) -> int:
     dims = sorted((fx.names_in(rows_expr) | fx.names_in(tokens_expr)) & world.dims)
     if len(dims) > 2:
         return budget
-    gain = torch.zeros(budget + 1, dtype=torch.int64)  # best rows per tokens
+    gain = [0] * (budget + 1)  # the most rows of an item of that many tokens
     for a in range(1, budget + 1):
         first = dict(zip(dims[:1], [a]))
         if dims and world.value(tokens_expr, **first, **{d: 1 for d in dims[1:]}) > budget:
@@ -639,17 +643,10 @@ def most_graph_rows(world: SpecWorld, path, budget: int, mbs: int) -> int:
             tokens = world.value(tokens_expr, **names)
             if tokens > budget:
                 break
-            gain[tokens] = max(int(gain[tokens]), world.value(rows_expr, **names))
+            gain[tokens] = max(gain[tokens], world.value(rows_expr, **names))
         if not dims:
             break
-    gain = torch.cummax(gain, 0).values  # at most that many tokens
-    best = torch.zeros(budget + 1, dtype=torch.int64)
-    for _ in range(mbs):
-        grown = best.clone()
-        for q in range(1, budget + 1):
-            grown[q:] = torch.maximum(grown[q:], best[: budget + 1 - q] + gain[q])
-        best = grown
-    return int(best[budget])
+    return most_rows_within(gain, mbs)
 
 
 def fixed_batch_rows(world: SpecWorld, path, mbs: int) -> float:

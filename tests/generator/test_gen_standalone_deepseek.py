@@ -29,7 +29,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import genmixin_seed_oracles as seed
-from genmixin_testlib import SPECS_DIR, load_standalone_mixin
+from genmixin_testlib import SPECS_DIR, load_standalone_mixin, most_rows_within
 
 from generator.resolve import load_spec
 from generator.static_checks import (
@@ -405,22 +405,11 @@ def test_the_static_check_bounds_every_batch(budget, mbs) -> None:
 def most_aligner_rows(budget: int, mbs: int, r: int = R) -> int:
     """The most aligner rows of at most ``mbs`` images of ``h x w`` patches,
     ``h * w`` summed within ``budget``: a knapsack over every grid."""
-    gain = [0] * (budget + 1)  # best rows of one image of at most p patches
+    gain = [0] * (budget + 1)  # the most rows of an image of that many patches
     for h in range(1, budget + 1):
         for w in range(1, budget // h + 1):
-            rows = -(-h // r) * -(-w // r)
-            gain[h * w] = max(gain[h * w], rows)
-    for p in range(1, budget + 1):
-        gain[p] = max(gain[p], gain[p - 1])
-    best = [0] * (budget + 1)  # with the images so far
-    for _ in range(mbs):
-        best = [
-            max(best[p], max(best[p - q] + gain[q] for q in range(1, p + 1)))
-            if p
-            else 0
-            for p in range(budget + 1)
-        ]
-    return best[budget]
+            gain[h * w] = max(gain[h * w], -(-h // r) * -(-w // r))
+    return most_rows_within(gain, mbs)
 
 
 # -- replay copies (padding logics) -----------------------------------------------------------
