@@ -29,7 +29,12 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import genmixin_seed_oracles as seed
-from genmixin_testlib import SPECS_DIR, load_standalone_mixin, most_rows_within
+from genmixin_testlib import (
+    GENERATED_DIR,
+    SPECS_DIR,
+    load_standalone_mixin,
+    most_rows_within,
+)
 
 from generator.resolve import load_spec
 from generator.static_checks import (
@@ -647,3 +652,15 @@ def test_span_assembly_edge_cases(module, backends, env) -> None:
         host.postprocess_encoder_output(
             outputs, indices, per_item, dest, batch_mm_kwargs=None
         )
+
+
+def test_the_class_says_its_eager_forward_runs_item_by_item(module) -> None:
+    """``eager_forward.per_item``: the runtime's cost-aware eager units run
+    such a tower's items largest first (docs/runtime.md); the vllm module,
+    which vLLM's manager reads, has no such attribute."""
+    cls = module.DeepseekV4VLEncoderCudaGraphMixin
+    assert cls.encoder_eager_forward_per_item is True
+    vllm_text = (GENERATED_DIR / "vllm" / "deepseek_v41.py").read_text(encoding="utf-8")
+    assert "encoder_eager_forward_per_item" not in vllm_text
+    minimax = (GENERATED_DIR / "standalone" / "minimax_m3.py").read_text(encoding="utf-8")
+    assert "encoder_eager_forward_per_item" not in minimax
