@@ -746,12 +746,14 @@ class TrafficBench:
             self.log(f"{captured}, {ladder['path_budgets']}; not calibrated")
             return ladder
         start = time.perf_counter()
-        # Eager calls are timed (the fastest of two) on the first ladder only:
-        # their cost does not depend on the ladder. Graph units once each.
+        # Eager calls are timed (the fastest of three) on the first ladder
+        # only: their cost does not depend on the ladder. Graph units the
+        # fastest of two on the others: each budget's correction rests on
+        # them (GraphCost.budget_scale).
         first = next((m for m in managers.values() if m is not manager), None)
         eager_from = first.cost_model if first is not None else None
         cost = manager.calibrate_cost_model(
-            calibration_kwargs, repeats=1 if eager_from else 2, eager_from=eager_from
+            calibration_kwargs, repeats=2 if eager_from else 3, eager_from=eager_from
         )
         manager.enable_timing()
         ladder["calibration_s"] = time.perf_counter() - start

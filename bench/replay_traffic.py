@@ -75,6 +75,9 @@ def cost_model_of(recorded: dict[str, Any]) -> CostModel:
     """A recorded ``CostModel.as_dict()`` (schema 1 had ``margin``)."""
     graph = dict(recorded["graph"])
     graph["replay_ms"] = {int(b): ms for b, ms in graph["replay_ms"].items()}
+    graph["budget_scale"] = {
+        int(b): x for b, x in graph.get("budget_scale", {}).items()
+    }
     return CostModel(
         GraphCost(**graph),
         EagerCost(**recorded["eager"]),

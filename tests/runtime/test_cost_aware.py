@@ -21,6 +21,7 @@ from encoder_cudagraph_runtime.cost_aware import (
     fit_eager_cost,
     fit_graph_cost,
     fit_nonnegative,
+    held_out_graph_errors,
     plan_execution,
     relative_errors,
 )
@@ -266,9 +267,7 @@ class TestFits:
                 truth.predict(batch), rel=1e-6
             )
 
-    @pytest.mark.parametrize(
-        ("truth", "serial"), [(SERIAL, True), (HOST_FLOOR, False)]
-    )
+    @pytest.mark.parametrize(("truth", "serial"), [(SERIAL, True), (HOST_FLOOR, False)])
     def test_eager_form_follows_the_samples(
         self, truth: EagerCost, serial: bool
     ) -> None:
@@ -327,6 +326,67 @@ class TestFits:
         assert fitted.per_replay_ms == pytest.approx(0.25, rel=1e-6)
         assert fitted.per_row_sq_ms == pytest.approx(3e-6, rel=1e-6)
         assert fitted.per_pad_sq_ms == pytest.approx(1e-6, rel=1e-6)
+
+    @pytest.mark.parametrize(
+        ("slow_512", "bound"),
+        [
+            (1.05, None),  # the budget runs 5 % over the shared fit: learnt
+            (0.95, None),
+            (2.0, 1.2),  # an outlier: the factor stops at BUDGET_SCALE_RANGE
+            (0.5, 0.85),
+        ],
+    )
+    def test_graph_learns_each_budgets_own_factor(
+        self, slow_512: float, bound: float | None
+    ) -> None:
+        """One budget off the shared coefficients (as a kernel's tiling
+        makes it): its units are priced by its own measurements, and a
+        budget no unit ran keeps factor 1."""
+        replay = linear_graphs(0.5, 0.01)
+        truth = GraphCost(replay, 16, 0.25, 3e-6, 0.0)
+        units = [(128, (100,)), (256, (200,)), (512, (400,)), (512, (400,))]
+        units += [(1024, (900,)), (2048, (1800,))]
+        samples = []
+        for b, r in units:
+            ms = truth.predict(b, sum(r), sum(x * x for x in r))
+            samples.append(GraphSample(b, r, ms * (slow_512 if b == 512 else 1.0)))
+        fitted = fit_graph_cost(replay, 16, samples)
+        assert 64 not in fitted.budget_scale
+        assert fitted.predict(64, 40, 1600) == fitted.unscaled_ms(64, 40, 1600)
+        if bound is None:
+            for s in samples:
+                rows, rows_sq = sum(s.rows), sum(x * x for x in s.rows)
+                assert fitted.predict(s.budget, rows, rows_sq) == pytest.approx(
+                    s.ms, rel=1e-6
+                )
+        else:
+            assert fitted.budget_scale[512] == bound
+
+    def test_held_out_errors_do_not_echo_the_fit(self) -> None:
+        """A unit alone at its budget is predicted without the correction its
+        own time made: its error is the shared fit's. Two units at a budget
+        each take the other's correction."""
+        replay = {64: 10.0, 128: 20.0}
+        samples = [
+            GraphSample(64, (8,) * 8, 12.0),  # 20 % over the replay timed at capture
+            GraphSample(128, (16,) * 8, 22.0),
+            GraphSample(128, (16,) * 8, 24.0),
+        ]
+        fitted = fit_graph_cost(replay, 8, samples)
+        assert fitted.predict(64, 64, 8 * 64) == pytest.approx(12.0)
+        plain = [
+            abs(
+                fitted.unscaled_ms(s.budget, sum(s.rows), sum(r * r for r in s.rows))
+                / s.ms
+                - 1
+            )
+            for s in samples
+        ]
+        errors = held_out_graph_errors(fitted, samples)
+        # In sample the correction makes it exact; held out it is the shared fit's.
+        assert errors[0] == pytest.approx(plain[0]) and errors[0] > 0.01
+        assert errors[1] == pytest.approx(24.0 / 22.0 - 1)
+        assert errors[2] == pytest.approx(1 - 22.0 / 24.0)
 
     @pytest.mark.parametrize(
         ("features", "targets", "expected"),

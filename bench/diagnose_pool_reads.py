@@ -1,0 +1,176 @@
+"""Which attention kernel makes a model's graphs read unwritten pool memory?
+
+GPU run F4 found MiniCPM-V's graphs returning NaN rows (outside every item)
+when the free blocks of their graph pool hold NaN: a kernel in the captured
+forward reads memory that the same replay has not written. This script runs
+the poisoned-pool equivalence driver (``tests/equivalence_driver.py``, the
+``tiny`` tower, bf16, CUDA graphs) once per kernel setting and prints how
+many batches left a non-finite output buffer under each:
+
+* ``default``: PyTorch's own choice of SDPA kernel and the
+  ``nn.MultiheadAttention`` fast path;
+* ``no_mem_efficient`` / ``no_cudnn``: one SDPA kernel switched off;
+* ``math_sdpa``: flash, memory-efficient and cuDNN SDPA off;
+* ``no_mha_fastpath``: ``nn.MultiheadAttention`` without its fused path.
+
+Settings are global torch flags, set before the driver captures and reset
+after. One JSON line per setting goes to ``--json`` (default stdout only).
+
+    PYTHONPATH=. python bench/diagnose_pool_reads.py minicpmv --json out.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+for path in (REPO_ROOT, REPO_ROOT / "tests"):  # run as a script from anywhere
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+import equivalence_driver as drv  # noqa: E402
+
+from encoder_cudagraph_runtime.attention_backends import (  # noqa: E402
+    AttentionBackendEnum,
+)
+from encoder_cudagraph_runtime.graph_backends import CudaGraphBackend  # noqa: E402
+
+SDPA_FLAGS = ("flash", "mem_efficient", "cudnn", "math")
+
+
+@contextlib.contextmanager
+def _sdpa_off(*kernels: str) -> Iterator[None]:
+    cuda = torch.backends.cuda
+    saved = {k: getattr(cuda, f"{k}_sdp_enabled")() for k in SDPA_FLAGS}
+    try:
+        for k in kernels:
+            getattr(cuda, f"enable_{k}_sdp")(False)
+        yield
+    finally:
+        for k, on in saved.items():
+            getattr(cuda, f"enable_{k}_sdp")(on)
+
+
+@contextlib.contextmanager
+def _mha_fastpath_off() -> Iterator[None]:
+    saved = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(saved)
+
+
+SETTINGS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
+    "default": contextlib.nullcontext,
+    "no_mem_efficient": lambda: _sdpa_off("mem_efficient"),
+    "no_cudnn": lambda: _sdpa_off("cudnn"),
+    "math_sdpa": lambda: _sdpa_off("flash", "mem_efficient", "cudnn"),
+    "no_mha_fastpath": _mha_fastpath_off,
+}
+
+
+def _clear_caches() -> list[str]:
+    """Clear every functools cache of the reference towers' modules; the
+    names cleared."""
+    cleared = []
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("reference_towers"):
+            continue
+        for attr, value in vars(module).items():
+            if callable(getattr(value, "cache_clear", None)):
+                value.cache_clear()
+                cleared.append(f"{name}.{attr}")
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    return cleared
+
+
+def run_setting(stem: str, name: str, batches: int) -> dict[str, object]:
+    device = torch.device("cuda", torch.cuda.current_device())
+    with SETTINGS[name]():
+        summary = drv.run_equivalence(
+            stem,
+            "tiny",
+            device=device,
+            dtype=torch.bfloat16,
+            graph_backend=CudaGraphBackend(device),
+            attn_backend=AttentionBackendEnum.FLASH_ATTN,
+            tolerance=2e-2,
+            seed=0,
+            num_batches=batches,
+            poison_pool=True,
+        )
+    failures = summary.get("failures") or []
+    return {
+        "stem": stem,
+        "setting": name,
+        "batches": summary["batches"],
+        "nonfinite_buffers": summary["nonfinite_buffers"],
+        "num_failures": summary["num_failures"],
+        "worst_rel_err": summary["worst_rel_err"],
+        "first_failure": str(failures[0])[:400] if failures else None,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("stem")
+    parser.add_argument("--settings", nargs="*", default=list(SETTINGS))
+    parser.add_argument("--batches", type=int, default=80)
+    parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--before",
+        nargs="*",
+        default=[],
+        metavar="STEM:SIZE",
+        help="plain (unpoisoned) runs first, in this process",
+    )
+    parser.add_argument(
+        "--clear-after-before",
+        action="store_true",
+        help="after the --before runs: clear the reference towers' "
+        "functools caches, collect garbage and empty the CUDA cache",
+    )
+    args = parser.parse_args(argv)
+    unknown = [s for s in args.settings if s not in SETTINGS]
+    if unknown:
+        parser.error(f"unknown settings {unknown}; known: {list(SETTINGS)}")
+    device = torch.device("cuda", torch.cuda.current_device())
+    for before in args.before:
+        stem, size = before.split(":")
+        summary = drv.run_equivalence(
+            stem,
+            size,
+            device=device,
+            dtype=torch.bfloat16,
+            graph_backend=CudaGraphBackend(device),
+            num_batches=args.batches,
+            seed=0,
+        )
+        print(json.dumps({"before": before, "nonfinite": summary["nonfinite"]}))
+    if args.clear_after_before:
+        print(json.dumps({"cleared": _clear_caches()}))
+    for name in args.settings:
+        try:
+            line = run_setting(args.stem, name, args.batches)
+        except Exception as exc:  # a setting a kernel refuses is a finding too
+            line = {"stem": args.stem, "setting": name, "error": repr(exc)[:400]}
+        print(json.dumps(line), flush=True)
+        if args.json:
+            with args.json.open("a", encoding="utf-8") as f:
+                f.write(json.dumps(line) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
