@@ -64,7 +64,9 @@ Several encoder paths (Step3-VL's ``global`` views and ``local`` crops)
     workloads; no target is evaluated on such a model.
 
 Targets (issue #17, seed models, cost-aware policy): no batch slower than
-0.97x eager (every ladder); Σ best / Σ graph >= 0.95 (tuned ladder; the
+0.97x eager (every ladder), and the same over the batches whose plan
+replays a graph (an all-eager plan is the eager forward itself: its ratio is
+the host's A/A noise); Σ best / Σ graph >= 0.95 (tuned ladder; the
 others reported); the tuned ladder's measured waste within 3 points of the
 prediction; issue #6's speedup and efficiency targets on the old workloads.
 
@@ -190,6 +192,16 @@ TARGETS: tuple[dict[str, Any], ...] = (
     {
         "name": "no_batch_slower_than_eager",
         "description": "every real-traffic batch >= 0.97x eager (cost-aware)",
+        "threshold": 0.97,
+        "gating_ladders": ["default", "fine", "tuned"],
+    },
+    {
+        # The same check on the batches whose plan replays a graph: an
+        # all-eager plan runs the eager forward itself, so its ratio is the
+        # host's A/A noise on that batch (the first target reports it).
+        "name": "no_graph_plan_slower_than_eager",
+        "description": "every batch whose cost-aware plan replays a graph "
+        ">= 0.97x eager",
         "threshold": 0.97,
         "gating_ladders": ["default", "fine", "tuned"],
     },
@@ -1146,6 +1158,13 @@ def _target_values(
         s = model["summary"][ladder]["cost"]
         where = {"batch": s["worst_batch"], "aa_floor": s.get("aa_floor")}
         return [(s["speedup_per_batch"]["min"], where)]
+    if name == "no_graph_plan_slower_than_eager":
+        cells = [
+            (r["graph"][ladder]["cost"]["speedup"], {"batch": r["index"]})
+            for r in model["batches"]
+            if r["graph"][ladder]["cost"]["plan"].get("kind") in ("graphs", "mixed")
+        ]
+        return [min(cells, key=lambda c: c[0])] if cells else []
     if name == "aggregate_vs_best":
         return [(model["summary"][ladder]["cost"]["vs_best"], {})]
     if name == "tuned_waste_prediction":
