@@ -4,11 +4,14 @@ interleaved rounds."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
 import pytest
 from bench_modules import load_bench_module
+
+from encoder_cudagraph_runtime.cost_aware import CostModel, EagerCost, GraphCost
 
 bench = load_bench_module("bench_traffic")
 Schedule = load_bench_module("bench_encoders").Schedule
@@ -129,6 +132,28 @@ def test_the_worst_batch_target_carries_the_aa_floor() -> None:
 
 
 @pytest.mark.parametrize(
+    ("cells", "expected"),
+    [
+        # (plan kind, speedup) per batch: the all-eager plan's 0.80 (A/A
+        # noise on the eager forward itself) is not a graph plan's.
+        ([("eager", 0.80), ("graphs", 0.99), ("mixed", 0.98)], (0.98, 2)),
+        ([("graphs", 1.2), ("mixed", 0.91), ("eager", 1.0)], (0.91, 1)),
+        ([("eager", 0.80), ("eager", 1.0)], None),
+    ],
+)
+def test_the_graph_plan_target_leaves_all_eager_plans_out(cells, expected) -> None:  # type: ignore[no-untyped-def]
+    batches = [
+        {"index": i, "graph": {"fine": {"cost": {"plan": {"kind": k}, "speedup": x}}}}
+        for i, (k, x) in enumerate(cells)
+    ]
+    model = {"summary": {"fine": {"cost": {}}}, "batches": batches}
+    values = bench._target_values("no_graph_plan_slower_than_eager", model, "fine")
+    assert values == (
+        [] if expected is None else [(expected[0], {"batch": expected[1]})]
+    )
+
+
+@pytest.mark.parametrize(
     ("stem", "item", "dims"),
     [
         # One grid of three dims: the item's values in the spec's order.
@@ -222,3 +247,14 @@ def test_benchmark_grids(
 
     encoders = load_bench_module("bench_encoders")
     assert encoders.pixels_to_item(REFERENCE_TOWERS[stem], size, *pixels) == item
+
+
+def test_a_recorded_cost_model_reads_back_with_its_budget_factors() -> None:
+    """``traffic.json`` stores ``CostModel.as_dict()`` (string keys);
+    ``bench/replay_traffic.py`` must price the budgets as the run did."""
+    graph = GraphCost({64: 2.0, 128: 3.0}, 8, 0.1, 1e-5, 0.0, {128: 1.1})
+    model = CostModel(graph, EagerCost(fixed_ms=5.0), 0.04, 0.03)
+    recorded = json.loads(json.dumps(model.as_dict()))
+    back = load_bench_module("replay_traffic").cost_model_of(recorded)
+    assert back == model
+    assert back.graph.predict(128, 100, 10_000) == graph.predict(128, 100, 10_000)

@@ -1,0 +1,48 @@
+"""``bench/diagnose_pool_reads.py``: its kernel settings are global torch
+flags, so each must leave them as it found them (the next setting and the
+rest of the process see the defaults)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from bench_modules import load_bench_module
+
+diagnose = load_bench_module("diagnose_pool_reads")
+
+
+def _flags() -> tuple[bool, ...]:
+    cuda = torch.backends.cuda
+    sdpa = tuple(getattr(cuda, f"{k}_sdp_enabled")() for k in diagnose.SDPA_FLAGS)
+    return sdpa + (torch.backends.mha.get_fastpath_enabled(),)
+
+
+@pytest.mark.parametrize(
+    ("setting", "off"),
+    [
+        ("default", ()),
+        ("no_mem_efficient", ("mem_efficient",)),
+        ("no_cudnn", ("cudnn",)),
+        ("math_sdpa", ("flash", "mem_efficient", "cudnn")),
+        ("no_mha_fastpath", ()),
+    ],
+)
+def test_each_setting_switches_its_kernels_and_restores_them(setting, off) -> None:  # type: ignore[no-untyped-def]
+    before = _flags()
+    with diagnose.SETTINGS[setting]():
+        cuda = torch.backends.cuda
+        for kernel in diagnose.SDPA_FLAGS:
+            on = getattr(cuda, f"{kernel}_sdp_enabled")()
+            assert on == (
+                before[diagnose.SDPA_FLAGS.index(kernel)] and kernel not in off
+            )
+        fastpath = torch.backends.mha.get_fastpath_enabled()
+        assert fastpath == (before[-1] and setting != "no_mha_fastpath")
+    assert _flags() == before
+
+
+def test_unknown_settings_are_refused(capsys) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(SystemExit) as exit_info:
+        diagnose.main(["minicpmv", "--settings", "no_such_kernel"])
+    assert exit_info.value.code == 2
+    assert "unknown settings ['no_such_kernel']" in capsys.readouterr().err
