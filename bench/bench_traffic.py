@@ -65,8 +65,9 @@ Several encoder paths (Step3-VL's ``global`` views and ``local`` crops)
 
 Targets (issue #17, seed models, cost-aware policy): no batch slower than
 0.97x eager (every ladder), and the same over the batches whose plan
-replays a graph (an all-eager plan is the eager forward itself: its ratio is
-the host's A/A noise); Σ best / Σ graph >= 0.95 (tuned ladder; the
+replays a graph (an all-eager plan runs the eager forward itself: its ratio
+is the host's noise on that call plus what the manager adds around it, which
+run G did not fully explain); Σ best / Σ graph >= 0.95 (tuned ladder; the
 others reported); the tuned ladder's measured waste within 3 points of the
 prediction; issue #6's speedup and efficiency targets on the old workloads.
 
@@ -196,9 +197,9 @@ TARGETS: tuple[dict[str, Any], ...] = (
         "gating_ladders": ["default", "fine", "tuned"],
     },
     {
-        # The same check on the batches whose plan replays a graph: an
-        # all-eager plan runs the eager forward itself, so its ratio is the
-        # host's A/A noise on that batch (the first target reports it).
+        # The same check on the batches whose plan replays a graph, where
+        # the planner's choice is what is measured: an all-eager plan runs
+        # the eager forward itself (the first target still reports it).
         "name": "no_graph_plan_slower_than_eager",
         "description": "every batch whose cost-aware plan replays a graph "
         ">= 0.97x eager",

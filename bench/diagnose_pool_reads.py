@@ -28,6 +28,7 @@ import json
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -95,21 +96,26 @@ def _clear_caches() -> list[str]:
     return cleared
 
 
-def run_setting(stem: str, name: str, batches: int) -> dict[str, object]:
+def _run_driver(stem: str, size: str, batches: int, poison: bool) -> dict[str, Any]:
+    """One equivalence-driver run as the GPU suite's (bf16, CUDA graphs)."""
     device = torch.device("cuda", torch.cuda.current_device())
+    return drv.run_equivalence(
+        stem,
+        size,
+        device=device,
+        dtype=torch.bfloat16,
+        graph_backend=CudaGraphBackend(device),
+        attn_backend=AttentionBackendEnum.FLASH_ATTN,
+        tolerance=2e-2,
+        seed=0,
+        num_batches=batches,
+        poison_pool=poison,
+    )
+
+
+def run_setting(stem: str, name: str, batches: int) -> dict[str, object]:
     with SETTINGS[name]():
-        summary = drv.run_equivalence(
-            stem,
-            "tiny",
-            device=device,
-            dtype=torch.bfloat16,
-            graph_backend=CudaGraphBackend(device),
-            attn_backend=AttentionBackendEnum.FLASH_ATTN,
-            tolerance=2e-2,
-            seed=0,
-            num_batches=batches,
-            poison_pool=True,
-        )
+        summary = _run_driver(stem, "tiny", batches, poison=True)
     failures = summary.get("failures") or []
     return {
         "stem": stem,
@@ -145,18 +151,11 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [s for s in args.settings if s not in SETTINGS]
     if unknown:
         parser.error(f"unknown settings {unknown}; known: {list(SETTINGS)}")
-    device = torch.device("cuda", torch.cuda.current_device())
-    for before in args.before:
-        stem, size = before.split(":")
-        summary = drv.run_equivalence(
-            stem,
-            size,
-            device=device,
-            dtype=torch.bfloat16,
-            graph_backend=CudaGraphBackend(device),
-            num_batches=args.batches,
-            seed=0,
-        )
+    befores = [b.split(":") for b in args.before]
+    if any(len(b) != 2 for b in befores):
+        parser.error(f"--before takes STEM:SIZE, got {args.before}")
+    for before, (stem, size) in zip(args.before, befores):
+        summary = _run_driver(stem, size, args.batches, poison=False)
         print(json.dumps({"before": before, "nonfinite": summary["nonfinite"]}))
     if args.clear_after_before:
         print(json.dumps({"cleared": _clear_caches()}))

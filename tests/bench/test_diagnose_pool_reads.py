@@ -41,8 +41,15 @@ def test_each_setting_switches_its_kernels_and_restores_them(setting, off) -> No
     assert _flags() == before
 
 
-def test_unknown_settings_are_refused(capsys) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--settings", "no_such_kernel"], "unknown settings ['no_such_kernel']"),
+        (["--before", "deepseek_v41"], "--before takes STEM:SIZE"),
+    ],
+)
+def test_bad_command_lines_are_refused_before_any_run(argv, message, capsys) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(SystemExit) as exit_info:
-        diagnose.main(["minicpmv", "--settings", "no_such_kernel"])
+        diagnose.main(["minicpmv", *argv])
     assert exit_info.value.code == 2
-    assert "unknown settings ['no_such_kernel']" in capsys.readouterr().err
+    assert message in capsys.readouterr().err

@@ -179,7 +179,17 @@ def test_tuned_ladder_is_the_tuners(traffic: dict[str, Any]) -> None:
 def test_traffic_targets_and_report(traffic: dict[str, Any]) -> None:
     names = {t["name"] for t in traffic["targets"]}
     assert names == {t["name"] for t in load_bench_module("bench_traffic").TARGETS}
-    assert all(t["passed"] in (True, False) for t in traffic["targets"])
+    graph_plans = any(
+        entry["cost"]["plan"].get("kind") in ("graphs", "mixed")
+        for model in traffic["models"].values()
+        for batch in model["batches"]
+        for entry in batch["graph"].values()
+    )
+    for t in traffic["targets"]:
+        # A target over the batches whose plan replays a graph has nothing
+        # to check when every plan ran eagerly: not a pass.
+        vacuous = t["name"] == "no_graph_plan_slower_than_eager" and not graph_plans
+        assert t["passed"] in ((None,) if vacuous else (True, False)), t["name"]
     render = load_bench_module("render_results")
     markdown = render.render_markdown(traffic)
     assert "## Real-traffic encoder benchmark" in markdown

@@ -60,9 +60,9 @@ POISON_STEMS = [s for s in ("deepseek_v41", "minicpmv") if s in STEMS] or STEMS[
 #: docs/gpu-runs/2026-12-01-run-g-h200.md).
 # MiniCPM-V's poisoned run depends on what ran before it in the process (GPU
 # run G: alone or after a MiniCPM-V tiny run it passes, after a DeepSeek-V4.1
-# tiny run it fails), with every SDPA kernel choice and without
-# nn.MultiheadAttention's fast path alike; clearing the towers' caches and
-# the CUDA cache in between does not help. This module runs the poisoned
+# tiny run it fails), alike under each SDPA kernel setting tried (math only
+# too) and without nn.MultiheadAttention's fast path; clearing the towers'
+# caches and the CUDA cache in between does not help. This module runs the poisoned
 # DeepSeek-V4.1 case first, so the whole module reproduces it; the MiniCPM-V
 # case run alone (-k) passes and reports a strict XPASS.
 POISON_KNOWN_FAILURES = {
