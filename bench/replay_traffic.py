@@ -14,7 +14,11 @@ a ``traffic.json`` and, without a GPU:
    decision's time is the run's measurement of that plan where the run
    measured it (vLLM's packing, all-eager, the run's cost-aware plan), or
    else an estimate from a model fitted on every batch (counted apart);
-3. totals per model, ladder and policy: speedup, worst batch, Σ best / Σ
+3. replays today's planner once more with a cost model fitted, by today's
+   code, to the samples the run's own manager timed at calibration
+   (``calibration_samples``, before any batch): what the run would have
+   decided with today's fit;
+4. totals per model, ladder and policy: speedup, worst batch, Σ best / Σ
    time, against the same for the run's policies.
 
 It is torch-free (the planner and the packing are pure Python).
@@ -188,40 +192,86 @@ def replay_ladder(stem: str, model: dict[str, Any], name: str) -> list[dict[str,
     """Today's planner on every batch of one ladder (two-fold)."""
     ladder = model["ladders"][name]
     batches = model["batches"]
-    budgets, mbs = ladder["budgets"], ladder["max_batch_size"]
     reference = calibrate(stem, batches, ladder, name)
     folds = [batches[0::2], batches[1::2]]
     decisions = []
     for fold, test in enumerate(folds):
         cost = calibrate(stem, folds[1 - fold], ladder, name)
-        for batch in test:
-            rows, tokens = item_rows_tokens(stem, batch)
-            plan = plan_execution(rows, budgets, mbs, cost, sort_keys=tokens)
-            entries = batch["graph"][name]
-            signatures = {
-                "vllm": vllm_signature(rows, tokens, budgets, mbs),
-                "round1": unit_signature(round1_units(entries["cost"]["plan"] or [])),
-            }
-            ms, how = outcome(plan, batch, name, signatures, reference, rows)
-            decisions.append(
-                {
-                    "index": batch["index"],
-                    "images": batch["images"],
-                    "rows": sum(rows),
-                    "source": plan.source,
-                    "kind": plan.kind,
-                    "predicted_ms": plan.predicted_ms,
-                    "predicted_vllm_ms": plan.vllm_ms,
-                    "predicted_eager_ms": plan.eager_ms,
-                    "ms": ms,
-                    "from": how,
-                    "eager_ms": batch["eager_ms"]["median"],
-                    "best_ms": batch["best_ms"],
-                    "vllm_ms": measured(entries["vllm"]),
-                    "round1_ms": measured(entries["cost"]),
-                }
-            )
+        decisions += [decide(stem, b, name, ladder, cost, reference) for b in test]
     return sorted(decisions, key=lambda d: d["index"])
+
+
+def refitted_calibration(
+    model: dict[str, Any], name: str, eager_from: CostModel | None
+) -> CostModel | None:
+    """The cost model today's code fits to the samples the run's manager
+    timed for ``name`` (``calibration_samples``; a ladder calibrated with
+    another's eager cost reuses ``eager_from``), or ``None`` where the run
+    kept none."""
+    ladder = model["ladders"][name]
+    timed = ladder.get("calibration_samples")
+    if not timed or (not timed["eager"] and eager_from is None):
+        return None
+    eager = [EagerSample(tuple(s["rows"]), s["ms"]) for s in timed["eager"]]
+    graph = [
+        GraphSample(s["budget"], tuple(s["rows"]), s["ms"], s.get("replay_ms"))
+        for s in timed["graph"]
+    ]
+    replay_ms = cost_model_of(ladder["cost_model"]).graph.replay_ms
+    return calibrated_cost_model(
+        replay_ms,
+        ladder["max_batch_size"],
+        eager,
+        graph,
+        reuse_eager=None if eager else eager_from,
+    )
+
+
+def replay_calibrated(
+    stem: str, model: dict[str, Any], name: str, cost: CostModel
+) -> list[dict[str, Any]]:
+    """Today's planner on every batch of one ladder, with ``cost`` fitted
+    to the run's own calibration samples (what the manager saw before the
+    batches: no batch informs its own decision)."""
+    ladder = model["ladders"][name]
+    reference = calibrate(stem, model["batches"], ladder, name)
+    return [decide(stem, b, name, ladder, cost, reference) for b in model["batches"]]
+
+
+def decide(
+    stem: str,
+    batch: dict[str, Any],
+    name: str,
+    ladder: dict[str, Any],
+    cost: CostModel,
+    reference: CostModel,
+) -> dict[str, Any]:
+    """``cost``'s plan for ``batch`` and its time (see :func:`outcome`)."""
+    budgets, mbs = ladder["budgets"], ladder["max_batch_size"]
+    rows, tokens = item_rows_tokens(stem, batch)
+    plan = plan_execution(rows, budgets, mbs, cost, sort_keys=tokens)
+    entries = batch["graph"][name]
+    signatures = {
+        "vllm": vllm_signature(rows, tokens, budgets, mbs),
+        "round1": unit_signature(round1_units(entries["cost"]["plan"] or [])),
+    }
+    ms, how = outcome(plan, batch, name, signatures, reference, rows)
+    return {
+        "index": batch["index"],
+        "images": batch["images"],
+        "rows": sum(rows),
+        "source": plan.source,
+        "kind": plan.kind,
+        "predicted_ms": plan.predicted_ms,
+        "predicted_vllm_ms": plan.vllm_ms,
+        "predicted_eager_ms": plan.eager_ms,
+        "ms": ms,
+        "from": how,
+        "eager_ms": batch["eager_ms"]["median"],
+        "best_ms": batch["best_ms"],
+        "vllm_ms": measured(entries["vllm"]),
+        "round1_ms": measured(entries["cost"]),
+    }
 
 
 def totals(decisions: list[dict[str, Any]], key: str) -> dict[str, Any]:
@@ -311,6 +361,7 @@ def replay(result: dict[str, Any]) -> dict[str, Any]:
             out[stem] = {"not_applicable": model["not_applicable"]["cost"]}
             continue
         out[stem] = {"old_workloads": replay_old_workloads(stem, model)}
+        eager_from = None
         for name in LADDERS:
             decisions = replay_ladder(stem, model, name)
             out[stem][name] = {
@@ -321,13 +372,26 @@ def replay(result: dict[str, Any]) -> dict[str, Any]:
                 "estimated_batches": sum(d["from"] == "estimated" for d in decisions),
                 "run_model_errors": prediction_errors(stem, model, name),
             }
+            cost = refitted_calibration(model, name, eager_from)
+            if cost is None:
+                continue
+            if model["ladders"][name]["calibration_samples"]["eager"]:
+                eager_from = cost
+            refitted = replay_calibrated(stem, model, name, cost)
+            out[stem][name]["refitted"] = totals(refitted, "ms")
+            out[stem][name]["refitted_estimated_batches"] = sum(
+                d["from"] == "estimated" for d in refitted
+            )
     return out
 
 
 def render(replayed: dict[str, Any]) -> str:
     lines = [
-        "| model | ladder | vLLM packing | run's cost-aware | replayed planner | estimated |",
-        "|---|---|---|---|---|---|",
+        (
+            "| model | ladder | vLLM packing | run's cost-aware | replayed planner "
+            "| estimated | refitted calibration | estimated |"
+        ),
+        "|---|---|---|---|---|---|---|---|",
     ]
 
     def cell(t: dict[str, Any]) -> str:
@@ -342,15 +406,23 @@ def render(replayed: dict[str, Any]) -> str:
         for name, r in ladders.items():
             if name == "old_workloads":
                 continue
+            refit = (
+                f"{cell(r['refitted'])} | {r['refitted_estimated_batches']}"
+                if "refitted" in r
+                else "– | –"
+            )
             lines.append(
                 f"| {stem} | {name} | {cell(r['vllm'])} | {cell(r['run_cost_aware'])} "
-                f"| {cell(r['replayed'])} | {r['estimated_batches']} |"
+                f"| {cell(r['replayed'])} | {r['estimated_batches']} | {refit} |"
             )
     lines += [
         "",
         (
             "Cells: aggregate speedup vs eager (worst batch), Σ best / Σ time "
-            "[5th, 95th percentile of it over the batches drawn with replacement]."
+            "[5th, 95th percentile of it over the batches drawn with replacement]. "
+            "Replayed planner: fitted on half the batches' measurements, deciding "
+            "the other half; refitted calibration: fitted on the samples the run's "
+            "manager timed before the batches, deciding them all."
         ),
         "",
         "Issue #6 workloads, fine ladder: plan, speedup, efficiency (time from).",

@@ -214,6 +214,10 @@ def test_recorded_predictions_replay_offline(traffic: dict[str, Any]) -> None:
         for ladder in LADDERS:
             samples = model["ladders"][ladder]["calibration_samples"]
             assert all(g["replay_ms"] > 0 for g in samples["graph"])
+            # Refitted from those samples (the later ladders with the first
+            # one's eager cost): every batch decided once more.
+            refitted = replayed[stem][ladder]["refitted"]
+            assert 0 < refitted["vs_best"] and refitted["worst_batch"] > 0
         assert model["ladders"]["default"]["calibration_samples"]["eager"]
         assert (
             model["tuner"]["max_budget"] >= model["ladders"]["default"]["budgets"][-1]
