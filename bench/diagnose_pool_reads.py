@@ -14,7 +14,11 @@ many batches left a non-finite output buffer under each:
 * ``no_mha_fastpath``: ``nn.MultiheadAttention`` without its fused path.
 
 Settings are global torch flags, set before the driver captures and reset
-after. One JSON line per setting goes to ``--json`` (default stdout only).
+after. One JSON line per setting goes to ``--json`` (default stdout only),
+with how many bytes of the pool's free blocks the poison reached.
+``--before STEM:SIZE`` runs plain (unpoisoned) driver runs first in the same
+process, ``--between`` then resets state before the poisoned runs: the
+towers' caches, cuBLAS's workspaces, the side capture stream.
 
     PYTHONPATH=. python bench/diagnose_pool_reads.py minicpmv --json out.jsonl
 """
@@ -42,6 +46,7 @@ import equivalence_driver as drv  # noqa: E402
 from encoder_cudagraph_runtime.attention_backends import (  # noqa: E402
     AttentionBackendEnum,
 )
+from encoder_cudagraph_runtime import graph_backends  # noqa: E402
 from encoder_cudagraph_runtime.graph_backends import CudaGraphBackend  # noqa: E402
 
 SDPA_FLAGS = ("flash", "mem_efficient", "cudnn", "math")
@@ -96,6 +101,31 @@ def _clear_caches() -> list[str]:
     return cleared
 
 
+def _clear_cublas() -> list[str]:
+    """Free cuBLAS's per-stream workspaces (re-made at the next matmul)."""
+    torch.cuda.synchronize()
+    torch._C._cuda_clearCublasWorkspaces()
+    return ["cublas workspaces"]
+
+
+def _new_side_stream() -> list[str]:
+    """Forget the backend's side capture stream: the next capture makes a
+    new one."""
+    dropped = [
+        f"side stream of device {i}" for i in graph_backends._SIDE_CAPTURE_STREAMS
+    ]
+    graph_backends._SIDE_CAPTURE_STREAMS.clear()
+    return dropped
+
+
+# What may run between the --before runs and the poisoned ones.
+BETWEEN: dict[str, Callable[[], list[str]]] = {
+    "caches": _clear_caches,
+    "cublas": _clear_cublas,
+    "side_stream": _new_side_stream,
+}
+
+
 def _run_driver(stem: str, size: str, batches: int, poison: bool) -> dict[str, Any]:
     """One equivalence-driver run as the GPU suite's (bf16, CUDA graphs)."""
     device = torch.device("cuda", torch.cuda.current_device())
@@ -125,6 +155,11 @@ def run_setting(stem: str, name: str, batches: int) -> dict[str, object]:
         "num_failures": summary["num_failures"],
         "worst_rel_err": summary["worst_rel_err"],
         "first_failure": str(failures[0])[:400] if failures else None,
+        # How much of the pool the poison reached: a pass means little where
+        # it missed the blocks the graphs use.
+        "poisoned_bytes": summary.get("poisoned_bytes"),
+        "poisoned_blocks": summary.get("poisoned_blocks"),
+        "pool_free_bytes": summary.get("pool_free_bytes"),
     }
 
 
@@ -142,10 +177,18 @@ def main(argv: list[str] | None = None) -> int:
         help="plain (unpoisoned) runs first, in this process",
     )
     parser.add_argument(
+        "--between",
+        nargs="*",
+        default=[],
+        choices=list(BETWEEN),
+        help="after the --before runs: caches (the reference towers' "
+        "functools caches, garbage, the CUDA cache), cublas (its "
+        "workspaces), side_stream (a new side capture stream)",
+    )
+    parser.add_argument(
         "--clear-after-before",
         action="store_true",
-        help="after the --before runs: clear the reference towers' "
-        "functools caches, collect garbage and empty the CUDA cache",
+        help="the same as --between caches (run G)",
     )
     args = parser.parse_args(argv)
     unknown = [s for s in args.settings if s not in SETTINGS]
@@ -157,8 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     for before, (stem, size) in zip(args.before, befores):
         summary = _run_driver(stem, size, args.batches, poison=False)
         print(json.dumps({"before": before, "nonfinite": summary["nonfinite"]}))
-    if args.clear_after_before:
-        print(json.dumps({"cleared": _clear_caches()}))
+    between = args.between + (["caches"] if args.clear_after_before else [])
+    for action in dict.fromkeys(between):
+        print(json.dumps({"between": action, "cleared": BETWEEN[action]()}))
     for name in args.settings:
         try:
             line = run_setting(args.stem, name, args.batches)

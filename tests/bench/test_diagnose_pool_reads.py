@@ -53,3 +53,22 @@ def test_bad_command_lines_are_refused_before_any_run(argv, message, capsys) -> 
         diagnose.main(["minicpmv", *argv])
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_bad_between_action_is_refused_before_any_run(capsys) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(SystemExit) as exit_info:
+        diagnose.main(["minicpmv", "--between", "no_such_reset"])
+    assert exit_info.value.code == 2
+    assert "no_such_reset" in capsys.readouterr().err
+
+
+def test_side_stream_reset_makes_the_next_capture_take_a_new_stream() -> None:
+    streams = diagnose.graph_backends._SIDE_CAPTURE_STREAMS
+    saved = dict(streams)
+    try:
+        streams[7] = object()  # a device's stream, as a capture leaves it
+        assert diagnose.BETWEEN["side_stream"]() == ["side stream of device 7"]
+        assert streams == {}
+    finally:
+        streams.clear()
+        streams.update(saved)
