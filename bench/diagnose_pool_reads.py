@@ -157,9 +157,13 @@ def run_setting(stem: str, name: str, batches: int) -> dict[str, object]:
         "first_failure": str(failures[0])[:400] if failures else None,
         # How much of the pool the poison reached: a pass means little where
         # it missed the blocks the graphs use.
-        "poisoned_bytes": summary.get("poisoned_bytes"),
-        "poisoned_blocks": summary.get("poisoned_blocks"),
-        "pool_free_bytes": summary.get("pool_free_bytes"),
+        "poison": {
+            phase: {
+                k: result.get(k)
+                for k in ("poisoned_bytes", "poisoned_blocks", "pool_free_bytes")
+            }
+            for phase, result in summary.get("phases", {}).items()
+        },
     }
 
 

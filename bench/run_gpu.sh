@@ -15,7 +15,7 @@
 #   profile   not recorded  profile_execute.py; profile.json, profile.txt
 #   bench     ~315 s        bench_encoders.py (issue #6 workloads); bench.json, bench.md, bench.png
 #   dp        not recorded  2 GPUs (run_dp.sh)
-#   traffic   ~330 s (est.) bench_traffic.py (issue #17: real-traffic batches, seed models,
+#   traffic   ~420 s (est.) bench_traffic.py (issue #17: real-traffic batches, seed models,
 #                     default / fine / tuned ladders, vLLM vs cost-aware execution in
 #                     interleaved rounds, plans with predicted and measured ms, the
 #                     tuner's prediction, issue #6 workloads with cost-aware execution;
@@ -106,7 +106,7 @@ for stage in $stages; do
             if [ ${#cpu[@]} -gt 0 ]; then skip dp; continue; fi
             run dp bash bench/run_dp.sh "$OUT" ;;
         traffic) run traffic python3 bench/bench_traffic.py --out "$OUT/traffic.json" \
-                   --plot "$OUT/traffic.png" --soft-limit-s 300 "${cpu[@]}" ;;
+                   --plot "$OUT/traffic.png" --soft-limit-s 360 "${cpu[@]}" ;;
         traffic-new) run traffic-new python3 bench/bench_traffic.py --out "$OUT/traffic-new.json" \
                    --plot "$OUT/traffic-new.png" --models new --skip-unusable --no-old-workloads \
                    "${traffic_new[@]}" "${cpu[@]}" ;;

@@ -71,6 +71,64 @@ def test_rounds_interleave_the_calls_in_a_shuffled_order() -> None:
     assert len(rounds.host_probe_us) == 3 and min(rounds.host_probe_us) > 0
 
 
+def _scripted_gauge(probes: list[float], warmup: list[float]) -> object:
+    """A gauge whose probes read ``warmup`` then ``probes`` in order (then
+    the quiet level for ever)."""
+    script = iter(warmup + probes)
+    return bench.HostGauge(lambda: next(script, 100.0), warmup=len(warmup))
+
+
+@pytest.mark.parametrize(
+    ("probes", "takes", "retakes", "noisy"),
+    [
+        # Round probe, then before / after each take.
+        ([100, 100, 100], 1, 0, 0),  # quiet around the call: kept
+        ([100, 100, 200, 100, 100], 2, 1, 0),  # slow after the first take
+        ([100, 140, 100, 100, 100], 2, 1, 0),  # over 1.3x the quiet 100
+        ([100, 125, 125], 1, 0, 0),  # within 1.3x
+        ([100] + [200, 200] * 4, 4, 3, 1),  # never quiet: the last take kept
+    ],
+)
+def test_a_call_is_timed_again_while_the_host_is_slow(probes, takes, retakes, noisy) -> None:  # type: ignore[no-untyped-def]
+    gauge = _scripted_gauge(probes, warmup=[100.0] * 8)
+    durations = iter([5.0, 4.0, 3.0, 2.0])
+    timed: list[float] = []
+    after: list[str] = []
+
+    def call() -> None:
+        timed.append(next(durations))
+
+    schedule = Schedule(warmup=0, min_iters=1, max_iters=1, target_s=0.0)
+    rounds = bench.measure_rounds(
+        {"eager": call},
+        lambda: None,
+        schedule,
+        after={"eager": lambda: after.append("x")},
+        gauge=gauge,
+    )
+    assert len(timed) == takes
+    assert rounds.retakes == {"eager": retakes} and rounds.noisy == {"eager": noisy}
+    assert len(rounds.samples["eager"]) == len(rounds.first_takes["eager"]) == 1
+    assert after == ["x"]  # once, after the kept take
+    assert rounds.quiet_probe_us == 100.0
+
+
+def test_the_quiet_level_is_the_lower_quartile_of_recent_probes() -> None:
+    gauge = _scripted_gauge(
+        [], warmup=[900.0, 480.0, 500.0, 470.0, 880.0, 490.0, 460.0, 950.0]
+    )
+    assert gauge.quiet_us() == 480.0  # sorted: 460 470 480 490 500 880 900 950
+    assert gauge.is_quiet(600.0) and not gauge.is_quiet(480.0, 640.0)
+
+
+def test_without_a_gauge_each_call_is_timed_once() -> None:
+    calls = {"a": lambda: None}
+    schedule = Schedule(warmup=0, min_iters=2, max_iters=2, target_s=0.0)
+    rounds = bench.measure_rounds(calls, lambda: None, schedule)
+    assert len(rounds.samples["a"]) == 2
+    assert rounds.first_takes == {} and rounds.quiet_probe_us is None
+
+
 def test_the_round_order_varies_every_call_s_predecessor() -> None:
     """GPU run D: with a rotation each call kept its predecessor in all
     rounds but one; shuffled, eight calls over six rounds meet several."""
