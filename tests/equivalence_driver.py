@@ -1292,21 +1292,49 @@ def _padding_totals(manager: EncoderCudaGraphManager) -> dict[str, Any]:
     }
 
 
+class _CountedGraph:
+    """A captured graph that records its key in ``replayed`` at each replay
+    (every other attribute is the graph's own)."""
+
+    def __init__(self, graph: Any, key: tuple[str, Any], replayed: set) -> None:
+        self._graph, self._key, self._replayed = graph, key, replayed
+
+    def replay(self) -> None:
+        self._replayed.add(self._key)
+        self._graph.replay()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._graph, name)
+
+
+def _count_replays(manager: EncoderCudaGraphManager) -> set[tuple[str, Any]]:
+    """Wrap every captured graph of ``manager`` so that its replays are
+    recorded; returns the set of ``(path, graph key)`` replayed so far (filled
+    as the manager replays)."""
+    replayed: set[tuple[str, Any]] = set()
+    for path, graphs in manager.budget_graphs.items():
+        for key, meta in graphs.items():
+            meta.graph = _CountedGraph(meta.graph, (path, key), replayed)
+    return replayed
+
+
 def _output_buffers(
-    manager: EncoderCudaGraphManager, replayed: set[tuple[str, int]]
+    manager: EncoderCudaGraphManager, replayed: set[tuple[str, Any]]
 ) -> list[tuple[tuple[str, Any], torch.Tensor]]:
     """``((path, graph key), output buffer)`` of the graphs replayed since
-    capture.
+    capture (by graph, not budget: a model with capture axes has a graph per
+    axis key at each budget).
 
     Capture allocates each output buffer with ``empty_like`` (as vLLM does)
     and only records the copy into it, so until a graph's first replay its
-    buffer holds whatever the allocator handed out; nothing reads it then.
+    buffer holds whatever the allocator handed out (NaN too, where an
+    earlier computation of the process left NaN); nothing reads it then.
     """
     return [
         ((path, key), meta.output_buffer)
         for path, graphs in manager.budget_graphs.items()
         for key, meta in graphs.items()
-        if (path, meta.token_budget) in replayed
+        if (path, key) in replayed
     ]
 
 
@@ -1314,7 +1342,11 @@ def _nonfinite_rows(key: tuple[str, Any], buf: torch.Tensor) -> str:
     """Where a graph's output buffer holds NaN/Inf: its key and the rows."""
     bad = ~torch.isfinite(buf.reshape(buf.shape[0], -1)).all(dim=1)
     rows = bad.nonzero().flatten().tolist()
-    span = f"rows {rows[0]}-{rows[-1]}, {len(rows)} of {buf.shape[0]}" if rows else "no row"
+    span = (
+        f"rows {rows[0]}-{rows[-1]}, {len(rows)} of {buf.shape[0]}"
+        if rows
+        else "no row"
+    )
     return f"path {key[0]!r}, key {key[1]!r}, shape {tuple(buf.shape)}: {span}"
 
 
@@ -1472,6 +1504,7 @@ def _run_phase(
     start = time.perf_counter()
     manager.capture()
     capture_s = time.perf_counter() - start
+    replayed_graphs = _count_replays(manager)
     poison = None
     if poison_pool:
         if not isinstance(graph_backend, CudaGraphBackend):
@@ -1555,7 +1588,7 @@ def _run_phase(
                 stats.over_bar.append(entry)
             if not entry["within_bar_of_fp32"]:
                 stats.fail(_over_bar_message(where, out, ref, tol))
-        for k, (key, buf) in enumerate(_output_buffers(manager, replayed_here)):
+        for k, (key, buf) in enumerate(_output_buffers(manager, replayed_graphs)):
             if not bool(torch.isfinite(buf).all()):
                 stats.nonfinite += 1
                 stats.nonfinite_buffers += 1

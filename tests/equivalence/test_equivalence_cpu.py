@@ -396,3 +396,36 @@ def test_a_nonfinite_output_buffer_is_named_with_its_rows(rows, expected):
         buf[row, 1, 0] = float("nan")
     text = drv._nonfinite_rows(("default", 128), buf)
     assert text == f"path 'default', key 128, shape (6, 2, 3): {expected}"
+
+
+def test_only_the_graphs_an_execute_replayed_have_their_buffers_checked():
+    """MiniCPM-V captures a graph per patch-grid key at each budget: the
+    finiteness check reads the buffers of the graphs that replayed, not of
+    every graph at a replayed budget (an unreplayed one's buffer holds
+    whatever memory capture got: NaN after GPU runs F4-G's DeepSeek-V4.1 run,
+    which the GPU suite took for MiniCPM-V reading unwritten pool rows)."""
+    stem = "minicpmv"
+    tower = REFERENCE_TOWERS[stem]
+    mm_config = MultiModalConfig()
+    host = _host(stem, multimodal_config=mm_config)
+    budget = host.get_encoder_cudagraph_budget_range(drv.build_vllm_config("tiny"))[0]
+    manager = _manager(host, mm_config, token_budgets=[budget], max_items_per_batch=1)
+    manager.capture()
+    replayed = drv._count_replays(manager)
+    graphs = manager.budget_graphs["default"]
+    assert len(graphs) > 1  # one per capture-axis key at the one budget
+    with torch.inference_mode():  # capture made the buffers there
+        for meta in graphs.values():
+            meta.output_buffer.fill_(float("nan"))
+    manager.execute(
+        tower.make_mm_kwargs(host, [tower.smallest_item("tiny")], "cpu", seed=3)
+    )
+    checked = drv._output_buffers(manager, replayed)
+    assert [key for key, _ in checked] == list(replayed)  # one item, one graph
+    assert len(checked) == 1
+    ((_, buf),) = checked
+    assert bool(torch.isfinite(buf).all())  # the replay wrote its buffer
+    unreplayed = [
+        m.output_buffer for k, m in graphs.items() if ("default", k) not in replayed
+    ]
+    assert unreplayed and all(torch.isnan(b).all() for b in unreplayed)
