@@ -173,7 +173,18 @@ def test_aa_floor_is_the_eager_call_s_worst_distance_from_itself(
     assert floor == (None if expected is None else pytest.approx(expected))
 
 
-def test_the_worst_batch_target_carries_the_aa_floor() -> None:
+def test_the_worst_batch_target_carries_the_aa_floor_and_the_eager_plan_bound() -> None:
+    row = {
+        "eager_ms": {"median": 20.0},
+        "graph": {
+            "default": {
+                "cost": {
+                    "plan": {"kind": "eager"},
+                    "host_overhead_us": {"median": 400.0},
+                }
+            }
+        },
+    }
     model = {
         "summary": {
             "default": {
@@ -183,10 +194,16 @@ def test_the_worst_batch_target_carries_the_aa_floor() -> None:
                     "aa_floor": 0.84,
                 }
             }
-        }
+        },
+        "batches": [row],
     }
     values = bench._target_values("no_batch_slower_than_eager", model, "default")
-    assert values == [(0.85, {"batch": 22, "aa_floor": 0.84})]
+    where = {
+        "batch": 22,
+        "aa_floor": 0.84,
+        "eager_plan_bound": pytest.approx(20 / 20.4),
+    }
+    assert values == [(0.85, where)]
 
 
 @pytest.mark.parametrize(
@@ -316,3 +333,26 @@ def test_a_recorded_cost_model_reads_back_with_its_budget_factors() -> None:
     back = load_bench_module("replay_traffic").cost_model_of(recorded)
     assert back == model
     assert back.graph.predict(128, 100, 10_000) == graph.predict(128, 100, 10_000)
+
+
+def _row(eager_ms: float, kind: str, overhead_us: float | None) -> dict:
+    entry = {"plan": {"kind": kind}}
+    if overhead_us is not None:
+        entry["host_overhead_us"] = {"median": overhead_us}
+    return {"eager_ms": {"median": eager_ms}, "graph": {"fine": {"cost": entry}}}
+
+
+@pytest.mark.parametrize(
+    ("rows", "expected"),
+    [
+        # 200 µs of the manager's own host work on a 17 ms eager plan.
+        ([_row(17.0, "eager", 200.0), _row(50.0, "eager", 200.0)], 17.0 / 17.2),
+        # Graph and mixed plans are not bounded this way.
+        ([_row(17.0, "graphs", 900.0), _row(50.0, "eager", 500.0)], 50.0 / 50.5),
+        ([_row(17.0, "mixed", 200.0)], None),
+        ([_row(17.0, "eager", None)], None),  # no overhead recorded
+    ],
+)
+def test_an_eager_plan_is_bounded_by_the_manager_s_own_host_time(rows, expected) -> None:  # type: ignore[no-untyped-def]
+    bound = bench.eager_plan_bound(rows, "fine")
+    assert bound == (None if expected is None else pytest.approx(expected))

@@ -52,24 +52,16 @@ bf16 eager on the same device)."""
 
 STEMS = drv.discover_spec_stems()
 # DeepSeek-V4.1, and MiniCPM-V, whose full run held NaN in one graph's output
-# buffer in GPU runs E6 and E7 (items right) but not in run F3 (same code, the
-# tiny run not before it in the process): a read of pool memory the replay did
-# not write would show under the poison.
+# buffer in GPU runs E6 and E7 (items right) but not in run F3.
 POISON_STEMS = [s for s in ("deepseek_v41", "minicpmv") if s in STEMS] or STEMS[:1]
-#: Poisoned runs known to fail, and why (docs/gpu-runs/2026-12-01-run-f-h200.md,
-#: docs/gpu-runs/2026-12-01-run-g-h200.md).
-# MiniCPM-V's poisoned run depends on what ran before it in the process (GPU
-# run G: alone or after a MiniCPM-V tiny run it passes, after a DeepSeek-V4.1
-# tiny run it fails), alike under each SDPA kernel setting tried (math only
-# too) and without nn.MultiheadAttention's fast path; clearing the towers'
-# caches and the CUDA cache in between does not help. This module runs the poisoned
-# DeepSeek-V4.1 case first, so the whole module reproduces it; the MiniCPM-V
-# case run alone (-k) passes and reports a strict XPASS.
-POISON_KNOWN_FAILURES = {
-    "minicpmv": "MiniCPM-V's graphs read pool memory the replay did not write "
-    "after a DeepSeek-V4.1 run in the process: NaN rows outside every item "
-    "(GPU runs F4, G); the cause is not located",
-}
+#: Poisoned runs known to fail, and why (a strict xfail each). None now: the
+#: MiniCPM-V failure of GPU runs E6-G (NaN rows in an output buffer after a
+#: DeepSeek-V4.1 run in the process) was the driver reading the buffers of
+#: every graph at a replayed budget; MiniCPM-V has a graph per patch-grid key
+#: at each budget, and an unreplayed one's buffer holds whatever memory it
+#: got. The driver checks the graphs that replayed since GPU run H
+#: (docs/gpu-runs/2026-12-02-run-h-h200.md), and the case passes there.
+POISON_KNOWN_FAILURES: dict[str, str] = {}
 POISON_BATCHES = 80
 
 
