@@ -43,6 +43,8 @@ Every call of a batch (eager twice, the exact-shape graph end to end, and
 the six ladder / policy executes) is timed in interleaved rounds, one call
 of each per round: the host's speed drifts over seconds on the machines these runs
 get, and a ratio of two calls timed seconds apart measures that drift.
+``--quiet-host`` also times a call again while the host runs slow
+(:class:`HostGauge`; off by default, run H).
 Batches are measured in order until the model's share of ``--soft-limit-s``
 is spent, at least ``--batches`` of them (the first ones of the same seeded
 draw, so runs compare batch by batch), none after ``--hard-limit-s``.
@@ -66,8 +68,9 @@ Several encoder paths (Step3-VL's ``global`` views and ``local`` crops)
 Targets (issue #17, seed models, cost-aware policy): no batch slower than
 0.97x eager (every ladder), and the same over the batches whose plan
 replays a graph (an all-eager plan runs the eager forward itself: its ratio
-is the host's noise on that call plus what the manager adds around it, which
-run G did not fully explain); Σ best / Σ graph >= 0.95 (tuned ladder; the
+is the host's noise on that call plus what the manager adds around it; the
+first target reports that part as ``eager_plan_bound``, :func:`eager_plan_bound`,
+at least 0.99 in run H); Σ best / Σ graph >= 0.95 (tuned ladder; the
 others reported); the tuned ladder's measured waste within 3 points of the
 prediction; issue #6's speedup and efficiency targets on the old workloads.
 
