@@ -14,7 +14,9 @@ ENTERED: list[tuple[Any, Any]] = []
 
 
 @contextmanager
-def set_forward_context(attn_metadata: Any, vllm_config: Any, **_: Any) -> Iterator[None]:
+def set_forward_context(
+    attn_metadata: Any, vllm_config: Any, **_: Any
+) -> Iterator[None]:
     """Enter a forward context (nothing to set up here)."""
     ENTERED.append((attn_metadata, vllm_config))
     yield

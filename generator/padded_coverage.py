@@ -56,9 +56,7 @@ class TakenItems:
         self.env = dict(env)
         items = ir.items
         self.tokens = items.budget_tokens or items.output_tokens
-        self.sizes = sorted(
-            {g.dims[0] for g in ir.item_inputs if g.is_padded}
-        )
+        self.sizes = sorted({g.dims[0] for g in ir.item_inputs if g.is_padded})
         used = names_in(self.tokens) | {
             n for axis in ir.axes for c in axis.covers for n in names_in(c)
         }

@@ -148,7 +148,13 @@ FIELD_SCOPES: dict[str, FieldScope] = {
     ),
     "unit_dummy": FieldScope(
         frozenset({_K.CONSTANT, _K.AXIS_DIM}),
-        ("token_budget", "max_batch_size", "max_frames_per_batch", "units", "unit_index"),
+        (
+            "token_budget",
+            "max_batch_size",
+            "max_frames_per_batch",
+            "units",
+            "unit_index",
+        ),
     ),
     "tensor_shape": FieldScope(_CAPTURE_VALUES, CAPTURE_SIZES, host_paths=True),
     "tensor_dtype": FieldScope(builtins=("dtype",), host_paths=True),

@@ -752,7 +752,9 @@ def _sampled_item_rows(
             tokens = value_at(tokens_field, budget_tokens, scope)
         except (EvaluationError, ArithmeticError):
             continue
-        yield ", ".join(f"{d}={v}" for d, v in zip(dims, combo, strict=True)), rows, tokens
+        yield ", ".join(
+            f"{d}={v}" for d, v in zip(dims, combo, strict=True)
+        ), rows, tokens
 
 
 def graph_row_slope(ir: Arithmetic, env: Mapping[str, int]) -> Fraction | None:
@@ -1092,7 +1094,9 @@ def _unit_samples(ir: Arithmetic, env: Mapping[str, int]) -> list[UnitSample]:
         scope = {**env, **dict(zip(dims, combo, strict=True))}
         try:
             out.append(
-                UnitSample(evaluate(tokens_expr, scope), evaluate(items.input_size, scope))
+                UnitSample(
+                    evaluate(tokens_expr, scope), evaluate(items.input_size, scope)
+                )
             )
         except (EvaluationError, ArithmeticError):
             continue

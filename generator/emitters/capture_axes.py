@@ -42,9 +42,7 @@ def _need(spec: MixinSpec, body: Body, axis: CaptureAxis) -> tuple[str, list[str
         # Items (or units) that run eagerly need no key: a batch of such an
         # item (packed alone) is selected, but replays no graph.
         skip = (
-            ""
-            if eager is None
-            else f" if not {conditions.to_python(eager, body.expr)}"
+            "" if eager is None else f" if not {conditions.to_python(eager, body.expr)}"
         )
         parts.append(
             f"max(({body.expr(cover)} for {target} in {iterable}{skip}), default=0)"

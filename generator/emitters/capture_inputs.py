@@ -76,7 +76,9 @@ def _builder_grids(spec: MixinSpec, path: EncoderPath) -> set[str]:
     """Grid and count keys a builder reads at capture."""
     names: set[str] = set()
     for b in path.metadata:
-        exprs = b.exprs if b.call is None else (b.call, *(v for _, v in b.capture_kwargs))
+        exprs = (
+            b.exprs if b.call is None else (b.call, *(v for _, v in b.capture_kwargs))
+        )
         for e in exprs:
             names |= fx.names_in(e)
     return {n for n in names if spec.item_input(n) is not None}
@@ -297,7 +299,9 @@ def _path_body(spec: MixinSpec, path: EncoderPath) -> dict[str, Any]:
         "k": read.get("k", True),
         "tensors": [_tensor(body, t, capture.of_units) for t in capture.tensors],
         "padded_sizes": _padded_sizes(spec, path, body),
-        "builders": builder_calls(path, body, "capture", padded_sizes_names(spec, path)),
+        "builders": builder_calls(
+            path, body, "capture", padded_sizes_names(spec, path)
+        ),
         "padded": [_padded(body, b) for b in padded],
         "allocated": [_allocated(body, b) for b in path.buffers if b.allocate],
         "graph_rows": (
@@ -327,7 +331,9 @@ def _padded_capture_reads(path: EncoderPath) -> dict[str, bool]:
     exprs += [b.slots for b in path.buffers if b.slots is not None]
     exprs += [b.capture_value for b in path.buffers if b.capture_value is not None]
     for b in path.metadata:
-        exprs += b.exprs if b.call is None else (b.call, *(v for _, v in b.capture_kwargs))
+        exprs += (
+            b.exprs if b.call is None else (b.call, *(v for _, v in b.capture_kwargs))
+        )
     if capture.graph_rows is not None:
         exprs.append(capture.graph_rows)
     names = set().union(*(fx.names_in(e) for e in exprs)) if exprs else set()

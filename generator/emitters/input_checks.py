@@ -278,9 +278,7 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
         "span": _span(spec, body, loads),
         "returns": [i.key for i in spec.item_inputs],
     }
-    ctx["constants"] = [
-        c for c in body.bindings() if c not in ctx["early_constants"]
-    ]
+    ctx["constants"] = [c for c in body.bindings() if c not in ctx["early_constants"]]
     return ctx
 
 

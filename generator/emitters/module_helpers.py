@@ -24,7 +24,9 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
         "select_counts": any(g.is_count and not g.is_list for g in spec.item_inputs),
         "select_items": any(g.is_list for g in spec.item_inputs),
         "list_units": any(g.is_list for g in spec.item_inputs),
-        "select_grid": any(not g.is_count and not g.is_padded for g in spec.item_inputs),
+        "select_grid": any(
+            not g.is_count and not g.is_padded for g in spec.item_inputs
+        ),
         "padded": any(g.is_padded for g in spec.item_inputs),
         "rows_dims": sorted({b.rows_dim for b in buffers if b.rows_dim}),
         "repeat_last": any(

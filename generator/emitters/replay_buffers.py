@@ -23,7 +23,9 @@ from generator.spec.path import EncoderPath
 def _builder_names(path: EncoderPath) -> set[str]:
     names: set[str] = set()
     for b in path.metadata:
-        exprs = b.exprs if b.call is None else (b.call, *(v for _, v in b.replay_kwargs))
+        exprs = (
+            b.exprs if b.call is None else (b.call, *(v for _, v in b.replay_kwargs))
+        )
         for e in exprs:
             names |= fx.names_in(e)
         for _, kwargs in b.replay_by_modality:

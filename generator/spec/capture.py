@@ -188,7 +188,9 @@ class CaptureTensor:
         if flat is None:
             if key not in r.ctx.failed_inputs:
                 r.ctx.error(
-                    key_location, r.field, f"{key!r} is not a flat, padded or list input"
+                    key_location,
+                    r.field,
+                    f"{key!r} is not a flat, padded or list input",
                 )
             return None
         if shape is None or any(s is INVALID for s in shape) or dtype is None:
@@ -198,8 +200,11 @@ class CaptureTensor:
             r.refuse("fill", "`pad` fills a padded input's buffer with its pad_value")
             return None
         if padded and len(shape) < 2:
-            r.error("shape", "a padded input's buffer has items on dim 0 and "
-                    "their sizes on dim 1: give at least two dims")
+            r.error(
+                "shape",
+                "a padded input's buffer has items on dim 0 and "
+                "their sizes on dim 1: give at least two dims",
+            )
             return None
         return cls(flat, key_location, tuple(shape), dtype, fill, why)
 
@@ -418,7 +423,9 @@ class Capture:
                 if r.has(key):
                     r.refuse(key, _NOT_WITH_UNITS[key])
         elif r.has("graph_rows_why") and not r.has("graph_rows"):
-            r.refuse("graph_rows_why", "comments capture.graph_rows, which is not given")
+            r.refuse(
+                "graph_rows_why", "comments capture.graph_rows, which is not given"
+            )
         r.ctx.unbound = dict(
             UNIT_CAPTURE_UNBOUND if r.has("units") else ITEM_CAPTURE_UNBOUND
         )
@@ -711,7 +718,6 @@ class MetadataBuilder:
             returns_tensor=returns,
             replay_by_modality=by_modality,
         )
-
 
     @classmethod
     def _from_steps(cls, r: Reader, provided: dict):

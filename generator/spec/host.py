@@ -354,9 +354,10 @@ class Constant:
                 "item is never missing)",
                 r.path("fallback"),
             )
-        if r.has("processor_kwarg") and "multimodal_config" not in r.ctx.names[
-            NameKind.HOST
-        ]:
+        if (
+            r.has("processor_kwarg")
+            and "multimodal_config" not in r.ctx.names[NameKind.HOST]
+        ):
             r.error(
                 r.key_location("processor_kwarg"),
                 "needs multimodal_config under host (it holds mm_processor_kwargs)",

@@ -364,8 +364,10 @@ def _padded(r: Reader, key: str, key_location: Location, video_key):
     row per item)."""
     for name, why in (
         ("equals", "only for grid and count inputs (a padded size is its shape)"),
-        ("unit_of", "only for flat and grid inputs (a padded input has one "
-         "entry per item)"),
+        (
+            "unit_of",
+            "only for flat and grid inputs (a padded input has one " "entry per item)",
+        ),
     ):
         if r.has(name):
             r.refuse(name, why)
@@ -384,6 +386,8 @@ def _padded(r: Reader, key: str, key_location: Location, video_key):
         multiple_of=multiple_of,
         pad_value=pad_value if r.ok("pad_value") else 0,
     )
+
+
 def _unit_shape(r: Reader, kind: InputKind) -> tuple[Expr, ...]:
     """A list input's ``unit_shape`` (required: the host checks every unit
     against it); ``()`` for the other kinds and when it failed (reported:

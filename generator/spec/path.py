@@ -499,7 +499,9 @@ def _check_unit_capture(r: Reader, buffers, builders, capture) -> None:
     grids -= {t.key for t in capture.tensors if not isinstance(t.flat, FlatInput)}
     node = r.raw("metadata")
     for i, b in enumerate(builders):
-        exprs = b.exprs if b.call is None else (b.call, *(v for _, v in b.capture_kwargs))
+        exprs = (
+            b.exprs if b.call is None else (b.call, *(v for _, v in b.capture_kwargs))
+        )
         read = set().union(*(fx.names_in(e) for e in exprs))
         for name in sorted(read & grids):
             where = node.value[i] if node is not None else b.location
@@ -514,11 +516,11 @@ def _check_unit_capture(r: Reader, buffers, builders, capture) -> None:
         what = (
             "pad"
             if b.pad is not None
-            else "set_by"
-            if b.set_by is not None
-            else "capture_value"
-            if b.capture_value is not None
-            else None
+            else (
+                "set_by"
+                if b.set_by is not None
+                else "capture_value" if b.capture_value is not None else None
+            )
         )
         if what is None:
             continue

@@ -604,6 +604,7 @@ class SpecWorld:
                 {d: v * 2 if d not in derived else v for d, v in item.items()}
             )
         raise AssertionError("no item of this spec runs eagerly")
+
     def _unit_edge(self) -> int | None:
         """Where units start to run eagerly, when the small draws never get
         there: the largest capture-axis bound of a spec whose per-unit

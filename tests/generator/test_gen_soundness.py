@@ -599,7 +599,9 @@ def check_padded_capture(world, buf, value, names, dims, budget, mbs) -> None:
     if buf.source.fill is Fill.PAD:
         assert value.eq(world.spec.item_input(buf.key).pad_value).all(), buf.key
     key_dims = {d: names[d] for a in world.spec.capture_axes for d in a.dims}
-    taken = [it for it in world.padded_probe_items() if world.takes(it, key_dims, budget)]
+    taken = [
+        it for it in world.padded_probe_items() if world.takes(it, key_dims, budget)
+    ]
     if not taken:
         return
     fewest = min(world.path_tokens(it) for it in taken)
@@ -636,7 +638,10 @@ def most_graph_rows(world: SpecWorld, path, budget: int, mbs: int) -> int:
     gain = [0] * (budget + 1)  # the most rows of an item of that many tokens
     for a in range(1, budget + 1):
         first = dict(zip(dims[:1], [a]))
-        if dims and world.value(tokens_expr, **first, **{d: 1 for d in dims[1:]}) > budget:
+        if (
+            dims
+            and world.value(tokens_expr, **first, **{d: 1 for d in dims[1:]}) > budget
+        ):
             break
         for b in range(1, budget + 1) if len(dims) == 2 else [None]:
             names = {**first, **({dims[1]: b} if b is not None else {})}
@@ -783,8 +788,7 @@ def check_padded_replay(world, buf, items, value, src) -> None:
     sizes = [it[item.dims[0]] for it in items]
     assert list(src.shape[:2]) == [len(items), max(sizes)], buf.key
     assert world.padded_ids(src, sizes) == [
-        [[i, r] for r in range(n)] if src[0].numel() // src.shape[1] > 1 else
-        [[i]] * n
+        [[i, r] for r in range(n)] if src[0].numel() // src.shape[1] > 1 else [[i]] * n
         for i, n in enumerate(sizes)
     ], buf.key
     for i, n in enumerate(sizes):

@@ -662,5 +662,7 @@ def test_the_class_says_its_eager_forward_runs_item_by_item(module) -> None:
     assert cls.encoder_eager_forward_per_item is True
     vllm_text = (GENERATED_DIR / "vllm" / "deepseek_v41.py").read_text(encoding="utf-8")
     assert "encoder_eager_forward_per_item" not in vllm_text
-    minimax = (GENERATED_DIR / "standalone" / "minimax_m3.py").read_text(encoding="utf-8")
+    minimax = (GENERATED_DIR / "standalone" / "minimax_m3.py").read_text(
+        encoding="utf-8"
+    )
     assert "encoder_eager_forward_per_item" not in minimax

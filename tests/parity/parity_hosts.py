@@ -2053,13 +2053,16 @@ def _kimi_k25_vllm() -> tuple[type, Callable[[type, HostSettings], Any]]:
     code, classes = _moonvit3d_code()
     # The parsed media: a TensorSchema of the two inputs, read by key.
     code.stubs.setdefault(KIMI_K25, {})["KimiK25MediaPixelInputs"] = dict
-    code.stubs.setdefault(KIMI_K25_VIT, {})["run_dp_sharded_mrope_vision_model"] = (
-        _vit_data_parallel
-    )
+    code.stubs.setdefault(KIMI_K25_VIT, {})[
+        "run_dp_sharded_mrope_vision_model"
+    ] = _vit_data_parallel
     mixin = code.klass(
         KIMI_K25,
         "KimiK25ForConditionalGeneration",
-        [*_defined(code, KIMI_K25, "KimiK25ForConditionalGeneration"), *KIMI_K25_HELPERS],
+        [
+            *_defined(code, KIMI_K25, "KimiK25ForConditionalGeneration"),
+            *KIMI_K25_HELPERS,
+        ],
         bases=(_protocol(code),),
     )
     return (
@@ -2881,7 +2884,9 @@ class _Lfm2Encoder(Recorder):
                 "max_seqlen": _snapshot(max_seqlen),
             }
         )
-        out = varlen_attention(inputs_embeds[0], cu_seqlens, max_seqlen, self.violations)
+        out = varlen_attention(
+            inputs_embeds[0], cu_seqlens, max_seqlen, self.violations
+        )
         return out.unsqueeze(0)
 
 
@@ -2897,7 +2902,9 @@ class _Lfm2Tower:
     def __call__(self, pixel_values_packed, spatial_shapes, cu_seqlens, max_seqlen):
         model = self.vision_model
         hidden = model.embeddings(pixel_values_packed, spatial_shapes)
-        out = model.encoder(inputs_embeds=hidden, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
+        out = model.encoder(
+            inputs_embeds=hidden, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen
+        )
         return out if model.post_layernorm is None else model.post_layernorm(out)
 
 
@@ -4237,7 +4244,11 @@ def gemma4_mm() -> ModelParity:
     host_parts = code.klass(
         GEMMA4,
         "Gemma4ForConditionalGeneration",
-        ["_get_max_soft_tokens", "_parse_and_validate_image_input", "_process_image_input"],
+        [
+            "_get_max_soft_tokens",
+            "_parse_and_validate_image_input",
+            "_process_image_input",
+        ],
     )
     return ModelParity(
         name="gemma4_mm",
@@ -4266,7 +4277,9 @@ class _MiniCPMVPatchTower(Recorder):
 
     def __init__(self) -> None:
         super().__init__()
-        self.embeddings = _Obj(image_size=70 * MINICPMV_PATCH, patch_size=MINICPMV_PATCH)
+        self.embeddings = _Obj(
+            image_size=70 * MINICPMV_PATCH, patch_size=MINICPMV_PATCH
+        )
         self._weight = torch.zeros(1)
 
     def parameters(self):

@@ -50,7 +50,9 @@ DIFFERENCES = (
     ),
     Difference(
         "gemma4_mm.empty-selection-key",
-        (r"^select\[(lists,)?image,seed=\d+,\[\]\]/selected/encoder_cudagraph_axis_keys",),
+        (
+            r"^select\[(lists,)?image,seed=\d+,\[\]\]/selected/encoder_cudagraph_axis_keys",
+        ),
     ),
 )
 
@@ -103,7 +105,9 @@ def test_every_image_counts_the_widest_key(model, tmp_path) -> None:
     )
     counted = [
         [s.get_path_output_tokens("default") for s in specs]
-        for specs in map(lambda h: h.get_encoder_cudagraph_item_specs(batch), (vllm_host, ours))
+        for specs in map(
+            lambda h: h.get_encoder_cudagraph_item_specs(batch), (vllm_host, ours)
+        )
     ]
     assert counted == [[70] * 4, [280] * 4]
     rows = {}
@@ -124,7 +128,9 @@ def test_every_image_counts_the_widest_key(model, tmp_path) -> None:
     # check refuses: the graph of width 70 holds token_budget // 280 rows.
     text = (REPO / "specs" / "gemma4_mm.yaml").read_text(encoding="utf-8")
     own = tmp_path / "gemma4_own_width.yaml"
-    own.write_text(text.replace("  budget_tokens: m\n", "  budget_tokens: p // kernel**2\n"))
+    own.write_text(
+        text.replace("  budget_tokens: m\n", "  budget_tokens: p // kernel**2\n")
+    )
     with pytest.raises(SpecError, match="a graph takes only the items its key covers"):
         load_spec(own)
 

@@ -87,7 +87,9 @@ def _capture(host, case: CaptureCase) -> dict[str, torch.Tensor]:
 
 
 def _batch(grids, seed: int = 0) -> dict:
-    return hosts.moon3d_batch(torch.Generator().manual_seed(seed), "vision_chunk", grids)
+    return hosts.moon3d_batch(
+        torch.Generator().manual_seed(seed), "vision_chunk", grids
+    )
 
 
 def test_every_difference_from_vllm_is_listed(model) -> None:
@@ -208,7 +210,8 @@ def test_flashinfer_replays_read_the_v_rows_of_their_own_batch(model) -> None:
     v_total = int(vllm_view["replay"]["cu_seqlens"][-1])
     assert captured[17:].tolist() == [v_total] * 17
     assert not any(
-        torch.allclose(r, e) for r, e in zip(vllm_view["items"], vllm_eager, strict=True)
+        torch.allclose(r, e)
+        for r, e in zip(vllm_view["items"], vllm_eager, strict=True)
     )
     assert not our_view["violations"]
     for r, e in zip(our_view["items"], our_eager, strict=True):

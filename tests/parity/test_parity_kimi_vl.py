@@ -114,8 +114,9 @@ def test_a_budget_beyond_the_rope_grid_is_refused_with_value_error(
     assert len(checks) == 1 and "rope" in ast.unparse(checks[0].test)
     # ... which `python -O` compiles away, leaving a dummy grid taller than
     # the table; ours raises ValueError whatever the flags, naming both sides.
-    assert compile("assert False", "<check>", "exec", optimize=1).co_code == compile(
-        "pass", "<check>", "exec", optimize=1
-    ).co_code
+    assert (
+        compile("assert False", "<check>", "exec", optimize=1).co_code
+        == compile("pass", "<check>", "exec", optimize=1).co_code
+    )
     with pytest.raises(ValueError, match=r"RoPE grid: needs ho \* kh <= rope_h"):
         _capture(ours, case)

@@ -656,7 +656,9 @@ def test_kimi_k25_flashinfer_replay_reads_v_rows_at_wrong_offsets() -> None:
     vllm_host = model.hosts(hosts.HostSettings(backend="FLASHINFER"))[0]
     case = CaptureCase(256, 8, 8)
     batch = hosts.moon3d_batch(
-        torch.Generator().manual_seed(3), "vision_chunk", [(1, 4, 4), (1, 2, 6), (1, 6, 2)]
+        torch.Generator().manual_seed(3),
+        "vision_chunk",
+        [(1, 4, 4), (1, 2, 6), (1, 6, 2)],
     )
     assert _fits(vllm_host, batch, case)
     view = hosts.replay_view(vllm_host, case, [batch])[0]

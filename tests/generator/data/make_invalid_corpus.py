@@ -1639,12 +1639,18 @@ case(
 case(
     "equals_on_a_flat_input",
     "deepseek_v41",
-    ("types: {kind: flat, rows: output_tokens}", 'types: {kind: flat, rows: output_tokens, equals: {n: "h"}}'),
+    (
+        "types: {kind: flat, rows: output_tokens}",
+        'types: {kind: flat, rows: output_tokens, equals: {n: "h"}}',
+    ),
 )
 case(
     "equals_chained",
     "deepseek_v41",
-    ("vit_grid: {kind: grid, dims: [h, w]}", 'vit_grid: {kind: grid, dims: [h, w], equals: {w: "lw * r"}}'),
+    (
+        "vit_grid: {kind: grid, dims: [h, w]}",
+        'vit_grid: {kind: grid, dims: [h, w], equals: {w: "lw * r"}}',
+    ),
 )
 
 # -- the largest budget (budget.max) ---------------------------------------------------
@@ -1686,7 +1692,10 @@ valid_case(
 valid_case(
     "builder_steps_capture_kwargs",
     "builder_steps",
-    ("    provides: [patches,", "    capture_kwargs: {n: rows}\n    provides: [patches,"),
+    (
+        "    provides: [patches,",
+        "    capture_kwargs: {n: rows}\n    provides: [patches,",
+    ),
 )
 valid_case(
     "capture_value_not_a_host_scalar",
@@ -1716,7 +1725,10 @@ valid_case(
 valid_case(
     "unit_varlen_dummy_dims_not_positive",
     "unit_varlen",
-    ("  units: ceil_div(token_budget, m)\n", "  units: ceil_div(token_budget, m) + 1\n"),
+    (
+        "  units: ceil_div(token_budget, m)\n",
+        "  units: ceil_div(token_budget, m) + 1\n",
+    ),
 )
 valid_case(
     "unit_varlen_pad_without_dummy_units",
@@ -1734,23 +1746,35 @@ valid_case(
 valid_case(
     "unit_varlen_dummy_of_a_count",
     "unit_varlen",
-    ('    spatial_shapes: [f, "min', '    num_tiles: [1]\n    spatial_shapes: [f, "min'),
+    (
+        '    spatial_shapes: [f, "min',
+        '    num_tiles: [1]\n    spatial_shapes: [f, "min',
+    ),
 )
 valid_case(
     "unit_dummy_without_units",
     "builder_steps",
-    ("  dummy: {image_grid: [merge, k * merge]}\n", "  dummy: {image_grid: [merge, k * merge]}\n  unit_dummy: {image_grid: [1, 1]}\n"),
+    (
+        "  dummy: {image_grid: [merge, k * merge]}\n",
+        "  dummy: {image_grid: [merge, k * merge]}\n  unit_dummy: {image_grid: [1, 1]}\n",
+    ),
 )
 
 valid_case(
     "forward_context_not_a_call",
     "unit_varlen",
-    ("graph_forward_context: set_forward_context(None, vllm_config)", "graph_forward_context: vllm_config"),
+    (
+        "graph_forward_context: set_forward_context(None, vllm_config)",
+        "graph_forward_context: vllm_config",
+    ),
 )
 valid_case(
     "forward_context_unknown_helper",
     "unit_varlen",
-    ("graph_forward_context: set_forward_context(None, vllm_config)", "graph_forward_context: forward_context(None, vllm_config)"),
+    (
+        "graph_forward_context: set_forward_context(None, vllm_config)",
+        "graph_forward_context: forward_context(None, vllm_config)",
+    ),
 )
 
 valid_case(
@@ -1772,12 +1796,18 @@ valid_case(
 valid_case(
     "constant_processor_kwarg_without_multimodal_config",
     "builder_steps",
-    ("  merge: {from: tower.merge, default: 2}", "  merge: {from: tower.merge, default: 2, processor_kwarg: merge}"),
+    (
+        "  merge: {from: tower.merge, default: 2}",
+        "  merge: {from: tower.merge, default: 2, processor_kwarg: merge}",
+    ),
 )
 valid_case(
     "constant_fallback_of_a_method",
     "unit_capture_ceil",
-    ("{from: get_image_patches_per_chunk(), default: 144}", "{from: get_image_patches_per_chunk(), default: 144, fallback: 144}"),
+    (
+        "{from: get_image_patches_per_chunk(), default: 144}",
+        "{from: get_image_patches_per_chunk(), default: 144, fallback: 144}",
+    ),
 )
 
 
@@ -1807,7 +1837,10 @@ valid_case(
     ("modalities: [image, video]", "modalities: [image]"),
     ("max_frames_per_video: 4\n", ""),
     ("{kind: flat, video_key: pixel_values_videos}", "{kind: flat}"),
-    ("{kind: grid, dims: [t, h, w], video_key: video_grid_thw}", "{kind: grid, dims: [t, h, w]}"),
+    (
+        "{kind: grid, dims: [t, h, w], video_key: video_grid_thw}",
+        "{kind: grid, dims: [t, h, w]}",
+    ),
 )
 # The condition reads a name that is neither a constant nor a host path.
 valid_case(
@@ -1819,7 +1852,10 @@ valid_case(
 valid_case(
     "modality_when_not_an_expression",
     "modality_when",
-    ("video: major == 2 and minor == 6 or major == 4 and minor == 0", "video: [[2, 6], [4, 0]]"),
+    (
+        "video: major == 2 and minor == 6 or major == 4 and minor == 0",
+        "video: [[2, 6], [4, 0]]",
+    ),
 )
 
 
@@ -1840,18 +1876,26 @@ valid_case(
 valid_case(
     "padded_key_on_other_kinds",
     "capture_axes",
-    ("  image_grid: {kind: grid, dims: [h, w]}\n",
-     "  image_grid: {kind: grid, dims: [h, w], pad_value: -1}\n"),
-    ("    patches: {shape: [rows, patch], dtype: dtype}\n",
-     "    patches: {shape: [rows, patch], dtype: dtype, fill: pad}\n"),
+    (
+        "  image_grid: {kind: grid, dims: [h, w]}\n",
+        "  image_grid: {kind: grid, dims: [h, w], pad_value: -1}\n",
+    ),
+    (
+        "    patches: {shape: [rows, patch], dtype: dtype}\n",
+        "    patches: {shape: [rows, patch], dtype: dtype, fill: pad}\n",
+    ),
 )
 valid_case(
     "padded_equals_and_flat_shape",
     "padded_items",
-    ("  positions: {kind: padded, dim: p, pad_value: -1}\n",
-     "  positions: {kind: padded, dim: p, pad_value: -1, equals: {p: pool}}\n"),
-    ("    patches: {shape: [images, w * pool, patch], dtype: dtype}\n",
-     "    patches: {shape: [images * w * pool * patch], dtype: dtype}\n"),
+    (
+        "  positions: {kind: padded, dim: p, pad_value: -1}\n",
+        "  positions: {kind: padded, dim: p, pad_value: -1, equals: {p: pool}}\n",
+    ),
+    (
+        "    patches: {shape: [images, w * pool, patch], dtype: dtype}\n",
+        "    patches: {shape: [images * w * pool * patch], dtype: dtype}\n",
+    ),
 )
 # Images counted by their own tokens: a graph of width w then gets up to
 # token_budget images of one token, but holds token_budget // widest.
@@ -1865,8 +1909,10 @@ valid_case(
 valid_case(
     "padded_items_wider_than_the_rows",
     "padded_items",
-    ("    positions: {shape: [images, w * pool, 2]",
-     "    positions: {shape: [images, w * pool - 1, 2]"),
+    (
+        "    positions: {shape: [images, w * pool, 2]",
+        "    positions: {shape: [images, w * pool - 1, 2]",
+    ),
 )
 # pad_value is an integer.
 valid_case(
@@ -1881,13 +1927,19 @@ valid_case(
 valid_case(
     "list_without_unit_shape",
     "list_units",
-    ("{kind: list, units_per_item: n, unit_shape: [c, h * w]}", "{kind: list, units_per_item: n}"),
+    (
+        "{kind: list, units_per_item: n, unit_shape: [c, h * w]}",
+        "{kind: list, units_per_item: n}",
+    ),
 )
 # The name of an item's units is the list's; dims and dim are other kinds' keys.
 valid_case(
     "list_with_dims",
     "list_units",
-    ("{kind: list, units_per_item: n,", "{kind: list, dims: [a, b], units_per_item: n,"),
+    (
+        "{kind: list, units_per_item: n,",
+        "{kind: list, dims: [a, b], units_per_item: n,",
+    ),
 )
 # unit_shape reads constants and dims: a capture name is not in scope.
 valid_case(
@@ -1899,20 +1951,29 @@ valid_case(
 valid_case(
     "list_with_unit_of",
     "list_units",
-    ("{kind: list, units_per_item: n,", "{kind: list, unit_of: sizes, units_per_item: n,"),
+    (
+        "{kind: list, units_per_item: n,",
+        "{kind: list, unit_of: sizes, units_per_item: n,",
+    ),
 )
 # Its units are what a budget holds: an item capture has no place for them.
 valid_case(
     "list_without_unit_capture",
     "list_units",
     ("  units: ceil_div(token_budget, q)\n", ""),
-    ("  unit_dummy:\n    sizes: [side, side]\n", "  dummy: {sizes: [side, side], slices: [1]}\n"),
+    (
+        "  unit_dummy:\n    sizes: [side, side]\n",
+        "  dummy: {sizes: [side, side], slices: [1]}\n",
+    ),
 )
 # A list of tensors is no buffer the manager can copy.
 valid_case(
     "list_as_a_buffer",
     "list_units",
-    ("  patches: {shape: [units, c, side * side], dtype: dtype}\n", "  slices: {}\n  patches: {shape: [units, c, side * side], dtype: dtype}\n"),
+    (
+        "  patches: {shape: [units, c, side * side], dtype: dtype}\n",
+        "  slices: {}\n  patches: {shape: [units, c, side * side], dtype: dtype}\n",
+    ),
 )
 
 
