@@ -459,7 +459,7 @@ class HostGauge:
 
     The GPU machine's host slows by 1.5-2x in episodes of a second or more
     (GPU run H, ``bench/diagnose_host_noise.py``: the pure-Python probe 480
-    µs, then 850-1,050 µs for 10-15 calls in a row, alike with one intra-op
+    µs, then 850-1,050 µs for up to 15 calls in a row, alike with one intra-op
     thread and with the main thread pinned; nothing of the process's own
     causes it). A host-bound eager call slows with it (MiniMax M3, one
     540-token photo: 19 ms, then 28-36 ms); a graph replay does not. The
@@ -549,9 +549,8 @@ def measure_rounds(
     With a ``gauge``, each call is bracketed by host probes and timed again
     while the host is slow (:class:`HostGauge`): the figures then compare
     the calls on a quiet host. Only host-bound calls (eager) slow with the
-    host, so this takes away none of a graph's advantage it did not earn: it
-    only makes eager faster. The collector is off meanwhile (its pauses are
-    not the code's)."""
+    host, so the retakes can make eager faster but no graph's ratio better.
+    The collector is off meanwhile (its pauses are not the code's)."""
     before, after = before or {}, after or {}
     samples: dict[str, list[float]] = {name: [] for name in calls}
     first_takes: dict[str, list[float]] = {name: [] for name in calls}

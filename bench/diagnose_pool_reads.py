@@ -1,8 +1,11 @@
-"""Which attention kernel makes a model's graphs read unwritten pool memory?
+"""Does a model's poisoned-pool run fail under some kernel setting, or after
+some other run in the same process?
 
-GPU run F4 found MiniCPM-V's graphs returning NaN rows (outside every item)
-when the free blocks of their graph pool hold NaN: a kernel in the captured
-forward reads memory that the same replay has not written. This script runs
+GPU runs F4 and G found NaN rows in a MiniCPM-V graph's output buffer when
+the free blocks of the graph pool held NaN, after a DeepSeek-V4.1 run in the
+process. Run H located it with this script: the buffer was that of a graph
+that had not replayed (the equivalence driver then checked every graph at a
+replayed budget; it checks the graphs that replayed since). The script runs
 the poisoned-pool equivalence driver (``tests/equivalence_driver.py``, the
 ``tiny`` tower, bf16, CUDA graphs) once per kernel setting and prints how
 many batches left a non-finite output buffer under each:
