@@ -264,6 +264,20 @@ def images_only_config() -> MultiModalConfig:
     return MultiModalConfig(limit_per_prompt={"video": 0})
 
 
+def images_only_host(
+    stem: str, size: str, device: torch.device, dtype: torch.dtype
+) -> Any:
+    """The reference tower of ``stem`` (``size``) on the generated standalone
+    mixin, for images only: the host every benchmark measures."""
+    return REFERENCE_TOWERS[stem].build_host(
+        load_mixin(stem),
+        size,
+        device=device,
+        dtype=dtype,
+        multimodal_config=images_only_config(),
+    )
+
+
 def build_vllm_config(
     max_tokens: int, budgets: Sequence[int] = (), max_items: int = 0
 ) -> VllmConfig:

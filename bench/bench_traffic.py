@@ -116,8 +116,7 @@ from bench_encoders import (  # noqa: E402
     eager_call,
     environment,
     fine_ladder,
-    images_only_config,
-    load_mixin,
+    images_only_host,
     max_rel_diff,
     measure,
     padding_summary,
@@ -643,13 +642,7 @@ class TrafficBench:
         until ``deadline`` (``time.perf_counter()``)."""
         args = self.args
         started = time.perf_counter()
-        host = self.tower.build_host(
-            load_mixin(self.stem),
-            args.size,
-            device=self.device,
-            dtype=self.dtype,
-            multimodal_config=images_only_config(),
-        )
+        host = images_only_host(self.stem, args.size, self.device, self.dtype)
         managers: dict[str, EncoderCudaGraphManager] = {}
         result: dict[str, Any] = {"spec": self.stem, "size": args.size}
         try:

@@ -110,7 +110,7 @@ def run_child(setting: str, args: argparse.Namespace) -> dict[str, Any]:
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import image_traffic
-    from bench_encoders import eager_call, images_only_config, load_mixin
+    from bench_encoders import eager_call, images_only_host
     from profile_launch import host_probe_us
 
     from reference_towers.registry import REFERENCE_TOWERS
@@ -139,13 +139,7 @@ def run_child(setting: str, args: argparse.Namespace) -> dict[str, Any]:
     for stem, indices in BATCHES.items():
         tower = REFERENCE_TOWERS[stem]
         grid = image_traffic.model_grid(stem, tower.config(args.size))
-        host = tower.build_host(
-            load_mixin(stem),
-            args.size,
-            device=device,
-            dtype=dtype,
-            multimodal_config=images_only_config(),
-        )
+        host = images_only_host(stem, args.size, device, dtype)
         drawn = image_traffic.draw_image_batches(args.seed, max(indices) + 1)
         for index in indices:
             items = [grid(h, w) for h, w in drawn[index]]

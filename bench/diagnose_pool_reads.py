@@ -46,10 +46,10 @@ for path in (REPO_ROOT, REPO_ROOT / "tests"):  # run as a script from anywhere
 
 import equivalence_driver as drv  # noqa: E402
 
+from encoder_cudagraph_runtime import graph_backends  # noqa: E402
 from encoder_cudagraph_runtime.attention_backends import (  # noqa: E402
     AttentionBackendEnum,
 )
-from encoder_cudagraph_runtime import graph_backends  # noqa: E402
 from encoder_cudagraph_runtime.graph_backends import CudaGraphBackend  # noqa: E402
 
 SDPA_FLAGS = ("flash", "mem_efficient", "cudnn", "math")

@@ -53,8 +53,7 @@ from bench_encoders import (  # noqa: E402
     build_vllm_config,
     capture_ideal,
     eager_call,
-    images_only_config,
-    load_mixin,
+    images_only_host,
 )
 from bench_traffic import TRAIN_BATCHES, calibration_batches  # noqa: E402
 from profile_launch import host_probe_us  # noqa: E402
@@ -185,13 +184,7 @@ def order_run(stem: str, args: argparse.Namespace, log: Callable[[str], None]) -
     dtype = torch.bfloat16 if cuda else torch.float32
     tower = REFERENCE_TOWERS[stem]
     grid = image_traffic.model_grid(stem, tower.config(args.size))
-    host = tower.build_host(
-        load_mixin(stem),
-        args.size,
-        device=device,
-        dtype=dtype,
-        multimodal_config=images_only_config(),
-    )
+    host = images_only_host(stem, args.size, device, dtype)
     wanted = ORDER_BATCHES[stem][: 1 if args.quick else None]
     measured = image_traffic.draw_image_batches(args.seed, max(wanted) + 1)
     out: dict[str, Any] = {}
@@ -232,13 +225,7 @@ def model_run(stem: str, args: argparse.Namespace, log: Callable[[str], None]) -
 
     tower = REFERENCE_TOWERS[stem]
     grid = image_traffic.model_grid(stem, tower.config(args.size))
-    host = tower.build_host(
-        load_mixin(stem),
-        args.size,
-        device=device,
-        dtype=dtype,
-        multimodal_config=images_only_config(),
-    )
+    host = images_only_host(stem, args.size, device, dtype)
     measured = image_traffic.draw_image_batches(
         args.seed, max(DEFAULT_BATCHES[stem]) + 1
     )

@@ -42,8 +42,7 @@ from bench_encoders import (  # noqa: E402
     capture_ideal,
     discover_stems,
     fine_ladder,
-    images_only_config,
-    load_mixin,
+    images_only_host,
     pixels_to_item,
 )
 
@@ -146,13 +145,7 @@ def main(argv: list[str] | None = None) -> int:
 
     for stem in stems:
         tower = REFERENCE_TOWERS[stem]
-        host = tower.build_host(
-            load_mixin(stem),
-            args.size,
-            device=device,
-            dtype=dtype,
-            multimodal_config=images_only_config(),
-        )
+        host = images_only_host(stem, args.size, device, dtype)
         rows_out: list[dict[str, Any]] = []
         managers: dict[str, EncoderCudaGraphManager] = {}
         with torch.inference_mode():

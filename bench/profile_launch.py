@@ -57,8 +57,7 @@ from bench_encoders import (  # noqa: E402
     build_vllm_config,
     environment,
     fine_ladder,
-    images_only_config,
-    load_mixin,
+    images_only_host,
     pixels_to_item,
 )
 
@@ -213,13 +212,7 @@ def runtime_calls(fn: Callable[[], object], dev: Device) -> list[dict[str, Any]]
 def profile_model(stem: str, args: argparse.Namespace, dev: Device) -> dict[str, Any]:
     tower = REFERENCE_TOWERS[stem]
     dtype = torch.bfloat16 if dev.cuda else torch.float32
-    host = tower.build_host(
-        load_mixin(stem),
-        args.size,
-        device=dev.device,
-        dtype=dtype,
-        multimodal_config=images_only_config(),
-    )
+    host = images_only_host(stem, args.size, dev.device, dtype)
     out: dict[str, Any] = {"passes": []}
     with torch.inference_mode():
         lo, hi = host.get_encoder_cudagraph_budget_range(
