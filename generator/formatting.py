@@ -6,7 +6,7 @@ definitions, one between methods). So the module is formatted part by part
 (the templates mark where parts start, see :data:`CHUNK`) and each part's
 result is kept: the helpers are the same in every module, and most methods
 are the same in both targets of a spec, so a run with many specs formats
-each of them once. ``tests/generator/test_gen_format.py`` checks that the
+each of them once. ``tests/codegen/test_gen_format.py`` checks that the
 result is what black makes of the whole module.
 """
 

@@ -1,7 +1,7 @@
 """The caps that keep gen-mixin's cost bounded on hostile input.
 
 A spec is untrusted: whatever it holds, gen-mixin answers within these caps
-(tests/generator/test_gen_hostile_input.py measures the time and memory) or
+(tests/codegen/test_gen_hostile_input.py measures the time and memory) or
 refuses it with exit 2.
 """
 

@@ -61,7 +61,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("generated/", ("runtime",)),
     Section("generated/vllm/", ("runtime",), (_VLLM_DROP_IN,)),
     Section("tests/", ("test",)),
-    Section("tests/generator/golden/vllm/", ("test",), (_VLLM_DROP_IN,)),
+    Section("tests/codegen/golden/vllm/", ("test",), (_VLLM_DROP_IN,)),
     Section("bench/", ("bench", "gpu")),
     Section(".ci/", (), stdlib_only=True),
 )

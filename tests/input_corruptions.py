@@ -10,7 +10,7 @@ of the wrong width, with a zero or negative dim, every derived grid
 (``inputs.<key>.equals``) off by one against its sources, and the span types
 of a span-assembly spec with an unknown value or a content position moved
 from one item's span to the next. The spec tests
-(``tests/generator/test_gen_input_checks.py``) call the protocol methods
+(``tests/codegen/test_gen_input_checks.py``) call the protocol methods
 directly; the equivalence tests run the cases through the manager on the
 graph and the eager path.
 """

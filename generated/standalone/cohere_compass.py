@@ -4,7 +4,7 @@
 # `gen-mixin specs/cohere_compass.yaml`.
 # spec-sha256: d0b3571feeeed12e487ccaa7caa29d450a482d4ae7cfb2cb9c2e528321160bf0
 # templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: b587af7eb7f8cef1544b406ff1bc0d9ef034738823feb86c58dffe2b870ee57e
+# output-sha256: 8fcb9212e6c838a227d7c04ed3278b5cafcdf19e68c0c89cb1cf848774f800b6
 
 import itertools
 from collections.abc import Hashable

@@ -4,7 +4,7 @@
 # `gen-mixin specs/deepseek_ocr.yaml`.
 # spec-sha256: 0bfb43e4316a4a39192bb100e7cfeecbb3f7339c7a907dfaa07f9b62999ceee7
 # templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 51651dc4c38d3bf13d15465910d23629ac67093d1520245df2c74693ab185c47
+# output-sha256: e7c49cde747a73b89cca74fe08045d9728630e19ceb7b7e9be9bb8c7246254b6
 
 import itertools
 from collections.abc import Hashable

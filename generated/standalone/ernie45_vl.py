@@ -4,7 +4,7 @@
 # `gen-mixin specs/ernie45_vl.yaml`.
 # spec-sha256: 44a19487b2f61417079df3347e463bfafc30019f50c2056291e8a1b652284f7c
 # templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 4fef1167bec2f465ee53c01752897ff317be18763c71acf95cc6dedb538310a8
+# output-sha256: 5fe53e051f80d4ed5a418436550924554f1698b884261c02be78781a6190e187
 
 import itertools
 from collections.abc import Hashable

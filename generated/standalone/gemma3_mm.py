@@ -4,7 +4,7 @@
 # `gen-mixin specs/gemma3_mm.yaml`.
 # spec-sha256: 19cc0f6e849ba8315b6202b90204158da9f48161f059a5255254f1c8d3c71b41
 # templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: bec5744aa8ef7c83c1fd05069c93da6d7470f3f760066727261c1de04874ec2f
+# output-sha256: a30e80ea29609dae8b9803a6e465f097a074445988e4591e8fdd920f048a6157
 
 import itertools
 from collections.abc import Hashable

@@ -4,7 +4,7 @@
 # `gen-mixin specs/glm4_1v.yaml`.
 # spec-sha256: 8dbf4b67da8ee0c6b971a56e7a214b9a1b0132047a02b9a4eb35c668e955ad21
 # templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 59cc9836ac48280d34d806155fbb62fe1709b1724a86a51f94d8095c54e05536
+# output-sha256: 6140bfd7c8cfa751225f88eda194738e61d006798ff19d9eb9336cf3087fadf3
 
 import itertools
 from collections.abc import Hashable

@@ -4,7 +4,7 @@
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 8b488cb972956d4df57232df809f3b4c048f68b21019dab78906516f52b22e02
 # templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: ca4fc1fbc7782004a739cc8606603e19c358b6aa5668ac047c136c9c3bba77a9
+# output-sha256: 36e95ff20cd081db25a25e2fa45a8c14674751076740f7f78ca8bc668e6eaf1c
 
 import itertools
 from collections.abc import Hashable

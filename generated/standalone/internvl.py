@@ -4,7 +4,7 @@
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
 # templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: ec81d4f99289ffee83378c5f9de806164998c61e7f8d89f1486e811cda73fd0d
+# output-sha256: 12c87c6dc58f040ef23a3d5aa30fa9128792af431fb5013c93848f84fe3e5e64
 
 import itertools
 from collections.abc import Hashable

@@ -4,7 +4,7 @@
 # `gen-mixin specs/kimi_k25.yaml`.
 # spec-sha256: 593beb16e06a103837efc5aa14a6c25d495096029ae4609647637b59aaa4b37c
 # templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: ff3fae788b1945032cacf2799c33d1128ff5d08799b60df7b5224e2196b08e97
+# output-sha256: db217d3f54ac3f25e8da5b2edd44b4da52e0d91c3605ef7a16c5b3765028066d
 
 import itertools
 from collections.abc import Hashable

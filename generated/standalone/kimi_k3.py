@@ -4,7 +4,7 @@
 # `gen-mixin specs/kimi_k3.yaml`.
 # spec-sha256: 1913eb478f4bae1accc4351c633300f743a2b1c000a8337cc758991b7f9e5568
 # templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 9ba65a559756aca87b1cfe4c6c49fbd3c11e45d836ce7e139b16614a679d71ee
+# output-sha256: 99e8396874e8b67445e62ec31bd6a95033e6b0957dc1ed3f563de2da5bb3090a
 
 import itertools
 import math

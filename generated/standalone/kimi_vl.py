@@ -4,7 +4,7 @@
 # `gen-mixin specs/kimi_vl.yaml`.
 # spec-sha256: dec5f629ea45e6747065da9f1de34c016f7c11dcc328326c287b6a82ba94d373
 # templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: e4c1e2cb180fac7ad9d2c0ef3adebeb36d48aea6807565026cdfbefc35a529ea
+# output-sha256: acf71001184678ed57a3ca0aa409e7dfa30ed80c0b2ff22024b333b38b22626d
 
 import itertools
 from collections.abc import Hashable

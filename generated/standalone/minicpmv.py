@@ -4,7 +4,7 @@
 # `gen-mixin specs/minicpmv.yaml`.
 # spec-sha256: d4a580fe01bc55f4be098f399ee38128cd927c0b2f6e20aecf28c2d3e8bd3368
 # templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 5243bf5f29579f70fb4ac06247615f14cb2d4e2b93661b48dad2680891ef9bd5
+# output-sha256: 633ed74b140f9857fefdc4f11775486e5dceb3996d5cc7b99029a7a5ad620ba9
 
 import itertools
 from collections.abc import Hashable

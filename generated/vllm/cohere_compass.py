@@ -4,7 +4,7 @@
 # `gen-mixin specs/cohere_compass.yaml`.
 # spec-sha256: d0b3571feeeed12e487ccaa7caa29d450a482d4ae7cfb2cb9c2e528321160bf0
 # templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: b3bc06724816b8fef8c7ebd362489d613e86d0ccca2029dd21bc6f0fd1eb71f7
+# output-sha256: d1bc1d1c67a56f99af187e22dc8ec8813fa839c37feac0ef0c5bd55a69b4088f
 
 import itertools
 from collections.abc import Hashable

@@ -4,7 +4,7 @@
 # `gen-mixin specs/deepseek_vl2.yaml`.
 # spec-sha256: 6f892ea020ee953004c7a45b78d4d9f058c9fcef960abef7cba31604ab4b32b1
 # templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: b4cbe80d92285053f31847b6faad90a7fdf820396793adb176becc76093cb962
+# output-sha256: 04b965df568e7aebc5e24c20ed9da4b63a2d20d13797b53e571b3710073a0711
 
 import itertools
 from collections.abc import Hashable

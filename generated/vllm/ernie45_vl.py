@@ -4,7 +4,7 @@
 # `gen-mixin specs/ernie45_vl.yaml`.
 # spec-sha256: 44a19487b2f61417079df3347e463bfafc30019f50c2056291e8a1b652284f7c
 # templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 42ec2641d8a3dabafcaa28efd9542b2e88400aa5aae4cd0b196d5b7e68a4484b
+# output-sha256: 7082602379f23e92159f2b33934586c8e0089900c7421399a12daf59937614fc
 
 import itertools
 from collections.abc import Hashable

@@ -4,7 +4,7 @@
 # `gen-mixin specs/gemma4_mm.yaml`.
 # spec-sha256: 148b1e0d274e84158f902fd11628140ec5226f1b1ab73e2346d9b6fbfd1545e4
 # templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 9e5ff55fb12c9b3d4e5dc488b8d8624868cb30693b569701168b70ae0bd6d868
+# output-sha256: e99a1e6ce6035c738ef87bb5790862de4717bad22e716805492f74a6f6e6ce46
 
 import itertools
 from collections.abc import Hashable

@@ -4,7 +4,7 @@
 # `gen-mixin specs/glm5_next.yaml`.
 # spec-sha256: c3575549c4ed50dd76892d25b692f5f5f648d2f13a2ea29bebd572d144fcdb24
 # templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 5aa41195213d6c789a0f907ae796e62b55f24071c7ac71261a689248fc5381dd
+# output-sha256: 9175c20c55bc67d2d241151826fc5bd30798742a49c871be330986b564f2996c
 
 import itertools
 from collections.abc import Hashable

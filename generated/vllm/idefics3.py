@@ -4,7 +4,7 @@
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 8b488cb972956d4df57232df809f3b4c048f68b21019dab78906516f52b22e02
 # templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 504b8f29e36bb6abbe7e846bf2e0deb7370cd923a3f7bc26d7fe421cba3b03a7
+# output-sha256: 73655a3dcadb182a09e6a9a5840cfa236f0ea7d5cb7fb0db1c2825b09c94e97e
 
 import itertools
 from collections.abc import Hashable

@@ -4,7 +4,7 @@
 # `gen-mixin specs/kimi_vl.yaml`.
 # spec-sha256: dec5f629ea45e6747065da9f1de34c016f7c11dcc328326c287b6a82ba94d373
 # templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 6c37d4a3f318b57f934a56fd30d30efd337399cd93232ca5622f9ffa4697a617
+# output-sha256: 89af972c9e0a48b3ebd2a11b9ec7580f7a978a4f7b9c78da3a542fc02c373b1d
 
 import itertools
 from collections.abc import Hashable

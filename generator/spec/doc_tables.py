@@ -4,7 +4,7 @@ Each table lists a section's keys with their type, default, the names their
 formulas may use (from :data:`generator.scopes.FIELD_SCOPES`), an example and
 their meaning, all from the key declarations. The doc marks where each table
 goes (``<!-- fields: <section> -->`` ... ``<!-- end fields -->``);
-:func:`update_doc` rewrites those blocks and ``tests/generator/test_gen_docs.py``
+:func:`update_doc` rewrites those blocks and ``tests/codegen/test_gen_docs.py``
 keeps the committed doc current.
 """
 

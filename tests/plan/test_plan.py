@@ -326,7 +326,7 @@ def test_plan_sizes_a_flat_input_by_its_own_rows():
     """A flat input with its own rows is captured (and planned) at its own
     rows of the dummy batch, not at the items' input_size."""
     spec = load_spec(
-        ROOT / "tests" / "generator" / "data" / "valid" / "flat_own_rows.yaml"
+        ROOT / "tests" / "codegen" / "data" / "valid" / "flat_own_rows.yaml"
     )
     plan = make_plan(spec, budgets=[64], max_items=2)
     (budget,) = plan.per_budget
@@ -340,7 +340,7 @@ def test_plan_lists_the_budgets_a_capture_check_refuses():
     """capture.assert: a budget whose dummy exceeds the RoPE table is
     reported (the manager's capture would raise), the others are planned,
     complex64 buffers at 8 bytes an entry."""
-    spec = load_spec(ROOT / "tests" / "generator" / "data" / "valid" / "rope_grid.yaml")
+    spec = load_spec(ROOT / "tests" / "codegen" / "data" / "valid" / "rope_grid.yaml")
     # One item per batch: k = budget; the dummy is ceil(k / 8) rows of 8
     # tokens, 2 patches a token a side, in a 24-patch-high table.
     plan = make_plan(spec, budgets=[64, 96, 97, 128], max_items=1)
@@ -361,7 +361,7 @@ def test_plan_sizes_a_unit_capture_from_the_budget(budget, max_items, units):
     """A unit capture holds token_budget // tokens_per_tile tiles, whatever
     max_batch_size: plan shows the units and the shapes over them."""
     spec = load_spec(
-        ROOT / "tests" / "generator" / "data" / "valid" / "unit_capture.yaml"
+        ROOT / "tests" / "codegen" / "data" / "valid" / "unit_capture.yaml"
     )
     plan = make_plan(spec, budgets=[budget], max_items=max_items)
     (planned,) = plan.per_budget
@@ -376,7 +376,7 @@ def test_plan_sizes_a_unit_capture_from_the_budget(budget, max_items, units):
 def test_plan_checks_a_unit_capture_with_overridden_constants():
     """The coverage check runs again with --set values: a capture sized by a
     constant other than the items' tokens per tile fails when they differ."""
-    text = (ROOT / "tests/generator/data/valid/unit_capture.yaml").read_text()
+    text = (ROOT / "tests/codegen/data/valid/unit_capture.yaml").read_text()
     text = text.replace(
         "units: max(token_budget // tokens_per_tile, 1)",
         "units: max(token_budget // view_tokens, 1)",
