@@ -669,11 +669,17 @@ def held_out_graph_errors(
     return errors
 
 
+#: The quantile of a model's relative errors that prices it
+#: (:attr:`CostModel.graph_error` and ``eager_error``): a high one, since a
+#: plan pays for its worst misses.
+ERROR_QUANTILE = 0.9
+
+
 def relative_errors(
     cost: CostModel,
     eager: Sequence[EagerSample],
     graph: Sequence[GraphSample],
-    quantile: float = 0.9,
+    quantile: float = ERROR_QUANTILE,
 ) -> tuple[float, float]:
     """``(graph, eager)``: the ``quantile`` of ``|predicted / measured − 1|``
     over the graph units and the eager calls of the samples (0 for none)."""
@@ -714,10 +720,11 @@ def calibrated_cost_model(
     does not pin every batch to vLLM's packing."""
     eager_cost = fit_eager_cost(eager) if reuse_eager is None else reuse_eager.eager
     model = CostModel(fit_graph_cost(replay_ms, max_batch_size, graph), eager_cost)
-    _, eager_error = relative_errors(model, eager, [])
-    graph_error = _quantile(held_out_graph_errors(model.graph, graph), 0.9)
-    if reuse_eager is not None:
+    if reuse_eager is None:
+        _, eager_error = relative_errors(model, eager, [])
+    else:
         eager_error = reuse_eager.eager_error
+    graph_error = _quantile(held_out_graph_errors(model.graph, graph), ERROR_QUANTILE)
 
     def bounded(error: float) -> float:
         return min(error_cap, max(error_floor, error))
