@@ -188,11 +188,13 @@ def outcome(
     return estimate, "estimated"
 
 
-def replay_ladder(stem: str, model: dict[str, Any], name: str) -> list[dict[str, Any]]:
-    """Today's planner on every batch of one ladder (two-fold)."""
+def replay_ladder(
+    stem: str, model: dict[str, Any], name: str, reference: CostModel
+) -> list[dict[str, Any]]:
+    """Today's planner on every batch of one ladder (two-fold; ``reference``
+    prices the plans the run did not time)."""
     ladder = model["ladders"][name]
     batches = model["batches"]
-    reference = calibrate(stem, batches, ladder, name)
     folds = [batches[0::2], batches[1::2]]
     decisions = []
     for fold, test in enumerate(folds):
@@ -228,13 +230,16 @@ def refitted_calibration(
 
 
 def replay_calibrated(
-    stem: str, model: dict[str, Any], name: str, cost: CostModel
+    stem: str,
+    model: dict[str, Any],
+    name: str,
+    cost: CostModel,
+    reference: CostModel,
 ) -> list[dict[str, Any]]:
     """Today's planner on every batch of one ladder, with ``cost`` fitted
     to the run's own calibration samples (what the manager saw before the
     batches: no batch informs its own decision)."""
     ladder = model["ladders"][name]
-    reference = calibrate(stem, model["batches"], ladder, name)
     return [decide(stem, b, name, ladder, cost, reference) for b in model["batches"]]
 
 
@@ -363,7 +368,9 @@ def replay(result: dict[str, Any]) -> dict[str, Any]:
         out[stem] = {"old_workloads": replay_old_workloads(stem, model)}
         eager_from = None
         for name in LADDERS:
-            decisions = replay_ladder(stem, model, name)
+            # Prices the plans the run did not time, in both replays.
+            reference = calibrate(stem, model["batches"], model["ladders"][name], name)
+            decisions = replay_ladder(stem, model, name, reference)
             out[stem][name] = {
                 "decisions": decisions,
                 "vllm": totals(decisions, "vllm_ms"),
@@ -377,7 +384,7 @@ def replay(result: dict[str, Any]) -> dict[str, Any]:
                 continue
             if model["ladders"][name]["calibration_samples"]["eager"]:
                 eager_from = cost
-            refitted = replay_calibrated(stem, model, name, cost)
+            refitted = replay_calibrated(stem, model, name, cost, reference)
             out[stem][name]["refitted"] = totals(refitted, "ms")
             out[stem][name]["refitted_estimated_batches"] = sum(
                 d["from"] == "estimated" for d in refitted
