@@ -111,6 +111,7 @@ def run_child(setting: str, args: argparse.Namespace) -> dict[str, Any]:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import image_traffic
     from bench_encoders import eager_call, images_only_host
+    from profile_eager_host import timed
     from profile_launch import host_probe_us
 
     from reference_towers.registry import REFERENCE_TOWERS
@@ -130,10 +131,6 @@ def run_child(setting: str, args: argparse.Namespace) -> dict[str, Any]:
     if "pinned" in setting:
         pinned = quiet_core()
         os.sched_setaffinity(0, {pinned})  # pid 0: the calling thread only
-
-    def sync() -> None:
-        if cuda:
-            torch.cuda.synchronize()
 
     calls: dict[str, Any] = {}
     for stem, indices in BATCHES.items():
@@ -160,16 +157,11 @@ def run_child(setting: str, args: argparse.Namespace) -> dict[str, Any]:
                 probe = host_probe_us(3)
                 switches = resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw
                 steal = steal_jiffies()
-                sync()
-                t0 = time.perf_counter_ns()
-                calls[name]()
-                t1 = time.perf_counter_ns()
-                sync()
-                t2 = time.perf_counter_ns()
+                enqueue_ms, total_ms = timed(calls[name])
                 samples[name].append(
                     {
-                        "enqueue_ms": (t1 - t0) / 1e6,
-                        "total_ms": (t2 - t0) / 1e6,
+                        "enqueue_ms": enqueue_ms,
+                        "total_ms": total_ms,
                         "probe_us": probe,
                         "involuntary_switches": resource.getrusage(
                             resource.RUSAGE_SELF
