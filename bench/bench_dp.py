@@ -1,13 +1,23 @@
 """Data-parallel encoder throughput: 2 GPUs (``mm_encoder_tp_mode="data"``)
 against 1 GPU (the same manager without DP, in a single process).
 
-For every spec with a reference tower, 16 seeded images with sides drawn
-from 224..1344 px (height and width independently) are mapped to legal
-grids of the ``full`` tower, the way its processor would (patch grid, merge
-multiple, shrunk to the tower's per-image cap), and encoded by an
-``EncoderCudaGraphManager`` with captured CUDA graphs. After warm-up, each
-``execute`` of all 16 images is timed (device synchronised; in DP mode
-the slowest rank's time) and the median is reported as images/s.
+Two workloads (``--workload``), for every spec with a reference tower:
+
+``mixed``
+    One batch of 16 seeded images with sides drawn from 224..1344 px
+    (height and width independently), mapped to legal grids of the tower
+    the way its processor would (patch grid, merge multiple, shrunk to the
+    tower's per-image cap).
+``traffic``
+    The first 24 batches (1-16 images, mostly 1-4) of the real-traffic
+    draw that ``bench/bench_traffic.py`` measures (``bench/image_traffic.py``,
+    seed 17), each image resized by the model's own processor rule; a
+    model without a rule (``image_traffic.NO_RESIZE_RULE``) is skipped.
+
+An ``EncoderCudaGraphManager`` with captured CUDA graphs encodes them.
+After warm-up, each ``execute`` is timed (device synchronised; in DP mode
+the slowest rank's time); a pass is every batch once, and the median pass
+is reported as images/s.
 
     # 1 GPU: no process group, tensor_parallel_size 1
     PYTHONPATH=. python bench/bench_dp.py --out single.json
@@ -15,8 +25,10 @@ the slowest rank's time) and the median is reported as images/s.
     PYTHONPATH=. python -m torch.distributed.run --standalone \\
         --nproc_per_node=2 bench/bench_dp.py --baseline single.json --out dp.json
 
-``bench/run_dp.sh OUT`` runs both (and the multigpu tests). The target is a
-ratio >= 1.7 for 16 mixed images. Both runs draw the same weights on the
+``bench/run_dp.sh OUT`` runs both for each workload (and the multigpu
+tests). The target is a ratio >= 1.7 for 16 mixed images; the real-traffic
+ratio has no target (``bench/dp_balance.py`` computes the bound its
+sharding allows: ``docs/data-parallel.md``). Both runs draw the same weights on the
 device from one seed (a CUDA generator, identical on every GPU), so the DP
 run also checks its per-image output means against the 1-GPU run's.
 
@@ -47,6 +59,10 @@ if str(REPO_ROOT) not in sys.path:
 import torch
 import torch.distributed as dist
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import image_traffic
+
 from encoder_cudagraph_runtime.attention_backends import (
     AttentionBackendEnum,
 )
@@ -58,6 +74,7 @@ from encoder_cudagraph_runtime.config import (
     SchedulerConfig,
     VllmConfig,
 )
+from encoder_cudagraph_runtime.dp_sharding import plan_dp_shard
 from encoder_cudagraph_runtime.graph_backends import (
     CudaGraphBackend,
     EagerReplayGraphBackend,
@@ -73,6 +90,15 @@ DTYPES = {
     "float16": torch.float16,
 }
 TARGET_RATIO = 1.7
+WORKLOADS = ("mixed", "traffic")
+#: The mixed workload: images per batch, side range in px, seed.
+MIXED_IMAGES = 16
+MIXED_SIDES = (224, 1344)
+MIXED_SEED = 0
+#: The real-traffic workload: bench_traffic.py's seed and its number of
+#: batches measured whatever the time (its ``BATCHES["full"]``).
+TRAFFIC_SEED = 17
+TRAFFIC_BATCHES = 24
 CHECKSUM_RTOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 1e-2}
 
 
@@ -85,10 +111,20 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--size", choices=["tiny", "full"], default=None)
     p.add_argument("--dtype", choices=sorted(DTYPES), default=None)
     p.add_argument("--stems", nargs="*", default=None, help="default: all specs")
-    p.add_argument("--images", type=int, default=16)
-    p.add_argument("--min-side", type=int, default=224)
-    p.add_argument("--max-side", type=int, default=1344)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workload", choices=WORKLOADS, default="mixed")
+    p.add_argument("--images", type=int, default=MIXED_IMAGES, help="mixed")
+    p.add_argument("--min-side", type=int, default=MIXED_SIDES[0], help="mixed")
+    p.add_argument("--max-side", type=int, default=MIXED_SIDES[1], help="mixed")
+    p.add_argument(
+        "--batches", type=int, default=TRAFFIC_BATCHES, help="traffic: batches"
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help=f"images and weights (default: {MIXED_SEED} mixed, {TRAFFIC_SEED} "
+        "traffic)",
+    )
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--iters", type=int, default=10)
     p.add_argument(
@@ -109,6 +145,8 @@ def parse_args() -> argparse.Namespace:
         args.dtype = "bfloat16" if args.device == "cuda" else "float32"
     if args.init is None:
         args.init = "device" if args.device == "cuda" else "cpu"
+    if args.seed is None:
+        args.seed = MIXED_SEED if args.workload == "mixed" else TRAFFIC_SEED
     return args
 
 
@@ -165,6 +203,19 @@ def gather_objects(obj: Any, world: int) -> list[Any]:
 # ---------------------------------------------------------------------------
 
 
+def workload_stems(stems: list[str], workload: str) -> tuple[list[str], dict[str, str]]:
+    """The stems the workload can run, and why the others cannot (a model
+    without a resize rule has no real-traffic items)."""
+    if workload == "mixed":
+        return stems, {}
+    skipped = {
+        stem: image_traffic.NO_RESIZE_RULE[stem]
+        for stem in stems
+        if stem in image_traffic.NO_RESIZE_RULE
+    }
+    return [s for s in stems if s not in skipped], skipped
+
+
 def discover_stems() -> list[str]:
     return sorted(
         stem
@@ -217,15 +268,14 @@ def build_host(
     return host
 
 
-def image_sides(args: argparse.Namespace) -> list[tuple[int, int]]:
+def image_sides(
+    seed: int, images: int, min_side: int, max_side: int
+) -> list[tuple[int, int]]:
     """``(height, width)`` in pixels, seeded, shared by every tower."""
-    rng = random.Random(args.seed)
+    rng = random.Random(seed)
     return [
-        (
-            rng.randint(args.min_side, args.max_side),
-            rng.randint(args.min_side, args.max_side),
-        )
-        for _ in range(args.images)
+        (rng.randint(min_side, max_side), rng.randint(min_side, max_side))
+        for _ in range(images)
     ]
 
 
@@ -251,6 +301,42 @@ def image_item(
         scale *= 0.97
 
 
+def mixed_batches(
+    stem: str,
+    size: str,
+    seed: int = MIXED_SEED,
+    images: int = MIXED_IMAGES,
+    sides: tuple[int, int] = MIXED_SIDES,
+) -> list[list[tuple[int, ...]]]:
+    """The mixed workload of ``stem``: one batch of ``images`` items."""
+    tower = REFERENCE_TOWERS[stem]
+    return [
+        [image_item(tower, size, h, w) for h, w in image_sides(seed, images, *sides)]
+    ]
+
+
+def traffic_batches(
+    stem: str, size: str, seed: int = TRAFFIC_SEED, batches: int = TRAFFIC_BATCHES
+) -> list[list[tuple[int, ...]]]:
+    """The real-traffic workload of ``stem``: ``batches`` seeded batches,
+    each image resized by the model's processor rule (``KeyError`` for a
+    model without one)."""
+    grid = image_traffic.model_grid(stem, REFERENCE_TOWERS[stem].config(size))
+    return [
+        [grid(h, w) for h, w in batch]
+        for batch in image_traffic.draw_image_batches(seed, batches)
+    ]
+
+
+def workload_batches(
+    stem: str, args: argparse.Namespace
+) -> list[list[tuple[int, ...]]]:
+    if args.workload == "mixed":
+        sides = (args.min_side, args.max_side)
+        return mixed_batches(stem, args.size, args.seed, args.images, sides)
+    return traffic_batches(stem, args.size, args.seed, args.batches)
+
+
 def make_config(size: str, world: int) -> VllmConfig:
     """DP (``"data"``, TP = world) when ``world > 1``; else the default
     single-GPU configuration."""
@@ -273,6 +359,44 @@ def make_config(size: str, world: int) -> VllmConfig:
 # ---------------------------------------------------------------------------
 
 
+def timed_pass(
+    manager: EncoderCudaGraphManager,
+    batches: list[dict[str, Any]],
+    world: int,
+    device: torch.device,
+) -> tuple[float, list[torch.Tensor]]:
+    """Every batch executed once: the sum of each ``execute``'s time (the
+    slowest rank's), and the outputs of all items in order."""
+    total = 0.0
+    outputs: list[torch.Tensor] = []
+    for mm_kwargs in batches:
+        barrier(world)
+        sync(device)
+        t0 = time.perf_counter()
+        outputs.extend(manager.execute(mm_kwargs))
+        sync(device)
+        total += max_over_ranks(time.perf_counter() - t0, world, device)
+    return total, outputs
+
+
+def rank_shares(specs: list[list[Any]], world: int) -> list[dict[str, Any]]:
+    """Each rank's share of the workload under the manager's sharding: item
+    indices per batch, input rows and output tokens summed over batches."""
+    shares: list[dict[str, Any]] = [
+        {"items": [], "input_rows": 0, "output_tokens": 0} for _ in range(world)
+    ]
+    for batch in specs:
+        plan = plan_dp_shard(
+            [s.input_size for s in batch], [s.output_tokens for s in batch], world
+        )
+        for r, share in enumerate(shares):
+            items = plan.rank_items(r)
+            share["items"].append(items)
+            share["input_rows"] += sum(batch[i].input_size for i in items)
+            share["output_tokens"] += plan.tokens_per_rank[r]
+    return shares
+
+
 def bench_stem(
     stem: str,
     args: argparse.Namespace,
@@ -289,8 +413,11 @@ def bench_stem(
     sync(device)
     build_s = time.perf_counter() - start
 
-    items = [image_item(tower, args.size, h, w) for h, w in image_sides(args)]
-    mm_kwargs = tower.make_mm_kwargs(host, items, device, seed=args.seed + 1)
+    item_batches = workload_batches(stem, args)
+    batches = [
+        tower.make_mm_kwargs(host, items, device, seed=args.seed + 1 + b)
+        for b, items in enumerate(item_batches)
+    ]
     graph_backend = (
         CudaGraphBackend(device) if device.type == "cuda" else EagerReplayGraphBackend()
     )
@@ -303,74 +430,62 @@ def bench_stem(
     capture_s = time.perf_counter() - start
 
     for _ in range(args.warmup):
-        manager.execute(mm_kwargs)
-    sync(device)
+        timed_pass(manager, batches, world, device)
     manager.reset_padding_stats()
     hits, misses = manager.graph_hits, manager.graph_misses
     times: list[float] = []
     outputs: list[torch.Tensor] = []
     for _ in range(args.iters):
-        barrier(world)
-        sync(device)
-        t0 = time.perf_counter()
-        outputs = manager.execute(mm_kwargs)
-        sync(device)
-        elapsed = time.perf_counter() - t0
-        times.append(max_over_ranks(elapsed, world, device))
+        elapsed, outputs = timed_pass(manager, batches, world, device)
+        times.append(elapsed)
     median = statistics.median(times)
     checksums = [float(out.float().abs().mean()) for out in outputs]
     padding = manager.get_padding_stats()
-    specs = host.get_encoder_cudagraph_item_specs(mm_kwargs)
+    specs = [host.get_encoder_cudagraph_item_specs(kw) for kw in batches]
+    flat_specs = [s for batch in specs for s in batch]
+    iters = max(args.iters, 1)
     local = {
         "rank": rank,
-        "graph_hits": (manager.graph_hits - hits) // max(args.iters, 1),
-        "graph_misses": (manager.graph_misses - misses) // max(args.iters, 1),
-        "rows_replayed": padding["rows_replayed"] // max(args.iters, 1),
-        "rows_used": padding["rows_used"] // max(args.iters, 1),
+        "graph_hits": (manager.graph_hits - hits) // iters,
+        "graph_misses": (manager.graph_misses - misses) // iters,
+        "rows_replayed": padding["rows_replayed"] // iters,
+        "rows_used": padding["rows_used"] // iters,
         "waste_fraction": padding["waste_fraction"],
     }
     per_rank = gather_objects(local, world)
     if world > 1:
-        from encoder_cudagraph_runtime.load_balance import (
-            get_load_balance_assignment,
-        )
-
-        order, counts, loads = get_load_balance_assignment(
-            [s.input_size for s in specs], world
-        )
-        offsets = [0]
-        for count in counts:
-            offsets.append(offsets[-1] + count)
-        for r, entry in enumerate(per_rank):
-            entry["items"] = order[offsets[r] : offsets[r + 1]]
-            entry["input_rows"] = loads[r]
-            entry["output_tokens"] = sum(specs[i].output_tokens for i in entry["items"])
+        for entry, share in zip(per_rank, rank_shares(specs, world)):
+            entry.update(share)
 
     manager.clear()
-    del manager, host, outputs, mm_kwargs
+    del manager, host, outputs, batches
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
+    images = len(flat_specs)
+    output_tokens = sum(s.output_tokens for s in flat_specs)
     return {
-        "items": [list(item) for item in items],
-        "input_rows": sum(s.input_size for s in specs),
-        "output_tokens": sum(s.output_tokens for s in specs),
+        "items": [list(item) for items in item_batches for item in items],
+        "batch_sizes": [len(items) for items in item_batches],
+        "input_rows": sum(s.input_size for s in flat_specs),
+        "output_tokens": output_tokens,
         "build_s": build_s,
         "capture_s": capture_s,
         "times_s": times,
         "median_s": median,
         "min_s": min(times),
-        "images_per_s": len(items) / median,
-        "output_tokens_per_s": sum(s.output_tokens for s in specs) / median,
+        "images_per_s": images / median,
+        "output_tokens_per_s": output_tokens / median,
         "checksums": checksums,
         "per_rank": per_rank,
     }
 
 
 def compare_with_baseline(
-    result: dict[str, Any], baseline: dict[str, Any], target: float
+    result: dict[str, Any], baseline: dict[str, Any], target: float | None
 ) -> dict[str, Any]:
-    """Speed-up per tower and overall, and whether outputs agree."""
+    """Speed-up per tower and overall, and whether outputs agree (the
+    ``meets_target`` entries are ``None`` without a ``target``)."""
     rtol = CHECKSUM_RTOL[DTYPES[result["dtype"]]]
     per_stem: dict[str, Any] = {}
     dp_total = single_total = 0.0
@@ -389,7 +504,7 @@ def compare_with_baseline(
             "single_images_per_s": single["images_per_s"],
             "dp_images_per_s": dp["images_per_s"],
             "ratio": ratio,
-            "meets_target": ratio >= target,
+            "meets_target": None if target is None else ratio >= target,
             "same_items": same_items,
             "outputs_match_single": same_items
             and len(diffs) == len(dp["items"])
@@ -406,12 +521,23 @@ def compare_with_baseline(
         "overall_ratio": overall,
         "overall_single_images_per_s": images / single_total if single_total else None,
         "overall_dp_images_per_s": images / dp_total if dp_total else None,
-        "meets_target": bool(per_stem) and overall >= target,
-        "all_stems_meet_target": bool(per_stem)
-        and all(v["meets_target"] for v in per_stem.values()),
+        "meets_target": (
+            None if target is None else bool(per_stem) and overall >= target
+        ),
+        "all_stems_meet_target": (
+            None
+            if target is None
+            else bool(per_stem) and all(v["meets_target"] for v in per_stem.values())
+        ),
         "outputs_match_single": bool(per_stem)
         and all(v["outputs_match_single"] for v in per_stem.values()),
     }
+
+
+def target_word(met: bool | None, yes: str, no: str, target: float | None) -> str:
+    if target is None:
+        return "no target"
+    return f"target {target}x {yes if met else no}"
 
 
 def nccl_version() -> str | None:
@@ -427,7 +553,7 @@ def nccl_version() -> str | None:
 def main() -> int:
     args = parse_args()
     rank, world, device = init(args)
-    stems = args.stems or discover_stems()
+    stems, skipped = workload_stems(args.stems or discover_stems(), args.workload)
     result: dict[str, Any] = {
         "benchmark": "bench_dp",
         "created_unix": time.time(),
@@ -442,9 +568,14 @@ def main() -> int:
         "size": args.size,
         "dtype": args.dtype,
         "init": args.init,
+        "workload": args.workload,
+        "skipped": skipped,
         "params": {
-            "images": args.images,
-            "sides": [args.min_side, args.max_side],
+            "images": args.images if args.workload == "mixed" else None,
+            "sides": (
+                [args.min_side, args.max_side] if args.workload == "mixed" else None
+            ),
+            "batches": args.batches if args.workload == "traffic" else 1,
             "seed": args.seed,
             "warmup": args.warmup,
             "iters": args.iters,
@@ -464,23 +595,28 @@ def main() -> int:
             )
     if args.baseline and Path(args.baseline).exists():
         baseline = json.loads(Path(args.baseline).read_text())
-        result["comparison"] = compare_with_baseline(result, baseline, args.target)
+        if baseline.get("workload", "mixed") != args.workload:
+            sys.exit(
+                f"--baseline {args.baseline} ran the {baseline.get('workload')!r} "
+                f"workload, not {args.workload!r}"
+            )
+        target = args.target if args.workload == "mixed" else None
+        result["comparison"] = compare_with_baseline(result, baseline, target)
         if rank == 0:
             comp = result["comparison"]
             for stem, v in comp["per_stem"].items():
                 print(
                     f"{stem}: {v['single_images_per_s']:.1f} -> "
                     f"{v['dp_images_per_s']:.1f} images/s, x{v['ratio']:.2f} "
-                    f"({'meets' if v['meets_target'] else 'BELOW'} "
-                    f"{args.target}x; outputs "
-                    f"{'match' if v['outputs_match_single'] else 'DIFFER'})",
+                    f"({target_word(v['meets_target'], 'meets', 'BELOW', target)}; "
+                    f"outputs {'match' if v['outputs_match_single'] else 'DIFFER'})",
                     flush=True,
                 )
             print(
                 f"overall: x{comp['overall_ratio']:.2f} "
                 f"({comp['overall_single_images_per_s']:.1f} -> "
-                f"{comp['overall_dp_images_per_s']:.1f} images/s), target "
-                f"{args.target}x {'met' if comp['meets_target'] else 'NOT met'}",
+                f"{comp['overall_dp_images_per_s']:.1f} images/s), "
+                f"{target_word(comp['meets_target'], 'met', 'NOT met', target)}",
                 flush=True,
             )
     if rank == 0 and args.out:

@@ -4,7 +4,8 @@
 #                                       traffic-new launch checks
 #   GEN_MIXIN_SMOKE=1 bash bench/run_gpu.sh [stage...]
 #       the same stages on the CPU, tiny towers, eager-replay graphs, in seconds
-#       (tests and dp are skipped): checks the scripts, not the numbers.
+#       (tests are skipped; dp runs its benchmark on 2 gloo processes): checks the
+#       scripts, not the numbers.
 #
 # Stages, their device time on one H200 (from the run summaries in docs/gpu-runs/,
 # or estimated: est.), and the files they leave in $OUT besides summary.log and
@@ -14,7 +15,7 @@
 #   overhead  not recorded  bench_manager_overhead.py; overhead.json
 #   profile   not recorded  profile_execute.py; profile.json, profile.txt
 #   bench     ~315 s        bench_encoders.py (issue #6 workloads); bench.json, bench.md, bench.png
-#   dp        not recorded  2 GPUs (run_dp.sh)
+#   dp        not recorded  2 GPUs (run_dp.sh: multigpu tests, mixed and real-traffic workloads)
 #   traffic   ~420 s (est.) bench_traffic.py (issue #17: real-traffic batches, seed models,
 #                     default / fine / tuned ladders, vLLM vs cost-aware execution in
 #                     interleaved rounds, plans with predicted and measured ms, the
@@ -103,8 +104,8 @@ for stage in $stages; do
         bench) run bench python3 bench/bench_encoders.py --out "$OUT/bench.json" \
                    --markdown "$OUT/bench.md" --plot "$OUT/bench.png" "${cpu[@]}" ;;
         dp)
-            if [ ${#cpu[@]} -gt 0 ]; then skip dp; continue; fi
-            run dp bash bench/run_dp.sh "$OUT" ;;
+            if [ ${#cpu[@]} -gt 0 ]; then run dp bash bench/run_dp.sh "$OUT" mixed traffic
+            else run dp bash bench/run_dp.sh "$OUT"; fi ;;
         traffic) run traffic python3 bench/bench_traffic.py --out "$OUT/traffic.json" \
                    --plot "$OUT/traffic.png" --soft-limit-s 360 "${cpu[@]}" ;;
         traffic-new) run traffic-new python3 bench/bench_traffic.py --out "$OUT/traffic-new.json" \
