@@ -62,6 +62,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import image_traffic
+from bench_traffic import DEFAULT_MAX_TOKENS
 
 from encoder_cudagraph_runtime.attention_backends import (
     AttentionBackendEnum,
@@ -83,7 +84,15 @@ from encoder_cudagraph_runtime.manager import EncoderCudaGraphManager
 from reference_towers.registry import REFERENCE_TOWERS, ReferenceTower
 from reference_towers.registry import generated_mixin as load_mixin
 
-MAX_TOKENS = {"tiny": 512, "full": 8192}
+#: ``max_num_batched_tokens`` = ``max_model_len`` per workload and size: the
+#: largest budget of the ladder. The real-traffic workload takes the
+#: real-traffic benchmark's, whose ladder has a graph for every image of the
+#: seed models (8192 would leave Qwen2-VL's camera photos, up to 16224
+#: tokens, to the eager path).
+MAX_TOKENS = {
+    "mixed": {"tiny": 512, "full": 8192},
+    "traffic": DEFAULT_MAX_TOKENS,
+}
 DTYPES = {
     "float32": torch.float32,
     "bfloat16": torch.bfloat16,
@@ -337,10 +346,10 @@ def workload_batches(
     return traffic_batches(stem, args.size, args.seed, args.batches)
 
 
-def make_config(size: str, world: int) -> VllmConfig:
+def make_config(workload: str, size: str, world: int) -> VllmConfig:
     """DP (``"data"``, TP = world) when ``world > 1``; else the default
     single-GPU configuration."""
-    tokens = MAX_TOKENS[size]
+    tokens = MAX_TOKENS[workload][size]
     return VllmConfig(
         scheduler_config=SchedulerConfig(max_num_batched_tokens=tokens),
         model_config=ModelConfig(
@@ -422,7 +431,11 @@ def bench_stem(
         CudaGraphBackend(device) if device.type == "cuda" else EagerReplayGraphBackend()
     )
     manager = EncoderCudaGraphManager(
-        make_config(args.size, world), device, dtype, host, graph_backend=graph_backend
+        make_config(args.workload, args.size, world),
+        device,
+        dtype,
+        host,
+        graph_backend=graph_backend,
     )
     assert manager.use_dp == (world > 1)
     start = time.perf_counter()

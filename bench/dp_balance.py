@@ -65,7 +65,6 @@ from reference_towers.registry import REFERENCE_TOWERS, generated_mixin
 STEMS = ("deepseek_v41", "qwen2_vl", "minimax_m3")
 WORLD = 2
 LONG_BATCHES = 2000
-WORKLOADS = ("mixed", "traffic", "traffic-long")
 
 
 @dataclass(frozen=True)
@@ -92,9 +91,10 @@ class Packed:
     """Budgets replayed plus rows of eager items, in budget tokens."""
 
 
-def manager_ladder(stem: str, size: str, world: int) -> Ladder:
-    """The budgets and batch size ``bench/bench_dp.py``'s manager resolves,
-    from a host laid out on the meta device (no weights, no device)."""
+def manager_ladder(stem: str, workload: str, size: str, world: int) -> Ladder:
+    """The budgets and batch size ``bench/bench_dp.py``'s manager resolves
+    for ``workload``, from a host laid out on the meta device (no weights,
+    no device)."""
     tower = REFERENCE_TOWERS[stem]
     if tuple(tower.paths) != ("default",):
         raise ValueError(f"{stem}: several encoder paths {tower.paths}")
@@ -105,7 +105,7 @@ def manager_ladder(stem: str, size: str, world: int) -> Ladder:
             attn_backend=AttentionBackendEnum.FLASH_ATTN,
         )
     manager = EncoderCudaGraphManager(
-        bench_dp.make_config(size, world),
+        bench_dp.make_config(workload, size, world),
         torch.device("meta"),
         torch.bfloat16,
         host,
@@ -180,6 +180,10 @@ def balance(batches: list[list[Item]], single: Ladder, dp: Ladder, world: int) -
     }
 
 
+#: Each workload's items and configuration: bench_dp's workload of that name.
+BENCH_WORKLOAD = {"mixed": "mixed", "traffic": "traffic", "traffic-long": "traffic"}
+
+
 def workload_items(stem: str, workload: str, size: str, long_batches: int) -> list:
     if workload == "mixed":
         return bench_dp.mixed_batches(stem, size)
@@ -189,14 +193,10 @@ def workload_items(stem: str, workload: str, size: str, long_batches: int) -> li
 
 def model_balance(stem: str, args: argparse.Namespace) -> dict[str, Any]:
     tower = REFERENCE_TOWERS[stem]
-    single = manager_ladder(stem, args.size, 1)
-    dp = manager_ladder(stem, args.size, args.world)
-    result: dict[str, Any] = {
-        "ladder_single": asdict(single),
-        "ladder_dp": asdict(dp),
-        "workloads": {},
-    }
-    for workload in WORKLOADS:
+    result: dict[str, Any] = {}
+    for workload, config in BENCH_WORKLOAD.items():
+        single = manager_ladder(stem, config, args.size, 1)
+        dp = manager_ladder(stem, config, args.size, args.world)
         batches = [
             [
                 Item(
@@ -206,7 +206,11 @@ def model_balance(stem: str, args: argparse.Namespace) -> dict[str, Any]:
             ]
             for items in workload_items(stem, workload, args.size, args.long_batches)
         ]
-        result["workloads"][workload] = balance(batches, single, dp, args.world)
+        result[workload] = {
+            **balance(batches, single, dp, args.world),
+            "ladder_single": asdict(single),
+            "ladder_dp": asdict(dp),
+        }
     return result
 
 
@@ -222,7 +226,7 @@ def render_markdown(result: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for stem, model in result["models"].items():
-        for workload, b in model["workloads"].items():
+        for workload, b in model.items():
             lines.append(
                 f"| {stem} | {workload} | {b['batches']} | {b['images']} | "
                 f"{' / '.join(map(str, b['rows_per_rank']))} | "
