@@ -36,7 +36,8 @@ bench=(${stems[@]:+--stems "${stems[@]}"})
 traffic=(--warmup 1 --iters 3)
 tests=(-m multigpu)
 SUMMARY="$OUT/dp_summary.log"
-: >"$SUMMARY"
+# Appended to: the steps may run in separate commands.
+echo "=== run_dp.sh $steps ($(date -u +%FT%TZ))" >>"$SUMMARY"
 status=0
 
 step() {  # name, timeout_s, command...
