@@ -25,6 +25,7 @@ import contextlib
 import dataclasses
 import functools
 import itertools
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -41,6 +42,7 @@ from encoder_cudagraph_runtime.config import (
 
 from encoder_cudagraph_runtime.defs import ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG
 from parity_testlib import (
+    Difference,
     WheelCode,
     load_generated_vllm_module,
     protocol_stubs,
@@ -996,9 +998,20 @@ class _MiniMaxViTParts:
         self.pre_layrnorm = lambda x: x
         self.encoder = _MiniMaxEncoder(recorder)
         self.post_layernorm = None
+        #: The arguments of every ``prepare_encoder_metadata`` call.
+        self.metadata_calls: list[dict[str, Any]] = []
 
     def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         return self.forward(*args, **kwargs)
+
+
+class _MetadataCallLog:
+    """Records each ``prepare_encoder_metadata`` call (the item count and the
+    keyword arguments) in ``metadata_calls``, then runs vLLM's builder."""
+
+    def prepare_encoder_metadata(self, grid_thw, **kwargs: Any):
+        self.metadata_calls.append({"items": len(grid_thw), **kwargs})
+        return super().prepare_encoder_metadata(grid_thw, **kwargs)
 
 
 class _MiniMaxModelParts(Recorder):
@@ -1033,12 +1046,14 @@ def _minimax_parity() -> ModelParity:
         "MMEncoderAttention",
         ["compute_max_seqlen", "maybe_compute_seq_lens", "maybe_recompute_cu_seqlens"],
     )
-    vit_class = code.klass(
+    vit_parts = code.klass(
         MINIMAX_TOWER,
         "MiniMaxVLVisionTransformer",
         ["forward", "prepare_encoder_metadata"],
         bases=(_MiniMaxViTParts,),
     )
+
+    vit_class = type("MiniMaxVLVisionTransformer", (_MetadataCallLog, vit_parts), {})
     model_class = code.klass(
         MINIMAX_TOWER, "MiniMaxVLVisionModel", ["forward"], bases=(_MiniMaxModelParts,)
     )
@@ -3238,10 +3253,9 @@ def _replay_path(host, case, config, captured, batch, path):
     replay = host.prepare_encoder_cudagraph_replay_buffers(
         batch, case.max_batch_size, case.max_frames_per_batch, path
     ).values
-    # None and an absent key mean the same to the manager: left as captured.
-    view: dict[str, Any] = {
-        "replay": {k: v for k, v in replay.items() if v is not None}
-    }
+    # None and an absent key mean the same to the manager (left as captured),
+    # but a mixin that returns one where vLLM's returns the other differs.
+    view: dict[str, Any] = {"replay": dict(replay)}
     copy_replay_into_captured(config, captured, replay)
     # A builder may capture None for a buffer another backend needs
     # (Kimi-K3's sequence_lengths): the manager keeps and skips it.
@@ -3255,6 +3269,26 @@ def _replay_path(host, case, config, captured, batch, path):
     view["calls"] = list(tower.calls)
     view["violations"] = dict(tower.violations)
     return view, out
+
+
+def padding_edges_view(host: Any, case: CaptureCase, key: str) -> dict[str, Any]:
+    """``key``'s padding logic where a manager never takes it: offsets that
+    fill every captured slot (one item more than ``case`` holds), and a
+    buffer that no capture returned. Each: the buffer after the copy, or
+    what was raised."""
+    from parity_testlib import observe
+
+    captured = _capture(host, case)[key]
+    logic = host.get_encoder_cudagraph_config().padding_logics[key]
+
+    def padded(dst: torch.Tensor, entries: int) -> torch.Tensor:
+        logic(dst, torch.arange(entries, dtype=dst.dtype))
+        return dst.clone()
+
+    return {
+        "no-spare-slot": observe(lambda: padded(captured, captured.shape[0])),
+        "unregistered": observe(lambda: padded(captured.clone(), 2)),
+    }
 
 
 def postprocess_view(
@@ -3305,13 +3339,35 @@ def selection_view(host: Any, batch: dict[str, Any], indices: list[int]) -> Any:
     selected = host.select_encoder_cudagraph_items(batch, indices)
     view: dict[str, Any] = {
         "selected": selected,
+        "selected_aliases": aliased_inputs(selected, batch),
         "specs": specs_view(host.get_encoder_cudagraph_item_specs(selected)),
     }
     if indices:
-        view["reselected"] = host.select_encoder_cudagraph_items(
+        reselected = host.select_encoder_cudagraph_items(
             selected, list(range(len(indices)))[::-1]
         )
+        view["reselected"] = reselected
+        view["reselected_aliases"] = aliased_inputs(reselected, selected)
     return view
+
+
+#: The generated selection of every item in order is the batch's own
+#: tensors, vLLM's a copy (docs/vllm-differences.md, every model but those
+#: whose selection repacks: a model's parity test lists it where it occurs).
+SELECTION_ALIASES = Difference(
+    "all.selection-aliases",
+    (r"select\[.*\]/(re)?selected_aliases(\.len|\[\d+\])$",),
+)
+
+
+def aliased_inputs(selected: dict[str, Any], batch: dict[str, Any]) -> list[str]:
+    """The keys of a selection whose value is the batch's own tensor (the
+    same object, not a copy)."""
+    return sorted(
+        key
+        for key, value in selected.items()
+        if isinstance(value, torch.Tensor) and any(value is v for v in batch.values())
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -3475,6 +3531,44 @@ def compare_batches(
     return found
 
 
+def compare_padding_edges(
+    model: ModelParity, case: CaptureCase, key: str = "cu_seqlens"
+) -> list[str]:
+    """The differing paths of :func:`padding_edges_view` on both hosts."""
+    return compare(
+        model,
+        f"padding[{case.label},{key}]",
+        lambda h: padding_edges_view(h, case, key),
+    )
+
+
+def check_refusals_name_the_same_fix(model: ModelParity) -> dict[str, tuple[str, str]]:
+    """Every battery setting whose config either mixin refuses is refused by
+    both, with the same exception type, and every command-line option
+    vLLM's message names is named by ours. Returns the settings whose
+    messages differ: label -> (vLLM's message, ours)."""
+    from parity_testlib import Raised, observe
+
+    differing = {}
+    for backend in BACKENDS:
+        for extra in MULTIMODAL_SETTINGS:
+            settings = HostSettings(backend=backend, **extra)
+            label = settings_label(settings)
+            theirs, ours = (
+                observe(host.get_encoder_cudagraph_config)
+                for host in model.hosts(settings)
+            )
+            if not isinstance(theirs, Raised) and not isinstance(ours, Raised):
+                continue
+            assert isinstance(theirs, Raised) and isinstance(ours, Raised), label
+            assert theirs.type_name == ours.type_name, label
+            for option in re.findall(r"--[a-z0-9-]+", theirs.message):
+                assert option in ours.message, (label, option)
+            if theirs.message != ours.message:
+                differing[label] = (theirs.message, ours.message)
+    return differing
+
+
 def check_selected_grids_work_everywhere(model: ModelParity) -> None:
     """vLLM's Qwen-family mixins select grids as Python lists, the generated
     ones as int64 host tensors (the processor's type): either selection has
@@ -3587,8 +3681,6 @@ GLM_CASES = (
 def glm_differences(stem: str) -> tuple[Any, ...]:
     """The differences of the generated GLM-4.1V (and GLM-5-Next, whose vLLM
     mixin is GLM-4.1V's) from vLLM's, by id ``<stem>.<name>``."""
-    from parity_testlib import Difference
-
     frames = r"b=(16,n=4,f=56|64,n=2,f=1200)"
     floor = r"b=100,n=3,f=0"
     return (

@@ -27,6 +27,7 @@ CASES = (
 )
 
 DIFFERENCES = (
+    hosts.SELECTION_ALIASES,
     Difference("cohere_compass.backend-guard", (r"^config\[backend=TORCH_SDPA[,\]]",)),
     Difference(
         "cohere_compass.cu-seqlens-padding",

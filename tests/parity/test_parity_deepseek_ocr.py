@@ -27,6 +27,7 @@ CASES = (
 )
 
 DIFFERENCES = (
+    hosts.SELECTION_ALIASES,
     Difference(
         "deepseek_ocr.output-tokens", (r"specs(\[image,seed=\d+\])?\[\d+\]\[1\]$",)
     ),

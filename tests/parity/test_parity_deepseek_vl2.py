@@ -23,6 +23,7 @@ CASES = (
 )
 
 DIFFERENCES = (
+    hosts.SELECTION_ALIASES,
     # vLLM's eager view raises as a whole (no eager forward: None).
     Difference("deepseek_vl2.eager-forward", (r"^eager\[",)),
 )

@@ -23,6 +23,7 @@ CASES = (
 )
 
 DIFFERENCES = (
+    hosts.SELECTION_ALIASES,
     Difference(
         "ernie45_vl.capture-max-seqlen",
         (

@@ -23,6 +23,7 @@ CASES = (
 )
 
 DIFFERENCES = (
+    hosts.SELECTION_ALIASES,
     # vLLM captures min(token_budget // T, max_batch_size) crops: fewer than
     # the budget's in the last two cases, whose large images then fail there.
     Difference(

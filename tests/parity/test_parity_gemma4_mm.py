@@ -30,6 +30,7 @@ CASES = (
 )
 
 DIFFERENCES = (
+    hosts.SELECTION_ALIASES,
     Difference(
         "gemma4_mm.images-only",
         (r"^config\[[^]]*\]/(modalities|max_frames_per_video)",),

@@ -19,7 +19,7 @@ from parity_hosts import CPU, CaptureCase, Plan
 from parity_testlib import check_differences, copy_replay_into_captured
 
 CASES = hosts.GLM_CASES
-DIFFERENCES = hosts.glm_differences("glm4_1v")
+DIFFERENCES = (*hosts.glm_differences("glm4_1v"), hosts.SELECTION_ALIASES)
 
 
 @pytest.fixture(scope="module")

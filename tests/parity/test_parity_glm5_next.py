@@ -15,7 +15,7 @@ import parity_hosts as hosts
 from parity_hosts import CaptureCase, HostSettings, Plan
 from parity_testlib import check_differences
 
-DIFFERENCES = hosts.glm_differences("glm5_next")
+DIFFERENCES = (*hosts.glm_differences("glm5_next"), hosts.SELECTION_ALIASES)
 
 
 @pytest.fixture(scope="module")

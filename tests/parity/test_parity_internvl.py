@@ -24,6 +24,7 @@ CASES = (
 )
 
 DIFFERENCES = (
+    hosts.SELECTION_ALIASES,
     Difference(
         "internvl.selected-counts",
         (r"^select\[.*/(selected|reselected)/(image|video)_num_patches",),

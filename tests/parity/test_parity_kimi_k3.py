@@ -28,6 +28,7 @@ CASES = (
 BEYOND_ROPE = CaptureCase(4096, 1, 0)
 
 DIFFERENCES = (
+    hosts.SELECTION_ALIASES,
     Difference(
         "kimi_k3.multi-frame-eager",
         (r"(^|/)specs(\[[^\]]*\])+(\.keys|/default)$",),

@@ -32,6 +32,7 @@ CASES = (
 )
 
 DIFFERENCES = (
+    hosts.SELECTION_ALIASES,
     Difference(
         "lfm2_vl.backend-guard",
         (r"^config\[backend=(TORCH_SDPA|FLASHINFER)",),

@@ -29,6 +29,7 @@ CASES = (
 )
 
 DIFFERENCES = (
+    hosts.SELECTION_ALIASES,
     Difference("qwen2_5_vl.backend-guard", (r"^config\[backend=TORCH_SDPA[,\]]",)),
     Difference(
         "qwen2_5_vl.dummy-frames",

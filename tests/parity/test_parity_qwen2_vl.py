@@ -33,6 +33,7 @@ CASES = (
 CPU = torch.device("cpu")
 
 DIFFERENCES = (
+    hosts.SELECTION_ALIASES,
     Difference(
         "qwen2_vl.backend-guard",
         (r"^config\[backend=(TORCH_SDPA|FLASHINFER)[,\]]",),

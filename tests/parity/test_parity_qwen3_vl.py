@@ -27,6 +27,7 @@ CASES = (
 )
 
 DIFFERENCES = (
+    hosts.SELECTION_ALIASES,
     Difference("qwen3_vl.backend-guard", (r"^config\[backend=TORCH_SDPA[,\]]",)),
     Difference(
         "qwen3_vl.cu-seqlens-padding",

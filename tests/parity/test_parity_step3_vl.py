@@ -30,6 +30,7 @@ CASES = (
 )
 
 DIFFERENCES = (
+    hosts.SELECTION_ALIASES,
     Difference(
         "step3_vl.int-token-counts",
         (r"specs(\[image,seed=\d+\])?\[\d+\](\[[01]\]|\[2\]/local)(\.\w+)?$",),
