@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import parity_hosts as hosts
-from parity_hosts import CaptureCase, Plan
+from parity_hosts import CaptureCase, HostSettings, Plan
 from parity_testlib import Difference, check_differences
 
 #: The fake RoPE grid holds (64 // 2) ** 2 = 1024 merged tokens per image.
@@ -43,6 +43,13 @@ def model() -> hosts.ModelParity:
 
 def test_every_difference_from_vllm_is_listed(model) -> None:
     found = hosts.compare_configs(model) + hosts.compare_batches(model, Plan(CASES))
+    # vLLM's fused uint8 input normalisation: raw pixels, captured as uint8.
+    found += hosts.compare_batches(
+        model,
+        Plan(CASES[:2], seeds=(0,), batch_options=(("raw", True),)),
+        HostSettings(fused_input_norm=True),
+        prefix="fused:",
+    )
     # Pixels as a list of per-image tensors and with a leading batch dim.
     for shape in ("list", "batched"):
         found += hosts.compare_batches(
