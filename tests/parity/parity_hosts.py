@@ -3020,7 +3020,9 @@ def _lfm2_vl_parity() -> ModelParity:
         our_host=type("GeneratedLfm2VLHost", (ours, eager), {}),
         make_host=make_host,
         modalities=("image",),
-        make_batch=lambda gen, modality, grids: lfm2_vl_batch(gen, list(grids)),
+        make_batch=lambda gen, modality, grids, **options: lfm2_vl_batch(
+            gen, list(grids), **options
+        ),
         random_grid=_lfm2_vl_image,
         frames=lambda grid: 1,
     )
@@ -3048,14 +3050,17 @@ def lfm2_vl_host(min_image_tokens: int = 64, ours: bool = False) -> Any:
 
 
 def lfm2_vl_batch(
-    gen: torch.Generator, images: list[list[tuple[int, int]]]
+    gen: torch.Generator,
+    images: list[list[tuple[int, int]]],
+    *,
+    dtype: torch.dtype = torch.float32,
 ) -> dict[str, Any]:
     """An LFM2-VL batch: each image a list of tiles of ``(h, w)`` patches;
-    ``pixel_values`` ``(tiles, max h * w, patch dim)``, zero past each
-    tile's patches, as the processor pads them."""
+    ``pixel_values`` ``(tiles, max h * w, patch dim)`` of ``dtype``, zero
+    past each tile's patches, as the processor pads them."""
     tiles = [tile for image in images for tile in image]
     longest = max((h * w for h, w in tiles), default=0)
-    pixels = torch.zeros(len(tiles), longest, LFM2_PATCH_DIM)
+    pixels = torch.zeros(len(tiles), longest, LFM2_PATCH_DIM, dtype=dtype)
     for i, (h, w) in enumerate(tiles):
         pixels[i, : h * w] = torch.randn(h * w, LFM2_PATCH_DIM, generator=gen)
     return {
