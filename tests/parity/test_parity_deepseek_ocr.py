@@ -39,7 +39,7 @@ DIFFERENCES = (
 
 @pytest.fixture(scope="module")
 def model() -> hosts.ModelParity:
-    return hosts.deepseek_ocr()
+    return hosts.parity("deepseek_ocr")
 
 
 def test_every_difference_from_vllm_is_listed(model) -> None:

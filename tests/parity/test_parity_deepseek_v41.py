@@ -72,7 +72,7 @@ DIFFERENCES = (
 
 @pytest.fixture(scope="module")
 def model() -> hosts.ModelParity:
-    return hosts.deepseek_v41()
+    return hosts.parity("deepseek_v41")
 
 
 def test_every_difference_from_vllm_is_listed(model) -> None:
@@ -94,7 +94,7 @@ def test_refusals_are_vllms_and_name_the_model() -> None:
     says why it cannot be captured, the backend refusal puts a comma before
     its alternative, the capture refusal under an image limit of 0 names the
     model."""
-    model = hosts.deepseek_v41()
+    model = hosts.parity("deepseek_v41")
     differing = hosts.check_refusals_name_the_same_fix(model)
     refused = {"TORCH_SDPA", "FLASHINFER"}
     assert set(differing) == {

@@ -35,7 +35,7 @@ DIFFERENCES = (
 
 @pytest.fixture(scope="module")
 def model() -> hosts.ModelParity:
-    return hosts.gemma3_mm()
+    return hosts.parity("gemma3_mm")
 
 
 def test_every_difference_from_vllm_is_listed(model) -> None:

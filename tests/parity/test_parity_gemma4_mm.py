@@ -60,7 +60,7 @@ DIFFERENCES = (
 
 @pytest.fixture(scope="module")
 def model() -> hosts.ModelParity:
-    return hosts.gemma4_mm()
+    return hosts.parity("gemma4_mm")
 
 
 def test_every_difference_from_vllm_is_listed(model) -> None:

@@ -24,7 +24,7 @@ DIFFERENCES = (*hosts.glm_differences("glm4_1v"), hosts.SELECTION_ALIASES)
 
 @pytest.fixture(scope="module")
 def model() -> hosts.ModelParity:
-    return hosts.glm4_1v()
+    return hosts.parity("glm4_1v")
 
 
 def test_every_difference_from_vllm_is_listed(model) -> None:

@@ -20,7 +20,7 @@ DIFFERENCES = (*hosts.glm_differences("glm5_next"), hosts.SELECTION_ALIASES)
 
 @pytest.fixture(scope="module")
 def model() -> hosts.ModelParity:
-    return hosts.glm5_next()
+    return hosts.parity("glm5_next")
 
 
 def test_every_difference_from_vllm_is_listed(model) -> None:

@@ -27,7 +27,7 @@ CASES = (
 
 @pytest.fixture(scope="module")
 def model() -> hosts.ModelParity:
-    return hosts.idefics3()
+    return hosts.parity("idefics3")
 
 
 def test_every_difference_from_vllm_is_listed(model) -> None:

@@ -90,7 +90,7 @@ DIFFERENCES = (
 
 @pytest.fixture(scope="module")
 def model() -> hosts.ModelParity:
-    return hosts.kimi_k25()
+    return hosts.parity("kimi_k25")
 
 
 def _capture(host, case: CaptureCase) -> dict[str, torch.Tensor]:

@@ -38,7 +38,7 @@ DIFFERENCES = (
 
 @pytest.fixture(scope="module")
 def model() -> hosts.ModelParity:
-    return hosts.kimi_k3()
+    return hosts.parity("kimi_k3")
 
 
 def test_every_difference_from_vllm_is_listed(model) -> None:

@@ -50,7 +50,7 @@ DIFFERENCES = (
 
 @pytest.fixture(scope="module")
 def model() -> hosts.ModelParity:
-    return hosts.kimi_vl()
+    return hosts.parity("kimi_vl")
 
 
 def _capture(host, case: CaptureCase) -> dict[str, torch.Tensor]:

@@ -265,7 +265,7 @@ def test_a_selection_of_every_item_is_the_batch_itself(vllm_manager_class) -> No
     it asks for exactly that selection when one graph holds a batch whose
     items come in ascending size (it packs them smallest first), and the
     batch comes back unchanged with the same rows as vLLM's mixin gives."""
-    model = hosts.minimax_m3()
+    model = hosts.parity("minimax_m3")
     grids = [(1, 2, 2), (1, 2, 6), (1, 4, 4)]
     batch = model.make_batch(torch.Generator().manual_seed(1), "image", grids)
     pixels = batch["pixel_values"].clone()

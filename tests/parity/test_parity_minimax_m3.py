@@ -50,11 +50,11 @@ DIFFERENCES = (
 
 @pytest.fixture(scope="module")
 def model() -> hosts.ModelParity:
-    return hosts.minimax_m3()
+    return hosts.parity("minimax_m3")
 
 
 def _batch(grids, seed: int = 0) -> dict:
-    return hosts.minimax_m3().make_batch(
+    return hosts.parity("minimax_m3").make_batch(
         torch.Generator().manual_seed(seed), "image", grids
     )
 

@@ -24,7 +24,7 @@ CASES = (
 
 @pytest.fixture(scope="module")
 def model() -> hosts.ModelParity:
-    return hosts.mllama4()
+    return hosts.parity("mllama4")
 
 
 def test_every_difference_from_vllm_is_listed(model) -> None:

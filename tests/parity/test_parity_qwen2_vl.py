@@ -65,7 +65,7 @@ DIFFERENCES = (
 
 @pytest.fixture(scope="module")
 def model() -> hosts.ModelParity:
-    return hosts.qwen2_vl()
+    return hosts.parity("qwen2_vl")
 
 
 def test_every_difference_from_vllm_is_listed(model) -> None:

@@ -60,7 +60,7 @@ DIFFERENCES = (
 
 @pytest.fixture(scope="module")
 def model() -> hosts.ModelParity:
-    return hosts.qwen3_vl()
+    return hosts.parity("qwen3_vl")
 
 
 def test_every_difference_from_vllm_is_listed(model) -> None:
