@@ -1,5 +1,6 @@
 """The fake hosts of the parity tests: one per model, vLLM's mixin and the
-generated one mixed onto the same host class.
+generated one mixed onto the same host class. :data:`MODELS` is the table of
+models; :func:`parity` builds one's pair of hosts from its row.
 
 A host's towers are vLLM's own code wherever it is pure Python (metadata
 builders, RoPE position ids, merge indices, the forwards' glue), taken from
@@ -25,6 +26,7 @@ import contextlib
 import dataclasses
 import functools
 import itertools
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -41,6 +43,7 @@ from encoder_cudagraph_runtime.config import (
 
 from encoder_cudagraph_runtime.defs import ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG
 from parity_testlib import (
+    Difference,
     WheelCode,
     load_generated_vllm_module,
     protocol_stubs,
@@ -240,6 +243,47 @@ class ModelParity:
         )
 
 
+@dataclasses.dataclass(frozen=True)
+class VllmSide:
+    """What one model's parity takes from vLLM: the wheel's code (the
+    generated module is loaded on it, so its ``vllm.*`` imports are the
+    same), vLLM's host class and the builder of a host of either class.
+
+    The generated mixin is mixed onto the host's own methods that vLLM's
+    host class has too: ``host_methods`` before it (they win, as in vLLM's
+    model class), ``host_parts`` after it, ``our_attrs`` in its body."""
+
+    code: WheelCode
+    host: type
+    make_host: Callable[[type, HostSettings], Any]
+    host_methods: tuple[type, ...] = ()
+    host_parts: tuple[type, ...] = ()
+    our_attrs: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelRow:
+    """One model of :data:`MODELS`: where its vLLM side comes from and what
+    its batches are (see :class:`ModelParity`)."""
+
+    vllm_side: Callable[[], VllmSide]
+    modalities: tuple[str, ...]
+    make_batch: Callable[..., dict[str, Any]]
+    random_grid: Callable[[torch.Generator, str], tuple[int, ...]]
+    frames: Callable[[tuple[int, ...]], int]
+    paths: tuple[str, ...] = ("default",)
+
+
+def frames_of_t(grid: tuple[int, ...]) -> int:
+    """The frames of a ``(t, ...)`` grid."""
+    return grid[0]
+
+
+def one_frame(grid: tuple[int, ...]) -> int:
+    """An item of one frame (images)."""
+    return 1
+
+
 def _wheel_code(stubs: dict[str, dict[str, Any]]) -> WheelCode:
     merged = protocol_stubs()
     for module, names in stubs.items():
@@ -405,7 +449,7 @@ def _qwen_norm(code: WheelCode, fused: bool) -> Any:
     return fused_class()
 
 
-def _qwen_parity() -> ModelParity:
+def _qwen2_vl_side() -> VllmSide:
     code = _wheel_code(
         {
             "vllm.multimodal": {"MULTIMODAL_REGISTRY": _Registry()},
@@ -429,7 +473,6 @@ def _qwen_parity() -> ModelParity:
         bases=(_protocol(code),),
         exclude=["get_max_frames_per_video"],
     )
-    ours = load_generated_vllm_module("qwen2_vl", code).Qwen2VLEncoderCudaGraphMixin
 
     def make_host(host_class: type, settings: HostSettings) -> Any:
         dtype = torch.float32
@@ -444,15 +487,11 @@ def _qwen_parity() -> ModelParity:
         host.visual = tower
         return host
 
-    return ModelParity(
-        name="qwen2_vl",
-        vllm_host=type("VllmQwen2VLHost", (host_methods, vllm_mixin), {}),
-        our_host=type("GeneratedQwen2VLHost", (host_methods, ours), {}),
+    return VllmSide(
+        code=code,
+        host=type("VllmQwen2VLHost", (host_methods, vllm_mixin), {}),
         make_host=make_host,
-        modalities=("image", "video"),
-        make_batch=_qwen_batch,
-        random_grid=_merged_grid,
-        frames=lambda grid: grid[0],
+        host_methods=(host_methods,),
     )
 
 
@@ -487,11 +526,6 @@ def _qwen_batch(
     if modality == "image":
         return {"pixel_values": pixels, "image_grid_thw": grid}
     return {"pixel_values_videos": pixels, "video_grid_thw": grid}
-
-
-@functools.cache
-def qwen2_vl() -> ModelParity:
-    return _qwen_parity()
 
 
 # ---------------------------------------------------------------------------
@@ -641,7 +675,7 @@ def mm_attention_helpers(code: WheelCode) -> None:
     )
 
 
-def _qwen25_parity() -> ModelParity:
+def _qwen2_5_vl_side() -> VllmSide:
     code = _wheel_code(
         {
             "vllm.multimodal": {"MULTIMODAL_REGISTRY": _Registry()},
@@ -669,9 +703,6 @@ def _qwen25_parity() -> ModelParity:
         bases=(_protocol(code),),
         exclude=["get_max_frames_per_video"],
     )
-    ours = load_generated_vllm_module(
-        "qwen2_5_vl", code
-    ).Qwen2_5_VLEncoderCudaGraphMixin
 
     def make_host(host_class: type, settings: HostSettings) -> Any:
         dtype = torch.float32
@@ -685,21 +716,12 @@ def _qwen25_parity() -> ModelParity:
         host.visual = tower_class(settings, dtype, norm)
         return host
 
-    return ModelParity(
-        name="qwen2_5_vl",
-        vllm_host=type("VllmQwen2_5_VLHost", (host_methods, vllm_mixin), {}),
-        our_host=type("GeneratedQwen2_5_VLHost", (host_methods, ours), {}),
+    return VllmSide(
+        code=code,
+        host=type("VllmQwen2_5_VLHost", (host_methods, vllm_mixin), {}),
         make_host=make_host,
-        modalities=("image", "video"),
-        make_batch=_qwen_batch,
-        random_grid=_merged_grid,
-        frames=lambda grid: grid[0],
+        host_methods=(host_methods,),
     )
-
-
-@functools.cache
-def qwen2_5_vl() -> ModelParity:
-    return _qwen25_parity()
 
 
 # ---------------------------------------------------------------------------
@@ -795,7 +817,7 @@ class _Qwen3TowerParts(Recorder):
         return self.forward(x, grid_thw, encoder_metadata=encoder_metadata)
 
 
-def _qwen3_parity() -> ModelParity:
+def _qwen3_vl_side() -> VllmSide:
     code = _wheel_code(
         {
             "vllm.multimodal": {"MULTIMODAL_REGISTRY": _Registry()},
@@ -824,7 +846,6 @@ def _qwen3_parity() -> ModelParity:
         bases=(_protocol(code),),
         exclude=["get_max_frames_per_video"],
     )
-    ours = load_generated_vllm_module("qwen3_vl", code).Qwen3VLEncoderCudaGraphMixin
 
     def make_host(host_class: type, settings: HostSettings) -> Any:
         host = host_class()
@@ -837,21 +858,12 @@ def _qwen3_parity() -> ModelParity:
         host.visual = tower_class(settings, torch.float32, norm)
         return host
 
-    return ModelParity(
-        name="qwen3_vl",
-        vllm_host=type("VllmQwen3VLHost", (host_methods, vllm_mixin), {}),
-        our_host=type("GeneratedQwen3VLHost", (host_methods, ours), {}),
+    return VllmSide(
+        code=code,
+        host=type("VllmQwen3VLHost", (host_methods, vllm_mixin), {}),
         make_host=make_host,
-        modalities=("image", "video"),
-        make_batch=_qwen_batch,
-        random_grid=_merged_grid,
-        frames=lambda grid: grid[0],
+        host_methods=(host_methods,),
     )
-
-
-@functools.cache
-def qwen3_vl() -> ModelParity:
-    return _qwen3_parity()
 
 
 # ---------------------------------------------------------------------------
@@ -861,7 +873,7 @@ def qwen3_vl() -> ModelParity:
 COHERE_COMPASS = "vllm.model_executor.models.cohere_compass"
 
 
-def _cohere_parity() -> ModelParity:
+def _cohere_compass_side() -> VllmSide:
     code = _wheel_code(
         {
             COHERE_COMPASS: {
@@ -886,9 +898,6 @@ def _cohere_parity() -> ModelParity:
         _defined(code, COHERE_COMPASS, host_class),
         bases=(_protocol(code),),
     )
-    ours = load_generated_vllm_module(
-        "cohere_compass", code
-    ).CohereCompassEncoderCudaGraphMixin
 
     def make_host(host_class: type, settings: HostSettings) -> Any:
         host = host_class()
@@ -899,21 +908,11 @@ def _cohere_parity() -> ModelParity:
         host.visual = tower_class(settings, torch.float32, _QwenIdentityNorm())
         return host
 
-    return ModelParity(
-        name="cohere_compass",
-        vllm_host=type("VllmCohereCompassHost", (vllm_mixin,), {}),
-        our_host=type("GeneratedCohereCompassHost", (ours,), {}),
+    return VllmSide(
+        code=code,
+        host=type("VllmCohereCompassHost", (vllm_mixin,), {}),
         make_host=make_host,
-        modalities=("image",),
-        make_batch=_qwen_batch,
-        random_grid=_merged_grid,
-        frames=lambda grid: grid[0],
     )
-
-
-@functools.cache
-def cohere_compass() -> ModelParity:
-    return _cohere_parity()
 
 
 # ---------------------------------------------------------------------------
@@ -996,9 +995,20 @@ class _MiniMaxViTParts:
         self.pre_layrnorm = lambda x: x
         self.encoder = _MiniMaxEncoder(recorder)
         self.post_layernorm = None
+        #: The arguments of every ``prepare_encoder_metadata`` call.
+        self.metadata_calls: list[dict[str, Any]] = []
 
     def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         return self.forward(*args, **kwargs)
+
+
+class _MetadataCallLog:
+    """Records each ``prepare_encoder_metadata`` call (the item count and the
+    keyword arguments) in ``metadata_calls``, then runs vLLM's builder."""
+
+    def prepare_encoder_metadata(self, grid_thw, **kwargs: Any):
+        self.metadata_calls.append({"items": len(grid_thw), **kwargs})
+        return super().prepare_encoder_metadata(grid_thw, **kwargs)
 
 
 class _MiniMaxModelParts(Recorder):
@@ -1024,7 +1034,7 @@ class _MiniMaxModelParts(Recorder):
         return self.forward(pixel_values, grid_thw, encoder_metadata=encoder_metadata)
 
 
-def _minimax_parity() -> ModelParity:
+def _minimax_m3_side() -> VllmSide:
     code = _wheel_code({})
     # vLLM's own encoder-attention metadata helpers (the FlashInfer repacking
     # included), without the layer itself.
@@ -1033,12 +1043,14 @@ def _minimax_parity() -> ModelParity:
         "MMEncoderAttention",
         ["compute_max_seqlen", "maybe_compute_seq_lens", "maybe_recompute_cu_seqlens"],
     )
-    vit_class = code.klass(
+    vit_parts = code.klass(
         MINIMAX_TOWER,
         "MiniMaxVLVisionTransformer",
         ["forward", "prepare_encoder_metadata"],
         bases=(_MiniMaxViTParts,),
     )
+
+    vit_class = type("MiniMaxVLVisionTransformer", (_MetadataCallLog, vit_parts), {})
     model_class = code.klass(
         MINIMAX_TOWER, "MiniMaxVLVisionModel", ["forward"], bases=(_MiniMaxModelParts,)
     )
@@ -1048,7 +1060,6 @@ def _minimax_parity() -> ModelParity:
         code.method_names(MINIMAX_MIXIN, "MiniMaxM3EncoderCudaGraphMixin"),
         bases=(_protocol(code),),
     )
-    ours = load_generated_vllm_module("minimax_m3", code).MiniMaxM3EncoderCudaGraphMixin
 
     def make_host(host_class: type, settings: HostSettings) -> Any:
         dtype = torch.float32
@@ -1057,15 +1068,10 @@ def _minimax_parity() -> ModelParity:
         host.multimodal_config = settings.multimodal_config()
         return host
 
-    return ModelParity(
-        name="minimax_m3",
-        vllm_host=type("VllmMiniMaxM3Host", (vllm_mixin,), {}),
-        our_host=type("GeneratedMiniMaxM3Host", (ours,), {}),
+    return VllmSide(
+        code=code,
+        host=type("VllmMiniMaxM3Host", (vllm_mixin,), {}),
         make_host=make_host,
-        modalities=("image",),
-        make_batch=_minimax_batch,
-        random_grid=_merged_grid,
-        frames=lambda grid: grid[0],
     )
 
 
@@ -1087,11 +1093,6 @@ def _minimax_batch(
         else torch.cat(pixels) if pixels else torch.zeros(0, PIXEL_COLUMNS)
     )
     return {"pixel_values": values, "image_grid_thw": grid}
-
-
-@functools.cache
-def minimax_m3() -> ModelParity:
-    return _minimax_parity()
 
 
 # ---------------------------------------------------------------------------
@@ -1181,7 +1182,7 @@ class ErnieResampler:
         return torch.cat([merged, -merged], dim=-1)
 
 
-def _ernie_parity() -> ModelParity:
+def _ernie45_vl_side() -> VllmSide:
     code = _wheel_code(
         {"vllm.utils.gpu_sync_debug": {"gpu_sync_allowed": contextlib.nullcontext}}
     )
@@ -1201,7 +1202,6 @@ def _ernie_parity() -> ModelParity:
     vllm_mixin = code.klass(
         ERNIE, host_name, _defined(code, ERNIE, host_name), bases=(_protocol(code),)
     )
-    ours = load_generated_vllm_module("ernie45_vl", code).Ernie45VLEncoderCudaGraphMixin
 
     def make_host(host_class: type, settings: HostSettings) -> Any:
         host = host_class()
@@ -1211,15 +1211,10 @@ def _ernie_parity() -> ModelParity:
         host.config = _Obj(hidden_size=ErnieResampler.out_dim)
         return host
 
-    return ModelParity(
-        name="ernie45_vl",
-        vllm_host=type("VllmErnie45VLHost", (vllm_mixin,), {}),
-        our_host=type("GeneratedErnie45VLHost", (ours,), {}),
+    return VllmSide(
+        code=code,
+        host=type("VllmErnie45VLHost", (vllm_mixin,), {}),
         make_host=make_host,
-        modalities=("image",),
-        make_batch=ernie_batch,
-        random_grid=_merged_grid,
-        frames=lambda grid: grid[0],
     )
 
 
@@ -1233,11 +1228,6 @@ def ernie_batch(
     pixels = torch.randn(rows, ERNIE_PIXEL_COLUMNS, generator=gen)
     grid = torch.tensor(grids, dtype=torch.int64).reshape(-1, 3)
     return {"pixel_values": pixels, "image_grid_thw": grid}
-
-
-@functools.cache
-def ernie45_vl() -> ModelParity:
-    return _ernie_parity()
 
 
 # ---------------------------------------------------------------------------
@@ -1286,7 +1276,7 @@ class _DeepseekVL2ProjectorParts:
         return self.forward(x)
 
 
-def _dv2_parity() -> ModelParity:
+def _deepseek_vl2_side() -> VllmSide:
     code = _wheel_code({})
     projector_class = code.klass(
         DEEPSEEK_VL2, "MlpProjector", ["forward"], bases=(_DeepseekVL2ProjectorParts,)
@@ -1298,9 +1288,6 @@ def _dv2_parity() -> ModelParity:
         [*_defined(code, DEEPSEEK_VL2, host_name), "_proj_hw"],
         bases=(_protocol(code),),
     )
-    ours = load_generated_vllm_module(
-        "deepseek_vl2", code
-    ).DeepseekVL2EncoderCudaGraphMixin
 
     def make_host(host_class: type, settings: HostSettings) -> Any:
         host = host_class()
@@ -1315,15 +1302,10 @@ def _dv2_parity() -> ModelParity:
         host.global_view_pos = "head"
         return host
 
-    return ModelParity(
-        name="deepseek_vl2",
-        vllm_host=type("VllmDeepseekVL2Host", (vllm_mixin,), {}),
-        our_host=type("GeneratedDeepseekVL2Host", (ours,), {}),
+    return VllmSide(
+        code=code,
+        host=type("VllmDeepseekVL2Host", (vllm_mixin,), {}),
         make_host=make_host,
-        modalities=("image",),
-        make_batch=deepseek_vl2_batch,
-        random_grid=_tile_grid,
-        frames=lambda grid: 1,
     )
 
 
@@ -1343,11 +1325,6 @@ def deepseek_vl2_batch(
     pixels = torch.randn(tiles, 3, DV2_SIDE, DV2_SIDE, generator=gen)
     crop = torch.tensor(grids, dtype=torch.int64).reshape(-1, 2)
     return {"pixel_values": pixels, "images_spatial_crop": crop}
-
-
-@functools.cache
-def deepseek_vl2() -> ModelParity:
-    return _dv2_parity()
 
 
 # ---------------------------------------------------------------------------
@@ -1430,7 +1407,7 @@ class _DeepseekAlignerParts:
         return self.forward(x, n_vit_h, n_vit_w)
 
 
-def _deepseek_parity() -> ModelParity:
+def _deepseek_v41_side() -> VllmSide:
     code = _wheel_code({})
     vit_class = code.klass(
         DEEPSEEK_VISION,
@@ -1457,11 +1434,7 @@ def _deepseek_parity() -> ModelParity:
         "DeepseekV4VLEncoderCudaGraphMixin",
         code.method_names(DEEPSEEK_MIXIN, "DeepseekV4VLEncoderCudaGraphMixin"),
     )
-    ours = load_generated_vllm_module(
-        "deepseek_v41", code
-    ).DeepseekV4VLEncoderCudaGraphMixin
     protocol = _protocol(code)
-    token_types = code.function(DEEPSEEK_PREPROCESS, "image_token_types")
 
     def make_host(host_class: type, settings: HostSettings) -> Any:
         dtype = torch.float32
@@ -1477,33 +1450,33 @@ def _deepseek_parity() -> ModelParity:
         host.image_end = torch.full((WIDTH,), 3000.0)
         return host
 
-    def make_batch(gen, modality, grids):
-        return _deepseek_batch(gen, modality, grids, token_types)
-
-    return ModelParity(
-        name="deepseek_v41",
+    return VllmSide(
+        code=code,
         # vLLM's host class lists the protocol after the mixin.
-        vllm_host=type("VllmDeepseekV41Host", (vllm_mixin, protocol), {}),
-        our_host=type("GeneratedDeepseekV41Host", (ours, protocol), {}),
+        host=type("VllmDeepseekV41Host", (vllm_mixin, protocol), {}),
         make_host=make_host,
-        modalities=("image",),
-        make_batch=make_batch,
-        random_grid=lambda gen, modality: tuple(
-            torch.randint(1, 10, (2,), generator=gen).tolist()
-        ),
-        frames=lambda grid: 1,
+        host_parts=(protocol,),
     )
 
 
+def _deepseek_grid(gen: torch.Generator, modality: str) -> tuple[int, int]:
+    """A random ``(h, w)`` ViT grid of 1..9 x 1..9 patches."""
+    return tuple(torch.randint(1, 10, (2,), generator=gen).tolist())
+
+
+@functools.cache
+def _deepseek_token_types() -> Callable[[int, int], torch.Tensor]:
+    """vLLM's ``image_token_types``: the span types of an LLM grid."""
+    return _wheel_code({}).function(DEEPSEEK_PREPROCESS, "image_token_types")
+
+
 def _deepseek_batch(
-    gen: torch.Generator,
-    modality: str,
-    grids: list[tuple[int, int]],
-    token_types: Callable[[int, int], torch.Tensor],
+    gen: torch.Generator, modality: str, grids: list[tuple[int, int]]
 ) -> dict[str, Any]:
     """A DeepSeek-V4.1 image batch of ViT ``grids`` ([h, w] patches), with
     the LLM grids and span types vLLM's preprocessing derives from them."""
     assert modality == "image"
+    token_types = _deepseek_token_types()
     llm = [(-(-h // 3), -(-w // 3)) for h, w in grids]
     rows = sum(h * w for h, w in grids)
     return {
@@ -1516,11 +1489,6 @@ def _deepseek_batch(
             else torch.zeros(0, dtype=torch.int64)
         ),
     }
-
-
-@functools.cache
-def deepseek_v41() -> ModelParity:
-    return _deepseek_parity()
 
 
 # ---------------------------------------------------------------------------
@@ -1687,21 +1655,18 @@ def _kimi_vl_vllm() -> tuple[WheelCode, type, Callable[[type, HostSettings], Any
     return code, type("VllmKimiVLHost", (vllm_mixin,), {}), make_host
 
 
-def _kimi_vl_parity() -> ModelParity:
+def _kimi_vl_side() -> VllmSide:
     code, vllm_host, make_host = _kimi_vl_vllm()
-    ours = load_generated_vllm_module("kimi_vl", code).KimiVLEncoderCudaGraphMixin
-    return ModelParity(
-        name="kimi_vl",
-        vllm_host=vllm_host,
-        our_host=type("GeneratedKimiVLHost", (ours,), {}),
+    return VllmSide(
+        code=code,
+        host=vllm_host,
         make_host=make_host,
-        modalities=("image",),
-        make_batch=_patch_grid_batch,
-        random_grid=lambda gen, modality: tuple(
-            (2 * torch.randint(1, 9, (2,), generator=gen)).tolist()
-        ),
-        frames=lambda grid: 1,
     )
+
+
+def _kimi_vl_grid(gen: torch.Generator, modality: str) -> tuple[int, int]:
+    """A random ``(h, w)`` patch grid, even sides of 2..16 patches."""
+    return tuple((2 * torch.randint(1, 9, (2,), generator=gen)).tolist())
 
 
 def _patch_grid_batch(
@@ -1720,11 +1685,6 @@ def _patch_grid_batch(
 def kimi_vl_batch(grids: list[tuple[int, int]], seed: int = 0) -> dict[str, Any]:
     """A Kimi-VL image batch of ``grids`` with seeded random patches."""
     return _patch_grid_batch(torch.Generator().manual_seed(seed), "image", grids)
-
-
-@functools.cache
-def kimi_vl() -> ModelParity:
-    return _kimi_vl_parity()
 
 
 def kimi_vl_host() -> Any:
@@ -2003,30 +1963,16 @@ def kimi_k3_vllm_host(settings: HostSettings = HostSettings()) -> Any:
     return make_host(host_class, settings)
 
 
-def _kimi_k3_parity() -> ModelParity:
+def _kimi_k3_side() -> VllmSide:
     code, _ = _moonvit3d_code()
     host_class, make_host = _kimi_k3_vllm()
-    ours = load_generated_vllm_module("kimi_k3", code).KimiK3EncoderCudaGraphMixin
-    return ModelParity(
-        name="kimi_k3",
-        vllm_host=host_class,
-        # The model class defines the projector glue the forwards call.
-        our_host=type(
-            "GeneratedKimiK3Host",
-            (ours,),
-            {"_project_encoder_features": host_class._project_encoder_features},
-        ),
+    return VllmSide(
+        code=code,
+        host=host_class,
         make_host=make_host,
-        modalities=("image",),
-        make_batch=moon3d_batch,
-        random_grid=_thw_grid,
-        frames=lambda grid: 1,
+        # The model class defines the projector glue the forwards call.
+        our_attrs={"_project_encoder_features": host_class._project_encoder_features},
     )
-
-
-@functools.cache
-def kimi_k3() -> ModelParity:
-    return _kimi_k3_parity()
 
 
 # ---------------------------------------------------------------------------
@@ -2085,21 +2031,13 @@ def _kimi_k25_grid(gen: torch.Generator, modality: str) -> tuple[int, int, int]:
     return (t, h, w)
 
 
-@functools.cache
-def kimi_k25() -> ModelParity:
+def _kimi_k25_side() -> VllmSide:
     code, _ = _moonvit3d_code()
     host_class, make_host = _kimi_k25_vllm()
-    ours = load_generated_vllm_module("kimi_k25", code).KimiK25EncoderCudaGraphMixin
-    return ModelParity(
-        name="kimi_k25",
-        vllm_host=host_class,
-        # The model class defines the media helpers the eager forward calls.
-        our_host=type("GeneratedKimiK25Host", (ours,), {}),
+    return VllmSide(
+        code=code,
+        host=host_class,
         make_host=make_host,
-        modalities=("vision_chunk",),
-        make_batch=moon3d_batch,
-        random_grid=_kimi_k25_grid,
-        frames=lambda grid: 1,
     )
 
 
@@ -2170,7 +2108,7 @@ class _GlmTowerParts(Recorder):
         return self.forward(x, grid_thw, encoder_metadata=encoder_metadata)
 
 
-def _glm_parity() -> ModelParity:
+def _glm4_1v_side() -> VllmSide:
     code = _wheel_code({})
     mm_attention_helpers(code)
     embeddings_class = code.klass(
@@ -2192,7 +2130,6 @@ def _glm_parity() -> ModelParity:
         bases=(_protocol(code),),
         exclude=["get_max_frames_per_video"],
     )
-    ours = load_generated_vllm_module("glm4_1v", code).Glm4vEncoderCudaGraphMixin
 
     def make_host(host_class: type, settings: HostSettings) -> Any:
         dtype = torch.float32
@@ -2205,28 +2142,19 @@ def _glm_parity() -> ModelParity:
         host.visual = tower_class(settings, dtype, norm, embeddings_class(dtype))
         return host
 
-    return ModelParity(
-        name="glm4_1v",
-        vllm_host=type("VllmGlm4vHost", (host_methods, vllm_mixin), {}),
-        our_host=type("GeneratedGlm4vHost", (host_methods, ours), {}),
+    return VllmSide(
+        code=code,
+        host=type("VllmGlm4vHost", (host_methods, vllm_mixin), {}),
         make_host=make_host,
-        modalities=("image", "video"),
-        make_batch=_qwen_batch,
-        random_grid=_merged_grid,
-        frames=lambda grid: grid[0],
+        host_methods=(host_methods,),
     )
-
-
-@functools.cache
-def glm4_1v() -> ModelParity:
-    return _glm_parity()
 
 
 GLM5_NEXT = "vllm.models.glm5next.common.model"
 GLM5_NEXT_VISION = "vllm.models.glm5next.common.multimodal"
 
 
-def _glm5_next_parity() -> ModelParity:
+def _glm5_next_side() -> VllmSide:
     """GLM-5-Next: vLLM's subclass of the GLM-4.1V host overrides only the
     config (no ``pos_embeds`` buffer); its tower builds no position
     embeddings."""
@@ -2255,7 +2183,6 @@ def _glm5_next_parity() -> ModelParity:
         _defined(code, GLM5_NEXT, host_class),
         bases=(glm4_mixin,),
     )
-    ours = load_generated_vllm_module("glm5_next", code).Glm5NextEncoderCudaGraphMixin
 
     def make_host(host_class: type, settings: HostSettings) -> Any:
         host = host_class()
@@ -2267,26 +2194,17 @@ def _glm5_next_parity() -> ModelParity:
         host.visual = tower_class(settings, torch.float32, norm, None)
         return host
 
-    return ModelParity(
-        name="glm5_next",
-        vllm_host=type("VllmGlm5NextHost", (host_methods, vllm_mixin), {}),
-        our_host=type("GeneratedGlm5NextHost", (host_methods, ours), {}),
+    return VllmSide(
+        code=code,
+        host=type("VllmGlm5NextHost", (host_methods, vllm_mixin), {}),
         make_host=make_host,
-        modalities=("image", "video"),
-        make_batch=_qwen_batch,
-        random_grid=_merged_grid,
-        frames=lambda grid: grid[0],
+        host_methods=(host_methods,),
     )
-
-
-@functools.cache
-def glm5_next() -> ModelParity:
-    return _glm5_next_parity()
 
 
 def glm4_1v_host() -> Any:
     """A host of vLLM's GLM-4.1V mixin (2 x 2 merge, PATCH-sized patches)."""
-    return glm4_1v().hosts()[0]
+    return parity("glm4_1v").hosts()[0]
 
 
 # ---------------------------------------------------------------------------
@@ -2367,18 +2285,12 @@ def _gemma3_vllm() -> tuple[WheelCode, type, Callable[[type, HostSettings], Any]
     return code, type("VllmGemma3Host", (vllm_mixin,), {}), make_host
 
 
-def _gemma3_parity() -> ModelParity:
+def _gemma3_mm_side() -> VllmSide:
     code, vllm_host, make_host = _gemma3_vllm()
-    ours = load_generated_vllm_module("gemma3_mm", code).Gemma3EncoderCudaGraphMixin
-    return ModelParity(
-        name="gemma3_mm",
-        vllm_host=vllm_host,
-        our_host=type("GeneratedGemma3Host", (ours,), {}),
+    return VllmSide(
+        code=code,
+        host=vllm_host,
         make_host=make_host,
-        modalities=("image",),
-        make_batch=crops_batch,
-        random_grid=_pan_and_scan_crops,
-        frames=lambda grid: 1,
     )
 
 
@@ -2400,11 +2312,6 @@ def crops_batch(
         "pixel_values": torch.randn(crops, 3, side, side, generator=gen),
         "num_patches": torch.tensor([n for (n,) in grids], dtype=torch.int64),
     }
-
-
-@functools.cache
-def gemma3_mm() -> ModelParity:
-    return _gemma3_parity()
 
 
 def gemma3_host() -> Any:
@@ -2477,9 +2384,8 @@ def _internvl_vllm() -> tuple[WheelCode, type, Callable[[type, HostSettings], An
     return code, type("VllmInternVLHost", (vllm_mixin,), {}), make_host
 
 
-def _internvl_parity() -> ModelParity:
+def _internvl_side() -> VllmSide:
     code, vllm_host, make_host = _internvl_vllm()
-    ours = load_generated_vllm_module("internvl", code).InternVLEncoderCudaGraphMixin
     # vLLM's feature extraction, without its mixin.
     features = code.klass(
         INTERNVL,
@@ -2487,15 +2393,11 @@ def _internvl_parity() -> ModelParity:
         ["extract_feature", "pixel_shuffle"],
         bases=(_InternVLParts,),
     )
-    return ModelParity(
-        name="internvl",
-        vllm_host=vllm_host,
-        our_host=type("GeneratedInternVLHost", (ours, features), {}),
+    return VllmSide(
+        code=code,
+        host=vllm_host,
         make_host=make_host,
-        modalities=("image", "video"),
-        make_batch=_internvl_batch,
-        random_grid=_internvl_tiles,
-        frames=lambda grid: grid[0],
+        host_parts=(features,),
     )
 
 
@@ -2521,11 +2423,6 @@ def _internvl_batch(
         "pixel_values_flat_video": batch["pixel_values"],
         "video_num_patches": batch["num_patches"],
     }
-
-
-@functools.cache
-def internvl() -> ModelParity:
-    return _internvl_parity()
 
 
 # ---------------------------------------------------------------------------
@@ -2605,9 +2502,8 @@ def _llama4_vllm() -> tuple[WheelCode, type, Callable[[type, HostSettings], Any]
     return code, type("VllmLlama4Host", (vllm_mixin,), {}), make_host
 
 
-def _llama4_parity() -> ModelParity:
+def _mllama4_side() -> VllmSide:
     code, vllm_host, make_host = _llama4_vllm()
-    ours = load_generated_vllm_module("mllama4", code).Llama4EncoderCudaGraphMixin
     # vLLM's chunk encoding and chunk size, without its mixin.
     helpers = code.klass(
         MLLAMA4,
@@ -2615,15 +2511,11 @@ def _llama4_parity() -> ModelParity:
         ["get_image_patches_per_chunk", "encode_image_chunks"],
         bases=(_Llama4Parts,),
     )
-    return ModelParity(
-        name="mllama4",
-        vllm_host=vllm_host,
-        our_host=type("GeneratedLlama4Host", (ours, helpers), {}),
+    return VllmSide(
+        code=code,
+        host=vllm_host,
         make_host=make_host,
-        modalities=("image",),
-        make_batch=_llama4_batch,
-        random_grid=_llama4_chunks,
-        frames=lambda grid: 1,
+        host_parts=(helpers,),
     )
 
 
@@ -2643,11 +2535,6 @@ def _llama4_batch(
         "pixel_values": batch["pixel_values"],
         "patches_per_image": batch["num_patches"],
     }
-
-
-@functools.cache
-def mllama4() -> ModelParity:
-    return _llama4_parity()
 
 
 # ---------------------------------------------------------------------------
@@ -2787,18 +2674,12 @@ def _idefics3_vllm() -> tuple[WheelCode, type, Callable[[type, HostSettings], An
     return code, type("VllmIdefics3Host", (vllm_mixin,), {}), make_host
 
 
-def _idefics3_parity() -> ModelParity:
+def _idefics3_side() -> VllmSide:
     code, vllm_host, make_host = _idefics3_vllm()
-    ours = load_generated_vllm_module("idefics3", code).Idefics3EncoderCudaGraphMixin
-    return ModelParity(
-        name="idefics3",
-        vllm_host=vllm_host,
-        our_host=type("GeneratedIdefics3Host", (ours,), {}),
+    return VllmSide(
+        code=code,
+        host=vllm_host,
         make_host=make_host,
-        modalities=("image",),
-        make_batch=idefics3_batch,
-        random_grid=_llama4_chunks,
-        frames=lambda grid: 1,
     )
 
 
@@ -2820,11 +2701,6 @@ def idefics3_batch(
         batch["pixel_values"][end - 1, :, h:, :] = 0
         batch["pixel_values"][end - 1, :, :, w:] = 0
     return {**batch, "pixel_attention_mask": mask}
-
-
-@functools.cache
-def idefics3() -> ModelParity:
-    return _idefics3_parity()
 
 
 # ---------------------------------------------------------------------------
@@ -2991,23 +2867,18 @@ def _lfm2_vl_vllm() -> tuple[WheelCode, type, Callable[..., Any]]:
     return code, type("VllmLfm2VLHost", (vllm_mixin,), {}), make_host
 
 
-def _lfm2_vl_parity() -> ModelParity:
+def _lfm2_vl_side() -> VllmSide:
     code, vllm_host, make_host = _lfm2_vl_vllm()
-    ours = load_generated_vllm_module("lfm2_vl", code).Lfm2VLEncoderCudaGraphMixin
     # The model's own eager path (and the helpers it calls), which the
     # generated eager forward calls as the drop-in's host.
     eager = code.klass(
         LFM2_VL, "Lfm2VLForConditionalGeneration", ["_process_image_input"]
     )
-    return ModelParity(
-        name="lfm2_vl",
-        vllm_host=vllm_host,
-        our_host=type("GeneratedLfm2VLHost", (ours, eager), {}),
+    return VllmSide(
+        code=code,
+        host=vllm_host,
         make_host=make_host,
-        modalities=("image",),
-        make_batch=lambda gen, modality, grids: lfm2_vl_batch(gen, list(grids)),
-        random_grid=_lfm2_vl_image,
-        frames=lambda grid: 1,
+        host_parts=(eager,),
     )
 
 
@@ -3019,28 +2890,33 @@ def _lfm2_vl_image(gen: torch.Generator, modality: str) -> tuple[tuple[int, int]
     return tuple((int(h), int(w)) for h, w in sides.tolist())
 
 
-@functools.cache
-def lfm2_vl() -> ModelParity:
-    return _lfm2_vl_parity()
-
-
 def lfm2_vl_host(min_image_tokens: int = 64, ours: bool = False) -> Any:
     """A host of vLLM's LFM2-VL mixin (downsample factor 2), or of ours."""
     _, host_class, make_host = _lfm2_vl_vllm()
     if ours:
-        host_class = lfm2_vl().our_host
+        host_class = parity("lfm2_vl").our_host
     return make_host(host_class, HostSettings(), min_image_tokens)
 
 
+def _lfm2_vl_images(
+    gen: torch.Generator, modality: str, images: list[Any], **options: Any
+) -> dict[str, Any]:
+    """:func:`lfm2_vl_batch` called as the battery calls ``make_batch``."""
+    return lfm2_vl_batch(gen, list(images), **options)
+
+
 def lfm2_vl_batch(
-    gen: torch.Generator, images: list[list[tuple[int, int]]]
+    gen: torch.Generator,
+    images: list[list[tuple[int, int]]],
+    *,
+    dtype: torch.dtype = torch.float32,
 ) -> dict[str, Any]:
     """An LFM2-VL batch: each image a list of tiles of ``(h, w)`` patches;
-    ``pixel_values`` ``(tiles, max h * w, patch dim)``, zero past each
-    tile's patches, as the processor pads them."""
+    ``pixel_values`` ``(tiles, max h * w, patch dim)`` of ``dtype``, zero
+    past each tile's patches, as the processor pads them."""
     tiles = [tile for image in images for tile in image]
     longest = max((h * w for h, w in tiles), default=0)
-    pixels = torch.zeros(len(tiles), longest, LFM2_PATCH_DIM)
+    pixels = torch.zeros(len(tiles), longest, LFM2_PATCH_DIM, dtype=dtype)
     for i, (h, w) in enumerate(tiles):
         pixels[i, : h * w] = torch.randn(h * w, LFM2_PATCH_DIM, generator=gen)
     return {
@@ -3238,10 +3114,9 @@ def _replay_path(host, case, config, captured, batch, path):
     replay = host.prepare_encoder_cudagraph_replay_buffers(
         batch, case.max_batch_size, case.max_frames_per_batch, path
     ).values
-    # None and an absent key mean the same to the manager: left as captured.
-    view: dict[str, Any] = {
-        "replay": {k: v for k, v in replay.items() if v is not None}
-    }
+    # None and an absent key mean the same to the manager (left as captured),
+    # but a mixin that returns one where vLLM's returns the other differs.
+    view: dict[str, Any] = {"replay": dict(replay)}
     copy_replay_into_captured(config, captured, replay)
     # A builder may capture None for a buffer another backend needs
     # (Kimi-K3's sequence_lengths): the manager keeps and skips it.
@@ -3255,6 +3130,26 @@ def _replay_path(host, case, config, captured, batch, path):
     view["calls"] = list(tower.calls)
     view["violations"] = dict(tower.violations)
     return view, out
+
+
+def padding_edges_view(host: Any, case: CaptureCase, key: str) -> dict[str, Any]:
+    """``key``'s padding logic where a manager never takes it: offsets that
+    fill every captured slot (one item more than ``case`` holds), and a
+    buffer that no capture returned. Each: the buffer after the copy, or
+    what was raised."""
+    from parity_testlib import observe
+
+    captured = _capture(host, case)[key]
+    logic = host.get_encoder_cudagraph_config().padding_logics[key]
+
+    def padded(dst: torch.Tensor, entries: int) -> torch.Tensor:
+        logic(dst, torch.arange(entries, dtype=dst.dtype))
+        return dst.clone()
+
+    return {
+        "no-spare-slot": observe(lambda: padded(captured, captured.shape[0])),
+        "unregistered": observe(lambda: padded(captured.clone(), 2)),
+    }
 
 
 def postprocess_view(
@@ -3305,13 +3200,35 @@ def selection_view(host: Any, batch: dict[str, Any], indices: list[int]) -> Any:
     selected = host.select_encoder_cudagraph_items(batch, indices)
     view: dict[str, Any] = {
         "selected": selected,
+        "selected_aliases": aliased_inputs(selected, batch),
         "specs": specs_view(host.get_encoder_cudagraph_item_specs(selected)),
     }
     if indices:
-        view["reselected"] = host.select_encoder_cudagraph_items(
+        reselected = host.select_encoder_cudagraph_items(
             selected, list(range(len(indices)))[::-1]
         )
+        view["reselected"] = reselected
+        view["reselected_aliases"] = aliased_inputs(reselected, selected)
     return view
+
+
+#: The generated selection of every item in order is the batch's own
+#: tensors, vLLM's a copy (docs/vllm-differences.md, every model but those
+#: whose selection repacks: a model's parity test lists it where it occurs).
+SELECTION_ALIASES = Difference(
+    "all.selection-aliases",
+    (r"select\[.*\]/(re)?selected_aliases(\.len|\[\d+\])$",),
+)
+
+
+def aliased_inputs(selected: dict[str, Any], batch: dict[str, Any]) -> list[str]:
+    """The keys of a selection whose value is the batch's own tensor (the
+    same object, not a copy)."""
+    return sorted(
+        key
+        for key, value in selected.items()
+        if isinstance(value, torch.Tensor) and any(value is v for v in batch.values())
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -3475,6 +3392,44 @@ def compare_batches(
     return found
 
 
+def compare_padding_edges(
+    model: ModelParity, case: CaptureCase, key: str = "cu_seqlens"
+) -> list[str]:
+    """The differing paths of :func:`padding_edges_view` on both hosts."""
+    return compare(
+        model,
+        f"padding[{case.label},{key}]",
+        lambda h: padding_edges_view(h, case, key),
+    )
+
+
+def check_refusals_name_the_same_fix(model: ModelParity) -> dict[str, tuple[str, str]]:
+    """Every battery setting whose config either mixin refuses is refused by
+    both, with the same exception type, and every command-line option
+    vLLM's message names is named by ours. Returns the settings whose
+    messages differ: label -> (vLLM's message, ours)."""
+    from parity_testlib import Raised, observe
+
+    differing = {}
+    for backend in BACKENDS:
+        for extra in MULTIMODAL_SETTINGS:
+            settings = HostSettings(backend=backend, **extra)
+            label = settings_label(settings)
+            theirs, ours = (
+                observe(host.get_encoder_cudagraph_config)
+                for host in model.hosts(settings)
+            )
+            if not isinstance(theirs, Raised) and not isinstance(ours, Raised):
+                continue
+            assert isinstance(theirs, Raised) and isinstance(ours, Raised), label
+            assert theirs.type_name == ours.type_name, label
+            for option in re.findall(r"--[a-z0-9-]+", theirs.message):
+                assert option in ours.message, (label, option)
+            if theirs.message != ours.message:
+                differing[label] = (theirs.message, ours.message)
+    return differing
+
+
 def check_selected_grids_work_everywhere(model: ModelParity) -> None:
     """vLLM's Qwen-family mixins select grids as Python lists, the generated
     ones as int64 host tensors (the processor's type): either selection has
@@ -3587,8 +3542,6 @@ GLM_CASES = (
 def glm_differences(stem: str) -> tuple[Any, ...]:
     """The differences of the generated GLM-4.1V (and GLM-5-Next, whose vLLM
     mixin is GLM-4.1V's) from vLLM's, by id ``<stem>.<name>``."""
-    from parity_testlib import Difference
-
     frames = r"b=(16,n=4,f=56|64,n=2,f=1200)"
     floor = r"b=100,n=3,f=0"
     return (
@@ -3720,8 +3673,7 @@ def step3_vl_grid(gen: torch.Generator, modality: str) -> tuple[int]:
     return ((0, 2, 3, 4)[int(torch.randint(0, 4, (1,), generator=gen))],)
 
 
-@functools.cache
-def step3_vl() -> ModelParity:
+def _step3_vl_side() -> VllmSide:
     """vLLM's Step3-VL host against one with the generated mixin; both read
     vLLM's own token arithmetic and the same fake tower."""
     code = _wheel_code({})
@@ -3731,17 +3683,11 @@ def step3_vl() -> ModelParity:
         ["img_output_tokens", "patch_output_tokens", "_compute_spatial_tokens"],
         bases=(_Step3HostParts,),
     )
-    ours = load_generated_vllm_module("step3_vl", code).Step3VLEncoderCudaGraphMixin
-    return ModelParity(
-        name="step3_vl",
-        vllm_host=step3_vl_host_class(),
-        our_host=type("GeneratedStep3VLHost", (ours, token_arithmetic), {}),
+    return VllmSide(
+        code=code,
+        host=step3_vl_host_class(),
         make_host=lambda host_class, settings: step3_vl_host(host_class, settings),
-        modalities=("image",),
-        make_batch=step3_vl_batch,
-        random_grid=step3_vl_grid,
-        frames=lambda grid: 1,
-        paths=("global", "local"),
+        host_parts=(token_arithmetic,),
     )
 
 
@@ -4111,8 +4057,7 @@ def deepseek_ocr_grid(gen: torch.Generator, modality: str) -> tuple[int, int]:
     return OCR_GRIDS[int(torch.randint(0, len(OCR_GRIDS), (1,), generator=gen))]
 
 
-@functools.cache
-def deepseek_ocr() -> ModelParity:
+def _deepseek_ocr_side() -> VllmSide:
     """vLLM's DeepSeek-OCR host against one with the generated mixin; both
     have vLLM's own token properties and batched forwards, and the same fake
     tower."""
@@ -4122,19 +4067,11 @@ def deepseek_ocr() -> ModelParity:
         "DeepseekOCRForCausalLM",
         [*OCR_PROPERTIES, *OCR_BATCHED_FORWARDS],
     )
-    ours = load_generated_vllm_module(
-        "deepseek_ocr", code
-    ).DeepseekOCREncoderCudaGraphMixin
-    return ModelParity(
-        name="deepseek_ocr",
-        vllm_host=deepseek_ocr_host_class(),
-        our_host=type("GeneratedDeepseekOCRHost", (ours, host_parts), {}),
+    return VllmSide(
+        code=code,
+        host=deepseek_ocr_host_class(),
         make_host=deepseek_ocr_host,
-        modalities=("image",),
-        make_batch=deepseek_ocr_batch,
-        random_grid=deepseek_ocr_grid,
-        frames=lambda grid: 1,
-        paths=("global", "local"),
+        host_parts=(host_parts,),
     )
 
 
@@ -4235,12 +4172,10 @@ def gemma4_batch(
     return {"pixel_values": pixels, "pixel_position_ids": positions}
 
 
-@functools.cache
-def gemma4_mm() -> ModelParity:
+def _gemma4_mm_side() -> VllmSide:
     """vLLM's Gemma 4 host (its eager image path included) against one with
     the generated mixin, on the same fake tower."""
     code, vllm_host = _gemma4_vllm()
-    ours = load_generated_vllm_module("gemma4_mm", code).Gemma4EncoderCudaGraphMixin
     host_parts = code.klass(
         GEMMA4,
         "Gemma4ForConditionalGeneration",
@@ -4250,15 +4185,11 @@ def gemma4_mm() -> ModelParity:
             "_process_image_input",
         ],
     )
-    return ModelParity(
-        name="gemma4_mm",
-        vllm_host=vllm_host,
-        our_host=type("GeneratedGemma4Host", (ours, host_parts), {}),
+    return VllmSide(
+        code=code,
+        host=vllm_host,
         make_host=gemma4_make_host,
-        modalities=("image",),
-        make_batch=gemma4_batch,
-        random_grid=gemma4_random_image,
-        frames=lambda grid: 1,
+        host_parts=(host_parts,),
     )
 
 
@@ -4405,19 +4336,13 @@ def minicpmv_item(gen: torch.Generator, modality: str) -> tuple[tuple[int, int],
     return tuple(zip(heights, widths, strict=True))
 
 
-@functools.cache
-def minicpmv() -> ModelParity:
+def _minicpmv_side() -> VllmSide:
     code, vllm_mixin, hidden = _minicpmv_vllm()
-    ours = load_generated_vllm_module("minicpmv", code).MiniCPMVEncoderCudaGraphMixin
-    return ModelParity(
-        name="minicpmv",
-        vllm_host=type("VllmMiniCPMVHost", (vllm_mixin,), {}),
-        our_host=type("GeneratedMiniCPMVHost", (ours, hidden), {}),
+    return VllmSide(
+        code=code,
+        host=type("VllmMiniCPMVHost", (vllm_mixin,), {}),
         make_host=minicpmv_parity_host,
-        modalities=("image", "video"),
-        make_batch=minicpmv_batch,
-        random_grid=minicpmv_item,
-        frames=len,
+        host_parts=(hidden,),
     )
 
 
@@ -4444,4 +4369,132 @@ def runtime_manager(
     )
     return EncoderCudaGraphManager(
         config, CPU, torch.float32, host, graph_backend=EagerReplayGraphBackend()
+    )
+
+
+# ---------------------------------------------------------------------------
+# The models
+# ---------------------------------------------------------------------------
+
+#: Every model with a spec: its vLLM side, modalities, batches, item grids,
+#: frames per item and (when not only ``default``) encoder paths.
+MODELS: dict[str, ModelRow] = {
+    "qwen2_vl": ModelRow(
+        _qwen2_vl_side, ("image", "video"), _qwen_batch, _merged_grid, frames_of_t
+    ),
+    "qwen2_5_vl": ModelRow(
+        _qwen2_5_vl_side, ("image", "video"), _qwen_batch, _merged_grid, frames_of_t
+    ),
+    "qwen3_vl": ModelRow(
+        _qwen3_vl_side, ("image", "video"), _qwen_batch, _merged_grid, frames_of_t
+    ),
+    "cohere_compass": ModelRow(
+        _cohere_compass_side, ("image",), _qwen_batch, _merged_grid, frames_of_t
+    ),
+    "minimax_m3": ModelRow(
+        _minimax_m3_side, ("image",), _minimax_batch, _merged_grid, frames_of_t
+    ),
+    "ernie45_vl": ModelRow(
+        _ernie45_vl_side, ("image",), ernie_batch, _merged_grid, frames_of_t
+    ),
+    "deepseek_vl2": ModelRow(
+        _deepseek_vl2_side, ("image",), deepseek_vl2_batch, _tile_grid, one_frame
+    ),
+    "deepseek_v41": ModelRow(
+        _deepseek_v41_side, ("image",), _deepseek_batch, _deepseek_grid, one_frame
+    ),
+    "kimi_vl": ModelRow(
+        _kimi_vl_side, ("image",), _patch_grid_batch, _kimi_vl_grid, one_frame
+    ),
+    "kimi_k3": ModelRow(_kimi_k3_side, ("image",), moon3d_batch, _thw_grid, one_frame),
+    "kimi_k25": ModelRow(
+        _kimi_k25_side, ("vision_chunk",), moon3d_batch, _kimi_k25_grid, one_frame
+    ),
+    "glm4_1v": ModelRow(
+        _glm4_1v_side, ("image", "video"), _qwen_batch, _merged_grid, frames_of_t
+    ),
+    "glm5_next": ModelRow(
+        _glm5_next_side, ("image", "video"), _qwen_batch, _merged_grid, frames_of_t
+    ),
+    "gemma3_mm": ModelRow(
+        _gemma3_mm_side, ("image",), crops_batch, _pan_and_scan_crops, one_frame
+    ),
+    "internvl": ModelRow(
+        _internvl_side,
+        ("image", "video"),
+        _internvl_batch,
+        _internvl_tiles,
+        frames_of_t,
+    ),
+    "mllama4": ModelRow(
+        _mllama4_side, ("image",), _llama4_batch, _llama4_chunks, one_frame
+    ),
+    "idefics3": ModelRow(
+        _idefics3_side, ("image",), idefics3_batch, _llama4_chunks, one_frame
+    ),
+    "lfm2_vl": ModelRow(
+        _lfm2_vl_side,
+        ("image",),
+        _lfm2_vl_images,
+        _lfm2_vl_image,
+        one_frame,
+    ),
+    "step3_vl": ModelRow(
+        _step3_vl_side,
+        ("image",),
+        step3_vl_batch,
+        step3_vl_grid,
+        one_frame,
+        paths=("global", "local"),
+    ),
+    "deepseek_ocr": ModelRow(
+        _deepseek_ocr_side,
+        ("image",),
+        deepseek_ocr_batch,
+        deepseek_ocr_grid,
+        one_frame,
+        paths=("global", "local"),
+    ),
+    "gemma4_mm": ModelRow(
+        _gemma4_mm_side, ("image",), gemma4_batch, gemma4_random_image, one_frame
+    ),
+    "minicpmv": ModelRow(
+        _minicpmv_side, ("image", "video"), minicpmv_batch, minicpmv_item, len
+    ),
+}
+
+
+def generated_mixin(stem: str, code: WheelCode) -> type:
+    """The mixin class of ``generated/vllm/<stem>.py``, loaded on ``code``."""
+    module = load_generated_vllm_module(stem, code)
+    (mixin,) = (
+        value
+        for name, value in vars(module).items()
+        if isinstance(value, type) and name.endswith("EncoderCudaGraphMixin")
+    )
+    return mixin
+
+
+@functools.cache
+def parity(stem: str) -> ModelParity:
+    """Model ``stem`` of :data:`MODELS`: vLLM's host and one with the
+    generated mixin, mixed onto the same host methods."""
+    row = MODELS[stem]
+    side = row.vllm_side()
+    ours = generated_mixin(stem, side.code)
+    our_host = type(
+        f"Generated{ours.__name__.removesuffix('EncoderCudaGraphMixin')}Host",
+        (*side.host_methods, ours, *side.host_parts),
+        dict(side.our_attrs),
+    )
+    return ModelParity(
+        name=stem,
+        vllm_host=side.host,
+        our_host=our_host,
+        make_host=side.make_host,
+        modalities=row.modalities,
+        make_batch=row.make_batch,
+        random_grid=row.random_grid,
+        frames=row.frames,
+        paths=row.paths,
     )

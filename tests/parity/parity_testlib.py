@@ -560,17 +560,20 @@ def copy_replay_into_captured(
 
 @dataclasses.dataclass(frozen=True)
 class Raised:
-    """An observation that is an exception (its type; messages are prose)."""
+    """An observation that is an exception: its type and its message (a
+    reworded message is a difference the document lists too)."""
 
     type_name: str
+    message: str
 
 
 def observe(call: Callable[[], Any]) -> Any:
-    """``call()``'s result, or :class:`Raised` with the exception's type."""
+    """``call()``'s result, or :class:`Raised` with the exception's type and
+    message."""
     try:
         return call()
     except Exception as exc:
-        return Raised(type(exc).__name__)
+        return Raised(type(exc).__name__, str(exc))
 
 
 def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
@@ -657,17 +660,27 @@ def listed_in_doc() -> dict[str, tuple[str, ...]]:
     return rows
 
 
+#: The model part of the ids of rows that every model's test may list (a
+#: difference of the generated template, not of one model).
+SHARED = "all"
+
+
 def check_differences(
     model: str, found: Iterable[str], listed: tuple[Difference, ...]
 ) -> None:
     """Fail unless ``found`` is explained by exactly the ``listed``
     differences, and those are exactly what the document lists for
-    ``model``: an unlisted difference fails, and so does a listed one that
-    no longer occurs."""
+    ``model`` (and the shared rows ``all.*`` the test lists, which the
+    document must have): an unlisted difference fails, and so does a listed
+    one that no longer occurs."""
     found = sorted(set(found))
     unexplained = [p for p in found if not any(d.explains(p) for d in listed)]
     unseen = [d.id for d in listed if not any(d.explains(p) for p in found)]
-    documented = {i for i in listed_in_doc() if i.split(".")[0] == model}
+    in_doc = listed_in_doc()
+    shared = {d.id for d in listed if d.id.split(".")[0] == SHARED}
+    documented = {i for i in in_doc if i.split(".")[0] == model} | (
+        shared & set(in_doc)
+    )
     problems = []
     if unexplained:
         problems.append(

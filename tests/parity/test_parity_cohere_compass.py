@@ -27,6 +27,7 @@ CASES = (
 )
 
 DIFFERENCES = (
+    hosts.SELECTION_ALIASES,
     Difference("cohere_compass.backend-guard", (r"^config\[backend=TORCH_SDPA[,\]]",)),
     Difference(
         "cohere_compass.cu-seqlens-padding",
@@ -47,7 +48,7 @@ DIFFERENCES = (
 
 @pytest.fixture(scope="module")
 def model() -> hosts.ModelParity:
-    return hosts.cohere_compass()
+    return hosts.parity("cohere_compass")
 
 
 def test_every_difference_from_vllm_is_listed(model) -> None:

@@ -27,6 +27,7 @@ CASES = (
 )
 
 DIFFERENCES = (
+    hosts.SELECTION_ALIASES,
     Difference(
         "deepseek_ocr.output-tokens", (r"specs(\[image,seed=\d+\])?\[\d+\]\[1\]$",)
     ),
@@ -38,7 +39,7 @@ DIFFERENCES = (
 
 @pytest.fixture(scope="module")
 def model() -> hosts.ModelParity:
-    return hosts.deepseek_ocr()
+    return hosts.parity("deepseek_ocr")
 
 
 def test_every_difference_from_vllm_is_listed(model) -> None:

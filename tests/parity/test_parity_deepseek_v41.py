@@ -22,8 +22,11 @@ CASES = (
     CaptureCase(30, 4, 0),  # a budget that 4 items do not divide
     CaptureCase(128, 3, 0),
 )
+#: 4 items per batch: 6 captured cu_seqlens slots (5 offsets and a spare).
+EDGE = CaptureCase(64, 4, 0)
 
 DIFFERENCES = (
+    hosts.SELECTION_ALIASES,
     Difference(
         "deepseek_v41.budget-unit",
         (
@@ -49,6 +52,14 @@ DIFFERENCES = (
         ),
     ),
     Difference(
+        "deepseek_v41.error-messages",
+        (r"^config\[[^\]]*\](/capture)?\.message$",),
+    ),
+    Difference(
+        "deepseek_v41.cu-seqlens-strict",
+        (r"^padding\[.*\]/(no-spare-slot|unregistered)\.",),
+    ),
+    Difference(
         "deepseek_v41.replay-max-seqlen",
         (
             r"replay\[.*/replay\.keys$",
@@ -61,12 +72,65 @@ DIFFERENCES = (
 
 @pytest.fixture(scope="module")
 def model() -> hosts.ModelParity:
-    return hosts.deepseek_v41()
+    return hosts.parity("deepseek_v41")
 
 
 def test_every_difference_from_vllm_is_listed(model) -> None:
     found = hosts.compare_configs(model) + hosts.compare_batches(model, Plan(CASES))
+    found += hosts.compare_padding_edges(model, EDGE)
+    # The capture refuses an image limit of 0 (the config does not).
+    found += hosts.compare(
+        model,
+        "config[image_limit=0]/capture",
+        lambda h: hosts.capture_view(h, EDGE),
+        HostSettings(image_limit=0),
+    )
     check_differences("deepseek_v41", found, DIFFERENCES)
+
+
+def test_refusals_are_vllms_and_name_the_model() -> None:
+    """The same refusals with the same exception types, each naming the
+    option that lifts it; the messages are the template's: dynamic FP8's
+    says why it cannot be captured, the backend refusal puts a comma before
+    its alternative, the capture refusal under an image limit of 0 names the
+    model."""
+    model = hosts.parity("deepseek_v41")
+    differing = hosts.check_refusals_name_the_same_fix(model)
+    refused = {"TORCH_SDPA", "FLASHINFER"}
+    assert set(differing) == {
+        hosts.settings_label(HostSettings(backend=b, **extra))
+        for b in hosts.BACKENDS
+        for extra in hosts.MULTIMODAL_SETTINGS
+        if extra.get("fp8") == "dynamic" or b in refused
+    }
+    for theirs, ours in differing.values():
+        if "FP8" in ours:
+            assert "amax history on the host" in ours
+        else:
+            assert ours == theirs.replace("FLASH_ATTN or", "FLASH_ATTN, or")
+    raised = []
+    for host in model.hosts(HostSettings(image_limit=0)):
+        with pytest.raises(RuntimeError, match="image limit is 0") as info:
+            hosts.capture_view(host, EDGE)
+        raised.append(str(info.value))
+    assert "DeepSeek-V4.1" in raised[1] and "DeepSeek-V4.1" not in raised[0]
+
+
+def test_padding_refuses_offsets_without_a_spare_slot(model) -> None:
+    """4 items per batch capture 6 offsets: 5 and the spare slot the padding
+    sequence needs. A manager never sends more than 4 items (5 offsets);
+    given 6, vLLM copies them, ours refuses; ours also refuses a buffer no
+    capture returned (it needs the captured row count, registered at
+    capture), which vLLM pads with the last offset."""
+    vllm_view, our_view = (
+        hosts.padding_edges_view(host, EDGE, "cu_seqlens") for host in model.hosts()
+    )
+    assert vllm_view["no-spare-slot"].tolist() == list(range(6))
+    assert our_view["no-spare-slot"].type_name == "RuntimeError"
+    assert "leave no spare slot" in our_view["no-spare-slot"].message
+    assert vllm_view["unregistered"].tolist() == [0, 1] + [1] * 4
+    assert our_view["unregistered"].type_name == "RuntimeError"
+    assert "not registered" in our_view["unregistered"].message
 
 
 def _replayed(host, case: CaptureCase, batch) -> dict[str, torch.Tensor]:
@@ -157,10 +221,11 @@ def test_trailing_sequence_leaves_no_vit_row_unwritten(model) -> None:
     vllm_vit, our_vit = vit_rows
     real = 3 * 4 + 2 * 2
     # vLLM closes the batch with zero-length sequences: attention never
-    # writes the ViT rows past the real ones (NaN here, whatever the pool
-    # held on a GPU); the aligner's masked gather keeps them out of the
-    # image rows. Ours closes it with one padding sequence: every row is
-    # written, none can leak.
+    # writes the ViT rows past the real ones (NaN here; zeros on CUDA, where
+    # vLLM's FlashAttention wrapper allocates its output with torch.zeros
+    # during capture, a fill the graph replays); the aligner's masked gather
+    # keeps them out of the image rows. Ours closes it with one padding
+    # sequence: every row is written, none can leak.
     assert vllm_vit[real:].isnan().all() and not vllm_vit[:real].isnan().any()
     assert not our_vit.isnan().any()
     assert all(torch.equal(a, b) for a, b in zip(*items, strict=True))

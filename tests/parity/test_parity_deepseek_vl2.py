@@ -23,6 +23,7 @@ CASES = (
 )
 
 DIFFERENCES = (
+    hosts.SELECTION_ALIASES,
     # vLLM's eager view raises as a whole (no eager forward: None).
     Difference("deepseek_vl2.eager-forward", (r"^eager\[",)),
 )
@@ -30,7 +31,7 @@ DIFFERENCES = (
 
 @pytest.fixture(scope="module")
 def model() -> hosts.ModelParity:
-    return hosts.deepseek_vl2()
+    return hosts.parity("deepseek_vl2")
 
 
 def test_every_difference_from_vllm_is_listed(model) -> None:

@@ -23,6 +23,7 @@ CASES = (
 )
 
 DIFFERENCES = (
+    hosts.SELECTION_ALIASES,
     Difference(
         "ernie45_vl.capture-max-seqlen",
         (
@@ -37,7 +38,7 @@ DIFFERENCES = (
 
 @pytest.fixture(scope="module")
 def model() -> hosts.ModelParity:
-    return hosts.ernie45_vl()
+    return hosts.parity("ernie45_vl")
 
 
 def test_every_difference_from_vllm_is_listed(model) -> None:

@@ -23,6 +23,7 @@ CASES = (
 )
 
 DIFFERENCES = (
+    hosts.SELECTION_ALIASES,
     # vLLM captures min(token_budget // T, max_batch_size) crops: fewer than
     # the budget's in the last two cases, whose large images then fail there.
     Difference(
@@ -34,7 +35,7 @@ DIFFERENCES = (
 
 @pytest.fixture(scope="module")
 def model() -> hosts.ModelParity:
-    return hosts.gemma3_mm()
+    return hosts.parity("gemma3_mm")
 
 
 def test_every_difference_from_vllm_is_listed(model) -> None:

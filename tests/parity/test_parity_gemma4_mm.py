@@ -30,6 +30,7 @@ CASES = (
 )
 
 DIFFERENCES = (
+    hosts.SELECTION_ALIASES,
     Difference(
         "gemma4_mm.images-only",
         (r"^config\[[^]]*\]/(modalities|max_frames_per_video)",),
@@ -59,7 +60,7 @@ DIFFERENCES = (
 
 @pytest.fixture(scope="module")
 def model() -> hosts.ModelParity:
-    return hosts.gemma4_mm()
+    return hosts.parity("gemma4_mm")
 
 
 def test_every_difference_from_vllm_is_listed(model) -> None:

@@ -19,12 +19,12 @@ from parity_hosts import CPU, CaptureCase, Plan
 from parity_testlib import check_differences, copy_replay_into_captured
 
 CASES = hosts.GLM_CASES
-DIFFERENCES = hosts.glm_differences("glm4_1v")
+DIFFERENCES = (*hosts.glm_differences("glm4_1v"), hosts.SELECTION_ALIASES)
 
 
 @pytest.fixture(scope="module")
 def model() -> hosts.ModelParity:
-    return hosts.glm4_1v()
+    return hosts.parity("glm4_1v")
 
 
 def test_every_difference_from_vllm_is_listed(model) -> None:

@@ -15,12 +15,12 @@ import parity_hosts as hosts
 from parity_hosts import CaptureCase, HostSettings, Plan
 from parity_testlib import check_differences
 
-DIFFERENCES = hosts.glm_differences("glm5_next")
+DIFFERENCES = (*hosts.glm_differences("glm5_next"), hosts.SELECTION_ALIASES)
 
 
 @pytest.fixture(scope="module")
 def model() -> hosts.ModelParity:
-    return hosts.glm5_next()
+    return hosts.parity("glm5_next")
 
 
 def test_every_difference_from_vllm_is_listed(model) -> None:

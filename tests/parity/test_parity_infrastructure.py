@@ -51,6 +51,12 @@ def test_every_generated_vllm_module_loads_on_the_wheel() -> None:
         assert len(mixins) == 1, stem
 
 
+def test_every_generated_vllm_module_has_a_parity_row() -> None:
+    assert sorted(hosts.MODELS) == STEMS
+    for stem in STEMS:
+        assert hosts.parity(stem).name == stem
+
+
 def test_bindings_come_from_stubs_then_the_wheel() -> None:
     code = WheelCode(vllm_wheel(), {"vllm.utils.torch_utils": {"PIN_MEMORY": False}})
     # A constant assigned by tuple unpacking, through a relative import.
@@ -172,7 +178,7 @@ def test_copy_into_captured_is_vllms_replay_copy(name: str) -> None:
         ["_run_budget_graph"],
         bases=(_ManagerState,),
     )
-    model = getattr(hosts, name)()
+    model = hosts.parity(name)
     case = CaptureCase(32, 4, 8 if "video" in model.modalities else 0)
     gen = torch.Generator().manual_seed(7)
     for modality in model.modalities:

@@ -24,6 +24,7 @@ CASES = (
 )
 
 DIFFERENCES = (
+    hosts.SELECTION_ALIASES,
     Difference(
         "internvl.selected-counts",
         (r"^select\[.*/(selected|reselected)/(image|video)_num_patches",),
@@ -33,7 +34,7 @@ DIFFERENCES = (
 
 @pytest.fixture(scope="module")
 def model() -> hosts.ModelParity:
-    return hosts.internvl()
+    return hosts.parity("internvl")
 
 
 def test_every_difference_from_vllm_is_listed(model) -> None:

@@ -9,6 +9,8 @@ listed in docs/vllm-differences.md and shown right by a test below.
 
 from __future__ import annotations
 
+import ast
+
 import pytest
 import torch
 
@@ -16,6 +18,8 @@ import parity_hosts as hosts
 from parity_hosts import CPU, CaptureCase, HostSettings, Plan
 from parity_testlib import Difference, check_differences, method_call_receivers
 
+#: Beyond the RoPE grid: both refuse the capture, with other error types.
+BEYOND_ROPE = CaptureCase(4096, 1, 1)
 #: One frame slot per item (the manager's default for a config without
 #: max_frames_per_video). The fake RoPE grid holds (64 // 2) ** 2 = 1024
 #: merged tokens per image.
@@ -26,6 +30,7 @@ CASES = (
     CaptureCase(30, 4, 4),  # a budget that 4 items do not divide
     CaptureCase(1024, 1, 1),  # the whole RoPE grid in one dummy image
     CaptureCase(300, 1, 1),  # a dummy of 10 x 32 tokens: 1280 > 4 * 300 rows
+    BEYOND_ROPE,
 )
 FLASHINFER = HostSettings(backend="FLASHINFER")
 VIT_DP = HostSettings(vit_data_parallel=True)
@@ -33,6 +38,7 @@ VIT_DP = HostSettings(vit_data_parallel=True)
 #: The battery's prefixes: the default run, FlashInfer's, the ViT's own DP.
 _ANY = r"^(flashinfer:|dp:)?"
 DIFFERENCES = (
+    hosts.SELECTION_ALIASES,
     Difference("kimi_k25.backend-guard", (r"^config\[backend=TORCH_SDPA[,\]]",)),
     Difference(
         "kimi_k25.buffer-keys", (r"^config\[[^\]]*\]/buffer_keys(\.len|\[\d+\])$",)
@@ -72,12 +78,19 @@ DIFFERENCES = (
         ),
     ),
     Difference("kimi_k25.eager-this-rank", (r"^eager\[dp:",)),
+    Difference(
+        "kimi_k25.rope-capacity-error",
+        (
+            _ANY + r"(capture|replay)\[b=4096,n=1,f=1[^\]]*\]"
+            r"(\.type_name|\.message|/raised-on-both)$",
+        ),
+    ),
 )
 
 
 @pytest.fixture(scope="module")
 def model() -> hosts.ModelParity:
-    return hosts.kimi_k25()
+    return hosts.parity("kimi_k25")
 
 
 def _capture(host, case: CaptureCase) -> dict[str, torch.Tensor]:
@@ -232,10 +245,20 @@ def test_the_eager_forward_runs_on_this_rank_alone(model) -> None:
     )
 
 
-def test_a_budget_beyond_the_rope_grid_is_refused_on_both_sides(model) -> None:
+def test_a_budget_beyond_the_rope_grid_is_refused_with_value_error(
+    model, vllm_code
+) -> None:
     vllm_host, ours = model.hosts()
-    case = CaptureCase(4096, 1, 1)
+    # vLLM checks the capacity with a Python assert, which `python -O`
+    # compiles away (then the capture builds a dummy taller than the table) ...
     with pytest.raises(AssertionError, match="RoPE grid capacity"):
-        _capture(vllm_host, case)
+        _capture(vllm_host, BEYOND_ROPE)
+    capture = vllm_code.definition(
+        hosts.KIMI_K25,
+        "KimiK25ForConditionalGeneration.prepare_encoder_cudagraph_capture_inputs",
+    )
+    checks = [n for n in ast.walk(capture) if isinstance(n, ast.Assert)]
+    assert len(checks) == 1 and "rope" in ast.unparse(checks[0].test).lower()
+    # ... ours raises ValueError whatever the flags, naming both sides.
     with pytest.raises(ValueError, match=r"RoPE grid: needs ho \* kh <= rope_h"):
-        _capture(ours, case)
+        _capture(ours, BEYOND_ROPE)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import parity_hosts as hosts
-from parity_hosts import CaptureCase, Plan
+from parity_hosts import CaptureCase, HostSettings, Plan
 from parity_testlib import Difference, check_differences
 
 #: The fake RoPE grid holds (64 // 2) ** 2 = 1024 merged tokens per image.
@@ -28,6 +28,7 @@ CASES = (
 BEYOND_ROPE = CaptureCase(4096, 1, 0)
 
 DIFFERENCES = (
+    hosts.SELECTION_ALIASES,
     Difference(
         "kimi_k3.multi-frame-eager",
         (r"(^|/)specs(\[[^\]]*\])+(\.keys|/default)$",),
@@ -37,11 +38,18 @@ DIFFERENCES = (
 
 @pytest.fixture(scope="module")
 def model() -> hosts.ModelParity:
-    return hosts.kimi_k3()
+    return hosts.parity("kimi_k3")
 
 
 def test_every_difference_from_vllm_is_listed(model) -> None:
     found = hosts.compare_configs(model) + hosts.compare_batches(model, Plan(CASES))
+    # vLLM's fused uint8 input normalisation: raw pixels, captured as uint8.
+    found += hosts.compare_batches(
+        model,
+        Plan(CASES[:2], seeds=(0,), batch_options=(("raw", True),)),
+        HostSettings(fused_input_norm=True),
+        prefix="fused:",
+    )
     # Pixels as a list of per-image tensors and with a leading batch dim.
     for shape in ("list", "batched"):
         found += hosts.compare_batches(

@@ -31,6 +31,7 @@ CASES = (
 CPU = torch.device("cpu")
 
 DIFFERENCES = (
+    hosts.SELECTION_ALIASES,
     Difference(
         "kimi_vl.capture-max-seqlen",
         (
@@ -41,15 +42,15 @@ DIFFERENCES = (
     ),
     Difference(
         "kimi_vl.rope-capacity-error",
-        # Both refuse the budget, with another error type.
-        (r"^(capture|replay)\[b=2048,.*\](\.type_name|/raised-on-both)$",),
+        # Both refuse the budget, with another error type and message.
+        (r"^(capture|replay)\[b=2048,.*\](\.type_name|\.message|/raised-on-both)$",),
     ),
 )
 
 
 @pytest.fixture(scope="module")
 def model() -> hosts.ModelParity:
-    return hosts.kimi_vl()
+    return hosts.parity("kimi_vl")
 
 
 def _capture(host, case: CaptureCase) -> dict[str, torch.Tensor]:

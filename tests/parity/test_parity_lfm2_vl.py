@@ -32,6 +32,7 @@ CASES = (
 )
 
 DIFFERENCES = (
+    hosts.SELECTION_ALIASES,
     Difference(
         "lfm2_vl.backend-guard",
         (r"^config\[backend=(TORCH_SDPA|FLASHINFER)",),
@@ -39,8 +40,8 @@ DIFFERENCES = (
     Difference(
         "lfm2_vl.cu-seqlens-slots",
         (
-            r"^capture\[[^]]*\]/(values|forward/calls\[0\])/cu_seqlens\.",
-            r"^replay\[[^]]*\]\[\d+\]/(captured|calls\[0\])/cu_seqlens\.",
+            r"^(bf16:)?capture\[[^]]*\]/(values|forward/calls\[0\])/cu_seqlens\.",
+            r"^(bf16:)?replay\[[^]]*\]\[\d+\]/(captured|calls\[0\])/cu_seqlens\.",
         ),
     ),
 )
@@ -48,11 +49,17 @@ DIFFERENCES = (
 
 @pytest.fixture(scope="module")
 def model() -> hosts.ModelParity:
-    return hosts.lfm2_vl()
+    return hosts.parity("lfm2_vl")
 
 
 def test_every_difference_from_vllm_is_listed(model) -> None:
     found = hosts.compare_configs(model) + hosts.compare_batches(model, Plan(CASES))
+    # Pixels in another dtype than the model's (float32 here).
+    found += hosts.compare_batches(
+        model,
+        Plan(CASES[:2], seeds=(0,), batch_options=(("dtype", torch.bfloat16),)),
+        prefix="bf16:",
+    )
     check_differences("lfm2_vl", found, DIFFERENCES)
 
 

@@ -257,3 +257,32 @@ def test_the_runtime_manager_is_vllms(vllm_manager_class, name, budgets, items):
         theirs.graph_hits,
         theirs.graph_misses,
     )
+
+
+def test_a_selection_of_every_item_is_the_batch_itself(vllm_manager_class) -> None:
+    """The generated selection of every item in order returns the batch's own
+    tensors (vLLM's a copy of them). vLLM's manager only reads a selection:
+    it asks for exactly that selection when one graph holds a batch whose
+    items come in ascending size (it packs them smallest first), and the
+    batch comes back unchanged with the same rows as vLLM's mixin gives."""
+    model = hosts.parity("minimax_m3")
+    grids = [(1, 2, 2), (1, 2, 6), (1, 4, 4)]
+    batch = model.make_batch(torch.Generator().manual_seed(1), "image", grids)
+    pixels = batch["pixel_values"].clone()
+    results, aliased = [], []
+    for host in model.hosts():
+        select = host.select_encoder_cudagraph_items
+
+        def logged(mm_kwargs, indices, select=select):
+            picked = select(mm_kwargs, indices)
+            aliased.append((indices, hosts.aliased_inputs(picked, mm_kwargs)))
+            return picked
+
+        host.select_encoder_cudagraph_items = logged
+        manager = vllm_manager_class(_config([64], 4), CPU, torch.float32, host)
+        manager.capture(None)
+        results.append(manager.execute(batch))
+        assert torch.equal(batch["pixel_values"], pixels)
+    assert aliased == [([0, 1, 2], []), ([0, 1, 2], ["pixel_values"])]
+    for theirs, ours in zip(*results, strict=True):
+        assert torch.equal(theirs, ours)

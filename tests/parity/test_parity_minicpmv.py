@@ -49,7 +49,7 @@ DIFFERENCES = (
 
 @pytest.fixture(scope="module")
 def model() -> hosts.ModelParity:
-    return hosts.minicpmv()
+    return hosts.parity("minicpmv")
 
 
 def test_every_difference_from_vllm_is_listed(model) -> None:

@@ -29,6 +29,7 @@ CASES = (
 )
 
 DIFFERENCES = (
+    hosts.SELECTION_ALIASES,
     Difference("qwen2_5_vl.backend-guard", (r"^config\[backend=TORCH_SDPA[,\]]",)),
     Difference(
         "qwen2_5_vl.dummy-frames",
@@ -50,7 +51,7 @@ DIFFERENCES = (
 
 @pytest.fixture(scope="module")
 def model() -> hosts.ModelParity:
-    return hosts.qwen2_5_vl()
+    return hosts.parity("qwen2_5_vl")
 
 
 def test_every_difference_from_vllm_is_listed(model) -> None:

@@ -33,6 +33,7 @@ CASES = (
 CPU = torch.device("cpu")
 
 DIFFERENCES = (
+    hosts.SELECTION_ALIASES,
     Difference(
         "qwen2_vl.backend-guard",
         (r"^config\[backend=(TORCH_SDPA|FLASHINFER)[,\]]",),
@@ -64,7 +65,7 @@ DIFFERENCES = (
 
 @pytest.fixture(scope="module")
 def model() -> hosts.ModelParity:
-    return hosts.qwen2_vl()
+    return hosts.parity("qwen2_vl")
 
 
 def test_every_difference_from_vllm_is_listed(model) -> None:

@@ -27,6 +27,7 @@ CASES = (
 )
 
 DIFFERENCES = (
+    hosts.SELECTION_ALIASES,
     Difference("qwen3_vl.backend-guard", (r"^config\[backend=TORCH_SDPA[,\]]",)),
     Difference(
         "qwen3_vl.cu-seqlens-padding",
@@ -59,7 +60,7 @@ DIFFERENCES = (
 
 @pytest.fixture(scope="module")
 def model() -> hosts.ModelParity:
-    return hosts.qwen3_vl()
+    return hosts.parity("qwen3_vl")
 
 
 def test_every_difference_from_vllm_is_listed(model) -> None:

@@ -30,6 +30,7 @@ CASES = (
 )
 
 DIFFERENCES = (
+    hosts.SELECTION_ALIASES,
     Difference(
         "step3_vl.int-token-counts",
         (r"specs(\[image,seed=\d+\])?\[\d+\](\[[01]\]|\[2\]/local)(\.\w+)?$",),
@@ -39,7 +40,7 @@ DIFFERENCES = (
 
 @pytest.fixture(scope="module")
 def model() -> hosts.ModelParity:
-    return hosts.step3_vl()
+    return hosts.parity("step3_vl")
 
 
 def test_every_difference_from_vllm_is_listed(model) -> None:

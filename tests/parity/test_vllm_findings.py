@@ -53,7 +53,7 @@ def _fits(host, batch, case: CaptureCase) -> bool:
 def test_qwen2_vl_replay_leaves_a_decreasing_cu_seqlens(
     case, modality, grids, offsets
 ) -> None:
-    model = hosts.qwen2_vl()
+    model = hosts.parity("qwen2_vl")
     vllm_host, ours = model.hosts()
     batch = model.make_batch(torch.Generator().manual_seed(0), modality, grids)
     assert _fits(vllm_host, batch, case)
@@ -85,7 +85,7 @@ def test_qwen2_vl_more_frames_than_the_user_set_maximum_fail_at_replay(stem) -> 
     # slots for 2 frames. The generated module sizes cu_seqlens the same
     # way and fails alike (see the findings document). Qwen2.5-VL and
     # Qwen3-VL copy the mechanism.
-    model = getattr(hosts, stem)()
+    model = hosts.parity(stem)
     case = CaptureCase(64, 2, 2)
     batch = model.make_batch(
         torch.Generator().manual_seed(1), "video", [(3, 2, 2), (2, 2, 2)]
@@ -278,7 +278,7 @@ QWEN_FAMILY_DEFAULT_COPY = ["qwen3_vl", "cohere_compass", "glm4_1v"]
 
 @pytest.mark.parametrize("stem", QWEN_FAMILY_DEFAULT_COPY)
 def test_qwen_family_replay_leaves_a_decreasing_cu_seqlens(stem) -> None:
-    model = getattr(hosts, stem)()
+    model = hosts.parity(stem)
     case = CaptureCase(64, 4, 16)
     batch = model.make_batch(
         torch.Generator().manual_seed(0), "image", [(1, 4, 4), (1, 2, 6)]
@@ -301,7 +301,7 @@ def test_qwen_family_flashinfer_replay_reads_v_rows_at_wrong_offsets(stem) -> No
     # 8 items and 16 frame slots (F = 2): the capture's sections are padded to
     # the batch bucket of 16 sequences, an image replay's to that of 8; the
     # default copy puts the replay's V section where the Q/K/O one ends.
-    model = getattr(hosts, stem)()
+    model = hosts.parity(stem)
     settings = hosts.HostSettings(backend="FLASHINFER")
     case = CaptureCase(128, 8, 16)
     batch = model.make_batch(
@@ -334,7 +334,7 @@ def test_glm4_1v_captures_600_frames_per_dummy_item() -> None:
     # the budget-64 graph holds 64 x 600 tokens (38 400, 600 times its budget),
     # in 153 600 pixel rows with 38 401 cu_seqlens offsets; every replay runs
     # them all. A batch within the budget has at most 64 frames.
-    model = hosts.glm4_1v()
+    model = hosts.parity("glm4_1v")
     vllm_host, ours = model.hosts()
     case = CaptureCase(64, 64, 64 * vllm_host.get_max_frames_per_video())
     assert case.max_frames_per_batch == 38400
@@ -540,7 +540,7 @@ def test_gemma4_unified_inherits_a_mixin_its_tower_cannot_run() -> None:
 def test_ernie45_vl_eager_batches_apply_the_resampler_twice() -> None:
     # A batch above every budget runs eagerly; the manager then calls the
     # mixin's post-processing on the eager rows, as on a graph's output.
-    model = hosts.ernie45_vl()
+    model = hosts.parity("ernie45_vl")
     vllm_host, _ = model.hosts()
     batch = model.make_batch(torch.Generator().manual_seed(0), "image", [(1, 4, 4)])
     rows = vllm_host.encoder_eager_forward(batch)
@@ -558,7 +558,7 @@ def test_ernie45_vl_eager_batches_apply_the_resampler_twice() -> None:
 def test_deepseek_vl2_eager_batches_have_no_output() -> None:
     # A batch above every budget: the manager calls the eager forward, then
     # post-processes its output as it does a graph's.
-    model = hosts.deepseek_vl2()
+    model = hosts.parity("deepseek_vl2")
     vllm_host, _ = model.hosts()
     batch = model.make_batch(torch.Generator().manual_seed(0), "image", [(3, 2)])
     output = vllm_host.encoder_eager_forward(batch)
@@ -627,7 +627,7 @@ def test_kimi_k25_video_sentinel_sizes_the_data_parallel_gather() -> None:
     batch = hosts.moon3d_batch(
         torch.Generator().manual_seed(0), "vision_chunk", [(4, 8, 8), (1, 4, 6)]
     )
-    model = hosts.kimi_k25()
+    model = hosts.parity("kimi_k25")
     for host, chunk_tokens in zip(model.hosts(), (2**30, 16), strict=True):
         gather = _AllGather()
         manager = _dp_manager(host, gather, rank=1)
@@ -652,7 +652,7 @@ def test_kimi_k25_flashinfer_replay_reads_v_rows_at_wrong_offsets() -> None:
     # FlashInfer section to the bucket of 16; a replay of 3 images is
     # unpadded (bucket 8), and pad_cu_seqlens repeats the last V offset
     # after it: the wrapper's V section (the second half) is that one offset.
-    model = hosts.kimi_k25()
+    model = hosts.parity("kimi_k25")
     vllm_host = model.hosts(hosts.HostSettings(backend="FLASHINFER"))[0]
     case = CaptureCase(256, 8, 8)
     batch = hosts.moon3d_batch(
@@ -690,7 +690,7 @@ def test_kimi_k25_selection_puts_the_grid_where_replay_must_read_it_back(
     assert _inside_sync_allowed(
         manager, "prepare_encoder_cudagraph_replay_buffers"
     ) == [False]
-    ours = hosts.kimi_k25().hosts()[1]
+    ours = hosts.parity("kimi_k25").hosts()[1]
     kept = ours.select_encoder_cudagraph_items(batch, [1, 0])
     assert kept["grid_thws"].device.type == "cpu"
 
