@@ -4,7 +4,7 @@
 # `gen-mixin specs/cohere_compass.yaml`.
 # spec-sha256: d0b3571feeeed12e487ccaa7caa29d450a482d4ae7cfb2cb9c2e528321160bf0
 # templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 8fcb9212e6c838a227d7c04ed3278b5cafcdf19e68c0c89cb1cf848774f800b6
+# output-sha256: 569bdeb9ac335badb4e97f995ce0b9b3ae666a69b4f9add702130a8f257a5aca
 
 import itertools
 from collections.abc import Hashable

@@ -4,7 +4,7 @@
 # `gen-mixin specs/gemma3_mm.yaml`.
 # spec-sha256: 19cc0f6e849ba8315b6202b90204158da9f48161f059a5255254f1c8d3c71b41
 # templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: a30e80ea29609dae8b9803a6e465f097a074445988e4591e8fdd920f048a6157
+# output-sha256: 97faa95eb677259de097c98dee78f0e2307f97f9bd336c5bbac75f055c7ee781
 
 import itertools
 from collections.abc import Hashable

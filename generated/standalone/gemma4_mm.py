@@ -4,7 +4,7 @@
 # `gen-mixin specs/gemma4_mm.yaml`.
 # spec-sha256: 148b1e0d274e84158f902fd11628140ec5226f1b1ab73e2346d9b6fbfd1545e4
 # templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: f5a4f991021d6316839e561cfeb233c397bd74c0eda661ee7e31d2df43a7c981
+# output-sha256: c7e214e04d60e5f51544284158ef9d1ddfabc13f08143ed20c83fc918953fabd
 
 import itertools
 from collections.abc import Hashable

@@ -4,7 +4,7 @@
 # `gen-mixin specs/glm4_1v.yaml`.
 # spec-sha256: 8dbf4b67da8ee0c6b971a56e7a214b9a1b0132047a02b9a4eb35c668e955ad21
 # templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 6140bfd7c8cfa751225f88eda194738e61d006798ff19d9eb9336cf3087fadf3
+# output-sha256: 7ce1bc2aa358d4fa1be417364f628b080da5ff9bb5f0d9594fe322138b58530f
 
 import itertools
 from collections.abc import Hashable

@@ -4,7 +4,7 @@
 # `gen-mixin specs/glm5_next.yaml`.
 # spec-sha256: c3575549c4ed50dd76892d25b692f5f5f648d2f13a2ea29bebd572d144fcdb24
 # templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: b6216dcf6ad3a2f984c383aa31d9dfd5e741737038971db9892752c04f3e5304
+# output-sha256: d309e297bcf93ea3d88fbd9f4eee1a18535c9b17be5dfda38588347e44662db3
 
 import itertools
 from collections.abc import Hashable

@@ -4,7 +4,7 @@
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 8b488cb972956d4df57232df809f3b4c048f68b21019dab78906516f52b22e02
 # templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 36e95ff20cd081db25a25e2fa45a8c14674751076740f7f78ca8bc668e6eaf1c
+# output-sha256: 9cd4bd787446d0a9a92fae922948858690da1550e2d86475888553da7fe1dce1
 
 import itertools
 from collections.abc import Hashable

@@ -4,7 +4,7 @@
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
 # templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 12c87c6dc58f040ef23a3d5aa30fa9128792af431fb5013c93848f84fe3e5e64
+# output-sha256: 69cbb87763c8f9e0c6ea9749117bd01eaf1a50f3c15a336f92a6fe77599fe553
 
 import itertools
 from collections.abc import Hashable

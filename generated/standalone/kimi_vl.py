@@ -4,7 +4,7 @@
 # `gen-mixin specs/kimi_vl.yaml`.
 # spec-sha256: dec5f629ea45e6747065da9f1de34c016f7c11dcc328326c287b6a82ba94d373
 # templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: acf71001184678ed57a3ca0aa409e7dfa30ed80c0b2ff22024b333b38b22626d
+# output-sha256: 2b3c0cdc8b72886956d7e5f923c685486c09e002adbc05ac4f9bc1cf3d699e38
 
 import itertools
 from collections.abc import Hashable

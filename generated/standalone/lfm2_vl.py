@@ -4,7 +4,7 @@
 # `gen-mixin specs/lfm2_vl.yaml`.
 # spec-sha256: 53ffcb080829243979571d9cfcffa8d459e19e51a7ca8ee40c70b1caa23721ca
 # templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 053a525bbb92fd44616e943b19841b6ad966c198677742a3ec9f85b9382ce0f2
+# output-sha256: ba277bc20d242444e1443258720d9de40554c2c46bd19dc8c5ec23b9e7ac4a27
 
 import itertools
 from collections.abc import Hashable

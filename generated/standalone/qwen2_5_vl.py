@@ -4,7 +4,7 @@
 # `gen-mixin specs/qwen2_5_vl.yaml`.
 # spec-sha256: 96480d9c7c7c980974bbfd1e9ab20c6575a966715da8e48283b6883b95e654af
 # templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 205faa1398788773c35819673b2687aa1d7b40be8239c970bc9f7f3c1ebd17b7
+# output-sha256: 1b380086724a1ff5af9adba61b1f84dc200254c92c2227723cb552c14c059b72
 
 import itertools
 from collections.abc import Hashable

@@ -4,7 +4,7 @@
 # `gen-mixin specs/qwen3_vl.yaml`.
 # spec-sha256: 28992035a32ca0711943f61e569736ce2ca71587c2e480781972b42541c1b620
 # templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: f7973c8a42f6a2c803390d6bbfce614a27c4e7d11e6cb4178e6e227dc2475078
+# output-sha256: f29d44803834c62a085e020acb98aeb156c8df30545e256bc8b74ce019cc5a17
 
 import itertools
 from collections.abc import Hashable

@@ -4,7 +4,7 @@
 # `gen-mixin specs/deepseek_v41.yaml`.
 # spec-sha256: c447e3749bf7cd0365b4659a2d5fc3fd1d54ac89404a6f484252d3b50423d391
 # templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 8e20ad06bef1a29cd8e34c784705b4f3de059d87d6780ab5bf62baac59b9fb7f
+# output-sha256: f76b004038fa4c18110db2be9b0ab26e21fca990a3803b5226d509a45c9485ef
 
 import itertools
 import weakref

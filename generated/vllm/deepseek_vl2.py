@@ -4,7 +4,7 @@
 # `gen-mixin specs/deepseek_vl2.yaml`.
 # spec-sha256: 6f892ea020ee953004c7a45b78d4d9f058c9fcef960abef7cba31604ab4b32b1
 # templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 04b965df568e7aebc5e24c20ed9da4b63a2d20d13797b53e571b3710073a0711
+# output-sha256: 88a559305244b8cbff0fa0b39ee01d15d60fd1e0aac8541a2ae6c4c481e16b05
 
 import itertools
 from collections.abc import Hashable

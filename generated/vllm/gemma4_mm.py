@@ -4,7 +4,7 @@
 # `gen-mixin specs/gemma4_mm.yaml`.
 # spec-sha256: 148b1e0d274e84158f902fd11628140ec5226f1b1ab73e2346d9b6fbfd1545e4
 # templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: e99a1e6ce6035c738ef87bb5790862de4717bad22e716805492f74a6f6e6ce46
+# output-sha256: 4069cc2e5c9d7051448269357d60f856191fd63449a3f1d2f8fc1427a233212c
 
 import itertools
 from collections.abc import Hashable

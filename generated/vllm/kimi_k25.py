@@ -4,7 +4,7 @@
 # `gen-mixin specs/kimi_k25.yaml`.
 # spec-sha256: 593beb16e06a103837efc5aa14a6c25d495096029ae4609647637b59aaa4b37c
 # templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: e4c8d97e2f9e168a0d005132a0f379de3ebd88235a3547172a7ac5e88641db4c
+# output-sha256: 6b7f5b8d477fc1501c565b4f3cba886a8799451087572230e7f24f7a068002b5
 
 import itertools
 from collections.abc import Hashable

@@ -4,7 +4,7 @@
 # `gen-mixin specs/kimi_k3.yaml`.
 # spec-sha256: 1913eb478f4bae1accc4351c633300f743a2b1c000a8337cc758991b7f9e5568
 # templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: b2eeafb6a177674f05f8ce8f11897c84813c0f6ce13ecd0e77399ed7d2da1489
+# output-sha256: a59abd053e740fb47e2f12487dce9291c414eec8bd7528af738d402fbe5924f5
 
 import itertools
 import math

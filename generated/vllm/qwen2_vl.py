@@ -4,7 +4,7 @@
 # `gen-mixin specs/qwen2_vl.yaml`.
 # spec-sha256: 1215cbd2187709b1e172830108e4b18a70b517f0386b5aaf848e6c0d07d27655
 # templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 2955ef6e041531dc7d5d74605c6c77a84c33d03ce05f257f04b6374e1ba1541c
+# output-sha256: 5daa5aa5d165c696e3ba0122d231c08f730dcab40dfc8b571196927eb12fa0b0
 
 import itertools
 from collections.abc import Hashable

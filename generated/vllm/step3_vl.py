@@ -4,7 +4,7 @@
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
 # templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 3e2c5bcf3bb92ddf8a323d45ac7b13d7c4f58f892065df6c1b0e30ed01df8593
+# output-sha256: e5babf45e210f3333e8bbfc041fc033d38f310772196a57355c0d19481213ba2
 
 import itertools
 from collections.abc import Hashable

@@ -7,6 +7,7 @@ import re
 from typing import Any
 
 from generator import formulas as fx
+from generator.diagnostics import RenderError
 from generator.emitters.method_body import DEFS_NAMES
 from generator.emitters.postprocess import scatters
 from generator.import_rules import TARGET_ROOTS
@@ -143,8 +144,6 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
 
 def _check_roots(target: str, *groups: dict[str, set[str]]) -> None:
     """Every first-party import comes from the target's own packages."""
-    from generator.render import RenderError
-
     roots = {
         *TARGET_ROOTS[target],
         *(m.split(".")[0] for m in PROTOCOL_MODULES[target].values()),

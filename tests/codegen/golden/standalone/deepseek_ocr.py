@@ -4,7 +4,7 @@
 # `gen-mixin specs/deepseek_ocr.yaml`.
 # spec-sha256: 0bfb43e4316a4a39192bb100e7cfeecbb3f7339c7a907dfaa07f9b62999ceee7
 # templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: e7c49cde747a73b89cca74fe08045d9728630e19ceb7b7e9be9bb8c7246254b6
+# output-sha256: 5135350b8405a62fe4d4e72a7be18fdb429303d0f72b288c1957c8c889e00f66
 
 import itertools
 from collections.abc import Hashable

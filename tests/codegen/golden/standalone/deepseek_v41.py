@@ -4,7 +4,7 @@
 # `gen-mixin specs/deepseek_v41.yaml`.
 # spec-sha256: c447e3749bf7cd0365b4659a2d5fc3fd1d54ac89404a6f484252d3b50423d391
 # templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 94613f74b53d1a26ebef9d51cc37037affd7d59a1bc754b019ee68ef5c5f7534
+# output-sha256: c8d137552ca43fd7d28518070cceb10764dfe13b62ac0a781a7f2531f194b408
 
 import itertools
 import weakref

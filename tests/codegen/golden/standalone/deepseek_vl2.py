@@ -4,7 +4,7 @@
 # `gen-mixin specs/deepseek_vl2.yaml`.
 # spec-sha256: 6f892ea020ee953004c7a45b78d4d9f058c9fcef960abef7cba31604ab4b32b1
 # templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 4b5c397392d59b77f984133dcf2d96c462efc72557cbaf2ae9eda8d745874757
+# output-sha256: ad7a50cc9585942b9896495a624fb555cc655a6edc45241989dfe0cda9928011
 
 import itertools
 from collections.abc import Hashable

@@ -4,7 +4,7 @@
 # `gen-mixin specs/kimi_k25.yaml`.
 # spec-sha256: 593beb16e06a103837efc5aa14a6c25d495096029ae4609647637b59aaa4b37c
 # templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: db217d3f54ac3f25e8da5b2edd44b4da52e0d91c3605ef7a16c5b3765028066d
+# output-sha256: 1d40a4783b4829878a799135a857947dfd9989c78bb0b343fe1765476241ed25
 
 import itertools
 from collections.abc import Hashable

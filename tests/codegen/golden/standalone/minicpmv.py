@@ -4,7 +4,7 @@
 # `gen-mixin specs/minicpmv.yaml`.
 # spec-sha256: d4a580fe01bc55f4be098f399ee38128cd927c0b2f6e20aecf28c2d3e8bd3368
 # templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 633ed74b140f9857fefdc4f11775486e5dceb3996d5cc7b99029a7a5ad620ba9
+# output-sha256: 70c6b6c70e787774ba14134ef8f5c8144ab98ef35ef230073c165704946efac8
 
 import itertools
 from collections.abc import Hashable

@@ -4,7 +4,7 @@
 # `gen-mixin specs/mllama4.yaml`.
 # spec-sha256: 3a4c5d7bdb1ee216f77e7723529296ab4a8d77acd6df01a22770eb4a40007938
 # templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: db1fee5de0ea35f87dbcbeac453de60cfe41d10d5defaa4942f4590679d67942
+# output-sha256: 6d3be3ec07189ab576206c2c2ce65f20b00bc1bad3f3acebddd1eb6d7e422052
 
 import itertools
 from collections.abc import Hashable

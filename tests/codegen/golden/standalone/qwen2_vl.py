@@ -4,7 +4,7 @@
 # `gen-mixin specs/qwen2_vl.yaml`.
 # spec-sha256: 1215cbd2187709b1e172830108e4b18a70b517f0386b5aaf848e6c0d07d27655
 # templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 49a8e947025141bcfad893a1f5becbc599ade15b6a3a6a5834eef5ccdd33b6fb
+# output-sha256: 18981c275a963747f4217c1c5c1c142e6ca01acecf3ee50b9389d8bd1f55894b
 
 import itertools
 from collections.abc import Hashable

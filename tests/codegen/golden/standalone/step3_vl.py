@@ -4,7 +4,7 @@
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
 # templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: e9a696de873dbb526822ccaf46c58132c4c1ea939fa5d010eae5955c668c9bdc
+# output-sha256: b0785091bf245fa94e947ea89aa5c1d34b9fdd4b128c4a07a56e8f6fd8d66fdd
 
 import itertools
 from collections.abc import Hashable

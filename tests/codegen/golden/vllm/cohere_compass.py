@@ -4,7 +4,7 @@
 # `gen-mixin specs/cohere_compass.yaml`.
 # spec-sha256: d0b3571feeeed12e487ccaa7caa29d450a482d4ae7cfb2cb9c2e528321160bf0
 # templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: d1bc1d1c67a56f99af187e22dc8ec8813fa839c37feac0ef0c5bd55a69b4088f
+# output-sha256: 8b98fd0b0ba20ca5cf16e204d0e3a5e709d079853e74f5a3b77f77ffdecabb77
 
 import itertools
 from collections.abc import Hashable

@@ -4,7 +4,7 @@
 # `gen-mixin specs/deepseek_ocr.yaml`.
 # spec-sha256: 0bfb43e4316a4a39192bb100e7cfeecbb3f7339c7a907dfaa07f9b62999ceee7
 # templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 316e0d843eab5119b7f1f8cf1e1b5b9cfb84bdceb267e531b28180b7dc9467df
+# output-sha256: 016de169423754524e8aecae169e308cfe75c14323e2e171861e7dca8109467e
 
 import itertools
 from collections.abc import Hashable

@@ -4,7 +4,7 @@
 # `gen-mixin specs/gemma3_mm.yaml`.
 # spec-sha256: 19cc0f6e849ba8315b6202b90204158da9f48161f059a5255254f1c8d3c71b41
 # templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 36aac5cae97e68ab16aa36b7572bc41ceb3965ea6cd00af9e16de7f70ebf16a7
+# output-sha256: fe941e8ce6c4e133579987697fcaba6f2d6000258cb9c81aaa387ce614bfe67b
 
 import itertools
 from collections.abc import Hashable

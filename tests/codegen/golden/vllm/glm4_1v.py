@@ -4,7 +4,7 @@
 # `gen-mixin specs/glm4_1v.yaml`.
 # spec-sha256: 8dbf4b67da8ee0c6b971a56e7a214b9a1b0132047a02b9a4eb35c668e955ad21
 # templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 876255024d636488f01f556b20408a5529f4edf8f25bf560fcc500723e25d972
+# output-sha256: 34adcc9343f447a9b22b23db6b6647ff6b30d59e9a3935276014a48cbf5687c0
 
 import itertools
 from collections.abc import Hashable

@@ -4,7 +4,7 @@
 # `gen-mixin specs/glm5_next.yaml`.
 # spec-sha256: c3575549c4ed50dd76892d25b692f5f5f648d2f13a2ea29bebd572d144fcdb24
 # templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 9175c20c55bc67d2d241151826fc5bd30798742a49c871be330986b564f2996c
+# output-sha256: eae25888cd41f880a7cf43982cc26d6f30addad8d609832d8ba27c271a447267
 
 import itertools
 from collections.abc import Hashable

@@ -4,7 +4,7 @@
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 8b488cb972956d4df57232df809f3b4c048f68b21019dab78906516f52b22e02
 # templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 73655a3dcadb182a09e6a9a5840cfa236f0ea7d5cb7fb0db1c2825b09c94e97e
+# output-sha256: e312c3f760926a25c5bc2291a21027a688caf1490d6a82bbab01a01e79a82159
 
 import itertools
 from collections.abc import Hashable

@@ -4,7 +4,7 @@
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
 # templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 209d57f9b19de856560b481f396b838105be12970befdbc88a3839bd3cb6c27b
+# output-sha256: c28849089dc3dc7f3acf06be3772bdc69715d129756ffa2ef1814a426ce0e8c4
 
 import itertools
 from collections.abc import Hashable

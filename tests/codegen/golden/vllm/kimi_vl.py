@@ -4,7 +4,7 @@
 # `gen-mixin specs/kimi_vl.yaml`.
 # spec-sha256: dec5f629ea45e6747065da9f1de34c016f7c11dcc328326c287b6a82ba94d373
 # templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 89af972c9e0a48b3ebd2a11b9ec7580f7a978a4f7b9c78da3a542fc02c373b1d
+# output-sha256: 42c2996e7e1c29df1fb93f7986c2c9e10bcd51bb0e9d7bee3f886e51b9921bf4
 
 import itertools
 from collections.abc import Hashable

@@ -4,7 +4,7 @@
 # `gen-mixin specs/lfm2_vl.yaml`.
 # spec-sha256: 53ffcb080829243979571d9cfcffa8d459e19e51a7ca8ee40c70b1caa23721ca
 # templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 64f2a0e5da021b731138d8b514aff0164dfc56c01e29721c3342f75ba07f8b2d
+# output-sha256: b45a5c64dd324388bc79e6777b220230cec40d63cf66d35f159af9e4e468a7ec
 
 import itertools
 from collections.abc import Hashable

@@ -4,7 +4,7 @@
 # `gen-mixin specs/minicpmv.yaml`.
 # spec-sha256: d4a580fe01bc55f4be098f399ee38128cd927c0b2f6e20aecf28c2d3e8bd3368
 # templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 5f781fe147e01385f4cada1077d2a64ec4c789c153ff2b29cd22ca8897dde209
+# output-sha256: 66673d8de0de6f2ce472bae9cb0138c1bc246f535bcdb07a274a41fd0054e39d
 
 import itertools
 from collections.abc import Hashable

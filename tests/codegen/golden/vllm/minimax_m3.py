@@ -4,7 +4,7 @@
 # `gen-mixin specs/minimax_m3.yaml`.
 # spec-sha256: 679a222a35671178384492aa0dc1e20daf1dbe9ee4c77a16239d17f4a618116f
 # templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: e466542e3bcc3461af02a5a993eb7864232c1a5f98caa2162dfd55bde7a410f3
+# output-sha256: 9e7761186dab65f52baa8f4032ba83279d9b1b57197cafef98228638e8a2e10f
 
 import itertools
 import weakref

@@ -4,7 +4,7 @@
 # `gen-mixin specs/mllama4.yaml`.
 # spec-sha256: 3a4c5d7bdb1ee216f77e7723529296ab4a8d77acd6df01a22770eb4a40007938
 # templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 2d8b3204d48062d644c147e0d179d257005d2567ccb17ef52e5e7120d0d8d138
+# output-sha256: c4bdfd919eca162acc19aa6c296a2ea06f302391a8b58ef50410feefb6bbf6d5
 
 import itertools
 from collections.abc import Hashable

@@ -4,7 +4,7 @@
 # `gen-mixin specs/qwen2_5_vl.yaml`.
 # spec-sha256: 96480d9c7c7c980974bbfd1e9ab20c6575a966715da8e48283b6883b95e654af
 # templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 867c7c7256c238fa7e0181a0c7468cc0168dad1e4a4ce1e8aae4d790be56724f
+# output-sha256: 77ce1652c60c13fb72a4fcdfdf32e44ffc68966180fb4b435f88a033628f4776
 
 import itertools
 from collections.abc import Hashable

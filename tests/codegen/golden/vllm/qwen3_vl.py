@@ -4,7 +4,7 @@
 # `gen-mixin specs/qwen3_vl.yaml`.
 # spec-sha256: 28992035a32ca0711943f61e569736ce2ca71587c2e480781972b42541c1b620
 # templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 21628f79ee250ef01818e3c18864b81259c3467943d6fbfc06b1fa40a1073ed4
+# output-sha256: 1c80f73a7d0b2b192f11337a4edf8120202b6d76ff94fbf8e4ebbea3ba4a5c39
 
 import itertools
 from collections.abc import Hashable
