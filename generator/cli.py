@@ -148,7 +148,7 @@ def _check(args, rendered, targets: tuple[str, ...]) -> int:
 
 
 def generate_main(argv: list[str]) -> int:
-    from generator.render import RenderError
+    from generator.diagnostics import RenderError
 
     args = _generate_parser().parse_args(argv)
     try:

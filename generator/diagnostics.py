@@ -121,3 +121,10 @@ class SpecError(Exception):
     def __init__(self, diagnostics: list[Diagnostic]) -> None:
         self.diagnostics = diagnostics
         super().__init__("\n".join(str(d) for d in diagnostics))
+
+
+class RenderError(RuntimeError):
+    """The templates, the emitters or the formatter failed: a bug in
+    gen-mixin, not in the spec. It lives here, with :class:`SpecError`, so
+    that the spec model and the emitters can raise it without importing the
+    renderer (which imports them)."""

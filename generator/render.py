@@ -24,7 +24,13 @@ from functools import cache
 from pathlib import Path
 
 from generator import __version__
-from generator.diagnostics import Diagnostics, Location, SpecError, printable
+from generator.diagnostics import (
+    Diagnostics,
+    Location,
+    RenderError,
+    SpecError,
+    printable,
+)
 from generator.formatting import (
     CHUNK,
     FormatError,
@@ -37,10 +43,6 @@ from generator.spec.mixin import MixinSpec
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
 MAIN_TEMPLATE = "mixin.py.j2"
-
-
-class RenderError(RuntimeError):
-    """The templates or the formatter failed: a bug in gen-mixin, not the spec."""
 
 
 # -- rendering --------------------------------------------------------------------------
@@ -166,7 +168,7 @@ def finish(raw: str) -> str:
 # -- the seal ---------------------------------------------------------------------------
 
 SEAL_KEY = "output-sha256"
-_SEAL_VERSION = b"gen-mixin output seal 1"
+_SEAL_VERSION = b"gen-mixin output seal 2"
 #: The seal line's value while the digest is computed (and in the templates'
 #: output): the digest covers the module with this in its place.
 _UNSEALED = "0" * 64
@@ -177,17 +179,58 @@ _SEAL_LINE = re.compile(rf"^# {SEAL_KEY}: ([0-9a-f]{{64}})$", re.M)
 def _formatter_identity() -> bytes:
     """What, besides the rendering, decides the formatted text: black's
     version (none when black is missing: no seal then matches) and the
-    formatting code."""
+    formatting code (its code, not its docstrings and comments: rewording
+    them does not restamp every module)."""
     from importlib import metadata
 
     try:
         black_version = metadata.version("black")
     except metadata.PackageNotFoundError:
         black_version = "none"
-    formatting = Path(__file__).with_name("formatting.py").read_bytes()
-    return b"\0".join(
-        (_SEAL_VERSION, black_version.encode(), hashlib.sha256(formatting).digest())
-    )
+    formatting = Path(__file__).with_name("formatting.py").read_text(encoding="utf-8")
+    return b"\0".join((_SEAL_VERSION, black_version.encode(), code_digest(formatting)))
+
+
+def code_digest(source: str) -> bytes:
+    """A digest of what ``source`` does: its syntax tree without docstrings
+    (comments never reach the tree), written out by :func:`_canonical`. A
+    reworded docstring or comment keeps it; any change to the code changes
+    it."""
+    return hashlib.sha256(_canonical(ast.parse(source)).encode("utf-8")).digest()
+
+
+def _canonical(node: object) -> str:
+    """``node`` as text that does not depend on the Python version that
+    parsed it: node types and fields, without positions, and without the
+    fields that are empty (``None``, ``[]``: newer Pythons add fields, such
+    as ``type_params``, that are empty in code that does not use them)."""
+    if isinstance(node, list):
+        return "[" + ",".join(_canonical(item) for item in node) + "]"
+    if not isinstance(node, ast.AST):
+        return repr(node)
+    fields = []
+    for name in node._fields:
+        value = getattr(node, name, None)
+        if name == "body" and isinstance(value, list):
+            value = _without_docstring(node, value)
+        if value is None or value == []:
+            continue
+        fields.append(f"{name}={_canonical(value)}")
+    return f"{type(node).__name__}({','.join(fields)})"
+
+
+def _without_docstring(node: ast.AST, body: list[ast.stmt]) -> list[ast.stmt]:
+    """A module's, class's or function's statements without its docstring."""
+    documented = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    first = body[0] if body else None
+    if (
+        isinstance(node, documented)
+        and isinstance(first, ast.Expr)
+        and isinstance(first.value, ast.Constant)
+        and isinstance(first.value.value, str)
+    ):
+        return body[1:]
+    return body
 
 
 def _seal(raw: str, unsealed: str) -> str:

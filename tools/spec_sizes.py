@@ -12,10 +12,12 @@ lines*, lines that carry something a reader must check:
 * YAML (``specs/<stem>.yaml``): blank lines, comment-only lines and the
   ``docstring:`` block (the generated class's docstring) are not counted.
 
-The table is written to ``docs/spec-sizes.md``:
+The table is written to ``docs/spec-sizes.md``; the method-by-method tables
+of ``docs/side-by-side.md`` (three generated modules against vLLM's mixins,
+code and prose lines per method) are rewritten between their markers:
 
-    python3 tools/spec_sizes.py             # rewrite docs/spec-sizes.md
-    python3 tools/spec_sizes.py --check     # exit 1 if it is stale
+    python3 tools/spec_sizes.py             # rewrite both pages
+    python3 tools/spec_sizes.py --check     # exit 1 if either is stale
 """
 
 from __future__ import annotations
@@ -303,6 +305,7 @@ def render(rows: list[Row]) -> str:
         "the spec calls it itself (`host_methods`: it stays in the model). A class",
         "that inherits protocol methods (GLM-5-Next from GLM-4.1V) is measured",
         "with them: its generated mixin is a complete drop-in, as its spec is.",
+        "Method by method, for three models: [side-by-side.md](side-by-side.md).",
         "",
         "| spec | spec lines | vLLM class | vLLM lines | ratio |",
         "|---|---:|---|---:|---:|",
@@ -328,6 +331,118 @@ def render(rows: list[Row]) -> str:
     return "\n".join(out) + "\n"
 
 
+# ---------------------------------------------------------------------------
+# Side by side: three generated modules against vLLM's mixins, method by method
+# ---------------------------------------------------------------------------
+
+SIDE_BY_SIDE_PATH = REPO / "docs" / "side-by-side.md"
+GENERATED_VLLM = REPO / "generated" / "vllm"
+#: The models compared method by method in ``docs/side-by-side.md``.
+SIDE_BY_SIDE = ("minimax_m3", "qwen2_vl", "internvl")
+_TABLE_START = "<!-- table: {} (written by tools/spec_sizes.py) -->"
+_TABLE_END = "<!-- end of table -->"
+
+
+@dataclass(frozen=True)
+class Lines:
+    """One method's (or helper's) lines: code, and prose (comment-only
+    lines and docstrings)."""
+
+    code: int
+    prose: int
+
+
+def prose_lines(source: str, tree: ast.AST) -> set[int]:
+    """Lines that hold only a comment, and docstring lines."""
+    comments = {
+        token.start[0]
+        for token in tokenize.generate_tokens(io.StringIO(source).readline)
+        if token.type == tokenize.COMMENT
+    }
+    return (comments - _token_lines(source)) | _docstring_lines(tree)
+
+
+def _span(node: ast.AST) -> set[int]:
+    first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+    return set(range(first, node.end_lineno + 1))
+
+
+def method_lines(source: str, nodes: dict[str, ast.AST]) -> dict[str, Lines]:
+    """Code and prose lines of each named node of ``source``."""
+    tree = ast.parse(source)
+    prose = prose_lines(source, tree)
+    return {
+        name: Lines(python_code_lines(source, [node], tree), len(_span(node) & prose))
+        for name, node in nodes.items()
+    }
+
+
+def vllm_methods(wheel: zipfile.ZipFile, stem: str) -> dict[str, Lines]:
+    """The counted methods of vLLM's class for ``stem`` (as in the sizes
+    table), in the order :func:`_counted` gives."""
+    path = VLLM_SOURCES[stem]
+    source = wheel.read(path).decode()
+    defs = _own_methods(_protocol_class(ast.parse(source), path))
+    names = _counted(defs, _kept(SPECS / f"{stem}.yaml"))
+    return method_lines(source, {name: defs[name] for name in names})
+
+
+def generated_methods(source: str) -> dict[str, Lines]:
+    """The generated module's class methods in their order, then its
+    module-level helper functions (the hand-written mixins hold their
+    helpers as methods; the generated module holds the stateless ones at
+    module level)."""
+    tree = ast.parse(source)
+    klass = next(n for n in tree.body if isinstance(n, ast.ClassDef))
+    nodes: dict[str, ast.AST] = dict(_own_methods(klass))
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef):
+            nodes[node.name] = node
+    return method_lines(source, nodes)
+
+
+def side_by_side_table(vllm: dict[str, Lines], generated: dict[str, Lines]) -> str:
+    """The protocol methods in protocol order, then each side's helpers."""
+    protocol = [m for m in PROTOCOL_METHODS if m in vllm or m in generated]
+    helpers = [m for m in vllm if m not in protocol]
+    helpers += [m for m in generated if m not in protocol and m not in helpers]
+    out = [
+        "| method | vLLM code | vLLM prose | generated code | generated prose |",
+        "|---|---:|---:|---:|---:|",
+    ]
+
+    def cells(side: dict[str, Lines], name: str) -> str:
+        lines = side.get(name)
+        return "– | –" if lines is None else f"{lines.code} | {lines.prose}"
+
+    for name in protocol + helpers:
+        out.append(f"| `{name}` | {cells(vllm, name)} | {cells(generated, name)} |")
+    totals = [
+        Lines(sum(v.code for v in side.values()), sum(v.prose for v in side.values()))
+        for side in (vllm, generated)
+    ]
+    out.append(
+        f"| **total** | {totals[0].code} | {totals[0].prose} | "
+        f"{totals[1].code} | {totals[1].prose} |"
+    )
+    return "\n".join(out)
+
+
+def side_by_side_page(wheel: zipfile.ZipFile, page: str) -> str:
+    """``page`` with each model's table rewritten between its markers."""
+    for stem in SIDE_BY_SIDE:
+        start, end = _TABLE_START.format(stem), _TABLE_END
+        head, found, rest = page.partition(start + "\n")
+        if not found or end not in rest:
+            raise LookupError(f"{SIDE_BY_SIDE_PATH.name}: no table markers for {stem}")
+        generated = (GENERATED_VLLM / f"{stem}.py").read_text(encoding="utf-8")
+        table = side_by_side_table(
+            vllm_methods(wheel, stem), generated_methods(generated)
+        )
+        page = head + start + "\n" + table + "\n" + end + rest.split(end, 1)[1]
+    return page
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if stale")
@@ -336,14 +451,19 @@ def main(argv: list[str] | None = None) -> int:
     if path is None:
         print("spec_sizes: the vLLM wheel was not found", file=sys.stderr)
         return 2
-    text = render(measure(zipfile.ZipFile(path)))
+    wheel = zipfile.ZipFile(path)
+    pages = {
+        TABLE_PATH: render(measure(wheel)),
+        SIDE_BY_SIDE_PATH: side_by_side_page(wheel, SIDE_BY_SIDE_PATH.read_text()),
+    }
+    stale = [p for p, text in pages.items() if p.read_text() != text]
     if args.check:
-        if not TABLE_PATH.is_file() or TABLE_PATH.read_text() != text:
-            print(f"{TABLE_PATH.relative_to(REPO)} is stale: run tools/spec_sizes.py")
-            return 1
-        return 0
-    TABLE_PATH.write_text(text)
-    print(text, end="")
+        for page in stale:
+            print(f"{page.relative_to(REPO)} is stale: run tools/spec_sizes.py")
+        return 1 if stale else 0
+    for page, text in pages.items():
+        page.write_text(text)
+    print(pages[TABLE_PATH], end="")
     return 0
 
 

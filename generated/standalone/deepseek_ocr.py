@@ -3,8 +3,8 @@
 # From specs/deepseek_ocr.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_ocr.yaml`.
 # spec-sha256: 0bfb43e4316a4a39192bb100e7cfeecbb3f7339c7a907dfaa07f9b62999ceee7
-# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: e7c49cde747a73b89cca74fe08045d9728630e19ceb7b7e9be9bb8c7246254b6
+# templates-sha256: 9fbcf6e262ffd279c9b588ab82b838148a903b7694503b694d217bf3b03ba3ca
+# output-sha256: 1120939fdbd77629dff76e9fbfddb63877ad16a3c7f36b7c512f6d4956c5291a
 
 import itertools
 from collections.abc import Hashable
@@ -43,9 +43,8 @@ def _select_rows(
 def _select_grid(rows: list[list[int]], indices: list[int], width: int) -> torch.Tensor:
     """The selected grid rows as an int64 tensor on the host.
 
-    Every method reads grids as Python ints; a grid left on the device would
-    cost a synchronisation in each of them (the hand-written MiniMax mixin
-    kept the source grid's device).
+    Every method reads grids as Python ints; a grid left on the device, as
+    the source grid may be, would cost a synchronisation in each of them.
     """
     if not indices:
         return torch.zeros((0, width), dtype=torch.int64)
@@ -189,10 +188,7 @@ class DeepseekOCREncoderCudaGraphMixin(SupportsEncoderCudaGraph):
 
         return EncoderCudaGraphConfig(
             modalities=["image"],
-            buffer_keys=[
-                "pixel_values",
-                "images_crop",
-            ],
+            buffer_keys=["pixel_values", "images_crop"],
             out_hidden_size=self.projector_config.n_embed,
             paths={
                 "global": EncoderCudaGraphPathConfig(
@@ -257,9 +253,7 @@ class DeepseekOCREncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         images_spatial_crop = grids["images_spatial_crop"]
         return {
             "pixel_values": _select_rows(
-                mm_kwargs["pixel_values"],
-                [1 for tw, th in images_spatial_crop],
-                indices,
+                mm_kwargs["pixel_values"], [1] * len(images_spatial_crop), indices
             ),
             "images_crop": _select_rows(
                 mm_kwargs["images_crop"],
@@ -288,46 +282,22 @@ class DeepseekOCREncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         if path == "global":
             base = BASE_SIZE
             side = self.image_side
-            # The graphs read these host tensors by address. The host may replace
-            # one after this capture (MiniCPM-V's resampler re-registers pos_embed in
-            # an eager call with a wider slice); the captured graphs would keep
-            # reading the old one, freed and its memory handed to other tensors.
-            # Holding it keeps every replay reading the values it was captured with.
-            kept = self.__dict__.setdefault("_encoder_cg_keep_alive", {})
-            for tensor in ():
-                kept[id(tensor)] = tensor
             # Views captured for this budget; every view buffer is sized from it.
             units = min(max_batch_size, token_budget // (side * (side + 1)))
             pixel_values = torch.randn(
                 (units, 3, base, base), device=device, dtype=dtype
             )
-            return EncoderCudaGraphCaptureInputs(
-                values={
-                    "pixel_values": pixel_values,
-                }
-            )
+            return EncoderCudaGraphCaptureInputs(values={"pixel_values": pixel_values})
         # Untiled images have no rows here; a batch of them skips the path.
         if path == "local":
             tile = IMAGE_SIZE
             tile_side = self.patch_side
-            # The graphs read these host tensors by address. The host may replace
-            # one after this capture (MiniCPM-V's resampler re-registers pos_embed in
-            # an eager call with a wider slice); the captured graphs would keep
-            # reading the old one, freed and its memory handed to other tensors.
-            # Holding it keeps every replay reading the values it was captured with.
-            kept = self.__dict__.setdefault("_encoder_cg_keep_alive", {})
-            for tensor in ():
-                kept[id(tensor)] = tensor
             # Views captured for this budget; every view buffer is sized from it.
             units = token_budget // tile_side**2
             images_crop = torch.randn(
                 (units, 3, tile, tile), device=device, dtype=dtype
             )
-            return EncoderCudaGraphCaptureInputs(
-                values={
-                    "images_crop": images_crop,
-                }
-            )
+            return EncoderCudaGraphCaptureInputs(values={"images_crop": images_crop})
         raise ValueError(
             f"DeepSeek-OCR has no encoder path {path!r} (its paths: global, " "local)."
         )
@@ -343,19 +313,11 @@ class DeepseekOCREncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         the captured buffers. Nothing here reads the device."""
         if path == "global":
             pixel_values = mm_kwargs["pixel_values"]
-            return EncoderCudaGraphReplayBuffers(
-                values={
-                    "pixel_values": pixel_values,
-                }
-            )
+            return EncoderCudaGraphReplayBuffers(values={"pixel_values": pixel_values})
         # Untiled images have no rows here; a batch of them skips the path.
         if path == "local":
             images_crop = mm_kwargs["images_crop"]
-            return EncoderCudaGraphReplayBuffers(
-                values={
-                    "images_crop": images_crop,
-                }
-            )
+            return EncoderCudaGraphReplayBuffers(values={"images_crop": images_crop})
         raise ValueError(
             f"DeepSeek-OCR has no encoder path {path!r} (its paths: global, " "local)."
         )
@@ -418,7 +380,7 @@ class DeepseekOCREncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         images_spatial_crop = self._grid_rows(batch_mm_kwargs, "images_spatial_crop")
         # Rows of each item on each path, in the order of ``indices``.
         path_rows = {
-            "global": [side * (side + 1) for tw, th in images_spatial_crop],
+            "global": [side * (side + 1)] * len(images_spatial_crop),
             "local": [
                 (tw * th if tw > 1 or th > 1 else 0) * tile_side**2
                 for tw, th in images_spatial_crop

@@ -3,8 +3,8 @@
 # From specs/gemma3_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma3_mm.yaml`.
 # spec-sha256: 19cc0f6e849ba8315b6202b90204158da9f48161f059a5255254f1c8d3c71b41
-# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: a30e80ea29609dae8b9803a6e465f097a074445988e4591e8fdd920f048a6157
+# templates-sha256: 9fbcf6e262ffd279c9b588ab82b838148a903b7694503b694d217bf3b03ba3ca
+# output-sha256: ff864d23ea36200d54bb1d47b2bc328c4ec8e52babd765d563fb7a885758f52f
 
 import itertools
 from collections.abc import Hashable
@@ -173,9 +173,7 @@ class Gemma3EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
 
         return EncoderCudaGraphConfig(
             modalities=["image"],
-            buffer_keys=[
-                "pixel_values",
-            ],
+            buffer_keys=["pixel_values"],
             out_hidden_size=self.config.text_config.hidden_size,
         )
 
@@ -249,22 +247,9 @@ class Gemma3EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         # token_budget // tokens crops, in one image or many. (vLLM 0.33.0 clamps
         # them to max_batch_size, which counts images: an image of four crops then
         # does not fit a graph it fits by budget.)
-        # The graphs read these host tensors by address. The host may replace
-        # one after this capture (MiniCPM-V's resampler re-registers pos_embed in
-        # an eager call with a wider slice); the captured graphs would keep
-        # reading the old one, freed and its memory handed to other tensors.
-        # Holding it keeps every replay reading the values it was captured with.
-        kept = self.__dict__.setdefault("_encoder_cg_keep_alive", {})
-        for tensor in ():
-            kept[id(tensor)] = tensor
-        # Views captured for this budget; every view buffer is sized from it.
         units = token_budget // tokens
         pixel_values = torch.randn((units, 3, side, side), device=device, dtype=dtype)
-        return EncoderCudaGraphCaptureInputs(
-            values={
-                "pixel_values": pixel_values,
-            }
-        )
+        return EncoderCudaGraphCaptureInputs(values={"pixel_values": pixel_values})
 
     def prepare_encoder_cudagraph_replay_buffers(
         self,
@@ -278,11 +263,7 @@ class Gemma3EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         from encoder_cudagraph_runtime.defs import EncoderCudaGraphReplayBuffers
 
         pixel_values = mm_kwargs["pixel_values"]
-        return EncoderCudaGraphReplayBuffers(
-            values={
-                "pixel_values": pixel_values,
-            }
-        )
+        return EncoderCudaGraphReplayBuffers(values={"pixel_values": pixel_values})
 
     def encoder_cudagraph_forward(
         self,
@@ -335,7 +316,7 @@ class Gemma3EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         _check_rows(
             mm_kwargs,
             "pixel_values",
-            sum(n for n in num_patches),
+            sum(num_patches),
             num_items,
             "n from num_patches",
             row_shape=(3, side, side),
@@ -343,12 +324,3 @@ class Gemma3EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         return {
             "num_patches": num_patches,
         }
-
-    @staticmethod
-    def _counts(mm_kwargs: dict[str, Any], key: str) -> list[int]:
-        """A per-item count input (a 1-D tensor or a list) as Python ints,
-        read on the host like the grids."""
-        counts = mm_kwargs[key]
-        if isinstance(counts, torch.Tensor):
-            counts = counts.tolist()
-        return [int(v) for v in counts]

@@ -3,8 +3,8 @@
 # From specs/kimi_k25.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k25.yaml`.
 # spec-sha256: 593beb16e06a103837efc5aa14a6c25d495096029ae4609647637b59aaa4b37c
-# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: db217d3f54ac3f25e8da5b2edd44b4da52e0d91c3605ef7a16c5b3765028066d
+# templates-sha256: 9fbcf6e262ffd279c9b588ab82b838148a903b7694503b694d217bf3b03ba3ca
+# output-sha256: a3d33e31e7d83ae5d72e8c4b21e18477f29fe40c28c2dd8b1462ac91acf9646a
 
 import itertools
 from collections.abc import Hashable
@@ -48,9 +48,8 @@ def _select_rows(
 def _select_grid(rows: list[list[int]], indices: list[int], width: int) -> torch.Tensor:
     """The selected grid rows as an int64 tensor on the host.
 
-    Every method reads grids as Python ints; a grid left on the device would
-    cost a synchronisation in each of them (the hand-written MiniMax mixin
-    kept the source grid's device).
+    Every method reads grids as Python ints; a grid left on the device, as
+    the source grid may be, would cost a synchronisation in each of them.
     """
     if not indices:
         return torch.zeros((0, width), dtype=torch.int64)
@@ -339,14 +338,6 @@ class KimiK25EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         rope_h = self.vision_tower.encoder.rope_2d.max_height
         rope_w = self.vision_tower.encoder.rope_2d.max_width
         backend = self.vision_tower.encoder.blocks[0].attn.attn_backend
-        # The graphs read these host tensors by address. The host may replace
-        # one after this capture (MiniCPM-V's resampler re-registers pos_embed in
-        # an eager call with a wider slice); the captured graphs would keep
-        # reading the old one, freed and its memory handed to other tensors.
-        # Holding it keeps every replay reading the values it was captured with.
-        kept = self.__dict__.setdefault("_encoder_cg_keep_alive", {})
-        for tensor in ():
-            kept[id(tensor)] = tensor
         # Output tokens of each dummy item, rounded up so the dummy batch
         # covers the whole budget.
         k = -(-token_budget // max_batch_size)
@@ -474,6 +465,11 @@ class KimiK25EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         )
         return projected.reshape(-1, projected.shape[-1])
 
+    def get_input_modality(self, mm_kwargs: dict[str, Any]) -> str:
+        """Every batch is of the one modality the graphs capture (the
+        protocol's default answers "image")."""
+        return "vision_chunk"
+
     # -- helpers -------------------------------------------------------------------
 
     def _checked_grids(
@@ -521,8 +517,3 @@ class KimiK25EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         if isinstance(grid, torch.Tensor):
             grid = grid.tolist()
         return [[int(v) for v in row] for row in grid]
-
-    def get_input_modality(self, mm_kwargs: dict[str, Any]) -> str:
-        """Every batch is of the one modality the graphs capture (the
-        protocol's default answers "image")."""
-        return "vision_chunk"

@@ -3,8 +3,8 @@
 # From specs/lfm2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/lfm2_vl.yaml`.
 # spec-sha256: e68b8b5f89bae82c98f3fb8a58f8637a68196c01d5a28452af5255d69f0ac35c
-# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 9a9d83e7de85b2094c71d401471f46d2d9d8dcb8667ca7ead8f02b82f0158f95
+# templates-sha256: 9fbcf6e262ffd279c9b588ab82b838148a903b7694503b694d217bf3b03ba3ca
+# output-sha256: bd73e4dd533bb9856f3a1055e70240716e919c0d9d0be150e45c4dfd0cca826a
 
 import itertools
 from collections.abc import Hashable
@@ -43,9 +43,8 @@ def _select_rows(
 def _select_grid(rows: list[list[int]], indices: list[int], width: int) -> torch.Tensor:
     """The selected grid rows as an int64 tensor on the host.
 
-    Every method reads grids as Python ints; a grid left on the device would
-    cost a synchronisation in each of them (the hand-written MiniMax mixin
-    kept the source grid's device).
+    Every method reads grids as Python ints; a grid left on the device, as
+    the source grid may be, would cost a synchronisation in each of them.
     """
     if not indices:
         return torch.zeros((0, width), dtype=torch.int64)
@@ -420,15 +419,6 @@ class Lfm2VLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         side = self.vision_tower.vision_model.embeddings.position_embedding_size
         # Tiles of m tokens, the last one the rest of the budget, as vLLM 0.33.0
         # cuts it.
-        # The graphs read these host tensors by address. The host may replace
-        # one after this capture (MiniCPM-V's resampler re-registers pos_embed in
-        # an eager call with a wider slice); the captured graphs would keep
-        # reading the old one, freed and its memory handed to other tensors.
-        # Holding it keeps every replay reading the values it was captured with.
-        kept = self.__dict__.setdefault("_encoder_cg_keep_alive", {})
-        for tensor in ():
-            kept[id(tensor)] = tensor
-        # Views captured for this budget; every view buffer is sized from it.
         units = -(-token_budget // m)
         # The dummy units, one grid row each (unit_index 0 .. units - 1).
         spatial_shapes = [

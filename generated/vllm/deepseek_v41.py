@@ -3,8 +3,8 @@
 # From specs/deepseek_v41.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_v41.yaml`.
 # spec-sha256: c447e3749bf7cd0365b4659a2d5fc3fd1d54ac89404a6f484252d3b50423d391
-# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 8e20ad06bef1a29cd8e34c784705b4f3de059d87d6780ab5bf62baac59b9fb7f
+# templates-sha256: 9fbcf6e262ffd279c9b588ab82b838148a903b7694503b694d217bf3b03ba3ca
+# output-sha256: 724162470154ffb5b2b6a66521687f86915f6e8dc4eb0ef73d4081a5a37f3535
 
 import itertools
 import weakref
@@ -55,9 +55,8 @@ def _select_rows(
 def _select_grid(rows: list[list[int]], indices: list[int], width: int) -> torch.Tensor:
     """The selected grid rows as an int64 tensor on the host.
 
-    Every method reads grids as Python ints; a grid left on the device would
-    cost a synchronisation in each of them (the hand-written MiniMax mixin
-    kept the source grid's device).
+    Every method reads grids as Python ints; a grid left on the device, as
+    the source grid may be, would cost a synchronisation in each of them.
     """
     if not indices:
         return torch.zeros((0, width), dtype=torch.int64)
@@ -407,14 +406,6 @@ class DeepseekV4VLEncoderCudaGraphMixin:
             )
         r = self.config.vision_downsample_ratio
         patch = self.config.vision_patch_size
-        # The graphs read these host tensors by address. The host may replace
-        # one after this capture (MiniCPM-V's resampler re-registers pos_embed in
-        # an eager call with a wider slice); the captured graphs would keep
-        # reading the old one, freed and its memory handed to other tensors.
-        # Holding it keeps every replay reading the values it was captured with.
-        kept = self.__dict__.setdefault("_encoder_cg_keep_alive", {})
-        for tensor in ():
-            kept[id(tensor)] = tensor
         # Budget tokens of each dummy item, rounded up so the dummy batch
         # covers the whole budget.
         k = -(-token_budget // max_batch_size)

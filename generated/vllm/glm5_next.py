@@ -3,8 +3,8 @@
 # From specs/glm5_next.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm5_next.yaml`.
 # spec-sha256: c3575549c4ed50dd76892d25b692f5f5f648d2f13a2ea29bebd572d144fcdb24
-# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 9175c20c55bc67d2d241151826fc5bd30798742a49c871be330986b564f2996c
+# templates-sha256: 9fbcf6e262ffd279c9b588ab82b838148a903b7694503b694d217bf3b03ba3ca
+# output-sha256: 3c7b2e44fd381e65b08b0407d1218f78be1d665204c2730adf3de3f25fb2c34b
 
 import itertools
 from collections.abc import Hashable
@@ -52,9 +52,8 @@ def _select_rows(
 def _select_grid(rows: list[list[int]], indices: list[int], width: int) -> torch.Tensor:
     """The selected grid rows as an int64 tensor on the host.
 
-    Every method reads grids as Python ints; a grid left on the device would
-    cost a synchronisation in each of them (the hand-written MiniMax mixin
-    kept the source grid's device).
+    Every method reads grids as Python ints; a grid left on the device, as
+    the source grid may be, would cost a synchronisation in each of them.
     """
     if not indices:
         return torch.zeros((0, width), dtype=torch.int64)
@@ -314,14 +313,6 @@ class Glm5NextEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         channels = self.visual.patch_embed.proj.in_channels
         frames = self.visual.patch_embed.temporal_patch_size
         patch = self.visual.patch_embed.patch_size
-        # The graphs read these host tensors by address. The host may replace
-        # one after this capture (MiniCPM-V's resampler re-registers pos_embed in
-        # an eager call with a wider slice); the captured graphs would keep
-        # reading the old one, freed and its memory handed to other tensors.
-        # Holding it keeps every replay reading the values it was captured with.
-        kept = self.__dict__.setdefault("_encoder_cg_keep_alive", {})
-        for tensor in ():
-            kept[id(tensor)] = tensor
         # Output tokens of each dummy item, rounded up so the dummy batch
         # covers the whole budget.
         k = -(-token_budget // max_batch_size)
@@ -433,6 +424,11 @@ class Glm5NextEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         image_grid_thw = self._grid_rows(mm_kwargs, keys["image_grid_thw"])
         return self.visual(pixel_values, image_grid_thw)
 
+    def get_input_modality(self, mm_kwargs: dict[str, Any]) -> str:
+        """The batch's modality: its grid arrives under the image or the
+        video key."""
+        return "image" if "image_grid_thw" in mm_kwargs else "video"
+
     # -- helpers -------------------------------------------------------------------
 
     def _checked_grids(
@@ -483,11 +479,6 @@ class Glm5NextEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         if isinstance(grid, torch.Tensor):
             grid = grid.tolist()
         return [[int(v) for v in row] for row in grid]
-
-    def get_input_modality(self, mm_kwargs: dict[str, Any]) -> str:
-        """The batch's modality: its grid arrives under the image or the
-        video key."""
-        return "image" if "image_grid_thw" in mm_kwargs else "video"
 
     def _modality_keys(self, mm_kwargs: dict[str, Any]) -> dict[str, str]:
         """This batch's mm_kwargs keys, by the image names the methods use."""

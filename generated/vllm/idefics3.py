@@ -3,8 +3,8 @@
 # From specs/idefics3.yaml: change the spec or the templates and run
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 8b488cb972956d4df57232df809f3b4c048f68b21019dab78906516f52b22e02
-# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 73655a3dcadb182a09e6a9a5840cfa236f0ea7d5cb7fb0db1c2825b09c94e97e
+# templates-sha256: 9fbcf6e262ffd279c9b588ab82b838148a903b7694503b694d217bf3b03ba3ca
+# output-sha256: 3f0d22fe165f8ea32788be554709f6e28e8aa61d9e8cdba6e91ea2aed46d9a0e
 
 import itertools
 from collections.abc import Hashable
@@ -172,11 +172,7 @@ class Idefics3EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
 
         return EncoderCudaGraphConfig(
             modalities=["image"],
-            buffer_keys=[
-                "pixel_values",
-                "pixel_attention_mask",
-                "position_ids",
-            ],
+            buffer_keys=["pixel_values", "pixel_attention_mask", "position_ids"],
             out_hidden_size=self.config.text_config.hidden_size,
         )
 
@@ -251,15 +247,6 @@ class Idefics3EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         # Every tile is `tokens` tokens, so a batch within the budget has at most
         # token_budget // tokens tiles, whatever max_batch_size (rounded up as
         # vLLM 0.33.0 does).
-        # The graphs read these host tensors by address. The host may replace
-        # one after this capture (MiniCPM-V's resampler re-registers pos_embed in
-        # an eager call with a wider slice); the captured graphs would keep
-        # reading the old one, freed and its memory handed to other tensors.
-        # Holding it keeps every replay reading the values it was captured with.
-        kept = self.__dict__.setdefault("_encoder_cg_keep_alive", {})
-        for tensor in ():
-            kept[id(tensor)] = tensor
-        # Views captured for this budget; every view buffer is sized from it.
         units = max(-(-token_budget // tokens), 1)
         pixel_values = torch.randn((units, 3, side, side), device=device, dtype=dtype)
         # Every pixel of a dummy tile is valid.
@@ -358,7 +345,7 @@ class Idefics3EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         _check_rows(
             mm_kwargs,
             "pixel_values",
-            sum(n for n in num_patches),
+            sum(num_patches),
             num_items,
             "n from num_patches",
             row_shape=(3, side, side),
@@ -366,7 +353,7 @@ class Idefics3EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         _check_rows(
             mm_kwargs,
             "pixel_attention_mask",
-            sum(n for n in num_patches),
+            sum(num_patches),
             num_items,
             "n from num_patches",
             row_shape=(side, side),
@@ -374,12 +361,3 @@ class Idefics3EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         return {
             "num_patches": num_patches,
         }
-
-    @staticmethod
-    def _counts(mm_kwargs: dict[str, Any], key: str) -> list[int]:
-        """A per-item count input (a 1-D tensor or a list) as Python ints,
-        read on the host like the grids."""
-        counts = mm_kwargs[key]
-        if isinstance(counts, torch.Tensor):
-            counts = counts.tolist()
-        return [int(v) for v in counts]

@@ -3,8 +3,8 @@
 # From specs/mllama4.yaml: change the spec or the templates and run
 # `gen-mixin specs/mllama4.yaml`.
 # spec-sha256: 3a4c5d7bdb1ee216f77e7723529296ab4a8d77acd6df01a22770eb4a40007938
-# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 2d8b3204d48062d644c147e0d179d257005d2567ccb17ef52e5e7120d0d8d138
+# templates-sha256: 9fbcf6e262ffd279c9b588ab82b838148a903b7694503b694d217bf3b03ba3ca
+# output-sha256: 5f8b84c3a41e1bb67875faa774395dfb0dca1ee8de843c5e874d3afd4de463a7
 
 import itertools
 from collections.abc import Hashable
@@ -170,9 +170,7 @@ class Llama4EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
 
         return EncoderCudaGraphConfig(
             modalities=["image"],
-            buffer_keys=[
-                "pixel_values",
-            ],
+            buffer_keys=["pixel_values"],
             out_hidden_size=self.config.text_config.hidden_size,
         )
 
@@ -246,24 +244,11 @@ class Llama4EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         # token_budget // tokens chunks, whatever max_batch_size (rounded up as
         # vLLM 0.33.0 does: one spare chunk when `tokens` does not divide the
         # budget).
-        # The graphs read these host tensors by address. The host may replace
-        # one after this capture (MiniCPM-V's resampler re-registers pos_embed in
-        # an eager call with a wider slice); the captured graphs would keep
-        # reading the old one, freed and its memory handed to other tensors.
-        # Holding it keeps every replay reading the values it was captured with.
-        kept = self.__dict__.setdefault("_encoder_cg_keep_alive", {})
-        for tensor in ():
-            kept[id(tensor)] = tensor
-        # Views captured for this budget; every view buffer is sized from it.
         units = max(1, -(-token_budget // tokens))
         pixel_values = torch.randn(
             (units, channels, side, side), device=device, dtype=dtype
         )
-        return EncoderCudaGraphCaptureInputs(
-            values={
-                "pixel_values": pixel_values,
-            }
-        )
+        return EncoderCudaGraphCaptureInputs(values={"pixel_values": pixel_values})
 
     def prepare_encoder_cudagraph_replay_buffers(
         self,
@@ -277,11 +262,7 @@ class Llama4EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         from vllm.v1.worker.encoder_cudagraph_defs import EncoderCudaGraphReplayBuffers
 
         pixel_values = mm_kwargs["pixel_values"]
-        return EncoderCudaGraphReplayBuffers(
-            values={
-                "pixel_values": pixel_values,
-            }
-        )
+        return EncoderCudaGraphReplayBuffers(values={"pixel_values": pixel_values})
 
     def encoder_cudagraph_forward(
         self,
@@ -335,7 +316,7 @@ class Llama4EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         _check_rows(
             mm_kwargs,
             "pixel_values",
-            sum(c for c in patches_per_image),
+            sum(patches_per_image),
             num_items,
             "c from patches_per_image",
             row_shape=(channels, side, side),
@@ -343,12 +324,3 @@ class Llama4EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         return {
             "patches_per_image": patches_per_image,
         }
-
-    @staticmethod
-    def _counts(mm_kwargs: dict[str, Any], key: str) -> list[int]:
-        """A per-item count input (a 1-D tensor or a list) as Python ints,
-        read on the host like the grids."""
-        counts = mm_kwargs[key]
-        if isinstance(counts, torch.Tensor):
-            counts = counts.tolist()
-        return [int(v) for v in counts]

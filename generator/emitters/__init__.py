@@ -49,7 +49,7 @@ def build_context(spec: MixinSpec, target: str, header: list[str]) -> dict[str, 
         ctx = emitter.context(spec, target)
         if ctx is not None:
             methods.append({"template": template, "context": ctx})
-    return {
+    ctx = {
         "header": header,
         "module_docstring": (
             docstring_lines(spec.module_docstring) if spec.module_docstring else None
@@ -62,3 +62,30 @@ def build_context(spec: MixinSpec, target: str, header: list[str]) -> dict[str, 
         "methods": methods,
         "modality": input_modality.context(spec, target),
     }
+    _drop_uncalled_readers(ctx)
+    return ctx
+
+
+#: The class's input readers, by their flag in the helpers' context: the
+#: emitters print a call where a method reads such an input outside
+#: ``_checked_grids``, which some specs' methods never do.
+READERS = {"counts": "self._counts(", "grid_rows": "self._grid_rows("}
+
+
+def _drop_uncalled_readers(ctx: dict[str, Any]) -> None:
+    """Keep a reader helper only where the printed code calls it."""
+    printed = "\n".join(_strings({k: v for k, v in ctx.items() if k != "helpers"}))
+    printed += "\n".join(_strings(ctx["helpers"].get("axes")))
+    for flag, call in READERS.items():
+        ctx["helpers"][flag] = ctx["helpers"][flag] and call in printed
+
+
+def _strings(value: Any) -> list[str]:
+    """Every string in a context (nested dicts, lists and tuples)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _strings(v)]
+    if isinstance(value, (list, tuple)):
+        return [s for v in value for s in _strings(v)]
+    return []

@@ -19,6 +19,7 @@ from generator.naming import PROTOCOL_MODULES
 from generator.spec import conditions
 from generator.spec.capture import (
     Buffer,
+    Capture,
     CaptureAssert,
     CaptureTensor,
     DtypeFallback,
@@ -281,12 +282,17 @@ def _path_body(spec: MixinSpec, path: EncoderPath) -> dict[str, Any]:
             {
                 "key": item.key,
                 "row": "[" + ", ".join(body.expr(e) for e in exprs) + "]",
+                # The dims may differ by unit, or be the same for every unit.
+                "index": (
+                    "unit_index"
+                    if any("unit_index" in fx.names_in(e) for e in exprs)
+                    else "_"
+                ),
             }
             for item, exprs in capture.unit_dummy
         ],
         "frames_per_item": "frames_per_item" in _capture_names(capture),
-        "keep_alive": ", ".join(body.expr(p) for p in capture.keep_alive)
-        + ("," if len(capture.keep_alive) == 1 else ""),
+        "keep_alive": _keep_alive(body, capture),
         "lets": [
             {"name": let.name, "value": body.expr(let.expr)} for let in capture.lets
         ],
@@ -404,3 +410,22 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
         units=_units_doc(spec),
     )
     return ctx
+
+
+def _keep_alive(body: Body, capture: Capture) -> dict[str, Any] | None:
+    """The host tensors the capture holds on to (``capture.keep_alive``), or
+    None: a spec that keeps nothing alive gets no code and no comment."""
+    if not capture.keep_alive:
+        return None
+    paths = [body.expr(p) for p in capture.keep_alive]
+    named = " and ".join(paths) if len(paths) < 3 else ", ".join(paths)
+    one = len(paths) == 1
+    why = (
+        f"The graphs read {named} by address, and the host may replace "
+        f"{'it' if one else 'them'} after this capture: the graphs would go on "
+        f"reading the old {'tensor' if one else 'tensors'}, freed and "
+        "handed to other tensors. A reference held on the mixin keeps "
+        f"{'it' if one else 'each'} alive, and every replay reads the values "
+        "it was captured with."
+    )
+    return {"paths": paths, "why": comment_lines(why)}

@@ -7,6 +7,8 @@ import re
 from typing import Any
 
 from generator import formulas as fx
+from generator.diagnostics import RenderError
+from generator.emitters import input_checks, module_helpers
 from generator.emitters.method_body import DEFS_NAMES
 from generator.emitters.postprocess import scatters
 from generator.import_rules import TARGET_ROOTS
@@ -94,10 +96,22 @@ def _lines(groups: dict[str, set[str]]) -> list[str]:
     ]
 
 
+def _uses_itertools(spec: MixinSpec, target: str) -> bool:
+    """Whether a helper the module defines runs ``itertools.accumulate``
+    (row selection, units per item, the span check)."""
+    helpers = module_helpers.context(spec, target)
+    return (
+        helpers["select_rows"]
+        or helpers["split_units"]
+        or helpers["unit_indices"]
+        or input_checks.helpers(spec)["span"]
+    )
+
+
 def context(spec: MixinSpec, target: str) -> dict[str, Any]:
     mods = PROTOCOL_MODULES[target]
     stdlib = {"collections.abc": {"Hashable"}, "typing": {"TYPE_CHECKING", "Any"}}
-    plain = {"itertools"}  # _select_rows
+    plain = {"itertools"} if _uses_itertools(spec, target) else set()
     first_party: dict[str, set[str]] = {}
     type_checking: dict[str, set[str]] = {mods["VllmConfig"]: {"VllmConfig"}}
 
@@ -143,8 +157,6 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
 
 def _check_roots(target: str, *groups: dict[str, set[str]]) -> None:
     """Every first-party import comes from the target's own packages."""
-    from generator.render import RenderError
-
     roots = {
         *TARGET_ROOTS[target],
         *(m.split(".")[0] for m in PROTOCOL_MODULES[target].values()),

@@ -169,7 +169,10 @@ def _rows_check(spec: MixinSpec, body: Body, loads: Loads, flat: FlatInput) -> d
         }
     target, iterable, keys = item_loop(spec, fx.names_in(flat.rows))
     rows = body.expr(flat.rows)
-    if fx.names_in(flat.rows) & {d for g in spec.item_inputs for d in g.dims}:
+    if rows == target and iterable in keys:
+        # One row per count: the counts themselves.
+        total = f"sum({iterable})"
+    elif fx.names_in(flat.rows) & {d for g in spec.item_inputs for d in g.dims}:
         total = f"sum({rows} for {target} in {iterable})"
     else:
         total = (
@@ -287,6 +290,7 @@ def helpers(spec: MixinSpec) -> dict[str, bool]:
     return {
         "grids": any(not i.is_count and not i.is_padded for i in spec.item_inputs),
         "counts": any(i.is_count and not i.is_list for i in spec.item_inputs),
+        "rows": bool(spec.flat_inputs),
         "padded": any(i.is_padded for i in spec.item_inputs),
         "lists": any(i.is_list for i in spec.item_inputs),
         "span": spec.span_assembly is not None,

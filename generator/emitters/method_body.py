@@ -4,6 +4,7 @@ and how inputs are read from ``mm_kwargs``."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,8 +124,12 @@ def item_loop(spec: MixinSpec, dims_needed: set[str]) -> tuple[str, str, list[st
 
 def per_item_list(spec: MixinSpec, body: Body, expr: Expr) -> tuple[str, list[str]]:
     """``[<expr> for <dims> in <grids>]`` (a count input itself when ``expr``
-    is its dim) and the keys it reads."""
-    target, iterable, keys = item_loop(spec, dims_of(spec, expr))
+    is its dim; ``[<expr>] * len(<grid>)`` when ``expr`` reads no dim) and
+    the keys it reads."""
+    dims = dims_of(spec, expr)
+    target, iterable, keys = item_loop(spec, dims)
+    if not dims:
+        return f"[{body.expr(expr)}] * len({iterable})", keys
     if expr == fx.Ref(target) and iterable in keys:
         return iterable, keys
     return f"[{body.expr(expr)} for {target} in {iterable}]", keys
@@ -242,6 +247,9 @@ def unit_any(spec: MixinSpec, condition: str) -> str:
 
 def unit_sum(spec: MixinSpec, body: Body, expr: Expr) -> str:
     """``sum(<expr> for <unit dims> in units)``: a per-unit formula summed
-    over the units of one item (bound as ``units``)."""
+    over the units of one item (bound as ``units``); ``<expr> * len(units)``
+    when the formula reads no unit dim."""
     target, _, _ = units_of_items(spec)
+    if not fx.names_in(expr) & set(re.findall(r"\w+", target)):
+        return times("len(units)", body, expr)
     return f"sum({body.expr(expr)} for {target} in units)"

@@ -21,6 +21,8 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
         "fold_leading": any(f.fold_ranks for f in spec.flat_inputs),
         "eager_only": spec.items.eager_when is not None
         or any(a.eager_beyond for a in spec.capture_axes),
+        # Selection slices every flat input's rows with it.
+        "select_rows": bool(spec.flat_inputs),
         "select_counts": any(g.is_count and not g.is_list for g in spec.item_inputs),
         "select_items": any(g.is_list for g in spec.item_inputs),
         "list_units": any(g.is_list for g in spec.item_inputs),

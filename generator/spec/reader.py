@@ -16,13 +16,31 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from generator.diagnostics import Diagnostics, Location, closest_name, field_key
+from generator.diagnostics import (
+    Diagnostics,
+    Location,
+    RenderError,
+    closest_name,
+    field_key,
+)
 from generator.formulas import Scope
 from generator.scopes import FIELD_SCOPES, NameKind
 from generator.yaml_loader import Node
 
 if TYPE_CHECKING:
     from generator.spec.values import ValueType
+
+
+class _Invalid:
+    def __repr__(self) -> str:
+        return "INVALID"
+
+    def __bool__(self) -> bool:
+        return False
+
+
+#: What :meth:`ValueType.convert` returns after reporting a problem.
+INVALID: Any = _Invalid()
 
 
 @dataclass(frozen=True)
@@ -189,8 +207,6 @@ class Reader:
                 self.ctx.error(self.node, self.path(name), "required key is missing")
                 self.failed.add(name)
             return key.default
-        from generator.spec.values import INVALID
-
         value = key.type.convert(node, self.path(name), self.ctx, **kwargs)
         if value is INVALID:
             self.failed.add(name)
@@ -209,8 +225,6 @@ class Reader:
                 self.ctx.error(self.node, self.path(name), "required key is missing")
                 self.failed.add(name)
             return None
-        from generator.spec.values import INVALID
-
         if key.type.convert_kind(node, self.path(name), self.ctx) is INVALID:
             self.failed.add(name)
             return None
@@ -242,6 +256,24 @@ class Reader:
                     f"unknown key{hint} (allowed: {', '.join(allowed)})",
                 )
             elif key not in self.taken:
-                from generator.render import RenderError
-
                 raise RenderError(f"{self.path(key)} is declared but never read")
+
+
+def section_schema(keys: Keys, doc: str | None = None) -> dict[str, Any]:
+    """A mapping with exactly ``keys``."""
+    out: dict[str, Any] = {"type": "object", "additionalProperties": False}
+    if doc:
+        out["description"] = doc
+    required = [k.name for k in keys.visible if k.required]
+    if required:
+        out["required"] = required
+    props = {}
+    for key in keys.visible:
+        prop = dict(key.type.schema())
+        prop["description"] = key.doc
+        if key.default is not None and not key.required:
+            default = getattr(key.default, "value", key.default)
+            prop["default"] = default
+        props[key.name] = prop
+    out["properties"] = props
+    return out

@@ -9,34 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from generator.spec.reader import Keys
+from generator.spec.mixin import MixinSpec
+from generator.spec.reader import section_schema
 
 SCHEMA_ID = "https://github.com/gen-mixin/gen-mixin/spec.schema.json"
 
 
-def section_schema(keys: Keys, doc: str | None = None) -> dict[str, Any]:
-    """A mapping with exactly ``keys``."""
-    out: dict[str, Any] = {"type": "object", "additionalProperties": False}
-    if doc:
-        out["description"] = doc
-    required = [k.name for k in keys.visible if k.required]
-    if required:
-        out["required"] = required
-    props = {}
-    for key in keys.visible:
-        prop = dict(key.type.schema())
-        prop["description"] = key.doc
-        if key.default is not None and not key.required:
-            default = getattr(key.default, "value", key.default)
-            prop["default"] = default
-        props[key.name] = prop
-    out["properties"] = props
-    return out
-
-
 def spec_schema() -> dict[str, Any]:
-    from generator.spec.mixin import MixinSpec
-
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": SCHEMA_ID,

@@ -19,23 +19,18 @@ from generator import formulas as fx
 from generator.diagnostics import Location
 from generator.formulas import Expr, FormulaError
 from generator.scopes import FIELD_SCOPES
-from generator.spec.reader import Keys, ReadContext, Reader
+from generator.spec.reader import (
+    INVALID,
+    Keys,
+    ReadContext,
+    Reader,
+    section_schema,
+)
 from generator.yaml_loader import Node
 
 if TYPE_CHECKING:
     from generator.spec.enums import SpecEnum
 
-
-class _Invalid:
-    def __repr__(self) -> str:
-        return "INVALID"
-
-    def __bool__(self) -> bool:
-        return False
-
-
-#: What :meth:`ValueType.convert` returns after reporting a problem.
-INVALID: Any = _Invalid()
 
 IDENT = r"^[A-Za-z_][A-Za-z0-9_]*$"
 DOTTED = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
@@ -549,8 +544,6 @@ class Section(ValueType):
         return f"mapping ({self.cls.DOC_TITLE})"
 
     def schema(self) -> dict[str, Any]:
-        from generator.spec.schema import section_schema
-
         return section_schema(self.keys, getattr(self.cls, "DOC", None))
 
     def value(self, node: Node, field: str, ctx: ReadContext, **kw: Any) -> Any:

@@ -174,3 +174,55 @@ def test_a_written_module_is_sealed_for_its_own_rendering(
     assert not render.is_sealed_output(
         item.unformatted, (tmp_path / "standalone" / "qwen2_vl.py").read_bytes()
     )
+
+
+FORMATTING_SOURCE = (REPO / "generator" / "formatting.py").read_text(encoding="utf-8")
+
+# (case, an edit of generator/formatting.py, whether the seal must change)
+FORMATTING_EDITS = [
+    ("unchanged", lambda s: s, False),
+    (
+        "module docstring reworded",
+        lambda s: s.replace('"""Black, with a pinned mode', '"""Black (pinned)', 1),
+        False,
+    ),
+    (
+        "a comment added",
+        lambda s: s.replace("\nimport re\n", "\n# why\nimport re\n"),
+        False,
+    ),
+    (
+        "a function's docstring added",
+        lambda s: s.replace(
+            "def black_format(source: str) -> str:\n",
+            'def black_format(source: str) -> str:\n    """Formats."""\n',
+        ),
+        False,
+    ),
+    ("a constant changed", lambda s: s.replace("= 88", "= 89", 1), True),
+    (
+        "a string changed",
+        lambda s: s.replace('_PLACEHOLDER = "_"', '_PLACEHOLDER = "__"'),
+        True,
+    ),
+    (
+        "a docstring-like string that is code",
+        lambda s: s.replace("\nimport re\n", '\nimport re\n\n"""not a docstring"""\n'),
+        True,
+    ),
+    ("a statement added", lambda s: s + "\nBLACK_LINE_LENGTH = 100\n", True),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "edit", "changes"), FORMATTING_EDITS, ids=[c[0] for c in FORMATTING_EDITS]
+)
+def test_the_seal_follows_the_formatting_code_not_its_prose(case, edit, changes):
+    edited = edit(FORMATTING_SOURCE)
+    assert (edited != FORMATTING_SOURCE) is (case != "unchanged")
+    before = render.code_digest(FORMATTING_SOURCE)
+    assert (render.code_digest(edited) != before) is changes
+
+
+def test_the_formatter_identity_holds_the_formatting_code_digest() -> None:
+    assert render.code_digest(FORMATTING_SOURCE) in render._formatter_identity()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import re
 import sys
 import textwrap
 import zipfile
@@ -13,6 +14,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from generator.scopes import PROTOCOL_METHODS
 from generator.vllm_manifest import find_vllm_wheel
 
 REPO = Path(__file__).resolve().parents[2]
@@ -133,3 +135,91 @@ def test_table_is_current() -> None:
 def test_every_spec_has_a_vllm_source() -> None:
     stems = {p.stem for p in (REPO / "specs").glob("*.yaml")}
     assert stems <= set(TOOL.VLLM_SOURCES)
+
+
+# -- docs/side-by-side.md --------------------------------------------------------------
+
+PROSE_CASES = [
+    ("code only", "def f():\n    return 1\n", set()),
+    ("a comment line", "def f():\n    # why\n    return 1  # trailing\n", {2}),
+    (
+        "a docstring",
+        'def f():\n    """One.\n\n    Two.\n    """\n    return 1\n',
+        {2, 3, 4, 5},
+    ),
+    ("a string statement that is no docstring", 'x = 1\n"""text"""\n', set()),
+]
+
+
+@pytest.mark.parametrize(
+    "source, expected", [c[1:] for c in PROSE_CASES], ids=[c[0] for c in PROSE_CASES]
+)
+def test_prose_lines(source: str, expected: set[int]) -> None:
+    assert TOOL.prose_lines(source, ast.parse(source)) == expected
+
+
+def test_side_by_side_rows_are_protocol_methods_then_each_side_s_helpers() -> None:
+    lines = TOOL.Lines
+    vllm = {
+        "encoder_eager_forward": lines(3, 0),
+        "_grid": lines(4, 1),
+        "get_encoder_cudagraph_config": lines(5, 0),
+    }
+    generated = {
+        "get_encoder_cudagraph_config": lines(6, 2),
+        "_checked": lines(7, 3),
+        "encoder_eager_forward": lines(2, 1),
+    }
+    rows = TOOL.side_by_side_table(vllm, generated).splitlines()[2:]
+    assert rows == [
+        "| `get_encoder_cudagraph_config` | 5 | 0 | 6 | 2 |",
+        "| `encoder_eager_forward` | 3 | 0 | 2 | 1 |",
+        "| `_grid` | 4 | 1 | – | – |",
+        "| `_checked` | – | – | 7 | 3 |",
+        "| **total** | 12 | 1 | 15 | 6 |",
+    ]
+
+
+def test_side_by_side_page_is_current() -> None:
+    path = find_vllm_wheel()
+    if path is None:
+        pytest.skip("vLLM 0.33.0 wheel not found")
+    page = (REPO / "docs" / "side-by-side.md").read_text()
+    with zipfile.ZipFile(path) as wheel:
+        assert (
+            TOOL.side_by_side_page(wheel, page) == page
+        ), "docs/side-by-side.md is stale: run python3 tools/spec_sizes.py"
+
+
+def _protocol_table_methods() -> list[str]:
+    """The methods of docs/protocol.md's methods table, in its order."""
+    text = (REPO / "docs" / "protocol.md").read_text()
+    table = text.split("| method | called | contract |", 1)[1].split("\n\n", 1)[0]
+    return [
+        name
+        for line in table.splitlines()
+        for name in re.findall(r"`(\w+)\(", line.split("|")[1] if "|" in line else "")
+    ]
+
+
+def test_the_protocol_table_lists_the_methods_in_the_generated_order() -> None:
+    listed = [m for m in _protocol_table_methods() if m in PROTOCOL_METHODS]
+    assert listed == list(PROTOCOL_METHODS)
+
+
+GENERATED = sorted(
+    p for p in (REPO / "generated").glob("*/*.py") if p.name != "__init__.py"
+)
+
+
+@pytest.mark.parametrize(
+    "path", GENERATED, ids=[f"{p.parent.name}/{p.name}" for p in GENERATED]
+)
+def test_generated_methods_follow_the_protocol_order(path: Path) -> None:
+    """The protocol's methods in protocol order, then the helpers."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    klass = next(n for n in tree.body if isinstance(n, ast.ClassDef))
+    names = [n.name for n in klass.body if isinstance(n, ast.FunctionDef)]
+    protocol = [n for n in names if n in PROTOCOL_METHODS]
+    assert protocol == sorted(protocol, key=PROTOCOL_METHODS.index)
+    assert names[: len(protocol)] == protocol

@@ -3,8 +3,8 @@
 # From specs/deepseek_vl2.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_vl2.yaml`.
 # spec-sha256: 6f892ea020ee953004c7a45b78d4d9f058c9fcef960abef7cba31604ab4b32b1
-# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 4b5c397392d59b77f984133dcf2d96c462efc72557cbaf2ae9eda8d745874757
+# templates-sha256: 9fbcf6e262ffd279c9b588ab82b838148a903b7694503b694d217bf3b03ba3ca
+# output-sha256: 05b5a26aee4498e509ceebf9de421ad63248d67bf4d194531c9a945fc9d087b2
 
 import itertools
 from collections.abc import Hashable
@@ -41,9 +41,8 @@ def _select_rows(
 def _select_grid(rows: list[list[int]], indices: list[int], width: int) -> torch.Tensor:
     """The selected grid rows as an int64 tensor on the host.
 
-    Every method reads grids as Python ints; a grid left on the device would
-    cost a synchronisation in each of them (the hand-written MiniMax mixin
-    kept the source grid's device).
+    Every method reads grids as Python ints; a grid left on the device, as
+    the source grid may be, would cost a synchronisation in each of them.
     """
     if not indices:
         return torch.zeros((0, width), dtype=torch.int64)
@@ -189,9 +188,7 @@ class DeepseekVL2EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
 
         return EncoderCudaGraphConfig(
             modalities=["image"],
-            buffer_keys=[
-                "pixel_values",
-            ],
+            buffer_keys=["pixel_values"],
             out_hidden_size=self.projector.cfg.n_embed,
         )
 
@@ -275,22 +272,9 @@ class DeepseekVL2EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         patch = self.vision.patch_embed.patch_size[0]
         ratio = self.projector.cfg.downsample_ratio
         # Every tile brings at least h * h output tokens.
-        # The graphs read these host tensors by address. The host may replace
-        # one after this capture (MiniCPM-V's resampler re-registers pos_embed in
-        # an eager call with a wider slice); the captured graphs would keep
-        # reading the old one, freed and its memory handed to other tensors.
-        # Holding it keeps every replay reading the values it was captured with.
-        kept = self.__dict__.setdefault("_encoder_cg_keep_alive", {})
-        for tensor in ():
-            kept[id(tensor)] = tensor
-        # Views captured for this budget; every view buffer is sized from it.
         units = -(-token_budget // (-(-(side // patch) // ratio)) ** 2)
         pixel_values = torch.randn((units, 3, side, side), device=device, dtype=dtype)
-        return EncoderCudaGraphCaptureInputs(
-            values={
-                "pixel_values": pixel_values,
-            }
-        )
+        return EncoderCudaGraphCaptureInputs(values={"pixel_values": pixel_values})
 
     def prepare_encoder_cudagraph_replay_buffers(
         self,
@@ -304,11 +288,7 @@ class DeepseekVL2EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         from encoder_cudagraph_runtime.defs import EncoderCudaGraphReplayBuffers
 
         pixel_values = mm_kwargs["pixel_values"]
-        return EncoderCudaGraphReplayBuffers(
-            values={
-                "pixel_values": pixel_values,
-            }
-        )
+        return EncoderCudaGraphReplayBuffers(values={"pixel_values": pixel_values})
 
     def encoder_cudagraph_forward(
         self,

@@ -3,8 +3,8 @@
 # From specs/minicpmv.yaml: change the spec or the templates and run
 # `gen-mixin specs/minicpmv.yaml`.
 # spec-sha256: d4a580fe01bc55f4be098f399ee38128cd927c0b2f6e20aecf28c2d3e8bd3368
-# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 633ed74b140f9857fefdc4f11775486e5dceb3996d5cc7b99029a7a5ad620ba9
+# templates-sha256: 9fbcf6e262ffd279c9b588ab82b838148a903b7694503b694d217bf3b03ba3ca
+# output-sha256: 24b5ee16c6971eeaf2b3b72d9c08892c993f746532291f7f9b6543561c4727e5
 
 import itertools
 from collections.abc import Hashable
@@ -56,26 +56,11 @@ def _covering_key(keys: tuple[Hashable, ...], need: tuple[int, ...]) -> Hashable
     )
 
 
-def _select_rows(
-    flat: torch.Tensor, sizes: list[int], indices: list[int]
-) -> torch.Tensor:
-    """The rows of the items in ``indices`` (in that order) from a tensor that
-    holds every item's rows back to back, ``sizes[i]`` rows for item ``i``."""
-    if not indices:
-        return flat[:0]
-    if indices == list(range(len(sizes))):
-        # Every item, in order: the rows as they are, without a copy.
-        return flat
-    offsets = [0, *itertools.accumulate(sizes)]
-    return torch.cat([flat[offsets[i] : offsets[i + 1]] for i in indices])
-
-
 def _select_grid(rows: list[list[int]], indices: list[int], width: int) -> torch.Tensor:
     """The selected grid rows as an int64 tensor on the host.
 
-    Every method reads grids as Python ints; a grid left on the device would
-    cost a synchronisation in each of them (the hand-written MiniMax mixin
-    kept the source grid's device).
+    Every method reads grids as Python ints; a grid left on the device, as
+    the source grid may be, would cost a synchronisation in each of them.
     """
     if not indices:
         return torch.zeros((0, width), dtype=torch.int64)
@@ -242,44 +227,6 @@ def _check_units(
         )
 
 
-def _check_rows(
-    mm_kwargs: dict[str, Any],
-    key: str,
-    rows: int,
-    num_items: int,
-    per_item: str,
-    row_shape: tuple[int, ...] | None = None,
-    accepts_list: bool = False,
-) -> None:
-    """The flat input ``key`` holds exactly ``rows`` rows, its items'
-    ``per_item`` summed, each of ``row_shape`` (the captured buffer's row,
-    when it is fixed: the replay copy would broadcast a narrower one).
-
-    Selection, replay and the eager forward slice the rows by the grids; rows
-    that do not match them would shift every item without an error. Only
-    shapes are read.
-    """
-    value = mm_kwargs[key]
-    parts = value if accepts_list and isinstance(value, list) else [value]
-    for part in parts:
-        if not isinstance(part, torch.Tensor) or part.ndim == 0:
-            raise ValueError(
-                f"mm_kwargs[{key!r}] is a {type(part).__name__}; it must be a "
-                "tensor of rows" + (" or a list of them" if accepts_list else "")
-            )
-        if row_shape is not None and part.shape[1:] != row_shape:
-            raise ValueError(
-                f"mm_kwargs[{key!r}] has rows of shape {tuple(part.shape[1:])}, "
-                f"but the captured buffers hold rows of shape {row_shape}"
-            )
-    held = sum(part.shape[0] for part in parts)
-    if held != rows:
-        raise ValueError(
-            f"mm_kwargs[{key!r}] has {held} rows, but its {num_items} item(s) "
-            f"need {rows} ({per_item})"
-        )
-
-
 def _check_indices(indices: list[int], num_items: int) -> None:
     """A selection names items of the batch by position: ints in
     ``range(num_items)``, repeated or reordered at will. A negative index
@@ -382,12 +329,12 @@ class MiniCPMVEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         return [
             EncoderItemSpec(
                 input_size=sum(h * w for h, w in units),
-                output_tokens=sum(q for h, w in units),
+                output_tokens=len(units) * q,
                 path_output_tokens={
                     "default": (
                         _EAGER_ONLY_TOKENS
                         if any(max(h, w) > image_size // p for h, w in units)
-                        else sum(q for h, w in units)
+                        else len(units) * q
                     )
                 },
             )
@@ -441,20 +388,18 @@ class MiniCPMVEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         th, tw = axis_keys[0]
         q = self.config.query_num
         p = self.vpm.embeddings.patch_size
+        # The graphs read self.resampler.pos_embed by address, and the host may
+        # replace it after this capture: the graphs would go on reading the old
+        # tensor, freed and handed to other tensors. A reference held on the mixin
+        # keeps it alive, and every replay reads the values it was captured with.
+        kept = self.__dict__.setdefault("_encoder_cg_keep_alive", {})
+        tensor = self.resampler.pos_embed
+        kept[id(tensor)] = tensor
         # Every slice has q tokens, so a batch within the budget has at most this
         # many.
-        # The graphs read these host tensors by address. The host may replace
-        # one after this capture (MiniCPM-V's resampler re-registers pos_embed in
-        # an eager call with a wider slice); the captured graphs would keep
-        # reading the old one, freed and its memory handed to other tensors.
-        # Holding it keeps every replay reading the values it was captured with.
-        kept = self.__dict__.setdefault("_encoder_cg_keep_alive", {})
-        for tensor in (self.resampler.pos_embed,):
-            kept[id(tensor)] = tensor
-        # Views captured for this budget; every view buffer is sized from it.
         units = -(-token_budget // q)
-        # The dummy units, one grid row each (unit_index 0 .. units - 1).
-        tgt_sizes = [[th, tw] for unit_index in range(units)]
+        # The dummy units, one grid row each, all alike.
+        tgt_sizes = [[th, tw] for _ in range(units)]
         pixel_values = torch.zeros(
             (units, 3, p, th * tw * p), device=device, dtype=dtype
         )
@@ -586,6 +531,11 @@ class MiniCPMVEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         )
         return self.get_vision_hidden_states(image_input).reshape(-1, self.embed_dim)
 
+    def get_input_modality(self, mm_kwargs: dict[str, Any]) -> str:
+        """The batch's modality: its grid arrives under the image or the
+        video key."""
+        return "image" if "pixel_values" in mm_kwargs else "video"
+
     # -- helpers -------------------------------------------------------------------
 
     def _checked_grids(
@@ -630,11 +580,6 @@ class MiniCPMVEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         """A list input as the list of the batch's unit tensors, item after
         item (the builders and the eager forward read it so)."""
         return [unit for units in mm_kwargs[key] for unit in units]
-
-    def get_input_modality(self, mm_kwargs: dict[str, Any]) -> str:
-        """The batch's modality: its grid arrives under the image or the
-        video key."""
-        return "image" if "pixel_values" in mm_kwargs else "video"
 
     def _modality_keys(self, mm_kwargs: dict[str, Any]) -> dict[str, str]:
         """This batch's mm_kwargs keys, by the image names the methods use."""

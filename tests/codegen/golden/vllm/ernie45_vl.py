@@ -3,8 +3,8 @@
 # From specs/ernie45_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/ernie45_vl.yaml`.
 # spec-sha256: 44a19487b2f61417079df3347e463bfafc30019f50c2056291e8a1b652284f7c
-# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 7082602379f23e92159f2b33934586c8e0089900c7421399a12daf59937614fc
+# templates-sha256: 9fbcf6e262ffd279c9b588ab82b838148a903b7694503b694d217bf3b03ba3ca
+# output-sha256: f5a42b041e23ff5757ad62cb5f9442250cf6fab54f9b30bbb818bcdf9ed5f515
 
 import itertools
 from collections.abc import Hashable
@@ -42,9 +42,8 @@ def _select_rows(
 def _select_grid(rows: list[list[int]], indices: list[int], width: int) -> torch.Tensor:
     """The selected grid rows as an int64 tensor on the host.
 
-    Every method reads grids as Python ints; a grid left on the device would
-    cost a synchronisation in each of them (the hand-written MiniMax mixin
-    kept the source grid's device).
+    Every method reads grids as Python ints; a grid left on the device, as
+    the source grid may be, would cost a synchronisation in each of them.
     """
     if not indices:
         return torch.zeros((0, width), dtype=torch.int64)
@@ -186,12 +185,7 @@ class Ernie45VLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
 
         return EncoderCudaGraphConfig(
             modalities=["image"],
-            buffer_keys=[
-                "pixel_values",
-                "rotary_pos_emb",
-                "cu_seqlens",
-                "max_seqlen",
-            ],
+            buffer_keys=["pixel_values", "rotary_pos_emb", "cu_seqlens", "max_seqlen"],
             out_hidden_size=self.resampler_model.out_dim,
         )
 
@@ -263,14 +257,6 @@ class Ernie45VLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         merge = self.vision_model.spatial_merge_size
         channels = self.vision_model.patch_embed.in_channels
         patch = self.vision_model.patch_embed.patch_size
-        # The graphs read these host tensors by address. The host may replace
-        # one after this capture (MiniCPM-V's resampler re-registers pos_embed in
-        # an eager call with a wider slice); the captured graphs would keep
-        # reading the old one, freed and its memory handed to other tensors.
-        # Holding it keeps every replay reading the values it was captured with.
-        kept = self.__dict__.setdefault("_encoder_cg_keep_alive", {})
-        for tensor in ():
-            kept[id(tensor)] = tensor
         # Output tokens of each dummy item, rounded up so the dummy batch
         # covers the whole budget.
         k = -(-token_budget // max_batch_size)

@@ -3,10 +3,9 @@
 # From specs/gemma4_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma4_mm.yaml`.
 # spec-sha256: 148b1e0d274e84158f902fd11628140ec5226f1b1ab73e2346d9b6fbfd1545e4
-# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: e99a1e6ce6035c738ef87bb5790862de4717bad22e716805492f74a6f6e6ce46
+# templates-sha256: 9fbcf6e262ffd279c9b588ab82b838148a903b7694503b694d217bf3b03ba3ca
+# output-sha256: b10974a366df5fe6337fba19bf678470bfbf5f48c3b67d456e0bd0ef8c018abc
 
-import itertools
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
 
@@ -60,20 +59,6 @@ def _key_or_need(keys: tuple[Hashable, ...], need: tuple[int, ...]) -> Hashable:
     if _beyond_keys(keys, need):
         return need[0] if len(need) == 1 else need
     return _covering_key(keys, need)
-
-
-def _select_rows(
-    flat: torch.Tensor, sizes: list[int], indices: list[int]
-) -> torch.Tensor:
-    """The rows of the items in ``indices`` (in that order) from a tensor that
-    holds every item's rows back to back, ``sizes[i]`` rows for item ``i``."""
-    if not indices:
-        return flat[:0]
-    if indices == list(range(len(sizes))):
-        # Every item, in order: the rows as they are, without a copy.
-        return flat
-    offsets = [0, *itertools.accumulate(sizes)]
-    return torch.cat([flat[offsets[i] : offsets[i + 1]] for i in indices])
 
 
 def _padded_sizes(value: torch.Tensor | list[torch.Tensor]) -> list[int]:
@@ -221,44 +206,6 @@ def _check_multiples(
                 )
 
 
-def _check_rows(
-    mm_kwargs: dict[str, Any],
-    key: str,
-    rows: int,
-    num_items: int,
-    per_item: str,
-    row_shape: tuple[int, ...] | None = None,
-    accepts_list: bool = False,
-) -> None:
-    """The flat input ``key`` holds exactly ``rows`` rows, its items'
-    ``per_item`` summed, each of ``row_shape`` (the captured buffer's row,
-    when it is fixed: the replay copy would broadcast a narrower one).
-
-    Selection, replay and the eager forward slice the rows by the grids; rows
-    that do not match them would shift every item without an error. Only
-    shapes are read.
-    """
-    value = mm_kwargs[key]
-    parts = value if accepts_list and isinstance(value, list) else [value]
-    for part in parts:
-        if not isinstance(part, torch.Tensor) or part.ndim == 0:
-            raise ValueError(
-                f"mm_kwargs[{key!r}] is a {type(part).__name__}; it must be a "
-                "tensor of rows" + (" or a list of them" if accepts_list else "")
-            )
-        if row_shape is not None and part.shape[1:] != row_shape:
-            raise ValueError(
-                f"mm_kwargs[{key!r}] has rows of shape {tuple(part.shape[1:])}, "
-                f"but the captured buffers hold rows of shape {row_shape}"
-            )
-    held = sum(part.shape[0] for part in parts)
-    if held != rows:
-        raise ValueError(
-            f"mm_kwargs[{key!r}] has {held} rows, but its {num_items} item(s) "
-            f"need {rows} ({per_item})"
-        )
-
-
 def _check_indices(indices: list[int], num_items: int) -> None:
     """A selection names items of the batch by position: ints in
     ``range(num_items)``, repeated or reordered at will. A negative index
@@ -297,11 +244,7 @@ class Gemma4EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
 
         return EncoderCudaGraphConfig(
             modalities=["image"],
-            buffer_keys=[
-                "pixel_values",
-                "pixel_position_ids",
-                "gather_indices",
-            ],
+            buffer_keys=["pixel_values", "pixel_position_ids", "gather_indices"],
             out_hidden_size=self.config.text_config.hidden_size,
             padding_logics={
                 "pixel_values": lambda dst, src: _copy_padded(dst, src, 0),
@@ -418,14 +361,6 @@ class Gemma4EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         channels = getattr(self.vision_tower.config, "num_channels", None) or 3
         m = self._get_max_soft_tokens()
         # Rows of w soft tokens, as many as images of m budget tokens fit.
-        # The graphs read these host tensors by address. The host may replace
-        # one after this capture (MiniCPM-V's resampler re-registers pos_embed in
-        # an eager call with a wider slice); the captured graphs would keep
-        # reading the old one, freed and its memory handed to other tensors.
-        # Holding it keeps every replay reading the values it was captured with.
-        kept = self.__dict__.setdefault("_encoder_cg_keep_alive", {})
-        for tensor in ():
-            kept[id(tensor)] = tensor
         images = min(max_batch_size, max(1, token_budget // m))
         # Every image counts m budget tokens; the budget range starts at m.
         if token_budget < m:

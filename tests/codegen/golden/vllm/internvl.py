@@ -3,8 +3,8 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
-# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 209d57f9b19de856560b481f396b838105be12970befdbc88a3839bd3cb6c27b
+# templates-sha256: 9fbcf6e262ffd279c9b588ab82b838148a903b7694503b694d217bf3b03ba3ca
+# output-sha256: 6830b32c527f5fc405fd0284ee21da5152aa70d43ac387427fad3c6b55b623bb
 
 import itertools
 from collections.abc import Hashable
@@ -185,9 +185,7 @@ class InternVLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
 
         return EncoderCudaGraphConfig(
             modalities=["image", "video"],
-            buffer_keys=[
-                "pixel_values_flat",
-            ],
+            buffer_keys=["pixel_values_flat"],
             out_hidden_size=hidden,
         )
 
@@ -259,23 +257,12 @@ class InternVLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         side = self.config.vision_config.image_size
         # Every tile is `tokens` tokens, so a batch within the budget has at most
         # token_budget // tokens tiles, whatever max_batch_size.
-        # The graphs read these host tensors by address. The host may replace
-        # one after this capture (MiniCPM-V's resampler re-registers pos_embed in
-        # an eager call with a wider slice); the captured graphs would keep
-        # reading the old one, freed and its memory handed to other tensors.
-        # Holding it keeps every replay reading the values it was captured with.
-        kept = self.__dict__.setdefault("_encoder_cg_keep_alive", {})
-        for tensor in ():
-            kept[id(tensor)] = tensor
-        # Views captured for this budget; every view buffer is sized from it.
         units = max(token_budget // tokens, 1)
         pixel_values_flat = torch.randn(
             (units, 3, side, side), device=device, dtype=dtype
         )
         return EncoderCudaGraphCaptureInputs(
-            values={
-                "pixel_values_flat": pixel_values_flat,
-            }
+            values={"pixel_values_flat": pixel_values_flat}
         )
 
     def prepare_encoder_cudagraph_replay_buffers(
@@ -292,9 +279,7 @@ class InternVLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         keys = self._modality_keys(mm_kwargs)
         pixel_values_flat = mm_kwargs[keys["pixel_values_flat"]]
         return EncoderCudaGraphReplayBuffers(
-            values={
-                "pixel_values_flat": pixel_values_flat,
-            }
+            values={"pixel_values_flat": pixel_values_flat}
         )
 
     def encoder_cudagraph_forward(
@@ -316,6 +301,11 @@ class InternVLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         pixel_values_flat = mm_kwargs[keys["pixel_values_flat"]]
         features = self.extract_feature(pixel_values_flat)
         return features.flatten(0, 1)
+
+    def get_input_modality(self, mm_kwargs: dict[str, Any]) -> str:
+        """The batch's modality: its grid arrives under the image or the
+        video key."""
+        return "image" if "image_num_patches" in mm_kwargs else "video"
 
     # -- helpers -------------------------------------------------------------------
 
@@ -348,7 +338,7 @@ class InternVLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         _check_rows(
             mm_kwargs,
             keys["pixel_values_flat"],
-            sum(n for n in image_num_patches),
+            sum(image_num_patches),
             num_items,
             "n from image_num_patches",
             row_shape=(3, side, side),
@@ -356,20 +346,6 @@ class InternVLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         return {
             "image_num_patches": image_num_patches,
         }
-
-    @staticmethod
-    def _counts(mm_kwargs: dict[str, Any], key: str) -> list[int]:
-        """A per-item count input (a 1-D tensor or a list) as Python ints,
-        read on the host like the grids."""
-        counts = mm_kwargs[key]
-        if isinstance(counts, torch.Tensor):
-            counts = counts.tolist()
-        return [int(v) for v in counts]
-
-    def get_input_modality(self, mm_kwargs: dict[str, Any]) -> str:
-        """The batch's modality: its grid arrives under the image or the
-        video key."""
-        return "image" if "image_num_patches" in mm_kwargs else "video"
 
     def _modality_keys(self, mm_kwargs: dict[str, Any]) -> dict[str, str]:
         """This batch's mm_kwargs keys, by the image names the methods use."""

@@ -3,8 +3,8 @@
 # From specs/kimi_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_vl.yaml`.
 # spec-sha256: dec5f629ea45e6747065da9f1de34c016f7c11dcc328326c287b6a82ba94d373
-# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 89af972c9e0a48b3ebd2a11b9ec7580f7a978a4f7b9c78da3a542fc02c373b1d
+# templates-sha256: 9fbcf6e262ffd279c9b588ab82b838148a903b7694503b694d217bf3b03ba3ca
+# output-sha256: 9e33b3381f6886565e6ff2535fc1737115713e3bfde8ca2b91c393750f53179e
 
 import itertools
 from collections.abc import Hashable
@@ -44,9 +44,8 @@ def _select_rows(
 def _select_grid(rows: list[list[int]], indices: list[int], width: int) -> torch.Tensor:
     """The selected grid rows as an int64 tensor on the host.
 
-    Every method reads grids as Python ints; a grid left on the device would
-    cost a synchronisation in each of them (the hand-written MiniMax mixin
-    kept the source grid's device).
+    Every method reads grids as Python ints; a grid left on the device, as
+    the source grid may be, would cost a synchronisation in each of them.
     """
     if not indices:
         return torch.zeros((0, width), dtype=torch.int64)
@@ -269,14 +268,6 @@ class KimiVLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         patch = self.config.vision_config.patch_size
         rope_h = self.vision_tower.encoder.rope_2d.max_height
         rope_w = self.vision_tower.encoder.rope_2d.max_width
-        # The graphs read these host tensors by address. The host may replace
-        # one after this capture (MiniCPM-V's resampler re-registers pos_embed in
-        # an eager call with a wider slice); the captured graphs would keep
-        # reading the old one, freed and its memory handed to other tensors.
-        # Holding it keeps every replay reading the values it was captured with.
-        kept = self.__dict__.setdefault("_encoder_cg_keep_alive", {})
-        for tensor in ():
-            kept[id(tensor)] = tensor
         # Output tokens of each dummy item, rounded up so the dummy batch
         # covers the whole budget.
         k = -(-token_budget // max_batch_size)

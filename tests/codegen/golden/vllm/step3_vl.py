@@ -3,8 +3,8 @@
 # From specs/step3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
-# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 3e2c5bcf3bb92ddf8a323d45ac7b13d7c4f58f892065df6c1b0e30ed01df8593
+# templates-sha256: 9fbcf6e262ffd279c9b588ab82b838148a903b7694503b694d217bf3b03ba3ca
+# output-sha256: 7bd03e9ffe94fd5214341df48df2f1683be2dc69b2240e1851be2bd650aeaa61
 
 import itertools
 from collections.abc import Hashable
@@ -177,10 +177,7 @@ class Step3VLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
 
         return EncoderCudaGraphConfig(
             modalities=["image"],
-            buffer_keys=[
-                "pixel_values",
-                "patch_pixel_values",
-            ],
+            buffer_keys=["pixel_values", "patch_pixel_values"],
             out_hidden_size=self.config.hidden_size,
             paths={
                 "global": EncoderCudaGraphPathConfig(min_token_budget=global_tokens),
@@ -242,7 +239,7 @@ class Step3VLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         num_patches = grids["num_patches"]
         return {
             "pixel_values": _select_rows(
-                mm_kwargs["pixel_values"], [1 for np in num_patches], indices
+                mm_kwargs["pixel_values"], [1] * len(num_patches), indices
             ),
             "patch_pixel_values": _select_rows(
                 mm_kwargs["patch_pixel_values"], num_patches, indices
@@ -268,44 +265,22 @@ class Step3VLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         if path == "global":
             side = self.config.vision_config.image_size
             global_tokens = self.img_output_tokens
-            # The graphs read these host tensors by address. The host may replace
-            # one after this capture (MiniCPM-V's resampler re-registers pos_embed in
-            # an eager call with a wider slice); the captured graphs would keep
-            # reading the old one, freed and its memory handed to other tensors.
-            # Holding it keeps every replay reading the values it was captured with.
-            kept = self.__dict__.setdefault("_encoder_cg_keep_alive", {})
-            for tensor in ():
-                kept[id(tensor)] = tensor
             # Views captured for this budget; every view buffer is sized from it.
             units = min(max_batch_size, token_budget // global_tokens)
             pixel_values = torch.randn(
                 (units, 3, side, side), device=device, dtype=dtype
             )
-            return EncoderCudaGraphCaptureInputs(
-                values={
-                    "pixel_values": pixel_values,
-                }
-            )
+            return EncoderCudaGraphCaptureInputs(values={"pixel_values": pixel_values})
         # Crop-less images have no rows here; a batch of them skips the path.
         if path == "local":
             crop_tokens = self.patch_output_tokens
-            # The graphs read these host tensors by address. The host may replace
-            # one after this capture (MiniCPM-V's resampler re-registers pos_embed in
-            # an eager call with a wider slice); the captured graphs would keep
-            # reading the old one, freed and its memory handed to other tensors.
-            # Holding it keeps every replay reading the values it was captured with.
-            kept = self.__dict__.setdefault("_encoder_cg_keep_alive", {})
-            for tensor in ():
-                kept[id(tensor)] = tensor
             # Views captured for this budget; every view buffer is sized from it.
             units = token_budget // crop_tokens
             patch_pixel_values = torch.randn(
                 (units, 3, 504, 504), device=device, dtype=dtype
             )
             return EncoderCudaGraphCaptureInputs(
-                values={
-                    "patch_pixel_values": patch_pixel_values,
-                }
+                values={"patch_pixel_values": patch_pixel_values}
             )
         raise ValueError(
             f"Step3-VL has no encoder path {path!r} (its paths: global, local)."
@@ -324,18 +299,12 @@ class Step3VLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
 
         if path == "global":
             pixel_values = mm_kwargs["pixel_values"]
-            return EncoderCudaGraphReplayBuffers(
-                values={
-                    "pixel_values": pixel_values,
-                }
-            )
+            return EncoderCudaGraphReplayBuffers(values={"pixel_values": pixel_values})
         # Crop-less images have no rows here; a batch of them skips the path.
         if path == "local":
             patch_pixel_values = mm_kwargs["patch_pixel_values"]
             return EncoderCudaGraphReplayBuffers(
-                values={
-                    "patch_pixel_values": patch_pixel_values,
-                }
+                values={"patch_pixel_values": patch_pixel_values}
             )
         raise ValueError(
             f"Step3-VL has no encoder path {path!r} (its paths: global, local)."
@@ -403,7 +372,7 @@ class Step3VLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         # Rows of each item on each path, in the order of ``indices``.
         path_rows = {
             "local": [np * crop_tokens for np in num_patches],
-            "global": [global_tokens for np in num_patches],
+            "global": [global_tokens] * len(num_patches),
         }
         path_offsets = dict.fromkeys(path_rows, 0)
         for position, idx in enumerate(indices):
@@ -456,7 +425,7 @@ class Step3VLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         _check_rows(
             mm_kwargs,
             "patch_pixel_values",
-            sum(np for np in num_patches),
+            sum(num_patches),
             num_items,
             "np from num_patches",
             row_shape=(3, 504, 504),
