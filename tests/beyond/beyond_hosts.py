@@ -1,0 +1,167 @@
+"""The oracle setups of the beyond-the-catalog specs: per model, the host
+made of its vLLM methods (from the wheel) and the fakes of its learned
+layers, each of which reads every row it is given.
+
+* A tile tower (SigLIP, CLIP) is :class:`TileTower`: every patch of a tile
+  is embedded by a fixed linear map, gets a code of its position, and is
+  added the mean of its tile (attention within the tile), so every pixel of
+  a tile moves every output row of it and nothing crosses tiles.
+* Linear layers are :class:`FixedLinear`: fixed, exactly representable
+  weights.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+from beyond_testlib import OracleModel
+from parity_testlib import WheelCode
+
+#: Width of the fake towers' rows.
+WIDTH = 8
+
+
+class _Obj:
+    """A plain attribute bag for config-like objects."""
+
+    def __init__(self, **attrs: Any) -> None:
+        self.__dict__.update(attrs)
+
+
+@functools.cache
+def _mixing(rows: int, cols: int) -> torch.Tensor:
+    """A fixed, exactly representable ``rows x cols`` matrix."""
+    i = torch.arange(rows)[:, None]
+    j = torch.arange(cols)[None, :]
+    return (((i * 7 + j * 3) % 11) - 5).float() / 16
+
+
+class CallsForward:
+    """What ``nn.Module`` gives a vLLM module class taken from the wheel:
+    calling it runs its ``forward``."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.forward(*args, **kwargs)
+
+
+class FixedLinear:
+    """``x @ W`` with fixed weights, ``in_features -> out_features``."""
+
+    def __init__(self, in_features: int, out_features: int) -> None:
+        self.weight = _mixing(in_features, out_features)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.weight.to(x.dtype)
+
+
+class TileTower:
+    """A SigLIP-like tower over ``(n, 3, side, side)`` tiles: ``(n, S, WIDTH)``
+    rows, ``S = (side // patch) ** 2``, one per patch in raster order."""
+
+    def __init__(self, side: int, patch: int) -> None:
+        self.side, self.patch = side, patch
+        self.embed = FixedLinear(3 * patch * patch, WIDTH)
+        count = (side // patch) ** 2
+        self.positions = torch.arange(count * WIDTH).float().view(count, WIDTH) / 64
+
+    def __call__(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        n, p = pixel_values.shape[0], self.patch
+        grid = self.side // p
+        patches = (
+            pixel_values.reshape(n, 3, grid, p, grid, p)
+            .permute(0, 2, 4, 1, 3, 5)
+            .reshape(n, grid * grid, 3 * p * p)
+        )
+        x = self.embed(patches) + self.positions.to(patches.dtype)
+        return x + x.mean(dim=1, keepdim=True)
+
+
+def schema_as_dict(**fields: Any) -> dict[str, Any]:
+    """A model's ``TensorSchema`` input, read by key (its shape checks need
+    vLLM's TensorSchema machinery, which the hosts do not exercise)."""
+    fields.pop("resolve_bindings", None)
+    return fields
+
+
+# ---------------------------------------------------------------------------
+# Cohere2-Vision: SigLIP tiles, the projector's pixel shuffle
+# ---------------------------------------------------------------------------
+
+COHERE2 = "vllm.model_executor.models.cohere2_vision"
+COHERE2_SIDE, COHERE2_PATCH, COHERE2_SHUFFLE = 8, 2, 2
+#: Tokens of one tile: (8 // 2 // 2) ** 2.
+COHERE2_TOKENS = 4
+COHERE2_INTERMEDIATE = 6
+
+
+def _cohere2_host_class(code: WheelCode, mixin: type) -> type:
+    return code.klass(
+        COHERE2,
+        "Cohere2VisionForConditionalGeneration",
+        ["embed_multimodal"],
+        bases=(mixin,),
+        exclude=["dtype"],
+    )
+
+
+def _cohere2_projector(code: WheelCode, config: _Obj) -> Any:
+    """vLLM's projector (its pixel shuffle and forward) on fixed linears and
+    vLLM's SwiGLU split (``MulAndSilu``: silu of the first half times the
+    second)."""
+    projector = code.klass(
+        COHERE2,
+        "Cohere2VisionMultiModalProjector",
+        ["forward", "pixel_shuffle"],
+        bases=(CallsForward,),
+    )()
+    projector.downsample_factor = config.downsample_factor
+    wide = WIDTH * config.downsample_factor**2
+    projector.linear_1 = FixedLinear(wide, 2 * COHERE2_INTERMEDIATE)
+    projector.act = lambda x: torch.nn.functional.silu(
+        x[..., :COHERE2_INTERMEDIATE]
+    ) * (x[..., COHERE2_INTERMEDIATE:])
+    projector.linear_2 = FixedLinear(COHERE2_INTERMEDIATE, WIDTH)
+    return projector
+
+
+def _cohere2_host(code: WheelCode, host_class: type, backend: str) -> Any:
+    del backend  # SigLIP tiles attend within themselves: no varlen kernel
+    config = _Obj(
+        vision_config=_Obj(image_size=COHERE2_SIDE, patch_size=COHERE2_PATCH),
+        downsample_factor=COHERE2_SHUFFLE,
+        text_config=_Obj(hidden_size=WIDTH),
+    )
+    host = host_class()
+    host.config = config
+    host.vision_tower = TileTower(COHERE2_SIDE, COHERE2_PATCH)
+    host.multi_modal_projector = _cohere2_projector(code, config)
+    return host
+
+
+def cohere2_batches() -> list[dict[str, Any]]:
+    """Images of 1 to 13 tiles (the processor's grid and thumbnail), as
+    vLLM's processor gives them: the tiles back to back, the counts a
+    tensor. 13 tiles (52 tokens) exceed the ladder's top (48): eager."""
+    gen = torch.Generator().manual_seed(26)
+    mixes = [[1], [3, 1, 2], [13], [12, 1, 5, 2], [4, 4, 4, 4, 1], [2, 13, 1]]
+    side = COHERE2_SIDE
+    return [
+        {
+            "pixel_values": torch.randn(sum(m), 3, side, side, generator=gen),
+            "num_patches": torch.tensor(m),
+        }
+        for m in mixes
+    ]
+
+
+def cohere2_vision() -> OracleModel:
+    return OracleModel(
+        stem="cohere2_vision",
+        stubs={COHERE2: {"Cohere2VisionImagePixelInputs": schema_as_dict}},
+        host_class=_cohere2_host_class,
+        make_host=_cohere2_host,
+        eager=lambda host, batch: list(host.embed_multimodal(**batch)),
+        batches=cohere2_batches,
+    )
