@@ -74,6 +74,7 @@ VLLM_SOURCES = {
 #: hand-written mixin for it would cost.
 ESTIMATED_BY = {
     "cohere2_vision": "internvl",
+    "qwen2_5_omni": "qwen2_5_vl",
 }
 
 

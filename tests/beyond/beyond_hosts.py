@@ -15,8 +15,9 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+import parity_hosts
 import torch
-from beyond_testlib import OracleModel
+from beyond_testlib import OracleModel, vllm_config
 from parity_testlib import WheelCode
 
 #: Width of the fake towers' rows.
@@ -164,4 +165,60 @@ def cohere2_vision() -> OracleModel:
         make_host=_cohere2_host,
         eager=lambda host, batch: list(host.embed_multimodal(**batch)),
         batches=cohere2_batches,
+    )
+
+
+# ---------------------------------------------------------------------------
+# Qwen2.5-Omni (thinker): Qwen2.5-VL's NaViT-style varlen tower
+# ---------------------------------------------------------------------------
+
+OMNI = "vllm.model_executor.models.qwen2_5_omni_thinker"
+
+
+def _omni_host_class(code: WheelCode, mixin: type) -> type:
+    return code.klass(
+        OMNI,
+        "Qwen2_5OmniConditionalGenerationMixin",
+        ["_process_image_input"],
+        bases=(mixin,),
+    )
+
+
+def _omni_host(code: WheelCode, host_class: type, backend: str) -> Any:
+    host = host_class()
+    host.vllm_config = vllm_config(1)
+    host.visual = parity_hosts.qwen25_tower(code, backend)
+    return host
+
+
+def omni_batches() -> list[dict[str, Any]]:
+    """Images of [1, h, w] patches (h, w even: the 2 x 2 merge) as the
+    processor gives them, rows back to back; a 24 x 24 image is 144 tokens,
+    above the ladder's top (128): eager. The windows are 4 x 4 patches, so
+    sides of 2 to 24 make partial and whole windows."""
+    grids = [
+        [(1, 2, 2)],
+        [(1, 4, 6), (1, 8, 8), (1, 2, 10)],
+        [(1, 24, 24)],
+        [(1, 16, 12), (1, 6, 6), (1, 10, 4), (1, 2, 2)],
+        [(1, 6, 22), (1, 24, 24), (1, 4, 4)],
+        [(1, 12, 12)] * 5,
+    ]
+    gen = torch.Generator().manual_seed(26)
+    return [parity_hosts.qwen_batch(gen, "image", g) for g in grids]
+
+
+def qwen2_5_omni() -> OracleModel:
+    return OracleModel(
+        stem="qwen2_5_omni",
+        stubs=parity_hosts.QWEN25_STUBS,
+        host_class=_omni_host_class,
+        make_host=_omni_host,
+        eager=lambda host, batch: list(
+            host._process_image_input({"type": "pixel_values", **batch})
+        ),
+        batches=omni_batches,
+        backends=("FLASH_ATTN", "FLASHINFER"),
+        max_num_batched_tokens=128,
+        violations=lambda host: host.visual.violations,
     )

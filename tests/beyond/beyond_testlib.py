@@ -9,7 +9,9 @@ should read and on the metadata it is given.
 
 :func:`oracle_problems` drives the host through vLLM's own
 ``EncoderCudaGraphManager`` (from the wheel, CPU capture:
-``parity_testlib.vllm_cpu_manager_class``) on vLLM's default budget ladder:
+``parity_testlib.vllm_cpu_manager_class``, whose replays read 0-d buffers
+such as ``max_seqlen`` as captured, as a CUDA graph's kernel launches do) on
+vLLM's default budget ladder:
 item specs, packing, selection, capture at every budget, replay buffers, the
 replay copy with the config's padding logics, the graph forward and the
 post-processing. Every item the manager returns must equal what the model's
@@ -68,6 +70,10 @@ class OracleModel:
     backends: tuple[str, ...] = ("FLASH_ATTN",)
     #: The largest budget of the default ladder (small: CPU time).
     max_num_batched_tokens: int = 48
+    #: What the host's fake attention recorded against its contract
+    #: (decreasing offsets, offsets past the rows, ``max_seqlen`` too
+    #: small), by kind; reset per batch.
+    violations: Callable[[Any], dict[str, list[str]]] = lambda host: {}
 
 
 def wheel_code(model: OracleModel) -> WheelCode:
@@ -100,6 +106,15 @@ def mutated_source(stem: str, old: str, new: str, folder: Path) -> str:
     path.write_text(text.replace(old, new), encoding="utf-8")
     (rendered,) = render_spec(path, ("vllm",), folder)
     return rendered.source
+
+
+def edited_module_source(stem: str, old: str, new: str) -> str:
+    """``generated/vllm/<stem>.py`` with ``old`` (which must occur once)
+    replaced by ``new``: a wrong module that no spec can ask for today (the
+    static checks refuse it), to show what the check would catch."""
+    text = (REPO / "generated" / "vllm" / f"{stem}.py").read_text(encoding="utf-8")
+    assert text.count(old) == 1, f"{old!r} occurs {text.count(old)} times"
+    return text.replace(old, new)
 
 
 def vllm_config(max_num_batched_tokens: int) -> VllmConfig:
@@ -160,7 +175,8 @@ def _backend_problems(
 ) -> list[str]:
     host = model.make_host(code, host_class, backend)
     config = vllm_config(model.max_num_batched_tokens)
-    manager = vllm_cpu_manager_class()(config, CPU, torch.float32, host)
+    manager_class = vllm_cpu_manager_class(freeze_host_scalars=True)
+    manager = manager_class(config, CPU, torch.float32, host)
     low, high = host.get_encoder_cudagraph_budget_range(config)
     problems = []
     if manager.token_budgets != manager._generate_budgets(low, high):
@@ -174,6 +190,9 @@ def _backend_problems(
             got = manager.execute(batch)
         problems += _item_problems(f"{where}/eager forward", eager, expected)
         problems += _item_problems(f"{where}/graphs", got, expected)
+        recorded = model.violations(host)
+        problems += [f"{where}: {kind}: {v[0]}" for kind, v in recorded.items()]
+        recorded.clear()
     if manager.graph_hits == 0:
         problems.append(f"{backend}: no item replayed a graph")
     return problems

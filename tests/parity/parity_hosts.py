@@ -450,7 +450,7 @@ def _qwen_parity() -> ModelParity:
         our_host=type("GeneratedQwen2VLHost", (host_methods, ours), {}),
         make_host=make_host,
         modalities=("image", "video"),
-        make_batch=_qwen_batch,
+        make_batch=qwen_batch,
         random_grid=_merged_grid,
         frames=lambda grid: grid[0],
     )
@@ -467,7 +467,7 @@ def _merged_grid(gen: torch.Generator, modality: str) -> tuple[int, int, int]:
     return (t, h, w)
 
 
-def _qwen_batch(
+def qwen_batch(
     gen: torch.Generator,
     modality: str,
     grids: list[tuple[int, int, int]],
@@ -641,15 +641,19 @@ def mm_attention_helpers(code: WheelCode) -> None:
     )
 
 
-def _qwen25_parity() -> ModelParity:
-    code = _wheel_code(
-        {
-            "vllm.multimodal": {"MULTIMODAL_REGISTRY": _Registry()},
-            QWEN2_5_VL: {"Qwen2VLProcessingInfo": _QwenProcessingInfo},
-        }
-    )
+#: What Qwen2.5-VL's code needs stubbed on CPU.
+QWEN25_STUBS = {
+    "vllm.multimodal": {"MULTIMODAL_REGISTRY": _Registry()},
+    QWEN2_5_VL: {"Qwen2VLProcessingInfo": _QwenProcessingInfo},
+}
+
+
+def qwen25_tower_class(code: WheelCode) -> type:
+    """vLLM's ``Qwen2_5_VisionTransformer`` (its forward, metadata builder
+    and window indices) on :class:`_Qwen25TowerParts`; instances take
+    ``(settings, dtype, norm)``."""
     mm_attention_helpers(code)
-    tower_class = code.klass(
+    return code.klass(
         QWEN2_5_VL,
         "Qwen2_5_VisionTransformer",
         [
@@ -660,6 +664,20 @@ def _qwen25_parity() -> ModelParity:
         bases=(_Qwen25TowerParts,),
         exclude=["device", "dtype"],
     )
+
+
+def qwen25_tower(code: WheelCode, backend: str) -> Any:
+    """A Qwen2.5-VL tower of :func:`qwen25_tower_class` under ``backend``,
+    float32, its input normalisation not fused."""
+    tower_class = qwen25_tower_class(code)
+    return tower_class(
+        HostSettings(backend=backend), torch.float32, _qwen_norm(code, False)
+    )
+
+
+def _qwen25_parity() -> ModelParity:
+    code = _wheel_code(QWEN25_STUBS)
+    tower_class = qwen25_tower_class(code)
     host_class = "Qwen2_5_VLForConditionalGeneration"
     host_methods = code.klass(QWEN2_5_VL, host_class, ["get_max_frames_per_video"])
     vllm_mixin = code.klass(
@@ -691,7 +709,7 @@ def _qwen25_parity() -> ModelParity:
         our_host=type("GeneratedQwen2_5_VLHost", (host_methods, ours), {}),
         make_host=make_host,
         modalities=("image", "video"),
-        make_batch=_qwen_batch,
+        make_batch=qwen_batch,
         random_grid=_merged_grid,
         frames=lambda grid: grid[0],
     )
@@ -843,7 +861,7 @@ def _qwen3_parity() -> ModelParity:
         our_host=type("GeneratedQwen3VLHost", (host_methods, ours), {}),
         make_host=make_host,
         modalities=("image", "video"),
-        make_batch=_qwen_batch,
+        make_batch=qwen_batch,
         random_grid=_merged_grid,
         frames=lambda grid: grid[0],
     )
@@ -905,7 +923,7 @@ def _cohere_parity() -> ModelParity:
         our_host=type("GeneratedCohereCompassHost", (ours,), {}),
         make_host=make_host,
         modalities=("image",),
-        make_batch=_qwen_batch,
+        make_batch=qwen_batch,
         random_grid=_merged_grid,
         frames=lambda grid: grid[0],
     )
@@ -2211,7 +2229,7 @@ def _glm_parity() -> ModelParity:
         our_host=type("GeneratedGlm4vHost", (host_methods, ours), {}),
         make_host=make_host,
         modalities=("image", "video"),
-        make_batch=_qwen_batch,
+        make_batch=qwen_batch,
         random_grid=_merged_grid,
         frames=lambda grid: grid[0],
     )
@@ -2273,7 +2291,7 @@ def _glm5_next_parity() -> ModelParity:
         our_host=type("GeneratedGlm5NextHost", (host_methods, ours), {}),
         make_host=make_host,
         modalities=("image", "video"),
-        make_batch=_qwen_batch,
+        make_batch=qwen_batch,
         random_grid=_merged_grid,
         frames=lambda grid: grid[0],
     )

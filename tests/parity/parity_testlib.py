@@ -574,19 +574,24 @@ VLLM_MANAGER = "vllm.v1.worker.encoder_cudagraph"
 
 
 class _Replay:
-    """A captured forward: replay recomputes it into the output buffer."""
+    """A captured forward: replay recomputes it into the output buffer.
+    ``frozen`` buffers keep their capture values at every replay."""
 
-    def __init__(self, forward, values, output_buffer) -> None:
+    def __init__(self, forward, values, output_buffer, frozen=None) -> None:
         self.forward, self.values, self.output_buffer = forward, values, output_buffer
+        self.frozen = frozen or {}
 
     def replay(self) -> None:
         with torch.inference_mode():
-            self.output_buffer.copy_(self.forward({**self.values}))
+            self.output_buffer.copy_(self.forward({**self.values, **self.frozen}))
 
 
 class _CpuCapture:
     """vLLM's ``_capture_budget_graph`` without CUDA: the same model calls
     (capture inputs, warm-up forward, captured forward), the same map key."""
+
+    #: Whether replays read the 0-d buffers' capture values.
+    freeze_host_scalars = False
 
     def _capture_budget_graph(self, token_budget, path="default", axis_keys=()):
         graph_set = self._get_graph_set(path)
@@ -604,7 +609,14 @@ class _CpuCapture:
         )  # noqa: E731
         with torch.inference_mode():
             output_buffer = torch.empty_like(forward({**values}))
-        graph = _Replay(forward, values, output_buffer)
+        frozen = {
+            key: value.clone()
+            for key, value in values.items()
+            if self.freeze_host_scalars
+            and isinstance(value, torch.Tensor)
+            and value.ndim == 0
+        }
+        graph = _Replay(forward, values, output_buffer, frozen)
         graph.replay()
         key = token_budget if not axis_keys else (token_budget, axis_keys)
         graph_set[key] = BudgetGraphMetadata(
@@ -618,14 +630,22 @@ class _CpuCapture:
         )
 
 
+class _CpuCaptureOfHostScalars(_CpuCapture):
+    freeze_host_scalars = True
+
+
 @functools.cache
-def vllm_cpu_manager_class() -> type:
+def vllm_cpu_manager_class(freeze_host_scalars: bool = False) -> type:
     """vLLM 0.33.0's ``EncoderCudaGraphManager`` from the wheel, runnable on
     CPU: its ``_capture_budget_graph`` (``torch.cuda.CUDAGraph``) is
     :class:`_CpuCapture`'s, whose replay recomputes the captured forward into
     the same output buffer. Everything else (budget resolution, packing,
     selection with axis keys, the replay copy, post-processing) is vLLM's
-    code."""
+    code.
+
+    ``freeze_host_scalars``: replays read the 0-d buffers (``max_seqlen``)
+    as captured, whatever the replay copy wrote into them, as a CUDA graph
+    does with a host integer its kernel launch read at capture."""
     stubs = protocol_stubs()
     stubs.update(
         {
@@ -644,7 +664,7 @@ def vllm_cpu_manager_class() -> type:
         VLLM_MANAGER,
         "EncoderCudaGraphManager",
         names,
-        bases=(_CpuCapture,),
+        bases=(_CpuCaptureOfHostScalars if freeze_host_scalars else _CpuCapture,),
         exclude=["_capture_budget_graph", "_dp_shard", "_dp_gather"],
     )
 
