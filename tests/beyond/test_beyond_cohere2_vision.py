@@ -20,13 +20,13 @@ MUTATIONS = (
     ),
     (
         "the projector skipped in the graph",
-        "  - multi_modal_projector(features).flatten(0, 2)\n\neager_forward:",
+        "  - multi_modal_projector(features).flatten(0, -2)\n\neager_forward:",
         "  - features.flatten(0, 1)\n\neager_forward:",
     ),
     (
         "the tiles flattened into the wrong rows",
-        "    - multi_modal_projector(features).flatten(0, 2)\n",
-        "    - multi_modal_projector(features).transpose(1, 2).flatten(0, 2)\n",
+        "    - multi_modal_projector(features).flatten(0, -2)\n",
+        "    - multi_modal_projector(features).transpose(1, 2).flatten(0, -2)\n",
     ),
 )
 
