@@ -142,7 +142,7 @@ def _cohere2_host(code: WheelCode, host_class: type, backend: str) -> Any:
 
 
 def cohere2_batches() -> list[dict[str, Any]]:
-    """Images of 1 to 13 tiles (the processor's grid and thumbnail), as
+    """Images of 1 to 13 tiles (the processor's crops), as
     vLLM's processor gives them: the tiles back to back, the counts a
     tensor. 13 tiles (52 tokens) exceed the ladder's top (48): eager."""
     gen = torch.Generator().manual_seed(26)
