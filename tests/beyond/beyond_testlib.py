@@ -3,32 +3,35 @@
 Such a model has no hand-written mixin to compare with, so the oracle is the
 model's own eager path in vLLM: a host class is made of the model's vLLM
 methods, read from the wheel (``parity_testlib.WheelCode``), on top of the
-generated ``vllm`` mixin. Only learned layers are fakes (:class:`OracleModel`
-says which), each built so that its output depends on every input row it
-should read and on the metadata it is given.
+generated mixin. Only learned layers are fakes (``beyond_hosts``), each
+built so that its output depends on every input row it should read and on
+the metadata it is given.
 
 :func:`oracle_problems` drives the host through vLLM's own
 ``EncoderCudaGraphManager`` (from the wheel, CPU capture:
 ``parity_testlib.vllm_cpu_manager_class``, whose replays read 0-d buffers
-such as ``max_seqlen`` as captured, as a CUDA graph's kernel launches do) on
-vLLM's default budget ladder:
-item specs, packing, selection, capture at every budget, replay buffers, the
-replay copy with the config's padding logics, the graph forward and the
-post-processing. Every item the manager returns must equal what the model's
-own eager method returns for it on the same batch, and so must the generated
-``encoder_eager_forward``; under every attention backend the model
-distinguishes. :func:`mutated_source` renders a spec with one edit, so a test
-can show that the check fails for a wrong spec.
+such as ``max_seqlen`` as captured, as a CUDA graph's kernel launches do),
+or through this project's runtime manager on the ``standalone`` module, on
+vLLM's default budget ladder: item specs, packing, selection, capture at
+every budget, replay buffers, the replay copy with the config's padding
+logics, the graph forward and the post-processing. Every item the manager
+returns must equal what the model's own eager method returns for it on the
+same batch, and so must the generated ``encoder_eager_forward``; under every
+attention backend the model distinguishes. :func:`mutated_source` renders a
+spec with one edit and :func:`edited_module_source` edits a generated
+module, so a test can show that the check fails for a wrong mixin.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
+from encoder_cudagraph_runtime.budget_ladder import generate_budgets
 from encoder_cudagraph_runtime.config import (
     CompilationConfig,
     ModelConfig,
@@ -36,6 +39,8 @@ from encoder_cudagraph_runtime.config import (
     SchedulerConfig,
     VllmConfig,
 )
+from encoder_cudagraph_runtime.graph_backends import EagerReplayGraphBackend
+from encoder_cudagraph_runtime.manager import EncoderCudaGraphManager
 from parity_testlib import (
     REPO,
     WheelCode,
@@ -150,12 +155,24 @@ def _split_rows(rows: torch.Tensor, host: Any, batch: dict[str, Any]) -> list:
     return list(rows.split(tokens))
 
 
-def oracle_problems(model: OracleModel, source: str | None = None) -> list[str]:
-    """Every way the generated mixin (``generated/vllm/<stem>.py``, or
-    ``source``) differs from vLLM's eager path on ``model``'s batches, with
-    graphs at every budget of the default ladder, under each backend."""
+#: The managers that drive a check: vLLM 0.33.0's own, from the wheel, on the
+#: generated ``vllm`` module; this project's runtime manager (CPU graph
+#: backend) on the generated ``standalone`` module.
+MANAGERS = ("vllm", "runtime")
+
+
+def oracle_problems(
+    model: OracleModel, source: str | None = None, manager: str = "vllm"
+) -> list[str]:
+    """Every way the generated mixin (``generated/<target>/<stem>.py``, or a
+    ``vllm`` module's ``source``) differs from vLLM's eager path on
+    ``model``'s batches, with graphs at every budget of the default ladder,
+    under each backend, driven by ``manager`` (one of :data:`MANAGERS`)."""
     code = wheel_code(model)
-    if source is None:
+    if manager == "runtime":
+        assert source is None, "an edited source is a vllm module"
+        module = importlib.import_module(f"generated.standalone.{model.stem}")
+    elif source is None:
         module = load_generated_vllm_module(model.stem, code)
     else:
         path = REPO / "generated" / "vllm" / f"{model.stem}.py"
@@ -164,24 +181,36 @@ def oracle_problems(model: OracleModel, source: str | None = None) -> list[str]:
     problems: list[str] = []
     for backend in model.backends:
         try:
-            problems += _backend_problems(model, host_class, code, backend)
+            problems += _backend_problems(model, host_class, code, backend, manager)
         except Exception as exc:  # a wrong spec may fail anywhere: a problem
             problems.append(f"{backend}: {type(exc).__name__}: {exc}")
     return problems
 
 
+def _manager(kind: str, config: VllmConfig, host: Any) -> Any:
+    """A captured manager of ``kind`` for ``host``."""
+    if kind == "runtime":
+        made = EncoderCudaGraphManager(
+            config, CPU, torch.float32, host, graph_backend=EagerReplayGraphBackend()
+        )
+        made.capture()
+        return made
+    manager_class = vllm_cpu_manager_class(freeze_host_scalars=True)
+    made = manager_class(config, CPU, torch.float32, host)
+    made.capture(None)
+    return made
+
+
 def _backend_problems(
-    model: OracleModel, host_class: type, code: WheelCode, backend: str
+    model: OracleModel, host_class: type, code: WheelCode, backend: str, kind: str
 ) -> list[str]:
     host = model.make_host(code, host_class, backend)
     config = vllm_config(model.max_num_batched_tokens)
-    manager_class = vllm_cpu_manager_class(freeze_host_scalars=True)
-    manager = manager_class(config, CPU, torch.float32, host)
     low, high = host.get_encoder_cudagraph_budget_range(config)
+    manager = _manager(kind, config, host)
     problems = []
-    if manager.token_budgets != manager._generate_budgets(low, high):
+    if manager.token_budgets != generate_budgets(low, high):
         problems.append(f"{backend}: ladder {manager.token_budgets}")
-    manager.capture(None)
     for b, batch in enumerate(model.batches()):
         where = f"{backend}/batch {b}"
         with torch.inference_mode():

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 import beyond_hosts
-from beyond_testlib import mutated_source, oracle_problems
+from beyond_testlib import MANAGERS, mutated_source, oracle_problems
 
 MUTATIONS = (
     # (what is wrong, spec text, mutated text)
@@ -36,8 +36,9 @@ def model():
     return beyond_hosts.cohere2_vision()
 
 
-def test_graphs_and_eager_forward_match_vllms_eager_path(model) -> None:
-    assert oracle_problems(model) == []
+@pytest.mark.parametrize("manager", MANAGERS)
+def test_graphs_and_eager_forward_match_vllms_eager_path(model, manager) -> None:
+    assert oracle_problems(model, manager=manager) == []
 
 
 @pytest.mark.parametrize(

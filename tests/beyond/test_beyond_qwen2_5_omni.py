@@ -16,7 +16,12 @@ from __future__ import annotations
 import pytest
 
 import beyond_hosts
-from beyond_testlib import edited_module_source, mutated_source, oracle_problems
+from beyond_testlib import (
+    MANAGERS,
+    edited_module_source,
+    mutated_source,
+    oracle_problems,
+)
 
 SPEC_MUTATIONS = (
     # (what is wrong, spec text, mutated text)
@@ -41,15 +46,19 @@ MODULE_EDITS = (
     ),
     (
         "cu_seqlens padded with zeros",
-        "        dst[n:].copy_(src[n - 1 :].expand(dst.shape[0] - n))\n\n\n"
-        "def _pad_flashinfer",
+        (
+            "        dst[n:].copy_(src[n - 1 :].expand(dst.shape[0] - n))\n\n\n"
+            "def _pad_flashinfer"
+        ),
         "        dst[n:].zero_()\n\n\ndef _pad_flashinfer",
     ),
     (
         "the first two images merged into one sequence",
         '"cu_seqlens": metadata["cu_seqlens"],',
-        '"cu_seqlens": torch.cat([metadata["cu_seqlens"][:1], '
-        'metadata["cu_seqlens"][2:]]),',
+        (
+            '"cu_seqlens": torch.cat([metadata["cu_seqlens"][:1], '
+            'metadata["cu_seqlens"][2:]]),'
+        ),
     ),
 )
 
@@ -59,8 +68,9 @@ def model():
     return beyond_hosts.qwen2_5_omni()
 
 
-def test_graphs_and_eager_forward_match_vllms_eager_path(model) -> None:
-    assert oracle_problems(model) == []
+@pytest.mark.parametrize("manager", MANAGERS)
+def test_graphs_and_eager_forward_match_vllms_eager_path(model, manager) -> None:
+    assert oracle_problems(model, manager=manager) == []
 
 
 @pytest.mark.parametrize(
