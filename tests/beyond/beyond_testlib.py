@@ -187,6 +187,22 @@ def oracle_problems(
     return problems
 
 
+def backend_refusal(model: OracleModel, backend: str) -> str | None:
+    """Why vLLM's manager cannot be built for the generated mixin under
+    ``backend`` (a backend guard's message), or None if it can."""
+    code = wheel_code(model)
+    mixin = mixin_class(load_generated_vllm_module(model.stem, code))
+    host = model.make_host(code, model.host_class(code, mixin), backend)
+    config = vllm_config(model.max_num_batched_tokens)
+    try:
+        vllm_cpu_manager_class(freeze_host_scalars=True)(
+            config, CPU, torch.float32, host
+        )
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
 def _manager(kind: str, config: VllmConfig, host: Any) -> Any:
     """A captured manager of ``kind`` for ``host``."""
     if kind == "runtime":

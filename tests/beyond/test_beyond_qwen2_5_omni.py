@@ -18,6 +18,7 @@ import pytest
 import beyond_hosts
 from beyond_testlib import (
     MANAGERS,
+    backend_refusal,
     edited_module_source,
     mutated_source,
     oracle_problems,
@@ -71,6 +72,13 @@ def model():
 @pytest.mark.parametrize("manager", MANAGERS)
 def test_graphs_and_eager_forward_match_vllms_eager_path(model, manager) -> None:
     assert oracle_problems(model, manager=manager) == []
+
+
+def test_torch_sdpa_is_refused_before_any_capture(model) -> None:
+    # The tower's TORCH_SDPA path reads cu_seqlens on the host: no graph.
+    message = backend_refusal(model, "TORCH_SDPA")
+    assert message is not None and "--mm-encoder-attn-backend FLASH_ATTN" in message
+    assert backend_refusal(model, "FLASH_ATTN") is None
 
 
 @pytest.mark.parametrize(
