@@ -75,6 +75,7 @@ VLLM_SOURCES = {
 ESTIMATED_BY = {
     "cohere2_vision": "internvl",
     "qwen2_5_omni": "qwen2_5_vl",
+    "eagle2_5_vl": "internvl",
 }
 
 

@@ -222,3 +222,81 @@ def qwen2_5_omni() -> OracleModel:
         max_num_batched_tokens=128,
         violations=lambda host: host.visual.violations,
     )
+
+
+# ---------------------------------------------------------------------------
+# Eagle2.5-VL: SigLIP tiles, InternVL's pixel shuffle and mlp1
+# ---------------------------------------------------------------------------
+
+EAGLE = "vllm.model_executor.models.eagle2_5_vl"
+EAGLE_SIDE, EAGLE_PATCH = 8, 2
+#: Tokens of one tile: (8 // 2) ** 2 patches, a quarter after the shuffle.
+EAGLE_TOKENS = 4
+
+
+def _eagle_host_class(code: WheelCode, mixin: type) -> type:
+    return code.klass(
+        EAGLE,
+        "Eagle2_5_VLForConditionalGeneration",
+        ["_process_image_input", "extract_feature", "pixel_shuffle"],
+        bases=(mixin,),
+    )
+
+
+def _eagle_host(forced: bool) -> Any:
+    """Hosts whose tiles are the vision config's side, or, when ``forced``,
+    the config's ``force_image_size`` (the vision config then says 6)."""
+
+    def make_host(code: WheelCode, host_class: type, backend: str) -> Any:
+        del backend  # SigLIP tiles attend within themselves: no varlen kernel
+        host = host_class()
+        host.config = _Obj(
+            force_image_size=EAGLE_SIDE if forced else None,
+            vision_config=_Obj(
+                image_size=6 if forced else EAGLE_SIDE, patch_size=EAGLE_PATCH
+            ),
+            text_config=_Obj(hidden_size=WIDTH),
+        )
+        host.downsample_ratio = 0.5
+        host.num_image_token = EAGLE_TOKENS
+        host.vision_model = TileTower(EAGLE_SIDE, EAGLE_PATCH)
+        host.mlp1 = FixedLinear(WIDTH * 4, WIDTH)
+        return host
+
+    return make_host
+
+
+def eagle_batches() -> list[dict[str, Any]]:
+    """Images of 1 to 13 tiles, the tiles back to back and the counts a
+    tensor, as the processor gives them; 13 tiles (52 tokens) exceed the
+    ladder's top (48): eager."""
+    gen = torch.Generator().manual_seed(25)
+    mixes = [[1], [2, 5], [13], [6, 1, 1, 3], [1, 13, 2], [3, 3, 3, 3]]
+    return [
+        {
+            "pixel_values_flat": torch.randn(
+                sum(m), 3, EAGLE_SIDE, EAGLE_SIDE, generator=gen
+            ),
+            "image_num_patches": torch.tensor(m),
+        }
+        for m in mixes
+    ]
+
+
+def eagle2_5_vl(forced: bool = False) -> OracleModel:
+    return OracleModel(
+        stem="eagle2_5_vl",
+        stubs={},
+        host_class=_eagle_host_class,
+        make_host=_eagle_host(forced),
+        eager=lambda host, batch: list(
+            host._process_image_input(
+                {
+                    "type": "pixel_values",
+                    "pixel_values_flat": batch["pixel_values_flat"],
+                    "num_patches": batch["image_num_patches"],
+                }
+            )
+        ),
+        batches=eagle_batches,
+    )
