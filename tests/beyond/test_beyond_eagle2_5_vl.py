@@ -20,9 +20,9 @@ MUTATIONS = (
         "  output_tokens: n * (tokens + 1)\n",
     ),
     (
-        "the tile side read from force_image_size alone",
-        "    side: forced if forced > 0 else image\n",
-        "    side: image * 2\n",
+        "the tile side doubled",
+        '"forced if forced > 0 else image", "forced if forced > 0 else image"]',
+        '"2 * (forced if forced > 0 else image)", "2 * (forced if forced > 0 else image)"]',
     ),
     (
         "the graph's rows in the wrong order",
@@ -58,8 +58,8 @@ def test_a_wrong_spec_fails_the_check(model, tmp_path, why, old, new) -> None:
 def test_the_vision_configs_side_alone_fails_under_force_image_size(tmp_path) -> None:
     source = mutated_source(
         "eagle2_5_vl",
-        "    side: forced if forced > 0 else image\n",
-        "    side: image\n",
+        '"forced if forced > 0 else image", "forced if forced > 0 else image"]',
+        "image, image]",
         tmp_path,
     )
     assert oracle_problems(beyond_hosts.eagle2_5_vl(forced=True), source)
