@@ -506,7 +506,7 @@ def _merged_grid(gen: torch.Generator, modality: str) -> tuple[int, int, int]:
     return (t, h, w)
 
 
-def _qwen_batch(
+def qwen_batch(
     gen: torch.Generator,
     modality: str,
     grids: list[tuple[int, int, int]],
@@ -675,15 +675,19 @@ def mm_attention_helpers(code: WheelCode) -> None:
     )
 
 
-def _qwen2_5_vl_side() -> VllmSide:
-    code = _wheel_code(
-        {
-            "vllm.multimodal": {"MULTIMODAL_REGISTRY": _Registry()},
-            QWEN2_5_VL: {"Qwen2VLProcessingInfo": _QwenProcessingInfo},
-        }
-    )
+#: What Qwen2.5-VL's code needs stubbed on CPU.
+QWEN25_STUBS = {
+    "vllm.multimodal": {"MULTIMODAL_REGISTRY": _Registry()},
+    QWEN2_5_VL: {"Qwen2VLProcessingInfo": _QwenProcessingInfo},
+}
+
+
+def qwen25_tower_class(code: WheelCode) -> type:
+    """vLLM's ``Qwen2_5_VisionTransformer`` (its forward, metadata builder
+    and window indices) on :class:`_Qwen25TowerParts`; instances take
+    ``(settings, dtype, norm)``."""
     mm_attention_helpers(code)
-    tower_class = code.klass(
+    return code.klass(
         QWEN2_5_VL,
         "Qwen2_5_VisionTransformer",
         [
@@ -694,6 +698,20 @@ def _qwen2_5_vl_side() -> VllmSide:
         bases=(_Qwen25TowerParts,),
         exclude=["device", "dtype"],
     )
+
+
+def qwen25_tower(code: WheelCode, backend: str) -> Any:
+    """A Qwen2.5-VL tower of :func:`qwen25_tower_class` under ``backend``,
+    float32, its input normalisation not fused."""
+    tower_class = qwen25_tower_class(code)
+    return tower_class(
+        HostSettings(backend=backend), torch.float32, _qwen_norm(code, False)
+    )
+
+
+def _qwen2_5_vl_side() -> VllmSide:
+    code = _wheel_code(QWEN25_STUBS)
+    tower_class = qwen25_tower_class(code)
     host_class = "Qwen2_5_VLForConditionalGeneration"
     host_methods = code.klass(QWEN2_5_VL, host_class, ["get_max_frames_per_video"])
     vllm_mixin = code.klass(
@@ -4380,16 +4398,16 @@ def runtime_manager(
 #: frames per item and (when not only ``default``) encoder paths.
 MODELS: dict[str, ModelRow] = {
     "qwen2_vl": ModelRow(
-        _qwen2_vl_side, ("image", "video"), _qwen_batch, _merged_grid, frames_of_t
+        _qwen2_vl_side, ("image", "video"), qwen_batch, _merged_grid, frames_of_t
     ),
     "qwen2_5_vl": ModelRow(
-        _qwen2_5_vl_side, ("image", "video"), _qwen_batch, _merged_grid, frames_of_t
+        _qwen2_5_vl_side, ("image", "video"), qwen_batch, _merged_grid, frames_of_t
     ),
     "qwen3_vl": ModelRow(
-        _qwen3_vl_side, ("image", "video"), _qwen_batch, _merged_grid, frames_of_t
+        _qwen3_vl_side, ("image", "video"), qwen_batch, _merged_grid, frames_of_t
     ),
     "cohere_compass": ModelRow(
-        _cohere_compass_side, ("image",), _qwen_batch, _merged_grid, frames_of_t
+        _cohere_compass_side, ("image",), qwen_batch, _merged_grid, frames_of_t
     ),
     "minimax_m3": ModelRow(
         _minimax_m3_side, ("image",), _minimax_batch, _merged_grid, frames_of_t
@@ -4411,10 +4429,10 @@ MODELS: dict[str, ModelRow] = {
         _kimi_k25_side, ("vision_chunk",), moon3d_batch, _kimi_k25_grid, one_frame
     ),
     "glm4_1v": ModelRow(
-        _glm4_1v_side, ("image", "video"), _qwen_batch, _merged_grid, frames_of_t
+        _glm4_1v_side, ("image", "video"), qwen_batch, _merged_grid, frames_of_t
     ),
     "glm5_next": ModelRow(
-        _glm5_next_side, ("image", "video"), _qwen_batch, _merged_grid, frames_of_t
+        _glm5_next_side, ("image", "video"), qwen_batch, _merged_grid, frames_of_t
     ),
     "gemma3_mm": ModelRow(
         _gemma3_mm_side, ("image",), crops_batch, _pan_and_scan_crops, one_frame

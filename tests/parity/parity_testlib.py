@@ -22,9 +22,11 @@ import __future__
 
 import ast
 import builtins
+import contextlib
 import dataclasses
 import functools
 import importlib
+import logging
 import re
 import symtable
 import types
@@ -36,6 +38,7 @@ from typing import Any
 import pytest
 import torch
 from encoder_cudagraph_runtime import attention_backends, defs, forward_context
+from encoder_cudagraph_runtime.defs import BudgetGraphMetadata
 from encoder_cudagraph_runtime.manager import EncoderCudaGraphManager
 from generator.vllm_manifest import find_vllm_wheel
 from reference_towers import lfm2_vl as lfm2_vl_inputs
@@ -518,10 +521,20 @@ def load_generated_vllm_module(stem: str, code: WheelCode) -> types.ModuleType:
     """``generated/vllm/<stem>.py`` as a private module whose ``vllm.*``
     imports resolve through ``code`` (vLLM's own helpers, the stubs)."""
     path = GENERATED_VLLM / f"{stem}.py"
-    module = types.ModuleType(f"_parity_generated_{stem}")
+    return vllm_module_from_source(
+        f"_parity_generated_{stem}", path.read_text(encoding="utf-8"), path, code
+    )
+
+
+def vllm_module_from_source(
+    name: str, source: str, path: Path, code: WheelCode
+) -> types.ModuleType:
+    """A generated ``vllm`` module's ``source`` (from ``path``, or rendered
+    in memory) as a private module whose ``vllm.*`` imports resolve through
+    ``code``."""
+    module = types.ModuleType(name)
     module.__file__ = str(path)
     module.__dict__["__builtins__"] = code.builtins_for()
-    source = path.read_text(encoding="utf-8")
     exec(compile(source, str(path), "exec", dont_inherit=True), module.__dict__)
     return module
 
@@ -551,6 +564,109 @@ def copy_replay_into_captured(
             key, EncoderCudaGraphManager._copy_padded_buffer
         )
         logic(buf, src)
+
+
+# ---------------------------------------------------------------------------
+# vLLM's manager on CPU
+# ---------------------------------------------------------------------------
+
+VLLM_MANAGER = "vllm.v1.worker.encoder_cudagraph"
+
+
+class _Replay:
+    """A captured forward: replay recomputes it into the output buffer.
+    ``frozen`` buffers keep their capture values at every replay."""
+
+    def __init__(self, forward, values, output_buffer, frozen=None) -> None:
+        self.forward, self.values, self.output_buffer = forward, values, output_buffer
+        self.frozen = frozen or {}
+
+    def replay(self) -> None:
+        with torch.inference_mode():
+            self.output_buffer.copy_(self.forward({**self.values, **self.frozen}))
+
+
+class _CpuCapture:
+    """vLLM's ``_capture_budget_graph`` without CUDA: the same model calls
+    (capture inputs, warm-up forward, captured forward), the same map key."""
+
+    #: Whether replays read the 0-d buffers' capture values.
+    freeze_host_scalars = False
+
+    def _capture_budget_graph(self, token_budget, path="default", axis_keys=()):
+        graph_set = self._get_graph_set(path)
+        values = self.model.prepare_encoder_cudagraph_capture_inputs(
+            token_budget,
+            self.max_batch_size,
+            self.max_frames_per_batch,
+            self.device,
+            self.dtype,
+            path,
+            axis_keys,
+        ).values
+        forward = lambda v: self.model.encoder_cudagraph_forward(
+            v, path=path
+        )  # noqa: E731
+        with torch.inference_mode():
+            output_buffer = torch.empty_like(forward({**values}))
+        frozen = {
+            key: value.clone()
+            for key, value in values.items()
+            if self.freeze_host_scalars
+            and isinstance(value, torch.Tensor)
+            and value.ndim == 0
+        }
+        graph = _Replay(forward, values, output_buffer, frozen)
+        graph.replay()
+        key = token_budget if not axis_keys else (token_budget, axis_keys)
+        graph_set[key] = BudgetGraphMetadata(
+            token_budget=token_budget,
+            max_batch_size=self.max_batch_size,
+            max_frames_per_batch=self.max_frames_per_batch,
+            graph=graph,
+            input_buffers=values,
+            output_buffer=output_buffer,
+            axis_keys=axis_keys,
+        )
+
+
+class _CpuCaptureOfHostScalars(_CpuCapture):
+    freeze_host_scalars = True
+
+
+@functools.cache
+def vllm_cpu_manager_class(freeze_host_scalars: bool = False) -> type:
+    """vLLM 0.33.0's ``EncoderCudaGraphManager`` from the wheel, runnable on
+    CPU: its ``_capture_budget_graph`` (``torch.cuda.CUDAGraph``) is
+    :class:`_CpuCapture`'s, whose replay recomputes the captured forward into
+    the same output buffer. Everything else (budget resolution, packing,
+    selection with axis keys, the replay copy, post-processing) is vLLM's
+    code.
+
+    ``freeze_host_scalars``: replays read the 0-d buffers (``max_seqlen``)
+    as captured, whatever the replay copy wrote into them, as a CUDA graph
+    does with a host integer its kernel launch read at capture."""
+    stubs = protocol_stubs()
+    stubs.update(
+        {
+            "vllm.logger": {"init_logger": logging.getLogger},
+            "vllm.utils.gpu_sync_debug": {"gpu_sync_allowed": contextlib.nullcontext},
+            VLLM_MANAGER: {"BudgetGraphMetadata": BudgetGraphMetadata},
+        }
+    )
+    code = WheelCode(vllm_wheel(), stubs)
+    names = [
+        n
+        for n in code.method_names(VLLM_MANAGER, "EncoderCudaGraphManager")
+        if n != "_capture_budget_graph"
+    ]
+    return code.klass(
+        VLLM_MANAGER,
+        "EncoderCudaGraphManager",
+        names,
+        bases=(_CpuCaptureOfHostScalars if freeze_host_scalars else _CpuCapture,),
+        exclude=["_capture_budget_graph", "_dp_shard", "_dp_gather"],
+    )
 
 
 # ---------------------------------------------------------------------------

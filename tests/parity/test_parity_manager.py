@@ -4,17 +4,12 @@ mixins (Gemma 4, MiniCPM-V): the same budgets per path, the same graphs
 (per path, budget and axis keys), the same calls into the model for the same
 batches, and the same results.
 
-vLLM's manager runs on CPU with one change: its ``_capture_budget_graph``
-(``torch.cuda.CUDAGraph``) is replaced by :class:`_CpuCapture`, which does
-what it does with a graph whose replay recomputes the captured forward into
-the same output buffer. Everything else (budget resolution, packing,
-selection with axis keys, the replay copy, post-processing) is vLLM's code.
+vLLM's manager runs on CPU as ``parity_testlib.vllm_cpu_manager_class``
+builds it: only its CUDA graph capture is replaced.
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging
 from typing import Any
 
 import pytest
@@ -22,83 +17,15 @@ import torch
 
 import parity_hosts as hosts
 from encoder_cudagraph_runtime.config import CompilationConfig, VllmConfig
-from encoder_cudagraph_runtime.defs import BudgetGraphMetadata
 from encoder_cudagraph_runtime.graph_backends import EagerReplayGraphBackend
 from encoder_cudagraph_runtime.manager import EncoderCudaGraphManager
 from parity_hosts import CPU
-from parity_testlib import WheelCode, protocol_stubs, vllm_wheel
-
-MANAGER = "vllm.v1.worker.encoder_cudagraph"
-
-
-class _Replay:
-    """A captured forward: replay recomputes it into the output buffer."""
-
-    def __init__(self, forward, values, output_buffer) -> None:
-        self.forward, self.values, self.output_buffer = forward, values, output_buffer
-
-    def replay(self) -> None:
-        with torch.inference_mode():
-            self.output_buffer.copy_(self.forward({**self.values}))
-
-
-class _CpuCapture:
-    """vLLM's ``_capture_budget_graph`` without CUDA: the same model calls
-    (capture inputs, warm-up forward, captured forward), the same map key."""
-
-    def _capture_budget_graph(self, token_budget, path="default", axis_keys=()):
-        graph_set = self._get_graph_set(path)
-        values = self.model.prepare_encoder_cudagraph_capture_inputs(
-            token_budget,
-            self.max_batch_size,
-            self.max_frames_per_batch,
-            self.device,
-            self.dtype,
-            path,
-            axis_keys,
-        ).values
-        forward = lambda v: self.model.encoder_cudagraph_forward(
-            v, path=path
-        )  # noqa: E731
-        with torch.inference_mode():
-            output_buffer = torch.empty_like(forward({**values}))
-        graph = _Replay(forward, values, output_buffer)
-        graph.replay()
-        key = token_budget if not axis_keys else (token_budget, axis_keys)
-        graph_set[key] = BudgetGraphMetadata(
-            token_budget=token_budget,
-            max_batch_size=self.max_batch_size,
-            max_frames_per_batch=self.max_frames_per_batch,
-            graph=graph,
-            input_buffers=values,
-            output_buffer=output_buffer,
-            axis_keys=axis_keys,
-        )
+from parity_testlib import vllm_cpu_manager_class
 
 
 @pytest.fixture(scope="module")
 def vllm_manager_class() -> type:
-    stubs = protocol_stubs()
-    stubs.update(
-        {
-            "vllm.logger": {"init_logger": logging.getLogger},
-            "vllm.utils.gpu_sync_debug": {"gpu_sync_allowed": contextlib.nullcontext},
-            MANAGER: {"BudgetGraphMetadata": BudgetGraphMetadata},
-        }
-    )
-    code = WheelCode(vllm_wheel(), stubs)
-    names = [
-        n
-        for n in code.method_names(MANAGER, "EncoderCudaGraphManager")
-        if n != "_capture_budget_graph"
-    ]
-    return code.klass(
-        MANAGER,
-        "EncoderCudaGraphManager",
-        names,
-        bases=(_CpuCapture,),
-        exclude=["_capture_budget_graph", "_dp_shard", "_dp_gather"],
-    )
+    return vllm_cpu_manager_class()
 
 
 class _Log:

@@ -134,7 +134,8 @@ def test_table_is_current() -> None:
 
 def test_every_spec_has_a_vllm_source() -> None:
     stems = {p.stem for p in (REPO / "specs").glob("*.yaml")}
-    assert stems <= set(TOOL.VLLM_SOURCES)
+    assert stems <= set(TOOL.VLLM_SOURCES) | set(TOOL.ESTIMATED_BY)
+    assert set(TOOL.ESTIMATED_BY.values()) <= set(TOOL.VLLM_SOURCES)
 
 
 # -- docs/side-by-side.md --------------------------------------------------------------

@@ -1,0 +1,311 @@
+"""The oracle setups of the beyond-the-catalog specs: per model, the host
+made of its vLLM methods (from the wheel) and the fakes of its learned
+layers, each of which reads every row it is given.
+
+* A tile tower (SigLIP, CLIP) is :class:`TileTower`: every patch of a tile
+  is embedded by a fixed linear map, gets a code of its position, and is
+  added the mean of its tile (attention within the tile), so every pixel of
+  a tile moves every output row of it and nothing crosses tiles.
+* Linear layers are :class:`FixedLinear`: fixed, exactly representable
+  weights.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import parity_hosts
+import torch
+from beyond_testlib import OracleModel, vllm_config
+from parity_testlib import WheelCode
+
+#: Width of the fake towers' rows.
+WIDTH = 8
+
+
+class _Obj:
+    """A plain attribute bag for config-like objects."""
+
+    def __init__(self, **attrs: Any) -> None:
+        self.__dict__.update(attrs)
+
+
+@functools.cache
+def _mixing(rows: int, cols: int) -> torch.Tensor:
+    """A fixed, exactly representable ``rows x cols`` matrix."""
+    i = torch.arange(rows)[:, None]
+    j = torch.arange(cols)[None, :]
+    return (((i * 7 + j * 3) % 11) - 5).float() / 16
+
+
+class CallsForward:
+    """What ``nn.Module`` gives a vLLM module class taken from the wheel:
+    calling it runs its ``forward``."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.forward(*args, **kwargs)
+
+
+class FixedLinear:
+    """``x @ W`` with fixed weights, ``in_features -> out_features``."""
+
+    def __init__(self, in_features: int, out_features: int) -> None:
+        self.weight = _mixing(in_features, out_features)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.weight.to(x.dtype)
+
+
+class TileTower:
+    """A SigLIP-like tower over ``(n, 3, side, side)`` tiles: ``(n, S, WIDTH)``
+    rows, ``S = (side // patch) ** 2``, one per patch in raster order."""
+
+    def __init__(self, side: int, patch: int) -> None:
+        self.side, self.patch = side, patch
+        self.embed = FixedLinear(3 * patch * patch, WIDTH)
+        count = (side // patch) ** 2
+        self.positions = torch.arange(count * WIDTH).float().view(count, WIDTH) / 64
+
+    def __call__(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        n, p = pixel_values.shape[0], self.patch
+        grid = self.side // p
+        patches = (
+            pixel_values.reshape(n, 3, grid, p, grid, p)
+            .permute(0, 2, 4, 1, 3, 5)
+            .reshape(n, grid * grid, 3 * p * p)
+        )
+        x = self.embed(patches) + self.positions.to(patches.dtype)
+        return x + x.mean(dim=1, keepdim=True)
+
+
+def schema_as_dict(**fields: Any) -> dict[str, Any]:
+    """A model's ``TensorSchema`` input, read by key (its shape checks need
+    vLLM's TensorSchema machinery, which the hosts do not exercise)."""
+    fields.pop("resolve_bindings", None)
+    return fields
+
+
+# ---------------------------------------------------------------------------
+# Cohere2-Vision: SigLIP tiles, the projector's pixel shuffle
+# ---------------------------------------------------------------------------
+
+COHERE2 = "vllm.model_executor.models.cohere2_vision"
+COHERE2_SIDE, COHERE2_PATCH, COHERE2_SHUFFLE = 8, 2, 2
+#: Tokens of one tile: (8 // 2 // 2) ** 2.
+COHERE2_TOKENS = 4
+COHERE2_INTERMEDIATE = 6
+
+
+def _cohere2_host_class(code: WheelCode, mixin: type) -> type:
+    return code.klass(
+        COHERE2,
+        "Cohere2VisionForConditionalGeneration",
+        ["embed_multimodal"],
+        bases=(mixin,),
+        exclude=["dtype"],
+    )
+
+
+def _cohere2_projector(code: WheelCode, config: _Obj) -> Any:
+    """vLLM's projector (its pixel shuffle and forward) on fixed linears and
+    vLLM's SwiGLU split (``MulAndSilu``: silu of the first half times the
+    second)."""
+    projector = code.klass(
+        COHERE2,
+        "Cohere2VisionMultiModalProjector",
+        ["forward", "pixel_shuffle"],
+        bases=(CallsForward,),
+    )()
+    projector.downsample_factor = config.downsample_factor
+    wide = WIDTH * config.downsample_factor**2
+    projector.linear_1 = FixedLinear(wide, 2 * COHERE2_INTERMEDIATE)
+    projector.act = lambda x: torch.nn.functional.silu(
+        x[..., :COHERE2_INTERMEDIATE]
+    ) * (x[..., COHERE2_INTERMEDIATE:])
+    projector.linear_2 = FixedLinear(COHERE2_INTERMEDIATE, WIDTH)
+    return projector
+
+
+def _cohere2_host(code: WheelCode, host_class: type, backend: str) -> Any:
+    del backend  # SigLIP tiles attend within themselves: no varlen kernel
+    config = _Obj(
+        vision_config=_Obj(image_size=COHERE2_SIDE, patch_size=COHERE2_PATCH),
+        downsample_factor=COHERE2_SHUFFLE,
+        text_config=_Obj(hidden_size=WIDTH),
+    )
+    host = host_class()
+    host.config = config
+    host.vision_tower = TileTower(COHERE2_SIDE, COHERE2_PATCH)
+    host.multi_modal_projector = _cohere2_projector(code, config)
+    return host
+
+
+def cohere2_batches() -> list[dict[str, Any]]:
+    """Images of 1 to 13 tiles (the processor's crops), as
+    vLLM's processor gives them: the tiles back to back, the counts a
+    tensor. 13 tiles (52 tokens) exceed the ladder's top (48): eager."""
+    gen = torch.Generator().manual_seed(26)
+    mixes = [[1], [3, 1, 2], [13], [12, 1, 5, 2], [4, 4, 4, 4, 1], [2, 13, 1]]
+    side = COHERE2_SIDE
+    return [
+        {
+            "pixel_values": torch.randn(sum(m), 3, side, side, generator=gen),
+            "num_patches": torch.tensor(m),
+        }
+        for m in mixes
+    ]
+
+
+def cohere2_vision() -> OracleModel:
+    return OracleModel(
+        stem="cohere2_vision",
+        stubs={COHERE2: {"Cohere2VisionImagePixelInputs": schema_as_dict}},
+        host_class=_cohere2_host_class,
+        make_host=_cohere2_host,
+        eager=lambda host, batch: list(host.embed_multimodal(**batch)),
+        batches=cohere2_batches,
+    )
+
+
+# ---------------------------------------------------------------------------
+# Qwen2.5-Omni (thinker): Qwen2.5-VL's NaViT-style varlen tower
+# ---------------------------------------------------------------------------
+
+OMNI = "vllm.model_executor.models.qwen2_5_omni_thinker"
+
+
+def _omni_host_class(code: WheelCode, mixin: type) -> type:
+    return code.klass(
+        OMNI,
+        "Qwen2_5OmniConditionalGenerationMixin",
+        ["_process_image_input"],
+        bases=(mixin,),
+    )
+
+
+def _omni_host(code: WheelCode, host_class: type, backend: str) -> Any:
+    host = host_class()
+    host.vllm_config = vllm_config(1)
+    host.visual = parity_hosts.qwen25_tower(code, backend)
+    return host
+
+
+def omni_batches() -> list[dict[str, Any]]:
+    """Images of [1, h, w] patches (h, w even: the 2 x 2 merge) as the
+    processor gives them, rows back to back; a 24 x 24 image is 144 tokens,
+    above the ladder's top (128): eager. The windows are 4 x 4 patches, so
+    sides of 2 to 24 make partial and whole windows."""
+    grids = [
+        [(1, 2, 2)],
+        [(1, 4, 6), (1, 8, 8), (1, 2, 10)],
+        [(1, 24, 24)],
+        [(1, 16, 12), (1, 6, 6), (1, 10, 4), (1, 2, 2)],
+        [(1, 6, 22), (1, 24, 24), (1, 4, 4)],
+        [(1, 12, 12)] * 5,
+    ]
+    gen = torch.Generator().manual_seed(26)
+    return [parity_hosts.qwen_batch(gen, "image", g) for g in grids]
+
+
+def qwen2_5_omni() -> OracleModel:
+    return OracleModel(
+        stem="qwen2_5_omni",
+        stubs=parity_hosts.QWEN25_STUBS,
+        host_class=_omni_host_class,
+        make_host=_omni_host,
+        eager=lambda host, batch: list(
+            host._process_image_input({"type": "pixel_values", **batch})
+        ),
+        batches=omni_batches,
+        backends=("FLASH_ATTN", "FLASHINFER"),
+        max_num_batched_tokens=128,
+        violations=lambda host: host.visual.violations,
+    )
+
+
+# ---------------------------------------------------------------------------
+# Eagle2.5-VL: SigLIP tiles, InternVL's pixel shuffle and mlp1
+# ---------------------------------------------------------------------------
+
+EAGLE = "vllm.model_executor.models.eagle2_5_vl"
+EAGLE_SIDE, EAGLE_PATCH = 8, 2
+#: Tokens of one tile: (8 // 2) ** 2 patches, a quarter after the shuffle.
+EAGLE_TOKENS = 4
+
+
+def _eagle_host_class(code: WheelCode, mixin: type) -> type:
+    return code.klass(
+        EAGLE,
+        "Eagle2_5_VLForConditionalGeneration",
+        ["_process_image_input", "extract_feature", "pixel_shuffle"],
+        bases=(mixin,),
+    )
+
+
+def _eagle_host(forced: bool) -> Any:
+    """Hosts whose tiles are the vision config's side, or, when ``forced``,
+    the config's ``force_image_size`` (the vision config then says 6)."""
+
+    def make_host(code: WheelCode, host_class: type, backend: str) -> Any:
+        del backend  # SigLIP tiles attend within themselves: no varlen kernel
+        host = host_class()
+        host.config = _Obj(
+            force_image_size=EAGLE_SIDE if forced else None,
+            vision_config=_Obj(
+                image_size=6 if forced else EAGLE_SIDE, patch_size=EAGLE_PATCH
+            ),
+            text_config=_Obj(hidden_size=WIDTH),
+        )
+        host.downsample_ratio = 0.5
+        host.num_image_token = EAGLE_TOKENS
+        host.vision_model = TileTower(EAGLE_SIDE, EAGLE_PATCH)
+        host.mlp1 = FixedLinear(WIDTH * 4, WIDTH)
+        return host
+
+    return make_host
+
+
+def eagle_batches() -> list[dict[str, Any]]:
+    """Images of 1 to 13 tiles, the tiles back to back and the counts a
+    tensor, as the processor gives them; 13 tiles (52 tokens) exceed the
+    ladder's top (48): eager."""
+    gen = torch.Generator().manual_seed(25)
+    mixes = [[1], [2, 5], [13], [6, 1, 1, 3], [1, 13, 2], [3, 3, 3, 3]]
+    return [
+        {
+            "pixel_values_flat": torch.randn(
+                sum(m), 3, EAGLE_SIDE, EAGLE_SIDE, generator=gen
+            ),
+            "image_num_patches": torch.tensor(m),
+        }
+        for m in mixes
+    ]
+
+
+def eagle2_5_vl(forced: bool = False) -> OracleModel:
+    return OracleModel(
+        stem="eagle2_5_vl",
+        stubs={},
+        host_class=_eagle_host_class,
+        make_host=_eagle_host(forced),
+        eager=lambda host, batch: list(
+            host._process_image_input(
+                {
+                    "type": "pixel_values",
+                    "pixel_values_flat": batch["pixel_values_flat"],
+                    "num_patches": batch["image_num_patches"],
+                }
+            )
+        ),
+        batches=eagle_batches,
+    )
+
+
+#: Every model of vLLM 0.33.0 without a hand-written mixin that has a spec:
+#: its oracle (the catalog's models have parity rows in parity_hosts.MODELS).
+ORACLES = {
+    "cohere2_vision": cohere2_vision,
+    "eagle2_5_vl": eagle2_5_vl,
+    "qwen2_5_omni": qwen2_5_omni,
+}
