@@ -44,7 +44,16 @@ from encoder_cudagraph_runtime.budget_ladder import generate_budgets
 from encoder_cudagraph_runtime.packing import pack_items, smallest_fitting_budget
 from generator.diagnostics import Diagnostic, Diagnostics, Location, SpecError
 from generator.formulas import EvaluationError, evaluate, names_in
-from generator.limits import MAX_TRAFFIC_BYTES
+from generator.limits import (
+    MAX_INTEGER,
+    MAX_LOCATED_TRAFFIC_BYTES,
+    MAX_DISTINCT_TRAFFIC_BATCHES,
+    MAX_DISTINCT_TRAFFIC_ITEMS,
+    MAX_TRAFFIC_BYTES,
+    MAX_TRAFFIC_ITEMS,
+    MAX_TRAFFIC_PROBLEMS,
+    MAX_TUNED_BUDGET,
+)
 
 __all__ = [
     "LadderWaste",
@@ -354,6 +363,11 @@ _TUNING_KEYS = {
 }
 
 
+class _TooManyProblems(Exception):
+    """:data:`~generator.limits.MAX_TRAFFIC_PROBLEMS` problems found: the
+    check stops there."""
+
+
 class _Problems:
     """Problems found on the plain JSON data, located afterwards."""
 
@@ -363,8 +377,11 @@ class _Problems:
     def add(
         self, path: tuple[str | int, ...], message: str, *, at_key: bool = False
     ) -> None:
-        """A problem with the value at ``path`` (``at_key``: with its key)."""
+        """A problem with the value at ``path`` (``at_key``: with its key);
+        raises :class:`_TooManyProblems` once the cap is reached."""
         self.items.append((path, _field(path), message, at_key))
+        if len(self.items) >= MAX_TRAFFIC_PROBLEMS:
+            raise _TooManyProblems
 
 
 def _field(path: tuple[str | int, ...]) -> str:
@@ -374,8 +391,66 @@ def _field(path: tuple[str | int, ...]) -> str:
     return text
 
 
+class _OutOfRange:
+    """A JSON integer beyond int64, kept as its text (never converted: a
+    4,000-digit count overflowed the tuner's floats)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+_OUT_OF_RANGE = f"number out of range (expected at most {MAX_INTEGER} in magnitude)"
+
+
+def _json_int(text: str) -> int | _OutOfRange:
+    if len(text) > 20:  # beyond int64 whatever the digits
+        return _OutOfRange(text)
+    value = int(text)
+    return value if abs(value) <= MAX_INTEGER else _OutOfRange(text)
+
+
+class _Object(dict):
+    """A JSON object; ``repeated``: the keys it gives more than once (a dict
+    keeps the last silently)."""
+
+    repeated: tuple[str, ...] = ()
+
+
+def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = _Object(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        obj.repeated = tuple(k for k, _ in pairs if k in seen or seen.add(k))
+    return obj
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _int_problem(value: Any, low: int, what: str, high: int = MAX_INTEGER) -> str:
+    """Why ``value`` is not an integer in ``low..high`` ("" when it is)."""
+    if isinstance(value, _OutOfRange):
+        return _OUT_OF_RANGE
+    if not _is_int(value) or not low <= value <= high:
+        return what
+    return ""
+
+
+def _check_keys(
+    obj: dict[str, Any],
+    where: tuple[str | int, ...],
+    known: set[str] | frozenset[str],
+    expected: str,
+    problems: _Problems,
+) -> None:
+    """Unknown and repeated keys of one JSON object, in file order (the
+    check stops at the problem cap, however many keys there are)."""
+    for key in getattr(obj, "repeated", ()):
+        problems.add((*where, key), "duplicate key", at_key=True)
+    for key in obj:
+        if key not in known:
+            problems.add((*where, key), expected, at_key=True)
 
 
 def load_traffic(
@@ -390,23 +465,25 @@ def load_traffic(
     budget tokens (it may raise :class:`EvaluationError`), ``output_tokens``
     into output tokens, vLLM's packing order (``None`` when the item lacks
     what it needs: the batch is then ordered by budget tokens). Raises
-    :class:`SpecError` with every problem located."""
+    :class:`SpecError` with every problem located (at most
+    :data:`~generator.limits.MAX_TRAFFIC_PROBLEMS`)."""
     name = str(path)
     text = _read_traffic(path, name)
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_int=_json_int, object_pairs_hook=_json_object)
     except json.JSONDecodeError as exc:
         where = Location(name, exc.lineno, exc.colno)
         raise SpecError([Diagnostic(where, "", f"not JSON: {exc.msg}")]) from None
-    except ValueError:  # Python converts at most 4300 digits to an int
-        raise _file_problem(name, "number out of range (thousands of digits)") from None
     except RecursionError:
         raise _file_problem(name, "nested too deeply") from None
     problems = _Problems()
     needed = set(dims if required is None else required)
-    traffic = _check(
-        data, (set(dims) | needed, needed), (budget_tokens, output_tokens), problems
-    )
+    try:
+        traffic = _check(
+            data, (set(dims) | needed, needed), (budget_tokens, output_tokens), problems
+        )
+    except _TooManyProblems:
+        traffic = None
     if problems.items:
         raise SpecError(_locate(text, name, problems))
     assert traffic is not None
@@ -449,17 +526,21 @@ def _check(
     if not isinstance(data, dict):
         problems.add((), "a traffic file is a JSON object with 'batches'")
         return None
-    for key in sorted(set(data) - _TOP_KEYS):
-        problems.add(
-            (key,),
-            f"unknown key (expected: {', '.join(sorted(_TOP_KEYS))})",
-            at_key=True,
-        )
+    _check_keys(
+        data,
+        (),
+        _TOP_KEYS,
+        f"unknown key (expected: {', '.join(sorted(_TOP_KEYS))})",
+        problems,
+    )
     if data.get("format", FORMAT) != FORMAT:
         problems.add(("format",), f"expected {FORMAT!r}")
     raw = data.get("batches")
     if not isinstance(raw, list) or not raw:
         problems.add(("batches",), "a non-empty list of batches is required")
+        raw = []
+    elif (too_many := _too_many(raw)) is not None:
+        problems.add(("batches",), too_many)
         raw = []
     batches = [
         b
@@ -476,7 +557,36 @@ def _check(
     for items, n in counts.items():
         tokens, rows = zip(*items)
         merged.append(TrafficBatch(rows, n, tokens if any(tokens) else ()))
+    if (too_varied := _too_varied(merged)) is not None:
+        problems.add(("batches",), too_varied)
     return Traffic(tuple(merged), tuning)
+
+
+def _too_many(batches: list[Any]) -> str | None:
+    """Why the file has too many items to check (counted before any item
+    is), or None."""
+    items = 0
+    for entry in batches:
+        listed = entry.get("items") if isinstance(entry, dict) else entry
+        items += len(listed) if isinstance(listed, list) else 0
+    if items > MAX_TRAFFIC_ITEMS:
+        return (
+            f"{items} items (at most {MAX_TRAFFIC_ITEMS}; give a repeated batch "
+            "once with its count)"
+        )
+    return None
+
+
+def _too_varied(merged: list[TrafficBatch]) -> str | None:
+    """Why the distinct batches are too many to tune on, or None."""
+    items = sum(len(b.rows) for b in merged)
+    if len(merged) > MAX_DISTINCT_TRAFFIC_BATCHES or items > MAX_DISTINCT_TRAFFIC_ITEMS:
+        return (
+            f"{len(merged)} distinct batches of {items} items (at most "
+            f"{MAX_DISTINCT_TRAFFIC_BATCHES} and {MAX_DISTINCT_TRAFFIC_ITEMS}): "
+            "tuning packs each on every candidate ladder; a smaller sample"
+        )
+    return None
 
 
 def _check_batch(
@@ -490,13 +600,16 @@ def _check_batch(
     count = 1
     items = entry
     if isinstance(entry, dict):
-        for key in sorted(set(entry) - {"items", "count"}):
-            problems.add(
-                (*where, key), "unknown key (expected: count, items)", at_key=True
-            )
+        _check_keys(
+            entry,
+            where,
+            _BATCH_KEYS,
+            "unknown key (expected: count, items)",
+            problems,
+        )
         count = entry.get("count", 1)
-        if not _is_int(count) or count < 1:
-            problems.add((*where, "count"), "a positive integer")
+        if problem := _int_problem(count, 1, "a positive integer"):
+            problems.add((*where, "count"), problem)
             count = 1
         items = entry.get("items")
         where = (*where, "items")
@@ -515,6 +628,9 @@ def _check_batch(
     return TrafficBatch(tuple(rows), count, order if len(order) == len(rows) else ())
 
 
+_BATCH_KEYS = frozenset({"count", "items"})
+
+
 def _check_item(
     item: Any,
     where: tuple[str | int, ...],
@@ -527,20 +643,16 @@ def _check_item(
     if not isinstance(item, dict):
         problems.add(where, f"an item is an object of grid dims ({expected})")
         return None
-    ok = True
-    for key in sorted(item):
-        if key not in allowed:
-            problems.add(
-                (*where, key), f"not a grid dim of the spec ({expected})", at_key=True
-            )
-            ok = False
-        elif not _is_int(item[key]) or item[key] < 1:
-            problems.add((*where, key), "a positive integer")
-            ok = False
+    before = len(problems.items)
+    _check_keys(
+        item, where, allowed, f"not a grid dim of the spec ({expected})", problems
+    )
+    for key in sorted(allowed & set(item)):
+        if problem := _int_problem(item[key], 1, "a positive integer"):
+            problems.add((*where, key), problem)
     for key in sorted(required - set(item)):
         problems.add(where, f"missing grid dim {key!r}")
-        ok = False
-    if not ok:
+    if len(problems.items) > before:
         return None
     try:
         tokens = budget_tokens(item)
@@ -557,14 +669,18 @@ def _check_tuning(raw: Any, problems: _Problems) -> Tuning:
     if not isinstance(raw, dict):
         problems.add(("tuning",), "an object")
         return Tuning()
-    for key in sorted(set(raw) - _TUNING_KEYS):
-        problems.add(
-            ("tuning", key),
-            f"unknown key (expected: {', '.join(sorted(_TUNING_KEYS))})",
-            at_key=True,
-        )
+    _check_keys(
+        raw,
+        ("tuning",),
+        _TUNING_KEYS,
+        f"unknown key (expected: {', '.join(sorted(_TUNING_KEYS))})",
+        problems,
+    )
     cap = raw.get("capture_memory_mib")
-    if cap is not None and (
+    if isinstance(cap, _OutOfRange):
+        problems.add(("tuning", "capture_memory_mib"), _OUT_OF_RANGE)
+        cap = None
+    elif cap is not None and (
         not isinstance(cap, (int, float))
         or isinstance(cap, bool)
         or not 0 < cap < math.inf
@@ -572,20 +688,29 @@ def _check_tuning(raw: Any, problems: _Problems) -> Tuning:
         problems.add(("tuning", "capture_memory_mib"), "a positive number")
         cap = None
     graphs = raw.get("max_graphs", Tuning.max_graphs)
-    if not _is_int(graphs) or not 1 <= graphs <= 1024:
-        problems.add(("tuning", "max_graphs"), "an integer in 1..1024")
+    if problem := _int_problem(graphs, 1, "an integer in 1..1024", 1024):
+        problems.add(("tuning", "max_graphs"), problem)
         graphs = Tuning.max_graphs
     row_bytes = raw.get("output_row_bytes", 0)
-    if not _is_int(row_bytes) or row_bytes < 0:
-        problems.add(("tuning", "output_row_bytes"), "a non-negative integer")
+    if problem := _int_problem(row_bytes, 0, "a non-negative integer"):
+        problems.add(("tuning", "output_row_bytes"), problem)
         row_bytes = 0
     replay_rows = raw.get("replay_cost_rows")
-    if replay_rows is not None and (not _is_int(replay_rows) or replay_rows < 0):
-        problems.add(("tuning", "replay_cost_rows"), "a non-negative integer")
+    if replay_rows is not None and (
+        problem := _int_problem(replay_rows, 0, "a non-negative integer")
+    ):
+        problems.add(("tuning", "replay_cost_rows"), problem)
         replay_rows = None
     max_budget = raw.get("max_budget")
-    if max_budget is not None and (not _is_int(max_budget) or max_budget < 1):
-        problems.add(("tuning", "max_budget"), "a positive integer")
+    if max_budget is not None and (
+        problem := _int_problem(
+            max_budget,
+            1,
+            f"a positive integer, at most {MAX_TUNED_BUDGET}",
+            MAX_TUNED_BUDGET,
+        )
+    ):
+        problems.add(("tuning", "max_budget"), problem)
         max_budget = None
     return Tuning(cap, graphs, row_bytes, replay_rows, max_budget)
 
@@ -593,32 +718,57 @@ def _check_tuning(raw: Any, problems: _Problems) -> Tuning:
 def _locate(text: str, name: str, problems: _Problems) -> list[Diagnostic]:
     """Diagnostics at the position of each problem, from a position-keeping
     parse of the same text (JSON is YAML): the value's position, the key's
-    for an unknown key, the nearest enclosing value's otherwise."""
+    for an unknown key, the nearest enclosing value's otherwise; a repeated
+    key at its second place, naming the first. That parse costs seconds a
+    MiB: a file over :data:`~generator.limits.MAX_LOCATED_TRAFFIC_BYTES`
+    has its problems named by field only, at its start."""
     from generator.yaml_loader import load_spec_tree
 
-    tree = load_spec_tree(text, name, Diagnostics())
+    if len(text) > MAX_LOCATED_TRAFFIC_BYTES:
+        start = Location(name, 1, 1)
+        return [
+            Diagnostic(start, field, message) for _, field, message, _ in problems.items
+        ]
+    diags = Diagnostics()
+    tree = load_spec_tree(text, name, diags)
+    repeated = {
+        d.field: d.location
+        for d in diags.sorted()
+        if d.message.startswith("duplicate key")
+    }
     out = []
     for path, field, message, at_key in problems.items:
-        node = tree
-        location = tree.location if tree is not None else Location(name, 1, 1)
-        for depth, part in enumerate(path):
-            value = node.value if node is not None else None
-            if isinstance(part, str) and isinstance(value, dict) and part in value:
-                keys = node.key_locations or {}  # type: ignore[union-attr]
-                node = value[part]
-                key_problem = at_key and depth == len(path) - 1
-                location = (
-                    keys.get(part, node.location) if key_problem else node.location
-                )
-            elif (
-                isinstance(part, int) and isinstance(value, list) and part < len(value)
-            ):
-                node = value[part]
-                location = node.location
-            else:
-                break
+        location = _position(tree, path, at_key, name)
+        if message == "duplicate key" and field in repeated:
+            message = (
+                f"duplicate key (first given at line {location.line}, column "
+                f"{location.col})"
+            )
+            location = repeated[field]
         out.append(Diagnostic(location, field, message))
     return sorted(out)
+
+
+def _position(
+    tree: Any, path: tuple[str | int, ...], at_key: bool, name: str
+) -> Location:
+    """Where the value (``at_key``: the key) at ``path`` was written, or the
+    nearest enclosing value found."""
+    node = tree
+    location = tree.location if tree is not None else Location(name, 1, 1)
+    for depth, part in enumerate(path):
+        value = node.value if node is not None else None
+        if isinstance(part, str) and isinstance(value, dict) and part in value:
+            keys = node.key_locations or {}
+            node = value[part]
+            key_problem = at_key and depth == len(path) - 1
+            location = keys.get(part, node.location) if key_problem else node.location
+        elif isinstance(part, int) and isinstance(value, list) and part < len(value):
+            node = value[part]
+            location = node.location
+        else:
+            break
+    return location
 
 
 # ---------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from generator.ladder_tuner import (
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT = [64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
+OUT_OF_RANGE = "number out of range (expected at most 9223372036854775807 in magnitude)"
 
 
 def random_batches(seed: int, n: int, sizes: list[int]) -> list[TrafficBatch]:
@@ -180,7 +181,41 @@ def test_load_both_batch_forms(tmp_path: Path) -> None:
         ),
         (
             '{"batches": [[{"t": 1, "h": 4, "w": 4}]], "tuning": {"max_budget": 0}}',
-            ["traffic.json:1:68: tuning.max_budget: a positive integer"],
+            [
+                "traffic.json:1:68: tuning.max_budget: a positive integer, at most 16777216"
+            ],
+        ),
+        (
+            # Blamed on the spec's items.input_size before.
+            '{"batches": [[{"t": 1, "h": 4, "w": 4}]], "tuning": {"max_budget": %d}}'
+            % 2**62,
+            [
+                "traffic.json:1:68: tuning.max_budget: a positive integer, at most 16777216"
+            ],
+        ),
+        (
+            # An OverflowError traceback before.
+            '{"batches": [{"count": %s, "items": [{"t": 1, "h": 4, "w": 4}]}]}'
+            % ("9" * 4000),
+            [f"traffic.json:1:24: batches[0].count: {OUT_OF_RANGE}"],
+        ),
+        (
+            '{"batches": [[{"t": 1, "h": 4, "w": %d}]], "tuning": {"output_row_bytes": -%s}}'
+            % (2**63, "9" * 4000),
+            [
+                f"traffic.json:1:37: batches[0][0].w: {OUT_OF_RANGE}",
+                f"traffic.json:1:92: tuning.output_row_bytes: {OUT_OF_RANGE}",
+            ],
+        ),
+        (
+            # Accepted silently before (the last value kept).
+            '{"batches": [[{"t": 1, "h": 4, "w": 4, "h": 8}]],\n "tuning": {}, "tuning": {}}',
+            [
+                "traffic.json:1:40: batches[0][0].h: duplicate key (first given at "
+                "line 1, column 24)",
+                "traffic.json:2:16: tuning: duplicate key (first given at line 2, "
+                "column 2)",
+            ],
         ),
         (
             '{"batches": []}',
