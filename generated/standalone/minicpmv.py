@@ -3,8 +3,8 @@
 # From specs/minicpmv.yaml: change the spec or the templates and run
 # `gen-mixin specs/minicpmv.yaml`.
 # spec-sha256: d4a580fe01bc55f4be098f399ee38128cd927c0b2f6e20aecf28c2d3e8bd3368
-# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 633ed74b140f9857fefdc4f11775486e5dceb3996d5cc7b99029a7a5ad620ba9
+# templates-sha256: 4f6de3ce75202546c6cf646e1bebace25345e66f77acc9aae06ef1b7246c172f
+# output-sha256: 2c84cb9cfc39ab585323a937cd34502f3ee88cac8d591cff7525607b4651e735
 
 import itertools
 from collections.abc import Hashable
@@ -109,6 +109,7 @@ def _grid_values(mm_kwargs: dict[str, Any], key: str, width: int) -> list[list[i
     truncate a float grid)."""
     grid = mm_kwargs[key]
     if isinstance(grid, torch.Tensor):
+        _check_has_values(key, grid)
         if (
             grid.dtype.is_floating_point
             or grid.dtype.is_complex
@@ -154,9 +155,10 @@ def _grid_values(mm_kwargs: dict[str, Any], key: str, width: int) -> list[list[i
     return rows
 
 
-def _list_lengths(mm_kwargs: dict[str, Any], key: str) -> list[int]:
+def _list_lengths(mm_kwargs: dict[str, Any], key: str, least: int = 0) -> list[int]:
     """The units of each item of the list input ``key``: a list (or tuple)
-    per item of unit tensors. Anything else is refused, not converted."""
+    per item of unit tensors with values, at least ``least`` per item (as
+    ``_count_values``). Anything else is refused, not converted."""
     items = mm_kwargs[key]
     if not isinstance(items, (list, tuple)):
         raise ValueError(
@@ -171,6 +173,13 @@ def _list_lengths(mm_kwargs: dict[str, Any], key: str) -> list[int]:
                 f"mm_kwargs[{key!r}][{index}] is a {type(units).__name__}; an item "
                 "of a list input is a list of unit tensors"
             )
+        if len(units) < least:
+            raise ValueError(
+                f"mm_kwargs[{key!r}][{index}] gives the item no units; an item has "
+                "at least one (it would have no output tokens, and no output)"
+            )
+        for unit in units:
+            _check_has_values(key, unit)
     return [len(units) for units in items]
 
 
@@ -229,6 +238,31 @@ def _num_items(inputs: dict[str, list[Any]]) -> int:
     return next(iter(counts.values()))
 
 
+def _check_has_values(key: str, tensor: torch.Tensor) -> None:
+    """A tensor on the meta device has a shape but no values: a check that
+    reads it would fail deep in torch, and the replay copy too."""
+    if tensor.device.type == "meta":
+        raise ValueError(
+            f"mm_kwargs[{key!r}] is on the meta device: it has a shape but no values"
+        )
+
+
+def _check_one_modality(
+    mm_kwargs: dict[str, Any], image: dict[str, str], video: dict[str, str]
+) -> None:
+    """The batch holds the inputs of one modality: the methods read one
+    modality's keys, and the other's items would get no output."""
+    own = [
+        sorted(k for k in set(a.values()) - set(b.values()) if k in mm_kwargs)
+        for a, b in ((image, video), (video, image))
+    ]
+    if all(own):
+        raise ValueError(
+            f"the batch holds image inputs ({', '.join(own[0])}) and video inputs "
+            f"({', '.join(own[1])}); a batch has one modality"
+        )
+
+
 def _check_units(
     grid_key: str, grid: list[Any], count_key: str, counts: list[int]
 ) -> None:
@@ -267,6 +301,7 @@ def _check_rows(
                 f"mm_kwargs[{key!r}] is a {type(part).__name__}; it must be a "
                 "tensor of rows" + (" or a list of them" if accepts_list else "")
             )
+        _check_has_values(key, part)
         if row_shape is not None and part.shape[1:] != row_shape:
             raise ValueError(
                 f"mm_kwargs[{key!r}] has rows of shape {tuple(part.shape[1:])}, "
@@ -603,7 +638,8 @@ class MiniCPMVEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         synchronisation.
         """
         keys = self._modality_keys(mm_kwargs)
-        pixel_values = _list_lengths(mm_kwargs, keys["pixel_values"])
+        _check_one_modality(mm_kwargs, _IMAGE_KEYS, _VIDEO_KEYS)
+        pixel_values = _list_lengths(mm_kwargs, keys["pixel_values"], least=1)
         tgt_sizes = _unit_grid_values(mm_kwargs, keys["tgt_sizes"], 2)
         num_items = _num_items({keys["pixel_values"]: pixel_values})
         _check_units(keys["tgt_sizes"], tgt_sizes, keys["pixel_values"], pixel_values)

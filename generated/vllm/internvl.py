@@ -3,8 +3,8 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
-# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 209d57f9b19de856560b481f396b838105be12970befdbc88a3839bd3cb6c27b
+# templates-sha256: 4f6de3ce75202546c6cf646e1bebace25345e66f77acc9aae06ef1b7246c172f
+# output-sha256: c3b67c562777a77625ed45988a496fdabc4bb28b1fe3dffe12632816c4231207
 
 import itertools
 from collections.abc import Hashable
@@ -55,11 +55,14 @@ def _select_counts(counts: list[int], indices: list[int]) -> torch.Tensor:
     return torch.tensor([counts[i] for i in indices], dtype=torch.int64)
 
 
-def _count_values(mm_kwargs: dict[str, Any], key: str) -> list[int]:
+def _count_values(mm_kwargs: dict[str, Any], key: str, least: int = 0) -> list[int]:
     """The count input ``key`` as Python ints: a 1-D integer tensor or a list
-    of ints, none negative. Anything else is refused, not converted."""
+    of ints, none negative, each at least ``least`` (1 for an item's units
+    when an item of none would have no output tokens: the manager would
+    return nothing for it). Anything else is refused, not converted."""
     counts = mm_kwargs[key]
     if isinstance(counts, torch.Tensor):
+        _check_has_values(key, counts)
         if (
             counts.dtype.is_floating_point
             or counts.dtype.is_complex
@@ -79,8 +82,8 @@ def _count_values(mm_kwargs: dict[str, Any], key: str) -> list[int]:
                 f"mm_kwargs[{key!r}][{index}] is {int(counts[index])}; a count is "
                 "not negative"
             )
-        return counts.tolist()
-    if isinstance(counts, (list, tuple)):
+        values = counts.tolist()
+    elif isinstance(counts, (list, tuple)):
         values = list(counts)
         for index, value in enumerate(values):
             if type(value) is not int:
@@ -97,6 +100,12 @@ def _count_values(mm_kwargs: dict[str, Any], key: str) -> list[int]:
         raise ValueError(
             f"mm_kwargs[{key!r}][{index}] is {values[index]}; a count is not negative"
         )
+    if values and min(values) < least:
+        index = values.index(min(values))
+        raise ValueError(
+            f"mm_kwargs[{key!r}][{index}] gives the item no units; an item has "
+            "at least one (it would have no output tokens, and no output)"
+        )
     return values
 
 
@@ -108,6 +117,31 @@ def _num_items(inputs: dict[str, list[Any]]) -> int:
         listed = ", ".join(f"mm_kwargs[{k!r}] has {n}" for k, n in counts.items())
         raise ValueError(f"the inputs disagree on the number of items: {listed}")
     return next(iter(counts.values()))
+
+
+def _check_has_values(key: str, tensor: torch.Tensor) -> None:
+    """A tensor on the meta device has a shape but no values: a check that
+    reads it would fail deep in torch, and the replay copy too."""
+    if tensor.device.type == "meta":
+        raise ValueError(
+            f"mm_kwargs[{key!r}] is on the meta device: it has a shape but no values"
+        )
+
+
+def _check_one_modality(
+    mm_kwargs: dict[str, Any], image: dict[str, str], video: dict[str, str]
+) -> None:
+    """The batch holds the inputs of one modality: the methods read one
+    modality's keys, and the other's items would get no output."""
+    own = [
+        sorted(k for k in set(a.values()) - set(b.values()) if k in mm_kwargs)
+        for a, b in ((image, video), (video, image))
+    ]
+    if all(own):
+        raise ValueError(
+            f"the batch holds image inputs ({', '.join(own[0])}) and video inputs "
+            f"({', '.join(own[1])}); a batch has one modality"
+        )
 
 
 def _check_rows(
@@ -135,6 +169,7 @@ def _check_rows(
                 f"mm_kwargs[{key!r}] is a {type(part).__name__}; it must be a "
                 "tensor of rows" + (" or a list of them" if accepts_list else "")
             )
+        _check_has_values(key, part)
         if row_shape is not None and part.shape[1:] != row_shape:
             raise ValueError(
                 f"mm_kwargs[{key!r}] has rows of shape {tuple(part.shape[1:])}, "
@@ -334,7 +369,8 @@ class InternVLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         synchronisation.
         """
         keys = self._modality_keys(mm_kwargs)
-        image_num_patches = _count_values(mm_kwargs, keys["image_num_patches"])
+        _check_one_modality(mm_kwargs, _IMAGE_KEYS, _VIDEO_KEYS)
+        image_num_patches = _count_values(mm_kwargs, keys["image_num_patches"], least=1)
         num_items = _num_items({keys["image_num_patches"]: image_num_patches})
         if indices is not None:
             # A selection: the manager checked this batch's rows in item specs,

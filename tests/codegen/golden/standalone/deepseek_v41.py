@@ -3,8 +3,8 @@
 # From specs/deepseek_v41.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_v41.yaml`.
 # spec-sha256: c447e3749bf7cd0365b4659a2d5fc3fd1d54ac89404a6f484252d3b50423d391
-# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 94613f74b53d1a26ebef9d51cc37037affd7d59a1bc754b019ee68ef5c5f7534
+# templates-sha256: 4f6de3ce75202546c6cf646e1bebace25345e66f77acc9aae06ef1b7246c172f
+# output-sha256: 105a467ba014332a2e184163346f10e54400f56c1419b0b6b3ffca105e26d42b
 
 import itertools
 import weakref
@@ -71,6 +71,7 @@ def _grid_values(mm_kwargs: dict[str, Any], key: str, width: int) -> list[list[i
     truncate a float grid)."""
     grid = mm_kwargs[key]
     if isinstance(grid, torch.Tensor):
+        _check_has_values(key, grid)
         if (
             grid.dtype.is_floating_point
             or grid.dtype.is_complex
@@ -126,6 +127,15 @@ def _num_items(inputs: dict[str, list[Any]]) -> int:
     return next(iter(counts.values()))
 
 
+def _check_has_values(key: str, tensor: torch.Tensor) -> None:
+    """A tensor on the meta device has a shape but no values: a check that
+    reads it would fail deep in torch, and the replay copy too."""
+    if tensor.device.type == "meta":
+        raise ValueError(
+            f"mm_kwargs[{key!r}] is on the meta device: it has a shape but no values"
+        )
+
+
 def _mismatch(
     index: int,
     derived: tuple[str, Any],
@@ -170,6 +180,7 @@ def _check_rows(
                 f"mm_kwargs[{key!r}] is a {type(part).__name__}; it must be a "
                 "tensor of rows" + (" or a list of them" if accepts_list else "")
             )
+        _check_has_values(key, part)
         if row_shape is not None and part.shape[1:] != row_shape:
             raise ValueError(
                 f"mm_kwargs[{key!r}] has rows of shape {tuple(part.shape[1:])}, "
@@ -201,12 +212,22 @@ def _check_span_types(
     and every later one, without an error.
     """
     types = mm_kwargs[key]
+    if not isinstance(types, torch.Tensor):
+        raise ValueError(
+            f"mm_kwargs[{key!r}] is a {type(types).__name__}; span types are an "
+            "integer tensor on the CPU"
+        )
     if types.device.type != "cpu":
         raise ValueError(
             f"mm_kwargs[{key!r}] is on {types.device}; span assembly reads it on "
             "the host (keep it on the CPU)"
         )
-    if types.ndim != 1 or types.dtype.is_floating_point or types.dtype == torch.bool:
+    if (
+        types.ndim != 1
+        or types.dtype.is_floating_point
+        or types.dtype.is_complex
+        or types.dtype == torch.bool
+    ):
         raise ValueError(
             f"mm_kwargs[{key!r}] is a {types.dtype} tensor of shape "
             f"{tuple(types.shape)}; span types are one integer per output token"

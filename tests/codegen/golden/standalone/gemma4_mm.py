@@ -3,8 +3,8 @@
 # From specs/gemma4_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma4_mm.yaml`.
 # spec-sha256: 148b1e0d274e84158f902fd11628140ec5226f1b1ab73e2346d9b6fbfd1545e4
-# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: f5a4f991021d6316839e561cfeb233c397bd74c0eda661ee7e31d2df43a7c981
+# templates-sha256: 4f6de3ce75202546c6cf646e1bebace25345e66f77acc9aae06ef1b7246c172f
+# output-sha256: ae7dc7f362d3334253026f0238ff3aa91f6c8dcc26db50511dd768871eac3718
 
 import itertools
 from collections.abc import Hashable
@@ -146,6 +146,15 @@ def _num_items(inputs: dict[str, list[Any]]) -> int:
     return next(iter(counts.values()))
 
 
+def _check_has_values(key: str, tensor: torch.Tensor) -> None:
+    """A tensor on the meta device has a shape but no values: a check that
+    reads it would fail deep in torch, and the replay copy too."""
+    if tensor.device.type == "meta":
+        raise ValueError(
+            f"mm_kwargs[{key!r}] is on the meta device: it has a shape but no values"
+        )
+
+
 def _padded_values(
     mm_kwargs: dict[str, Any], key: str, item_shape: tuple[int, ...] | None
 ) -> list[int]:
@@ -162,8 +171,9 @@ def _padded_values(
             )
         parts, shapes = [value] * value.shape[0], [value.shape[2:]]
         sizes = [value.shape[1]] * value.shape[0]
-    elif isinstance(value, (list, tuple)):
-        parts = list(value)
+    elif isinstance(value, list):
+        # Not a tuple: selection and the replay copy take a list's items.
+        parts = value
         for index, part in enumerate(parts):
             if not isinstance(part, torch.Tensor) or part.ndim == 0:
                 raise ValueError(
@@ -177,6 +187,8 @@ def _padded_values(
             f"mm_kwargs[{key!r}] is a {type(value).__name__}; a padded input is a "
             "tensor of shape (items, size, ...) or a list of tensors"
         )
+    for part in parts[:1] if isinstance(value, torch.Tensor) else parts:
+        _check_has_values(key, part)
     for index, shape in enumerate(shapes):
         if shape != shapes[0] or (item_shape is not None and shape != item_shape):
             want = item_shape if item_shape is not None else tuple(shapes[0])
@@ -246,6 +258,7 @@ def _check_rows(
                 f"mm_kwargs[{key!r}] is a {type(part).__name__}; it must be a "
                 "tensor of rows" + (" or a list of them" if accepts_list else "")
             )
+        _check_has_values(key, part)
         if row_shape is not None and part.shape[1:] != row_shape:
             raise ValueError(
                 f"mm_kwargs[{key!r}] has rows of shape {tuple(part.shape[1:])}, "

@@ -3,8 +3,8 @@
 # From specs/qwen2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_vl.yaml`.
 # spec-sha256: 1215cbd2187709b1e172830108e4b18a70b517f0386b5aaf848e6c0d07d27655
-# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 2955ef6e041531dc7d5d74605c6c77a84c33d03ce05f257f04b6374e1ba1541c
+# templates-sha256: 4f6de3ce75202546c6cf646e1bebace25345e66f77acc9aae06ef1b7246c172f
+# output-sha256: 2834a8ff7e66d5ad0fb9761ce2197f45e713870badf6375a049f67002e25e291
 
 import itertools
 from collections.abc import Hashable
@@ -83,6 +83,7 @@ def _grid_values(mm_kwargs: dict[str, Any], key: str, width: int) -> list[list[i
     truncate a float grid)."""
     grid = mm_kwargs[key]
     if isinstance(grid, torch.Tensor):
+        _check_has_values(key, grid)
         if (
             grid.dtype.is_floating_point
             or grid.dtype.is_complex
@@ -138,6 +139,31 @@ def _num_items(inputs: dict[str, list[Any]]) -> int:
     return next(iter(counts.values()))
 
 
+def _check_has_values(key: str, tensor: torch.Tensor) -> None:
+    """A tensor on the meta device has a shape but no values: a check that
+    reads it would fail deep in torch, and the replay copy too."""
+    if tensor.device.type == "meta":
+        raise ValueError(
+            f"mm_kwargs[{key!r}] is on the meta device: it has a shape but no values"
+        )
+
+
+def _check_one_modality(
+    mm_kwargs: dict[str, Any], image: dict[str, str], video: dict[str, str]
+) -> None:
+    """The batch holds the inputs of one modality: the methods read one
+    modality's keys, and the other's items would get no output."""
+    own = [
+        sorted(k for k in set(a.values()) - set(b.values()) if k in mm_kwargs)
+        for a, b in ((image, video), (video, image))
+    ]
+    if all(own):
+        raise ValueError(
+            f"the batch holds image inputs ({', '.join(own[0])}) and video inputs "
+            f"({', '.join(own[1])}); a batch has one modality"
+        )
+
+
 def _check_rows(
     mm_kwargs: dict[str, Any],
     key: str,
@@ -163,6 +189,7 @@ def _check_rows(
                 f"mm_kwargs[{key!r}] is a {type(part).__name__}; it must be a "
                 "tensor of rows" + (" or a list of them" if accepts_list else "")
             )
+        _check_has_values(key, part)
         if row_shape is not None and part.shape[1:] != row_shape:
             raise ValueError(
                 f"mm_kwargs[{key!r}] has rows of shape {tuple(part.shape[1:])}, "
@@ -422,6 +449,7 @@ class Qwen2VLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         synchronisation.
         """
         keys = self._modality_keys(mm_kwargs)
+        _check_one_modality(mm_kwargs, _IMAGE_KEYS, _VIDEO_KEYS)
         image_grid_thw = _grid_values(mm_kwargs, keys["image_grid_thw"], 3)
         num_items = _num_items({keys["image_grid_thw"]: image_grid_thw})
         if indices is not None:

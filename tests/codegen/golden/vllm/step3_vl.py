@@ -3,8 +3,8 @@
 # From specs/step3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
-# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 3e2c5bcf3bb92ddf8a323d45ac7b13d7c4f58f892065df6c1b0e30ed01df8593
+# templates-sha256: 4f6de3ce75202546c6cf646e1bebace25345e66f77acc9aae06ef1b7246c172f
+# output-sha256: 18253fe04b2975f2aedb54be0c662a1ae4067f3bfdaa8a77c55d9250d65e7db5
 
 import itertools
 from collections.abc import Hashable
@@ -45,11 +45,14 @@ def _select_counts(counts: list[int], indices: list[int]) -> torch.Tensor:
     return torch.tensor([counts[i] for i in indices], dtype=torch.int64)
 
 
-def _count_values(mm_kwargs: dict[str, Any], key: str) -> list[int]:
+def _count_values(mm_kwargs: dict[str, Any], key: str, least: int = 0) -> list[int]:
     """The count input ``key`` as Python ints: a 1-D integer tensor or a list
-    of ints, none negative. Anything else is refused, not converted."""
+    of ints, none negative, each at least ``least`` (1 for an item's units
+    when an item of none would have no output tokens: the manager would
+    return nothing for it). Anything else is refused, not converted."""
     counts = mm_kwargs[key]
     if isinstance(counts, torch.Tensor):
+        _check_has_values(key, counts)
         if (
             counts.dtype.is_floating_point
             or counts.dtype.is_complex
@@ -69,8 +72,8 @@ def _count_values(mm_kwargs: dict[str, Any], key: str) -> list[int]:
                 f"mm_kwargs[{key!r}][{index}] is {int(counts[index])}; a count is "
                 "not negative"
             )
-        return counts.tolist()
-    if isinstance(counts, (list, tuple)):
+        values = counts.tolist()
+    elif isinstance(counts, (list, tuple)):
         values = list(counts)
         for index, value in enumerate(values):
             if type(value) is not int:
@@ -87,6 +90,12 @@ def _count_values(mm_kwargs: dict[str, Any], key: str) -> list[int]:
         raise ValueError(
             f"mm_kwargs[{key!r}][{index}] is {values[index]}; a count is not negative"
         )
+    if values and min(values) < least:
+        index = values.index(min(values))
+        raise ValueError(
+            f"mm_kwargs[{key!r}][{index}] gives the item no units; an item has "
+            "at least one (it would have no output tokens, and no output)"
+        )
     return values
 
 
@@ -98,6 +107,15 @@ def _num_items(inputs: dict[str, list[Any]]) -> int:
         listed = ", ".join(f"mm_kwargs[{k!r}] has {n}" for k, n in counts.items())
         raise ValueError(f"the inputs disagree on the number of items: {listed}")
     return next(iter(counts.values()))
+
+
+def _check_has_values(key: str, tensor: torch.Tensor) -> None:
+    """A tensor on the meta device has a shape but no values: a check that
+    reads it would fail deep in torch, and the replay copy too."""
+    if tensor.device.type == "meta":
+        raise ValueError(
+            f"mm_kwargs[{key!r}] is on the meta device: it has a shape but no values"
+        )
 
 
 def _check_rows(
@@ -125,6 +143,7 @@ def _check_rows(
                 f"mm_kwargs[{key!r}] is a {type(part).__name__}; it must be a "
                 "tensor of rows" + (" or a list of them" if accepts_list else "")
             )
+        _check_has_values(key, part)
         if row_shape is not None and part.shape[1:] != row_shape:
             raise ValueError(
                 f"mm_kwargs[{key!r}] has rows of shape {tuple(part.shape[1:])}, "
