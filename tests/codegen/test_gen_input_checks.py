@@ -110,3 +110,24 @@ def test_selection_refuses_indices_outside_the_batch(worlds, name: str, case) ->
     _, batch = valid_batch(world)
     with pytest.raises(ValueError, match=message):
         world.host().select_encoder_cudagraph_items(batch, indices)
+
+
+#: (spec, input, whether an item needs a unit): InternVL's tiles and
+#: MiniCPM-V's slices are the item's tokens (0 left the item without output:
+#: KeyError in postprocess); Step3-VL's crops may be none (the global view
+#: stays, and the crops path allows zero tokens).
+LEAST_UNITS = [
+    ("specs/internvl", "image_num_patches", 1),
+    ("specs/minicpmv", "pixel_values", 1),
+    ("specs/step3_vl", "num_patches", 0),
+]
+
+
+@pytest.mark.parametrize(("name", "key", "least"), LEAST_UNITS)
+def test_an_item_of_no_units_is_refused_where_it_has_no_output(
+    worlds, name: str, key: str, least: int
+) -> None:
+    from generator.emitters.input_checks import least_units
+
+    spec = world_of(worlds, name).spec
+    assert least_units(spec, spec.item_input(key)) == least
