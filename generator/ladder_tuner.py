@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -42,11 +43,10 @@ from typing import Any
 
 from encoder_cudagraph_runtime.budget_ladder import generate_budgets
 from encoder_cudagraph_runtime.packing import pack_items, smallest_fitting_budget
-from generator.diagnostics import Diagnostic, Diagnostics, Location, SpecError
+from generator.diagnostics import Diagnostic, Location, SpecError
 from generator.formulas import EvaluationError, evaluate, names_in
 from generator.limits import (
     MAX_INTEGER,
-    MAX_LOCATED_TRAFFIC_BYTES,
     MAX_DISTINCT_TRAFFIC_BATCHES,
     MAX_DISTINCT_TRAFFIC_ITEMS,
     MAX_TRAFFIC_BYTES,
@@ -446,8 +446,8 @@ def _check_keys(
 ) -> None:
     """Unknown and repeated keys of one JSON object, in file order (the
     check stops at the problem cap, however many keys there are)."""
-    for key in getattr(obj, "repeated", ()):
-        problems.add((*where, key), "duplicate key", at_key=True)
+    for key in dict.fromkeys(getattr(obj, "repeated", ())):
+        problems.add((*where, key), _REPEATED, at_key=True)
     for key in obj:
         if key not in known:
             problems.add((*where, key), expected, at_key=True)
@@ -485,7 +485,7 @@ def load_traffic(
     except _TooManyProblems:
         traffic = None
     if problems.items:
-        raise SpecError(_locate(text, name, problems))
+        raise SpecError(_locate(text, name, data, problems))
     assert traffic is not None
     return traffic
 
@@ -715,60 +715,110 @@ def _check_tuning(raw: Any, problems: _Problems) -> Tuning:
     return Tuning(cap, graphs, row_bytes, replay_rows, max_budget)
 
 
-def _locate(text: str, name: str, problems: _Problems) -> list[Diagnostic]:
-    """Diagnostics at the position of each problem, from a position-keeping
-    parse of the same text (JSON is YAML): the value's position, the key's
-    for an unknown key, the nearest enclosing value's otherwise; a repeated
-    key at its second place, naming the first. That parse costs seconds a
-    MiB: a file over :data:`~generator.limits.MAX_LOCATED_TRAFFIC_BYTES`
-    has its problems named by field only, at its start."""
-    from generator.yaml_loader import load_spec_tree
-
-    if len(text) > MAX_LOCATED_TRAFFIC_BYTES:
-        start = Location(name, 1, 1)
-        return [
-            Diagnostic(start, field, message) for _, field, message, _ in problems.items
-        ]
-    diags = Diagnostics()
-    tree = load_spec_tree(text, name, diags)
-    repeated = {
-        d.field: d.location
-        for d in diags.sorted()
-        if d.message.startswith("duplicate key")
-    }
+def _locate(text: str, name: str, data: Any, problems: _Problems) -> list[Diagnostic]:
+    """Diagnostics at the position of each problem: the value's, the key's
+    for an unknown or repeated key (a repeated one at its second place,
+    naming the first), the nearest enclosing value's for a missing one."""
+    targets = [(path, _existing(data, path), *rest) for path, *rest in problems.items]
+    wanted: dict[tuple[str | int, ...], int] = {}
+    for _, target, _, message, _ in targets:
+        wanted[target] = max(wanted.get(target, 1), 2 if message == _REPEATED else 1)
+    found = _json_positions(text, wanted)
     out = []
-    for path, field, message, at_key in problems.items:
-        location = _position(tree, path, at_key, name)
-        if message == "duplicate key" and field in repeated:
+    for path, target, field, message, at_key in targets:
+        places = found.get(target) or [(0, 0)]
+        key_at, value_at = places[0]
+        at = key_at if at_key and target == path else value_at
+        if message == _REPEATED and len(places) > 1:
+            first = _location(text, name, key_at)
             message = (
-                f"duplicate key (first given at line {location.line}, column "
-                f"{location.col})"
+                f"{_REPEATED} (first given at line {first.line}, column {first.col})"
             )
-            location = repeated[field]
-        out.append(Diagnostic(location, field, message))
+            at = places[1][0]
+        out.append(Diagnostic(_location(text, name, at), field, message))
     return sorted(out)
 
 
-def _position(
-    tree: Any, path: tuple[str | int, ...], at_key: bool, name: str
-) -> Location:
-    """Where the value (``at_key``: the key) at ``path`` was written, or the
-    nearest enclosing value found."""
-    node = tree
-    location = tree.location if tree is not None else Location(name, 1, 1)
-    for depth, part in enumerate(path):
-        value = node.value if node is not None else None
-        if isinstance(part, str) and isinstance(value, dict) and part in value:
-            keys = node.key_locations or {}
-            node = value[part]
-            key_problem = at_key and depth == len(path) - 1
-            location = keys.get(part, node.location) if key_problem else node.location
-        elif isinstance(part, int) and isinstance(value, list) and part < len(value):
-            node = value[part]
-            location = node.location
+_REPEATED = "duplicate key"
+
+
+def _existing(data: Any, path: tuple[str | int, ...]) -> tuple[str | int, ...]:
+    """The longest beginning of ``path`` that names a value of ``data``."""
+    node, out = data, ()
+    for part in path:
+        if isinstance(part, str) and isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(part, int) and isinstance(node, list) and part < len(node):
+            node = node[part]
         else:
             break
-    return location
+        out = (*out, part)
+    return out
+
+
+def _location(text: str, name: str, offset: int) -> Location:
+    line_start = text.rfind("\n", 0, offset) + 1
+    return Location(name, text.count("\n", 0, offset) + 1, offset - line_start + 1)
+
+
+_SPACE = re.compile(r"[ \t\n\r]*")
+
+
+class _Found(Exception):
+    """Every wanted position is found: the walk stops."""
+
+
+def _json_positions(
+    text: str, wanted: dict[tuple[str | int, ...], int]
+) -> dict[tuple[str | int, ...], list[tuple[int, int]]]:
+    """``path -> [(key offset, value offset), ...]`` for the first ``wanted
+    [path]`` places of each path (a key repeated has several). One walk of
+    the text, which descends only towards the wanted paths (a value off
+    them is skipped by the JSON module's C scanner) and stops once every one
+    is found: far cheaper than a second parse keeping positions."""
+    decoder = json.JSONDecoder(parse_int=_json_int)
+    prefixes = {path[:depth] for path in wanted for depth in range(len(path) + 1)}
+    found: dict[tuple[str | int, ...], list[tuple[int, int]]] = {}
+    missing = set(wanted)
+
+    def space(i: int) -> int:
+        return _SPACE.match(text, i).end()  # type: ignore[union-attr]
+
+    def seen(path: tuple[str | int, ...], key_at: int, value_at: int) -> None:
+        if path in wanted:
+            found.setdefault(path, []).append((key_at, value_at))
+            if len(found[path]) >= wanted[path]:
+                missing.discard(path)
+                if not missing:
+                    raise _Found
+
+    def walk(i: int, path: tuple[str | int, ...]) -> int:
+        """The offset past the value at ``i``."""
+        if path not in prefixes or text[i] not in "{[":
+            return decoder.raw_decode(text, i)[1]
+        closing = "}" if text[i] == "{" else "]"
+        i, index = space(i + 1), 0
+        while text[i] != closing:
+            key_at = i
+            if closing == "}":
+                key, i = decoder.raw_decode(text, i)
+                child: tuple[str | int, ...] = (*path, key)
+                i = space(space(i) + 1)  # past the colon
+            else:
+                child, index = (*path, index), index + 1
+            seen(child, key_at, i)
+            i = space(walk(i, child))
+            if text[i] == ",":
+                i = space(i + 1)
+        return i + 1
+
+    start = space(0)
+    try:
+        seen((), start, start)
+        walk(start, ())
+    except _Found:
+        pass
+    return found
 
 
 # ---------------------------------------------------------------------------

@@ -46,7 +46,6 @@ from generator.limits import (
     MAX_DISTINCT_TRAFFIC_ITEMS,
     MAX_DUMMY_UNITS,
     MAX_INTEGER,
-    MAX_LOCATED_TRAFFIC_BYTES,
     MAX_SPEC_BYTES,
     MAX_TRAFFIC_BYTES,
     MAX_TRAFFIC_ITEMS,
@@ -682,10 +681,17 @@ COSTLY_TRAFFIC = {
         2,
         "unknown key",
     ),
-    "unknown keys, located": (
-        lambda: _unknown_traffic_keys(MAX_LOCATED_TRAFFIC_BYTES),
+    "a problem at the end of the cap's items": (
+        lambda: _traffic(_batches(5, 1, MAX_TRAFFIC_ITEMS // 5 - 1) + [[{"t": 0}]]),
         2,
-        "unknown key",
+        f"batches[{MAX_TRAFFIC_ITEMS - 5}][0].t: a positive integer",
+    ),
+    "a key repeated to the cap, a problem after it": (
+        lambda: "{"
+        + _filled(lambda i: '"note": 1, ', MAX_TRAFFIC_BYTES - 20)
+        + '"batches": []}',
+        2,
+        "batches: a non-empty list",
     ),
     "items over the cap": (
         lambda: _traffic(_batches(5, 1, MAX_TRAFFIC_ITEMS // 5 + 1)),
@@ -720,7 +726,7 @@ COSTLY_TRAFFIC = {
 def test_plan_answers_a_costly_traffic_file_quickly(name: str, tmp_path: Path) -> None:
     """Counts are capped before the work they cost (checking each item,
     tuning on each distinct batch); at most MAX_TRAFFIC_PROBLEMS problems
-    are reported, and located by a second parse only in a small file."""
+    are reported, each located (the walk that finds them skips the rest)."""
     make, expected_rc, words = COSTLY_TRAFFIC[name]
     path = tmp_path / "t.json"
     path.write_text(make(), encoding="utf-8")
@@ -732,6 +738,7 @@ def test_plan_answers_a_costly_traffic_file_quickly(name: str, tmp_path: Path) -
         *problems, summary = result["stderr"].splitlines()
         assert 1 <= len(problems) <= MAX_TRAFFIC_PROBLEMS and SUMMARY_RE.match(summary)
         assert all(DIAG_RE.match(p) for p in problems) and words in problems[-1]
+        assert not any(":1:1: " in p for p in problems), problems  # located
     assert result["cpu_s"] < 2.0 and result["peak_mb"] < 300, result
 
 
