@@ -16,7 +16,10 @@ characters of them took 4 s before); 7,000 unknown keys 0.5 s and 38 MB;
 take black 4 s, is refused in 0.4 s; a tower of ``**`` 0.3-0.4 s (past an
 8 s timeout before); ``/dev/zero`` and a file over the cap are refused in
 0.1 s and 23 MB (a link to ``/dev/zero`` at an output path grew to 24 GB
-before). The test allows 2 s and 300 MB.
+before); 6,000 capture-axis keys are refused in 0.9 s as the spec is read
+(39 s before), 16 keys with 130 buffers in 0.4 s, ``units: 65536`` in 0.2 s
+(20 s); a 4 MiB traffic file of unknown or repeated keys 0.3-0.9 s and 90 MB
+(96 s and 1 GB before). The test allows 2 s and 300 MB.
 """
 
 from __future__ import annotations
@@ -291,6 +294,23 @@ def _axis_keys(count: int | None) -> str:
     return base.replace("keys: [[4, 4], [4, 8], [8, 4], ", f"keys: [{keys}")
 
 
+def _axis_keys_and_buffers() -> str:
+    """The most axis keys with buffers to fill the cap: the static checks
+    run once per key before the module's size is known (0.4 s)."""
+    text = _axis_keys(MAX_CAPTURE_AXIS_KEYS)
+    term = "min(token_budget,th)*max(tw,rows)+ceil_div(rows,th)"
+    shape = "+".join([term] * 4)
+    line = "  b{i}: {{shape: ['{s}', '{s}'], dtype: int64, allocate: true}}\n"
+    count = _room(text) // (len(line.format(i=100, s=shape)) + 6)
+    buffers = "".join(line.format(i=i, s=shape) for i in range(count))
+    provided = ", ".join(f"b{i}" for i in range(count))
+    text = text.replace("\nout_hidden_size:", buffers + "\nout_hidden_size:")
+    text = text.replace("provides: [patch_mask]", f"provides: [patch_mask, {provided}]")
+    return text.replace(
+        "vision(patches, patch_mask)", "vision(patches, patch_mask, extra=rest)"
+    )
+
+
 def _dummy_units(units: int) -> str:
     """LFM2-VL's unit capture with ``units`` dummy units at every budget."""
     return mutated_spec(
@@ -314,6 +334,7 @@ COSTLY = {
         lambda: _axis_keys(MAX_CAPTURE_AXIS_KEYS),
         0,
     ),
+    "the most axis keys and 130 buffers": (_axis_keys_and_buffers, 2),
     # 20 s before the cap on dummy units.
     "65,536 dummy units": (lambda: _dummy_units(65536), 2),
     f"{MAX_DUMMY_UNITS} dummy units": (lambda: _dummy_units(MAX_DUMMY_UNITS), 0),
