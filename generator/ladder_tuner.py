@@ -33,7 +33,6 @@ Pure Python (no torch), like the rest of the generator.
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -46,9 +45,9 @@ from encoder_cudagraph_runtime.packing import pack_items, smallest_fitting_budge
 from generator.diagnostics import Diagnostic, Location, SpecError
 from generator.formulas import EvaluationError, evaluate, names_in
 from generator.limits import (
-    MAX_INTEGER,
     MAX_DISTINCT_TRAFFIC_BATCHES,
     MAX_DISTINCT_TRAFFIC_ITEMS,
+    MAX_INTEGER,
     MAX_TRAFFIC_BYTES,
     MAX_TRAFFIC_ITEMS,
     MAX_TRAFFIC_PROBLEMS,
@@ -665,6 +664,10 @@ def _check_item(
     return tokens
 
 
+#: The largest ``tuning.capture_memory_mib``: int64 bytes.
+_MAX_MIB = MAX_INTEGER // 2**20
+
+
 def _check_tuning(raw: Any, problems: _Problems) -> Tuning:
     if not isinstance(raw, dict):
         problems.add(("tuning",), "an object")
@@ -683,9 +686,12 @@ def _check_tuning(raw: Any, problems: _Problems) -> Tuning:
     elif cap is not None and (
         not isinstance(cap, (int, float))
         or isinstance(cap, bool)
-        or not 0 < cap < math.inf
+        or not 0 < cap <= _MAX_MIB
     ):
-        problems.add(("tuning", "capture_memory_mib"), "a positive number")
+        problems.add(
+            ("tuning", "capture_memory_mib"),
+            f"a positive number, at most {_MAX_MIB} (int64 bytes)",
+        )
         cap = None
     graphs = raw.get("max_graphs", Tuning.max_graphs)
     if problem := _int_problem(graphs, 1, "an integer in 1..1024", 1024):

@@ -38,15 +38,15 @@ from generator.spec.inputs import (
     with_item_rows,
 )
 from generator.spec.items import Budget, CaptureOff, Guards, Items
+from generator.spec.names import check_name, report_collisions
+from generator.spec.path import EncoderPath
+from generator.spec.reader import Key, Keys, Reader
 from generator.spec.units import (
     check_list_path,
     check_unit_path,
     check_units,
     unit_inputs,
 )
-from generator.spec.names import check_name, report_collisions
-from generator.spec.path import EncoderPath
-from generator.spec.reader import Key, Keys, Reader
 from generator.spec.values import (
     INVALID,
     Choice,

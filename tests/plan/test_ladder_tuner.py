@@ -194,6 +194,14 @@ def test_load_both_batch_forms(tmp_path: Path) -> None:
             ],
         ),
         (
+            # A cap of inf bytes, printed as JSON's invalid Infinity, before.
+            '{"batches": [[{"t": 1, "h": 4, "w": 4}]], "tuning": {"capture_memory_mib": 1e300}}',
+            [
+                "traffic.json:1:76: tuning.capture_memory_mib: a positive number, at "
+                "most 8796093022207 (int64 bytes)"
+            ],
+        ),
+        (
             # An OverflowError traceback before.
             '{"batches": [{"count": %s, "items": [{"t": 1, "h": 4, "w": 4}]}]}'
             % ("9" * 4000),
