@@ -3,8 +3,8 @@
 # From specs/kimi_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_vl.yaml`.
 # spec-sha256: dec5f629ea45e6747065da9f1de34c016f7c11dcc328326c287b6a82ba94d373
-# templates-sha256: 4f6de3ce75202546c6cf646e1bebace25345e66f77acc9aae06ef1b7246c172f
-# output-sha256: 15e9abd51100873ea9831f90c3ead39397f5de4364fe4023a9b4cc2bb2c1c350
+# templates-sha256: 161fd72cabdab9742de0df28d9129318b640b45b51e4f342f19d0825639f8a12
+# output-sha256: 168b7efa14d4cfcb378cea14218f5fde38516ce4c457ecb6f678c3309173087f
 
 import itertools
 from collections.abc import Hashable
@@ -55,6 +55,17 @@ def _select_grid(rows: list[list[int]], indices: list[int], width: int) -> torch
     return torch.tensor([rows[i] for i in indices], dtype=torch.int64)
 
 
+def _check_host_values(key: str, tensor: torch.Tensor) -> None:
+    """Grids and counts are read as values: a tensor on the meta device has
+    a shape but none (reading it raised torch's RuntimeError). Pixels are
+    read by shape only, wherever they are."""
+    if tensor.device.type == "meta":
+        raise ValueError(
+            f"mm_kwargs[{key!r}] is on the meta device: it has a shape but no "
+            "values, and a grid or count is read as values"
+        )
+
+
 def _grid_values(mm_kwargs: dict[str, Any], key: str, width: int) -> list[list[int]]:
     """The grid ``key`` as rows of Python ints: an integer tensor of shape
     ``(items, width)`` or a list of rows of ``width`` ints, every dim at
@@ -62,7 +73,7 @@ def _grid_values(mm_kwargs: dict[str, Any], key: str, width: int) -> list[list[i
     truncate a float grid)."""
     grid = mm_kwargs[key]
     if isinstance(grid, torch.Tensor):
-        _check_has_values(key, grid)
+        _check_host_values(key, grid)
         if (
             grid.dtype.is_floating_point
             or grid.dtype.is_complex
@@ -118,15 +129,6 @@ def _num_items(inputs: dict[str, list[Any]]) -> int:
     return next(iter(counts.values()))
 
 
-def _check_has_values(key: str, tensor: torch.Tensor) -> None:
-    """A tensor on the meta device has a shape but no values: a check that
-    reads it would fail deep in torch, and the replay copy too."""
-    if tensor.device.type == "meta":
-        raise ValueError(
-            f"mm_kwargs[{key!r}] is on the meta device: it has a shape but no values"
-        )
-
-
 def _check_rows(
     mm_kwargs: dict[str, Any],
     key: str,
@@ -152,7 +154,6 @@ def _check_rows(
                 f"mm_kwargs[{key!r}] is a {type(part).__name__}; it must be a "
                 "tensor of rows" + (" or a list of them" if accepts_list else "")
             )
-        _check_has_values(key, part)
         if row_shape is not None and part.shape[1:] != row_shape:
             raise ValueError(
                 f"mm_kwargs[{key!r}] has rows of shape {tuple(part.shape[1:])}, "

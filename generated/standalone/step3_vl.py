@@ -3,8 +3,8 @@
 # From specs/step3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
-# templates-sha256: 4f6de3ce75202546c6cf646e1bebace25345e66f77acc9aae06ef1b7246c172f
-# output-sha256: dbc7a1c2290414ef764beef5720dbf7ced0b1ecdc3cdfda92768a0cf36340109
+# templates-sha256: 161fd72cabdab9742de0df28d9129318b640b45b51e4f342f19d0825639f8a12
+# output-sha256: 3b8fb784505e334f1284de0a2b81d7e85e2cd7e6857b7ea82d94e0fd1dd109bf
 
 import itertools
 from collections.abc import Hashable
@@ -45,6 +45,17 @@ def _select_counts(counts: list[int], indices: list[int]) -> torch.Tensor:
     return torch.tensor([counts[i] for i in indices], dtype=torch.int64)
 
 
+def _check_host_values(key: str, tensor: torch.Tensor) -> None:
+    """Grids and counts are read as values: a tensor on the meta device has
+    a shape but none (reading it raised torch's RuntimeError). Pixels are
+    read by shape only, wherever they are."""
+    if tensor.device.type == "meta":
+        raise ValueError(
+            f"mm_kwargs[{key!r}] is on the meta device: it has a shape but no "
+            "values, and a grid or count is read as values"
+        )
+
+
 def _count_values(mm_kwargs: dict[str, Any], key: str, least: int = 0) -> list[int]:
     """The count input ``key`` as Python ints: a 1-D integer tensor or a list
     of ints, none negative, each at least ``least`` (1 for an item's units
@@ -52,7 +63,7 @@ def _count_values(mm_kwargs: dict[str, Any], key: str, least: int = 0) -> list[i
     return nothing for it). Anything else is refused, not converted."""
     counts = mm_kwargs[key]
     if isinstance(counts, torch.Tensor):
-        _check_has_values(key, counts)
+        _check_host_values(key, counts)
         if (
             counts.dtype.is_floating_point
             or counts.dtype.is_complex
@@ -109,15 +120,6 @@ def _num_items(inputs: dict[str, list[Any]]) -> int:
     return next(iter(counts.values()))
 
 
-def _check_has_values(key: str, tensor: torch.Tensor) -> None:
-    """A tensor on the meta device has a shape but no values: a check that
-    reads it would fail deep in torch, and the replay copy too."""
-    if tensor.device.type == "meta":
-        raise ValueError(
-            f"mm_kwargs[{key!r}] is on the meta device: it has a shape but no values"
-        )
-
-
 def _check_rows(
     mm_kwargs: dict[str, Any],
     key: str,
@@ -143,7 +145,6 @@ def _check_rows(
                 f"mm_kwargs[{key!r}] is a {type(part).__name__}; it must be a "
                 "tensor of rows" + (" or a list of them" if accepts_list else "")
             )
-        _check_has_values(key, part)
         if row_shape is not None and part.shape[1:] != row_shape:
             raise ValueError(
                 f"mm_kwargs[{key!r}] has rows of shape {tuple(part.shape[1:])}, "

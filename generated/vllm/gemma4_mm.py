@@ -3,8 +3,8 @@
 # From specs/gemma4_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma4_mm.yaml`.
 # spec-sha256: 148b1e0d274e84158f902fd11628140ec5226f1b1ab73e2346d9b6fbfd1545e4
-# templates-sha256: 4f6de3ce75202546c6cf646e1bebace25345e66f77acc9aae06ef1b7246c172f
-# output-sha256: 13378ed553e04639c1de43d4771c275dd3b2544dc2a688d10da9774b57cb7ae3
+# templates-sha256: 161fd72cabdab9742de0df28d9129318b640b45b51e4f342f19d0825639f8a12
+# output-sha256: 38694b3d9d9137d7f0f8a611fbf6ee9024532d5271db9bcc4b854bed8879b3b7
 
 import itertools
 from collections.abc import Hashable
@@ -146,15 +146,6 @@ def _num_items(inputs: dict[str, list[Any]]) -> int:
     return next(iter(counts.values()))
 
 
-def _check_has_values(key: str, tensor: torch.Tensor) -> None:
-    """A tensor on the meta device has a shape but no values: a check that
-    reads it would fail deep in torch, and the replay copy too."""
-    if tensor.device.type == "meta":
-        raise ValueError(
-            f"mm_kwargs[{key!r}] is on the meta device: it has a shape but no values"
-        )
-
-
 def _padded_values(
     mm_kwargs: dict[str, Any], key: str, item_shape: tuple[int, ...] | None
 ) -> list[int]:
@@ -187,8 +178,6 @@ def _padded_values(
             f"mm_kwargs[{key!r}] is a {type(value).__name__}; a padded input is a "
             "tensor of shape (items, size, ...) or a list of tensors"
         )
-    for part in parts[:1] if isinstance(value, torch.Tensor) else parts:
-        _check_has_values(key, part)
     for index, shape in enumerate(shapes):
         if shape != shapes[0] or (item_shape is not None and shape != item_shape):
             want = item_shape if item_shape is not None else tuple(shapes[0])
@@ -258,7 +247,6 @@ def _check_rows(
                 f"mm_kwargs[{key!r}] is a {type(part).__name__}; it must be a "
                 "tensor of rows" + (" or a list of them" if accepts_list else "")
             )
-        _check_has_values(key, part)
         if row_shape is not None and part.shape[1:] != row_shape:
             raise ValueError(
                 f"mm_kwargs[{key!r}] has rows of shape {tuple(part.shape[1:])}, "

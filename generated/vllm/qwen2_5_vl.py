@@ -3,8 +3,8 @@
 # From specs/qwen2_5_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_vl.yaml`.
 # spec-sha256: 96480d9c7c7c980974bbfd1e9ab20c6575a966715da8e48283b6883b95e654af
-# templates-sha256: 4f6de3ce75202546c6cf646e1bebace25345e66f77acc9aae06ef1b7246c172f
-# output-sha256: 5b75adb345b9f764ca3eb61c5a8d3a127a9216bfa0ff522dc1711829de203000
+# templates-sha256: 161fd72cabdab9742de0df28d9129318b640b45b51e4f342f19d0825639f8a12
+# output-sha256: 10ff8489055395ea6154d5a318b7972777dde27c80f22a7e8e8a2162de10e3ce
 
 import itertools
 from collections.abc import Hashable
@@ -96,6 +96,17 @@ def _pad_flashinfer_sections(dst: torch.Tensor, src: torch.Tensor) -> None:
     _pad_with_empty_sequences(dst[half:], src[n:])
 
 
+def _check_host_values(key: str, tensor: torch.Tensor) -> None:
+    """Grids and counts are read as values: a tensor on the meta device has
+    a shape but none (reading it raised torch's RuntimeError). Pixels are
+    read by shape only, wherever they are."""
+    if tensor.device.type == "meta":
+        raise ValueError(
+            f"mm_kwargs[{key!r}] is on the meta device: it has a shape but no "
+            "values, and a grid or count is read as values"
+        )
+
+
 def _grid_values(mm_kwargs: dict[str, Any], key: str, width: int) -> list[list[int]]:
     """The grid ``key`` as rows of Python ints: an integer tensor of shape
     ``(items, width)`` or a list of rows of ``width`` ints, every dim at
@@ -103,7 +114,7 @@ def _grid_values(mm_kwargs: dict[str, Any], key: str, width: int) -> list[list[i
     truncate a float grid)."""
     grid = mm_kwargs[key]
     if isinstance(grid, torch.Tensor):
-        _check_has_values(key, grid)
+        _check_host_values(key, grid)
         if (
             grid.dtype.is_floating_point
             or grid.dtype.is_complex
@@ -159,15 +170,6 @@ def _num_items(inputs: dict[str, list[Any]]) -> int:
     return next(iter(counts.values()))
 
 
-def _check_has_values(key: str, tensor: torch.Tensor) -> None:
-    """A tensor on the meta device has a shape but no values: a check that
-    reads it would fail deep in torch, and the replay copy too."""
-    if tensor.device.type == "meta":
-        raise ValueError(
-            f"mm_kwargs[{key!r}] is on the meta device: it has a shape but no values"
-        )
-
-
 def _check_one_modality(
     mm_kwargs: dict[str, Any], image: dict[str, str], video: dict[str, str]
 ) -> None:
@@ -209,7 +211,6 @@ def _check_rows(
                 f"mm_kwargs[{key!r}] is a {type(part).__name__}; it must be a "
                 "tensor of rows" + (" or a list of them" if accepts_list else "")
             )
-        _check_has_values(key, part)
         if row_shape is not None and part.shape[1:] != row_shape:
             raise ValueError(
                 f"mm_kwargs[{key!r}] has rows of shape {tuple(part.shape[1:])}, "

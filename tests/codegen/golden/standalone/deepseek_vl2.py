@@ -3,8 +3,8 @@
 # From specs/deepseek_vl2.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_vl2.yaml`.
 # spec-sha256: 6f892ea020ee953004c7a45b78d4d9f058c9fcef960abef7cba31604ab4b32b1
-# templates-sha256: 4f6de3ce75202546c6cf646e1bebace25345e66f77acc9aae06ef1b7246c172f
-# output-sha256: 19aac922abebb4772ccae8e5748dd0915b0f7b16e7ded2c9da6fb4b05e391933
+# templates-sha256: 161fd72cabdab9742de0df28d9129318b640b45b51e4f342f19d0825639f8a12
+# output-sha256: 425114a5dd46fc26c13a2f3dd44c7ec12a29313d753faf83fd4efdce45b3dc3e
 
 import itertools
 from collections.abc import Hashable
@@ -50,6 +50,17 @@ def _select_grid(rows: list[list[int]], indices: list[int], width: int) -> torch
     return torch.tensor([rows[i] for i in indices], dtype=torch.int64)
 
 
+def _check_host_values(key: str, tensor: torch.Tensor) -> None:
+    """Grids and counts are read as values: a tensor on the meta device has
+    a shape but none (reading it raised torch's RuntimeError). Pixels are
+    read by shape only, wherever they are."""
+    if tensor.device.type == "meta":
+        raise ValueError(
+            f"mm_kwargs[{key!r}] is on the meta device: it has a shape but no "
+            "values, and a grid or count is read as values"
+        )
+
+
 def _grid_values(mm_kwargs: dict[str, Any], key: str, width: int) -> list[list[int]]:
     """The grid ``key`` as rows of Python ints: an integer tensor of shape
     ``(items, width)`` or a list of rows of ``width`` ints, every dim at
@@ -57,7 +68,7 @@ def _grid_values(mm_kwargs: dict[str, Any], key: str, width: int) -> list[list[i
     truncate a float grid)."""
     grid = mm_kwargs[key]
     if isinstance(grid, torch.Tensor):
-        _check_has_values(key, grid)
+        _check_host_values(key, grid)
         if (
             grid.dtype.is_floating_point
             or grid.dtype.is_complex
@@ -113,15 +124,6 @@ def _num_items(inputs: dict[str, list[Any]]) -> int:
     return next(iter(counts.values()))
 
 
-def _check_has_values(key: str, tensor: torch.Tensor) -> None:
-    """A tensor on the meta device has a shape but no values: a check that
-    reads it would fail deep in torch, and the replay copy too."""
-    if tensor.device.type == "meta":
-        raise ValueError(
-            f"mm_kwargs[{key!r}] is on the meta device: it has a shape but no values"
-        )
-
-
 def _check_rows(
     mm_kwargs: dict[str, Any],
     key: str,
@@ -147,7 +149,6 @@ def _check_rows(
                 f"mm_kwargs[{key!r}] is a {type(part).__name__}; it must be a "
                 "tensor of rows" + (" or a list of them" if accepts_list else "")
             )
-        _check_has_values(key, part)
         if row_shape is not None and part.shape[1:] != row_shape:
             raise ValueError(
                 f"mm_kwargs[{key!r}] has rows of shape {tuple(part.shape[1:])}, "

@@ -3,8 +3,8 @@
 # From specs/lfm2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/lfm2_vl.yaml`.
 # spec-sha256: 53ffcb080829243979571d9cfcffa8d459e19e51a7ca8ee40c70b1caa23721ca
-# templates-sha256: 4f6de3ce75202546c6cf646e1bebace25345e66f77acc9aae06ef1b7246c172f
-# output-sha256: 6b0e36cf0de5d0fe331fa3182e09a69361a0cc8d78c6143b86a543fecd00e5d8
+# templates-sha256: 161fd72cabdab9742de0df28d9129318b640b45b51e4f342f19d0825639f8a12
+# output-sha256: 431451c20a85fc0625e8e9ffb74abd8eb948380c7947afcf53108787ae8e2c05
 
 import itertools
 from collections.abc import Hashable
@@ -86,6 +86,17 @@ def _pad_with_empty_sequences(dst: torch.Tensor, src: torch.Tensor) -> None:
         dst[n:].copy_(src[n - 1 :].expand(dst.shape[0] - n))
 
 
+def _check_host_values(key: str, tensor: torch.Tensor) -> None:
+    """Grids and counts are read as values: a tensor on the meta device has
+    a shape but none (reading it raised torch's RuntimeError). Pixels are
+    read by shape only, wherever they are."""
+    if tensor.device.type == "meta":
+        raise ValueError(
+            f"mm_kwargs[{key!r}] is on the meta device: it has a shape but no "
+            "values, and a grid or count is read as values"
+        )
+
+
 def _grid_values(mm_kwargs: dict[str, Any], key: str, width: int) -> list[list[int]]:
     """The grid ``key`` as rows of Python ints: an integer tensor of shape
     ``(items, width)`` or a list of rows of ``width`` ints, every dim at
@@ -93,7 +104,7 @@ def _grid_values(mm_kwargs: dict[str, Any], key: str, width: int) -> list[list[i
     truncate a float grid)."""
     grid = mm_kwargs[key]
     if isinstance(grid, torch.Tensor):
-        _check_has_values(key, grid)
+        _check_host_values(key, grid)
         if (
             grid.dtype.is_floating_point
             or grid.dtype.is_complex
@@ -146,7 +157,7 @@ def _count_values(mm_kwargs: dict[str, Any], key: str, least: int = 0) -> list[i
     return nothing for it). Anything else is refused, not converted."""
     counts = mm_kwargs[key]
     if isinstance(counts, torch.Tensor):
-        _check_has_values(key, counts)
+        _check_host_values(key, counts)
         if (
             counts.dtype.is_floating_point
             or counts.dtype.is_complex
@@ -203,15 +214,6 @@ def _num_items(inputs: dict[str, list[Any]]) -> int:
     return next(iter(counts.values()))
 
 
-def _check_has_values(key: str, tensor: torch.Tensor) -> None:
-    """A tensor on the meta device has a shape but no values: a check that
-    reads it would fail deep in torch, and the replay copy too."""
-    if tensor.device.type == "meta":
-        raise ValueError(
-            f"mm_kwargs[{key!r}] is on the meta device: it has a shape but no values"
-        )
-
-
 def _check_units(
     grid_key: str, grid: list[Any], count_key: str, counts: list[int]
 ) -> None:
@@ -266,7 +268,6 @@ def _check_rows(
                 f"mm_kwargs[{key!r}] is a {type(part).__name__}; it must be a "
                 "tensor of rows" + (" or a list of them" if accepts_list else "")
             )
-        _check_has_values(key, part)
         if row_shape is not None and part.shape[1:] != row_shape:
             raise ValueError(
                 f"mm_kwargs[{key!r}] has rows of shape {tuple(part.shape[1:])}, "

@@ -3,8 +3,8 @@
 # From specs/minicpmv.yaml: change the spec or the templates and run
 # `gen-mixin specs/minicpmv.yaml`.
 # spec-sha256: d4a580fe01bc55f4be098f399ee38128cd927c0b2f6e20aecf28c2d3e8bd3368
-# templates-sha256: 4f6de3ce75202546c6cf646e1bebace25345e66f77acc9aae06ef1b7246c172f
-# output-sha256: 2c84cb9cfc39ab585323a937cd34502f3ee88cac8d591cff7525607b4651e735
+# templates-sha256: 161fd72cabdab9742de0df28d9129318b640b45b51e4f342f19d0825639f8a12
+# output-sha256: cde2c54fd95546c2d003d7a4425b07e035f3ea2c26c0f6fe1918145b3ebb83c9
 
 import itertools
 from collections.abc import Hashable
@@ -102,6 +102,17 @@ def _select_items(items: list, indices: list[int]) -> list:
     return [items[i] for i in indices]
 
 
+def _check_host_values(key: str, tensor: torch.Tensor) -> None:
+    """Grids and counts are read as values: a tensor on the meta device has
+    a shape but none (reading it raised torch's RuntimeError). Pixels are
+    read by shape only, wherever they are."""
+    if tensor.device.type == "meta":
+        raise ValueError(
+            f"mm_kwargs[{key!r}] is on the meta device: it has a shape but no "
+            "values, and a grid or count is read as values"
+        )
+
+
 def _grid_values(mm_kwargs: dict[str, Any], key: str, width: int) -> list[list[int]]:
     """The grid ``key`` as rows of Python ints: an integer tensor of shape
     ``(items, width)`` or a list of rows of ``width`` ints, every dim at
@@ -109,7 +120,7 @@ def _grid_values(mm_kwargs: dict[str, Any], key: str, width: int) -> list[list[i
     truncate a float grid)."""
     grid = mm_kwargs[key]
     if isinstance(grid, torch.Tensor):
-        _check_has_values(key, grid)
+        _check_host_values(key, grid)
         if (
             grid.dtype.is_floating_point
             or grid.dtype.is_complex
@@ -178,8 +189,6 @@ def _list_lengths(mm_kwargs: dict[str, Any], key: str, least: int = 0) -> list[i
                 f"mm_kwargs[{key!r}][{index}] gives the item no units; an item has "
                 "at least one (it would have no output tokens, and no output)"
             )
-        for unit in units:
-            _check_has_values(key, unit)
     return [len(units) for units in items]
 
 
@@ -238,15 +247,6 @@ def _num_items(inputs: dict[str, list[Any]]) -> int:
     return next(iter(counts.values()))
 
 
-def _check_has_values(key: str, tensor: torch.Tensor) -> None:
-    """A tensor on the meta device has a shape but no values: a check that
-    reads it would fail deep in torch, and the replay copy too."""
-    if tensor.device.type == "meta":
-        raise ValueError(
-            f"mm_kwargs[{key!r}] is on the meta device: it has a shape but no values"
-        )
-
-
 def _check_one_modality(
     mm_kwargs: dict[str, Any], image: dict[str, str], video: dict[str, str]
 ) -> None:
@@ -301,7 +301,6 @@ def _check_rows(
                 f"mm_kwargs[{key!r}] is a {type(part).__name__}; it must be a "
                 "tensor of rows" + (" or a list of them" if accepts_list else "")
             )
-        _check_has_values(key, part)
         if row_shape is not None and part.shape[1:] != row_shape:
             raise ValueError(
                 f"mm_kwargs[{key!r}] has rows of shape {tuple(part.shape[1:])}, "

@@ -3,8 +3,8 @@
 # From specs/gemma3_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma3_mm.yaml`.
 # spec-sha256: 19cc0f6e849ba8315b6202b90204158da9f48161f059a5255254f1c8d3c71b41
-# templates-sha256: 4f6de3ce75202546c6cf646e1bebace25345e66f77acc9aae06ef1b7246c172f
-# output-sha256: 6b9fc0b194bfdae5ce4da75213215b45de80768d6cf2422107591fe8cbb6efc3
+# templates-sha256: 161fd72cabdab9742de0df28d9129318b640b45b51e4f342f19d0825639f8a12
+# output-sha256: 1fd1a625ff52200177052997639e68f2c031ac49ad8dd1c97b7eeca4e76ca1cb
 
 import itertools
 from collections.abc import Hashable
@@ -44,6 +44,17 @@ def _select_counts(counts: list[int], indices: list[int]) -> torch.Tensor:
     return torch.tensor([counts[i] for i in indices], dtype=torch.int64)
 
 
+def _check_host_values(key: str, tensor: torch.Tensor) -> None:
+    """Grids and counts are read as values: a tensor on the meta device has
+    a shape but none (reading it raised torch's RuntimeError). Pixels are
+    read by shape only, wherever they are."""
+    if tensor.device.type == "meta":
+        raise ValueError(
+            f"mm_kwargs[{key!r}] is on the meta device: it has a shape but no "
+            "values, and a grid or count is read as values"
+        )
+
+
 def _count_values(mm_kwargs: dict[str, Any], key: str, least: int = 0) -> list[int]:
     """The count input ``key`` as Python ints: a 1-D integer tensor or a list
     of ints, none negative, each at least ``least`` (1 for an item's units
@@ -51,7 +62,7 @@ def _count_values(mm_kwargs: dict[str, Any], key: str, least: int = 0) -> list[i
     return nothing for it). Anything else is refused, not converted."""
     counts = mm_kwargs[key]
     if isinstance(counts, torch.Tensor):
-        _check_has_values(key, counts)
+        _check_host_values(key, counts)
         if (
             counts.dtype.is_floating_point
             or counts.dtype.is_complex
@@ -108,15 +119,6 @@ def _num_items(inputs: dict[str, list[Any]]) -> int:
     return next(iter(counts.values()))
 
 
-def _check_has_values(key: str, tensor: torch.Tensor) -> None:
-    """A tensor on the meta device has a shape but no values: a check that
-    reads it would fail deep in torch, and the replay copy too."""
-    if tensor.device.type == "meta":
-        raise ValueError(
-            f"mm_kwargs[{key!r}] is on the meta device: it has a shape but no values"
-        )
-
-
 def _check_rows(
     mm_kwargs: dict[str, Any],
     key: str,
@@ -142,7 +144,6 @@ def _check_rows(
                 f"mm_kwargs[{key!r}] is a {type(part).__name__}; it must be a "
                 "tensor of rows" + (" or a list of them" if accepts_list else "")
             )
-        _check_has_values(key, part)
         if row_shape is not None and part.shape[1:] != row_shape:
             raise ValueError(
                 f"mm_kwargs[{key!r}] has rows of shape {tuple(part.shape[1:])}, "

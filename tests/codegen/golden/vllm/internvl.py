@@ -3,8 +3,8 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
-# templates-sha256: 4f6de3ce75202546c6cf646e1bebace25345e66f77acc9aae06ef1b7246c172f
-# output-sha256: c3b67c562777a77625ed45988a496fdabc4bb28b1fe3dffe12632816c4231207
+# templates-sha256: 161fd72cabdab9742de0df28d9129318b640b45b51e4f342f19d0825639f8a12
+# output-sha256: 88d62830bf2c126ecec20b38215f0ecf2935c170a2729c7ce532558ba7e77b8f
 
 import itertools
 from collections.abc import Hashable
@@ -55,6 +55,17 @@ def _select_counts(counts: list[int], indices: list[int]) -> torch.Tensor:
     return torch.tensor([counts[i] for i in indices], dtype=torch.int64)
 
 
+def _check_host_values(key: str, tensor: torch.Tensor) -> None:
+    """Grids and counts are read as values: a tensor on the meta device has
+    a shape but none (reading it raised torch's RuntimeError). Pixels are
+    read by shape only, wherever they are."""
+    if tensor.device.type == "meta":
+        raise ValueError(
+            f"mm_kwargs[{key!r}] is on the meta device: it has a shape but no "
+            "values, and a grid or count is read as values"
+        )
+
+
 def _count_values(mm_kwargs: dict[str, Any], key: str, least: int = 0) -> list[int]:
     """The count input ``key`` as Python ints: a 1-D integer tensor or a list
     of ints, none negative, each at least ``least`` (1 for an item's units
@@ -62,7 +73,7 @@ def _count_values(mm_kwargs: dict[str, Any], key: str, least: int = 0) -> list[i
     return nothing for it). Anything else is refused, not converted."""
     counts = mm_kwargs[key]
     if isinstance(counts, torch.Tensor):
-        _check_has_values(key, counts)
+        _check_host_values(key, counts)
         if (
             counts.dtype.is_floating_point
             or counts.dtype.is_complex
@@ -119,15 +130,6 @@ def _num_items(inputs: dict[str, list[Any]]) -> int:
     return next(iter(counts.values()))
 
 
-def _check_has_values(key: str, tensor: torch.Tensor) -> None:
-    """A tensor on the meta device has a shape but no values: a check that
-    reads it would fail deep in torch, and the replay copy too."""
-    if tensor.device.type == "meta":
-        raise ValueError(
-            f"mm_kwargs[{key!r}] is on the meta device: it has a shape but no values"
-        )
-
-
 def _check_one_modality(
     mm_kwargs: dict[str, Any], image: dict[str, str], video: dict[str, str]
 ) -> None:
@@ -169,7 +171,6 @@ def _check_rows(
                 f"mm_kwargs[{key!r}] is a {type(part).__name__}; it must be a "
                 "tensor of rows" + (" or a list of them" if accepts_list else "")
             )
-        _check_has_values(key, part)
         if row_shape is not None and part.shape[1:] != row_shape:
             raise ValueError(
                 f"mm_kwargs[{key!r}] has rows of shape {tuple(part.shape[1:])}, "
