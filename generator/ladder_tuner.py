@@ -33,7 +33,7 @@ Pure Python (no torch), like the rest of the generator.
 from __future__ import annotations
 
 import json
-import math
+import re
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -42,9 +42,17 @@ from typing import Any
 
 from encoder_cudagraph_runtime.budget_ladder import generate_budgets
 from encoder_cudagraph_runtime.packing import pack_items, smallest_fitting_budget
-from generator.diagnostics import Diagnostic, Diagnostics, Location, SpecError
+from generator.diagnostics import Diagnostic, Location, SpecError
 from generator.formulas import EvaluationError, evaluate, names_in
-from generator.limits import MAX_TRAFFIC_BYTES
+from generator.limits import (
+    MAX_DISTINCT_TRAFFIC_BATCHES,
+    MAX_DISTINCT_TRAFFIC_ITEMS,
+    MAX_INTEGER,
+    MAX_TRAFFIC_BYTES,
+    MAX_TRAFFIC_ITEMS,
+    MAX_TRAFFIC_PROBLEMS,
+    MAX_TUNED_BUDGET,
+)
 
 __all__ = [
     "LadderWaste",
@@ -354,6 +362,11 @@ _TUNING_KEYS = {
 }
 
 
+class _TooManyProblems(Exception):
+    """:data:`~generator.limits.MAX_TRAFFIC_PROBLEMS` problems found: the
+    check stops there."""
+
+
 class _Problems:
     """Problems found on the plain JSON data, located afterwards."""
 
@@ -363,8 +376,11 @@ class _Problems:
     def add(
         self, path: tuple[str | int, ...], message: str, *, at_key: bool = False
     ) -> None:
-        """A problem with the value at ``path`` (``at_key``: with its key)."""
+        """A problem with the value at ``path`` (``at_key``: with its key);
+        raises :class:`_TooManyProblems` once the cap is reached."""
         self.items.append((path, _field(path), message, at_key))
+        if len(self.items) >= MAX_TRAFFIC_PROBLEMS:
+            raise _TooManyProblems
 
 
 def _field(path: tuple[str | int, ...]) -> str:
@@ -374,8 +390,66 @@ def _field(path: tuple[str | int, ...]) -> str:
     return text
 
 
+class _OutOfRange:
+    """A JSON integer beyond int64, kept as its text (never converted: a
+    4,000-digit count overflowed the tuner's floats)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+_OUT_OF_RANGE = f"number out of range (expected at most {MAX_INTEGER} in magnitude)"
+
+
+def _json_int(text: str) -> int | _OutOfRange:
+    if len(text) > 20:  # beyond int64 whatever the digits
+        return _OutOfRange(text)
+    value = int(text)
+    return value if abs(value) <= MAX_INTEGER else _OutOfRange(text)
+
+
+class _Object(dict):
+    """A JSON object; ``repeated``: the keys it gives more than once (a dict
+    keeps the last silently)."""
+
+    repeated: tuple[str, ...] = ()
+
+
+def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = _Object(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        obj.repeated = tuple(k for k, _ in pairs if k in seen or seen.add(k))
+    return obj
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _int_problem(value: Any, low: int, what: str, high: int = MAX_INTEGER) -> str:
+    """Why ``value`` is not an integer in ``low..high`` ("" when it is)."""
+    if isinstance(value, _OutOfRange):
+        return _OUT_OF_RANGE
+    if not _is_int(value) or not low <= value <= high:
+        return what
+    return ""
+
+
+def _check_keys(
+    obj: dict[str, Any],
+    where: tuple[str | int, ...],
+    known: set[str] | frozenset[str],
+    expected: str,
+    problems: _Problems,
+) -> None:
+    """Unknown and repeated keys of one JSON object, in file order (the
+    check stops at the problem cap, however many keys there are)."""
+    for key in dict.fromkeys(getattr(obj, "repeated", ())):
+        problems.add((*where, key), _REPEATED, at_key=True)
+    for key in obj:
+        if key not in known:
+            problems.add((*where, key), expected, at_key=True)
 
 
 def load_traffic(
@@ -390,25 +464,27 @@ def load_traffic(
     budget tokens (it may raise :class:`EvaluationError`), ``output_tokens``
     into output tokens, vLLM's packing order (``None`` when the item lacks
     what it needs: the batch is then ordered by budget tokens). Raises
-    :class:`SpecError` with every problem located."""
+    :class:`SpecError` with every problem located (at most
+    :data:`~generator.limits.MAX_TRAFFIC_PROBLEMS`)."""
     name = str(path)
     text = _read_traffic(path, name)
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_int=_json_int, object_pairs_hook=_json_object)
     except json.JSONDecodeError as exc:
         where = Location(name, exc.lineno, exc.colno)
         raise SpecError([Diagnostic(where, "", f"not JSON: {exc.msg}")]) from None
-    except ValueError:  # Python converts at most 4300 digits to an int
-        raise _file_problem(name, "number out of range (thousands of digits)") from None
     except RecursionError:
         raise _file_problem(name, "nested too deeply") from None
     problems = _Problems()
     needed = set(dims if required is None else required)
-    traffic = _check(
-        data, (set(dims) | needed, needed), (budget_tokens, output_tokens), problems
-    )
+    try:
+        traffic = _check(
+            data, (set(dims) | needed, needed), (budget_tokens, output_tokens), problems
+        )
+    except _TooManyProblems:
+        traffic = None
     if problems.items:
-        raise SpecError(_locate(text, name, problems))
+        raise SpecError(_locate(text, name, data, problems))
     assert traffic is not None
     return traffic
 
@@ -449,17 +525,21 @@ def _check(
     if not isinstance(data, dict):
         problems.add((), "a traffic file is a JSON object with 'batches'")
         return None
-    for key in sorted(set(data) - _TOP_KEYS):
-        problems.add(
-            (key,),
-            f"unknown key (expected: {', '.join(sorted(_TOP_KEYS))})",
-            at_key=True,
-        )
+    _check_keys(
+        data,
+        (),
+        _TOP_KEYS,
+        f"unknown key (expected: {', '.join(sorted(_TOP_KEYS))})",
+        problems,
+    )
     if data.get("format", FORMAT) != FORMAT:
         problems.add(("format",), f"expected {FORMAT!r}")
     raw = data.get("batches")
     if not isinstance(raw, list) or not raw:
         problems.add(("batches",), "a non-empty list of batches is required")
+        raw = []
+    elif (too_many := _too_many(raw)) is not None:
+        problems.add(("batches",), too_many)
         raw = []
     batches = [
         b
@@ -476,7 +556,36 @@ def _check(
     for items, n in counts.items():
         tokens, rows = zip(*items)
         merged.append(TrafficBatch(rows, n, tokens if any(tokens) else ()))
+    if (too_varied := _too_varied(merged)) is not None:
+        problems.add(("batches",), too_varied)
     return Traffic(tuple(merged), tuning)
+
+
+def _too_many(batches: list[Any]) -> str | None:
+    """Why the file has too many items to check (counted before any item
+    is), or None."""
+    items = 0
+    for entry in batches:
+        listed = entry.get("items") if isinstance(entry, dict) else entry
+        items += len(listed) if isinstance(listed, list) else 0
+    if items > MAX_TRAFFIC_ITEMS:
+        return (
+            f"{items} items (at most {MAX_TRAFFIC_ITEMS}; give a repeated batch "
+            "once with its count)"
+        )
+    return None
+
+
+def _too_varied(merged: list[TrafficBatch]) -> str | None:
+    """Why the distinct batches are too many to tune on, or None."""
+    items = sum(len(b.rows) for b in merged)
+    if len(merged) > MAX_DISTINCT_TRAFFIC_BATCHES or items > MAX_DISTINCT_TRAFFIC_ITEMS:
+        return (
+            f"{len(merged)} distinct batches of {items} items (at most "
+            f"{MAX_DISTINCT_TRAFFIC_BATCHES} and {MAX_DISTINCT_TRAFFIC_ITEMS}): "
+            "tuning packs each on every candidate ladder; a smaller sample"
+        )
+    return None
 
 
 def _check_batch(
@@ -490,13 +599,16 @@ def _check_batch(
     count = 1
     items = entry
     if isinstance(entry, dict):
-        for key in sorted(set(entry) - {"items", "count"}):
-            problems.add(
-                (*where, key), "unknown key (expected: count, items)", at_key=True
-            )
+        _check_keys(
+            entry,
+            where,
+            _BATCH_KEYS,
+            "unknown key (expected: count, items)",
+            problems,
+        )
         count = entry.get("count", 1)
-        if not _is_int(count) or count < 1:
-            problems.add((*where, "count"), "a positive integer")
+        if problem := _int_problem(count, 1, "a positive integer"):
+            problems.add((*where, "count"), problem)
             count = 1
         items = entry.get("items")
         where = (*where, "items")
@@ -515,6 +627,9 @@ def _check_batch(
     return TrafficBatch(tuple(rows), count, order if len(order) == len(rows) else ())
 
 
+_BATCH_KEYS = frozenset({"count", "items"})
+
+
 def _check_item(
     item: Any,
     where: tuple[str | int, ...],
@@ -527,20 +642,16 @@ def _check_item(
     if not isinstance(item, dict):
         problems.add(where, f"an item is an object of grid dims ({expected})")
         return None
-    ok = True
-    for key in sorted(item):
-        if key not in allowed:
-            problems.add(
-                (*where, key), f"not a grid dim of the spec ({expected})", at_key=True
-            )
-            ok = False
-        elif not _is_int(item[key]) or item[key] < 1:
-            problems.add((*where, key), "a positive integer")
-            ok = False
+    before = len(problems.items)
+    _check_keys(
+        item, where, allowed, f"not a grid dim of the spec ({expected})", problems
+    )
+    for key in sorted(allowed & set(item)):
+        if problem := _int_problem(item[key], 1, "a positive integer"):
+            problems.add((*where, key), problem)
     for key in sorted(required - set(item)):
         problems.add(where, f"missing grid dim {key!r}")
-        ok = False
-    if not ok:
+    if len(problems.items) > before:
         return None
     try:
         tokens = budget_tokens(item)
@@ -553,72 +664,167 @@ def _check_item(
     return tokens
 
 
+#: The largest ``tuning.capture_memory_mib``: int64 bytes.
+_MAX_MIB = MAX_INTEGER // 2**20
+
+
 def _check_tuning(raw: Any, problems: _Problems) -> Tuning:
     if not isinstance(raw, dict):
         problems.add(("tuning",), "an object")
         return Tuning()
-    for key in sorted(set(raw) - _TUNING_KEYS):
-        problems.add(
-            ("tuning", key),
-            f"unknown key (expected: {', '.join(sorted(_TUNING_KEYS))})",
-            at_key=True,
-        )
+    _check_keys(
+        raw,
+        ("tuning",),
+        _TUNING_KEYS,
+        f"unknown key (expected: {', '.join(sorted(_TUNING_KEYS))})",
+        problems,
+    )
     cap = raw.get("capture_memory_mib")
-    if cap is not None and (
+    if isinstance(cap, _OutOfRange):
+        problems.add(("tuning", "capture_memory_mib"), _OUT_OF_RANGE)
+        cap = None
+    elif cap is not None and (
         not isinstance(cap, (int, float))
         or isinstance(cap, bool)
-        or not 0 < cap < math.inf
+        or not 0 < cap <= _MAX_MIB
     ):
-        problems.add(("tuning", "capture_memory_mib"), "a positive number")
+        problems.add(
+            ("tuning", "capture_memory_mib"),
+            f"a positive number, at most {_MAX_MIB} (int64 bytes)",
+        )
         cap = None
     graphs = raw.get("max_graphs", Tuning.max_graphs)
-    if not _is_int(graphs) or not 1 <= graphs <= 1024:
-        problems.add(("tuning", "max_graphs"), "an integer in 1..1024")
+    if problem := _int_problem(graphs, 1, "an integer in 1..1024", 1024):
+        problems.add(("tuning", "max_graphs"), problem)
         graphs = Tuning.max_graphs
     row_bytes = raw.get("output_row_bytes", 0)
-    if not _is_int(row_bytes) or row_bytes < 0:
-        problems.add(("tuning", "output_row_bytes"), "a non-negative integer")
+    if problem := _int_problem(row_bytes, 0, "a non-negative integer"):
+        problems.add(("tuning", "output_row_bytes"), problem)
         row_bytes = 0
     replay_rows = raw.get("replay_cost_rows")
-    if replay_rows is not None and (not _is_int(replay_rows) or replay_rows < 0):
-        problems.add(("tuning", "replay_cost_rows"), "a non-negative integer")
+    if replay_rows is not None and (
+        problem := _int_problem(replay_rows, 0, "a non-negative integer")
+    ):
+        problems.add(("tuning", "replay_cost_rows"), problem)
         replay_rows = None
     max_budget = raw.get("max_budget")
-    if max_budget is not None and (not _is_int(max_budget) or max_budget < 1):
-        problems.add(("tuning", "max_budget"), "a positive integer")
+    if max_budget is not None and (
+        problem := _int_problem(
+            max_budget,
+            1,
+            f"a positive integer, at most {MAX_TUNED_BUDGET}",
+            MAX_TUNED_BUDGET,
+        )
+    ):
+        problems.add(("tuning", "max_budget"), problem)
         max_budget = None
     return Tuning(cap, graphs, row_bytes, replay_rows, max_budget)
 
 
-def _locate(text: str, name: str, problems: _Problems) -> list[Diagnostic]:
-    """Diagnostics at the position of each problem, from a position-keeping
-    parse of the same text (JSON is YAML): the value's position, the key's
-    for an unknown key, the nearest enclosing value's otherwise."""
-    from generator.yaml_loader import load_spec_tree
-
-    tree = load_spec_tree(text, name, Diagnostics())
+def _locate(text: str, name: str, data: Any, problems: _Problems) -> list[Diagnostic]:
+    """Diagnostics at the position of each problem: the value's, the key's
+    for an unknown or repeated key (a repeated one at its second place,
+    naming the first), the nearest enclosing value's for a missing one."""
+    targets = [(path, _existing(data, path), *rest) for path, *rest in problems.items]
+    wanted: dict[tuple[str | int, ...], int] = {}
+    for _, target, _, message, _ in targets:
+        wanted[target] = max(wanted.get(target, 1), 2 if message == _REPEATED else 1)
+    found = _json_positions(text, wanted)
     out = []
-    for path, field, message, at_key in problems.items:
-        node = tree
-        location = tree.location if tree is not None else Location(name, 1, 1)
-        for depth, part in enumerate(path):
-            value = node.value if node is not None else None
-            if isinstance(part, str) and isinstance(value, dict) and part in value:
-                keys = node.key_locations or {}  # type: ignore[union-attr]
-                node = value[part]
-                key_problem = at_key and depth == len(path) - 1
-                location = (
-                    keys.get(part, node.location) if key_problem else node.location
-                )
-            elif (
-                isinstance(part, int) and isinstance(value, list) and part < len(value)
-            ):
-                node = value[part]
-                location = node.location
-            else:
-                break
-        out.append(Diagnostic(location, field, message))
+    for path, target, field, message, at_key in targets:
+        places = found.get(target) or [(0, 0)]
+        key_at, value_at = places[0]
+        at = key_at if at_key and target == path else value_at
+        if message == _REPEATED and len(places) > 1:
+            first = _location(text, name, key_at)
+            message = (
+                f"{_REPEATED} (first given at line {first.line}, column {first.col})"
+            )
+            at = places[1][0]
+        out.append(Diagnostic(_location(text, name, at), field, message))
     return sorted(out)
+
+
+_REPEATED = "duplicate key"
+
+
+def _existing(data: Any, path: tuple[str | int, ...]) -> tuple[str | int, ...]:
+    """The longest beginning of ``path`` that names a value of ``data``."""
+    node, out = data, ()
+    for part in path:
+        if isinstance(part, str) and isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(part, int) and isinstance(node, list) and part < len(node):
+            node = node[part]
+        else:
+            break
+        out = (*out, part)
+    return out
+
+
+def _location(text: str, name: str, offset: int) -> Location:
+    line_start = text.rfind("\n", 0, offset) + 1
+    return Location(name, text.count("\n", 0, offset) + 1, offset - line_start + 1)
+
+
+_SPACE = re.compile(r"[ \t\n\r]*")
+
+
+class _Found(Exception):
+    """Every wanted position is found: the walk stops."""
+
+
+def _json_positions(
+    text: str, wanted: dict[tuple[str | int, ...], int]
+) -> dict[tuple[str | int, ...], list[tuple[int, int]]]:
+    """``path -> [(key offset, value offset), ...]`` for the first ``wanted
+    [path]`` places of each path (a key repeated has several). One walk of
+    the text, which descends only towards the wanted paths (a value off
+    them is skipped by the JSON module's C scanner) and stops once every one
+    is found: far cheaper than a second parse keeping positions."""
+    decoder = json.JSONDecoder(parse_int=_json_int)
+    prefixes = {path[:depth] for path in wanted for depth in range(len(path) + 1)}
+    found: dict[tuple[str | int, ...], list[tuple[int, int]]] = {}
+    missing = set(wanted)
+
+    def space(i: int) -> int:
+        return _SPACE.match(text, i).end()  # type: ignore[union-attr]
+
+    def seen(path: tuple[str | int, ...], key_at: int, value_at: int) -> None:
+        if path in wanted:
+            found.setdefault(path, []).append((key_at, value_at))
+            if len(found[path]) >= wanted[path]:
+                missing.discard(path)
+                if not missing:
+                    raise _Found
+
+    def walk(i: int, path: tuple[str | int, ...]) -> int:
+        """The offset past the value at ``i``."""
+        if path not in prefixes or text[i] not in "{[":
+            return decoder.raw_decode(text, i)[1]
+        closing = "}" if text[i] == "{" else "]"
+        i, index = space(i + 1), 0
+        while text[i] != closing:
+            key_at = i
+            if closing == "}":
+                key, i = decoder.raw_decode(text, i)
+                child: tuple[str | int, ...] = (*path, key)
+                i = space(space(i) + 1)  # past the colon
+            else:
+                child, index = (*path, index), index + 1
+            seen(child, key_at, i)
+            i = space(walk(i, child))
+            if text[i] == ",":
+                i = space(i + 1)
+        return i + 1
+
+    start = space(0)
+    try:
+        seen((), start, start)
+        walk(start, ())
+    except _Found:
+        pass
+    return found
 
 
 # ---------------------------------------------------------------------------

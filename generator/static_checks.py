@@ -30,6 +30,7 @@ from generator.formulas import (
     names_in,
     walk,
 )
+from generator.limits import MAX_DUMMY_UNITS
 from generator.padded_coverage import padded_problems, padded_tensors
 from generator.spec.capture import (
     ITEM_BOUND,
@@ -1132,6 +1133,9 @@ def unit_dummy_problems(
             scope = unit_scope(env, budget, mbs, mbs)
             try:
                 units = value_at("capture.units", capture.units, scope)
+                if units > MAX_DUMMY_UNITS:
+                    yield _too_many_units(units, budget)
+                    return
                 dummy = _dummy_units(ir, {**scope, "units": units}, units)
             except (EvaluationError, ArithmeticError):
                 return
@@ -1148,10 +1152,19 @@ def unit_dummy_problems(
                 return
 
 
+def _too_many_units(units: int, budget: int) -> tuple[str, str]:
+    return (
+        "capture.units",
+        f"{units} dummy units at budget {budget} (at most {MAX_DUMMY_UNITS}): "
+        "each is checked at every sampled budget",
+    )
+
+
 def _dummy_units(ir: Arithmetic, scope: Mapping[str, int], units: int):
-    """Each dummy unit's dims (every unit grid's), at most 2**16 units."""
+    """Each dummy unit's dims (every unit grid's); the caller caps
+    ``units``."""
     out = []
-    for index in range(min(units, 1 << 16)):
+    for index in range(units):
         dims: dict[str, int] = {}
         for item, exprs in ir.capture.unit_dummy:
             for dim, expr in zip(item.dims, exprs, strict=True):

@@ -9,7 +9,10 @@ input with one row more than there are items, as floats (tensor and list),
 of the wrong width, with a zero or negative dim, every derived grid
 (``inputs.<key>.equals``) off by one against its sources, and the span types
 of a span-assembly spec with an unknown value or a content position moved
-from one item's span to the next. The spec tests
+from one item's span to the next; and (issue #28 item 6) every grid and
+count on the meta device, an item of no units where that leaves it no
+output tokens, a padded input as a tuple, span types complex or as a list,
+and the inputs of two modalities in one batch. The spec tests
 (``tests/codegen/test_gen_input_checks.py``) call the protocol methods
 directly; the equivalence tests run the cases through the manager on the
 graph and the eager path.
@@ -26,6 +29,7 @@ from typing import Any
 
 import torch
 
+from generator.emitters.input_checks import least_units
 from generator.formulas import evaluate
 from generator.spec import FlatInput, ItemInput, MixinSpec
 
@@ -149,6 +153,21 @@ def _item_cases(spec: MixinSpec, mm_kwargs: dict[str, Any], item: ItemInput):
         _with(mm_kwargs, key, floats),
         rf"{_key(key)}\[0\] is .*; {what}",
     )
+    yield Corruption(
+        f"{key}:on-meta",  # RuntimeError from the check itself before
+        _with(mm_kwargs, key, torch.tensor(rows).to("meta")),
+        rf"{_key(key)} is on the meta device: it has a shape but no values",
+    )
+    if item.is_count and least_units(spec, item):
+        # An item of no units (InternVL's count 0): KeyError in postprocess
+        # before.
+        none = copy.deepcopy(rows)
+        none[0] = 0
+        yield Corruption(
+            f"{key}:item-without-units",
+            _with(mm_kwargs, key, _like(value, none)),
+            rf"{_key(key)}\[0\] gives the item no units",
+        )
     if item.is_count:
         negative = copy.deepcopy(rows)
         negative[0] = -1
@@ -219,6 +238,11 @@ def _padded_cases(spec: MixinSpec, mm_kwargs: dict[str, Any], item: ItemInput):
         _with(mm_kwargs, key, wide + parts[1:]),
         rf"{_key(key)}\[0\] has rows of shape \(.*\), but the captured buffers",
     )
+    yield Corruption(
+        f"{key}:tuple",  # AttributeError in selection before
+        _with(mm_kwargs, key, tuple(parts)),
+        rf"{_key(key)} is a tuple; a padded input is a tensor",
+    )
     counted = [i for i in spec.item_inputs if i.unit_of is None]
     if len(counted) > 1:
         yield Corruption(
@@ -262,6 +286,13 @@ def _list_cases(spec: MixinSpec, mm_kwargs: dict[str, Any], item: ItemInput):
             _with(mm_kwargs, key, more),
             rf"{_key(grids[0].key)} has \d+ unit rows, but {_key(key)} gives \d+ units",
         )
+    if least_units(spec, item):
+        # MiniCPM-V's empty slice list: KeyError in postprocess before.
+        yield Corruption(
+            f"{key}:item-without-units",
+            _with(mm_kwargs, key, [[], *value[1:]]),
+            rf"{_key(key)}\[0\] gives the item no units",
+        )
     yield Corruption(
         f"{key}:not-a-list",
         _with(mm_kwargs, key, value[0][0]),
@@ -301,6 +332,18 @@ def _span_cases(
         rf"{_key(key)}\[0\] is {UNKNOWN_SPAN_TYPE}, not a span type",
         in_selection=False,
     )
+    yield Corruption(
+        f"{key}:complex",  # reached torch.isin before
+        _with(mm_kwargs, key, types.to(torch.complex64)),
+        rf"{_key(key)} is a torch.complex64 tensor of shape",
+        in_selection=False,
+    )
+    yield Corruption(
+        f"{key}:a-list",
+        _with(mm_kwargs, key, types.tolist()),
+        rf"{_key(key)} is a list; ",  # a flat input too (DeepSeek-V4.1)
+        in_selection=False,
+    )
     content = getattr(module, span.content.name)
     first, second = range(lengths[0]), range(lengths[0], lengths[0] + lengths[1])
     other = next((i for i in first if int(types[i]) != content), None)
@@ -315,6 +358,18 @@ def _span_cases(
         rf"item 0's span in {_key(key)} has \d+ {span.content.name} positions, "
         r"but the graph emits \d+ rows",
         in_selection=False,
+    )
+
+
+def _two_modalities(spec: MixinSpec, mm_kwargs: dict[str, Any]) -> Corruption:
+    """The image batch with its inputs under the video keys too (Qwen2-VL:
+    four items sent, two outputs returned, no error, before)."""
+    videos = {i.video_key: mm_kwargs[i.key] for i in spec.inputs if i.video_key}
+    return Corruption(
+        "image-and-video-keys",
+        {**mm_kwargs, **videos},
+        r"the batch holds image inputs \(.*\) and video inputs \(.*\); a batch "
+        "has one modality",
     )
 
 
@@ -338,6 +393,8 @@ def corruptions(
             cases += _list_cases(spec, mm_kwargs, item)
         else:
             cases += _item_cases(spec, mm_kwargs, item)
+    if spec.has_video_keys:
+        cases.append(_two_modalities(spec, mm_kwargs))
     if spec.span_assembly is not None:
         lengths = [output_tokens(0), output_tokens(1)]
         cases += _span_cases(spec, module, mm_kwargs, lengths)

@@ -3,8 +3,8 @@
 # From specs/deepseek_v41.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_v41.yaml`.
 # spec-sha256: c447e3749bf7cd0365b4659a2d5fc3fd1d54ac89404a6f484252d3b50423d391
-# templates-sha256: 9fbcf6e262ffd279c9b588ab82b838148a903b7694503b694d217bf3b03ba3ca
-# output-sha256: f2503bf6011716f40757788870e7ee3b4fccc992d7f130b9e0df6b95bcb5259b
+# templates-sha256: ee34d7790157d2cd44769570d78e7ef6d6387a45b5e73fc6e6c91538e218702d
+# output-sha256: a1139d25cd93a2f1e7eb322a96919b31e74dcbcb416b9a8c122aba2ea5757feb
 
 import itertools
 import weakref
@@ -63,6 +63,17 @@ def _select_grid(rows: list[list[int]], indices: list[int], width: int) -> torch
     return torch.tensor([rows[i] for i in indices], dtype=torch.int64)
 
 
+def _check_host_values(key: str, tensor: torch.Tensor) -> None:
+    """Grids and counts are read as values: a tensor on the meta device has
+    a shape but none (reading it raised torch's RuntimeError). Pixels are
+    read by shape only, wherever they are."""
+    if tensor.device.type == "meta":
+        raise ValueError(
+            f"mm_kwargs[{key!r}] is on the meta device: it has a shape but no "
+            "values, and a grid or count is read as values"
+        )
+
+
 def _grid_values(mm_kwargs: dict[str, Any], key: str, width: int) -> list[list[int]]:
     """The grid ``key`` as rows of Python ints: an integer tensor of shape
     ``(items, width)`` or a list of rows of ``width`` ints, every dim at
@@ -70,6 +81,7 @@ def _grid_values(mm_kwargs: dict[str, Any], key: str, width: int) -> list[list[i
     truncate a float grid)."""
     grid = mm_kwargs[key]
     if isinstance(grid, torch.Tensor):
+        _check_host_values(key, grid)
         if (
             grid.dtype.is_floating_point
             or grid.dtype.is_complex
@@ -200,12 +212,22 @@ def _check_span_types(
     and every later one, without an error.
     """
     types = mm_kwargs[key]
+    if not isinstance(types, torch.Tensor):
+        raise ValueError(
+            f"mm_kwargs[{key!r}] is a {type(types).__name__}; span types are an "
+            "integer tensor on the CPU"
+        )
     if types.device.type != "cpu":
         raise ValueError(
             f"mm_kwargs[{key!r}] is on {types.device}; span assembly reads it on "
             "the host (keep it on the CPU)"
         )
-    if types.ndim != 1 or types.dtype.is_floating_point or types.dtype == torch.bool:
+    if (
+        types.ndim != 1
+        or types.dtype.is_floating_point
+        or types.dtype.is_complex
+        or types.dtype == torch.bool
+    ):
         raise ValueError(
             f"mm_kwargs[{key!r}] is a {types.dtype} tensor of shape "
             f"{tuple(types.shape)}; span types are one integer per output token"

@@ -3,8 +3,8 @@
 # From specs/glm5_next.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm5_next.yaml`.
 # spec-sha256: c3575549c4ed50dd76892d25b692f5f5f648d2f13a2ea29bebd572d144fcdb24
-# templates-sha256: 9fbcf6e262ffd279c9b588ab82b838148a903b7694503b694d217bf3b03ba3ca
-# output-sha256: 69642e155f0e54373883e75d29dde6473fdaeafc217add234deda4d28b8a5873
+# templates-sha256: ee34d7790157d2cd44769570d78e7ef6d6387a45b5e73fc6e6c91538e218702d
+# output-sha256: bc939ba1bc06b1003250a3e64259ce27604e212c42250d78698ecb4ddd79f094
 
 import itertools
 from collections.abc import Hashable
@@ -74,6 +74,17 @@ def _pad_with_empty_sequences(dst: torch.Tensor, src: torch.Tensor) -> None:
         dst[n:].copy_(src[n - 1 :].expand(dst.shape[0] - n))
 
 
+def _check_host_values(key: str, tensor: torch.Tensor) -> None:
+    """Grids and counts are read as values: a tensor on the meta device has
+    a shape but none (reading it raised torch's RuntimeError). Pixels are
+    read by shape only, wherever they are."""
+    if tensor.device.type == "meta":
+        raise ValueError(
+            f"mm_kwargs[{key!r}] is on the meta device: it has a shape but no "
+            "values, and a grid or count is read as values"
+        )
+
+
 def _grid_values(mm_kwargs: dict[str, Any], key: str, width: int) -> list[list[int]]:
     """The grid ``key`` as rows of Python ints: an integer tensor of shape
     ``(items, width)`` or a list of rows of ``width`` ints, every dim at
@@ -81,6 +92,7 @@ def _grid_values(mm_kwargs: dict[str, Any], key: str, width: int) -> list[list[i
     truncate a float grid)."""
     grid = mm_kwargs[key]
     if isinstance(grid, torch.Tensor):
+        _check_host_values(key, grid)
         if (
             grid.dtype.is_floating_point
             or grid.dtype.is_complex
@@ -134,6 +146,22 @@ def _num_items(inputs: dict[str, list[Any]]) -> int:
         listed = ", ".join(f"mm_kwargs[{k!r}] has {n}" for k, n in counts.items())
         raise ValueError(f"the inputs disagree on the number of items: {listed}")
     return next(iter(counts.values()))
+
+
+def _check_one_modality(
+    mm_kwargs: dict[str, Any], image: dict[str, str], video: dict[str, str]
+) -> None:
+    """The batch holds the inputs of one modality: the methods read one
+    modality's keys, and the other's items would get no output."""
+    own = [
+        sorted(k for k in set(a.values()) - set(b.values()) if k in mm_kwargs)
+        for a, b in ((image, video), (video, image))
+    ]
+    if all(own):
+        raise ValueError(
+            f"the batch holds image inputs ({', '.join(own[0])}) and video inputs "
+            f"({', '.join(own[1])}); a batch has one modality"
+        )
 
 
 def _check_rows(
@@ -446,6 +474,7 @@ class Glm5NextEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         synchronisation.
         """
         keys = self._modality_keys(mm_kwargs)
+        _check_one_modality(mm_kwargs, _IMAGE_KEYS, _VIDEO_KEYS)
         image_grid_thw = _grid_values(mm_kwargs, keys["image_grid_thw"], 3)
         num_items = _num_items({keys["image_grid_thw"]: image_grid_thw})
         if indices is not None:

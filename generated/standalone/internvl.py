@@ -3,8 +3,8 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
-# templates-sha256: 9fbcf6e262ffd279c9b588ab82b838148a903b7694503b694d217bf3b03ba3ca
-# output-sha256: 39fbbdb3e6716a89a19b8998b24a45fde9f2a80a5e22d80e0ea9d8f45a0e06c0
+# templates-sha256: ee34d7790157d2cd44769570d78e7ef6d6387a45b5e73fc6e6c91538e218702d
+# output-sha256: a3831bd5e8d6abc27814a97e0a53bd523cc5d4b4a3aeb2e6a93b3d54af289172
 
 import itertools
 from collections.abc import Hashable
@@ -55,11 +55,25 @@ def _select_counts(counts: list[int], indices: list[int]) -> torch.Tensor:
     return torch.tensor([counts[i] for i in indices], dtype=torch.int64)
 
 
-def _count_values(mm_kwargs: dict[str, Any], key: str) -> list[int]:
+def _check_host_values(key: str, tensor: torch.Tensor) -> None:
+    """Grids and counts are read as values: a tensor on the meta device has
+    a shape but none (reading it raised torch's RuntimeError). Pixels are
+    read by shape only, wherever they are."""
+    if tensor.device.type == "meta":
+        raise ValueError(
+            f"mm_kwargs[{key!r}] is on the meta device: it has a shape but no "
+            "values, and a grid or count is read as values"
+        )
+
+
+def _count_values(mm_kwargs: dict[str, Any], key: str, least: int = 0) -> list[int]:
     """The count input ``key`` as Python ints: a 1-D integer tensor or a list
-    of ints, none negative. Anything else is refused, not converted."""
+    of ints, none negative, each at least ``least`` (1 for an item's units
+    when an item of none would have no output tokens: the manager would
+    return nothing for it). Anything else is refused, not converted."""
     counts = mm_kwargs[key]
     if isinstance(counts, torch.Tensor):
+        _check_host_values(key, counts)
         if (
             counts.dtype.is_floating_point
             or counts.dtype.is_complex
@@ -79,8 +93,8 @@ def _count_values(mm_kwargs: dict[str, Any], key: str) -> list[int]:
                 f"mm_kwargs[{key!r}][{index}] is {int(counts[index])}; a count is "
                 "not negative"
             )
-        return counts.tolist()
-    if isinstance(counts, (list, tuple)):
+        values = counts.tolist()
+    elif isinstance(counts, (list, tuple)):
         values = list(counts)
         for index, value in enumerate(values):
             if type(value) is not int:
@@ -97,6 +111,12 @@ def _count_values(mm_kwargs: dict[str, Any], key: str) -> list[int]:
         raise ValueError(
             f"mm_kwargs[{key!r}][{index}] is {values[index]}; a count is not negative"
         )
+    if values and min(values) < least:
+        index = values.index(min(values))
+        raise ValueError(
+            f"mm_kwargs[{key!r}][{index}] gives the item no units; an item has "
+            "at least one (it would have no output tokens, and no output)"
+        )
     return values
 
 
@@ -108,6 +128,22 @@ def _num_items(inputs: dict[str, list[Any]]) -> int:
         listed = ", ".join(f"mm_kwargs[{k!r}] has {n}" for k, n in counts.items())
         raise ValueError(f"the inputs disagree on the number of items: {listed}")
     return next(iter(counts.values()))
+
+
+def _check_one_modality(
+    mm_kwargs: dict[str, Any], image: dict[str, str], video: dict[str, str]
+) -> None:
+    """The batch holds the inputs of one modality: the methods read one
+    modality's keys, and the other's items would get no output."""
+    own = [
+        sorted(k for k in set(a.values()) - set(b.values()) if k in mm_kwargs)
+        for a, b in ((image, video), (video, image))
+    ]
+    if all(own):
+        raise ValueError(
+            f"the batch holds image inputs ({', '.join(own[0])}) and video inputs "
+            f"({', '.join(own[1])}); a batch has one modality"
+        )
 
 
 def _check_rows(
@@ -324,7 +360,8 @@ class InternVLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         synchronisation.
         """
         keys = self._modality_keys(mm_kwargs)
-        image_num_patches = _count_values(mm_kwargs, keys["image_num_patches"])
+        _check_one_modality(mm_kwargs, _IMAGE_KEYS, _VIDEO_KEYS)
+        image_num_patches = _count_values(mm_kwargs, keys["image_num_patches"], least=1)
         num_items = _num_items({keys["image_num_patches"]: image_num_patches})
         if indices is not None:
             # A selection: the manager checked this batch's rows in item specs,

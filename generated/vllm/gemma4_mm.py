@@ -3,8 +3,8 @@
 # From specs/gemma4_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma4_mm.yaml`.
 # spec-sha256: 148b1e0d274e84158f902fd11628140ec5226f1b1ab73e2346d9b6fbfd1545e4
-# templates-sha256: 9fbcf6e262ffd279c9b588ab82b838148a903b7694503b694d217bf3b03ba3ca
-# output-sha256: b10974a366df5fe6337fba19bf678470bfbf5f48c3b67d456e0bd0ef8c018abc
+# templates-sha256: ee34d7790157d2cd44769570d78e7ef6d6387a45b5e73fc6e6c91538e218702d
+# output-sha256: f217a5de2700b9e3a162d9fb39c4417da6b2272b51a16472455965b185452136
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
@@ -147,8 +147,9 @@ def _padded_values(
             )
         parts, shapes = [value] * value.shape[0], [value.shape[2:]]
         sizes = [value.shape[1]] * value.shape[0]
-    elif isinstance(value, (list, tuple)):
-        parts = list(value)
+    elif isinstance(value, list):
+        # Not a tuple: selection and the replay copy take a list's items.
+        parts = value
         for index, part in enumerate(parts):
             if not isinstance(part, torch.Tensor) or part.ndim == 0:
                 raise ValueError(

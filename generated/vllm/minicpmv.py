@@ -3,8 +3,8 @@
 # From specs/minicpmv.yaml: change the spec or the templates and run
 # `gen-mixin specs/minicpmv.yaml`.
 # spec-sha256: d4a580fe01bc55f4be098f399ee38128cd927c0b2f6e20aecf28c2d3e8bd3368
-# templates-sha256: 9fbcf6e262ffd279c9b588ab82b838148a903b7694503b694d217bf3b03ba3ca
-# output-sha256: 407edc8fdd8e798487e6b6b627ea8d75883963c5751771d55f9ec6d0a6a465de
+# templates-sha256: ee34d7790157d2cd44769570d78e7ef6d6387a45b5e73fc6e6c91538e218702d
+# output-sha256: 7e7fe96b13b31990687a56bdd50aaf2ebcf6a1dd97650b1d22a5acbc476ad004
 
 import itertools
 from collections.abc import Hashable
@@ -87,6 +87,17 @@ def _select_items(items: list, indices: list[int]) -> list:
     return [items[i] for i in indices]
 
 
+def _check_host_values(key: str, tensor: torch.Tensor) -> None:
+    """Grids and counts are read as values: a tensor on the meta device has
+    a shape but none (reading it raised torch's RuntimeError). Pixels are
+    read by shape only, wherever they are."""
+    if tensor.device.type == "meta":
+        raise ValueError(
+            f"mm_kwargs[{key!r}] is on the meta device: it has a shape but no "
+            "values, and a grid or count is read as values"
+        )
+
+
 def _grid_values(mm_kwargs: dict[str, Any], key: str, width: int) -> list[list[int]]:
     """The grid ``key`` as rows of Python ints: an integer tensor of shape
     ``(items, width)`` or a list of rows of ``width`` ints, every dim at
@@ -94,6 +105,7 @@ def _grid_values(mm_kwargs: dict[str, Any], key: str, width: int) -> list[list[i
     truncate a float grid)."""
     grid = mm_kwargs[key]
     if isinstance(grid, torch.Tensor):
+        _check_host_values(key, grid)
         if (
             grid.dtype.is_floating_point
             or grid.dtype.is_complex
@@ -139,9 +151,10 @@ def _grid_values(mm_kwargs: dict[str, Any], key: str, width: int) -> list[list[i
     return rows
 
 
-def _list_lengths(mm_kwargs: dict[str, Any], key: str) -> list[int]:
+def _list_lengths(mm_kwargs: dict[str, Any], key: str, least: int = 0) -> list[int]:
     """The units of each item of the list input ``key``: a list (or tuple)
-    per item of unit tensors. Anything else is refused, not converted."""
+    per item of unit tensors with values, at least ``least`` per item (as
+    ``_count_values``). Anything else is refused, not converted."""
     items = mm_kwargs[key]
     if not isinstance(items, (list, tuple)):
         raise ValueError(
@@ -155,6 +168,11 @@ def _list_lengths(mm_kwargs: dict[str, Any], key: str) -> list[int]:
             raise ValueError(
                 f"mm_kwargs[{key!r}][{index}] is a {type(units).__name__}; an item "
                 "of a list input is a list of unit tensors"
+            )
+        if len(units) < least:
+            raise ValueError(
+                f"mm_kwargs[{key!r}][{index}] gives the item no units; an item has "
+                "at least one (it would have no output tokens, and no output)"
             )
     return [len(units) for units in items]
 
@@ -212,6 +230,22 @@ def _num_items(inputs: dict[str, list[Any]]) -> int:
         listed = ", ".join(f"mm_kwargs[{k!r}] has {n}" for k, n in counts.items())
         raise ValueError(f"the inputs disagree on the number of items: {listed}")
     return next(iter(counts.values()))
+
+
+def _check_one_modality(
+    mm_kwargs: dict[str, Any], image: dict[str, str], video: dict[str, str]
+) -> None:
+    """The batch holds the inputs of one modality: the methods read one
+    modality's keys, and the other's items would get no output."""
+    own = [
+        sorted(k for k in set(a.values()) - set(b.values()) if k in mm_kwargs)
+        for a, b in ((image, video), (video, image))
+    ]
+    if all(own):
+        raise ValueError(
+            f"the batch holds image inputs ({', '.join(own[0])}) and video inputs "
+            f"({', '.join(own[1])}); a batch has one modality"
+        )
 
 
 def _check_units(
@@ -555,7 +589,8 @@ class MiniCPMVEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         synchronisation.
         """
         keys = self._modality_keys(mm_kwargs)
-        pixel_values = _list_lengths(mm_kwargs, keys["pixel_values"])
+        _check_one_modality(mm_kwargs, _IMAGE_KEYS, _VIDEO_KEYS)
+        pixel_values = _list_lengths(mm_kwargs, keys["pixel_values"], least=1)
         tgt_sizes = _unit_grid_values(mm_kwargs, keys["tgt_sizes"], 2)
         num_items = _num_items({keys["pixel_values"]: pixel_values})
         _check_units(keys["tgt_sizes"], tgt_sizes, keys["pixel_values"], pixel_values)

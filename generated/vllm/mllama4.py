@@ -3,8 +3,8 @@
 # From specs/mllama4.yaml: change the spec or the templates and run
 # `gen-mixin specs/mllama4.yaml`.
 # spec-sha256: 3a4c5d7bdb1ee216f77e7723529296ab4a8d77acd6df01a22770eb4a40007938
-# templates-sha256: 9fbcf6e262ffd279c9b588ab82b838148a903b7694503b694d217bf3b03ba3ca
-# output-sha256: 5f8b84c3a41e1bb67875faa774395dfb0dca1ee8de843c5e874d3afd4de463a7
+# templates-sha256: ee34d7790157d2cd44769570d78e7ef6d6387a45b5e73fc6e6c91538e218702d
+# output-sha256: 25874ec3925d9a910cf1e2f48d68dc2be1023a2822810af220a26521f94e5cbb
 
 import itertools
 from collections.abc import Hashable
@@ -44,11 +44,25 @@ def _select_counts(counts: list[int], indices: list[int]) -> torch.Tensor:
     return torch.tensor([counts[i] for i in indices], dtype=torch.int64)
 
 
-def _count_values(mm_kwargs: dict[str, Any], key: str) -> list[int]:
+def _check_host_values(key: str, tensor: torch.Tensor) -> None:
+    """Grids and counts are read as values: a tensor on the meta device has
+    a shape but none (reading it raised torch's RuntimeError). Pixels are
+    read by shape only, wherever they are."""
+    if tensor.device.type == "meta":
+        raise ValueError(
+            f"mm_kwargs[{key!r}] is on the meta device: it has a shape but no "
+            "values, and a grid or count is read as values"
+        )
+
+
+def _count_values(mm_kwargs: dict[str, Any], key: str, least: int = 0) -> list[int]:
     """The count input ``key`` as Python ints: a 1-D integer tensor or a list
-    of ints, none negative. Anything else is refused, not converted."""
+    of ints, none negative, each at least ``least`` (1 for an item's units
+    when an item of none would have no output tokens: the manager would
+    return nothing for it). Anything else is refused, not converted."""
     counts = mm_kwargs[key]
     if isinstance(counts, torch.Tensor):
+        _check_host_values(key, counts)
         if (
             counts.dtype.is_floating_point
             or counts.dtype.is_complex
@@ -68,8 +82,8 @@ def _count_values(mm_kwargs: dict[str, Any], key: str) -> list[int]:
                 f"mm_kwargs[{key!r}][{index}] is {int(counts[index])}; a count is "
                 "not negative"
             )
-        return counts.tolist()
-    if isinstance(counts, (list, tuple)):
+        values = counts.tolist()
+    elif isinstance(counts, (list, tuple)):
         values = list(counts)
         for index, value in enumerate(values):
             if type(value) is not int:
@@ -85,6 +99,12 @@ def _count_values(mm_kwargs: dict[str, Any], key: str) -> list[int]:
         index = next(i for i, value in enumerate(values) if value < 0)
         raise ValueError(
             f"mm_kwargs[{key!r}][{index}] is {values[index]}; a count is not negative"
+        )
+    if values and min(values) < least:
+        index = values.index(min(values))
+        raise ValueError(
+            f"mm_kwargs[{key!r}][{index}] gives the item no units; an item has "
+            "at least one (it would have no output tokens, and no output)"
         )
     return values
 
@@ -301,7 +321,7 @@ class Llama4EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         as Python ints anyway) are read: checking adds no device
         synchronisation.
         """
-        patches_per_image = _count_values(mm_kwargs, "patches_per_image")
+        patches_per_image = _count_values(mm_kwargs, "patches_per_image", least=1)
         num_items = _num_items({"patches_per_image": patches_per_image})
         if indices is not None:
             # A selection: the manager checked this batch's rows in item specs,

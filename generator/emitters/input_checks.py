@@ -34,15 +34,42 @@ def _reads(spec: MixinSpec, loads: Loads, body: Body) -> list[dict[str, str]]:
             shape = _padded_item_shape(spec, body, item)
             value = f"_padded_values(mm_kwargs, {key}, {shape})"
         elif item.is_list:
-            value = f"_list_lengths(mm_kwargs, {key})"
+            value = f"_list_lengths(mm_kwargs, {key}{_least(spec, item)})"
         elif of_list(spec, item):
             value = f"_unit_grid_values(mm_kwargs, {key}, {len(item.dims)})"
         elif item.is_count:
-            value = f"_count_values(mm_kwargs, {key})"
+            value = f"_count_values(mm_kwargs, {key}{_least(spec, item)})"
         else:
             value = f"_grid_values(mm_kwargs, {key}, {len(item.dims)})"
         out.append({"name": item.key, "value": value})
     return out
+
+
+def _least(spec: MixinSpec, item: ItemInput) -> str:
+    return ", least=1" if least_units(spec, item) else ""
+
+
+def least_units(spec: MixinSpec, item: ItemInput) -> int:
+    """1 for a count or list input whose zero (an item of no units) leaves
+    the item without output tokens where no path allows that (the manager
+    would return nothing for it: a ``KeyError`` in postprocess): the units of
+    items made of units, or a count that the item formula multiplies
+    (evaluated at 0, the other dims at 1, the constants' defaults); else 0.
+    """
+    if any(path.allow_zero_tokens for path in spec.paths):
+        return 0
+    units_of = {g.unit_of for g in spec.item_inputs}
+    if spec.items.per_unit and (item.is_list or item.key in units_of):
+        return 1
+    env = {c.name: c.default for c in spec.constants if c.default is not None}
+    env |= {d: 1 for i in spec.item_inputs for d in i.dims}
+    if spec.items.output_tokens is None:
+        return 0
+    try:
+        tokens = fx.evaluate(spec.items.output_tokens, {**env, item.dims[0]: 0})
+    except (ArithmeticError, KeyError):  # a name without a default
+        return 0
+    return 1 if tokens < 1 else 0
 
 
 def _padded_item_shape(spec: MixinSpec, body: Body, item: ItemInput) -> str:
@@ -297,4 +324,5 @@ def helpers(spec: MixinSpec) -> dict[str, bool]:
         "relations": any(i.equals for i in spec.item_inputs),
         "multiples": any(i.multiple_of for i in spec.item_inputs),
         "units": bool(unit_grids(spec)),
+        "modalities": spec.has_video_keys,
     }

@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 from generator.diagnostics import Location
 from generator.formulas import Expr
+from generator.limits import MAX_CAPTURE_AXIS_KEYS
 from generator.scopes import NameKind
 from generator.spec.enums import BeyondKeys
 from generator.spec.names import check_name
@@ -61,6 +62,7 @@ class CaptureAxis:
             ListOf(
                 OneOf(Formula("constants"), ListOf(Formula("constants"), min_items=1)),
                 min_items=1,
+                max_items=MAX_CAPTURE_AXIS_KEYS,
             ),
             "The axis' keys in order (`EncoderCudaGraphConfig.capture_axes`): one "
             "graph per budget and key. A key is a formula over the constants, or "

@@ -7,12 +7,14 @@ the names declared before it, and entries refer to each other by object.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import ClassVar
 
 from generator import formulas as fx
 from generator.formulas import Expr
+from generator.limits import MAX_CAPTURE_AXIS_KEYS
 from generator.scopes import NameKind
 from generator.spec.axes import CaptureAxis
 from generator.spec.enums import Base, DefsImport, Modality
@@ -36,15 +38,15 @@ from generator.spec.inputs import (
     with_item_rows,
 )
 from generator.spec.items import Budget, CaptureOff, Guards, Items
+from generator.spec.names import check_name, report_collisions
+from generator.spec.path import EncoderPath
+from generator.spec.reader import Key, Keys, Reader
 from generator.spec.units import (
     check_list_path,
     check_unit_path,
     check_units,
     unit_inputs,
 )
-from generator.spec.names import check_name, report_collisions
-from generator.spec.path import EncoderPath
-from generator.spec.reader import Key, Keys, Reader
 from generator.spec.values import (
     INVALID,
     Choice,
@@ -443,7 +445,7 @@ class MixinSpec:
             )
         sizes = tuple(_values(r.take("sizes")))
         ctx.partial["sizes"] = sizes
-        axes = tuple(_values(r.take("capture_axes")))
+        axes = _capped_axes(r, tuple(_values(r.take("capture_axes"))))
         ctx.partial["capture_axes"] = axes
         # A capture tensor may fill a flat input or a padded one (one row,
         # its item, per item on dim 0).
@@ -613,6 +615,21 @@ def _check_items_with_paths(r: Reader) -> None:
             "span assembly reads the default path's rows: a spec with paths "
             "concatenates each item's rows of every path (postprocess.concatenate)",
         )
+
+
+def _capped_axes(r: Reader, axes: tuple[CaptureAxis, ...]) -> tuple:
+    """The axes, or none (refused) when their keys combine into more than
+    :data:`~generator.limits.MAX_CAPTURE_AXIS_KEYS` graphs per budget: the
+    static checks then never run once per combination."""
+    combinations = math.prod(len(axis.keys) for axis in axes)
+    if combinations <= MAX_CAPTURE_AXIS_KEYS:
+        return axes
+    r.error(
+        "capture_axes",
+        f"the axes' keys combine into {combinations} graphs per budget (at most "
+        f"{MAX_CAPTURE_AXIS_KEYS}): fewer keys",
+    )
+    return ()
 
 
 def _values(mapping_or_list) -> list:

@@ -460,9 +460,12 @@ class DtypeValue(Formula):
 class ListOf(ValueType):
     kinds = ("array",)
 
-    def __init__(self, item: ValueType, min_items: int = 0) -> None:
+    def __init__(
+        self, item: ValueType, min_items: int = 0, max_items: int | None = None
+    ) -> None:
         self.item = item
         self.min_items = min_items
+        self.max_items = max_items
 
     def describe(self) -> str:
         return f"list of {self.item.describe()}"
@@ -471,9 +474,20 @@ class ListOf(ValueType):
         out: dict[str, Any] = {"type": "array", "items": self.item.schema()}
         if self.min_items:
             out["minItems"] = self.min_items
+        if self.max_items is not None:
+            out["maxItems"] = self.max_items
         return out
 
     def value(self, node: Node, field: str, ctx: ReadContext, **kw: Any) -> Any:
+        if self.max_items is not None and len(node.value) > self.max_items:
+            # Refused before any item is read: each may cost a parse and,
+            # later, a round of the static checks.
+            ctx.error(
+                node,
+                field,
+                f"has {len(node.value)} items (at most {self.max_items})",
+            )
+            return INVALID
         short = len(node.value) < self.min_items
         if short:
             ctx.error(node, field, f"needs at least {self.min_items} item(s)")

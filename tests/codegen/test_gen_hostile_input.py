@@ -16,7 +16,10 @@ characters of them took 4 s before); 7,000 unknown keys 0.5 s and 38 MB;
 take black 4 s, is refused in 0.4 s; a tower of ``**`` 0.3-0.4 s (past an
 8 s timeout before); ``/dev/zero`` and a file over the cap are refused in
 0.1 s and 23 MB (a link to ``/dev/zero`` at an output path grew to 24 GB
-before). The test allows 2 s and 300 MB.
+before); 6,000 capture-axis keys are refused in 0.9 s as the spec is read
+(39 s before), 16 keys with 130 buffers in 0.4 s, ``units: 65536`` in 0.2 s
+(20 s); a 4 MiB traffic file of unknown or repeated keys 0.3-0.9 s and 90 MB
+(96 s and 1 GB before). The test allows 2 s and 300 MB.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from pathlib import Path
 
 import pytest
 from genmixin_testlib import (
+    DATA_DIR,
     DIAG_RE,
     SUMMARY_RE,
     files_under,
@@ -39,7 +43,17 @@ from genmixin_testlib import (
     tree_snapshot,
 )
 
-from generator.limits import MAX_INTEGER, MAX_SPEC_BYTES
+from generator.limits import (
+    MAX_CAPTURE_AXIS_KEYS,
+    MAX_DISTINCT_TRAFFIC_BATCHES,
+    MAX_DISTINCT_TRAFFIC_ITEMS,
+    MAX_DUMMY_UNITS,
+    MAX_INTEGER,
+    MAX_SPEC_BYTES,
+    MAX_TRAFFIC_BYTES,
+    MAX_TRAFFIC_ITEMS,
+    MAX_TRAFFIC_PROBLEMS,
+)
 
 BASE = "minimax_m3"
 
@@ -268,7 +282,62 @@ def _long_formulas(terms: int):
     return make
 
 
+def _axis_keys(count: int | None) -> str:
+    """The valid corpus' capture axis with ``count`` distinct keys (``None``:
+    as many as the spec cap holds, about 6,000), its bound far above."""
+    base = (DATA_DIR / "valid" / "capture_axes.yaml").read_text(encoding="utf-8")
+    base = base.replace("max_side, default: 12}", "max_side, default: 100000}")
+    if count is None:
+        keys = _filled(lambda i: f"[1, {i + 1}], ", _room(base))
+    else:  # and the last key, [side, side]
+        keys = "".join(f"[1, {i + 1}], " for i in range(count - 1))
+    return base.replace("keys: [[4, 4], [4, 8], [8, 4], ", f"keys: [{keys}")
+
+
+def _axis_keys_and_buffers() -> str:
+    """The most axis keys with buffers to fill the cap: the static checks
+    run once per key before the module's size is known (0.4 s)."""
+    text = _axis_keys(MAX_CAPTURE_AXIS_KEYS)
+    term = "min(token_budget,th)*max(tw,rows)+ceil_div(rows,th)"
+    shape = "+".join([term] * 4)
+    line = "  b{i}: {{shape: ['{s}', '{s}'], dtype: int64, allocate: true}}\n"
+    count = _room(text) // (len(line.format(i=100, s=shape)) + 6)
+    buffers = "".join(line.format(i=i, s=shape) for i in range(count))
+    provided = ", ".join(f"b{i}" for i in range(count))
+    text = text.replace("\nout_hidden_size:", buffers + "\nout_hidden_size:")
+    text = text.replace("provides: [patch_mask]", f"provides: [patch_mask, {provided}]")
+    return text.replace(
+        "vision(patches, patch_mask)", "vision(patches, patch_mask, extra=rest)"
+    )
+
+
+def _dummy_units(units: int) -> str:
+    """LFM2-VL's unit capture with ``units`` dummy units at every budget."""
+    return mutated_spec(
+        "lfm2_vl",
+        (
+            "units: ceil_div(token_budget, m)",
+            f"units: max({units}, ceil_div(token_budget, m))",
+        ),
+        (
+            '"min(token_budget - unit_index * m, m) * f"',
+            '"max(1, min(token_budget - unit_index * m, m)) * f"',
+        ),
+    )
+
+
 COSTLY = {
+    # 39 s and 8 s (a 168 KB module generated) before the cap on keys.
+    "6,000 capture-axis keys": (lambda: _axis_keys(None), 2),
+    "2,000 capture-axis keys": (lambda: _axis_keys(2000), 2),
+    f"{MAX_CAPTURE_AXIS_KEYS} capture-axis keys": (
+        lambda: _axis_keys(MAX_CAPTURE_AXIS_KEYS),
+        0,
+    ),
+    "the most axis keys and 130 buffers": (_axis_keys_and_buffers, 2),
+    # 20 s before the cap on dummy units.
+    "65,536 dummy units": (lambda: _dummy_units(65536), 2),
+    f"{MAX_DUMMY_UNITS} dummy units": (lambda: _dummy_units(MAX_DUMMY_UNITS), 0),
     "unknown keys": (_unknown_keys, 2),
     "unknown modalities": (_modalities, 2),
     "unknown names against 190 constants": (_unknown_names, 2),
@@ -566,6 +635,27 @@ TRAFFIC_FILES = {
     "over the cap": (_traffic_item("1" + " " * (4 * 2**20)), "larger than 4 MiB"),
     "5000 digits": (_traffic_item("9" * 5000), "number out of range"),
     "nested 100000 deep": ("[" * 100_000, "nested too deeply"),
+    # An OverflowError traceback before:
+    "4000-digit count": (
+        '{"batches": [{"count": %s, "items": [{"t": 1, "h": 4, "w": 4}]}]}'
+        % ("9" * 4000),
+        "batches[0].count: number out of range",
+    ),
+    "4000-digit output_row_bytes": (
+        _traffic_item("4")[:-1]
+        + ', "tuning": {"output_row_bytes": %s}}' % ("9" * 4000),
+        "tuning.output_row_bytes: number out of range",
+    ),
+    # Blamed on the spec's items.input_size before:
+    "max_budget 2**62": (
+        _traffic_item("4")[:-1] + ', "tuning": {"max_budget": %d}}' % 2**62,
+        "tuning.max_budget: a positive integer, at most",
+    ),
+    # Accepted silently before:
+    "duplicate key": (
+        _traffic_item("4")[:-1] + ', "batches": [[{"t": 1, "h": 8, "w": 8}]]}',
+        "batches: duplicate key (first given at line 1, column 2)",
+    ),
 }
 
 
@@ -583,6 +673,93 @@ def test_plan_refuses_a_hostile_traffic_file(name: str, tmp_path: Path) -> None:
     problem, summary = result["stderr"].splitlines()
     assert DIAG_RE.match(problem) and words in problem, problem
     assert SUMMARY_RE.match(summary), summary
+    assert result["cpu_s"] < 2.0 and result["peak_mb"] < 300, result
+
+
+def _traffic(batches: list, **top) -> str:
+    import json
+
+    return json.dumps({"batches": batches, **top})
+
+
+def _unknown_traffic_keys(size: int) -> str:
+    """``size`` bytes of unknown top-level keys (420,000 of them at the cap
+    took 96 s and 1 GB)."""
+    head = _traffic_item("16")[:-1]
+    return head + _filled(lambda i: f', "k{i}": 1', size - len(head) - 1) + "}"
+
+
+def _batches(distinct: int, items: int, repeats: int = 1) -> list:
+    grid = [{"t": 1, "h": 2 * (i + 1), "w": 2} for i in range(distinct)]
+    return [[grid[i]] * items for i in range(distinct)] * repeats
+
+
+#: name -> (the traffic file's text, plan's exit code, words of its last
+#: problem or None)
+COSTLY_TRAFFIC = {
+    "unknown keys at the cap": (
+        lambda: _unknown_traffic_keys(MAX_TRAFFIC_BYTES),
+        2,
+        "unknown key",
+    ),
+    "a problem at the end of the cap's items": (
+        lambda: _traffic(_batches(5, 1, MAX_TRAFFIC_ITEMS // 5 - 1) + [[{"t": 0}]]),
+        2,
+        f"batches[{MAX_TRAFFIC_ITEMS - 5}][0].t: a positive integer",
+    ),
+    "a key repeated to the cap, a problem after it": (
+        lambda: "{"
+        + _filled(lambda i: '"note": 1, ', MAX_TRAFFIC_BYTES - 20)
+        + '"batches": []}',
+        2,
+        "batches: a non-empty list",
+    ),
+    "items over the cap": (
+        lambda: _traffic(_batches(5, 1, MAX_TRAFFIC_ITEMS // 5 + 1)),
+        2,
+        f"items (at most {MAX_TRAFFIC_ITEMS}",
+    ),
+    "items at the cap": (
+        lambda: _traffic(_batches(5, 1, MAX_TRAFFIC_ITEMS // 5)),
+        0,
+        None,
+    ),
+    "distinct items over the cap": (
+        lambda: _traffic(_batches(400, MAX_DISTINCT_TRAFFIC_ITEMS // 400 + 1)),
+        2,
+        "distinct batches of",
+    ),
+    "distinct batches at the caps": (
+        lambda: _traffic(
+            _batches(
+                MAX_DISTINCT_TRAFFIC_BATCHES,
+                MAX_DISTINCT_TRAFFIC_ITEMS // MAX_DISTINCT_TRAFFIC_BATCHES,
+            ),
+            tuning={"max_budget": 2**24},
+        ),
+        0,
+        None,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(COSTLY_TRAFFIC))
+def test_plan_answers_a_costly_traffic_file_quickly(name: str, tmp_path: Path) -> None:
+    """Counts are capped before the work they cost (checking each item,
+    tuning on each distinct batch); at most MAX_TRAFFIC_PROBLEMS problems
+    are reported, each located (the walk that finds them skips the rest)."""
+    make, expected_rc, words = COSTLY_TRAFFIC[name]
+    path = tmp_path / "t.json"
+    path.write_text(make(), encoding="utf-8")
+    assert path.stat().st_size <= MAX_TRAFFIC_BYTES
+    result = run_measured(["plan", f"specs/{BASE}.yaml", "--traffic", str(path)])
+    assert result["rc"] == expected_rc, result
+    assert "Traceback" not in result["stderr"]
+    if words is not None:
+        *problems, summary = result["stderr"].splitlines()
+        assert 1 <= len(problems) <= MAX_TRAFFIC_PROBLEMS and SUMMARY_RE.match(summary)
+        assert all(DIAG_RE.match(p) for p in problems) and words in problems[-1]
+        assert not any(":1:1: " in p for p in problems), problems  # located
     assert result["cpu_s"] < 2.0 and result["peak_mb"] < 300, result
 
 

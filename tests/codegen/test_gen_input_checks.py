@@ -110,3 +110,49 @@ def test_selection_refuses_indices_outside_the_batch(worlds, name: str, case) ->
     _, batch = valid_batch(world)
     with pytest.raises(ValueError, match=message):
         world.host().select_encoder_cudagraph_items(batch, indices)
+
+
+#: (spec, input, whether an item needs a unit): InternVL's tiles and
+#: MiniCPM-V's slices are the item's tokens (0 left the item without output:
+#: KeyError in postprocess); Step3-VL's crops may be none (the global view
+#: stays, and the crops path allows zero tokens).
+LEAST_UNITS = [
+    ("specs/internvl", "image_num_patches", 1),
+    ("specs/minicpmv", "pixel_values", 1),
+    ("specs/step3_vl", "num_patches", 0),
+]
+
+
+@pytest.mark.parametrize(("name", "key", "least"), LEAST_UNITS)
+def test_an_item_of_no_units_is_refused_where_it_has_no_output(
+    worlds, name: str, key: str, least: int
+) -> None:
+    from generator.emitters.input_checks import least_units
+
+    spec = world_of(worlds, name).spec
+    assert least_units(spec, spec.item_input(key)) == least
+
+
+def _on_meta(value):
+    """Float tensors (pixels) on the meta device, in lists too; grids,
+    counts and span types where they are."""
+    if isinstance(value, list):
+        return [_on_meta(v) for v in value]
+    if isinstance(value, torch.Tensor) and value.dtype.is_floating_point:
+        return value.to("meta")
+    return value
+
+
+@pytest.mark.parametrize("name", list(WORLDS))
+def test_pixels_on_the_meta_device_are_accepted(worlds, name: str) -> None:
+    """A documented acceptance: pixels are read by shape only, so a tensor
+    without values passes the checks (the suite's stand-in for a device,
+    tests/towers/test_towers_host_sync.py); the replay copy or the forward
+    then fails in torch. Grids and counts on meta are refused (above)."""
+    world = world_of(worlds, name)
+    host = world.host()
+    items, batch = valid_batch(world)
+    on_meta = {key: _on_meta(value) for key, value in batch.items()}
+    assert len(host.get_encoder_cudagraph_item_specs(on_meta)) == len(items)
+    selected = host.select_encoder_cudagraph_items(on_meta, [1, 0])
+    assert len(host.get_encoder_cudagraph_item_specs(selected)) == 2

@@ -22,6 +22,7 @@ from generator.ladder_tuner import (
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT = [64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
+OUT_OF_RANGE = "number out of range (expected at most 9223372036854775807 in magnitude)"
 
 
 def random_batches(seed: int, n: int, sizes: list[int]) -> list[TrafficBatch]:
@@ -180,7 +181,49 @@ def test_load_both_batch_forms(tmp_path: Path) -> None:
         ),
         (
             '{"batches": [[{"t": 1, "h": 4, "w": 4}]], "tuning": {"max_budget": 0}}',
-            ["traffic.json:1:68: tuning.max_budget: a positive integer"],
+            [
+                "traffic.json:1:68: tuning.max_budget: a positive integer, at most 16777216"
+            ],
+        ),
+        (
+            # Blamed on the spec's items.input_size before.
+            '{"batches": [[{"t": 1, "h": 4, "w": 4}]], "tuning": {"max_budget": %d}}'
+            % 2**62,
+            [
+                "traffic.json:1:68: tuning.max_budget: a positive integer, at most 16777216"
+            ],
+        ),
+        (
+            # A cap of inf bytes, printed as JSON's invalid Infinity, before.
+            '{"batches": [[{"t": 1, "h": 4, "w": 4}]], "tuning": {"capture_memory_mib": 1e300}}',
+            [
+                "traffic.json:1:76: tuning.capture_memory_mib: a positive number, at "
+                "most 8796093022207 (int64 bytes)"
+            ],
+        ),
+        (
+            # An OverflowError traceback before.
+            '{"batches": [{"count": %s, "items": [{"t": 1, "h": 4, "w": 4}]}]}'
+            % ("9" * 4000),
+            [f"traffic.json:1:24: batches[0].count: {OUT_OF_RANGE}"],
+        ),
+        (
+            '{"batches": [[{"t": 1, "h": 4, "w": %d}]], "tuning": {"output_row_bytes": -%s}}'
+            % (2**63, "9" * 4000),
+            [
+                f"traffic.json:1:37: batches[0][0].w: {OUT_OF_RANGE}",
+                f"traffic.json:1:92: tuning.output_row_bytes: {OUT_OF_RANGE}",
+            ],
+        ),
+        (
+            # Accepted silently before (the last value kept).
+            '{"batches": [[{"t": 1, "h": 4, "w": 4, "h": 8}]],\n "tuning": {}, "tuning": {}}',
+            [
+                "traffic.json:1:40: batches[0][0].h: duplicate key (first given at "
+                "line 1, column 24)",
+                "traffic.json:2:16: tuning: duplicate key (first given at line 2, "
+                "column 2)",
+            ],
         ),
         (
             '{"batches": []}',
@@ -338,3 +381,67 @@ def test_equal_batches_are_counted_once(tmp_path: Path) -> None:
     )
     traffic = load_traffic(path, ["t", "h", "w"], tokens)
     assert traffic.batches == (TrafficBatch((4, 16), 3),)
+
+
+def _dumps(value: object, rng: random.Random) -> str:
+    """JSON of ``value`` (objects as lists of pairs, so that a key may
+    repeat) with random whitespace around every token."""
+
+    def space() -> str:
+        return rng.choice(["", " ", "\n", "\n  ", "\t", "\r\n "])
+
+    if isinstance(value, tuple):  # an object: ((key, value), ...)
+        parts = [
+            f"{json.dumps(k)}{space()}:{space()}{_dumps(v, rng)}" for k, v in value
+        ]
+        return "{" + space() + f"{space()},{space()}".join(parts) + space() + "}"
+    if isinstance(value, list):
+        parts = [_dumps(v, rng) for v in value]
+        return "[" + space() + f"{space()},{space()}".join(parts) + space() + "]"
+    return json.dumps(value)
+
+
+def _at(text: str, diagnostic) -> str:
+    lines = text.split("\n")
+    return lines[diagnostic.location.line - 1][diagnostic.location.col - 1 :]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_problems_are_located_at_their_text(tmp_path: Path, seed: int) -> None:
+    """Wherever a problem sits and however the file is laid out, its line
+    and column point at the key or value at fault (a repeated key: at its
+    second place, the message at its first)."""
+    rng = random.Random(seed)
+    batches = [
+        [
+            (("t", 1), ("h", rng.randint(2, 9) * 2), ("w", 8))
+            for _ in range(rng.randint(1, 4))
+        ]
+        for _ in range(rng.randint(1, 6))
+    ]
+    b = rng.randrange(len(batches))
+    j = rng.randrange(len(batches[b]))
+    kind = rng.choice(["unknown", "value", "repeated"])
+    item = list(batches[b][j])
+    where = rng.randint(0, len(item))
+    pair = {"unknown": ("zz", 1), "value": ("w", -3), "repeated": ("h", 6)}[kind]
+    if kind == "value":
+        item = [p for p in item if p[0] != "w"]
+        where = min(where, len(item))
+    item.insert(where, pair)
+    batches[b][j] = tuple(item)
+    wrapped = [
+        ((("count", 2), ("items", x))) if rng.random() < 0.5 else x for x in batches
+    ]
+    text = _dumps((("batches", wrapped),), rng)
+    with pytest.raises(SpecError) as info:
+        load_traffic(write(tmp_path, text), ["t", "h", "w"], tokens)
+    (problem,) = info.value.diagnostics
+    expected = {"unknown": '"zz"', "value": "-3", "repeated": '"h"'}[kind]
+    assert _at(text, problem).startswith(expected), (text, str(problem))
+    if kind == "repeated":
+        line, col = map(
+            int, problem.message.split("line ")[1].rstrip(")").split(", column ")
+        )
+        assert text.split("\n")[line - 1][col - 1 :].startswith('"h"')
+        assert (line, col) < (problem.location.line, problem.location.col)

@@ -3,8 +3,8 @@
 # From specs/lfm2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/lfm2_vl.yaml`.
 # spec-sha256: e68b8b5f89bae82c98f3fb8a58f8637a68196c01d5a28452af5255d69f0ac35c
-# templates-sha256: 9fbcf6e262ffd279c9b588ab82b838148a903b7694503b694d217bf3b03ba3ca
-# output-sha256: b61d4a6b69d2ace1cd3ab1505ec1cd3de863537580956e456875daa244864dfa
+# templates-sha256: ee34d7790157d2cd44769570d78e7ef6d6387a45b5e73fc6e6c91538e218702d
+# output-sha256: 6bc425d85e01630ed05eef8b3bd0727479e710f57a68b23171cf8c4e28ae0a6c
 
 import itertools
 from collections.abc import Hashable
@@ -86,6 +86,17 @@ def _pad_with_empty_sequences(dst: torch.Tensor, src: torch.Tensor) -> None:
         dst[n:].copy_(src[n - 1 :].expand(dst.shape[0] - n))
 
 
+def _check_host_values(key: str, tensor: torch.Tensor) -> None:
+    """Grids and counts are read as values: a tensor on the meta device has
+    a shape but none (reading it raised torch's RuntimeError). Pixels are
+    read by shape only, wherever they are."""
+    if tensor.device.type == "meta":
+        raise ValueError(
+            f"mm_kwargs[{key!r}] is on the meta device: it has a shape but no "
+            "values, and a grid or count is read as values"
+        )
+
+
 def _grid_values(mm_kwargs: dict[str, Any], key: str, width: int) -> list[list[int]]:
     """The grid ``key`` as rows of Python ints: an integer tensor of shape
     ``(items, width)`` or a list of rows of ``width`` ints, every dim at
@@ -93,6 +104,7 @@ def _grid_values(mm_kwargs: dict[str, Any], key: str, width: int) -> list[list[i
     truncate a float grid)."""
     grid = mm_kwargs[key]
     if isinstance(grid, torch.Tensor):
+        _check_host_values(key, grid)
         if (
             grid.dtype.is_floating_point
             or grid.dtype.is_complex
@@ -138,11 +150,14 @@ def _grid_values(mm_kwargs: dict[str, Any], key: str, width: int) -> list[list[i
     return rows
 
 
-def _count_values(mm_kwargs: dict[str, Any], key: str) -> list[int]:
+def _count_values(mm_kwargs: dict[str, Any], key: str, least: int = 0) -> list[int]:
     """The count input ``key`` as Python ints: a 1-D integer tensor or a list
-    of ints, none negative. Anything else is refused, not converted."""
+    of ints, none negative, each at least ``least`` (1 for an item's units
+    when an item of none would have no output tokens: the manager would
+    return nothing for it). Anything else is refused, not converted."""
     counts = mm_kwargs[key]
     if isinstance(counts, torch.Tensor):
+        _check_host_values(key, counts)
         if (
             counts.dtype.is_floating_point
             or counts.dtype.is_complex
@@ -162,8 +177,8 @@ def _count_values(mm_kwargs: dict[str, Any], key: str) -> list[int]:
                 f"mm_kwargs[{key!r}][{index}] is {int(counts[index])}; a count is "
                 "not negative"
             )
-        return counts.tolist()
-    if isinstance(counts, (list, tuple)):
+        values = counts.tolist()
+    elif isinstance(counts, (list, tuple)):
         values = list(counts)
         for index, value in enumerate(values):
             if type(value) is not int:
@@ -179,6 +194,12 @@ def _count_values(mm_kwargs: dict[str, Any], key: str) -> list[int]:
         index = next(i for i, value in enumerate(values) if value < 0)
         raise ValueError(
             f"mm_kwargs[{key!r}][{index}] is {values[index]}; a count is not negative"
+        )
+    if values and min(values) < least:
+        index = values.index(min(values))
+        raise ValueError(
+            f"mm_kwargs[{key!r}][{index}] gives the item no units; an item has "
+            "at least one (it would have no output tokens, and no output)"
         )
     return values
 
@@ -626,7 +647,7 @@ class Lfm2VLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         synchronisation.
         """
         spatial_shapes = _grid_values(mm_kwargs, "spatial_shapes", 2)
-        num_patches = _count_values(mm_kwargs, "num_patches")
+        num_patches = _count_values(mm_kwargs, "num_patches", least=1)
         num_items = _num_items({"num_patches": num_patches})
         _check_units("spatial_shapes", spatial_shapes, "num_patches", num_patches)
         if indices is not None:
