@@ -104,6 +104,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import image_traffic  # noqa: E402
+from image_traffic import spec_dims, traffic_document  # noqa: E402,F401
 from bench_encoders import (  # noqa: E402
     FINE_MAX_ITEMS,
     REPO_ROOT,
@@ -135,7 +136,6 @@ from encoder_cudagraph_runtime.graph_backends import (  # noqa: E402
     GraphBackend,
 )
 from encoder_cudagraph_runtime.manager import EncoderCudaGraphManager  # noqa: E402
-from generator.resolve import load_spec  # noqa: E402
 from reference_towers.registry import REFERENCE_TOWERS  # noqa: E402
 
 SCHEMA_VERSION = 2
@@ -245,48 +245,6 @@ TARGETS: tuple[dict[str, Any], ...] = (
 # ---------------------------------------------------------------------------
 # Items, traffic files and the tuner
 # ---------------------------------------------------------------------------
-
-
-@functools.cache
-def spec_grid_dims(path: Path) -> tuple[tuple[str, ...], ...]:
-    """The dims of every per-item input (grids, counts) of the spec ``path``."""
-    return tuple(tuple(grid.dims) for grid in load_spec(path).item_inputs)
-
-
-def spec_dims(stem: str, item: tuple[int, ...], config: Any) -> dict[str, int]:
-    """A tower item in its spec's grid dims (the traffic file's items): the
-    one grid of the spec with as many dims as the item has values, in order
-    (DeepSeek-V4.1's second grid, the merged one, is derived)."""
-    if stem == "deepseek_v41":
-        h, w = item
-        r = config.vision_downsample_ratio
-        return {"h": h, "w": w, "lh": -(-h // r), "lw": -(-w // r)}
-    every = spec_grid_dims(SPECS_DIR / f"{stem}.yaml")
-    grids = {dims for dims in every if len(dims) == len(item)}
-    if len(grids) != 1:
-        raise ValueError(
-            f"{stem}: cannot name the values of the item {item} after the spec's "
-            f"grid dims {sorted(every)}"
-        )
-    return dict(zip(grids.pop(), item))
-
-
-def traffic_document(
-    stem: str,
-    batches: list[list[tuple[int, ...]]],
-    config: Any,
-    source: str,
-    tuning: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    document = {
-        "format": "gen-mixin-traffic/1",
-        "spec": stem,
-        "source": source,
-        "batches": [[spec_dims(stem, item, config) for item in b] for b in batches],
-    }
-    if tuning:
-        document["tuning"] = tuning
-    return document
 
 
 def replay_cost_rows(replay_ms: dict[int, float], host_ms: float = 0.0) -> int:
