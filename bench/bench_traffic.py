@@ -127,9 +127,13 @@ from bench_encoders import (  # noqa: E402
     unusable_reason,
     write_json,
 )
+from crossover import tuning_crossover  # noqa: E402
 from profile_launch import host_probe_us  # noqa: E402
 
-from encoder_cudagraph_runtime.cost_aware import plan_execution  # noqa: E402
+from encoder_cudagraph_runtime.cost_aware import (  # noqa: E402
+    crossover_rows,
+    plan_execution,
+)
 from encoder_cudagraph_runtime.graph_backends import (  # noqa: E402
     CudaGraphBackend,
     EagerReplayGraphBackend,
@@ -838,13 +842,21 @@ class TrafficBench:
         max_budget = largest
         while max_budget < rows and max_budget < 4 * largest:
             max_budget *= 2
-        return {
+        tuning = {
             "replay_cost_rows": replay_cost_rows(
                 dict(cost.graph.replay_ms), cost.graph.per_replay_ms
             ),
             "max_budget": max_budget,
             "capture_memory_mib": TUNED_CAPTURE_MIB,
         }
+        crossover = tuning_crossover(cost)
+        self.log(
+            f"[{self.stem}] graphs stop paying at (rows per batch, by items): "
+            f"{crossover_rows(cost)}"
+        )
+        if crossover is not None:
+            tuning["crossover_rows"] = crossover
+        return tuning
 
     def _batch(
         self,

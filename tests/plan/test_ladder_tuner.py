@@ -15,6 +15,7 @@ import pytest
 from generator.diagnostics import SpecError
 from generator.ladder_tuner import (
     TrafficBatch,
+    crossover_ladder,
     ladder_waste,
     load_traffic,
     tune_ladder,
@@ -132,9 +133,10 @@ def test_a_budget_that_splits_a_small_item_off_is_refused() -> None:
         max_graphs=16,
     )
     assert 320 not in tuned
-    assert ladder_waste(batches, tuned, 64).worse_than(
-        ladder_waste(batches, DEFAULT, 64)
-    ) == 0
+    assert (
+        ladder_waste(batches, tuned, 64).worse_than(ladder_waste(batches, DEFAULT, 64))
+        == 0
+    )
 
 
 def write(tmp_path: Path, data: object) -> Path:
@@ -355,3 +357,47 @@ def test_equal_batches_are_counted_once(tmp_path: Path) -> None:
     )
     traffic = load_traffic(path, ["t", "h", "w"], tokens)
     assert traffic.batches == (TrafficBatch((4, 16), 3),)
+
+
+@pytest.mark.parametrize(
+    ("crossover", "expected"),
+    [(None, DEFAULT), (3000, DEFAULT[:7]), (4096, DEFAULT[:7]), (50, DEFAULT[:1])],
+)
+def test_crossover_drops_the_budgets_that_can_only_lose(
+    crossover: int | None, expected: list[int]
+) -> None:
+    # Budgets up to the first that reaches the crossover stay: a batch
+    # below the crossover may still need it.
+    assert crossover_ladder(DEFAULT, crossover) == expected
+
+
+def test_json_reports_both_packings(tmp_path: Path) -> None:
+    """Two 540-token photos and one batch of eight: with a 2048-row
+    crossover the tuned ladder ends at 2048 and vLLM's packing splits the
+    eight (4320 rows) into three replays within it; on the current ladder
+    they are one 8192 replay, which the cost-aware prediction runs
+    eagerly."""
+    photos = {"count": 5, "items": [{"t": 1, "h": 40, "w": 54}] * 2}
+    eight = {"count": 1, "items": [{"t": 1, "h": 40, "w": 54}] * 8}
+    path = write(
+        tmp_path, {"batches": [photos, eight], "tuning": {"crossover_rows": 2048}}
+    )
+    spec = str(ROOT / "specs" / "minimax_m3.yaml")
+    limits = ["--max-num-batched-tokens", "16384", "--max-model-len", "16384"]
+    report = json.loads(
+        run_plan(spec, *limits, "--traffic", str(path), "--json").stdout
+    )
+    assert report["prediction_packing"] == "vllm"
+    assert report["tuned"]["budgets"][-1] == 2048
+    vllm, aware = report["packings"]["vllm"], report["packings"]["cost_aware"]
+    # Rows, not time: the eight's three tuned replays count more rows than
+    # the current ladder's eager call under cost-aware execution.
+    assert aware["tuned"]["batches_worse_than_current"] == 1
+    assert {**vllm["tuned"], "batches_worse_than_current": 1} == aware["tuned"]
+    assert (vllm["tuned"]["replays"], vllm["tuned"]["eager_rows"]) == (8, 0)
+    assert (vllm["current"]["replays"], vllm["current"]["eager_rows"]) == (6, 0)
+    assert (aware["current"]["replays"], aware["current"]["eager_rows"]) == (5, 4320)
+    assert vllm["tuned"]["batches_worse_than_current"] == 0
+    text = run_plan(spec, *limits, "--traffic", str(path)).stdout
+    assert "# predicted for vLLM's packing" in text
+    assert "cost-aware execution (units above the 2048-row crossover eager)" in text
