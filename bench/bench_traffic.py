@@ -628,8 +628,13 @@ class TrafficBench:
         deadline: float,
     ) -> None:
         args = self.args
-        measured_px = image_traffic.draw_image_batches(args.seed, args.max_batches)
-        train_px = image_traffic.draw_image_batches(args.seed + 1, TRAIN_BATCHES)
+        sizes, shares = image_traffic.WORKLOADS[args.workload]
+        measured_px = image_traffic.draw_image_batches(
+            args.seed, args.max_batches, sizes, shares
+        )
+        train_px = image_traffic.draw_image_batches(
+            args.seed + 1, TRAIN_BATCHES, sizes, shares
+        )
         measured, train = self.items(measured_px), self.items(train_px)
         result["paths"] = list(self.paths)
         result["ladders_measured"] = list(self.ladders)
@@ -813,9 +818,13 @@ class TrafficBench:
         ladder["calibration_s"] = time.perf_counter() - start
         ladder["cost_model"] = cost.as_dict()
         ladder["calibration_samples"] = manager.calibration_samples
+        ladder["calibration_report"] = manager.calibration_report
+        units = manager.calibration_report
         self.log(
             f"{captured}, calibrated in {ladder['calibration_s']:.1f}s (errors: "
-            f"graph {cost.graph_error:.3f}, eager {cost.eager_error:.3f})"
+            f"graph {cost.graph_error:.3f}, eager {cost.eager_error:.3f}; units "
+            f"{units['units'] - units['skipped']}/{units['units']} timed, "
+            f"{units['device_ms'] / 1e3:.1f}s of timed calls)"
         )
         return ladder
 
@@ -1390,6 +1399,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int)
     parser.add_argument("--seed", type=int, default=17)
     parser.add_argument(
+        "--workload",
+        choices=sorted(image_traffic.WORKLOADS),
+        default="default",
+        help="image_traffic's mix: default, or second (other source shares and "
+        "batch sizes, issue #27); the tuner's training sample is drawn from it "
+        "too (seed + 1)",
+    )
+    parser.add_argument(
         "--soft-limit-s",
         type=float,
         default=300.0,
@@ -1468,6 +1485,8 @@ def run(
             HostGauge(functools.partial(host_probe_us, 3)) if args.quiet_host else None
         ),
     }
+    sizes, chosen = image_traffic.WORKLOADS[args.workload]
+    shares = dict(chosen or {s.name: s.share for s in image_traffic.SOURCES})
     result: dict[str, Any] = {
         "benchmark": "encoder_traffic",
         "schema_version": SCHEMA_VERSION,
@@ -1503,11 +1522,12 @@ def run(
                 if args.quiet_host
                 else None
             ),
+            "workload": args.workload,
             "sources": [
-                {"name": s.name, "share": s.share, "source": s.source}
+                {"name": s.name, "share": shares.get(s.name, 0.0), "source": s.source}
                 for s in image_traffic.SOURCES
             ],
-            "batch_sizes": [list(b) for b in image_traffic.BATCH_SIZES],
+            "batch_sizes": [list(b) for b in sizes],
         },
         "models": {},
         "skipped": skipped,
