@@ -104,11 +104,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import image_traffic  # noqa: E402
-from image_traffic import spec_dims, traffic_document  # noqa: E402,F401
 from bench_encoders import (  # noqa: E402
     FINE_MAX_ITEMS,
     REPO_ROOT,
-    SPECS_DIR,
     TARGET_MODELS,
     IdealGraph,
     Schedule,
@@ -128,6 +126,7 @@ from bench_encoders import (  # noqa: E402
     write_json,
 )
 from crossover import tuning_crossover  # noqa: E402
+from image_traffic import spec_dims, traffic_document  # noqa: E402,F401
 from profile_launch import host_probe_us  # noqa: E402
 
 from encoder_cudagraph_runtime.cost_aware import (  # noqa: E402

@@ -44,8 +44,8 @@ SPECS_DIR = Path(__file__).resolve().parents[1] / "specs"
 __all__ = [
     "BATCH_SIZES",
     "NO_RESIZE_RULE",
-    "WORKLOADS",
     "SOURCES",
+    "WORKLOADS",
     "ImageSource",
     "deepseek_v41_grid",
     "draw_image_batches",
