@@ -8,13 +8,18 @@ of the encoder batches a deployment sees, this module recommends
 ``encoder_cudagraph_max_vision_items_per_batch`` that minimise the expected
 padded rows, within a cap on the memory of the captured buffers, and prints
 them as a ready ``--compilation-config`` value together with the expected
-waste of the current ladder and of the tuned one.
+waste of the current ladder (the one vLLM builds for the mixin's range) and
+of the tuned one. The recommendation is judged under vLLM's packing, the
+packing a vLLM user runs: it keeps the current ladder's budgets and items
+per batch, and no batch of the sample (nor of stress batches recombined from
+its items) costs more rows on it (:func:`tune_ladder`).
 
 The waste of a ladder is exact for the sample: every batch is packed with
-the manager's own packing (:func:`encoder_cudagraph_runtime.packing.pack_items`)
+the manager's own packing (:func:`encoder_cudagraph_runtime.packing.packed_rows`)
 and waste is ``Σ replayed budgets / Σ rows of the replayed batches − 1``, as
 the manager's padding statistics count it. Items are given in the spec's
-grid dims and turned into budget tokens with the spec's own formula.
+grid dims and turned into budget tokens and output tokens (the packing
+order) with the spec's own formulas (:func:`spec_traffic`).
 
 The traffic file (JSON; ``docs/real-traffic.md``)::
 
