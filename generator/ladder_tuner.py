@@ -267,9 +267,10 @@ def _candidates(
     return [c for c, _ in score.most_common(_CANDIDATES_PER_STEP)]
 
 
-#: Stress batches drawn per distinct batch of the sample, and at most.
+#: Stress batches drawn per distinct batch of the sample, and the most items
+#: they hold together (each admissibility check packs them all).
 _STRESS_PER_BATCH = 16
-_MAX_STRESS = 8000
+_MAX_STRESS_ITEMS = 20_000
 
 
 def stress_batches(
@@ -288,10 +289,13 @@ def stress_batches(
     weights = [b.count for b in batches for _ in b.rows]
     sizes = [len(b.rows) for b in batches]
     counts = [b.count for b in batches]
-    n = min(_MAX_STRESS, _STRESS_PER_BATCH * len(batches))
-    out = []
-    for size in rng.choices(sizes, weights=counts, k=n):
+    out: list[TrafficBatch] = []
+    drawn = 0
+    for size in rng.choices(sizes, weights=counts, k=_STRESS_PER_BATCH * len(batches)):
         items = rng.choices(pool, weights=weights, k=min(size, 4 * max_batch_size))
+        drawn += len(items)
+        if drawn > _MAX_STRESS_ITEMS:
+            break
         rows, tokens = zip(*items)
         out.append(TrafficBatch(rows, 1, tokens))
     return out
