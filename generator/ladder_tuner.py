@@ -70,8 +70,9 @@ __all__ = [
 ]
 
 FORMAT = "gen-mixin-traffic/1"
-#: Candidate budgets evaluated exactly per greedy step (the most promising).
-_CANDIDATES_PER_STEP = 16
+#: Candidate budgets evaluated exactly per greedy step (the most promising;
+#: many are refused as costing some batch more rows than the default).
+_CANDIDATES_PER_STEP = 64
 #: A budget must save at least this fraction of the used rows to be added.
 _MIN_GAIN = 1e-3
 
