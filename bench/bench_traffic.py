@@ -751,6 +751,7 @@ class TrafficBench:
             args.max_tokens,
         )
         result["tuner"] = tuner
+        result["crossover"] = self.crossover
         tuned = tuner["compilation_config"]
         cfg = build_vllm_config(
             args.max_tokens,
@@ -857,13 +858,18 @@ class TrafficBench:
             "max_budget": max_budget,
             "capture_memory_mib": TUNED_CAPTURE_MIB,
         }
-        crossover = tuning_crossover(cost)
+        # Recorded, not passed: vLLM's packing cuts a batch above the top
+        # budget into replays of it, so a ladder cut at a noisy crossover (the
+        # CPU smoke's is 256 MiniMax M3 tokens) costs a vLLM user replays;
+        # `gen-mixin plan` takes it as tuning.crossover_rows when given.
+        self.crossover = {
+            "per_items": crossover_rows(cost),
+            "crossover_rows": tuning_crossover(cost),
+        }
         self.log(
             f"[{self.stem}] graphs stop paying at (rows per batch, by items): "
-            f"{crossover_rows(cost)}"
+            f"{self.crossover['per_items']}"
         )
-        if crossover is not None:
-            tuning["crossover_rows"] = crossover
         return tuning
 
     def _batch(
