@@ -107,7 +107,6 @@ import image_traffic  # noqa: E402
 from bench_encoders import (  # noqa: E402
     FINE_MAX_ITEMS,
     REPO_ROOT,
-    SPECS_DIR,
     TARGET_MODELS,
     IdealGraph,
     Schedule,
@@ -126,16 +125,20 @@ from bench_encoders import (  # noqa: E402
     unusable_reason,
     write_json,
 )
+from crossover import tuning_crossover  # noqa: E402
+from image_traffic import spec_dims, traffic_document  # noqa: E402,F401
 from profile_launch import host_probe_us  # noqa: E402
 
-from encoder_cudagraph_runtime.cost_aware import plan_execution  # noqa: E402
+from encoder_cudagraph_runtime.cost_aware import (  # noqa: E402
+    crossover_rows,
+    plan_execution,
+)
 from encoder_cudagraph_runtime.graph_backends import (  # noqa: E402
     CudaGraphBackend,
     EagerReplayGraphBackend,
     GraphBackend,
 )
 from encoder_cudagraph_runtime.manager import EncoderCudaGraphManager  # noqa: E402
-from generator.resolve import load_spec  # noqa: E402
 from reference_towers.registry import REFERENCE_TOWERS  # noqa: E402
 
 SCHEMA_VERSION = 2
@@ -245,48 +248,6 @@ TARGETS: tuple[dict[str, Any], ...] = (
 # ---------------------------------------------------------------------------
 # Items, traffic files and the tuner
 # ---------------------------------------------------------------------------
-
-
-@functools.cache
-def spec_grid_dims(path: Path) -> tuple[tuple[str, ...], ...]:
-    """The dims of every per-item input (grids, counts) of the spec ``path``."""
-    return tuple(tuple(grid.dims) for grid in load_spec(path).item_inputs)
-
-
-def spec_dims(stem: str, item: tuple[int, ...], config: Any) -> dict[str, int]:
-    """A tower item in its spec's grid dims (the traffic file's items): the
-    one grid of the spec with as many dims as the item has values, in order
-    (DeepSeek-V4.1's second grid, the merged one, is derived)."""
-    if stem == "deepseek_v41":
-        h, w = item
-        r = config.vision_downsample_ratio
-        return {"h": h, "w": w, "lh": -(-h // r), "lw": -(-w // r)}
-    every = spec_grid_dims(SPECS_DIR / f"{stem}.yaml")
-    grids = {dims for dims in every if len(dims) == len(item)}
-    if len(grids) != 1:
-        raise ValueError(
-            f"{stem}: cannot name the values of the item {item} after the spec's "
-            f"grid dims {sorted(every)}"
-        )
-    return dict(zip(grids.pop(), item))
-
-
-def traffic_document(
-    stem: str,
-    batches: list[list[tuple[int, ...]]],
-    config: Any,
-    source: str,
-    tuning: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    document = {
-        "format": "gen-mixin-traffic/1",
-        "spec": stem,
-        "source": source,
-        "batches": [[spec_dims(stem, item, config) for item in b] for b in batches],
-    }
-    if tuning:
-        document["tuning"] = tuning
-    return document
 
 
 def replay_cost_rows(replay_ms: dict[int, float], host_ms: float = 0.0) -> int:
@@ -666,8 +627,13 @@ class TrafficBench:
         deadline: float,
     ) -> None:
         args = self.args
-        measured_px = image_traffic.draw_image_batches(args.seed, args.max_batches)
-        train_px = image_traffic.draw_image_batches(args.seed + 1, TRAIN_BATCHES)
+        sizes, shares = image_traffic.WORKLOADS[args.workload]
+        measured_px = image_traffic.draw_image_batches(
+            args.seed, args.max_batches, sizes, shares
+        )
+        train_px = image_traffic.draw_image_batches(
+            args.seed + 1, TRAIN_BATCHES, sizes, shares
+        )
         measured, train = self.items(measured_px), self.items(train_px)
         result["paths"] = list(self.paths)
         result["ladders_measured"] = list(self.ladders)
@@ -785,6 +751,7 @@ class TrafficBench:
             args.max_tokens,
         )
         result["tuner"] = tuner
+        result["crossover"] = self.crossover
         tuned = tuner["compilation_config"]
         cfg = build_vllm_config(
             args.max_tokens,
@@ -851,9 +818,13 @@ class TrafficBench:
         ladder["calibration_s"] = time.perf_counter() - start
         ladder["cost_model"] = cost.as_dict()
         ladder["calibration_samples"] = manager.calibration_samples
+        ladder["calibration_report"] = manager.calibration_report
+        units = manager.calibration_report
         self.log(
             f"{captured}, calibrated in {ladder['calibration_s']:.1f}s (errors: "
-            f"graph {cost.graph_error:.3f}, eager {cost.eager_error:.3f})"
+            f"graph {cost.graph_error:.3f}, eager {cost.eager_error:.3f}; units "
+            f"{units['units'] - units['skipped']}/{units['units']} timed, "
+            f"{units['device_ms'] / 1e3:.1f}s of timed calls)"
         )
         return ladder
 
@@ -880,13 +851,26 @@ class TrafficBench:
         max_budget = largest
         while max_budget < rows and max_budget < 4 * largest:
             max_budget *= 2
-        return {
+        tuning = {
             "replay_cost_rows": replay_cost_rows(
                 dict(cost.graph.replay_ms), cost.graph.per_replay_ms
             ),
             "max_budget": max_budget,
             "capture_memory_mib": TUNED_CAPTURE_MIB,
         }
+        # Recorded, not passed: vLLM's packing cuts a batch above the top
+        # budget into replays of it, so a ladder cut at a noisy crossover (the
+        # CPU smoke's is 256 MiniMax M3 tokens) costs a vLLM user replays;
+        # `gen-mixin plan` takes it as tuning.crossover_rows when given.
+        self.crossover = {
+            "per_items": crossover_rows(cost),
+            "crossover_rows": tuning_crossover(cost),
+        }
+        self.log(
+            f"[{self.stem}] graphs stop paying at (rows per batch, by items): "
+            f"{self.crossover['per_items']}"
+        )
+        return tuning
 
     def _batch(
         self,
@@ -1420,6 +1404,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int)
     parser.add_argument("--seed", type=int, default=17)
     parser.add_argument(
+        "--workload",
+        choices=sorted(image_traffic.WORKLOADS),
+        default="default",
+        help="image_traffic's mix: default, or second (other source shares and "
+        "batch sizes, issue #27); the tuner's training sample is drawn from it "
+        "too (seed + 1)",
+    )
+    parser.add_argument(
         "--soft-limit-s",
         type=float,
         default=300.0,
@@ -1498,6 +1490,8 @@ def run(
             HostGauge(functools.partial(host_probe_us, 3)) if args.quiet_host else None
         ),
     }
+    sizes, chosen = image_traffic.WORKLOADS[args.workload]
+    shares = dict(chosen or {s.name: s.share for s in image_traffic.SOURCES})
     result: dict[str, Any] = {
         "benchmark": "encoder_traffic",
         "schema_version": SCHEMA_VERSION,
@@ -1533,11 +1527,12 @@ def run(
                 if args.quiet_host
                 else None
             ),
+            "workload": args.workload,
             "sources": [
-                {"name": s.name, "share": s.share, "source": s.source}
+                {"name": s.name, "share": shares.get(s.name, 0.0), "source": s.source}
                 for s in image_traffic.SOURCES
             ],
-            "batch_sizes": [list(b) for b in image_traffic.BATCH_SIZES],
+            "batch_sizes": [list(b) for b in sizes],
         },
         "models": {},
         "skipped": skipped,

@@ -29,16 +29,23 @@ Qwen2-VL, the HF processor vLLM calls), checked against it by
 
 from __future__ import annotations
 
+import functools
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+from generator.resolve import load_spec
+
+SPECS_DIR = Path(__file__).resolve().parents[1] / "specs"
 
 __all__ = [
     "BATCH_SIZES",
     "NO_RESIZE_RULE",
     "SOURCES",
+    "WORKLOADS",
     "ImageSource",
     "deepseek_v41_grid",
     "draw_image_batches",
@@ -47,7 +54,9 @@ __all__ = [
     "merged_grid",
     "model_grid",
     "smart_resize",
+    "spec_dims",
     "step3_vl_crops",
+    "traffic_document",
 ]
 
 
@@ -173,9 +182,37 @@ def _pick(rng: random.Random, weighted: Sequence[tuple[Any, float]]) -> Any:
     return rng.choices(values, weights=weights)[0]
 
 
-def draw_image(rng: random.Random) -> tuple[int, int]:
-    """One image's ``(height, width)`` in pixels."""
-    source = _pick(rng, [(s, s.share) for s in SOURCES])
+#: A second workload (issue #27): the same sources in other shares (more
+#: screenshots and scans, fewer photos and thumbnails) and larger batches
+#: (1-16 images, flatter), for a ladder tuned on one mix and measured on
+#: another seed of another mix.
+SECOND_WORKLOAD_SHARES: dict[str, float] = {
+    "camera photo": 0.15,
+    "phone screenshot": 0.25,
+    "desktop screenshot": 0.20,
+    "scanned page": 0.20,
+    "web image": 0.15,
+    "thumbnail": 0.05,
+}
+SECOND_WORKLOAD_BATCH_SIZES: tuple[tuple[int, float], ...] = (
+    *((n, 10.0) for n in range(1, 5)),
+    *((n, 4.0) for n in range(5, 17)),
+)
+#: The workloads ``--workload`` of ``bench/bench_traffic.py`` names:
+#: (batch sizes, source shares or None for :data:`SOURCES`' own).
+WORKLOADS: dict[str, tuple[Sequence[tuple[int, float]], Mapping[str, float] | None]] = {
+    "default": (BATCH_SIZES, None),
+    "second": (SECOND_WORKLOAD_BATCH_SIZES, SECOND_WORKLOAD_SHARES),
+}
+
+
+def draw_image(
+    rng: random.Random, shares: Mapping[str, float] | None = None
+) -> tuple[int, int]:
+    """One image's ``(height, width)`` in pixels (``shares``: each source's
+    share by name, default the sources' own)."""
+    weights = shares or {s.name: s.share for s in SOURCES}
+    source = _pick(rng, [(s, weights.get(s.name, 0.0)) for s in SOURCES])
     if source.name == "web image":
         low, high = _pick(rng, [((lo, hi), w) for lo, hi, w in WEB_MEGAPIXELS])
         area = rng.uniform(low, high) * 1e6
@@ -187,11 +224,17 @@ def draw_image(rng: random.Random) -> tuple[int, int]:
 
 
 def draw_image_batches(
-    seed: int, batches: int, sizes: Sequence[tuple[int, float]] = BATCH_SIZES
+    seed: int,
+    batches: int,
+    sizes: Sequence[tuple[int, float]] = BATCH_SIZES,
+    shares: Mapping[str, float] | None = None,
 ) -> list[list[tuple[int, int]]]:
     """Seeded batches of ``(height, width)`` pixel sizes."""
     rng = random.Random(seed)
-    return [[draw_image(rng) for _ in range(_pick(rng, sizes))] for _ in range(batches)]
+    return [
+        [draw_image(rng, shares) for _ in range(_pick(rng, sizes))]
+        for _ in range(batches)
+    ]
 
 
 # ---------------------------------------------------------------------------
@@ -527,3 +570,50 @@ def _step3_vl_rule(config: Any) -> Callable[[int, int], tuple[int]]:
         return (crops,)
 
     return rule
+
+
+# ---------------------------------------------------------------------------
+# Traffic files (gen-mixin plan --traffic)
+# ---------------------------------------------------------------------------
+
+
+@functools.cache
+def spec_grid_dims(path: Path) -> tuple[tuple[str, ...], ...]:
+    """The dims of every per-item input (grids, counts) of the spec ``path``."""
+    return tuple(tuple(grid.dims) for grid in load_spec(path).item_inputs)
+
+
+def spec_dims(stem: str, item: tuple[int, ...], config: Any) -> dict[str, int]:
+    """A tower item in its spec's grid dims (the traffic file's items): the
+    one grid of the spec with as many dims as the item has values, in order
+    (DeepSeek-V4.1's second grid, the merged one, is derived)."""
+    if stem == "deepseek_v41":
+        h, w = item
+        r = config.vision_downsample_ratio
+        return {"h": h, "w": w, "lh": -(-h // r), "lw": -(-w // r)}
+    every = spec_grid_dims(SPECS_DIR / f"{stem}.yaml")
+    grids = {dims for dims in every if len(dims) == len(item)}
+    if len(grids) != 1:
+        raise ValueError(
+            f"{stem}: cannot name the values of the item {item} after the spec's "
+            f"grid dims {sorted(every)}"
+        )
+    return dict(zip(grids.pop(), item))
+
+
+def traffic_document(
+    stem: str,
+    batches: list[list[tuple[int, ...]]],
+    config: Any,
+    source: str,
+    tuning: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    document = {
+        "format": "gen-mixin-traffic/1",
+        "spec": stem,
+        "source": source,
+        "batches": [[spec_dims(stem, item, config) for item in b] for b in batches],
+    }
+    if tuning:
+        document["tuning"] = tuning
+    return document

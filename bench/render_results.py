@@ -538,7 +538,7 @@ def render_traffic_markdown(result: dict[str, Any]) -> str:
     )
     out.append(
         f"At least {params['batches']} batches per model (seed {params['seed']}) of real-world image "
-        f"sizes ({shares}; 1-16 images per batch, mostly 1-4), resized by each model's "
+        f"sizes ({shares}; workload {params.get('workload', 'default')}, 1-16 images per batch), resized by each model's "
         "processor rules (`docs/real-traffic.md`). Ladders: **default** (vLLM's doubling), "
         "**fine** (`min · 2^k · {1, 1.25, 1.5, 1.75}`, 64 items), **tuned** "
         f"(`gen-mixin plan --traffic` on {params['train_batches']} other batches). Policies: "

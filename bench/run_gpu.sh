@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One command for a GPU machine: every GPU test and benchmark, logs in $OUT.
 #   bash bench/run_gpu.sh [stage...]    stages: smoke tests overhead profile bench dp traffic
-#                                       traffic-new launch checks
+#                                       traffic-new launch checks padding traffic-short
+#                                       traffic-second traffic-towers
 #   GEN_MIXIN_SMOKE=1 bash bench/run_gpu.sh [stage...]
 #       the same stages on the CPU, tiny towers, eager-replay graphs, in seconds
 #       (tests are skipped; dp runs its benchmark on 2 gloo processes): checks the
@@ -52,6 +53,25 @@
 #                     python bench/profile_launch.py --render launch.json)
 #   checks    ~30 s (est.)  bench_input_checks.py (issue #16 item 6: host time of the mixins'
 #                     input checks per item, full towers, pixels on the GPU); checks.json
+#   padding   ~60 s (est.)  measure_padding.py (issue #27: DeepSeek-V4.1's full tower, budgets
+#                     16384 and 65536 half filled, cu_seqlens closed by one trailing padding
+#                     sequence vs zero-length sequences (vLLM's), every item against its own
+#                     eager forward, replay and execute medians of 20 rounds); padding.json
+#   traffic-short ~190 s (est.) bench_traffic.py on the seed models, the benchmark's workload,
+#                     at least 8 batches a model, soft/hard limits 150/190 s, no issue #6
+#                     workloads: tuned ladder (vLLM's and cost-aware execution), capture and
+#                     calibration seconds per ladder, the tuner's predicted vs measured
+#                     waste; traffic-short.json, traffic-short.png
+#   traffic-second ~190 s (est.) the same on the second workload (issue #27: other source
+#                     shares and batch sizes, --workload second --seed 29, the tuner
+#                     trained on seed 30 of it); traffic-second.json, traffic-second.png
+#   traffic-towers ~330 s (est.) bench_traffic.py on the other towered models (Qwen2-VL,
+#                     Qwen2.5-VL, InternVL, Kimi-VL, Kimi-K2.5), at least 3 batches each,
+#                     limits 250/330 s (set-ups are not cut): predicted vs measured waste
+#                     of their tuned ladders; traffic-towers.json
+# Issue #27 on one H100 in two calls under 9 min each:
+#   bash bench/run_gpu.sh smoke padding traffic-short traffic-second
+#   bash bench/run_gpu.sh traffic-towers
 # `smoke traffic launch` returns 7 files: summary.log, smoke.log, traffic.log,
 # traffic.json, traffic.png, launch.log, launch.json.
 set -uo pipefail
@@ -64,9 +84,15 @@ status=0
 cpu=()
 # traffic-new's limits (about 150 s at most on one H200); the smoke keeps --quick's.
 traffic_new=(--batches 3 --soft-limit-s 80 --hard-limit-s 100)
+traffic_short=(--batches 8 --soft-limit-s 150 --hard-limit-s 190 --no-old-workloads)
+traffic_towers=(--batches 3 --soft-limit-s 250 --hard-limit-s 330 --no-old-workloads)
+padding=()
 if [ "${GEN_MIXIN_SMOKE:-0}" = 1 ]; then
     cpu=(--device cpu --size tiny --quick)
     traffic_new=()
+    traffic_short=(--no-old-workloads)
+    traffic_towers=(--no-old-workloads)
+    padding=(--device cpu --size tiny --quick)
     export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 fi
 run() {  # name, command...
@@ -112,6 +138,17 @@ for stage in $stages; do
                    --plot "$OUT/traffic-new.png" --models new --skip-unusable --no-old-workloads \
                    "${traffic_new[@]}" "${cpu[@]}" ;;
         launch) run launch python3 bench/profile_launch.py --out "$OUT/launch.json" "${cpu[@]}" ;;
+        padding) run padding python3 bench/measure_padding.py --out "$OUT/padding.json" \
+                   "${padding[@]}" ;;
+        traffic-short) run traffic-short python3 bench/bench_traffic.py \
+                   --out "$OUT/traffic-short.json" --plot "$OUT/traffic-short.png" \
+                   "${traffic_short[@]}" "${cpu[@]}" ;;
+        traffic-second) run traffic-second python3 bench/bench_traffic.py --workload second \
+                   --seed 29 --out "$OUT/traffic-second.json" --plot "$OUT/traffic-second.png" \
+                   "${traffic_short[@]}" "${cpu[@]}" ;;
+        traffic-towers) run traffic-towers python3 bench/bench_traffic.py \
+                   --models qwen2_vl,qwen2_5_vl,internvl,kimi_vl,kimi_k25 --skip-unusable \
+                   --out "$OUT/traffic-towers.json" "${traffic_towers[@]}" "${cpu[@]}" ;;
         checks)
             if [ ${#cpu[@]} -gt 0 ]; then checks=(--device cpu --size tiny --quick)
             else checks=(--device cuda --size full); fi

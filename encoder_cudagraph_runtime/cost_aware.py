@@ -64,6 +64,7 @@ __all__ = [
     "GraphSample",
     "PlannedUnit",
     "calibrated_cost_model",
+    "crossover_rows",
     "fit_eager_cost",
     "fit_graph_cost",
     "fit_nonnegative",
@@ -274,6 +275,35 @@ def plan_execution(
     if vllm_ms > eager_ms or cheapest_ms < vllm_ms * (1.0 - margin):
         return ExecutionPlan(cheapest_units, cheapest_ms, "cheapest", vllm_ms, eager_ms)
     return ExecutionPlan(vllm_units, vllm_ms, "vllm", vllm_ms, eager_ms)
+
+
+#: Items a batch at the crossover is split into: equal items of
+#: ``budget / n`` rows each (a photo, a pair, a page of screenshots, ...).
+CROSSOVER_SPLITS = (1, 2, 4, 8, 16)
+
+
+def crossover_rows(
+    cost: CostModel, splits: Sequence[int] = CROSSOVER_SPLITS
+) -> dict[int, int | None]:
+    """Per number of items ``n`` in ``splits``, the rows per batch from
+    which a graph stops paying: the smallest captured budget ``b`` such
+    that at ``b`` and every larger budget, ``n`` equal items filling ``b``
+    (no padding: the exact-shape graph) are predicted no faster replayed
+    than in one eager call. ``None`` where the graph still pays at the
+    largest budget. ``max`` of the values (when none is ``None``) is where
+    every split loses: budgets above it can only lose."""
+    budgets = sorted(cost.graph.replay_ms)
+    out: dict[int, int | None] = {}
+    for n in splits:
+        start: int | None = None
+        for budget in budgets:
+            part = [budget // n] * n
+            part[0] += budget - sum(part)
+            graph = cost.graph.predict(budget, budget, sum(r * r for r in part))
+            loses = graph >= cost.eager.predict(part)
+            start = (start or budget) if loses else None
+        out[n] = start
+    return out
 
 
 def _graph_unit(

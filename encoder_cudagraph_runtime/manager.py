@@ -191,6 +191,11 @@ class ExecuteTiming:
         }
 
 
+#: Default :attr:`EncoderCudaGraphManager.calibration_limit_ms`: with the
+#: capture's replay timing, calibration stays under 15 s per ladder.
+CALIBRATION_LIMIT_MS = 10_000.0
+
+
 @dataclass(frozen=True)
 class _CalibrationUnit:
     """One selection of a warm-up batch that calibration times."""
@@ -381,6 +386,11 @@ class EncoderCudaGraphManager:
         self._replay_ms: dict[int, float] = {}
         self._cost_model: CostModel | None = None
         self._calibration: tuple[list[EagerSample], list[GraphSample]] = ([], [])
+        self._calibration_report: dict[str, Any] = {}
+        #: Device time a calibration may spend timing units (issue #27:
+        #: 252 s on a ladder up to 147k DeepSeek-V4.1 patches, against
+        #: 10-31 s on the others); settable.
+        self.calibration_limit_ms = CALIBRATION_LIMIT_MS
         self._execution = ExecutionStats()
         self._cost_aware = False
         self.cost_aware = cost_aware
@@ -1073,9 +1083,43 @@ class EncoderCudaGraphManager:
     def _calibration_samples(
         self, batches: list[dict[str, Any]], repeats: int, time_eager: bool
     ) -> tuple[list[EagerSample], list[GraphSample]]:
-        """Timed units of every distinct selection of ``batches``."""
+        """Timed units of the distinct selections of ``batches``, smallest
+        first, while the calibration's device time stays within
+        :attr:`calibration_limit_ms`: a unit whose calls the capture's
+        replay times say would overrun it is skipped (counted in
+        :attr:`calibration_report`). Large budgets then keep the fit's
+        extrapolation (their cost factor 1) instead of minutes of timed
+        replays: one replay of a 147k-patch DeepSeek-V4.1 budget takes as
+        long as hundreds of small units."""
+        units = self._calibration_units(batches)
         eager: list[EagerSample] = []
         graph: list[GraphSample] = []
+        start = self._clock()
+        skipped = 0
+        for unit in sorted(units, key=lambda u: sum(u.rows)):
+            spent_ms = (self._clock() - start) / 1e6
+            if spent_ms + self._unit_estimate_ms(unit, repeats, time_eager) > (
+                self.calibration_limit_ms
+            ):
+                skipped += 1
+                continue
+            if time_eager:
+                eager.append(self._time_eager_unit(unit, repeats))
+            graph += self._time_graph_units(unit, repeats)
+        self._calibration_report = {
+            "units": len(units),
+            "skipped": skipped,
+            "device_ms": (self._clock() - start) / 1e6,
+            "limit_ms": self.calibration_limit_ms,
+        }
+        return eager, graph
+
+    def _calibration_units(
+        self, batches: list[dict[str, Any]]
+    ) -> list[_CalibrationUnit]:
+        """Each batch whole and each of its items alone, once per distinct
+        multiset of rows."""
+        units = []
         seen: set[tuple[int, ...]] = set()
         for mm_kwargs in batches:
             specs = self._get_item_specs(mm_kwargs)
@@ -1086,11 +1130,34 @@ class EncoderCudaGraphManager:
                 key = tuple(sorted(rows[i] for i in selection))
                 if selection and key not in seen:
                     seen.add(key)
-                    unit = _CalibrationUnit(mm_kwargs, selection, key, tokens, rows)
-                    if time_eager:
-                        eager.append(self._time_eager_unit(unit, repeats))
-                    graph += self._time_graph_units(unit, repeats)
-        return eager, graph
+                    units.append(
+                        _CalibrationUnit(mm_kwargs, selection, key, tokens, rows)
+                    )
+        return units
+
+    def _unit_estimate_ms(
+        self, unit: _CalibrationUnit, repeats: int, time_eager: bool
+    ) -> float:
+        """What timing ``unit`` will take, from the capture's replay times:
+        each graph unit and its replay alone ``1 + repeats`` times, and the
+        eager call as long as a replay of the unit's budget (for a unit
+        above every budget, the largest budget's per row)."""
+        budgets = self._default_budgets()
+        first = bisect_left(budgets, sum(unit.rows))
+        steps = budgets[first : first + (2 if len(unit.selection) == 1 else 1)]
+        graph_ms = sum(2 * (1 + repeats) * self._replay_ms[b] for b in steps)
+        if len(unit.selection) > self.max_batch_size:
+            graph_ms = 0.0
+        budget = budgets[min(first, len(budgets) - 1)]
+        scale = max(1.0, sum(unit.rows) / budget)
+        eager_ms = (1 + repeats) * self._replay_ms[budget] * scale
+        return graph_ms + (eager_ms if time_eager else 0.0)
+
+    @property
+    def calibration_report(self) -> dict[str, Any]:
+        """The latest calibration's units, how many were skipped to stay
+        within :attr:`calibration_limit_ms`, and the device time it took."""
+        return dict(self._calibration_report)
 
     def _time_eager_unit(self, unit: _CalibrationUnit, repeats: int) -> EagerSample:
         run = functools.partial(

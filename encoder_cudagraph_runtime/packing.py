@@ -28,7 +28,13 @@ from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["PackedBatch", "fitting_budget", "pack_items", "smallest_fitting_budget"]
+__all__ = [
+    "PackedBatch",
+    "fitting_budget",
+    "pack_items",
+    "packed_rows",
+    "smallest_fitting_budget",
+]
 
 
 @dataclass(slots=True)
@@ -82,6 +88,22 @@ def pack_items(
             per_path_tokens[0], order, path_budgets[0], max_batch_size
         )
     return _pack_many_paths(per_path_tokens, order, path_budgets, max_batch_size)
+
+
+def packed_rows(
+    rows: Sequence[int],
+    sort_tokens: Sequence[int],
+    budgets: Sequence[int],
+    max_batch_size: int,
+) -> list[tuple[int | None, int]]:
+    """``(budget, rows)`` of each replay unit of one path's items, as
+    :func:`pack_items` forms them and the manager's padding statistics
+    count them (``None``: run eagerly, unpadded). ``gen-mixin plan
+    --traffic`` predicts the manager's padding with it."""
+    return [
+        (batch.path_budgets[0], batch.path_tokens[0])
+        for batch in pack_items([rows], sort_tokens, [budgets], max_batch_size)
+    ]
 
 
 def _pack_one_path(

@@ -8,13 +8,18 @@ of the encoder batches a deployment sees, this module recommends
 ``encoder_cudagraph_max_vision_items_per_batch`` that minimise the expected
 padded rows, within a cap on the memory of the captured buffers, and prints
 them as a ready ``--compilation-config`` value together with the expected
-waste of the current ladder and of the tuned one.
+waste of the current ladder (the one vLLM builds for the mixin's range) and
+of the tuned one. The recommendation is judged under vLLM's packing, the
+packing a vLLM user runs: it keeps the current ladder's budgets and items
+per batch, and no batch of the sample (nor of stress batches recombined from
+its items) costs more rows on it (:func:`tune_ladder`).
 
 The waste of a ladder is exact for the sample: every batch is packed with
-the manager's own packing (:func:`encoder_cudagraph_runtime.packing.pack_items`)
+the manager's own packing (:func:`encoder_cudagraph_runtime.packing.packed_rows`)
 and waste is ``Σ replayed budgets / Σ rows of the replayed batches − 1``, as
 the manager's padding statistics count it. Items are given in the spec's
-grid dims and turned into budget tokens with the spec's own formula.
+grid dims and turned into budget tokens and output tokens (the packing
+order) with the spec's own formulas (:func:`spec_traffic`).
 
 The traffic file (JSON; ``docs/real-traffic.md``)::
 
@@ -41,7 +46,11 @@ from pathlib import Path
 from typing import Any
 
 from encoder_cudagraph_runtime.budget_ladder import generate_budgets
-from encoder_cudagraph_runtime.packing import pack_items, smallest_fitting_budget
+from encoder_cudagraph_runtime.packing import (
+    pack_items,
+    packed_rows,
+    smallest_fitting_budget,
+)
 from generator.diagnostics import Diagnostic, Location, SpecError
 from generator.formulas import EvaluationError, evaluate, names_in
 from generator.limits import (
@@ -60,15 +69,18 @@ __all__ = [
     "TrafficBatch",
     "Tuning",
     "candidate_budgets",
+    "crossover_ladder",
     "ladder_waste",
     "load_traffic",
+    "spec_traffic",
     "traffic_main",
     "tune_ladder",
 ]
 
 FORMAT = "gen-mixin-traffic/1"
-#: Candidate budgets evaluated exactly per greedy step (the most promising).
-_CANDIDATES_PER_STEP = 16
+#: Candidate budgets evaluated exactly per greedy step (the most promising;
+#: many are refused as costing some batch more rows than the default).
+_CANDIDATES_PER_STEP = 64
 #: A budget must save at least this fraction of the used rows to be added.
 _MIN_GAIN = 1e-3
 
@@ -87,6 +99,17 @@ class TrafficBatch:
         """``(rows, sort keys)`` for :func:`pack_items`."""
         rows = list(self.rows)
         return rows, list(self.tokens) or rows
+
+    def packing_key(self) -> tuple[tuple[int, int], ...]:
+        """``(output tokens or 0, rows)`` per item in the order packing
+        visits them: a stable sort by the sort key alone, so items of equal
+        output tokens but other rows (DeepSeek-V4.1: the merged grid rounds
+        ``h`` and ``w`` up to ``r``) keep their order in the batch, as in
+        the manager. Batches of equal keys pack alike."""
+        rows, keys = self.packing_order()
+        tokens = self.tokens or (0,) * len(rows)
+        order = sorted(range(len(rows)), key=keys.__getitem__)
+        return tuple((tokens[i], rows[i]) for i in order)
 
 
 @dataclass(frozen=True)
@@ -113,6 +136,12 @@ class Tuning:
     splits into several replays, each paying its fixed cost. The graph pool
     grows with the largest budget (the captured buffers, which the cap
     counts, do too; the pool's activations are not sized here)."""
+    crossover_rows: int | None = None
+    """Rows per batch above which an exact-shape graph is no faster than
+    eager (compute-bound batches; ``bench/crossover.py`` reads it off a
+    calibrated cost model): budgets that only batches above it would
+    replay are not captured, and the cost-aware prediction runs units
+    above it eagerly. Default: none (every budget may pay)."""
 
 
 @dataclass(frozen=True)
@@ -131,11 +160,19 @@ class LadderWaste:
     eager_rows: int
     """Rows of batches larger than every budget (run eagerly, unpadded)."""
     replays: int
+    per_batch: tuple[int, ...] = ()
+    """Per traffic batch (in order, one occurrence): the rows it costs, its
+    replayed budgets plus its eagerly run rows."""
 
     @property
     def waste(self) -> float:
         """``replayed / used − 1`` (0 without replays)."""
         return self.replayed / self.used - 1.0 if self.used else 0.0
+
+    def worse_than(self, other: LadderWaste) -> int:
+        """How many batches cost more rows here than on ``other`` (the same
+        batches packed on another ladder)."""
+        return sum(a > b for a, b in zip(self.per_batch, other.per_batch, strict=True))
 
 
 # ---------------------------------------------------------------------------
@@ -144,23 +181,33 @@ class LadderWaste:
 
 
 def ladder_waste(
-    batches: Sequence[TrafficBatch], budgets: Sequence[int], max_batch_size: int
+    batches: Sequence[TrafficBatch],
+    budgets: Sequence[int],
+    max_batch_size: int,
+    eager_above: int | None = None,
 ) -> LadderWaste:
-    """Pack every batch with the manager's packing on ``budgets``."""
+    """Pack every batch with the manager's packing on ``budgets``
+    (:func:`~encoder_cudagraph_runtime.packing.packed_rows`, which the
+    manager's own padding statistics are counted from). ``eager_above``: a
+    unit replaying a larger budget runs eagerly instead (cost-aware
+    execution, where graphs above the crossover only lose)."""
     budgets = sorted(budgets)
     replayed = used = eager = replays = 0
+    per_batch = []
     for batch in batches:
         rows, keys = batch.packing_order()
-        for packed in pack_items([rows], keys, [budgets], max_batch_size):
-            tokens = packed.path_tokens[0]
-            budget = packed.path_budgets[0]
-            if budget is None:
+        cost = 0
+        for budget, tokens in packed_rows(rows, keys, budgets, max_batch_size):
+            if budget is None or (eager_above is not None and budget > eager_above):
                 eager += tokens * batch.count
+                cost += tokens
                 continue
             replayed += budget * batch.count
             used += tokens * batch.count
             replays += batch.count
-    return LadderWaste(replayed, used, eager, replays)
+            cost += budget
+        per_batch.append(cost)
+    return LadderWaste(replayed, used, eager, replays, tuple(per_batch))
 
 
 def _round_up(value: int, granularity: int) -> int:
@@ -229,6 +276,92 @@ def _candidates(
     return [c for c, _ in score.most_common(_CANDIDATES_PER_STEP)]
 
 
+#: Stress batches drawn per distinct batch of the sample, and the most items
+#: they hold together (each admissibility check packs them all).
+_STRESS_PER_BATCH = 16
+_MAX_STRESS_ITEMS = 20_000
+
+
+def stress_batches(
+    batches: Sequence[TrafficBatch], max_batch_size: int, seed: int = 0
+) -> list[TrafficBatch]:
+    """Batches of the sample's items drawn anew (seeded): as many items as
+    a batch of the sample has, each item drawn by its count. vLLM's packing
+    is not monotone in the ladder (a finer budget can split a small item
+    off a batch whose rest still needs the same large budget), so a ladder
+    that serves the sample may cost an unsampled batch of the same
+    distribution more rows than the default; these stand for those."""
+    import random
+
+    rng = random.Random(seed)
+    pool = [(r, t) for b in batches for r, t in zip(b.rows, b.tokens or b.rows)]
+    weights = [b.count for b in batches for _ in b.rows]
+    sizes = [len(b.rows) for b in batches]
+    counts = [b.count for b in batches]
+    out: list[TrafficBatch] = []
+    drawn = 0
+    for size in rng.choices(sizes, weights=counts, k=_STRESS_PER_BATCH * len(batches)):
+        items = rng.choices(pool, weights=weights, k=min(size, 4 * max_batch_size))
+        drawn += len(items)
+        if drawn > _MAX_STRESS_ITEMS:
+            break
+        rows, tokens = zip(*items)
+        out.append(TrafficBatch(rows, 1, tokens))
+    return out
+
+
+def crossover_ladder(start: Sequence[int], crossover_rows: int | None) -> list[int]:
+    """``start`` without the budgets that can only lose to eager: those
+    above the first budget that reaches ``crossover_rows`` (every batch they
+    would replay is larger than the crossover)."""
+    ladder = sorted(start)
+    if crossover_rows is None:
+        return ladder
+    reach = smallest_fitting_budget(ladder, crossover_rows)
+    return ladder if reach is None else [b for b in ladder if b <= reach]
+
+
+@dataclass(frozen=True)
+class _Search:
+    """What every step of :func:`tune_ladder` checks a trial ladder with."""
+
+    batches: Sequence[TrafficBatch]
+    mbs: int
+    budget_bytes: Mapping[int, int]
+    cap_bytes: float
+    max_graphs: int
+    replay_rows: int
+    floor: float
+    keep: frozenset[int]
+    limits: LadderWaste
+    """The start ladder's packing: no batch may cost more rows than here."""
+    stress: Sequence[TrafficBatch]
+    """Batches of the sample's items recombined (:func:`stress_batches`),
+    held to the same rule."""
+    stress_limits: LadderWaste
+
+    def over(self, ladder: list[int]) -> bool:
+        return (
+            len(ladder) > self.max_graphs
+            or sum(self.budget_bytes[b] for b in ladder) > self.cap_bytes
+        )
+
+    def admissible(self, trial: LadderWaste, ladder: list[int]) -> bool:
+        """No batch of the sample, nor of the stress batches, costs more
+        rows on ``ladder`` (whose packing of the sample is ``trial``) than
+        on the start ladder."""
+        if trial.worse_than(self.limits):
+            return False
+        stressed = ladder_waste(self.stress, ladder, self.mbs)
+        return stressed.worse_than(self.stress_limits) == 0
+
+    def waste(self, ladder: list[int]) -> LadderWaste:
+        return ladder_waste(self.batches, ladder, self.mbs)
+
+    def cost(self, waste: LadderWaste) -> int:
+        return _cost(waste, self.replay_rows)
+
+
 def tune_ladder(
     batches: Sequence[TrafficBatch],
     *,
@@ -239,76 +372,72 @@ def tune_ladder(
     max_graphs: int,
     replay_cost_rows: int = 0,
 ) -> list[int]:
-    """Local search from the ladder ``start`` (budgets rounded up to
-    multiples of ``max_batch_size``, so the capture dummies hold exactly the
-    budget; its largest budget stays, so nothing that fits today runs
-    eagerly). The objective is padded rows plus ``replay_cost_rows`` per
-    replay, under vLLM's packing. Rounds of: add the candidate that lowers
-    it most while the buffers (``budget_bytes``, see
-    :func:`candidate_budgets`) fit ``cap_bytes`` and the graphs
-    ``max_graphs``; then drop the budgets whose loss stays under
-    ``_MIN_GAIN`` of the used rows (or that the limits force out). Starting
-    from a doubling ladder matters: vLLM's packing merges an item into a
-    batch whenever deferring would need ``b(item) >= b(batch)``, so a ladder
-    with a wide gap sends such merges to the largest budget."""
-    largest = max(start)
-    ladder = sorted(
-        {_round_up(b, max_batch_size) for b in start if b < largest} | {largest}
-    )
+    """Local search from the ladder ``start`` (vLLM's default ladder for
+    the spec's range, budgets rounded up to multiples of ``max_batch_size``
+    so the capture dummies hold exactly the budget). The objective is padded
+    rows plus ``replay_cost_rows`` per replay, under vLLM's packing; the
+    constraints keep the answer safe for a vLLM user:
+
+    * every budget of ``start`` stays (unless the memory cap or
+      ``max_graphs`` force one out): a batch of the traffic that was not
+      sampled still finds the budget vLLM's default ladder gives it, or a
+      smaller one the tuner added; a ladder of one giant budget cannot
+      come out;
+    * no batch of the sample costs more rows (replayed budgets plus eager
+      rows) than on ``start``.
+
+    Rounds of: add the candidate that lowers the objective most while the
+    buffers (``budget_bytes``) fit ``cap_bytes`` and the graphs
+    ``max_graphs``; then drop added budgets whose loss stays under
+    ``_MIN_GAIN`` of the used rows (or that the limits force out)."""
+    ladder = sorted({_round_up(b, max_batch_size) for b in start})
     current = ladder_waste(batches, ladder, max_batch_size)
-    floor = _MIN_GAIN * max(current.used, 1)
+    stress = stress_batches(batches, max_batch_size)
+    search = _Search(
+        batches,
+        max_batch_size,
+        budget_bytes,
+        cap_bytes,
+        max_graphs,
+        replay_cost_rows,
+        _MIN_GAIN * max(current.used, 1),
+        frozenset(ladder),
+        current,
+        stress,
+        ladder_waste(stress, ladder, max_batch_size),
+    )
     for _ in range(8):
-        ladder, current, added = _add_budgets(
-            batches,
-            ladder,
-            current,
-            max_batch_size,
-            budget_bytes,
-            cap_bytes,
-            max_graphs,
-            replay_cost_rows,
-            floor,
-        )
-        ladder, current, dropped = _drop_budgets(
-            batches,
-            ladder,
-            current,
-            max_batch_size,
-            budget_bytes,
-            cap_bytes,
-            max_graphs,
-            replay_cost_rows,
-            floor,
-        )
+        ladder, current, added = _add_budgets(search, ladder, current)
+        ladder, current, dropped = _drop_budgets(search, ladder, current)
         if not added and not dropped:
             break
     return ladder
 
 
 def _add_budgets(
-    batches: Sequence[TrafficBatch],
-    ladder: list[int],
-    current: LadderWaste,
-    mbs: int,
-    budget_bytes: Mapping[int, int],
-    cap_bytes: float,
-    max_graphs: int,
-    replay_rows: int,
-    floor: float,
+    search: _Search, ladder: list[int], current: LadderWaste
 ) -> tuple[list[int], LadderWaste, bool]:
-    """Add the best candidate while one saves more than ``floor``."""
+    """Add the best admissible candidate while one saves more than the
+    search's floor."""
     added = False
-    while len(ladder) < max_graphs:
-        spent = sum(budget_bytes[b] for b in ladder)
+    while len(ladder) < search.max_graphs:
         best: tuple[int, int, LadderWaste] | None = None
-        for candidate in _candidates(batches, ladder, mbs, mbs, replay_rows):
-            if spent + budget_bytes[candidate] > cap_bytes:
+        mbs = search.mbs
+        for candidate in _candidates(
+            search.batches, ladder, mbs, mbs, search.replay_rows
+        ):
+            trial_ladder = sorted([*ladder, candidate])
+            if search.over(trial_ladder):
                 continue
-            trial = ladder_waste(batches, sorted([*ladder, candidate]), mbs)
-            gain = _cost(current, replay_rows) - _cost(trial, replay_rows)
+            trial = search.waste(trial_ladder)
+            gain = search.cost(current) - search.cost(trial)
+            if (best is not None and gain <= best[0]) or gain <= search.floor:
+                continue
+            if not search.admissible(trial, trial_ladder):
+                continue
             if best is None or gain > best[0]:
                 best = (gain, candidate, trial)
-        if best is None or best[0] <= floor:
+        if best is None or best[0] <= search.floor:
             break
         ladder = sorted([*ladder, best[1]])
         current = best[2]
@@ -317,30 +446,26 @@ def _add_budgets(
 
 
 def _drop_budgets(
-    batches: Sequence[TrafficBatch],
-    ladder: list[int],
-    current: LadderWaste,
-    mbs: int,
-    budget_bytes: Mapping[int, int],
-    cap_bytes: float,
-    max_graphs: int,
-    replay_rows: int,
-    floor: float,
+    search: _Search, ladder: list[int], current: LadderWaste
 ) -> tuple[list[int], LadderWaste, bool]:
-    """Drop the budget whose loss is least while it is under ``floor`` or
-    the ladder is over its limits (never the largest)."""
+    """Drop the added budget whose loss is least while it is under the
+    floor and the sample stays admissible; while the ladder is over its
+    limits, drop the least loss of any budget (never the largest)."""
     dropped = False
     while len(ladder) > 1:
-        over = (
-            len(ladder) > max_graphs or sum(budget_bytes[b] for b in ladder) > cap_bytes
-        )
+        over = search.over(ladder)
         best: tuple[int, int, LadderWaste] | None = None
         for budget in ladder[:-1]:
-            trial = ladder_waste(batches, [b for b in ladder if b != budget], mbs)
-            loss = _cost(trial, replay_rows) - _cost(current, replay_rows)
+            if budget in search.keep and not over:
+                continue
+            trial_ladder = [b for b in ladder if b != budget]
+            trial = search.waste(trial_ladder)
+            if not over and not search.admissible(trial, trial_ladder):
+                continue
+            loss = search.cost(trial) - search.cost(current)
             if best is None or loss < best[0]:
                 best = (loss, budget, trial)
-        if best is None or (best[0] > floor and not over):
+        if best is None or (best[0] > search.floor and not over):
             break
         ladder = [b for b in ladder if b != best[1]]
         current = best[2]
@@ -355,6 +480,7 @@ def _drop_budgets(
 _TOP_KEYS = {"format", "batches", "tuning", "spec", "source", "note"}
 _TUNING_KEYS = {
     "capture_memory_mib",
+    "crossover_rows",
     "max_budget",
     "max_graphs",
     "output_row_bytes",
@@ -551,7 +677,7 @@ def _check(
     counts: Counter[tuple[tuple[int, int], ...]] = Counter()
     for batch in batches:
         tokens = batch.tokens or (0,) * len(batch.rows)
-        counts[tuple(sorted(zip(tokens, batch.rows)))] += batch.count
+        counts[batch.packing_key()] += batch.count
     merged = []
     for items, n in counts.items():
         tokens, rows = zip(*items)
@@ -718,7 +844,13 @@ def _check_tuning(raw: Any, problems: _Problems) -> Tuning:
     ):
         problems.add(("tuning", "max_budget"), problem)
         max_budget = None
-    return Tuning(cap, graphs, row_bytes, replay_rows, max_budget)
+    crossover = raw.get("crossover_rows")
+    if crossover is not None and (
+        problem := _int_problem(crossover, 1, "a positive integer")
+    ):
+        problems.add(("tuning", "crossover_rows"), problem)
+        crossover = None
+    return Tuning(cap, graphs, row_bytes, replay_rows, max_budget, crossover)
 
 
 def _locate(text: str, name: str, data: Any, problems: _Problems) -> list[Diagnostic]:
@@ -832,6 +964,51 @@ def _json_positions(
 # ---------------------------------------------------------------------------
 
 
+def spec_traffic(spec: Any, overrides: Mapping[str, int], path: Path) -> Traffic:
+    """The traffic file ``path`` read for ``spec`` (with the ``--set``
+    values ``overrides``): each item's rows by the spec's budget formula
+    (``items.budget_tokens``, else ``items.output_tokens``), its sort key by
+    ``items.output_tokens``, as the generated mixin's item specs count them.
+    Raises :class:`SpecError`."""
+    from generator.static_checks import constant_env
+
+    sizes = {size.name: size.value for size in spec.sizes}
+    env = {**constant_env(spec, overrides), **sizes, **overrides}
+    per_item = spec.items
+    formula = (
+        per_item.budget_tokens
+        if per_item.budget_tokens is not None
+        else per_item.output_tokens
+    )
+    required = sorted(names_in(formula) - set(env))
+    grid_dims = sorted({d for i in spec.item_inputs for d in i.dims} | set(required))
+    derived = [(dim, f) for i in spec.item_inputs for dim, f in i.equals]
+
+    def output_tokens(item: dict[str, int]) -> int | None:
+        """The item's output tokens, vLLM's packing order, by the spec's
+        formula; dims an ``equals`` derives (DeepSeek-V4.1's merged grid)
+        are derived when the item leaves them out, as the mixin's inputs
+        hold them."""
+        values = {**env, **item}
+        try:
+            for dim, f in derived:
+                if dim not in values and names_in(f) <= set(values):
+                    values[dim] = evaluate(f, values)
+            if not names_in(per_item.output_tokens) <= set(values):
+                return None
+            return evaluate(per_item.output_tokens, values)
+        except EvaluationError:
+            return None
+
+    return load_traffic(
+        path,
+        grid_dims,
+        lambda item: evaluate(formula, {**env, **item}),
+        required,
+        output_tokens,
+    )
+
+
 def traffic_main(
     spec: Any,
     plan: Any,
@@ -845,35 +1022,9 @@ def traffic_main(
     max_items)``: the plan of the same spec and arguments for another ladder
     (it raises ``PlanError``, which ``plan`` reports)."""
     from generator.command_line import EXIT_INVALID, EXIT_OK, print_spec_error
-    from generator.static_checks import constant_env
-
-    sizes = {size.name: size.value for size in spec.sizes}
-    env = {**constant_env(spec, overrides), **sizes, **overrides}
-    per_item = spec.items
-    formula = (
-        per_item.budget_tokens
-        if per_item.budget_tokens is not None
-        else per_item.output_tokens
-    )
-    required = sorted(names_in(formula) - set(env))
-    grid_dims = sorted({d for i in spec.item_inputs for d in i.dims} | set(required))
-
-    def output_tokens(item: dict[str, int]) -> int | None:
-        if not names_in(per_item.output_tokens) <= set(env) | set(item):
-            return None
-        try:
-            return evaluate(per_item.output_tokens, {**env, **item})
-        except EvaluationError:
-            return None
 
     try:
-        traffic = load_traffic(
-            args.traffic,
-            grid_dims,
-            lambda item: evaluate(formula, {**env, **item}),
-            required,
-            output_tokens,
-        )
+        traffic = spec_traffic(spec, overrides, args.traffic)
     except SpecError as err:
         print_spec_error(err)
         return EXIT_INVALID
@@ -889,8 +1040,9 @@ def traffic_main(
             )
         )
         return EXIT_INVALID
-    most_items = max(len(b.rows) for b in traffic.batches)
-    items = max(1, min(64, most_items, largest))
+    # The default ladder's items per batch: vLLM's packing then closes
+    # batches where it does on the default ladder (tune_ladder).
+    items = min(plan.max_batch_size, largest)
     replay_rows = (
         traffic.tuning.replay_cost_rows
         if traffic.tuning.replay_cost_rows is not None
@@ -907,10 +1059,13 @@ def traffic_main(
         }
 
     current_bytes = sum(plan_bytes(plan.budgets, plan.max_batch_size).values())
-    start = generate_budgets(max(plan.budget_range[0], items), largest)
-    universe = candidate_budgets(traffic.batches, items, largest)
+    start = crossover_ladder(
+        generate_budgets(max(plan.budget_range[0], items), largest),
+        traffic.tuning.crossover_rows,
+    )
+    universe = candidate_budgets(traffic.batches, items, start[-1])
     rounded = {_round_up(b, items) for b in start}
-    budget_bytes = plan_bytes(sorted(set(universe) | rounded | {largest}), items)
+    budget_bytes = plan_bytes(sorted(set(universe) | rounded), items)
     cap = (
         traffic.tuning.capture_memory_mib * 2**20
         if traffic.tuning.capture_memory_mib is not None
@@ -930,8 +1085,7 @@ def traffic_main(
         traffic,
         tuned,
         items,
-        current_bytes,
-        sum(budget_bytes[b] for b in tuned),
+        (current_bytes, sum(budget_bytes[b] for b in tuned)),
         cap,
         replay_rows,
     )
@@ -939,43 +1093,65 @@ def traffic_main(
     return EXIT_OK
 
 
+def _summary(
+    w: LadderWaste, budgets: list[int], mbs: int, nbytes: int
+) -> dict[str, Any]:
+    return {
+        "budgets": list(budgets),
+        "max_vision_items_per_batch": mbs,
+        "graphs": len(budgets),
+        "buffer_bytes": nbytes,
+        "rows_replayed": w.replayed,
+        "rows_used": w.used,
+        "eager_rows": w.eager_rows,
+        "replays": w.replays,
+        "waste": w.waste,
+    }
+
+
+def _packing(w: LadderWaste, current: LadderWaste) -> dict[str, Any]:
+    """One packing's prediction for a ladder, against the current ladder
+    under the same packing."""
+    return {
+        "waste": w.waste,
+        "replays": w.replays,
+        "rows_replayed": w.replayed,
+        "rows_used": w.used,
+        "eager_rows": w.eager_rows,
+        "rows_total": sum(w.per_batch),
+        "batches_worse_than_current": w.worse_than(current),
+    }
+
+
 def _report(
     plan: Any,
     traffic: Traffic,
     tuned: list[int],
     items: int,
-    current_bytes: int,
-    tuned_bytes: int,
+    nbytes: tuple[int, int],
     cap: float,
     replay_rows: int,
 ) -> dict[str, Any]:
     batches = traffic.batches
-    current = ladder_waste(batches, plan.budgets, plan.max_batch_size)
-    best = ladder_waste(batches, tuned, items)
+    crossover = traffic.tuning.crossover_rows
+    ladders = {
+        "current": (plan.budgets, plan.max_batch_size),
+        "tuned": (tuned, items),
+    }
+    vllm = {k: ladder_waste(batches, b, m) for k, (b, m) in ladders.items()}
+    cost_aware = {
+        k: ladder_waste(batches, b, m, eager_above=crossover)
+        for k, (b, m) in ladders.items()
+    }
     value = {
         "cudagraph_mm_encoder": True,
         "encoder_cudagraph_token_budgets": tuned,
         "encoder_cudagraph_max_vision_items_per_batch": items,
     }
-
-    def summary(
-        w: LadderWaste, budgets: list[int], mbs: int, nbytes: int
-    ) -> dict[str, Any]:
-        return {
-            "budgets": list(budgets),
-            "max_vision_items_per_batch": mbs,
-            "graphs": len(budgets),
-            "buffer_bytes": nbytes,
-            "rows_replayed": w.replayed,
-            "rows_used": w.used,
-            "eager_rows": w.eager_rows,
-            "replays": w.replays,
-            "waste": w.waste,
-        }
-
     return {
         "spec": plan.spec,
         "budget_unit": plan.budget_unit,
+        "budget_range": list(plan.budget_range),
         "traffic": {
             "batches": sum(b.count for b in batches),
             "items": sum(len(b.rows) * b.count for b in batches),
@@ -983,9 +1159,19 @@ def _report(
         },
         "capture_memory_cap_bytes": cap,
         "replay_cost_rows": replay_rows,
+        "crossover_rows": crossover,
         "max_budget": tuned[-1],
-        "current": summary(current, plan.budgets, plan.max_batch_size, current_bytes),
-        "tuned": summary(best, tuned, items, tuned_bytes),
+        "prediction_packing": "vllm",
+        "current": _summary(
+            vllm["current"], plan.budgets, plan.max_batch_size, nbytes[0]
+        ),
+        "tuned": _summary(vllm["tuned"], tuned, items, nbytes[1]),
+        "packings": {
+            "vllm": {k: _packing(w, vllm["current"]) for k, w in vllm.items()},
+            "cost_aware": {
+                k: _packing(w, cost_aware["current"]) for k, w in cost_aware.items()
+            },
+        },
         "compilation_config": value,
     }
 
@@ -1014,7 +1200,22 @@ def format_report(report: dict[str, Any]) -> str:
         f"capture memory cap: {report['capture_memory_cap_bytes'] / 2**20:.1f} MiB "
         "(captured input buffers, plus output rows when tuning.output_row_bytes is set)"
     )
+    vllm = report["packings"]["vllm"]["tuned"]
+    lines.append(
+        f"batches costing more rows than on the current ladder: "
+        f"{vllm['batches_worse_than_current']} (vLLM's packing)"
+    )
+    if report["crossover_rows"] is not None:
+        aware = report["packings"]["cost_aware"]["tuned"]
+        lines.append(
+            f"cost-aware execution (units above the {report['crossover_rows']}-row "
+            f"crossover eager): waste {100 * aware['waste']:.1f}%, "
+            f"{aware['replays']} replays, {aware['eager_rows']} rows eager"
+        )
     lines.append("")
+    lines.append(
+        "# predicted for vLLM's packing (what `vllm serve` runs with this flag):"
+    )
     lines.append(
         "--compilation-config '" + json.dumps(report["compilation_config"]) + "'"
     )

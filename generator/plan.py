@@ -219,7 +219,7 @@ def make_plan(
         lo = evaluate(spec.budget.min, env)
     except EvaluationError as exc:
         raise PlanError(f"budget.min: {exc}") from exc
-    hi = min(max_num_batched_tokens, max_model_len)
+    hi = largest_budget(spec, env, max_num_batched_tokens, max_model_len)
     ladder, mbs = resolve_budgets((lo, hi), budgets, max_items)
     video = Modality.VIDEO in spec.modalities
     mfpv = 1
@@ -288,6 +288,28 @@ def make_plan(
             else "budget tokens"
         ),
     )
+
+
+def largest_budget(
+    spec: MixinSpec,
+    env: dict[str, int],
+    max_num_batched_tokens: int,
+    max_model_len: int,
+) -> int:
+    """The largest budget of the mixin's range, as its generated
+    ``get_encoder_cudagraph_budget_range`` returns it: ``budget.max`` (in
+    the budgets' unit, e.g. DeepSeek-V4.1's ``r*r*min(...)`` patches) or
+    vLLM's ``min(max_num_batched_tokens, max_model_len)``."""
+    step = {
+        "max_num_batched_tokens": max_num_batched_tokens,
+        "max_model_len": max_model_len,
+    }
+    if spec.budget.max is None:
+        return min(step.values())
+    try:
+        return evaluate(spec.budget.max, {**env, **step})
+    except EvaluationError as exc:
+        raise PlanError(f"budget.max: {exc}") from exc
 
 
 def _refusal(spec, path, env, budget, limits) -> str | None:

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from bench_modules import REPO_ROOT, load_bench_module
 
-STAGES = ("smoke", "overhead", "profile", "traffic", "traffic-new", "launch")
+STAGES = ("smoke", "overhead", "profile", "traffic", "traffic-new", "launch", "padding")
 LADDERS = ("default", "fine", "tuned")
 POLICIES = ("vllm", "cost")
 
@@ -46,6 +46,20 @@ def test_every_stage_ran(smoke_run: Path) -> None:
     summary = (smoke_run / "summary.log").read_text()
     for stage in STAGES:
         assert f"=== {stage}: rc=0" in summary, summary
+
+
+def test_padding_measures_both_ways(smoke_run: Path) -> None:
+    """Issue #27: DeepSeek-V4.1's replay at half its budget with one trailing
+    padding sequence and with zero-length sequences, each item against its
+    own eager forward."""
+    padding = json.loads((smoke_run / "padding.json").read_text())
+    (result,) = padding["results"]
+    assert result["padding_fraction"] == 0.5 and result["correct"]
+    assert set(result["variants"]) == {"trailing_sequence", "repeat_last"}
+    for variant in result["variants"].values():
+        assert variant["finite"] and variant["replays"] == 1
+        assert variant["max_rel_diff_vs_eager_per_item"] <= 1e-4
+    assert result["faster_replay"] in result["variants"]
 
 
 @pytest.fixture(scope="module")

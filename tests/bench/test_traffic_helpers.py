@@ -256,7 +256,7 @@ def test_count_items_take_the_count_dim(
 
     spec = REPO_ROOT / "tests" / "codegen" / "data" / "valid" / "tiles_count.yaml"
     (tmp_path / "internvl.yaml").write_text(spec.read_text())
-    monkeypatch.setattr(bench, "SPECS_DIR", tmp_path)
+    monkeypatch.setattr(bench.image_traffic, "SPECS_DIR", tmp_path)
     assert bench.spec_dims("internvl", (13,), None) == {"n": 13}
 
 

@@ -33,7 +33,7 @@ def step3(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     monkeypatch.setattr(
         bench.image_traffic,
         "draw_image_batches",
-        lambda seed, n: [list(b) for b in PIXEL_BATCHES][:n],
+        lambda seed, n, *workload: [list(b) for b in PIXEL_BATCHES][:n],
     )
     out = tmp_path_factory.mktemp("multi-path") / "traffic.json"
     args = bench.parse_args(

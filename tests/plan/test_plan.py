@@ -241,8 +241,10 @@ def test_plan_cli_text_and_json():
     ).stdout
     # r=2: a dummy item is [1, k] patches, ceil(k / 2) aligner cells.
     assert "vit_grid=[1, 4], llm_grid=[1, 2]" in text
-    # DeepSeek-V4.1's budgets count patches, not output tokens.
-    assert "largest item a graph takes: 8192 budget tokens" in text
+    # DeepSeek-V4.1's budgets count patches, not output tokens: its range
+    # ends at budget.max = r*r*min(8192, 8192), as the mixin computes it.
+    assert "budget range (min, max): (64, 32768)" in text
+    assert "largest item a graph takes: 32768 budget tokens" in text
 
 
 def test_plan_rejects_bad_set():

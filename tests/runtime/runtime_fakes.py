@@ -510,3 +510,37 @@ class TimedFakeEncoder(FakeEncoder):
         rows = [item.path_rows.get(path, 0) for item in mm_kwargs["items"]]
         self.clock.advance_ms(self.eager_ms(rows))
         return super().encoder_eager_forward(mm_kwargs, path)
+
+
+class SpecItemsEncoder(FakeEncoder):
+    """A fake whose items are counted by a generated mixin: item specs and
+    sub-batch selection are the mixin's own (on a reference host, the
+    mixin's ``mm_kwargs`` under ``"mixin"``), graphs and eager forwards the
+    fake's, on items of the mixin's path rows. The manager then packs by
+    exactly what the mixin reports (budget unit, output tokens, order)."""
+
+    def __init__(self, host: Any, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.host = host
+        # Outputs are the fake's rows per item, not the mixin's output tokens.
+        self.multi_path = True
+
+    def make_kwargs(self, mixin_kwargs: dict[str, Any], seed: int) -> dict[str, Any]:
+        specs = self.host.get_encoder_cudagraph_item_specs(mixin_kwargs)
+        rows = [spec.get_path_output_tokens("default") for spec in specs]
+        return {**make_kwargs(make_items(rows, seed=seed)), "mixin": mixin_kwargs}
+
+    def get_encoder_cudagraph_item_specs(
+        self, mm_kwargs: dict[str, Any]
+    ) -> list[EncoderItemSpec]:
+        self.calls.append(("item_specs", len(mm_kwargs["items"])))
+        return self.host.get_encoder_cudagraph_item_specs(mm_kwargs["mixin"])
+
+    def select_encoder_cudagraph_items(
+        self, mm_kwargs: dict[str, Any], indices: list[int]
+    ) -> dict[str, Any]:
+        selected = super().select_encoder_cudagraph_items(mm_kwargs, indices)
+        selected["mixin"] = self.host.select_encoder_cudagraph_items(
+            mm_kwargs["mixin"], indices
+        )
+        return selected

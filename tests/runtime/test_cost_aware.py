@@ -18,6 +18,7 @@ from encoder_cudagraph_runtime.cost_aware import (
     GraphCost,
     GraphSample,
     calibrated_cost_model,
+    crossover_rows,
     fit_eager_cost,
     fit_graph_cost,
     fit_nonnegative,
@@ -459,3 +460,30 @@ def test_fits_without_samples() -> None:
         fit_eager_cost([])
     graph = fit_graph_cost({64: 1.0}, 8, [])
     assert (graph.per_replay_ms, graph.per_row_sq_ms, graph.per_pad_sq_ms) == (0, 0, 0)
+
+
+# A graph replay of 3 ms plus rows 2% slower than eager's; eager pays 3 ms
+# per call and per_item_ms per item: the graph loses once its rows' extra
+# (0.0002 ms a row) reaches the launches it saves (per_item_ms per item).
+CROSSOVER_GRAPH = GraphCost(
+    {b: 3.0 + 0.0102 * b for b in (256, 512, 1024, 2048, 4096)}, 64
+)
+CROSSOVER_EAGER = EagerCost(fixed_ms=3.0, per_item_ms=1.0, per_row_ms=0.01)
+
+
+@pytest.mark.parametrize(
+    ("eager", "expected"),
+    [
+        # 0.0002 b >= n: from b = 5000 n (none captured: graphs pay).
+        (CROSSOVER_EAGER, {1: None, 2: None}),
+        # Eager without per-item launches: the graph loses at every budget.
+        (dataclasses.replace(CROSSOVER_EAGER, per_item_ms=0.0), {1: 256, 2: 256}),
+        # Half a ms per item: b >= 2500 n (n = 1: from 4096).
+        (dataclasses.replace(CROSSOVER_EAGER, per_item_ms=0.5), {1: 4096, 2: None}),
+    ],
+)
+def test_crossover_rows_where_graphs_stop_paying(
+    eager: EagerCost, expected: dict[int, int | None]
+) -> None:
+    cost = CostModel(CROSSOVER_GRAPH, eager)
+    assert crossover_rows(cost, splits=(1, 2)) == expected

@@ -366,3 +366,44 @@ def test_calibration_needs_items() -> None:
     with pytest.raises(ValueError, match="no items"):
         manager.calibrate_cost_model([make_kwargs([])])
     assert manager.cost_model is None
+
+
+def per_row_ms(rows: int) -> float:
+    """A large-image replay: 0.01 ms per captured row (147k rows: 1.5 s)."""
+    return 0.5 + 0.01 * rows
+
+
+def per_row_eager_ms(rows: list[int]) -> float:
+    return 2.0 + 0.01 * sum(rows)
+
+
+DOUBLING_TO_147K = [64 * 2**k for k in range(12)] + [147456]
+FINE_TO_147K = sorted({*DOUBLING_TO_147K, *range(4096, 147456, 4096)})
+
+
+@pytest.mark.parametrize(
+    "budgets", [[64, 128, 256, 512, 1024, 2048], DOUBLING_TO_147K, FINE_TO_147K]
+)
+def test_calibration_stays_within_its_device_time(budgets: list[int]) -> None:
+    """Issue #27: calibrating the tuned DeepSeek-V4.1 ladder (budgets up to
+    147k patches) took 252 s. Units are timed smallest first while the
+    capture's replay times say the next one fits the limit: the device time
+    stays under it whatever the ladder, and the small units are all timed."""
+    clock = VirtualClock()
+    model = TimedFakeEncoder(clock, per_row_ms, per_row_eager_ms, budget_range=(8, 64))
+    manager = make_manager(
+        model, budgets=budgets, max_items=8, cost_aware=True, clock=clock
+    )
+    manager.capture()
+    manager.calibration_limit_ms = 2_000.0
+    sizes = ([30, 200, 900], [1500, 1500], [9000] * 8, [20000, 40000], [60000, 70000])
+    warmup = [make_kwargs(make_items(rows, seed=3)) for rows in sizes]
+    before, calls = clock.ns, len(model.calls)
+    manager.calibrate_cost_model(warmup, error_floor=0.0)
+    report = manager.calibration_report
+    assert (clock.ns - before) / 1e6 == pytest.approx(report["device_ms"])
+    assert report["device_ms"] <= 2_000.0
+    assert report["skipped"] > 0  # the 60000 + 70000 pair, at least
+    timed = {sum(s["rows"]) for s in manager.calibration_samples["graph"]}
+    assert {30, 200, 900, 1130, 1500} <= timed
+    assert len(model.calls) - calls < 60 * report["units"]
