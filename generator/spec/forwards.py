@@ -25,6 +25,7 @@ from generator.spec.values import (
     ValueType,
     formula_error_message,
     formula_location,
+    reach_error,
     zero_divisor,
 )
 from generator.yaml_loader import Node
@@ -142,6 +143,10 @@ class Steps(ValueType):
         zero = zero_divisor(expr)
         if zero is not None:
             ctx.error(line, path, f"division by zero: {zero} always raises")
+            return None
+        reach = reach_error(expr, ctx)
+        if reach is not None:
+            ctx.error(line, path, reach)
             return None
         sync = host_sync(expr) if self.captured else None
         if sync is not None:

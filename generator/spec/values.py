@@ -20,6 +20,7 @@ from generator.diagnostics import Location
 from generator.formulas import Expr, FormulaError
 from generator.scopes import FIELD_SCOPES
 from generator.spec.reader import Keys, ReadContext, Reader
+from generator.spec.step_language import host_surface, reach_problem
 from generator.yaml_loader import Node
 
 if TYPE_CHECKING:
@@ -358,7 +359,18 @@ def parse_formula(
     if zero is not None:
         ctx.error(node, field, f"division by zero: {zero} always raises")
         return INVALID
+    reach = reach_error(expr, ctx)
+    if reach is not None:
+        ctx.error(node, field, reach)
+        return INVALID
     return expr
+
+
+def reach_error(expr: Expr, ctx: ReadContext) -> str | None:
+    """How ``expr`` reaches beyond what the spec declares of its host and
+    the step language's allow-lists (:mod:`generator.spec.step_language`)."""
+    surface = host_surface(ctx.names, ctx.partial.get("host", ()))
+    return reach_problem(expr, surface)
 
 
 class Formula(ValueType):

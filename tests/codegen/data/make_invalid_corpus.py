@@ -389,16 +389,16 @@ case(
     "host_method_private_generated",
     "qwen2_vl",
     (
-        "host_methods: [get_max_frames_per_video]",
-        "host_methods: [get_max_frames_per_video, _counts]",
+        "host_methods: [get_max_frames_per_video,",
+        "host_methods: [get_max_frames_per_video, _counts,",
     ),
 )
 case(
     "host_method_dunder",
     "qwen2_vl",
     (
-        "host_methods: [get_max_frames_per_video]",
-        "host_methods: [get_max_frames_per_video, __init__]",
+        "host_methods: [get_max_frames_per_video,",
+        "host_methods: [get_max_frames_per_video, __init__,",
     ),
 )
 case(
@@ -1430,6 +1430,7 @@ valid_case(
 valid_case(
     "unit_capture_builder_reads_grid",
     "unit_capture",
+    ("host:\n", "host_methods: [vision_model.tile_index]\nhost:\n"),
     (
         "buffers:\n  pixel_values: {}\n",
         "metadata:\n  - call: vision_model.tile_index(num_tiles, device=device)\n"
