@@ -274,7 +274,9 @@ class HostSurface:
 
 
 def reach_problem(expr: fx.Expr, host: HostSurface) -> str | None:
-    """How ``expr`` reaches beyond the allow-lists, if it does."""
+    """How ``expr`` reaches beyond the allow-lists, if it does: the first
+    step out in evaluation order (``visual.parameters`` before the
+    ``.gi_frame`` read on its result)."""
     return next(_problems(expr, "value", host), None)
 
 
@@ -300,9 +302,9 @@ def _problems(e: fx.Expr, role: str, host: HostSurface) -> Iterator[str]:
         yield from _host_path_problems(e, role == _CALLEE, host)
         return
     if isinstance(e, fx.Attr):
-        yield from _attribute_problems(e, role)
         facts = e.name in PARAMETER_FACTS and role != _CALLEE
         yield from _problems(e.value, _FACT if facts else _VALUE, host)
+        yield from _attribute_problems(e, role)
         return
     if isinstance(e, fx.Call):
         yield from _call_problems(e, role, host)
