@@ -52,7 +52,7 @@ class Step:
 
 #: Methods that copy a tensor to the host: inside a captured graph they
 #: would synchronise at capture and be skipped at replay.
-HOST_SYNC_METHODS = frozenset({"item", "tolist", "cpu", "numpy"})
+HOST_SYNC_METHODS = frozenset({"item", "tolist", "cpu"})
 #: torch functions that copy Python data to the device: a graph replays
 #: the values of its capture.
 HOST_DATA_FUNCTIONS = frozenset({"tensor", "as_tensor"})
