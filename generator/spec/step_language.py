@@ -273,14 +273,8 @@ class HostSurface:
     methods: frozenset[str]
 
 
-def reach_problem(expr: fx.Expr, host: HostSurface) -> str | None:
-    """How ``expr`` reaches beyond the allow-lists, if it does: the first
-    step out in evaluation order (``visual.parameters`` before the
-    ``.gi_frame`` read on its result)."""
-    return next(_problems(expr, "value", host), None)
-
-
-# Roles of a sub-expression: what its parent does with it.
+# Roles of a sub-expression: what its parent does with it (a string may be
+# an argument or compared; ``next(...)`` is read for a fact: dtype, device).
 _VALUE, _CALLEE, _ARGUMENT, _EQUALITY, _FACT = (
     "value",
     "callee",
@@ -288,6 +282,13 @@ _VALUE, _CALLEE, _ARGUMENT, _EQUALITY, _FACT = (
     "equality",
     "fact",
 )
+
+
+def reach_problem(expr: fx.Expr, host: HostSurface) -> str | None:
+    """How ``expr`` reaches beyond the allow-lists, if it does: the first
+    step out in evaluation order (``visual.parameters`` before the
+    ``.gi_frame`` read on its result)."""
+    return next(_problems(expr, _VALUE, host), None)
 
 
 def _problems(e: fx.Expr, role: str, host: HostSurface) -> Iterator[str]:

@@ -27,9 +27,10 @@ imports, definitions, assignments of literals, ``if TYPE_CHECKING`` blocks
 and docstrings, with no call in anything evaluated on import and no
 injected name.
 
-The tests know nothing of the spec format beyond the files in ``specs/``,
-so they keep working while the resolver changes. CI runs them
-derandomized: the same 2,000 examples every time (about 45 s of one core
+The first three families know nothing of the spec format beyond the files
+in ``specs/``, so they keep working while the resolver changes; the step
+language family starts from the valid corpus's ``step_language.yaml``. CI runs them
+derandomized: the same 2,300 examples every time (about 65 s of one core
 of the development machine). ``GEN_MIXIN_FUZZ_EXAMPLES=N`` multiplies the examples
 by ``N / 100`` and draws them at random, for a longer hunt.
 """
