@@ -35,7 +35,8 @@ calls and subscripts (slices, ``...``, ``None``) on any value, with plain
 attribute and method names; ``torch.<name>`` for :data:`TORCH_FUNCTIONS`
 and :data:`TORCH_DTYPES`; the built-ins of :data:`BUILTIN_FUNCTIONS`
 (``next``); list and tuple displays; string and float literals; ``/`` and
-unary ``~``.
+unary ``~``. Which attributes, methods and host paths a parsed expression
+may then reach is :mod:`generator.spec.step_language`'s allow-lists.
 """
 
 from __future__ import annotations

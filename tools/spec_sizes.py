@@ -292,10 +292,11 @@ def measure(wheel: zipfile.ZipFile, specs: Path = SPECS) -> list[Row]:
 
 
 def _kept(spec: Path) -> frozenset[str]:
-    """The host methods a spec calls (``host_methods``)."""
+    """The host model's methods a spec calls (``host_methods``; a dotted
+    entry is a method of a host attribute, not of the model)."""
     from generator.resolve import load_spec
 
-    return frozenset(load_spec(spec).host_methods)
+    return frozenset(m for m in load_spec(spec).host_methods if "." not in m)
 
 
 def _inherited(hand: HandWritten) -> str:

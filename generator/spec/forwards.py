@@ -25,6 +25,7 @@ from generator.spec.values import (
     ValueType,
     formula_error_message,
     formula_location,
+    reach_error,
     zero_divisor,
 )
 from generator.yaml_loader import Node
@@ -51,7 +52,7 @@ class Step:
 
 #: Methods that copy a tensor to the host: inside a captured graph they
 #: would synchronise at capture and be skipped at replay.
-HOST_SYNC_METHODS = frozenset({"item", "tolist", "cpu", "numpy"})
+HOST_SYNC_METHODS = frozenset({"item", "tolist", "cpu"})
 #: torch functions that copy Python data to the device: a graph replays
 #: the values of its capture.
 HOST_DATA_FUNCTIONS = frozenset({"tensor", "as_tensor"})
@@ -142,6 +143,10 @@ class Steps(ValueType):
         zero = zero_divisor(expr)
         if zero is not None:
             ctx.error(line, path, f"division by zero: {zero} always raises")
+            return None
+        reach = reach_error(expr, ctx)
+        if reach is not None:
+            ctx.error(line, path, reach)
             return None
         sync = host_sync(expr) if self.captured else None
         if sync is not None:

@@ -14,6 +14,7 @@ from generator.naming import TARGETS
 from generator.scopes import METHODS, NameKind
 from generator.spec.names import check_name
 from generator.spec.reader import Key, Keys, ReadContext, Reader
+from generator.spec.step_language import MODULE_API
 from generator.spec.values import (
     INVALID,
     Boolean,
@@ -229,7 +230,7 @@ class ConstantSource(HostPathValue):
     def value(self, node: Node, field: str, ctx: ReadContext, **kw: Any) -> Any:
         methods = ctx.names[NameKind.HOST_METHOD]
         text = node.value.strip() if isinstance(node.value, str) else ""
-        if text.endswith("()") and text[:-2] in methods:
+        if text.endswith("()") and text[:-2] in methods and "." not in text:
             return fx.Call(HostPath((text[:-2],)), (), ())
         if text in ctx.names[NameKind.IMPORT]:
             return _imported_constant(node, field, ctx, text)
@@ -445,16 +446,30 @@ class SizeValue(Integer):
 
 
 class HostMethodName(ValueType):
-    words = "identifier"
+    """A method of the host model (``get_max_frames_per_video``, a private
+    helper ``_process_image_input``), or a dotted path under a ``host:``
+    attribute that steps and builders call (``vision.encode``: a method or a
+    submodule of the model); never ``torch.nn.Module``'s own API."""
+
+    words = "identifier or dotted host path"
 
     def schema(self) -> dict[str, Any]:
-        from generator.spec.values import IDENT
+        from generator.spec.values import DOTTED
 
-        return {"type": "string", "pattern": IDENT}
+        return {"type": "string", "pattern": DOTTED}
 
     def value(self, node: Node, field: str, ctx: ReadContext, **_: Any) -> Any:
         name = node.value
-        if is_name(name) and name.startswith("_") and not name.startswith("__"):
+        if isinstance(name, str) and "." in name:
+            return _dotted_host_method(node, field, ctx, name)
+        if is_name(name) and name in MODULE_API:
+            ctx.error(
+                node,
+                field,
+                f"{name!r} is torch.nn.Module's own API, not a method of the model",
+            )
+            ctx.bad_names.add(name)
+        elif is_name(name) and name.startswith("_") and not name.startswith("__"):
             # vLLM's mixins call private helpers of their host
             # (``self._process_image_input``): declared ones may be called.
             if name in METHODS:
@@ -476,3 +491,25 @@ class HostMethodName(ValueType):
             ctx.error(node, field, f"{name!r} is declared twice")
         ctx.declare(NameKind.HOST_METHOD, name, node.location, field)
         return name
+
+
+def _dotted_host_method(node: Node, field: str, ctx: ReadContext, name: str) -> Any:
+    """``vision.encode``: public names under a declared host attribute."""
+    root, *rest = name.split(".")
+    problem = None
+    if not all(is_name(p) for p in (root, *rest)):
+        problem = f"{name!r} is not a dotted host path"
+    elif root not in ctx.names[NameKind.HOST]:
+        problem = f"{root!r} is not a host attribute"
+    elif any(p.startswith("_") for p in rest):
+        problem = f"{name!r} names a private attribute"
+    elif any(p in MODULE_API for p in rest):
+        api = next(p for p in rest if p in MODULE_API)
+        problem = f"{name!r} names {api!r}, torch.nn.Module's own API, not the model's"
+    elif name in ctx.names[NameKind.HOST_METHOD]:
+        problem = f"{name!r} is declared twice"
+    if problem is not None:
+        ctx.error(node, field, problem)
+        return INVALID
+    ctx.declare(NameKind.HOST_METHOD, name, node.location, field)
+    return name

@@ -175,9 +175,11 @@ class MixinSpec:
         Key(
             "host_methods",
             ListOf(HostMethodName()),
-            "Methods the host model defines that expressions may call; a "
-            "private one (`_process_image_input`) only when declared here.",
-            example="[get_max_frames_per_video]",
+            "What expressions may call besides `host:` attributes: methods the "
+            "host model defines (a private one, `_process_image_input`, included) "
+            "and dotted paths under a `host:` attribute (`vision.encode`: a method "
+            "or submodule), never `torch.nn.Module`'s own API (see Forward steps).",
+            example="[get_max_frames_per_video, visual.prepare_encoder_metadata]",
         ),
         Key(
             "imports",
@@ -406,6 +408,7 @@ class MixinSpec:
         imports = _values(r.take("imports"))
         ctx.partial["imports"] = tuple(imports)
         host = _values(r.take("host"))
+        ctx.partial["host"] = tuple(host)
         _check_host_clashes(r)
         host_methods = tuple(_values(r.take("host_methods")))
         modalities = _modalities(r)

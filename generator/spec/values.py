@@ -26,6 +26,7 @@ from generator.spec.reader import (
     Reader,
     section_schema,
 )
+from generator.spec.step_language import host_surface, reach_problem
 from generator.yaml_loader import Node
 
 if TYPE_CHECKING:
@@ -353,7 +354,18 @@ def parse_formula(
     if zero is not None:
         ctx.error(node, field, f"division by zero: {zero} always raises")
         return INVALID
+    reach = reach_error(expr, ctx)
+    if reach is not None:
+        ctx.error(node, field, reach)
+        return INVALID
     return expr
+
+
+def reach_error(expr: Expr, ctx: ReadContext) -> str | None:
+    """How ``expr`` reaches beyond what the spec declares of its host and
+    the step language's allow-lists (:mod:`generator.spec.step_language`)."""
+    surface = host_surface(ctx.names, ctx.partial.get("host", ()))
+    return reach_problem(expr, surface)
 
 
 class Formula(ValueType):

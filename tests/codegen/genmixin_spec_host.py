@@ -410,7 +410,8 @@ class SpecWorld:
             set_path(host, spec.out_hidden_size.parts, OUT_WIDTH)
         if spec.capture_off is not None:
             set_path(host, spec.capture_off.when.parts, False)
-        for name in spec.host_methods:
+        for name in (m for m in spec.host_methods if "." not in m):
+            # A dotted entry names a method the host's modules already have.
             frames = self.env.get("max_frames_per_video", 2)
             setattr(host, name, lambda frames=frames: frames)
         for c in spec.constants:

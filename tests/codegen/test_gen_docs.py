@@ -60,17 +60,25 @@ def test_the_limits_section_states_the_caps_in_force() -> None:
         assert stated in limits, stated
 
 
-def test_the_step_table_lists_the_torch_names_allowed() -> None:
-    """The ``torch.<function>``, ``torch.<dtype>`` and built-in function
-    rows of the forward steps table name exactly the allow-lists the parser
-    enforces."""
+def test_the_step_table_lists_the_names_allowed() -> None:
+    """The ``torch.<function>``, ``torch.<dtype>``, built-in function and
+    value attribute and method rows of the forward steps table name exactly
+    the allow-lists the parser and the step language enforce."""
     from generator.formulas import BUILTIN_FUNCTIONS, TORCH_DTYPES, TORCH_FUNCTIONS
+    from generator.spec.step_language import (
+        OUTPUT_FIELDS,
+        TENSOR_ATTRIBUTES,
+        TENSOR_METHODS,
+    )
 
     text = DOC.read_text(encoding="utf-8")
     for start, allowed in (
         ("| `torch.<function>`", TORCH_FUNCTIONS),
         ("| `torch.<dtype>`", TORCH_DTYPES),
         ("| built-in functions", BUILTIN_FUNCTIONS),
+        ("| attributes of a value", TENSOR_ATTRIBUTES),
+        ("| fields of a module's output", OUTPUT_FIELDS),
+        ("| methods of a value", TENSOR_METHODS),
     ):
         row = next(line for line in text.splitlines() if line.startswith(start))
         listed = row.split("|")[1].split(":", 1)[1].split("(")[0]

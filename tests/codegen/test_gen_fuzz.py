@@ -10,7 +10,13 @@ process (captured streams, a fresh output folder):
 * textual mutations of a spec's bytes: flipped bytes, truncation, inserted
   or doubled lines, a BOM, CRLF line ends;
 * command lines: every option and subcommand with odd values, odd paths
-  (folders, devices, missing files, names that cannot be modules).
+  (folders, devices, missing files, names that cannot be modules);
+* the step language: a grammar of attribute chains, calls, subscripts,
+  ``next``, ``format`` and string literals over the names a step can reach
+  (its buffers and inputs, the host, ``torch``), and extra ``host_methods``
+  declarations. A module generated from one is read back: every attribute
+  and call of the step's code is in the allow-lists of
+  ``generator/spec/step_language.py`` or a declared host path.
 
 Whatever the input: nothing but ``SystemExit`` escapes; the exit code is 0,
 2, or 1 where ``--check`` or ``plan`` report; the call takes less than
@@ -21,9 +27,10 @@ imports, definitions, assignments of literals, ``if TYPE_CHECKING`` blocks
 and docstrings, with no call in anything evaluated on import and no
 injected name.
 
-The tests know nothing of the spec format beyond the files in ``specs/``,
-so they keep working while the resolver changes. CI runs them
-derandomized: the same 2,000 examples every time (about 45 s of one core
+The first three families know nothing of the spec format beyond the files
+in ``specs/``, so they keep working while the resolver changes; the step
+language family starts from the valid corpus's ``step_language.yaml``. CI runs them
+derandomized: the same 2,300 examples every time (about 65 s of one core
 of the development machine). ``GEN_MIXIN_FUZZ_EXAMPLES=N`` multiplies the examples
 by ``N / 100`` and draws them at random, for a longer hunt.
 """
@@ -33,6 +40,7 @@ from __future__ import annotations
 import ast
 import copy
 import io
+import json
 import os
 import re
 import tempfile
@@ -42,10 +50,20 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from genmixin_testlib import DIAG_RE, SUMMARY_RE, run_main, spec_paths
 from hypothesis import HealthCheck, currently_in_test_context, event, given, settings
 from hypothesis import strategies as st
+
+from generator.formulas import TORCH_DTYPES, TORCH_FUNCTIONS
+from generator.spec.step_language import (
+    MODULE_API,
+    OUTPUT_FIELDS,
+    PARAMETER_FACTS,
+    TENSOR_ATTRIBUTES,
+    TENSOR_METHODS,
+)
 
 SPECS = {p.stem: p.read_text(encoding="utf-8") for p in spec_paths()}
 TREES = {stem: yaml.safe_load(text) for stem, text in SPECS.items()}
@@ -779,3 +797,250 @@ def test_inert_module_check_can_fail() -> None:
         except (AssertionError, ValueError, SyntaxError):
             continue
         raise AssertionError(f"not caught: {bad!r}")
+
+
+# -- the step language: attribute chains and calls (issue #28) ------------------------
+
+#: The valid corpus's step-language spec: its last graph step and its last
+#: eager step are replaced by a drawn expression, its host_methods extended.
+STEPS_SPEC = (
+    Path(__file__).parent / "data" / "valid" / "step_language.yaml"
+).read_text(encoding="utf-8")
+STEP_PLACES = {
+    "graph": ("  - _merge_rows(joined, scale=0.5)\n", "  - {}\n"),
+    "eager": ("    - _merge_rows(kept if n > 0 else feats, scale=0.5)\n", "    - {}\n"),
+}
+STEP_ATOMS = {
+    "graph": ["feats", "left", "joined", "pixel_values", "rest"],
+    "eager": ["feats", "kept", "n", "pixel_values", "image_grid_thw"],
+}
+HOST_ATOMS = ["visual", "_merge_rows", "visual.config", "torch", "1", "0.5", "'s'"]
+HOST_METHODS_LINE = "host_methods: [_merge_rows, visual.prepare_metadata]"
+#: Names a chain may try: what leads out of a sandbox, and what is allowed.
+REACHING_NAMES = [
+    "gi_frame", "gi_code", "f_globals", "f_builtins", "f_back", "f_locals",
+    "co_code", "cr_frame", "ag_frame", "tb_frame", "__globals__", "__class__",
+    "__subclasses__", "__builtins__", "__dict__", "__self__", "__func__",
+    "tofile", "from_file", "numpy", "storage", "untyped_storage", "data_ptr",
+    "format", "register_forward_hook", "register_hook", "apply", "apply_",
+    "map_", "_modules", "_forward_hooks", "parameters", "named_parameters",
+    "modules", "state_dict", "save_pretrained", "to_json_file", "config",
+    "blocks", "get", "keys", "pop", "grad_fn", "next_functions", "system",
+    "open", "read", "write", "forward", "prepare_metadata", "merger",
+    "out_hidden_size",
+]  # fmt: skip
+STEP_NAMES = sorted(
+    {*REACHING_NAMES, *TENSOR_METHODS, *TENSOR_ATTRIBUTES, *OUTPUT_FIELDS}
+    | set(sorted(MODULE_API)[::7])
+)
+CHAIN_OPS = [
+    "{e}.{name}",
+    "{e}.{name}()",
+    "{e}.{name}({arg})",
+    "{e}({arg})",
+    "{e}[0]",
+    "{e}['{name}']",
+    "next({e})",
+    "next(iter({e}))",
+    "next({e}.parameters()).dtype",
+    "{e}.dtype",
+    "_merge_rows({e})",
+    "torch.cat([{e}, {arg}])",
+    "'{{0.{name}}}'.format({e})",
+    "({e} == '{name}')",
+    "getattr({e}, '{name}')",
+    "{e} + {arg}",
+]  # fmt: skip
+
+
+@st.composite
+def step_language_specs(draw) -> tuple[str, str, list[str]]:
+    """The spec with one drawn step (an atom and up to 4 chain operations)
+    and maybe extra ``host_methods`` entries."""
+    place = draw(st.sampled_from(sorted(STEP_PLACES)))
+    atoms = STEP_ATOMS[place] + HOST_ATOMS
+    expr = draw(st.sampled_from(atoms))
+    for _ in range(draw(st.integers(min_value=0, max_value=4))):
+        op = draw(st.sampled_from(CHAIN_OPS))
+        name = draw(st.sampled_from(STEP_NAMES))
+        expr = op.format(e=expr, name=name, arg=draw(st.sampled_from(atoms)))
+    old, new = STEP_PLACES[place]
+    text = STEPS_SPEC.replace(old, new.format(json.dumps(expr)))
+    declared = [
+        f"visual.{name}" if dotted else name
+        for name, dotted in draw(
+            st.lists(st.tuples(st.sampled_from(STEP_NAMES), st.booleans()), max_size=2)
+        )
+    ]
+    if declared:
+        methods = HOST_METHODS_LINE[:-1] + ", " + ", ".join(declared) + "]"
+        text = text.replace(HOST_METHODS_LINE, methods)
+    return text, expr, declared
+
+
+@_settings(300)
+@given(case=step_language_specs())
+def test_step_language_reaches_only_its_allow_lists(case) -> None:
+    """Whatever chain of attributes and calls a step tries: exit 2 with
+    located diagnostics, or a module whose step-derived code (each forward's
+    ``return``) reaches only the allow-lists and the declared host paths."""
+    text, expr, declared = case
+    log = [expr, declared]
+    with _workspace() as folder:
+        spec = folder / "specs" / "steps.yaml"
+        spec.parent.mkdir()
+        spec.write_text(text, encoding="utf-8")
+        rc, stdout, stderr = _run([str(spec), "--stdout", "--target", "vllm"], log)
+    assert rc in (0, 2), f"exit {rc} after {log}\n{stderr[-2000:]}"
+    if rc == 2:
+        _assert_reported(stderr, log)
+        return
+    methods = {"_merge_rows", "visual.prepare_metadata", *declared}
+    for node in _step_returns(ast.parse(stdout)):
+        problem = _outside_allow_lists(node, methods)
+        assert problem is None, f"{problem} in {ast.unparse(node)} ({log})"
+
+
+def _step_returns(module: ast.Module) -> list[ast.expr]:
+    """What each forward returns: the spec's last step, as printed."""
+    found = []
+    for node in ast.walk(module):
+        if isinstance(node, ast.FunctionDef) and node.name in (
+            "encoder_cudagraph_forward",
+            "encoder_eager_forward",
+        ):
+            found += [r.value for r in ast.walk(node) if isinstance(r, ast.Return)]
+    assert len(found) == 2, ast.dump(module)[:200]
+    return found
+
+
+def _outside_allow_lists(expr: ast.expr, methods: set[str]) -> str | None:
+    """What in ``expr`` (generated Python) lies outside the step language's
+    allow-lists, read independently of the generator's own checker."""
+    parents = {c: p for p in ast.walk(expr) for c in ast.iter_child_nodes(p)}
+    for node in ast.walk(expr):
+        parent = parents.get(node)
+        called = isinstance(parent, ast.Call) and parent.func is node
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            as_argument = isinstance(parent, (ast.Call, ast.keyword))
+            compared = isinstance(parent, ast.Compare) and isinstance(
+                parent.ops[0], (ast.Eq, ast.NotEq)
+            )
+            if not (as_argument or compared):
+                return f"string {node.value!r} used as a value"
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            if not _next_of_parameters(node, parents):
+                return f"call of {node.func.id}"
+        elif isinstance(node, ast.Attribute):
+            problem = _attribute_outside(node, called, parents, methods)
+            if problem is not None:
+                return problem
+    return None
+
+
+def _host_parts(node: ast.AST) -> list[str | int] | None:
+    """``self.a.b[0].c`` as ``[a, b, 0, c]``; None if not rooted at self."""
+    parts: list[str | int] = []
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        if isinstance(node, ast.Attribute):
+            parts.append(node.attr)
+        elif isinstance(node.slice, ast.Constant) and type(node.slice.value) is int:
+            parts.append(node.slice.value)
+        else:
+            return None
+        node = node.value
+    if isinstance(node, ast.Name) and node.id == "self":
+        return parts[::-1]
+    return None
+
+
+def _attribute_outside(node, called, parents, methods) -> str | None:
+    if isinstance(node.value, ast.Name) and node.value.id == "torch":
+        allowed = TORCH_FUNCTIONS if called else TORCH_DTYPES
+        return None if node.attr in allowed else f"torch.{node.attr}"
+    parts = _host_parts(node)
+    if parts is None:
+        allowed = TENSOR_METHODS if called else TENSOR_ATTRIBUTES | OUTPUT_FIELDS
+        return None if node.attr in allowed else f".{node.attr} on a value"
+    if isinstance(parents.get(node), ast.Attribute):
+        return None  # a prefix of a longer path: judged as part of it
+    return _host_path_outside(parts, node, called, parents, methods)
+
+
+def _host_path_outside(parts, node, called, parents, methods) -> str | None:
+    dotted = ".".join(str(p) for p in parts)
+    root, rest = parts[0], parts[1:]
+    # A declaration of torch.nn.Module's API must have been refused.
+    sound = {m for m in methods if not set(m.split(".")) & MODULE_API}
+    if root == "_merge_rows" or root in sound:
+        return None if called and not rest else f"host method path {dotted}"
+    if root != "visual":
+        return f"host root {root}"
+    if any(isinstance(p, str) and p.startswith("_") for p in rest):
+        return f"private host path {dotted}"
+    if (
+        called
+        and rest == ["parameters"]
+        and _next_of_parameters(parents.get(parents.get(node)), parents)
+    ):
+        return None
+    if set(rest) & MODULE_API:
+        return f"torch.nn.Module's API in {dotted}"
+    if called and rest and dotted not in sound:
+        return f"undeclared host call {dotted}"  # visual is no host tensor
+    return None
+
+
+def _next_of_parameters(call, parents) -> bool:
+    """``next(self.<path>.parameters()).dtype`` (or ``.device``)."""
+    if not (
+        isinstance(call, ast.Call)
+        and isinstance(call.func, ast.Name)
+        and call.func.id == "next"
+        and len(call.args) == 1
+        and not call.keywords
+    ):
+        return False
+    inner, parent = call.args[0], parents.get(call)
+    return (
+        isinstance(inner, ast.Call)
+        and not inner.args
+        and isinstance(inner.func, ast.Attribute)
+        and inner.func.attr == "parameters"
+        and _host_parts(inner.func) is not None
+        and isinstance(parent, ast.Attribute)
+        and parent.attr in PARAMETER_FACTS
+    )
+
+
+ORACLE_CASES = [
+    ("next(self.visual.parameters()).dtype", None),
+    ("self._merge_rows(x.view(1, -1), scale=0.5)", None),
+    ("self.visual.prepare_metadata(x, torch.int64, 'a', k='b')", None),
+    ("x[:, : self.visual.out_hidden_size] == 's'", None),
+    ("self.visual.parameters().gi_frame", ".gi_frame on a value"),
+    ("self.visual.parameters()", "torch.nn.Module's API"),
+    ("next(self.visual.parameters())", "call of next"),
+    ("next(iter(x)).dtype", "call of next"),
+    ("x.numpy().tofile('f')", ".tofile on a value"),
+    ("x.numpy()", ".numpy on a value"),
+    ("x.untyped_storage()", ".untyped_storage on a value"),
+    ("'{0.forward}'.format(x)", ".format on a value"),
+    ("'{0.forward}'[0]", "string"),
+    ("x['k']", "string"),
+    ("self.visual.apply(x)", "torch.nn.Module's API"),
+    ("self.visual.encode(x)", "undeclared host call"),
+    ("self._merge_rows.gi_frame", "host method path"),
+    ("self.visual._modules", "private host path"),
+    ("torch.load(x)", "torch.load"),
+    ("self.config.save(x)", "host root"),
+]
+
+
+@pytest.mark.parametrize(("python", "words"), ORACLE_CASES)
+def test_the_step_oracle_can_fail(python: str, words: str | None) -> None:
+    """The fuzz's reading of generated code lets the allowed through and
+    catches each way out."""
+    expr = ast.parse(python, mode="eval").body
+    problem = _outside_allow_lists(expr, {"_merge_rows", "visual.prepare_metadata"})
+    assert (problem is None) if words is None else (words in (problem or "")), problem

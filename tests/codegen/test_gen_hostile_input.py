@@ -824,3 +824,165 @@ def test_the_generator_package_has_no_import_cycle() -> None:
 
     for module in sorted(graph):
         visit(module, ())
+
+
+# -- the step language reaches only its allow-lists (issue #28) -------------------
+
+#: The valid corpus's step-language spec: its last graph step, its last eager
+#: step, its host_methods and its builder call are replaced by each attack.
+STEPS_SPEC = "step_language"
+GRAPH_LAST = "  - _merge_rows(joined, scale=0.5)\n"
+EAGER_LAST = "    - _merge_rows(kept if n > 0 else feats, scale=0.5)\n"
+HOST_METHODS = "host_methods: [_merge_rows, visual.prepare_metadata]"
+BUILDER_CALL = "call: visual.prepare_metadata(image_grid_thw, device=device)"
+
+STEP_ATTACKS = [
+    # From a module's parameters() generator to its frame's globals.
+    (
+        "graph",
+        "visual.parameters().gi_frame.f_globals",
+        "'visual.parameters' names 'parameters'",
+    ),
+    ("graph", "feats.gi_frame.f_globals", "'.gi_frame' is not an attribute"),
+    ("graph", "feats.f_globals", "'.f_globals' is not an attribute"),
+    ("graph", "next(visual(pixel_values)).gi_frame", "next() is only allowed as"),
+    ("graph", "next(visual(pixel_values))", "next() is only allowed as"),
+    ("graph", "next(visual.parameters())", "next() is only allowed as"),
+    ("graph", "next(visual.parameters()).data_ptr()", "next() is only allowed"),
+    ("graph", "feats.data_ptr()", "'.data_ptr()' is not"),
+    (
+        "graph",
+        "next(visual.parameters()).dtype.to_complex()",
+        "'.to_complex()' is not",
+    ),
+    # Files, storage, numpy.
+    (
+        "graph",
+        "feats.untyped_storage().from_file('/etc/passwd', False, 8)",
+        "'.untyped_storage()' is not a tensor method",
+    ),
+    ("graph", "feats.from_file('/etc/passwd', False, 8)", "'.from_file()' is not"),
+    ("graph", "feats.untyped_storage()", "'.untyped_storage()' is not"),
+    ("graph", "feats.storage()", "'.storage()' is not"),
+    ("eager", "feats.numpy().tofile('/tmp/out')", "'.numpy()' is not"),
+    ("eager", "feats.tofile('/tmp/out')", "'.tofile()' is not"),
+    ("eager", "feats.numpy()", "'.numpy()' is not"),
+    ("eager", "feats.to('cpu').numpy()", "'.numpy()' is not"),
+    # Formatting objects, strings as values.
+    (
+        "eager",
+        "'{0.forward.__globals__}'.format(feats)",
+        "the string '{0.forward.__globals__}' may only be",
+    ),
+    ("graph", "rest['x']", "the string 'x' may only be"),
+    ("graph", "rest.get('x')", "'.get()' is not a tensor method"),
+    ("eager", "feats.format", "'.format' is not an attribute"),
+    # Hooks and callables.
+    (
+        "graph",
+        "visual.register_forward_hook(_merge_rows)",
+        "'visual.register_forward_hook' names 'register_forward_hook'",
+    ),
+    ("graph", "visual.apply(_merge_rows)", "'visual.apply' names 'apply'"),
+    ("graph", "feats.register_hook(_merge_rows)", "'.register_hook()' is not"),
+    ("graph", "feats.apply_(_merge_rows)", "'.apply_()' is not"),
+    ("graph", "feats.map_(feats, _merge_rows)", "'.map_()' is not"),
+    ("graph", "feats.grad_fn", "'.grad_fn' is not an attribute"),
+    # The host: only what the spec declares.
+    ("graph", "visual.forward(feats)", "'visual.forward' names 'forward'"),
+    ("graph", "visual.state_dict()", "'visual.state_dict' names 'state_dict'"),
+    (
+        "graph",
+        "visual.config.save_pretrained('/tmp/x')",
+        "'visual.config.save_pretrained(...)' is not declared",
+    ),
+    ("graph", "visual.blocks[0](feats)", "'visual.blocks[0](...)' is not declared"),
+    ("graph", "_merge_rows.gi_frame", "host method '_merge_rows' may only be called"),
+    ("graph", "visual(_merge_rows)", "host method '_merge_rows' may only be called"),
+    # Refused by the parser before as now (private and dunder names).
+    ("graph", "feats.__class__", "attribute '__class__' is not allowed"),
+    ("graph", "visual._modules", "attribute '_modules' is not allowed"),
+]
+
+
+def _steps_spec(where: str, attack: str) -> str:
+    text = (DATA_DIR / "valid" / f"{STEPS_SPEC}.yaml").read_text(encoding="utf-8")
+    old, new = {
+        "graph": (GRAPH_LAST, f'  - "{attack}"\n'),
+        "eager": (EAGER_LAST, f'    - "{attack}"\n'),
+        "host_methods": (HOST_METHODS, attack),
+        "builder": (BUILDER_CALL, attack),
+    }[where]
+    assert text.count(old) == 1
+    return text.replace(old, new)
+
+
+def _refused_with(text: str, tmp_path: Path) -> str:
+    """The one diagnostic of ``gen-mixin`` on ``text``: exit 2, nothing
+    written, no traceback."""
+    spec = _write(tmp_path / "specs", "hostile.yaml", text)
+    out = tmp_path / "out"
+    rc, stdout, stderr = run_main([str(spec), "--out", str(out)])
+    assert rc == 2, stderr
+    assert not out.exists()
+    lines = stderr.splitlines()
+    assert SUMMARY_RE.match(lines[-1]) and "Traceback" not in stderr, stderr
+    assert all(DIAG_RE.match(line) for line in lines[:-1]), stderr
+    return "\n".join(lines[:-1])
+
+
+@pytest.mark.parametrize(("where", "attack", "words"), STEP_ATTACKS, ids=repr)
+def test_a_step_reaches_only_the_allow_lists(where, attack, words, tmp_path) -> None:
+    """Each attack exits 2 naming the step and the attribute it reaches."""
+    found = _refused_with(_steps_spec(where, attack), tmp_path)
+    field = "graph_forward[3]" if where == "graph" else "eager_forward.steps[3]"
+    assert f": {field}: " in found and words in found, found
+
+
+HOST_DECLARATIONS = [
+    ("[_merge_rows, visual.prepare_metadata, _modules]", "'_modules' is torch.nn"),
+    ("[_merge_rows, visual.prepare_metadata, _forward_hooks]", "'_forward_hooks'"),
+    ("[_merge_rows, visual.prepare_metadata, _parameters]", "'_parameters'"),
+    ("[_merge_rows, visual.prepare_metadata, parameters]", "'parameters' is torch"),
+    ("[_merge_rows, visual.prepare_metadata, apply]", "'apply' is torch.nn"),
+    ("[_merge_rows, visual.prepare_metadata, visual.parameters]", "'parameters'"),
+    ("[_merge_rows, visual.prepare_metadata, visual.apply]", "names 'apply'"),
+    ("[_merge_rows, visual.prepare_metadata, visual._modules]", "private attribute"),
+    ("[_merge_rows, visual.prepare_metadata, visual.__call__]", "private attribute"),
+    ("[_merge_rows, visual.prepare_metadata, config.save]", "not a host attribute"),
+    ("[_merge_rows, visual.prepare_metadata, __import__]", "must not start with"),
+]
+
+
+@pytest.mark.parametrize(("methods", "words"), HOST_DECLARATIONS, ids=repr)
+def test_host_methods_declare_only_the_models_own(methods, words, tmp_path) -> None:
+    """``host_methods`` names methods of the model or dotted paths under a
+    host attribute, never torch.nn.Module's machinery or a private path."""
+    text = _steps_spec("host_methods", f"host_methods: {methods}")
+    found = _refused_with(text, tmp_path)
+    assert ": host_methods[2]: " in found and words in found, found
+
+
+BUILDER_CALLS = [
+    ("call: visual.state_dict(image_grid_thw)", "names 'state_dict'"),
+    ("call: visual.config.save(image_grid_thw)", "'visual.config.save(...)' is not"),
+    ("call: visual.forward(image_grid_thw)", "names 'forward'"),
+]
+
+
+@pytest.mark.parametrize(("call", "words"), BUILDER_CALLS, ids=repr)
+def test_a_builder_call_reaches_only_declared_host_code(call, words, tmp_path) -> None:
+    found = _refused_with(_steps_spec("builder", call), tmp_path)
+    assert ": metadata[0].call: " in found and words in found, found
+
+
+def test_module_api_is_torch_nn_module_s_own_names() -> None:
+    """The names a host path may not use are every name ``torch.nn.Module``
+    defines, on its class or in ``__init__`` (a torch upgrade that adds one
+    fails here until the list has it)."""
+    import torch
+
+    from generator.spec.step_language import MODULE_API
+
+    torch_names = set(dir(torch.nn.Module)) | set(vars(torch.nn.Module()))
+    assert {n for n in torch_names if not n.startswith("__")} <= MODULE_API

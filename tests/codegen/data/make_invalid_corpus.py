@@ -389,16 +389,16 @@ case(
     "host_method_private_generated",
     "qwen2_vl",
     (
-        "host_methods: [get_max_frames_per_video]",
-        "host_methods: [get_max_frames_per_video, _counts]",
+        "host_methods: [get_max_frames_per_video,",
+        "host_methods: [get_max_frames_per_video, _counts,",
     ),
 )
 case(
     "host_method_dunder",
     "qwen2_vl",
     (
-        "host_methods: [get_max_frames_per_video]",
-        "host_methods: [get_max_frames_per_video, __init__]",
+        "host_methods: [get_max_frames_per_video,",
+        "host_methods: [get_max_frames_per_video, __init__,",
     ),
 )
 case(
@@ -1430,6 +1430,7 @@ valid_case(
 valid_case(
     "unit_capture_builder_reads_grid",
     "unit_capture",
+    ("host:\n", "host_methods: [vision_model.tile_index]\nhost:\n"),
     (
         "buffers:\n  pixel_values: {}\n",
         "metadata:\n  - call: vision_model.tile_index(num_tiles, device=device)\n"
@@ -1990,6 +1991,83 @@ case(
     "keep_alive_empty",
     "minicpmv",
     ("keep_alive: [resampler.pos_embed]", "keep_alive: []"),
+)
+
+
+# -- the step language reaches only its allow-lists (issue #28) ----------------------
+
+# From a module's parameters() generator to its frame's globals.
+case(
+    "steps_parameters_generator_frame",
+    "kimi_k25",
+    (
+        "  - projected = mm_projector(feats.to(next(mm_projector.parameters()).dtype))",
+        "  - projected = mm_projector(feats.to(mm_projector.parameters().gi_frame))",
+    ),
+)
+# next() reads a parameter's dtype or device, nothing else.
+case(
+    "steps_next_not_dtype",
+    "kimi_k25",
+    (
+        "    - projected = mm_projector(merged.to(next(mm_projector.parameters()).dtype))",
+        "    - projected = mm_projector(merged.to(next(mm_projector.parameters())))",
+    ),
+)
+# A file read through a tensor's storage in a captured graph.
+case(
+    "steps_storage_from_file",
+    "kimi_k25",
+    (
+        "  - projected.view(-1, config.text_config.hidden_size)",
+        "  - \"feats.untyped_storage().from_file('/etc/passwd', False, 8)\"",
+    ),
+)
+# A file written through numpy from an eager step.
+case(
+    "steps_numpy_tofile",
+    "kimi_k25",
+    (
+        "    - projected.reshape(-1, projected.shape[-1])",
+        "    - \"projected.numpy().tofile('/tmp/out')\"",
+    ),
+)
+# A string formatted with an object reads its dunder attributes.
+case(
+    "steps_string_format",
+    "lfm2_vl",
+    (
+        "    - torch.cat(features, dim=0)",
+        "    - \"'{0.forward.__globals__}'.format(features)\"",
+    ),
+)
+# A hook registered on a host module from a builder step.
+case(
+    "steps_builder_register_hook",
+    "lfm2_vl",
+    (
+        "      - starts = lengths.cumsum(0) - lengths",
+        "      - starts = lengths.register_hook(lengths.to)",
+    ),
+)
+# A host method call the spec does not declare (a config's file writer).
+case(
+    "steps_undeclared_host_call",
+    "ernie45_vl",
+    (
+        "    - resampler_model(path_output[:graph_rows], torch.tensor(image_grid_thw))",
+        "    - resampler_model.config.save_pretrained(path_output)",
+    ),
+)
+# host_methods declares the model's methods, not torch.nn.Module's machinery.
+case(
+    "host_methods_module_internals",
+    "qwen2_vl",
+    (
+        "host_methods: [get_max_frames_per_video,",
+        "host_methods: [get_max_frames_per_video, _modules, _forward_hooks, "
+        "visual.apply,",
+    ),
 )
 
 
