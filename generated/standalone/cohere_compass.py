@@ -3,8 +3,8 @@
 # From specs/cohere_compass.yaml: change the spec or the templates and run
 # `gen-mixin specs/cohere_compass.yaml`.
 # spec-sha256: d0b3571feeeed12e487ccaa7caa29d450a482d4ae7cfb2cb9c2e528321160bf0
-# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 8fcb9212e6c838a227d7c04ed3278b5cafcdf19e68c0c89cb1cf848774f800b6
+# templates-sha256: 4e6719ac6a5314722edd898bbac22c5a3a9e84cab0c46ed45d8d43cc8e7ddffa
+# output-sha256: 188cd69efc48d00d7b82dc8578bc51650bc27d6a40dba269a75ec26680cc314c
 
 import itertools
 from collections.abc import Hashable
@@ -225,8 +225,8 @@ class CohereCompassEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         backend = self.visual.attn_backend
         if modalities and backend in (AttentionBackendEnum.TORCH_SDPA,):
             raise ValueError(
-                f"cudagraph_mm_encoder is not supported with the {backend.name} ViT "
-                "attention backend for Cohere Compass. Set "
+                f"cudagraph_mm_encoder is not supported with the {backend.name} "
+                "ViT attention backend for Cohere Compass. Set "
                 "--mm-encoder-attn-backend FLASH_ATTN, or disable "
                 "cudagraph_mm_encoder."
             )
@@ -338,6 +338,38 @@ class CohereCompassEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         image_grid_thw = [[t, h, w] for _ in range(max_batch_size)]
         # Input rows of the dummy batch; every row buffer is sized from it.
         rows = max_batch_size * (t * h * w)
+        # gen-mixin's static checks proved these at sampled budgets and every
+        # budget of vLLM's default ladder; encoder_cudagraph_token_budgets may
+        # name any other, so they are checked again for this one, on the host
+        # and before anything is allocated. A dummy batch short of its budget
+        # fails in a replay copy; a short max_seqlen lets attention truncate a
+        # sequence without a word.
+        held, needed = max_batch_size * (t * (h // merge) * (w // merge)), token_budget
+        if held < needed:
+            raise ValueError(
+                f"Cohere Compass: at token_budget {token_budget} with "
+                f"max_batch_size {max_batch_size} the dummy batch's count of "
+                f"budget tokens is {held} where at least {needed} is needed (a "
+                "batch that fits the budget would overflow the buffers)"
+            )
+        held, needed = max(max_frames_per_batch, max_batch_size) + 1, max_batch_size + 1
+        if held < needed:
+            raise ValueError(
+                f"Cohere Compass: at token_budget {token_budget} with "
+                f"max_batch_size {max_batch_size} the count of cu_seqlens's slots "
+                f"is {held} where at least {needed} is needed (an offset for "
+                "every item of a full batch)"
+            )
+        held, needed = token_budget * merge**2, max(
+            t * h * w, 1 * merge * (token_budget * merge)
+        )
+        if held < needed:
+            raise ValueError(
+                f"Cohere Compass: at token_budget {token_budget} with "
+                f"max_batch_size {max_batch_size} max_seqlen is {held} where at "
+                f"least {needed} is needed (the longest attention sequence; a "
+                "smaller max_seqlen truncates it)"
+            )
         pixel_values = torch.randn(
             (rows, channels * frames * patch**2), device=device, dtype=dtype
         )

@@ -3,8 +3,8 @@
 # From specs/deepseek_ocr.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_ocr.yaml`.
 # spec-sha256: 0bfb43e4316a4a39192bb100e7cfeecbb3f7339c7a907dfaa07f9b62999ceee7
-# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: e7c49cde747a73b89cca74fe08045d9728630e19ceb7b7e9be9bb8c7246254b6
+# templates-sha256: 4e6719ac6a5314722edd898bbac22c5a3a9e84cab0c46ed45d8d43cc8e7ddffa
+# output-sha256: 6bacbf343167bcec7a7ebd3d3e75a7cd74794dd18d1af73ef58818d4325adbc0
 
 import itertools
 from collections.abc import Hashable

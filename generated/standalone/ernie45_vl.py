@@ -3,8 +3,8 @@
 # From specs/ernie45_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/ernie45_vl.yaml`.
 # spec-sha256: 44a19487b2f61417079df3347e463bfafc30019f50c2056291e8a1b652284f7c
-# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 5fe53e051f80d4ed5a418436550924554f1698b884261c02be78781a6190e187
+# templates-sha256: 4e6719ac6a5314722edd898bbac22c5a3a9e84cab0c46ed45d8d43cc8e7ddffa
+# output-sha256: cb6eb12f6f56566c109e0a6e9b6035d3255cc7fff293461678c3582b3eefa745
 
 import itertools
 from collections.abc import Hashable
@@ -278,6 +278,28 @@ class Ernie45VLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         image_grid_thw = [[t, h, w] for _ in range(max_batch_size)]
         # Input rows of the dummy batch; every row buffer is sized from it.
         rows = max_batch_size * (t * h * w)
+        # gen-mixin's static checks proved these at sampled budgets and every
+        # budget of vLLM's default ladder; encoder_cudagraph_token_budgets may
+        # name any other, so they are checked again for this one, on the host
+        # and before anything is allocated. A dummy batch short of its budget
+        # fails in a replay copy; a short max_seqlen lets attention truncate a
+        # sequence without a word.
+        held, needed = max_batch_size * (t * h * w // merge // merge), token_budget
+        if held < needed:
+            raise ValueError(
+                f"ERNIE-4.5-VL: at token_budget {token_budget} with "
+                f"max_batch_size {max_batch_size} the dummy batch's count of "
+                f"budget tokens is {held} where at least {needed} is needed (a "
+                "batch that fits the budget would overflow the buffers)"
+            )
+        held, needed = max_batch_size * (t * h * w), token_budget
+        if held < needed:
+            raise ValueError(
+                f"ERNIE-4.5-VL: at token_budget {token_budget} with "
+                f"max_batch_size {max_batch_size} the dummy batch's count of "
+                f"graph rows is {held} where at least {needed} is needed (a batch "
+                "that fits the budget would overflow the buffers)"
+            )
         pixel_values = torch.randn(
             (rows, channels * patch**2), device=device, dtype=dtype
         )

@@ -3,8 +3,8 @@
 # From specs/glm5_next.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm5_next.yaml`.
 # spec-sha256: c3575549c4ed50dd76892d25b692f5f5f648d2f13a2ea29bebd572d144fcdb24
-# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: b6216dcf6ad3a2f984c383aa31d9dfd5e741737038971db9892752c04f3e5304
+# templates-sha256: 4e6719ac6a5314722edd898bbac22c5a3a9e84cab0c46ed45d8d43cc8e7ddffa
+# output-sha256: d44109a8e1b7c23ec200a502d49e7e365d5b4737d2b9cae5d23dc5e1e2d4a3a6
 
 import itertools
 from collections.abc import Hashable
@@ -220,9 +220,10 @@ class Glm5NextEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
             AttentionBackendEnum.FLASHINFER,
         ):
             raise ValueError(
-                f"cudagraph_mm_encoder is not supported with the {backend.name} ViT "
-                "attention backend for GLM-5-Next. Set --mm-encoder-attn-backend "
-                "FLASH_ATTN, or disable cudagraph_mm_encoder."
+                f"cudagraph_mm_encoder is not supported with the {backend.name} "
+                "ViT attention backend for GLM-5-Next. Set "
+                "--mm-encoder-attn-backend FLASH_ATTN, or disable "
+                "cudagraph_mm_encoder."
             )
 
         return EncoderCudaGraphConfig(
@@ -336,6 +337,44 @@ class Glm5NextEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         image_grid_thw = [[t, h, w] for _ in range(max_batch_size)]
         # Input rows of the dummy batch; every row buffer is sized from it.
         rows = max_batch_size * (t * h * w)
+        # gen-mixin's static checks proved these at sampled budgets and every
+        # budget of vLLM's default ladder; encoder_cudagraph_token_budgets may
+        # name any other, so they are checked again for this one, on the host
+        # and before anything is allocated. A dummy batch short of its budget
+        # fails in a replay copy; a short max_seqlen lets attention truncate a
+        # sequence without a word.
+        held, needed = max_batch_size * (t * (h // merge) * (w // merge)), token_budget
+        if held < needed:
+            raise ValueError(
+                f"GLM-5-Next: at token_budget {token_budget} with max_batch_size "
+                f"{max_batch_size} the dummy batch's count of budget tokens is "
+                f"{held} where at least {needed} is needed (a batch that fits the "
+                "budget would overflow the buffers)"
+            )
+        held, needed = (
+            max(min(token_budget, max_frames_per_batch), max_batch_size) + 1,
+            max_batch_size + 1,
+        )
+        if held < needed:
+            raise ValueError(
+                f"GLM-5-Next: at token_budget {token_budget} with max_batch_size "
+                f"{max_batch_size} the count of cu_seqlens's slots is {held} "
+                f"where at least {needed} is needed (an offset for every item of "
+                "a full batch)"
+            )
+        held, needed = token_budget * merge**2, max(
+            t * h * w,
+            min(1, token_budget)
+            * merge
+            * (-(-token_budget // min(1, token_budget)) * merge),
+        )
+        if held < needed:
+            raise ValueError(
+                f"GLM-5-Next: at token_budget {token_budget} with max_batch_size "
+                f"{max_batch_size} max_seqlen is {held} where at least {needed} "
+                "is needed (the longest attention sequence; a smaller max_seqlen "
+                "truncates it)"
+            )
         pixel_values = torch.zeros(
             (rows, channels * frames * patch**2),
             device=device,

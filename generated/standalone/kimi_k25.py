@@ -3,8 +3,8 @@
 # From specs/kimi_k25.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k25.yaml`.
 # spec-sha256: 593beb16e06a103837efc5aa14a6c25d495096029ae4609647637b59aaa4b37c
-# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: db217d3f54ac3f25e8da5b2edd44b4da52e0d91c3605ef7a16c5b3765028066d
+# templates-sha256: 4e6719ac6a5314722edd898bbac22c5a3a9e84cab0c46ed45d8d43cc8e7ddffa
+# output-sha256: 2a9ff0aa07d25ee507856c40ed12779c704e45e24ee0f3631dc3dbd2b9a3f8d9
 
 import itertools
 from collections.abc import Hashable
@@ -231,9 +231,10 @@ class KimiK25EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         backend = self.vision_tower.encoder.blocks[0].attn.attn_backend
         if backend in (AttentionBackendEnum.TORCH_SDPA,):
             raise ValueError(
-                f"cudagraph_mm_encoder is not supported with the {backend.name} ViT "
-                "attention backend for Kimi-K2.5. Set --mm-encoder-attn-backend "
-                "FLASH_ATTN, or disable cudagraph_mm_encoder."
+                f"cudagraph_mm_encoder is not supported with the {backend.name} "
+                "ViT attention backend for Kimi-K2.5. Set "
+                "--mm-encoder-attn-backend FLASH_ATTN, or disable "
+                "cudagraph_mm_encoder."
             )
 
         return EncoderCudaGraphConfig(
@@ -355,13 +356,28 @@ class KimiK25EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         if ho * kh > rope_h:
             raise ValueError(
                 "Kimi-K2.5: the dummy grid exceeds the MoonViT3d RoPE grid: "
-                f"needs ho * kh <= rope_h, got {ho * kh} > {rope_h} at token_budget "
-                f"{token_budget} with max_batch_size {max_batch_size}"
+                f"needs ho * kh <= rope_h, got {ho * kh} > {rope_h} at "
+                f"token_budget {token_budget} with max_batch_size "
+                f"{max_batch_size}"
             )
         t, h, w = 1, ho * kh, wo * kw
         grid_thws = [[t, h, w] for _ in range(max_batch_size)]
         # Input rows of the dummy batch; every row buffer is sized from it.
         rows = max_batch_size * (t * h * w)
+        # gen-mixin's static checks proved these at sampled budgets and every
+        # budget of vLLM's default ladder; encoder_cudagraph_token_budgets may
+        # name any other, so they are checked again for this one, on the host
+        # and before anything is allocated. A dummy batch short of its budget
+        # fails in a replay copy; a short max_seqlen lets attention truncate a
+        # sequence without a word.
+        held, needed = max_batch_size * (h // kh * (w // kw)), token_budget
+        if held < needed:
+            raise ValueError(
+                f"Kimi-K2.5: at token_budget {token_budget} with max_batch_size "
+                f"{max_batch_size} the dummy batch's count of budget tokens is "
+                f"{held} where at least {needed} is needed (a batch that fits the "
+                "budget would overflow the buffers)"
+            )
         pixel_values = torch.zeros(
             (rows, 3, patch, patch),
             device=device,

@@ -3,8 +3,8 @@
 # From specs/kimi_k3.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k3.yaml`.
 # spec-sha256: 1913eb478f4bae1accc4351c633300f743a2b1c000a8337cc758991b7f9e5568
-# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 99e8396874e8b67445e62ec31bd6a95033e6b0957dc1ed3f563de2da5bb3090a
+# templates-sha256: 4e6719ac6a5314722edd898bbac22c5a3a9e84cab0c46ed45d8d43cc8e7ddffa
+# output-sha256: 8c5a682c2bfab218ace996608db81fb3656762d2574a7dcffcec274e34b28b4a
 
 import itertools
 import math
@@ -328,6 +328,20 @@ class KimiK3EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         grid_thws = [[t, h, w] for _ in range(max_batch_size)]
         # Input rows of the dummy batch; every row buffer is sized from it.
         rows = max_batch_size * (t * h * w)
+        # gen-mixin's static checks proved these at sampled budgets and every
+        # budget of vLLM's default ladder; encoder_cudagraph_token_budgets may
+        # name any other, so they are checked again for this one, on the host
+        # and before anything is allocated. A dummy batch short of its budget
+        # fails in a replay copy; a short max_seqlen lets attention truncate a
+        # sequence without a word.
+        held, needed = max_batch_size * (h // kh * (w // kw)), token_budget
+        if held < needed:
+            raise ValueError(
+                f"Kimi-K3: at token_budget {token_budget} with max_batch_size "
+                f"{max_batch_size} the dummy batch's count of budget tokens is "
+                f"{held} where at least {needed} is needed (a batch that fits the "
+                "budget would overflow the buffers)"
+            )
         pixel_values = torch.zeros((rows, 3, patch, patch), device=device, dtype=dtype)
         metadata = self.vision_tower.prepare_encoder_cudagraph_metadata(
             grid_thws,

@@ -3,8 +3,8 @@
 # From specs/qwen2_5_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_vl.yaml`.
 # spec-sha256: 96480d9c7c7c980974bbfd1e9ab20c6575a966715da8e48283b6883b95e654af
-# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 205faa1398788773c35819673b2687aa1d7b40be8239c970bc9f7f3c1ebd17b7
+# templates-sha256: 4e6719ac6a5314722edd898bbac22c5a3a9e84cab0c46ed45d8d43cc8e7ddffa
+# output-sha256: 55e99af38325a38ffee7662aa2321c58ce3fd3c0327f84d4b63e441a2c1e91c4
 
 import itertools
 from collections.abc import Hashable
@@ -239,9 +239,10 @@ class Qwen2_5_VLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         backend = self.visual.attn_backend
         if modalities and backend in (AttentionBackendEnum.TORCH_SDPA,):
             raise ValueError(
-                f"cudagraph_mm_encoder is not supported with the {backend.name} ViT "
-                "attention backend for Qwen2.5-VL. Set --mm-encoder-attn-backend "
-                "FLASH_ATTN, or disable cudagraph_mm_encoder."
+                f"cudagraph_mm_encoder is not supported with the {backend.name} "
+                "ViT attention backend for Qwen2.5-VL. Set "
+                "--mm-encoder-attn-backend FLASH_ATTN, or disable "
+                "cudagraph_mm_encoder."
             )
 
         return EncoderCudaGraphConfig(
@@ -372,6 +373,60 @@ class Qwen2_5_VLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         image_grid_thw = [[t, h, w] for _ in range(max_batch_size)]
         # Input rows of the dummy batch; every row buffer is sized from it.
         rows = max_batch_size * (t * h * w)
+        # gen-mixin's static checks proved these at sampled budgets and every
+        # budget of vLLM's default ladder; encoder_cudagraph_token_budgets may
+        # name any other, so they are checked again for this one, on the host
+        # and before anything is allocated. A dummy batch short of its budget
+        # fails in a replay copy; a short max_seqlen lets attention truncate a
+        # sequence without a word.
+        held, needed = max_batch_size * (t * (h // merge) * (w // merge)), token_budget
+        if held < needed:
+            raise ValueError(
+                f"Qwen2.5-VL: at token_budget {token_budget} with max_batch_size "
+                f"{max_batch_size} the dummy batch's count of budget tokens is "
+                f"{held} where at least {needed} is needed (a batch that fits the "
+                "budget would overflow the buffers)"
+            )
+        held, needed = (
+            max(min(token_budget, max_frames_per_batch), max_batch_size) + 1,
+            max_batch_size + 1,
+        )
+        if held < needed:
+            raise ValueError(
+                f"Qwen2.5-VL: at token_budget {token_budget} with max_batch_size "
+                f"{max_batch_size} the count of cu_seqlens's slots is {held} "
+                f"where at least {needed} is needed (an offset for every item of "
+                "a full batch)"
+            )
+        held, needed = (
+            min(
+                token_budget,
+                max(max_batch_size, max_frames_per_batch)
+                + -(-token_budget // (window // merge // patch)),
+            )
+            + 1,
+            max_batch_size + 1,
+        )
+        if held < needed:
+            raise ValueError(
+                f"Qwen2.5-VL: at token_budget {token_budget} with max_batch_size "
+                f"{max_batch_size} the count of cu_window_seqlens's slots is "
+                f"{held} where at least {needed} is needed (an offset for every "
+                "item of a full batch)"
+            )
+        held, needed = token_budget * merge**2, max(
+            t * h * w,
+            min(1, token_budget)
+            * merge
+            * (-(-token_budget // min(1, token_budget)) * merge),
+        )
+        if held < needed:
+            raise ValueError(
+                f"Qwen2.5-VL: at token_budget {token_budget} with max_batch_size "
+                f"{max_batch_size} max_seqlen_full is {held} where at least "
+                f"{needed} is needed (the longest attention sequence; a smaller "
+                "max_seqlen_full truncates it)"
+            )
         pixel_values = torch.zeros(
             (rows, channels * frames * patch**2),
             device=device,

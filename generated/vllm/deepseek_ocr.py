@@ -3,8 +3,8 @@
 # From specs/deepseek_ocr.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_ocr.yaml`.
 # spec-sha256: 0bfb43e4316a4a39192bb100e7cfeecbb3f7339c7a907dfaa07f9b62999ceee7
-# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 316e0d843eab5119b7f1f8cf1e1b5b9cfb84bdceb267e531b28180b7dc9467df
+# templates-sha256: 4e6719ac6a5314722edd898bbac22c5a3a9e84cab0c46ed45d8d43cc8e7ddffa
+# output-sha256: fb15fac5639468f927f980bc1f7b0e2e9b097818df49d29e81253c65b482ff62
 
 import itertools
 from collections.abc import Hashable

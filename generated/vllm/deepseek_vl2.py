@@ -3,8 +3,8 @@
 # From specs/deepseek_vl2.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_vl2.yaml`.
 # spec-sha256: 6f892ea020ee953004c7a45b78d4d9f058c9fcef960abef7cba31604ab4b32b1
-# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 04b965df568e7aebc5e24c20ed9da4b63a2d20d13797b53e571b3710073a0711
+# templates-sha256: 4e6719ac6a5314722edd898bbac22c5a3a9e84cab0c46ed45d8d43cc8e7ddffa
+# output-sha256: 89ca72f5117de2c828a4d96ee113bbf42e03bd07186bff533832508b65108d22
 
 import itertools
 from collections.abc import Hashable

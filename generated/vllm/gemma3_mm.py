@@ -3,8 +3,8 @@
 # From specs/gemma3_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma3_mm.yaml`.
 # spec-sha256: 19cc0f6e849ba8315b6202b90204158da9f48161f059a5255254f1c8d3c71b41
-# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 36aac5cae97e68ab16aa36b7572bc41ceb3965ea6cd00af9e16de7f70ebf16a7
+# templates-sha256: 4e6719ac6a5314722edd898bbac22c5a3a9e84cab0c46ed45d8d43cc8e7ddffa
+# output-sha256: ea9ca0f52913ebf056d17e09d569cfb7a5ad163e034b0cec360964e6a262a9c6
 
 import itertools
 from collections.abc import Hashable

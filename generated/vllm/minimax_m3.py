@@ -3,8 +3,8 @@
 # From specs/minimax_m3.yaml: change the spec or the templates and run
 # `gen-mixin specs/minimax_m3.yaml`.
 # spec-sha256: 679a222a35671178384492aa0dc1e20daf1dbe9ee4c77a16239d17f4a618116f
-# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: e466542e3bcc3461af02a5a993eb7864232c1a5f98caa2162dfd55bde7a410f3
+# templates-sha256: 4e6719ac6a5314722edd898bbac22c5a3a9e84cab0c46ed45d8d43cc8e7ddffa
+# output-sha256: d55f3cb5237129adb197a5fa37a6d46b66a80636fee3373ffb2978aac625eb0f
 
 import itertools
 import weakref
@@ -230,10 +230,10 @@ class MiniMaxM3EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
             AttentionBackendEnum.ROCM_AITER_FA,
         ):
             raise ValueError(
-                f"cudagraph_mm_encoder is not supported with the {backend.name} ViT "
-                "attention backend for MiniMax M3. Set --mm-encoder-attn-backend "
-                "FLASH_ATTN or ROCM_AITER_FA (ROCm), or disable "
-                "cudagraph_mm_encoder."
+                f"cudagraph_mm_encoder is not supported with the {backend.name} "
+                "ViT attention backend for MiniMax M3. Set "
+                "--mm-encoder-attn-backend FLASH_ATTN or ROCM_AITER_FA (ROCm), "
+                "or disable cudagraph_mm_encoder."
             )
 
         return EncoderCudaGraphConfig(
@@ -335,6 +335,20 @@ class MiniMaxM3EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         image_grid_thw = [[t, h, w] for _ in range(max_batch_size)]
         # Input rows of the dummy batch; every row buffer is sized from it.
         rows = max_batch_size * (t * h * w)
+        # gen-mixin's static checks proved these at sampled budgets and every
+        # budget of vLLM's default ladder; encoder_cudagraph_token_budgets may
+        # name any other, so they are checked again for this one, on the host
+        # and before anything is allocated. A dummy batch short of its budget
+        # fails in a replay copy; a short max_seqlen lets attention truncate a
+        # sequence without a word.
+        held, needed = max_batch_size * (t * h * w // (merge * merge)), token_budget
+        if held < needed:
+            raise ValueError(
+                f"MiniMax M3: at token_budget {token_budget} with max_batch_size "
+                f"{max_batch_size} the dummy batch's count of budget tokens is "
+                f"{held} where at least {needed} is needed (a batch that fits the "
+                "budget would overflow the buffers)"
+            )
         # The tower's own dtype, not the manager's: the patch embedding converts
         # its weights when the input dtype differs, which must not happen inside a
         # capture.

@@ -3,8 +3,8 @@
 # From specs/deepseek_vl2.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_vl2.yaml`.
 # spec-sha256: 6f892ea020ee953004c7a45b78d4d9f058c9fcef960abef7cba31604ab4b32b1
-# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 4b5c397392d59b77f984133dcf2d96c462efc72557cbaf2ae9eda8d745874757
+# templates-sha256: 4e6719ac6a5314722edd898bbac22c5a3a9e84cab0c46ed45d8d43cc8e7ddffa
+# output-sha256: d7a64bc47d26c98ae8ad8a6c9bb8c260b73f7ac8a0c20e7d4bf9c6947eedf0b7
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/glm4_1v.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm4_1v.yaml`.
 # spec-sha256: 8dbf4b67da8ee0c6b971a56e7a214b9a1b0132047a02b9a4eb35c668e955ad21
-# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 6140bfd7c8cfa751225f88eda194738e61d006798ff19d9eb9336cf3087fadf3
+# templates-sha256: 4e6719ac6a5314722edd898bbac22c5a3a9e84cab0c46ed45d8d43cc8e7ddffa
+# output-sha256: 454748a54a4dd372f8ee33d92957375ece66a986eb23c0cb58d13aaf7a3f86e3
 
 import itertools
 from collections.abc import Hashable
@@ -221,9 +221,10 @@ class Glm4vEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
             AttentionBackendEnum.FLASHINFER,
         ):
             raise ValueError(
-                f"cudagraph_mm_encoder is not supported with the {backend.name} ViT "
-                "attention backend for GLM-4.1V. Set --mm-encoder-attn-backend "
-                "FLASH_ATTN, or disable cudagraph_mm_encoder."
+                f"cudagraph_mm_encoder is not supported with the {backend.name} "
+                "ViT attention backend for GLM-4.1V. Set "
+                "--mm-encoder-attn-backend FLASH_ATTN, or disable "
+                "cudagraph_mm_encoder."
             )
 
         return EncoderCudaGraphConfig(
@@ -338,6 +339,44 @@ class Glm4vEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         image_grid_thw = [[t, h, w] for _ in range(max_batch_size)]
         # Input rows of the dummy batch; every row buffer is sized from it.
         rows = max_batch_size * (t * h * w)
+        # gen-mixin's static checks proved these at sampled budgets and every
+        # budget of vLLM's default ladder; encoder_cudagraph_token_budgets may
+        # name any other, so they are checked again for this one, on the host
+        # and before anything is allocated. A dummy batch short of its budget
+        # fails in a replay copy; a short max_seqlen lets attention truncate a
+        # sequence without a word.
+        held, needed = max_batch_size * (t * (h // merge) * (w // merge)), token_budget
+        if held < needed:
+            raise ValueError(
+                f"GLM-4.1V: at token_budget {token_budget} with max_batch_size "
+                f"{max_batch_size} the dummy batch's count of budget tokens is "
+                f"{held} where at least {needed} is needed (a batch that fits the "
+                "budget would overflow the buffers)"
+            )
+        held, needed = (
+            max(min(token_budget, max_frames_per_batch), max_batch_size) + 1,
+            max_batch_size + 1,
+        )
+        if held < needed:
+            raise ValueError(
+                f"GLM-4.1V: at token_budget {token_budget} with max_batch_size "
+                f"{max_batch_size} the count of cu_seqlens's slots is {held} "
+                f"where at least {needed} is needed (an offset for every item of "
+                "a full batch)"
+            )
+        held, needed = token_budget * merge**2, max(
+            t * h * w,
+            min(1, token_budget)
+            * merge
+            * (-(-token_budget // min(1, token_budget)) * merge),
+        )
+        if held < needed:
+            raise ValueError(
+                f"GLM-4.1V: at token_budget {token_budget} with max_batch_size "
+                f"{max_batch_size} max_seqlen is {held} where at least {needed} "
+                "is needed (the longest attention sequence; a smaller max_seqlen "
+                "truncates it)"
+            )
         pixel_values = torch.zeros(
             (rows, channels * frames * patch**2),
             device=device,

@@ -3,8 +3,8 @@
 # From specs/idefics3.yaml: change the spec or the templates and run
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 8b488cb972956d4df57232df809f3b4c048f68b21019dab78906516f52b22e02
-# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 36e95ff20cd081db25a25e2fa45a8c14674751076740f7f78ca8bc668e6eaf1c
+# templates-sha256: 4e6719ac6a5314722edd898bbac22c5a3a9e84cab0c46ed45d8d43cc8e7ddffa
+# output-sha256: 1c423131db90bb586d87d6600f4deec9cae9b800d546df69d63f96c5b4b34085
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
-# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 12c87c6dc58f040ef23a3d5aa30fa9128792af431fb5013c93848f84fe3e5e64
+# templates-sha256: 4e6719ac6a5314722edd898bbac22c5a3a9e84cab0c46ed45d8d43cc8e7ddffa
+# output-sha256: 18302a9cf4793adb9fefb0ef54715f62f9a9c75c853a5684374bf9a557b4edd2
 
 import itertools
 from collections.abc import Hashable

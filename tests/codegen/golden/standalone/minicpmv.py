@@ -3,8 +3,8 @@
 # From specs/minicpmv.yaml: change the spec or the templates and run
 # `gen-mixin specs/minicpmv.yaml`.
 # spec-sha256: d4a580fe01bc55f4be098f399ee38128cd927c0b2f6e20aecf28c2d3e8bd3368
-# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 633ed74b140f9857fefdc4f11775486e5dceb3996d5cc7b99029a7a5ad620ba9
+# templates-sha256: 4e6719ac6a5314722edd898bbac22c5a3a9e84cab0c46ed45d8d43cc8e7ddffa
+# output-sha256: 5e8344f78913f8ac5b4d803a0495ad69cf02d99bbe7803ef2b086703f118ffe6
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/step3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
-# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: e9a696de873dbb526822ccaf46c58132c4c1ea939fa5d010eae5955c668c9bdc
+# templates-sha256: 4e6719ac6a5314722edd898bbac22c5a3a9e84cab0c46ed45d8d43cc8e7ddffa
+# output-sha256: 3d14ae5271a6ef38ea052cb63a87e3424443057b64475a3512641a26830b364f
 
 import itertools
 from collections.abc import Hashable
@@ -308,7 +308,7 @@ class Step3VLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
                 }
             )
         raise ValueError(
-            f"Step3-VL has no encoder path {path!r} (its paths: global, local)."
+            f"Step3-VL has no encoder path {path!r} (its paths: global, " "local)."
         )
 
     def prepare_encoder_cudagraph_replay_buffers(
@@ -338,7 +338,7 @@ class Step3VLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
                 }
             )
         raise ValueError(
-            f"Step3-VL has no encoder path {path!r} (its paths: global, local)."
+            f"Step3-VL has no encoder path {path!r} (its paths: global, " "local)."
         )
 
     def encoder_cudagraph_forward(
@@ -353,7 +353,7 @@ class Step3VLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         if path == "local":
             return self._batched_encoder_forward(inputs["patch_pixel_values"])
         raise ValueError(
-            f"Step3-VL has no encoder path {path!r} (its paths: global, local)."
+            f"Step3-VL has no encoder path {path!r} (its paths: global, " "local)."
         )
 
     def encoder_eager_forward(
@@ -370,7 +370,7 @@ class Step3VLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
             patch_pixel_values = mm_kwargs["patch_pixel_values"]
             return self._batched_encoder_forward(patch_pixel_values)
         raise ValueError(
-            f"Step3-VL has no encoder path {path!r} (its paths: global, local)."
+            f"Step3-VL has no encoder path {path!r} (its paths: global, " "local)."
         )
 
     def postprocess_encoder_output(

@@ -3,8 +3,8 @@
 # From specs/deepseek_v41.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_v41.yaml`.
 # spec-sha256: c447e3749bf7cd0365b4659a2d5fc3fd1d54ac89404a6f484252d3b50423d391
-# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 8e20ad06bef1a29cd8e34c784705b4f3de059d87d6780ab5bf62baac59b9fb7f
+# templates-sha256: 4e6719ac6a5314722edd898bbac22c5a3a9e84cab0c46ed45d8d43cc8e7ddffa
+# output-sha256: bba1119fd8f075bd973fcef64ca386f5594bdf2b2a331a8999941d6bf96b7e27
 
 import itertools
 import weakref
@@ -295,8 +295,8 @@ class DeepseekV4VLEncoderCudaGraphMixin:
             AttentionBackendEnum.TORCH_SDPA,
         ):
             raise ValueError(
-                f"cudagraph_mm_encoder is not supported with the {backend.name} ViT "
-                "attention backend for DeepSeek-V4.1. Set "
+                f"cudagraph_mm_encoder is not supported with the {backend.name} "
+                "ViT attention backend for DeepSeek-V4.1. Set "
                 "--mm-encoder-attn-backend FLASH_ATTN, or disable "
                 "cudagraph_mm_encoder."
             )
@@ -422,6 +422,20 @@ class DeepseekV4VLEncoderCudaGraphMixin:
         vit_grid = [[h, w] for _ in range(max_batch_size)]
         # Input rows of the dummy batch; every row buffer is sized from it.
         rows = max_batch_size * (h * w)
+        # gen-mixin's static checks proved these at sampled budgets and every
+        # budget of vLLM's default ladder; encoder_cudagraph_token_budgets may
+        # name any other, so they are checked again for this one, on the host
+        # and before anything is allocated. A dummy batch short of its budget
+        # fails in a replay copy; a short max_seqlen lets attention truncate a
+        # sequence without a word.
+        held, needed = max_batch_size * (h * w), token_budget
+        if held < needed:
+            raise ValueError(
+                f"DeepSeek-V4.1: at token_budget {token_budget} with "
+                f"max_batch_size {max_batch_size} the dummy batch's count of "
+                f"budget tokens is {held} where at least {needed} is needed (a "
+                "batch that fits the budget would overflow the buffers)"
+            )
         patches = torch.zeros((rows, 3, patch, patch), device=device, dtype=dtype)
         packed_vit_metadata = build_packed_vit_metadata(
             vit_grid,

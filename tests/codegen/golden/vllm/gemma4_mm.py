@@ -3,8 +3,8 @@
 # From specs/gemma4_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma4_mm.yaml`.
 # spec-sha256: 148b1e0d274e84158f902fd11628140ec5226f1b1ab73e2346d9b6fbfd1545e4
-# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: e99a1e6ce6035c738ef87bb5790862de4717bad22e716805492f74a6f6e6ce46
+# templates-sha256: 4e6719ac6a5314722edd898bbac22c5a3a9e84cab0c46ed45d8d43cc8e7ddffa
+# output-sha256: efe6db4dd9959a22c40dd8f3f3160709ef0cbe1caedecee6fc176fb858e75769
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/idefics3.yaml: change the spec or the templates and run
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 8b488cb972956d4df57232df809f3b4c048f68b21019dab78906516f52b22e02
-# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 73655a3dcadb182a09e6a9a5840cfa236f0ea7d5cb7fb0db1c2825b09c94e97e
+# templates-sha256: 4e6719ac6a5314722edd898bbac22c5a3a9e84cab0c46ed45d8d43cc8e7ddffa
+# output-sha256: db6350b25a6708a5255b6c4c950b5f59a5bde65e4593433ed09c412462a2b360
 
 import itertools
 from collections.abc import Hashable

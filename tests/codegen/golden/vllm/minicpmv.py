@@ -3,8 +3,8 @@
 # From specs/minicpmv.yaml: change the spec or the templates and run
 # `gen-mixin specs/minicpmv.yaml`.
 # spec-sha256: d4a580fe01bc55f4be098f399ee38128cd927c0b2f6e20aecf28c2d3e8bd3368
-# templates-sha256: 3a9421339045bf2b2468de42c6df5331cc5285545197990d43773a0f0b328a15
-# output-sha256: 5f781fe147e01385f4cada1077d2a64ec4c789c153ff2b29cd22ca8897dde209
+# templates-sha256: 4e6719ac6a5314722edd898bbac22c5a3a9e84cab0c46ed45d8d43cc8e7ddffa
+# output-sha256: 98e92667ab6e9dcc9c961fd8ec992b6277b23de151a75bbfdef89772e3a5343e
 
 import itertools
 from collections.abc import Hashable
