@@ -1238,7 +1238,10 @@ def unit_dummy_problems(
         lo = evaluate(ir.budget_min, env) if ir.budget_min is not None else 1
     except (EvaluationError, ArithmeticError):
         return
-    for budget in (b for b in ir.budgets if b >= lo):
+    # Each budget builds its dummy units (up to 2**16 of them): a ladder's
+    # budgets beyond the largest sample (a budget.max of millions) would cost
+    # seconds each, so the dummy units are checked up to that sample only.
+    for budget in (b for b in ir.budgets if lo <= b <= SAMPLE_BUDGETS[-1]):
         for mbs in UNIT_DUMMY_BATCH_SIZES:
             scope = unit_scope(env, budget, mbs, mbs)
             try:
