@@ -268,7 +268,23 @@ def _long_formulas(terms: int):
     return make
 
 
+LADDER_TO_2_62 = f"  max: {2**62}  # a ladder of 57 budgets, each checked\n"
+
 COSTLY = {
+    "a ladder to 2**62 of dummy units": (
+        lambda: mutated_spec("minicpmv", ("  min: q\n", "  min: q\n" + LADDER_TO_2_62)),
+        0,
+    ),
+    "a ladder to 2**62 of dummy items": (
+        lambda: mutated_spec(
+            "deepseek_v41",
+            (
+                "  max: r * r * min(max_num_batched_tokens, max_model_len)\n",
+                LADDER_TO_2_62,
+            ),
+        ),
+        0,
+    ),
     "unknown keys": (_unknown_keys, 2),
     "unknown modalities": (_modalities, 2),
     "unknown names against 190 constants": (_unknown_names, 2),
