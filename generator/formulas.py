@@ -605,6 +605,8 @@ class _Converter:
             )
         left = self.convert(node.left, depth + 1)
         right = self.convert(node.right, depth + 1)
+        if op in ("//", "%"):
+            self.check_divisor(node.right, right, f"'{op}'")
         if op == "**" and not (
             isinstance(right, Num) and 0 <= right.value <= MAX_POWER
         ):
@@ -612,6 +614,20 @@ class _Converter:
                 node, f"the exponent of ** must be a literal 0..{MAX_POWER}"
             )
         return BinOp(op, left, right)
+
+    def check_divisor(self, node: ast.AST, divisor: Expr, what: str) -> None:
+        """Refuse a divisor that is 0 whatever the names' values (``0``,
+        ``1 - 1``, ``2 * 0``, ``min(0, 5)``): it always raises. A divisor that
+        is 0 only for some values is the static checks' (every checked
+        budget)."""
+        if constant_value(divisor) != 0:
+            return
+        spelled = (
+            "the literal 0"
+            if divisor == Num(0)
+            else f"{to_spec_text(divisor)!r}, which is 0,"
+        )
+        raise self.fail(node, f"division by zero: {what} by {spelled} always raises")
 
     def unaryop(self, node: ast.UnaryOp, depth: int) -> Expr:
         if isinstance(node.op, ast.Invert):
@@ -697,6 +713,8 @@ class _Converter:
             raise self.fail(node, "ceil_sqrt() takes exactly 1 argument")
         if name in ("min", "max") and len(args) < 2:
             raise self.fail(node, f"{name}() takes at least 2 arguments")
+        if name == "ceil_div":
+            self.check_divisor(node.args[1], args[1], "ceil_div")
         return Func(name, args)
 
     def callee(
@@ -903,6 +921,23 @@ def walk(expr: Expr) -> Iterator[Expr]:
 
 def names_in(expr: Expr) -> set[str]:
     return {e.name for e in walk(expr) if isinstance(e, Ref)}
+
+
+#: The nodes of a formula whose value needs no name: folded by
+#: :func:`constant_value`.
+_CONSTANT_NODES = (Num, Neg, BinOp, Func, Compare, BoolOp, Not, IfExp)
+
+
+def constant_value(expr: Expr) -> int | None:
+    """The value of a formula that reads no name (``1 - 1``), else None
+    (also when it cannot be evaluated: a division by zero inside, a value
+    beyond int64)."""
+    if not all(isinstance(e, _CONSTANT_NODES) for e in walk(expr)):
+        return None
+    try:
+        return evaluate(expr, {})
+    except EvaluationError:
+        return None
 
 
 def host_paths_in(expr: Expr) -> set[HostPath]:
@@ -1126,6 +1161,12 @@ class ValueOutOfRange(EvaluationError):
     ``**`` would otherwise take minutes and gigabytes)."""
 
 
+class DivisionByZero(EvaluationError):
+    """A divisor that is 0 at the values given: the generated code would
+    raise ``ZeroDivisionError`` there (the parser refuses one that is 0
+    for every value)."""
+
+
 def _in_range(value: int) -> int:
     if -MAX_INTEGER <= value <= MAX_INTEGER:
         return value
@@ -1284,11 +1325,11 @@ def _ceil_sqrt(n: int) -> int:
 
 def _floor_div(num: int, den: int) -> int:
     if den == 0:
-        raise EvaluationError("division by zero")
+        raise DivisionByZero("division by zero")
     return num // den
 
 
 def _modulo(num: int, den: int) -> int:
     if den == 0:
-        raise EvaluationError("division by zero")
+        raise DivisionByZero("division by zero")
     return num % den

@@ -40,8 +40,10 @@ from generator.spec.capture import Buffer, CaptureTensor, DtypeFallback, set_by_
 from generator.spec.enums import Dtype, Modality
 from generator.spec.mixin import MixinSpec
 from generator.static_checks import (
+    DEFAULT_MAX_MODEL_LEN,
+    DEFAULT_MAX_NUM_BATCHED_TOKENS,
     Arithmetic,
-    OutOfRange,
+    FormulaRefused,
     axis_combos,
     axis_problems,
     capture_problems,
@@ -54,11 +56,6 @@ from generator.static_checks import (
     refusal,
     unit_scope,
 )
-
-# vLLM's defaults for the two limits that bound the largest budget; the
-# standalone runtime's config uses the same.
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
-DEFAULT_MAX_MODEL_LEN = 8192
 
 ITEMSIZE = {
     "float32": 4,
@@ -266,10 +263,12 @@ def make_plan(
                     ).with_axis_keys(keys)
                 )
         paths.append(PathPlan(path.name, budgets, plans))
-        arithmetic = Arithmetic.of(spec, path)
-        problems += [
-            f"{path.field}{f}: {m}" for f, m in capture_problems(arithmetic, env)
-        ]
+        # Checked at every budget this plan captures and its batch size,
+        # besides the samples and the released ladder.
+        checked = capture_problems(
+            Arithmetic.of(spec, path), env, tuple(captured), (mbs,)
+        )
+        problems += [f"{path.field}{f}: {m}" for f, m in checked]
     problems += [
         f"{f}: {m}" for f, m in axis_problems(spec.capture_axes, spec.constants, env)
     ]
@@ -653,7 +652,7 @@ def plan_main(argv: list[str]) -> int:
         )
         if args.traffic is not None:
             return _traffic(spec, plan, args, overrides)
-    except (PlanError, EvaluationError, OutOfRange) as exc:
+    except (PlanError, EvaluationError, FormulaRefused) as exc:
         print_error(f"{args.spec}: {exc}")
         return EXIT_INVALID
     if args.json:

@@ -114,6 +114,7 @@ def _path_arithmetic(ctx: ReadContext, path: dict, items, tokens):
     if items is None or path.get("capture") is None:
         yield from slot_problems(constants, buffers, video=video)
         return
+    budget = parts.get("budget")
     yield from capture_problems(
         Arithmetic(
             constants,
@@ -125,7 +126,9 @@ def _path_arithmetic(ctx: ReadContext, path: dict, items, tokens):
             parts.get("items_resolved", True),
             video=video,
             axes=parts.get("capture_axes", ()),
-            budget_min=parts["budget"].min if parts.get("budget") is not None else None,
+            budget_min=budget.min if budget is not None else None,
+            budget_max=budget.max if budget is not None else None,
+            path_min=path.get("min_token_budget"),
         )
     )
 

@@ -350,6 +350,8 @@ METHODS: dict[str, Method] = {
                 "offsets",
                 "kept",
                 "tensor",
+                "held",
+                "needed",
                 "_",
             ),
             # A tensor's own dummy rows; a padded input's dummy sizes; an

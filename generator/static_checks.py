@@ -2,7 +2,10 @@
 
 The checks evaluate the spec's formulas (never ``eval``: see
 :func:`generator.formulas.evaluate`) with the constants' ``default`` values,
-the released model's, over a grid of budgets and batch sizes. Checks whose
+the released model's, over a grid of budgets and batch sizes: sampled ones,
+every budget of the ladder vLLM builds for the released config (the
+spec's range at vLLM's default scheduler limits), and those ``gen-mixin
+plan`` is given or computes. Checks whose
 formulas mention a constant without a default are skipped here; ``gen-mixin
 plan`` runs them with values given on the command line. A value beyond int64
 is no skip: no tensor size or count holds it, so it is reported at the field
@@ -16,11 +19,13 @@ import itertools
 import math
 import random
 from collections.abc import Generator, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 
+from encoder_cudagraph_runtime.budget_ladder import generate_budgets
 from generator.formulas import (
     BinOp,
+    DivisionByZero,
     EvaluationError,
     Expr,
     Func,
@@ -47,6 +52,11 @@ from generator.spec.inputs import FlatInput, ItemInput
 from generator.spec.items import Items
 from generator.unit_coverage import ItemPoint, envelope, most_rows
 
+#: Budgets and batch sizes every spec is checked at (with its released
+#: ladder's and plan's: :func:`with_checked_grid`).
+SAMPLE_BUDGETS = (64, 100, 128, 257, 1000, 1024, 4096, 8192, 16384)
+SAMPLE_BATCH_SIZES = (1, 2, 3, 5, 7, 8, 16, 64)
+
 
 @dataclass(frozen=True)
 class Arithmetic:
@@ -67,6 +77,13 @@ class Arithmetic:
     video: bool = False
     axes: tuple = ()  # the spec's capture axes
     budget_min: Expr | None = None
+    budget_max: Expr | None = None
+    #: The path's own smallest budget (``paths.<name>.min_token_budget``).
+    path_min: Expr | None = None
+    #: The budgets and batch sizes the checks run at: the samples here;
+    #: :func:`capture_problems` adds the released ladder and plan's.
+    budgets: tuple[int, ...] = SAMPLE_BUDGETS
+    batch_sizes: tuple[int, ...] = SAMPLE_BATCH_SIZES
 
     @classmethod
     def of(cls, spec, path=None) -> Arithmetic:
@@ -82,6 +99,8 @@ class Arithmetic:
             video=Modality.VIDEO in spec.modalities,
             axes=spec.capture_axes,
             budget_min=spec.budget.min,
+            budget_max=spec.budget.max,
+            path_min=path.min_token_budget,
         )
 
     @property
@@ -89,31 +108,108 @@ class Arithmetic:
         return {s.name: s.value for s in self.sizes}
 
 
-class OutOfRange(Exception):
-    """A formula's value beyond int64 at sampled values, with the field the
-    formula is written at. Not an :class:`EvaluationError`: the checks skip
-    those (a value they do not know), and must not skip this."""
+class FormulaRefused(Exception):
+    """A formula that fails at checked values in a way no skip may hide,
+    with the field it is written at. Not an :class:`EvaluationError`: the
+    checks skip those (a value they do not know), and must not skip this."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+class OutOfRange(FormulaRefused):
+    """A formula's value beyond int64 at checked values."""
 
     def __init__(self, field: str, exc: ValueOutOfRange) -> None:
-        super().__init__(f"{field}: {exc}")
-        self.field = field
-        self.message = (
+        super().__init__(
+            field,
             f"evaluates beyond int64 at the sampled budgets, batch sizes and dims "
-            f"({exc}): no tensor size or count holds it"
+            f"({exc}): no tensor size or count holds it",
+        )
+
+
+class ZeroDivisor(FormulaRefused):
+    """A formula that divides by zero at checked values: the generated code
+    would raise ``ZeroDivisionError`` there (at capture, for a budget)."""
+
+    def __init__(self, field: str, expr: Expr, scope: Mapping[str, int]) -> None:
+        shown = [n for n in ("token_budget", "max_batch_size") if n in scope]
+        shown += sorted(n for n in names_in(expr) if n in scope and n not in shown)
+        values = ", ".join(f"{n}={scope[n]}" for n in shown)
+        super().__init__(
+            field,
+            f"divides by zero at {values or 'the values checked'}: the generated "
+            "code would raise ZeroDivisionError there",
         )
 
 
 def value_at(field: str, expr: Expr, scope: Mapping[str, int]) -> int:
     """``evaluate(expr, scope)``; a value beyond int64 raises
-    :class:`OutOfRange` at ``field``."""
+    :class:`OutOfRange` at ``field``, a division by zero
+    :class:`ZeroDivisor`."""
     try:
         return evaluate(expr, scope)
     except ValueOutOfRange as exc:
         raise OutOfRange(field, exc) from None
+    except DivisionByZero:
+        raise ZeroDivisor(field, expr, scope) from None
 
 
-SAMPLE_BUDGETS = (64, 100, 128, 257, 1000, 1024, 4096, 8192, 16384)
-SAMPLE_BATCH_SIZES = (1, 2, 3, 5, 7, 8, 16, 64)
+# vLLM's defaults for the two limits that bound the largest budget (the
+# released config's); the standalone runtime's config uses the same.
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+DEFAULT_MAX_MODEL_LEN = 8192
+
+
+def released_ladder(ir: Arithmetic, env: Mapping[str, int]) -> tuple[list[int], int]:
+    """The budgets vLLM captures for the released config (the spec's range
+    at the default scheduler limits, no user budgets), the path's own
+    doubling from its smallest budget too, and the batch size it resolves;
+    ``([], 0)`` when the range needs a value without a default or is one
+    the manager refuses (``budget_range_problems`` reports it)."""
+    if ir.budget_min is None:
+        return [], 0
+    limits = {
+        "max_num_batched_tokens": DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        "max_model_len": DEFAULT_MAX_MODEL_LEN,
+    }
+    try:
+        lo = evaluate(ir.budget_min, env)
+        hi = (
+            min(limits.values())
+            if ir.budget_max is None
+            else evaluate(ir.budget_max, {**env, **limits})
+        )
+        smallest = evaluate(ir.path_min, env) if ir.path_min is not None else None
+    except EvaluationError:
+        return [], 0
+    if not 0 < lo <= hi:
+        return [], 0
+    ladder = generate_budgets(lo, hi)
+    if smallest is not None and 0 < smallest <= hi:
+        ladder += generate_budgets(smallest, ladder[-1])
+    return ladder, min(hi // lo, lo)
+
+
+def with_checked_grid(
+    ir: Arithmetic,
+    env: Mapping[str, int],
+    budgets: tuple[int, ...] = (),
+    batch_sizes: tuple[int, ...] = (),
+) -> Arithmetic:
+    """``ir`` to be checked at the sampled budgets and batch sizes, every
+    budget of the released ladder and its batch size (vLLM's default ladder
+    doubles from the smallest budget: 256, 512 and 2048 are none of the
+    samples), and ``budgets`` and ``batch_sizes`` (``plan``'s)."""
+    ladder, mbs = released_ladder(ir, env)
+    extra_sizes = (mbs,) if mbs > 0 else ()
+    return replace(
+        ir,
+        budgets=tuple(sorted({*SAMPLE_BUDGETS, *ladder, *budgets})),
+        batch_sizes=tuple(sorted({*SAMPLE_BATCH_SIZES, *extra_sizes, *batch_sizes})),
+    )
 
 
 def constant_env(
@@ -256,16 +352,21 @@ def budget_range_problems(budget, constants) -> Iterator[tuple[str, str]]:
             previous = largest
     except EvaluationError:
         return  # a constant without a default: nothing known to check
-    except OutOfRange as exc:
+    except FormulaRefused as exc:
         yield exc.field, exc.message
 
 
 def capture_problems(
-    ir: Arithmetic, overrides: Mapping[str, int] | None = None
+    ir: Arithmetic,
+    overrides: Mapping[str, int] | None = None,
+    budgets: tuple[int, ...] = (),
+    batch_sizes: tuple[int, ...] = (),
 ) -> Iterator[tuple[str, str]]:
     """(field, message) for each arithmetic problem found with known values
-    (with capture axes: for every combination of their keys)."""
+    (with capture axes: for every combination of their keys), at the
+    budgets and batch sizes of :func:`with_checked_grid`."""
     env = constant_env(ir, overrides)
+    ir = with_checked_grid(ir, env, budgets, batch_sizes)
     yield from smallest_budget_problems(ir, env)
     if any(g.unit_of for g in ir.item_inputs) and not ir.capture.of_units:
         return  # refused: units need a unit capture
@@ -291,8 +392,8 @@ def capture_problems(
                 lambda budget, mbs, e=axis_env: capture_scope(
                     ir, {**e, **ir.size_env}, budget, mbs, mbs, mbs
                 ),
-                SAMPLE_BUDGETS,
-                SAMPLE_BATCH_SIZES,
+                ir.budgets,
+                ir.batch_sizes,
                 reported,
             )
         if (
@@ -301,10 +402,12 @@ def capture_problems(
             and ir.items_resolved
         ):
             yield from item_bound_problems(ir, env)
-    except OutOfRange as exc:
+    except FormulaRefused as exc:
         # The values after it would be meaningless: one problem, then on.
         yield exc.field, exc.message
-    yield from slot_problems(ir.constants, ir.buffers, overrides, ir.video)
+    yield from slot_problems(
+        ir.constants, ir.buffers, overrides, ir.video, (ir.budgets, ir.batch_sizes)
+    )
 
 
 def axis_combos(axes, env: Mapping[str, int]) -> list[tuple[tuple, dict[str, int]]]:
@@ -344,8 +447,8 @@ def _budget_problems(
     longest = LongestItems(ir, env)
     padded = padded_tensors(ir)
     slope = graph_row_slope(ir, env) if ir.capture.graph_rows is not None else None
-    for mbs in SAMPLE_BATCH_SIZES:
-        for budget in SAMPLE_BUDGETS:
+    for mbs in ir.batch_sizes:
+        for budget in ir.budgets:
             if mbs > budget:
                 continue
             try:
@@ -516,7 +619,7 @@ def smallest_budget_problems(
         check = refusal(ir, capture_names(ir, env, smallest, 1, 1))
     except (EvaluationError, ArithmeticError):
         return
-    except OutOfRange as exc:
+    except FormulaRefused as exc:
         yield exc.field, exc.message
         return
     if check is not None:
@@ -803,9 +906,14 @@ def slot_problems(
     buffers: tuple[Buffer, ...],
     overrides: Mapping[str, int] | None = None,
     video: bool = False,
+    grid: tuple[tuple[int, ...], tuple[int, ...]] = (
+        SAMPLE_BUDGETS,
+        SAMPLE_BATCH_SIZES,
+    ),
 ) -> Iterator[tuple[str, str]]:
     """A full batch's offsets fit the slots; a trailing padding sequence
-    needs a spare slot; a windowed buffer has a slot for every window."""
+    needs a spare slot; a windowed buffer has a slot for every window
+    (``grid``: the budgets and batch sizes checked)."""
     env = {c.name: c.default for c in constants if c.default is not None}
     env.update(overrides or {})
     for buf in buffers:
@@ -813,17 +921,20 @@ def slot_problems(
             continue
         field = f"buffers.{buf.key}.slots"
         try:
-            problem = _first_slot_problem(buf, env, video)
-        except OutOfRange as exc:
+            problem = _first_slot_problem(buf, env, video, grid)
+        except FormulaRefused as exc:
             yield exc.field, exc.message
             continue
         if problem is not None:
             yield field, problem
 
 
-def _first_slot_problem(buf: Buffer, env: dict[str, int], video: bool) -> str | None:
-    for mbs in SAMPLE_BATCH_SIZES:
-        for budget in SAMPLE_BUDGETS:
+def _first_slot_problem(
+    buf: Buffer, env: dict[str, int], video: bool, grid
+) -> str | None:
+    budgets, batch_sizes = grid
+    for mbs in batch_sizes:
+        for budget in budgets:
             if budget < mbs:
                 continue
             for mfpb in (mbs, 4 * mbs) if video else (mbs,):
@@ -1128,7 +1239,10 @@ def unit_dummy_problems(
         lo = evaluate(ir.budget_min, env) if ir.budget_min is not None else 1
     except (EvaluationError, ArithmeticError):
         return
-    for budget in (b for b in SAMPLE_BUDGETS if b >= lo):
+    # Each budget builds its dummy units (up to 2**16 of them): a ladder's
+    # budgets beyond the largest sample (a budget.max of millions) would cost
+    # seconds each, so the dummy units are checked up to that sample only.
+    for budget in (b for b in ir.budgets if lo <= b <= SAMPLE_BUDGETS[-1]):
         for mbs in UNIT_DUMMY_BATCH_SIZES:
             scope = unit_scope(env, budget, mbs, mbs)
             try:
@@ -1139,7 +1253,7 @@ def unit_dummy_problems(
                 dummy = _dummy_units(ir, {**scope, "units": units}, units)
             except (EvaluationError, ArithmeticError):
                 return
-            except OutOfRange as exc:
+            except FormulaRefused as exc:
                 yield exc.field, exc.message
                 return
             problem = _dummy_unit_problem(ir, scope, dummy, budget, mbs, units)
@@ -1245,8 +1359,8 @@ def _unit_scalar_problem(ir, scope, units: int, samples, dummy, budget: int):
 
 def _first_overflow(ir: Arithmetic, env, tensor, hull) -> tuple[str, str] | None:
     bounds: dict[tuple[int, int], tuple[int, object]] = {}  # the frames change none
-    for mbs in SAMPLE_BATCH_SIZES:
-        for budget in (b for b in SAMPLE_BUDGETS if b >= mbs):
+    for mbs in ir.batch_sizes:
+        for budget in (b for b in ir.budgets if b >= mbs):
             for factor in SAMPLE_FRAME_FACTORS:
                 mfpb = max(1, factor * mbs)
                 scope = unit_scope(env, budget, mbs, mfpb)

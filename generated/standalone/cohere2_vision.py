@@ -3,8 +3,8 @@
 # From specs/cohere2_vision.yaml: change the spec or the templates and run
 # `gen-mixin specs/cohere2_vision.yaml`.
 # spec-sha256: be09fd22f18b5804bec9fad2ab292f1d4e65a1b7a548a7719f983f9e1c1e6321
-# templates-sha256: ee34d7790157d2cd44769570d78e7ef6d6387a45b5e73fc6e6c91538e218702d
-# output-sha256: e508ae92d5d7febf5a7b2ed7edfc8a9945ab55bf62fbeda2f1f0d7844182d3bf
+# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
+# output-sha256: 69b62410bb114d1d6df4019d2be8c90cecfff3185b46d3f8620bcd34cfc8536d
 
 import itertools
 from collections.abc import Hashable

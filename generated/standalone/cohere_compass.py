@@ -3,8 +3,8 @@
 # From specs/cohere_compass.yaml: change the spec or the templates and run
 # `gen-mixin specs/cohere_compass.yaml`.
 # spec-sha256: d07c29aa8ad4662bcac30b269bf92c40a0f7c311b8deb5cc9f84e86dba45c5c5
-# templates-sha256: ee34d7790157d2cd44769570d78e7ef6d6387a45b5e73fc6e6c91538e218702d
-# output-sha256: 8d2657f505b0e1b9b9e8f7418c7d4baca97119f0513822b9e5cbcebd6c8d4c78
+# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
+# output-sha256: ae91814bb41c7f9a1a548d099bfd3fa7b95e1fd318c824276da4ebf6a76136d7
 
 import itertools
 from collections.abc import Hashable
@@ -236,8 +236,8 @@ class CohereCompassEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         backend = self.visual.attn_backend
         if modalities and backend in (AttentionBackendEnum.TORCH_SDPA,):
             raise ValueError(
-                f"cudagraph_mm_encoder is not supported with the {backend.name} ViT "
-                "attention backend for Cohere Compass. Set "
+                f"cudagraph_mm_encoder is not supported with the {backend.name} "
+                "ViT attention backend for Cohere Compass. Set "
                 "--mm-encoder-attn-backend FLASH_ATTN, or disable "
                 "cudagraph_mm_encoder."
             )
@@ -341,6 +341,38 @@ class CohereCompassEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         image_grid_thw = [[t, h, w] for _ in range(max_batch_size)]
         # Input rows of the dummy batch; every row buffer is sized from it.
         rows = max_batch_size * (t * h * w)
+        # gen-mixin's static checks proved these at sampled budgets and every
+        # budget of vLLM's default ladder; encoder_cudagraph_token_budgets may
+        # name any other, so they are checked again for this one, on the host
+        # and before anything is allocated. A dummy batch short of its budget
+        # fails in a replay copy; a short max_seqlen lets attention truncate a
+        # sequence without a word.
+        held, needed = max_batch_size * (t * (h // merge) * (w // merge)), token_budget
+        if held < needed:
+            raise ValueError(
+                f"Cohere Compass: at token_budget {token_budget} with "
+                f"max_batch_size {max_batch_size} the dummy batch's count of "
+                f"budget tokens is {held} where at least {needed} is needed (a "
+                "batch that fits the budget would overflow the buffers)"
+            )
+        held, needed = max(max_frames_per_batch, max_batch_size) + 1, max_batch_size + 1
+        if held < needed:
+            raise ValueError(
+                f"Cohere Compass: at token_budget {token_budget} with "
+                f"max_batch_size {max_batch_size} the count of cu_seqlens's slots "
+                f"is {held} where at least {needed} is needed (an offset for "
+                "every item of a full batch)"
+            )
+        held, needed = token_budget * merge**2, max(
+            t * h * w, 1 * merge * (token_budget * merge)
+        )
+        if held < needed:
+            raise ValueError(
+                f"Cohere Compass: at token_budget {token_budget} with "
+                f"max_batch_size {max_batch_size} max_seqlen is {held} where at "
+                f"least {needed} is needed (the longest attention sequence; a "
+                "smaller max_seqlen truncates it)"
+            )
         pixel_values = torch.randn(
             (rows, channels * frames * patch**2), device=device, dtype=dtype
         )

@@ -3,8 +3,8 @@
 # From specs/deepseek_v41.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_v41.yaml`.
 # spec-sha256: 02b2741924e3a7a071af0cd3a8633eb065771b6cf82bbdd2283ae744c6161625
-# templates-sha256: ee34d7790157d2cd44769570d78e7ef6d6387a45b5e73fc6e6c91538e218702d
-# output-sha256: d786240de7d18e372fe69c80a679f19375cc97eda91f1307a8015492d3c93d01
+# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
+# output-sha256: a8c7fcf77a9bbf7d5c7784b6fc8ef398aca45174f550e3efe3e0d53f354fa87a
 
 import itertools
 import weakref
@@ -322,8 +322,8 @@ class DeepseekV4VLEncoderCudaGraphMixin:
             AttentionBackendEnum.TORCH_SDPA,
         ):
             raise ValueError(
-                f"cudagraph_mm_encoder is not supported with the {backend.name} ViT "
-                "attention backend for DeepSeek-V4.1. Set "
+                f"cudagraph_mm_encoder is not supported with the {backend.name} "
+                "ViT attention backend for DeepSeek-V4.1. Set "
                 "--mm-encoder-attn-backend FLASH_ATTN, or disable "
                 "cudagraph_mm_encoder."
             )
@@ -441,6 +441,20 @@ class DeepseekV4VLEncoderCudaGraphMixin:
         vit_grid = [[h, w] for _ in range(max_batch_size)]
         # Input rows of the dummy batch; every row buffer is sized from it.
         rows = max_batch_size * (h * w)
+        # gen-mixin's static checks proved these at sampled budgets and every
+        # budget of vLLM's default ladder; encoder_cudagraph_token_budgets may
+        # name any other, so they are checked again for this one, on the host
+        # and before anything is allocated. A dummy batch short of its budget
+        # fails in a replay copy; a short max_seqlen lets attention truncate a
+        # sequence without a word.
+        held, needed = max_batch_size * (h * w), token_budget
+        if held < needed:
+            raise ValueError(
+                f"DeepSeek-V4.1: at token_budget {token_budget} with "
+                f"max_batch_size {max_batch_size} the dummy batch's count of "
+                f"budget tokens is {held} where at least {needed} is needed (a "
+                "batch that fits the budget would overflow the buffers)"
+            )
         patches = torch.zeros((rows, 3, patch, patch), device=device, dtype=dtype)
         packed_vit_metadata = build_packed_vit_metadata(
             vit_grid,

@@ -3,8 +3,8 @@
 # From specs/gemma4_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma4_mm.yaml`.
 # spec-sha256: fe07e2894155f5ba1f5fd7446135beff597ff1b8ab232f55666b5d585bc1d341
-# templates-sha256: ee34d7790157d2cd44769570d78e7ef6d6387a45b5e73fc6e6c91538e218702d
-# output-sha256: c538f8101e91281eda6e728dd1037759371bb5fea9fc08ebed4a472bf414c278
+# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
+# output-sha256: 06bd96a9200562e005dbfc42eeedfb5ddf737d4f85deb4773a6d2d8f7ef7ddf4
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any

@@ -3,8 +3,8 @@
 # From specs/cohere2_vision.yaml: change the spec or the templates and run
 # `gen-mixin specs/cohere2_vision.yaml`.
 # spec-sha256: be09fd22f18b5804bec9fad2ab292f1d4e65a1b7a548a7719f983f9e1c1e6321
-# templates-sha256: ee34d7790157d2cd44769570d78e7ef6d6387a45b5e73fc6e6c91538e218702d
-# output-sha256: 0598cc60a5cb0aa3b65c415a11ddff7b4a78480a9ea5ba7ed62bbac1e6eb57f0
+# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
+# output-sha256: 759d5eb1eb35fa5e43f3f506cc8b25e952afb72ddb6082a85fb202548bddf540
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/deepseek_v41.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_v41.yaml`.
 # spec-sha256: 02b2741924e3a7a071af0cd3a8633eb065771b6cf82bbdd2283ae744c6161625
-# templates-sha256: ee34d7790157d2cd44769570d78e7ef6d6387a45b5e73fc6e6c91538e218702d
-# output-sha256: 3fe2456d5328cf6c144f71bdaf97f0c5623f317e36639115aae7fd5e603d40c0
+# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
+# output-sha256: c60c5b3651cd3d5e3dc4f3f392ee6ebf47c991c833984796d5ee2a5b098ef418
 
 import itertools
 import weakref
@@ -316,8 +316,8 @@ class DeepseekV4VLEncoderCudaGraphMixin:
             AttentionBackendEnum.TORCH_SDPA,
         ):
             raise ValueError(
-                f"cudagraph_mm_encoder is not supported with the {backend.name} ViT "
-                "attention backend for DeepSeek-V4.1. Set "
+                f"cudagraph_mm_encoder is not supported with the {backend.name} "
+                "ViT attention backend for DeepSeek-V4.1. Set "
                 "--mm-encoder-attn-backend FLASH_ATTN, or disable "
                 "cudagraph_mm_encoder."
             )
@@ -435,6 +435,20 @@ class DeepseekV4VLEncoderCudaGraphMixin:
         vit_grid = [[h, w] for _ in range(max_batch_size)]
         # Input rows of the dummy batch; every row buffer is sized from it.
         rows = max_batch_size * (h * w)
+        # gen-mixin's static checks proved these at sampled budgets and every
+        # budget of vLLM's default ladder; encoder_cudagraph_token_budgets may
+        # name any other, so they are checked again for this one, on the host
+        # and before anything is allocated. A dummy batch short of its budget
+        # fails in a replay copy; a short max_seqlen lets attention truncate a
+        # sequence without a word.
+        held, needed = max_batch_size * (h * w), token_budget
+        if held < needed:
+            raise ValueError(
+                f"DeepSeek-V4.1: at token_budget {token_budget} with "
+                f"max_batch_size {max_batch_size} the dummy batch's count of "
+                f"budget tokens is {held} where at least {needed} is needed (a "
+                "batch that fits the budget would overflow the buffers)"
+            )
         patches = torch.zeros((rows, 3, patch, patch), device=device, dtype=dtype)
         packed_vit_metadata = build_packed_vit_metadata(
             vit_grid,

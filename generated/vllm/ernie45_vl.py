@@ -3,8 +3,8 @@
 # From specs/ernie45_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/ernie45_vl.yaml`.
 # spec-sha256: 9c43478aaa850dab46764f23326811febf7e9a3d9cc8d6b0c7ff0cd9d6601d41
-# templates-sha256: ee34d7790157d2cd44769570d78e7ef6d6387a45b5e73fc6e6c91538e218702d
-# output-sha256: de675528dc7d9d2d49aa590557990f8a6a31735e36048b41921113fc8d9c8b6b
+# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
+# output-sha256: d9d384b144cf51be61a7c8afa662b8fe823b16001c30ef168d418b0d338dc87b
 
 import itertools
 from collections.abc import Hashable
@@ -276,6 +276,28 @@ class Ernie45VLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         image_grid_thw = [[t, h, w] for _ in range(max_batch_size)]
         # Input rows of the dummy batch; every row buffer is sized from it.
         rows = max_batch_size * (t * h * w)
+        # gen-mixin's static checks proved these at sampled budgets and every
+        # budget of vLLM's default ladder; encoder_cudagraph_token_budgets may
+        # name any other, so they are checked again for this one, on the host
+        # and before anything is allocated. A dummy batch short of its budget
+        # fails in a replay copy; a short max_seqlen lets attention truncate a
+        # sequence without a word.
+        held, needed = max_batch_size * (t * h * w // merge // merge), token_budget
+        if held < needed:
+            raise ValueError(
+                f"ERNIE-4.5-VL: at token_budget {token_budget} with "
+                f"max_batch_size {max_batch_size} the dummy batch's count of "
+                f"budget tokens is {held} where at least {needed} is needed (a "
+                "batch that fits the budget would overflow the buffers)"
+            )
+        held, needed = max_batch_size * (t * h * w), token_budget
+        if held < needed:
+            raise ValueError(
+                f"ERNIE-4.5-VL: at token_budget {token_budget} with "
+                f"max_batch_size {max_batch_size} the dummy batch's count of "
+                f"graph rows is {held} where at least {needed} is needed (a batch "
+                "that fits the budget would overflow the buffers)"
+            )
         pixel_values = torch.randn(
             (rows, channels * patch**2), device=device, dtype=dtype
         )

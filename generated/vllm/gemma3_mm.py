@@ -3,8 +3,8 @@
 # From specs/gemma3_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma3_mm.yaml`.
 # spec-sha256: 19cc0f6e849ba8315b6202b90204158da9f48161f059a5255254f1c8d3c71b41
-# templates-sha256: ee34d7790157d2cd44769570d78e7ef6d6387a45b5e73fc6e6c91538e218702d
-# output-sha256: 067b119ed4fdad99c97341b7d35310c4122b559b0fccbb6568edb4017e5cf692
+# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
+# output-sha256: aa38376eafa25d036b20fc6d8e9181df5bcb305cad3b2b986e47debb8deb203a
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/gemma4_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma4_mm.yaml`.
 # spec-sha256: fe07e2894155f5ba1f5fd7446135beff597ff1b8ab232f55666b5d585bc1d341
-# templates-sha256: ee34d7790157d2cd44769570d78e7ef6d6387a45b5e73fc6e6c91538e218702d
-# output-sha256: efc1c90b82a479386f72f17a0c1c0f80a5a997712614a2f8b425f949cee4f8c9
+# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
+# output-sha256: 13ec4e5c177fa5f3a8c054a0ae6ce60b4ff66f0f8df034c66e6aa6ffaab10ec0
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any

@@ -3,8 +3,8 @@
 # From specs/glm4_1v.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm4_1v.yaml`.
 # spec-sha256: 93ee1fa714e7ac8e7e720d49cba4efbe7b945a492409a082eff8447195711a00
-# templates-sha256: ee34d7790157d2cd44769570d78e7ef6d6387a45b5e73fc6e6c91538e218702d
-# output-sha256: 32d2e213fe4cc80a3d7a80ac49912f17e292f2f357caee020f28fdb7569f78b1
+# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
+# output-sha256: 2a2dc959694ae02088ecfb0e30f6c99f0c9058c2f34c9370d1a8ed724fa33f44
 
 import itertools
 from collections.abc import Hashable
@@ -248,9 +248,10 @@ class Glm4vEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
             AttentionBackendEnum.FLASHINFER,
         ):
             raise ValueError(
-                f"cudagraph_mm_encoder is not supported with the {backend.name} ViT "
-                "attention backend for GLM-4.1V. Set --mm-encoder-attn-backend "
-                "FLASH_ATTN, or disable cudagraph_mm_encoder."
+                f"cudagraph_mm_encoder is not supported with the {backend.name} "
+                "ViT attention backend for GLM-4.1V. Set "
+                "--mm-encoder-attn-backend FLASH_ATTN, or disable "
+                "cudagraph_mm_encoder."
             )
 
         return EncoderCudaGraphConfig(
@@ -357,6 +358,44 @@ class Glm4vEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         image_grid_thw = [[t, h, w] for _ in range(max_batch_size)]
         # Input rows of the dummy batch; every row buffer is sized from it.
         rows = max_batch_size * (t * h * w)
+        # gen-mixin's static checks proved these at sampled budgets and every
+        # budget of vLLM's default ladder; encoder_cudagraph_token_budgets may
+        # name any other, so they are checked again for this one, on the host
+        # and before anything is allocated. A dummy batch short of its budget
+        # fails in a replay copy; a short max_seqlen lets attention truncate a
+        # sequence without a word.
+        held, needed = max_batch_size * (t * (h // merge) * (w // merge)), token_budget
+        if held < needed:
+            raise ValueError(
+                f"GLM-4.1V: at token_budget {token_budget} with max_batch_size "
+                f"{max_batch_size} the dummy batch's count of budget tokens is "
+                f"{held} where at least {needed} is needed (a batch that fits the "
+                "budget would overflow the buffers)"
+            )
+        held, needed = (
+            max(min(token_budget, max_frames_per_batch), max_batch_size) + 1,
+            max_batch_size + 1,
+        )
+        if held < needed:
+            raise ValueError(
+                f"GLM-4.1V: at token_budget {token_budget} with max_batch_size "
+                f"{max_batch_size} the count of cu_seqlens's slots is {held} "
+                f"where at least {needed} is needed (an offset for every item of "
+                "a full batch)"
+            )
+        held, needed = token_budget * merge**2, max(
+            t * h * w,
+            min(1, token_budget)
+            * merge
+            * (-(-token_budget // min(1, token_budget)) * merge),
+        )
+        if held < needed:
+            raise ValueError(
+                f"GLM-4.1V: at token_budget {token_budget} with max_batch_size "
+                f"{max_batch_size} max_seqlen is {held} where at least {needed} "
+                "is needed (the longest attention sequence; a smaller max_seqlen "
+                "truncates it)"
+            )
         pixel_values = torch.zeros(
             (rows, channels * frames * patch**2),
             device=device,

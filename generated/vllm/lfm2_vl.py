@@ -3,8 +3,8 @@
 # From specs/lfm2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/lfm2_vl.yaml`.
 # spec-sha256: e1b41954533f77c5383c0d01f040a935fc74a44fc36a4d9fee8b538a1b691586
-# templates-sha256: ee34d7790157d2cd44769570d78e7ef6d6387a45b5e73fc6e6c91538e218702d
-# output-sha256: e4dffa092a46e9797721a5f723aeef0a167e73f0cbfd1cd6bd527a45130d68f6
+# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
+# output-sha256: f1bef7588a859cc64ec93ff617225747267758419e5ea38cf419341ed087913c
 
 import itertools
 from collections.abc import Hashable
@@ -329,9 +329,10 @@ class Lfm2VLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
             AttentionBackendEnum.FLASHINFER,
         ):
             raise ValueError(
-                f"cudagraph_mm_encoder is not supported with the {backend.name} ViT "
-                "attention backend for LFM2-VL. Set --mm-encoder-attn-backend "
-                "FLASH_ATTN, or disable cudagraph_mm_encoder."
+                f"cudagraph_mm_encoder is not supported with the {backend.name} "
+                "ViT attention backend for LFM2-VL. Set "
+                "--mm-encoder-attn-backend FLASH_ATTN, or disable "
+                "cudagraph_mm_encoder."
             )
 
         return EncoderCudaGraphConfig(

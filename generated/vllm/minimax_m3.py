@@ -3,8 +3,8 @@
 # From specs/minimax_m3.yaml: change the spec or the templates and run
 # `gen-mixin specs/minimax_m3.yaml`.
 # spec-sha256: b0a1c0d6a521d611779e7b31c2e7a34c1db47288900ae226b9f1caa189fda9e9
-# templates-sha256: ee34d7790157d2cd44769570d78e7ef6d6387a45b5e73fc6e6c91538e218702d
-# output-sha256: 5d8cf474d8e412374dfc3b2ad89868459aef18f7f9c7f98577df9db415b737cc
+# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
+# output-sha256: a2c4b9fd25b078f49734143d7d70213fe0a210898fd3dd9942c7456c948c9735
 
 import itertools
 import weakref
@@ -241,10 +241,10 @@ class MiniMaxM3EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
             AttentionBackendEnum.ROCM_AITER_FA,
         ):
             raise ValueError(
-                f"cudagraph_mm_encoder is not supported with the {backend.name} ViT "
-                "attention backend for MiniMax M3. Set --mm-encoder-attn-backend "
-                "FLASH_ATTN or ROCM_AITER_FA (ROCm), or disable "
-                "cudagraph_mm_encoder."
+                f"cudagraph_mm_encoder is not supported with the {backend.name} "
+                "ViT attention backend for MiniMax M3. Set "
+                "--mm-encoder-attn-backend FLASH_ATTN or ROCM_AITER_FA (ROCm), "
+                "or disable cudagraph_mm_encoder."
             )
 
         return EncoderCudaGraphConfig(
@@ -338,6 +338,20 @@ class MiniMaxM3EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         image_grid_thw = [[t, h, w] for _ in range(max_batch_size)]
         # Input rows of the dummy batch; every row buffer is sized from it.
         rows = max_batch_size * (t * h * w)
+        # gen-mixin's static checks proved these at sampled budgets and every
+        # budget of vLLM's default ladder; encoder_cudagraph_token_budgets may
+        # name any other, so they are checked again for this one, on the host
+        # and before anything is allocated. A dummy batch short of its budget
+        # fails in a replay copy; a short max_seqlen lets attention truncate a
+        # sequence without a word.
+        held, needed = max_batch_size * (t * h * w // (merge * merge)), token_budget
+        if held < needed:
+            raise ValueError(
+                f"MiniMax M3: at token_budget {token_budget} with max_batch_size "
+                f"{max_batch_size} the dummy batch's count of budget tokens is "
+                f"{held} where at least {needed} is needed (a batch that fits the "
+                "budget would overflow the buffers)"
+            )
         # The tower's own dtype, not the manager's: the patch embedding converts
         # its weights when the input dtype differs, which must not happen inside a
         # capture.

@@ -6,6 +6,7 @@ from typing import Any
 
 from generator import formulas as fx
 from generator.emitters.capture_axes import capture_context
+from generator.emitters.capture_checks import capture_checks, check_dims
 from generator.emitters.method_body import (
     Body,
     dims_of,
@@ -92,7 +93,7 @@ def _own_rows(path: EncoderPath) -> list[CaptureTensor]:
 
 def _dummies(spec: MixinSpec, path: EncoderPath, body: Body) -> list[dict[str, Any]]:
     builder_grids = _builder_grids(spec, path)
-    rows_dims = dims_of(spec, spec.items.input_size)
+    rows_dims = dims_of(spec, spec.items.input_size) | check_dims(spec, path)
     for t in _own_rows(path):
         rows_dims |= dims_of(spec, t.flat.rows)
     out = []
@@ -303,6 +304,7 @@ def _path_body(spec: MixinSpec, path: EncoderPath) -> dict[str, Any]:
             else times("max_batch_size", body, spec.items.input_size)
         ),
         "k": read.get("k", True),
+        "claims": capture_checks(spec, path, body),
         "tensors": [_tensor(body, t, capture.of_units) for t in capture.tensors],
         "padded_sizes": _padded_sizes(spec, path, body),
         "builders": builder_calls(

@@ -65,7 +65,8 @@ def message_literal(
     chunks: list[list[tuple[str, bool]]] = [[]]
     length = 0
     for token in tokens:
-        size = len(token[0]) + 1
+        # A placeholder is printed in braces.
+        size = len(token[0]) + (3 if token[1] else 1)
         if chunks[-1] and length + size > width:
             chunks.append([])
             length = 0

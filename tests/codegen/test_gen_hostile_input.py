@@ -326,6 +326,8 @@ def _dummy_units(units: int) -> str:
     )
 
 
+LADDER_TO_2_62 = f"  max: {2**62}  # a ladder of 57 budgets, each checked\n"
+
 COSTLY = {
     # 39 s and 8 s (a 168 KB module generated) before the cap on keys.
     "6,000 capture-axis keys": (lambda: _axis_keys(None), 2),
@@ -338,6 +340,20 @@ COSTLY = {
     # 20 s before the cap on dummy units.
     "65,536 dummy units": (lambda: _dummy_units(65536), 2),
     f"{MAX_DUMMY_UNITS} dummy units": (lambda: _dummy_units(MAX_DUMMY_UNITS), 0),
+    "a ladder to 2**62 of dummy units": (
+        lambda: mutated_spec("minicpmv", ("  min: q\n", "  min: q\n" + LADDER_TO_2_62)),
+        0,
+    ),
+    "a ladder to 2**62 of dummy items": (
+        lambda: mutated_spec(
+            "deepseek_v41",
+            (
+                "  max: r * r * min(max_num_batched_tokens, max_model_len)\n",
+                LADDER_TO_2_62,
+            ),
+        ),
+        0,
+    ),
     "unknown keys": (_unknown_keys, 2),
     "unknown modalities": (_modalities, 2),
     "unknown names against 190 constants": (_unknown_names, 2),
@@ -590,7 +606,7 @@ PLAN_ARGUMENTS = [
     (["--max-frames", HUGE], "out of range"),
     (["--max-items", "9" * 1000], "out of range"),
     (["--max-num-batched-tokens", "0"], "out of range"),
-    (["--set", f"merge={2**62}"], "items.input_size: a value exceeds"),
+    (["--set", f"merge={2**62}"], "items.input_size: evaluates beyond int64"),
     (["--set", "nosuch=3"], "known: channels, frames, half_rot_dim, merge, patch"),
     (["--set", "merge"], "NAME=INTEGER"),
     (["--set", "merge=2\n3"], "not an integer"),

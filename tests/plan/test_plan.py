@@ -306,6 +306,58 @@ def test_each_static_check_has_a_spec_that_trips_it(name):
     assert all(m.startswith("specs/trip.yaml:") for m in messages)
 
 
+# Wrong at one budget only: (mutation, budget, what the problem says). 256 is
+# on vLLM's default ladder (refused when the spec is read), 320 on no ladder
+# (checked once plan is given it): never exit 0 with "host int32 = 1".
+ONE_BUDGET = {
+    "dummy short at 256": (
+        ("[1, merge, k * merge]", '[1, merge, "k * merge - (token_budget == 256)"]'),
+        256,
+        r"capture\.dummy: the dummy batch cannot cover its budget.* budget 256",
+    ),
+    "max_seqlen_override short at 256": (
+        (
+            "max_seqlen_override: rows}",
+            'max_seqlen_override: "1 if token_budget == 256 else rows"}',
+        ),
+        256,
+        r"buffers\.max_seqlen\.set_by: max_seqlen is captured as 1 .* budget 256",
+    ),
+    "dummy short at 320": (
+        ("[1, merge, k * merge]", '[1, merge, "k * merge - (token_budget == 320)"]'),
+        320,
+        r"capture\.dummy: the dummy batch cannot cover its budget.* budget 320",
+    ),
+    "max_seqlen_override short at 320": (
+        (
+            "max_seqlen_override: rows}",
+            'max_seqlen_override: "1 if token_budget == 320 else rows"}',
+        ),
+        320,
+        r"buffers\.max_seqlen\.set_by: max_seqlen is captured as 1 .* budget 320",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(ONE_BUDGET))
+def test_plan_checks_every_budget_it_is_given(name, tmp_path):
+    """``plan --budgets 64 128 <budget>`` exits 2 (the spec is refused) or 1
+    (a problem at the budget it plans), never 0 with the wrong value."""
+    (old, new), budget, pattern = ONE_BUDGET[name]
+    spec = tmp_path / "one_budget.yaml"
+    spec.write_text(_mutated(old, new))
+    proc = subprocess.run(
+        [sys.executable, "-m", "generator.cli", "plan", str(spec), "--budgets"]
+        + ["64", "128", str(budget)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    on_ladder = budget in resolve_budgets((64, 8192))[0]
+    assert proc.returncode == (2 if on_ladder else 1), proc.stderr
+    assert re.search(pattern, proc.stderr if on_ladder else proc.stdout)
+
+
 def test_max_batch_size_above_smallest_budget_is_refused_like_the_manager():
     ir = load_spec(ROOT / "specs" / "minimax_m3.yaml")
     with pytest.raises(PlanError, match=r"must be <= smallest token budget \(64\)"):

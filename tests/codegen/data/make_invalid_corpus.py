@@ -2071,6 +2071,68 @@ case(
 )
 
 
+# -- divisors that are zero ------------------------------------------------------------
+
+# A divisor that folds to 0 whatever the names is refused where it is written.
+case(
+    "divisor_constant_zero_modulo",
+    "minimax_m3",
+    ("output_tokens: t * h * w // (merge * merge)", "output_tokens: h % (1-1)"),
+)
+case(
+    "divisor_constant_zero_floor_division",
+    "minimax_m3",
+    ("output_tokens: t * h * w // (merge * merge)", "output_tokens: w // (2 * 0)"),
+)
+case(
+    "divisor_constant_zero_slots",
+    "minimax_m3",
+    ("slots: max_batch_size + 2}", 'slots: "max_batch_size % (3 - 3) + 1"}'),
+)
+case(
+    "divisor_constant_zero_ceil_div",
+    "minimax_m3",
+    ("[1, merge, k * merge]", '[1, merge, "ceil_div(k, 2-2) * merge"]'),
+)
+# Zero for the constants' defaults (merge = 2) or at one budget only: the
+# static checks refuse it at the first budget where it divides by zero.
+case(
+    "divisor_zero_at_default_constants",
+    "minimax_m3",
+    (
+        "output_tokens: t * h * w // (merge * merge)",
+        "output_tokens: t * h * w // (merge * merge - 4)",
+    ),
+)
+case(
+    "divisor_zero_at_budget_256",
+    "minimax_m3",
+    (
+        "[1, merge, k * merge]",
+        '[1, merge, "k * merge + k // (token_budget - 256) * 0"]',
+    ),
+)
+
+
+# -- budgets of vLLM's default ladder ------------------------------------------------------
+
+# Wrong only at 256, a budget of the released ladder (64, 128, 256, ..., 8192)
+# that no sample hits.
+case(
+    "dummy_short_at_budget_256",
+    "minimax_m3",
+    ("[1, merge, k * merge]", '[1, merge, "k * merge - (token_budget == 256)"]'),
+)
+case(
+    "max_seqlen_short_at_budget_256",
+    "minimax_m3",
+    (
+        "max_seqlen_override: rows}",
+        'max_seqlen_override: "1 if token_budget == 256 else rows"}',
+    ),
+)
+
+
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     wanted = set(cases) | set(NOT_UTF8)

@@ -3,8 +3,8 @@
 # From specs/lfm2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/lfm2_vl.yaml`.
 # spec-sha256: e1b41954533f77c5383c0d01f040a935fc74a44fc36a4d9fee8b538a1b691586
-# templates-sha256: ee34d7790157d2cd44769570d78e7ef6d6387a45b5e73fc6e6c91538e218702d
-# output-sha256: a748b13e66bb802b679095e6b51d750642bd5277fce2a2fe76c5cdb083bfb30b
+# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
+# output-sha256: cf9c20fc3984c4adbd387d59f80c31ae2ec4f23dc4879b3726fd59a4e03841a9
 
 import itertools
 from collections.abc import Hashable
@@ -328,9 +328,10 @@ class Lfm2VLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
             AttentionBackendEnum.FLASHINFER,
         ):
             raise ValueError(
-                f"cudagraph_mm_encoder is not supported with the {backend.name} ViT "
-                "attention backend for LFM2-VL. Set --mm-encoder-attn-backend "
-                "FLASH_ATTN, or disable cudagraph_mm_encoder."
+                f"cudagraph_mm_encoder is not supported with the {backend.name} "
+                "ViT attention backend for LFM2-VL. Set "
+                "--mm-encoder-attn-backend FLASH_ATTN, or disable "
+                "cudagraph_mm_encoder."
             )
 
         return EncoderCudaGraphConfig(

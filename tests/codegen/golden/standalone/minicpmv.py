@@ -3,8 +3,8 @@
 # From specs/minicpmv.yaml: change the spec or the templates and run
 # `gen-mixin specs/minicpmv.yaml`.
 # spec-sha256: d4a580fe01bc55f4be098f399ee38128cd927c0b2f6e20aecf28c2d3e8bd3368
-# templates-sha256: ee34d7790157d2cd44769570d78e7ef6d6387a45b5e73fc6e6c91538e218702d
-# output-sha256: 5b8aac83257f53765fd486e096f20fc41ba4847e0b01ae79304bca68748af609
+# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
+# output-sha256: 6432e91dc375bb4164cc84eea7aa99c57cb949fb74161329366570590e7bf546
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/qwen2_5_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_vl.yaml`.
 # spec-sha256: ce38a756ff944d5d1cbcb57a4efc46c3eaa13791e2e6333e347ed5b079f51a1a
-# templates-sha256: ee34d7790157d2cd44769570d78e7ef6d6387a45b5e73fc6e6c91538e218702d
-# output-sha256: 4ff6fdf28a5c3998b65ee6350a23f5dc4dcbd3317a8e95d94330a82163490906
+# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
+# output-sha256: b905686460fe378162b39c6fcf8561011c5d6abf71d712e2b0a86ab75e177cd6
 
 import itertools
 from collections.abc import Hashable
@@ -266,9 +266,10 @@ class Qwen2_5_VLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         backend = self.visual.attn_backend
         if modalities and backend in (AttentionBackendEnum.TORCH_SDPA,):
             raise ValueError(
-                f"cudagraph_mm_encoder is not supported with the {backend.name} ViT "
-                "attention backend for Qwen2.5-VL. Set --mm-encoder-attn-backend "
-                "FLASH_ATTN, or disable cudagraph_mm_encoder."
+                f"cudagraph_mm_encoder is not supported with the {backend.name} "
+                "ViT attention backend for Qwen2.5-VL. Set "
+                "--mm-encoder-attn-backend FLASH_ATTN, or disable "
+                "cudagraph_mm_encoder."
             )
 
         return EncoderCudaGraphConfig(
@@ -391,6 +392,60 @@ class Qwen2_5_VLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         image_grid_thw = [[t, h, w] for _ in range(max_batch_size)]
         # Input rows of the dummy batch; every row buffer is sized from it.
         rows = max_batch_size * (t * h * w)
+        # gen-mixin's static checks proved these at sampled budgets and every
+        # budget of vLLM's default ladder; encoder_cudagraph_token_budgets may
+        # name any other, so they are checked again for this one, on the host
+        # and before anything is allocated. A dummy batch short of its budget
+        # fails in a replay copy; a short max_seqlen lets attention truncate a
+        # sequence without a word.
+        held, needed = max_batch_size * (t * (h // merge) * (w // merge)), token_budget
+        if held < needed:
+            raise ValueError(
+                f"Qwen2.5-VL: at token_budget {token_budget} with max_batch_size "
+                f"{max_batch_size} the dummy batch's count of budget tokens is "
+                f"{held} where at least {needed} is needed (a batch that fits the "
+                "budget would overflow the buffers)"
+            )
+        held, needed = (
+            max(min(token_budget, max_frames_per_batch), max_batch_size) + 1,
+            max_batch_size + 1,
+        )
+        if held < needed:
+            raise ValueError(
+                f"Qwen2.5-VL: at token_budget {token_budget} with max_batch_size "
+                f"{max_batch_size} the count of cu_seqlens's slots is {held} "
+                f"where at least {needed} is needed (an offset for every item of "
+                "a full batch)"
+            )
+        held, needed = (
+            min(
+                token_budget,
+                max(max_batch_size, max_frames_per_batch)
+                + -(-token_budget // (window // merge // patch)),
+            )
+            + 1,
+            max_batch_size + 1,
+        )
+        if held < needed:
+            raise ValueError(
+                f"Qwen2.5-VL: at token_budget {token_budget} with max_batch_size "
+                f"{max_batch_size} the count of cu_window_seqlens's slots is "
+                f"{held} where at least {needed} is needed (an offset for every "
+                "item of a full batch)"
+            )
+        held, needed = token_budget * merge**2, max(
+            t * h * w,
+            min(1, token_budget)
+            * merge
+            * (-(-token_budget // min(1, token_budget)) * merge),
+        )
+        if held < needed:
+            raise ValueError(
+                f"Qwen2.5-VL: at token_budget {token_budget} with max_batch_size "
+                f"{max_batch_size} max_seqlen_full is {held} where at least "
+                f"{needed} is needed (the longest attention sequence; a smaller "
+                "max_seqlen_full truncates it)"
+            )
         pixel_values = torch.zeros(
             (rows, channels * frames * patch**2),
             device=device,

@@ -3,8 +3,8 @@
 # From specs/deepseek_vl2.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_vl2.yaml`.
 # spec-sha256: 65a219ba305cd6d64a7bcc0ccb0190528fa86cf96ed2209abdf6848605972e9f
-# templates-sha256: ee34d7790157d2cd44769570d78e7ef6d6387a45b5e73fc6e6c91538e218702d
-# output-sha256: 130ae892cbc8f6b3546e0bfe85aa19ebc9b893ae1f13fb9a6ba452dacbb20b4b
+# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
+# output-sha256: 8e1e85109f0350c3ab51bdb61ae219c112343cabf88f01e7c058bfb37ae77116
 
 import itertools
 from collections.abc import Hashable

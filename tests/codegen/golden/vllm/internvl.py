@@ -3,8 +3,8 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
-# templates-sha256: ee34d7790157d2cd44769570d78e7ef6d6387a45b5e73fc6e6c91538e218702d
-# output-sha256: 9c1fccefa490320fba00099af261256af8d6dc0fc3b7b86c28594f116fded87d
+# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
+# output-sha256: bd3e03f8f45c218890dcabdd2d358eb418fcd77d45c689da9a52bae87f5993d7
 
 import itertools
 from collections.abc import Hashable

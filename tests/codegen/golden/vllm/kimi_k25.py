@@ -3,8 +3,8 @@
 # From specs/kimi_k25.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k25.yaml`.
 # spec-sha256: 7f183ed8d4f550eea068483d8a9435b722bdfdf97a0b4d8fcd5271760b6fb015
-# templates-sha256: ee34d7790157d2cd44769570d78e7ef6d6387a45b5e73fc6e6c91538e218702d
-# output-sha256: 1f463de67d05b026356b1970f60ea1b558483f08ebdb175a09b3e151ddc38d3e
+# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
+# output-sha256: 774c3501eeea70b241343ccb499ca6eaf1596de2797da1e31d347575887aea6e
 
 import itertools
 from collections.abc import Hashable
@@ -242,9 +242,10 @@ class KimiK25EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         backend = self.vision_tower.encoder.blocks[0].attn.attn_backend
         if backend in (AttentionBackendEnum.TORCH_SDPA,):
             raise ValueError(
-                f"cudagraph_mm_encoder is not supported with the {backend.name} ViT "
-                "attention backend for Kimi-K2.5. Set --mm-encoder-attn-backend "
-                "FLASH_ATTN, or disable cudagraph_mm_encoder."
+                f"cudagraph_mm_encoder is not supported with the {backend.name} "
+                "ViT attention backend for Kimi-K2.5. Set "
+                "--mm-encoder-attn-backend FLASH_ATTN, or disable "
+                "cudagraph_mm_encoder."
             )
 
         return EncoderCudaGraphConfig(
@@ -358,13 +359,28 @@ class KimiK25EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         if ho * kh > rope_h:
             raise ValueError(
                 "Kimi-K2.5: the dummy grid exceeds the MoonViT3d RoPE grid: "
-                f"needs ho * kh <= rope_h, got {ho * kh} > {rope_h} at token_budget "
-                f"{token_budget} with max_batch_size {max_batch_size}"
+                f"needs ho * kh <= rope_h, got {ho * kh} > {rope_h} at "
+                f"token_budget {token_budget} with max_batch_size "
+                f"{max_batch_size}"
             )
         t, h, w = 1, ho * kh, wo * kw
         grid_thws = [[t, h, w] for _ in range(max_batch_size)]
         # Input rows of the dummy batch; every row buffer is sized from it.
         rows = max_batch_size * (t * h * w)
+        # gen-mixin's static checks proved these at sampled budgets and every
+        # budget of vLLM's default ladder; encoder_cudagraph_token_budgets may
+        # name any other, so they are checked again for this one, on the host
+        # and before anything is allocated. A dummy batch short of its budget
+        # fails in a replay copy; a short max_seqlen lets attention truncate a
+        # sequence without a word.
+        held, needed = max_batch_size * (h // kh * (w // kw)), token_budget
+        if held < needed:
+            raise ValueError(
+                f"Kimi-K2.5: at token_budget {token_budget} with max_batch_size "
+                f"{max_batch_size} the dummy batch's count of budget tokens is "
+                f"{held} where at least {needed} is needed (a batch that fits the "
+                "budget would overflow the buffers)"
+            )
         pixel_values = torch.zeros(
             (rows, 3, patch, patch),
             device=device,

@@ -3,8 +3,8 @@
 # From specs/kimi_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_vl.yaml`.
 # spec-sha256: b4c12018366cdeb86c86bf7b35c60c7b97e9e189f2f53785ec5ff811704d07d2
-# templates-sha256: ee34d7790157d2cd44769570d78e7ef6d6387a45b5e73fc6e6c91538e218702d
-# output-sha256: 6ef1a4e3617d6ca9815d09ece73694814431f7154f602beeab8e091b88acc443
+# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
+# output-sha256: ba9a2f4c35a3f8f7a2de43c0c4b71a1ee25ef14354d0bf78a5b797dfec513999
 
 import itertools
 from collections.abc import Hashable
@@ -295,6 +295,20 @@ class KimiVLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         image_grid_hws = [[h, w] for _ in range(max_batch_size)]
         # Input rows of the dummy batch; every row buffer is sized from it.
         rows = max_batch_size * (h * w)
+        # gen-mixin's static checks proved these at sampled budgets and every
+        # budget of vLLM's default ladder; encoder_cudagraph_token_budgets may
+        # name any other, so they are checked again for this one, on the host
+        # and before anything is allocated. A dummy batch short of its budget
+        # fails in a replay copy; a short max_seqlen lets attention truncate a
+        # sequence without a word.
+        held, needed = max_batch_size * (h // kh * (w // kw)), token_budget
+        if held < needed:
+            raise ValueError(
+                f"Kimi-VL: at token_budget {token_budget} with max_batch_size "
+                f"{max_batch_size} the dummy batch's count of budget tokens is "
+                f"{held} where at least {needed} is needed (a batch that fits the "
+                "budget would overflow the buffers)"
+            )
         pixel_values = torch.randn((rows, 3, patch, patch), device=device, dtype=dtype)
         metadata = self.vision_tower.prepare_encoder_metadata(
             image_grid_hws,

@@ -3,8 +3,8 @@
 # From specs/mllama4.yaml: change the spec or the templates and run
 # `gen-mixin specs/mllama4.yaml`.
 # spec-sha256: 3a4c5d7bdb1ee216f77e7723529296ab4a8d77acd6df01a22770eb4a40007938
-# templates-sha256: ee34d7790157d2cd44769570d78e7ef6d6387a45b5e73fc6e6c91538e218702d
-# output-sha256: 25874ec3925d9a910cf1e2f48d68dc2be1023a2822810af220a26521f94e5cbb
+# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
+# output-sha256: 6546d100cc1251cec421017f8b547b3a0415fae348e5a855973db0c218699272
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/qwen2_5_omni.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_omni.yaml`.
 # spec-sha256: ce9bf2fc700f004d47827e30d185e59eb5d9444dd78780ad1cac730e07dc5c1d
-# templates-sha256: ee34d7790157d2cd44769570d78e7ef6d6387a45b5e73fc6e6c91538e218702d
-# output-sha256: ec4f5f37fb6ac81f5393ad19512f8df9ff3c7c574d234ff315ed56dbe88bfaf0
+# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
+# output-sha256: 7f457e57524454891853b6d3327f1dace36e587689b316f14bcd82579dd381b4
 
 import itertools
 from collections.abc import Hashable
@@ -240,8 +240,8 @@ class Qwen2_5OmniEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         backend = self.visual.attn_backend
         if backend in (AttentionBackendEnum.TORCH_SDPA,):
             raise ValueError(
-                f"cudagraph_mm_encoder is not supported with the {backend.name} ViT "
-                "attention backend for Qwen2.5-Omni. Set "
+                f"cudagraph_mm_encoder is not supported with the {backend.name} "
+                "ViT attention backend for Qwen2.5-Omni. Set "
                 "--mm-encoder-attn-backend FLASH_ATTN, or disable "
                 "cudagraph_mm_encoder."
             )
@@ -355,6 +355,78 @@ class Qwen2_5OmniEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         image_grid_thw = [[t, h, w] for _ in range(max_batch_size)]
         # Input rows of the dummy batch; every row buffer is sized from it.
         rows = max_batch_size * (t * h * w)
+        # gen-mixin's static checks proved these at sampled budgets and every
+        # budget of vLLM's default ladder; encoder_cudagraph_token_budgets may
+        # name any other, so they are checked again for this one, on the host
+        # and before anything is allocated. A dummy batch short of its budget
+        # fails in a replay copy; a short max_seqlen lets attention truncate a
+        # sequence without a word.
+        held, needed = max_batch_size * (t * (h // merge) * (w // merge)), token_budget
+        if held < needed:
+            raise ValueError(
+                f"Qwen2.5-Omni: at token_budget {token_budget} with "
+                f"max_batch_size {max_batch_size} the dummy batch's count of "
+                f"budget tokens is {held} where at least {needed} is needed (a "
+                "batch that fits the budget would overflow the buffers)"
+            )
+        held, needed = (
+            max(min(token_budget, max_frames_per_batch), max_batch_size) + 1,
+            max_batch_size + 1,
+        )
+        if held < needed:
+            raise ValueError(
+                f"Qwen2.5-Omni: at token_budget {token_budget} with "
+                f"max_batch_size {max_batch_size} the count of cu_seqlens's slots "
+                f"is {held} where at least {needed} is needed (an offset for "
+                "every item of a full batch)"
+            )
+        held, needed = (
+            min(
+                token_budget,
+                max(max_batch_size, max_frames_per_batch)
+                + -(-token_budget // (window // merge // patch)),
+            )
+            + 1,
+            max_batch_size + 1,
+        )
+        if held < needed:
+            raise ValueError(
+                f"Qwen2.5-Omni: at token_budget {token_budget} with "
+                f"max_batch_size {max_batch_size} the count of "
+                f"cu_window_seqlens's slots is {held} where at least {needed} is "
+                "needed (an offset for every item of a full batch)"
+            )
+        held, needed = (
+            min(
+                token_budget,
+                max(max_batch_size, max_frames_per_batch)
+                + -(-token_budget // (window // merge // patch)),
+            )
+            + 1,
+            min(
+                token_budget,
+                max_batch_size + -(-token_budget // (window // merge // patch)),
+            )
+            + 1,
+        )
+        if window // merge // patch > 0 and held < needed:
+            raise ValueError(
+                f"Qwen2.5-Omni: at token_budget {token_budget} with "
+                f"max_batch_size {max_batch_size} the count of "
+                f"cu_window_seqlens's slots is {held} where at least {needed} is "
+                "needed (an offset for every window of a batch within the "
+                "budget)"
+            )
+        held, needed = token_budget * merge**2, max(
+            t * h * w, 1 * merge * (token_budget * merge)
+        )
+        if held < needed:
+            raise ValueError(
+                f"Qwen2.5-Omni: at token_budget {token_budget} with "
+                f"max_batch_size {max_batch_size} max_seqlen_full is {held} where "
+                f"at least {needed} is needed (the longest attention sequence; a "
+                "smaller max_seqlen_full truncates it)"
+            )
         pixel_values = torch.zeros(
             (rows, channels * frames * patch**2),
             device=device,

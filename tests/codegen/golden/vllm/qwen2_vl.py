@@ -3,8 +3,8 @@
 # From specs/qwen2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_vl.yaml`.
 # spec-sha256: 869bcb41f290ee655394bdeee5f49801b8344bce3f4c38101e004675d9980f68
-# templates-sha256: ee34d7790157d2cd44769570d78e7ef6d6387a45b5e73fc6e6c91538e218702d
-# output-sha256: 91ed2d81ae9f140a841e6278f1025f38efadaa8f39ba981fb7849c1087dbf3eb
+# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
+# output-sha256: b50afbcdba5ef331ce2be092c6e333a123af378be49fce411393d55a5b46b76f
 
 import itertools
 from collections.abc import Hashable
@@ -244,9 +244,10 @@ class Qwen2VLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
             AttentionBackendEnum.FLASHINFER,
         ):
             raise ValueError(
-                f"cudagraph_mm_encoder is not supported with the {backend.name} ViT "
-                "attention backend for Qwen2-VL. Set --mm-encoder-attn-backend "
-                "FLASH_ATTN, or disable cudagraph_mm_encoder."
+                f"cudagraph_mm_encoder is not supported with the {backend.name} "
+                "ViT attention backend for Qwen2-VL. Set "
+                "--mm-encoder-attn-backend FLASH_ATTN, or disable "
+                "cudagraph_mm_encoder."
             )
 
         return EncoderCudaGraphConfig(
@@ -345,6 +346,38 @@ class Qwen2VLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         image_grid_thw = [[t, h, w] for _ in range(max_batch_size)]
         # Input rows of the dummy batch; every row buffer is sized from it.
         rows = max_batch_size * (t * h * w)
+        # gen-mixin's static checks proved these at sampled budgets and every
+        # budget of vLLM's default ladder; encoder_cudagraph_token_budgets may
+        # name any other, so they are checked again for this one, on the host
+        # and before anything is allocated. A dummy batch short of its budget
+        # fails in a replay copy; a short max_seqlen lets attention truncate a
+        # sequence without a word.
+        held, needed = max_batch_size * (t * (h // merge) * (w // merge)), token_budget
+        if held < needed:
+            raise ValueError(
+                f"Qwen2-VL: at token_budget {token_budget} with max_batch_size "
+                f"{max_batch_size} the dummy batch's count of budget tokens is "
+                f"{held} where at least {needed} is needed (a batch that fits the "
+                "budget would overflow the buffers)"
+            )
+        held, needed = max(max_frames_per_batch, max_batch_size) + 1, max_batch_size + 1
+        if held < needed:
+            raise ValueError(
+                f"Qwen2-VL: at token_budget {token_budget} with max_batch_size "
+                f"{max_batch_size} the count of cu_seqlens's slots is {held} "
+                f"where at least {needed} is needed (an offset for every item of "
+                "a full batch)"
+            )
+        held, needed = token_budget * merge**2, max(
+            t * h * w, 1 * merge * (-(-token_budget // 1) * merge)
+        )
+        if held < needed:
+            raise ValueError(
+                f"Qwen2-VL: at token_budget {token_budget} with max_batch_size "
+                f"{max_batch_size} max_seqlen is {held} where at least {needed} "
+                "is needed (the longest attention sequence; a smaller max_seqlen "
+                "truncates it)"
+            )
         pixel_values = torch.zeros(
             (rows, channels * frames * patch**2),
             device=device,

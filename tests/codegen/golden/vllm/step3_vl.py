@@ -3,8 +3,8 @@
 # From specs/step3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
-# templates-sha256: ee34d7790157d2cd44769570d78e7ef6d6387a45b5e73fc6e6c91538e218702d
-# output-sha256: 02eca846310d7a82539709fb62a0ecf5d9b73c46c1f4adacd3fd0f3df8908e86
+# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
+# output-sha256: 5faed1bf35705b8e9ed4e015ea4b508ac3b18f31d88b04d792562380ec5adc4f
 
 import itertools
 from collections.abc import Hashable
@@ -303,7 +303,7 @@ class Step3VLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
                 values={"patch_pixel_values": patch_pixel_values}
             )
         raise ValueError(
-            f"Step3-VL has no encoder path {path!r} (its paths: global, local)."
+            f"Step3-VL has no encoder path {path!r} (its paths: global, " "local)."
         )
 
     def prepare_encoder_cudagraph_replay_buffers(
@@ -327,7 +327,7 @@ class Step3VLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
                 values={"patch_pixel_values": patch_pixel_values}
             )
         raise ValueError(
-            f"Step3-VL has no encoder path {path!r} (its paths: global, local)."
+            f"Step3-VL has no encoder path {path!r} (its paths: global, " "local)."
         )
 
     def encoder_cudagraph_forward(
@@ -342,7 +342,7 @@ class Step3VLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         if path == "local":
             return self._batched_encoder_forward(inputs["patch_pixel_values"])
         raise ValueError(
-            f"Step3-VL has no encoder path {path!r} (its paths: global, local)."
+            f"Step3-VL has no encoder path {path!r} (its paths: global, " "local)."
         )
 
     def encoder_eager_forward(
@@ -359,7 +359,7 @@ class Step3VLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
             patch_pixel_values = mm_kwargs["patch_pixel_values"]
             return self._batched_encoder_forward(patch_pixel_values)
         raise ValueError(
-            f"Step3-VL has no encoder path {path!r} (its paths: global, local)."
+            f"Step3-VL has no encoder path {path!r} (its paths: global, " "local)."
         )
 
     def postprocess_encoder_output(
