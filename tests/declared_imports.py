@@ -13,7 +13,7 @@ checks them against the requirements of the section the file's folder may use.
 What a folder may use is :data:`SECTIONS`: the generator runs on
 ``dependencies`` alone; the runtime, the towers and the generated standalone
 mixins on the ``runtime`` extra; ``tests/`` on ``test``; ``bench/`` on
-``bench``. Imports built at run time from variables cannot be seen and are
+``bench``; the vLLM plugin and its real-vLLM tests on ``vllm``. Imports built at run time from variables cannot be seen and are
 not checked.
 """
 
@@ -63,6 +63,8 @@ SECTIONS: tuple[Section, ...] = (
     Section("tests/", ("test",)),
     Section("tests/codegen/golden/vllm/", ("test",), (_VLLM_DROP_IN,)),
     Section("bench/", ("bench", "gpu")),
+    Section("gen_mixin_vllm/", ("vllm",)),
+    Section("tests/real_vllm/", ("test", "vllm")),
     Section(".ci/", (), stdlib_only=True),
 )
 
