@@ -35,6 +35,13 @@ _VLLM_DROP_IN = (
 )
 
 
+# The real-vLLM tests build tiny models with vLLM's own requirements.
+_VLLM_BRINGS = tuple(
+    (name, "a requirement of vllm==0.33.0, which the vllm extra installs")
+    for name in ("transformers", "tokenizers")
+)
+
+
 @dataclass(frozen=True)
 class Section:
     """What the ``.py`` files under one folder may import.
@@ -64,7 +71,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("tests/codegen/golden/vllm/", ("test",), (_VLLM_DROP_IN,)),
     Section("bench/", ("bench", "gpu")),
     Section("gen_mixin_vllm/", ("vllm",)),
-    Section("tests/real_vllm/", ("test", "vllm")),
+    Section("tests/real_vllm/", ("test", "vllm"), _VLLM_BRINGS),
     Section(".ci/", (), stdlib_only=True),
 )
 

@@ -211,3 +211,49 @@ def build_model(model_class: type, config: Any, prefix: str, seed: int = 0) -> A
         if method is not None and hasattr(method, "process_weights_after_loading"):
             method.process_weights_after_loading(module)
     return model.eval()
+
+
+def registered_class(stem: str) -> type:
+    """The class vLLM's ``ModelRegistry`` gives for the model of ``stem``
+    once the plugin has registered it."""
+    from vllm import ModelRegistry
+
+    from gen_mixin_vllm import register
+    from gen_mixin_vllm.catalog import CATALOG
+
+    register(ModelRegistry, {"GEN_MIXIN_MODELS": stem})
+    model_class = ModelRegistry._try_load_model_cls(CATALOG[stem].architectures[0])
+    assert model_class is not None and model_class.gen_mixin_stem == stem
+    return model_class
+
+
+def with_flash_attention(model: Any) -> Any:
+    """Every attention of ``model`` says FlashAttention (what the mixins
+    capture with on a GPU); :func:`flash_attention_on_cpu` runs it."""
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    for module in model.modules():
+        if hasattr(module, "attn_backend"):
+            module.attn_backend = AttentionBackendEnum.FLASH_ATTN
+    return model
+
+
+@contextlib.contextmanager
+def captured_manager(config: Any, model: Any) -> Iterator[Any]:
+    """vLLM 0.33.0's own ``EncoderCudaGraphManager`` for ``model``, captured
+    with faked graphs, its attention on the CPU stand-in."""
+    from vllm.v1.worker.encoder_cudagraph import EncoderCudaGraphManager
+
+    with flash_attention_on_cpu():
+        manager = EncoderCudaGraphManager(
+            config, torch.device("cpu"), torch.float32, model
+        )
+        with fake_cuda_graphs(manager):
+            manager.capture(graph_pool=None)
+            yield manager
+
+
+def execute(manager: Any, mm_kwargs: dict) -> list[torch.Tensor]:
+    """``manager.execute`` in inference mode, as vLLM's model runner calls it."""
+    with torch.inference_mode():
+        return manager.execute(mm_kwargs)
