@@ -2,9 +2,9 @@
 random config, each with its config and its random batches.
 
 A :class:`TinyModel` states what a test needs to know of one model: the
-transformers config, the capture settings, and how to draw a batch of images
-or videos of given patch grids as the model's ``mm_kwargs``. Models that do
-not build on a CPU are in :data:`NOT_ON_CPU`, each with its reason.
+transformers config and offline processor, the capture settings, and how to
+draw a batch of images or videos as the model's ``mm_kwargs``. Which catalog
+models are here and which are not yet: docs/using-in-vllm.md.
 """
 
 from __future__ import annotations
@@ -195,5 +195,3 @@ TINY: dict[str, TinyModel] = {
         ),
     ),
 }
-
-NOT_ON_CPU: dict[str, str] = {}
