@@ -77,6 +77,19 @@ def _token_ids() -> dict[str, int]:
     )
 
 
+def _qwen2_text_config() -> dict:
+    return dict(
+        hidden_size=48,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=256,
+        max_position_embeddings=2048,
+        rope_scaling={"type": "mrope", "mrope_section": [4, 4, 4]},
+    )
+
+
 def _qwen2_vl_config() -> Any:
     from transformers import Qwen2VLConfig
 
@@ -93,16 +106,32 @@ def _qwen2_vl_config() -> Any:
             temporal_patch_size=2,
             in_channels=3,
         ),
-        text_config=dict(
-            hidden_size=48,
+        text_config=_qwen2_text_config(),
+        vocab_size=256,
+        **_token_ids(),
+    )
+
+
+def _qwen2_5_vl_config() -> Any:
+    from transformers import Qwen2_5_VLConfig
+
+    return Qwen2_5_VLConfig(
+        architectures=["Qwen2_5_VLForConditionalGeneration"],
+        vision_config=dict(
+            depth=2,
+            hidden_size=32,
             intermediate_size=64,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-            vocab_size=256,
-            max_position_embeddings=2048,
-            rope_scaling={"type": "mrope", "mrope_section": [4, 4, 4]},
+            num_heads=2,
+            out_hidden_size=48,
+            patch_size=14,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            in_channels=3,
+            # Windows of 2 x 2 merged tokens; block 1 attends the whole item.
+            window_size=56,
+            fullatt_block_indexes=[1],
         ),
+        text_config=_qwen2_text_config(),
         vocab_size=256,
         **_token_ids(),
     )
@@ -176,16 +205,30 @@ def _qwen2_vl_oversized(budget: int) -> tuple[int, int, int]:
     return (1, 2 * side, 2 * side)
 
 
+_QWEN2_VL_FAMILY = dict(
+    draw=_qwen2_vl_draw,
+    eager=_qwen2_vl_eager,
+    grids=_qwen2_vl_grids,
+    oversized=_qwen2_vl_oversized,
+    save_processor=_qwen2_vl_processor,
+    modalities=("image", "video"),
+)
+
+
 TINY: dict[str, TinyModel] = {
+    "qwen2_5_vl": TinyModel(
+        stem="qwen2_5_vl",
+        hf_config=_qwen2_5_vl_config,
+        **_QWEN2_VL_FAMILY,
+        compilation=dict(
+            encoder_cudagraph_token_budgets=[16, 32, 64],
+            encoder_cudagraph_max_vision_items_per_batch=4,
+        ),
+    ),
     "qwen2_vl": TinyModel(
         stem="qwen2_vl",
         hf_config=_qwen2_vl_config,
-        draw=_qwen2_vl_draw,
-        eager=_qwen2_vl_eager,
-        grids=_qwen2_vl_grids,
-        oversized=_qwen2_vl_oversized,
-        save_processor=_qwen2_vl_processor,
-        modalities=("image", "video"),
+        **_QWEN2_VL_FAMILY,
         compilation=dict(
             encoder_cudagraph_token_budgets=[16, 32, 64],
             encoder_cudagraph_max_vision_items_per_batch=4,
