@@ -2,8 +2,9 @@
 class and the plugin's class built with the same weights, the same batches
 through each one's methods and through vLLM's own manager. They agree except
 where docs/vllm-differences.md says otherwise; the one difference these
-batches show (``qwen2_vl.cu-seqlens-padding``: vLLM's own mixin replays
-offsets that go down) is asserted as a difference."""
+batches show (``<stem>.cu-seqlens-padding``: vLLM's own mixin replays offsets
+that go down, FlashAttention's negative lengths) is asserted as a difference
+where that page lists it."""
 
 from __future__ import annotations
 
@@ -28,8 +29,9 @@ from tiny_models import TINY  # noqa: E402
 
 from gen_mixin_vllm.models import vllm_class  # noqa: E402
 
-# Per model, the differences of docs/vllm-differences.md these batches show.
-DOCUMENTED = {"qwen2_vl": {"qwen2_vl.cu-seqlens-padding"}}
+# The models whose entry of docs/vllm-differences.md says vLLM's replayed
+# cu_seqlens go down (their ``<stem>.cu-seqlens-padding``).
+DECREASING_IN_VLLM = {"qwen2_vl", "qwen3_vl"}
 
 
 def _pair(stem: str):
@@ -110,8 +112,8 @@ def test_generated_methods_agree_with_vllms_own(stem: str):
         decreasing[name] = list(real_vllm_testlib.DECREASING_OFFSETS)
     for got, want in zip(outputs["ours"], outputs["vllm"]):
         _same(got, want)
-    # qwen2_vl.cu-seqlens-padding: vLLM's offsets fall back to 0 when images
-    # replay into graphs with frame slots; ours never go down.
+    # <stem>.cu-seqlens-padding: vLLM's offsets fall back to 0 after the real
+    # ones; ours never go down.
     assert decreasing["ours"] == []
-    if "qwen2_vl.cu-seqlens-padding" in DOCUMENTED.get(stem, ()):
+    if stem in DECREASING_IN_VLLM:
         assert decreasing["vllm"], "the documented difference did not show"

@@ -9,6 +9,7 @@ models are here and which are not yet: docs/using-in-vllm.md.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -137,6 +138,49 @@ def _qwen2_5_vl_config() -> Any:
     )
 
 
+def _qwen3_vl_config() -> Any:
+    from transformers import Qwen3VLConfig
+
+    text = _qwen2_text_config()
+    text["rope_parameters"] = {
+        "rope_type": "default",
+        "rope_theta": 10000.0,
+        "mrope_section": text.pop("rope_scaling")["mrope_section"],
+        "mrope_interleaved": True,
+    }
+    text["head_dim"] = 24  # hidden_size / heads, as the mrope sections assume
+    return Qwen3VLConfig(
+        architectures=["Qwen3VLForConditionalGeneration"],
+        vision_config=dict(
+            depth=2,
+            hidden_size=32,
+            intermediate_size=64,
+            num_heads=2,
+            out_hidden_size=48,
+            patch_size=16,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            in_channels=3,
+            num_position_embeddings=64,
+            deepstack_visual_indexes=[0],
+        ),
+        text_config=text,
+        **_token_ids(),
+    )
+
+
+def _qwen3_vl_processor(folder: str) -> None:
+    from transformers import Qwen2VLImageProcessor, Qwen3VLProcessor
+    from transformers import Qwen3VLVideoProcessor
+
+    size = {"shortest_edge": 64 * 64, "longest_edge": 192 * 192}
+    Qwen3VLProcessor(
+        image_processor=Qwen2VLImageProcessor(size=size, patch_size=16),
+        tokenizer=tiny_tokenizer(),
+        video_processor=Qwen3VLVideoProcessor(size=size, patch_size=16),
+    ).save_pretrained(folder)
+
+
 def _qwen2_vl_processor(folder: str) -> None:
     from transformers import Qwen2VLImageProcessor, Qwen2VLProcessor
     from transformers import Qwen2VLVideoProcessor
@@ -158,7 +202,10 @@ _QWEN2_VL_KEYS = {
 
 
 def _qwen2_vl_draw(
-    gen: torch.Generator, modality: str, grids: list[tuple[int, int, int]]
+    gen: torch.Generator,
+    modality: str,
+    grids: list[tuple[int, int, int]],
+    patch: int = 14,
 ) -> dict:
     pixels_key, grid_key = _QWEN2_VL_KEYS[modality]
     rows = sum(t * h * w for t, h, w in grids)
@@ -166,7 +213,7 @@ def _qwen2_vl_draw(
     # mm_device_do_normalize), and the captured buffer has their dtype.
     return {
         pixels_key: torch.randint(
-            0, 256, (rows, 3 * 2 * 14 * 14), generator=gen, dtype=torch.uint8
+            0, 256, (rows, 3 * 2 * patch * patch), generator=gen, dtype=torch.uint8
         ),
         grid_key: torch.tensor(grids, dtype=torch.int64),
     }
@@ -216,6 +263,19 @@ _QWEN2_VL_FAMILY = dict(
 
 
 TINY: dict[str, TinyModel] = {
+    "qwen3_vl": TinyModel(
+        stem="qwen3_vl",
+        hf_config=_qwen3_vl_config,
+        **{
+            **_QWEN2_VL_FAMILY,
+            "draw": functools.partial(_qwen2_vl_draw, patch=16),
+            "save_processor": _qwen3_vl_processor,
+        },
+        compilation=dict(
+            encoder_cudagraph_token_budgets=[16, 32, 64],
+            encoder_cudagraph_max_vision_items_per_batch=4,
+        ),
+    ),
     "qwen2_5_vl": TinyModel(
         stem="qwen2_5_vl",
         hf_config=_qwen2_5_vl_config,
