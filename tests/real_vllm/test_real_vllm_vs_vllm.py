@@ -31,7 +31,7 @@ from gen_mixin_vllm.models import vllm_class  # noqa: E402
 
 # The models whose entry of docs/vllm-differences.md says vLLM's replayed
 # cu_seqlens go down (their ``<stem>.cu-seqlens-padding``).
-DECREASING_IN_VLLM = {"qwen2_vl", "qwen3_vl"}
+DECREASING_IN_VLLM = {"glm4_1v", "qwen2_vl", "qwen3_vl"}
 
 
 def _pair(stem: str):

@@ -44,6 +44,12 @@ SPECIAL_TOKENS = (
     "<|vision_end|>",
     "<|image_pad|>",
     "<|video_pad|>",
+    "<|image|>",
+    "<|video|>",
+    "<|begin_of_image|>",
+    "<|end_of_image|>",
+    "<|begin_of_video|>",
+    "<|end_of_video|>",
 )
 
 
@@ -181,6 +187,61 @@ def _qwen3_vl_processor(folder: str) -> None:
     ).save_pretrained(folder)
 
 
+def _glm4_1v_config() -> Any:
+    from transformers import Glm4vConfig
+
+    ids = {token: i for i, token in enumerate(SPECIAL_TOKENS)}
+    return Glm4vConfig(
+        architectures=["Glm4vForConditionalGeneration"],
+        vision_config=dict(
+            depth=2,
+            hidden_size=32,
+            intermediate_size=64,
+            num_heads=2,
+            out_hidden_size=48,
+            patch_size=14,
+            image_size=112,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            in_channels=3,
+        ),
+        text_config=dict(
+            hidden_size=48,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            vocab_size=256,
+            max_position_embeddings=2048,
+            partial_rotary_factor=0.5,
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "mrope_section": [2, 2, 2],
+                "partial_rotary_factor": 0.5,
+            },
+        ),
+        image_token_id=ids["<|image|>"],
+        video_token_id=ids["<|video|>"],
+        image_start_token_id=ids["<|begin_of_image|>"],
+        image_end_token_id=ids["<|end_of_image|>"],
+        video_start_token_id=ids["<|begin_of_video|>"],
+        video_end_token_id=ids["<|end_of_video|>"],
+    )
+
+
+def _glm4_1v_processor(folder: str) -> None:
+    from transformers import Glm4vImageProcessor, Glm4vProcessor
+    from transformers import Glm4vVideoProcessor
+
+    size = {"shortest_edge": 56 * 56, "longest_edge": 168 * 168}
+    Glm4vProcessor(
+        image_processor=Glm4vImageProcessor(size=size),
+        tokenizer=tiny_tokenizer(),
+        video_processor=Glm4vVideoProcessor(size=size),
+    ).save_pretrained(folder)
+
+
 def _qwen2_vl_processor(folder: str) -> None:
     from transformers import Qwen2VLImageProcessor, Qwen2VLProcessor
     from transformers import Qwen2VLVideoProcessor
@@ -263,6 +324,15 @@ _QWEN2_VL_FAMILY = dict(
 
 
 TINY: dict[str, TinyModel] = {
+    "glm4_1v": TinyModel(
+        stem="glm4_1v",
+        hf_config=_glm4_1v_config,
+        **{**_QWEN2_VL_FAMILY, "save_processor": _glm4_1v_processor},
+        compilation=dict(
+            encoder_cudagraph_token_budgets=[16, 32, 64],
+            encoder_cudagraph_max_vision_items_per_batch=4,
+        ),
+    ),
     "qwen3_vl": TinyModel(
         stem="qwen3_vl",
         hf_config=_qwen3_vl_config,
