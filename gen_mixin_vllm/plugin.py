@@ -33,7 +33,9 @@ def register(
         logger.info("gen-mixin plugin: off (%s is not set)", MODELS_VAR)
         return settings
     if settings.models and registry is None:
-        from vllm import ModelRegistry as registry  # noqa: N811
+        from vllm import ModelRegistry
+
+        registry = ModelRegistry
     registered = []
     for stem in settings.models:
         mixin = mixin_class_name(stem)  # a missing or odd module fails here

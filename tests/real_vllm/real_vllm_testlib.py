@@ -106,6 +106,7 @@ class _FakeGraph:
     """A ``torch.cuda.CUDAGraph`` stand-in bound to one manager."""
 
     manager: Any = None
+    replays = 0
 
     def replay(self) -> None:
         for path, graphs in self.manager.budget_graphs.items():
@@ -119,8 +120,6 @@ class _FakeGraph:
                     self.replays += 1
                     return
         raise AssertionError("replay of a graph that no budget holds")
-
-    replays = 0
 
 
 @contextlib.contextmanager

@@ -167,3 +167,24 @@ def test_a_cost_model_must_price_every_budget(host):
     )
     with pytest.raises(ValueError, match=r"no replay time for budgets \[64\]"):
         manager.set_cost_model(_cost_model([16, 32], 1.0, 1.0))
+
+
+def test_a_saved_cost_model_reads_back(tmp_path):
+    import json
+
+    from gen_mixin_vllm.cost_aware_manager import load_cost_model
+
+    model = CostModel(
+        graph=GraphCost(
+            replay_ms={16: 1.5, 64: 4.0},
+            max_batch_size=4,
+            per_replay_ms=0.2,
+            budget_scale={64: 1.1},
+        ),
+        eager=EagerCost(fixed_ms=3.0, per_row_ms=0.01, serial=True),
+        graph_error=0.04,
+        eager_error=0.06,
+    )
+    path = tmp_path / "cost_model.json"
+    path.write_text(json.dumps(model.as_dict()), encoding="utf-8")
+    assert load_cost_model(path) == model
