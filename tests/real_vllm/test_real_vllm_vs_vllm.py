@@ -29,8 +29,9 @@ from tiny_models import TINY  # noqa: E402
 
 from gen_mixin_vllm.models import vllm_class  # noqa: E402
 
-# The models whose entry of docs/vllm-differences.md says vLLM's replayed
-# cu_seqlens go down (their ``<stem>.cu-seqlens-padding``).
+# The models whose vLLM mixin replays cu_seqlens that go down on these
+# batches (their ``<stem>.cu-seqlens-padding``; Cohere Compass's shows only
+# with a user-set max_frames_per_batch above the items per batch).
 DECREASING_IN_VLLM = {"glm4_1v", "qwen2_vl", "qwen3_vl"}
 
 

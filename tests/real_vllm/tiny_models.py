@@ -50,6 +50,10 @@ SPECIAL_TOKENS = (
     "<|end_of_image|>",
     "<|begin_of_video|>",
     "<|end_of_video|>",
+    "<|IMAGE_PAD|>",
+    "<|VIDEO_PAD|>",
+    "<|VISION_START|>",
+    "<|VISION_END|>",
 )
 
 
@@ -242,6 +246,59 @@ def _glm4_1v_processor(folder: str) -> None:
     ).save_pretrained(folder)
 
 
+def _cohere_compass_config() -> Any:
+    from transformers import CohereCompassConfig
+
+    ids = {token: i for i, token in enumerate(SPECIAL_TOKENS)}
+    return CohereCompassConfig(
+        architectures=["CohereCompassForConditionalGeneration"],
+        vision_config=dict(
+            depth=2,
+            hidden_size=32,
+            intermediate_size=64,
+            num_heads=2,
+            out_hidden_size=48,
+            patch_size=14,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            in_channels=3,
+            num_position_embeddings=64,
+            deepstack_visual_indexes=[0],
+        ),
+        text_config=dict(
+            hidden_size=48,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=24,
+            vocab_size=256,
+            max_position_embeddings=2048,
+            layer_types=["full_attention"],
+            tie_word_embeddings=True,
+            bos_token_id=ids["<|endoftext|>"],
+            eos_token_id=ids["<|endoftext|>"],
+        ),
+        image_token_id=ids["<|IMAGE_PAD|>"],
+        video_token_id=ids["<|VIDEO_PAD|>"],
+        vision_start_token_id=ids["<|VISION_START|>"],
+        vision_end_token_id=ids["<|VISION_END|>"],
+        tie_word_embeddings=True,  # vLLM's language model asserts it
+    )
+
+
+def _cohere_compass_processor(folder: str) -> None:
+    from transformers import CohereCompassImageProcessor, CohereCompassProcessor
+    from transformers import CohereCompassVideoProcessor
+
+    size = {"shortest_edge": 56 * 56, "longest_edge": 168 * 168}
+    CohereCompassProcessor(
+        image_processor=CohereCompassImageProcessor(size=size),
+        tokenizer=tiny_tokenizer(),
+        video_processor=CohereCompassVideoProcessor(size=size),
+    ).save_pretrained(folder)
+
+
 def _qwen2_vl_processor(folder: str) -> None:
     from transformers import Qwen2VLImageProcessor, Qwen2VLProcessor
     from transformers import Qwen2VLVideoProcessor
@@ -324,6 +381,19 @@ _QWEN2_VL_FAMILY = dict(
 
 
 TINY: dict[str, TinyModel] = {
+    "cohere_compass": TinyModel(
+        stem="cohere_compass",
+        hf_config=_cohere_compass_config,
+        **{
+            **_QWEN2_VL_FAMILY,
+            "save_processor": _cohere_compass_processor,
+            "modalities": ("image",),
+        },
+        compilation=dict(
+            encoder_cudagraph_token_budgets=[16, 32, 64],
+            encoder_cudagraph_max_vision_items_per_batch=4,
+        ),
+    ),
     "glm4_1v": TinyModel(
         stem="glm4_1v",
         hf_config=_glm4_1v_config,
