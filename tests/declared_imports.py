@@ -13,7 +13,7 @@ checks them against the requirements of the section the file's folder may use.
 What a folder may use is :data:`SECTIONS`: the generator runs on
 ``dependencies`` alone; the runtime, the towers and the generated standalone
 mixins on the ``runtime`` extra; ``tests/`` on ``test``; ``bench/`` on
-``bench``. Imports built at run time from variables cannot be seen and are
+``bench``; the vLLM plugin and its real-vLLM tests on ``vllm``. Imports built at run time from variables cannot be seen and are
 not checked.
 """
 
@@ -32,6 +32,13 @@ _VLLM_DROP_IN = (
     "vllm",
     "drop-in files for a vLLM 0.33.0 install: never imported by this project, "
     "so vLLM is not one of its requirements, by design",
+)
+
+
+# The real-vLLM tests build tiny models with vLLM's own requirements.
+_VLLM_BRINGS = tuple(
+    (name, "a requirement of vllm==0.33.0, which the vllm extra installs")
+    for name in ("transformers", "tokenizers")
 )
 
 
@@ -63,6 +70,8 @@ SECTIONS: tuple[Section, ...] = (
     Section("tests/", ("test",)),
     Section("tests/codegen/golden/vllm/", ("test",), (_VLLM_DROP_IN,)),
     Section("bench/", ("bench", "gpu")),
+    Section("gen_mixin_vllm/", ("vllm",)),
+    Section("tests/real_vllm/", ("test", "vllm"), _VLLM_BRINGS),
     Section(".ci/", (), stdlib_only=True),
 )
 

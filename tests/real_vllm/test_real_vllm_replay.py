@@ -1,0 +1,53 @@
+"""vLLM 0.33.0's own EncoderCudaGraphManager captures, at several budgets, the
+class the plugin registers, and executes random batches through it (graphs
+faked on the CPU, oversized items on its eager path): every item equals the
+class's own eager output."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM 0.33.0 is not installed (see tests/real_vllm)")
+
+import torch  # noqa: E402
+from real_vllm_testlib import (  # noqa: E402
+    build_model,
+    captured_manager,
+    execute,
+    registered_class,
+    vllm_config,
+    with_flash_attention,
+)
+from tiny_models import TINY  # noqa: E402
+
+BATCHES = 6
+
+
+@pytest.mark.parametrize("stem", sorted(TINY))
+def test_manager_replays_equal_eager(stem: str):
+    tiny = TINY[stem]
+    config = vllm_config(tiny.hf_config(), tiny.save_processor, **tiny.compilation)
+    model = with_flash_attention(
+        build_model(registered_class(stem), config, prefix=f"replay_{stem}")
+    )
+    gen = torch.Generator().manual_seed(1)
+    checked = {"graph": 0, "eager": 0}
+    with captured_manager(config, model) as manager:
+        budgets = manager.token_budgets
+        assert len(budgets) >= 2
+        for modality in tiny.modalities:
+            for b in range(BATCHES):
+                grids = tiny.grids(gen, modality, budgets[-1])
+                if b % 3 == 2:  # an item above every budget: eager
+                    grids.insert(1, tiny.oversized(budgets[-1]))
+                mm_kwargs = tiny.draw(gen, modality, grids)
+                hits, misses = manager.graph_hits, manager.graph_misses
+                outputs = execute(manager, mm_kwargs)
+                checked["graph"] += manager.graph_hits - hits
+                checked["eager"] += manager.graph_misses - misses
+                assert len(outputs) == len(grids)
+                for i, output in enumerate(outputs):
+                    expected = tiny.eager(model, mm_kwargs, i)
+                    torch.testing.assert_close(output, expected, rtol=1e-4, atol=1e-5)
+    # Items that replayed a graph and items that ran eagerly, both checked.
+    assert checked["graph"] >= BATCHES and checked["eager"] >= 2, checked

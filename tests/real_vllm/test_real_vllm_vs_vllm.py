@@ -1,0 +1,120 @@
+"""The generated mixin against vLLM's own, on the same host: vLLM 0.33.0's
+class and the plugin's class built with the same weights, the same batches
+through each one's methods and through vLLM's own manager. They agree except
+where docs/vllm-differences.md says otherwise; the one difference these
+batches show (``<stem>.cu-seqlens-padding``: vLLM's own mixin replays offsets
+that go down, FlashAttention's negative lengths) is asserted as a difference
+where that page lists it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM 0.33.0 is not installed (see tests/real_vllm)")
+
+import real_vllm_testlib  # noqa: E402
+import torch  # noqa: E402
+from real_vllm_testlib import (  # noqa: E402
+    build_model,
+    captured_manager,
+    execute,
+    flash_attention_on_cpu,
+    registered_class,
+    vllm_config,
+    with_flash_attention,
+)
+from tiny_models import TINY  # noqa: E402
+
+from gen_mixin_vllm.models import vllm_class  # noqa: E402
+
+# The models whose vLLM mixin replays cu_seqlens that go down on these
+# batches (their ``<stem>.cu-seqlens-padding``; Cohere Compass's shows only
+# with a user-set max_frames_per_batch above the items per batch).
+DECREASING_IN_VLLM = {"glm4_1v", "qwen2_vl", "qwen3_vl"}
+
+
+def _pair(stem: str):
+    tiny = TINY[stem]
+    config = vllm_config(tiny.hf_config(), tiny.save_processor, **tiny.compilation)
+    theirs = build_model(vllm_class(stem), config, prefix=f"vllm_{stem}")
+    ours = build_model(registered_class(stem), config, prefix=f"ours_{stem}")
+    ours.load_state_dict(theirs.state_dict())
+    return tiny, config, with_flash_attention(theirs), with_flash_attention(ours)
+
+
+def _same(a, b) -> None:
+    """Equal values, whatever the container (a selection's grid is a list in
+    vLLM's mixin and a tensor in ours: ``*.selected-grid``)."""
+    if isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for key in a:
+            _same(a[key], b[key])
+    elif isinstance(a, list) and a and torch.is_tensor(a[0]):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            _same(x, y)
+    elif torch.is_tensor(a) or torch.is_tensor(b):
+        torch.testing.assert_close(
+            torch.as_tensor(a),
+            torch.as_tensor(b),
+            rtol=1e-4,
+            atol=1e-5,
+            check_dtype=False,
+        )
+    else:
+        assert a == b
+
+
+@pytest.mark.parametrize("stem", sorted(TINY))
+def test_generated_methods_agree_with_vllms_own(stem: str):
+    tiny, config, theirs, ours = _pair(stem)
+    config_theirs = theirs.get_encoder_cudagraph_config()
+    config_ours = ours.get_encoder_cudagraph_config()
+    for field in ("modalities", "out_hidden_size", "max_frames_per_video"):
+        assert getattr(config_ours, field) == getattr(config_theirs, field), field
+    assert ours.get_encoder_cudagraph_budget_range(
+        config
+    ) == theirs.get_encoder_cudagraph_budget_range(config)
+
+    gen = torch.Generator().manual_seed(2)
+    batches = [
+        tiny.draw(gen, modality, tiny.grids(gen, modality, 64))
+        for modality in tiny.modalities
+        for _ in range(3)
+    ]
+    with flash_attention_on_cpu(), torch.inference_mode():
+        for mm_kwargs in batches:
+            specs = [
+                dataclasses.astuple(s)
+                for s in ours.get_encoder_cudagraph_item_specs(mm_kwargs)
+            ]
+            assert specs == [
+                dataclasses.astuple(s)
+                for s in theirs.get_encoder_cudagraph_item_specs(mm_kwargs)
+            ]
+            picked = list(range(len(specs)))[::-2]
+            _same(
+                ours.select_encoder_cudagraph_items(mm_kwargs, picked),
+                theirs.select_encoder_cudagraph_items(mm_kwargs, picked),
+            )
+            _same(
+                ours.encoder_eager_forward(mm_kwargs),
+                theirs.encoder_eager_forward(mm_kwargs),
+            )
+
+    decreasing = {}
+    outputs = {}
+    for name, model in (("vllm", theirs), ("ours", ours)):
+        del real_vllm_testlib.DECREASING_OFFSETS[:]
+        with captured_manager(config, model) as manager:
+            outputs[name] = [execute(manager, kw) for kw in batches]
+        decreasing[name] = list(real_vllm_testlib.DECREASING_OFFSETS)
+    for got, want in zip(outputs["ours"], outputs["vllm"]):
+        _same(got, want)
+    # <stem>.cu-seqlens-padding: vLLM's offsets fall back to 0 after the real
+    # ones; ours never go down.
+    assert decreasing["ours"] == []
+    if stem in DECREASING_IN_VLLM:
+        assert decreasing["vllm"], "the documented difference did not show"

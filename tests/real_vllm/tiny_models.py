@@ -1,0 +1,440 @@
+"""The catalog models whose vLLM 0.33.0 class builds on a CPU from a tiny
+random config, each with its config and its random batches.
+
+A :class:`TinyModel` states what a test needs to know of one model: the
+transformers config and offline processor, the capture settings, and how to
+draw a batch of images or videos as the model's ``mm_kwargs``. Which catalog
+models are here and which are not yet: docs/using-in-vllm.md.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class TinyModel:
+    stem: str
+    hf_config: Callable[[], Any]
+    """A fresh transformers config (built lazily: it imports transformers)."""
+    draw: Callable[[torch.Generator, str, list[tuple[int, int, int]]], dict]
+    """``(generator, modality, grids) -> mm_kwargs`` of one batch."""
+    eager: Callable[[Any, dict, int], torch.Tensor]
+    """vLLM's own eager encoder output of item ``i`` of a batch."""
+    grids: Callable[[torch.Generator, str, int], list[tuple[int, int, int]]]
+    """``(generator, modality, tokens at most) -> item grids`` of a batch."""
+    oversized: Callable[[int], tuple[int, int, int]]
+    """The grid of an image of more output tokens than ``budget``."""
+    save_processor: Callable[[str], None]
+    """Writes a tiny offline processor (tokenizer included) to a folder."""
+    modalities: tuple[str, ...] = ("image",)
+    compilation: dict[str, Any] = field(default_factory=dict)
+
+
+SPECIAL_TOKENS = (
+    "<unk>",
+    "<|endoftext|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+    "<|image|>",
+    "<|video|>",
+    "<|begin_of_image|>",
+    "<|end_of_image|>",
+    "<|begin_of_video|>",
+    "<|end_of_video|>",
+    "<|IMAGE_PAD|>",
+    "<|VIDEO_PAD|>",
+    "<|VISION_START|>",
+    "<|VISION_END|>",
+)
+
+
+def tiny_tokenizer() -> Any:
+    """A word-level tokenizer of the special tokens and a few words."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = [*SPECIAL_TOKENS, *(f"w{i}" for i in range(16))]
+    backend = Tokenizer(
+        models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>")
+    )
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        unk_token="<unk>",
+        eos_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=list(SPECIAL_TOKENS[2:]),
+    )
+
+
+def _token_ids() -> dict[str, int]:
+    ids = {token: i for i, token in enumerate(SPECIAL_TOKENS)}
+    return dict(
+        bos_token_id=ids["<|endoftext|>"],
+        eos_token_id=ids["<|endoftext|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+    )
+
+
+def _qwen2_text_config() -> dict:
+    return dict(
+        hidden_size=48,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=256,
+        max_position_embeddings=2048,
+        rope_scaling={"type": "mrope", "mrope_section": [4, 4, 4]},
+    )
+
+
+def _qwen2_vl_config() -> Any:
+    from transformers import Qwen2VLConfig
+
+    return Qwen2VLConfig(
+        architectures=["Qwen2VLForConditionalGeneration"],
+        vision_config=dict(
+            depth=2,
+            embed_dim=32,
+            hidden_size=48,
+            num_heads=2,
+            mlp_ratio=2,
+            patch_size=14,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            in_channels=3,
+        ),
+        text_config=_qwen2_text_config(),
+        vocab_size=256,
+        **_token_ids(),
+    )
+
+
+def _qwen2_5_vl_config() -> Any:
+    from transformers import Qwen2_5_VLConfig
+
+    return Qwen2_5_VLConfig(
+        architectures=["Qwen2_5_VLForConditionalGeneration"],
+        vision_config=dict(
+            depth=2,
+            hidden_size=32,
+            intermediate_size=64,
+            num_heads=2,
+            out_hidden_size=48,
+            patch_size=14,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            in_channels=3,
+            # Windows of 2 x 2 merged tokens; block 1 attends the whole item.
+            window_size=56,
+            fullatt_block_indexes=[1],
+        ),
+        text_config=_qwen2_text_config(),
+        vocab_size=256,
+        **_token_ids(),
+    )
+
+
+def _qwen3_vl_config() -> Any:
+    from transformers import Qwen3VLConfig
+
+    text = _qwen2_text_config()
+    text["rope_parameters"] = {
+        "rope_type": "default",
+        "rope_theta": 10000.0,
+        "mrope_section": text.pop("rope_scaling")["mrope_section"],
+        "mrope_interleaved": True,
+    }
+    text["head_dim"] = 24  # hidden_size / heads, as the mrope sections assume
+    return Qwen3VLConfig(
+        architectures=["Qwen3VLForConditionalGeneration"],
+        vision_config=dict(
+            depth=2,
+            hidden_size=32,
+            intermediate_size=64,
+            num_heads=2,
+            out_hidden_size=48,
+            patch_size=16,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            in_channels=3,
+            num_position_embeddings=64,
+            deepstack_visual_indexes=[0],
+        ),
+        text_config=text,
+        **_token_ids(),
+    )
+
+
+def _qwen3_vl_processor(folder: str) -> None:
+    from transformers import Qwen2VLImageProcessor, Qwen3VLProcessor
+    from transformers import Qwen3VLVideoProcessor
+
+    size = {"shortest_edge": 64 * 64, "longest_edge": 192 * 192}
+    Qwen3VLProcessor(
+        image_processor=Qwen2VLImageProcessor(size=size, patch_size=16),
+        tokenizer=tiny_tokenizer(),
+        video_processor=Qwen3VLVideoProcessor(size=size, patch_size=16),
+    ).save_pretrained(folder)
+
+
+def _glm4_1v_config() -> Any:
+    from transformers import Glm4vConfig
+
+    ids = {token: i for i, token in enumerate(SPECIAL_TOKENS)}
+    return Glm4vConfig(
+        architectures=["Glm4vForConditionalGeneration"],
+        vision_config=dict(
+            depth=2,
+            hidden_size=32,
+            intermediate_size=64,
+            num_heads=2,
+            out_hidden_size=48,
+            patch_size=14,
+            image_size=112,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            in_channels=3,
+        ),
+        text_config=dict(
+            hidden_size=48,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            vocab_size=256,
+            max_position_embeddings=2048,
+            partial_rotary_factor=0.5,
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "mrope_section": [2, 2, 2],
+                "partial_rotary_factor": 0.5,
+            },
+        ),
+        image_token_id=ids["<|image|>"],
+        video_token_id=ids["<|video|>"],
+        image_start_token_id=ids["<|begin_of_image|>"],
+        image_end_token_id=ids["<|end_of_image|>"],
+        video_start_token_id=ids["<|begin_of_video|>"],
+        video_end_token_id=ids["<|end_of_video|>"],
+    )
+
+
+def _glm4_1v_processor(folder: str) -> None:
+    from transformers import Glm4vImageProcessor, Glm4vProcessor
+    from transformers import Glm4vVideoProcessor
+
+    size = {"shortest_edge": 56 * 56, "longest_edge": 168 * 168}
+    Glm4vProcessor(
+        image_processor=Glm4vImageProcessor(size=size),
+        tokenizer=tiny_tokenizer(),
+        video_processor=Glm4vVideoProcessor(size=size),
+    ).save_pretrained(folder)
+
+
+def _cohere_compass_config() -> Any:
+    from transformers import CohereCompassConfig
+
+    ids = {token: i for i, token in enumerate(SPECIAL_TOKENS)}
+    return CohereCompassConfig(
+        architectures=["CohereCompassForConditionalGeneration"],
+        vision_config=dict(
+            depth=2,
+            hidden_size=32,
+            intermediate_size=64,
+            num_heads=2,
+            out_hidden_size=48,
+            patch_size=14,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            in_channels=3,
+            num_position_embeddings=64,
+            deepstack_visual_indexes=[0],
+        ),
+        text_config=dict(
+            hidden_size=48,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=24,
+            vocab_size=256,
+            max_position_embeddings=2048,
+            layer_types=["full_attention"],
+            tie_word_embeddings=True,
+            bos_token_id=ids["<|endoftext|>"],
+            eos_token_id=ids["<|endoftext|>"],
+        ),
+        image_token_id=ids["<|IMAGE_PAD|>"],
+        video_token_id=ids["<|VIDEO_PAD|>"],
+        vision_start_token_id=ids["<|VISION_START|>"],
+        vision_end_token_id=ids["<|VISION_END|>"],
+        tie_word_embeddings=True,  # vLLM's language model asserts it
+    )
+
+
+def _cohere_compass_processor(folder: str) -> None:
+    from transformers import CohereCompassImageProcessor, CohereCompassProcessor
+    from transformers import CohereCompassVideoProcessor
+
+    size = {"shortest_edge": 56 * 56, "longest_edge": 168 * 168}
+    CohereCompassProcessor(
+        image_processor=CohereCompassImageProcessor(size=size),
+        tokenizer=tiny_tokenizer(),
+        video_processor=CohereCompassVideoProcessor(size=size),
+    ).save_pretrained(folder)
+
+
+def _qwen2_vl_processor(folder: str) -> None:
+    from transformers import Qwen2VLImageProcessor, Qwen2VLProcessor
+    from transformers import Qwen2VLVideoProcessor
+
+    # Small largest images and frames: the most frames per video vLLM derives
+    # from them and max_model_len is several, so video batches have several.
+    size = {"shortest_edge": 56 * 56, "longest_edge": 168 * 168}
+    Qwen2VLProcessor(
+        image_processor=Qwen2VLImageProcessor(size=size),
+        tokenizer=tiny_tokenizer(),
+        video_processor=Qwen2VLVideoProcessor(size=size),
+    ).save_pretrained(folder)
+
+
+_QWEN2_VL_KEYS = {
+    "image": ("pixel_values", "image_grid_thw"),
+    "video": ("pixel_values_videos", "video_grid_thw"),
+}
+
+
+def _qwen2_vl_draw(
+    gen: torch.Generator,
+    modality: str,
+    grids: list[tuple[int, int, int]],
+    patch: int = 14,
+) -> dict:
+    pixels_key, grid_key = _QWEN2_VL_KEYS[modality]
+    rows = sum(t * h * w for t, h, w in grids)
+    # Raw pixels: vLLM 0.33.0 normalises them on the device (its default
+    # mm_device_do_normalize), and the captured buffer has their dtype.
+    return {
+        pixels_key: torch.randint(
+            0, 256, (rows, 3 * 2 * patch * patch), generator=gen, dtype=torch.uint8
+        ),
+        grid_key: torch.tensor(grids, dtype=torch.int64),
+    }
+
+
+def _qwen2_vl_eager(model: Any, mm_kwargs: dict, i: int) -> torch.Tensor:
+    (pixels, grid) = (mm_kwargs[k] for k in _QWEN2_VL_KEYS[_modality(mm_kwargs)])
+    sizes = [int(t * h * w) for t, h, w in grid.tolist()]
+    start = sum(sizes[:i])
+    with torch.inference_mode():
+        return model.visual(pixels[start : start + sizes[i]], grid[i : i + 1].tolist())
+
+
+def _modality(mm_kwargs: dict) -> str:
+    return "video" if "video_grid_thw" in mm_kwargs else "image"
+
+
+def _qwen2_vl_grids(
+    gen: torch.Generator, modality: str, tokens: int
+) -> list[tuple[int, int, int]]:
+    """Items of merged 2 x 2 patches until ``tokens`` output tokens."""
+    grids: list[tuple[int, int, int]] = []
+    left = tokens
+    while left >= 1 and len(grids) < 6:
+        t = 1 if modality == "image" else int(torch.randint(1, 4, (), generator=gen))
+        h, w = (2 * int(torch.randint(1, 7, (), generator=gen)) for _ in range(2))
+        if t * h * w // 4 > left:
+            break
+        grids.append((t, h, w))
+        left -= t * h * w // 4
+    return grids or [(1, 2, 2)]
+
+
+def _qwen2_vl_oversized(budget: int) -> tuple[int, int, int]:
+    side = math.isqrt(budget) + 1  # merged tokens per side
+    return (1, 2 * side, 2 * side)
+
+
+_QWEN2_VL_FAMILY = dict(
+    draw=_qwen2_vl_draw,
+    eager=_qwen2_vl_eager,
+    grids=_qwen2_vl_grids,
+    oversized=_qwen2_vl_oversized,
+    save_processor=_qwen2_vl_processor,
+    modalities=("image", "video"),
+)
+
+
+TINY: dict[str, TinyModel] = {
+    "cohere_compass": TinyModel(
+        stem="cohere_compass",
+        hf_config=_cohere_compass_config,
+        **{
+            **_QWEN2_VL_FAMILY,
+            "save_processor": _cohere_compass_processor,
+            "modalities": ("image",),
+        },
+        compilation=dict(
+            encoder_cudagraph_token_budgets=[16, 32, 64],
+            encoder_cudagraph_max_vision_items_per_batch=4,
+        ),
+    ),
+    "glm4_1v": TinyModel(
+        stem="glm4_1v",
+        hf_config=_glm4_1v_config,
+        **{**_QWEN2_VL_FAMILY, "save_processor": _glm4_1v_processor},
+        compilation=dict(
+            encoder_cudagraph_token_budgets=[16, 32, 64],
+            encoder_cudagraph_max_vision_items_per_batch=4,
+        ),
+    ),
+    "qwen3_vl": TinyModel(
+        stem="qwen3_vl",
+        hf_config=_qwen3_vl_config,
+        **{
+            **_QWEN2_VL_FAMILY,
+            "draw": functools.partial(_qwen2_vl_draw, patch=16),
+            "save_processor": _qwen3_vl_processor,
+        },
+        compilation=dict(
+            encoder_cudagraph_token_budgets=[16, 32, 64],
+            encoder_cudagraph_max_vision_items_per_batch=4,
+        ),
+    ),
+    "qwen2_5_vl": TinyModel(
+        stem="qwen2_5_vl",
+        hf_config=_qwen2_5_vl_config,
+        **_QWEN2_VL_FAMILY,
+        compilation=dict(
+            encoder_cudagraph_token_budgets=[16, 32, 64],
+            encoder_cudagraph_max_vision_items_per_batch=4,
+        ),
+    ),
+    "qwen2_vl": TinyModel(
+        stem="qwen2_vl",
+        hf_config=_qwen2_vl_config,
+        **_QWEN2_VL_FAMILY,
+        compilation=dict(
+            encoder_cudagraph_token_budgets=[16, 32, 64],
+            encoder_cudagraph_max_vision_items_per_batch=4,
+            # Frames per batch: vLLM's default (items x the processor's most
+            # frames per video). A lower setting is not enforced by vLLM's
+            # packing, which counts tokens and items only.
+        ),
+    ),
+}
