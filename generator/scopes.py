@@ -512,6 +512,21 @@ METHODS: dict[str, Method] = {
         # Helpers: no spec name reaches them.
         Method("_modality_keys", (SELF, MM_KWARGS), "dict[str, str]"),
         Method(
+            "_check_one_modality",
+            (
+                MM_KWARGS,
+                Param("image", "dict[str, str]"),
+                Param("video", "dict[str, str]"),
+            ),
+            "None",
+            ("own", "a", "b", "k"),
+        ),
+        Method(
+            "_check_host_values",
+            (Param("key", "str"), Param("tensor", "torch.Tensor")),
+            "None",
+        ),
+        Method(
             "_grid_values",
             (MM_KWARGS, Param("key", "str"), Param("width", "int")),
             "list[list[int]]",
@@ -519,7 +534,7 @@ METHODS: dict[str, Method] = {
         ),
         Method(
             "_count_values",
-            (MM_KWARGS, Param("key", "str")),
+            (MM_KWARGS, Param("key", "str"), Param("least", "int", "0")),
             "list[int]",
             ("counts", "values", "index", "value", "i"),
         ),
@@ -541,7 +556,7 @@ METHODS: dict[str, Method] = {
         ),
         Method(
             "_list_lengths",
-            (MM_KWARGS, Param("key", "str")),
+            (MM_KWARGS, Param("key", "str"), Param("least", "int", "0")),
             "list[int]",
             ("items", "index", "units", "unit"),
         ),
