@@ -345,6 +345,7 @@ def _loop_modules(node, path, ctx, scope_id, extra) -> fx.HostPath | None:
     surface = host_surface(ctx.names, ctx.partial.get("host", ()))
     module = (
         isinstance(expr, fx.HostPath)
+        and len(expr.parts) > 1
         and surface.attributes.get(expr.parts[0], "") not in HOST_TENSOR_TYPES
         and expr.parts[0] in surface.attributes
     )
