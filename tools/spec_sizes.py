@@ -78,6 +78,7 @@ ESTIMATED_BY = {
     "cohere2_vision": "internvl",
     "qwen2_5_omni": "qwen2_5_vl",
     "eagle2_5_vl": "internvl",
+    "dots_ocr": "qwen2_vl",
 }
 
 

@@ -3,8 +3,8 @@
 # From specs/gemma3_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma3_mm.yaml`.
 # spec-sha256: 19cc0f6e849ba8315b6202b90204158da9f48161f059a5255254f1c8d3c71b41
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: 2f9852016f72d9f901157002129ea3f7b2ac1cce96c93c4a7db500d3783ea0b7
+# templates-sha256: 961a6ad4c1ee503d7a70371cb528f028878f93d3eabe3f0ebf6d7049b59bd6d0
+# output-sha256: 743e0d8f9d2dcab21eac3fef074d68591e1ae2fc65fa3ab940fa54cd19ca47a9
 
 import itertools
 from collections.abc import Hashable

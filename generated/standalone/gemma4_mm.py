@@ -3,8 +3,8 @@
 # From specs/gemma4_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma4_mm.yaml`.
 # spec-sha256: fe07e2894155f5ba1f5fd7446135beff597ff1b8ab232f55666b5d585bc1d341
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: 06bd96a9200562e005dbfc42eeedfb5ddf737d4f85deb4773a6d2d8f7ef7ddf4
+# templates-sha256: 961a6ad4c1ee503d7a70371cb528f028878f93d3eabe3f0ebf6d7049b59bd6d0
+# output-sha256: 60ae3bcdd01325ae92ba649f05a1936b96585079c2c2af3ccecd95cd7cedfd9c
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any

@@ -3,8 +3,8 @@
 # From specs/ernie45_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/ernie45_vl.yaml`.
 # spec-sha256: 9c43478aaa850dab46764f23326811febf7e9a3d9cc8d6b0c7ff0cd9d6601d41
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: d9d384b144cf51be61a7c8afa662b8fe823b16001c30ef168d418b0d338dc87b
+# templates-sha256: 961a6ad4c1ee503d7a70371cb528f028878f93d3eabe3f0ebf6d7049b59bd6d0
+# output-sha256: 0bd841699b4986d80dae6593a09f63d6059cb1e8697b7dfe5fe851e9f94904b3
 
 import itertools
 from collections.abc import Hashable

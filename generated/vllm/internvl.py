@@ -3,8 +3,8 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: bd3e03f8f45c218890dcabdd2d358eb418fcd77d45c689da9a52bae87f5993d7
+# templates-sha256: 961a6ad4c1ee503d7a70371cb528f028878f93d3eabe3f0ebf6d7049b59bd6d0
+# output-sha256: cd9b634d690676086410efd7345f49f8ef9e597fcc4262fe980fa80922277364
 
 import itertools
 from collections.abc import Hashable

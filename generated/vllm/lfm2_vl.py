@@ -3,8 +3,8 @@
 # From specs/lfm2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/lfm2_vl.yaml`.
 # spec-sha256: e1b41954533f77c5383c0d01f040a935fc74a44fc36a4d9fee8b538a1b691586
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: f1bef7588a859cc64ec93ff617225747267758419e5ea38cf419341ed087913c
+# templates-sha256: 961a6ad4c1ee503d7a70371cb528f028878f93d3eabe3f0ebf6d7049b59bd6d0
+# output-sha256: 8add278254a52011b5c164dcfad7ab852f1939d345381189493cf5a971e36de3
 
 import itertools
 from collections.abc import Hashable

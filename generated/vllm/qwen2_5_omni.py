@@ -3,8 +3,8 @@
 # From specs/qwen2_5_omni.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_omni.yaml`.
 # spec-sha256: ce9bf2fc700f004d47827e30d185e59eb5d9444dd78780ad1cac730e07dc5c1d
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: 7f457e57524454891853b6d3327f1dace36e587689b316f14bcd82579dd381b4
+# templates-sha256: 961a6ad4c1ee503d7a70371cb528f028878f93d3eabe3f0ebf6d7049b59bd6d0
+# output-sha256: 0aef02b4494c4c83bc14fff6631b860f34854f66f546b34916b519b4a1ab9327
 
 import itertools
 from collections.abc import Hashable

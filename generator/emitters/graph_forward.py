@@ -7,13 +7,27 @@ from typing import Any
 from generator import formulas as fx
 from generator.emitters.method_body import Body, path_dispatch
 from generator.formulas import Ref
-from generator.spec.forwards import Step
+from generator.spec.forwards import Loop, Step
 from generator.spec.mixin import MixinSpec
 from generator.spec.path import EncoderPath
 
 
-def steps(body: Body, steps: tuple[Step, ...], name_map: dict[str, str]):
-    return [{"target": s.target, "expr": body.expr(s.expr, name_map)} for s in steps]
+def steps(body: Body, steps: tuple[Step | Loop, ...], name_map: dict[str, str]):
+    """What the ``steps`` macro prints: each statement, or a loop's header
+    and its body's statements."""
+    return [_step(body, s, name_map) for s in steps]
+
+
+def _step(body: Body, step: Step | Loop, name_map: dict[str, str]):
+    if not isinstance(step, Loop):
+        return {"target": step.target, "expr": body.expr(step.expr, name_map)}
+    return {
+        "loop": {
+            "variable": step.variable,
+            "modules": body.expr(step.modules, name_map),
+            "steps": steps(body, step.body, name_map),
+        }
+    }
 
 
 def _path_body(spec: MixinSpec, path: EncoderPath) -> dict[str, Any]:

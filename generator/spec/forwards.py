@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 from generator import formulas as fx
@@ -13,6 +13,11 @@ from generator.spec.host import HostAttr, Import
 from generator.spec.inputs import FlatInput
 from generator.spec.names import check_name
 from generator.spec.reader import Key, Keys, ReadContext, Reader
+from generator.spec.step_language import (
+    HOST_TENSOR_TYPES,
+    host_surface,
+    reach_problem,
+)
 from generator.spec.values import (
     INVALID,
     Boolean,
@@ -48,6 +53,41 @@ class Step:
     def names(self) -> tuple[str, ...]:
         """The names the step binds (a discarded ``_`` is none)."""
         return tuple(t for t in self.targets if t != fx.DISCARD)
+
+
+@dataclass(frozen=True)
+class Loop:
+    """``for <variable> in <modules>:`` over a host module list, each body
+    step rebinding the loop's ``carry`` (an earlier step's name): the one
+    place a step rebinds a name. The variable is only ever called."""
+
+    variable: str
+    modules: fx.HostPath
+    carry: str
+    body: tuple[Step, ...]
+    location: Location
+
+    #: The keys of a loop step, in the order the docs give them.
+    KEYS: ClassVar = ("for", "in", "carry", "steps")
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        return (self.carry,)
+
+    @property
+    def target(self) -> str:
+        """The name the loop leaves bound for the steps after it."""
+        return self.carry
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """A loop binds its variable (its carry was bound before)."""
+        return (self.variable,)
+
+    @property
+    def expr(self) -> Expr:
+        """Everything the loop reads, for the checks that walk a step."""
+        return fx.Display("tuple", (self.modules, *(s.expr for s in self.body)))
 
 
 #: Methods that copy a tensor to the host: inside a captured graph they
@@ -87,18 +127,23 @@ class Steps(ValueType):
         last: str | None,
         before_last: str,
         captured: bool = False,
+        loops: bool = False,
     ):
         """``last`` None: every step assigns (a builder's steps, whose
         outputs are the names it provides), ``before_last`` the message for a
-        bare one."""
+        bare one; ``loops``: a step may be a :class:`Loop` (forward steps)."""
         self.scope_id = scope
         self.kind = kind
         self.last_assigns = last
         self.bare_before_last = before_last
         self.captured = captured
+        self.loops = loops
 
     def schema(self) -> dict[str, Any]:
-        return {"type": "array", "items": {"type": "string"}, "minItems": 1}
+        item: dict[str, Any] = {"type": "string"}
+        if self.loops:
+            item = {"anyOf": [item, {"type": "object"}]}
+        return {"type": "array", "items": item, "minItems": 1}
 
     def value(self, node: Node, field: str, ctx: ReadContext, **kw: Any) -> Any:
         scope_id = kw.get("scope", self.scope_id)
@@ -106,19 +151,17 @@ class Steps(ValueType):
         lines = node.value
         if not lines:
             ctx.error(node, field, "needs at least 1 item(s)")
-        steps = []
+        steps: list[Step | Loop] = []
+        loops: dict[str, str] = {}  # loop variable -> its loop's field
         for i, line in enumerate(lines):
             path = f"{field}[{i}]"
-            if line.kind != "string":
-                ctx.error(line, path, f"expected a string, got {line.kind}")
-                continue
-            step = self.statement(line, path, ctx, scope_id, extra)
+            step = self.step(line, path, ctx, (scope_id, extra), steps)
             if step is None:
-                # Later steps may still use the names it assigns.
-                for target in fx.assignment_targets(line.value):
-                    if target != fx.DISCARD:
-                        ctx.declare(self.kind, target, line.location, path)
                 continue
+            if isinstance(step, Loop):
+                loops[step.variable] = path
+            else:
+                _outside_loop(ctx, line, path, step, loops)
             last = i == len(lines) - 1 and self.last_assigns is not None
             if last and step.targets:
                 ctx.error(line, path, self.last_assigns)
@@ -126,6 +169,24 @@ class Steps(ValueType):
                 ctx.error(line, path, self.bare_before_last)
             steps.append(step)
         return tuple(steps)
+
+    def step(self, line: Node, path: str, ctx: ReadContext, where, before):
+        """One step of the list (``where``: the scope id and extra names), or
+        None where it is refused."""
+        scope_id, extra = where
+        if line.kind == "mapping":
+            return self.loop(line, path, ctx, scope_id, extra, before)
+        if line.kind != "string":
+            expected = "a string or a loop" if self.loops else "a string"
+            ctx.error(line, path, f"expected {expected}, got {line.kind}")
+            return None
+        step = self.statement(line, path, ctx, scope_id, extra)
+        if step is None:
+            # Later steps may still use the names it assigns.
+            for target in fx.assignment_targets(line.value):
+                if target != fx.DISCARD:
+                    ctx.declare(self.kind, target, line.location, path)
+        return step
 
     def statement(
         self, line: Node, path: str, ctx: ReadContext, scope_id: str, extra=()
@@ -140,17 +201,9 @@ class Steps(ValueType):
                 formula_error_message(exc, scope, ctx.unbound),
             )
             return None
-        zero = zero_divisor(expr)
-        if zero is not None:
-            ctx.error(line, path, f"division by zero: {zero} always raises")
-            return None
-        reach = reach_error(expr, ctx)
-        if reach is not None:
-            ctx.error(line, path, reach)
-            return None
-        sync = host_sync(expr) if self.captured else None
-        if sync is not None:
-            ctx.error(line, path, f"{sync}: a captured graph cannot (do it eagerly)")
+        problem = self.step_problem(line, expr, ctx)
+        if problem is not None:
+            ctx.error(line, path, problem)
             return None
         step = Step(targets, expr, line.location)
         for target in step.names:
@@ -160,6 +213,184 @@ class Steps(ValueType):
             ctx.declare(self.kind, target, line.location, path)
         return step
 
+    def step_problem(self, line: Node, expr: Expr, ctx: ReadContext) -> str | None:
+        """What the step language refuses in a parsed step, if anything."""
+        zero = zero_divisor(expr)
+        if zero is not None:
+            return f"division by zero: {zero} always raises"
+        reach = reach_error(expr, ctx)
+        if reach is not None:
+            return reach
+        sync = host_sync(expr) if self.captured else None
+        if sync is not None:
+            return f"{sync}: a captured graph cannot (do it eagerly)"
+        return None
+
+    def loop(self, node, path, ctx, scope_id, extra, before) -> Loop | None:
+        """A ``{for, in, carry, steps}`` step (see :class:`Loop`)."""
+        if not self.loops:
+            ctx.error(
+                node,
+                path,
+                "a loop over a module list runs only in graph_forward and "
+                "eager_forward steps",
+            )
+            return None
+        keys = node.value
+        ok = True
+        for key in keys:
+            if key not in Loop.KEYS:
+                ctx.error(
+                    node.key_locations[key],
+                    f"{path}.{key}",
+                    f"unknown key {key!r} (a loop has {', '.join(Loop.KEYS)})",
+                )
+                ok = False
+        for key in Loop.KEYS:
+            if key not in keys:
+                ctx.error(
+                    node, f"{path}.{key}", "required (a loop has for, in, carry, steps)"
+                )
+                ok = False
+        if not ok:
+            return None
+        variable = _loop_variable(keys["for"], f"{path}.for", ctx)
+        modules = _loop_modules(keys["in"], f"{path}.in", ctx, scope_id, extra)
+        carry = _loop_carry(keys["carry"], f"{path}.carry", ctx, before)
+        if variable is None or carry is None:
+            return None
+        body = self.loop_body(
+            keys["steps"], f"{path}.steps", ctx, scope_id, extra, variable, carry
+        )
+        if modules is None or body is None:
+            return None
+        ctx.declare(self.kind, variable, keys["for"].location, f"{path}.for")
+        return Loop(variable, modules, carry, body, node.location)
+
+    def loop_body(self, node, path, ctx, scope_id, extra, variable, carry):
+        """Steps ``<carry> = <expr>`` in which ``variable`` is callable."""
+        if node.kind != "sequence" or not node.value:
+            ctx.error(node, path, "expected a non-empty list of steps")
+            return None
+        base = ctx.scope(scope_id, extra)
+        scope = replace(base, callables=base.callables | {variable})
+        body = []
+        for i, line in enumerate(node.value):
+            field = f"{path}[{i}]"
+            if line.kind != "string":
+                nested = " (loops do not nest)" if line.kind == "mapping" else ""
+                ctx.error(line, field, f"expected a string, got {line.kind}{nested}")
+                continue
+            try:
+                targets, expr = fx.parse_statement(line.value, scope)
+            except FormulaError as exc:
+                ctx.error(
+                    formula_location(line, exc),
+                    field,
+                    formula_error_message(exc, scope, ctx.unbound),
+                )
+                continue
+            if targets != (carry,):
+                ctx.error(
+                    line,
+                    field,
+                    f"a loop step rebinds only the loop's carry: write {carry} = ...",
+                )
+                continue
+            problem = self.step_problem(line, expr, ctx)
+            if problem is not None:
+                ctx.error(line, field, problem)
+                continue
+            body.append(Step(targets, expr, line.location))
+        if len(body) != len(node.value):
+            return None
+        if not any(fx.Ref(variable) == e.callee for s in body for e in _calls(s.expr)):
+            ctx.error(node, path, f"no step calls the loop variable {variable!r}")
+            return None
+        return tuple(body)
+
+
+def _calls(expr: Expr):
+    return (e for e in fx.walk(expr) if isinstance(e, fx.Call))
+
+
+def _loop_variable(node: Node, path: str, ctx: ReadContext) -> str | None:
+    if node.kind != "string":
+        ctx.error(node, path, f"expected a name, got {node.kind}")
+        return None
+    name = node.value
+    if not check_name(ctx, node.location, path, name, "loop variable"):
+        return None
+    if ctx.kind_of(name) is not None:
+        ctx.error(node, path, f"{name!r} is already a name")
+        return None
+    return name
+
+
+def _loop_modules(node, path, ctx, scope_id, extra) -> fx.HostPath | None:
+    """A path under a ``host:`` attribute that is not a tensor."""
+    if node.kind != "string":
+        ctx.error(node, path, f"expected a host path, got {node.kind}")
+        return None
+    scope = ctx.scope(scope_id, extra)
+    try:
+        expr = fx.parse_expression(node.value, scope)
+    except FormulaError as exc:
+        ctx.error(
+            formula_location(node, exc),
+            path,
+            formula_error_message(exc, scope, ctx.unbound),
+        )
+        return None
+    surface = host_surface(ctx.names, ctx.partial.get("host", ()))
+    module = (
+        isinstance(expr, fx.HostPath)
+        and len(expr.parts) > 1
+        and surface.attributes.get(expr.parts[0], "") not in HOST_TENSOR_TYPES
+        and expr.parts[0] in surface.attributes
+    )
+    if not module:
+        ctx.error(
+            node,
+            path,
+            "a loop runs over a module list of the host: a path under a host "
+            "module attribute (vision_tower.blocks)",
+        )
+        return None
+    reach = reach_problem(expr, surface)
+    if reach is not None:
+        ctx.error(node, path, reach)
+        return None
+    return expr
+
+
+def _loop_carry(node: Node, path: str, ctx: ReadContext, before) -> str | None:
+    """The name the body rebinds: one an earlier step of the list binds."""
+    if node.kind != "string":
+        ctx.error(node, path, f"expected a name, got {node.kind}")
+        return None
+    bound = [n for s in before if isinstance(s, Step) for n in s.names]
+    if node.value not in bound:
+        ctx.error(
+            node,
+            path,
+            f"{node.value!r} is not bound by an earlier step: a loop's carry is a "
+            "name an earlier step of the list assigns (the loop rebinds it)",
+        )
+        return None
+    return node.value
+
+
+def _outside_loop(ctx, line, path, step, loops: dict[str, str]) -> None:
+    """A loop variable is called in its loop's steps only."""
+    for name in sorted(fx.names_in(step.expr) & set(loops)):
+        ctx.error(
+            line,
+            path,
+            f"{name!r} is the variable of the loop at {loops[name]}: only that "
+            "loop's steps call it",
+        )
+
 
 GRAPH_STEPS = Steps(
     "graph_forward",
@@ -167,9 +398,12 @@ GRAPH_STEPS = Steps(
     "the last step is the output: write an expression, not an assignment",
     "only the last step may be a bare expression",
     captured=True,
+    loops=True,
 )
 _EAGER_SHAPE = "every step but the last assigns a name; the last is the output"
-EAGER_STEPS = Steps("eager_steps", NameKind.EAGER_STEP, _EAGER_SHAPE, _EAGER_SHAPE)
+EAGER_STEPS = Steps(
+    "eager_steps", NameKind.EAGER_STEP, _EAGER_SHAPE, _EAGER_SHAPE, loops=True
+)
 _POST_SHAPE = "every step but the last assigns a name; the last is the output rows"
 POST_STEPS = Steps("post_steps", NameKind.POST_STEP, _POST_SHAPE, _POST_SHAPE)
 BUILDER_STEPS = Steps(

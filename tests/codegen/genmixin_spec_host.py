@@ -33,6 +33,7 @@ from generator.emit import render_spec
 from generator.resolve import load_spec
 from generator.spec import Buffer, EncoderPath, MetadataBuilder, MixinSpec, PadRule
 from generator.spec.capture import CaptureTensor, DtypeFallback
+from generator.spec.forwards import Loop
 from generator.spec.inputs import ItemInput
 from generator.static_checks import per_item_tokens
 from genmixin_testlib import load_module_copy
@@ -512,6 +513,10 @@ class SpecWorld:
                         name = _callee_name(sub.value.callee)
                         fake = self.calls.setdefault(name, FakeCall(name))
                         fake.attribute = sub.name
+        for loop in (s for s in steps if isinstance(s, Loop)):
+            # Two modules in the list, each the fake of the loop's variable.
+            fake = self.calls[_callee_name(fx.Ref(loop.variable))]
+            set_path(host, loop.modules.parts, HostList([fake, fake]))
 
     def on_tensor(self, callee) -> bool:
         """A method of a host tensor (``image_newline.to``): runs for real."""

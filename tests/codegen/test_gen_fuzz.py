@@ -17,6 +17,12 @@ process (captured streams, a fresh output folder):
   declarations. A module generated from one is read back: every attribute
   and call of the step's code is in the allow-lists of
   ``generator/spec/step_language.py`` or a declared host path.
+* loops over a host module list: the valid corpus's ``module_loop.yaml`` with
+  its graph loop's variable, module list or carry redrawn, body steps added
+  (other targets, the variable read or passed, chains), nested loops and
+  odd keys. A generated loop runs over a path under ``self.visual`` that is
+  no ``torch.nn.Module`` API, rebinds one name, calls its variable only, and
+  its body reaches only the allow-lists.
 
 Whatever the input: nothing but ``SystemExit`` escapes; the exit code is 0,
 2, or 1 where ``--check`` or ``plan`` report; the call takes less than
@@ -914,9 +920,12 @@ def _step_returns(module: ast.Module) -> list[ast.expr]:
     return found
 
 
-def _outside_allow_lists(expr: ast.expr, methods: set[str]) -> str | None:
+def _outside_allow_lists(
+    expr: ast.expr, methods: set[str], callables: frozenset[str] = frozenset()
+) -> str | None:
     """What in ``expr`` (generated Python) lies outside the step language's
-    allow-lists, read independently of the generator's own checker."""
+    allow-lists, read independently of the generator's own checker
+    (``callables``: names a call may name, a loop's variable)."""
     parents = {c: p for p in ast.walk(expr) for c in ast.iter_child_nodes(p)}
     for node in ast.walk(expr):
         parent = parents.get(node)
@@ -929,6 +938,8 @@ def _outside_allow_lists(expr: ast.expr, methods: set[str]) -> str | None:
             if not (as_argument or compared):
                 return f"string {node.value!r} used as a value"
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            if node.func.id in callables:
+                continue
             if not _next_of_parameters(node, parents):
                 return f"call of {node.func.id}"
         elif isinstance(node, ast.Attribute):
@@ -1013,6 +1024,161 @@ def _next_of_parameters(call, parents) -> bool:
     )
 
 
+# -- loops over a host module list ---------------------------------------------------
+
+#: The valid corpus's loop spec: its graph loop is replaced by a drawn one.
+LOOP_SPEC = (Path(__file__).parent / "data" / "valid" / "module_loop.yaml").read_text(
+    encoding="utf-8"
+)
+LOOP_STEP = """  - for: block
+    in: visual.blocks
+    carry: hidden
+    steps:
+      - hidden = block(hidden, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
+"""
+LOOP_METHODS = {"visual.prepare_metadata", "visual.patch_embed", "visual.merger"}
+#: What a loop's ``in`` may try: module lists, and every other kind of value.
+LOOP_ITERABLES = [
+    "visual.blocks", "visual.encoder.layers", "visual.towers[0].blocks",
+    "visual.modules", "visual.children", "visual._modules", "visual.parameters",
+    "visual.blocks.__class__", "visual.blocks[0]", "visual", "hidden",
+    "cu_seqlens", "pixel_values", "torch", "torch.nn", "'blocks'", "[visual.blocks]",
+    "visual.blocks()", "visual.merger(hidden)", "next(visual.parameters())", "1",
+    "visual.blocks[::-1]", "visual.blocks[:-1]", "__import__('os')",
+]  # fmt: skip
+LOOP_NAMES = [
+    "block", "layer", "hidden", "cu_seqlens", "visual", "self", "inputs", "next",
+    "torch", "_block", "__class__", "for", "x y", "1", "rest", "max_seqlen",
+]  # fmt: skip
+LOOP_BODY_OPS = [
+    "{v}({c})",
+    "{v}({c}, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)",
+    "{v}.{name}({c})",
+    "{v}.{name}",
+    "{c}.{name}({v})",
+    "visual.merger({v})",
+    "{v}({c}).{name}",
+    "{v}({c})[0]",
+    "{c} + {v}",
+    "next({v}.parameters()).dtype",
+    "{v}.__class__({c})",
+]  # fmt: skip
+
+
+@st.composite
+def loop_specs(draw) -> tuple[str, list[Any]]:
+    """The loop spec with its graph loop mutated up to 3 times: its variable,
+    module list or carry redrawn, a body step drawn (an assignment or not),
+    a nested loop, a key dropped or added."""
+    var, carry, iterable = "block", "hidden", "visual.blocks"
+    body = ["{c} = {v}({c}, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)"]
+    extra: dict[str, Any] = {}
+    nested = False
+    for _ in range(draw(st.integers(min_value=0, max_value=3))):
+        what = draw(
+            st.sampled_from(["for", "in", "in", "carry", "body", "body", "nest", "key"])
+        )
+        if what == "for":
+            var = draw(st.sampled_from(LOOP_NAMES))
+        elif what == "in":
+            iterable = draw(st.sampled_from(LOOP_ITERABLES))
+        elif what == "carry":
+            carry = draw(st.sampled_from(LOOP_NAMES))
+        elif what == "body":
+            op = draw(st.sampled_from(LOOP_BODY_OPS))
+            op = op.replace("{name}", draw(st.sampled_from(STEP_NAMES)))
+            target = draw(st.sampled_from(["{c}", "{c}", "{c}", "other", "a, b", ""]))
+            step = f"{target} = {op}" if target else op
+            body.insert(draw(st.integers(min_value=0, max_value=len(body))), step)
+        elif what == "nest":
+            nested = True
+        else:
+            key = draw(st.sampled_from(["for", "in", "carry", "steps", "why", "if"]))
+            extra[key] = draw(st.sampled_from([*LOOP_NAMES, 1, None, ["x"], "DROP"]))
+    steps: list[Any] = [b.format(v=var, c=carry) for b in body]
+    loop: dict[str, Any] = {"for": var, "in": iterable, "carry": carry, "steps": steps}
+    if nested:
+        loop["steps"] = [*steps, dict(loop)]
+    for key, value in extra.items():
+        if value == "DROP":
+            loop.pop(key, None)
+        else:
+            loop[key] = value
+    text = LOOP_SPEC.replace(LOOP_STEP, "  - " + json.dumps(loop) + "\n")
+    return text, [loop]
+
+
+@_settings(200)
+@given(case=loop_specs())
+def test_loops_reach_only_module_lists_and_the_allow_lists(case) -> None:
+    """Whatever a loop tries: exit 2 with located diagnostics, or a module
+    whose graph loop runs over a path under ``self.visual`` that is no
+    ``torch.nn.Module`` API, rebinds only the carry, and whose body reaches
+    only the allow-lists and the declared host paths."""
+    text, log = case
+    with _workspace() as folder:
+        spec = folder / "specs" / "loop.yaml"
+        spec.parent.mkdir()
+        spec.write_text(text, encoding="utf-8")
+        rc, stdout, stderr = _run([str(spec), "--stdout", "--target", "vllm"], log)
+    assert rc in (0, 2), f"exit {rc} after {log}\n{stderr[-2000:]}"
+    if rc == 2:
+        _assert_reported(stderr, log)
+        return
+    loops = [n for n in ast.walk(ast.parse(stdout)) if isinstance(n, ast.For)]
+    forwards = [n for n in loops if _loop_problem(n) != "not a step loop"]
+    assert len(forwards) == 2, f"{len(forwards)} step loops after {log}"
+    for node in forwards:
+        problem = _loop_problem(node)
+        assert problem is None, f"{problem} in {ast.unparse(node)} ({log})"
+
+
+class _BufferReads(ast.NodeTransformer):
+    """``inputs["cu_seqlens"]`` (a captured buffer) read as ``cu_seqlens``."""
+
+    def visit_Subscript(self, node: ast.Subscript) -> ast.AST:
+        if (
+            isinstance(node.value, ast.Name)
+            and node.value.id == "inputs"
+            and isinstance(node.slice, ast.Constant)
+            and isinstance(node.slice.value, str)
+        ):
+            return ast.Name(node.slice.value, ast.Load())
+        return self.generic_visit(node)
+
+
+def _loop_problem(node: ast.For) -> str | None:
+    """What in a generated step loop (``for <name> in self.visual...``)
+    lies outside a loop's rules."""
+    parts = _host_parts(node.iter)
+    if parts is None or not isinstance(node.target, ast.Name):
+        return "not a step loop"
+    if parts[0] != "visual" or parts == ["visual"]:
+        return f"loop over {ast.unparse(node.iter)}"
+    if any(
+        isinstance(p, str) and (p in MODULE_API or p.startswith("_")) for p in parts
+    ):
+        return f"loop over {ast.unparse(node.iter)}"
+    var = node.target.id
+    carries = set()
+    for stmt in node.body:
+        if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1):
+            return f"body statement {ast.unparse(stmt)}"
+        target = stmt.targets[0]
+        if not isinstance(target, ast.Name):
+            return f"body target {ast.unparse(target)}"
+        carries.add(target.id)
+        names = [n for n in ast.walk(stmt.value) if isinstance(n, ast.Name)]
+        calls = {id(c.func) for c in ast.walk(stmt.value) if isinstance(c, ast.Call)}
+        if any(n.id == var and id(n) not in calls for n in names):
+            return f"loop variable {var} used as a value"
+        value = _BufferReads().visit(copy.deepcopy(stmt.value))
+        problem = _outside_allow_lists(value, LOOP_METHODS, frozenset({var}))
+        if problem is not None:
+            return problem
+    return None if len(carries) == 1 else f"body rebinds {sorted(carries)}"
+
+
 ORACLE_CASES = [
     ("next(self.visual.parameters()).dtype", None),
     ("self._merge_rows(x.view(1, -1), scale=0.5)", None),
@@ -1043,4 +1209,29 @@ def test_the_step_oracle_can_fail(python: str, words: str | None) -> None:
     catches each way out."""
     expr = ast.parse(python, mode="eval").body
     problem = _outside_allow_lists(expr, {"_merge_rows", "visual.prepare_metadata"})
+    assert (problem is None) if words is None else (words in (problem or "")), problem
+
+
+LOOP_ORACLE_CASES = [
+    ("for b in self.visual.blocks:\n    h = b(h, cu_seqlens=inputs['c'])", None),
+    ("for b in self.visual.towers[0].blocks:\n    h = b(h).contiguous()", None),
+    ("for b in self.visual:\n    h = b(h)", "loop over"),
+    ("for b in self.visual._modules:\n    h = b(h)", "loop over"),
+    ("for b in self.visual.blocks.modules:\n    h = b(h)", "loop over"),
+    ("for b in self.visual.blocks:\n    h = b.attn(h)", "b used as a value"),
+    ("for b in self.visual.blocks:\n    h = b(h).numpy()", ".numpy on a value"),
+    ("for b in self.visual.blocks:\n    h = self.visual.merger(b)", "as a value"),
+    ("for b in self.visual.blocks:\n    g = b(h)\n    h = b(g)", "body rebinds"),
+    ("for b in self.visual.blocks:\n    h, g = b(h)", "body target"),
+    ("for b in self.visual.blocks:\n    h = b(open('f'))", "call of open"),
+]
+
+
+@pytest.mark.parametrize(("python", "words"), LOOP_ORACLE_CASES)
+def test_the_loop_oracle_can_fail(python: str, words: str | None) -> None:
+    """The fuzz's reading of a generated loop lets a sound one through and
+    catches each way out."""
+    node = ast.parse(python).body[0]
+    assert isinstance(node, ast.For)
+    problem = _loop_problem(node)
     assert (problem is None) if words is None else (words in (problem or "")), problem

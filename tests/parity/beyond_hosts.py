@@ -17,6 +17,7 @@ from typing import Any
 
 import parity_hosts
 import torch
+from encoder_cudagraph_runtime.attention_backends import AttentionBackendEnum
 from beyond_testlib import OracleModel, vllm_config
 from parity_testlib import WheelCode
 
@@ -302,10 +303,118 @@ def eagle2_5_vl(forced: bool = False) -> OracleModel:
     )
 
 
+# ---------------------------------------------------------------------------
+# dots.ocr: a varlen tower without a packed entry point, blocks in a list
+# ---------------------------------------------------------------------------
+
+DOTS = "vllm.model_executor.models.dots_ocr"
+VISION = "vllm.model_executor.models.vision"
+#: Blocks of the fake tower: the graph must run every one, in order.
+DOTS_DEPTH = 3
+#: The merger's rows are wider than the language model's: the host keeps
+#: the first ``config.hidden_size`` columns.
+DOTS_MERGED_WIDTH = 2 * WIDTH
+
+
+class _DotsBlock:
+    """A transformer block by FlashAttention's contract: the rows plus their
+    RoPE codes (scaled by the block's place in the list), then each row plus
+    its sequence's mean (``parity_hosts.varlen_attention``)."""
+
+    def __init__(self, tower: Any, index: int) -> None:
+        self.tower, self.index = tower, index
+
+    def __call__(self, x, cu_seqlens, rotary_pos_emb, max_seqlen=None):
+        rows = x.float() + rotary_pos_emb.float() * (self.index + 1) / 4
+        violations = self.tower.violations
+        return parity_hosts.varlen_attention(
+            rows, cu_seqlens, max_seqlen, violations
+        ).to(x.dtype)
+
+
+class _DotsTowerParts(parity_hosts.Recorder):
+    """The learned parts of ``DotsVisionTransformer``: a patch embedding of
+    each row, ``DOTS_DEPTH`` blocks, a post-trunk norm and a merger of each
+    run of merge x merge rows (order inside the run matters). ``forward``,
+    ``rot_pos_emb`` and ``compute_attn_mask_seqlen`` are vLLM's (subclass),
+    the rotary table vLLM's ``VisionRotaryEmbedding``."""
+
+    def __init__(self, code: WheelCode, backend: str) -> None:
+        super().__init__()
+        self.config = _Obj(
+            num_channels=3,
+            temporal_patch_size=2,
+            patch_size=parity_hosts.PATCH,
+            embed_dim=4 * WIDTH,
+            num_attention_heads=2,  # head_dim 16: RoPE rows of WIDTH
+            post_norm=True,
+        )
+        self.spatial_merge_size = 2
+        self.attn_backend = AttentionBackendEnum[backend]
+        rotary = code.klass(
+            DOTS, "VisionRotaryEmbedding", ["forward"], bases=(CallsForward,)
+        )()
+        rotary.inv_freq = 1.0 / (10000 ** (torch.arange(0, 8, 2).float() / 8))
+        self.rotary_pos_emb = rotary
+        self.blocks = [_DotsBlock(self, i) for i in range(DOTS_DEPTH)]
+        self.merge_linear = FixedLinear(4 * WIDTH, DOTS_MERGED_WIDTH)
+
+    dtype = torch.float32
+    device = parity_hosts.CPU
+
+    def patch_embed(self, x: torch.Tensor, grid_thw: Any = None) -> torch.Tensor:
+        return parity_hosts.patch_embedding(x, self.dtype)
+
+    def post_trunk_norm(self, x: torch.Tensor) -> torch.Tensor:
+        return x - x.mean(dim=-1, keepdim=True) / 2
+
+    def merger(self, x: torch.Tensor) -> torch.Tensor:
+        return self.merge_linear(x.reshape(-1, 4 * WIDTH))
+
+
+def _dots_host_class(code: WheelCode, mixin: type) -> type:
+    return code.klass(
+        DOTS, "DotsOCRForCausalLM", ["_process_image_input"], bases=(mixin,)
+    )
+
+
+def _dots_host(code: WheelCode, host_class: type, backend: str) -> Any:
+    tower_class = code.klass(
+        DOTS,
+        "DotsVisionTransformer",
+        ["forward", "rot_pos_emb", "get_pos_ids_by_grid", "compute_attn_mask_seqlen"],
+        bases=(_DotsTowerParts, CallsForward),
+        exclude=["dtype", "device"],
+    )
+    host = host_class()
+    host.config = _Obj(hidden_size=WIDTH)
+    host.use_data_parallel = False
+    host.vision_tower = tower_class(code, backend)
+    return host
+
+
+def dots_ocr() -> OracleModel:
+    return OracleModel(
+        stem="dots_ocr",
+        # The data-parallel path is not taken (use_data_parallel is False).
+        stubs={VISION: {"run_dp_sharded_mrope_vision_model": None}},
+        host_class=_dots_host_class,
+        make_host=_dots_host,
+        eager=lambda host, batch: list(
+            host._process_image_input({"type": "pixel_values", **batch})
+        ),
+        batches=omni_batches,
+        backends=("FLASH_ATTN", "ROCM_AITER_FA", "TRITON_ATTN"),
+        max_num_batched_tokens=128,
+        violations=lambda host: host.vision_tower.violations,
+    )
+
+
 #: Every model of vLLM 0.33.0 without a hand-written mixin that has a spec:
 #: its oracle (the catalog's models have parity rows in parity_hosts.MODELS).
 ORACLES = {
     "cohere2_vision": cohere2_vision,
+    "dots_ocr": dots_ocr,
     "eagle2_5_vl": eagle2_5_vl,
     "qwen2_5_omni": qwen2_5_omni,
 }

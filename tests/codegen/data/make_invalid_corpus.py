@@ -2133,6 +2133,93 @@ case(
 )
 
 
+# -- loops over a host module list (forward steps) -------------------------------------
+
+_LOOP_IN = "block\n    in: visual.blocks\n"
+_LOOP_BODY = (
+    "      - hidden = block(hidden, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)\n"
+)
+valid_case(
+    "loop_over_a_step_result", "module_loop", (_LOOP_IN, "block\n    in: hidden\n")
+)
+valid_case(
+    "loop_over_module_api", "module_loop", (_LOOP_IN, "block\n    in: visual.modules\n")
+)
+valid_case(
+    "loop_carry_not_bound_before",
+    "module_loop",
+    ("  carry: hidden\n", "  carry: merged\n"),
+)
+valid_case(
+    "loop_rebinds_another_name",
+    "module_loop",
+    (
+        _LOOP_BODY,
+        "      - merged = block(hidden, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)\n",
+    ),
+)
+valid_case(
+    "loop_variable_as_a_value",
+    "module_loop",
+    (_LOOP_BODY, "      - hidden = visual.merger(block)\n"),
+)
+valid_case(
+    "loop_variable_after_its_loop",
+    "module_loop",
+    ("  - visual.merger(hidden)\n", "  - visual.merger(hidden, scale=block)\n"),
+)
+valid_case(
+    "loop_nested",
+    "module_loop",
+    (
+        _LOOP_BODY,
+        "      - {for: inner, in: visual.blocks, carry: hidden, steps: [hidden = inner(hidden)]}\n",
+    ),
+)
+valid_case(
+    "loop_never_calls_its_variable",
+    "module_loop",
+    (_LOOP_BODY, "      - hidden = hidden.contiguous()\n"),
+)
+valid_case(
+    "loop_unknown_key_and_no_carry",
+    "module_loop",
+    ("  carry: hidden\n", "  carry_over: hidden\n"),
+)
+valid_case(
+    "loop_variable_takes_a_name",
+    "module_loop",
+    ("  - for: block\n", "  - for: cu_seqlens\n"),
+)
+valid_case(
+    "loop_reserved_variable",
+    "module_loop",
+    ("  - for: block\n", "  - for: self\n"),
+)
+valid_case(
+    "loop_host_sync_in_graph",
+    "module_loop",
+    (
+        _LOOP_BODY,
+        "      - hidden = block(hidden, max_seqlen=max_seqlen.item(), cu_seqlens=cu_seqlens)\n",
+    ),
+)
+valid_case(
+    "loop_as_the_output",
+    "module_loop",
+    ("  - visual.merger(feats)\n", ""),
+)
+valid_case(
+    "loop_in_builder_steps",
+    "builder_steps",
+    (
+        "      - patches = pixel_values * 2\n",
+        "      - patches = pixel_values * 2\n"
+        "      - {for: block, in: tower.blocks, carry: patches, steps: [patches = block(patches)]}\n",
+    ),
+)
+
+
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     wanted = set(cases) | set(NOT_UTF8)

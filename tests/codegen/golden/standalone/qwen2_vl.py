@@ -3,8 +3,8 @@
 # From specs/qwen2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_vl.yaml`.
 # spec-sha256: 869bcb41f290ee655394bdeee5f49801b8344bce3f4c38101e004675d9980f68
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: 1517dc6f09f0a7d2890252c5164296860f30e89e30b1848dda628d417b0d596c
+# templates-sha256: 961a6ad4c1ee503d7a70371cb528f028878f93d3eabe3f0ebf6d7049b59bd6d0
+# output-sha256: 619bf237f33e28be960207e58116a2d00a232a94226393c58d5fc0da85dd7872
 
 import itertools
 from collections.abc import Hashable

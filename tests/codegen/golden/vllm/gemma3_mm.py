@@ -3,8 +3,8 @@
 # From specs/gemma3_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma3_mm.yaml`.
 # spec-sha256: 19cc0f6e849ba8315b6202b90204158da9f48161f059a5255254f1c8d3c71b41
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: aa38376eafa25d036b20fc6d8e9181df5bcb305cad3b2b986e47debb8deb203a
+# templates-sha256: 961a6ad4c1ee503d7a70371cb528f028878f93d3eabe3f0ebf6d7049b59bd6d0
+# output-sha256: 001ed7c57909dd10b6c0a093c6a4239f249ebcce37c10e1835253c6ec6a7891d
 
 import itertools
 from collections.abc import Hashable

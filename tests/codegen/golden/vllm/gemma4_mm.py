@@ -3,8 +3,8 @@
 # From specs/gemma4_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma4_mm.yaml`.
 # spec-sha256: fe07e2894155f5ba1f5fd7446135beff597ff1b8ab232f55666b5d585bc1d341
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: 13ec4e5c177fa5f3a8c054a0ae6ce60b4ff66f0f8df034c66e6aa6ffaab10ec0
+# templates-sha256: 961a6ad4c1ee503d7a70371cb528f028878f93d3eabe3f0ebf6d7049b59bd6d0
+# output-sha256: 2fd0cecf8e39b0e6b0db4b927691b0c65ce977ed3fffa83c6f74f5bd58d7d14d
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any

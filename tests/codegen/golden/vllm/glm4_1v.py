@@ -3,8 +3,8 @@
 # From specs/glm4_1v.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm4_1v.yaml`.
 # spec-sha256: 93ee1fa714e7ac8e7e720d49cba4efbe7b945a492409a082eff8447195711a00
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: 2a2dc959694ae02088ecfb0e30f6c99f0c9058c2f34c9370d1a8ed724fa33f44
+# templates-sha256: 961a6ad4c1ee503d7a70371cb528f028878f93d3eabe3f0ebf6d7049b59bd6d0
+# output-sha256: 3fdae532a59f148b3e25f61a4482fd9fd6e3f0c62d4579040a6316f401bb9d98
 
 import itertools
 from collections.abc import Hashable
