@@ -3,8 +3,8 @@
 # From specs/cohere2_vision.yaml: change the spec or the templates and run
 # `gen-mixin specs/cohere2_vision.yaml`.
 # spec-sha256: be09fd22f18b5804bec9fad2ab292f1d4e65a1b7a548a7719f983f9e1c1e6321
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: 69b62410bb114d1d6df4019d2be8c90cecfff3185b46d3f8620bcd34cfc8536d
+# templates-sha256: a385d661bb8e22395b56ffa35b3f7c5bf15d7c2f20503e61f8425ddfe12708d6
+# output-sha256: 53d60c0eedad0562bd32be286df22f530fb77469fa750aaa447d8d5489e32cae
 
 import itertools
 from collections.abc import Hashable

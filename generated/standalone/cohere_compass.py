@@ -3,8 +3,8 @@
 # From specs/cohere_compass.yaml: change the spec or the templates and run
 # `gen-mixin specs/cohere_compass.yaml`.
 # spec-sha256: d07c29aa8ad4662bcac30b269bf92c40a0f7c311b8deb5cc9f84e86dba45c5c5
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: ae91814bb41c7f9a1a548d099bfd3fa7b95e1fd318c824276da4ebf6a76136d7
+# templates-sha256: a385d661bb8e22395b56ffa35b3f7c5bf15d7c2f20503e61f8425ddfe12708d6
+# output-sha256: 06ce459ab64d30bd036a18cf0e37e58373b1139830c3b7611e7978b85795c051
 
 import itertools
 from collections.abc import Hashable

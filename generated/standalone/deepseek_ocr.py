@@ -3,8 +3,8 @@
 # From specs/deepseek_ocr.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_ocr.yaml`.
 # spec-sha256: 0bfb43e4316a4a39192bb100e7cfeecbb3f7339c7a907dfaa07f9b62999ceee7
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: 6a8a4ec6b183f24d1ce2772e21f8e7b36284afef49293fe79b489e123ca1cf1d
+# templates-sha256: a385d661bb8e22395b56ffa35b3f7c5bf15d7c2f20503e61f8425ddfe12708d6
+# output-sha256: ddf644cf5fbb65677f2ed0f47edfa0cab3c2c9083adc4dba55825e5f3a6108b9
 
 import itertools
 from collections.abc import Hashable

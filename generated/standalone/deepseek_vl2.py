@@ -3,8 +3,8 @@
 # From specs/deepseek_vl2.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_vl2.yaml`.
 # spec-sha256: 65a219ba305cd6d64a7bcc0ccb0190528fa86cf96ed2209abdf6848605972e9f
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: 3c32f3ebc5d603cc6b071a8111225eb8fc327ac4dd8c890ae8fd0696218e600c
+# templates-sha256: a385d661bb8e22395b56ffa35b3f7c5bf15d7c2f20503e61f8425ddfe12708d6
+# output-sha256: ee6e4c9563e80b7d2f553633854470aa205918b92aa176a8c6e092b11af231a7
 
 import itertools
 from collections.abc import Hashable

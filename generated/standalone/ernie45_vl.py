@@ -3,8 +3,8 @@
 # From specs/ernie45_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/ernie45_vl.yaml`.
 # spec-sha256: 9c43478aaa850dab46764f23326811febf7e9a3d9cc8d6b0c7ff0cd9d6601d41
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: 5254719c5e9ea24d306370b67b3790362405db0042e56c43c986efa95183fd15
+# templates-sha256: a385d661bb8e22395b56ffa35b3f7c5bf15d7c2f20503e61f8425ddfe12708d6
+# output-sha256: 8abc704efd724612305071a74d4b8155caec1e5bd4e5579a53e85793582a91e8
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/idefics3.yaml: change the spec or the templates and run
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 402948cdd63112cfeb000df2a94827d2c785cffa05635f592942545d8e00d7b3
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: b3f585db5d6a31a26de614b25231677379f44b88a2e58b51cd840af4803b1be4
+# templates-sha256: a385d661bb8e22395b56ffa35b3f7c5bf15d7c2f20503e61f8425ddfe12708d6
+# output-sha256: b229aba3cc7f74609518620583435e81ce1e903b9fa24acde649a50d27665316
 
 import itertools
 from collections.abc import Hashable

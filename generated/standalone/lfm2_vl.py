@@ -3,8 +3,8 @@
 # From specs/lfm2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/lfm2_vl.yaml`.
 # spec-sha256: e1b41954533f77c5383c0d01f040a935fc74a44fc36a4d9fee8b538a1b691586
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: cf9c20fc3984c4adbd387d59f80c31ae2ec4f23dc4879b3726fd59a4e03841a9
+# templates-sha256: a385d661bb8e22395b56ffa35b3f7c5bf15d7c2f20503e61f8425ddfe12708d6
+# output-sha256: 4ef22b191c2e8bbd6e0a80a7d8743782b1bdea247c88c69d41d4a71844d1ff61
 
 import itertools
 from collections.abc import Hashable
@@ -233,7 +233,7 @@ def _check_multiples(
     emits them: the item formulas divide by them, and a remainder would drop
     rows silently."""
     for index, row in enumerate(rows):
-        values = row if isinstance(row, list) else [row]
+        values = row if isinstance(row, (list, tuple)) else [row]
         for position, dim, divisor in rules:
             if values[position] % divisor:
                 raise ValueError(

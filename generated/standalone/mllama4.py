@@ -3,8 +3,8 @@
 # From specs/mllama4.yaml: change the spec or the templates and run
 # `gen-mixin specs/mllama4.yaml`.
 # spec-sha256: 3a4c5d7bdb1ee216f77e7723529296ab4a8d77acd6df01a22770eb4a40007938
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: 1cb0dda86b9e6ae968258cd49ec72683a234b28963cb149fb50b7235167a5db1
+# templates-sha256: a385d661bb8e22395b56ffa35b3f7c5bf15d7c2f20503e61f8425ddfe12708d6
+# output-sha256: 7ff06e356f02e5ad1c023f6cf806ba48b690a3e2e37f36feca9f1d1648d4f899
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/qwen2_5_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_vl.yaml`.
 # spec-sha256: ce38a756ff944d5d1cbcb57a4efc46c3eaa13791e2e6333e347ed5b079f51a1a
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: b905686460fe378162b39c6fcf8561011c5d6abf71d712e2b0a86ab75e177cd6
+# templates-sha256: a385d661bb8e22395b56ffa35b3f7c5bf15d7c2f20503e61f8425ddfe12708d6
+# output-sha256: c64ae155ba283d8d1ce29f245e261a0b64a9c0fed81e93851a7628befe0518be
 
 import itertools
 from collections.abc import Hashable

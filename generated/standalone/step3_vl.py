@@ -3,8 +3,8 @@
 # From specs/step3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: d1301896e352dc2dfc1d1ade577e62b790d5905dc44d22fea69e93de564903ab
+# templates-sha256: a385d661bb8e22395b56ffa35b3f7c5bf15d7c2f20503e61f8425ddfe12708d6
+# output-sha256: 44c47edff88eafb926945d3aed615acf735a274f262d9da4133c64cfe8daa49e
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/gemma3_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma3_mm.yaml`.
 # spec-sha256: 19cc0f6e849ba8315b6202b90204158da9f48161f059a5255254f1c8d3c71b41
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: aa38376eafa25d036b20fc6d8e9181df5bcb305cad3b2b986e47debb8deb203a
+# templates-sha256: a385d661bb8e22395b56ffa35b3f7c5bf15d7c2f20503e61f8425ddfe12708d6
+# output-sha256: b9a98325d714c092f87ac03f1b229ad16d7812b0cbc909bdfbdc78ae8d75edea
 
 import itertools
 from collections.abc import Hashable

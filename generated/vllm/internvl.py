@@ -3,8 +3,8 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: bd3e03f8f45c218890dcabdd2d358eb418fcd77d45c689da9a52bae87f5993d7
+# templates-sha256: a385d661bb8e22395b56ffa35b3f7c5bf15d7c2f20503e61f8425ddfe12708d6
+# output-sha256: 3d7c5db1ea8587f975741b97a14eb8a631122772c6f8db3c5c5ea0bd0002d87f
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/kimi_k25.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k25.yaml`.
 # spec-sha256: 7f183ed8d4f550eea068483d8a9435b722bdfdf97a0b4d8fcd5271760b6fb015
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: 774c3501eeea70b241343ccb499ca6eaf1596de2797da1e31d347575887aea6e
+# templates-sha256: a385d661bb8e22395b56ffa35b3f7c5bf15d7c2f20503e61f8425ddfe12708d6
+# output-sha256: 118371ec9c12edb250855081b5b1971a7ea72101693ea0eab64c9dd9b49793f4
 
 import itertools
 from collections.abc import Hashable

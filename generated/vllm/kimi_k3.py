@@ -3,8 +3,8 @@
 # From specs/kimi_k3.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k3.yaml`.
 # spec-sha256: 43497e5dfe1ac384f62bdd2eaa1d96ddd9887c49f037b60e3b81ea6100afb1a8
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: 616094f987fe8ca5e7fb9ed0c0c4f7c1f0e6fb14449b6524a1f4cca2b8cae02b
+# templates-sha256: a385d661bb8e22395b56ffa35b3f7c5bf15d7c2f20503e61f8425ddfe12708d6
+# output-sha256: 88bf51de10da8fbb4d86b411dcffb464b08fcf6b01649f22087689e2a78e49fd
 
 import itertools
 import math

@@ -3,8 +3,8 @@
 # From specs/mllama4.yaml: change the spec or the templates and run
 # `gen-mixin specs/mllama4.yaml`.
 # spec-sha256: 3a4c5d7bdb1ee216f77e7723529296ab4a8d77acd6df01a22770eb4a40007938
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: 6546d100cc1251cec421017f8b547b3a0415fae348e5a855973db0c218699272
+# templates-sha256: a385d661bb8e22395b56ffa35b3f7c5bf15d7c2f20503e61f8425ddfe12708d6
+# output-sha256: e6e03ed7f7b6beb99a041fea850dfc7183c6537cd1cd41397d217a467060e54f
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/qwen2_5_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_vl.yaml`.
 # spec-sha256: ce38a756ff944d5d1cbcb57a4efc46c3eaa13791e2e6333e347ed5b079f51a1a
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: 6df8011f8736554860b066cc0c6dddb1bb946328383159b72fa4eebcd788fe4c
+# templates-sha256: a385d661bb8e22395b56ffa35b3f7c5bf15d7c2f20503e61f8425ddfe12708d6
+# output-sha256: f9124b94e97da71aa4e8765f685823684f794608d6814ff04f9782e741e17b5c
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/qwen2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_vl.yaml`.
 # spec-sha256: 869bcb41f290ee655394bdeee5f49801b8344bce3f4c38101e004675d9980f68
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: b50afbcdba5ef331ce2be092c6e333a123af378be49fce411393d55a5b46b76f
+# templates-sha256: a385d661bb8e22395b56ffa35b3f7c5bf15d7c2f20503e61f8425ddfe12708d6
+# output-sha256: 5a295eb28689177ded521554d0cbebb5d7192202dd62459a736ce8fd397df176
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/qwen3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen3_vl.yaml`.
 # spec-sha256: 902e83bb3226b608ede21e14f232e7c519c96c3ab05297933967cf2acb582708
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: 6fcf212e48f4a861197f97f7ff6a8f20cc08fec37e7b434457e98dc768ddce13
+# templates-sha256: a385d661bb8e22395b56ffa35b3f7c5bf15d7c2f20503e61f8425ddfe12708d6
+# output-sha256: c9b1830095c19734a1d78a68b18a65761fdd6753939632dea6238d4dcf61af90
 
 import itertools
 from collections.abc import Hashable

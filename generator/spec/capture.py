@@ -199,6 +199,14 @@ class CaptureTensor:
         if fill is Fill.PAD and not padded:
             r.refuse("fill", "`pad` fills a padded input's buffer with its pad_value")
             return None
+        item_shape = getattr(flat, "item_shape", ())
+        if item_shape and len(shape) != 1 + len(item_shape):
+            r.error(
+                "shape",
+                f"a tensors input's buffer has items on dim 0, then the "
+                f"{len(item_shape)} dims of its shape: give {1 + len(item_shape)} dims",
+            )
+            return None
         if padded and len(shape) < 2:
             r.error(
                 "shape",

@@ -3,8 +3,8 @@
 # From specs/deepseek_v41.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_v41.yaml`.
 # spec-sha256: 02b2741924e3a7a071af0cd3a8633eb065771b6cf82bbdd2283ae744c6161625
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: a8c7fcf77a9bbf7d5c7784b6fc8ef398aca45174f550e3efe3e0d53f354fa87a
+# templates-sha256: a385d661bb8e22395b56ffa35b3f7c5bf15d7c2f20503e61f8425ddfe12708d6
+# output-sha256: 3de9feeb4a9ae3c53689b375c741d00acf0c67d1810c1408db5dc803431c45cd
 
 import itertools
 import weakref

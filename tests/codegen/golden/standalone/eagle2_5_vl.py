@@ -3,8 +3,8 @@
 # From specs/eagle2_5_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/eagle2_5_vl.yaml`.
 # spec-sha256: 83ff2533b4ca23dd7ff633541be75194608fbdec7d6ecb70c6c7ccd114d4e48d
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: 7f411974f68f99308ba44e52d99c00540b1f6082371785ddc3c2c3e1ff1dd0e0
+# templates-sha256: a385d661bb8e22395b56ffa35b3f7c5bf15d7c2f20503e61f8425ddfe12708d6
+# output-sha256: 2bfc7fbf104660a21ed8652fbae14ea16cfbd922afe469b0882cc2a9f7787977
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/kimi_k3.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k3.yaml`.
 # spec-sha256: 43497e5dfe1ac384f62bdd2eaa1d96ddd9887c49f037b60e3b81ea6100afb1a8
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: 63712e677d19473039d9b96a7a95ae4f904cfcdc125d0b60ea3ecf6c59bddd26
+# templates-sha256: a385d661bb8e22395b56ffa35b3f7c5bf15d7c2f20503e61f8425ddfe12708d6
+# output-sha256: 9ed167270512985afd09cdbd9b624ce4ec80efe3a265c3470a58e0c4f81c00b0
 
 import itertools
 import math

@@ -3,8 +3,8 @@
 # From specs/kimi_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_vl.yaml`.
 # spec-sha256: b4c12018366cdeb86c86bf7b35c60c7b97e9e189f2f53785ec5ff811704d07d2
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: 9346a6aea77753a824e0e7fd6aa3aae657b66cb35fd48812ef495f93ede1c274
+# templates-sha256: a385d661bb8e22395b56ffa35b3f7c5bf15d7c2f20503e61f8425ddfe12708d6
+# output-sha256: d54365c90419dd1ff34071f1278bcebc8d029b51d1dbba61614f06b5dd9a7a32
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/minicpmv.yaml: change the spec or the templates and run
 # `gen-mixin specs/minicpmv.yaml`.
 # spec-sha256: d4a580fe01bc55f4be098f399ee38128cd927c0b2f6e20aecf28c2d3e8bd3368
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: 6432e91dc375bb4164cc84eea7aa99c57cb949fb74161329366570590e7bf546
+# templates-sha256: a385d661bb8e22395b56ffa35b3f7c5bf15d7c2f20503e61f8425ddfe12708d6
+# output-sha256: 43a0c74632566d7c1852e2d756c9c71d1dbe0f308d913e6b61ca1960c1fd746b
 
 import itertools
 from collections.abc import Hashable

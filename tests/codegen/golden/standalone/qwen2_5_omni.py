@@ -3,8 +3,8 @@
 # From specs/qwen2_5_omni.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_omni.yaml`.
 # spec-sha256: ce9bf2fc700f004d47827e30d185e59eb5d9444dd78780ad1cac730e07dc5c1d
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: fc87eef15575df2372e832ab2b4a3f67de0c985876c57c1c30eb6a5acac1ca44
+# templates-sha256: a385d661bb8e22395b56ffa35b3f7c5bf15d7c2f20503e61f8425ddfe12708d6
+# output-sha256: 77d399ab59c44e6b04fc50660b9a3f30c191a7332cf3d166f79863527bf2b7f6
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/qwen3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen3_vl.yaml`.
 # spec-sha256: 902e83bb3226b608ede21e14f232e7c519c96c3ab05297933967cf2acb582708
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: 90f7600f27b2eb1158014b91e8a4403e3121e7dd425efbf16008849d8efca947
+# templates-sha256: a385d661bb8e22395b56ffa35b3f7c5bf15d7c2f20503e61f8425ddfe12708d6
+# output-sha256: 0df8090163867590e655af89405f10a47b32abb32b00e3b8cdd8db169755fd69
 
 import itertools
 from collections.abc import Hashable

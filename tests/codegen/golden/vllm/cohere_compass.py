@@ -3,8 +3,8 @@
 # From specs/cohere_compass.yaml: change the spec or the templates and run
 # `gen-mixin specs/cohere_compass.yaml`.
 # spec-sha256: d07c29aa8ad4662bcac30b269bf92c40a0f7c311b8deb5cc9f84e86dba45c5c5
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: 555217ee810dff825cb82adf5fedf645c058641acd3cee9d7a9bcb0b2aae0630
+# templates-sha256: a385d661bb8e22395b56ffa35b3f7c5bf15d7c2f20503e61f8425ddfe12708d6
+# output-sha256: faa0c195214a4fad548b7aec2c4acdabdca72376756cb1968d958b7aafdddb6d
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/deepseek_ocr.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_ocr.yaml`.
 # spec-sha256: 0bfb43e4316a4a39192bb100e7cfeecbb3f7339c7a907dfaa07f9b62999ceee7
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: 13107d70e54fb108f74e9ec636e2151f1d939045881c5c2ecd50f0e8c354329e
+# templates-sha256: a385d661bb8e22395b56ffa35b3f7c5bf15d7c2f20503e61f8425ddfe12708d6
+# output-sha256: 77837fde3d21af33f5fec5280fd3dc0917f08db9447b3ef4b90b42a271865759
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/deepseek_v41.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_v41.yaml`.
 # spec-sha256: 02b2741924e3a7a071af0cd3a8633eb065771b6cf82bbdd2283ae744c6161625
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: c60c5b3651cd3d5e3dc4f3f392ee6ebf47c991c833984796d5ee2a5b098ef418
+# templates-sha256: a385d661bb8e22395b56ffa35b3f7c5bf15d7c2f20503e61f8425ddfe12708d6
+# output-sha256: ce4bfb7871867c3977fa6119bea46bdbef3d5878a64fc58e1c1d02bc0dac9205
 
 import itertools
 import weakref

@@ -3,8 +3,8 @@
 # From specs/deepseek_vl2.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_vl2.yaml`.
 # spec-sha256: 65a219ba305cd6d64a7bcc0ccb0190528fa86cf96ed2209abdf6848605972e9f
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: 8e1e85109f0350c3ab51bdb61ae219c112343cabf88f01e7c058bfb37ae77116
+# templates-sha256: a385d661bb8e22395b56ffa35b3f7c5bf15d7c2f20503e61f8425ddfe12708d6
+# output-sha256: 3dea82fb48e81690856a84a16d39aed953e5fd9bed9598649066b329bb9dea5c
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/glm5_next.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm5_next.yaml`.
 # spec-sha256: eb5cf2b9079a5f16fe35bba77bed5740c643efe1e64d9a18938216fe04e1b97d
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: 160bd64877a9d907d6c2bf6e3eba39167fe7143dbb3b5d9dd097c5df31db3a19
+# templates-sha256: a385d661bb8e22395b56ffa35b3f7c5bf15d7c2f20503e61f8425ddfe12708d6
+# output-sha256: 356327d4cf2a5cc4288b47973172b5a0ad6c4333d0483b61b7f6e72c9b4400b6
 
 import itertools
 from collections.abc import Hashable

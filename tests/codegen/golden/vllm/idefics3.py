@@ -3,8 +3,8 @@
 # From specs/idefics3.yaml: change the spec or the templates and run
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 402948cdd63112cfeb000df2a94827d2c785cffa05635f592942545d8e00d7b3
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: 04994161920f2689fb4ace795d201079824ea7d9e66182d0074ad78470a3cc90
+# templates-sha256: a385d661bb8e22395b56ffa35b3f7c5bf15d7c2f20503e61f8425ddfe12708d6
+# output-sha256: 44e51e06e0083390fb5312d87a5a2ec0b153617704672e31d057d6380eb4cf5e
 
 import itertools
 from collections.abc import Hashable

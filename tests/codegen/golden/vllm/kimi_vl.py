@@ -3,8 +3,8 @@
 # From specs/kimi_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_vl.yaml`.
 # spec-sha256: b4c12018366cdeb86c86bf7b35c60c7b97e9e189f2f53785ec5ff811704d07d2
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: ba9a2f4c35a3f8f7a2de43c0c4b71a1ee25ef14354d0bf78a5b797dfec513999
+# templates-sha256: a385d661bb8e22395b56ffa35b3f7c5bf15d7c2f20503e61f8425ddfe12708d6
+# output-sha256: 378300223abead7199ce1fcd6ada224ed05c02012c809d96c2d4dc625711cdbf
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/lfm2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/lfm2_vl.yaml`.
 # spec-sha256: e1b41954533f77c5383c0d01f040a935fc74a44fc36a4d9fee8b538a1b691586
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: f1bef7588a859cc64ec93ff617225747267758419e5ea38cf419341ed087913c
+# templates-sha256: a385d661bb8e22395b56ffa35b3f7c5bf15d7c2f20503e61f8425ddfe12708d6
+# output-sha256: 6158ffc128f1c8a6eda2b88243dfc6e6f78d08f945faa3fbdf4fe7d5b119df5e
 
 import itertools
 from collections.abc import Hashable
@@ -234,7 +234,7 @@ def _check_multiples(
     emits them: the item formulas divide by them, and a remainder would drop
     rows silently."""
     for index, row in enumerate(rows):
-        values = row if isinstance(row, list) else [row]
+        values = row if isinstance(row, (list, tuple)) else [row]
         for position, dim, divisor in rules:
             if values[position] % divisor:
                 raise ValueError(

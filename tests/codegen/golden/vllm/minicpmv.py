@@ -3,8 +3,8 @@
 # From specs/minicpmv.yaml: change the spec or the templates and run
 # `gen-mixin specs/minicpmv.yaml`.
 # spec-sha256: d4a580fe01bc55f4be098f399ee38128cd927c0b2f6e20aecf28c2d3e8bd3368
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: a2e6ea47fdea3b679b8435c9808b4810c70bdd934a517116fd17edc45f4b32ad
+# templates-sha256: a385d661bb8e22395b56ffa35b3f7c5bf15d7c2f20503e61f8425ddfe12708d6
+# output-sha256: f0e81e4c8b882772aa2e15310d5a03f9a95ac0b06c3bfa237d24119b4a3b3556
 
 import itertools
 from collections.abc import Hashable

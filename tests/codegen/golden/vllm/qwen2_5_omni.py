@@ -3,8 +3,8 @@
 # From specs/qwen2_5_omni.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_omni.yaml`.
 # spec-sha256: ce9bf2fc700f004d47827e30d185e59eb5d9444dd78780ad1cac730e07dc5c1d
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: 7f457e57524454891853b6d3327f1dace36e587689b316f14bcd82579dd381b4
+# templates-sha256: a385d661bb8e22395b56ffa35b3f7c5bf15d7c2f20503e61f8425ddfe12708d6
+# output-sha256: cf40fab743e569cd188122e1aeb2fbc052d5ebf9fc56a1ca99d16f28b42f8a67
 
 import itertools
 from collections.abc import Hashable

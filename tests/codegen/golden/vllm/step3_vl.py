@@ -3,8 +3,8 @@
 # From specs/step3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: 5faed1bf35705b8e9ed4e015ea4b508ac3b18f31d88b04d792562380ec5adc4f
+# templates-sha256: a385d661bb8e22395b56ffa35b3f7c5bf15d7c2f20503e61f8425ddfe12708d6
+# output-sha256: 6b92e7a60856fd9715fef510e82dd8a1f03c1bac35e9a9e175de18b0cbe38608
 
 import itertools
 from collections.abc import Hashable
