@@ -160,6 +160,30 @@ OVERRIDES = [
 ]
 
 
+#: tensor_images (patch 2, side 4: slots of 4 x 4 tokens, a token two
+#: patches wide): images as (h, w) pixels, and the slot index of each token
+#: its builder gathers, image i's token (r, c) at i * 16 + r * 4 + c.
+TENSOR_TOKENS = [
+    ([(2, 8), (4, 4)], [0, 1, 16, 20]),
+    ([(2, 8), (2, 8)], [0, 1, 16, 17]),
+    ([(4, 12)], [0, 1, 2, 4, 5, 6]),
+]
+
+
+@pytest.mark.parametrize("lists", [False, True], ids=["stacked", "list"])
+@pytest.mark.parametrize(("sizes", "token_rows"), TENSOR_TOKENS)
+def test_a_tensors_input_reaches_builders_as_its_dims(sizes, token_rows, lists) -> None:
+    """A builder reads a tensors input as each item's (h, w), in the order
+    of ``dims``, off a list or a stacked tensor (a swap gathers other slots,
+    which item specs and selection would not show: their formulas are
+    symmetric in what they read)."""
+    world = SpecWorld(next(p for p in SPECS if p.stem == "tensor_images"))
+    items = [{"h": h, "w": w} for h, w in sizes]
+    batch = world.batch(items, lists=lists)
+    replay = world.host().prepare_encoder_cudagraph_replay_buffers(batch, 4, 1)
+    assert replay.values["token_rows"].tolist() == token_rows
+
+
 @pytest.mark.parametrize(("kwargs", "attribute", "smallest"), OVERRIDES)
 def test_constant_override_fallback_floor(kwargs, attribute, smallest) -> None:
     world = SpecWorld(next(p for p in SPECS if p.stem == "unit_varlen"))
