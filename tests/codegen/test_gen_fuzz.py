@@ -613,11 +613,21 @@ def tensors_inputs(draw) -> tuple[Any, list[str]]:
     tree = copy.deepcopy(TREES["tensor_images"])
     entry = tree["inputs"]["pixel_values"]
     names = st.sampled_from(TENSORS_ENTRIES + PAYLOADS)
-    entry["dims"] = draw(st.lists(names, max_size=4))
-    entry["shape"] = draw(st.lists(st.one_of(names, _numbers), max_size=5))
-    if draw(st.booleans()):
+    # Permutations reach generation (channels last, dims in another order);
+    # the free lists mostly the refusals.
+    entry["dims"] = draw(
+        st.one_of(st.permutations(["h", "w"]), st.lists(names, max_size=4))
+    )
+    entry["shape"] = draw(
+        st.one_of(
+            st.just(entry["shape"]),
+            st.permutations(["channels", "h", "w"]),
+            st.lists(st.one_of(names, _numbers), max_size=5),
+        )
+    )
+    if draw(st.integers(min_value=0, max_value=2)) == 0:
         entry["multiple_of"] = draw(st.dictionaries(names, st.one_of(names, _numbers)))
-    if draw(st.booleans()):
+    if draw(st.integers(min_value=0, max_value=2)) == 0:
         entry["pad_value"] = draw(st.one_of(_numbers, names))
     log = [f"dims {entry['dims']!r}", f"shape {entry['shape']!r}"]
     return tree, log
