@@ -1,18 +1,21 @@
 """The coverage check of a capture of padded inputs (``kind: padded``).
 
 A padded input's buffer is ``(items, width, ...)``: one row per item, each
-item's size on dim 1. The graph of a capture-axis key only ever replays
+item's size on dim 1 (a tensors input's: ``(items, *shape)``, each of its
+dims at its place in the shape). The graph of a capture-axis key only ever replays
 batches whose items that key covers (selection picks the first key covering
 the batch's largest need; an item no key covers runs eagerly), so the buffer
 of key ``K`` and budget ``B`` must hold, on dim 0, the most items such a
 batch can bring (``max_batch_size`` of them, or as many of the fewest budget
 tokens as ``B`` holds) and, on dim 1, the largest size of an item ``K``
-covers within ``B``. Without axes every item within the budget counts.
+covers within ``B``, on every size dim. Without axes every item within the
+budget counts.
 
-The item formulas are taken to grow with the size dim (more patches, more
-tokens and a larger need), as an image's do: the largest size a key takes is
-found by bisection over multiples of the formulas' divisors, the fewest
-budget tokens at the smallest size. Other dims are sampled.
+The item formulas are taken to grow with each size dim (more patches, more
+tokens and a larger need), as an image's do: the largest value of a size dim
+a key takes is found by bisection over multiples of the formulas' divisors,
+the other size dims at their smallest (a long thin image is the widest), the
+fewest budget tokens at the smallest sizes. Other dims are sampled.
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ class TakenItems:
         self.env = dict(env)
         items = ir.items
         self.tokens = items.budget_tokens or items.output_tokens
-        self.sizes = sorted({g.dims[0] for g in ir.item_inputs if g.is_padded})
+        self.sizes = sorted({d for g in ir.item_inputs for d in size_dims(g)})
         used = names_in(self.tokens) | {
             n for axis in ir.axes for c in axis.covers for n in names_in(c)
         }
@@ -79,10 +82,11 @@ class TakenItems:
         tokens = evaluate(self.tokens, scope)
         return tokens if tokens <= budget else None
 
-    def bounds(self, budget: int) -> tuple[int, int] | None:
-        """(the fewest budget tokens, the largest size) of the items taken
-        within ``budget``, over the sampled other dims; None when none is."""
-        fewest, largest = None, 0
+    def bounds(self, budget: int) -> tuple[int, dict[str, int]] | None:
+        """(the fewest budget tokens, the largest value of each size dim) of
+        the items taken within ``budget``, over the sampled other dims; None
+        when none is."""
+        fewest, largest = None, dict.fromkeys(self.sizes, 0)
         steps = {d: _step(self.ir, self.env, d) for d in self.sizes}
         for combo in itertools.product(OTHER_DIM_SAMPLES, repeat=len(self.others)):
             other = dict(zip(self.others, combo, strict=True))
@@ -91,20 +95,38 @@ class TakenItems:
             if tokens is None:
                 continue
             fewest = tokens if fewest is None else min(fewest, tokens)
-            largest = max(largest, self._largest(other, steps, budget))
+            for dim in self.sizes:
+                largest[dim] = max(
+                    largest[dim], self._largest(other, steps, budget, dim)
+                )
         return None if fewest is None else (fewest, largest)
 
-    def _largest(self, other: dict, steps: dict, budget: int) -> int:
-        """The largest size (all padded dims alike) an item taken can have."""
-        lo, hi = 1, LARGEST_SIZE // max(steps.values())
+    def _largest(self, other: dict, steps: dict, budget: int, dim: str) -> int:
+        """The largest value of size dim ``dim`` an item taken can have, the
+        other size dims at their smallest."""
+        lo, hi = 1, LARGEST_SIZE // steps[dim]
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            dims = {**other, **{d: mid * s for d, s in steps.items()}}
+            dims = {**other, **steps, dim: mid * steps[dim]}
             if self._taken(dims, budget) is not None:
                 lo = mid
             else:
                 hi = mid - 1
-        return lo * max(steps.values())
+        return lo * steps[dim]
+
+
+def size_dims(item) -> tuple[str, ...]:
+    """The dims a padded or tensors input reads off its items' shapes."""
+    if not item.is_padded:
+        return ()
+    return item.dims if item.is_tensors else item.dims[:1]
+
+
+def _held_dims(item) -> tuple[tuple[str, int], ...]:
+    """(dim, buffer dim) for each size dim of the input of a capture tensor."""
+    if item.is_tensors:
+        return tuple((d, 1 + p) for d, p in zip(item.dims, item.dim_positions))
+    return ((item.dims[0], 1),)
 
 
 def padded_problems(
@@ -137,30 +159,38 @@ def padded_problems(
                 if field in reported:
                     continue
                 try:
-                    held = [evaluate(e, scope) for e in tensor.shape[:2]]
+                    held_items = evaluate(tensor.shape[0], scope)
+                    sizes = [
+                        (dim, at, evaluate(tensor.shape[at], scope), largest[dim])
+                        for dim, at in _held_dims(tensor.flat)
+                    ]
                 except (EvaluationError, ArithmeticError):
                     continue
-                problem = _problem(held, items, largest, fewest, budget, mbs, env, ir)
+                where = f"budget {budget}, max_batch_size {mbs}{_keys_text(ir, env)}"
+                problem = _problem(held_items, items, sizes, fewest, where)
                 if problem:
                     reported.add(field)
                     yield field, f"{tensor.key} {problem}"
 
 
-def _problem(held, items, largest, fewest, budget, mbs, env, ir) -> str | None:
-    where = f"budget {budget}, max_batch_size {mbs}{_keys_text(ir, env)}"
-    if held[0] < items:
+def _problem(held_items, items, sizes, fewest, where) -> str | None:
+    """What does not fit: the items on dim 0, or a size dim (``sizes``:
+    (dim, buffer dim, held, largest taken) each)."""
+    if held_items < items:
         return (
-            f"holds {held[0]} item(s) ({where}), but a batch this graph takes "
+            f"holds {held_items} item(s) ({where}), but a batch this graph takes "
             f"brings up to {items} (of {fewest} budget tokens each): the replay "
             "copy would not fit; a graph takes only the items its key covers, "
             "so size dim 0 by the fewest budget tokens of those"
         )
-    if held[1] < largest:
-        return (
-            f"holds items of size {held[1]} ({where}), but an item this graph "
-            f"takes has size {largest}: the replay copy would not fit; size dim "
-            "1 by the widest item the key covers"
-        )
+    for dim, position, held, largest in sizes:
+        if held < largest:
+            what = "size" if position == 1 and len(sizes) == 1 else dim
+            return (
+                f"holds items of {what} {held} ({where}), but an item this graph "
+                f"takes has {what} {largest}: the replay copy would not fit; "
+                f"size dim {position} by the widest item the key covers"
+            )
     return None
 
 

@@ -549,6 +549,29 @@ METHODS: dict[str, Method] = {
             ("value", "parts", "shapes", "sizes", "index", "part", "shape", "want"),
         ),
         Method(
+            "_tensor_values",
+            (
+                MM_KWARGS,
+                Param("key", "str"),
+                Param("shape", "tuple[int | str, ...]"),
+                Param("dims", "tuple[str, ...]"),
+            ),
+            "list[tuple[int, ...]]",
+            (
+                "value",
+                "want",
+                "items",
+                "index",
+                "part",
+                "item",
+                "size",
+                "fixed",
+                "positions",
+                "dim",
+                "p",
+            ),
+        ),
+        Method(
             "_check_same_sizes",
             (Param("inputs", "dict[str, list[int]]"),),
             "None",
@@ -777,7 +800,7 @@ METHODS: dict[str, Method] = {
                 Param("pad_value", "int"),
             ),
             "torch.Tensor",
-            ("part", "first", "widest", "stacked", "row"),
+            ("part", "first", "widest", "sizes", "stacked", "row", "size"),
         ),
         Method(
             "_copy_padded",
@@ -787,6 +810,17 @@ METHODS: dict[str, Method] = {
                 Param("pad_value", "int"),
             ),
             "None",
+            ("size",),
+        ),
+        # Tensors inputs (kind: tensors).
+        Method(
+            "_tensor_dims",
+            (
+                Param("value", "torch.Tensor | list[torch.Tensor]"),
+                Param("positions", "tuple[int, ...]"),
+            ),
+            "list[tuple[int, ...]]",
+            ("part", "p"),
         ),
         Method(
             "_copy_rows_on_dim",  # one per rows_dim: _copy_rows_on_dim1, ...

@@ -273,6 +273,58 @@ def _padded_cases(spec: MixinSpec, mm_kwargs: dict[str, Any], item: ItemInput):
         )
 
 
+def _tensors_cases(spec: MixinSpec, mm_kwargs: dict[str, Any], item: ItemInput):
+    """A tensors input of the wrong rank, as a tuple, with an item that is
+    no tensor, of another rank, of one more channel (a constant entry of its
+    shape), with an empty dim, one item more than the other inputs have and,
+    for ``multiple_of``, an item one past a multiple."""
+    key = item.key
+    parts = _parts(mm_kwargs[key])
+    first = parts[0]
+    shaped = rf"{_key(key)}\[0\] has shape \(.*\), but each item of it has shape"
+    fixed = next(
+        i
+        for i, e in enumerate(item.item_shape)
+        if getattr(e, "name", None) not in item.dims
+    )
+    more = list(first.shape)
+    more[fixed] += 1
+    empty = list(first.shape)
+    empty[item.dim_positions[0]] = 0
+    table = [
+        ("one-dim-tensor", torch.zeros(3), rf"{_key(key)} has shape \(3,\); a tensors"),
+        ("tuple", tuple(parts), rf"{_key(key)} is a tuple; a tensors input is a list"),
+        (
+            "item-not-a-tensor",
+            [first.tolist(), *parts[1:]],
+            rf"{_key(key)}\[0\] is a list; each item of a tensors input is a tensor",
+        ),
+        ("item-of-another-rank", [first[0], *parts[1:]], shaped),
+        ("item-of-another-size", [torch.zeros(more), *parts[1:]], shaped),
+        ("item-empty", [torch.zeros(empty), *parts[1:]], shaped),
+    ]
+    for name, value, message in table:
+        yield Corruption(f"{key}:{name}", _with(mm_kwargs, key, value), message)
+    if len([i for i in spec.item_inputs if i.unit_of is None]) > 1:
+        yield Corruption(
+            f"{key}:one-item-more",
+            _with(mm_kwargs, key, [*parts, parts[-1]]),
+            "the inputs disagree on the number of items",
+        )
+    env = {c.name: c.default for c in spec.constants if c.default is not None}
+    for dim, divisor in item.multiple_of:
+        if evaluate(divisor, env) < 2:
+            continue  # every size is a multiple of 1
+        odd = list(first.shape)
+        odd[item.dim_positions[item.dims.index(dim)]] += 1
+        yield Corruption(
+            f"{key}:{dim}-not-a-multiple",
+            _with(mm_kwargs, key, [torch.zeros(odd), *parts[1:]]),
+            rf"{_key(key)}\[0\] is \(.*\); {dim} must be a multiple of",
+            in_selection=False,
+        )
+
+
 def _list_cases(spec: MixinSpec, mm_kwargs: dict[str, Any], item: ItemInput):
     """A list input: per item a list of unit tensors of ``unit_shape``."""
     key = item.key
@@ -386,6 +438,9 @@ def corruptions(
     for flat in spec.flat_inputs:
         cases += _flat_cases(spec, mm_kwargs, flat)
     for item in spec.item_inputs:
+        if item.is_tensors:
+            cases += _tensors_cases(spec, mm_kwargs, item)
+            continue
         if item.is_padded:
             cases += _padded_cases(spec, mm_kwargs, item)
             continue

@@ -3,8 +3,8 @@
 # From specs/cohere_compass.yaml: change the spec or the templates and run
 # `gen-mixin specs/cohere_compass.yaml`.
 # spec-sha256: d07c29aa8ad4662bcac30b269bf92c40a0f7c311b8deb5cc9f84e86dba45c5c5
-# templates-sha256: 961a6ad4c1ee503d7a70371cb528f028878f93d3eabe3f0ebf6d7049b59bd6d0
-# output-sha256: c1effe094a7af1bc32d6be0dde6a61ac245ae750578d6a930347f049958414ee
+# templates-sha256: f0481f1c7b591371f39768c15d7c79572ecaa7c5b5709fea3042da8d04a810cc
+# output-sha256: ad4a26805a148a94d22e0594a03d074efc5847cdc9b63553d22b8a3dce4651ae
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/gemma4_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma4_mm.yaml`.
 # spec-sha256: fe07e2894155f5ba1f5fd7446135beff597ff1b8ab232f55666b5d585bc1d341
-# templates-sha256: 961a6ad4c1ee503d7a70371cb528f028878f93d3eabe3f0ebf6d7049b59bd6d0
-# output-sha256: 60ae3bcdd01325ae92ba649f05a1936b96585079c2c2af3ccecd95cd7cedfd9c
+# templates-sha256: f0481f1c7b591371f39768c15d7c79572ecaa7c5b5709fea3042da8d04a810cc
+# output-sha256: 665d650922df21c4ce6a0d0640e21fb311eaa542349c44596da9aa6224b32172
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
@@ -88,29 +88,28 @@ def _select_padded(
 def _stack_padded(
     value: torch.Tensor | list[torch.Tensor], pad_value: int
 ) -> torch.Tensor:
-    """A padded input as one ``(N, max P, ...)`` tensor: a list's items
-    stacked, each filled with ``pad_value`` past its own size (one tensor
-    already is). The replay copy pads it on to the captured width."""
+    """A padded input as one tensor of the items on dim 0: a list's items
+    stacked at the widest item's size on every dim, each filled with
+    ``pad_value`` past its own sizes (one tensor already is). The replay copy
+    pads it on to the captured sizes."""
     if isinstance(value, torch.Tensor):
         return value
     if not value:
         raise ValueError("a replay needs at least one item of a padded input")
     first = value[0]
-    widest = max(part.shape[0] for part in value)
+    widest = [max(sizes) for sizes in zip(*(part.shape for part in value), strict=True)]
     stacked = torch.full(
-        (len(value), widest, *first.shape[1:]),
-        pad_value,
-        dtype=first.dtype,
-        device=first.device,
+        (len(value), *widest), pad_value, dtype=first.dtype, device=first.device
     )
     for row, part in zip(stacked, value, strict=True):
-        row[: part.shape[0]].copy_(part)
+        row[tuple(slice(0, size) for size in part.shape)].copy_(part)
     return stacked
 
 
 def _copy_padded(dst: torch.Tensor, src: torch.Tensor, pad_value: int) -> None:
     """Replay copy of a padded input: the captured buffer holds ``pad_value``
-    everywhere but the batch's ``[:N, :P]`` block.
+    everywhere but the batch's block (``[:N, :P]``, or ``[:N, :C, :H, :W]``
+    for a tensors input's images).
 
     The manager's default zeroes the buffer and copies dim 0 only, which
     fails on a narrower batch (or broadcasts a one-item one); the whole
@@ -118,7 +117,7 @@ def _copy_padded(dst: torch.Tensor, src: torch.Tensor, pad_value: int) -> None:
     too.
     """
     dst.fill_(pad_value)
-    dst[: src.shape[0], : src.shape[1]].copy_(src)
+    dst[tuple(slice(0, size) for size in src.shape)].copy_(src)
 
 
 def _num_items(inputs: dict[str, list[Any]]) -> int:
@@ -198,7 +197,7 @@ def _check_multiples(
     emits them: the item formulas divide by them, and a remainder would drop
     rows silently."""
     for index, row in enumerate(rows):
-        values = row if isinstance(row, list) else [row]
+        values = row if isinstance(row, (list, tuple)) else [row]
         for position, dim, divisor in rules:
             if values[position] % divisor:
                 raise ValueError(

@@ -3,8 +3,8 @@
 # From specs/glm4_1v.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm4_1v.yaml`.
 # spec-sha256: 93ee1fa714e7ac8e7e720d49cba4efbe7b945a492409a082eff8447195711a00
-# templates-sha256: 961a6ad4c1ee503d7a70371cb528f028878f93d3eabe3f0ebf6d7049b59bd6d0
-# output-sha256: ff7f43fdcea39b86c4495a468a6b2399945cc834fe2b4abb6d3433f06de838fa
+# templates-sha256: f0481f1c7b591371f39768c15d7c79572ecaa7c5b5709fea3042da8d04a810cc
+# output-sha256: d18d88c3f705498bedaee6eb54feaadb5f2fb264d25521dfccbb41d753d7e5d4
 
 import itertools
 from collections.abc import Hashable

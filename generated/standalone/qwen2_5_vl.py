@@ -3,8 +3,8 @@
 # From specs/qwen2_5_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_vl.yaml`.
 # spec-sha256: ce38a756ff944d5d1cbcb57a4efc46c3eaa13791e2e6333e347ed5b079f51a1a
-# templates-sha256: 961a6ad4c1ee503d7a70371cb528f028878f93d3eabe3f0ebf6d7049b59bd6d0
-# output-sha256: fc3e3f71f91db0ea1c0b701b7401219cd65c450088139b33b800bb00ea95e924
+# templates-sha256: f0481f1c7b591371f39768c15d7c79572ecaa7c5b5709fea3042da8d04a810cc
+# output-sha256: aba0a5ccb1c5a7dbbec4f9ca1f7e25decae6e53ec84e4b3e68790e3e0deadf61
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/eagle2_5_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/eagle2_5_vl.yaml`.
 # spec-sha256: 83ff2533b4ca23dd7ff633541be75194608fbdec7d6ecb70c6c7ccd114d4e48d
-# templates-sha256: 961a6ad4c1ee503d7a70371cb528f028878f93d3eabe3f0ebf6d7049b59bd6d0
-# output-sha256: 7b34ec3a6060c0bf5758e77d7d3ccf5f64557a8e9222e4c27aab58f1f15386a7
+# templates-sha256: f0481f1c7b591371f39768c15d7c79572ecaa7c5b5709fea3042da8d04a810cc
+# output-sha256: 7136789e1116fa6427a925a92c0300e6ac8c3ebc53b38f3623b76bfb2e8cd9b3
 
 import itertools
 from collections.abc import Hashable

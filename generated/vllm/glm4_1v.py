@@ -3,8 +3,8 @@
 # From specs/glm4_1v.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm4_1v.yaml`.
 # spec-sha256: 93ee1fa714e7ac8e7e720d49cba4efbe7b945a492409a082eff8447195711a00
-# templates-sha256: 961a6ad4c1ee503d7a70371cb528f028878f93d3eabe3f0ebf6d7049b59bd6d0
-# output-sha256: 3fdae532a59f148b3e25f61a4482fd9fd6e3f0c62d4579040a6316f401bb9d98
+# templates-sha256: f0481f1c7b591371f39768c15d7c79572ecaa7c5b5709fea3042da8d04a810cc
+# output-sha256: b2ef756a8447784e36cea2014edca71a7694cf70fe9bd69b90a792681e4ddee8
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/minimax_m3.yaml: change the spec or the templates and run
 # `gen-mixin specs/minimax_m3.yaml`.
 # spec-sha256: b0a1c0d6a521d611779e7b31c2e7a34c1db47288900ae226b9f1caa189fda9e9
-# templates-sha256: 961a6ad4c1ee503d7a70371cb528f028878f93d3eabe3f0ebf6d7049b59bd6d0
-# output-sha256: ca30c20d35615e5b977b11090ee49a16a6e2645cb9f5cb16172ebcf78b51056e
+# templates-sha256: f0481f1c7b591371f39768c15d7c79572ecaa7c5b5709fea3042da8d04a810cc
+# output-sha256: e3a55adc63a5e86b20def469d205db51493d8dc64ef029f510d58de7cad5f58f
 
 import itertools
 import weakref

@@ -3,8 +3,8 @@
 # From specs/qwen2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_vl.yaml`.
 # spec-sha256: 869bcb41f290ee655394bdeee5f49801b8344bce3f4c38101e004675d9980f68
-# templates-sha256: 961a6ad4c1ee503d7a70371cb528f028878f93d3eabe3f0ebf6d7049b59bd6d0
-# output-sha256: b0e5173ae25d359bb6ea4dc64802b7aa0da426ace30665b1a111db1beaf0499d
+# templates-sha256: f0481f1c7b591371f39768c15d7c79572ecaa7c5b5709fea3042da8d04a810cc
+# output-sha256: 1c2649add6418c9cedfece6f1fada15a1a379e23e960b60f6703f642b35437fd
 
 import itertools
 from collections.abc import Hashable

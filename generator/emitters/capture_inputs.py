@@ -372,12 +372,14 @@ def padded_sizes_names(spec: MixinSpec, path: EncoderPath) -> dict[str, str] | N
 def _padded_sizes(spec: MixinSpec, path: EncoderPath, body: Body) -> list[dict]:
     """At capture, the sizes of the dummy items of each padded input a
     builder reads: one per item its capture tensor holds (dim 0), each the
-    dummy's size."""
+    dummy's size (a tensors input: the dummy's dims, as a tuple)."""
     names = padded_sizes_names(spec, path) or {}
     out = []
     for item, exprs in path.capture.dummy:
         if item.key in names:
-            value = f"[{body.expr(exprs[0])} for _ in range({item.key}.shape[0])]"
+            size = ", ".join(body.expr(e) for e in exprs)
+            size = f"({size})" if item.is_tensors else size
+            value = f"[{size} for _ in range({item.key}.shape[0])]"
             out.append({"name": names[item.key], "value": value})
     return out
 

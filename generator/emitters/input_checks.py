@@ -30,7 +30,10 @@ def _reads(spec: MixinSpec, loads: Loads, body: Body) -> list[dict[str, str]]:
     out = []
     for item in spec.item_inputs:
         key = loads.key(item.key)
-        if item.is_padded:
+        if item.is_tensors:
+            shape = _tensors_shape(body, item)
+            value = f"_tensor_values(mm_kwargs, {key}, {shape}, {item.dims!r})"
+        elif item.is_padded:
             shape = _padded_item_shape(spec, body, item)
             value = f"_padded_values(mm_kwargs, {key}, {shape})"
         elif item.is_list:
@@ -92,12 +95,22 @@ def _padded_item_shape(spec: MixinSpec, body: Body, item: ItemInput) -> str:
     return f"({dims[0]},)" if len(dims) == 1 else f"({', '.join(dims)})"
 
 
+def _tensors_shape(body: Body, item: ItemInput) -> str:
+    """A tensors input's item shape for ``_tensor_values``: each dim by name,
+    every other entry its constant formula."""
+    parts = [
+        repr(e.name) if isinstance(e, fx.Ref) and e.name in item.dims else body.expr(e)
+        for e in item.item_shape
+    ]
+    return "(" + ", ".join(parts) + ")"
+
+
 def _padded_groups(spec: MixinSpec, loads: Loads) -> list[str]:
     """``{key: sizes, ...}`` of the padded inputs that share a size dim, for
     ``_check_same_sizes`` (an image's pixels and positions are one item)."""
     groups: dict[str, list[ItemInput]] = {}
     for item in spec.item_inputs:
-        if item.is_padded:
+        if item.is_padded and not item.is_tensors:
             groups.setdefault(item.dims[0], []).append(item)
     return [
         "{" + ", ".join(f"{loads.key(i.key)}: {i.key}" for i in group) + "}"
@@ -318,7 +331,8 @@ def helpers(spec: MixinSpec) -> dict[str, bool]:
         "grids": any(not i.is_count and not i.is_padded for i in spec.item_inputs),
         "counts": any(i.is_count and not i.is_list for i in spec.item_inputs),
         "rows": bool(spec.flat_inputs),
-        "padded": any(i.is_padded for i in spec.item_inputs),
+        "padded": any(i.is_padded and not i.is_tensors for i in spec.item_inputs),
+        "tensors": any(i.is_tensors for i in spec.item_inputs),
         "lists": any(i.is_list for i in spec.item_inputs),
         "span": spec.span_assembly is not None,
         "relations": any(i.equals for i in spec.item_inputs),

@@ -165,6 +165,13 @@ class Loads:
 
     def item(self, key: str, source: str = "mm_kwargs") -> dict[str, str]:
         item = self.spec.item_input(key)
+        if item is not None and item.is_tensors:
+            # A tensors input's dims (its grid), read off each item's shape.
+            positions = repr(item.dim_positions)
+            return {
+                "name": key,
+                "value": f"_tensor_dims({source}[{self.key(key)}], {positions})",
+            }
         if item is not None and item.is_padded:
             # A padded input's sizes (its grid), read off the shapes.
             return {

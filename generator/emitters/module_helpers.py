@@ -30,6 +30,8 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
             not g.is_count and not g.is_padded for g in spec.item_inputs
         ),
         "padded": any(g.is_padded for g in spec.item_inputs),
+        "padded_sizes": any(g.is_padded and not g.is_tensors for g in spec.item_inputs),
+        "tensor_dims": any(g.is_tensors for g in spec.item_inputs),
         "rows_dims": sorted({b.rows_dim for b in buffers if b.rows_dim}),
         "repeat_last": any(
             rule in (PadRule.REPEAT_LAST, PadRule.FLASHINFER_SECTIONS)

@@ -47,6 +47,10 @@ class InputKind(SpecEnum):
     #: item's size is read off its shape, replay stacks to the widest.
     PADDED = "padded"
     LIST = "list"  # per item a list of unit tensors, its length the item's units
+    #: One tensor per item (a list of them, or one stacked tensor whose dim 0
+    #: is the items): several dims bound off each item's own shape, replay
+    #: stacks to the widest on every dim.
+    TENSORS = "tensors"
 
 
 class Rounding(SpecEnum):

@@ -1,7 +1,9 @@
 """The ``mm_kwargs`` keys a mixin reads: flat inputs (every item's rows back
 to back), grids (one row of named dims per item), counts (one integer per
-item) and padded inputs (one ``(N, P, ...)`` tensor or a list of ``(P_i,
-...)`` tensors, each item's ``P_i`` read off the shape)."""
+item), padded inputs (one ``(N, P, ...)`` tensor or a list of ``(P_i,
+...)`` tensors, each item's ``P_i`` read off the shape) and tensor inputs
+(one tensor per item, several dims read off its shape: Pixtral's ``(3, H_i,
+W_i)`` images)."""
 
 from __future__ import annotations
 
@@ -63,7 +65,7 @@ class ItemInput:
 
     key: str
     location: Location
-    kind: InputKind  # GRID, COUNT or PADDED
+    kind: InputKind  # GRID, COUNT, PADDED, LIST or TENSORS
     dims: tuple[str, ...]
     video_key: str | None
     #: A grid of one row per unit (tile), the count input ``unit_of`` giving
@@ -81,6 +83,9 @@ class ItemInput:
     #: A list input: the shape of each unit tensor, over constants and the
     #: dims of the unit grids (``inputs.<key>.unit_shape``).
     unit_shape: tuple[Expr, ...] = ()
+    #: A tensors input: the shape of each item's tensor, each entry one of
+    #: ``dims`` (read off the item) or a formula over constants (checked).
+    item_shape: tuple[Expr, ...] = ()
 
     @property
     def is_count(self) -> bool:
@@ -95,7 +100,20 @@ class ItemInput:
 
     @property
     def is_padded(self) -> bool:
-        return self.kind is InputKind.PADDED
+        """One tensor per item, its sizes read off its shape and replayed
+        into a buffer padded past them (``padded`` and ``tensors``)."""
+        return self.kind in (InputKind.PADDED, InputKind.TENSORS)
+
+    @property
+    def is_tensors(self) -> bool:
+        """Several dims per item, read off each item's tensor."""
+        return self.kind is InputKind.TENSORS
+
+    @property
+    def dim_positions(self) -> tuple[int, ...]:
+        """Where each dim sits in an item's tensor (a tensors input)."""
+        refs = [e.name if isinstance(e, Ref) else None for e in self.item_shape]
+        return tuple(refs.index(dim) for dim in self.dims)
 
     # A padded input's dim 0 holds one entry per item: to a capture tensor
     # it is a flat input of one row per item (``rows`` in its shape: the
@@ -122,6 +140,9 @@ _ONLY = {
     InputKind.PADDED: "only for padded inputs",
     (InputKind.COUNT, InputKind.PADDED): "only for count and padded inputs",
     InputKind.LIST: "only for list inputs",
+    (InputKind.GRID, InputKind.TENSORS): "only for grid and tensors inputs",
+    (InputKind.PADDED, InputKind.TENSORS): "only for padded and tensors inputs",
+    InputKind.TENSORS: "only for tensors inputs",
 }
 
 
@@ -142,16 +163,22 @@ class InputEntry:
             "widest item with `pad_value` and copied into `[:N, :P]` of a "
             "captured buffer filled with `pad_value` (Gemma 4's pixels and "
             "position ids); `list`: per item a list of unit tensors of their own "
-            "shapes (MiniCPM-V's slices), the list's length the item's units.",
+            "shapes (MiniCPM-V's slices), the list's length the item's units; "
+            "`tensors`: one tensor per item of `shape`, a list of them or one "
+            "stacked tensor (dim 0 the items), its `dims` read off each item's "
+            "shape, replayed stacked to the widest item on every dim with "
+            "`pad_value` and copied into a captured buffer filled with it "
+            "(Pixtral's `(3, H_i, W_i)` images).",
             required=True,
             example="grid",
         ),
         Key(
             "dims",
             ListOf(Identifier(), min_items=1),
-            "The names of the dims of a grid row; item formulas use them. A "
-            "single per-item number is a `count` input.",
-            applies="grid",
+            "The names of the dims of a grid row (tensors: the dims read off "
+            "each item's shape); item formulas use them. A single per-item "
+            "number is a `count` input.",
+            applies="grid, tensors",
             example="[t, h, w]",
         ),
         Key(
@@ -182,6 +209,18 @@ class InputEntry:
             "of `[units, ...]` is that list at capture.",
             applies="list",
             example="[3, p, h * w * p]",
+        ),
+        Key(
+            "shape",
+            ListOf(Formula("items"), min_items=2),
+            "The shape of each item's tensor: every dim of `dims` once, as an "
+            "entry of its own, the other entries formulas over constants. The "
+            "mixin checks every item on the host (a `ValueError` names the "
+            "input and the item); builders read the input as its dims, one "
+            "row per item, the graph forward as the captured buffer of "
+            "`[items, *shape]` at the widest sizes, the eager forward as sent.",
+            applies="tensors",
+            example="[3, h, w]",
         ),
         Key(
             "rows",
@@ -255,7 +294,7 @@ class InputEntry:
             "row and the dim), as vLLM's LFM2-VL mixin refuses tiles whose grid "
             "the projector's factor does not divide: the item formulas' `//` "
             "would drop rows silently.",
-            applies="grid, count, padded",
+            applies="grid, count, padded, tensors",
             example="{h: f, w: f}",
         ),
         Key(
@@ -266,7 +305,7 @@ class InputEntry:
             "with it before copying `[:N, :P]`, and `fill: pad` makes a capture "
             "dummy of it (Gemma 4's position ids: -1, a padding patch).",
             default=0,
-            applies="padded",
+            applies="padded, tensors",
             example="-1",
         ),
         Key(
@@ -282,9 +321,10 @@ class InputEntry:
     )
     DOC_TITLE = "inputs"
     APPLIES = {
-        "dims": InputKind.GRID,
+        "dims": (InputKind.GRID, InputKind.TENSORS),
         "dim": (InputKind.COUNT, InputKind.PADDED),
-        "pad_value": InputKind.PADDED,
+        "pad_value": (InputKind.PADDED, InputKind.TENSORS),
+        "shape": InputKind.TENSORS,
         "rows": InputKind.FLAT,
         "accepts_list": InputKind.FLAT,
         "fold_ranks": InputKind.FLAT,
@@ -315,8 +355,8 @@ class InputEntry:
         if kind in (InputKind.COUNT, InputKind.LIST) and r.has("unit_of"):
             r.refuse("unit_of", "only for flat and grid inputs (a count gives units)")
             unit_of = None
-        if kind is InputKind.PADDED:
-            return _padded(r, key, key_location, video_key)
+        if kind in (InputKind.PADDED, InputKind.TENSORS):
+            return _padded(r, key, key_location, video_key, kind)
         if kind is InputKind.LIST:
             for name in ("equals", "multiple_of"):
                 if r.has(name):
@@ -358,10 +398,10 @@ class InputEntry:
         )
 
 
-def _padded(r: Reader, key: str, key_location: Location, video_key):
-    """A padded input: its size dim, divisors and pad value (no ``equals``:
-    the size is the tensor's, nothing to derive; no ``unit_of``: one tensor
-    row per item)."""
+def _padded(r: Reader, key: str, key_location: Location, video_key, kind):
+    """A padded or tensors input: its dims, divisors and pad value (no
+    ``equals``: the sizes are the tensor's, nothing to derive; no
+    ``unit_of``: one tensor per item)."""
     for name, why in (
         ("equals", "only for grid and count inputs (a padded size is its shape)"),
         (
@@ -371,21 +411,55 @@ def _padded(r: Reader, key: str, key_location: Location, video_key):
     ):
         if r.has(name):
             r.refuse(name, why)
-    dims = _item_dims(r, InputKind.PADDED)
+    dims = _item_dims(r, kind)
     multiple_of = _multiple_of(r, dims) if r.ok("multiple_of") else ()
     pad_value = r.take("pad_value")
-    if dims is None:
+    item_shape = _item_shape(r, dims) if kind is InputKind.TENSORS else ()
+    if dims is None or item_shape is None:
         r.ctx.failed_inputs.add(key)
         return None
     return ItemInput(
         key,
         key_location,
-        InputKind.PADDED,
+        kind,
         dims,
         video_key,
         multiple_of=multiple_of,
         pad_value=pad_value if r.ok("pad_value") else 0,
+        item_shape=item_shape,
     )
+
+
+def _item_shape(r: Reader, dims: tuple[str, ...] | None) -> tuple[Expr, ...] | None:
+    """A tensors input's ``shape``: each of ``dims`` once, as an entry of its
+    own (read off the item), every other entry over constants only (checked
+    against the item); None when it failed (reported)."""
+    shape = r.take("shape")
+    if not r.has("shape"):
+        r.error(r.node, "a tensors input needs shape", r.path("shape"))
+        return None
+    if not r.ok("shape") or INVALID in shape or dims is None:
+        return None
+    field = r.path("shape")
+    nodes = r.raw("shape").value
+    ok = True
+    for i, (expr, node) in enumerate(zip(shape, nodes, strict=True)):
+        read = fx.names_in(expr) & set(dims)
+        if read and not isinstance(expr, Ref):
+            r.ctx.error(
+                node,
+                f"{field}[{i}]",
+                f"reads {', '.join(sorted(read))} inside a formula: a dim is an "
+                "entry of its own (the item's size there), the others constants",
+            )
+            ok = False
+    refs = [e.name for e in shape if isinstance(e, Ref) and e.name in dims]
+    for dim in dims:
+        if refs.count(dim) != 1:
+            times = "twice or more" if refs.count(dim) else "nowhere"
+            r.error("shape", f"dim {dim!r} is {times} in the shape: give it once")
+            ok = False
+    return tuple(shape) if ok else None
 
 
 def _unit_shape(r: Reader, kind: InputKind) -> tuple[Expr, ...]:
@@ -452,7 +526,8 @@ def _item_dims(r: Reader, kind: InputKind) -> tuple[str, ...] | None:
     if not r.has(name):
         r.error(r.node, f"a {kind.value} input needs {name}", r.path(name))
         return None
-    if not r.ok(name) or (kind is InputKind.GRID and INVALID in value):
+    several = kind in (InputKind.GRID, InputKind.TENSORS)
+    if not r.ok(name) or (several and INVALID in value):
         return None
     if kind is InputKind.GRID and len(value) == 1:
         r.error(
@@ -461,11 +536,15 @@ def _item_dims(r: Reader, kind: InputKind) -> tuple[str, ...] | None:
             "number per item (a 1-D tensor or a list)",
         )
         return None
-    return tuple(value) if kind is InputKind.GRID else (value,)
+    return tuple(value) if several else (value,)
 
 
 #: The key that names an item input's dims, by kind (``dim`` for counts).
-_DIMS_KEY = {InputKind.GRID: "dims", InputKind.LIST: "units_per_item"}
+_DIMS_KEY = {
+    InputKind.GRID: "dims",
+    InputKind.TENSORS: "dims",
+    InputKind.LIST: "units_per_item",
+}
 
 
 def prescan_dims(ctx: ReadContext, inputs_node) -> None:

@@ -274,6 +274,13 @@ class SpecWorld:
                 for n, a, b in zip(counts, offsets, offsets[1:], strict=False)
             ]
         for inp in self.spec.item_inputs:
+            if inp.is_tensors:
+                rows = self.tensor_dims(inp, batch[inp.key])
+                for i, row in enumerate(rows):
+                    if i == len(items):
+                        items.append({})
+                    items[i].update(zip(inp.dims, row, strict=True))
+                continue
             if inp.is_padded:
                 rows = [[size] for size in self.padded_sizes(batch[inp.key])]
                 for i, row in enumerate(rows):
@@ -699,7 +706,9 @@ class SpecWorld:
         out: dict[str, Any] = {}
         for inp in self.spec.inputs:
             key = inp.video_key if video and inp.video_key else inp.key
-            if isinstance(inp, ItemInput) and inp.is_padded:
+            if isinstance(inp, ItemInput) and inp.is_tensors:
+                out[key] = self.tensors_value(inp, items, lists=lists)
+            elif isinstance(inp, ItemInput) and inp.is_padded:
                 out[key] = self.padded_value(inp.key, items, lists=lists)
             elif inp in self.spec.item_inputs and inp.is_list:
                 out[key] = self.list_units(inp, items)
@@ -757,19 +766,57 @@ class SpecWorld:
 
     def padded_probe_items(self) -> list[dict[str, int]]:
         """Items of every size (multiples of its step) up to the widest key
-        and a bit past it, the other dims at their step."""
+        and a bit past it, the other dims at their step: all size dims alike,
+        and (a tensors input's) each size dim alone."""
         steps = self.dim_steps()
-        sizes = {g.dims[0] for g in self.spec.item_inputs if g.is_padded}
+        sizes = {
+            d
+            for g in self.spec.item_inputs
+            if g.is_padded
+            for d in (g.dims if g.is_tensors else g.dims[:1])
+        }
         base = {d: steps.get(d, 1) for g in self.spec.item_inputs for d in g.dims}
         widest = max(
             (self.value(p) for a in self.spec.capture_axes for k in a.keys for p in k),
             default=64,
         )
         step = math.lcm(1, *(steps.get(d, 1) for d in sizes))
+        scaled = [set(sizes), *({d} for d in sizes if len(sizes) > 1)]
         return [
-            self.derive({**base, **{d: step * m for d in sizes}})
+            self.derive({**base, **{d: step * m for d in group}})
+            for group in scaled
             for m in range(1, 2 * widest + 2)
         ]
+
+    def tensors_value(self, inp, items, *, lists: bool = False):
+        """A tensors input of these items: a list of tensors of its shape at
+        each item's dims, or (``lists`` False and every shape alike) one
+        stacked tensor. Item ``i`` holds ``i + 1`` everywhere (a stride-0
+        view: no memory at the eager edge), so a selection's order and the
+        padding (``pad_value``, never an item's value here) show."""
+        parts = [
+            torch.tensor(float(i + 1)).expand(
+                [self.value(e, **it) for e in inp.item_shape]
+            )
+            for i, it in enumerate(items)
+        ]
+        if not lists and len({p.shape for p in parts}) == 1:
+            return torch.stack(parts)
+        if not lists and not parts:
+            return torch.zeros(0, *[1 for _ in inp.item_shape])
+        return parts
+
+    @staticmethod
+    def tensor_dims(inp, value) -> list[tuple[int, ...]]:
+        """Each item's dims of a tensors input, read off its shape."""
+        parts = list(value) if isinstance(value, torch.Tensor) else value
+        return [tuple(part.shape[p] for p in inp.dim_positions) for part in parts]
+
+    @staticmethod
+    def tensor_ids(value) -> list[float]:
+        """The value each item holds (its position in the batch sent, plus 1)."""
+        parts = list(value) if isinstance(value, torch.Tensor) else value
+        return [float(part.reshape(-1)[0]) for part in parts]
 
     def takes(self, item: Mapping[str, int], key_dims: Mapping[str, int], budget: int):
         """A graph of these axis dims and budget replays batches holding

@@ -58,7 +58,13 @@ from typing import Any
 
 import pytest
 import yaml
-from genmixin_testlib import DIAG_RE, SUMMARY_RE, run_main, spec_paths
+from genmixin_testlib import (
+    DIAG_RE,
+    SUMMARY_RE,
+    run_main,
+    spec_paths,
+    valid_corpus_paths,
+)
 from hypothesis import HealthCheck, currently_in_test_context, event, given, settings
 from hypothesis import strategies as st
 
@@ -71,7 +77,14 @@ from generator.spec.step_language import (
     TENSOR_METHODS,
 )
 
-SPECS = {p.stem: p.read_text(encoding="utf-8") for p in spec_paths()}
+#: Valid-corpus specs the fuzz starts from too: their input kinds no spec of
+#: ``specs/`` uses yet (a tensors input: Pixtral's images).
+CORPUS_STARTS = ("tensor_images",)
+SPECS = {p.stem: p.read_text(encoding="utf-8") for p in spec_paths()} | {
+    p.stem: p.read_text(encoding="utf-8")
+    for p in valid_corpus_paths()
+    if p.stem in CORPUS_STARTS
+}
 TREES = {stem: yaml.safe_load(text) for stem, text in SPECS.items()}
 _SCALE = int(os.environ.get("GEN_MIXIN_FUZZ_EXAMPLES", "100"))
 CPU_LIMIT_S = 2.0
@@ -592,6 +605,45 @@ def _check_one_spec(data: bytes, name: str, target: str, log: object) -> None:
             for line in stderr.splitlines():
                 m = DIAG_RE.match(line)
                 assert m is None or m["file"] == str(spec), line
+
+
+#: What a tensors input's dims and shape entries are drawn from: its dims,
+#: other dims, constants, formulas over them, numbers and payloads.
+TENSORS_ENTRIES = ["h", "w", "c", "channels", "patch", "2 * h", "h + 1", "side * patch"]
+
+
+@st.composite
+def tensors_inputs(draw) -> tuple[Any, list[str]]:
+    """``tensor_images`` with its tensors input redrawn: dims, shape,
+    divisors and pad value from names, formulas, numbers and payloads."""
+    tree = copy.deepcopy(TREES["tensor_images"])
+    entry = tree["inputs"]["pixel_values"]
+    names = st.sampled_from(TENSORS_ENTRIES + PAYLOADS)
+    # Permutations reach generation (channels last, dims in another order);
+    # the free lists mostly the refusals.
+    entry["dims"] = draw(
+        st.one_of(st.permutations(["h", "w"]), st.lists(names, max_size=4))
+    )
+    entry["shape"] = draw(
+        st.one_of(
+            st.just(entry["shape"]),
+            st.permutations(["channels", "h", "w"]),
+            st.lists(st.one_of(names, _numbers), max_size=5),
+        )
+    )
+    if draw(st.integers(min_value=0, max_value=2)) == 0:
+        entry["multiple_of"] = draw(st.dictionaries(names, st.one_of(names, _numbers)))
+    if draw(st.integers(min_value=0, max_value=2)) == 0:
+        entry["pad_value"] = draw(st.one_of(_numbers, names))
+    log = [f"dims {entry['dims']!r}", f"shape {entry['shape']!r}"]
+    return tree, log
+
+
+@_settings(60)
+@given(case=tensors_inputs(), target=_targets)
+def test_tensors_inputs_are_reported_or_generated_safely(case, target: str) -> None:
+    tree, log = case
+    _check_one_spec(_dump(tree, True).encode(), "tensor_images.yaml", target, log)
 
 
 # -- textual mutations --------------------------------------------------------------

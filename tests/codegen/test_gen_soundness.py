@@ -160,6 +160,30 @@ OVERRIDES = [
 ]
 
 
+#: tensor_images (patch 2, side 4: slots of 4 x 4 tokens, a token two
+#: patches wide): images as (h, w) pixels, and the slot index of each token
+#: its builder gathers, image i's token (r, c) at i * 16 + r * 4 + c.
+TENSOR_TOKENS = [
+    ([(2, 8), (4, 4)], [0, 1, 16, 20]),
+    ([(2, 8), (2, 8)], [0, 1, 16, 17]),
+    ([(4, 12)], [0, 1, 2, 4, 5, 6]),
+]
+
+
+@pytest.mark.parametrize("lists", [False, True], ids=["stacked", "list"])
+@pytest.mark.parametrize(("sizes", "token_rows"), TENSOR_TOKENS)
+def test_a_tensors_input_reaches_builders_as_its_dims(sizes, token_rows, lists) -> None:
+    """A builder reads a tensors input as each item's (h, w), in the order
+    of ``dims``, off a list or a stacked tensor (a swap gathers other slots,
+    which item specs and selection would not show: their formulas are
+    symmetric in what they read)."""
+    world = SpecWorld(next(p for p in SPECS if p.stem == "tensor_images"))
+    items = [{"h": h, "w": w} for h, w in sizes]
+    batch = world.batch(items, lists=lists)
+    replay = world.host().prepare_encoder_cudagraph_replay_buffers(batch, 4, 1)
+    assert replay.values["token_rows"].tolist() == token_rows
+
+
 @pytest.mark.parametrize(("kwargs", "attribute", "smallest"), OVERRIDES)
 def test_constant_override_fallback_floor(kwargs, attribute, smallest) -> None:
     world = SpecWorld(next(p for p in SPECS if p.stem == "unit_varlen"))
@@ -356,7 +380,15 @@ def test_selection(world: SpecWorld, lists: bool, indices: list[int]) -> None:
     want = world.batch(chosen)
     for inp in world.spec.inputs:
         value = got[inp.key]
-        if inp.kind is InputKind.PADDED:
+        if inp.kind is InputKind.TENSORS:
+            # The chosen items in the form they came in.
+            sent = batch[inp.key]
+            assert isinstance(value, list) == isinstance(sent, list), inp.key
+            dims = world.tensor_dims(inp, value)
+            assert dims == [tuple(it[d] for d in inp.dims) for it in chosen], inp.key
+            whole = world.tensor_ids(sent)
+            assert world.tensor_ids(value) == [whole[i] for i in indices], inp.key
+        elif inp.kind is InputKind.PADDED:
             # The chosen items in the form they came in, each its own rows.
             sent = batch[inp.key]
             assert isinstance(value, list) == isinstance(sent, list), inp.key
@@ -606,9 +638,32 @@ def check_padded_capture(world, buf, value, names, dims, budget, mbs) -> None:
         return
     fewest = min(world.path_tokens(it) for it in taken)
     most = min(mbs, max(1, budget // fewest)) if fewest > 0 else mbs
-    size = world.spec.item_input(buf.key).dims[0]
     assert value.shape[0] >= most, f"{buf.key}: room for {most} items"
-    assert value.shape[1] >= max(it[size] for it in taken), f"{buf.key}: widest"
+    for size, at in held_dims(world.spec.item_input(buf.key)):
+        widest = max(it[size] for it in taken)
+        assert value.shape[at] >= widest, f"{buf.key}: widest {size}"
+
+
+def held_dims(item) -> list[tuple[str, int]]:
+    """(size dim, buffer dim) of a padded or tensors input."""
+    if item.is_tensors:
+        return [(d, 1 + p) for d, p in zip(item.dims, item.dim_positions)]
+    return [(item.dims[0], 1)]
+
+
+def check_tensors_replay(world, item, items, value, src) -> None:
+    """The replay stacked the items to the widest on every dim (pad_value
+    past each one's shape), and the copy put item ``i`` at ``[i, :h_i,
+    :w_i]`` of a buffer of pad_value (item ``i`` holds ``i + 1``)."""
+    pad = item.pad_value
+    shapes = [[world.value(e, **it) for e in item.item_shape] for it in items]
+    assert list(src.shape) == [len(items), *map(max, zip(*shapes))], item.key
+    mask = torch.zeros(value.shape, dtype=torch.bool)
+    for i, shape in enumerate(shapes):
+        block = (i, *(slice(0, n) for n in shape))
+        assert value[block].eq(i + 1).all(), f"{item.key}: item {i}"
+        mask[block] = True
+    assert value[~mask].eq(pad).all(), f"{item.key}: stale values past the items"
 
 
 def expected_dtype(tensor) -> torch.dtype:
@@ -785,6 +840,9 @@ def check_padded_replay(world, buf, items, value, src) -> None:
     size), and the copy put them at ``[:N, :P]`` of a buffer of pad_value."""
     item = world.spec.item_input(buf.key)
     pad = item.pad_value
+    if item.is_tensors:
+        check_tensors_replay(world, item, items, value, src)
+        return
     sizes = [it[item.dims[0]] for it in items]
     assert list(src.shape[:2]) == [len(items), max(sizes)], buf.key
     assert world.padded_ids(src, sizes) == [

@@ -1922,6 +1922,71 @@ valid_case(
     ("pad_value: -1}", "pad_value: -0.5}"),
 )
 
+# -- tensors inputs (kind: tensors) --------------------------------------------------
+
+# Each dim is read off the item's shape: a shape without it binds nothing.
+valid_case(
+    "tensors_dim_not_in_the_shape",
+    "tensor_images",
+    ("    shape: [channels, h, w]\n", "    shape: [channels, h, 7]\n"),
+)
+# A dim is an entry of its own: 2 * h is no size an item's shape has.
+valid_case(
+    "tensors_dim_inside_a_formula",
+    "tensor_images",
+    ("    shape: [channels, h, w]\n", "    shape: [channels, 2 * h, w]\n"),
+)
+# A dim read twice would bind two sizes to one name.
+valid_case(
+    "tensors_dim_twice_in_the_shape",
+    "tensor_images",
+    ("    shape: [channels, h, w]\n", "    shape: [h, h, w]\n"),
+)
+# The shape is required (the host checks every item against it).
+valid_case(
+    "tensors_without_shape",
+    "tensor_images",
+    ("    shape: [channels, h, w]\n", ""),
+)
+# shape is a tensors input's key; dim is a count or padded input's.
+valid_case(
+    "tensors_shape_on_a_padded_input",
+    "padded_items",
+    (
+        "  positions: {kind: padded, dim: p, pad_value: -1}\n",
+        "  positions: {kind: padded, dim: p, pad_value: -1, shape: [p, 2]}\n",
+    ),
+)
+valid_case(
+    "tensors_with_dim",
+    "tensor_images",
+    ("    dims: [h, w]\n", "    dim: h\n"),
+)
+# The buffer has the items on dim 0, then the item's three dims.
+valid_case(
+    "tensors_buffer_of_another_rank",
+    "tensor_images",
+    (
+        "      shape: [max_batch_size, channels, side * patch, 2 * side * patch]\n",
+        "      shape: [max_batch_size, side * patch, 2 * side * patch]\n",
+    ),
+)
+# An image the graph takes is up to 2 side patches wide (items.eager_when).
+valid_case(
+    "tensors_buffer_narrower_than_the_items",
+    "tensor_images",
+    (
+        "      shape: [max_batch_size, channels, side * patch, 2 * side * patch]\n",
+        "      shape: [max_batch_size, channels, side * patch, side * patch]\n",
+    ),
+)
+# Without eager_when, an image as wide as the budget is taken by its graph.
+valid_case(
+    "tensors_items_unbounded",
+    "tensor_images",
+    ("  eager_when: max(h, w // 2) > side * patch\n", ""),
+)
+
 # -- list inputs (kind: list) --------------------------------------------------------
 
 # A list input's units are checked on the host against unit_shape: it is required.

@@ -3,8 +3,8 @@
 # From specs/gemma3_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma3_mm.yaml`.
 # spec-sha256: 19cc0f6e849ba8315b6202b90204158da9f48161f059a5255254f1c8d3c71b41
-# templates-sha256: 961a6ad4c1ee503d7a70371cb528f028878f93d3eabe3f0ebf6d7049b59bd6d0
-# output-sha256: 743e0d8f9d2dcab21eac3fef074d68591e1ae2fc65fa3ab940fa54cd19ca47a9
+# templates-sha256: f0481f1c7b591371f39768c15d7c79572ecaa7c5b5709fea3042da8d04a810cc
+# output-sha256: 146745b8ba17daf09597a18fed1c72417780c23a251cc983b8e41c48f483a370
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/glm5_next.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm5_next.yaml`.
 # spec-sha256: eb5cf2b9079a5f16fe35bba77bed5740c643efe1e64d9a18938216fe04e1b97d
-# templates-sha256: 961a6ad4c1ee503d7a70371cb528f028878f93d3eabe3f0ebf6d7049b59bd6d0
-# output-sha256: b8bcd5a843f8c353315441ed82fd230eb8f11d58224634c3cbae425a985df2dc
+# templates-sha256: f0481f1c7b591371f39768c15d7c79572ecaa7c5b5709fea3042da8d04a810cc
+# output-sha256: 0c4db614b5ce9745d15b044a1d2484faa0bd09a1ec0c7cac08984ca514e20eea
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/mllama4.yaml: change the spec or the templates and run
 # `gen-mixin specs/mllama4.yaml`.
 # spec-sha256: 3a4c5d7bdb1ee216f77e7723529296ab4a8d77acd6df01a22770eb4a40007938
-# templates-sha256: 961a6ad4c1ee503d7a70371cb528f028878f93d3eabe3f0ebf6d7049b59bd6d0
-# output-sha256: 818d2637332ff7c25b75e250213c830f5360d5d2a405d88940c255cac2e37ecc
+# templates-sha256: f0481f1c7b591371f39768c15d7c79572ecaa7c5b5709fea3042da8d04a810cc
+# output-sha256: e101bf993c4f3e19b6b949a8f86ca61aa2c447eebd1d5b2caabf55b8611f12ed
 
 import itertools
 from collections.abc import Hashable

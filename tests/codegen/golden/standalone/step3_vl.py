@@ -3,8 +3,8 @@
 # From specs/step3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
-# templates-sha256: 961a6ad4c1ee503d7a70371cb528f028878f93d3eabe3f0ebf6d7049b59bd6d0
-# output-sha256: be09b35a8f9cca8ee6e5bfe04f833b2b7079207b3c6240412b1f90cc66746605
+# templates-sha256: f0481f1c7b591371f39768c15d7c79572ecaa7c5b5709fea3042da8d04a810cc
+# output-sha256: 8204e857d6ffe478449236619d410318d1dbf6b82553064bf1e3b5f1ea6e302c
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/ernie45_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/ernie45_vl.yaml`.
 # spec-sha256: 9c43478aaa850dab46764f23326811febf7e9a3d9cc8d6b0c7ff0cd9d6601d41
-# templates-sha256: 961a6ad4c1ee503d7a70371cb528f028878f93d3eabe3f0ebf6d7049b59bd6d0
-# output-sha256: 0bd841699b4986d80dae6593a09f63d6059cb1e8697b7dfe5fe851e9f94904b3
+# templates-sha256: f0481f1c7b591371f39768c15d7c79572ecaa7c5b5709fea3042da8d04a810cc
+# output-sha256: 67b8c8944d27a6b9fc3419818b4c021f453bcb27a1a4d9e2b2a010b4a1e6a5c5
 
 import itertools
 from collections.abc import Hashable

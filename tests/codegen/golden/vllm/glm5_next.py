@@ -3,8 +3,8 @@
 # From specs/glm5_next.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm5_next.yaml`.
 # spec-sha256: eb5cf2b9079a5f16fe35bba77bed5740c643efe1e64d9a18938216fe04e1b97d
-# templates-sha256: 961a6ad4c1ee503d7a70371cb528f028878f93d3eabe3f0ebf6d7049b59bd6d0
-# output-sha256: 386de099dd4a8281a077b4d2dd0704b986f893e231132b8a20163098f0c016e0
+# templates-sha256: f0481f1c7b591371f39768c15d7c79572ecaa7c5b5709fea3042da8d04a810cc
+# output-sha256: b20d240cacb71eecd5f9382c5dec634d4f1f03a34ab9319c801930814602103c
 
 import itertools
 from collections.abc import Hashable

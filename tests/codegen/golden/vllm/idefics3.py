@@ -3,8 +3,8 @@
 # From specs/idefics3.yaml: change the spec or the templates and run
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 402948cdd63112cfeb000df2a94827d2c785cffa05635f592942545d8e00d7b3
-# templates-sha256: 961a6ad4c1ee503d7a70371cb528f028878f93d3eabe3f0ebf6d7049b59bd6d0
-# output-sha256: 6e7851caeec0ed0ba1f939c9a8611c64603ab775e26227ee4c98e02ec90147b3
+# templates-sha256: f0481f1c7b591371f39768c15d7c79572ecaa7c5b5709fea3042da8d04a810cc
+# output-sha256: ba6b28062fffd732b99b4fba2ebc2bf6e2e98dd16b8265cfdc988c3f0cfedc7c
 
 import itertools
 from collections.abc import Hashable

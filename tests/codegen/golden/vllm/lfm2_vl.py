@@ -3,8 +3,8 @@
 # From specs/lfm2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/lfm2_vl.yaml`.
 # spec-sha256: e1b41954533f77c5383c0d01f040a935fc74a44fc36a4d9fee8b538a1b691586
-# templates-sha256: 961a6ad4c1ee503d7a70371cb528f028878f93d3eabe3f0ebf6d7049b59bd6d0
-# output-sha256: 8add278254a52011b5c164dcfad7ab852f1939d345381189493cf5a971e36de3
+# templates-sha256: f0481f1c7b591371f39768c15d7c79572ecaa7c5b5709fea3042da8d04a810cc
+# output-sha256: 10486c14ab1c58368f31964e57d222341422bbc4a2bd4cfb4c631fafc8a1b9d8
 
 import itertools
 from collections.abc import Hashable
@@ -234,7 +234,7 @@ def _check_multiples(
     emits them: the item formulas divide by them, and a remainder would drop
     rows silently."""
     for index, row in enumerate(rows):
-        values = row if isinstance(row, list) else [row]
+        values = row if isinstance(row, (list, tuple)) else [row]
         for position, dim, divisor in rules:
             if values[position] % divisor:
                 raise ValueError(

@@ -3,8 +3,8 @@
 # From specs/qwen2_5_omni.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_omni.yaml`.
 # spec-sha256: ce9bf2fc700f004d47827e30d185e59eb5d9444dd78780ad1cac730e07dc5c1d
-# templates-sha256: 961a6ad4c1ee503d7a70371cb528f028878f93d3eabe3f0ebf6d7049b59bd6d0
-# output-sha256: 0aef02b4494c4c83bc14fff6631b860f34854f66f546b34916b519b4a1ab9327
+# templates-sha256: f0481f1c7b591371f39768c15d7c79572ecaa7c5b5709fea3042da8d04a810cc
+# output-sha256: 4221908961f30f27ad4510ccaba8c9138f65bae2df372314cee9ae675e49f61e
 
 import itertools
 from collections.abc import Hashable
