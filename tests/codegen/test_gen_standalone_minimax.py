@@ -10,11 +10,14 @@ its own ``cu_seqlens`` with ``max_batch_size + 2`` slots instead of asking
 the tower for ``max_batch_size + 1`` segments (same values); an empty
 selection's grid is always int64 (and on the host, which CPU tests cannot
 tell from the seed's "source grid's device"); the ``cu_seqlens`` registry is per
-instance and checks buffer identity.
+instance, drops freed buffers and checks buffer identity. These are the
+tests of the ``trailing_sequence`` padding (DeepSeek-V4.1's ``cu_seqlens``
+repeats the last offset now).
 """
 
 from __future__ import annotations
 
+import gc
 import random
 
 import pytest
@@ -350,12 +353,66 @@ def test_trailing_sequence_matches_seed(module, backends, n_items) -> None:
     assert dst.tolist() == expected.tolist()
 
 
+def test_trailing_sequence_uses_each_buffers_own_rows(module, backends) -> None:
+    """Two captures of one instance: each buffer's padding sequence runs to
+    the rows its own graph captured."""
+    host = make_host(module, backends)
+    small, logics = _capture(host, budget=64, mbs=2)
+    large, _ = _capture(host, budget=1000, mbs=2)
+    src = torch.tensor([0, 4], dtype=torch.int32)
+    logics["cu_seqlens"](small["cu_seqlens"], src)
+    logics["cu_seqlens"](large["cu_seqlens"], src)
+    small_rows, large_rows = int(small["max_seqlen"]), int(large["max_seqlen"])
+    assert small_rows != large_rows
+    assert small["cu_seqlens"].tolist() == [0, 4, small_rows, small_rows]
+    assert large["cu_seqlens"].tolist() == [0, 4, large_rows, large_rows]
+
+
 def test_trailing_sequence_refuses_unregistered_buffers(module, backends) -> None:
     host = make_host(module, backends)
     values, logics = _capture(host)
+    pad = logics["cu_seqlens"]
     src = torch.tensor([0, 4], dtype=torch.int32)
     with pytest.raises(RuntimeError, match="not registered"):
-        logics["cu_seqlens"](values["cu_seqlens"].clone(), src)
+        pad(values["cu_seqlens"].clone(), src)
+    # Same address, another tensor object: still not the captured buffer.
+    alias = values["cu_seqlens"].view(-1)
+    assert alias.data_ptr() == values["cu_seqlens"].data_ptr()
+    with pytest.raises(RuntimeError, match="not registered"):
+        pad(alias, src)
+    # Another instance's buffers are not this instance's.
+    other_values, _ = _capture(make_host(module, backends))
+    with pytest.raises(RuntimeError, match="not registered"):
+        pad(other_values["cu_seqlens"], src)
+
+
+def test_freed_buffer_is_forgotten(module, backends) -> None:
+    """A buffer registered, freed (the manager's clear()), and a new tensor
+    allocated, possibly at the same address: the new one is not taken for
+    the captured buffer, and the registry does not grow."""
+    host = make_host(module, backends)
+    values, logics = _capture(host, budget=64, mbs=2)
+    pad = logics["cu_seqlens"]
+    shape = values["cu_seqlens"].shape
+    del values
+    gc.collect()
+    reused = [torch.zeros(shape, dtype=torch.int32) for _ in range(4)]
+    src = torch.tensor([0, 4], dtype=torch.int32)
+    for tensor in reused:
+        with pytest.raises(RuntimeError, match="not registered"):
+            pad(tensor, src)
+    for _ in range(5):
+        values, _ = _capture(host, budget=64, mbs=2)
+        del values
+        gc.collect()
+    values, _ = _capture(host, budget=64, mbs=2)
+    pad(values["cu_seqlens"], src)  # the live buffer still works
+    assert len(host.__dict__["_encoder_cg_pad_totals"]) == 1
+
+
+def test_trailing_sequence_needs_a_spare_slot(module, backends) -> None:
+    host = make_host(module, backends)
+    values, logics = _capture(host, budget=100, mbs=4)  # 6 slots
     with pytest.raises(RuntimeError, match="spare slot"):
         logics["cu_seqlens"](values["cu_seqlens"], torch.arange(6, dtype=torch.int32))
 

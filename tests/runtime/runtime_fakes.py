@@ -10,7 +10,7 @@ result:
 for path number ``p`` (config order). ``cu_seqlens`` carries the sequence
 offsets; at replay it is padded with one trailing sequence covering the
 padding rows, using the buffer's row count registered at capture by
-``data_ptr`` (the way the project's mixins do it).
+``data_ptr`` (the way the MiniMax M3 mixin does it, ``pad: trailing_sequence``).
 
 Every protocol call is appended to ``model.calls`` as ``(method, details)``
 so tests can check what the manager called, in which order.

@@ -765,12 +765,19 @@ case(
     ),
 )
 regex("sizes_negative", "minimax_m3", r"\n  half_rot_dim: \d+", "\n  half_rot_dim: -30")
+# DeepSeek-V4.1's cu_seqlens closed by one padding sequence, as it was before
+# GPU run I (the spec repeats the last offset now).
+DEEPSEEK_TRAILING = (
+    "    pad: repeat_last\n    slots: max_batch_size + 1\n",
+    "    pad: trailing_sequence\n    slots: max_batch_size + 2\n",
+)
 case(
     "two_trailing_sequences",
     "deepseek_v41",
+    DEEPSEEK_TRAILING,
     (
-        "  cu_seqlens: {pad: trailing_sequence, slots: max_batch_size + 2}\n",
-        "  cu_seqlens: {pad: trailing_sequence, slots: max_batch_size + 2}\n  merge_cu: {pad: trailing_sequence, slots: max_batch_size + 2}\n",
+        "  max_seqlen: {host_scalar: true, replay: drop, set_by: max_seqlen_override}\n",
+        "  merge_cu: {pad: trailing_sequence, slots: max_batch_size + 2}\n  max_seqlen: {host_scalar: true, replay: drop, set_by: max_seqlen_override}\n",
     ),
     (
         "provides: [merge_idx, merge_mask]",
@@ -1048,6 +1055,7 @@ valid_case(
 case(
     "bounds_item_with_trailing_sequence",
     "deepseek_v41",
+    DEEPSEEK_TRAILING,
     (
         "max_seqlen: {host_scalar: true, replay: drop, set_by: max_seqlen_override}",
         "max_seqlen: {host_scalar: true, replay: drop, set_by: max_seqlen_override, bounds: item}",
