@@ -147,7 +147,15 @@ class Annotation(ValueType):
 
     def value(self, node: Node, field: str, ctx: ReadContext, **kw: Any) -> Any:
         name, loc = kw["key"], kw["key_location"]
-        check_name(ctx, loc, field, name, "host attribute")
+        if check_name(ctx, loc, field, name, "host attribute") and name in MODULE_API:
+            # ``host: {apply: Any}`` would make ``apply(...)`` a host call.
+            ctx.error(
+                loc,
+                field,
+                f"host attribute {name!r} is torch.nn.Module's own API, not an "
+                "attribute of the model",
+            )
+            ctx.bad_names.add(name)
         ctx.declare(NameKind.HOST, name, loc, field)
         imports = ctx.names[NameKind.IMPORT]
         known = frozenset(imports) | TYPE_NAMES | VLLM_TYPE_NAMES

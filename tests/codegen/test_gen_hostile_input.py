@@ -979,6 +979,28 @@ def test_host_methods_declare_only_the_models_own(methods, words, tmp_path) -> N
     assert ": host_methods[2]: " in found and words in found, found
 
 
+#: A host attribute named after torch.nn.Module's own API would make its
+#: machinery a plain host call (``apply(...)``, ``named_modules()``).
+HOST_ATTRIBUTES = [
+    ("apply", "apply(feats)"),
+    ("named_modules", "named_modules()"),
+    ("state_dict", "state_dict()"),
+    ("register_forward_hook", "register_forward_hook(feats)"),
+    ("load_state_dict", "load_state_dict(feats)"),
+    ("training", "training"),
+]
+
+
+@pytest.mark.parametrize(("name", "step"), HOST_ATTRIBUTES, ids=repr)
+def test_host_attributes_are_never_module_api(name, step, tmp_path) -> None:
+    text = _steps_spec("graph", step).replace(
+        "  visual: torch.nn.Module\n", f"  visual: torch.nn.Module\n  {name}: Any\n"
+    )
+    found = _refused_with(text, tmp_path)
+    assert f": host.{name}: host attribute {name!r} is torch.nn.Module's" in found
+    assert "graph_forward" not in found, found
+
+
 BUILDER_CALLS = [
     ("call: visual.state_dict(image_grid_thw)", "names 'state_dict'"),
     ("call: visual.config.save(image_grid_thw)", "'visual.config.save(...)' is not"),
