@@ -166,6 +166,18 @@ TENSOR_METHODS = frozenset(
 #: Annotations of host attributes that are tensors: their tensor methods
 #: may be called without a declaration (``image_newline.view(1, -1)``).
 HOST_TENSOR_TYPES = frozenset({"torch.Tensor", "torch.nn.Parameter"})
+#: Annotations of host attributes that are modules. A dotted host method
+#: lives under one of these or under a class imported from vLLM's model code
+#: (:data:`MODEL_PACKAGES`); under a host tensor it is one of
+#: :data:`TENSOR_METHODS`; under anything else (``Any``, ``str``, a config)
+#: it is refused, as the value is data a step reads, not code it calls
+#: (``config.to_json_file``, ``name.format``, ``newline.numpy``).
+MODULE_TYPES = frozenset(
+    {"torch.nn.Module", "torch.nn.ModuleList", "torch.nn.ModuleDict"}
+)
+#: The vLLM packages whose classes are model code (a config class comes from
+#: ``vllm.transformers_utils``).
+MODEL_PACKAGES = ("vllm.model_executor.models", "vllm.models")
 #: What ``next(<host path>.parameters())`` may be read for.
 PARAMETER_FACTS = frozenset({"dtype", "device"})
 #: ``torch.nn.Module``'s own attributes and methods (its class's names and
@@ -394,6 +406,39 @@ def _host_tensor_method(path: fx.HostPath, host: HostSurface) -> bool:
         len(path.parts) == 2
         and path.parts[1] in TENSOR_METHODS
         and host.attributes.get(path.parts[0]) in HOST_TENSOR_TYPES
+    )
+
+
+def dotted_method_problem(
+    root: str, rest: list[str], annotation: str, model_classes: frozenset[str]
+) -> str | None:
+    """Why ``root.<rest>`` may not be declared a host method, from the root
+    attribute's annotation (see :data:`MODULE_TYPES`)."""
+    if annotation in MODULE_TYPES or annotation in model_classes:
+        return None
+    if annotation in HOST_TENSOR_TYPES:
+        if len(rest) == 1 and rest[0] in TENSOR_METHODS:
+            return None
+        return (
+            f"{root!r} is a host tensor ({annotation}): only its tensor methods "
+            "may be called (see the tensor methods of docs/spec-format.md)"
+        )
+    return (
+        f"{root!r} is annotated {annotation!r}, not a module: a dotted host "
+        "method lives under a module (torch.nn.Module or a class of vLLM's "
+        "model code); other host attributes are read, never called"
+    )
+
+
+def model_classes(imports: tuple) -> frozenset[str]:
+    """The imported names whose vLLM module is model code (``Import``s)."""
+    return frozenset(
+        i.name
+        for i in imports
+        if any(
+            i.module("vllm") == p or i.module("vllm").startswith(p + ".")
+            for p in MODEL_PACKAGES
+        )
     )
 
 

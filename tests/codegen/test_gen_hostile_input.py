@@ -39,6 +39,7 @@ from genmixin_testlib import (
     mutated_spec,
     run_main,
     run_measured,
+    spec_problems,
     spec_text,
     tree_snapshot,
 )
@@ -977,6 +978,69 @@ def test_host_methods_declare_only_the_models_own(methods, words, tmp_path) -> N
     text = _steps_spec("host_methods", f"host_methods: {methods}")
     found = _refused_with(text, tmp_path)
     assert ": host_methods[2]: " in found and words in found, found
+
+
+#: A dotted host method under a host attribute that is no module calls data:
+#: a host tensor's numpy or storage, a string's format, a config's writers.
+#: (host attribute, its annotation, the declared method, its call)
+DOTTED_UNDER_DATA = [
+    ("newline", "torch.Tensor", "newline.numpy", "newline.numpy()"),
+    (
+        "newline",
+        "torch.nn.Parameter",
+        "newline.untyped_storage",
+        "newline.untyped_storage()",
+    ),
+    ("name", "str", "name.format", "name.format(feats)"),
+    ("size", "int", "size.bit_length", "size.bit_length()"),
+    ("kw", "dict", "kw.get", "kw.get(1)"),
+    ("config", "Any", "config.to_json_file", "config.to_json_file(3)"),
+    ("config", "Any", "config.save_pretrained", "config.save_pretrained('/tmp/x')"),
+    (
+        "vllm_config",
+        "VllmConfig",
+        "vllm_config.compile_debug_dump_path",
+        "vllm_config.compile_debug_dump_path()",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "annotation", "method", "call"), DOTTED_UNDER_DATA, ids=repr
+)
+def test_dotted_host_methods_live_under_modules(
+    name, annotation, method, call, tmp_path
+) -> None:
+    text = (
+        _steps_spec("graph", call)
+        .replace(
+            "  visual: torch.nn.Module\n",
+            f"  visual: torch.nn.Module\n  {name}: {annotation}\n",
+        )
+        .replace(
+            HOST_METHODS,
+            f"host_methods: [_merge_rows, visual.prepare_metadata, {method}]",
+        )
+    )
+    found = _refused_with(text, tmp_path)
+    assert f": host_methods[2]: {name!r} is " in found, found
+    assert "not a module" in found or "only its tensor methods" in found, found
+
+
+def test_a_host_tensor_declares_its_tensor_methods(tmp_path) -> None:
+    """The rule's other side: ``newline.reshape`` under a host tensor is fine."""
+    text = (
+        _steps_spec("graph", "_merge_rows(newline.reshape(1, -1), scale=0.5)")
+        .replace(
+            "  visual: torch.nn.Module\n",
+            "  visual: torch.nn.Module\n  newline: torch.Tensor\n",
+        )
+        .replace(
+            HOST_METHODS,
+            "host_methods: [_merge_rows, visual.prepare_metadata, newline.reshape]",
+        )
+    )
+    assert spec_problems(text) == []
 
 
 #: A host attribute named after torch.nn.Module's own API would make its
