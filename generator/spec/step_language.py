@@ -35,7 +35,10 @@ TENSOR_ATTRIBUTES = frozenset({"T", "device", "dtype", "mT", "ndim", "shape"})
 OUTPUT_FIELDS = frozenset({"last_hidden_state", "pooler_output"})
 #: Methods a step may call on a value: pure tensor computations (shape and
 #: view changes, conversions, arithmetic, reductions, indexing) and the host
-#: copies ``tolist``/``item``/``cpu``, which a captured graph refuses.
+#: copies ``tolist``/``item``/``cpu``, which a captured graph refuses. No
+#: method changes a tensor in place: a value may be a view of the host
+#: model's weights (``w = visual.patch.weight``), which a ``zero_()`` would
+#: change for every later batch.
 TENSOR_METHODS = frozenset(
     {
         # shapes and views
@@ -151,12 +154,6 @@ TENSOR_METHODS = frozenset(
         "topk",
         "unique",
         "unique_consecutive",
-        # in place, on a step's own tensors and buffers
-        "copy_",
-        "fill_",
-        "index_copy_",
-        "masked_fill_",
-        "zero_",
         # host copies (eager steps only: a captured graph refuses them)
         "cpu",
         "item",

@@ -916,6 +916,12 @@ STEP_ATTACKS = [
     ("graph", "visual.blocks[0](feats)", "'visual.blocks[0](...)' is not declared"),
     ("graph", "_merge_rows.gi_frame", "host method '_merge_rows' may only be called"),
     ("graph", "visual(_merge_rows)", "host method '_merge_rows' may only be called"),
+    # In place: a value may be a view of the host model's weights.
+    ("graph", "feats.zero_()", "'.zero_()' is not a tensor method"),
+    ("graph", "pixel_values.copy_(feats)", "'.copy_()' is not a tensor method"),
+    ("eager", "feats.view(-1).fill_(0)", "'.fill_()' is not a tensor method"),
+    ("graph", "feats.masked_fill_(feats > 0, 1)", "'.masked_fill_()' is not"),
+    ("graph", "feats.index_copy_(0, feats, feats)", "'.index_copy_()' is not"),
     # Refused by the parser before as now (private and dunder names).
     ("graph", "feats.__class__", "attribute '__class__' is not allowed"),
     ("graph", "visual._modules", "attribute '_modules' is not allowed"),
@@ -994,6 +1000,7 @@ DOTTED_UNDER_DATA = [
     ("name", "str", "name.format", "name.format(feats)"),
     ("size", "int", "size.bit_length", "size.bit_length()"),
     ("kw", "dict", "kw.get", "kw.get(1)"),
+    ("newline", "torch.Tensor", "newline.zero_", "newline.zero_()"),
     ("config", "Any", "config.to_json_file", "config.to_json_file(3)"),
     ("config", "Any", "config.save_pretrained", "config.save_pretrained('/tmp/x')"),
     (
