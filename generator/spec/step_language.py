@@ -160,6 +160,67 @@ TENSOR_METHODS = frozenset(
         "tolist",
     }
 )
+#: Keyword arguments a step may pass to a tensor method or a torch function:
+#: the computation's own parameters, never ``out=`` (which writes into the
+#: tensor it names: a host weight, a buffer).
+STEP_KEYWORDS = frozenset(
+    {
+        "alpha",
+        "append",
+        "chunks",
+        "condition",
+        "copy",
+        "data",
+        "decimals",
+        "descending",
+        "destination",
+        "device",
+        "dim",
+        "dim0",
+        "dim1",
+        "dims",
+        "dtype",
+        "end",
+        "end_dim",
+        "exponent",
+        "fill_value",
+        "index",
+        "indices",
+        "input",
+        "k",
+        "keepdim",
+        "largest",
+        "length",
+        "mask",
+        "max",
+        "memory_format",
+        "min",
+        "n",
+        "non_blocking",
+        "other",
+        "output_size",
+        "prepend",
+        "reduce",
+        "repeats",
+        "return_counts",
+        "return_inverse",
+        "rounding_mode",
+        "shifts",
+        "size",
+        "sizes",
+        "sorted",
+        "source",
+        "split_size",
+        "split_size_or_sections",
+        "src",
+        "stable",
+        "start",
+        "start_dim",
+        "step",
+        "tensors",
+        "value",
+    }
+)
 #: Annotations of host attributes that are tensors: their tensor methods
 #: may be called without a declaration (``image_newline.view(1, -1)``).
 HOST_TENSOR_TYPES = frozenset({"torch.Tensor", "torch.nn.Parameter"})
@@ -346,6 +407,16 @@ def _call_problems(e: fx.Call, role: str, host: HostSurface) -> Iterator[str]:
         yield from _next_problems(e, role, host)
         return
     yield from _problems(e.callee, _CALLEE, host)
+    tensor_call = isinstance(e.callee, (fx.Torch, fx.Attr)) or (
+        isinstance(e.callee, fx.HostPath) and _host_tensor_method(e.callee, host)
+    )
+    for name, _ in e.kwargs if tensor_call else ():
+        if name not in STEP_KEYWORDS:
+            yield (
+                f"keyword {name}= is not one a tensor method or torch function "
+                "may take in a step (see STEP_KEYWORDS in "
+                "generator/spec/step_language.py)"
+            )
     for arg in (*e.args, *(v for _, v in e.kwargs)):
         yield from _problems(arg, _ARGUMENT, host)
 

@@ -922,6 +922,11 @@ STEP_ATTACKS = [
     ("eager", "feats.view(-1).fill_(0)", "'.fill_()' is not a tensor method"),
     ("graph", "feats.masked_fill_(feats > 0, 1)", "'.masked_fill_()' is not"),
     ("graph", "feats.index_copy_(0, feats, feats)", "'.index_copy_()' is not"),
+    # out= writes into the tensor it names (a buffer, a host weight).
+    ("graph", "torch.cat([feats], out=pixel_values)", "keyword out= is not"),
+    ("graph", "torch.zeros(3, out=visual.patch.weight)", "keyword out= is not"),
+    ("eager", "torch.where(feats > 0, feats, feats, out=feats)", "keyword out="),
+    ("graph", "feats.sum(0, out=pixel_values)", "keyword out= is not"),
     # Refused by the parser before as now (private and dunder names).
     ("graph", "feats.__class__", "attribute '__class__' is not allowed"),
     ("graph", "visual._modules", "attribute '_modules' is not allowed"),
