@@ -3,8 +3,8 @@
 # From specs/cohere2_vision.yaml: change the spec or the templates and run
 # `gen-mixin specs/cohere2_vision.yaml`.
 # spec-sha256: be09fd22f18b5804bec9fad2ab292f1d4e65a1b7a548a7719f983f9e1c1e6321
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: 69b62410bb114d1d6df4019d2be8c90cecfff3185b46d3f8620bcd34cfc8536d
+# templates-sha256: f862fb1aa830cef424737c0e22a1b88b5d7d014e274830649023532a171b3373
+# output-sha256: 87e0cd990770a78e97de4bf23335154647fd00460fb9833d32ca3cdd3f7a6fe4
 
 import itertools
 from collections.abc import Hashable

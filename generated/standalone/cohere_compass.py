@@ -3,8 +3,8 @@
 # From specs/cohere_compass.yaml: change the spec or the templates and run
 # `gen-mixin specs/cohere_compass.yaml`.
 # spec-sha256: d07c29aa8ad4662bcac30b269bf92c40a0f7c311b8deb5cc9f84e86dba45c5c5
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: ae91814bb41c7f9a1a548d099bfd3fa7b95e1fd318c824276da4ebf6a76136d7
+# templates-sha256: f862fb1aa830cef424737c0e22a1b88b5d7d014e274830649023532a171b3373
+# output-sha256: 761f4a8ec707262c9b9d1390b065aafc8a8c4f805b9c64e6dd19c3ca8a16aff0
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/deepseek_v41.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_v41.yaml`.
 # spec-sha256: 02b2741924e3a7a071af0cd3a8633eb065771b6cf82bbdd2283ae744c6161625
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: a8c7fcf77a9bbf7d5c7784b6fc8ef398aca45174f550e3efe3e0d53f354fa87a
+# templates-sha256: f862fb1aa830cef424737c0e22a1b88b5d7d014e274830649023532a171b3373
+# output-sha256: 319029300ec0fdcafc8b820460a5a7ced409a364c0e43ed2b0d70ad8e4eaf577
 
 import itertools
 import weakref

@@ -3,8 +3,8 @@
 # From specs/ernie45_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/ernie45_vl.yaml`.
 # spec-sha256: 9c43478aaa850dab46764f23326811febf7e9a3d9cc8d6b0c7ff0cd9d6601d41
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: 5254719c5e9ea24d306370b67b3790362405db0042e56c43c986efa95183fd15
+# templates-sha256: f862fb1aa830cef424737c0e22a1b88b5d7d014e274830649023532a171b3373
+# output-sha256: 49322536f40fa07d411ac8e61f79e96ada25d0db7c5bc40dd0a6dbb69b54edbb
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/glm5_next.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm5_next.yaml`.
 # spec-sha256: eb5cf2b9079a5f16fe35bba77bed5740c643efe1e64d9a18938216fe04e1b97d
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: f244bad2e254fc5ee5e4a6c3ead464a16f9a7b2c100044cd61fc45ca644b7803
+# templates-sha256: f862fb1aa830cef424737c0e22a1b88b5d7d014e274830649023532a171b3373
+# output-sha256: 0c107149289e4d5abb260fee35118da380ce63e017910387555ce763db9a1501
 
 import itertools
 from collections.abc import Hashable

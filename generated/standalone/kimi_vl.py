@@ -3,8 +3,8 @@
 # From specs/kimi_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_vl.yaml`.
 # spec-sha256: b4c12018366cdeb86c86bf7b35c60c7b97e9e189f2f53785ec5ff811704d07d2
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: 9346a6aea77753a824e0e7fd6aa3aae657b66cb35fd48812ef495f93ede1c274
+# templates-sha256: f862fb1aa830cef424737c0e22a1b88b5d7d014e274830649023532a171b3373
+# output-sha256: a6e68945747c88e36b8c1b156789c3b76a9c6e41bf00a16cd7a1c174ade52dd3
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/qwen2_5_omni.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_omni.yaml`.
 # spec-sha256: ce9bf2fc700f004d47827e30d185e59eb5d9444dd78780ad1cac730e07dc5c1d
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: fc87eef15575df2372e832ab2b4a3f67de0c985876c57c1c30eb6a5acac1ca44
+# templates-sha256: f862fb1aa830cef424737c0e22a1b88b5d7d014e274830649023532a171b3373
+# output-sha256: b58c4a2a875940da4bca262ed7568531795e800f7517101b19b518d192dbf917
 
 import itertools
 from collections.abc import Hashable

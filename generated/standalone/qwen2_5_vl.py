@@ -3,8 +3,8 @@
 # From specs/qwen2_5_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_vl.yaml`.
 # spec-sha256: ce38a756ff944d5d1cbcb57a4efc46c3eaa13791e2e6333e347ed5b079f51a1a
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: b905686460fe378162b39c6fcf8561011c5d6abf71d712e2b0a86ab75e177cd6
+# templates-sha256: f862fb1aa830cef424737c0e22a1b88b5d7d014e274830649023532a171b3373
+# output-sha256: 2575f314a8fc71e5320c9ea2d31ac37f7b536cbb616470494e709c754112447c
 
 import itertools
 from collections.abc import Hashable

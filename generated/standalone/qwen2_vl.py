@@ -3,8 +3,8 @@
 # From specs/qwen2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_vl.yaml`.
 # spec-sha256: 869bcb41f290ee655394bdeee5f49801b8344bce3f4c38101e004675d9980f68
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: 1517dc6f09f0a7d2890252c5164296860f30e89e30b1848dda628d417b0d596c
+# templates-sha256: f862fb1aa830cef424737c0e22a1b88b5d7d014e274830649023532a171b3373
+# output-sha256: 3fd8bac4f2fb568582d0053432d28072b81933c745b03c07653b2d9ca0b2330d
 
 import itertools
 from collections.abc import Hashable

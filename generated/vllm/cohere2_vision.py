@@ -3,8 +3,8 @@
 # From specs/cohere2_vision.yaml: change the spec or the templates and run
 # `gen-mixin specs/cohere2_vision.yaml`.
 # spec-sha256: be09fd22f18b5804bec9fad2ab292f1d4e65a1b7a548a7719f983f9e1c1e6321
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: 759d5eb1eb35fa5e43f3f506cc8b25e952afb72ddb6082a85fb202548bddf540
+# templates-sha256: f862fb1aa830cef424737c0e22a1b88b5d7d014e274830649023532a171b3373
+# output-sha256: c4b1455653734952c375bc87c34b78eeec28c33c0cbef023e6cf87017fc113bb
 
 import itertools
 from collections.abc import Hashable

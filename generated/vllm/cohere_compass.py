@@ -3,8 +3,8 @@
 # From specs/cohere_compass.yaml: change the spec or the templates and run
 # `gen-mixin specs/cohere_compass.yaml`.
 # spec-sha256: d07c29aa8ad4662bcac30b269bf92c40a0f7c311b8deb5cc9f84e86dba45c5c5
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: 555217ee810dff825cb82adf5fedf645c058641acd3cee9d7a9bcb0b2aae0630
+# templates-sha256: f862fb1aa830cef424737c0e22a1b88b5d7d014e274830649023532a171b3373
+# output-sha256: acb4feff2403bd8cdd36dcab513636ccdf23c450bb919156c1d92645d1866945
 
 import itertools
 from collections.abc import Hashable

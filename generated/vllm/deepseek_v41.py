@@ -3,8 +3,8 @@
 # From specs/deepseek_v41.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_v41.yaml`.
 # spec-sha256: 02b2741924e3a7a071af0cd3a8633eb065771b6cf82bbdd2283ae744c6161625
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: c60c5b3651cd3d5e3dc4f3f392ee6ebf47c991c833984796d5ee2a5b098ef418
+# templates-sha256: f862fb1aa830cef424737c0e22a1b88b5d7d014e274830649023532a171b3373
+# output-sha256: 7a5a9b294c65dddc7a42c132df7d409275858be9fe0cdecc98d77e255af65533
 
 import itertools
 import weakref

@@ -3,8 +3,8 @@
 # From specs/eagle2_5_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/eagle2_5_vl.yaml`.
 # spec-sha256: 83ff2533b4ca23dd7ff633541be75194608fbdec7d6ecb70c6c7ccd114d4e48d
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: 60c0489cb28309eee2940b26bdb4563bf2d21baccdf716409fdf99ad79e723f9
+# templates-sha256: f862fb1aa830cef424737c0e22a1b88b5d7d014e274830649023532a171b3373
+# output-sha256: f96f781706f5f560fe87a537a43578592b05966769e65e045c1481444c22e951
 
 import itertools
 from collections.abc import Hashable

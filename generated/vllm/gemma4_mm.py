@@ -3,8 +3,8 @@
 # From specs/gemma4_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma4_mm.yaml`.
 # spec-sha256: 06e9dbe6dfab654f3c21e7f5471097a1f4a7406dd29cd02c84eecf9f9a03241a
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: 09c4199089f45148561f585dcab15d2c61dd6eed1bdb9fb82ca0dfa959940b53
+# templates-sha256: f862fb1aa830cef424737c0e22a1b88b5d7d014e274830649023532a171b3373
+# output-sha256: 88f5c051f2edb5795e6ed9810dbf420231c875cb109f34305cb5b8de615b4b7e
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any

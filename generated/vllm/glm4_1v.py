@@ -3,8 +3,8 @@
 # From specs/glm4_1v.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm4_1v.yaml`.
 # spec-sha256: 93ee1fa714e7ac8e7e720d49cba4efbe7b945a492409a082eff8447195711a00
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: 2a2dc959694ae02088ecfb0e30f6c99f0c9058c2f34c9370d1a8ed724fa33f44
+# templates-sha256: f862fb1aa830cef424737c0e22a1b88b5d7d014e274830649023532a171b3373
+# output-sha256: 579f61ddfa1fc5a592385a1e09038d738d0e31117252db133d9cd44cedf4b9d9
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/glm5_next.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm5_next.yaml`.
 # spec-sha256: eb5cf2b9079a5f16fe35bba77bed5740c643efe1e64d9a18938216fe04e1b97d
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: 160bd64877a9d907d6c2bf6e3eba39167fe7143dbb3b5d9dd097c5df31db3a19
+# templates-sha256: f862fb1aa830cef424737c0e22a1b88b5d7d014e274830649023532a171b3373
+# output-sha256: 9096e76bc88071f52028b040398b8a248f1ba425111eb69df617676a9c29f51f
 
 import itertools
 from collections.abc import Hashable

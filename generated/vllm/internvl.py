@@ -3,8 +3,8 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: bd3e03f8f45c218890dcabdd2d358eb418fcd77d45c689da9a52bae87f5993d7
+# templates-sha256: f862fb1aa830cef424737c0e22a1b88b5d7d014e274830649023532a171b3373
+# output-sha256: 043ad1a2c77362fc57935d9b54c015e2d1376f2c06f45720bc41ffc43817420d
 
 import itertools
 from collections.abc import Hashable

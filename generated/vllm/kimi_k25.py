@@ -3,8 +3,8 @@
 # From specs/kimi_k25.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k25.yaml`.
 # spec-sha256: 7f183ed8d4f550eea068483d8a9435b722bdfdf97a0b4d8fcd5271760b6fb015
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: 774c3501eeea70b241343ccb499ca6eaf1596de2797da1e31d347575887aea6e
+# templates-sha256: f862fb1aa830cef424737c0e22a1b88b5d7d014e274830649023532a171b3373
+# output-sha256: 43ae5efc201b8bf6e20e3775fe015ef5a9213518c442f3e212a9df42f3d20869
 
 import itertools
 from collections.abc import Hashable

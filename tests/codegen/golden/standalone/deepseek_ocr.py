@@ -3,8 +3,8 @@
 # From specs/deepseek_ocr.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_ocr.yaml`.
 # spec-sha256: 0bfb43e4316a4a39192bb100e7cfeecbb3f7339c7a907dfaa07f9b62999ceee7
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: 6a8a4ec6b183f24d1ce2772e21f8e7b36284afef49293fe79b489e123ca1cf1d
+# templates-sha256: f862fb1aa830cef424737c0e22a1b88b5d7d014e274830649023532a171b3373
+# output-sha256: 4ba7f6d0c02f4bcdab61636f1b04fa42a7e7b54fde66ea172c6769357e2dd6b1
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/deepseek_vl2.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_vl2.yaml`.
 # spec-sha256: 65a219ba305cd6d64a7bcc0ccb0190528fa86cf96ed2209abdf6848605972e9f
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: 3c32f3ebc5d603cc6b071a8111225eb8fc327ac4dd8c890ae8fd0696218e600c
+# templates-sha256: f862fb1aa830cef424737c0e22a1b88b5d7d014e274830649023532a171b3373
+# output-sha256: 1b3fd8afca7bafac013c0287ff4213cf9782839af0a5cfd3333a13a44a9177c6
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/eagle2_5_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/eagle2_5_vl.yaml`.
 # spec-sha256: 83ff2533b4ca23dd7ff633541be75194608fbdec7d6ecb70c6c7ccd114d4e48d
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: 7f411974f68f99308ba44e52d99c00540b1f6082371785ddc3c2c3e1ff1dd0e0
+# templates-sha256: f862fb1aa830cef424737c0e22a1b88b5d7d014e274830649023532a171b3373
+# output-sha256: c7c931b09d4ea19ce281d9ed60a4d84298a16ebd5c5d6dee3ecdc0d6e346d9d3
 
 import itertools
 from collections.abc import Hashable

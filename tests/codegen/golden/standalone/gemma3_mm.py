@@ -3,8 +3,8 @@
 # From specs/gemma3_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma3_mm.yaml`.
 # spec-sha256: 19cc0f6e849ba8315b6202b90204158da9f48161f059a5255254f1c8d3c71b41
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: 2f9852016f72d9f901157002129ea3f7b2ac1cce96c93c4a7db500d3783ea0b7
+# templates-sha256: f862fb1aa830cef424737c0e22a1b88b5d7d014e274830649023532a171b3373
+# output-sha256: 388213f1eabe2aed2cfc77a217f1593db3d7ca6e19fe63d1d745cad61e95b6f1
 
 import itertools
 from collections.abc import Hashable

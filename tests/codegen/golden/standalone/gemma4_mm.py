@@ -3,8 +3,8 @@
 # From specs/gemma4_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma4_mm.yaml`.
 # spec-sha256: 06e9dbe6dfab654f3c21e7f5471097a1f4a7406dd29cd02c84eecf9f9a03241a
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: 6be9995169643abd082f614839c97ca64fd776127608dbbd20780ced7aee7a53
+# templates-sha256: f862fb1aa830cef424737c0e22a1b88b5d7d014e274830649023532a171b3373
+# output-sha256: 99890b7c010d0d6a7965cd9769a3b16feaf2df7aef2afb4211f63522f6555e88
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any

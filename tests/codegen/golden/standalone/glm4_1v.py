@@ -3,8 +3,8 @@
 # From specs/glm4_1v.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm4_1v.yaml`.
 # spec-sha256: 93ee1fa714e7ac8e7e720d49cba4efbe7b945a492409a082eff8447195711a00
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: 18b2ce73abed07894bb97edfe216099c279fc246508d484507097e72d1b880d1
+# templates-sha256: f862fb1aa830cef424737c0e22a1b88b5d7d014e274830649023532a171b3373
+# output-sha256: 4f9665371d45584342a63d745a51072be09d5c530e748f1946698ad24f3f3ba3
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/idefics3.yaml: change the spec or the templates and run
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 402948cdd63112cfeb000df2a94827d2c785cffa05635f592942545d8e00d7b3
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: b3f585db5d6a31a26de614b25231677379f44b88a2e58b51cd840af4803b1be4
+# templates-sha256: f862fb1aa830cef424737c0e22a1b88b5d7d014e274830649023532a171b3373
+# output-sha256: 12a104eaf32c8572fdea9ed93355533df2e5161f9fa61bfc7f90bdffb12bed49
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: 37438430aec1864b7cc914f314e44655766402a568996a3e872f531e9bba9814
+# templates-sha256: f862fb1aa830cef424737c0e22a1b88b5d7d014e274830649023532a171b3373
+# output-sha256: f879c31828ef7eb00e7c1622f74dda4883c787e0b784bb8faa8ce229b4e1c5c4
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/kimi_k25.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k25.yaml`.
 # spec-sha256: 7f183ed8d4f550eea068483d8a9435b722bdfdf97a0b4d8fcd5271760b6fb015
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: 3ab36bbf97675ab1e0732d7194f24e2f5afa693001225476d8cffbefa6953aa8
+# templates-sha256: f862fb1aa830cef424737c0e22a1b88b5d7d014e274830649023532a171b3373
+# output-sha256: 240ea21315a4fb256dc2de8f6c9c0bddfc66d0f37a2a6d6955c5e0d6a1d74cb8
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/kimi_k3.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k3.yaml`.
 # spec-sha256: 43497e5dfe1ac384f62bdd2eaa1d96ddd9887c49f037b60e3b81ea6100afb1a8
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: 63712e677d19473039d9b96a7a95ae4f904cfcdc125d0b60ea3ecf6c59bddd26
+# templates-sha256: f862fb1aa830cef424737c0e22a1b88b5d7d014e274830649023532a171b3373
+# output-sha256: e0f9d9d8bb144c6be73ec159a66c9a4c600957b892a49bf390f367ad8757edfb
 
 import itertools
 import math

@@ -3,8 +3,8 @@
 # From specs/minicpmv.yaml: change the spec or the templates and run
 # `gen-mixin specs/minicpmv.yaml`.
 # spec-sha256: d4a580fe01bc55f4be098f399ee38128cd927c0b2f6e20aecf28c2d3e8bd3368
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: 6432e91dc375bb4164cc84eea7aa99c57cb949fb74161329366570590e7bf546
+# templates-sha256: f862fb1aa830cef424737c0e22a1b88b5d7d014e274830649023532a171b3373
+# output-sha256: 457c013cfcce9933bc370327b663b937bf2403f0f7874652f027d48b02ab6cf9
 
 import itertools
 from collections.abc import Hashable
@@ -434,6 +434,20 @@ class MiniCPMVEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         units = -(-token_budget // q)
         # The dummy units, one grid row each, all alike.
         tgt_sizes = [[th, tw] for _ in range(units)]
+        # gen-mixin's static checks proved these at sampled budgets and every
+        # budget of vLLM's default ladder; encoder_cudagraph_token_budgets may
+        # name any other, so they are checked again for this one, on the host
+        # and before anything is allocated. A dummy batch short of its budget
+        # fails in a replay copy; a short max_seqlen lets attention truncate a
+        # sequence without a word.
+        held, needed = len(tgt_sizes) * q, token_budget
+        if held < needed:
+            raise ValueError(
+                f"MiniCPM-V: at token_budget {token_budget} with max_batch_size "
+                f"{max_batch_size} the dummy units' count of budget tokens is "
+                f"{held} where at least {needed} is needed (a batch that fits the "
+                "budget would overflow the buffers)"
+            )
         pixel_values = torch.zeros(
             (units, 3, p, th * tw * p), device=device, dtype=dtype
         )

@@ -3,8 +3,8 @@
 # From specs/minimax_m3.yaml: change the spec or the templates and run
 # `gen-mixin specs/minimax_m3.yaml`.
 # spec-sha256: b0a1c0d6a521d611779e7b31c2e7a34c1db47288900ae226b9f1caa189fda9e9
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: bc11ae6881dc5aa26907b8765bef3408ddf4f0082d218049ada1d5dbd69994ba
+# templates-sha256: f862fb1aa830cef424737c0e22a1b88b5d7d014e274830649023532a171b3373
+# output-sha256: 7dcbf6f3b96497c39146809dde766b6e16e20477655ded0d77e3f0e84f31ab77
 
 import itertools
 import weakref

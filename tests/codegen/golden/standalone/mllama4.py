@@ -3,8 +3,8 @@
 # From specs/mllama4.yaml: change the spec or the templates and run
 # `gen-mixin specs/mllama4.yaml`.
 # spec-sha256: 3a4c5d7bdb1ee216f77e7723529296ab4a8d77acd6df01a22770eb4a40007938
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: 1cb0dda86b9e6ae968258cd49ec72683a234b28963cb149fb50b7235167a5db1
+# templates-sha256: f862fb1aa830cef424737c0e22a1b88b5d7d014e274830649023532a171b3373
+# output-sha256: 776e8cd9971546ef8e263fafa9cba8c95e92ca91c7f210205c38590977839d56
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/qwen3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen3_vl.yaml`.
 # spec-sha256: 902e83bb3226b608ede21e14f232e7c519c96c3ab05297933967cf2acb582708
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: 90f7600f27b2eb1158014b91e8a4403e3121e7dd425efbf16008849d8efca947
+# templates-sha256: f862fb1aa830cef424737c0e22a1b88b5d7d014e274830649023532a171b3373
+# output-sha256: fdaf125ef8d224cdce07adc488676f5450ea6a6e64e26c81c8c15664f1bf12a7
 
 import itertools
 from collections.abc import Hashable

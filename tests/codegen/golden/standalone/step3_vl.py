@@ -3,8 +3,8 @@
 # From specs/step3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: d1301896e352dc2dfc1d1ade577e62b790d5905dc44d22fea69e93de564903ab
+# templates-sha256: f862fb1aa830cef424737c0e22a1b88b5d7d014e274830649023532a171b3373
+# output-sha256: 5b18b8f11251794743ac9a1d5037ec4b830ce013595da828d9acf9ab70dcb95f
 
 import itertools
 from collections.abc import Hashable

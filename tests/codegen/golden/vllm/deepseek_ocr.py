@@ -3,8 +3,8 @@
 # From specs/deepseek_ocr.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_ocr.yaml`.
 # spec-sha256: 0bfb43e4316a4a39192bb100e7cfeecbb3f7339c7a907dfaa07f9b62999ceee7
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: 13107d70e54fb108f74e9ec636e2151f1d939045881c5c2ecd50f0e8c354329e
+# templates-sha256: f862fb1aa830cef424737c0e22a1b88b5d7d014e274830649023532a171b3373
+# output-sha256: 567c68daffc4111a4ecbe7953220ad72a239faab3aeb8564b5d1516deae215aa
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/deepseek_vl2.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_vl2.yaml`.
 # spec-sha256: 65a219ba305cd6d64a7bcc0ccb0190528fa86cf96ed2209abdf6848605972e9f
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: 8e1e85109f0350c3ab51bdb61ae219c112343cabf88f01e7c058bfb37ae77116
+# templates-sha256: f862fb1aa830cef424737c0e22a1b88b5d7d014e274830649023532a171b3373
+# output-sha256: cf28171e7373a86f2be052f7637227788638b394cab032b695a95b439da08218
 
 import itertools
 from collections.abc import Hashable

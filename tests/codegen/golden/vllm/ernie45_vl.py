@@ -3,8 +3,8 @@
 # From specs/ernie45_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/ernie45_vl.yaml`.
 # spec-sha256: 9c43478aaa850dab46764f23326811febf7e9a3d9cc8d6b0c7ff0cd9d6601d41
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: d9d384b144cf51be61a7c8afa662b8fe823b16001c30ef168d418b0d338dc87b
+# templates-sha256: f862fb1aa830cef424737c0e22a1b88b5d7d014e274830649023532a171b3373
+# output-sha256: bacf093873a82cfa700454f3b61a947f346a2c3fbc8a87815de714e6d90e2111
 
 import itertools
 from collections.abc import Hashable

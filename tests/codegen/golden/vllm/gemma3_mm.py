@@ -3,8 +3,8 @@
 # From specs/gemma3_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma3_mm.yaml`.
 # spec-sha256: 19cc0f6e849ba8315b6202b90204158da9f48161f059a5255254f1c8d3c71b41
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: aa38376eafa25d036b20fc6d8e9181df5bcb305cad3b2b986e47debb8deb203a
+# templates-sha256: f862fb1aa830cef424737c0e22a1b88b5d7d014e274830649023532a171b3373
+# output-sha256: ab3cfef33368790d8de333c36a81c4962403584512c84a471d318597649c288f
 
 import itertools
 from collections.abc import Hashable

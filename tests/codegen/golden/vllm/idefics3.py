@@ -3,8 +3,8 @@
 # From specs/idefics3.yaml: change the spec or the templates and run
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 402948cdd63112cfeb000df2a94827d2c785cffa05635f592942545d8e00d7b3
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: 04994161920f2689fb4ace795d201079824ea7d9e66182d0074ad78470a3cc90
+# templates-sha256: f862fb1aa830cef424737c0e22a1b88b5d7d014e274830649023532a171b3373
+# output-sha256: 578e7efa32909b7abadf36008ec3239216ef6bdc541ab63d64fb3995cc35adbc
 
 import itertools
 from collections.abc import Hashable

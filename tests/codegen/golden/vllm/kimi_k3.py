@@ -3,8 +3,8 @@
 # From specs/kimi_k3.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k3.yaml`.
 # spec-sha256: 43497e5dfe1ac384f62bdd2eaa1d96ddd9887c49f037b60e3b81ea6100afb1a8
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: 616094f987fe8ca5e7fb9ed0c0c4f7c1f0e6fb14449b6524a1f4cca2b8cae02b
+# templates-sha256: f862fb1aa830cef424737c0e22a1b88b5d7d014e274830649023532a171b3373
+# output-sha256: 57ec8bbe3c600c099360d1fca11f929276ca9c0c62474447962741c7f16e1390
 
 import itertools
 import math

@@ -3,8 +3,8 @@
 # From specs/kimi_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_vl.yaml`.
 # spec-sha256: b4c12018366cdeb86c86bf7b35c60c7b97e9e189f2f53785ec5ff811704d07d2
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: ba9a2f4c35a3f8f7a2de43c0c4b71a1ee25ef14354d0bf78a5b797dfec513999
+# templates-sha256: f862fb1aa830cef424737c0e22a1b88b5d7d014e274830649023532a171b3373
+# output-sha256: 21ad4dd382f1ee46cf1b59609ec47481a092b68acf80e4ed80fa2bd046f2d77d
 
 import itertools
 from collections.abc import Hashable

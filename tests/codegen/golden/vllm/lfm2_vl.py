@@ -3,8 +3,8 @@
 # From specs/lfm2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/lfm2_vl.yaml`.
 # spec-sha256: 8c6b5ab083d5875b50a3ce8a4c8257067e6cd44fd4c702d5c9e897c0a7bf788a
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: 49deecfdd35d32e7bf540c8dab262f44c3dfe0de9e705720edb52fca6610c3a5
+# templates-sha256: f862fb1aa830cef424737c0e22a1b88b5d7d014e274830649023532a171b3373
+# output-sha256: 166831c24cb9870787f686644dc0ebb6bad13ed19bb748561cdb56b84742a1cf
 
 import itertools
 from collections.abc import Hashable
@@ -448,6 +448,28 @@ class Lfm2VLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
             [f, min(token_budget - unit_index * m, m) * f]
             for unit_index in range(units)
         ]
+        # gen-mixin's static checks proved these at sampled budgets and every
+        # budget of vLLM's default ladder; encoder_cudagraph_token_budgets may
+        # name any other, so they are checked again for this one, on the host
+        # and before anything is allocated. A dummy batch short of its budget
+        # fails in a replay copy; a short max_seqlen lets attention truncate a
+        # sequence without a word.
+        held, needed = sum(h // f * (w // f) for h, w in spatial_shapes), token_budget
+        if held < needed:
+            raise ValueError(
+                f"LFM2-VL: at token_budget {token_budget} with max_batch_size "
+                f"{max_batch_size} the dummy units' count of budget tokens is "
+                f"{held} where at least {needed} is needed (a batch that fits the "
+                "budget would overflow the buffers)"
+            )
+        held, needed = token_budget * f**2, max(h * w for h, w in spatial_shapes)
+        if held < needed:
+            raise ValueError(
+                f"LFM2-VL: at token_budget {token_budget} with max_batch_size "
+                f"{max_batch_size} max_seqlen is {held} where at least {needed} "
+                "is needed (the longest dummy unit; a smaller max_seqlen "
+                "truncates it)"
+            )
         # The patch embedding's dtype, so the packed pixels need no cast in the
         # graph (vLLM casts them there; the same values when the manager's dtype
         # is the model's).

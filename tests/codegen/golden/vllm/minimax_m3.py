@@ -3,8 +3,8 @@
 # From specs/minimax_m3.yaml: change the spec or the templates and run
 # `gen-mixin specs/minimax_m3.yaml`.
 # spec-sha256: b0a1c0d6a521d611779e7b31c2e7a34c1db47288900ae226b9f1caa189fda9e9
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: a2c4b9fd25b078f49734143d7d70213fe0a210898fd3dd9942c7456c948c9735
+# templates-sha256: f862fb1aa830cef424737c0e22a1b88b5d7d014e274830649023532a171b3373
+# output-sha256: 7dc6eb3e93c861367ab9296ec919bf146d04d1812d198c031d9f298d41cd04a8
 
 import itertools
 import weakref

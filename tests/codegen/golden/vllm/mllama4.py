@@ -3,8 +3,8 @@
 # From specs/mllama4.yaml: change the spec or the templates and run
 # `gen-mixin specs/mllama4.yaml`.
 # spec-sha256: 3a4c5d7bdb1ee216f77e7723529296ab4a8d77acd6df01a22770eb4a40007938
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: 6546d100cc1251cec421017f8b547b3a0415fae348e5a855973db0c218699272
+# templates-sha256: f862fb1aa830cef424737c0e22a1b88b5d7d014e274830649023532a171b3373
+# output-sha256: 15e141281db517eeca493d5e5c002431eb063868e855fca0d38fe0508537317c
 
 import itertools
 from collections.abc import Hashable

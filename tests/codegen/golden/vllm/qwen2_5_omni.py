@@ -3,8 +3,8 @@
 # From specs/qwen2_5_omni.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_omni.yaml`.
 # spec-sha256: ce9bf2fc700f004d47827e30d185e59eb5d9444dd78780ad1cac730e07dc5c1d
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: 7f457e57524454891853b6d3327f1dace36e587689b316f14bcd82579dd381b4
+# templates-sha256: f862fb1aa830cef424737c0e22a1b88b5d7d014e274830649023532a171b3373
+# output-sha256: b58baaa8e9bbb64244113acab0900951f7d3fe892f8abccd2c64ebcffa355fc3
 
 import itertools
 from collections.abc import Hashable

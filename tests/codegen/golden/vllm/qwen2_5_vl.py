@@ -3,8 +3,8 @@
 # From specs/qwen2_5_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_vl.yaml`.
 # spec-sha256: ce38a756ff944d5d1cbcb57a4efc46c3eaa13791e2e6333e347ed5b079f51a1a
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: 6df8011f8736554860b066cc0c6dddb1bb946328383159b72fa4eebcd788fe4c
+# templates-sha256: f862fb1aa830cef424737c0e22a1b88b5d7d014e274830649023532a171b3373
+# output-sha256: 35a8ada69e03da6c57fccd6045f00c6c3fc0fa02990f8066bd4055d442180be5
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/qwen2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_vl.yaml`.
 # spec-sha256: 869bcb41f290ee655394bdeee5f49801b8344bce3f4c38101e004675d9980f68
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: b50afbcdba5ef331ce2be092c6e333a123af378be49fce411393d55a5b46b76f
+# templates-sha256: f862fb1aa830cef424737c0e22a1b88b5d7d014e274830649023532a171b3373
+# output-sha256: 9d6bc6973a2279cb08ce964fb8f2a5f0c53ff1d85d55f73ef911362c79e9e75a
 
 import itertools
 from collections.abc import Hashable

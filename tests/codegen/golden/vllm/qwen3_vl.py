@@ -3,8 +3,8 @@
 # From specs/qwen3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen3_vl.yaml`.
 # spec-sha256: 902e83bb3226b608ede21e14f232e7c519c96c3ab05297933967cf2acb582708
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: 6fcf212e48f4a861197f97f7ff6a8f20cc08fec37e7b434457e98dc768ddce13
+# templates-sha256: f862fb1aa830cef424737c0e22a1b88b5d7d014e274830649023532a171b3373
+# output-sha256: b3850efec97fd79c1075c999e4873eb54b47fe036004968258e59b9899041222
 
 import itertools
 from collections.abc import Hashable

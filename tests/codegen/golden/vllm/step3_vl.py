@@ -3,8 +3,8 @@
 # From specs/step3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
-# templates-sha256: 60b1fa4cbdf7802bc2f31bc7f2c46445fbc4b48f57878a40f4308ee73ee1b1bd
-# output-sha256: 5faed1bf35705b8e9ed4e015ea4b508ac3b18f31d88b04d792562380ec5adc4f
+# templates-sha256: f862fb1aa830cef424737c0e22a1b88b5d7d014e274830649023532a171b3373
+# output-sha256: 116884b9bd1ed8c359fff0f7a3eb5c73dc2dcd6520e12fda78a0860f347c38e8
 
 import itertools
 from collections.abc import Hashable
