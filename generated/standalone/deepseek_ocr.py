@@ -3,8 +3,8 @@
 # From specs/deepseek_ocr.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_ocr.yaml`.
 # spec-sha256: 0bfb43e4316a4a39192bb100e7cfeecbb3f7339c7a907dfaa07f9b62999ceee7
-# templates-sha256: f0481f1c7b591371f39768c15d7c79572ecaa7c5b5709fea3042da8d04a810cc
-# output-sha256: a08dc8d7e87434232a3e63dc0ebdef2ca469f9585ec05465395bc59fb21c280e
+# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
+# output-sha256: 08fc4516cd0387e21a3d0527088aede3f8bd693f2502f074d8c0fed8b9ee7733
 
 import itertools
 from collections.abc import Hashable

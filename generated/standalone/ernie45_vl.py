@@ -3,8 +3,8 @@
 # From specs/ernie45_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/ernie45_vl.yaml`.
 # spec-sha256: 9c43478aaa850dab46764f23326811febf7e9a3d9cc8d6b0c7ff0cd9d6601d41
-# templates-sha256: f0481f1c7b591371f39768c15d7c79572ecaa7c5b5709fea3042da8d04a810cc
-# output-sha256: 72396e8138c11f157ab58766fcc1508f69bf6340c1586d8abf482319c113f1fb
+# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
+# output-sha256: 1a652def349b3122e266756c79c08e3e48ca268a6dd38d9cac43f59a560d8182
 
 import itertools
 from collections.abc import Hashable

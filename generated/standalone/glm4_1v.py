@@ -3,8 +3,8 @@
 # From specs/glm4_1v.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm4_1v.yaml`.
 # spec-sha256: 93ee1fa714e7ac8e7e720d49cba4efbe7b945a492409a082eff8447195711a00
-# templates-sha256: f0481f1c7b591371f39768c15d7c79572ecaa7c5b5709fea3042da8d04a810cc
-# output-sha256: d18d88c3f705498bedaee6eb54feaadb5f2fb264d25521dfccbb41d753d7e5d4
+# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
+# output-sha256: 247d420fe17cd6db95945002a17728d81acc0d17ca7291cd580171263e79f9e3
 
 import itertools
 from collections.abc import Hashable

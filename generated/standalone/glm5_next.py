@@ -3,8 +3,8 @@
 # From specs/glm5_next.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm5_next.yaml`.
 # spec-sha256: eb5cf2b9079a5f16fe35bba77bed5740c643efe1e64d9a18938216fe04e1b97d
-# templates-sha256: f0481f1c7b591371f39768c15d7c79572ecaa7c5b5709fea3042da8d04a810cc
-# output-sha256: 0c4db614b5ce9745d15b044a1d2484faa0bd09a1ec0c7cac08984ca514e20eea
+# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
+# output-sha256: 29cd9f6e3fc7e059b35fe9a5d78c86af9034a3cbe517acfbfff68eaf289ade72
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/idefics3.yaml: change the spec or the templates and run
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 402948cdd63112cfeb000df2a94827d2c785cffa05635f592942545d8e00d7b3
-# templates-sha256: f0481f1c7b591371f39768c15d7c79572ecaa7c5b5709fea3042da8d04a810cc
-# output-sha256: 78e3255c152216673387ad7dc3c0845d612ab86097abdd501d53abc82d9b5f6e
+# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
+# output-sha256: 7400e452531469dbca4aa4b6f4a646f205440b913f1dfcadb576e269e2ff3785
 
 import itertools
 from collections.abc import Hashable

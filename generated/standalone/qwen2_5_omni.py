@@ -3,8 +3,8 @@
 # From specs/qwen2_5_omni.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_omni.yaml`.
 # spec-sha256: ce9bf2fc700f004d47827e30d185e59eb5d9444dd78780ad1cac730e07dc5c1d
-# templates-sha256: f0481f1c7b591371f39768c15d7c79572ecaa7c5b5709fea3042da8d04a810cc
-# output-sha256: b8c0a364687a44c2d8219a061020dc8588e7342574c42e36b8424ce8763c2a68
+# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
+# output-sha256: f1796ec92b53bead00e8bd9dabc8d9aa96c99ad7b4bfe871cf3b303657f6c685
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/qwen2_5_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_vl.yaml`.
 # spec-sha256: ce38a756ff944d5d1cbcb57a4efc46c3eaa13791e2e6333e347ed5b079f51a1a
-# templates-sha256: f0481f1c7b591371f39768c15d7c79572ecaa7c5b5709fea3042da8d04a810cc
-# output-sha256: aba0a5ccb1c5a7dbbec4f9ca1f7e25decae6e53ec84e4b3e68790e3e0deadf61
+# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
+# output-sha256: d7531103bdc74ddfbdfb64ae14d8d8223e508acd8c42d0b53d510afb4bc8ae5b
 
 import itertools
 from collections.abc import Hashable

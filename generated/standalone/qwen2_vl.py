@@ -3,8 +3,8 @@
 # From specs/qwen2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_vl.yaml`.
 # spec-sha256: 869bcb41f290ee655394bdeee5f49801b8344bce3f4c38101e004675d9980f68
-# templates-sha256: f0481f1c7b591371f39768c15d7c79572ecaa7c5b5709fea3042da8d04a810cc
-# output-sha256: c92448e8a036c3f68a4cd631c9513358496d96a2299e3334d46b0b306d1b6558
+# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
+# output-sha256: 0b58910565d0b4c78463b4fd523bea8e5a3c726e5be7397be23632c3a585da82
 
 import itertools
 from collections.abc import Hashable

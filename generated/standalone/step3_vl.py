@@ -3,8 +3,8 @@
 # From specs/step3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
-# templates-sha256: f0481f1c7b591371f39768c15d7c79572ecaa7c5b5709fea3042da8d04a810cc
-# output-sha256: 8204e857d6ffe478449236619d410318d1dbf6b82553064bf1e3b5f1ea6e302c
+# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
+# output-sha256: 9342a05df910426eef11ae770b458dc23d7e1a93f3c61b8b6b324777ddf3a422
 
 import itertools
 from collections.abc import Hashable

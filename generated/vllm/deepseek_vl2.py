@@ -3,8 +3,8 @@
 # From specs/deepseek_vl2.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_vl2.yaml`.
 # spec-sha256: 65a219ba305cd6d64a7bcc0ccb0190528fa86cf96ed2209abdf6848605972e9f
-# templates-sha256: f0481f1c7b591371f39768c15d7c79572ecaa7c5b5709fea3042da8d04a810cc
-# output-sha256: 470794e8b1e7591359c18029bb05f304bed15d2c8b4cdf383b7728eb1e26d015
+# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
+# output-sha256: 29d6013efea92b30a8c26c1c08520a9993e0a31c735d8735a5b67e8c26aff1f8
 
 import itertools
 from collections.abc import Hashable

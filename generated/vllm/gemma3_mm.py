@@ -3,8 +3,8 @@
 # From specs/gemma3_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma3_mm.yaml`.
 # spec-sha256: 19cc0f6e849ba8315b6202b90204158da9f48161f059a5255254f1c8d3c71b41
-# templates-sha256: f0481f1c7b591371f39768c15d7c79572ecaa7c5b5709fea3042da8d04a810cc
-# output-sha256: 146d6a600e379c27a4031fc62ba2a5eb4520a81183b5ea93a3c0a36614da5a95
+# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
+# output-sha256: e385f5f613d05905e5b5b95fb5fc4a0f1d787770af7084c9cabfdea3be8401c0
 
 import itertools
 from collections.abc import Hashable

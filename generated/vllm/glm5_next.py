@@ -3,8 +3,8 @@
 # From specs/glm5_next.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm5_next.yaml`.
 # spec-sha256: eb5cf2b9079a5f16fe35bba77bed5740c643efe1e64d9a18938216fe04e1b97d
-# templates-sha256: f0481f1c7b591371f39768c15d7c79572ecaa7c5b5709fea3042da8d04a810cc
-# output-sha256: b20d240cacb71eecd5f9382c5dec634d4f1f03a34ab9319c801930814602103c
+# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
+# output-sha256: f045f6986eb9756855c6ee478d7d06147030a64c86e8e2ae45fb744f1b59f5b4
 
 import itertools
 from collections.abc import Hashable

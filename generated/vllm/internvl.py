@@ -3,8 +3,8 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
-# templates-sha256: f0481f1c7b591371f39768c15d7c79572ecaa7c5b5709fea3042da8d04a810cc
-# output-sha256: 188695f60ad0e1a765c30e325bde4aad913c6eb159a03032d412374d297257f8
+# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
+# output-sha256: cd4654ac3f5e9934a38e96ca12d12223036dd05ba0264eeedeef171e3f668702
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/kimi_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_vl.yaml`.
 # spec-sha256: b4c12018366cdeb86c86bf7b35c60c7b97e9e189f2f53785ec5ff811704d07d2
-# templates-sha256: f0481f1c7b591371f39768c15d7c79572ecaa7c5b5709fea3042da8d04a810cc
-# output-sha256: e88bd7375ef424faf1e27f29b5a9a3b1bd61518b2305165b0ff0ae1bd554a1db
+# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
+# output-sha256: c366b0e455b4664d14ccdc227b914e43881171621d76e1171e4a0079bdb87e6f
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/step3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
-# templates-sha256: f0481f1c7b591371f39768c15d7c79572ecaa7c5b5709fea3042da8d04a810cc
-# output-sha256: f01cc7b87881133ba3146e5fd56852100081bf88c96f58b9a16b108e20d2e6be
+# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
+# output-sha256: a306a47282b424ba64662240581ce9bac8caa0b391f19c75b6a6e83c8b09f1dc
 
 import itertools
 from collections.abc import Hashable

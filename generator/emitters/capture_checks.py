@@ -59,6 +59,8 @@ def capture_checks(
 ) -> list[dict[str, Any]]:
     """``{"held", "needed", "condition", "message"}`` for each claim the
     capture re-checks (``held < needed`` refuses the budget)."""
+    if path.capture.of_units:
+        return unit_checks(spec, path, body)
     if not _checked(path):
         return []
     checks = _coverage(spec, path, body)
@@ -86,10 +88,19 @@ def _check(
     condition: Expr = fx.Compare("<", Ref("held"), Ref("needed"))
     if when is not None:
         condition = fx.BoolOp("and", (when, condition))
+    return _claim(
+        spec, body.expr(short), body.expr(need), body.expr(condition), what, why
+    )
+
+
+def _claim(
+    spec: MixinSpec, held: str, needed: str, condition: str, what: str, why: str
+) -> dict[str, Any]:
+    """A claim from its printed values and condition."""
     return {
-        "held": body.expr(short),
-        "needed": body.expr(need),
-        "condition": body.expr(condition),
+        "held": held,
+        "needed": needed,
+        "condition": condition,
         "message": message_literal(
             [
                 (f"{spec.display_name}: at token_budget", False),
@@ -232,3 +243,60 @@ def _slots(spec: MixinSpec, body: Body, buf: Buffer, video: bool) -> list[dict |
             )
         )
     return out
+
+
+def unit_checks(spec: MixinSpec, path: EncoderPath, body: Body) -> list[dict[str, Any]]:
+    """A unit capture's claims that follow from its dummy units: they cover
+    the budget in budget tokens, and each host scalar holds the longest dummy
+    unit (one sequence). The rest (slots for a batch of the smallest units,
+    rows of units no dummy has) rests on sampled units: the static checks'."""
+    capture = path.capture
+    if not capture.unit_dummy or not spec.items.per_unit:
+        return []
+    items = spec.items.on_path(path.output_tokens)
+    tokens = items.budget_tokens or items.output_tokens
+    checks = [
+        _claim(
+            spec,
+            _over_units(path, body, tokens, "sum"),
+            "token_budget",
+            "held < needed",
+            "the dummy units' count of budget tokens",
+            "a batch that fits the budget would overflow the buffers",
+        )
+    ]
+    for buf in path.buffers:
+        value = set_by_expr(buf)
+        if value is not None:
+            checks.append(
+                _claim(
+                    spec,
+                    body.expr(value),
+                    _over_units(path, body, spec.items.input_size, "max"),
+                    "held < needed",
+                    buf.key,
+                    f"the longest dummy unit; a smaller {buf.key} truncates it",
+                )
+            )
+    return checks
+
+
+def _over_units(path: EncoderPath, body: Body, expr: Expr, how: str) -> str:
+    """``expr`` summed (``sum``) or maximised (``max``) over the dummy units,
+    their dims bound from each unit's grid rows (``_`` where unread)."""
+    dummy = path.capture.unit_dummy
+    keys = [item.key for item, _ in dummy]
+    used = fx.names_in(expr)
+    if not used & {d for item, _ in dummy for d in item.dims}:
+        value = body.expr(expr)  # every unit alike
+        return f"len({keys[0]}) * {value}" if how == "sum" else value
+    rows = [
+        "("
+        + ", ".join(d if d in used else "_" for d in item.dims)
+        + ("," if len(item.dims) == 1 else "")
+        + ")"
+        for item, _ in dummy
+    ]
+    targets = rows[0][1:-1] if len(rows) == 1 else ", ".join(rows)
+    source = keys[0] if len(keys) == 1 else "zip(" + ", ".join(keys) + ")"
+    return f"{how}({body.expr(expr)} for {targets} in {source})"

@@ -752,7 +752,8 @@ class MetadataBuilder:
         targets = {n for s in steps for n in s.names}
         _check_step_targets(r, steps, set(provides))
         node = r.raw("provides")
-        for name, item in zip(provides, node.value if node is not None else ()):
+        listed = node.value if node is not None and isinstance(node.value, list) else ()
+        for name, item in zip(provides, listed):
             if name not in targets:
                 r.ctx.error(
                     item,

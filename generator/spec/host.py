@@ -14,7 +14,11 @@ from generator.naming import TARGETS
 from generator.scopes import METHODS, NameKind
 from generator.spec.names import check_name
 from generator.spec.reader import Key, Keys, ReadContext, Reader
-from generator.spec.step_language import MODULE_API
+from generator.spec.step_language import (
+    MODULE_API,
+    dotted_method_problem,
+    model_classes,
+)
 from generator.spec.values import (
     INVALID,
     Boolean,
@@ -147,7 +151,15 @@ class Annotation(ValueType):
 
     def value(self, node: Node, field: str, ctx: ReadContext, **kw: Any) -> Any:
         name, loc = kw["key"], kw["key_location"]
-        check_name(ctx, loc, field, name, "host attribute")
+        if check_name(ctx, loc, field, name, "host attribute") and name in MODULE_API:
+            # ``host: {apply: Any}`` would make ``apply(...)`` a host call.
+            ctx.error(
+                loc,
+                field,
+                f"host attribute {name!r} is torch.nn.Module's own API, not an "
+                "attribute of the model",
+            )
+            ctx.bad_names.add(name)
         ctx.declare(NameKind.HOST, name, loc, field)
         imports = ctx.names[NameKind.IMPORT]
         known = frozenset(imports) | TYPE_NAMES | VLLM_TYPE_NAMES
@@ -508,6 +520,11 @@ def _dotted_host_method(node: Node, field: str, ctx: ReadContext, name: str) -> 
         problem = f"{name!r} names {api!r}, torch.nn.Module's own API, not the model's"
     elif name in ctx.names[NameKind.HOST_METHOD]:
         problem = f"{name!r} is declared twice"
+    else:
+        annotations = {h.name: h.annotation for h in ctx.partial.get("host", ())}
+        classes = model_classes(ctx.partial.get("imports", ()))
+        if root in annotations:
+            problem = dotted_method_problem(root, rest, annotations[root], classes)
     if problem is not None:
         ctx.error(node, field, problem)
         return INVALID

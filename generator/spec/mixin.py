@@ -177,8 +177,10 @@ class MixinSpec:
             ListOf(HostMethodName()),
             "What expressions may call besides `host:` attributes: methods the "
             "host model defines (a private one, `_process_image_input`, included) "
-            "and dotted paths under a `host:` attribute (`vision.encode`: a method "
-            "or submodule), never `torch.nn.Module`'s own API (see Forward steps).",
+            "and dotted paths under a `host:` attribute annotated as a module "
+            "(`vision.encode`: a method or submodule; under a host tensor, one of "
+            "its tensor methods), never `torch.nn.Module`'s own API (see Forward "
+            "steps).",
             example="[get_max_frames_per_video, visual.prepare_encoder_metadata]",
         ),
         Key(

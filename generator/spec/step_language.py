@@ -35,7 +35,10 @@ TENSOR_ATTRIBUTES = frozenset({"T", "device", "dtype", "mT", "ndim", "shape"})
 OUTPUT_FIELDS = frozenset({"last_hidden_state", "pooler_output"})
 #: Methods a step may call on a value: pure tensor computations (shape and
 #: view changes, conversions, arithmetic, reductions, indexing) and the host
-#: copies ``tolist``/``item``/``cpu``, which a captured graph refuses.
+#: copies ``tolist``/``item``/``cpu``, which a captured graph refuses. No
+#: method changes a tensor in place: a value may be a view of the host
+#: model's weights (``w = visual.patch.weight``), which a ``zero_()`` would
+#: change for every later batch.
 TENSOR_METHODS = frozenset(
     {
         # shapes and views
@@ -151,21 +154,88 @@ TENSOR_METHODS = frozenset(
         "topk",
         "unique",
         "unique_consecutive",
-        # in place, on a step's own tensors and buffers
-        "copy_",
-        "fill_",
-        "index_copy_",
-        "masked_fill_",
-        "zero_",
         # host copies (eager steps only: a captured graph refuses them)
         "cpu",
         "item",
         "tolist",
     }
 )
+#: Keyword arguments a step may pass to a tensor method or a torch function:
+#: the computation's own parameters, never ``out=`` (which writes into the
+#: tensor it names: a host weight, a buffer).
+STEP_KEYWORDS = frozenset(
+    {
+        "alpha",
+        "append",
+        "chunks",
+        "condition",
+        "copy",
+        "data",
+        "decimals",
+        "descending",
+        "destination",
+        "device",
+        "dim",
+        "dim0",
+        "dim1",
+        "dims",
+        "dtype",
+        "end",
+        "end_dim",
+        "exponent",
+        "fill_value",
+        "index",
+        "indices",
+        "input",
+        "k",
+        "keepdim",
+        "largest",
+        "length",
+        "mask",
+        "max",
+        "memory_format",
+        "min",
+        "n",
+        "non_blocking",
+        "other",
+        "output_size",
+        "prepend",
+        "reduce",
+        "repeats",
+        "return_counts",
+        "return_inverse",
+        "rounding_mode",
+        "shifts",
+        "size",
+        "sizes",
+        "sorted",
+        "source",
+        "split_size",
+        "split_size_or_sections",
+        "src",
+        "stable",
+        "start",
+        "start_dim",
+        "step",
+        "tensors",
+        "value",
+    }
+)
 #: Annotations of host attributes that are tensors: their tensor methods
 #: may be called without a declaration (``image_newline.view(1, -1)``).
 HOST_TENSOR_TYPES = frozenset({"torch.Tensor", "torch.nn.Parameter"})
+#: Annotations of host attributes that are modules. A dotted host method
+#: lives under one of these or under a class imported from vLLM's model code
+#: (:data:`MODEL_PACKAGES`); under a host tensor it is one of
+#: :data:`TENSOR_METHODS`; under anything else (``Any``, ``str``, a config)
+#: it is refused, as the value is data a step reads, not code it calls
+#: (``config.to_json_file``, ``name.format``, ``newline.numpy``).
+MODULE_TYPES = frozenset(
+    {"torch.nn.Module", "torch.nn.ModuleList", "torch.nn.ModuleDict"}
+)
+#: The vLLM packages whose classes are model code (a config class comes from
+#: ``vllm.transformers_utils``).
+MODEL_PACKAGES = ("vllm.model_executor.models", "vllm.models")
 #: What ``next(<host path>.parameters())`` may be read for.
 PARAMETER_FACTS = frozenset({"dtype", "device"})
 #: ``torch.nn.Module``'s own attributes and methods (its class's names and
@@ -337,6 +407,16 @@ def _call_problems(e: fx.Call, role: str, host: HostSurface) -> Iterator[str]:
         yield from _next_problems(e, role, host)
         return
     yield from _problems(e.callee, _CALLEE, host)
+    tensor_call = isinstance(e.callee, (fx.Torch, fx.Attr)) or (
+        isinstance(e.callee, fx.HostPath) and _host_tensor_method(e.callee, host)
+    )
+    for name, _ in e.kwargs if tensor_call else ():
+        if name not in STEP_KEYWORDS:
+            yield (
+                f"keyword {name}= is not one a tensor method or torch function "
+                "may take in a step (see STEP_KEYWORDS in "
+                "generator/spec/step_language.py)"
+            )
     for arg in (*e.args, *(v for _, v in e.kwargs)):
         yield from _problems(arg, _ARGUMENT, host)
 
@@ -394,6 +474,39 @@ def _host_tensor_method(path: fx.HostPath, host: HostSurface) -> bool:
         len(path.parts) == 2
         and path.parts[1] in TENSOR_METHODS
         and host.attributes.get(path.parts[0]) in HOST_TENSOR_TYPES
+    )
+
+
+def dotted_method_problem(
+    root: str, rest: list[str], annotation: str, model_classes: frozenset[str]
+) -> str | None:
+    """Why ``root.<rest>`` may not be declared a host method, from the root
+    attribute's annotation (see :data:`MODULE_TYPES`)."""
+    if annotation in MODULE_TYPES or annotation in model_classes:
+        return None
+    if annotation in HOST_TENSOR_TYPES:
+        if len(rest) == 1 and rest[0] in TENSOR_METHODS:
+            return None
+        return (
+            f"{root!r} is a host tensor ({annotation}): only its tensor methods "
+            "may be called (see the tensor methods of docs/spec-format.md)"
+        )
+    return (
+        f"{root!r} is annotated {annotation!r}, not a module: a dotted host "
+        "method lives under a module (torch.nn.Module or a class of vLLM's "
+        "model code); other host attributes are read, never called"
+    )
+
+
+def model_classes(imports: tuple) -> frozenset[str]:
+    """The imported names whose vLLM module is model code (``Import``s)."""
+    return frozenset(
+        i.name
+        for i in imports
+        if any(
+            i.module("vllm") == p or i.module("vllm").startswith(p + ".")
+            for p in MODEL_PACKAGES
+        )
     )
 
 

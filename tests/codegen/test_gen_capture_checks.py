@@ -107,3 +107,87 @@ def test_both_targets_print_the_same_checks(generated, case):
 
     assert checks("vllm") == checks("standalone")
     assert any("held, needed =" in c for c in checks("vllm"))
+
+
+# -- a unit capture: LFM2-VL's tiles -----------------------------------------------
+
+UNITS = "  units: ceil_div(token_budget, m)\n"
+UNIT_DUMMY = '    spatial_shapes: [f, "min(token_budget - unit_index * m, m) * f"]'
+CAPTURE_VALUE = "capture_value: token_budget * f**2}"
+
+#: (case, mutation of specs/lfm2_vl.yaml, what the message says at 320)
+UNIT_CASES = {
+    "a unit short of the budget": (
+        (UNITS, '  units: "ceil_div(token_budget, m) - (token_budget == 320)"\n'),
+        "the dummy units' count of budget tokens is 256 where at least 320",
+    ),
+    "a dummy unit narrower than it should be": (
+        (
+            UNIT_DUMMY,
+            '    spatial_shapes: [f, "min(token_budget - unit_index * m, m) * f'
+            ' - f * (token_budget == 320) * (unit_index == 0)"]',
+        ),
+        "the dummy units' count of budget tokens is 319 where at least 320",
+    ),
+    "max_seqlen below the longest unit": (
+        (
+            CAPTURE_VALUE,
+            'capture_value: "1 if token_budget == 320 else token_budget * f**2"}',
+        ),
+        "max_seqlen is 1 where at least 256",
+    ),
+}
+
+
+class UnitsReached(Exception):
+    """The capture got past its checks to allocating the tiles' pixels."""
+
+
+class _Weight:
+    shape = (1024, 768)
+
+    @property
+    def dtype(self):
+        raise UnitsReached
+
+
+def _lfm2_host(module):
+    embeddings = SimpleNamespace(
+        patch_embedding=SimpleNamespace(weight=_Weight()), position_embedding_size=16
+    )
+    tower = SimpleNamespace(vision_model=SimpleNamespace(embeddings=embeddings))
+    cls = module.Lfm2VLEncoderCudaGraphMixin
+    host = cls.__new__(cls)
+    host.vision_tower = tower
+    host.multi_modal_projector = SimpleNamespace(factor=2)
+    host.config = SimpleNamespace(min_image_tokens=64)
+    host.multimodal_config = SimpleNamespace(mm_processor_kwargs=None)
+    return host
+
+
+@pytest.mark.parametrize("case", list(UNIT_CASES))
+def test_a_unit_capture_refuses_a_budget_the_static_checks_did_not_see(case, tmp_path):
+    import torch
+
+    pair, said = UNIT_CASES[case]
+    name = "lfm2_" + re.sub(r"\W+", "_", case)
+    spec = tmp_path / f"{name}.yaml"
+    spec.write_text(mutated_spec("lfm2_vl", pair), encoding="utf-8")
+    rc, _, err = run_main([str(spec), "--out", str(tmp_path)])
+    assert rc == 0, err  # budget 320 is neither sampled nor on the ladder
+    module = load_generated_mixin(tmp_path / "standalone" / f"{name}.py", f"_{name}")
+    host = _lfm2_host(module)
+    cpu = torch.device("cpu")
+    with pytest.raises(ValueError) as info:
+        host.prepare_encoder_cudagraph_capture_inputs(320, 1, 1, cpu, torch.float32)
+    assert "LFM2-VL: at token_budget 320 with max_batch_size 1" in str(info.value)
+    assert said in str(info.value)
+    with pytest.raises(UnitsReached):
+        host.prepare_encoder_cudagraph_capture_inputs(256, 1, 1, cpu, torch.float32)
+    vllm, standalone = (
+        (tmp_path / t / f"{name}.py").read_text(encoding="utf-8")
+        for t in ("vllm", "standalone")
+    )
+    assert re.findall(r"held, needed = .*", vllm) == re.findall(
+        r"held, needed = .*", standalone
+    )

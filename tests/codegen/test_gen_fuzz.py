@@ -73,6 +73,7 @@ from generator.spec.step_language import (
     MODULE_API,
     OUTPUT_FIELDS,
     PARAMETER_FACTS,
+    STEP_KEYWORDS,
     TENSOR_ATTRIBUTES,
     TENSOR_METHODS,
 )
@@ -907,6 +908,8 @@ CHAIN_OPS = [
     "'{{0.{name}}}'.format({e})",
     "({e} == '{name}')",
     "getattr({e}, '{name}')",
+    "torch.cat([{e}], out={arg})",
+    "{e}.sum(0, {name}={arg})",
     "{e} + {arg}",
 ]  # fmt: skip
 
@@ -994,11 +997,25 @@ def _outside_allow_lists(
                 continue
             if not _next_of_parameters(node, parents):
                 return f"call of {node.func.id}"
+        elif isinstance(node, ast.keyword) and _tensor_call(parent):
+            if node.arg not in STEP_KEYWORDS:
+                return f"keyword {node.arg}= of a tensor computation"
         elif isinstance(node, ast.Attribute):
             problem = _attribute_outside(node, called, parents, methods)
             if problem is not None:
                 return problem
     return None
+
+
+def _tensor_call(call: ast.AST | None) -> bool:
+    """A call of a torch function or of a method of a value (not the host's:
+    a host method takes its own keywords)."""
+    if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Attribute):
+        return False
+    owner = call.func.value
+    return (isinstance(owner, ast.Name) and owner.id == "torch") or _host_parts(
+        owner
+    ) is None
 
 
 def _host_parts(node: ast.AST) -> list[str | int] | None:

@@ -39,6 +39,7 @@ from genmixin_testlib import (
     mutated_spec,
     run_main,
     run_measured,
+    spec_problems,
     spec_text,
     tree_snapshot,
 )
@@ -915,6 +916,17 @@ STEP_ATTACKS = [
     ("graph", "visual.blocks[0](feats)", "'visual.blocks[0](...)' is not declared"),
     ("graph", "_merge_rows.gi_frame", "host method '_merge_rows' may only be called"),
     ("graph", "visual(_merge_rows)", "host method '_merge_rows' may only be called"),
+    # In place: a value may be a view of the host model's weights.
+    ("graph", "feats.zero_()", "'.zero_()' is not a tensor method"),
+    ("graph", "pixel_values.copy_(feats)", "'.copy_()' is not a tensor method"),
+    ("eager", "feats.view(-1).fill_(0)", "'.fill_()' is not a tensor method"),
+    ("graph", "feats.masked_fill_(feats > 0, 1)", "'.masked_fill_()' is not"),
+    ("graph", "feats.index_copy_(0, feats, feats)", "'.index_copy_()' is not"),
+    # out= writes into the tensor it names (a buffer, a host weight).
+    ("graph", "torch.cat([feats], out=pixel_values)", "keyword out= is not"),
+    ("graph", "torch.zeros(3, out=visual.patch.weight)", "keyword out= is not"),
+    ("eager", "torch.where(feats > 0, feats, feats, out=feats)", "keyword out="),
+    ("graph", "feats.sum(0, out=pixel_values)", "keyword out= is not"),
     # Refused by the parser before as now (private and dunder names).
     ("graph", "feats.__class__", "attribute '__class__' is not allowed"),
     ("graph", "visual._modules", "attribute '_modules' is not allowed"),
@@ -977,6 +989,92 @@ def test_host_methods_declare_only_the_models_own(methods, words, tmp_path) -> N
     text = _steps_spec("host_methods", f"host_methods: {methods}")
     found = _refused_with(text, tmp_path)
     assert ": host_methods[2]: " in found and words in found, found
+
+
+#: A dotted host method under a host attribute that is no module calls data:
+#: a host tensor's numpy or storage, a string's format, a config's writers.
+#: (host attribute, its annotation, the declared method, its call)
+DOTTED_UNDER_DATA = [
+    ("newline", "torch.Tensor", "newline.numpy", "newline.numpy()"),
+    (
+        "newline",
+        "torch.nn.Parameter",
+        "newline.untyped_storage",
+        "newline.untyped_storage()",
+    ),
+    ("name", "str", "name.format", "name.format(feats)"),
+    ("size", "int", "size.bit_length", "size.bit_length()"),
+    ("kw", "dict", "kw.get", "kw.get(1)"),
+    ("newline", "torch.Tensor", "newline.zero_", "newline.zero_()"),
+    ("config", "Any", "config.to_json_file", "config.to_json_file(3)"),
+    ("config", "Any", "config.save_pretrained", "config.save_pretrained('/tmp/x')"),
+    (
+        "vllm_config",
+        "VllmConfig",
+        "vllm_config.compile_debug_dump_path",
+        "vllm_config.compile_debug_dump_path()",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "annotation", "method", "call"), DOTTED_UNDER_DATA, ids=repr
+)
+def test_dotted_host_methods_live_under_modules(
+    name, annotation, method, call, tmp_path
+) -> None:
+    text = (
+        _steps_spec("graph", call)
+        .replace(
+            "  visual: torch.nn.Module\n",
+            f"  visual: torch.nn.Module\n  {name}: {annotation}\n",
+        )
+        .replace(
+            HOST_METHODS,
+            f"host_methods: [_merge_rows, visual.prepare_metadata, {method}]",
+        )
+    )
+    found = _refused_with(text, tmp_path)
+    assert f": host_methods[2]: {name!r} is " in found, found
+    assert "not a module" in found or "only its tensor methods" in found, found
+
+
+def test_a_host_tensor_declares_its_tensor_methods(tmp_path) -> None:
+    """The rule's other side: ``newline.reshape`` under a host tensor is fine."""
+    text = (
+        _steps_spec("graph", "_merge_rows(newline.reshape(1, -1), scale=0.5)")
+        .replace(
+            "  visual: torch.nn.Module\n",
+            "  visual: torch.nn.Module\n  newline: torch.Tensor\n",
+        )
+        .replace(
+            HOST_METHODS,
+            "host_methods: [_merge_rows, visual.prepare_metadata, newline.reshape]",
+        )
+    )
+    assert spec_problems(text) == []
+
+
+#: A host attribute named after torch.nn.Module's own API would make its
+#: machinery a plain host call (``apply(...)``, ``named_modules()``).
+HOST_ATTRIBUTES = [
+    ("apply", "apply(feats)"),
+    ("named_modules", "named_modules()"),
+    ("state_dict", "state_dict()"),
+    ("register_forward_hook", "register_forward_hook(feats)"),
+    ("load_state_dict", "load_state_dict(feats)"),
+    ("training", "training"),
+]
+
+
+@pytest.mark.parametrize(("name", "step"), HOST_ATTRIBUTES, ids=repr)
+def test_host_attributes_are_never_module_api(name, step, tmp_path) -> None:
+    text = _steps_spec("graph", step).replace(
+        "  visual: torch.nn.Module\n", f"  visual: torch.nn.Module\n  {name}: Any\n"
+    )
+    found = _refused_with(text, tmp_path)
+    assert f": host.{name}: host attribute {name!r} is torch.nn.Module's" in found
+    assert "graph_forward" not in found, found
 
 
 BUILDER_CALLS = [

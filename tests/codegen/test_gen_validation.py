@@ -59,6 +59,18 @@ REFUSED = {
         "capture.dummy.image_grid_thw[2]: division by zero: ceil_div by the "
         "literal 0 always raises",
     ),
+    # A builder of steps whose provides is no list crashed (exit 3; found by
+    # the fuzzer): null and a number are refused at the key.
+    "steps' provides that is null": (
+        "gemma4_mm",
+        (("    provides: [gather_indices]", "    provides:"),),
+        "metadata[0].provides: expected a list, got null",
+    ),
+    "steps' provides that is a number": (
+        "gemma4_mm",
+        (("    provides: [gather_indices]", "    provides: 3"),),
+        "metadata[0].provides: expected a list, got integer",
+    ),
     "class name that is not CamelCase": (
         MM,
         (("class_name: MiniMaxM3EncoderCudaGraphMixin", "class_name: minimax_mixin"),),

@@ -3,8 +3,8 @@
 # From specs/cohere_compass.yaml: change the spec or the templates and run
 # `gen-mixin specs/cohere_compass.yaml`.
 # spec-sha256: d07c29aa8ad4662bcac30b269bf92c40a0f7c311b8deb5cc9f84e86dba45c5c5
-# templates-sha256: f0481f1c7b591371f39768c15d7c79572ecaa7c5b5709fea3042da8d04a810cc
-# output-sha256: ad4a26805a148a94d22e0594a03d074efc5847cdc9b63553d22b8a3dce4651ae
+# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
+# output-sha256: 85f6f277b7d0fde8fa3634e8ace681af20397b333b97c6fc4fdd4c41ad799d88
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/deepseek_vl2.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_vl2.yaml`.
 # spec-sha256: 65a219ba305cd6d64a7bcc0ccb0190528fa86cf96ed2209abdf6848605972e9f
-# templates-sha256: f0481f1c7b591371f39768c15d7c79572ecaa7c5b5709fea3042da8d04a810cc
-# output-sha256: 7d81dc32f2ed5159ea9db4850181829e7a264aab4c61dada87673958ba1d86fb
+# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
+# output-sha256: fbb7ef001c9274ea3e003e20c8844661bce3217be81cad48040245b7ac713d31
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/dots_ocr.yaml: change the spec or the templates and run
 # `gen-mixin specs/dots_ocr.yaml`.
 # spec-sha256: 00dd8d99bf15619e6c551a3ae930a0ca48d9ca9b113561f7b84d06b5c0336520
-# templates-sha256: f0481f1c7b591371f39768c15d7c79572ecaa7c5b5709fea3042da8d04a810cc
-# output-sha256: 581fd1a928b8b75a2d77dea9497742a92e2e91755bc78635dbf036d02fffddb6
+# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
+# output-sha256: d7f950205d446eff7e2ffeecce8701f33d04158a4eaed3b525b5f530f78ea21c
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/gemma3_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma3_mm.yaml`.
 # spec-sha256: 19cc0f6e849ba8315b6202b90204158da9f48161f059a5255254f1c8d3c71b41
-# templates-sha256: f0481f1c7b591371f39768c15d7c79572ecaa7c5b5709fea3042da8d04a810cc
-# output-sha256: 146745b8ba17daf09597a18fed1c72417780c23a251cc983b8e41c48f483a370
+# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
+# output-sha256: 7aa61ec28cdc052cbb063b4193374a7b9e54d516c052973d31d0f6321ae84d0a
 
 import itertools
 from collections.abc import Hashable

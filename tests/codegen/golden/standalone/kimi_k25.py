@@ -3,8 +3,8 @@
 # From specs/kimi_k25.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k25.yaml`.
 # spec-sha256: 7f183ed8d4f550eea068483d8a9435b722bdfdf97a0b4d8fcd5271760b6fb015
-# templates-sha256: f0481f1c7b591371f39768c15d7c79572ecaa7c5b5709fea3042da8d04a810cc
-# output-sha256: 5c688b4987d5337082f1db1c0a7fc19d9cac26dd5cb929da506ccd21317105e0
+# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
+# output-sha256: af7e8d3aa3f2909997dcb05ea4175846d4df9e1ac2372babc5715539ce91f16a
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/mllama4.yaml: change the spec or the templates and run
 # `gen-mixin specs/mllama4.yaml`.
 # spec-sha256: 3a4c5d7bdb1ee216f77e7723529296ab4a8d77acd6df01a22770eb4a40007938
-# templates-sha256: f0481f1c7b591371f39768c15d7c79572ecaa7c5b5709fea3042da8d04a810cc
-# output-sha256: e101bf993c4f3e19b6b949a8f86ca61aa2c447eebd1d5b2caabf55b8611f12ed
+# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
+# output-sha256: 67867a840a445a43f82cd0a48a9e3f049349c4f803acb620c1dc4c57aabfce8f
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/qwen3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen3_vl.yaml`.
 # spec-sha256: 902e83bb3226b608ede21e14f232e7c519c96c3ab05297933967cf2acb582708
-# templates-sha256: f0481f1c7b591371f39768c15d7c79572ecaa7c5b5709fea3042da8d04a810cc
-# output-sha256: c5df9f9e43a425e8f9058f5e163eddb68293d5a6297fc48eb24a82027dd30be1
+# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
+# output-sha256: 3bf4e2d04e9b842bba52c148787372293c87667d4ce335847812bac4c7fafe83
 
 import itertools
 from collections.abc import Hashable

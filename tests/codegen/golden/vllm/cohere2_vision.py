@@ -3,8 +3,8 @@
 # From specs/cohere2_vision.yaml: change the spec or the templates and run
 # `gen-mixin specs/cohere2_vision.yaml`.
 # spec-sha256: be09fd22f18b5804bec9fad2ab292f1d4e65a1b7a548a7719f983f9e1c1e6321
-# templates-sha256: f0481f1c7b591371f39768c15d7c79572ecaa7c5b5709fea3042da8d04a810cc
-# output-sha256: 65bda0107dbceb28dca6e90d9640e01d6f39ee9e0d66d5c2decb061328f8a9f0
+# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
+# output-sha256: 87e54c64a5a08774f2e587eae778626d58e4df22fb777fc131dcb951a776da90
 
 import itertools
 from collections.abc import Hashable

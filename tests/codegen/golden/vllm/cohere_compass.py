@@ -3,8 +3,8 @@
 # From specs/cohere_compass.yaml: change the spec or the templates and run
 # `gen-mixin specs/cohere_compass.yaml`.
 # spec-sha256: d07c29aa8ad4662bcac30b269bf92c40a0f7c311b8deb5cc9f84e86dba45c5c5
-# templates-sha256: f0481f1c7b591371f39768c15d7c79572ecaa7c5b5709fea3042da8d04a810cc
-# output-sha256: 407517e21580538505b3e0bde13b7c1e849d3d63da17c87c6e737c9ee2883f81
+# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
+# output-sha256: 6c707525e51ed273f45b13510f5da418dca923c6e6b8cc6e615eb7f96f1eb5bb
 
 import itertools
 from collections.abc import Hashable

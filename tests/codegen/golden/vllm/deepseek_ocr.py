@@ -3,8 +3,8 @@
 # From specs/deepseek_ocr.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_ocr.yaml`.
 # spec-sha256: 0bfb43e4316a4a39192bb100e7cfeecbb3f7339c7a907dfaa07f9b62999ceee7
-# templates-sha256: f0481f1c7b591371f39768c15d7c79572ecaa7c5b5709fea3042da8d04a810cc
-# output-sha256: 7ba3c1d60827cccea1fd148e81aa32a744c239182d41a35868c04a5c1d358dbd
+# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
+# output-sha256: b07d56bbdbeb29623340e78d63e9954fab9f4a514f8f2692ce51844696d807b9
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/deepseek_v41.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_v41.yaml`.
 # spec-sha256: c4bb5416f4de0c625a1fa71cb716f1e83b6ed76dea15bb3b4f0fe238f99fa89f
-# templates-sha256: f0481f1c7b591371f39768c15d7c79572ecaa7c5b5709fea3042da8d04a810cc
-# output-sha256: 92acee92ef91b15c40ce8bfc134c23b913b48dd7ace16f4794501876225631fa
+# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
+# output-sha256: fa1fa9ca14ce85fe3edb81d45ca047a6d7e10e67f682b209ff8df734f6947a3d
 
 import itertools
 from collections.abc import Hashable

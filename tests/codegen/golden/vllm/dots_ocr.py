@@ -3,8 +3,8 @@
 # From specs/dots_ocr.yaml: change the spec or the templates and run
 # `gen-mixin specs/dots_ocr.yaml`.
 # spec-sha256: 00dd8d99bf15619e6c551a3ae930a0ca48d9ca9b113561f7b84d06b5c0336520
-# templates-sha256: f0481f1c7b591371f39768c15d7c79572ecaa7c5b5709fea3042da8d04a810cc
-# output-sha256: 27537c6717ef99900b3153c30d9b4b4861aba85c535c15cb3930d0b961f96966
+# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
+# output-sha256: e4b04ccbc73826571f71dbdfdc453608dc3e5f5d4cee7098095e9f356b365895
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/eagle2_5_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/eagle2_5_vl.yaml`.
 # spec-sha256: 83ff2533b4ca23dd7ff633541be75194608fbdec7d6ecb70c6c7ccd114d4e48d
-# templates-sha256: f0481f1c7b591371f39768c15d7c79572ecaa7c5b5709fea3042da8d04a810cc
-# output-sha256: 7136789e1116fa6427a925a92c0300e6ac8c3ebc53b38f3623b76bfb2e8cd9b3
+# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
+# output-sha256: 317a4e2956223c3c4d8f65f1f7196edef14141fb681eb2e016c70d05bcc3f170
 
 import itertools
 from collections.abc import Hashable

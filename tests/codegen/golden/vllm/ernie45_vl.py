@@ -3,8 +3,8 @@
 # From specs/ernie45_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/ernie45_vl.yaml`.
 # spec-sha256: 9c43478aaa850dab46764f23326811febf7e9a3d9cc8d6b0c7ff0cd9d6601d41
-# templates-sha256: f0481f1c7b591371f39768c15d7c79572ecaa7c5b5709fea3042da8d04a810cc
-# output-sha256: 67b8c8944d27a6b9fc3419818b4c021f453bcb27a1a4d9e2b2a010b4a1e6a5c5
+# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
+# output-sha256: 80908fc4e43f69e77346842bf3d8c49e47e79918093036a8fd700d5924f556eb
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/idefics3.yaml: change the spec or the templates and run
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 402948cdd63112cfeb000df2a94827d2c785cffa05635f592942545d8e00d7b3
-# templates-sha256: f0481f1c7b591371f39768c15d7c79572ecaa7c5b5709fea3042da8d04a810cc
-# output-sha256: ba6b28062fffd732b99b4fba2ebc2bf6e2e98dd16b8265cfdc988c3f0cfedc7c
+# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
+# output-sha256: 7a54b5c4b87c04763c52299cda6a04a3e455c98e0f7590d771ecf35d237e7ce6
 
 import itertools
 from collections.abc import Hashable

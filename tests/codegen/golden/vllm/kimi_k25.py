@@ -3,8 +3,8 @@
 # From specs/kimi_k25.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k25.yaml`.
 # spec-sha256: 7f183ed8d4f550eea068483d8a9435b722bdfdf97a0b4d8fcd5271760b6fb015
-# templates-sha256: f0481f1c7b591371f39768c15d7c79572ecaa7c5b5709fea3042da8d04a810cc
-# output-sha256: addfa3f5e51d5bf3c98b6406e7369558b86bc463065d358d823a85c51d28fffc
+# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
+# output-sha256: 02207b35e225eb84072e432094fecd2d679b287f79c52e73e9a2786900b34328
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/minicpmv.yaml: change the spec or the templates and run
 # `gen-mixin specs/minicpmv.yaml`.
 # spec-sha256: d4a580fe01bc55f4be098f399ee38128cd927c0b2f6e20aecf28c2d3e8bd3368
-# templates-sha256: f0481f1c7b591371f39768c15d7c79572ecaa7c5b5709fea3042da8d04a810cc
-# output-sha256: b531fae32a1b41c4ae99d49df67e1809df803b2d858dafbb05a6e0d7aed3c7d9
+# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
+# output-sha256: ec880866e898766ee99427dfe4982816330684a0c9385ba931909919a1d96a64
 
 import itertools
 from collections.abc import Hashable
@@ -436,6 +436,20 @@ class MiniCPMVEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         units = -(-token_budget // q)
         # The dummy units, one grid row each, all alike.
         tgt_sizes = [[th, tw] for _ in range(units)]
+        # gen-mixin's static checks proved these at sampled budgets and every
+        # budget of vLLM's default ladder; encoder_cudagraph_token_budgets may
+        # name any other, so they are checked again for this one, on the host
+        # and before anything is allocated. A dummy batch short of its budget
+        # fails in a replay copy; a short max_seqlen lets attention truncate a
+        # sequence without a word.
+        held, needed = len(tgt_sizes) * q, token_budget
+        if held < needed:
+            raise ValueError(
+                f"MiniCPM-V: at token_budget {token_budget} with max_batch_size "
+                f"{max_batch_size} the dummy units' count of budget tokens is "
+                f"{held} where at least {needed} is needed (a batch that fits the "
+                "budget would overflow the buffers)"
+            )
         pixel_values = torch.zeros(
             (units, 3, p, th * tw * p), device=device, dtype=dtype
         )

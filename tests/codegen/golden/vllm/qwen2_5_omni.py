@@ -3,8 +3,8 @@
 # From specs/qwen2_5_omni.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_omni.yaml`.
 # spec-sha256: ce9bf2fc700f004d47827e30d185e59eb5d9444dd78780ad1cac730e07dc5c1d
-# templates-sha256: f0481f1c7b591371f39768c15d7c79572ecaa7c5b5709fea3042da8d04a810cc
-# output-sha256: 4221908961f30f27ad4510ccaba8c9138f65bae2df372314cee9ae675e49f61e
+# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
+# output-sha256: 7c3a0b584e7a8a3d76ee6397a12532bcff98a5a9d9aa533d1edc1da8ba2a87e3
 
 import itertools
 from collections.abc import Hashable

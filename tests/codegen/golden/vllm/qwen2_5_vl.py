@@ -3,8 +3,8 @@
 # From specs/qwen2_5_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_vl.yaml`.
 # spec-sha256: ce38a756ff944d5d1cbcb57a4efc46c3eaa13791e2e6333e347ed5b079f51a1a
-# templates-sha256: f0481f1c7b591371f39768c15d7c79572ecaa7c5b5709fea3042da8d04a810cc
-# output-sha256: bf026497ddd5273777e925d91fcca3f8225e9c6a9f8105fbfcf4b5d57673de45
+# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
+# output-sha256: 8b04d9939980b65fa25a79b8a6fac115ac935f9b8eba634f5d0ac11182a5c801
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/qwen2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_vl.yaml`.
 # spec-sha256: 869bcb41f290ee655394bdeee5f49801b8344bce3f4c38101e004675d9980f68
-# templates-sha256: f0481f1c7b591371f39768c15d7c79572ecaa7c5b5709fea3042da8d04a810cc
-# output-sha256: 1c2649add6418c9cedfece6f1fada15a1a379e23e960b60f6703f642b35437fd
+# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
+# output-sha256: 066c52ef5fdbe2a7fd8bc7fe8df1767e9a80b1507476c6bd8a90a76bcc852d2a
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/qwen3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen3_vl.yaml`.
 # spec-sha256: 902e83bb3226b608ede21e14f232e7c519c96c3ab05297933967cf2acb582708
-# templates-sha256: f0481f1c7b591371f39768c15d7c79572ecaa7c5b5709fea3042da8d04a810cc
-# output-sha256: 3cf5005fd91b72826340fdd52d70e815252e171554fed9e1807e0ea981e90b77
+# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
+# output-sha256: c9120888496361bf23167e37ce6d2bf5aa922c5a116f9d6fd334d1300914b921
 
 import itertools
 from collections.abc import Hashable
