@@ -54,11 +54,17 @@ SPECIAL_TOKENS = (
     "<|VIDEO_PAD|>",
     "<|VISION_START|>",
     "<|VISION_END|>",
+    "<|IMAGE|>",
+    "<|VIDEO|>",
+    "<|AUDIO|>",
+    "<|audio_bos|>",
+    "<|audio_eos|>",
 )
 
 
-def tiny_tokenizer() -> Any:
-    """A word-level tokenizer of the special tokens and a few words."""
+def tiny_tokenizer(**named: str) -> Any:
+    """A word-level tokenizer of the special tokens and a few words;
+    ``named`` special tokens become attributes (``image_token=...``)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -73,6 +79,7 @@ def tiny_tokenizer() -> Any:
         eos_token="<|endoftext|>",
         pad_token="<|endoftext|>",
         additional_special_tokens=list(SPECIAL_TOKENS[2:]),
+        model_specific_special_tokens=named or None,
     )
 
 
@@ -299,6 +306,69 @@ def _cohere_compass_processor(folder: str) -> None:
     ).save_pretrained(folder)
 
 
+def _qwen2_5_omni_config() -> Any:
+    from transformers import Qwen2_5OmniConfig
+
+    ids = {token: i for i, token in enumerate(SPECIAL_TOKENS)}
+    vision = _qwen2_5_vl_config().vision_config.to_dict()
+    text = _qwen2_text_config()
+    text["rope_parameters"] = {
+        "rope_type": "default",
+        "rope_theta": 10000.0,
+        "mrope_section": text.pop("rope_scaling")["mrope_section"],
+    }
+    return Qwen2_5OmniConfig(
+        architectures=["Qwen2_5OmniModel"],
+        enable_audio_output=False,
+        thinker_config=dict(
+            vision_config=vision,
+            text_config=text,
+            audio_config=dict(
+                num_mel_bins=16,
+                encoder_layers=1,
+                encoder_attention_heads=2,
+                encoder_ffn_dim=32,
+                d_model=16,
+                output_dim=48,
+                max_source_positions=64,
+                n_window=8,
+            ),
+            image_token_index=ids["<|IMAGE|>"],
+            video_token_index=ids["<|VIDEO|>"],
+            audio_token_index=ids["<|AUDIO|>"],
+            vision_start_token_id=ids["<|vision_start|>"],
+            vision_end_token_id=ids["<|vision_end|>"],
+            audio_start_token_id=ids["<|audio_bos|>"],
+            audio_end_token_id=ids["<|audio_eos|>"],
+            user_token_id=0,
+            bos_token_id=ids["<|endoftext|>"],
+            eos_token_id=ids["<|endoftext|>"],
+        ),
+    )
+
+
+def _qwen2_5_omni_processor(folder: str) -> None:
+    from transformers import Qwen2_5OmniProcessor, Qwen2VLImageProcessor
+    from transformers import Qwen2VLVideoProcessor, WhisperFeatureExtractor
+
+    tokenizer = tiny_tokenizer(
+        image_token="<|IMAGE|>",
+        video_token="<|VIDEO|>",
+        audio_token="<|AUDIO|>",
+        vision_bos_token="<|vision_start|>",
+        vision_eos_token="<|vision_end|>",
+        audio_bos_token="<|audio_bos|>",
+        audio_eos_token="<|audio_eos|>",
+    )
+    size = {"shortest_edge": 56 * 56, "longest_edge": 168 * 168}
+    Qwen2_5OmniProcessor(
+        image_processor=Qwen2VLImageProcessor(size=size),
+        video_processor=Qwen2VLVideoProcessor(size=size),
+        feature_extractor=WhisperFeatureExtractor(feature_size=16),
+        tokenizer=tokenizer,
+    ).save_pretrained(folder)
+
+
 def _qwen2_vl_processor(folder: str) -> None:
     from transformers import Qwen2VLImageProcessor, Qwen2VLProcessor
     from transformers import Qwen2VLVideoProcessor
@@ -381,6 +451,19 @@ _QWEN2_VL_FAMILY = dict(
 
 
 TINY: dict[str, TinyModel] = {
+    "qwen2_5_omni": TinyModel(
+        stem="qwen2_5_omni",
+        hf_config=_qwen2_5_omni_config,
+        **{
+            **_QWEN2_VL_FAMILY,
+            "save_processor": _qwen2_5_omni_processor,
+            "modalities": ("image",),
+        },
+        compilation=dict(
+            encoder_cudagraph_token_budgets=[16, 32, 64],
+            encoder_cudagraph_max_vision_items_per_batch=4,
+        ),
+    ),
     "cohere_compass": TinyModel(
         stem="cohere_compass",
         hf_config=_cohere_compass_config,
