@@ -59,6 +59,10 @@ SPECIAL_TOKENS = (
     "<|AUDIO|>",
     "<|audio_bos|>",
     "<|audio_eos|>",
+    "<image>",
+    "<|START_OF_IMG|>",
+    "<|END_OF_IMG|>",
+    "<|IMG_LINE_BREAK|>",
 )
 
 
@@ -440,6 +444,106 @@ def _qwen2_vl_oversized(budget: int) -> tuple[int, int, int]:
     return (1, 2 * side, 2 * side)
 
 
+# Models of fixed-size tiles: an item is ``(tiles, 1, 1)``, its rows
+# ``(tiles, 3, side, side)`` pixels, its count under ``count_key``.
+
+
+def _tile_draw(
+    gen: torch.Generator,
+    modality: str,
+    grids: list[tuple[int, int, int]],
+    side: int,
+    count_key: str,
+) -> dict:
+    tiles = [t for t, _, _ in grids]
+    return {
+        "pixel_values": torch.randn((sum(tiles), 3, side, side), generator=gen),
+        count_key: torch.tensor(tiles, dtype=torch.int64),
+    }
+
+
+def _tile_grids(
+    gen: torch.Generator, modality: str, tokens: int, per_tile: int
+) -> list[tuple[int, int, int]]:
+    """Items of 1 to 3 tiles until ``tokens`` output tokens."""
+    grids: list[tuple[int, int, int]] = []
+    left = tokens // per_tile
+    while left >= 1 and len(grids) < 4:
+        tiles = int(torch.randint(1, 4, (), generator=gen))
+        if tiles > left:
+            break
+        grids.append((tiles, 1, 1))
+        left -= tiles
+    return grids or [(1, 1, 1)]
+
+
+def _tile_family(side: int, per_tile: int, count_key: str, eager, processor):
+    return dict(
+        draw=functools.partial(_tile_draw, side=side, count_key=count_key),
+        eager=eager,
+        grids=functools.partial(_tile_grids, per_tile=per_tile),
+        oversized=lambda budget: (budget // per_tile + 1, 1, 1),
+        save_processor=processor,
+    )
+
+
+def _cohere2_vision_config() -> Any:
+    from transformers import Cohere2VisionConfig
+
+    ids = {token: i for i, token in enumerate(SPECIAL_TOKENS)}
+    return Cohere2VisionConfig(
+        architectures=["Cohere2VisionForConditionalGeneration"],
+        vision_config=dict(
+            model_type="siglip_vision_model",
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            image_size=56,
+            patch_size=14,
+        ),
+        text_config=dict(
+            model_type="cohere2",
+            architectures=["Cohere2ForCausalLM"],
+            hidden_size=48,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            vocab_size=256,
+            max_position_embeddings=2048,
+            layer_types=["full_attention"],
+            bos_token_id=ids["<|endoftext|>"],
+            eos_token_id=ids["<|endoftext|>"],
+            pad_token_id=ids["<|endoftext|>"],
+        ),
+        downsample_factor=2,
+        alignment_intermediate_size=64,
+        image_token_id=ids["<image>"],
+    )
+
+
+def _cohere2_vision_processor(folder: str) -> None:
+    from transformers import Cohere2VisionImageProcessor, Cohere2VisionProcessor
+
+    Cohere2VisionProcessor(
+        image_processor=Cohere2VisionImageProcessor(
+            size={"height": 56, "width": 56}, patch_size=14, max_patches=4
+        ),
+        tokenizer=tiny_tokenizer(
+            image_token="<image>",
+            boi_token="<|START_OF_IMG|>",
+            eoi_token="<|END_OF_IMG|>",
+            img_line_break_token="<|IMG_LINE_BREAK|>",
+        ),
+    ).save_pretrained(folder)
+
+
+def _cohere2_vision_eager(model: Any, mm_kwargs: dict, i: int) -> torch.Tensor:
+    with torch.inference_mode():
+        return model._process_image_input(dict(mm_kwargs))[i]
+
+
 _QWEN2_VL_FAMILY = dict(
     draw=_qwen2_vl_draw,
     eager=_qwen2_vl_eager,
@@ -451,6 +555,18 @@ _QWEN2_VL_FAMILY = dict(
 
 
 TINY: dict[str, TinyModel] = {
+    "cohere2_vision": TinyModel(
+        stem="cohere2_vision",
+        hf_config=_cohere2_vision_config,
+        # 56-pixel tiles of 14-pixel patches, 2 x 2 shuffled: 4 tokens a tile.
+        **_tile_family(
+            56, 4, "num_patches", _cohere2_vision_eager, _cohere2_vision_processor
+        ),
+        compilation=dict(
+            encoder_cudagraph_token_budgets=[8, 16, 32],
+            encoder_cudagraph_max_vision_items_per_batch=4,
+        ),
+    ),
     "qwen2_5_omni": TinyModel(
         stem="qwen2_5_omni",
         hf_config=_qwen2_5_omni_config,
