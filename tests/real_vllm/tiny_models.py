@@ -63,6 +63,9 @@ SPECIAL_TOKENS = (
     "<|START_OF_IMG|>",
     "<|END_OF_IMG|>",
     "<|IMG_LINE_BREAK|>",
+    "<img>",
+    "</img>",
+    "<IMG_CONTEXT>",
 )
 
 
@@ -454,10 +457,11 @@ def _tile_draw(
     grids: list[tuple[int, int, int]],
     side: int,
     count_key: str,
+    pixels_key: str = "pixel_values",
 ) -> dict:
     tiles = [t for t, _, _ in grids]
     return {
-        "pixel_values": torch.randn((sum(tiles), 3, side, side), generator=gen),
+        pixels_key: torch.randn((sum(tiles), 3, side, side), generator=gen),
         count_key: torch.tensor(tiles, dtype=torch.int64),
     }
 
@@ -544,6 +548,76 @@ def _cohere2_vision_eager(model: Any, mm_kwargs: dict, i: int) -> torch.Tensor:
         return model._process_image_input(dict(mm_kwargs))[i]
 
 
+@functools.cache
+def _remote_config_class(model_type: str, **sub_configs: str) -> type:
+    """A stand-in for a checkpoint's remote-code config class, registered
+    with transformers' ``AutoConfig`` under ``model_type``: its
+    ``sub_configs`` (attribute -> model type) become configs of their own,
+    every other argument an attribute."""
+    from transformers import AutoConfig, PretrainedConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    def __init__(self, **kwargs: Any) -> None:
+        for name, sub_type in sub_configs.items():
+            value = kwargs.pop(name, None) or {}
+            if isinstance(value, dict):
+                value = CONFIG_MAPPING[sub_type](**value)
+            setattr(self, name, value)
+        PretrainedConfig.__init__(self, **kwargs)
+
+    cls = type(
+        f"Tiny_{model_type}_Config",
+        (PretrainedConfig,),
+        {"model_type": model_type, "__init__": __init__, "sub_configs": {}},
+    )
+    AutoConfig.register(model_type, cls, exist_ok=True)
+    return cls
+
+
+def _internvl_tokenizer_processor(folder: str) -> None:
+    tiny_tokenizer().save_pretrained(folder)
+
+
+def _eagle2_5_vl_config() -> Any:
+    cls = _remote_config_class(
+        "eagle_2_5_vl", vision_config="siglip_vision_model", text_config="qwen2"
+    )
+    return cls(
+        architectures=["Eagle2_5_VLForConditionalGeneration"],
+        vision_config=dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            image_size=56,
+            patch_size=14,
+        ),
+        text_config=dict(
+            architectures=["Qwen2ForCausalLM"],
+            hidden_size=48,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            vocab_size=256,
+            max_position_embeddings=2048,
+        ),
+        force_image_size=None,
+        downsample_ratio=0.5,
+        select_layer=-1,
+        min_dynamic_patch=1,
+        max_dynamic_patch=4,
+        dynamic_image_size=True,
+        use_thumbnail=False,
+    )
+
+
+def _embed_multimodal_eager(model: Any, mm_kwargs: dict, i: int) -> torch.Tensor:
+    """vLLM's own path from a batch to its items' embeddings."""
+    with torch.inference_mode():
+        return model.embed_multimodal(**mm_kwargs)[i]
+
+
 _QWEN2_VL_FAMILY = dict(
     draw=_qwen2_vl_draw,
     eager=_qwen2_vl_eager,
@@ -555,6 +629,30 @@ _QWEN2_VL_FAMILY = dict(
 
 
 TINY: dict[str, TinyModel] = {
+    "eagle2_5_vl": TinyModel(
+        stem="eagle2_5_vl",
+        hf_config=_eagle2_5_vl_config,
+        # 56-pixel tiles of 14-pixel patches, shuffled by half: 4 tokens a tile.
+        **{
+            **_tile_family(
+                56,
+                4,
+                "image_num_patches",
+                _embed_multimodal_eager,
+                _internvl_tokenizer_processor,
+            ),
+            "draw": functools.partial(
+                _tile_draw,
+                side=56,
+                count_key="image_num_patches",
+                pixels_key="pixel_values_flat",
+            ),
+        },
+        compilation=dict(
+            encoder_cudagraph_token_budgets=[8, 16, 32],
+            encoder_cudagraph_max_vision_items_per_batch=4,
+        ),
+    ),
     "cohere2_vision": TinyModel(
         stem="cohere2_vision",
         hf_config=_cohere2_vision_config,
