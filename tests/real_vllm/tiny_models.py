@@ -456,9 +456,10 @@ def _tile_draw(
     modality: str,
     grids: list[tuple[int, int, int]],
     side: int,
-    count_key: str,
-    pixels_key: str = "pixel_values",
+    keys: dict[str, tuple[str, str]],
 ) -> dict:
+    """``keys``: modality -> (pixels key, tiles-per-item key)."""
+    pixels_key, count_key = keys[modality]
     tiles = [t for t, _, _ in grids]
     return {
         pixels_key: torch.randn((sum(tiles), 3, side, side), generator=gen),
@@ -481,9 +482,10 @@ def _tile_grids(
     return grids or [(1, 1, 1)]
 
 
-def _tile_family(side: int, per_tile: int, count_key: str, eager, processor):
+def _tile_family(side: int, per_tile: int, keys: dict, eager, processor):
     return dict(
-        draw=functools.partial(_tile_draw, side=side, count_key=count_key),
+        draw=functools.partial(_tile_draw, side=side, keys=keys),
+        modalities=tuple(keys),
         eager=eager,
         grids=functools.partial(_tile_grids, per_tile=per_tile),
         oversized=lambda budget: (budget // per_tile + 1, 1, 1),
@@ -612,6 +614,66 @@ def _eagle2_5_vl_config() -> Any:
     )
 
 
+def _internvl_config() -> Any:
+    _remote_config_class("intern_vit_6b")
+    cls = _remote_config_class(
+        "internvl_chat", vision_config="intern_vit_6b", text_config="qwen2"
+    )
+    return cls(
+        architectures=["InternVLChatModel"],
+        vision_config=dict(
+            hidden_act="gelu",
+            hidden_size=32,
+            intermediate_size=64,
+            num_attention_heads=2,
+            num_hidden_layers=2,
+            image_size=56,
+            patch_size=14,
+            initializer_factor=1.0,
+            layer_norm_eps=1e-6,
+            norm_type="layer_norm",
+            qk_normalization=False,
+            qkv_bias=True,
+            drop_path_rate=0.0,
+            dropout=0.0,
+            attention_dropout=0.0,
+        ),
+        text_config=dict(
+            architectures=["Qwen2ForCausalLM"],
+            hidden_size=48,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            vocab_size=256,
+            max_position_embeddings=2048,
+        ),
+        force_image_size=None,
+        downsample_ratio=0.5,
+        ps_version="v2",
+        select_layer=-1,
+        min_dynamic_patch=1,
+        max_dynamic_patch=4,
+        dynamic_image_size=True,
+        use_thumbnail=False,
+    )
+
+
+_INTERNVL_KEYS = {
+    "image": ("pixel_values_flat", "image_num_patches"),
+    "video": ("pixel_values_flat_video", "video_num_patches"),
+}
+
+
+def _internvl_eager(model: Any, mm_kwargs: dict, i: int) -> torch.Tensor:
+    modality = "video" if "video_num_patches" in mm_kwargs else "image"
+    pixels, tiles = (mm_kwargs[k] for k in _INTERNVL_KEYS[modality])
+    with torch.inference_mode():
+        return model._process_vision_input(
+            dict(type="pixel_values", pixel_values_flat=pixels, num_patches=tiles)
+        )[i]
+
+
 def _embed_multimodal_eager(model: Any, mm_kwargs: dict, i: int) -> torch.Tensor:
     """vLLM's own path from a batch to its items' embeddings."""
     with torch.inference_mode():
@@ -629,25 +691,29 @@ _QWEN2_VL_FAMILY = dict(
 
 
 TINY: dict[str, TinyModel] = {
+    "internvl": TinyModel(
+        stem="internvl",
+        hf_config=_internvl_config,
+        # 56-pixel tiles of 14-pixel patches, shuffled by half: 4 tokens a tile.
+        **_tile_family(
+            56, 4, _INTERNVL_KEYS, _internvl_eager, _internvl_tokenizer_processor
+        ),
+        compilation=dict(
+            encoder_cudagraph_token_budgets=[8, 16, 32],
+            encoder_cudagraph_max_vision_items_per_batch=4,
+        ),
+    ),
     "eagle2_5_vl": TinyModel(
         stem="eagle2_5_vl",
         hf_config=_eagle2_5_vl_config,
         # 56-pixel tiles of 14-pixel patches, shuffled by half: 4 tokens a tile.
-        **{
-            **_tile_family(
-                56,
-                4,
-                "image_num_patches",
-                _embed_multimodal_eager,
-                _internvl_tokenizer_processor,
-            ),
-            "draw": functools.partial(
-                _tile_draw,
-                side=56,
-                count_key="image_num_patches",
-                pixels_key="pixel_values_flat",
-            ),
-        },
+        **_tile_family(
+            56,
+            4,
+            {"image": ("pixel_values_flat", "image_num_patches")},
+            _embed_multimodal_eager,
+            _internvl_tokenizer_processor,
+        ),
         compilation=dict(
             encoder_cudagraph_token_budgets=[8, 16, 32],
             encoder_cudagraph_max_vision_items_per_batch=4,
@@ -658,7 +724,11 @@ TINY: dict[str, TinyModel] = {
         hf_config=_cohere2_vision_config,
         # 56-pixel tiles of 14-pixel patches, 2 x 2 shuffled: 4 tokens a tile.
         **_tile_family(
-            56, 4, "num_patches", _cohere2_vision_eager, _cohere2_vision_processor
+            56,
+            4,
+            {"image": ("pixel_values", "num_patches")},
+            _cohere2_vision_eager,
+            _cohere2_vision_processor,
         ),
         compilation=dict(
             encoder_cudagraph_token_budgets=[8, 16, 32],
