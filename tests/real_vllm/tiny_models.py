@@ -1,10 +1,12 @@
-"""The catalog models whose vLLM 0.33.0 class builds on a CPU from a tiny
-random config, each with its config and its random batches.
+"""The table of the real-vLLM tests: for every model the plugin serves,
+either a tiny random config its vLLM 0.33.0 class builds from on a CPU
+(:data:`TINY`) or why it cannot be (:data:`NOT_ON_CPU`).
 
 A :class:`TinyModel` states what a test needs to know of one model: the
 transformers config and offline processor, the capture settings, and how to
-draw a batch of images or videos as the model's ``mm_kwargs``. Which catalog
-models are here and which are not yet: docs/using-in-vllm.md.
+draw a batch of images or videos as the model's ``mm_kwargs``.
+:func:`models_table` prints the table that docs/using-in-vllm.md shows
+(``test_real_vllm_table.py`` checks it, without vLLM).
 """
 
 from __future__ import annotations
@@ -805,3 +807,36 @@ TINY: dict[str, TinyModel] = {
         ),
     ),
 }
+
+
+NOT_ON_CPU: dict[str, str] = {
+    "minimax_m3": (
+        "the class builds (with two dense layers of full attention: vLLM's CPU "
+        "MoE experts lack the `swigluoai_uninterleave` activation its experts "
+        "ask for, and its sparse attention has no CPU kernel), but its vision "
+        "tower cannot run: `prepare_encoder_metadata` builds the rotary tables "
+        "with a Triton kernel (`VitMropeSetup`, no CPU path; vLLM's CPU build "
+        "has no Triton) and its attention applies them with `triton_mrope`"
+    ),
+}
+"""Served models whose vLLM class cannot be built, or cannot run its vision
+tower, on a CPU: what fails, concretely."""
+
+
+def models_table(
+    names: dict[str, str], served: list[str], adds_protocol: frozenset[str]
+) -> str:
+    """The Markdown table of every served model (``names``: stem -> the
+    spec's name) and what the real-vLLM tests do with it."""
+    rows = ["| Model | Spec | On a CPU with real vLLM 0.33.0 |", "|---|---|---|"]
+    for stem in served:
+        if stem in TINY:
+            checks = "(a) (b)" if stem in adds_protocol else "(a) (b) (c)"
+            kinds = " and ".join(f"{m}s" for m in TINY[stem].modalities)
+            status = f"built from a tiny config; {checks} pass, {kinds}"
+        elif stem in NOT_ON_CPU:
+            status = f"cannot be tested on a CPU: {NOT_ON_CPU[stem]}"
+        else:
+            status = "not attempted yet (registered and resolved by (a) only)"
+        rows.append(f"| {names[stem]} | `{stem}` | {status} |")
+    return "\n".join(rows) + "\n"
