@@ -578,7 +578,8 @@ def _remote_config_class(model_type: str, **sub_configs: str) -> type:
     return cls
 
 
-def _internvl_tokenizer_processor(folder: str) -> None:
+def _tokenizer_only(folder: str) -> None:
+    """For models whose processor vLLM builds itself from the config."""
     tiny_tokenizer().save_pretrained(folder)
 
 
@@ -676,6 +677,61 @@ def _internvl_eager(model: Any, mm_kwargs: dict, i: int) -> torch.Tensor:
         )[i]
 
 
+def _kimi_vl_config() -> Any:
+    from vllm.transformers_utils.configs.kimi_vl import KimiVLConfig
+
+    ids = {token: i for i, token in enumerate(SPECIAL_TOKENS)}
+    return KimiVLConfig(
+        architectures=["KimiVLForConditionalGeneration"],
+        vision_config=dict(
+            patch_size=14,
+            init_pos_emb_height=16,
+            init_pos_emb_width=16,
+            num_attention_heads=2,
+            num_hidden_layers=2,
+            hidden_size=32,
+            intermediate_size=64,
+            merge_kernel_size=(2, 2),
+        ),
+        # DeepSeek-V2 with MLA, one dense layer (no experts built).
+        text_config=dict(
+            vocab_size=256,
+            hidden_size=64,
+            intermediate_size=64,
+            moe_intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            first_k_dense_replace=1,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            n_shared_experts=1,
+            kv_lora_rank=32,
+            q_lora_rank=None,
+            qk_rope_head_dim=16,
+            qk_nope_head_dim=16,
+            v_head_dim=32,
+            max_position_embeddings=2048,
+        ),
+        media_placeholder_token_id=ids["<|image_pad|>"],
+    )
+
+
+def _patches_draw(
+    gen: torch.Generator,
+    modality: str,
+    grids: list[tuple[int, int, int]],
+    patch: int,
+    grid_key: str,
+) -> dict:
+    """Patches as ``(rows, 3, patch, patch)`` pixels, an ``(h, w)`` grid each."""
+    rows = sum(t * h * w for t, h, w in grids)
+    return {
+        "pixel_values": torch.randn((rows, 3, patch, patch), generator=gen),
+        grid_key: torch.tensor([(h, w) for _, h, w in grids], dtype=torch.int64),
+    }
+
+
 def _embed_multimodal_eager(model: Any, mm_kwargs: dict, i: int) -> torch.Tensor:
     """vLLM's own path from a batch to its items' embeddings."""
     with torch.inference_mode():
@@ -693,13 +749,28 @@ _QWEN2_VL_FAMILY = dict(
 
 
 TINY: dict[str, TinyModel] = {
+    "kimi_vl": TinyModel(
+        stem="kimi_vl",
+        hf_config=_kimi_vl_config,
+        **{
+            **_QWEN2_VL_FAMILY,
+            "draw": functools.partial(
+                _patches_draw, patch=14, grid_key="image_grid_hws"
+            ),
+            "eager": _embed_multimodal_eager,
+            "save_processor": _tokenizer_only,
+            "modalities": ("image",),
+        },
+        compilation=dict(
+            encoder_cudagraph_token_budgets=[64, 128],
+            encoder_cudagraph_max_vision_items_per_batch=4,
+        ),
+    ),
     "internvl": TinyModel(
         stem="internvl",
         hf_config=_internvl_config,
         # 56-pixel tiles of 14-pixel patches, shuffled by half: 4 tokens a tile.
-        **_tile_family(
-            56, 4, _INTERNVL_KEYS, _internvl_eager, _internvl_tokenizer_processor
-        ),
+        **_tile_family(56, 4, _INTERNVL_KEYS, _internvl_eager, _tokenizer_only),
         compilation=dict(
             encoder_cudagraph_token_budgets=[8, 16, 32],
             encoder_cudagraph_max_vision_items_per_batch=4,
@@ -714,7 +785,7 @@ TINY: dict[str, TinyModel] = {
             4,
             {"image": ("pixel_values_flat", "image_num_patches")},
             _embed_multimodal_eager,
-            _internvl_tokenizer_processor,
+            _tokenizer_only,
         ),
         compilation=dict(
             encoder_cudagraph_token_budgets=[8, 16, 32],
