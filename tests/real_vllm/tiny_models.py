@@ -732,6 +732,57 @@ def _patches_draw(
     }
 
 
+def _idefics3_config() -> Any:
+    from transformers import Idefics3Config
+
+    return Idefics3Config(
+        architectures=["Idefics3ForConditionalGeneration"],
+        vision_config=dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            image_size=56,
+            patch_size=14,
+        ),
+        text_config=dict(
+            hidden_size=48,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            vocab_size=256,
+            max_position_embeddings=2048,
+        ),
+        scale_factor=2,
+        image_token_id=SPECIAL_TOKENS.index("<image>"),
+    )
+
+
+def _idefics3_processor(folder: str) -> None:
+    from transformers import Idefics3ImageProcessor, Idefics3Processor
+
+    Idefics3Processor(
+        image_processor=Idefics3ImageProcessor(
+            size={"longest_edge": 112}, max_image_size={"longest_edge": 56}
+        ),
+        tokenizer=tiny_tokenizer(),
+        image_seq_len=4,
+    ).save_pretrained(folder)
+
+
+def _idefics3_draw(
+    gen: torch.Generator, modality: str, grids: list[tuple[int, int, int]]
+) -> dict:
+    """56-pixel tiles, every pixel valid."""
+    mm_kwargs = _tile_draw(
+        gen, modality, grids, 56, {"image": ("pixel_values", "num_patches")}
+    )
+    tiles = mm_kwargs["pixel_values"].shape[0]
+    mm_kwargs["pixel_attention_mask"] = torch.ones((tiles, 56, 56), dtype=torch.bool)
+    return mm_kwargs
+
+
 def _embed_multimodal_eager(model: Any, mm_kwargs: dict, i: int) -> torch.Tensor:
     """vLLM's own path from a batch to its items' embeddings."""
     with torch.inference_mode():
@@ -749,6 +800,25 @@ _QWEN2_VL_FAMILY = dict(
 
 
 TINY: dict[str, TinyModel] = {
+    "idefics3": TinyModel(
+        stem="idefics3",
+        hf_config=_idefics3_config,
+        # 56-pixel tiles of 14-pixel patches, shuffled by 2: 4 tokens a tile.
+        **{
+            **_tile_family(
+                56,
+                4,
+                {"image": ("pixel_values", "num_patches")},
+                _embed_multimodal_eager,
+                _idefics3_processor,
+            ),
+            "draw": _idefics3_draw,
+        },
+        compilation=dict(
+            encoder_cudagraph_token_budgets=[8, 16, 32],
+            encoder_cudagraph_max_vision_items_per_batch=4,
+        ),
+    ),
     "kimi_vl": TinyModel(
         stem="kimi_vl",
         hf_config=_kimi_vl_config,
