@@ -68,6 +68,9 @@ SPECIAL_TOKENS = (
     "<img>",
     "</img>",
     "<IMG_CONTEXT>",
+    "<start_of_image>",
+    "<end_of_image>",
+    "<image_soft_token>",
 )
 
 
@@ -783,6 +786,54 @@ def _idefics3_draw(
     return mm_kwargs
 
 
+def _gemma3_config() -> Any:
+    from transformers import Gemma3Config
+
+    ids = {token: i for i, token in enumerate(SPECIAL_TOKENS)}
+    return Gemma3Config(
+        architectures=["Gemma3ForConditionalGeneration"],
+        vision_config=dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            image_size=56,
+            patch_size=14,
+            vision_use_head=False,
+        ),
+        text_config=dict(
+            hidden_size=48,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=24,
+            vocab_size=256,
+            max_position_embeddings=2048,
+            sliding_window=64,
+            layer_types=["full_attention"],
+        ),
+        mm_tokens_per_image=4,
+        boi_token_index=ids["<start_of_image>"],
+        eoi_token_index=ids["<end_of_image>"],
+        image_token_index=ids["<image_soft_token>"],
+    )
+
+
+def _gemma3_processor(folder: str) -> None:
+    from transformers import Gemma3ImageProcessor, Gemma3Processor
+
+    Gemma3Processor(
+        image_processor=Gemma3ImageProcessor(size={"height": 56, "width": 56}),
+        tokenizer=tiny_tokenizer(
+            boi_token="<start_of_image>",
+            eoi_token="<end_of_image>",
+            image_token="<image_soft_token>",
+        ),
+        image_seq_length=4,
+    ).save_pretrained(folder)
+
+
 def _embed_multimodal_eager(model: Any, mm_kwargs: dict, i: int) -> torch.Tensor:
     """vLLM's own path from a batch to its items' embeddings."""
     with torch.inference_mode():
@@ -800,6 +851,22 @@ _QWEN2_VL_FAMILY = dict(
 
 
 TINY: dict[str, TinyModel] = {
+    "gemma3_mm": TinyModel(
+        stem="gemma3_mm",
+        hf_config=_gemma3_config,
+        # 56-pixel crops of 14-pixel patches, pooled to 2 x 2: 4 tokens a crop.
+        **_tile_family(
+            56,
+            4,
+            {"image": ("pixel_values", "num_patches")},
+            _embed_multimodal_eager,
+            _gemma3_processor,
+        ),
+        compilation=dict(
+            encoder_cudagraph_token_budgets=[8, 16, 32],
+            encoder_cudagraph_max_vision_items_per_batch=4,
+        ),
+    ),
     "idefics3": TinyModel(
         stem="idefics3",
         hf_config=_idefics3_config,
