@@ -1026,6 +1026,14 @@ NOT_ON_CPU: dict[str, str] = {
         "with a Triton kernel (`VitMropeSetup`, no CPU path; vLLM's CPU build "
         "has no Triton) and its attention applies them with `triton_mrope`"
     ),
+    "glm5_next": (
+        "no `VllmConfig` can be made: the model is hybrid (KDA layers) and uses "
+        "MLA (its indexed attention is NoPE MLA, whatever the layer types); "
+        "vLLM's CPU platform turns prefix caching off for MLA models without "
+        "AMX, after its hybrid set-up has set a mamba block size, and the "
+        "config's own check then fails ('--mamba-block-size can only be set "
+        "with --enable-prefix-caching'), with prefix caching asked for or not"
+    ),
 }
 """Served models whose vLLM class cannot be built, or cannot run its vision
 tower, on a CPU: what fails, concretely."""
