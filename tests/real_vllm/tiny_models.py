@@ -720,6 +720,65 @@ def _kimi_vl_config() -> Any:
     )
 
 
+def _ernie45_vl_config() -> Any:
+    _remote_config_class("DFNRopeVisionTransformer")
+    cls = _remote_config_class(
+        "ernie4_5_moe_vl", vision_config="DFNRopeVisionTransformer"
+    )
+    return cls(
+        architectures=["Ernie4_5_VLMoeForConditionalGeneration"],
+        # Heads of 80 dims: the spec's rotary table is sized for them.
+        vision_config=dict(
+            depth=2,
+            embed_dim=160,
+            hidden_size=160,
+            num_heads=2,
+            mlp_ratio=2,
+            patch_size=14,
+            spatial_merge_size=2,
+            in_channels=3,
+        ),
+        pixel_hidden_size=160,
+        spatial_conv_size=2,
+        temporal_conv_size=2,
+        use_temporal_conv=True,
+        # One dense layer: the experts' layers start past the last one.
+        hidden_size=64,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=256,
+        max_position_embeddings=2048,
+        rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        freq_allocation=4,
+        hidden_act="silu",
+        moe_num_experts=[4, 4],
+        moe_layer_start_index=[1, 1],
+        moe_layer_end_index=[1, 1],
+        moe_k=2,
+        moe_intermediate_size=[32, 32],
+        moe_num_shared_experts=0,
+        tie_word_embeddings=True,
+        im_patch_id=SPECIAL_TOKENS.index("<|image_pad|>"),
+    )
+
+
+def _flat_patches_draw(
+    gen: torch.Generator,
+    modality: str,
+    grids: list[tuple[int, int, int]],
+    patch: int,
+) -> dict:
+    """Patches as ``(rows, 3 * patch * patch)`` pixels, a ``(t, h, w)`` grid each."""
+    rows = sum(t * h * w for t, h, w in grids)
+    return {
+        "pixel_values": torch.randn((rows, 3 * patch * patch), generator=gen),
+        "image_grid_thw": torch.tensor(grids, dtype=torch.int64),
+    }
+
+
 def _patches_draw(
     gen: torch.Generator,
     modality: str,
@@ -851,6 +910,21 @@ _QWEN2_VL_FAMILY = dict(
 
 
 TINY: dict[str, TinyModel] = {
+    "ernie45_vl": TinyModel(
+        stem="ernie45_vl",
+        hf_config=_ernie45_vl_config,
+        **{
+            **_QWEN2_VL_FAMILY,
+            "draw": functools.partial(_flat_patches_draw, patch=14),
+            "eager": _embed_multimodal_eager,
+            "save_processor": _tokenizer_only,
+            "modalities": ("image",),
+        },
+        compilation=dict(
+            encoder_cudagraph_token_budgets=[64, 128],
+            encoder_cudagraph_max_vision_items_per_batch=4,
+        ),
+    ),
     "gemma3_mm": TinyModel(
         stem="gemma3_mm",
         hf_config=_gemma3_config,
