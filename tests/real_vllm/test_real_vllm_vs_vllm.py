@@ -4,12 +4,13 @@ through each one's methods and through vLLM's own manager. They agree except
 where docs/vllm-differences.md says otherwise; the differences these batches
 show (``<stem>.cu-seqlens-padding``: vLLM's own mixin replays offsets that go
 down, FlashAttention's negative lengths; ``gemma3_mm.crops-by-budget``: vLLM's
-replay copy fails; ``ernie45_vl.eager-rows``: vLLM's eager forward resamples)
-are asserted as differences where that page lists them."""
+replay copy fails; ``ernie45_vl.eager-rows``: vLLM's eager forward resamples;
+``kimi_k25.multi-frame-eager``: vLLM's sentinel token count;
+``lfm2_vl.cu-seqlens-slots``: vLLM's padding copy fails) are asserted as differences where that page lists them.
+"""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
@@ -40,15 +41,45 @@ DECREASING_IN_VLLM = {"glm4_1v", "qwen2_vl", "qwen3_vl"}
 # The models whose vLLM manager fails a replay that ours runs, and the
 # difference of docs/vllm-differences.md that says why: vLLM's Gemma 3 mixin
 # captures at most max_batch_size crops, which counts images, so a batch of
-# more crops than images fails its replay copy.
-REPLAY_FAILS_IN_VLLM = {"gemma3_mm": "gemma3_mm.crops-by-budget"}
+# more crops than images fails its replay copy; vLLM's LFM2-VL mixin captures
+# one cu_seqlens slot per min_image_tokens, so a batch of more, smaller tiles
+# fails its padding copy.
+REPLAY_FAILS_IN_VLLM = {
+    "gemma3_mm": "gemma3_mm.crops-by-budget",
+    "lfm2_vl": "lfm2_vl.cu-seqlens-slots",
+}
 # The models whose eager forward returns other rows than vLLM's, and the
 # difference that says so: vLLM's ERNIE-4.5-VL mixin resamples in its eager
 # forward and again in post-processing; ours returns the ViT rows, as the graph.
 EAGER_DIFFERS = {"ernie45_vl": "ernie45_vl.eager-rows"}
+# The models whose vLLM mixin marks an item for the eager path with a sentinel
+# token count (kimi_k25.multi-frame-eager: a chunk of several frames); ours
+# gives its real tokens and a default path's count above every budget.
+EAGER_SENTINEL = {"kimi_k25": "kimi_k25.multi-frame-eager"}
+SENTINEL_TOKENS = 2**30
 DIFFERENCES = (
     Path(__file__).resolve().parents[2] / "docs" / "vllm-differences.md"
 ).read_text("utf-8")
+
+
+def _same_item_spec(stem: str, mine, vllms, config) -> None:
+    """The same item as the manager sees it: its input size and tokens, on
+    the default path too (an empty ``path_output_tokens`` means the item's
+    own tokens)."""
+    if stem in EAGER_SENTINEL and vllms.output_tokens == SENTINEL_TOKENS:
+        assert f"`{EAGER_SENTINEL[stem]}`" in DIFFERENCES
+        budgets = config.compilation_config.encoder_cudagraph_token_budgets
+        assert mine.input_size == vllms.input_size
+        assert mine.output_tokens < SENTINEL_TOKENS
+        assert mine.get_path_output_tokens("default") > max(budgets)
+        return
+    assert (mine.input_size, mine.output_tokens) == (
+        vllms.input_size,
+        vllms.output_tokens,
+    )
+    assert mine.get_path_output_tokens("default") == vllms.get_path_output_tokens(
+        "default"
+    )
 
 
 def _execute_or_none(manager, mm_kwargs):
@@ -114,14 +145,11 @@ def test_generated_methods_agree_with_vllms_own(stem: str):
     batches += [tiny.draw(gen, m, tiny.grids(gen, m, 1)) for m in tiny.modalities]
     with flash_attention_on_cpu(), torch.inference_mode():
         for mm_kwargs in batches:
-            specs = [
-                dataclasses.astuple(s)
-                for s in ours.get_encoder_cudagraph_item_specs(mm_kwargs)
-            ]
-            assert specs == [
-                dataclasses.astuple(s)
-                for s in theirs.get_encoder_cudagraph_item_specs(mm_kwargs)
-            ]
+            specs = ours.get_encoder_cudagraph_item_specs(mm_kwargs)
+            for mine, vllms in zip(
+                specs, theirs.get_encoder_cudagraph_item_specs(mm_kwargs), strict=True
+            ):
+                _same_item_spec(stem, mine, vllms, config)
             picked = list(range(len(specs)))[::-2]
             _same(
                 ours.select_encoder_cudagraph_items(mm_kwargs, picked),

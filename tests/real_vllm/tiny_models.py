@@ -779,6 +779,162 @@ def _flat_patches_draw(
     }
 
 
+def _kimi_k25_config() -> Any:
+    from transformers import Kimi_K25Config
+
+    ids = {token: i for i, token in enumerate(SPECIAL_TOKENS)}
+    return Kimi_K25Config(
+        architectures=["KimiK25ForConditionalGeneration"],
+        vision_config=dict(
+            patch_size=14,
+            pos_emb_height=16,
+            pos_emb_width=16,
+            pos_emb_time=4,
+            num_attention_heads=2,
+            num_hidden_layers=2,
+            hidden_size=32,
+            intermediate_size=64,
+            merge_kernel_size=(2, 2),
+        ),
+        # DeepSeek-V3 with MLA, one dense layer (no experts built).
+        text_config=dict(
+            vocab_size=256,
+            hidden_size=64,
+            intermediate_size=64,
+            moe_intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            first_k_dense_replace=1,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            n_shared_experts=1,
+            kv_lora_rank=32,
+            q_lora_rank=None,
+            qk_rope_head_dim=16,
+            qk_nope_head_dim=16,
+            v_head_dim=32,
+            max_position_embeddings=2048,
+        ),
+        projection_hidden_size=64,
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+    )
+
+
+def _kimi_k25_grids(
+    gen: torch.Generator, modality: str, tokens: int
+) -> list[tuple[int, int, int]]:
+    """Single frames (the graphs' items) and one chunk of two frames, which
+    the mixin sends to the eager path whatever its size."""
+    return [*_qwen2_vl_grids(gen, "image", tokens - 4), (2, 4, 4)]
+
+
+def _kimi_k25_processor(folder: str) -> None:
+    """The tokenizer and the media settings vLLM's own Kimi-K2.5 image
+    processor reads (``preprocessor_config.json``)."""
+    import json
+    from pathlib import Path
+
+    tiny_tokenizer().save_pretrained(folder)
+    media = dict(
+        patch_size=14,
+        merge_kernel_size=2,
+        temporal_merge_kernel_size=4,
+        in_patch_limit=256,
+        in_patch_limit_each_frame=256,
+        in_patch_limit_video=1024,
+        patch_limit_on_one_side=32,
+        fixed_output_tokens=None,
+        image_mean=[0.5, 0.5, 0.5],
+        image_std=[0.5, 0.5, 0.5],
+    )
+    (Path(folder) / "preprocessor_config.json").write_text(
+        json.dumps(
+            {
+                "image_processor_type": "KimiK25FusedVisionProcessor",
+                "media_proc_cfg": media,
+            }
+        )
+    )
+
+
+def _lfm2_vl_config() -> Any:
+    from transformers import Lfm2VlConfig
+
+    return Lfm2VlConfig(
+        architectures=["Lfm2VlForConditionalGeneration"],
+        vision_config=dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            patch_size=16,
+            num_patches=64,
+        ),
+        # A short-convolution layer and an attention layer; vLLM reads the
+        # remote-code names conv_dim and block_dim.
+        text_config=dict(
+            vocab_size=256,
+            hidden_size=64,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            layer_types=["conv", "full_attention"],
+            max_position_embeddings=2048,
+            block_auto_adjust_ff_dim=False,
+            conv_dim=64,
+            block_dim=64,
+            block_multiple_of=32,
+        ),
+        downsample_factor=2,
+        projector_hidden_size=64,
+        image_token_id=SPECIAL_TOKENS.index("<image>"),
+        min_image_tokens=4,
+        max_image_tokens=16,
+    )
+
+
+_LFM2_PATCH_DIM = 3 * 16 * 16
+
+
+def _lfm2_vl_grids(
+    gen: torch.Generator, modality: str, tokens: int
+) -> list[tuple[int, int, int]]:
+    """Images of 1 or 2 tiles, each tile ``(tiles, h, w)`` patches with h and w
+    even and at most 4 (1 to 4 tokens), until ``tokens`` output tokens."""
+    grids: list[tuple[int, int, int]] = []
+    left = tokens
+    while len(grids) < 4:
+        tiles = int(torch.randint(1, 3, (), generator=gen))
+        h, w = (2 * int(torch.randint(1, 3, (), generator=gen)) for _ in range(2))
+        if tiles * h * w // 4 > left:
+            break
+        grids.append((tiles, h, w))
+        left -= tiles * h * w // 4
+    return grids or [(1, 2, 2)]
+
+
+def _lfm2_vl_draw(
+    gen: torch.Generator, modality: str, grids: list[tuple[int, int, int]]
+) -> dict:
+    """Tiles' patches padded with zeros to the longest tile, as the processor
+    pads them; ``(tiles, h, w)`` items."""
+    shapes = [(h, w) for tiles, h, w in grids for _ in range(tiles)]
+    longest = max(h * w for h, w in shapes)
+    pixels = torch.zeros((len(shapes), longest, _LFM2_PATCH_DIM))
+    for i, (h, w) in enumerate(shapes):
+        pixels[i, : h * w] = torch.randn((h * w, _LFM2_PATCH_DIM), generator=gen)
+    return {
+        "pixel_values": pixels,
+        "spatial_shapes": torch.tensor(shapes, dtype=torch.int64),
+        "num_patches": torch.tensor([t for t, _, _ in grids], dtype=torch.int64),
+    }
+
+
 def _patches_draw(
     gen: torch.Generator,
     modality: str,
@@ -786,11 +942,21 @@ def _patches_draw(
     patch: int,
     grid_key: str,
 ) -> dict:
-    """Patches as ``(rows, 3, patch, patch)`` pixels, an ``(h, w)`` grid each."""
+    """Patches as ``(rows, 3, patch, patch)`` pixels, a grid each: ``(h, w)``
+    under ``image_grid_hws``, else ``(t, h, w)``."""
     rows = sum(t * h * w for t, h, w in grids)
+    if grid_key == "image_grid_hws":
+        grids = [(h, w) for _, h, w in grids]
+        pixels = torch.randn((rows, 3, patch, patch), generator=gen)
+    else:
+        # Raw pixels: Kimi-K2.5's tower normalises them on the device (its
+        # input norm), and the captured buffer has their dtype.
+        pixels = torch.randint(
+            0, 256, (rows, 3, patch, patch), generator=gen, dtype=torch.uint8
+        )
     return {
-        "pixel_values": torch.randn((rows, 3, patch, patch), generator=gen),
-        grid_key: torch.tensor([(h, w) for _, h, w in grids], dtype=torch.int64),
+        "pixel_values": pixels,
+        grid_key: torch.tensor(grids, dtype=torch.int64),
     }
 
 
@@ -910,6 +1076,36 @@ _QWEN2_VL_FAMILY = dict(
 
 
 TINY: dict[str, TinyModel] = {
+    "lfm2_vl": TinyModel(
+        stem="lfm2_vl",
+        hf_config=_lfm2_vl_config,
+        draw=_lfm2_vl_draw,
+        eager=_embed_multimodal_eager,
+        grids=_lfm2_vl_grids,
+        # Nine tiles of 4 x 4 patches: 36 tokens.
+        oversized=lambda budget: (budget // 4 + 1, 4, 4),
+        save_processor=_tokenizer_only,
+        compilation=dict(
+            encoder_cudagraph_token_budgets=[8, 16, 32],
+            encoder_cudagraph_max_vision_items_per_batch=4,
+        ),
+    ),
+    "kimi_k25": TinyModel(
+        stem="kimi_k25",
+        hf_config=_kimi_k25_config,
+        **{
+            **_QWEN2_VL_FAMILY,
+            "grids": _kimi_k25_grids,
+            "draw": functools.partial(_patches_draw, patch=14, grid_key="grid_thws"),
+            "eager": _embed_multimodal_eager,
+            "save_processor": _kimi_k25_processor,
+            "modalities": ("vision_chunk",),
+        },
+        compilation=dict(
+            encoder_cudagraph_token_budgets=[64, 128],
+            encoder_cudagraph_max_vision_items_per_batch=4,
+        ),
+    ),
     "ernie45_vl": TinyModel(
         stem="ernie45_vl",
         hf_config=_ernie45_vl_config,
