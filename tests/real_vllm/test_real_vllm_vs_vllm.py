@@ -6,7 +6,9 @@ show (``<stem>.cu-seqlens-padding``: vLLM's own mixin replays offsets that go
 down, FlashAttention's negative lengths; ``gemma3_mm.crops-by-budget``: vLLM's
 replay copy fails; ``ernie45_vl.eager-rows``: vLLM's eager forward resamples;
 ``kimi_k25.multi-frame-eager``: vLLM's sentinel token count;
-``lfm2_vl.cu-seqlens-slots``: vLLM's padding copy fails) are asserted as differences where that page lists them.
+``lfm2_vl.cu-seqlens-slots``: vLLM's padding copy fails; finding 6 of
+vllm-findings.md: vLLM's Step3-VL returns views of a graph's output) are
+asserted as differences where that page lists them.
 """
 
 from __future__ import annotations
@@ -57,6 +59,9 @@ EAGER_DIFFERS = {"ernie45_vl": "ernie45_vl.eager-rows"}
 # gives its real tokens and a default path's count above every budget.
 EAGER_SENTINEL = {"kimi_k25": "kimi_k25.multi-frame-eager"}
 SENTINEL_TOKENS = 2**30
+# The models whose vLLM mixin returns items that are views of a graph's
+# output buffer (Step3-VL's crop-less images: finding 6 in vllm-findings.md).
+VIEWS_IN_VLLM = {"step3_vl"}
 DIFFERENCES = (
     Path(__file__).resolve().parents[2] / "docs" / "vllm-differences.md"
 ).read_text("utf-8")
@@ -64,8 +69,8 @@ DIFFERENCES = (
 
 def _same_item_spec(stem: str, mine, vllms, config) -> None:
     """The same item as the manager sees it: its input size and tokens, on
-    the default path too (an empty ``path_output_tokens`` means the item's
-    own tokens)."""
+    each path too (an empty ``path_output_tokens`` means the item's own
+    tokens on the default path)."""
     if stem in EAGER_SENTINEL and vllms.output_tokens == SENTINEL_TOKENS:
         assert f"`{EAGER_SENTINEL[stem]}`" in DIFFERENCES
         budgets = config.compilation_config.encoder_cudagraph_token_budgets
@@ -77,18 +82,29 @@ def _same_item_spec(stem: str, mine, vllms, config) -> None:
         vllms.input_size,
         vllms.output_tokens,
     )
-    assert mine.get_path_output_tokens("default") == vllms.get_path_output_tokens(
-        "default"
-    )
+    assert _path_tokens(mine) == _path_tokens(vllms)
 
 
-def _execute_or_none(manager, mm_kwargs):
-    """The manager's items, or ``None`` where its replay copy fails."""
+def _path_tokens(spec) -> dict[str, int]:
+    return spec.path_output_tokens or {"default": spec.output_tokens}
+
+
+def _execute_or_none(manager, mm_kwargs, views: list[int]):
+    """Copies of the manager's items (a view of a graph's output buffer is
+    overwritten by the next replay), or ``None`` where its replay copy fails;
+    counts the views in ``views``."""
     try:
-        return execute(manager, mm_kwargs)
+        items = execute(manager, mm_kwargs)
     except RuntimeError as error:
         assert "must match the size" in str(error), error
         return None
+    buffers = {
+        meta.output_buffer.untyped_storage().data_ptr()
+        for graphs in manager.budget_graphs.values()
+        for meta in graphs.values()
+    }
+    views[0] += sum(item.untyped_storage().data_ptr() in buffers for item in items)
+    return [item.clone() for item in items]
 
 
 def _pair(stem: str):
@@ -155,22 +171,36 @@ def test_generated_methods_agree_with_vllms_own(stem: str):
                 ours.select_encoder_cudagraph_items(mm_kwargs, picked),
                 theirs.select_encoder_cudagraph_items(mm_kwargs, picked),
             )
-            eager_ours = ours.encoder_eager_forward(mm_kwargs)
-            eager_theirs = theirs.encoder_eager_forward(mm_kwargs)
-            if stem in EAGER_DIFFERS:
-                assert f"`{EAGER_DIFFERS[stem]}`" in DIFFERENCES
-                assert eager_ours.shape != eager_theirs.shape
-            else:
-                _same(eager_ours, eager_theirs)
+            for path in config_ours.paths or ["default"]:
+                if not sum(_path_tokens(spec).get(path, 0) for spec in specs):
+                    continue  # the manager skips a path a batch has no rows on
+                eager_ours = ours.encoder_eager_forward(mm_kwargs, path=path)
+                eager_theirs = theirs.encoder_eager_forward(mm_kwargs, path=path)
+                if stem in EAGER_DIFFERS:
+                    assert f"`{EAGER_DIFFERS[stem]}`" in DIFFERENCES
+                    assert eager_ours.shape != eager_theirs.shape
+                else:
+                    _same(eager_ours, eager_theirs)
 
     decreasing = {}
     outputs = {}
+    views = {}
     for name, model in (("vllm", theirs), ("ours", ours)):
         del real_vllm_testlib.DECREASING_OFFSETS[:]
+        views[name] = [0]
         with captured_manager(config, model) as manager:
-            outputs[name] = [_execute_or_none(manager, kw) for kw in batches]
+            outputs[name] = [
+                _execute_or_none(manager, kw, views[name]) for kw in batches
+            ]
         decreasing[name] = list(real_vllm_testlib.DECREASING_OFFSETS)
     assert None not in outputs["ours"]
+    # Finding 6 (vllm-findings.md): vLLM's Step3-VL returns a crop-less
+    # image as a view of the global graph's output buffer; ours never does.
+    assert views["ours"] == [0]
+    if stem in VIEWS_IN_VLLM:
+        assert views["vllm"][0] > 0, "the documented difference did not show"
+    else:
+        assert views["vllm"] == [0]
     failed = [i for i, out in enumerate(outputs["vllm"]) if out is None]
     if stem in REPLAY_FAILS_IN_VLLM:
         assert f"`{REPLAY_FAILS_IN_VLLM[stem]}`" in DIFFERENCES

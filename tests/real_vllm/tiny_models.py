@@ -935,6 +935,71 @@ def _lfm2_vl_draw(
     }
 
 
+def _step3_vl_config() -> Any:
+    from vllm.transformers_utils.configs.step3_vl import Step3VLConfig
+
+    return Step3VLConfig(
+        architectures=["Step3VLForConditionalGeneration"],
+        # 56-pixel global images: 4 tokens; crops are 504 pixels whatever the
+        # config (vLLM's constant): 324 tokens.
+        vision_config=dict(
+            hidden_size=32,
+            intermediate_size=64,
+            output_hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            image_size=56,
+            patch_size=14,
+        ),
+        # One dense layer: the experts' layers ("5") are past the last one.
+        text_config=dict(
+            architectures=["Step3TextForCausalLM"],
+            hidden_size=64,
+            intermediate_size=64,
+            num_attention_heads=2,
+            num_attention_groups=1,
+            num_hidden_layers=1,
+            vocab_size=256,
+            moe_intermediate_size=32,
+            moe_num_experts=4,
+            moe_top_k=2,
+            share_expert_dim=32,
+            share_q_dim=32,
+            head_dim=32,
+            moe_layers_enum="5",
+            max_position_embedding=2048,
+            max_seq_len=2048,
+        ),
+        image_token_id=SPECIAL_TOKENS.index("<image>"),
+    )
+
+
+def _step3_vl_grids(
+    gen: torch.Generator, modality: str, tokens: int
+) -> list[tuple[int, int, int]]:
+    """Images as ``(crops, 1, 1)``: up to four, one in three with a crop."""
+    grids: list[tuple[int, int, int]] = []
+    left = tokens
+    while len(grids) < 4:
+        crops = int(torch.randint(0, 3, (), generator=gen) == 0)
+        if 4 + 324 * crops > left:
+            break
+        grids.append((crops, 1, 1))
+        left -= 4 + 324 * crops
+    return grids or [(0, 1, 1)]
+
+
+def _step3_vl_draw(
+    gen: torch.Generator, modality: str, grids: list[tuple[int, int, int]]
+) -> dict:
+    crops = [c for c, _, _ in grids]
+    return {
+        "pixel_values": torch.randn((len(grids), 3, 56, 56), generator=gen),
+        "patch_pixel_values": torch.randn((sum(crops), 3, 504, 504), generator=gen),
+        "num_patches": torch.tensor(crops, dtype=torch.int64),
+    }
+
+
 def _patches_draw(
     gen: torch.Generator,
     modality: str,
@@ -1076,6 +1141,20 @@ _QWEN2_VL_FAMILY = dict(
 
 
 TINY: dict[str, TinyModel] = {
+    "step3_vl": TinyModel(
+        stem="step3_vl",
+        hf_config=_step3_vl_config,
+        draw=_step3_vl_draw,
+        eager=_embed_multimodal_eager,
+        grids=_step3_vl_grids,
+        # Two crops and the global image: 652 tokens.
+        oversized=lambda budget: (budget // 324 + 1, 1, 1),
+        save_processor=_tokenizer_only,
+        compilation=dict(
+            encoder_cudagraph_token_budgets=[8, 332],
+            encoder_cudagraph_max_vision_items_per_batch=4,
+        ),
+    ),
     "lfm2_vl": TinyModel(
         stem="lfm2_vl",
         hf_config=_lfm2_vl_config,
