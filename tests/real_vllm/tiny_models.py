@@ -1000,6 +1000,64 @@ def _step3_vl_draw(
     }
 
 
+def _mllama4_config() -> Any:
+    from transformers import Llama4Config
+
+    ids = {token: i for i, token in enumerate(SPECIAL_TOKENS)}
+    return Llama4Config(
+        architectures=["Llama4ForConditionalGeneration"],
+        vision_config=dict(
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            # The pixel-shuffle MLP reads 4 x hidden_size: intermediate_size.
+            intermediate_size=128,
+            vision_output_dim=64,
+            image_size=56,
+            patch_size=14,
+            pixel_shuffle_ratio=0.5,
+            projector_input_dim=64,
+            projector_output_dim=64,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        ),
+        # One dense layer (interleave_moe_layer_step 0: no experts built).
+        text_config=dict(
+            vocab_size=256,
+            hidden_size=64,
+            intermediate_size=64,
+            intermediate_size_mlp=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=32,
+            moe_layers=[],
+            interleave_moe_layer_step=0,
+            num_local_experts=4,
+            max_position_embeddings=2048,
+            attention_chunk_size=None,
+            no_rope_layers=[1],
+        ),
+        image_token_index=ids["<image>"],
+        boi_token_index=ids["<start_of_image>"],
+        eoi_token_index=ids["<end_of_image>"],
+    )
+
+
+def _mllama4_draw(
+    gen: torch.Generator, modality: str, grids: list[tuple[int, int, int]]
+) -> dict:
+    """Tiles and each image's tile layout (``aspect_ratios``, which vLLM's
+    input schema asks for): ``k`` tiles are a 1 x (k - 1) grid and a global
+    tile, or one tile."""
+    mm_kwargs = _tile_draw(
+        gen, modality, grids, 56, {"image": ("pixel_values", "patches_per_image")}
+    )
+    mm_kwargs["aspect_ratios"] = torch.tensor(
+        [(1, max(t - 1, 1)) for t, _, _ in grids], dtype=torch.int64
+    )
+    return mm_kwargs
+
+
 def _patches_draw(
     gen: torch.Generator,
     modality: str,
@@ -1141,6 +1199,25 @@ _QWEN2_VL_FAMILY = dict(
 
 
 TINY: dict[str, TinyModel] = {
+    "mllama4": TinyModel(
+        stem="mllama4",
+        hf_config=_mllama4_config,
+        # 56-pixel tiles of 14-pixel patches, shuffled by half: 4 tokens a tile.
+        **{
+            **_tile_family(
+                56,
+                4,
+                {"image": ("pixel_values", "patches_per_image")},
+                _embed_multimodal_eager,
+                _tokenizer_only,
+            ),
+            "draw": _mllama4_draw,
+        },
+        compilation=dict(
+            encoder_cudagraph_token_budgets=[8, 16, 32],
+            encoder_cudagraph_max_vision_items_per_batch=4,
+        ),
+    ),
     "step3_vl": TinyModel(
         stem="step3_vl",
         hf_config=_step3_vl_config,
