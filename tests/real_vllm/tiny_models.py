@@ -1460,6 +1460,12 @@ NOT_ON_CPU: dict[str, str] = {
         "config's own check then fails ('--mamba-block-size can only be set "
         "with --enable-prefix-caching'), with prefix caching asked for or not"
     ),
+    "kimi_k3": (
+        "no `VllmConfig` can be made, as for GLM-5-Next: its language model "
+        "(Kimi Linear) is hybrid and uses MLA, and a tiny config with MLA "
+        "layers only still fails the same check ('--mamba-block-size can only "
+        "be set with --enable-prefix-caching')"
+    ),
 }
 """Served models whose vLLM class cannot be built, or cannot run its vision
 tower, on a CPU: what fails, concretely."""
