@@ -40,10 +40,12 @@ def _host(module: str, class_name: str, *architectures: str) -> VllmHost:
 
 
 CATALOG: dict[str, VllmHost] = {
+    "cohere2_vision": _host("cohere2_vision", "Cohere2VisionForConditionalGeneration"),
     "cohere_compass": _host("cohere_compass", "CohereCompassForConditionalGeneration"),
     "deepseek_ocr": _host("deepseek_ocr", "DeepseekOCRForCausalLM"),
     "deepseek_v41": _host("vllm.models.deepseek_v41", "DeepseekV41ForCausalLM"),
     "deepseek_vl2": _host("deepseek_vl2", "DeepseekVLV2ForCausalLM"),
+    "eagle2_5_vl": _host("eagle2_5_vl", "Eagle2_5_VLForConditionalGeneration"),
     "ernie45_vl": _host("ernie45_vl", "Ernie4_5_VLMoeForConditionalGeneration"),
     "gemma3_mm": _host("gemma3_mm", "Gemma3ForConditionalGeneration"),
     "gemma4_mm": _host("gemma4_mm", "Gemma4ForConditionalGeneration"),
@@ -61,11 +63,24 @@ CATALOG: dict[str, VllmHost] = {
         "vllm.models.minimax_m3", "MiniMaxM3SparseForConditionalGeneration"
     ),
     "mllama4": _host("mllama4", "Llama4ForConditionalGeneration"),
+    "qwen2_5_omni": _host(
+        "qwen2_5_omni_thinker",
+        "Qwen2_5OmniThinkerForConditionalGeneration",
+        "Qwen2_5OmniModel",
+        "Qwen2_5OmniForConditionalGeneration",
+    ),
     "qwen2_5_vl": _host("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration"),
     "qwen2_vl": _host("qwen2_vl", "Qwen2VLForConditionalGeneration"),
     "qwen3_vl": _host("qwen3_vl", "Qwen3VLForConditionalGeneration"),
     "step3_vl": _host("step3_vl", "Step3VLForConditionalGeneration"),
 }
+
+ADDS_PROTOCOL: frozenset[str] = frozenset(
+    {"cohere2_vision", "eagle2_5_vl", "qwen2_5_omni"}
+)
+"""The models beyond vLLM's catalog: their vLLM class has no encoder CUDA
+graph protocol of its own, and the generated mixin adds it
+(docs/beyond-catalog.md). For the others the mixin replaces vLLM's."""
 
 UNSERVED: dict[str, str] = {
     "minicpmv": (

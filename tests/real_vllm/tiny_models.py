@@ -1,10 +1,12 @@
-"""The catalog models whose vLLM 0.33.0 class builds on a CPU from a tiny
-random config, each with its config and its random batches.
+"""The table of the real-vLLM tests: for every model the plugin serves,
+either a tiny random config its vLLM 0.33.0 class builds from on a CPU
+(:data:`TINY`) or why it cannot be (:data:`NOT_ON_CPU`).
 
 A :class:`TinyModel` states what a test needs to know of one model: the
 transformers config and offline processor, the capture settings, and how to
-draw a batch of images or videos as the model's ``mm_kwargs``. Which catalog
-models are here and which are not yet: docs/using-in-vllm.md.
+draw a batch of images or videos as the model's ``mm_kwargs``.
+:func:`models_table` prints the table that docs/using-in-vllm.md shows
+(``test_real_vllm_table.py`` checks it, without vLLM).
 """
 
 from __future__ import annotations
@@ -54,11 +56,27 @@ SPECIAL_TOKENS = (
     "<|VIDEO_PAD|>",
     "<|VISION_START|>",
     "<|VISION_END|>",
+    "<|IMAGE|>",
+    "<|VIDEO|>",
+    "<|AUDIO|>",
+    "<|audio_bos|>",
+    "<|audio_eos|>",
+    "<image>",
+    "<|START_OF_IMG|>",
+    "<|END_OF_IMG|>",
+    "<|IMG_LINE_BREAK|>",
+    "<img>",
+    "</img>",
+    "<IMG_CONTEXT>",
+    "<start_of_image>",
+    "<end_of_image>",
+    "<image_soft_token>",
 )
 
 
-def tiny_tokenizer() -> Any:
-    """A word-level tokenizer of the special tokens and a few words."""
+def tiny_tokenizer(**named: str) -> Any:
+    """A word-level tokenizer of the special tokens and a few words;
+    ``named`` special tokens become attributes (``image_token=...``)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -73,6 +91,7 @@ def tiny_tokenizer() -> Any:
         eos_token="<|endoftext|>",
         pad_token="<|endoftext|>",
         additional_special_tokens=list(SPECIAL_TOKENS[2:]),
+        model_specific_special_tokens=named or None,
     )
 
 
@@ -299,6 +318,69 @@ def _cohere_compass_processor(folder: str) -> None:
     ).save_pretrained(folder)
 
 
+def _qwen2_5_omni_config() -> Any:
+    from transformers import Qwen2_5OmniConfig
+
+    ids = {token: i for i, token in enumerate(SPECIAL_TOKENS)}
+    vision = _qwen2_5_vl_config().vision_config.to_dict()
+    text = _qwen2_text_config()
+    text["rope_parameters"] = {
+        "rope_type": "default",
+        "rope_theta": 10000.0,
+        "mrope_section": text.pop("rope_scaling")["mrope_section"],
+    }
+    return Qwen2_5OmniConfig(
+        architectures=["Qwen2_5OmniModel"],
+        enable_audio_output=False,
+        thinker_config=dict(
+            vision_config=vision,
+            text_config=text,
+            audio_config=dict(
+                num_mel_bins=16,
+                encoder_layers=1,
+                encoder_attention_heads=2,
+                encoder_ffn_dim=32,
+                d_model=16,
+                output_dim=48,
+                max_source_positions=64,
+                n_window=8,
+            ),
+            image_token_index=ids["<|IMAGE|>"],
+            video_token_index=ids["<|VIDEO|>"],
+            audio_token_index=ids["<|AUDIO|>"],
+            vision_start_token_id=ids["<|vision_start|>"],
+            vision_end_token_id=ids["<|vision_end|>"],
+            audio_start_token_id=ids["<|audio_bos|>"],
+            audio_end_token_id=ids["<|audio_eos|>"],
+            user_token_id=0,
+            bos_token_id=ids["<|endoftext|>"],
+            eos_token_id=ids["<|endoftext|>"],
+        ),
+    )
+
+
+def _qwen2_5_omni_processor(folder: str) -> None:
+    from transformers import Qwen2_5OmniProcessor, Qwen2VLImageProcessor
+    from transformers import Qwen2VLVideoProcessor, WhisperFeatureExtractor
+
+    tokenizer = tiny_tokenizer(
+        image_token="<|IMAGE|>",
+        video_token="<|VIDEO|>",
+        audio_token="<|AUDIO|>",
+        vision_bos_token="<|vision_start|>",
+        vision_eos_token="<|vision_end|>",
+        audio_bos_token="<|audio_bos|>",
+        audio_eos_token="<|audio_eos|>",
+    )
+    size = {"shortest_edge": 56 * 56, "longest_edge": 168 * 168}
+    Qwen2_5OmniProcessor(
+        image_processor=Qwen2VLImageProcessor(size=size),
+        video_processor=Qwen2VLVideoProcessor(size=size),
+        feature_extractor=WhisperFeatureExtractor(feature_size=16),
+        tokenizer=tokenizer,
+    ).save_pretrained(folder)
+
+
 def _qwen2_vl_processor(folder: str) -> None:
     from transformers import Qwen2VLImageProcessor, Qwen2VLProcessor
     from transformers import Qwen2VLVideoProcessor
@@ -370,6 +452,742 @@ def _qwen2_vl_oversized(budget: int) -> tuple[int, int, int]:
     return (1, 2 * side, 2 * side)
 
 
+# Models of fixed-size tiles: an item is ``(tiles, 1, 1)``, its rows
+# ``(tiles, 3, side, side)`` pixels, its count under ``count_key``.
+
+
+def _tile_draw(
+    gen: torch.Generator,
+    modality: str,
+    grids: list[tuple[int, int, int]],
+    side: int,
+    keys: dict[str, tuple[str, str]],
+) -> dict:
+    """``keys``: modality -> (pixels key, tiles-per-item key)."""
+    pixels_key, count_key = keys[modality]
+    tiles = [t for t, _, _ in grids]
+    return {
+        pixels_key: torch.randn((sum(tiles), 3, side, side), generator=gen),
+        count_key: torch.tensor(tiles, dtype=torch.int64),
+    }
+
+
+def _tile_grids(
+    gen: torch.Generator, modality: str, tokens: int, per_tile: int
+) -> list[tuple[int, int, int]]:
+    """Items of 1 to 3 tiles until ``tokens`` output tokens."""
+    grids: list[tuple[int, int, int]] = []
+    left = tokens // per_tile
+    while left >= 1 and len(grids) < 4:
+        tiles = int(torch.randint(1, 4, (), generator=gen))
+        if tiles > left:
+            break
+        grids.append((tiles, 1, 1))
+        left -= tiles
+    return grids or [(1, 1, 1)]
+
+
+def _tile_family(side: int, per_tile: int, keys: dict, eager, processor):
+    return dict(
+        draw=functools.partial(_tile_draw, side=side, keys=keys),
+        modalities=tuple(keys),
+        eager=eager,
+        grids=functools.partial(_tile_grids, per_tile=per_tile),
+        oversized=lambda budget: (budget // per_tile + 1, 1, 1),
+        save_processor=processor,
+    )
+
+
+def _cohere2_vision_config() -> Any:
+    from transformers import Cohere2VisionConfig
+
+    ids = {token: i for i, token in enumerate(SPECIAL_TOKENS)}
+    return Cohere2VisionConfig(
+        architectures=["Cohere2VisionForConditionalGeneration"],
+        vision_config=dict(
+            model_type="siglip_vision_model",
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            image_size=56,
+            patch_size=14,
+        ),
+        text_config=dict(
+            model_type="cohere2",
+            architectures=["Cohere2ForCausalLM"],
+            hidden_size=48,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            vocab_size=256,
+            max_position_embeddings=2048,
+            layer_types=["full_attention"],
+            bos_token_id=ids["<|endoftext|>"],
+            eos_token_id=ids["<|endoftext|>"],
+            pad_token_id=ids["<|endoftext|>"],
+        ),
+        downsample_factor=2,
+        alignment_intermediate_size=64,
+        image_token_id=ids["<image>"],
+    )
+
+
+def _cohere2_vision_processor(folder: str) -> None:
+    from transformers import Cohere2VisionImageProcessor, Cohere2VisionProcessor
+
+    Cohere2VisionProcessor(
+        image_processor=Cohere2VisionImageProcessor(
+            size={"height": 56, "width": 56}, patch_size=14, max_patches=4
+        ),
+        tokenizer=tiny_tokenizer(
+            image_token="<image>",
+            boi_token="<|START_OF_IMG|>",
+            eoi_token="<|END_OF_IMG|>",
+            img_line_break_token="<|IMG_LINE_BREAK|>",
+        ),
+    ).save_pretrained(folder)
+
+
+def _cohere2_vision_eager(model: Any, mm_kwargs: dict, i: int) -> torch.Tensor:
+    with torch.inference_mode():
+        return model._process_image_input(dict(mm_kwargs))[i]
+
+
+@functools.cache
+def _remote_config_class(model_type: str, **sub_configs: str) -> type:
+    """A stand-in for a checkpoint's remote-code config class, registered
+    with transformers' ``AutoConfig`` under ``model_type``: its
+    ``sub_configs`` (attribute -> model type) become configs of their own,
+    every other argument an attribute."""
+    from transformers import AutoConfig, PretrainedConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    def __init__(self, **kwargs: Any) -> None:
+        for name, sub_type in sub_configs.items():
+            value = kwargs.pop(name, None) or {}
+            if isinstance(value, dict):
+                value = CONFIG_MAPPING[sub_type](**value)
+            setattr(self, name, value)
+        PretrainedConfig.__init__(self, **kwargs)
+
+    cls = type(
+        f"Tiny_{model_type}_Config",
+        (PretrainedConfig,),
+        {"model_type": model_type, "__init__": __init__, "sub_configs": {}},
+    )
+    AutoConfig.register(model_type, cls, exist_ok=True)
+    return cls
+
+
+def _tokenizer_only(folder: str) -> None:
+    """For models whose processor vLLM builds itself from the config."""
+    tiny_tokenizer().save_pretrained(folder)
+
+
+def _eagle2_5_vl_config() -> Any:
+    cls = _remote_config_class(
+        "eagle_2_5_vl", vision_config="siglip_vision_model", text_config="qwen2"
+    )
+    return cls(
+        architectures=["Eagle2_5_VLForConditionalGeneration"],
+        vision_config=dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            image_size=56,
+            patch_size=14,
+        ),
+        text_config=dict(
+            architectures=["Qwen2ForCausalLM"],
+            hidden_size=48,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            vocab_size=256,
+            max_position_embeddings=2048,
+        ),
+        force_image_size=None,
+        downsample_ratio=0.5,
+        select_layer=-1,
+        min_dynamic_patch=1,
+        max_dynamic_patch=4,
+        dynamic_image_size=True,
+        use_thumbnail=False,
+    )
+
+
+def _internvl_config() -> Any:
+    _remote_config_class("intern_vit_6b")
+    cls = _remote_config_class(
+        "internvl_chat", vision_config="intern_vit_6b", text_config="qwen2"
+    )
+    return cls(
+        architectures=["InternVLChatModel"],
+        vision_config=dict(
+            hidden_act="gelu",
+            hidden_size=32,
+            intermediate_size=64,
+            num_attention_heads=2,
+            num_hidden_layers=2,
+            image_size=56,
+            patch_size=14,
+            initializer_factor=1.0,
+            layer_norm_eps=1e-6,
+            norm_type="layer_norm",
+            qk_normalization=False,
+            qkv_bias=True,
+            drop_path_rate=0.0,
+            dropout=0.0,
+            attention_dropout=0.0,
+        ),
+        text_config=dict(
+            architectures=["Qwen2ForCausalLM"],
+            hidden_size=48,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            vocab_size=256,
+            max_position_embeddings=2048,
+        ),
+        force_image_size=None,
+        downsample_ratio=0.5,
+        ps_version="v2",
+        select_layer=-1,
+        min_dynamic_patch=1,
+        max_dynamic_patch=4,
+        dynamic_image_size=True,
+        use_thumbnail=False,
+    )
+
+
+_INTERNVL_KEYS = {
+    "image": ("pixel_values_flat", "image_num_patches"),
+    "video": ("pixel_values_flat_video", "video_num_patches"),
+}
+
+
+def _internvl_eager(model: Any, mm_kwargs: dict, i: int) -> torch.Tensor:
+    modality = "video" if "video_num_patches" in mm_kwargs else "image"
+    pixels, tiles = (mm_kwargs[k] for k in _INTERNVL_KEYS[modality])
+    with torch.inference_mode():
+        return model._process_vision_input(
+            dict(type="pixel_values", pixel_values_flat=pixels, num_patches=tiles)
+        )[i]
+
+
+def _kimi_vl_config() -> Any:
+    from vllm.transformers_utils.configs.kimi_vl import KimiVLConfig
+
+    ids = {token: i for i, token in enumerate(SPECIAL_TOKENS)}
+    return KimiVLConfig(
+        architectures=["KimiVLForConditionalGeneration"],
+        vision_config=dict(
+            patch_size=14,
+            init_pos_emb_height=16,
+            init_pos_emb_width=16,
+            num_attention_heads=2,
+            num_hidden_layers=2,
+            hidden_size=32,
+            intermediate_size=64,
+            merge_kernel_size=(2, 2),
+        ),
+        # DeepSeek-V2 with MLA, one dense layer (no experts built).
+        text_config=dict(
+            vocab_size=256,
+            hidden_size=64,
+            intermediate_size=64,
+            moe_intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            first_k_dense_replace=1,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            n_shared_experts=1,
+            kv_lora_rank=32,
+            q_lora_rank=None,
+            qk_rope_head_dim=16,
+            qk_nope_head_dim=16,
+            v_head_dim=32,
+            max_position_embeddings=2048,
+        ),
+        media_placeholder_token_id=ids["<|image_pad|>"],
+    )
+
+
+def _ernie45_vl_config() -> Any:
+    _remote_config_class("DFNRopeVisionTransformer")
+    cls = _remote_config_class(
+        "ernie4_5_moe_vl", vision_config="DFNRopeVisionTransformer"
+    )
+    return cls(
+        architectures=["Ernie4_5_VLMoeForConditionalGeneration"],
+        # Heads of 80 dims: the spec's rotary table is sized for them.
+        vision_config=dict(
+            depth=2,
+            embed_dim=160,
+            hidden_size=160,
+            num_heads=2,
+            mlp_ratio=2,
+            patch_size=14,
+            spatial_merge_size=2,
+            in_channels=3,
+        ),
+        pixel_hidden_size=160,
+        spatial_conv_size=2,
+        temporal_conv_size=2,
+        use_temporal_conv=True,
+        # One dense layer: the experts' layers start past the last one.
+        hidden_size=64,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=256,
+        max_position_embeddings=2048,
+        rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        freq_allocation=4,
+        hidden_act="silu",
+        moe_num_experts=[4, 4],
+        moe_layer_start_index=[1, 1],
+        moe_layer_end_index=[1, 1],
+        moe_k=2,
+        moe_intermediate_size=[32, 32],
+        moe_num_shared_experts=0,
+        tie_word_embeddings=True,
+        im_patch_id=SPECIAL_TOKENS.index("<|image_pad|>"),
+    )
+
+
+def _flat_patches_draw(
+    gen: torch.Generator,
+    modality: str,
+    grids: list[tuple[int, int, int]],
+    patch: int,
+) -> dict:
+    """Patches as ``(rows, 3 * patch * patch)`` pixels, a ``(t, h, w)`` grid each."""
+    rows = sum(t * h * w for t, h, w in grids)
+    return {
+        "pixel_values": torch.randn((rows, 3 * patch * patch), generator=gen),
+        "image_grid_thw": torch.tensor(grids, dtype=torch.int64),
+    }
+
+
+def _kimi_k25_config() -> Any:
+    from transformers import Kimi_K25Config
+
+    ids = {token: i for i, token in enumerate(SPECIAL_TOKENS)}
+    return Kimi_K25Config(
+        architectures=["KimiK25ForConditionalGeneration"],
+        vision_config=dict(
+            patch_size=14,
+            pos_emb_height=16,
+            pos_emb_width=16,
+            pos_emb_time=4,
+            num_attention_heads=2,
+            num_hidden_layers=2,
+            hidden_size=32,
+            intermediate_size=64,
+            merge_kernel_size=(2, 2),
+        ),
+        # DeepSeek-V3 with MLA, one dense layer (no experts built).
+        text_config=dict(
+            vocab_size=256,
+            hidden_size=64,
+            intermediate_size=64,
+            moe_intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            first_k_dense_replace=1,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            n_shared_experts=1,
+            kv_lora_rank=32,
+            q_lora_rank=None,
+            qk_rope_head_dim=16,
+            qk_nope_head_dim=16,
+            v_head_dim=32,
+            max_position_embeddings=2048,
+        ),
+        projection_hidden_size=64,
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+    )
+
+
+def _kimi_k25_grids(
+    gen: torch.Generator, modality: str, tokens: int
+) -> list[tuple[int, int, int]]:
+    """Single frames (the graphs' items) and one chunk of two frames, which
+    the mixin sends to the eager path whatever its size."""
+    return [*_qwen2_vl_grids(gen, "image", tokens - 4), (2, 4, 4)]
+
+
+def _kimi_k25_processor(folder: str) -> None:
+    """The tokenizer and the media settings vLLM's own Kimi-K2.5 image
+    processor reads (``preprocessor_config.json``)."""
+    import json
+    from pathlib import Path
+
+    tiny_tokenizer().save_pretrained(folder)
+    media = dict(
+        patch_size=14,
+        merge_kernel_size=2,
+        temporal_merge_kernel_size=4,
+        in_patch_limit=256,
+        in_patch_limit_each_frame=256,
+        in_patch_limit_video=1024,
+        patch_limit_on_one_side=32,
+        fixed_output_tokens=None,
+        image_mean=[0.5, 0.5, 0.5],
+        image_std=[0.5, 0.5, 0.5],
+    )
+    (Path(folder) / "preprocessor_config.json").write_text(
+        json.dumps(
+            {
+                "image_processor_type": "KimiK25FusedVisionProcessor",
+                "media_proc_cfg": media,
+            }
+        )
+    )
+
+
+def _lfm2_vl_config() -> Any:
+    from transformers import Lfm2VlConfig
+
+    return Lfm2VlConfig(
+        architectures=["Lfm2VlForConditionalGeneration"],
+        vision_config=dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            patch_size=16,
+            num_patches=64,
+        ),
+        # A short-convolution layer and an attention layer; vLLM reads the
+        # remote-code names conv_dim and block_dim.
+        text_config=dict(
+            vocab_size=256,
+            hidden_size=64,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            layer_types=["conv", "full_attention"],
+            max_position_embeddings=2048,
+            block_auto_adjust_ff_dim=False,
+            conv_dim=64,
+            block_dim=64,
+            block_multiple_of=32,
+        ),
+        downsample_factor=2,
+        projector_hidden_size=64,
+        image_token_id=SPECIAL_TOKENS.index("<image>"),
+        min_image_tokens=4,
+        max_image_tokens=16,
+    )
+
+
+_LFM2_PATCH_DIM = 3 * 16 * 16
+
+
+def _lfm2_vl_grids(
+    gen: torch.Generator, modality: str, tokens: int
+) -> list[tuple[int, int, int]]:
+    """Images of 1 or 2 tiles, each tile ``(tiles, h, w)`` patches with h and w
+    even and at most 4 (1 to 4 tokens), until ``tokens`` output tokens."""
+    grids: list[tuple[int, int, int]] = []
+    left = tokens
+    while len(grids) < 4:
+        tiles = int(torch.randint(1, 3, (), generator=gen))
+        h, w = (2 * int(torch.randint(1, 3, (), generator=gen)) for _ in range(2))
+        if tiles * h * w // 4 > left:
+            break
+        grids.append((tiles, h, w))
+        left -= tiles * h * w // 4
+    return grids or [(1, 2, 2)]
+
+
+def _lfm2_vl_draw(
+    gen: torch.Generator, modality: str, grids: list[tuple[int, int, int]]
+) -> dict:
+    """Tiles' patches padded with zeros to the longest tile, as the processor
+    pads them; ``(tiles, h, w)`` items."""
+    shapes = [(h, w) for tiles, h, w in grids for _ in range(tiles)]
+    longest = max(h * w for h, w in shapes)
+    pixels = torch.zeros((len(shapes), longest, _LFM2_PATCH_DIM))
+    for i, (h, w) in enumerate(shapes):
+        pixels[i, : h * w] = torch.randn((h * w, _LFM2_PATCH_DIM), generator=gen)
+    return {
+        "pixel_values": pixels,
+        "spatial_shapes": torch.tensor(shapes, dtype=torch.int64),
+        "num_patches": torch.tensor([t for t, _, _ in grids], dtype=torch.int64),
+    }
+
+
+def _step3_vl_config() -> Any:
+    from vllm.transformers_utils.configs.step3_vl import Step3VLConfig
+
+    return Step3VLConfig(
+        architectures=["Step3VLForConditionalGeneration"],
+        # 56-pixel global images: 4 tokens; crops are 504 pixels whatever the
+        # config (vLLM's constant): 324 tokens.
+        vision_config=dict(
+            hidden_size=32,
+            intermediate_size=64,
+            output_hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            image_size=56,
+            patch_size=14,
+        ),
+        # One dense layer: the experts' layers ("5") are past the last one.
+        text_config=dict(
+            architectures=["Step3TextForCausalLM"],
+            hidden_size=64,
+            intermediate_size=64,
+            num_attention_heads=2,
+            num_attention_groups=1,
+            num_hidden_layers=1,
+            vocab_size=256,
+            moe_intermediate_size=32,
+            moe_num_experts=4,
+            moe_top_k=2,
+            share_expert_dim=32,
+            share_q_dim=32,
+            head_dim=32,
+            moe_layers_enum="5",
+            max_position_embedding=2048,
+            max_seq_len=2048,
+        ),
+        image_token_id=SPECIAL_TOKENS.index("<image>"),
+    )
+
+
+def _step3_vl_grids(
+    gen: torch.Generator, modality: str, tokens: int
+) -> list[tuple[int, int, int]]:
+    """Images as ``(crops, 1, 1)``: up to four, one in three with a crop."""
+    grids: list[tuple[int, int, int]] = []
+    left = tokens
+    while len(grids) < 4:
+        crops = int(torch.randint(0, 3, (), generator=gen) == 0)
+        if 4 + 324 * crops > left:
+            break
+        grids.append((crops, 1, 1))
+        left -= 4 + 324 * crops
+    return grids or [(0, 1, 1)]
+
+
+def _step3_vl_draw(
+    gen: torch.Generator, modality: str, grids: list[tuple[int, int, int]]
+) -> dict:
+    crops = [c for c, _, _ in grids]
+    return {
+        "pixel_values": torch.randn((len(grids), 3, 56, 56), generator=gen),
+        "patch_pixel_values": torch.randn((sum(crops), 3, 504, 504), generator=gen),
+        "num_patches": torch.tensor(crops, dtype=torch.int64),
+    }
+
+
+def _mllama4_config() -> Any:
+    from transformers import Llama4Config
+
+    ids = {token: i for i, token in enumerate(SPECIAL_TOKENS)}
+    return Llama4Config(
+        architectures=["Llama4ForConditionalGeneration"],
+        vision_config=dict(
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            # The pixel-shuffle MLP reads 4 x hidden_size: intermediate_size.
+            intermediate_size=128,
+            vision_output_dim=64,
+            image_size=56,
+            patch_size=14,
+            pixel_shuffle_ratio=0.5,
+            projector_input_dim=64,
+            projector_output_dim=64,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        ),
+        # One dense layer (interleave_moe_layer_step 0: no experts built).
+        text_config=dict(
+            vocab_size=256,
+            hidden_size=64,
+            intermediate_size=64,
+            intermediate_size_mlp=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=32,
+            moe_layers=[],
+            interleave_moe_layer_step=0,
+            num_local_experts=4,
+            max_position_embeddings=2048,
+            attention_chunk_size=None,
+            no_rope_layers=[1],
+        ),
+        image_token_index=ids["<image>"],
+        boi_token_index=ids["<start_of_image>"],
+        eoi_token_index=ids["<end_of_image>"],
+    )
+
+
+def _mllama4_draw(
+    gen: torch.Generator, modality: str, grids: list[tuple[int, int, int]]
+) -> dict:
+    """Tiles and each image's tile layout (``aspect_ratios``, which vLLM's
+    input schema asks for): ``k`` tiles are a 1 x (k - 1) grid and a global
+    tile, or one tile."""
+    mm_kwargs = _tile_draw(
+        gen, modality, grids, 56, {"image": ("pixel_values", "patches_per_image")}
+    )
+    mm_kwargs["aspect_ratios"] = torch.tensor(
+        [(1, max(t - 1, 1)) for t, _, _ in grids], dtype=torch.int64
+    )
+    return mm_kwargs
+
+
+def _patches_draw(
+    gen: torch.Generator,
+    modality: str,
+    grids: list[tuple[int, int, int]],
+    patch: int,
+    grid_key: str,
+) -> dict:
+    """Patches as ``(rows, 3, patch, patch)`` pixels, a grid each: ``(h, w)``
+    under ``image_grid_hws``, else ``(t, h, w)``."""
+    rows = sum(t * h * w for t, h, w in grids)
+    if grid_key == "image_grid_hws":
+        grids = [(h, w) for _, h, w in grids]
+        pixels = torch.randn((rows, 3, patch, patch), generator=gen)
+    else:
+        # Raw pixels: Kimi-K2.5's tower normalises them on the device (its
+        # input norm), and the captured buffer has their dtype.
+        pixels = torch.randint(
+            0, 256, (rows, 3, patch, patch), generator=gen, dtype=torch.uint8
+        )
+    return {
+        "pixel_values": pixels,
+        grid_key: torch.tensor(grids, dtype=torch.int64),
+    }
+
+
+def _idefics3_config() -> Any:
+    from transformers import Idefics3Config
+
+    return Idefics3Config(
+        architectures=["Idefics3ForConditionalGeneration"],
+        vision_config=dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            image_size=56,
+            patch_size=14,
+        ),
+        text_config=dict(
+            hidden_size=48,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            vocab_size=256,
+            max_position_embeddings=2048,
+        ),
+        scale_factor=2,
+        image_token_id=SPECIAL_TOKENS.index("<image>"),
+    )
+
+
+def _idefics3_processor(folder: str) -> None:
+    from transformers import Idefics3ImageProcessor, Idefics3Processor
+
+    Idefics3Processor(
+        image_processor=Idefics3ImageProcessor(
+            size={"longest_edge": 112}, max_image_size={"longest_edge": 56}
+        ),
+        tokenizer=tiny_tokenizer(),
+        image_seq_len=4,
+    ).save_pretrained(folder)
+
+
+def _idefics3_draw(
+    gen: torch.Generator, modality: str, grids: list[tuple[int, int, int]]
+) -> dict:
+    """56-pixel tiles, every pixel valid."""
+    mm_kwargs = _tile_draw(
+        gen, modality, grids, 56, {"image": ("pixel_values", "num_patches")}
+    )
+    tiles = mm_kwargs["pixel_values"].shape[0]
+    mm_kwargs["pixel_attention_mask"] = torch.ones((tiles, 56, 56), dtype=torch.bool)
+    return mm_kwargs
+
+
+def _gemma3_config() -> Any:
+    from transformers import Gemma3Config
+
+    ids = {token: i for i, token in enumerate(SPECIAL_TOKENS)}
+    return Gemma3Config(
+        architectures=["Gemma3ForConditionalGeneration"],
+        vision_config=dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            image_size=56,
+            patch_size=14,
+            vision_use_head=False,
+        ),
+        text_config=dict(
+            hidden_size=48,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=24,
+            vocab_size=256,
+            max_position_embeddings=2048,
+            sliding_window=64,
+            layer_types=["full_attention"],
+        ),
+        mm_tokens_per_image=4,
+        boi_token_index=ids["<start_of_image>"],
+        eoi_token_index=ids["<end_of_image>"],
+        image_token_index=ids["<image_soft_token>"],
+    )
+
+
+def _gemma3_processor(folder: str) -> None:
+    from transformers import Gemma3ImageProcessor, Gemma3Processor
+
+    Gemma3Processor(
+        image_processor=Gemma3ImageProcessor(size={"height": 56, "width": 56}),
+        tokenizer=tiny_tokenizer(
+            boi_token="<start_of_image>",
+            eoi_token="<end_of_image>",
+            image_token="<image_soft_token>",
+        ),
+        image_seq_length=4,
+    ).save_pretrained(folder)
+
+
+def _embed_multimodal_eager(model: Any, mm_kwargs: dict, i: int) -> torch.Tensor:
+    """vLLM's own path from a batch to its items' embeddings."""
+    with torch.inference_mode():
+        return model.embed_multimodal(**mm_kwargs)[i]
+
+
 _QWEN2_VL_FAMILY = dict(
     draw=_qwen2_vl_draw,
     eager=_qwen2_vl_eager,
@@ -381,6 +1199,191 @@ _QWEN2_VL_FAMILY = dict(
 
 
 TINY: dict[str, TinyModel] = {
+    "mllama4": TinyModel(
+        stem="mllama4",
+        hf_config=_mllama4_config,
+        # 56-pixel tiles of 14-pixel patches, shuffled by half: 4 tokens a tile.
+        **{
+            **_tile_family(
+                56,
+                4,
+                {"image": ("pixel_values", "patches_per_image")},
+                _embed_multimodal_eager,
+                _tokenizer_only,
+            ),
+            "draw": _mllama4_draw,
+        },
+        compilation=dict(
+            encoder_cudagraph_token_budgets=[8, 16, 32],
+            encoder_cudagraph_max_vision_items_per_batch=4,
+        ),
+    ),
+    "step3_vl": TinyModel(
+        stem="step3_vl",
+        hf_config=_step3_vl_config,
+        draw=_step3_vl_draw,
+        eager=_embed_multimodal_eager,
+        grids=_step3_vl_grids,
+        # Two crops and the global image: 652 tokens.
+        oversized=lambda budget: (budget // 324 + 1, 1, 1),
+        save_processor=_tokenizer_only,
+        compilation=dict(
+            encoder_cudagraph_token_budgets=[8, 332],
+            encoder_cudagraph_max_vision_items_per_batch=4,
+        ),
+    ),
+    "lfm2_vl": TinyModel(
+        stem="lfm2_vl",
+        hf_config=_lfm2_vl_config,
+        draw=_lfm2_vl_draw,
+        eager=_embed_multimodal_eager,
+        grids=_lfm2_vl_grids,
+        # Nine tiles of 4 x 4 patches: 36 tokens.
+        oversized=lambda budget: (budget // 4 + 1, 4, 4),
+        save_processor=_tokenizer_only,
+        compilation=dict(
+            encoder_cudagraph_token_budgets=[8, 16, 32],
+            encoder_cudagraph_max_vision_items_per_batch=4,
+        ),
+    ),
+    "kimi_k25": TinyModel(
+        stem="kimi_k25",
+        hf_config=_kimi_k25_config,
+        **{
+            **_QWEN2_VL_FAMILY,
+            "grids": _kimi_k25_grids,
+            "draw": functools.partial(_patches_draw, patch=14, grid_key="grid_thws"),
+            "eager": _embed_multimodal_eager,
+            "save_processor": _kimi_k25_processor,
+            "modalities": ("vision_chunk",),
+        },
+        compilation=dict(
+            encoder_cudagraph_token_budgets=[64, 128],
+            encoder_cudagraph_max_vision_items_per_batch=4,
+        ),
+    ),
+    "ernie45_vl": TinyModel(
+        stem="ernie45_vl",
+        hf_config=_ernie45_vl_config,
+        **{
+            **_QWEN2_VL_FAMILY,
+            "draw": functools.partial(_flat_patches_draw, patch=14),
+            "eager": _embed_multimodal_eager,
+            "save_processor": _tokenizer_only,
+            "modalities": ("image",),
+        },
+        compilation=dict(
+            encoder_cudagraph_token_budgets=[64, 128],
+            encoder_cudagraph_max_vision_items_per_batch=4,
+        ),
+    ),
+    "gemma3_mm": TinyModel(
+        stem="gemma3_mm",
+        hf_config=_gemma3_config,
+        # 56-pixel crops of 14-pixel patches, pooled to 2 x 2: 4 tokens a crop.
+        **_tile_family(
+            56,
+            4,
+            {"image": ("pixel_values", "num_patches")},
+            _embed_multimodal_eager,
+            _gemma3_processor,
+        ),
+        compilation=dict(
+            encoder_cudagraph_token_budgets=[8, 16, 32],
+            encoder_cudagraph_max_vision_items_per_batch=4,
+        ),
+    ),
+    "idefics3": TinyModel(
+        stem="idefics3",
+        hf_config=_idefics3_config,
+        # 56-pixel tiles of 14-pixel patches, shuffled by 2: 4 tokens a tile.
+        **{
+            **_tile_family(
+                56,
+                4,
+                {"image": ("pixel_values", "num_patches")},
+                _embed_multimodal_eager,
+                _idefics3_processor,
+            ),
+            "draw": _idefics3_draw,
+        },
+        compilation=dict(
+            encoder_cudagraph_token_budgets=[8, 16, 32],
+            encoder_cudagraph_max_vision_items_per_batch=4,
+        ),
+    ),
+    "kimi_vl": TinyModel(
+        stem="kimi_vl",
+        hf_config=_kimi_vl_config,
+        **{
+            **_QWEN2_VL_FAMILY,
+            "draw": functools.partial(
+                _patches_draw, patch=14, grid_key="image_grid_hws"
+            ),
+            "eager": _embed_multimodal_eager,
+            "save_processor": _tokenizer_only,
+            "modalities": ("image",),
+        },
+        compilation=dict(
+            encoder_cudagraph_token_budgets=[64, 128],
+            encoder_cudagraph_max_vision_items_per_batch=4,
+        ),
+    ),
+    "internvl": TinyModel(
+        stem="internvl",
+        hf_config=_internvl_config,
+        # 56-pixel tiles of 14-pixel patches, shuffled by half: 4 tokens a tile.
+        **_tile_family(56, 4, _INTERNVL_KEYS, _internvl_eager, _tokenizer_only),
+        compilation=dict(
+            encoder_cudagraph_token_budgets=[8, 16, 32],
+            encoder_cudagraph_max_vision_items_per_batch=4,
+        ),
+    ),
+    "eagle2_5_vl": TinyModel(
+        stem="eagle2_5_vl",
+        hf_config=_eagle2_5_vl_config,
+        # 56-pixel tiles of 14-pixel patches, shuffled by half: 4 tokens a tile.
+        **_tile_family(
+            56,
+            4,
+            {"image": ("pixel_values_flat", "image_num_patches")},
+            _embed_multimodal_eager,
+            _tokenizer_only,
+        ),
+        compilation=dict(
+            encoder_cudagraph_token_budgets=[8, 16, 32],
+            encoder_cudagraph_max_vision_items_per_batch=4,
+        ),
+    ),
+    "cohere2_vision": TinyModel(
+        stem="cohere2_vision",
+        hf_config=_cohere2_vision_config,
+        # 56-pixel tiles of 14-pixel patches, 2 x 2 shuffled: 4 tokens a tile.
+        **_tile_family(
+            56,
+            4,
+            {"image": ("pixel_values", "num_patches")},
+            _cohere2_vision_eager,
+            _cohere2_vision_processor,
+        ),
+        compilation=dict(
+            encoder_cudagraph_token_budgets=[8, 16, 32],
+            encoder_cudagraph_max_vision_items_per_batch=4,
+        ),
+    ),
+    "qwen2_5_omni": TinyModel(
+        stem="qwen2_5_omni",
+        hf_config=_qwen2_5_omni_config,
+        **{
+            **_QWEN2_VL_FAMILY,
+            "save_processor": _qwen2_5_omni_processor,
+            "modalities": ("image",),
+        },
+        compilation=dict(
+            encoder_cudagraph_token_budgets=[16, 32, 64],
+            encoder_cudagraph_max_vision_items_per_batch=4,
+        ),
+    ),
     "cohere_compass": TinyModel(
         stem="cohere_compass",
         hf_config=_cohere_compass_config,
@@ -438,3 +1441,50 @@ TINY: dict[str, TinyModel] = {
         ),
     ),
 }
+
+
+NOT_ON_CPU: dict[str, str] = {
+    "minimax_m3": (
+        "the class builds (with two dense layers of full attention: vLLM's CPU "
+        "MoE experts lack the `swigluoai_uninterleave` activation its experts "
+        "ask for, and its sparse attention has no CPU kernel), but its vision "
+        "tower cannot run: `prepare_encoder_metadata` builds the rotary tables "
+        "with a Triton kernel (`VitMropeSetup`, no CPU path; vLLM's CPU build "
+        "has no Triton) and its attention applies them with `triton_mrope`"
+    ),
+    "glm5_next": (
+        "no `VllmConfig` can be made: the model is hybrid (KDA layers) and uses "
+        "MLA (its indexed attention is NoPE MLA, whatever the layer types); "
+        "vLLM's CPU platform turns prefix caching off for MLA models without "
+        "AMX, after its hybrid set-up has set a mamba block size, and the "
+        "config's own check then fails ('--mamba-block-size can only be set "
+        "with --enable-prefix-caching'), with prefix caching asked for or not"
+    ),
+    "kimi_k3": (
+        "no `VllmConfig` can be made, as for GLM-5-Next: its language model "
+        "(Kimi Linear) is hybrid and uses MLA, and a tiny config with MLA "
+        "layers only still fails the same check ('--mamba-block-size can only "
+        "be set with --enable-prefix-caching')"
+    ),
+}
+"""Served models whose vLLM class cannot be built, or cannot run its vision
+tower, on a CPU: what fails, concretely."""
+
+
+def models_table(
+    names: dict[str, str], served: list[str], adds_protocol: frozenset[str]
+) -> str:
+    """The Markdown table of every served model (``names``: stem -> the
+    spec's name) and what the real-vLLM tests do with it."""
+    rows = ["| Model | Spec | On a CPU with real vLLM 0.33.0 |", "|---|---|---|"]
+    for stem in served:
+        if stem in TINY:
+            checks = "(a) (b)" if stem in adds_protocol else "(a) (b) (c)"
+            kinds = " and ".join(f"{m}s" for m in TINY[stem].modalities)
+            status = f"built from a tiny config; {checks} pass, {kinds}"
+        elif stem in NOT_ON_CPU:
+            status = f"cannot be tested on a CPU: {NOT_ON_CPU[stem]}"
+        else:
+            status = "not attempted yet (registered and resolved by (a) only)"
+        rows.append(f"| {names[stem]} | `{stem}` | {status} |")
+    return "\n".join(rows) + "\n"
