@@ -45,6 +45,7 @@ CATALOG: dict[str, VllmHost] = {
     "deepseek_ocr": _host("deepseek_ocr", "DeepseekOCRForCausalLM"),
     "deepseek_v41": _host("vllm.models.deepseek_v41", "DeepseekV41ForCausalLM"),
     "deepseek_vl2": _host("deepseek_vl2", "DeepseekVLV2ForCausalLM"),
+    "dots_ocr": _host("dots_ocr", "DotsOCRForCausalLM"),
     "eagle2_5_vl": _host("eagle2_5_vl", "Eagle2_5_VLForConditionalGeneration"),
     "ernie45_vl": _host("ernie45_vl", "Ernie4_5_VLMoeForConditionalGeneration"),
     "gemma3_mm": _host("gemma3_mm", "Gemma3ForConditionalGeneration"),
@@ -76,7 +77,7 @@ CATALOG: dict[str, VllmHost] = {
 }
 
 ADDS_PROTOCOL: frozenset[str] = frozenset(
-    {"cohere2_vision", "eagle2_5_vl", "qwen2_5_omni"}
+    {"cohere2_vision", "dots_ocr", "eagle2_5_vl", "qwen2_5_omni"}
 )
 """The models beyond vLLM's catalog: their vLLM class has no encoder CUDA
 graph protocol of its own, and the generated mixin adds it
