@@ -13,7 +13,7 @@ globals, builtins, generators or torch's module machinery:
   attribute (a module call), a ``host_methods`` entry (``_process_image_input``
   or a dotted ``vision.encode``), a tensor method of a host tensor (an
   attribute annotated :data:`HOST_TENSOR_TYPES`), or a module's first
-  parameter in the one form ``next(<host path>.parameters()).dtype`` (or
+  parameter in the one form ``next(<host attribute>.parameters()).dtype`` (or
   ``.device``);
 * no host path names :data:`MODULE_API` (``torch.nn.Module``'s own
   attributes and methods: hooks, ``apply``, ``_modules``, ``state_dict``...);
@@ -236,7 +236,7 @@ MODULE_TYPES = frozenset(
 #: The vLLM packages whose classes are model code (a config class comes from
 #: ``vllm.transformers_utils``).
 MODEL_PACKAGES = ("vllm.model_executor.models", "vllm.models")
-#: What ``next(<host path>.parameters())`` may be read for.
+#: What ``next(<host attribute>.parameters())`` may be read for.
 PARAMETER_FACTS = frozenset({"dtype", "device"})
 #: ``torch.nn.Module``'s own attributes and methods (its class's names and
 #: those its ``__init__`` sets), which are torch's machinery, not the model's:
@@ -428,15 +428,17 @@ def _next_problems(e: fx.Call, role: str, host: HostSurface) -> Iterator[str]:
         role == _FACT
         and isinstance(inner, fx.Call)
         and isinstance(inner.callee, fx.HostPath)
-        and len(inner.callee.parts) > 1
+        and len(inner.callee.parts) == 2
+        and inner.callee.parts[0] in host.attributes
+        and host.attributes[inner.callee.parts[0]] not in HOST_TENSOR_TYPES
         and inner.callee.parts[-1] == "parameters"
         and not inner.args
         and not inner.kwargs
     )
     if not form:
         yield (
-            "next() is only allowed as next(<host path>.parameters()).dtype or "
-            ".device"
+            "next() is only allowed as next(<host attribute>.parameters()).dtype "
+            "or .device, on a host attribute that is a module"
         )
         return
     module = fx.HostPath(inner.callee.parts[:-1])  # type: ignore[union-attr]

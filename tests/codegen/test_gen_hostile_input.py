@@ -865,6 +865,8 @@ STEP_ATTACKS = [
     ("graph", "next(visual(pixel_values)).gi_frame", "next() is only allowed as"),
     ("graph", "next(visual(pixel_values))", "next() is only allowed as"),
     ("graph", "next(visual.parameters())", "next() is only allowed as"),
+    # A module's parameters, not a config's (a path under the module).
+    ("graph", "next(visual.config.parameters()).dtype", "next() is only allowed as"),
     ("graph", "next(visual.parameters()).data_ptr()", "next() is only allowed"),
     ("graph", "feats.data_ptr()", "'.data_ptr()' is not"),
     (
