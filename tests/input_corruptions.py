@@ -96,6 +96,25 @@ def _flat_cases(spec: MixinSpec, mm_kwargs: dict[str, Any], flat: FlatInput):
         rf"{_key(flat.key)} has 0 rows, but its \d+ item\(s\) need [1-9]",
         in_selection=False,
     )
+    yield from _unit_width_cases(spec, mm_kwargs, flat)
+
+
+def _unit_width_cases(spec: MixinSpec, mm_kwargs: dict[str, Any], flat: FlatInput):
+    """A flat input of one padded row per unit (``pads_units``, LFM2-VL's tiles): a unit grid
+    scaled by 2**40 keeps the row count and every multiple, but its units'
+    sizes pass the padded width (and int64)."""
+    grids = [i for i in spec.item_inputs if i.unit_of == flat.unit_of]
+    if not flat.pads_units:
+        return
+    for grid in grids:
+        rows = [[v * 2**40 for v in row] for row in _rows(mm_kwargs[grid.key])]
+        yield Corruption(
+            f"{grid.key}:units-past-{flat.key}-width",
+            _with(mm_kwargs, grid.key, _like(mm_kwargs[grid.key], rows)),
+            rf"{_key(flat.key)} has rows of shape .*, but a unit of its grid has "
+            r"\d+ patches",
+            in_selection=False,
+        )
 
 
 def _flat_grid(value: Any) -> Any:

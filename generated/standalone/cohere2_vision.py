@@ -3,8 +3,8 @@
 # From specs/cohere2_vision.yaml: change the spec or the templates and run
 # `gen-mixin specs/cohere2_vision.yaml`.
 # spec-sha256: be09fd22f18b5804bec9fad2ab292f1d4e65a1b7a548a7719f983f9e1c1e6321
-# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
-# output-sha256: ccadc27e26999831971872d9f8b75990022e78de042fde6f7bd27fa04cfd9782
+# templates-sha256: fcdc22b9fe79ebc24066e6fcefd513b415a318c74e5ddceccb9734cb7d298e38
+# output-sha256: 6d6b77d0178f7de92c3e1c99cb68bd4aedd0d94cd70e5d850a2f02c218a2306d
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/dots_ocr.yaml: change the spec or the templates and run
 # `gen-mixin specs/dots_ocr.yaml`.
 # spec-sha256: 00dd8d99bf15619e6c551a3ae930a0ca48d9ca9b113561f7b84d06b5c0336520
-# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
-# output-sha256: d7f950205d446eff7e2ffeecce8701f33d04158a4eaed3b525b5f530f78ea21c
+# templates-sha256: fcdc22b9fe79ebc24066e6fcefd513b415a318c74e5ddceccb9734cb7d298e38
+# output-sha256: 9f296ea0a1171a9acfea70d3b608ddf53017bbdbddda9c7595eb3a606894fb1a
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/ernie45_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/ernie45_vl.yaml`.
 # spec-sha256: 9c43478aaa850dab46764f23326811febf7e9a3d9cc8d6b0c7ff0cd9d6601d41
-# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
-# output-sha256: 1a652def349b3122e266756c79c08e3e48ca268a6dd38d9cac43f59a560d8182
+# templates-sha256: fcdc22b9fe79ebc24066e6fcefd513b415a318c74e5ddceccb9734cb7d298e38
+# output-sha256: 6dcc64d032abc681a723e009ecbe9dc27277a982624921b6c3b56a4b9e9bf6c2
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/gemma4_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma4_mm.yaml`.
 # spec-sha256: 06e9dbe6dfab654f3c21e7f5471097a1f4a7406dd29cd02c84eecf9f9a03241a
-# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
-# output-sha256: c839e36b606f5af226d662b1f744498ebf4c17546f2b04070d99ec17dc6a6ec9
+# templates-sha256: fcdc22b9fe79ebc24066e6fcefd513b415a318c74e5ddceccb9734cb7d298e38
+# output-sha256: b29223c2040e662b73470e0bb3a17a9fc5bfc70751a2854cb2e02d7fe9ff2a90
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any

@@ -3,8 +3,8 @@
 # From specs/glm5_next.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm5_next.yaml`.
 # spec-sha256: eb5cf2b9079a5f16fe35bba77bed5740c643efe1e64d9a18938216fe04e1b97d
-# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
-# output-sha256: 29cd9f6e3fc7e059b35fe9a5d78c86af9034a3cbe517acfbfff68eaf289ade72
+# templates-sha256: fcdc22b9fe79ebc24066e6fcefd513b415a318c74e5ddceccb9734cb7d298e38
+# output-sha256: b514a0982955897011cf471172db26eb5e8329f3370d84c7c883dace10bc1034
 
 import itertools
 from collections.abc import Hashable

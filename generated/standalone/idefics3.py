@@ -3,8 +3,8 @@
 # From specs/idefics3.yaml: change the spec or the templates and run
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 402948cdd63112cfeb000df2a94827d2c785cffa05635f592942545d8e00d7b3
-# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
-# output-sha256: 7400e452531469dbca4aa4b6f4a646f205440b913f1dfcadb576e269e2ff3785
+# templates-sha256: fcdc22b9fe79ebc24066e6fcefd513b415a318c74e5ddceccb9734cb7d298e38
+# output-sha256: 7e807a9dc47e3621b4e9912d5e0160ed07436b83900f388e49b796c753d8eae2
 
 import itertools
 from collections.abc import Hashable

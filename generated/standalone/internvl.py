@@ -3,8 +3,8 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
-# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
-# output-sha256: decd3f79e597661d522f75527b53c20c422f33e98521c367e490965c197133f0
+# templates-sha256: fcdc22b9fe79ebc24066e6fcefd513b415a318c74e5ddceccb9734cb7d298e38
+# output-sha256: 912c4c14d46fcaf01828b0de5ccbf76072dab63c8384c4f114f9a6739ce6539f
 
 import itertools
 from collections.abc import Hashable

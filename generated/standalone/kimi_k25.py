@@ -3,8 +3,8 @@
 # From specs/kimi_k25.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k25.yaml`.
 # spec-sha256: 7f183ed8d4f550eea068483d8a9435b722bdfdf97a0b4d8fcd5271760b6fb015
-# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
-# output-sha256: af7e8d3aa3f2909997dcb05ea4175846d4df9e1ac2372babc5715539ce91f16a
+# templates-sha256: fcdc22b9fe79ebc24066e6fcefd513b415a318c74e5ddceccb9734cb7d298e38
+# output-sha256: c2179d999dde8c28e79bb1c6decefcb3541f0ed2cbd028d92e23d5388d2ea7eb
 
 import itertools
 from collections.abc import Hashable

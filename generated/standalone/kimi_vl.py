@@ -3,8 +3,8 @@
 # From specs/kimi_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_vl.yaml`.
 # spec-sha256: b4c12018366cdeb86c86bf7b35c60c7b97e9e189f2f53785ec5ff811704d07d2
-# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
-# output-sha256: cbd44585b6581f03d7cd8cab529e0f19e8dc18ac2757d64233b6b0ee8df3c588
+# templates-sha256: fcdc22b9fe79ebc24066e6fcefd513b415a318c74e5ddceccb9734cb7d298e38
+# output-sha256: 1b8bf8d4a44dbe61e033d1a922ffd288c43e79738febf962fe2db7b8fcf61a78
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/qwen2_5_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_vl.yaml`.
 # spec-sha256: ce38a756ff944d5d1cbcb57a4efc46c3eaa13791e2e6333e347ed5b079f51a1a
-# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
-# output-sha256: d7531103bdc74ddfbdfb64ae14d8d8223e508acd8c42d0b53d510afb4bc8ae5b
+# templates-sha256: fcdc22b9fe79ebc24066e6fcefd513b415a318c74e5ddceccb9734cb7d298e38
+# output-sha256: e9eb1efff842754aac4a3de2143eec50a23582475d69e1aef39ef3da0e3758e5
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/qwen3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen3_vl.yaml`.
 # spec-sha256: 902e83bb3226b608ede21e14f232e7c519c96c3ab05297933967cf2acb582708
-# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
-# output-sha256: 3bf4e2d04e9b842bba52c148787372293c87667d4ce335847812bac4c7fafe83
+# templates-sha256: fcdc22b9fe79ebc24066e6fcefd513b415a318c74e5ddceccb9734cb7d298e38
+# output-sha256: ce50fe162bf5a28db70a48501dfcf2ef7deba41cf8814a238d5926b0b013ee3b
 
 import itertools
 from collections.abc import Hashable

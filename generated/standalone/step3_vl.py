@@ -3,8 +3,8 @@
 # From specs/step3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
-# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
-# output-sha256: 9342a05df910426eef11ae770b458dc23d7e1a93f3c61b8b6b324777ddf3a422
+# templates-sha256: fcdc22b9fe79ebc24066e6fcefd513b415a318c74e5ddceccb9734cb7d298e38
+# output-sha256: 2d44b38e9694e03df7819250c6459c5b61857d01f683d24aa829bb4e581a4b42
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/cohere2_vision.yaml: change the spec or the templates and run
 # `gen-mixin specs/cohere2_vision.yaml`.
 # spec-sha256: be09fd22f18b5804bec9fad2ab292f1d4e65a1b7a548a7719f983f9e1c1e6321
-# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
-# output-sha256: 87e54c64a5a08774f2e587eae778626d58e4df22fb777fc131dcb951a776da90
+# templates-sha256: fcdc22b9fe79ebc24066e6fcefd513b415a318c74e5ddceccb9734cb7d298e38
+# output-sha256: 1acf409de097c89109f759da99ed9c098dff14ced4a9adbf8ec687756d1af3d8
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/deepseek_vl2.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_vl2.yaml`.
 # spec-sha256: 65a219ba305cd6d64a7bcc0ccb0190528fa86cf96ed2209abdf6848605972e9f
-# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
-# output-sha256: 29d6013efea92b30a8c26c1c08520a9993e0a31c735d8735a5b67e8c26aff1f8
+# templates-sha256: fcdc22b9fe79ebc24066e6fcefd513b415a318c74e5ddceccb9734cb7d298e38
+# output-sha256: 84542a971bc6b9a80677e48cdd3fd056142b353fc4ce2c6997300eedddd37b3b
 
 import itertools
 from collections.abc import Hashable

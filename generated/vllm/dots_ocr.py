@@ -3,8 +3,8 @@
 # From specs/dots_ocr.yaml: change the spec or the templates and run
 # `gen-mixin specs/dots_ocr.yaml`.
 # spec-sha256: 00dd8d99bf15619e6c551a3ae930a0ca48d9ca9b113561f7b84d06b5c0336520
-# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
-# output-sha256: e4b04ccbc73826571f71dbdfdc453608dc3e5f5d4cee7098095e9f356b365895
+# templates-sha256: fcdc22b9fe79ebc24066e6fcefd513b415a318c74e5ddceccb9734cb7d298e38
+# output-sha256: 37d5a54db99e859eebc1adb0095538e9c1b27e2d60e6c0d108f516fd00564bc7
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/gemma3_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma3_mm.yaml`.
 # spec-sha256: 19cc0f6e849ba8315b6202b90204158da9f48161f059a5255254f1c8d3c71b41
-# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
-# output-sha256: e385f5f613d05905e5b5b95fb5fc4a0f1d787770af7084c9cabfdea3be8401c0
+# templates-sha256: fcdc22b9fe79ebc24066e6fcefd513b415a318c74e5ddceccb9734cb7d298e38
+# output-sha256: a9d769063999f533379ebd2bfc34737f1bd04614834d2ecfb78c40b3f158c6c8
 
 import itertools
 from collections.abc import Hashable

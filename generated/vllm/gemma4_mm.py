@@ -3,8 +3,8 @@
 # From specs/gemma4_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma4_mm.yaml`.
 # spec-sha256: 06e9dbe6dfab654f3c21e7f5471097a1f4a7406dd29cd02c84eecf9f9a03241a
-# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
-# output-sha256: 1ea9e964c575be9e581a1ba57fd084e504f71ff6217655a5c386987c1c3ceb3a
+# templates-sha256: fcdc22b9fe79ebc24066e6fcefd513b415a318c74e5ddceccb9734cb7d298e38
+# output-sha256: 28fbdbfae1ade7cb0c6025240eaa3a53b63101e8704b8a549f2f0d439f8faddc
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any

@@ -3,8 +3,8 @@
 # From specs/glm5_next.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm5_next.yaml`.
 # spec-sha256: eb5cf2b9079a5f16fe35bba77bed5740c643efe1e64d9a18938216fe04e1b97d
-# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
-# output-sha256: f045f6986eb9756855c6ee478d7d06147030a64c86e8e2ae45fb744f1b59f5b4
+# templates-sha256: fcdc22b9fe79ebc24066e6fcefd513b415a318c74e5ddceccb9734cb7d298e38
+# output-sha256: 2c5104a5320bae2f306d30147e2ffe667e86396e5fbb4fc45b344e5e62572199
 
 import itertools
 from collections.abc import Hashable

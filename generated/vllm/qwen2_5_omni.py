@@ -3,8 +3,8 @@
 # From specs/qwen2_5_omni.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_omni.yaml`.
 # spec-sha256: ce9bf2fc700f004d47827e30d185e59eb5d9444dd78780ad1cac730e07dc5c1d
-# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
-# output-sha256: 7c3a0b584e7a8a3d76ee6397a12532bcff98a5a9d9aa533d1edc1da8ba2a87e3
+# templates-sha256: fcdc22b9fe79ebc24066e6fcefd513b415a318c74e5ddceccb9734cb7d298e38
+# output-sha256: 66950cf2f407d565e2b0759d6603cf081d006ae5a1dfeb658c87cff46cc0bba9
 
 import itertools
 from collections.abc import Hashable

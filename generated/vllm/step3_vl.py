@@ -3,8 +3,8 @@
 # From specs/step3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
-# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
-# output-sha256: a306a47282b424ba64662240581ce9bac8caa0b391f19c75b6a6e83c8b09f1dc
+# templates-sha256: fcdc22b9fe79ebc24066e6fcefd513b415a318c74e5ddceccb9734cb7d298e38
+# output-sha256: fc35b9a569fbb8f64212b7d0647c88e07df7d74c226ed5c733614badbe547495
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/cohere_compass.yaml: change the spec or the templates and run
 # `gen-mixin specs/cohere_compass.yaml`.
 # spec-sha256: d07c29aa8ad4662bcac30b269bf92c40a0f7c311b8deb5cc9f84e86dba45c5c5
-# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
-# output-sha256: 85f6f277b7d0fde8fa3634e8ace681af20397b333b97c6fc4fdd4c41ad799d88
+# templates-sha256: fcdc22b9fe79ebc24066e6fcefd513b415a318c74e5ddceccb9734cb7d298e38
+# output-sha256: c3e5f743b40209fe2c37e31578791f746c9702a0e7bd2dffb8fadbc0c3267925
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/deepseek_ocr.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_ocr.yaml`.
 # spec-sha256: 0bfb43e4316a4a39192bb100e7cfeecbb3f7339c7a907dfaa07f9b62999ceee7
-# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
-# output-sha256: 08fc4516cd0387e21a3d0527088aede3f8bd693f2502f074d8c0fed8b9ee7733
+# templates-sha256: fcdc22b9fe79ebc24066e6fcefd513b415a318c74e5ddceccb9734cb7d298e38
+# output-sha256: d864cc770e8d19182b1258bf11b1c12d5802b21e8eef6f469a4ccc3d88c87932
 
 import itertools
 from collections.abc import Hashable

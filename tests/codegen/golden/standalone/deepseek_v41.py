@@ -3,8 +3,8 @@
 # From specs/deepseek_v41.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_v41.yaml`.
 # spec-sha256: c4bb5416f4de0c625a1fa71cb716f1e83b6ed76dea15bb3b4f0fe238f99fa89f
-# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
-# output-sha256: fea526289cb74c7634bfafba5b230736a01c428fd7b5346a50d002e604d35619
+# templates-sha256: fcdc22b9fe79ebc24066e6fcefd513b415a318c74e5ddceccb9734cb7d298e38
+# output-sha256: a1d0eb906a5a873bd3e5cd2c1fa237c10ad4cc33077decce0f2c41e85081cc3c
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/gemma3_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma3_mm.yaml`.
 # spec-sha256: 19cc0f6e849ba8315b6202b90204158da9f48161f059a5255254f1c8d3c71b41
-# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
-# output-sha256: 7aa61ec28cdc052cbb063b4193374a7b9e54d516c052973d31d0f6321ae84d0a
+# templates-sha256: fcdc22b9fe79ebc24066e6fcefd513b415a318c74e5ddceccb9734cb7d298e38
+# output-sha256: 2ef3bff86f38aa9b50f6b14d51caffb850a8ed66965692bdc4fa507c93602027
 
 import itertools
 from collections.abc import Hashable

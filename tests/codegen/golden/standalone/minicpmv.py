@@ -3,8 +3,8 @@
 # From specs/minicpmv.yaml: change the spec or the templates and run
 # `gen-mixin specs/minicpmv.yaml`.
 # spec-sha256: d4a580fe01bc55f4be098f399ee38128cd927c0b2f6e20aecf28c2d3e8bd3368
-# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
-# output-sha256: 5c0309f4cf298a5d241cb72594e05120c5e618ac26319f82fb123459b2b1dfcc
+# templates-sha256: fcdc22b9fe79ebc24066e6fcefd513b415a318c74e5ddceccb9734cb7d298e38
+# output-sha256: 0913b10b055478d574bbf12241db5dfb85b01e6eae98212e71d62ed449ad212d
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/mllama4.yaml: change the spec or the templates and run
 # `gen-mixin specs/mllama4.yaml`.
 # spec-sha256: 3a4c5d7bdb1ee216f77e7723529296ab4a8d77acd6df01a22770eb4a40007938
-# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
-# output-sha256: 67867a840a445a43f82cd0a48a9e3f049349c4f803acb620c1dc4c57aabfce8f
+# templates-sha256: fcdc22b9fe79ebc24066e6fcefd513b415a318c74e5ddceccb9734cb7d298e38
+# output-sha256: d1c9829c119ea88c6e7a9422d005fd96a46063a46a1aca9fc781d04684f5e3c4
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/qwen2_5_omni.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_omni.yaml`.
 # spec-sha256: ce9bf2fc700f004d47827e30d185e59eb5d9444dd78780ad1cac730e07dc5c1d
-# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
-# output-sha256: f1796ec92b53bead00e8bd9dabc8d9aa96c99ad7b4bfe871cf3b303657f6c685
+# templates-sha256: fcdc22b9fe79ebc24066e6fcefd513b415a318c74e5ddceccb9734cb7d298e38
+# output-sha256: 37a10730ca78bbe12d20b90b9c4e901210e71313b787ad6620bf30ac9599fd4e
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/qwen2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_vl.yaml`.
 # spec-sha256: 869bcb41f290ee655394bdeee5f49801b8344bce3f4c38101e004675d9980f68
-# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
-# output-sha256: 0b58910565d0b4c78463b4fd523bea8e5a3c726e5be7397be23632c3a585da82
+# templates-sha256: fcdc22b9fe79ebc24066e6fcefd513b415a318c74e5ddceccb9734cb7d298e38
+# output-sha256: cc78a85506412aad62cd24c2cf63edef7bd378f5a09ea302e947a9064d645298
 
 import itertools
 from collections.abc import Hashable

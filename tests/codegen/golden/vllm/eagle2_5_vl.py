@@ -3,8 +3,8 @@
 # From specs/eagle2_5_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/eagle2_5_vl.yaml`.
 # spec-sha256: 83ff2533b4ca23dd7ff633541be75194608fbdec7d6ecb70c6c7ccd114d4e48d
-# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
-# output-sha256: 317a4e2956223c3c4d8f65f1f7196edef14141fb681eb2e016c70d05bcc3f170
+# templates-sha256: fcdc22b9fe79ebc24066e6fcefd513b415a318c74e5ddceccb9734cb7d298e38
+# output-sha256: dd473a7645a203f7eff0af4bfdbd70946304c478c1ebd0f6078d57c80eb7a25d
 
 import itertools
 from collections.abc import Hashable

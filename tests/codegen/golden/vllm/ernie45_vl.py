@@ -3,8 +3,8 @@
 # From specs/ernie45_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/ernie45_vl.yaml`.
 # spec-sha256: 9c43478aaa850dab46764f23326811febf7e9a3d9cc8d6b0c7ff0cd9d6601d41
-# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
-# output-sha256: 80908fc4e43f69e77346842bf3d8c49e47e79918093036a8fd700d5924f556eb
+# templates-sha256: fcdc22b9fe79ebc24066e6fcefd513b415a318c74e5ddceccb9734cb7d298e38
+# output-sha256: 5dc5a5020ba19ab1208f90a3ea33eddb7aa963e47a16ac4c982ed5a4f49c1d71
 
 import itertools
 from collections.abc import Hashable

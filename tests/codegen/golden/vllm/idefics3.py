@@ -3,8 +3,8 @@
 # From specs/idefics3.yaml: change the spec or the templates and run
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 402948cdd63112cfeb000df2a94827d2c785cffa05635f592942545d8e00d7b3
-# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
-# output-sha256: 7a54b5c4b87c04763c52299cda6a04a3e455c98e0f7590d771ecf35d237e7ce6
+# templates-sha256: fcdc22b9fe79ebc24066e6fcefd513b415a318c74e5ddceccb9734cb7d298e38
+# output-sha256: 6bec2f123f243291f2586de5b9f46d9d134f215b9a5d45288f3d06bea0374fdc
 
 import itertools
 from collections.abc import Hashable

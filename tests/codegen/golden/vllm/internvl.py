@@ -3,8 +3,8 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
-# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
-# output-sha256: cd4654ac3f5e9934a38e96ca12d12223036dd05ba0264eeedeef171e3f668702
+# templates-sha256: fcdc22b9fe79ebc24066e6fcefd513b415a318c74e5ddceccb9734cb7d298e38
+# output-sha256: 64c9572a70e3c95f0cd1496c94f58c1baec7585ffa065eece5c2afadc7426688
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/minicpmv.yaml: change the spec or the templates and run
 # `gen-mixin specs/minicpmv.yaml`.
 # spec-sha256: d4a580fe01bc55f4be098f399ee38128cd927c0b2f6e20aecf28c2d3e8bd3368
-# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
-# output-sha256: ec880866e898766ee99427dfe4982816330684a0c9385ba931909919a1d96a64
+# templates-sha256: fcdc22b9fe79ebc24066e6fcefd513b415a318c74e5ddceccb9734cb7d298e38
+# output-sha256: 8afbd91edd2b0c6b0799f2c6cf306484fbbaf0431347e621ffaf0861d913c69f
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/mllama4.yaml: change the spec or the templates and run
 # `gen-mixin specs/mllama4.yaml`.
 # spec-sha256: 3a4c5d7bdb1ee216f77e7723529296ab4a8d77acd6df01a22770eb4a40007938
-# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
-# output-sha256: 875dec5eb877f544228f47a5dd5d694a19371da055118b0812b194d25d899a63
+# templates-sha256: fcdc22b9fe79ebc24066e6fcefd513b415a318c74e5ddceccb9734cb7d298e38
+# output-sha256: e72d9e04809a0f6ccd8a1b11813e1a1c0a9dacd77fe8ec401072a67677ac81fc
 
 import itertools
 from collections.abc import Hashable

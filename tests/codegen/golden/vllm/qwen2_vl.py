@@ -3,8 +3,8 @@
 # From specs/qwen2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_vl.yaml`.
 # spec-sha256: 869bcb41f290ee655394bdeee5f49801b8344bce3f4c38101e004675d9980f68
-# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
-# output-sha256: 066c52ef5fdbe2a7fd8bc7fe8df1767e9a80b1507476c6bd8a90a76bcc852d2a
+# templates-sha256: fcdc22b9fe79ebc24066e6fcefd513b415a318c74e5ddceccb9734cb7d298e38
+# output-sha256: a0e9bcec403b4ea7dae41f720333e804c4681118d6d558fe04fd7bf085491c63
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/qwen3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen3_vl.yaml`.
 # spec-sha256: 902e83bb3226b608ede21e14f232e7c519c96c3ab05297933967cf2acb582708
-# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
-# output-sha256: c9120888496361bf23167e37ce6d2bf5aa922c5a116f9d6fd334d1300914b921
+# templates-sha256: fcdc22b9fe79ebc24066e6fcefd513b415a318c74e5ddceccb9734cb7d298e38
+# output-sha256: e576443042f5438a13dbf503fd1f46ccb222d9023a54efb45286fd8a638b4a5b
 
 import itertools
 from collections.abc import Hashable
