@@ -634,6 +634,7 @@ METHODS: dict[str, Method] = {
                 Param("per_item", "str"),
                 Param("row_shape", "tuple[int, ...] | None", "None"),
                 Param("accepts_list", "bool", "False"),
+                Param("takes_bool", "bool", "False"),
             ),
             "None",
             # fold_ranks and unit_width: keyword-only parameters, only in a

@@ -32,6 +32,7 @@ import torch
 from generator.emitters.input_checks import least_units
 from generator.formulas import evaluate
 from generator.spec import FlatInput, ItemInput, MixinSpec
+from generator.spec.enums import Dtype
 
 #: A value no span-type constant takes in any spec of this project.
 UNKNOWN_SPAN_TYPE = 1_000_003
@@ -97,6 +98,26 @@ def _flat_cases(spec: MixinSpec, mm_kwargs: dict[str, Any], flat: FlatInput):
         in_selection=False,
     )
     yield from _unit_width_cases(spec, mm_kwargs, flat)
+    # A capture that declares the input bool (Idefics3's mask) takes bool rows.
+    takes_bool = any(
+        t.key == flat.key and t.dtype == Dtype.BOOL
+        for path in spec.paths
+        for t in path.capture.tensors
+    )
+    for dtype in (torch.complex64,) if takes_bool else (torch.complex64, torch.bool):
+        yield Corruption(
+            f"{flat.key}:{dtype}-values",
+            _with(mm_kwargs, flat.key, _as_dtype(value, dtype)),
+            rf"{_key(flat.key)} holds {re.escape(str(dtype))} values; it takes real",
+            in_selection=False,
+        )
+
+
+def _as_dtype(value: Any, dtype: torch.dtype) -> Any:
+    """``value`` (a tensor or a list of them) with every tensor in ``dtype``."""
+    if isinstance(value, list):
+        return [part.to(dtype) for part in value]
+    return value.to(dtype)
 
 
 def _unit_width_cases(spec: MixinSpec, mm_kwargs: dict[str, Any], flat: FlatInput):
@@ -257,6 +278,12 @@ def _padded_cases(spec: MixinSpec, mm_kwargs: dict[str, Any], item: ItemInput):
         _with(mm_kwargs, key, wide + parts[1:]),
         rf"{_key(key)}\[0\] has rows of shape \(.*\), but the captured buffers",
     )
+    for dtype in (torch.complex64, torch.bool):
+        yield Corruption(
+            f"{key}:{dtype}-values",
+            _with(mm_kwargs, key, _as_dtype(mm_kwargs[key], dtype)),
+            rf"{_key(key)} holds {re.escape(str(dtype))} values; it takes real",
+        )
     yield Corruption(
         f"{key}:tuple",  # AttributeError in selection before
         _with(mm_kwargs, key, tuple(parts)),
@@ -406,7 +433,8 @@ def _span_cases(
     yield Corruption(
         f"{key}:complex",  # reached torch.isin before
         _with(mm_kwargs, key, types.to(torch.complex64)),
-        rf"{_key(key)} is a torch.complex64 tensor of shape",
+        # The rows check, which every flat input has, refuses it first.
+        rf"{_key(key)} (is a torch.complex64 tensor of shape|holds torch.complex64)",
         in_selection=False,
     )
     yield Corruption(

@@ -3,8 +3,8 @@
 # From specs/minicpmv.yaml: change the spec or the templates and run
 # `gen-mixin specs/minicpmv.yaml`.
 # spec-sha256: d4a580fe01bc55f4be098f399ee38128cd927c0b2f6e20aecf28c2d3e8bd3368
-# templates-sha256: fcdc22b9fe79ebc24066e6fcefd513b415a318c74e5ddceccb9734cb7d298e38
-# output-sha256: 0913b10b055478d574bbf12241db5dfb85b01e6eae98212e71d62ed449ad212d
+# templates-sha256: d1b2daa4d417d7a0a77599764c5efabde557cde72f0d17e5a98359e1957cee73
+# output-sha256: ad6ee32405213cf7e9666f0291d82c47a0ef840f3679e6a0986e0674e3b7e3fb
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/minicpmv.yaml: change the spec or the templates and run
 # `gen-mixin specs/minicpmv.yaml`.
 # spec-sha256: d4a580fe01bc55f4be098f399ee38128cd927c0b2f6e20aecf28c2d3e8bd3368
-# templates-sha256: fcdc22b9fe79ebc24066e6fcefd513b415a318c74e5ddceccb9734cb7d298e38
-# output-sha256: 8afbd91edd2b0c6b0799f2c6cf306484fbbaf0431347e621ffaf0861d913c69f
+# templates-sha256: d1b2daa4d417d7a0a77599764c5efabde557cde72f0d17e5a98359e1957cee73
+# output-sha256: a26f886f41e3fb584284a28220fedf9f83ac53997e7244863b1ebe11b480972f
 
 import itertools
 from collections.abc import Hashable

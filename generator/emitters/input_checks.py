@@ -22,6 +22,7 @@ from generator.emitters.method_body import (
     signature,
     unit_grids,
 )
+from generator.spec.enums import Dtype
 from generator.spec.inputs import FlatInput, ItemInput
 from generator.spec.mixin import MixinSpec
 
@@ -213,10 +214,21 @@ def _unit_width(spec: MixinSpec, body: Body, flat: FlatInput) -> str | None:
     return f"max(({size} for {target} in {rows}), default=0)"
 
 
+def _takes_bool(spec: MixinSpec, flat: FlatInput) -> bool:
+    """A capture declares ``flat`` as bool (Idefics3's pixel mask): its bool
+    rows are real; any other flat input's bool rows are refused."""
+    return any(
+        t.key == flat.key and t.dtype == Dtype.BOOL
+        for path in spec.paths
+        for t in path.capture.tensors
+    )
+
+
 def _rows_check(spec: MixinSpec, body: Body, loads: Loads, flat: FlatInput) -> dict:
     if flat.unit_of is not None:
         total, keys = _unit_rows_total(spec, body, flat)
         return {
+            "takes_bool": _takes_bool(spec, flat),
             "unit_width": _unit_width(spec, body, flat),
             "key": loads.key(flat.key),
             "total": total,
@@ -240,6 +252,7 @@ def _rows_check(spec: MixinSpec, body: Body, loads: Loads, flat: FlatInput) -> d
         )
     per_item = f"{fx.to_spec_text(flat.rows)} from {', '.join(keys)}"
     return {
+        "takes_bool": _takes_bool(spec, flat),
         "unit_width": None,
         "key": loads.key(flat.key),
         "total": total,
