@@ -634,11 +634,13 @@ METHODS: dict[str, Method] = {
                 Param("per_item", "str"),
                 Param("row_shape", "tuple[int, ...] | None", "None"),
                 Param("accepts_list", "bool", "False"),
+                Param("takes_bool", "bool", "False"),
             ),
             "None",
-            # fold_ranks: a keyword-only parameter, only in a module whose
-            # flat inputs fold (``inputs.<key>.fold_ranks``).
-            ("value", "parts", "part", "held", "fold_ranks"),
+            # fold_ranks and unit_width: keyword-only parameters, only in a
+            # module whose flat inputs fold (``inputs.<key>.fold_ranks``) or
+            # pad units (``inputs.<key>.pads_units``).
+            ("value", "parts", "part", "held", "fold_ranks", "unit_width"),
         ),
         Method(
             "_check_multiples",

@@ -32,6 +32,7 @@ import torch
 from generator.emitters.input_checks import least_units
 from generator.formulas import evaluate
 from generator.spec import FlatInput, ItemInput, MixinSpec
+from generator.spec.enums import Dtype
 
 #: A value no span-type constant takes in any spec of this project.
 UNKNOWN_SPAN_TYPE = 1_000_003
@@ -96,6 +97,45 @@ def _flat_cases(spec: MixinSpec, mm_kwargs: dict[str, Any], flat: FlatInput):
         rf"{_key(flat.key)} has 0 rows, but its \d+ item\(s\) need [1-9]",
         in_selection=False,
     )
+    yield from _unit_width_cases(spec, mm_kwargs, flat)
+    # A capture that declares the input bool (Idefics3's mask) takes bool rows.
+    takes_bool = any(
+        t.key == flat.key and t.dtype == Dtype.BOOL
+        for path in spec.paths
+        for t in path.capture.tensors
+    )
+    for dtype in (torch.complex64,) if takes_bool else (torch.complex64, torch.bool):
+        yield Corruption(
+            f"{flat.key}:{dtype}-values",
+            _with(mm_kwargs, flat.key, _as_dtype(value, dtype)),
+            rf"{_key(flat.key)} holds {re.escape(str(dtype))} values; it takes real",
+            in_selection=False,
+        )
+
+
+def _as_dtype(value: Any, dtype: torch.dtype) -> Any:
+    """``value`` (a tensor or a list of them) with every tensor in ``dtype``."""
+    if isinstance(value, list):
+        return [part.to(dtype) for part in value]
+    return value.to(dtype)
+
+
+def _unit_width_cases(spec: MixinSpec, mm_kwargs: dict[str, Any], flat: FlatInput):
+    """A flat input of one padded row per unit (``pads_units``, LFM2-VL's tiles): a unit grid
+    scaled by 2**40 keeps the row count and every multiple, but its units'
+    sizes pass the padded width (and int64)."""
+    grids = [i for i in spec.item_inputs if i.unit_of == flat.unit_of]
+    if not flat.pads_units:
+        return
+    for grid in grids:
+        rows = [[v * 2**40 for v in row] for row in _rows(mm_kwargs[grid.key])]
+        yield Corruption(
+            f"{grid.key}:units-past-{flat.key}-width",
+            _with(mm_kwargs, grid.key, _like(mm_kwargs[grid.key], rows)),
+            rf"{_key(flat.key)} has rows of shape .*, but a unit of its grid has "
+            r"\d+ patches",
+            in_selection=False,
+        )
 
 
 def _flat_grid(value: Any) -> Any:
@@ -238,6 +278,12 @@ def _padded_cases(spec: MixinSpec, mm_kwargs: dict[str, Any], item: ItemInput):
         _with(mm_kwargs, key, wide + parts[1:]),
         rf"{_key(key)}\[0\] has rows of shape \(.*\), but the captured buffers",
     )
+    for dtype in (torch.complex64, torch.bool):
+        yield Corruption(
+            f"{key}:{dtype}-values",
+            _with(mm_kwargs, key, _as_dtype(mm_kwargs[key], dtype)),
+            rf"{_key(key)} holds {re.escape(str(dtype))} values; it takes real",
+        )
     yield Corruption(
         f"{key}:tuple",  # AttributeError in selection before
         _with(mm_kwargs, key, tuple(parts)),
@@ -387,7 +433,8 @@ def _span_cases(
     yield Corruption(
         f"{key}:complex",  # reached torch.isin before
         _with(mm_kwargs, key, types.to(torch.complex64)),
-        rf"{_key(key)} is a torch.complex64 tensor of shape",
+        # The rows check, which every flat input has, refuses it first.
+        rf"{_key(key)} (is a torch.complex64 tensor of shape|holds torch.complex64)",
         in_selection=False,
     )
     yield Corruption(

@@ -3,8 +3,8 @@
 # From specs/eagle2_5_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/eagle2_5_vl.yaml`.
 # spec-sha256: 83ff2533b4ca23dd7ff633541be75194608fbdec7d6ecb70c6c7ccd114d4e48d
-# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
-# output-sha256: cbdc028c87bd4d6b418f4774875b36c856eab93a43fe75865951a0834dbe7859
+# templates-sha256: d1b2daa4d417d7a0a77599764c5efabde557cde72f0d17e5a98359e1957cee73
+# output-sha256: 543ed81c7a24c1a8e50cb2cd3078f0196b4d3339b89ffb2ca4971c825e1dc783
 
 import itertools
 from collections.abc import Hashable
@@ -127,10 +127,13 @@ def _check_rows(
     per_item: str,
     row_shape: tuple[int, ...] | None = None,
     accepts_list: bool = False,
+    takes_bool: bool = False,
 ) -> None:
     """The flat input ``key`` holds exactly ``rows`` rows, its items'
     ``per_item`` summed, each of ``row_shape`` (the captured buffer's row,
     when it is fixed: the replay copy would broadcast a narrower one).
+    Complex values, and bool ones unless ``takes_bool`` (a mask), are refused:
+    no tower computes with them, and the replay copy would cast them.
 
     Selection, replay and the eager forward slice the rows by the grids; rows
     that do not match them would shift every item without an error. Only
@@ -143,6 +146,11 @@ def _check_rows(
             raise ValueError(
                 f"mm_kwargs[{key!r}] is a {type(part).__name__}; it must be a "
                 "tensor of rows" + (" or a list of them" if accepts_list else "")
+            )
+        if part.dtype.is_complex or (part.dtype == torch.bool and not takes_bool):
+            raise ValueError(
+                f"mm_kwargs[{key!r}] holds {part.dtype} values; it takes real "
+                "numbers (floating point or integer)"
             )
         if row_shape is not None and part.shape[1:] != row_shape:
             raise ValueError(

@@ -3,8 +3,8 @@
 # From specs/minicpmv.yaml: change the spec or the templates and run
 # `gen-mixin specs/minicpmv.yaml`.
 # spec-sha256: d4a580fe01bc55f4be098f399ee38128cd927c0b2f6e20aecf28c2d3e8bd3368
-# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
-# output-sha256: 5c0309f4cf298a5d241cb72594e05120c5e618ac26319f82fb123459b2b1dfcc
+# templates-sha256: d1b2daa4d417d7a0a77599764c5efabde557cde72f0d17e5a98359e1957cee73
+# output-sha256: ad6ee32405213cf7e9666f0291d82c47a0ef840f3679e6a0986e0674e3b7e3fb
 
 import itertools
 from collections.abc import Hashable

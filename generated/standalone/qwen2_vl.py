@@ -3,8 +3,8 @@
 # From specs/qwen2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_vl.yaml`.
 # spec-sha256: 869bcb41f290ee655394bdeee5f49801b8344bce3f4c38101e004675d9980f68
-# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
-# output-sha256: 0b58910565d0b4c78463b4fd523bea8e5a3c726e5be7397be23632c3a585da82
+# templates-sha256: d1b2daa4d417d7a0a77599764c5efabde557cde72f0d17e5a98359e1957cee73
+# output-sha256: 11fd30c63c845241fbae6de291d105ac2320019abef969b87f8f264079a91308
 
 import itertools
 from collections.abc import Hashable
@@ -173,10 +173,13 @@ def _check_rows(
     per_item: str,
     row_shape: tuple[int, ...] | None = None,
     accepts_list: bool = False,
+    takes_bool: bool = False,
 ) -> None:
     """The flat input ``key`` holds exactly ``rows`` rows, its items'
     ``per_item`` summed, each of ``row_shape`` (the captured buffer's row,
     when it is fixed: the replay copy would broadcast a narrower one).
+    Complex values, and bool ones unless ``takes_bool`` (a mask), are refused:
+    no tower computes with them, and the replay copy would cast them.
 
     Selection, replay and the eager forward slice the rows by the grids; rows
     that do not match them would shift every item without an error. Only
@@ -189,6 +192,11 @@ def _check_rows(
             raise ValueError(
                 f"mm_kwargs[{key!r}] is a {type(part).__name__}; it must be a "
                 "tensor of rows" + (" or a list of them" if accepts_list else "")
+            )
+        if part.dtype.is_complex or (part.dtype == torch.bool and not takes_bool):
+            raise ValueError(
+                f"mm_kwargs[{key!r}] holds {part.dtype} values; it takes real "
+                "numbers (floating point or integer)"
             )
         if row_shape is not None and part.shape[1:] != row_shape:
             raise ValueError(

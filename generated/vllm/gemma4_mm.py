@@ -3,8 +3,8 @@
 # From specs/gemma4_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma4_mm.yaml`.
 # spec-sha256: 06e9dbe6dfab654f3c21e7f5471097a1f4a7406dd29cd02c84eecf9f9a03241a
-# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
-# output-sha256: 1ea9e964c575be9e581a1ba57fd084e504f71ff6217655a5c386987c1c3ceb3a
+# templates-sha256: d1b2daa4d417d7a0a77599764c5efabde557cde72f0d17e5a98359e1957cee73
+# output-sha256: 76d36e7b042ecf528134801084d1e0b5c8e8b0f7096ac156397862b6a55d4311
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
@@ -162,6 +162,14 @@ def _padded_values(
             f"mm_kwargs[{key!r}] is a {type(value).__name__}; a padded input is a "
             "tensor of shape (items, size, ...) or a list of tensors"
         )
+    # No tower computes with complex or bool pixels or positions; the replay
+    # copy would cast them.
+    for part in parts[:1] if isinstance(value, torch.Tensor) else parts:
+        if part.dtype.is_complex or part.dtype == torch.bool:
+            raise ValueError(
+                f"mm_kwargs[{key!r}] holds {part.dtype} values; it takes real "
+                "numbers (floating point or integer)"
+            )
     for index, shape in enumerate(shapes):
         if shape != shapes[0] or (item_shape is not None and shape != item_shape):
             want = item_shape if item_shape is not None else tuple(shapes[0])

@@ -22,6 +22,7 @@ from generator.emitters.method_body import (
     signature,
     unit_grids,
 )
+from generator.spec.enums import Dtype
 from generator.spec.inputs import FlatInput, ItemInput
 from generator.spec.mixin import MixinSpec
 
@@ -196,10 +197,39 @@ def _unit_rows_total(spec: MixinSpec, body: Body, flat: FlatInput) -> tuple[str,
     return f"sum({body.expr(flat.rows)} for {target} in {rows})", keys
 
 
+def _unit_width(spec: MixinSpec, body: Body, flat: FlatInput) -> str | None:
+    """The widest unit's ``input_size``, when each row of ``flat`` pads one
+    unit along dim 1 (``pads_units``): the width must hold every unit's
+    patches, or a grid scaled past the pixels (even past int64) would pass
+    the row count and fail deep in the tower."""
+    if not flat.pads_units:
+        return None
+    grids = unit_grids(spec)
+    size = body.expr(spec.items.input_size)
+    if len(grids) == 1:
+        target, rows = ", ".join(grids[0].dims), grids[0].key
+    else:
+        target = ", ".join(f"({', '.join(g.dims)})" for g in grids)
+        rows = f"zip({', '.join(g.key for g in grids)}, strict=True)"
+    return f"max(({size} for {target} in {rows}), default=0)"
+
+
+def _takes_bool(spec: MixinSpec, flat: FlatInput) -> bool:
+    """A capture declares ``flat`` as bool (Idefics3's pixel mask): its bool
+    rows are real; any other flat input's bool rows are refused."""
+    return any(
+        t.key == flat.key and t.dtype == Dtype.BOOL
+        for path in spec.paths
+        for t in path.capture.tensors
+    )
+
+
 def _rows_check(spec: MixinSpec, body: Body, loads: Loads, flat: FlatInput) -> dict:
     if flat.unit_of is not None:
         total, keys = _unit_rows_total(spec, body, flat)
         return {
+            "takes_bool": _takes_bool(spec, flat),
+            "unit_width": _unit_width(spec, body, flat),
             "key": loads.key(flat.key),
             "total": total,
             "per_item": repr(f"{fx.to_spec_text(flat.rows)} per unit from {keys}"),
@@ -222,6 +252,8 @@ def _rows_check(spec: MixinSpec, body: Body, loads: Loads, flat: FlatInput) -> d
         )
     per_item = f"{fx.to_spec_text(flat.rows)} from {', '.join(keys)}"
     return {
+        "takes_bool": _takes_bool(spec, flat),
+        "unit_width": None,
         "key": loads.key(flat.key),
         "total": total,
         "per_item": repr(per_item),
@@ -338,5 +370,6 @@ def helpers(spec: MixinSpec) -> dict[str, bool]:
         "relations": any(i.equals for i in spec.item_inputs),
         "multiples": any(i.multiple_of for i in spec.item_inputs),
         "units": bool(unit_grids(spec)),
+        "unit_widths": any(f.pads_units for f in spec.flat_inputs),
         "modalities": spec.has_video_keys,
     }

@@ -52,6 +52,9 @@ class FlatInput:
     #: The count input whose items this input's units (tiles) make up:
     #: ``rows`` is then per unit (default 1).
     unit_of: str | None = None
+    #: Each row is one unit's patches padded along dim 1, which must hold
+    #: every unit's ``input_size``.
+    pads_units: bool = False
 
     kind: ClassVar = InputKind.FLAT
 
@@ -275,6 +278,17 @@ class InputEntry:
             example="num_patches",
         ),
         Key(
+            "pads_units",
+            Boolean(),
+            "Each row is one unit padded along dim 1 to the batch's widest "
+            "(LFM2-VL's tiles): the mixin checks on the host that dim 1 holds "
+            "every unit's `input_size` (a `ValueError` names the input), or a "
+            "grid past the pixels would index past them. Needs `unit_of`, "
+            "`items.per_unit` and one row per unit.",
+            default=False,
+            applies="flat",
+        ),
+        Key(
             "equals",
             MapOf(Formula("items")),
             "Dims this input derives from the others': dim → formula over "
@@ -327,6 +341,7 @@ class InputEntry:
         "shape": InputKind.TENSORS,
         "rows": InputKind.FLAT,
         "accepts_list": InputKind.FLAT,
+        "pads_units": InputKind.FLAT,
         "fold_ranks": InputKind.FLAT,
         "replay_dtype": InputKind.FLAT,
         "eager_dtype": InputKind.FLAT,
@@ -361,6 +376,8 @@ class InputEntry:
             for name in ("equals", "multiple_of"):
                 if r.has(name):
                     r.refuse(name, "only for grid and count inputs")
+        if kind is InputKind.FLAT and r.has("pads_units") and not unit_of:
+            r.refuse("pads_units", "needs unit_of (a row is one unit)")
         if kind is InputKind.FLAT:
             default_rows = Num(1) if unit_of else Ref("input_size")
             return FlatInput(
@@ -374,6 +391,7 @@ class InputEntry:
                 r.take("eager_dtype"),
                 video_key,
                 unit_of,
+                bool(r.take("pads_units")) and unit_of is not None,
             )
         dims = _item_dims(r, kind)
         if unit_of and r.has("equals"):

@@ -79,6 +79,13 @@ def check_units(r: Reader, inputs: list[Input], items: Items) -> None:
                     f"(constants only): {', '.join(bad)}"
                 ),
             )
+        if flat.pads_units and not (items.per_unit and flat.rows == fx.Num(1)):
+            r.ctx.error(
+                flat.location,
+                f"inputs.{flat.key}.pads_units",
+                "needs items.per_unit and one row per unit (a row holds one "
+                "unit's input_size patches)",
+            )
 
 
 def check_unit_path(r: Reader, path) -> None:

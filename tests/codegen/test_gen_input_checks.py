@@ -156,3 +156,22 @@ def test_pixels_on_the_meta_device_are_accepted(worlds, name: str) -> None:
     assert len(host.get_encoder_cudagraph_item_specs(on_meta)) == len(items)
     selected = host.select_encoder_cudagraph_items(on_meta, [1, 0])
     assert len(host.get_encoder_cudagraph_item_specs(selected)) == 2
+
+
+@pytest.mark.parametrize("name", list(WORLDS))
+def test_integer_pixels_are_accepted(worlds, name: str) -> None:
+    """A documented acceptance: pixels of an integer dtype pass the checks in
+    every spec (Kimi-K2.5/K3's fused input norm and some towers take raw
+    uint8); complex and bool ones are refused (the corruption table)."""
+    world = world_of(worlds, name)
+    items, batch = valid_batch(world)
+    as_uint8 = {key: _floats_as(value, torch.uint8) for key, value in batch.items()}
+    assert len(world.host().get_encoder_cudagraph_item_specs(as_uint8)) == len(items)
+
+
+def _floats_as(value, dtype: torch.dtype):
+    if isinstance(value, list):
+        return [_floats_as(v, dtype) for v in value]
+    if isinstance(value, torch.Tensor) and value.dtype.is_floating_point:
+        return value.to(dtype)
+    return value

@@ -3,8 +3,8 @@
 # From specs/cohere_compass.yaml: change the spec or the templates and run
 # `gen-mixin specs/cohere_compass.yaml`.
 # spec-sha256: d07c29aa8ad4662bcac30b269bf92c40a0f7c311b8deb5cc9f84e86dba45c5c5
-# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
-# output-sha256: 85f6f277b7d0fde8fa3634e8ace681af20397b333b97c6fc4fdd4c41ad799d88
+# templates-sha256: d1b2daa4d417d7a0a77599764c5efabde557cde72f0d17e5a98359e1957cee73
+# output-sha256: 6abd762c81afce593a11f637f38c0fe21d2132cbbc8cef0f586595b5b3506c49
 
 import itertools
 from collections.abc import Hashable
@@ -165,10 +165,13 @@ def _check_rows(
     per_item: str,
     row_shape: tuple[int, ...] | None = None,
     accepts_list: bool = False,
+    takes_bool: bool = False,
 ) -> None:
     """The flat input ``key`` holds exactly ``rows`` rows, its items'
     ``per_item`` summed, each of ``row_shape`` (the captured buffer's row,
     when it is fixed: the replay copy would broadcast a narrower one).
+    Complex values, and bool ones unless ``takes_bool`` (a mask), are refused:
+    no tower computes with them, and the replay copy would cast them.
 
     Selection, replay and the eager forward slice the rows by the grids; rows
     that do not match them would shift every item without an error. Only
@@ -181,6 +184,11 @@ def _check_rows(
             raise ValueError(
                 f"mm_kwargs[{key!r}] is a {type(part).__name__}; it must be a "
                 "tensor of rows" + (" or a list of them" if accepts_list else "")
+            )
+        if part.dtype.is_complex or (part.dtype == torch.bool and not takes_bool):
+            raise ValueError(
+                f"mm_kwargs[{key!r}] holds {part.dtype} values; it takes real "
+                "numbers (floating point or integer)"
             )
         if row_shape is not None and part.shape[1:] != row_shape:
             raise ValueError(

@@ -3,8 +3,8 @@
 # From specs/deepseek_ocr.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_ocr.yaml`.
 # spec-sha256: 0bfb43e4316a4a39192bb100e7cfeecbb3f7339c7a907dfaa07f9b62999ceee7
-# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
-# output-sha256: b07d56bbdbeb29623340e78d63e9954fab9f4a514f8f2692ce51844696d807b9
+# templates-sha256: d1b2daa4d417d7a0a77599764c5efabde557cde72f0d17e5a98359e1957cee73
+# output-sha256: 158b4129c9f902f12055d2afe6f83697453496e8567675996f30df447669affc
 
 import itertools
 from collections.abc import Hashable
@@ -133,10 +133,13 @@ def _check_rows(
     per_item: str,
     row_shape: tuple[int, ...] | None = None,
     accepts_list: bool = False,
+    takes_bool: bool = False,
 ) -> None:
     """The flat input ``key`` holds exactly ``rows`` rows, its items'
     ``per_item`` summed, each of ``row_shape`` (the captured buffer's row,
     when it is fixed: the replay copy would broadcast a narrower one).
+    Complex values, and bool ones unless ``takes_bool`` (a mask), are refused:
+    no tower computes with them, and the replay copy would cast them.
 
     Selection, replay and the eager forward slice the rows by the grids; rows
     that do not match them would shift every item without an error. Only
@@ -149,6 +152,11 @@ def _check_rows(
             raise ValueError(
                 f"mm_kwargs[{key!r}] is a {type(part).__name__}; it must be a "
                 "tensor of rows" + (" or a list of them" if accepts_list else "")
+            )
+        if part.dtype.is_complex or (part.dtype == torch.bool and not takes_bool):
+            raise ValueError(
+                f"mm_kwargs[{key!r}] holds {part.dtype} values; it takes real "
+                "numbers (floating point or integer)"
             )
         if row_shape is not None and part.shape[1:] != row_shape:
             raise ValueError(

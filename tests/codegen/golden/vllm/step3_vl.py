@@ -3,8 +3,8 @@
 # From specs/step3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
-# templates-sha256: 438e394ab71e518816b0511b5e6f1ea89b92769742714569a687590808636609
-# output-sha256: a306a47282b424ba64662240581ce9bac8caa0b391f19c75b6a6e83c8b09f1dc
+# templates-sha256: d1b2daa4d417d7a0a77599764c5efabde557cde72f0d17e5a98359e1957cee73
+# output-sha256: 0ee9062f60832c462109e2041250f3e3d2e17613ec010160ed31c2df5dfc5c0a
 
 import itertools
 from collections.abc import Hashable
@@ -128,10 +128,13 @@ def _check_rows(
     per_item: str,
     row_shape: tuple[int, ...] | None = None,
     accepts_list: bool = False,
+    takes_bool: bool = False,
 ) -> None:
     """The flat input ``key`` holds exactly ``rows`` rows, its items'
     ``per_item`` summed, each of ``row_shape`` (the captured buffer's row,
     when it is fixed: the replay copy would broadcast a narrower one).
+    Complex values, and bool ones unless ``takes_bool`` (a mask), are refused:
+    no tower computes with them, and the replay copy would cast them.
 
     Selection, replay and the eager forward slice the rows by the grids; rows
     that do not match them would shift every item without an error. Only
@@ -144,6 +147,11 @@ def _check_rows(
             raise ValueError(
                 f"mm_kwargs[{key!r}] is a {type(part).__name__}; it must be a "
                 "tensor of rows" + (" or a list of them" if accepts_list else "")
+            )
+        if part.dtype.is_complex or (part.dtype == torch.bool and not takes_bool):
+            raise ValueError(
+                f"mm_kwargs[{key!r}] holds {part.dtype} values; it takes real "
+                "numbers (floating point or integer)"
             )
         if row_shape is not None and part.shape[1:] != row_shape:
             raise ValueError(
