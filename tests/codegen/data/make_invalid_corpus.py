@@ -2293,6 +2293,28 @@ valid_case(
 )
 
 
+# -- pads_units: a flat input of one row per unit, padded to the widest ------------------
+
+# pads_units checks each unit's input_size against the padded width: it needs units.
+valid_case(
+    "pads_units_without_unit_of",
+    "unit_items",
+    (
+        "  num_tiles: {kind: count, dim: n}\n",
+        "  num_tiles: {kind: count, dim: n}\n  extra: {kind: flat, rows: n, pads_units: true}\n",
+    ),
+)
+# A row is one unit's patches: rows of h * w per unit are no padded rows.
+valid_case(
+    "pads_units_of_several_rows",
+    "unit_items",
+    (
+        "  patches: {kind: flat, unit_of: num_tiles, rows: h * w}",
+        "  patches: {kind: flat, unit_of: num_tiles, rows: h * w, pads_units: true}",
+    ),
+)
+
+
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     wanted = set(cases) | set(NOT_UTF8)
