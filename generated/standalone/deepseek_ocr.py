@@ -3,8 +3,8 @@
 # From specs/deepseek_ocr.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_ocr.yaml`.
 # spec-sha256: 0bfb43e4316a4a39192bb100e7cfeecbb3f7339c7a907dfaa07f9b62999ceee7
-# templates-sha256: d1b2daa4d417d7a0a77599764c5efabde557cde72f0d17e5a98359e1957cee73
-# output-sha256: e2cb34de8d6539ec5d5f873f23f204c781c8a70567f4c7cbea018c484a40bde9
+# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
+# output-sha256: 8a121ab47c70fd9aec100baf67a140e92c9166e565f308705f67472074b600c5
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/deepseek_v41.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_v41.yaml`.
 # spec-sha256: c4bb5416f4de0c625a1fa71cb716f1e83b6ed76dea15bb3b4f0fe238f99fa89f
-# templates-sha256: d1b2daa4d417d7a0a77599764c5efabde557cde72f0d17e5a98359e1957cee73
-# output-sha256: 6b9a70f3e7bf7acc376ffccde213932ae387280a84c132da6830f7799ade9a0c
+# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
+# output-sha256: d056bee55eebae5a7812e768b2f5161d5dd8f80352b971d0c6bfced9f212231c
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/gemma4_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma4_mm.yaml`.
 # spec-sha256: 06e9dbe6dfab654f3c21e7f5471097a1f4a7406dd29cd02c84eecf9f9a03241a
-# templates-sha256: d1b2daa4d417d7a0a77599764c5efabde557cde72f0d17e5a98359e1957cee73
-# output-sha256: f88fcb8e0c1514e97079efb372cbf42ce9d558e866dcdf137b3e816bc3fd69ee
+# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
+# output-sha256: dd595adfa89e5e3167b533508a6f56773adf16149f52fca1d27e13533fade3b3
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any

@@ -3,8 +3,8 @@
 # From specs/kimi_k3.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k3.yaml`.
 # spec-sha256: 43497e5dfe1ac384f62bdd2eaa1d96ddd9887c49f037b60e3b81ea6100afb1a8
-# templates-sha256: d1b2daa4d417d7a0a77599764c5efabde557cde72f0d17e5a98359e1957cee73
-# output-sha256: bffe4a557dbf4fce9f5bacf50fd8e3500d1788c57bff05ffb0346087bdf50d4c
+# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
+# output-sha256: 5c4cd97b10b55b90e435f9015500f3ddd7e2c11545c8d5f58872d2b7c7c004bd
 
 import itertools
 import math

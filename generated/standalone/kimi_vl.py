@@ -3,8 +3,8 @@
 # From specs/kimi_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_vl.yaml`.
 # spec-sha256: b4c12018366cdeb86c86bf7b35c60c7b97e9e189f2f53785ec5ff811704d07d2
-# templates-sha256: d1b2daa4d417d7a0a77599764c5efabde557cde72f0d17e5a98359e1957cee73
-# output-sha256: 72fb7b684a92703df02c8f4c6660ebe5f22e6ee6a381ecd41ee2c0b00301df29
+# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
+# output-sha256: f49fccaab4337313bf2009f0f5b2dbfb7e951f8f5e1c9746d41da0191ef5a152
 
 import itertools
 from collections.abc import Hashable

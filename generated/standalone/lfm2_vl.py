@@ -3,8 +3,8 @@
 # From specs/lfm2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/lfm2_vl.yaml`.
 # spec-sha256: 155ff7c4ea0622aa6e6c161c5d0f47a9b00815ce4fa05a9c67893bb7c352de94
-# templates-sha256: d1b2daa4d417d7a0a77599764c5efabde557cde72f0d17e5a98359e1957cee73
-# output-sha256: c8fb8e08af2b673493e71f84ec70d195315ba0714b670019b29c2e4c82b23432
+# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
+# output-sha256: fe78e4b9eb68da753b4dfadca5bcc7bf3161d927f44211f94e504232b4f2bff7
 
 import itertools
 from collections.abc import Hashable
@@ -169,12 +169,6 @@ def _count_values(mm_kwargs: dict[str, Any], key: str, least: int = 0) -> list[i
             raise ValueError(
                 f"mm_kwargs[{key!r}] has shape {tuple(counts.shape)}; a count "
                 "input has one integer per item"
-            )
-        if counts.numel() and int(counts.min()) < 0:
-            index = int((counts < 0).nonzero()[0, 0])
-            raise ValueError(
-                f"mm_kwargs[{key!r}][{index}] is {int(counts[index])}; a count is "
-                "not negative"
             )
         values = counts.tolist()
     elif isinstance(counts, (list, tuple)):

@@ -3,8 +3,8 @@
 # From specs/qwen3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen3_vl.yaml`.
 # spec-sha256: 902e83bb3226b608ede21e14f232e7c519c96c3ab05297933967cf2acb582708
-# templates-sha256: d1b2daa4d417d7a0a77599764c5efabde557cde72f0d17e5a98359e1957cee73
-# output-sha256: 9e13d3f1574b1d265d40a9a7f4bcabc3b7d07b8af758ef9d32a5eda27a43754e
+# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
+# output-sha256: 1f1be2942ea0efe4d18c242fd13669618e452b6bb3d30647e902114fa48ab204
 
 import itertools
 from collections.abc import Hashable

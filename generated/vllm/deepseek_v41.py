@@ -3,8 +3,8 @@
 # From specs/deepseek_v41.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_v41.yaml`.
 # spec-sha256: c4bb5416f4de0c625a1fa71cb716f1e83b6ed76dea15bb3b4f0fe238f99fa89f
-# templates-sha256: d1b2daa4d417d7a0a77599764c5efabde557cde72f0d17e5a98359e1957cee73
-# output-sha256: 2c4b4827b80f1cef261c803e42f6ed8174df4932cffbd47114d77efb39af2ac4
+# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
+# output-sha256: 9cbce685bce89778397c3a14c9f511cc564c7d07e5b0c8ae05b0e76db3d1d469
 
 import itertools
 from collections.abc import Hashable

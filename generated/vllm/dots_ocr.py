@@ -3,8 +3,8 @@
 # From specs/dots_ocr.yaml: change the spec or the templates and run
 # `gen-mixin specs/dots_ocr.yaml`.
 # spec-sha256: 00dd8d99bf15619e6c551a3ae930a0ca48d9ca9b113561f7b84d06b5c0336520
-# templates-sha256: d1b2daa4d417d7a0a77599764c5efabde557cde72f0d17e5a98359e1957cee73
-# output-sha256: 24df479a04e8c09678887ed1c2922ee80cd89a493657709d91043ca2da5a7bbe
+# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
+# output-sha256: 072c6e90a3fbba70de7d2ae3083a8010220bbb32c4596ff088bd51bad7a034e4
 
 import itertools
 from collections.abc import Hashable

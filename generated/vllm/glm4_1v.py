@@ -3,8 +3,8 @@
 # From specs/glm4_1v.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm4_1v.yaml`.
 # spec-sha256: 93ee1fa714e7ac8e7e720d49cba4efbe7b945a492409a082eff8447195711a00
-# templates-sha256: d1b2daa4d417d7a0a77599764c5efabde557cde72f0d17e5a98359e1957cee73
-# output-sha256: c5c518c35b3e27634d0941ab8adf4ad147fb1e5c07ffcc6f69133d5008a2c5b2
+# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
+# output-sha256: e15800095a925c6cf967d596ba04ebb89020879badd9d3b3e0bca86eef058dd1
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/qwen3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen3_vl.yaml`.
 # spec-sha256: 902e83bb3226b608ede21e14f232e7c519c96c3ab05297933967cf2acb582708
-# templates-sha256: d1b2daa4d417d7a0a77599764c5efabde557cde72f0d17e5a98359e1957cee73
-# output-sha256: d228e56b440c84a0c6fdf98b22f29224cab2440ba849f6fcff38bf00a18ed727
+# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
+# output-sha256: cb031ebb2cbfbf72b138bf16cc2f208234621f68b37671baadf5fb5bf61fad3b
 
 import itertools
 from collections.abc import Hashable

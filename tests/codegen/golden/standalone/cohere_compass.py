@@ -3,8 +3,8 @@
 # From specs/cohere_compass.yaml: change the spec or the templates and run
 # `gen-mixin specs/cohere_compass.yaml`.
 # spec-sha256: d07c29aa8ad4662bcac30b269bf92c40a0f7c311b8deb5cc9f84e86dba45c5c5
-# templates-sha256: d1b2daa4d417d7a0a77599764c5efabde557cde72f0d17e5a98359e1957cee73
-# output-sha256: 6abd762c81afce593a11f637f38c0fe21d2132cbbc8cef0f586595b5b3506c49
+# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
+# output-sha256: 4adade8c8c24068ed336c1d2b2b3230cbde30d3989cd987c466c1c2d15bcac6d
 
 import itertools
 from collections.abc import Hashable

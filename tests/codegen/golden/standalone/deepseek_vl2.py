@@ -3,8 +3,8 @@
 # From specs/deepseek_vl2.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_vl2.yaml`.
 # spec-sha256: 65a219ba305cd6d64a7bcc0ccb0190528fa86cf96ed2209abdf6848605972e9f
-# templates-sha256: d1b2daa4d417d7a0a77599764c5efabde557cde72f0d17e5a98359e1957cee73
-# output-sha256: 8dbdd4a2e526c428e5be39eac4f325ed4689d887f553b9a6eefbbc2cd75c067a
+# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
+# output-sha256: cc53e160fd064196079d26d70015a820fbf8f52cf8c8f5110445a3f11590219f
 
 import itertools
 from collections.abc import Hashable

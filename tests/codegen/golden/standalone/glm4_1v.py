@@ -3,8 +3,8 @@
 # From specs/glm4_1v.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm4_1v.yaml`.
 # spec-sha256: 93ee1fa714e7ac8e7e720d49cba4efbe7b945a492409a082eff8447195711a00
-# templates-sha256: d1b2daa4d417d7a0a77599764c5efabde557cde72f0d17e5a98359e1957cee73
-# output-sha256: ea2d62177f4447b32c57bced86aa8a3202e10ad7a8bf393c1f3ac9096c900b0c
+# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
+# output-sha256: 1223dbbf9608607284d646fe488f228938312403141fb3077e0bcc7f8b2bb669
 
 import itertools
 from collections.abc import Hashable

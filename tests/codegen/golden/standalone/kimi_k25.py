@@ -3,8 +3,8 @@
 # From specs/kimi_k25.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k25.yaml`.
 # spec-sha256: 7f183ed8d4f550eea068483d8a9435b722bdfdf97a0b4d8fcd5271760b6fb015
-# templates-sha256: d1b2daa4d417d7a0a77599764c5efabde557cde72f0d17e5a98359e1957cee73
-# output-sha256: 254c1a0ad92a6a9c385783983ad0b0d38eeee109cf6e42f59e60278d47e3b919
+# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
+# output-sha256: f0f55af16d4acbb527511d48e3cdfdff4701a9a2fdc1faa64cca14a72281a0aa
 
 import itertools
 from collections.abc import Hashable

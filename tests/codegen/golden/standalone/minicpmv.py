@@ -3,8 +3,8 @@
 # From specs/minicpmv.yaml: change the spec or the templates and run
 # `gen-mixin specs/minicpmv.yaml`.
 # spec-sha256: d4a580fe01bc55f4be098f399ee38128cd927c0b2f6e20aecf28c2d3e8bd3368
-# templates-sha256: d1b2daa4d417d7a0a77599764c5efabde557cde72f0d17e5a98359e1957cee73
-# output-sha256: ad6ee32405213cf7e9666f0291d82c47a0ef840f3679e6a0986e0674e3b7e3fb
+# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
+# output-sha256: 19f6ac6dca82ef49d3201f304af3694900c42621915d8ff329ae936a329ecadc
 
 import itertools
 from collections.abc import Hashable

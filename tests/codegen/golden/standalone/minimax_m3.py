@@ -3,8 +3,8 @@
 # From specs/minimax_m3.yaml: change the spec or the templates and run
 # `gen-mixin specs/minimax_m3.yaml`.
 # spec-sha256: b0a1c0d6a521d611779e7b31c2e7a34c1db47288900ae226b9f1caa189fda9e9
-# templates-sha256: d1b2daa4d417d7a0a77599764c5efabde557cde72f0d17e5a98359e1957cee73
-# output-sha256: e1d2835ea297e9814f2e352048cd661cc803befb716801b0110c1f854a9f5c6b
+# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
+# output-sha256: aec1d3bf5f16a4a3111c1bfeb72366998371c38612a8af67f4516e390bbac74d
 
 import itertools
 import weakref

@@ -3,8 +3,8 @@
 # From specs/cohere_compass.yaml: change the spec or the templates and run
 # `gen-mixin specs/cohere_compass.yaml`.
 # spec-sha256: d07c29aa8ad4662bcac30b269bf92c40a0f7c311b8deb5cc9f84e86dba45c5c5
-# templates-sha256: d1b2daa4d417d7a0a77599764c5efabde557cde72f0d17e5a98359e1957cee73
-# output-sha256: 30f4377cc9c6075bbed3ef968254dfc22db29c69e9258d689a2f000a938fa8b5
+# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
+# output-sha256: 069ac3637495c4d08a693d22715432573a907d1fb8b0a0ad2aa7f130d71d4ea9
 
 import itertools
 from collections.abc import Hashable

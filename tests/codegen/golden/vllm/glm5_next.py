@@ -3,8 +3,8 @@
 # From specs/glm5_next.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm5_next.yaml`.
 # spec-sha256: eb5cf2b9079a5f16fe35bba77bed5740c643efe1e64d9a18938216fe04e1b97d
-# templates-sha256: d1b2daa4d417d7a0a77599764c5efabde557cde72f0d17e5a98359e1957cee73
-# output-sha256: eb924e01ebee3b40d0c12ff61fa199a7c5b802d704e6e2ab003ffae9275de062
+# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
+# output-sha256: 123246d1c61efc43c566fd2d2258d1b1fad0308904bfeedbc652874b5f8a4ab8
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/minicpmv.yaml: change the spec or the templates and run
 # `gen-mixin specs/minicpmv.yaml`.
 # spec-sha256: d4a580fe01bc55f4be098f399ee38128cd927c0b2f6e20aecf28c2d3e8bd3368
-# templates-sha256: d1b2daa4d417d7a0a77599764c5efabde557cde72f0d17e5a98359e1957cee73
-# output-sha256: a26f886f41e3fb584284a28220fedf9f83ac53997e7244863b1ebe11b480972f
+# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
+# output-sha256: cae6538529a91a87157c164355bb0bba529c7d6415be96ec17449f74074b9aa9
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/qwen2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_vl.yaml`.
 # spec-sha256: 869bcb41f290ee655394bdeee5f49801b8344bce3f4c38101e004675d9980f68
-# templates-sha256: d1b2daa4d417d7a0a77599764c5efabde557cde72f0d17e5a98359e1957cee73
-# output-sha256: b1ec6542bb0c4e65bdca12a1b03646754454b267ff71a1c3ad6393f79cda268d
+# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
+# output-sha256: d7f6e2e37a6e3feb6131aa6f0e7ca4c981681a06fa014df7ae495bef06ddf02c
 
 import itertools
 from collections.abc import Hashable
