@@ -50,7 +50,8 @@ def _generate_parser() -> argparse.ArgumentParser:
         "--target",
         choices=[*TARGETS, "all"],
         default="all",
-        help="which module(s) to generate (default: all)",
+        help="which module(s) to generate (default: all: every target a spec "
+        "has; a spec with a vLLM-only import has the vllm target only)",
     )
     p.add_argument(
         "--out",
