@@ -2,7 +2,8 @@
 
 ::
 
-    gen-mixin SPEC...            write generated/<target>/<stem>.py for both targets
+    gen-mixin SPEC...            write generated/<target>/<stem>.py for each target
+                                 the spec has (vllm only with a vLLM-only import)
     gen-mixin --check SPEC...    exit 1 (with a diff) if a file is stale or orphaned
     gen-mixin --stdout SPEC      print instead of writing
     gen-mixin schema             print the spec's JSON Schema
@@ -49,7 +50,8 @@ def _generate_parser() -> argparse.ArgumentParser:
         "--target",
         choices=[*TARGETS, "all"],
         default="all",
-        help="which module(s) to generate (default: all)",
+        help="which module(s) to generate (default: all: every target a spec "
+        "has; a spec with a vLLM-only import has the vllm target only)",
     )
     p.add_argument(
         "--out",
@@ -72,8 +74,9 @@ def _generate_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _targets(choice: str) -> tuple[str, ...]:
-    return TARGETS if choice == "all" else (choice,)
+def _targets(choice: str) -> tuple[str, ...] | None:
+    """The targets asked for; None (``all``): every target each spec has."""
+    return None if choice == "all" else (choice,)
 
 
 def _covers_folder(specs: list[Path]) -> bool:
@@ -102,7 +105,7 @@ def _name_problem(spec: Path, stems: dict[str, Path]) -> SpecError | None:
     return SpecError(diags.sorted())
 
 
-def _render_all(specs: list[Path], targets: tuple[str, ...], out: Path):
+def _render_all(specs: list[Path], targets: tuple[str, ...] | None, out: Path):
     """Every module rendered in memory, or ``None`` when a spec has problems
     (each spec's problems are printed, then the next spec's)."""
     from generator.emit import render_spec
@@ -122,7 +125,7 @@ def _render_all(specs: list[Path], targets: tuple[str, ...], out: Path):
     return None if failed else rendered
 
 
-def _check(args, rendered, targets: tuple[str, ...]) -> int:
+def _check(args, rendered, targets: tuple[str, ...] | None) -> int:
     from generator.emit import check
 
     result = check(rendered, args.out, targets, _covers_folder(args.specs))

@@ -20,11 +20,12 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-from generator.diagnostics import printable
+from generator.diagnostics import Diagnostics, SpecError, field_key, printable
 from generator.limits import MAX_EXISTING_OUTPUT_BYTES
 from generator.naming import TARGETS, output_path, spec_display_path
 from generator.render import finish, is_sealed_output, render_unformatted
 from generator.resolve import resolve_text
+from generator.spec.mixin import MixinSpec
 from generator.yaml_loader import read_spec_file
 
 
@@ -48,16 +49,25 @@ class OutputError(Exception):
 
 
 def render_spec(
-    spec: Path, targets: tuple[str, ...], out_dir: Path, shown: str | None = None
+    spec: Path,
+    targets: tuple[str, ...] | None,
+    out_dir: Path,
+    shown: str | None = None,
 ) -> list[Rendered]:
     """Validate and render one spec for each target (raises SpecError).
 
-    The spec is read once: the module is generated from, and its header
-    hashes, the same bytes. ``shown``: how diagnostics name the spec.
+    ``targets`` None: every target the spec has (a spec with a vLLM-only
+    import has no standalone module); a target named that the spec lacks is
+    refused, at each import it has no module for. The spec is read once: the
+    module is generated from, and its header hashes, the same bytes.
+    ``shown``: how diagnostics name the spec.
     """
     data, text = read_spec_file(spec, shown or str(spec))
     ir = resolve_text(text, shown or str(spec))
     display = spec_display_path(spec)
+    if targets is None:
+        targets = ir.targets
+    _refuse_missing_targets(ir, targets)
     return [
         Rendered(
             spec,
@@ -67,6 +77,24 @@ def render_spec(
         )
         for target in targets
     ]
+
+
+def _refuse_missing_targets(ir: MixinSpec, targets: tuple[str, ...]) -> None:
+    """SpecError, at each vLLM-only import, when a target the spec has no
+    module for is asked for."""
+    diags = Diagnostics()
+    for target in targets:
+        for imp in ir.imports_without(target):
+            diags.error(
+                imp.location,
+                f"imports.{field_key(imp.name)}",
+                f"no {target} module (a vLLM-only import): the spec generates "
+                "its vllm module only; generate it with --target vllm, or give "
+                f"the import a {target} stand-in of this project "
+                "(reference_towers.*)",
+            )
+    if diags.items:
+        raise SpecError(diags.sorted())
 
 
 # -- reading what is there ----------------------------------------------------
@@ -289,10 +317,15 @@ class CheckResult:
 
 
 def check(
-    rendered: list[Rendered], out_dir: Path, targets: tuple[str, ...], all_specs: bool
+    rendered: list[Rendered],
+    out_dir: Path,
+    targets: tuple[str, ...] | None,
+    all_specs: bool,
 ) -> CheckResult:
     """Stale files (content differs or missing) and, when every spec of the
-    project was given, orphaned files (generated modules without a spec).
+    project was given, orphaned files (generated modules without a spec: a
+    standalone module of a spec with a vLLM-only import is one) in the
+    folders of ``targets`` (None: every target's).
     Raises OutputError when an output path holds something unreadable."""
     stale = []
     for item in rendered:
@@ -304,7 +337,7 @@ def check(
     orphaned: list[Path] = []
     if all_specs:
         expected = {os.path.realpath(item.path) for item in rendered}
-        for target in targets:
+        for target in targets or TARGETS:
             folder = out_dir / target
             if not folder.is_dir():
                 continue

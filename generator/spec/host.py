@@ -173,10 +173,12 @@ class Annotation(ValueType):
 
 @dataclass(frozen=True)
 class Import:
-    """A name the generated module imports, from one module per target."""
+    """A name the generated module imports, from one module per target; a
+    vLLM-only import (no ``standalone`` module) keeps its spec to the vllm
+    target (:meth:`MixinSpec.target_problems`)."""
 
     name: str
-    modules: tuple[tuple[str, str], ...]  # (target, module)
+    modules: tuple[tuple[str, str | None], ...]  # (target, module or None)
     type_only: bool
     location: Location
 
@@ -191,8 +193,10 @@ class Import:
         Key(
             "standalone",
             DottedName(),
-            "Module of this project that defines the name (`reference_towers.*`).",
-            required=True,
+            "Module of this project that defines the name, or a stand-in for it "
+            "(`reference_towers.*`, `encoder_cudagraph_runtime.*`). Without it the "
+            "import is vLLM-only: the spec generates its vllm module only, and "
+            "`--target standalone` refuses it.",
             example="reference_towers.qwen2_vl",
         ),
         Key(
@@ -204,7 +208,9 @@ class Import:
     )
     DOC_TITLE = "imports"
 
-    def module(self, target: str) -> str:
+    def module(self, target: str) -> str | None:
+        """The module the name comes from in ``target``'s module (None: the
+        import has none there)."""
         return dict(self.modules)[target]
 
     @classmethod

@@ -15,6 +15,7 @@ from typing import ClassVar
 from generator import formulas as fx
 from generator.formulas import Expr
 from generator.limits import MAX_CAPTURE_AXIS_KEYS
+from generator.naming import TARGETS
 from generator.scopes import NameKind
 from generator.spec.axes import CaptureAxis
 from generator.spec.enums import Base, DefsImport, Modality
@@ -284,6 +285,17 @@ class MixinSpec:
     @property
     def stem(self) -> str:
         return Path(self.spec_path).stem
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        """The targets the spec has a module for: both, or vllm alone when an
+        import names no standalone module (a vLLM-only import)."""
+        return tuple(t for t in TARGETS if not self.imports_without(t))
+
+    def imports_without(self, target: str) -> tuple[Import, ...]:
+        """The imports with no module in ``target`` (vLLM-only imports for
+        the standalone target)."""
+        return tuple(i for i in self.imports if i.module(target) is None)
 
     @property
     def path(self) -> EncoderPath:

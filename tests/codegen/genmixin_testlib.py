@@ -65,6 +65,26 @@ def targets() -> tuple[str, ...]:
     return TARGETS
 
 
+@functools.cache
+def spec_targets(path: Path) -> tuple[str, ...]:
+    """The targets ``path`` has a module for (vllm alone with a vLLM-only
+    import)."""
+    from generator.resolve import load_spec
+
+    return load_spec(path).targets
+
+
+def target_cases(paths: list[Path]) -> list[tuple[str, Path]]:
+    """(target, spec) for every module the specs generate."""
+    return [(t, p) for p in paths for t in spec_targets(p)]
+
+
+def standalone_paths(paths: list[Path]) -> list[Path]:
+    """The specs with a standalone module (the CPU tests that run the
+    generated code run that one)."""
+    return [p for p in paths if "standalone" in spec_targets(p)]
+
+
 def update_hint(what: str) -> str:
     return (
         f"{what}; if the change is intended, regenerate with "
@@ -93,7 +113,7 @@ def render_all() -> dict[tuple[str, str], str]:
 
     out: dict[tuple[str, str], str] = {}
     for spec in spec_paths():
-        for item in render_spec(spec, targets(), GENERATED_DIR):
+        for item in render_spec(spec, None, GENERATED_DIR):
             out[(item.target, spec.stem)] = item.source
     return out
 

@@ -54,7 +54,7 @@ def test_rendering_never_imports_torch() -> None:
         "from pathlib import Path\nfrom generator.emit import render_spec\n"
         + "".join(
             f"[r.source for r in render_spec(Path({str(p)!r}), "
-            "('vllm', 'standalone'), Path('generated'))]\n"
+            "None, Path('generated'))]\n"
             for p in spec_paths()
         )
     )

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from genmixin_testlib import REPO, render_all, spec_paths, targets
+from genmixin_testlib import REPO, render_all, spec_paths, spec_targets, target_cases
 
 HASH_SEEDS = ("0", "1", "12345")
 
@@ -29,10 +29,9 @@ _RENDER_SCRIPT = """
 import json, sys
 from pathlib import Path
 from generator.emit import render_spec
-from generator.naming import TARGETS
 out = {}
 for spec in sys.argv[1:]:
-    for item in render_spec(Path(spec), TARGETS, Path("generated")):
+    for item in render_spec(Path(spec), None, Path("generated")):
         out[f"{item.target}/{Path(spec).stem}"] = item.source
 print(json.dumps(out))
 """
@@ -87,10 +86,10 @@ def test_rendering_twice_in_one_process_is_identical() -> None:
     from generator.emit import render_spec
 
     for spec in spec_paths():
-        first = [r.source for r in render_spec(spec, targets(), Path("generated"))]
-        second = [r.source for r in render_spec(spec, targets(), Path("generated"))]
+        first = [r.source for r in render_spec(spec, None, Path("generated"))]
+        second = [r.source for r in render_spec(spec, None, Path("generated"))]
         assert first == second, spec.name
-        assert first == [render_all()[(t, spec.stem)] for t in targets()]
+        assert first == [render_all()[(t, spec.stem)] for t in spec_targets(spec)]
 
 
 _ABSOLUTE_PATH = re.compile(
@@ -106,7 +105,7 @@ _TIMESTAMP = re.compile(
 
 
 @pytest.mark.parametrize(
-    "key", [f"{t}/{s.stem}" for s in spec_paths() for t in targets()]
+    "key", [f"{t}/{s.stem}" for t, s in target_cases(spec_paths())]
 )
 def test_output_has_no_paths_or_timestamps(key: str) -> None:
     target, stem = key.split("/")

@@ -9,9 +9,9 @@ from generator.emitters import build_context
 from generator.formatting import CHUNK, black_format, format_module, unmarked
 from generator.render import MAIN_TEMPLATE, _environment
 from generator.resolve import load_spec
-from genmixin_testlib import spec_paths, targets, valid_corpus_paths
+from genmixin_testlib import spec_paths, target_cases, valid_corpus_paths
 
-CASES = [(t, p) for p in spec_paths() + valid_corpus_paths() for t in targets()]
+CASES = target_cases(spec_paths() + valid_corpus_paths())
 IDS = [f"{t}-{p.parent.name}/{p.stem}" for t, p in CASES]
 
 

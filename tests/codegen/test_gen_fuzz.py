@@ -68,6 +68,7 @@ from genmixin_testlib import (
 from hypothesis import HealthCheck, currently_in_test_context, event, given, settings
 from hypothesis import strategies as st
 
+from generator.import_rules import TARGET_ROOTS
 from generator.formulas import TORCH_DTYPES, TORCH_FUNCTIONS
 from generator.spec.step_language import (
     MODULE_API,
@@ -79,8 +80,9 @@ from generator.spec.step_language import (
 )
 
 #: Valid-corpus specs the fuzz starts from too: their input kinds no spec of
-#: ``specs/`` uses yet (a tensors input: Pixtral's images).
-CORPUS_STARTS = ("tensor_images",)
+#: ``specs/`` uses yet (a tensors input: Pixtral's images; a vLLM-only
+#: import).
+CORPUS_STARTS = ("tensor_images", "vllm_only_import")
 SPECS = {p.stem: p.read_text(encoding="utf-8") for p in spec_paths()} | {
     p.stem: p.read_text(encoding="utf-8")
     for p in valid_corpus_paths()
@@ -645,6 +647,58 @@ def tensors_inputs(draw) -> tuple[Any, list[str]]:
 def test_tensors_inputs_are_reported_or_generated_safely(case, target: str) -> None:
     tree, log = case
     _check_one_spec(_dump(tree, True).encode(), "tensor_images.yaml", target, log)
+
+
+#: What an import's modules are drawn from: vLLM's module that binds the name,
+#: one that does not, other packages, this project's modules, payloads.
+IMPORT_MODULES = [
+    "vllm.model_executor.models.llava_next",
+    "vllm.model_executor.models.llava",
+    "vllm",
+    "transformers.models.llava_next.modeling_llava_next",
+    "reference_towers.registry",
+    "encoder_cudagraph_runtime.defs",
+    "os",
+    "generated.vllm.qwen2_vl",
+]
+
+
+@st.composite
+def import_entries(draw) -> tuple[Any, list[str]]:
+    """``vllm_only_import`` with its import's modules redrawn, each present
+    or not (a vLLM-only import, a stand-in, neither)."""
+    tree = copy.deepcopy(TREES["vllm_only_import"])
+    modules = st.sampled_from(IMPORT_MODULES + PAYLOADS)
+    entry = {
+        key: draw(modules)
+        for key in ("vllm", "standalone")
+        if draw(st.integers(min_value=0, max_value=2))
+    }
+    tree["imports"]["unpad_image"] = entry
+    return tree, [f"imports {entry!r}"]
+
+
+@_settings(60)
+@given(case=import_entries(), target=st.sampled_from(["vllm", "standalone", "all"]))
+def test_import_entries_generate_only_allowed_targets(case, target: str) -> None:
+    """An import refused or accepted as its modules' allow-lists say; a
+    generation writes a module only for a target the import has a module in."""
+    tree, log = case
+    entry = tree["imports"]["unpad_image"]
+    with _workspace() as folder:
+        spec = folder / "specs" / "vllm_only_import.yaml"
+        spec.parent.mkdir()
+        spec.write_text(_dump(tree, True), encoding="utf-8")
+        before = _snapshot(folder)
+        rc, _, stderr = _run([str(spec), "--out", "out", "--target", target], log)
+        _assert_outcome(rc, stderr, before, folder, log, stale_ok=False)
+        written = sorted(p.parent.name for p in (folder / "out").rglob("*.py"))
+    if rc == 0:
+        assert written, log
+        for name in written:
+            assert entry.get(name, "").split(".")[0] in TARGET_ROOTS[name], log
+    if "vllm" not in entry or (target == "standalone" and "standalone" not in entry):
+        assert rc == 2, log
 
 
 # -- textual mutations --------------------------------------------------------------

@@ -29,11 +29,11 @@ from genmixin_testlib import (
     run_main,
     short_diff,
     spec_paths,
-    targets,
+    target_cases,
     update_hint,
 )
 
-CASES = [(t, s.stem) for s in spec_paths() for t in targets()]
+CASES = [(t, s.stem) for t, s in target_cases(spec_paths())]
 IDS = [f"{t}-{stem}" for t, stem in CASES]
 
 

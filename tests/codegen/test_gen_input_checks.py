@@ -22,10 +22,15 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from genmixin_spec_host import SpecWorld  # noqa: E402
-from genmixin_testlib import spec_paths, valid_corpus_paths  # noqa: E402
+from genmixin_testlib import (  # noqa: E402
+    spec_paths,
+    standalone_paths,
+    valid_corpus_paths,
+)
 from input_corruptions import corruptions, index_corruptions  # noqa: E402
 
-SPECS = spec_paths() + valid_corpus_paths()
+# The standalone module runs here (none for a spec with a vLLM-only import).
+SPECS = standalone_paths(spec_paths() + valid_corpus_paths())
 WORLDS = {f"{p.parent.name}/{p.stem}": p for p in SPECS}
 
 

@@ -15,9 +15,9 @@ import pytest
 
 from generator.resolve import load_spec
 from generator.scopes import METHODS, MODULE_NAMES, NameKind
-from genmixin_testlib import render_path, spec_paths, targets, valid_corpus_paths
+from genmixin_testlib import render_path, spec_paths, target_cases, valid_corpus_paths
 
-CASES = [(t, s) for s in spec_paths() + valid_corpus_paths() for t in targets()]
+CASES = target_cases(spec_paths() + valid_corpus_paths())
 IDS = [f"{t}-{s.parent.name}/{s.stem}" for t, s in CASES]
 
 

@@ -2315,6 +2315,52 @@ valid_case(
 )
 
 
+# -- vLLM-only imports: a vllm module always, allow-listed on both sides ------------------
+
+_LLAVA_NEXT_IMPORT = "{vllm: vllm.model_executor.models.llava_next}"
+# The vllm module is what every import has; a standalone one alone is no import.
+valid_case(
+    "vllm_only_import_without_vllm",
+    "vllm_only_import",
+    (_LLAVA_NEXT_IMPORT, "{standalone: reference_towers.registry}"),
+)
+# vllm: modules under vllm only, even for a helper vLLM's module re-exports.
+valid_case(
+    "vllm_only_import_outside_vllm",
+    "vllm_only_import",
+    (
+        _LLAVA_NEXT_IMPORT,
+        "{vllm: transformers.models.llava_next.modeling_llava_next}",
+    ),
+)
+# A module of vLLM 0.33.0 that does not bind the name.
+valid_case(
+    "vllm_only_import_name_not_in_module",
+    "vllm_only_import",
+    (_LLAVA_NEXT_IMPORT, "{vllm: vllm.model_executor.models.llava}"),
+)
+# A stand-in is a module of this project, never another package's.
+valid_case(
+    "vllm_only_import_stand_in_outside_project",
+    "vllm_only_import",
+    (
+        _LLAVA_NEXT_IMPORT,
+        "{vllm: vllm.model_executor.models.llava_next, "
+        "standalone: transformers.models.llava_next.modeling_llava_next}",
+    ),
+)
+# A stand-in the project's module does not define.
+valid_case(
+    "vllm_only_import_stand_in_missing",
+    "vllm_only_import",
+    (
+        _LLAVA_NEXT_IMPORT,
+        "{vllm: vllm.model_executor.models.llava_next, "
+        "standalone: reference_towers.registry}",
+    ),
+)
+
+
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     wanted = set(cases) | set(NOT_UTF8)
