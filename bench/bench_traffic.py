@@ -823,7 +823,9 @@ class TrafficBench:
         self.log(
             f"{captured}, calibrated in {ladder['calibration_s']:.1f}s (errors: "
             f"graph {cost.graph_error:.3f}, eager {cost.eager_error:.3f}; units "
-            f"{units['units'] - units['skipped']}/{units['units']} timed, "
+            f"{units['units'] - units['skipped']}/{units['units']} timed, calls "
+            f"left out: {units['skipped_eager_calls']} eager, "
+            f"{units['skipped_graph_units']} graph; "
             f"{units['device_ms'] / 1e3:.1f}s of timed calls)"
         )
         return ladder
