@@ -2,7 +2,7 @@
 # One command for a GPU machine: every GPU test and benchmark, logs in $OUT.
 #   bash bench/run_gpu.sh [stage...]    stages: smoke tests overhead profile bench dp traffic
 #                                       traffic-new launch checks padding traffic-short
-#                                       traffic-second traffic-towers
+#                                       traffic-second traffic-towers traffic-tower-STEM
 #   GEN_MIXIN_SMOKE=1 bash bench/run_gpu.sh [stage...]
 #       the same stages on the CPU, tiny towers, eager-replay graphs, in seconds
 #       (tests are skipped; dp runs its benchmark on 2 gloo processes): checks the
