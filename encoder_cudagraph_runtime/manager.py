@@ -1190,8 +1190,10 @@ class EncoderCudaGraphManager:
 
     @property
     def calibration_report(self) -> dict[str, Any]:
-        """The latest calibration's units, how many were skipped to stay
-        within :attr:`calibration_limit_ms`, and the device time it took."""
+        """The latest calibration's units, those left wholly untimed
+        (``skipped``) and the eager calls and graph units left out to stay
+        within :attr:`calibration_limit_ms`, and the device time it took
+        (the pricing of budgets not timed at capture included)."""
         return dict(self._calibration_report)
 
     def _time_eager_unit(self, unit: _CalibrationUnit, repeats: int) -> EagerSample:
