@@ -653,6 +653,10 @@ class TrafficBench:
         )
         measured, train = self.items(measured_px), self.items(train_px)
         result["paths"] = list(self.paths)
+        # The tower encodes item by item: its eager cost has the serial form.
+        result["eager_per_item"] = (
+            getattr(host, "encoder_eager_forward_per_item", False) is True
+        )
         result["ladders_measured"] = list(self.ladders)
         result["policies_measured"] = list(self.policies)
         if self.multi_path:
