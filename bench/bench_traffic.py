@@ -250,6 +250,23 @@ TARGETS: tuple[dict[str, Any], ...] = (
 # ---------------------------------------------------------------------------
 
 
+def startup_seconds(ladders: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per ladder, what a deployment waits for before serving: capture and
+    calibration seconds (issue #27: calibration at most 15 s a ladder),
+    with the graphs captured and the calibration's timed-call seconds."""
+    out = {}
+    for name, ladder in ladders.items():
+        report = ladder.get("calibration_report") or {}
+        device_ms = report.get("device_ms")
+        out[name] = {
+            "graphs": ladder["capture"]["num_graphs"],
+            "capture_s": ladder["capture"]["seconds"],
+            "calibration_s": ladder["calibration_s"],
+            "calibration_calls_s": None if device_ms is None else device_ms / 1e3,
+        }
+    return out
+
+
 def replay_cost_rows(replay_ms: dict[int, float], host_ms: float = 0.0) -> int:
     """What one replay costs in rows (the tuner's
     ``tuning.replay_cost_rows``): the smallest graph's replay time plus
@@ -636,11 +653,24 @@ class TrafficBench:
         )
         measured, train = self.items(measured_px), self.items(train_px)
         result["paths"] = list(self.paths)
+        # The tower encodes item by item: its eager cost has the serial form.
+        result["eager_per_item"] = (
+            getattr(host, "encoder_eager_forward_per_item", False) is True
+        )
         result["ladders_measured"] = list(self.ladders)
         result["policies_measured"] = list(self.policies)
         if self.multi_path:
             result["not_applicable"] = dict(MULTI_PATH_NOT_APPLICABLE)
         result["ladders"] = self._capture(host, managers, train, result)
+        result["startup_s"] = startup_seconds(result["ladders"])
+        self.log(
+            f"[{self.stem}] startup, capture + calibration s per ladder: "
+            + ", ".join(
+                f"{name} {s['capture_s']:.1f} + "
+                + ("n/a" if s["calibration_s"] is None else f"{s['calibration_s']:.1f}")
+                for name, s in result["startup_s"].items()
+            )
+        )
         # Each path's capture inputs at its smallest budget: the dtype,
         # device and keys of its graphs' buffers.
         self.templates = {
@@ -742,7 +772,7 @@ class TrafficBench:
         if self.multi_path:
             result["tuner"] = None
             return ladders
-        tuning = self._tuning(host, managers["default"], train)
+        tuning = self._tuning(managers["default"])
         tuner = run_tuner(
             self.stem,
             traffic_document(
@@ -823,39 +853,29 @@ class TrafficBench:
         self.log(
             f"{captured}, calibrated in {ladder['calibration_s']:.1f}s (errors: "
             f"graph {cost.graph_error:.3f}, eager {cost.eager_error:.3f}; units "
-            f"{units['units'] - units['skipped']}/{units['units']} timed, "
+            f"{units['units'] - units['skipped']}/{units['units']} timed, calls "
+            f"left out: {units['skipped_eager_calls']} eager, "
+            f"{units['skipped_graph_units']} graph; "
             f"{units['device_ms'] / 1e3:.1f}s of timed calls)"
         )
         return ladder
 
-    def _tuning(
-        self,
-        host: Any,
-        default: EncoderCudaGraphManager,
-        train: list[list[tuple[int, ...]]],
-    ) -> dict[str, Any]:
+    def _tuning(self, default: EncoderCudaGraphManager) -> dict[str, Any]:
         """The tuner's ``tuning`` for this model, from the default ladder's
-        capture: what a replay costs in rows, and a largest budget that
-        holds the largest training batch (doubling the default's, at most
-        4x): DeepSeek-V4.1's budgets count patches, and a scheduler step of
-        images has several times 16384 of them."""
+        capture: what a replay costs in rows, and the largest budget of
+        vLLM's range for the spec (the default ladder's top, what `vllm
+        serve` builds: DeepSeek-V4.1's ``budget.max`` covers a step's
+        patches). Issue #27: a top doubled up to 4x to hold the largest
+        training batch gave Qwen2-VL and Qwen2.5-VL 14 budgets of 26k-65k
+        tokens (0.5-1.8 s a forward each on an H100, 48-57 s of capture)
+        where their exact-shape graph is no faster than eager."""
         cost = default.cost_model
         assert cost is not None
-        largest = default.token_budgets[-1]
-        biggest = max(train, key=lambda b: sum(self.tower.input_size(i) for i in b))
-        kw = self.tower.make_mm_kwargs(host, biggest, self.device, seed=3)
-        rows = sum(
-            s.get_path_output_tokens("default")
-            for s in host.get_encoder_cudagraph_item_specs(kw)
-        )
-        max_budget = largest
-        while max_budget < rows and max_budget < 4 * largest:
-            max_budget *= 2
         tuning = {
             "replay_cost_rows": replay_cost_rows(
                 dict(cost.graph.replay_ms), cost.graph.per_replay_ms
             ),
-            "max_budget": max_budget,
+            "max_budget": default.token_budgets[-1],
             "capture_memory_mib": TUNED_CAPTURE_MIB,
         }
         # Recorded, not passed: vLLM's packing cuts a batch above the top

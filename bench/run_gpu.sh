@@ -2,7 +2,7 @@
 # One command for a GPU machine: every GPU test and benchmark, logs in $OUT.
 #   bash bench/run_gpu.sh [stage...]    stages: smoke tests overhead profile bench dp traffic
 #                                       traffic-new launch checks padding traffic-short
-#                                       traffic-second traffic-towers
+#                                       traffic-second traffic-towers traffic-tower-STEM
 #   GEN_MIXIN_SMOKE=1 bash bench/run_gpu.sh [stage...]
 #       the same stages on the CPU, tiny towers, eager-replay graphs, in seconds
 #       (tests are skipped; dp runs its benchmark on 2 gloo processes): checks the
@@ -65,12 +65,20 @@
 #   traffic-second ~190 s (est.) the same on the second workload (issue #27: other source
 #                     shares and batch sizes, --workload second --seed 29, the tuner
 #                     trained on seed 30 of it); traffic-second.json, traffic-second.png
-#   traffic-towers ~330 s (est.) bench_traffic.py on the other towered models (Qwen2-VL,
-#                     Qwen2.5-VL, InternVL, Kimi-VL, Kimi-K2.5), at least 3 batches each,
-#                     limits 250/330 s (set-ups are not cut): predicted vs measured waste
-#                     of their tuned ladders; traffic-towers.json
+#   traffic-tower-STEM  bench_traffic.py on one of the other towered models (STEM:
+#                     qwen2_vl, qwen2_5_vl, internvl, kimi_vl, kimi_k25), one process
+#                     each, so that no command holds them all (run I's single
+#                     traffic-towers process was cut at 560 s inside Kimi-K2.5): one
+#                     batch at least, more until 60 s from its start (set-ups are not
+#                     cut): capture and calibration seconds per ladder, predicted vs
+#                     measured waste of the tuned ladder; traffic-tower-STEM.json.
+#                     H100, run I (3 batches, tuned ladders to 4x vLLM's top): set-up
+#                     Qwen2-VL 128 s, Qwen2.5-VL 93 s, InternVL 36 s, Kimi-VL 40 s,
+#                     Kimi-K2.5 33 s to its tuned ladder; est. now ~140, ~90, ~40, ~50,
+#                     ~60 s each with one batch
+#   traffic-towers    every traffic-tower-STEM stage above, in that order (~380 s est.)
 # Issue #27 on one H100 in two calls under 9 min each:
-#   bash bench/run_gpu.sh smoke padding traffic-short traffic-second
+#   bash bench/run_gpu.sh traffic-short traffic-second
 #   bash bench/run_gpu.sh traffic-towers
 # `smoke traffic launch` returns 7 files: summary.log, smoke.log, traffic.log,
 # traffic.json, traffic.png, launch.log, launch.json.
@@ -85,13 +93,14 @@ cpu=()
 # traffic-new's limits (about 150 s at most on one H200); the smoke keeps --quick's.
 traffic_new=(--batches 3 --soft-limit-s 80 --hard-limit-s 100)
 traffic_short=(--batches 8 --soft-limit-s 150 --hard-limit-s 190 --no-old-workloads)
-traffic_towers=(--batches 3 --soft-limit-s 250 --hard-limit-s 330 --no-old-workloads)
+traffic_tower=(--batches 1 --soft-limit-s 60 --hard-limit-s 60 --no-old-workloads)
+towers=(qwen2_vl qwen2_5_vl internvl kimi_vl kimi_k25)
 padding=()
 if [ "${GEN_MIXIN_SMOKE:-0}" = 1 ]; then
     cpu=(--device cpu --size tiny --quick)
     traffic_new=()
     traffic_short=(--no-old-workloads)
-    traffic_towers=(--no-old-workloads)
+    traffic_tower=(--batches 1 --max-batches 1 --no-old-workloads)
     padding=(--device cpu --size tiny --quick)
     export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 fi
@@ -110,7 +119,15 @@ skip() {  # name
 }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$OUT/summary.log" 2>&1 \
     || echo "no nvidia-smi" >"$OUT/summary.log"
+expanded=()
 for stage in $stages; do
+    if [ "$stage" = traffic-towers ]; then
+        for stem in "${towers[@]}"; do expanded+=("traffic-tower-$stem"); done
+    else
+        expanded+=("$stage")
+    fi
+done
+for stage in "${expanded[@]}"; do
     case $stage in
         smoke) run smoke python3 bench/gpu_smoke.py ${cpu:+--device cpu} ;;
         tests)
@@ -146,9 +163,9 @@ for stage in $stages; do
         traffic-second) run traffic-second python3 bench/bench_traffic.py --workload second \
                    --seed 29 --out "$OUT/traffic-second.json" --plot "$OUT/traffic-second.png" \
                    "${traffic_short[@]}" "${cpu[@]}" ;;
-        traffic-towers) run traffic-towers python3 bench/bench_traffic.py \
-                   --models qwen2_vl,qwen2_5_vl,internvl,kimi_vl,kimi_k25 --skip-unusable \
-                   --out "$OUT/traffic-towers.json" "${traffic_towers[@]}" "${cpu[@]}" ;;
+        traffic-tower-*) run "$stage" python3 bench/bench_traffic.py \
+                   --models "${stage#traffic-tower-}" --skip-unusable \
+                   --out "$OUT/$stage.json" "${traffic_tower[@]}" "${cpu[@]}" ;;
         checks)
             if [ ${#cpu[@]} -gt 0 ]; then checks=(--device cpu --size tiny --quick)
             else checks=(--device cuda --size full); fi

@@ -55,6 +55,7 @@ from dataclasses import asdict, dataclass, field
 from encoder_cudagraph_runtime.packing import pack_items
 
 __all__ = [
+    "CalibrationEstimate",
     "CostModel",
     "EagerCost",
     "EagerSample",
@@ -498,16 +499,23 @@ def _eager_features(rows: Sequence[int]) -> list[float]:
 
 
 def fit_eager_cost(
-    samples: Sequence[EagerSample], slow_trim: float | None = 0.15
+    samples: Sequence[EagerSample],
+    slow_trim: float | None = 0.15,
+    serial: bool | None = None,
 ) -> EagerCost:
     """:class:`EagerCost` fitted to ``samples`` (at least one), minimising
     the summed squared *relative* error, then refitted without the samples
     more than ``slow_trim`` slower than the fit (``None``: keep all).
 
-    Both forms are fitted and the one with the smaller error on the samples
-    both kept wins (the batched one on a tie): which one a tower follows
-    shows in the samples of several items, so the calibration must have
-    some. Batched form: the samples, in ascending rows, are split into a
+    ``serial``: the form, when the tower declares it (a mixin whose eager
+    forward runs item by item). Else (``None``) both forms are fitted and
+    the one with the smaller error on the samples both kept wins (the
+    batched one on a tie): which one a tower follows shows only in samples
+    of several items of different sizes, so the calibration must have some
+    (issue #27: DeepSeek-V4.1's calibration, cut by its time limit, had
+    none; the batched form won the tie and priced a photo with a
+    thumbnail 12-21% under its serial time, so the planner ran such
+    batches eagerly, slower than vLLM's packing). Batched form: the samples, in ascending rows, are split into a
     host-bound head and a device-bound tail at every point; each part gets
     its non-negative least squares, each sample then goes to the term that
     predicts it higher and both are refitted until that settles. Serial
@@ -524,6 +532,9 @@ def fit_eager_cost(
     """
     if not samples:
         raise ValueError("no eager samples to fit")
+    if serial is not None:
+        form = _fit_serial_splits if serial else _fit_eager_splits
+        return _trimmed_fit(samples, form, slow_trim)[0]
     fits = [
         _trimmed_fit(samples, fit, slow_trim)
         for fit in (_fit_eager_splits, _fit_serial_splits)
@@ -740,15 +751,21 @@ def calibrated_cost_model(
     graph: Sequence[GraphSample],
     *,
     reuse_eager: CostModel | None = None,
+    eager_serial: bool | None = None,
     error_floor: float = 0.02,
     error_cap: float = 0.25,
 ) -> CostModel:
     """Fit both costs (the eager one taken from ``reuse_eager`` when given,
-    with its error) and measure their errors on the same samples, each
-    error kept within ``[error_floor, error_cap]``: a floor, because the
-    samples are few and the fit saw them; a cap, so that one noisy sample
-    does not pin every batch to vLLM's packing."""
-    eager_cost = fit_eager_cost(eager) if reuse_eager is None else reuse_eager.eager
+    with its error; else of the form ``eager_serial`` when the tower
+    declares it, see :func:`fit_eager_cost`) and measure their errors on
+    the same samples, each error kept within ``[error_floor, error_cap]``:
+    a floor, because the samples are few and the fit saw them; a cap, so
+    that one noisy sample does not pin every batch to vLLM's packing."""
+    eager_cost = (
+        fit_eager_cost(eager, serial=eager_serial)
+        if reuse_eager is None
+        else reuse_eager.eager
+    )
     model = CostModel(fit_graph_cost(replay_ms, max_batch_size, graph), eager_cost)
     if reuse_eager is None:
         _, eager_error = relative_errors(model, eager, [])
@@ -762,6 +779,56 @@ def calibrated_cost_model(
     return CostModel(
         model.graph, eager_cost, bounded(graph_error), bounded(eager_error)
     )
+
+
+@dataclass(frozen=True)
+class CalibrationEstimate:
+    """What calibration's next timed calls will take, from the calls timed
+    so far (before any, the capture's replay times), so that calibration
+    stops before a call would pass its time limit.
+
+    Issue #27: the capture's replay times alone priced Qwen2-VL's one
+    10,738-token image at its 16384 budget's replay with the capture
+    dummies, 294 ms; it ran 1,365 ms (one long sequence's attention), and
+    its eager call 1,277 ms: calibration took 17-19 s against a 10 s
+    limit. Here a graph unit is priced by the graph cost fitted to the
+    units timed so far (its attention term included, never below the
+    budget's replay) and an eager call by the larger of the same device
+    time and the fastest host time per item measured so far.
+    """
+
+    graph: GraphCost
+    host_per_item_ms: float = 0.0
+
+    @classmethod
+    def of(
+        cls,
+        replay_ms: Mapping[int, float],
+        max_batch_size: int,
+        eager: Sequence[EagerSample],
+        graph: Sequence[GraphSample],
+    ) -> CalibrationEstimate:
+        fitted = fit_graph_cost(replay_ms, max_batch_size, graph)
+        per_item = min((s.ms / len(s.rows) for s in eager if s.rows), default=0.0)
+        return cls(fitted, per_item)
+
+    def graph_unit_ms(self, budget: int, rows: Sequence[int]) -> float:
+        """A graph unit of items of ``rows`` replayed at ``budget``."""
+        rows_sq = sum(r * r for r in rows)
+        fitted = self.graph.unscaled_ms(budget, sum(rows), rows_sq)
+        return max(self.graph.replay_ms[budget], fitted)
+
+    def eager_ms(self, rows: Sequence[int]) -> float:
+        """One eager call on items of ``rows``: the replay of the smallest
+        budget that holds them (the largest, scaled by rows, above it) plus
+        the attention their sequences add, or the host's launches."""
+        budgets = sorted(self.graph.replay_ms)
+        total = sum(rows)
+        budget = budgets[min(bisect_left(budgets, total), len(budgets) - 1)]
+        dummies_sq = budget * budget / self.graph.max_batch_size
+        attention = self.graph.per_row_sq_ms * (sum(r * r for r in rows) - dummies_sq)
+        device = self.graph.replay_ms[budget] * max(1.0, total / budget)
+        return max(device + max(0.0, attention), self.host_per_item_ms * len(rows))
 
 
 def fit_nonnegative(

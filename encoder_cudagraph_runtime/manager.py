@@ -61,6 +61,7 @@ from encoder_cudagraph_runtime.buffer_aliasing import (
 )
 from encoder_cudagraph_runtime.config import VllmConfig
 from encoder_cudagraph_runtime.cost_aware import (
+    CalibrationEstimate,
     CostModel,
     EagerSample,
     ExecutionStats,
@@ -194,6 +195,17 @@ class ExecuteTiming:
 #: Default :attr:`EncoderCudaGraphManager.calibration_limit_ms`: with the
 #: capture's replay timing, calibration stays under 15 s per ladder.
 CALIBRATION_LIMIT_MS = 10_000.0
+
+#: A timed call whose first run takes at least this long is timed by that
+#: run alone: its one-time costs are small beside it, and each repeat of a
+#: 65k-token Qwen2-VL replay (1.6 s on an H100) costs as much as hundreds of
+#: small units (issue #27: capture and calibration of such ladders).
+LONG_CALL_MS = 100.0
+
+#: Calibration starts a call only if this multiple of its estimate
+#: (:class:`~encoder_cudagraph_runtime.cost_aware.CalibrationEstimate`)
+#: still fits its time limit: the estimate rests on smaller units.
+CALIBRATION_ESTIMATE_MARGIN = 1.25
 
 
 @dataclass(frozen=True)
@@ -989,19 +1001,27 @@ class EncoderCudaGraphManager:
             )
 
     def _time_ms(self, fn: Callable[[], object], repeats: int = 2) -> float:
-        """Fastest of ``repeats`` device-synchronised calls of ``fn`` after
-        one untimed call, in milliseconds of ``clock``."""
+        """Milliseconds of ``clock`` of device-synchronised calls of ``fn``:
+        the first call's when it took at least :data:`LONG_CALL_MS`, else
+        the fastest of ``repeats`` calls after it."""
+        first = self._time_call(fn)
+        if first >= LONG_CALL_MS:
+            return first
+        return min(self._time_call(fn) for _ in range(max(1, repeats)))
+
+    def _time_call(self, fn: Callable[[], object]) -> float:
         sync = self.graph_backend.synchronize
+        sync()
+        start = self._clock()
         fn()
         sync()
-        best = math.inf
-        for _ in range(repeats):
-            sync()
-            start = self._clock()
-            fn()
-            sync()
-            best = min(best, (self._clock() - start) / 1e6)
-        return best
+        return (self._clock() - start) / 1e6
+
+    @staticmethod
+    def _calls_ms(estimate_ms: float, repeats: int) -> float:
+        """What :meth:`_time_ms` spends on a call of ``estimate_ms``."""
+        calls = 1 if estimate_ms >= LONG_CALL_MS else 1 + max(1, repeats)
+        return calls * estimate_ms
 
     def set_cost_model(self, cost_model: CostModel) -> None:
         """Use ``cost_model`` (a saved or synthetic one) for planning; it
@@ -1028,15 +1048,19 @@ class EncoderCudaGraphManager:
         as good as the rows they span) and use it.
 
         Graph replays not yet timed (``cost_aware`` off at capture) are timed
-        first, once each. Then every distinct selection (each batch whole,
-        and each of its items alone) runs as one eager unit (fastest of
-        ``repeats``) and, where it fits a budget, as one graph unit at its
-        smallest fitting budget and (single items) the next one, the way
-        :meth:`execute` runs units, each followed by its graph's replay
-        alone. ``eager_from``: reuse that model's eager cost and error
-        instead of timing eager calls (eager cost does not depend on the
-        ladder). The samples stay readable in :attr:`calibration_samples`;
-        statistics are left as they were.
+        first, once each: every captured budget is priced. Then every
+        distinct selection (each batch whole, and each of its items alone)
+        runs as one eager unit (fastest of ``repeats``) and, where it fits a
+        budget, as one graph unit at its smallest fitting budget and (single
+        items) the next one, the way :meth:`execute` runs units, each
+        followed by its graph's replay alone; calls of
+        :data:`LONG_CALL_MS` once, and only while they fit
+        :attr:`calibration_limit_ms` (:meth:`_calibration_samples`). The
+        eager form is the serial one for a tower that declares it encodes
+        item by item. ``eager_from``: reuse that model's eager cost and
+        error instead of timing eager calls (eager cost does not depend on
+        the ladder). The samples stay readable in
+        :attr:`calibration_samples`; statistics are left as they were.
         """
         self._check_cost_aware_supported()
         if not self.is_captured():
@@ -1045,7 +1069,11 @@ class EncoderCudaGraphManager:
             raise ValueError("calibrate_cost_model() needs at least one batch")
         if not any(self._get_item_specs(mm_kwargs) for mm_kwargs in batches):
             raise ValueError("the calibration batches have no items")
+        start = self._clock()
         graphs = self._get_graph_set("default")
+        # Every captured budget is priced, whatever the limit: the planner
+        # needs each one's replay time (set_cost_model refuses a model
+        # without). The limit is what is left for the units.
         for budget in self._default_budgets():
             if budget not in self._replay_ms:
                 self._replay_ms[budget] = self._time_ms(graphs[budget].graph.replay, 1)
@@ -1054,7 +1082,7 @@ class EncoderCudaGraphManager:
             # Captured buffers made in inference mode are written there only.
             with torch.inference_mode():
                 eager, graph = self._calibration_samples(
-                    batches, repeats, time_eager=eager_from is None
+                    batches, repeats, eager_from is None, start
                 )
         finally:
             self._restore_counters(saved)
@@ -1065,6 +1093,7 @@ class EncoderCudaGraphManager:
             eager,
             graph,
             reuse_eager=eager_from,
+            eager_serial=True if self._eager_declared_per_item() else None,
             error_floor=error_floor,
         )
         self._cost_model = model
@@ -1081,38 +1110,62 @@ class EncoderCudaGraphManager:
         }
 
     def _calibration_samples(
-        self, batches: list[dict[str, Any]], repeats: int, time_eager: bool
+        self, batches: list[dict[str, Any]], repeats: int, time_eager: bool, start: int
     ) -> tuple[list[EagerSample], list[GraphSample]]:
         """Timed units of the distinct selections of ``batches``, smallest
-        first, while the calibration's device time stays within
-        :attr:`calibration_limit_ms`: a unit whose calls the capture's
-        replay times say would overrun it is skipped (counted in
-        :attr:`calibration_report`). Large budgets then keep the fit's
-        extrapolation (their cost factor 1) instead of minutes of timed
-        replays: one replay of a 147k-patch DeepSeek-V4.1 budget takes as
-        long as hundreds of small units."""
+        first, within :attr:`calibration_limit_ms` of device time since
+        ``start`` (a ``clock`` value): each call, the eager one and each
+        graph unit on its own, is made only if its estimate from the calls
+        timed so far (:class:`CalibrationEstimate`) still fits; the calls
+        left out are counted in :attr:`calibration_report`. Large budgets
+        then keep the fit's extrapolation (their cost factor 1) instead of
+        minutes of timed replays (issue #27: one replay of a 147k-patch
+        DeepSeek-V4.1 budget takes as long as hundreds of small units), and
+        a unit whose graph calls do not fit still has its eager call timed
+        where that fits: the eager fit's form shows in such units."""
         units = self._calibration_units(batches)
+        deadline = start + self.calibration_limit_ms * 1e6
         eager: list[EagerSample] = []
         graph: list[GraphSample] = []
-        start = self._clock()
-        skipped = 0
+        skipped = {"units": 0, "eager_calls": 0, "graph_units": 0}
         for unit in sorted(units, key=lambda u: sum(u.rows)):
-            spent_ms = (self._clock() - start) / 1e6
-            if spent_ms + self._unit_estimate_ms(unit, repeats, time_eager) > (
-                self.calibration_limit_ms
-            ):
-                skipped += 1
-                continue
+            estimate = CalibrationEstimate.of(
+                self._replay_ms, self.max_batch_size, eager, graph
+            )
+            timed = 0
             if time_eager:
-                eager.append(self._time_eager_unit(unit, repeats))
-            graph += self._time_graph_units(unit, repeats)
+                # The first eager call whatever the limit: the fit needs one.
+                ms = self._calls_ms(estimate.eager_ms(unit.rows), repeats)
+                if not eager or self._fits(ms, deadline):
+                    eager.append(self._time_eager_unit(unit, repeats))
+                    timed += 1
+                else:
+                    skipped["eager_calls"] += 1
+            for budget in self._unit_budgets(unit):
+                # The unit, then its replay alone (LONG_CALL_MS: not for long ones).
+                unit_ms = estimate.graph_unit_ms(budget, unit.rows)
+                calls = 1 if unit_ms >= LONG_CALL_MS else 2
+                if self._fits(calls * self._calls_ms(unit_ms, repeats), deadline):
+                    graph.append(self._time_graph_unit(unit, budget, repeats))
+                    timed += 1
+                else:
+                    skipped["graph_units"] += 1
+            skipped["units"] += timed == 0
         self._calibration_report = {
             "units": len(units),
-            "skipped": skipped,
+            "skipped": skipped["units"],
+            "skipped_eager_calls": skipped["eager_calls"],
+            "skipped_graph_units": skipped["graph_units"],
             "device_ms": (self._clock() - start) / 1e6,
             "limit_ms": self.calibration_limit_ms,
         }
         return eager, graph
+
+    def _fits(self, estimate_ms: float, deadline: float) -> bool:
+        """Whether calls estimated at ``estimate_ms`` end before ``deadline``
+        (with :data:`CALIBRATION_ESTIMATE_MARGIN`)."""
+        margin = CALIBRATION_ESTIMATE_MARGIN
+        return self._clock() + margin * estimate_ms * 1e6 <= deadline
 
     def _calibration_units(
         self, batches: list[dict[str, Any]]
@@ -1135,28 +1188,12 @@ class EncoderCudaGraphManager:
                     )
         return units
 
-    def _unit_estimate_ms(
-        self, unit: _CalibrationUnit, repeats: int, time_eager: bool
-    ) -> float:
-        """What timing ``unit`` will take, from the capture's replay times:
-        each graph unit and its replay alone ``1 + repeats`` times, and the
-        eager call as long as a replay of the unit's budget (for a unit
-        above every budget, the largest budget's per row)."""
-        budgets = self._default_budgets()
-        first = bisect_left(budgets, sum(unit.rows))
-        steps = budgets[first : first + (2 if len(unit.selection) == 1 else 1)]
-        graph_ms = sum(2 * (1 + repeats) * self._replay_ms[b] for b in steps)
-        if len(unit.selection) > self.max_batch_size:
-            graph_ms = 0.0
-        budget = budgets[min(first, len(budgets) - 1)]
-        scale = max(1.0, sum(unit.rows) / budget)
-        eager_ms = (1 + repeats) * self._replay_ms[budget] * scale
-        return graph_ms + (eager_ms if time_eager else 0.0)
-
     @property
     def calibration_report(self) -> dict[str, Any]:
-        """The latest calibration's units, how many were skipped to stay
-        within :attr:`calibration_limit_ms`, and the device time it took."""
+        """The latest calibration's units, those left wholly untimed
+        (``skipped``) and the eager calls and graph units left out to stay
+        within :attr:`calibration_limit_ms`, and the device time it took
+        (the pricing of budgets not timed at capture included)."""
         return dict(self._calibration_report)
 
     def _time_eager_unit(self, unit: _CalibrationUnit, repeats: int) -> EagerSample:
@@ -1171,33 +1208,36 @@ class EncoderCudaGraphManager:
         )
         return EagerSample(unit.rows, self._time_ms(run, repeats))
 
-    def _time_graph_units(
-        self, unit: _CalibrationUnit, repeats: int
-    ) -> list[GraphSample]:
-        """``unit`` as graph units at its smallest fitting budget (and the
-        next one, for single items: padding varies then at equal rows), each
-        followed by the replay alone with the batch left in its buffers."""
+    def _unit_budgets(self, unit: _CalibrationUnit) -> list[int]:
+        """The budgets ``unit`` is timed at as a graph unit: its smallest
+        fitting budget and, for a single item, the next one (padding varies
+        then at equal rows); none above every budget or ``max_batch_size``."""
         budgets = self._default_budgets()
-        total = sum(unit.rows)
-        first = bisect_left(budgets, total)
-        if len(unit.selection) > self.max_batch_size or first == len(budgets):
+        first = bisect_left(budgets, sum(unit.rows))
+        if len(unit.selection) > self.max_batch_size:
             return []
-        graphs = self._get_graph_set("default")
-        samples = []
-        for budget in budgets[first : first + (2 if len(unit.selection) == 1 else 1)]:
-            run = functools.partial(
-                self._run_graph_unit,
-                unit.mm_kwargs,
-                unit.selection,
-                budget,
-                total,
-                unit.tokens,
-                {},
-            )
-            unit_ms = self._time_ms(run, repeats)
-            replay_ms = self._time_ms(graphs[budget].graph.replay, repeats)
-            samples.append(GraphSample(budget, unit.rows, unit_ms, replay_ms))
-        return samples
+        return budgets[first : first + (2 if len(unit.selection) == 1 else 1)]
+
+    def _time_graph_unit(
+        self, unit: _CalibrationUnit, budget: int, repeats: int
+    ) -> GraphSample:
+        """``unit`` as a graph unit at ``budget``, then (unless the unit took
+        :data:`LONG_CALL_MS`: the replay is then nearly all of it) the
+        replay alone with the batch left in its buffers."""
+        run = functools.partial(
+            self._run_graph_unit,
+            unit.mm_kwargs,
+            unit.selection,
+            budget,
+            sum(unit.rows),
+            unit.tokens,
+            {},
+        )
+        unit_ms = self._time_ms(run, repeats)
+        if unit_ms >= LONG_CALL_MS:
+            return GraphSample(budget, unit.rows, unit_ms)
+        replay = self._get_graph_set("default")[budget].graph.replay
+        return GraphSample(budget, unit.rows, unit_ms, self._time_ms(replay, repeats))
 
     def _save_counters(self) -> tuple[Any, ...]:
         return (
@@ -1258,13 +1298,16 @@ class EncoderCudaGraphManager:
 
     def _eager_per_item(self) -> bool:
         """Whether the tower encodes item by item: the model says so
-        (``encoder_eager_forward_per_item``, which generated standalone
-        mixins of such towers set), or the calibrated eager cost has the
-        serial form."""
-        declared = getattr(self.model, "encoder_eager_forward_per_item", False)
-        return declared is True or (
+        (:meth:`_eager_declared_per_item`), or the calibrated eager cost has
+        the serial form."""
+        return self._eager_declared_per_item() or (
             self._cost_model is not None and self._cost_model.eager.serial
         )
+
+    def _eager_declared_per_item(self) -> bool:
+        """``encoder_eager_forward_per_item``, which generated standalone
+        mixins of towers that encode item by item set."""
+        return getattr(self.model, "encoder_eager_forward_per_item", False) is True
 
     def _run_eager_unit(
         self,

@@ -356,3 +356,30 @@ def _row(eager_ms: float, kind: str, overhead_us: float | None) -> dict:
 def test_an_eager_plan_is_bounded_by_the_manager_s_own_host_time(rows, expected) -> None:  # type: ignore[no-untyped-def]
     bound = bench.eager_plan_bound(rows, "fine")
     assert bound == (None if expected is None else pytest.approx(expected))
+
+
+def test_startup_seconds_per_ladder() -> None:
+    """Capture and calibration seconds per ladder (issue #27's 15 s per
+    ladder), a ladder not calibrated (several paths) as None."""
+    ladders = {
+        "default": {
+            "capture": {"num_graphs": 9, "seconds": 3.5},
+            "calibration_s": 9.8,
+            "calibration_report": {"device_ms": 9700.0},
+        },
+        "fine": {"capture": {"num_graphs": 33, "seconds": 6.0}, "calibration_s": None},
+    }
+    assert bench.startup_seconds(ladders) == {
+        "default": {
+            "graphs": 9,
+            "capture_s": 3.5,
+            "calibration_s": 9.8,
+            "calibration_calls_s": 9.7,
+        },
+        "fine": {
+            "graphs": 33,
+            "capture_s": 6.0,
+            "calibration_s": None,
+            "calibration_calls_s": None,
+        },
+    }

@@ -407,3 +407,142 @@ def test_calibration_stays_within_its_device_time(budgets: list[int]) -> None:
     timed = {sum(s["rows"]) for s in manager.calibration_samples["graph"]}
     assert {30, 200, 900, 1130, 1500} <= timed
     assert len(model.calls) - calls < 60 * report["units"]
+
+
+def quadratic_eager_ms(rows: list[int]) -> float:
+    """An eager call whose attention runs over each item's own sequence."""
+    return 2.0 + 0.01 * sum(rows) + 1e-5 * sum(r * r for r in rows)
+
+
+DOUBLING_TO_16K = [64 * 2**k for k in range(9)]
+
+
+def long_sequence_manager(limit_ms: float):  # type: ignore[no-untyped-def]
+    """Issue #27's Qwen2-VL: replays timed at capture with short dummy
+    sequences (8 per budget), real items of one long sequence each, whose
+    attention costs 10x the capture's replay at the top budget."""
+    clock = VirtualClock()
+    model = TimedFakeEncoder(
+        clock,
+        per_row_ms,
+        quadratic_eager_ms,
+        attention_ms_per_sq=1e-5,
+        budget_range=(8, 64),
+    )
+    manager = make_manager(
+        model, budgets=DOUBLING_TO_16K, max_items=8, cost_aware=True, clock=clock
+    )
+    manager.capture()
+    manager.calibration_limit_ms = limit_ms
+    return manager, model, clock
+
+
+LONG_SEQUENCE_WARMUP = ([30, 200, 900], [3000], [12000], [9000, 6000])
+
+
+@pytest.mark.parametrize("limit_ms", [500.0, 2_000.0, 5_000.0, 10_000.0, 20_000.0])
+def test_calibration_limit_holds_with_long_sequences(limit_ms: float) -> None:
+    """Issue #27: Qwen2-VL calibrated in 17-19 s against a 10 s limit, the
+    last unit (one 10,738-token image) priced by its budget's replay with
+    the capture's short dummies (294 ms) and run at 1,365 ms. Each call is
+    now priced from the units timed so far: the device time stays within
+    the limit, and the small units are all timed."""
+    manager, _, clock = long_sequence_manager(limit_ms)
+    warmup = [make_kwargs(make_items(rows, seed=3)) for rows in LONG_SEQUENCE_WARMUP]
+    before = clock.ns
+    manager.calibrate_cost_model(warmup, error_floor=0.0)
+    report = manager.calibration_report
+    assert (clock.ns - before) / 1e6 == pytest.approx(report["device_ms"])
+    assert report["device_ms"] <= limit_ms
+    timed = {sum(s["rows"]) for s in manager.calibration_samples["eager"]}
+    assert {30, 200, 900} <= timed
+    # Enough time: the long image is timed too, its calls once each.
+    assert (12000 in timed) == (limit_ms >= 10_000.0)
+
+
+def test_long_calls_are_timed_once() -> None:
+    """A call of LONG_CALL_MS or more is timed by its first run; its replay
+    alone is not timed beside the unit."""
+    manager, model, _ = long_sequence_manager(1e9)
+    model.calls.clear()
+    manager.calibrate_cost_model([make_kwargs(make_items([12000], seed=3))])
+    assert len(model.calls_named("eager_forward")) == 1
+    samples = manager.calibration_samples["graph"]
+    assert [(s["budget"], s["replay_ms"]) for s in samples] == [(16384, None)]
+    assert len(model.calls_named("graph_forward")) == 1
+
+
+def test_every_budget_is_priced_whatever_the_limit() -> None:
+    """Budgets not timed at capture are timed before the units, even past
+    the limit: the planner prices every captured budget."""
+    clock = VirtualClock()
+    model = TimedFakeEncoder(clock, per_row_ms, per_row_eager_ms, budget_range=(8, 64))
+    manager = make_manager(
+        model, budgets=DOUBLING_TO_16K, max_items=8, clock=clock, cost_aware=False
+    )
+    manager.capture()
+    manager.calibration_limit_ms = 1.0
+    warmup = [make_kwargs(make_items([30, 200], seed=3))]
+    cost = manager.calibrate_cost_model(warmup, error_floor=0.0)
+    assert sorted(cost.graph.replay_ms) == DOUBLING_TO_16K
+    # The smallest unit's eager call, timed whatever the limit: the fit
+    # needs one.
+    assert manager.calibration_samples["eager"] == [{"rows": (30,), "ms": 2.3}]
+    assert manager.calibration_report["skipped"] == 2
+    manager.set_cost_model(cost)
+    items = make_items([30, 200], seed=4)
+    assert_outputs(manager.execute(make_kwargs(items)), items)
+
+
+def serial_eager_ms(rows: list[int]) -> float:
+    """A tower that encodes item by item: each item costs the larger of its
+    launches (15 ms) and its device time."""
+    return 1.0 + sum(max(15.0, 0.005 * r) for r in rows)
+
+
+@pytest.mark.parametrize(
+    "declared, serial", [(True, True), (False, False)], ids=["declared", "undeclared"]
+)
+def test_declared_per_item_tower_gets_the_serial_eager_form(
+    declared: bool, serial: bool
+) -> None:
+    """Issue #27: DeepSeek-V4.1's calibration, cut by its limit, timed no
+    eager call of a photo with a thumbnail; the batched form won the tie and
+    priced such batches 12-21% under their time, so the planner ran them
+    eagerly, slower than vLLM's packing. A tower that declares it encodes
+    item by item gets the serial form whatever the samples show."""
+    clock = VirtualClock()
+    model = TimedFakeEncoder(clock, per_row_ms, serial_eager_ms, budget_range=(8, 64))
+    if declared:
+        model.encoder_eager_forward_per_item = True  # type: ignore[attr-defined]
+    manager = make_manager(
+        model, budgets=DOUBLING_TO_16K, max_items=8, cost_aware=True, clock=clock
+    )
+    manager.capture()
+    # Single items and equal items only: the samples fit either form.
+    sizes = ([200], [1000], [3000], [6000], [12000], [200] * 4)
+    warmup = [make_kwargs(make_items(rows, seed=3)) for rows in sizes]
+    cost = manager.calibrate_cost_model(warmup, error_floor=0.0)
+    assert cost.eager.serial is serial
+    mixed = [12000, 200]
+    error = abs(cost.eager.predict(mixed) / serial_eager_ms(mixed) - 1)
+    assert (error < 0.01) is declared
+
+
+def test_eager_call_timed_when_its_graph_unit_does_not_fit() -> None:
+    """A unit whose graph calls would pass the limit still has its eager
+    call timed where that fits: the eager form shows in such units."""
+    clock = VirtualClock()
+    model = TimedFakeEncoder(clock, per_row_ms, per_row_eager_ms, budget_range=(8, 64))
+    manager = make_manager(
+        model, budgets=DOUBLING_TO_16K, max_items=8, cost_aware=True, clock=clock
+    )
+    manager.capture()
+    manager.calibration_limit_ms = 800.0
+    warmup = [make_kwargs(make_items([200, 6000], seed=3))]
+    manager.calibrate_cost_model(warmup, error_floor=0.0)
+    samples = manager.calibration_samples
+    assert (200, 6000) in {tuple(s["rows"]) for s in samples["eager"]}
+    assert (200, 6000) not in {tuple(s["rows"]) for s in samples["graph"]}
+    report = manager.calibration_report
+    assert report["skipped_graph_units"] > 0 and report["device_ms"] <= 800.0
