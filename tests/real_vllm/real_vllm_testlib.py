@@ -106,12 +106,15 @@ class _FakeGraph:
     """A ``torch.cuda.CUDAGraph`` stand-in bound to one manager."""
 
     manager: Any = None
+    on_replay: Callable[[int], None] | None = None
     replays = 0
 
     def replay(self) -> None:
         for path, graphs in self.manager.budget_graphs.items():
             for meta in graphs.values():
                 if meta.graph is self:
+                    if self.on_replay is not None:
+                        self.on_replay(meta.token_budget)
                     with torch.inference_mode():
                         out = self.manager.model.encoder_cudagraph_forward(
                             {**meta.input_buffers}, path=path
@@ -123,9 +126,16 @@ class _FakeGraph:
 
 
 @contextlib.contextmanager
-def fake_cuda_graphs(manager: Any) -> Iterator[None]:
-    """Capture and replay on the CPU through vLLM's own manager code."""
-    graph_type = type("CUDAGraph", (_FakeGraph,), {"manager": manager})
+def fake_cuda_graphs(
+    manager: Any, on_replay: Callable[[int], None] | None = None
+) -> Iterator[None]:
+    """Capture and replay on the CPU through vLLM's own manager code;
+    ``on_replay`` is told the budget of each replay."""
+    graph_type = type(
+        "CUDAGraph",
+        (_FakeGraph,),
+        {"manager": manager, "on_replay": staticmethod(on_replay)},
+    )
 
     @contextlib.contextmanager
     def graph(cuda_graph: Any, pool: Any = None, stream: Any = None):
