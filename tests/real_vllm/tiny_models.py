@@ -71,6 +71,9 @@ SPECIAL_TOKENS = (
     "<start_of_image>",
     "<end_of_image>",
     "<image_soft_token>",
+    "<|img|>",
+    "<|imgpad|>",
+    "<|endofimg|>",
 )
 
 
@@ -765,6 +768,45 @@ def _ernie45_vl_config() -> Any:
     )
 
 
+def _dots_ocr_config() -> Any:
+    from transformers import AutoConfig
+    from vllm.transformers_utils.configs.dotsocr import DotsOCRConfig
+
+    # vLLM ships the config class; a checkpoint names it through remote code.
+    AutoConfig.register("dots_ocr", DotsOCRConfig, exist_ok=True)
+    text = _qwen2_text_config()
+    del text["rope_scaling"]
+    return DotsOCRConfig(
+        architectures=["DotsOCRForCausalLM"],
+        vision_config=dict(
+            embed_dim=32,
+            hidden_size=48,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            patch_size=14,
+            spatial_merge_size=2,
+            temporal_patch_size=1,
+        ),
+        image_token_id=SPECIAL_TOKENS.index("<|imgpad|>"),
+        video_token_id=SPECIAL_TOKENS.index("<|video_pad|>"),
+        **text,
+    )
+
+
+def _dots_ocr_processor(folder: str) -> None:
+    from transformers import Qwen2VLImageProcessor, Qwen2VLProcessor
+    from transformers import Qwen2VLVideoProcessor
+
+    size = {"shortest_edge": 56 * 56, "longest_edge": 168 * 168}
+    patches = dict(temporal_patch_size=1, patch_size=14, merge_size=2)
+    Qwen2VLProcessor(
+        image_processor=Qwen2VLImageProcessor(size=size, **patches),
+        tokenizer=tiny_tokenizer(),
+        video_processor=Qwen2VLVideoProcessor(size=size, **patches),
+    ).save_pretrained(folder)
+
+
 def _flat_patches_draw(
     gen: torch.Generator,
     modality: str,
@@ -1199,6 +1241,22 @@ _QWEN2_VL_FAMILY = dict(
 
 
 TINY: dict[str, TinyModel] = {
+    "dots_ocr": TinyModel(
+        stem="dots_ocr",
+        hf_config=_dots_ocr_config,
+        **{
+            **_QWEN2_VL_FAMILY,
+            # One frame per patch (temporal_patch_size 1): 3 x 14 x 14 values.
+            "draw": functools.partial(_flat_patches_draw, patch=14),
+            "eager": _embed_multimodal_eager,
+            "save_processor": _dots_ocr_processor,
+            "modalities": ("image",),
+        },
+        compilation=dict(
+            encoder_cudagraph_token_budgets=[64, 128],
+            encoder_cudagraph_max_vision_items_per_batch=4,
+        ),
+    ),
     "mllama4": TinyModel(
         stem="mllama4",
         hf_config=_mllama4_config,
