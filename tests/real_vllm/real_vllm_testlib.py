@@ -3,6 +3,8 @@ built from tiny random configs, and stand-ins for the two things a CPU lacks.
 
 - ``_C::gelu_quick``: the one compiled op a vision tower looks up at
   construction (``QuickGELU``); the CPU build of vLLM has no ``_C`` library.
+- ``torch.accelerator.get_memory_info``: the host's memory where no GPU
+  driver answers (:func:`install_memory_info`).
 - FlashAttention's varlen kernel (:func:`varlen_attention`): the generated
   mixins capture with a FlashAttention backend, whose ``cu_seqlens`` may end
   in repeated offsets past the batch's rows, which PyTorch's SDPA path cannot
@@ -46,6 +48,22 @@ def install_gelu_quick() -> None:
     @torch.library.impl("_C::gelu_quick", "CPU")
     def _gelu_quick(out: torch.Tensor, x: torch.Tensor) -> None:
         out.copy_(x * torch.sigmoid(1.702 * x))
+
+
+def install_memory_info() -> None:
+    """``torch.accelerator.get_memory_info`` answers on a machine without a
+    GPU driver (Gemma 4's eager image path sizes its chunks from it): the
+    host's available and total memory."""
+    try:
+        torch.accelerator.get_memory_info()
+    except RuntimeError:
+        import psutil
+
+        def host_memory_info(device: Any = None) -> tuple[int, int]:
+            memory = psutil.virtual_memory()
+            return memory.available, memory.total
+
+        torch.accelerator.get_memory_info = host_memory_info
 
 
 def varlen_attention(
@@ -205,6 +223,7 @@ def build_model(model_class: type, config: Any, prefix: str, seed: int = 0) -> A
     from vllm.config import set_current_vllm_config
 
     install_gelu_quick()
+    install_memory_info()
     torch.manual_seed(seed)
     with set_current_vllm_config(config), torch.device("cpu"):
         model = model_class(vllm_config=config, prefix=prefix)

@@ -37,6 +37,9 @@ class TinyModel:
     """Writes a tiny offline processor (tokenizer included) to a folder."""
     modalities: tuple[str, ...] = ("image",)
     compilation: dict[str, Any] = field(default_factory=dict)
+    graph_rows_past_eager: bool = False
+    """A replayed item may have rows past the eager output's (which it
+    starts with): slots the model's prompt does not hold."""
 
 
 SPECIAL_TOKENS = (
@@ -807,6 +810,91 @@ def _dots_ocr_processor(folder: str) -> None:
     ).save_pretrained(folder)
 
 
+# Gemma 4: an image is a row of ``width * 9`` patches of 16 x 16 pixels, as the
+# HF image processor pads it: its valid ``h x w`` patches first (h and w
+# multiples of 3), then padding at position -1. The pooler averages them 3 x 3
+# into ``width`` slots, of which the first ``h * w / 9`` are the image's soft
+# tokens (what the prompt holds). Its grid is ``(width, h, w)``.
+_GEMMA4_WIDTH = 70  # the tiny config's default_output_length
+
+
+def _gemma4_config() -> Any:
+    from transformers import Gemma4Config
+
+    ids = {token: i for i, token in enumerate(SPECIAL_TOKENS)}
+    return Gemma4Config(
+        architectures=["Gemma4ForConditionalGeneration"],
+        vision_config=dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            head_dim=16,
+            pooling_kernel_size=3,
+            patch_size=16,
+            position_embedding_size=64,
+            default_output_length=_GEMMA4_WIDTH,
+        ),
+        text_config=dict(
+            hidden_size=48,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=24,
+            vocab_size=256,
+            vocab_size_per_layer_input=256,
+            hidden_size_per_layer_input=0,
+            max_position_embeddings=2048,
+            sliding_window=64,
+            layer_types=["full_attention"],
+        ),
+        audio_config=None,
+        boi_token_id=ids["<start_of_image>"],
+        eoi_token_id=ids["<end_of_image>"],
+        image_token_id=ids["<image_soft_token>"],
+        video_token_id=ids["<|video_pad|>"],
+    )
+
+
+def _gemma4_grids(
+    gen: torch.Generator, modality: str, tokens: int
+) -> list[tuple[int, int, int]]:
+    """Images of 3 x 3 to 24 x 24 patches in rows of the model's width, each
+    counting a whole row, until ``tokens``."""
+    grids: list[tuple[int, int, int]] = []
+    while (len(grids) + 1) * _GEMMA4_WIDTH <= tokens and len(grids) < 4:
+        h, w = (3 * int(torch.randint(1, 9, (), generator=gen)) for _ in range(2))
+        while h * w > 9 * _GEMMA4_WIDTH:
+            h -= 3
+        grids.append((_GEMMA4_WIDTH, h, w))
+    return grids or [(_GEMMA4_WIDTH, 3, 3)]
+
+
+def _gemma4_draw(
+    gen: torch.Generator, modality: str, grids: list[tuple[int, int, int]]
+) -> dict:
+    """Each image's padded row of patches and ``(x, y)`` positions; one
+    tensor when every row has the same width, else a list, as vLLM batches
+    them."""
+    pixels, positions = [], []
+    for width, h, w in grids:
+        pixel = torch.zeros((width * 9, 16 * 16 * 3))
+        pixel[: h * w] = torch.randn((h * w, 16 * 16 * 3), generator=gen)
+        position = torch.full((width * 9, 2), -1, dtype=torch.int64)
+        ys, xs = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+        position[: h * w] = torch.stack([xs.flatten(), ys.flatten()], dim=-1)
+        pixels.append(pixel)
+        positions.append(position)
+    if len({p.shape[0] for p in pixels}) == 1:
+        return {
+            "pixel_values": torch.stack(pixels),
+            "pixel_position_ids": torch.stack(positions),
+        }
+    return {"pixel_values": pixels, "pixel_position_ids": positions}
+
+
 def _flat_patches_draw(
     gen: torch.Generator,
     modality: str,
@@ -1241,6 +1329,24 @@ _QWEN2_VL_FAMILY = dict(
 
 
 TINY: dict[str, TinyModel] = {
+    "gemma4_mm": TinyModel(
+        stem="gemma4_mm",
+        hf_config=_gemma4_config,
+        draw=_gemma4_draw,
+        eager=_embed_multimodal_eager,
+        grids=_gemma4_grids,
+        # A request's row of 140 slots, past the widest captured one (70).
+        oversized=lambda budget: (2 * _GEMMA4_WIDTH, 27, 27),
+        # The replayed rows past an image's soft tokens are its row's empty
+        # pooled slots, which the language model never reads (the prompt
+        # holds the soft tokens); vLLM's eager path returns the soft tokens.
+        graph_rows_past_eager=True,
+        save_processor=_tokenizer_only,
+        compilation=dict(
+            encoder_cudagraph_token_budgets=[70, 140, 280],
+            encoder_cudagraph_max_vision_items_per_batch=4,
+        ),
+    ),
     "dots_ocr": TinyModel(
         stem="dots_ocr",
         hf_config=_dots_ocr_config,
