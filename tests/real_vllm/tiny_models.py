@@ -1630,9 +1630,33 @@ NOT_ON_CPU: dict[str, str] = {
         "layers only still fails the same check ('--mamba-block-size can only "
         "be set with --enable-prefix-caching')"
     ),
+    "deepseek_ocr": (
+        "only at full size: vLLM builds its two towers at full size whatever "
+        "the config says (`build_sam_vit_b()`, SAM ViT-B: 12 layers of 768 on "
+        "1024-pixel views, and CLIP-L from a `CLIPVisionConfig` written in "
+        "`__init__`: 24 layers of 1024), about 400M parameters and, estimated "
+        "from those sizes (not timed), about a TFLOP per view: far from the "
+        "seconds a CPU test of several batches may take"
+    ),
+    "deepseek_vl2": (
+        "only at full size: vLLM builds its vision tower with "
+        "`timm.create_model('vit_so400m_patch14_siglip_384.webli')` whatever "
+        "the config says (SigLIP-so400m: 27 layers of 1152 on 384-pixel tiles, "
+        "about 400M parameters), and `timm` is not among vLLM's requirements "
+        "(the test environment would need it only for this model)"
+    ),
+    "deepseek_v41": (
+        "read from vLLM's source, not run: its language model's attention is "
+        "sparse MLA only (`DeepseekV4Attention`, whose forward is FlashMLA's or "
+        "FlashInfer's sparse kernel; vLLM's CPU platform refuses sparse "
+        "attention: 'Sparse Attention is not supported on CPU'), and the "
+        "module it loads on a non-ROCm platform imports the NVIDIA model, "
+        "whose hyper-connection kernels are TileLang and Triton (vLLM's CPU "
+        "build has no Triton)"
+    ),
 }
 """Served models whose vLLM class cannot be built, or cannot run its vision
-tower, on a CPU: what fails, concretely."""
+tower, on a CPU, or only at full size: what fails, concretely."""
 
 
 def models_table(
