@@ -1318,6 +1318,17 @@ def _embed_multimodal_eager(model: Any, mm_kwargs: dict, i: int) -> torch.Tensor
         return model.embed_multimodal(**mm_kwargs)[i]
 
 
+def _ladder(*budgets: int) -> dict[str, Any]:
+    """The capture settings of a tiny model: these budgets, four items a
+    batch (frames per batch: vLLM's default, items x the processor's most
+    frames per video; a lower setting is not enforced by vLLM's packing,
+    which counts tokens and items only)."""
+    return dict(
+        encoder_cudagraph_token_budgets=list(budgets),
+        encoder_cudagraph_max_vision_items_per_batch=4,
+    )
+
+
 _QWEN2_VL_FAMILY = dict(
     draw=_qwen2_vl_draw,
     eager=_qwen2_vl_eager,
@@ -1342,10 +1353,7 @@ TINY: dict[str, TinyModel] = {
         # holds the soft tokens); vLLM's eager path returns the soft tokens.
         graph_rows_past_eager=True,
         save_processor=_tokenizer_only,
-        compilation=dict(
-            encoder_cudagraph_token_budgets=[70, 140, 280],
-            encoder_cudagraph_max_vision_items_per_batch=4,
-        ),
+        compilation=_ladder(70, 140, 280),
     ),
     "dots_ocr": TinyModel(
         stem="dots_ocr",
@@ -1358,10 +1366,7 @@ TINY: dict[str, TinyModel] = {
             "save_processor": _dots_ocr_processor,
             "modalities": ("image",),
         },
-        compilation=dict(
-            encoder_cudagraph_token_budgets=[64, 128],
-            encoder_cudagraph_max_vision_items_per_batch=4,
-        ),
+        compilation=_ladder(64, 128),
     ),
     "mllama4": TinyModel(
         stem="mllama4",
@@ -1377,10 +1382,7 @@ TINY: dict[str, TinyModel] = {
             ),
             "draw": _mllama4_draw,
         },
-        compilation=dict(
-            encoder_cudagraph_token_budgets=[8, 16, 32],
-            encoder_cudagraph_max_vision_items_per_batch=4,
-        ),
+        compilation=_ladder(8, 16, 32),
     ),
     "step3_vl": TinyModel(
         stem="step3_vl",
@@ -1391,10 +1393,7 @@ TINY: dict[str, TinyModel] = {
         # Two crops and the global image: 652 tokens.
         oversized=lambda budget: (budget // 324 + 1, 1, 1),
         save_processor=_tokenizer_only,
-        compilation=dict(
-            encoder_cudagraph_token_budgets=[8, 332],
-            encoder_cudagraph_max_vision_items_per_batch=4,
-        ),
+        compilation=_ladder(8, 332),
     ),
     "lfm2_vl": TinyModel(
         stem="lfm2_vl",
@@ -1405,10 +1404,7 @@ TINY: dict[str, TinyModel] = {
         # Nine tiles of 4 x 4 patches: 36 tokens.
         oversized=lambda budget: (budget // 4 + 1, 4, 4),
         save_processor=_tokenizer_only,
-        compilation=dict(
-            encoder_cudagraph_token_budgets=[8, 16, 32],
-            encoder_cudagraph_max_vision_items_per_batch=4,
-        ),
+        compilation=_ladder(8, 16, 32),
     ),
     "kimi_k25": TinyModel(
         stem="kimi_k25",
@@ -1421,10 +1417,7 @@ TINY: dict[str, TinyModel] = {
             "save_processor": _kimi_k25_processor,
             "modalities": ("vision_chunk",),
         },
-        compilation=dict(
-            encoder_cudagraph_token_budgets=[64, 128],
-            encoder_cudagraph_max_vision_items_per_batch=4,
-        ),
+        compilation=_ladder(64, 128),
     ),
     "ernie45_vl": TinyModel(
         stem="ernie45_vl",
@@ -1436,10 +1429,7 @@ TINY: dict[str, TinyModel] = {
             "save_processor": _tokenizer_only,
             "modalities": ("image",),
         },
-        compilation=dict(
-            encoder_cudagraph_token_budgets=[64, 128],
-            encoder_cudagraph_max_vision_items_per_batch=4,
-        ),
+        compilation=_ladder(64, 128),
     ),
     "gemma3_mm": TinyModel(
         stem="gemma3_mm",
@@ -1452,10 +1442,7 @@ TINY: dict[str, TinyModel] = {
             _embed_multimodal_eager,
             _gemma3_processor,
         ),
-        compilation=dict(
-            encoder_cudagraph_token_budgets=[8, 16, 32],
-            encoder_cudagraph_max_vision_items_per_batch=4,
-        ),
+        compilation=_ladder(8, 16, 32),
     ),
     "idefics3": TinyModel(
         stem="idefics3",
@@ -1471,10 +1458,7 @@ TINY: dict[str, TinyModel] = {
             ),
             "draw": _idefics3_draw,
         },
-        compilation=dict(
-            encoder_cudagraph_token_budgets=[8, 16, 32],
-            encoder_cudagraph_max_vision_items_per_batch=4,
-        ),
+        compilation=_ladder(8, 16, 32),
     ),
     "kimi_vl": TinyModel(
         stem="kimi_vl",
@@ -1488,20 +1472,14 @@ TINY: dict[str, TinyModel] = {
             "save_processor": _tokenizer_only,
             "modalities": ("image",),
         },
-        compilation=dict(
-            encoder_cudagraph_token_budgets=[64, 128],
-            encoder_cudagraph_max_vision_items_per_batch=4,
-        ),
+        compilation=_ladder(64, 128),
     ),
     "internvl": TinyModel(
         stem="internvl",
         hf_config=_internvl_config,
         # 56-pixel tiles of 14-pixel patches, shuffled by half: 4 tokens a tile.
         **_tile_family(56, 4, _INTERNVL_KEYS, _internvl_eager, _tokenizer_only),
-        compilation=dict(
-            encoder_cudagraph_token_budgets=[8, 16, 32],
-            encoder_cudagraph_max_vision_items_per_batch=4,
-        ),
+        compilation=_ladder(8, 16, 32),
     ),
     "eagle2_5_vl": TinyModel(
         stem="eagle2_5_vl",
@@ -1514,10 +1492,7 @@ TINY: dict[str, TinyModel] = {
             _embed_multimodal_eager,
             _tokenizer_only,
         ),
-        compilation=dict(
-            encoder_cudagraph_token_budgets=[8, 16, 32],
-            encoder_cudagraph_max_vision_items_per_batch=4,
-        ),
+        compilation=_ladder(8, 16, 32),
     ),
     "cohere2_vision": TinyModel(
         stem="cohere2_vision",
@@ -1530,10 +1505,7 @@ TINY: dict[str, TinyModel] = {
             _cohere2_vision_eager,
             _cohere2_vision_processor,
         ),
-        compilation=dict(
-            encoder_cudagraph_token_budgets=[8, 16, 32],
-            encoder_cudagraph_max_vision_items_per_batch=4,
-        ),
+        compilation=_ladder(8, 16, 32),
     ),
     "qwen2_5_omni": TinyModel(
         stem="qwen2_5_omni",
@@ -1543,10 +1515,7 @@ TINY: dict[str, TinyModel] = {
             "save_processor": _qwen2_5_omni_processor,
             "modalities": ("image",),
         },
-        compilation=dict(
-            encoder_cudagraph_token_budgets=[16, 32, 64],
-            encoder_cudagraph_max_vision_items_per_batch=4,
-        ),
+        compilation=_ladder(16, 32, 64),
     ),
     "cohere_compass": TinyModel(
         stem="cohere_compass",
@@ -1556,19 +1525,13 @@ TINY: dict[str, TinyModel] = {
             "save_processor": _cohere_compass_processor,
             "modalities": ("image",),
         },
-        compilation=dict(
-            encoder_cudagraph_token_budgets=[16, 32, 64],
-            encoder_cudagraph_max_vision_items_per_batch=4,
-        ),
+        compilation=_ladder(16, 32, 64),
     ),
     "glm4_1v": TinyModel(
         stem="glm4_1v",
         hf_config=_glm4_1v_config,
         **{**_QWEN2_VL_FAMILY, "save_processor": _glm4_1v_processor},
-        compilation=dict(
-            encoder_cudagraph_token_budgets=[16, 32, 64],
-            encoder_cudagraph_max_vision_items_per_batch=4,
-        ),
+        compilation=_ladder(16, 32, 64),
     ),
     "qwen3_vl": TinyModel(
         stem="qwen3_vl",
@@ -1578,31 +1541,19 @@ TINY: dict[str, TinyModel] = {
             "draw": functools.partial(_qwen2_vl_draw, patch=16),
             "save_processor": _qwen3_vl_processor,
         },
-        compilation=dict(
-            encoder_cudagraph_token_budgets=[16, 32, 64],
-            encoder_cudagraph_max_vision_items_per_batch=4,
-        ),
+        compilation=_ladder(16, 32, 64),
     ),
     "qwen2_5_vl": TinyModel(
         stem="qwen2_5_vl",
         hf_config=_qwen2_5_vl_config,
         **_QWEN2_VL_FAMILY,
-        compilation=dict(
-            encoder_cudagraph_token_budgets=[16, 32, 64],
-            encoder_cudagraph_max_vision_items_per_batch=4,
-        ),
+        compilation=_ladder(16, 32, 64),
     ),
     "qwen2_vl": TinyModel(
         stem="qwen2_vl",
         hf_config=_qwen2_vl_config,
         **_QWEN2_VL_FAMILY,
-        compilation=dict(
-            encoder_cudagraph_token_budgets=[16, 32, 64],
-            encoder_cudagraph_max_vision_items_per_batch=4,
-            # Frames per batch: vLLM's default (items x the processor's most
-            # frames per video). A lower setting is not enforced by vLLM's
-            # packing, which counts tokens and items only.
-        ),
+        compilation=_ladder(16, 32, 64),
     ),
 }
 
