@@ -53,15 +53,15 @@ def install_gelu_quick() -> None:
 def install_memory_info() -> None:
     """``torch.accelerator.get_memory_info`` answers on a machine without a
     GPU driver (Gemma 4's eager image path sizes its chunks from it): the
-    host's available and total memory."""
+    host's free and total memory (Linux's page counts)."""
     try:
         torch.accelerator.get_memory_info()
     except RuntimeError:
-        import psutil
 
         def host_memory_info(device: Any = None) -> tuple[int, int]:
-            memory = psutil.virtual_memory()
-            return memory.available, memory.total
+            page = os.sysconf("SC_PAGE_SIZE")
+            free = os.sysconf("SC_AVPHYS_PAGES") * page
+            return free, os.sysconf("SC_PHYS_PAGES") * page
 
         torch.accelerator.get_memory_info = host_memory_info
 
