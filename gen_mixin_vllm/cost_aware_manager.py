@@ -140,14 +140,24 @@ class CostAwareEncoderCudaGraphManager(_VllmManager):
         budgets = tuple(sorted(self.path_token_budgets["default"]))
         key = (id(self.model), budgets, self.max_batch_size)
         if key not in self.calibrated:
-            batches = dummy_batches(self.vllm_config.model_config, self.device)
-            self.calibrated[key] = self.calibrate_cost_model(batches)
+            self.calibrated[key] = self.calibrate_cost_model(self._dummy_batches())
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()  # vLLM measures the capture's memory
         else:
             logger.info("gen-mixin cost-aware manager: calibrated earlier, reused")
         self.set_cost_model(self.calibrated[key])
         return self.calibrated[key]
+
+    def _dummy_batches(self) -> list[dict[str, Any]]:
+        try:
+            return dummy_batches(self.vllm_config.model_config, self.device)
+        except Exception as error:
+            raise RuntimeError(
+                "gen-mixin cost-aware manager: GEN_MIXIN_COST_MODEL=calibrate could "
+                f"not make warm-up images with vLLM's dummy inputs ({error!r}); "
+                "calibrate with the project's runtime and set GEN_MIXIN_COST_MODEL "
+                "to the saved cost model instead"
+            ) from error
 
     def calibrate_cost_model(self, batches: list[dict[str, Any]]) -> CostModel:
         """Time this captured manager on ``batches`` within

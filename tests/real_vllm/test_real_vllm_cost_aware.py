@@ -348,3 +348,16 @@ def test_a_calibration_serves_the_next_manager_of_the_same_ladder(host):
     )
     assert second.calibration_report is None
     assert second.cost_model == first.cost_model
+
+
+def test_no_warm_up_images_stops_the_start(host, monkeypatch: pytest.MonkeyPatch):
+    from gen_mixin_vllm import cost_aware_manager
+
+    def no_images(model_config, device):
+        raise KeyError("image")
+
+    monkeypatch.setattr(cost_aware_manager, "dummy_batches", no_images)
+    with pytest.raises(RuntimeError, match="could not make warm-up images") as raised:
+        _calibrated_run(host, FakeCosts(1.0, 1.0))
+    assert "GEN_MIXIN_COST_MODEL" in str(raised.value)
+    assert isinstance(raised.value.__cause__, KeyError)
