@@ -13,7 +13,9 @@ until a cost model says it should.
 The cost model comes from a file (``GEN_MIXIN_COST_MODEL``, the JSON of
 ``CostModel.as_dict``) written by a calibration of the project's runtime
 manager on the same GPU and model (``docs/using-in-vllm.md``); it must price
-every budget the manager captures, or the manager refuses to start.
+every budget the manager captures, or the manager refuses to start. Or
+(``GEN_MIXIN_COST_MODEL=calibrate``) the manager calibrates it itself right
+after vLLM's capture, within a bound (:mod:`gen_mixin_vllm.calibration`).
 
 :func:`install` puts the class where vLLM's model runners look the manager up.
 """
@@ -23,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -37,6 +40,8 @@ from encoder_cudagraph_runtime.cost_aware import (
     ExecutionPlan,
     plan_execution,
 )
+from encoder_cudagraph_runtime.manager import CALIBRATION_LIMIT_MS
+from gen_mixin_vllm.calibration import CalibrationReport, calibrate, dummy_batches
 
 logger = logging.getLogger("vllm.gen_mixin")
 
@@ -72,10 +77,21 @@ class CostAwareEncoderCudaGraphManager(_VllmManager):
 
     default_cost_model: CostModel | None = None
     """The cost model every new manager starts with (:func:`install`)."""
+    calibrate_at_capture = False
+    """Calibrate after each capture (:func:`install`), unless a manager of
+    the same model, ladder and items per batch has already done so in this
+    process (vLLM's memory profiling captures with a manager of its own
+    before the one that serves)."""
+    calibration_limit_ms = CALIBRATION_LIMIT_MS
+    clock = staticmethod(time.perf_counter_ns)
+    calibrated: dict[tuple[int, tuple[int, ...], int], CostModel] = {}
+    """The cost models calibrated in this process, by model, ladder and
+    items per batch."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.cost_model: CostModel | None = None
+        self.calibration_report: CalibrationReport | None = None
         self.plan_counts: Counter[str] = Counter()
         """Executes by the source of their plan: ``vllm``, ``cheapest``,
         ``uncalibrated`` (no cost model: vLLM's packing)."""
@@ -112,6 +128,52 @@ class CostAwareEncoderCudaGraphManager(_VllmManager):
                 "(calibrate it with the same budgets and items per batch)"
             )
         self.cost_model = cost_model
+
+    def capture(self, graph_pool: Any) -> None:
+        super().capture(graph_pool)
+        if self.calibrate_at_capture and not self.unsupported:
+            self.calibrate_after_capture()
+
+    def calibrate_after_capture(self) -> CostModel:
+        """Calibrate on vLLM's dummy images (or reuse this process's
+        calibration of the same model and ladder) and plan with it."""
+        budgets = tuple(sorted(self.path_token_budgets["default"]))
+        key = (id(self.model), budgets, self.max_batch_size)
+        if key not in self.calibrated:
+            self.calibrated[key] = self.calibrate_cost_model(self._dummy_batches())
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()  # vLLM measures the capture's memory
+        else:
+            logger.info("gen-mixin cost-aware manager: calibrated earlier, reused")
+        self.set_cost_model(self.calibrated[key])
+        return self.calibrated[key]
+
+    def _dummy_batches(self) -> list[dict[str, Any]]:
+        try:
+            return dummy_batches(self.vllm_config.model_config, self.device)
+        except Exception as error:
+            raise RuntimeError(
+                "gen-mixin cost-aware manager: GEN_MIXIN_COST_MODEL=calibrate could "
+                f"not make warm-up images with vLLM's dummy inputs ({error!r}); "
+                "calibrate with the project's runtime and set GEN_MIXIN_COST_MODEL "
+                "to the saved cost model instead"
+            ) from error
+
+    def calibrate_cost_model(self, batches: list[dict[str, Any]]) -> CostModel:
+        """Time this captured manager on ``batches`` within
+        :attr:`calibration_limit_ms`, plan with the fitted cost model and
+        log what was timed."""
+        cost_model, report = calibrate(
+            self, batches, self.calibration_limit_ms, self.clock
+        )
+        self.calibration_report = report
+        self.set_cost_model(cost_model)
+        logger.info(
+            "gen-mixin cost-aware manager calibrated: %s; cost model %s",
+            report.summary(),
+            cost_model,
+        )
+        return cost_model
 
     def plan(self, mm_kwargs: dict[str, Any]) -> ExecutionPlan | None:
         """The plan of an execute (``None`` without a cost model)."""
@@ -170,12 +232,20 @@ class CostAwareEncoderCudaGraphManager(_VllmManager):
         )
 
 
-def install(cost_model_path: str | None) -> None:
+def install(
+    cost_model_path: str | None,
+    calibrate_at_capture: bool = False,
+    calibration_limit_ms: float | None = None,
+) -> None:
     """Make vLLM build :class:`CostAwareEncoderCudaGraphManager` (with the
-    cost model at ``cost_model_path``, if any). Safe to call again."""
-    CostAwareEncoderCudaGraphManager.default_cost_model = (
+    cost model at ``cost_model_path``, if any, or calibrating its own after
+    each capture within ``calibration_limit_ms``). Safe to call again."""
+    manager = CostAwareEncoderCudaGraphManager
+    manager.default_cost_model = (
         load_cost_model(cost_model_path) if cost_model_path else None
     )
+    manager.calibrate_at_capture = calibrate_at_capture
+    manager.calibration_limit_ms = calibration_limit_ms or CALIBRATION_LIMIT_MS
     for name in _BINDERS:
         module = sys.modules.get(name)
         if module is not None and getattr(module, "EncoderCudaGraphManager", None) in (
@@ -185,9 +255,13 @@ def install(cost_model_path: str | None) -> None:
             module.EncoderCudaGraphManager = CostAwareEncoderCudaGraphManager
     logger.info(
         "gen-mixin plugin: cost-aware encoder CUDA graph manager installed (%s)",
-        (
-            f"cost model {cost_model_path}"
-            if cost_model_path
-            else "no cost model: vLLM's packing until one is set"
-        ),
+        _source(cost_model_path, calibrate_at_capture, manager.calibration_limit_ms),
     )
+
+
+def _source(path: str | None, calibrate_at_capture: bool, limit_ms: float) -> str:
+    if path:
+        return f"cost model {path}"
+    if calibrate_at_capture:
+        return f"cost model calibrated after capture, within {limit_ms:.0f} ms"
+    return "no cost model: vLLM's packing until one is set"

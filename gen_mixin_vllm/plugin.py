@@ -50,5 +50,9 @@ def register(
     if settings.cost_aware:
         from gen_mixin_vllm.cost_aware_manager import install
 
-        install(settings.cost_model_path)
+        install(
+            settings.cost_model_path,
+            settings.calibrate,
+            settings.calibration_limit_ms,
+        )
     return settings

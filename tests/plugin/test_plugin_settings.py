@@ -92,6 +92,47 @@ ERRORS = [
         ["GEN_MIXIN_COST_AWARE is not 1"],
     ),
     (
+        "a calibration bound that is not a number",
+        {
+            "GEN_MIXIN_COST_AWARE": "1",
+            "GEN_MIXIN_COST_MODEL": "calibrate",
+            "GEN_MIXIN_CALIBRATION_LIMIT_MS": "10s",
+        },
+        ["GEN_MIXIN_CALIBRATION_LIMIT_MS='10s': expected a positive number"],
+    ),
+    (
+        "a calibration bound of zero",
+        {
+            "GEN_MIXIN_COST_AWARE": "1",
+            "GEN_MIXIN_COST_MODEL": "calibrate",
+            "GEN_MIXIN_CALIBRATION_LIMIT_MS": "0",
+        },
+        ["GEN_MIXIN_CALIBRATION_LIMIT_MS='0': expected a positive number"],
+    ),
+    (
+        "an infinite calibration bound",
+        {
+            "GEN_MIXIN_COST_AWARE": "1",
+            "GEN_MIXIN_COST_MODEL": "calibrate",
+            "GEN_MIXIN_CALIBRATION_LIMIT_MS": "inf",
+        },
+        ["expected a positive number"],
+    ),
+    (
+        "a calibration bound without calibrating",
+        {
+            "GEN_MIXIN_COST_AWARE": "1",
+            "GEN_MIXIN_COST_MODEL": "m.json",
+            "GEN_MIXIN_CALIBRATION_LIMIT_MS": "5000",
+        },
+        ["GEN_MIXIN_COST_MODEL is not 'calibrate'"],
+    ),
+    (
+        "calibrate without the option",
+        {"GEN_MIXIN_COST_MODEL": "calibrate"},
+        ["GEN_MIXIN_COST_AWARE is not 1"],
+    ),
+    (
         "every problem at once",
         {"GEN_MIXIN_MODELS": "qwen2_vl,nope", "GEN_MIXIN_COST_AWARE": "2"},
         ["'nope'", "GEN_MIXIN_COST_AWARE='2'"],
@@ -117,6 +158,42 @@ def test_settings_read():
     )
     assert (settings.models, settings.cost_aware) == ((), True)
     assert settings.cost_model_path == "m.json"
+
+
+# (case, environment, (cost model path, calibrate, calibration bound)).
+COST_MODELS = [
+    ("none", {"GEN_MIXIN_COST_AWARE": "1"}, (None, False, None)),
+    (
+        "a file",
+        {"GEN_MIXIN_COST_AWARE": "1", "GEN_MIXIN_COST_MODEL": "m.json"},
+        ("m.json", False, None),
+    ),
+    (
+        "calibrate, the default bound",
+        {"GEN_MIXIN_COST_AWARE": "1", "GEN_MIXIN_COST_MODEL": " calibrate "},
+        (None, True, None),
+    ),
+    (
+        "calibrate within 2.5 s",
+        {
+            "GEN_MIXIN_COST_AWARE": "1",
+            "GEN_MIXIN_COST_MODEL": "calibrate",
+            "GEN_MIXIN_CALIBRATION_LIMIT_MS": "2500",
+        },
+        (None, True, 2500.0),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("environ", "expected"),
+    [c[1:] for c in COST_MODELS],
+    ids=[c[0] for c in COST_MODELS],
+)
+def test_cost_model_settings(environ: dict[str, str], expected: tuple):
+    settings = read_settings(environ)
+    got = (settings.cost_model_path, settings.calibrate, settings.calibration_limit_ms)
+    assert got == expected
 
 
 def test_the_log_line_says_what_was_registered(caplog: pytest.LogCaptureFixture):

@@ -3,6 +3,8 @@ built from tiny random configs, and stand-ins for the two things a CPU lacks.
 
 - ``_C::gelu_quick``: the one compiled op a vision tower looks up at
   construction (``QuickGELU``); the CPU build of vLLM has no ``_C`` library.
+- ``torch.accelerator.get_memory_info``: the host's memory where no GPU
+  driver answers (:func:`install_memory_info`).
 - FlashAttention's varlen kernel (:func:`varlen_attention`): the generated
   mixins capture with a FlashAttention backend, whose ``cu_seqlens`` may end
   in repeated offsets past the batch's rows, which PyTorch's SDPA path cannot
@@ -46,6 +48,22 @@ def install_gelu_quick() -> None:
     @torch.library.impl("_C::gelu_quick", "CPU")
     def _gelu_quick(out: torch.Tensor, x: torch.Tensor) -> None:
         out.copy_(x * torch.sigmoid(1.702 * x))
+
+
+def install_memory_info() -> None:
+    """``torch.accelerator.get_memory_info`` answers on a machine without a
+    GPU driver (Gemma 4's eager image path sizes its chunks from it): the
+    host's free and total memory (Linux's page counts)."""
+    try:
+        torch.accelerator.get_memory_info()
+    except RuntimeError:
+
+        def host_memory_info(device: Any = None) -> tuple[int, int]:
+            page = os.sysconf("SC_PAGE_SIZE")
+            free = os.sysconf("SC_AVPHYS_PAGES") * page
+            return free, os.sysconf("SC_PHYS_PAGES") * page
+
+        torch.accelerator.get_memory_info = host_memory_info
 
 
 def varlen_attention(
@@ -106,12 +124,15 @@ class _FakeGraph:
     """A ``torch.cuda.CUDAGraph`` stand-in bound to one manager."""
 
     manager: Any = None
+    on_replay: Callable[[int], None] | None = None
     replays = 0
 
     def replay(self) -> None:
         for path, graphs in self.manager.budget_graphs.items():
             for meta in graphs.values():
                 if meta.graph is self:
+                    if self.on_replay is not None:
+                        self.on_replay(meta.token_budget)
                     with torch.inference_mode():
                         out = self.manager.model.encoder_cudagraph_forward(
                             {**meta.input_buffers}, path=path
@@ -123,9 +144,16 @@ class _FakeGraph:
 
 
 @contextlib.contextmanager
-def fake_cuda_graphs(manager: Any) -> Iterator[None]:
-    """Capture and replay on the CPU through vLLM's own manager code."""
-    graph_type = type("CUDAGraph", (_FakeGraph,), {"manager": manager})
+def fake_cuda_graphs(
+    manager: Any, on_replay: Callable[[int], None] | None = None
+) -> Iterator[None]:
+    """Capture and replay on the CPU through vLLM's own manager code;
+    ``on_replay`` is told the budget of each replay."""
+    graph_type = type(
+        "CUDAGraph",
+        (_FakeGraph,),
+        {"manager": manager, "on_replay": staticmethod(on_replay)},
+    )
 
     @contextlib.contextmanager
     def graph(cuda_graph: Any, pool: Any = None, stream: Any = None):
@@ -195,6 +223,7 @@ def build_model(model_class: type, config: Any, prefix: str, seed: int = 0) -> A
     from vllm.config import set_current_vllm_config
 
     install_gelu_quick()
+    install_memory_info()
     torch.manual_seed(seed)
     with set_current_vllm_config(config), torch.device("cpu"):
         model = model_class(vllm_config=config, prefix=prefix)

@@ -57,6 +57,9 @@ def test_manager_replays_equal_eager(stem: str):
                 assert len(outputs) == len(grids)
                 for i, output in enumerate(outputs):
                     expected = tiny.eager(model, mm_kwargs, i)
+                    if tiny.graph_rows_past_eager:
+                        assert output.shape[0] >= expected.shape[0]
+                        output = output[: expected.shape[0]]
                     torch.testing.assert_close(output, expected, rtol=1e-4, atol=1e-5)
     # Items that replayed a graph and eager runs, both checked.
     assert checked["graph"] >= BATCHES and checked["eager"] >= 2, checked

@@ -6,7 +6,10 @@ show (``<stem>.cu-seqlens-padding``: vLLM's own mixin replays offsets that go
 down, FlashAttention's negative lengths; ``gemma3_mm.crops-by-budget``: vLLM's
 replay copy fails; ``ernie45_vl.eager-rows``: vLLM's eager forward resamples;
 ``kimi_k25.multi-frame-eager``: vLLM's sentinel token count;
-``lfm2_vl.cu-seqlens-slots``: vLLM's padding copy fails; finding 6 of
+``lfm2_vl.cu-seqlens-slots``: vLLM's padding copy fails;
+``gemma4_mm.images-only``: vLLM's config captures videos too;
+``gemma4_mm.widest-key-budget``: ours counts every image at the widest
+row; finding 6 of
 vllm-findings.md: vLLM's Step3-VL returns views of a graph's output) are
 asserted as differences where that page lists them.
 """
@@ -59,6 +62,19 @@ EAGER_DIFFERS = {"ernie45_vl": "ernie45_vl.eager-rows"}
 # gives its real tokens and a default path's count above every budget.
 EAGER_SENTINEL = {"kimi_k25": "kimi_k25.multi-frame-eager"}
 SENTINEL_TOKENS = 2**30
+# The fields of the encoder CUDA graph config that differ, and the difference
+# that says why: vLLM's Gemma 4 mixin captures videos too (32 frames each);
+# ours captures images only and leaves videos to vLLM's eager path.
+CONFIG_DIFFERS = {
+    "gemma4_mm": {
+        "modalities": "gemma4_mm.images-only",
+        "max_frames_per_video": "gemma4_mm.images-only",
+    }
+}
+# The models whose budget tokens per item differ, the difference that says
+# why, and what ours counts: every Gemma 4 image counts the widest captured
+# row (the model's max_soft_tokens), vLLM's its own or its batch's widest.
+PATH_TOKENS_DIFFER = {"gemma4_mm": ("gemma4_mm.widest-key-budget", 70)}
 # The models whose vLLM mixin returns items that are views of a graph's
 # output buffer (Step3-VL's crop-less images: finding 6 in vllm-findings.md).
 VIEWS_IN_VLLM = {"step3_vl"}
@@ -82,6 +98,12 @@ def _same_item_spec(stem: str, mine, vllms, config) -> None:
         vllms.input_size,
         vllms.output_tokens,
     )
+    if stem in PATH_TOKENS_DIFFER:
+        difference, tokens = PATH_TOKENS_DIFFER[stem]
+        assert f"`{difference}`" in DIFFERENCES
+        assert _path_tokens(mine) == {"default": tokens}
+        assert _path_tokens(vllms)["default"] <= tokens
+        return
     assert _path_tokens(mine) == _path_tokens(vllms)
 
 
@@ -105,6 +127,24 @@ def _execute_or_none(manager, mm_kwargs, views: list[int]):
     }
     views[0] += sum(item.untyped_storage().data_ptr() in buffers for item in items)
     return [item.clone() for item in items]
+
+
+def _selections(stem: str, mine: dict, vllms: dict) -> tuple[dict, dict]:
+    """The two selections, less their capture-axis keys where those differ
+    as documented (ours then the covering captured key)."""
+    if stem not in PATH_TOKENS_DIFFER:
+        return mine, vllms
+    from vllm.v1.worker.encoder_cudagraph_defs import (
+        ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG as KEYS,
+    )
+
+    difference, widest = PATH_TOKENS_DIFFER[stem]
+    assert f"`{difference}`" in DIFFERENCES
+    assert mine[KEYS] == (widest,)
+    return (
+        {k: v for k, v in mine.items() if k != KEYS},
+        {k: v for k, v in vllms.items() if k != KEYS},
+    )
 
 
 def _pair(stem: str):
@@ -146,7 +186,12 @@ def test_generated_methods_agree_with_vllms_own(stem: str):
     config_theirs = theirs.get_encoder_cudagraph_config()
     config_ours = ours.get_encoder_cudagraph_config()
     for field in ("modalities", "out_hidden_size", "max_frames_per_video"):
-        assert getattr(config_ours, field) == getattr(config_theirs, field), field
+        differs = CONFIG_DIFFERS.get(stem, {}).get(field)
+        if differs:
+            assert f"`{differs}`" in DIFFERENCES
+            assert getattr(config_ours, field) != getattr(config_theirs, field)
+        else:
+            assert getattr(config_ours, field) == getattr(config_theirs, field)
     assert ours.get_encoder_cudagraph_budget_range(
         config
     ) == theirs.get_encoder_cudagraph_budget_range(config)
@@ -168,8 +213,11 @@ def test_generated_methods_agree_with_vllms_own(stem: str):
                 _same_item_spec(stem, mine, vllms, config)
             picked = list(range(len(specs)))[::-2]
             _same(
-                ours.select_encoder_cudagraph_items(mm_kwargs, picked),
-                theirs.select_encoder_cudagraph_items(mm_kwargs, picked),
+                *_selections(
+                    stem,
+                    ours.select_encoder_cudagraph_items(mm_kwargs, picked),
+                    theirs.select_encoder_cudagraph_items(mm_kwargs, picked),
+                )
             )
             for path in config_ours.paths or ["default"]:
                 if not sum(_path_tokens(spec).get(path, 0) for spec in specs):

@@ -37,6 +37,9 @@ class TinyModel:
     """Writes a tiny offline processor (tokenizer included) to a folder."""
     modalities: tuple[str, ...] = ("image",)
     compilation: dict[str, Any] = field(default_factory=dict)
+    graph_rows_past_eager: bool = False
+    """A replayed item may have rows past the eager output's (which it
+    starts with): slots the model's prompt does not hold."""
 
 
 SPECIAL_TOKENS = (
@@ -71,6 +74,9 @@ SPECIAL_TOKENS = (
     "<start_of_image>",
     "<end_of_image>",
     "<image_soft_token>",
+    "<|img|>",
+    "<|imgpad|>",
+    "<|endofimg|>",
 )
 
 
@@ -765,6 +771,130 @@ def _ernie45_vl_config() -> Any:
     )
 
 
+def _dots_ocr_config() -> Any:
+    from transformers import AutoConfig
+    from vllm.transformers_utils.configs.dotsocr import DotsOCRConfig
+
+    # vLLM ships the config class; a checkpoint names it through remote code.
+    AutoConfig.register("dots_ocr", DotsOCRConfig, exist_ok=True)
+    text = _qwen2_text_config()
+    del text["rope_scaling"]
+    return DotsOCRConfig(
+        architectures=["DotsOCRForCausalLM"],
+        vision_config=dict(
+            embed_dim=32,
+            hidden_size=48,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            patch_size=14,
+            spatial_merge_size=2,
+            temporal_patch_size=1,
+        ),
+        image_token_id=SPECIAL_TOKENS.index("<|imgpad|>"),
+        video_token_id=SPECIAL_TOKENS.index("<|video_pad|>"),
+        **text,
+    )
+
+
+def _dots_ocr_processor(folder: str) -> None:
+    from transformers import Qwen2VLImageProcessor, Qwen2VLProcessor
+    from transformers import Qwen2VLVideoProcessor
+
+    size = {"shortest_edge": 56 * 56, "longest_edge": 168 * 168}
+    patches = dict(temporal_patch_size=1, patch_size=14, merge_size=2)
+    Qwen2VLProcessor(
+        image_processor=Qwen2VLImageProcessor(size=size, **patches),
+        tokenizer=tiny_tokenizer(),
+        video_processor=Qwen2VLVideoProcessor(size=size, **patches),
+    ).save_pretrained(folder)
+
+
+# Gemma 4: an image is a row of ``width * 9`` patches of 16 x 16 pixels, as the
+# HF image processor pads it: its valid ``h x w`` patches first (h and w
+# multiples of 3), then padding at position -1. The pooler averages them 3 x 3
+# into ``width`` slots, of which the first ``h * w / 9`` are the image's soft
+# tokens (what the prompt holds). Its grid is ``(width, h, w)``.
+_GEMMA4_WIDTH = 70  # the tiny config's default_output_length
+
+
+def _gemma4_config() -> Any:
+    from transformers import Gemma4Config
+
+    ids = {token: i for i, token in enumerate(SPECIAL_TOKENS)}
+    return Gemma4Config(
+        architectures=["Gemma4ForConditionalGeneration"],
+        vision_config=dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            head_dim=16,
+            pooling_kernel_size=3,
+            patch_size=16,
+            position_embedding_size=64,
+            default_output_length=_GEMMA4_WIDTH,
+        ),
+        text_config=dict(
+            hidden_size=48,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=24,
+            vocab_size=256,
+            vocab_size_per_layer_input=256,
+            hidden_size_per_layer_input=0,
+            max_position_embeddings=2048,
+            sliding_window=64,
+            layer_types=["full_attention"],
+        ),
+        audio_config=None,
+        boi_token_id=ids["<start_of_image>"],
+        eoi_token_id=ids["<end_of_image>"],
+        image_token_id=ids["<image_soft_token>"],
+        video_token_id=ids["<|video_pad|>"],
+    )
+
+
+def _gemma4_grids(
+    gen: torch.Generator, modality: str, tokens: int
+) -> list[tuple[int, int, int]]:
+    """Images of 3 x 3 to 24 x 24 patches in rows of the model's width, each
+    counting a whole row, until ``tokens``."""
+    grids: list[tuple[int, int, int]] = []
+    while (len(grids) + 1) * _GEMMA4_WIDTH <= tokens and len(grids) < 4:
+        h, w = (3 * int(torch.randint(1, 9, (), generator=gen)) for _ in range(2))
+        while h * w > 9 * _GEMMA4_WIDTH:
+            h -= 3
+        grids.append((_GEMMA4_WIDTH, h, w))
+    return grids or [(_GEMMA4_WIDTH, 3, 3)]
+
+
+def _gemma4_draw(
+    gen: torch.Generator, modality: str, grids: list[tuple[int, int, int]]
+) -> dict:
+    """Each image's padded row of patches and ``(x, y)`` positions; one
+    tensor when every row has the same width, else a list, as vLLM batches
+    them."""
+    pixels, positions = [], []
+    for width, h, w in grids:
+        pixel = torch.zeros((width * 9, 16 * 16 * 3))
+        pixel[: h * w] = torch.randn((h * w, 16 * 16 * 3), generator=gen)
+        position = torch.full((width * 9, 2), -1, dtype=torch.int64)
+        ys, xs = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+        position[: h * w] = torch.stack([xs.flatten(), ys.flatten()], dim=-1)
+        pixels.append(pixel)
+        positions.append(position)
+    if len({p.shape[0] for p in pixels}) == 1:
+        return {
+            "pixel_values": torch.stack(pixels),
+            "pixel_position_ids": torch.stack(positions),
+        }
+    return {"pixel_values": pixels, "pixel_position_ids": positions}
+
+
 def _flat_patches_draw(
     gen: torch.Generator,
     modality: str,
@@ -1188,6 +1318,17 @@ def _embed_multimodal_eager(model: Any, mm_kwargs: dict, i: int) -> torch.Tensor
         return model.embed_multimodal(**mm_kwargs)[i]
 
 
+def _ladder(*budgets: int) -> dict[str, Any]:
+    """The capture settings of a tiny model: these budgets, four items a
+    batch (frames per batch: vLLM's default, items x the processor's most
+    frames per video; a lower setting is not enforced by vLLM's packing,
+    which counts tokens and items only)."""
+    return dict(
+        encoder_cudagraph_token_budgets=list(budgets),
+        encoder_cudagraph_max_vision_items_per_batch=4,
+    )
+
+
 _QWEN2_VL_FAMILY = dict(
     draw=_qwen2_vl_draw,
     eager=_qwen2_vl_eager,
@@ -1199,6 +1340,34 @@ _QWEN2_VL_FAMILY = dict(
 
 
 TINY: dict[str, TinyModel] = {
+    "gemma4_mm": TinyModel(
+        stem="gemma4_mm",
+        hf_config=_gemma4_config,
+        draw=_gemma4_draw,
+        eager=_embed_multimodal_eager,
+        grids=_gemma4_grids,
+        # A request's row of 140 slots, past the widest captured one (70).
+        oversized=lambda budget: (2 * _GEMMA4_WIDTH, 27, 27),
+        # The replayed rows past an image's soft tokens are its row's empty
+        # pooled slots, which the language model never reads (the prompt
+        # holds the soft tokens); vLLM's eager path returns the soft tokens.
+        graph_rows_past_eager=True,
+        save_processor=_tokenizer_only,
+        compilation=_ladder(70, 140, 280),
+    ),
+    "dots_ocr": TinyModel(
+        stem="dots_ocr",
+        hf_config=_dots_ocr_config,
+        **{
+            **_QWEN2_VL_FAMILY,
+            # One frame per patch (temporal_patch_size 1): 3 x 14 x 14 values.
+            "draw": functools.partial(_flat_patches_draw, patch=14),
+            "eager": _embed_multimodal_eager,
+            "save_processor": _dots_ocr_processor,
+            "modalities": ("image",),
+        },
+        compilation=_ladder(64, 128),
+    ),
     "mllama4": TinyModel(
         stem="mllama4",
         hf_config=_mllama4_config,
@@ -1213,10 +1382,7 @@ TINY: dict[str, TinyModel] = {
             ),
             "draw": _mllama4_draw,
         },
-        compilation=dict(
-            encoder_cudagraph_token_budgets=[8, 16, 32],
-            encoder_cudagraph_max_vision_items_per_batch=4,
-        ),
+        compilation=_ladder(8, 16, 32),
     ),
     "step3_vl": TinyModel(
         stem="step3_vl",
@@ -1227,10 +1393,7 @@ TINY: dict[str, TinyModel] = {
         # Two crops and the global image: 652 tokens.
         oversized=lambda budget: (budget // 324 + 1, 1, 1),
         save_processor=_tokenizer_only,
-        compilation=dict(
-            encoder_cudagraph_token_budgets=[8, 332],
-            encoder_cudagraph_max_vision_items_per_batch=4,
-        ),
+        compilation=_ladder(8, 332),
     ),
     "lfm2_vl": TinyModel(
         stem="lfm2_vl",
@@ -1241,10 +1404,7 @@ TINY: dict[str, TinyModel] = {
         # Nine tiles of 4 x 4 patches: 36 tokens.
         oversized=lambda budget: (budget // 4 + 1, 4, 4),
         save_processor=_tokenizer_only,
-        compilation=dict(
-            encoder_cudagraph_token_budgets=[8, 16, 32],
-            encoder_cudagraph_max_vision_items_per_batch=4,
-        ),
+        compilation=_ladder(8, 16, 32),
     ),
     "kimi_k25": TinyModel(
         stem="kimi_k25",
@@ -1257,10 +1417,7 @@ TINY: dict[str, TinyModel] = {
             "save_processor": _kimi_k25_processor,
             "modalities": ("vision_chunk",),
         },
-        compilation=dict(
-            encoder_cudagraph_token_budgets=[64, 128],
-            encoder_cudagraph_max_vision_items_per_batch=4,
-        ),
+        compilation=_ladder(64, 128),
     ),
     "ernie45_vl": TinyModel(
         stem="ernie45_vl",
@@ -1272,10 +1429,7 @@ TINY: dict[str, TinyModel] = {
             "save_processor": _tokenizer_only,
             "modalities": ("image",),
         },
-        compilation=dict(
-            encoder_cudagraph_token_budgets=[64, 128],
-            encoder_cudagraph_max_vision_items_per_batch=4,
-        ),
+        compilation=_ladder(64, 128),
     ),
     "gemma3_mm": TinyModel(
         stem="gemma3_mm",
@@ -1288,10 +1442,7 @@ TINY: dict[str, TinyModel] = {
             _embed_multimodal_eager,
             _gemma3_processor,
         ),
-        compilation=dict(
-            encoder_cudagraph_token_budgets=[8, 16, 32],
-            encoder_cudagraph_max_vision_items_per_batch=4,
-        ),
+        compilation=_ladder(8, 16, 32),
     ),
     "idefics3": TinyModel(
         stem="idefics3",
@@ -1307,10 +1458,7 @@ TINY: dict[str, TinyModel] = {
             ),
             "draw": _idefics3_draw,
         },
-        compilation=dict(
-            encoder_cudagraph_token_budgets=[8, 16, 32],
-            encoder_cudagraph_max_vision_items_per_batch=4,
-        ),
+        compilation=_ladder(8, 16, 32),
     ),
     "kimi_vl": TinyModel(
         stem="kimi_vl",
@@ -1324,20 +1472,14 @@ TINY: dict[str, TinyModel] = {
             "save_processor": _tokenizer_only,
             "modalities": ("image",),
         },
-        compilation=dict(
-            encoder_cudagraph_token_budgets=[64, 128],
-            encoder_cudagraph_max_vision_items_per_batch=4,
-        ),
+        compilation=_ladder(64, 128),
     ),
     "internvl": TinyModel(
         stem="internvl",
         hf_config=_internvl_config,
         # 56-pixel tiles of 14-pixel patches, shuffled by half: 4 tokens a tile.
         **_tile_family(56, 4, _INTERNVL_KEYS, _internvl_eager, _tokenizer_only),
-        compilation=dict(
-            encoder_cudagraph_token_budgets=[8, 16, 32],
-            encoder_cudagraph_max_vision_items_per_batch=4,
-        ),
+        compilation=_ladder(8, 16, 32),
     ),
     "eagle2_5_vl": TinyModel(
         stem="eagle2_5_vl",
@@ -1350,10 +1492,7 @@ TINY: dict[str, TinyModel] = {
             _embed_multimodal_eager,
             _tokenizer_only,
         ),
-        compilation=dict(
-            encoder_cudagraph_token_budgets=[8, 16, 32],
-            encoder_cudagraph_max_vision_items_per_batch=4,
-        ),
+        compilation=_ladder(8, 16, 32),
     ),
     "cohere2_vision": TinyModel(
         stem="cohere2_vision",
@@ -1366,10 +1505,7 @@ TINY: dict[str, TinyModel] = {
             _cohere2_vision_eager,
             _cohere2_vision_processor,
         ),
-        compilation=dict(
-            encoder_cudagraph_token_budgets=[8, 16, 32],
-            encoder_cudagraph_max_vision_items_per_batch=4,
-        ),
+        compilation=_ladder(8, 16, 32),
     ),
     "qwen2_5_omni": TinyModel(
         stem="qwen2_5_omni",
@@ -1379,10 +1515,7 @@ TINY: dict[str, TinyModel] = {
             "save_processor": _qwen2_5_omni_processor,
             "modalities": ("image",),
         },
-        compilation=dict(
-            encoder_cudagraph_token_budgets=[16, 32, 64],
-            encoder_cudagraph_max_vision_items_per_batch=4,
-        ),
+        compilation=_ladder(16, 32, 64),
     ),
     "cohere_compass": TinyModel(
         stem="cohere_compass",
@@ -1392,19 +1525,13 @@ TINY: dict[str, TinyModel] = {
             "save_processor": _cohere_compass_processor,
             "modalities": ("image",),
         },
-        compilation=dict(
-            encoder_cudagraph_token_budgets=[16, 32, 64],
-            encoder_cudagraph_max_vision_items_per_batch=4,
-        ),
+        compilation=_ladder(16, 32, 64),
     ),
     "glm4_1v": TinyModel(
         stem="glm4_1v",
         hf_config=_glm4_1v_config,
         **{**_QWEN2_VL_FAMILY, "save_processor": _glm4_1v_processor},
-        compilation=dict(
-            encoder_cudagraph_token_budgets=[16, 32, 64],
-            encoder_cudagraph_max_vision_items_per_batch=4,
-        ),
+        compilation=_ladder(16, 32, 64),
     ),
     "qwen3_vl": TinyModel(
         stem="qwen3_vl",
@@ -1414,31 +1541,19 @@ TINY: dict[str, TinyModel] = {
             "draw": functools.partial(_qwen2_vl_draw, patch=16),
             "save_processor": _qwen3_vl_processor,
         },
-        compilation=dict(
-            encoder_cudagraph_token_budgets=[16, 32, 64],
-            encoder_cudagraph_max_vision_items_per_batch=4,
-        ),
+        compilation=_ladder(16, 32, 64),
     ),
     "qwen2_5_vl": TinyModel(
         stem="qwen2_5_vl",
         hf_config=_qwen2_5_vl_config,
         **_QWEN2_VL_FAMILY,
-        compilation=dict(
-            encoder_cudagraph_token_budgets=[16, 32, 64],
-            encoder_cudagraph_max_vision_items_per_batch=4,
-        ),
+        compilation=_ladder(16, 32, 64),
     ),
     "qwen2_vl": TinyModel(
         stem="qwen2_vl",
         hf_config=_qwen2_vl_config,
         **_QWEN2_VL_FAMILY,
-        compilation=dict(
-            encoder_cudagraph_token_budgets=[16, 32, 64],
-            encoder_cudagraph_max_vision_items_per_batch=4,
-            # Frames per batch: vLLM's default (items x the processor's most
-            # frames per video). A lower setting is not enforced by vLLM's
-            # packing, which counts tokens and items only.
-        ),
+        compilation=_ladder(16, 32, 64),
     ),
 }
 
@@ -1466,9 +1581,33 @@ NOT_ON_CPU: dict[str, str] = {
         "layers only still fails the same check ('--mamba-block-size can only "
         "be set with --enable-prefix-caching')"
     ),
+    "deepseek_ocr": (
+        "only at full size: vLLM builds its two towers at full size whatever "
+        "the config says (`build_sam_vit_b()`, SAM ViT-B: 12 layers of 768 on "
+        "1024-pixel views, and CLIP-L from a `CLIPVisionConfig` written in "
+        "`__init__`: 24 layers of 1024), about 400M parameters and, estimated "
+        "from those sizes (not timed), about a TFLOP per view: far from the "
+        "seconds a CPU test of several batches may take"
+    ),
+    "deepseek_vl2": (
+        "only at full size: vLLM builds its vision tower with "
+        "`timm.create_model('vit_so400m_patch14_siglip_384.webli')` whatever "
+        "the config says (SigLIP-so400m: 27 layers of 1152 on 384-pixel tiles, "
+        "about 400M parameters), and `timm` is not among vLLM's requirements "
+        "(the test environment would need it only for this model)"
+    ),
+    "deepseek_v41": (
+        "read from vLLM's source, not run: its language model's attention is "
+        "sparse MLA only (`DeepseekV4Attention`, whose forward is FlashMLA's or "
+        "FlashInfer's sparse kernel; vLLM's CPU platform refuses sparse "
+        "attention: 'Sparse Attention is not supported on CPU'), and the "
+        "module it loads on a non-ROCm platform imports the NVIDIA model, "
+        "whose hyper-connection kernels are TileLang and Triton (vLLM's CPU "
+        "build has no Triton)"
+    ),
 }
 """Served models whose vLLM class cannot be built, or cannot run its vision
-tower, on a CPU: what fails, concretely."""
+tower, on a CPU, or only at full size: what fails, concretely."""
 
 
 def models_table(
