@@ -3,8 +3,8 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: 1c3c7d4264be473cf5050eae431f7a4db0191f271340317e324a42722941d568
+# templates-sha256: efb2c40429d01939c77837233b6f0614cfe8dd57dd56fc18afd36ec86be70859
+# output-sha256: de6088fb9e9e88cac23061ec746804a4a66719b1df4b480844f05f156cd71ffa
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/deepseek_v41.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_v41.yaml`.
 # spec-sha256: c4bb5416f4de0c625a1fa71cb716f1e83b6ed76dea15bb3b4f0fe238f99fa89f
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: 9cbce685bce89778397c3a14c9f511cc564c7d07e5b0c8ae05b0e76db3d1d469
+# templates-sha256: efb2c40429d01939c77837233b6f0614cfe8dd57dd56fc18afd36ec86be70859
+# output-sha256: 3b4e6002a3732367d11fc63af9818a4ddc517da3d1cf4ffd3e686c091c9b5b66
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/gemma4_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma4_mm.yaml`.
 # spec-sha256: 06e9dbe6dfab654f3c21e7f5471097a1f4a7406dd29cd02c84eecf9f9a03241a
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: 5138d9b86e8b51997b3eb81234d383cb74e8a1bca19a461f4a366b1851f293fd
+# templates-sha256: efb2c40429d01939c77837233b6f0614cfe8dd57dd56fc18afd36ec86be70859
+# output-sha256: 4b24d6b31b98dd101537729947173623be3b71dca58e307d182a5be5a2adae9c
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any

@@ -3,8 +3,8 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: b5797a018cf751600fab086f8deba17c1be9f6adb7171dac9f34cce149a8f27b
+# templates-sha256: efb2c40429d01939c77837233b6f0614cfe8dd57dd56fc18afd36ec86be70859
+# output-sha256: cff88bc9b59b2ed2dc95c481028e070f26fa6cef355724c98861ab818d16c405
 
 import itertools
 from collections.abc import Hashable

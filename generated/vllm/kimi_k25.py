@@ -3,8 +3,8 @@
 # From specs/kimi_k25.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k25.yaml`.
 # spec-sha256: 7f183ed8d4f550eea068483d8a9435b722bdfdf97a0b4d8fcd5271760b6fb015
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: 41abe35327de66bd0ff98471420676cad48213df910a670b0a4926f1dc281838
+# templates-sha256: efb2c40429d01939c77837233b6f0614cfe8dd57dd56fc18afd36ec86be70859
+# output-sha256: 84d412ea7955f8a8f85d730483ea6275f550c3c31fe1292cfa7e96ba0aa81c77
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/step3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: 7d34d5f746a857cd4aaaee7d0a72cdf146bf51ce2d23d235fdc3c922effa2011
+# templates-sha256: efb2c40429d01939c77837233b6f0614cfe8dd57dd56fc18afd36ec86be70859
+# output-sha256: f6de870685943579c5fb9e3f22a607810fbf4501d5c440b2821d324c897b9c5e
 
 import itertools
 from collections.abc import Hashable

@@ -10,6 +10,7 @@ from generator.emitters.capture_checks import capture_checks, check_dims
 from generator.emitters.method_body import (
     Body,
     dims_of,
+    item_loop,
     optional_note,
     path_dispatch,
     times,
@@ -32,6 +33,7 @@ from generator.spec.path import EncoderPath
 
 
 def builder_calls(
+    spec: MixinSpec,
     path: EncoderPath,
     body: Body,
     phase: str,
@@ -47,6 +49,7 @@ def builder_calls(
                         {"target": s.target, "expr": body.expr(s.expr, name_map)}
                         for s in b.steps
                     ],
+                    "per_item": _per_item(spec, b, name_map or {}),
                     "why": comment_lines(b.why),
                 }
             )
@@ -61,6 +64,33 @@ def builder_calls(
             }
         )
     return out
+
+
+def item_loop_keys(spec: MixinSpec, builder: MetadataBuilder) -> tuple[str, list[str]]:
+    """A per-item builder's ``for`` target (the item dims its steps read)
+    and the item inputs it iterates."""
+    dims = set().union(*(dims_of(spec, s.expr) for s in builder.steps))
+    target, _, keys = item_loop(spec, dims)
+    return target, keys
+
+
+def _per_item(
+    spec: MixinSpec, builder: MetadataBuilder, name_map: dict[str, str]
+) -> dict[str, Any] | None:
+    """A per-item builder's loop: its target, what it iterates (a padded or
+    tensors input by its sizes), and the buffers it joins."""
+    if not builder.per_item:
+        return None
+    target, keys = item_loop_keys(spec, builder)
+    names = [name_map.get(k, k) for k in keys]
+    iterable = names[0] if len(names) == 1 else f"zip({', '.join(names)}, strict=True)"
+    joined = ", ".join(f'"{name}": []' for name in builder.provides)
+    return {
+        "target": target,
+        "iterable": iterable,
+        "lists": "{" + joined + "}",
+        "provides": list(builder.provides),
+    }
 
 
 def builder_value(buf: Buffer) -> str:
@@ -83,6 +113,8 @@ def _builder_grids(spec: MixinSpec, path: EncoderPath) -> set[str]:
         )
         for e in exprs:
             names |= fx.names_in(e)
+        if b.per_item:
+            names.update(item_loop_keys(spec, b)[1])
     return {n for n in names if spec.item_input(n) is not None}
 
 
@@ -308,7 +340,7 @@ def _path_body(spec: MixinSpec, path: EncoderPath) -> dict[str, Any]:
         "tensors": [_tensor(body, t, capture.of_units) for t in capture.tensors],
         "padded_sizes": _padded_sizes(spec, path, body),
         "builders": builder_calls(
-            path, body, "capture", padded_sizes_names(spec, path)
+            spec, path, body, "capture", padded_sizes_names(spec, path)
         ),
         "padded": [_padded(body, b) for b in padded],
         "allocated": [_allocated(body, b) for b in path.buffers if b.allocate],

@@ -584,6 +584,9 @@ class MetadataBuilder:
     replay_by_modality: tuple[tuple[Modality, tuple[tuple[str, Expr], ...]], ...] = ()
     #: ``steps:`` instead of ``call:`` (then ``call`` is None).
     steps: tuple[Step, ...] = ()
+    #: The steps run once per item on its dims; each buffer joins the items'
+    #: results on dim 0, in item order.
+    per_item: bool = False
 
     KEYS: ClassVar = Keys(
         Key(
@@ -610,6 +613,18 @@ class MetadataBuilder:
             "capture tensor that is no buffer feeds the steps at capture.",
             example="[lengths = torch.tensor(image_grid).prod(-1), cu_seqlens = "
             "torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])]",
+        ),
+        Key(
+            "per_item",
+            Boolean(),
+            "With `steps`: run them once per item, the item's dims bound (a "
+            "grid's row, a count's value, a padded or tensors input's sizes) "
+            "instead of the batch's inputs, and make each name of `provides` "
+            "the items' results joined on dim 0 in item order (`torch.cat`), as "
+            "`eager_forward.per_item` joins outputs. The other step names stay "
+            "inside the loop. For metadata a tower builds image by image "
+            "(Keye-VL's `arange(t * h * w) % (h * w)` position ids).",
+            default=False,
         ),
         Key(
             "capture_kwargs",
@@ -679,6 +694,12 @@ class MetadataBuilder:
     def from_yaml(cls, r: Reader, index: int, provided: dict, **_: Any):
         if r.has("steps"):
             return cls._from_steps(r, provided)
+        if r.take("per_item"):
+            r.refuse(
+                "per_item",
+                "per_item runs steps once per item: give steps, not call (a "
+                "call gets the whole batch)",
+            )
         call = r.take("call")
         if call is None and r.ok("call"):
             r.error(r.node, "required key is missing (call, or steps)", r.path("call"))
@@ -741,7 +762,10 @@ class MetadataBuilder:
         for key in ("replay_kwargs_by_modality", "returns"):
             if r.has(key):
                 r.refuse(key, _NOT_WITH_STEPS[key])
-        steps = r.take("steps")
+        per_item = bool(r.take("per_item"))
+        steps = r.take(
+            "steps", scope="builder_steps_per_item" if per_item else "builder_steps"
+        )
         if not r.has("provides"):
             r.error(r.node, "steps need provides (the step names that are buffers)")
         provides = _provides(r, provided, "provides")
@@ -762,7 +786,14 @@ class MetadataBuilder:
                     f"{', '.join(sorted(targets)) or 'none'})",
                 )
         return cls(
-            None, (), (), tuple(provides), why, r.node.location, steps=tuple(steps)
+            None,
+            (),
+            (),
+            tuple(provides),
+            why,
+            r.node.location,
+            steps=tuple(steps),
+            per_item=per_item,
         )
 
 

@@ -3,8 +3,8 @@
 # From specs/cohere_compass.yaml: change the spec or the templates and run
 # `gen-mixin specs/cohere_compass.yaml`.
 # spec-sha256: d07c29aa8ad4662bcac30b269bf92c40a0f7c311b8deb5cc9f84e86dba45c5c5
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: 4adade8c8c24068ed336c1d2b2b3230cbde30d3989cd987c466c1c2d15bcac6d
+# templates-sha256: efb2c40429d01939c77837233b6f0614cfe8dd57dd56fc18afd36ec86be70859
+# output-sha256: cd2ea9a771539d33266135d341483fb1fcada5f0c41c586be3a9dab70d38be6c
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/deepseek_vl2.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_vl2.yaml`.
 # spec-sha256: 65a219ba305cd6d64a7bcc0ccb0190528fa86cf96ed2209abdf6848605972e9f
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: cc53e160fd064196079d26d70015a820fbf8f52cf8c8f5110445a3f11590219f
+# templates-sha256: efb2c40429d01939c77837233b6f0614cfe8dd57dd56fc18afd36ec86be70859
+# output-sha256: a6122fa09ed4c68b50ff0d6a2a87648ecca18a28183ed2e5a21f38fc40ef1e37
 
 import itertools
 from collections.abc import Hashable

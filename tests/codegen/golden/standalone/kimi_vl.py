@@ -3,8 +3,8 @@
 # From specs/kimi_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_vl.yaml`.
 # spec-sha256: b4c12018366cdeb86c86bf7b35c60c7b97e9e189f2f53785ec5ff811704d07d2
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: f49fccaab4337313bf2009f0f5b2dbfb7e951f8f5e1c9746d41da0191ef5a152
+# templates-sha256: efb2c40429d01939c77837233b6f0614cfe8dd57dd56fc18afd36ec86be70859
+# output-sha256: 4403f7bb1e58d1856d6fd0e0216116548007a0cec075bbd68107dfefd264494b
 
 import itertools
 from collections.abc import Hashable

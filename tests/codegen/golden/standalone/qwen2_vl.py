@@ -3,8 +3,8 @@
 # From specs/qwen2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_vl.yaml`.
 # spec-sha256: 869bcb41f290ee655394bdeee5f49801b8344bce3f4c38101e004675d9980f68
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: e64bb534ece7cd16c545dec77954cc2da32f0497aa49f7cbc01d6285831234f5
+# templates-sha256: efb2c40429d01939c77837233b6f0614cfe8dd57dd56fc18afd36ec86be70859
+# output-sha256: 78db0e6ee0acf94d3dbde6a4d78b631d2b4666576dad4c2ce8280c24af58ff66
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/cohere_compass.yaml: change the spec or the templates and run
 # `gen-mixin specs/cohere_compass.yaml`.
 # spec-sha256: d07c29aa8ad4662bcac30b269bf92c40a0f7c311b8deb5cc9f84e86dba45c5c5
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: 069ac3637495c4d08a693d22715432573a907d1fb8b0a0ad2aa7f130d71d4ea9
+# templates-sha256: efb2c40429d01939c77837233b6f0614cfe8dd57dd56fc18afd36ec86be70859
+# output-sha256: 79c0d3dae71c2abf318c59ea50a5a6dcb732a03436815e7c3c65fb688416ee42
 
 import itertools
 from collections.abc import Hashable

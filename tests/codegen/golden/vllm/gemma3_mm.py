@@ -3,8 +3,8 @@
 # From specs/gemma3_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma3_mm.yaml`.
 # spec-sha256: 19cc0f6e849ba8315b6202b90204158da9f48161f059a5255254f1c8d3c71b41
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: 7aea5c1e85ca9c1aa6f3c7c7e4dc31549278a2679608885aa4bd44c7f5992387
+# templates-sha256: efb2c40429d01939c77837233b6f0614cfe8dd57dd56fc18afd36ec86be70859
+# output-sha256: a6e9db052f3e44d578d46bb71b1146bbd60bba9d1534796e35fc394b784a4555
 
 import itertools
 from collections.abc import Hashable

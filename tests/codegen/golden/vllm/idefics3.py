@@ -3,8 +3,8 @@
 # From specs/idefics3.yaml: change the spec or the templates and run
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 402948cdd63112cfeb000df2a94827d2c785cffa05635f592942545d8e00d7b3
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: 05fd14f363b76048d27bc39e2afbe709c382b5f49e92d78fb6e022e06b588f26
+# templates-sha256: efb2c40429d01939c77837233b6f0614cfe8dd57dd56fc18afd36ec86be70859
+# output-sha256: 03ab039977dd801e8aeba8d1f515bc0de303139a4b05b589a60137f3125c6043
 
 import itertools
 from collections.abc import Hashable
