@@ -763,18 +763,20 @@ class MetadataBuilder:
             if r.has(key):
                 r.refuse(key, _NOT_WITH_STEPS[key])
         per_item = bool(r.take("per_item"))
+        # A per_item that is no boolean (reported) most likely meant true.
+        loop = per_item or not r.ok("per_item")
         steps = r.take(
-            "steps", scope="builder_steps_per_item" if per_item else "builder_steps"
+            "steps", scope="builder_steps_per_item" if loop else "builder_steps"
         )
         if not r.has("provides"):
             r.error(r.node, "steps need provides (the step names that are buffers)")
         provides = _provides(r, provided, "provides")
         why = r.take("why")
-        if steps is None:
+        if steps is None or not r.ok("per_item"):
             r.ctx.failed_sources.update(provides)
             return None
         targets = {n for s in steps for n in s.names}
-        _check_step_targets(r, steps, set(provides))
+        _check_step_targets(r, steps, set(provides), loop)
         node = r.raw("provides")
         listed = node.value if node is not None and isinstance(node.value, list) else ()
         for name, item in zip(provides, listed):
@@ -797,16 +799,18 @@ class MetadataBuilder:
         )
 
 
-def _check_step_targets(r: Reader, steps, provides: set[str]) -> None:
+def _check_step_targets(r: Reader, steps, provides: set[str], per_item: bool) -> None:
     """A builder's step binds a local of the capture and replay methods:
     not a dim or capture intermediate (bound there too), nor a buffer that
-    it does not provide."""
+    it does not provide. (A per-item builder's steps read the dims: binding
+    one is reported as binding a name in scope.)"""
     node = r.raw("steps")
     taken = {
-        NameKind.DIM: "a dim",
         NameKind.CAPTURE_LET: "a capture intermediate",
         NameKind.BUFFER: "a buffer this builder does not provide",
     }
+    if not per_item:
+        taken[NameKind.DIM] = "a dim"
     for i, step in enumerate(steps):
         for name in step.names:
             for kind, what in taken.items():
