@@ -367,7 +367,14 @@ METHODS: dict[str, Method] = {
             ),
             # A tensor's own dummy rows; a padded input's dummy sizes; an
             # allocated buffer's dummy value (its builder names it the same).
-            (("{}_rows", _K.FLAT), ("{}_sizes", _K.GRID), ("{}_dummy", _K.BUFFER)),
+            (
+                ("{}_rows", _K.FLAT),
+                ("{}_sizes", _K.GRID),
+                ("{}_dummy", _K.BUFFER),
+                # A tensors input's items, one by one (per-item builders).
+                ("{}_items", _K.GRID),
+                ("{}_item", _K.GRID),
+            ),
             _READS_INPUTS
             | {
                 _K.FLAT,
@@ -391,7 +398,9 @@ METHODS: dict[str, Method] = {
             ),
             "{EncoderCudaGraphReplayBuffers}",
             ("EncoderCudaGraphReplayBuffers", "keys", "axis_keys", "by_item"),
-            (("{}_sizes", _K.GRID),),  # a padded input's sizes, for builders
+            # A padded input's sizes, and a tensors input's items one by one,
+            # for builders.
+            (("{}_sizes", _K.GRID), ("{}_items", _K.GRID), ("{}_item", _K.GRID)),
             spec_kinds=frozenset(
                 {
                     _K.CONSTANT,

@@ -3,8 +3,8 @@
 # From specs/deepseek_ocr.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_ocr.yaml`.
 # spec-sha256: 0bfb43e4316a4a39192bb100e7cfeecbb3f7339c7a907dfaa07f9b62999ceee7
-# templates-sha256: efb2c40429d01939c77837233b6f0614cfe8dd57dd56fc18afd36ec86be70859
-# output-sha256: 8b4f4f88250ad0eda1b98e13f4aa1e7e9d37bb26e0dbefb2514f1cb97141f37a
+# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
+# output-sha256: bb04c7622e2ed9f7d75c16472e960d0a0d74bfe4635e95fced09649f04b5dabf
 
 import itertools
 from collections.abc import Hashable

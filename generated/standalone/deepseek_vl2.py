@@ -3,8 +3,8 @@
 # From specs/deepseek_vl2.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_vl2.yaml`.
 # spec-sha256: 65a219ba305cd6d64a7bcc0ccb0190528fa86cf96ed2209abdf6848605972e9f
-# templates-sha256: efb2c40429d01939c77837233b6f0614cfe8dd57dd56fc18afd36ec86be70859
-# output-sha256: a6122fa09ed4c68b50ff0d6a2a87648ecca18a28183ed2e5a21f38fc40ef1e37
+# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
+# output-sha256: fd54e179eccb6bea9c5725a5635d13b6b4e2fb30b09a85703b282a809609cc48
 
 import itertools
 from collections.abc import Hashable

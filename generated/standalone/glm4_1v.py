@@ -3,8 +3,8 @@
 # From specs/glm4_1v.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm4_1v.yaml`.
 # spec-sha256: 93ee1fa714e7ac8e7e720d49cba4efbe7b945a492409a082eff8447195711a00
-# templates-sha256: efb2c40429d01939c77837233b6f0614cfe8dd57dd56fc18afd36ec86be70859
-# output-sha256: fa39a91cc45a28dda97867c2e5783aa549c07d25aa9dd18a66834c6fdc177aac
+# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
+# output-sha256: 1c10c732cb604b3d8d0fb2c00c5633f934eb6c04ea8ac3654a3aeda371277982
 
 import itertools
 from collections.abc import Hashable

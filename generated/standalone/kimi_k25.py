@@ -3,8 +3,8 @@
 # From specs/kimi_k25.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k25.yaml`.
 # spec-sha256: 7f183ed8d4f550eea068483d8a9435b722bdfdf97a0b4d8fcd5271760b6fb015
-# templates-sha256: efb2c40429d01939c77837233b6f0614cfe8dd57dd56fc18afd36ec86be70859
-# output-sha256: 051971864c7cf7fb74c679083cc765f75926b40609371f1eb27ffa2b4c8f2a74
+# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
+# output-sha256: bbb458d28fc85a9e30d22cef0cea8b1646bc262767c0570d02a960c6e8c7c301
 
 import itertools
 from collections.abc import Hashable

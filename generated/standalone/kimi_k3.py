@@ -3,8 +3,8 @@
 # From specs/kimi_k3.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k3.yaml`.
 # spec-sha256: 43497e5dfe1ac384f62bdd2eaa1d96ddd9887c49f037b60e3b81ea6100afb1a8
-# templates-sha256: efb2c40429d01939c77837233b6f0614cfe8dd57dd56fc18afd36ec86be70859
-# output-sha256: 05f2babbf72f93edb93ad7dff4bf541c83d23c06616b434b9c2bfaae2dde599f
+# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
+# output-sha256: 1c9728e8830aa4b7d61c0f7efe7e05fcc0ec13b48f3265e0ab631649f74f1a76
 
 import itertools
 import math

@@ -3,8 +3,8 @@
 # From specs/lfm2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/lfm2_vl.yaml`.
 # spec-sha256: 155ff7c4ea0622aa6e6c161c5d0f47a9b00815ce4fa05a9c67893bb7c352de94
-# templates-sha256: efb2c40429d01939c77837233b6f0614cfe8dd57dd56fc18afd36ec86be70859
-# output-sha256: 76c21c1b70aacccf65b57f25c54c69f150d2f53940dbf7f8baa47c776ef52da9
+# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
+# output-sha256: a36aa01d76ee4a06aade285b9187e9d6c163c3ad94b9f27eeee1b0dd3b24fbbd
 
 import itertools
 from collections.abc import Hashable

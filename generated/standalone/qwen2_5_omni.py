@@ -3,8 +3,8 @@
 # From specs/qwen2_5_omni.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_omni.yaml`.
 # spec-sha256: ce9bf2fc700f004d47827e30d185e59eb5d9444dd78780ad1cac730e07dc5c1d
-# templates-sha256: efb2c40429d01939c77837233b6f0614cfe8dd57dd56fc18afd36ec86be70859
-# output-sha256: 8e5f56b1db1f9d68fde21186df60b8186f42e00be021fbdcf5a40026e418405c
+# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
+# output-sha256: 34759d38e082aae9d0fcf3d1cdbe7a2e4983e48c563260dbfbb65ee20c30bf15
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/qwen2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_vl.yaml`.
 # spec-sha256: 869bcb41f290ee655394bdeee5f49801b8344bce3f4c38101e004675d9980f68
-# templates-sha256: efb2c40429d01939c77837233b6f0614cfe8dd57dd56fc18afd36ec86be70859
-# output-sha256: 78db0e6ee0acf94d3dbde6a4d78b631d2b4666576dad4c2ce8280c24af58ff66
+# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
+# output-sha256: 3ac2946200f179d81f7522b1c0a6bbb4411e688da71850324dd883bbb555dc44
 
 import itertools
 from collections.abc import Hashable

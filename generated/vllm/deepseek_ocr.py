@@ -3,8 +3,8 @@
 # From specs/deepseek_ocr.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_ocr.yaml`.
 # spec-sha256: 0bfb43e4316a4a39192bb100e7cfeecbb3f7339c7a907dfaa07f9b62999ceee7
-# templates-sha256: efb2c40429d01939c77837233b6f0614cfe8dd57dd56fc18afd36ec86be70859
-# output-sha256: 41686e8d2bbb3b6ce4e087d9a29be06487273a28c2a49b2b2aa8dfea92eeeffb
+# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
+# output-sha256: bcd2fbb218e1d54b765398b212abbe9d3c85734551cd3fbef2f49298d16f7e54
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/gemma4_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma4_mm.yaml`.
 # spec-sha256: 06e9dbe6dfab654f3c21e7f5471097a1f4a7406dd29cd02c84eecf9f9a03241a
-# templates-sha256: efb2c40429d01939c77837233b6f0614cfe8dd57dd56fc18afd36ec86be70859
-# output-sha256: 4b24d6b31b98dd101537729947173623be3b71dca58e307d182a5be5a2adae9c
+# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
+# output-sha256: 03dff2ebce45d096ba850dc4d9b4b4926926a08886c3dd972a4a4c3dbf4797a7
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any

@@ -3,8 +3,8 @@
 # From specs/idefics3.yaml: change the spec or the templates and run
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 402948cdd63112cfeb000df2a94827d2c785cffa05635f592942545d8e00d7b3
-# templates-sha256: efb2c40429d01939c77837233b6f0614cfe8dd57dd56fc18afd36ec86be70859
-# output-sha256: 03ab039977dd801e8aeba8d1f515bc0de303139a4b05b589a60137f3125c6043
+# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
+# output-sha256: cc74fd94389f6524d4d79da91c6ffb9da38d7194d1ddd93fe4d7d59811ca358f
 
 import itertools
 from collections.abc import Hashable

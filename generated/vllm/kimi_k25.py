@@ -3,8 +3,8 @@
 # From specs/kimi_k25.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k25.yaml`.
 # spec-sha256: 7f183ed8d4f550eea068483d8a9435b722bdfdf97a0b4d8fcd5271760b6fb015
-# templates-sha256: efb2c40429d01939c77837233b6f0614cfe8dd57dd56fc18afd36ec86be70859
-# output-sha256: 84d412ea7955f8a8f85d730483ea6275f550c3c31fe1292cfa7e96ba0aa81c77
+# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
+# output-sha256: 53853d5f0725c1a8da80c99d5ee803174bfa6e18ba258d9fbd392be6a881fcef
 
 import itertools
 from collections.abc import Hashable

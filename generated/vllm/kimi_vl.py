@@ -3,8 +3,8 @@
 # From specs/kimi_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_vl.yaml`.
 # spec-sha256: b4c12018366cdeb86c86bf7b35c60c7b97e9e189f2f53785ec5ff811704d07d2
-# templates-sha256: efb2c40429d01939c77837233b6f0614cfe8dd57dd56fc18afd36ec86be70859
-# output-sha256: 3f8b5dc92a54f8a327f173da7f56c6787bf5230fd9b3de9e12f8e80715c2309e
+# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
+# output-sha256: a9a20c186978d89bb2dbff39da80832b36120601db649d110bf470bce1ba6e5c
 
 import itertools
 from collections.abc import Hashable

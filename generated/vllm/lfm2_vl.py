@@ -3,8 +3,8 @@
 # From specs/lfm2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/lfm2_vl.yaml`.
 # spec-sha256: 155ff7c4ea0622aa6e6c161c5d0f47a9b00815ce4fa05a9c67893bb7c352de94
-# templates-sha256: efb2c40429d01939c77837233b6f0614cfe8dd57dd56fc18afd36ec86be70859
-# output-sha256: 2e95c76f9c9287a9f70d17cbca088ee16c512a3ef6319f2d45fc3785b3aae866
+# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
+# output-sha256: a20dcd3b0df5d8415d4be2b168d569f5b265f1b508cba3ff555c71b586b98871
 
 import itertools
 from collections.abc import Hashable

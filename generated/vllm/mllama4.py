@@ -3,8 +3,8 @@
 # From specs/mllama4.yaml: change the spec or the templates and run
 # `gen-mixin specs/mllama4.yaml`.
 # spec-sha256: 3a4c5d7bdb1ee216f77e7723529296ab4a8d77acd6df01a22770eb4a40007938
-# templates-sha256: efb2c40429d01939c77837233b6f0614cfe8dd57dd56fc18afd36ec86be70859
-# output-sha256: aed16bcce04ebad1fd08bdbf2ea322d9d538cd5e1b3c5a3426529e9ac01cecc8
+# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
+# output-sha256: 3add1ff314f08153a5d0df5e8fad5b5680304dffaf4976108e0701dab7e55557
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/qwen2_5_omni.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_omni.yaml`.
 # spec-sha256: ce9bf2fc700f004d47827e30d185e59eb5d9444dd78780ad1cac730e07dc5c1d
-# templates-sha256: efb2c40429d01939c77837233b6f0614cfe8dd57dd56fc18afd36ec86be70859
-# output-sha256: b42e78bc038a81939b2ef981c1e534a0eb799264f4f0f7bd5bc929a15131d3e7
+# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
+# output-sha256: acf3f22e9943af8eb4d54cd61fbd276c6d1188a74f838b26fb67ef9e8eb68b62
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/qwen2_5_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_vl.yaml`.
 # spec-sha256: ce38a756ff944d5d1cbcb57a4efc46c3eaa13791e2e6333e347ed5b079f51a1a
-# templates-sha256: efb2c40429d01939c77837233b6f0614cfe8dd57dd56fc18afd36ec86be70859
-# output-sha256: 4a81a0c6621102f05b69fc10282bcb78854dd7af114edcd3aa6ac6715703c92d
+# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
+# output-sha256: c61cff70ac0e9e8d636e10b6038da5885b86a4add04ab3676c656b2b60b7e6ac
 
 import itertools
 from collections.abc import Hashable

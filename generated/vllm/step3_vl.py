@@ -3,8 +3,8 @@
 # From specs/step3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
-# templates-sha256: efb2c40429d01939c77837233b6f0614cfe8dd57dd56fc18afd36ec86be70859
-# output-sha256: f6de870685943579c5fb9e3f22a607810fbf4501d5c440b2821d324c897b9c5e
+# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
+# output-sha256: b660d9fb05f6c57b856e56b4ae7015411528d1b25c15ed005672f02801a335ab
 
 import itertools
 from collections.abc import Hashable

@@ -691,9 +691,11 @@ class MetadataBuilder:
         return frozenset(n for s in self.steps for n in s.names)
 
     @classmethod
-    def from_yaml(cls, r: Reader, index: int, provided: dict, **_: Any):
+    def from_yaml(
+        cls, r: Reader, index: int, provided: dict, tensors: tuple = (), **_: Any
+    ):
         if r.has("steps"):
-            return cls._from_steps(r, provided)
+            return cls._from_steps(r, provided, tensors)
         if r.take("per_item"):
             r.refuse(
                 "per_item",
@@ -753,7 +755,7 @@ class MetadataBuilder:
         )
 
     @classmethod
-    def _from_steps(cls, r: Reader, provided: dict):
+    def _from_steps(cls, r: Reader, provided: dict, tensors: tuple):
         """``steps:``: the same statements at capture and replay; every name
         of ``provides`` one of their targets."""
         for key in ("call", "capture_kwargs", "replay_kwargs"):
@@ -765,8 +767,10 @@ class MetadataBuilder:
         per_item = bool(r.take("per_item"))
         # A per_item that is no boolean (reported) most likely meant true.
         loop = per_item or not r.ok("per_item")
-        steps = r.take(
-            "steps", scope="builder_steps_per_item" if loop else "builder_steps"
+        steps = (
+            r.take("steps", scope="builder_steps_per_item", extra=tensors)
+            if loop
+            else r.take("steps", scope="builder_steps")
         )
         if not r.has("provides"):
             r.error(r.node, "steps need provides (the step names that are buffers)")

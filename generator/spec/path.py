@@ -203,7 +203,7 @@ class EncoderPath:
         if capture is None:
             # Which buffers its tensors were meant to fill is unknown.
             ctx.failed_sources.update(flats)
-        builders = _builders(r)
+        builders = _builders(r, item_inputs)
         tensors = capture.tensors if capture is not None else ()
         sources = _sources(r, tensors, builders)
         entries = r.take("buffers", sources=sources) or {}
@@ -277,9 +277,11 @@ def _declare_buffers(r: Reader) -> bool:
     return True
 
 
-def _builders(r: Reader) -> tuple[MetadataBuilder, ...]:
+def _builders(r: Reader, item_inputs) -> tuple[MetadataBuilder, ...]:
     provided: dict[str, str] = {}
-    results = r.take("metadata", provided=provided) or ()
+    # A per-item builder's steps read a tensors input as the item's tensor.
+    tensors = tuple(k for k, i in (item_inputs or {}).items() if i.is_tensors)
+    results = r.take("metadata", provided=provided, tensors=tensors) or ()
     _check_item_locals(r, results)
     built = [b for b in results if b is not INVALID]
     taken = set().union(*(set(names) for names in r.ctx.names.values()))
@@ -328,7 +330,9 @@ def _check_item_locals(r: Reader, results) -> None:
                 "batch's (list it there)",
             )
         if b.per_item:
-            inner.update(dict.fromkeys(b.step_names - set(b.provides), i))
+            # (A step that rebinds an input is reported where it is.)
+            inputs = set(r.ctx.names[NameKind.GRID]) | set(r.ctx.names[NameKind.FLAT])
+            inner.update(dict.fromkeys(b.step_names - set(b.provides) - inputs, i))
 
 
 def _method_names() -> set[str]:

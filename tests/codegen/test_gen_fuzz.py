@@ -86,7 +86,7 @@ from generator.spec.step_language import (
 
 #: Valid-corpus specs the fuzz starts from too: constructs no spec of
 #: ``specs/`` uses yet (a tensors input: Pixtral's images; a per-item builder).
-CORPUS_STARTS = ("tensor_images", "per_item_builder")
+CORPUS_STARTS = ("tensor_images", "per_item_builder", "per_item_tensors")
 SPECS = {p.stem: p.read_text(encoding="utf-8") for p in spec_paths()} | {
     p.stem: p.read_text(encoding="utf-8")
     for p in valid_corpus_paths()

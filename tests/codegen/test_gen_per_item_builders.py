@@ -232,3 +232,68 @@ def test_a_wrong_per_item_step_is_caught(tmp_path, old, new) -> None:
         return  # a shape mismatch stops it too
     want = eager_items(batch)
     assert any(not torch.allclose(g, w) for g, w in zip(got, want, strict=True))
+
+
+# -- a tensors input's item --------------------------------------------------------
+
+TENSORS_SPEC = DATA_DIR / "valid" / "per_item_tensors.yaml"
+
+
+class TensorVision:
+    patch, channels, side, out_hidden_size = 2, 3, 4, OUT
+
+
+@pytest.fixture(scope="module")
+def tensors_module(tmp_path_factory):
+    text = TENSORS_SPEC.read_text(encoding="utf-8")
+    return module_of(text, tmp_path_factory.mktemp("tensors"), "tensors")
+
+
+def tensors_host(module):
+    cls = type("Host", (module.PerItemTensorsEncoderCudaGraphMixin,), {})
+    host = cls.__new__(cls)
+    host.vision = TensorVision()
+    return host
+
+
+#: Images as (h, w) pixels: a list of several sizes, or alike (stackable).
+IMAGES = [[(2, 8), (4, 4), (2, 4)], [(4, 8), (4, 8)], [(6, 12)]]
+
+
+@pytest.mark.parametrize("stacked", [False, True], ids=["list", "stacked"])
+@pytest.mark.parametrize("sizes", IMAGES)
+def test_a_per_item_builder_reads_each_items_own_tensor(
+    tensors_module, sizes, stacked
+) -> None:
+    """Under the input's name the steps see each image's own pixels (not
+    another's, not the padding of a stacked batch): each token carries its
+    image's mean absolute pixel, images in order."""
+    if stacked and len(set(sizes)) > 1:
+        pytest.skip("only images of one size stack")
+    images = [torch.randn(3, h, w) * (i + 1) for i, (h, w) in enumerate(sizes)]
+    value = torch.stack(images) if stacked else images
+    replay = tensors_host(tensors_module).prepare_encoder_cudagraph_replay_buffers(
+        {"pixel_values": value}, 4, 1
+    )
+    want = torch.cat(
+        [
+            img.abs().mean().repeat((h // 2) * (w // 4))
+            for img, (h, w) in zip(images, sizes)
+        ]
+    )
+    assert torch.allclose(replay.values["image_scale"], want)
+
+
+def test_a_per_item_builder_reads_each_dummy_item_cut_to_its_sizes(tensors_module):
+    """At capture each dummy image (2 x 4 pixels, one token) is its row of
+    the capture tensor (random pixels) cut to the dummy sizes: one token
+    each, then padding."""
+    capture = tensors_host(tensors_module).prepare_encoder_cudagraph_capture_inputs(
+        16, 4, 1, torch.device("cpu"), torch.float32
+    )
+    pixels, scale = capture.values["pixel_values"], capture.values["image_scale"]
+    want = torch.stack([pixels[i, :, :2, :4].abs().mean() for i in range(4)])
+    assert scale.shape == (16,)
+    assert torch.allclose(scale[:4], want)
+    assert torch.equal(scale[4:], torch.zeros(12))
+    assert not torch.allclose(want, pixels[:4].abs().mean(dim=(1, 2, 3)))

@@ -1773,6 +1773,14 @@ valid_case(
     ("      - area = h * w\n", "      - w = h * w\n      - area = w\n"),
 )
 valid_case(
+    "per_item_rebinds_the_item",
+    "per_item_tensors",
+    (
+        "      - image_scale = pixel_values.float()",
+        "      - pixel_values = pixel_values.float()\n      - image_scale = pixel_values",
+    ),
+)
+valid_case(
     "per_item_in_a_unit_capture",
     "unit_varlen",
     (

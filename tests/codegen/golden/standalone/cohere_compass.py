@@ -3,8 +3,8 @@
 # From specs/cohere_compass.yaml: change the spec or the templates and run
 # `gen-mixin specs/cohere_compass.yaml`.
 # spec-sha256: d07c29aa8ad4662bcac30b269bf92c40a0f7c311b8deb5cc9f84e86dba45c5c5
-# templates-sha256: efb2c40429d01939c77837233b6f0614cfe8dd57dd56fc18afd36ec86be70859
-# output-sha256: cd2ea9a771539d33266135d341483fb1fcada5f0c41c586be3a9dab70d38be6c
+# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
+# output-sha256: 96694b0df54c2b1bbf7c14532e3bedc5bf4cfc856ba1923b699d77469c8668e9
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/dots_ocr.yaml: change the spec or the templates and run
 # `gen-mixin specs/dots_ocr.yaml`.
 # spec-sha256: 00dd8d99bf15619e6c551a3ae930a0ca48d9ca9b113561f7b84d06b5c0336520
-# templates-sha256: efb2c40429d01939c77837233b6f0614cfe8dd57dd56fc18afd36ec86be70859
-# output-sha256: 3eb28ddf3c4cf94baf1fc3ae858586892759e4f8de07646f63cebfd20553f92a
+# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
+# output-sha256: e32dff8b9947baed739c96588f66ca553a2bcdafee7247ed56ac6eae1aeb2f9a
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/glm5_next.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm5_next.yaml`.
 # spec-sha256: eb5cf2b9079a5f16fe35bba77bed5740c643efe1e64d9a18938216fe04e1b97d
-# templates-sha256: efb2c40429d01939c77837233b6f0614cfe8dd57dd56fc18afd36ec86be70859
-# output-sha256: 91b4136269388178557c8bbbf3dd8203902b91fe5ab78de35c3dc591dd81ccde
+# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
+# output-sha256: 3d004cc3a72fe03d16b0218fdbbd4abd7d975f181be039dbe8a35d51377ee96f
 
 import itertools
 from collections.abc import Hashable

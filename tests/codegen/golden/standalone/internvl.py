@@ -3,8 +3,8 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
-# templates-sha256: efb2c40429d01939c77837233b6f0614cfe8dd57dd56fc18afd36ec86be70859
-# output-sha256: de6088fb9e9e88cac23061ec746804a4a66719b1df4b480844f05f156cd71ffa
+# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
+# output-sha256: cfa870b6078a7d99715a9bcf4baed641d2957933d61386b07a48c7a7e837d726
 
 import itertools
 from collections.abc import Hashable

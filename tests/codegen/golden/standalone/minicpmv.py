@@ -3,8 +3,8 @@
 # From specs/minicpmv.yaml: change the spec or the templates and run
 # `gen-mixin specs/minicpmv.yaml`.
 # spec-sha256: d4a580fe01bc55f4be098f399ee38128cd927c0b2f6e20aecf28c2d3e8bd3368
-# templates-sha256: efb2c40429d01939c77837233b6f0614cfe8dd57dd56fc18afd36ec86be70859
-# output-sha256: a5ba9d92676997030c1d31659a117cb46939a489fa5f8498c1cf835e208c744f
+# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
+# output-sha256: a1a0701995f1ffafbd058c0f6dc454e2a67a2a6cc7772bacfedc62770b26f274
 
 import itertools
 from collections.abc import Hashable

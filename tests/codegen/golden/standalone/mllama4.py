@@ -3,8 +3,8 @@
 # From specs/mllama4.yaml: change the spec or the templates and run
 # `gen-mixin specs/mllama4.yaml`.
 # spec-sha256: 3a4c5d7bdb1ee216f77e7723529296ab4a8d77acd6df01a22770eb4a40007938
-# templates-sha256: efb2c40429d01939c77837233b6f0614cfe8dd57dd56fc18afd36ec86be70859
-# output-sha256: ce4e62951a0e8fbd0bb891ddc230adc90dd478358442783d50194a444ae91db5
+# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
+# output-sha256: a3ed8bb751890e17b224c01b74e4e0c2943b991c82b22fd62b39c0fa0b00a93a
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/step3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
-# templates-sha256: efb2c40429d01939c77837233b6f0614cfe8dd57dd56fc18afd36ec86be70859
-# output-sha256: 13ccc994c9b2b23dc5d5a9030f5c3ee4d742a53d592f147cd3ce34024bc886fa
+# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
+# output-sha256: 733279aec6ff669a67adcfd4a07f8edd9855b42fecdf4c8c837a27cae580a186
 
 import itertools
 from collections.abc import Hashable

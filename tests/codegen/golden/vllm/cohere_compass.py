@@ -3,8 +3,8 @@
 # From specs/cohere_compass.yaml: change the spec or the templates and run
 # `gen-mixin specs/cohere_compass.yaml`.
 # spec-sha256: d07c29aa8ad4662bcac30b269bf92c40a0f7c311b8deb5cc9f84e86dba45c5c5
-# templates-sha256: efb2c40429d01939c77837233b6f0614cfe8dd57dd56fc18afd36ec86be70859
-# output-sha256: 79c0d3dae71c2abf318c59ea50a5a6dcb732a03436815e7c3c65fb688416ee42
+# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
+# output-sha256: b87adcda6c284984f106b4525eb1cc2f6ccf0cc9cdcf9414fb80ed18857c72e5
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/deepseek_v41.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_v41.yaml`.
 # spec-sha256: c4bb5416f4de0c625a1fa71cb716f1e83b6ed76dea15bb3b4f0fe238f99fa89f
-# templates-sha256: efb2c40429d01939c77837233b6f0614cfe8dd57dd56fc18afd36ec86be70859
-# output-sha256: 3b4e6002a3732367d11fc63af9818a4ddc517da3d1cf4ffd3e686c091c9b5b66
+# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
+# output-sha256: 061a1d13c313cfc23606b1ad8a7838bf70116c0d235c529a9de56d5acfe3bc16
 
 import itertools
 from collections.abc import Hashable

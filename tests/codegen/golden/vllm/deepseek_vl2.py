@@ -3,8 +3,8 @@
 # From specs/deepseek_vl2.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_vl2.yaml`.
 # spec-sha256: 65a219ba305cd6d64a7bcc0ccb0190528fa86cf96ed2209abdf6848605972e9f
-# templates-sha256: efb2c40429d01939c77837233b6f0614cfe8dd57dd56fc18afd36ec86be70859
-# output-sha256: 38b7a37d75c0f1f702abb96f4c027570b5d6205c59544d3f26ce26730496e311
+# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
+# output-sha256: 44f097e4ac9ea1ed6cc2363a169af2217b6cbc337812a222deed033ab68ba4f5
 
 import itertools
 from collections.abc import Hashable

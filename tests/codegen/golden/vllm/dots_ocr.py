@@ -3,8 +3,8 @@
 # From specs/dots_ocr.yaml: change the spec or the templates and run
 # `gen-mixin specs/dots_ocr.yaml`.
 # spec-sha256: 00dd8d99bf15619e6c551a3ae930a0ca48d9ca9b113561f7b84d06b5c0336520
-# templates-sha256: efb2c40429d01939c77837233b6f0614cfe8dd57dd56fc18afd36ec86be70859
-# output-sha256: 131bb90c88eec6b41bd2c2336fa75becbd748255d5806c958408aa5f5758ea12
+# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
+# output-sha256: 0170801e295bd88055cf27525552f5ce5795128fe5d6bf6c42478af4e6f8808b
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/gemma3_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma3_mm.yaml`.
 # spec-sha256: 19cc0f6e849ba8315b6202b90204158da9f48161f059a5255254f1c8d3c71b41
-# templates-sha256: efb2c40429d01939c77837233b6f0614cfe8dd57dd56fc18afd36ec86be70859
-# output-sha256: a6e9db052f3e44d578d46bb71b1146bbd60bba9d1534796e35fc394b784a4555
+# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
+# output-sha256: 172ce669732c8b59d838d6b0b83d73d0f243d4604b6c10a8c78a6b3b458cca6d
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
-# templates-sha256: efb2c40429d01939c77837233b6f0614cfe8dd57dd56fc18afd36ec86be70859
-# output-sha256: cff88bc9b59b2ed2dc95c481028e070f26fa6cef355724c98861ab818d16c405
+# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
+# output-sha256: e242983c8522bd08f00d7e027e5304ba18924af482eaf56c5426de1933dde4fa
 
 import itertools
 from collections.abc import Hashable
