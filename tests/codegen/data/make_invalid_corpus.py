@@ -2074,6 +2074,13 @@ valid_case(
     "tensor_images",
     ("  eager_when: max(h, w // 2) > side * patch\n", ""),
 )
+# A constant that eager_when reads, given without `from` (the fuzz found the
+# static checks evaluating eager_when without it): one located message.
+valid_case(
+    "tensors_eager_when_constant_without_from",
+    "tensor_images",
+    ("  side: {from: vision.side, default: 4}", "  side: {default: 4}"),
+)
 
 # -- list inputs (kind: list) --------------------------------------------------------
 
