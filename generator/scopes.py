@@ -176,6 +176,16 @@ FIELD_SCOPES: dict[str, FieldScope] = {
         literals=True,
         tensor_ops=True,
     ),
+    # A per-item builder's steps: the item's dims instead of the batch's
+    # inputs (the builder's results are joined over the items).
+    "builder_steps_per_item": FieldScope(
+        frozenset({_K.CONSTANT, _K.DIM, _K.AXIS_DIM, _K.BUILDER_STEP}),
+        ("device", "dtype", "max_batch_size", "max_frames_per_batch"),
+        host_paths=True,
+        calls=True,
+        literals=True,
+        tensor_ops=True,
+    ),
     "capture_value": FieldScope(
         frozenset({_K.CONSTANT, _K.AXIS_DIM, _K.CAPTURE_LET}),
         CAPTURE_KWARG_NAMES,
@@ -352,11 +362,19 @@ METHODS: dict[str, Method] = {
                 "tensor",
                 "held",
                 "needed",
+                "by_item",
                 "_",
             ),
             # A tensor's own dummy rows; a padded input's dummy sizes; an
             # allocated buffer's dummy value (its builder names it the same).
-            (("{}_rows", _K.FLAT), ("{}_sizes", _K.GRID), ("{}_dummy", _K.BUFFER)),
+            (
+                ("{}_rows", _K.FLAT),
+                ("{}_sizes", _K.GRID),
+                ("{}_dummy", _K.BUFFER),
+                # A tensors input's items, one by one (per-item builders).
+                ("{}_items", _K.GRID),
+                ("{}_item", _K.GRID),
+            ),
             _READS_INPUTS
             | {
                 _K.FLAT,
@@ -379,12 +397,15 @@ METHODS: dict[str, Method] = {
                 PATH,
             ),
             "{EncoderCudaGraphReplayBuffers}",
-            ("EncoderCudaGraphReplayBuffers", "keys", "axis_keys"),
-            (("{}_sizes", _K.GRID),),  # a padded input's sizes, for builders
+            ("EncoderCudaGraphReplayBuffers", "keys", "axis_keys", "by_item"),
+            # A padded input's sizes, and a tensors input's items one by one,
+            # for builders.
+            (("{}_sizes", _K.GRID), ("{}_items", _K.GRID), ("{}_item", _K.GRID)),
             spec_kinds=frozenset(
                 {
                     _K.CONSTANT,
                     _K.GRID,
+                    _K.DIM,  # bound item by item for a per-item builder
                     _K.FLAT,
                     _K.IMPORT,
                     _K.BUILDER_RESULT,

@@ -469,11 +469,11 @@ def _budget_problems(
                     f"negative) for budget {budget} and max_batch_size {mbs}",
                 )
             eager = ir.items.eager_when
-            if (
-                eager is not None
-                and "capture.dummy" not in reported
-                and eager.holds({**env, **dims})
-            ):
+            try:
+                eager_dummy = eager is not None and eager.holds({**env, **dims})
+            except EvaluationError:
+                continue  # a constant without default: plan checks it
+            if eager_dummy and "capture.dummy" not in reported:
                 reported.add("capture.dummy")
                 yield (
                     "capture.dummy",

@@ -80,6 +80,7 @@ ESTIMATED_BY = {
     "pixtral": "qwen2_vl",
     "eagle2_5_vl": "internvl",
     "dots_ocr": "qwen2_vl",
+    "paddleocr_vl": "qwen2_vl",
 }
 
 

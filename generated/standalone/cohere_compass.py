@@ -3,8 +3,8 @@
 # From specs/cohere_compass.yaml: change the spec or the templates and run
 # `gen-mixin specs/cohere_compass.yaml`.
 # spec-sha256: d07c29aa8ad4662bcac30b269bf92c40a0f7c311b8deb5cc9f84e86dba45c5c5
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: 4adade8c8c24068ed336c1d2b2b3230cbde30d3989cd987c466c1c2d15bcac6d
+# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
+# output-sha256: 96694b0df54c2b1bbf7c14532e3bedc5bf4cfc856ba1923b699d77469c8668e9
 
 import itertools
 from collections.abc import Hashable

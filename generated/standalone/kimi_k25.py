@@ -3,8 +3,8 @@
 # From specs/kimi_k25.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k25.yaml`.
 # spec-sha256: 7f183ed8d4f550eea068483d8a9435b722bdfdf97a0b4d8fcd5271760b6fb015
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: f0f55af16d4acbb527511d48e3cdfdff4701a9a2fdc1faa64cca14a72281a0aa
+# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
+# output-sha256: bbb458d28fc85a9e30d22cef0cea8b1646bc262767c0570d02a960c6e8c7c301
 
 import itertools
 from collections.abc import Hashable

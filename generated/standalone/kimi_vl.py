@@ -3,8 +3,8 @@
 # From specs/kimi_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_vl.yaml`.
 # spec-sha256: b4c12018366cdeb86c86bf7b35c60c7b97e9e189f2f53785ec5ff811704d07d2
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: f49fccaab4337313bf2009f0f5b2dbfb7e951f8f5e1c9746d41da0191ef5a152
+# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
+# output-sha256: 2091ca7b920a2158b6b2fda13768979c7262bcea07539bb9a55de1869c0e7e32
 
 import itertools
 from collections.abc import Hashable

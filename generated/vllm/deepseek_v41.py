@@ -3,8 +3,8 @@
 # From specs/deepseek_v41.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_v41.yaml`.
 # spec-sha256: c4bb5416f4de0c625a1fa71cb716f1e83b6ed76dea15bb3b4f0fe238f99fa89f
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: 9cbce685bce89778397c3a14c9f511cc564c7d07e5b0c8ae05b0e76db3d1d469
+# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
+# output-sha256: 061a1d13c313cfc23606b1ad8a7838bf70116c0d235c529a9de56d5acfe3bc16
 
 import itertools
 from collections.abc import Hashable

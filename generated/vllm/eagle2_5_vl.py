@@ -3,8 +3,8 @@
 # From specs/eagle2_5_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/eagle2_5_vl.yaml`.
 # spec-sha256: 83ff2533b4ca23dd7ff633541be75194608fbdec7d6ecb70c6c7ccd114d4e48d
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: 16b1f1fe29a27c845305f3c738e307db4d0e5888d972556b24faf4ecb4ed2e4b
+# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
+# output-sha256: b48d7c374dd0017fb21de3a13b88900b863dca8a7d0ec2c46599c46f0ad0fad3
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/glm5_next.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm5_next.yaml`.
 # spec-sha256: eb5cf2b9079a5f16fe35bba77bed5740c643efe1e64d9a18938216fe04e1b97d
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: 123246d1c61efc43c566fd2d2258d1b1fad0308904bfeedbc652874b5f8a4ab8
+# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
+# output-sha256: 0f367c3dc925357a90f2a19f3efca1173eceeb1b4d63bc4a09eeafe1a8cf3567
 
 import itertools
 from collections.abc import Hashable

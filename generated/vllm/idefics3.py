@@ -3,8 +3,8 @@
 # From specs/idefics3.yaml: change the spec or the templates and run
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 402948cdd63112cfeb000df2a94827d2c785cffa05635f592942545d8e00d7b3
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: 05fd14f363b76048d27bc39e2afbe709c382b5f49e92d78fb6e022e06b588f26
+# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
+# output-sha256: cc74fd94389f6524d4d79da91c6ffb9da38d7194d1ddd93fe4d7d59811ca358f
 
 import itertools
 from collections.abc import Hashable

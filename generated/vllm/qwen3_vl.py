@@ -3,8 +3,8 @@
 # From specs/qwen3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen3_vl.yaml`.
 # spec-sha256: 902e83bb3226b608ede21e14f232e7c519c96c3ab05297933967cf2acb582708
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: cb031ebb2cbfbf72b138bf16cc2f208234621f68b37671baadf5fb5bf61fad3b
+# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
+# output-sha256: d526243103b25a5649145d0eb56bb078344e03531e7d156bce8a6f57ef3aa385
 
 import itertools
 from collections.abc import Hashable

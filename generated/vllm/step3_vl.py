@@ -3,8 +3,8 @@
 # From specs/step3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: 7d34d5f746a857cd4aaaee7d0a72cdf146bf51ce2d23d235fdc3c922effa2011
+# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
+# output-sha256: b660d9fb05f6c57b856e56b4ae7015411528d1b25c15ed005672f02801a335ab
 
 import itertools
 from collections.abc import Hashable

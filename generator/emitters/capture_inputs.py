@@ -9,7 +9,9 @@ from generator.emitters.capture_axes import capture_context
 from generator.emitters.capture_checks import capture_checks, check_dims
 from generator.emitters.method_body import (
     Body,
+    Loads,
     dims_of,
+    item_loop,
     optional_note,
     path_dispatch,
     times,
@@ -32,6 +34,7 @@ from generator.spec.path import EncoderPath
 
 
 def builder_calls(
+    spec: MixinSpec,
     path: EncoderPath,
     body: Body,
     phase: str,
@@ -41,12 +44,16 @@ def builder_calls(
     out = []
     for b in path.metadata:
         if b.call is None:
+            # A per-item builder reads a tensors input as the item's tensor.
+            items = {k: f"{k}_item" for k in item_tensors(spec, b)}
+            steps_map = {**(name_map or {}), **items}
             out.append(
                 {
                     "steps": [
-                        {"target": s.target, "expr": body.expr(s.expr, name_map)}
+                        {"target": s.target, "expr": body.expr(s.expr, steps_map)}
                         for s in b.steps
                     ],
+                    "per_item": _per_item(spec, b, name_map or {}, phase),
                     "why": comment_lines(b.why),
                 }
             )
@@ -61,6 +68,72 @@ def builder_calls(
             }
         )
     return out
+
+
+def item_tensors(spec: MixinSpec, builder: MetadataBuilder) -> list[str]:
+    """The tensors inputs a per-item builder's steps read (as the item's
+    tensor)."""
+    if not builder.per_item:
+        return []
+    read = set().union(*(fx.names_in(s.expr) for s in builder.steps))
+    return [g.key for g in spec.item_inputs if g.is_tensors and g.key in read]
+
+
+def item_loop_keys(spec: MixinSpec, builder: MetadataBuilder) -> tuple[str, list[str]]:
+    """A per-item builder's ``for`` target (the item dims its steps read,
+    and those of each tensors input they read) and the item inputs it
+    iterates."""
+    dims = set().union(*(dims_of(spec, s.expr) for s in builder.steps))
+    for key in item_tensors(spec, builder):
+        dims |= set(spec.item_input(key).dims)
+    target, _, keys = item_loop(spec, dims)
+    return target, keys
+
+
+def _per_item(
+    spec: MixinSpec, builder: MetadataBuilder, name_map: dict[str, str], phase: str
+) -> dict[str, Any] | None:
+    """A per-item builder's loop: its target, what it iterates (a padded or
+    tensors input by its sizes, and the items' own tensors the steps read),
+    and the buffers it joins."""
+    if not builder.per_item:
+        return None
+    target, keys = item_loop_keys(spec, builder)
+    names = [name_map.get(k, k) for k in keys]
+    tensors = item_tensors(spec, builder)
+    items = [
+        {"name": f"{k}_items", "value": _items_of(spec, k, phase)} for k in tensors
+    ]
+    if items:
+        inputs = [spec.item_input(k) for k in keys]
+        parts = [g.dims[0] if g.is_count else f"({', '.join(g.dims)})" for g in inputs]
+        target = ", ".join(parts + [f"{k}_item" for k in tensors])
+        names += [i["name"] for i in items]
+    iterable = names[0] if len(names) == 1 else f"zip({', '.join(names)}, strict=True)"
+    joined = ", ".join(f'"{name}": []' for name in builder.provides)
+    return {
+        "target": target,
+        "iterable": iterable,
+        "items": items,
+        "lists": "{" + joined + "}",
+        "provides": list(builder.provides),
+    }
+
+
+def _items_of(spec: MixinSpec, key: str, phase: str) -> str:
+    """A tensors input's items, one tensor each: at replay the batch's (a
+    list, or a stacked tensor whose rows are the items); at capture each
+    dummy item cut out of the capture tensor to its sizes."""
+    if phase == "replay":
+        return f"mm_kwargs[{Loads(spec).key(key)}]"
+    item = spec.item_input(key)
+    crop = ", ".join(
+        f":{e.name}" if isinstance(e, Ref) and e.name in item.dims else ":"
+        for e in item.item_shape
+    )
+    dims = ", ".join(item.dims)
+    pairs = f"zip({key}, {key}_sizes, strict=True)"
+    return f"[tensor[{crop}] for tensor, ({dims}) in {pairs}]"
 
 
 def builder_value(buf: Buffer) -> str:
@@ -83,6 +156,8 @@ def _builder_grids(spec: MixinSpec, path: EncoderPath) -> set[str]:
         )
         for e in exprs:
             names |= fx.names_in(e)
+        if b.per_item:
+            names.update(item_loop_keys(spec, b)[1])
     return {n for n in names if spec.item_input(n) is not None}
 
 
@@ -308,7 +383,7 @@ def _path_body(spec: MixinSpec, path: EncoderPath) -> dict[str, Any]:
         "tensors": [_tensor(body, t, capture.of_units) for t in capture.tensors],
         "padded_sizes": _padded_sizes(spec, path, body),
         "builders": builder_calls(
-            path, body, "capture", padded_sizes_names(spec, path)
+            spec, path, body, "capture", padded_sizes_names(spec, path)
         ),
         "padded": [_padded(body, b) for b in padded],
         "allocated": [_allocated(body, b) for b in path.buffers if b.allocate],

@@ -9,6 +9,7 @@ from generator.emitters.capture_axes import bind_axis_dims
 from generator.emitters.capture_inputs import (
     builder_calls,
     builder_value,
+    item_loop_keys,
     padded_sizes_names,
 )
 from generator.emitters.method_body import Body, Loads, optional_note, path_dispatch
@@ -20,9 +21,11 @@ from generator.spec.mixin import MixinSpec
 from generator.spec.path import EncoderPath
 
 
-def _builder_names(path: EncoderPath) -> set[str]:
+def _builder_names(spec: MixinSpec, path: EncoderPath) -> set[str]:
     names: set[str] = set()
     for b in path.metadata:
+        if b.per_item:
+            names.update(item_loop_keys(spec, b)[1])
         exprs = (
             b.exprs if b.call is None else (b.call, *(v for _, v in b.replay_kwargs))
         )
@@ -95,7 +98,7 @@ def _path_body(spec: MixinSpec, path: EncoderPath) -> dict[str, Any]:
     body = Body(spec)
     loads = Loads(spec)
     buffer_keys = {b.key for b in path.buffers}
-    used = _builder_names(path)
+    used = _builder_names(spec, path)
     # The device and dtype of the first flat buffer, else of the first flat
     # input a builder reads (its buffers are built from it).
     row_inputs = (*spec.flat_inputs, *(g for g in spec.item_inputs if g.is_padded))
@@ -152,7 +155,7 @@ def _path_body(spec: MixinSpec, path: EncoderPath) -> dict[str, Any]:
         "builders": [
             {**call, "branches": branches}
             for call, branches in zip(
-                builder_calls(path, body, "replay", name_map),
+                builder_calls(spec, path, body, "replay", name_map),
                 _by_modality(spec, path, body, name_map),
                 strict=True,
             )

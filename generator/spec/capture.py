@@ -584,6 +584,9 @@ class MetadataBuilder:
     replay_by_modality: tuple[tuple[Modality, tuple[tuple[str, Expr], ...]], ...] = ()
     #: ``steps:`` instead of ``call:`` (then ``call`` is None).
     steps: tuple[Step, ...] = ()
+    #: The steps run once per item on its dims; each buffer joins the items'
+    #: results on dim 0, in item order.
+    per_item: bool = False
 
     KEYS: ClassVar = Keys(
         Key(
@@ -610,6 +613,18 @@ class MetadataBuilder:
             "capture tensor that is no buffer feeds the steps at capture.",
             example="[lengths = torch.tensor(image_grid).prod(-1), cu_seqlens = "
             "torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])]",
+        ),
+        Key(
+            "per_item",
+            Boolean(),
+            "With `steps`: run them once per item, the item's dims bound (a "
+            "grid's row, a count's value, a padded or tensors input's sizes) "
+            "instead of the batch's inputs, and make each name of `provides` "
+            "the items' results joined on dim 0 in item order (`torch.cat`), as "
+            "`eager_forward.per_item` joins outputs. The other step names stay "
+            "inside the loop. For metadata a tower builds image by image "
+            "(Keye-VL's `arange(t * h * w) % (h * w)` position ids).",
+            default=False,
         ),
         Key(
             "capture_kwargs",
@@ -676,9 +691,17 @@ class MetadataBuilder:
         return frozenset(n for s in self.steps for n in s.names)
 
     @classmethod
-    def from_yaml(cls, r: Reader, index: int, provided: dict, **_: Any):
+    def from_yaml(
+        cls, r: Reader, index: int, provided: dict, tensors: tuple = (), **_: Any
+    ):
         if r.has("steps"):
-            return cls._from_steps(r, provided)
+            return cls._from_steps(r, provided, tensors)
+        if r.take("per_item"):
+            r.refuse(
+                "per_item",
+                "per_item runs steps once per item: give steps, not call (a "
+                "call gets the whole batch)",
+            )
         call = r.take("call")
         if call is None and r.ok("call"):
             r.error(r.node, "required key is missing (call, or steps)", r.path("call"))
@@ -732,7 +755,7 @@ class MetadataBuilder:
         )
 
     @classmethod
-    def _from_steps(cls, r: Reader, provided: dict):
+    def _from_steps(cls, r: Reader, provided: dict, tensors: tuple):
         """``steps:``: the same statements at capture and replay; every name
         of ``provides`` one of their targets."""
         for key in ("call", "capture_kwargs", "replay_kwargs"):
@@ -741,16 +764,23 @@ class MetadataBuilder:
         for key in ("replay_kwargs_by_modality", "returns"):
             if r.has(key):
                 r.refuse(key, _NOT_WITH_STEPS[key])
-        steps = r.take("steps")
+        per_item = bool(r.take("per_item"))
+        # A per_item that is no boolean (reported) most likely meant true.
+        loop = per_item or not r.ok("per_item")
+        steps = (
+            r.take("steps", scope="builder_steps_per_item", extra=tensors)
+            if loop
+            else r.take("steps", scope="builder_steps")
+        )
         if not r.has("provides"):
             r.error(r.node, "steps need provides (the step names that are buffers)")
         provides = _provides(r, provided, "provides")
         why = r.take("why")
-        if steps is None:
+        if steps is None or not r.ok("per_item"):
             r.ctx.failed_sources.update(provides)
             return None
         targets = {n for s in steps for n in s.names}
-        _check_step_targets(r, steps, set(provides))
+        _check_step_targets(r, steps, set(provides), loop)
         node = r.raw("provides")
         listed = node.value if node is not None and isinstance(node.value, list) else ()
         for name, item in zip(provides, listed):
@@ -762,20 +792,29 @@ class MetadataBuilder:
                     f"{', '.join(sorted(targets)) or 'none'})",
                 )
         return cls(
-            None, (), (), tuple(provides), why, r.node.location, steps=tuple(steps)
+            None,
+            (),
+            (),
+            tuple(provides),
+            why,
+            r.node.location,
+            steps=tuple(steps),
+            per_item=per_item,
         )
 
 
-def _check_step_targets(r: Reader, steps, provides: set[str]) -> None:
+def _check_step_targets(r: Reader, steps, provides: set[str], per_item: bool) -> None:
     """A builder's step binds a local of the capture and replay methods:
     not a dim or capture intermediate (bound there too), nor a buffer that
-    it does not provide."""
+    it does not provide. (A per-item builder's steps read the dims: binding
+    one is reported as binding a name in scope.)"""
     node = r.raw("steps")
     taken = {
-        NameKind.DIM: "a dim",
         NameKind.CAPTURE_LET: "a capture intermediate",
         NameKind.BUFFER: "a buffer this builder does not provide",
     }
+    if not per_item:
+        taken[NameKind.DIM] = "a dim"
     for i, step in enumerate(steps):
         for name in step.names:
             for kind, what in taken.items():

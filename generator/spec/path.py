@@ -203,7 +203,7 @@ class EncoderPath:
         if capture is None:
             # Which buffers its tensors were meant to fill is unknown.
             ctx.failed_sources.update(flats)
-        builders = _builders(r)
+        builders = _builders(r, item_inputs)
         tensors = capture.tensors if capture is not None else ()
         sources = _sources(r, tensors, builders)
         entries = r.take("buffers", sources=sources) or {}
@@ -277,9 +277,13 @@ def _declare_buffers(r: Reader) -> bool:
     return True
 
 
-def _builders(r: Reader) -> tuple[MetadataBuilder, ...]:
+def _builders(r: Reader, item_inputs) -> tuple[MetadataBuilder, ...]:
     provided: dict[str, str] = {}
-    built = [b for b in r.take("metadata", provided=provided) or () if b is not INVALID]
+    # A per-item builder's steps read a tensors input as the item's tensor.
+    tensors = tuple(k for k, i in (item_inputs or {}).items() if i.is_tensors)
+    results = r.take("metadata", provided=provided, tensors=tensors) or ()
+    _check_item_locals(r, results)
+    built = [b for b in results if b is not INVALID]
     taken = set().union(*(set(names) for names in r.ctx.names.values()))
     taken |= _method_names()
     out = []
@@ -305,6 +309,30 @@ def _builders(r: Reader) -> tuple[MetadataBuilder, ...]:
         r.ctx.declare(NameKind.BUILDER_RESULT, name, b.location)
         out.append(replace(b, result_name=name))
     return tuple(out)
+
+
+def _check_item_locals(r: Reader, results) -> None:
+    """After a per-item builder only the names it provides hold the batch's
+    value (the items' results joined); its other step names held one item's,
+    so no later builder reads them."""
+    node = r.raw("metadata")
+    inner: dict[str, int] = {}
+    for i, b in enumerate(results):
+        if not isinstance(b, MetadataBuilder):
+            continue  # refused, already reported
+        read = set().union(*(fx.names_in(s.expr) for s in b.steps))
+        for name in sorted(read & set(inner)):
+            r.ctx.error(
+                node.value[i],
+                f"{r.path('metadata')}[{i}].steps",
+                f"{name!r} is a step of the per_item builder metadata"
+                f"[{inner[name]}], one item's value: only its provides are the "
+                "batch's (list it there)",
+            )
+        if b.per_item:
+            # (A step that rebinds an input is reported where it is.)
+            inputs = set(r.ctx.names[NameKind.GRID]) | set(r.ctx.names[NameKind.FLAT])
+            inner.update(dict.fromkeys(b.step_names - set(b.provides) - inputs, i))
 
 
 def _method_names() -> set[str]:
@@ -374,6 +402,13 @@ def _check_buffers(r: Reader, buffers, tensors, builders, capture) -> None:
             )
         _check_set_by(r, b, buffers)
         _check_allocated(ctx, b, r.path("buffers"))
+        if b.host_scalar and getattr(b.source, "per_item", False):
+            ctx.error(
+                b.location,
+                f"{r.path('buffers')}.{b.key}.host_scalar",
+                "a per_item builder joins one result per item, no single value: "
+                "compute the host scalar in a builder after it (from its results)",
+            )
         if b.optional and isinstance(b.source, CaptureTensor):
             ctx.error(
                 b.location,
@@ -499,6 +534,14 @@ def _check_unit_capture(r: Reader, buffers, builders, capture) -> None:
     grids -= {t.key for t in capture.tensors if not isinstance(t.flat, FlatInput)}
     node = r.raw("metadata")
     for i, b in enumerate(builders):
+        if b.per_item:
+            ctx.error(
+                node.value[i] if node is not None else b.location,
+                f"{r.path('metadata')}[{i}].per_item",
+                "a unit capture has no dummy items to run a per_item builder on: "
+                "build the metadata over the units at once",
+            )
+            continue
         exprs = (
             b.exprs if b.call is None else (b.call, *(v for _, v in b.capture_kwargs))
         )

@@ -127,6 +127,9 @@ class FakeCall:
     #: A step takes element 0 of the result (HF's pooler returns a tuple):
     #: a tuple whose first element is rows enough for any gather index.
     indexed: bool = False
+    #: A step gathers rows of the result by a tensor of indices (a table
+    #: lookup: PaddleOCR-VL's RoPE table): rows enough for any index.
+    gathered: bool = False
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         self.calls.append((args, kwargs))
@@ -136,9 +139,9 @@ class FakeCall:
             return iter([out])
         if self.attribute is not None:
             return HostObjectWith(**{self.attribute: out})
-        if self.indexed:
+        if self.indexed or self.gathered:
             rows = out if self.queue or out.shape[0] > 1 else out.expand(1 << 16, -1)
-            return (rows, None)
+            return (rows, None) if self.indexed else rows
         return [out] if _forward_calling() in self.listed_in else out
 
 
@@ -544,6 +547,14 @@ class SpecWorld:
                 ):
                     name = _callee_name(sub.value.callee)
                     self.calls.setdefault(name, FakeCall(name)).indexed = True
+                elif (
+                    isinstance(sub, fx.Subscript)
+                    and isinstance(sub.value, fx.Call)
+                    and is_host_call(sub.value)
+                    and not isinstance(sub.index, fx.Num)
+                ):
+                    name = _callee_name(sub.value.callee)
+                    self.calls.setdefault(name, FakeCall(name)).gathered = True
                 if (
                     isinstance(sub, fx.Attr)
                     and isinstance(sub.value, fx.Call)

@@ -23,6 +23,12 @@ process (captured streams, a fresh output folder):
   odd keys. A generated loop runs over a path under ``self.visual`` that is
   no ``torch.nn.Module`` API, rebinds one name, calls its variable only, and
   its body reaches only the allow-lists.
+* per-item builders: the valid corpus's ``per_item_builder.yaml`` with a step
+  of its per-item builder drawn as for the step language (over the item's
+  dims, its locals, the batch's inputs and buffers, the host), its flag
+  redrawn, a later builder reading a drawn name. A generated per-item loop
+  iterates names into names, binds the steps' names, appends each buffer to
+  ``by_item``, and its steps reach only the allow-lists.
 
 Whatever the input: nothing but ``SystemExit`` escapes; the exit code is 0,
 2, or 1 where ``--check`` or ``plan`` report; the call takes less than
@@ -79,10 +85,15 @@ from generator.spec.step_language import (
     TENSOR_METHODS,
 )
 
-#: Valid-corpus specs the fuzz starts from too: their input kinds no spec of
-#: ``specs/`` uses yet (a tensors input: Pixtral's images; a vLLM-only
-#: import).
-CORPUS_STARTS = ("tensor_images", "vllm_only_import")
+#: Valid-corpus specs the fuzz starts from too: constructs no spec of
+#: ``specs/`` uses yet or uses in one form only (a tensors input; a vLLM-only
+#: import; per-item builders).
+CORPUS_STARTS = (
+    "tensor_images",
+    "vllm_only_import",
+    "per_item_builder",
+    "per_item_tensors",
+)
 SPECS = {p.stem: p.read_text(encoding="utf-8") for p in spec_paths()} | {
     p.stem: p.read_text(encoding="utf-8")
     for p in valid_corpus_paths()
@@ -1357,4 +1368,142 @@ def test_the_loop_oracle_can_fail(python: str, words: str | None) -> None:
     node = ast.parse(python).body[0]
     assert isinstance(node, ast.For)
     problem = _loop_problem(node)
+    assert (problem is None) if words is None else (words in (problem or "")), problem
+
+
+# -- per-item builders ----------------------------------------------------------------
+
+#: The valid corpus's per-item builder spec (its host ``visual``, the root
+#: the step oracle knows): one step of its per-item builder is replaced by a
+#: drawn one.
+ITEM_SPEC = (
+    (Path(__file__).parent / "data" / "valid" / "per_item_builder.yaml")
+    .read_text(encoding="utf-8")
+    .replace("vision", "visual")
+)
+ITEM_STEP = "      - positions = torch.arange(t * area, device=device) % area\n"
+ITEM_FLAG = "  - per_item: true\n"
+ITEM_LATER = (
+    "      - lengths = (sizes[:, 1] * sizes[:, 2]).repeat_interleave(sizes[:, 0])\n"
+)
+#: What a per-item step may start from: the item's dims, its locals, the
+#: batch's inputs and buffers (out of its scope), the host and literals.
+ITEM_ATOMS = [
+    "t", "h", "w", "area", "merge", "device", "dtype", "max_batch_size",
+    "pixel_values", "image_grid_thw", "cu_seqlens", "frames", "by_item", "self",
+    "visual", "torch", "1", "'s'", "torch.arange(t * area, device=device)",
+]  # fmt: skip
+ITEM_FLAGS = ["true", "false", "1", "yes", "null", "[true]", "{a: 1}", "'true'"]
+
+
+@st.composite
+def per_item_specs(draw) -> tuple[str, list[Any]]:
+    """The spec with its per-item builder's ``positions`` step drawn (an
+    atom and up to 3 chain operations), maybe its flag redrawn and maybe
+    the builder after it reading a name of its own or of the loop."""
+    expr = draw(st.sampled_from(ITEM_ATOMS))
+    for _ in range(draw(st.integers(min_value=0, max_value=3))):
+        op = draw(st.sampled_from(CHAIN_OPS))
+        name = draw(st.sampled_from(STEP_NAMES))
+        expr = op.format(e=expr, name=name, arg=draw(st.sampled_from(ITEM_ATOMS)))
+    text = ITEM_SPEC.replace(ITEM_STEP, f"      - positions = {json.dumps(expr)}\n")
+    flag = "true"
+    if draw(st.integers(min_value=0, max_value=3)) == 0:
+        flag = draw(st.sampled_from(ITEM_FLAGS))
+        text = text.replace(ITEM_FLAG, f"  - per_item: {flag}\n")
+    later = None
+    if draw(st.integers(min_value=0, max_value=3)) == 0:
+        later = draw(st.sampled_from(ITEM_ATOMS))
+        text = text.replace(
+            ITEM_LATER, ITEM_LATER + f"      - extra = {json.dumps(later)}\n"
+        )
+    return text, [expr, flag, later]
+
+
+@_settings(200)
+@given(case=per_item_specs())
+def test_per_item_builders_reach_only_the_allow_lists(case) -> None:
+    """Whatever a per-item step tries: exit 2 with located diagnostics, or a
+    module whose per-item loops (one at capture, one at replay) iterate the
+    items' dims, bind only the steps' names and join them, and whose steps
+    reach only the allow-lists and the declared host paths."""
+    text, log = case
+    with _workspace() as folder:
+        spec = folder / "specs" / "items.yaml"
+        spec.parent.mkdir()
+        spec.write_text(text, encoding="utf-8")
+        rc, stdout, stderr = _run([str(spec), "--stdout", "--target", "vllm"], log)
+    event(f"exit {rc}")
+    assert rc in (0, 2), f"exit {rc} after {log}\n{stderr[-2000:]}"
+    if rc == 2:
+        _assert_reported(stderr, log)
+        return
+    loops = [n for n in ast.walk(ast.parse(stdout)) if isinstance(n, ast.For)]
+    item_loops = [n for n in loops if _item_loop_problem(n) != "not an item loop"]
+    assert len(item_loops) == (2 if log[1] == "true" else 0), log
+    for node in item_loops:
+        problem = _item_loop_problem(node)
+        assert problem is None, f"{problem} in {ast.unparse(node)} ({log})"
+
+
+def _item_loop_problem(node: ast.For) -> str | None:
+    """What in a generated per-item loop (one that appends to ``by_item``)
+    lies outside its rules: it iterates a name (or a ``zip`` of names) into
+    names, its statements bind names or append a name to ``by_item``."""
+    appends = [
+        s
+        for s in node.body
+        if isinstance(s, ast.Expr) and "by_item[" in ast.unparse(s.value)
+    ]
+    if not appends:
+        return "not an item loop"
+    targets = [n for n in ast.walk(node.target) if not isinstance(n, ast.expr_context)]
+    if not all(isinstance(t, (ast.Name, ast.Tuple)) for t in targets):
+        return f"loop target {ast.unparse(node.target)}"
+    iters = node.iter.args if _is_call_of(node.iter, "zip") else [node.iter]
+    if not all(isinstance(i, ast.Name) for i in iters):
+        return f"loop over {ast.unparse(node.iter)}"
+    for stmt in node.body:
+        if stmt in appends:
+            text = ast.unparse(stmt)
+            if not re.fullmatch(r"by_item\['(\w+)'\]\.append\(\1\)", text):
+                return f"statement {text}"
+            continue
+        if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1):
+            return f"statement {ast.unparse(stmt)}"
+        bound = stmt.targets[0]
+        names = bound.elts if isinstance(bound, ast.Tuple) else [bound]
+        if not all(isinstance(n, ast.Name) and n.id != "by_item" for n in names):
+            return f"binds {ast.unparse(bound)}"
+        problem = _outside_allow_lists(stmt.value, {"visual.encode"})
+        if problem is not None:
+            return problem
+    return None
+
+
+def _is_call_of(node: ast.AST, name: str) -> bool:
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == name
+    )
+
+
+ITEM_LOOP_ORACLE_CASES = [
+    ("for t, h, w in g:\n    p = torch.arange(t)\n    by_item['p'].append(p)", None),
+    ("for (n), (h, w) in zip(a, b, strict=True):\n    by_item['n'].append(n)", None),
+    ("for t in self.visual.blocks:\n    by_item['t'].append(t)", "loop over"),
+    ("for g[0] in g:\n    by_item['t'].append(t)", "loop target"),
+    ("for t in g:\n    by_item['t'].append(open('f'))", "statement"),
+    ("for t in g:\n    by_item = {}\n    by_item['t'].append(t)", "binds by_item"),
+    ("for t in g:\n    p = t.numpy()\n    by_item['p'].append(p)", ".numpy on a value"),
+    ("for t in g:\n    p = self.visual.apply(t)\n    by_item['p'].append(p)", "API"),
+]
+
+
+@pytest.mark.parametrize(("python", "words"), ITEM_LOOP_ORACLE_CASES)
+def test_the_item_loop_oracle_can_fail(python: str, words: str | None) -> None:
+    node = ast.parse(python).body[0]
+    assert isinstance(node, ast.For)
+    problem = _item_loop_problem(node)
     assert (problem is None) if words is None else (words in (problem or "")), problem

@@ -902,10 +902,20 @@ def check_eager_forward(world: SpecWorld, path, rng: random.Random) -> None:
 # -- graph forward -------------------------------------------------------------------------
 
 
+#: Specs whose graph forward gathers rows of a host module's output by a
+#: buffer of indices (PaddleOCR-VL's 2 x 2 merge order): the fake modules
+#: return one row, so their graph forward runs in their oracle check instead
+#: (``tests/parity/test_beyond_paddleocr_vl.py``, vLLM's code on fakes that
+#: keep every row).
+GATHERED_OUTPUTS = {"paddleocr_vl"}
+
+
 @pytest.mark.parametrize(("budget", "mbs", "mfpb"), CAPTURES[:2])
 def test_graph_forward(world: SpecWorld, budget: int, mbs: int, mfpb: int) -> None:
     """The captured computation runs on its capture buffers, and a last step
     that is a host call returns that call's result unchanged."""
+    if world.spec_path.stem in GATHERED_OUTPUTS:
+        pytest.skip("gathers rows of a module's output: run by its oracle check")
     for path in world.spec.paths:
         for keys in world.axis_key_combos():
             names = world.capture_names(budget, mbs, mfpb, path, keys)

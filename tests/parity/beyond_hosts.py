@@ -411,6 +411,202 @@ def dots_ocr() -> OracleModel:
 
 
 # ---------------------------------------------------------------------------
+# PaddleOCR-VL: a SigLIP tower that builds its metadata image by image
+# ---------------------------------------------------------------------------
+
+PADDLE = "vllm.model_executor.models.paddleocr_vl"
+#: Layers of the fake encoder: the graph must run every one, in order.
+PADDLE_DEPTH = 3
+#: The learned position table's side (the checkpoint's is 27): resized
+#: bilinearly to each image's h x w patches, so its values move every row.
+PADDLE_TABLE = 4
+#: Columns of the language model's rows (the projector's output).
+PADDLE_TEXT_WIDTH = 2 * WIDTH
+
+
+def _rearrange(x: torch.Tensor, pattern: str, **sizes: int) -> torch.Tensor:
+    """einops' ``rearrange`` (not installed here) for the two patterns
+    PaddleOCR-VL's embeddings and projector use."""
+    if pattern == "b l c h w -> (b l) c h w":
+        return x.flatten(0, 1)
+    if pattern == "(t h p1 w p2) d -> (t h w) (p1 p2 d)":
+        t, h, p1, w, p2 = (sizes[k] for k in ("t", "h", "p1", "w", "p2"))
+        x = x.reshape(t, h, p1, w, p2, x.shape[-1]).permute(0, 1, 3, 2, 4, 5)
+        return x.reshape(t * h * w, -1)
+    raise NotImplementedError(pattern)
+
+
+def _to_device(data: Any, dtype: torch.dtype, device: Any, **_: Any) -> torch.Tensor:
+    """``async_tensor_h2d`` on a CPU-only machine: a copy of ``data``."""
+    return torch.as_tensor(data, dtype=dtype, device=device)
+
+
+class _PaddleLayer:
+    """An encoder layer by FlashAttention's contract: the rows plus their
+    RoPE angles mixed in (scaled by the layer's place in the list), then each
+    row plus its sequence's mean (``parity_hosts.varlen_attention``)."""
+
+    def __init__(self, encoder: Any, index: int) -> None:
+        self.encoder, self.index = encoder, index
+
+    def __call__(self, hidden, *, cu_seqlens, rotary_pos_emb, max_seqlen):
+        angles = rotary_pos_emb.float() @ _mixing(rotary_pos_emb.shape[-1], WIDTH)
+        rows = hidden[0].float() + angles * (self.index + 1) / 4
+        violations = self.encoder.violations
+        out = parity_hosts.varlen_attention(rows, cu_seqlens, max_seqlen, violations)
+        return out.to(hidden.dtype).unsqueeze(0)
+
+
+class _PaddlePatchEmbedding:
+    """The patch convolution: each ``(3, p, p)`` patch to ``WIDTH`` fixed
+    mixes, shaped ``(n, WIDTH, 1, 1)`` as a stride-``p`` convolution gives."""
+
+    weight = torch.zeros(1)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return parity_hosts.patch_embedding(x, x.dtype)[..., None, None]
+
+
+class _PaddleEncoderParts(parity_hosts.Recorder):
+    """``SiglipEncoder``'s learned parts: ``PADDLE_DEPTH`` layers; its
+    rotary table is vLLM's ``SigLIPRotaryEmbedding``."""
+
+    def __init__(self, code: WheelCode, backend: str, heads: int) -> None:
+        super().__init__()
+        self.attn_backend = AttentionBackendEnum[backend]
+        self.layers = [_PaddleLayer(self, i) for i in range(PADDLE_DEPTH)]
+        rotary = code.klass(
+            PADDLE, "SigLIPRotaryEmbedding", ["forward"], bases=(CallsForward,)
+        )()
+        dim = WIDTH // heads // 2
+        rotary.inv_freq = 1.0 / (10000 ** (torch.arange(0, dim, 2).float() / dim))
+        self.rotary_pos_emb = rotary
+
+
+class _PaddleVisualParts:
+    """``SiglipVisionModel``'s dtype (a property of its patch weights)."""
+
+    dtype = torch.float32
+
+
+def _paddle_visual(code: WheelCode, backend: str) -> Any:
+    """vLLM's SigLIP vision model (embeddings, encoder, transformer and model
+    forwards, the position table's resize) on fake learned parts."""
+    heads = 1
+    config = _Obj(
+        num_channels=3,
+        patch_size=parity_hosts.PATCH,
+        hidden_size=WIDTH,
+        num_attention_heads=heads,
+    )
+    embeddings = code.klass(
+        PADDLE,
+        "SiglipVisionEmbeddings",
+        ["forward", "interpolate_pos_encoding"],
+        bases=(CallsForward,),
+    )()
+    embeddings.patch_embedding = _PaddlePatchEmbedding()
+    side = PADDLE_TABLE
+    table = _mixing(side * side, WIDTH) + torch.arange(side * side)[:, None] / 8
+    embeddings.position_embedding = _Obj(weight=table)
+    encoder = code.klass(
+        PADDLE,
+        "SiglipEncoder",
+        ["forward", "flatten_list"],
+        bases=(_PaddleEncoderParts, CallsForward),
+    )(code, backend, heads)
+    transformer = code.klass(
+        PADDLE, "SiglipVisionTransformer", ["forward"], bases=(CallsForward,)
+    )()
+    transformer.config = config
+    transformer.embeddings = embeddings
+    transformer.encoder = encoder
+    transformer.post_layernorm = lambda x: x - x.mean(dim=-1, keepdim=True) / 2
+    visual = code.klass(
+        PADDLE,
+        "SiglipVisionModel",
+        ["forward"],
+        bases=(_PaddleVisualParts, CallsForward),
+        exclude=["dtype", "device"],
+    )()
+    visual.vision_model = transformer
+    return visual
+
+
+def _paddle_projector(code: WheelCode) -> Any:
+    """vLLM's projector (its per-image 2 x 2 merge) on a fake norm,
+    activation and fixed linears."""
+    projector = code.klass(PADDLE, "Projector", ["forward"], bases=(CallsForward,))()
+    projector.merge_kernel_size = (2, 2)
+    projector.hidden_size = 4 * WIDTH
+    projector.pre_norm = lambda x: x * 2 - x.mean(dim=-1, keepdim=True)
+    projector.linear_1 = FixedLinear(4 * WIDTH, 4 * WIDTH)
+    projector.act = torch.tanh
+    projector.linear_2 = FixedLinear(4 * WIDTH, PADDLE_TEXT_WIDTH)
+    projector.linear_2.out_features = PADDLE_TEXT_WIDTH
+    return projector
+
+
+def _paddle_host_class(code: WheelCode, mixin: type) -> type:
+    return code.klass(
+        PADDLE,
+        "PaddleOCRVLForConditionalGeneration",
+        ["encode_image", "_process_image_input"],
+        bases=(mixin,),
+    )
+
+
+def _paddle_host(code: WheelCode, host_class: type, backend: str) -> Any:
+    host = host_class()
+    host.visual = _paddle_visual(code, backend)
+    host.mlp_AR = _paddle_projector(code)
+    return host
+
+
+def paddle_batches() -> list[dict[str, Any]]:
+    """Images of [t, h, w] patches (h, w even: the 2 x 2 merge), the patches
+    ``(n, 3, p, p)`` back to back as the processor gives them; a 24 x 24
+    image is 144 tokens, above the ladder's top (128): eager."""
+    mixes = [
+        [(1, 4, 4)],
+        [(1, 4, 6), (1, 2, 2), (1, 6, 4)],
+        [(2, 4, 4), (1, 8, 2)],
+        [(1, 10, 6), (1, 2, 8), (1, 4, 4), (1, 2, 2)],
+        [(1, 24, 24), (1, 4, 2)],
+    ]
+    out = []
+    for b, grids in enumerate(mixes):
+        rows = sum(t * h * w for t, h, w in grids)
+        gen = torch.Generator().manual_seed(100 + b)
+        pixels = torch.randn(
+            rows, 3, parity_hosts.PATCH, parity_hosts.PATCH, generator=gen
+        )
+        out.append({"pixel_values": pixels, "image_grid_thw": torch.tensor(grids)})
+    return out
+
+
+def paddleocr_vl() -> OracleModel:
+    return OracleModel(
+        stem="paddleocr_vl",
+        stubs={
+            PADDLE: {
+                "rearrange": _rearrange,
+                "torch_int": int,
+                "PIN_MEMORY": False,
+                "async_tensor_h2d": _to_device,
+            }
+        },
+        host_class=_paddle_host_class,
+        make_host=_paddle_host,
+        eager=lambda host, batch: list(host._process_image_input(_Obj(**batch))),
+        batches=paddle_batches,
+        backends=("FLASH_ATTN", "ROCM_AITER_FA", "TRITON_ATTN"),
+        max_num_batched_tokens=128,
+        violations=lambda host: host.visual.vision_model.encoder.violations,
+    )
+
+
+# ---------------------------------------------------------------------------
 # Pixtral (Mistral format): per-image (3, H, W) tensors, 2-D RoPE, a merger
 # ---------------------------------------------------------------------------
 
@@ -610,6 +806,7 @@ ORACLES = {
     "cohere2_vision": cohere2_vision,
     "dots_ocr": dots_ocr,
     "eagle2_5_vl": eagle2_5_vl,
+    "paddleocr_vl": paddleocr_vl,
     "pixtral": pixtral,
     "qwen2_5_omni": qwen2_5_omni,
 }

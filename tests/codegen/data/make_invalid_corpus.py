@@ -1715,6 +1715,86 @@ valid_case(
     ),
 )
 
+# -- per-item builders ----------------------------------------------------------------
+valid_case(
+    "per_item_with_a_call",
+    "rope_grid",
+    (
+        "  - call: vision.prepare_metadata(grid_hw, device=device)\n",
+        "  - call: vision.prepare_metadata(grid_hw, device=device)\n    per_item: true\n",
+    ),
+)
+valid_case(
+    "per_item_reads_a_grid",
+    "per_item_builder",
+    ("      - area = h * w\n", "      - area = image_grid_thw[0][1] * w\n"),
+)
+valid_case(
+    "per_item_reads_a_flat_input",
+    "per_item_builder",
+    (
+        "      - area = h * w\n",
+        "      - area = h * w + 0 * pixel_values.shape[0]\n",
+    ),
+)
+valid_case(
+    "per_item_local_read_after_the_loop",
+    "per_item_builder",
+    (
+        "      - cu_seqlens = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])",
+        "      - cu_seqlens = torch.cat([lengths.new_zeros(1), lengths.cumsum(0) * area])",
+    ),
+)
+valid_case(
+    "per_item_host_scalar",
+    "per_item_builder",
+    (
+        "    provides: [positions, frames]\n",
+        "      - longest = torch.tensor([area])\n    provides: [positions, frames, longest]\n",
+    ),
+    (
+        "  frames: {shape: [rows], dtype: int64}\n",
+        "  frames: {shape: [rows], dtype: int64}\n"
+        "  longest: {host_scalar: true, capture_value: token_budget * merge**2}\n",
+    ),
+    (
+        "  - vision(pixel_values, positions, frames, cu_seqlens)",
+        "  - vision(pixel_values, positions, frames, cu_seqlens, longest)",
+    ),
+)
+valid_case(
+    "per_item_not_a_boolean",
+    "per_item_builder",
+    ("  - per_item: true\n", "  - per_item: sometimes\n"),
+)
+valid_case(
+    "per_item_binds_a_dim",
+    "per_item_builder",
+    ("      - area = h * w\n", "      - w = h * w\n      - area = w\n"),
+)
+valid_case(
+    "per_item_rebinds_the_item",
+    "per_item_tensors",
+    (
+        "      - image_scale = pixel_values.float()",
+        "      - pixel_values = pixel_values.float()\n      - image_scale = pixel_values",
+    ),
+)
+valid_case(
+    "per_item_in_a_unit_capture",
+    "unit_varlen",
+    (
+        "  - steps:\n      - sizes",
+        "  - per_item: true\n    steps:\n      - tile_ids = torch.arange(h * w)\n"
+        "    provides: [tile_ids]\n  - steps:\n      - sizes",
+    ),
+    ("  patches: {}\n", "  patches: {}\n  tile_ids: {shape: [rows], dtype: int64}\n"),
+    (
+        "  - tower(patches, cu_seqlens, max_seqlen)",
+        "  - tower(patches, cu_seqlens, max_seqlen, tile_ids)",
+    ),
+)
+
 # -- variable-length units in a unit capture ------------------------------------------
 valid_case(
     "unit_varlen_slots_per_dummy_unit",
@@ -1993,6 +2073,13 @@ valid_case(
     "tensors_items_unbounded",
     "tensor_images",
     ("  eager_when: max(h, w // 2) > side * patch\n", ""),
+)
+# A constant that eager_when reads, given without `from` (the fuzz found the
+# static checks evaluating eager_when without it): one located message.
+valid_case(
+    "tensors_eager_when_constant_without_from",
+    "tensor_images",
+    ("  side: {from: vision.side, default: 4}", "  side: {default: 4}"),
 )
 
 # -- list inputs (kind: list) --------------------------------------------------------

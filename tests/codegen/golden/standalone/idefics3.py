@@ -3,8 +3,8 @@
 # From specs/idefics3.yaml: change the spec or the templates and run
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 402948cdd63112cfeb000df2a94827d2c785cffa05635f592942545d8e00d7b3
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: d7202d8bd6def92f32ee533169ded467c0151fc09e9b1d3e3b29d8b64957c11a
+# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
+# output-sha256: 13113b400259f37c15bd5b07a59cd97f630273b6638fbb58c430c045076e5d52
 
 import itertools
 from collections.abc import Hashable

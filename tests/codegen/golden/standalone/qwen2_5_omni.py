@@ -3,8 +3,8 @@
 # From specs/qwen2_5_omni.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_omni.yaml`.
 # spec-sha256: ce9bf2fc700f004d47827e30d185e59eb5d9444dd78780ad1cac730e07dc5c1d
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: b4e0ac386e3a530358b6f8d1e5296bd9519085fafdfe98a3fd0255cdc350844f
+# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
+# output-sha256: 34759d38e082aae9d0fcf3d1cdbe7a2e4983e48c563260dbfbb65ee20c30bf15
 
 import itertools
 from collections.abc import Hashable

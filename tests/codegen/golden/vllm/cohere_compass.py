@@ -3,8 +3,8 @@
 # From specs/cohere_compass.yaml: change the spec or the templates and run
 # `gen-mixin specs/cohere_compass.yaml`.
 # spec-sha256: d07c29aa8ad4662bcac30b269bf92c40a0f7c311b8deb5cc9f84e86dba45c5c5
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: 069ac3637495c4d08a693d22715432573a907d1fb8b0a0ad2aa7f130d71d4ea9
+# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
+# output-sha256: b87adcda6c284984f106b4525eb1cc2f6ccf0cc9cdcf9414fb80ed18857c72e5
 
 import itertools
 from collections.abc import Hashable

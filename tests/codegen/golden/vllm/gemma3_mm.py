@@ -3,8 +3,8 @@
 # From specs/gemma3_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma3_mm.yaml`.
 # spec-sha256: 19cc0f6e849ba8315b6202b90204158da9f48161f059a5255254f1c8d3c71b41
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: 7aea5c1e85ca9c1aa6f3c7c7e4dc31549278a2679608885aa4bd44c7f5992387
+# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
+# output-sha256: 172ce669732c8b59d838d6b0b83d73d0f243d4604b6c10a8c78a6b3b458cca6d
 
 import itertools
 from collections.abc import Hashable

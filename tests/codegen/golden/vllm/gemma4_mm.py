@@ -3,8 +3,8 @@
 # From specs/gemma4_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma4_mm.yaml`.
 # spec-sha256: 06e9dbe6dfab654f3c21e7f5471097a1f4a7406dd29cd02c84eecf9f9a03241a
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: 5138d9b86e8b51997b3eb81234d383cb74e8a1bca19a461f4a366b1851f293fd
+# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
+# output-sha256: 03dff2ebce45d096ba850dc4d9b4b4926926a08886c3dd972a4a4c3dbf4797a7
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any

@@ -3,8 +3,8 @@
 # From specs/mllama4.yaml: change the spec or the templates and run
 # `gen-mixin specs/mllama4.yaml`.
 # spec-sha256: 3a4c5d7bdb1ee216f77e7723529296ab4a8d77acd6df01a22770eb4a40007938
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: 8983b4e108ef14bfa13057de47fdc2dd2e042fbb0e0c4e5362ae2721c2298581
+# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
+# output-sha256: 3add1ff314f08153a5d0df5e8fad5b5680304dffaf4976108e0701dab7e55557
 
 import itertools
 from collections.abc import Hashable
