@@ -73,11 +73,12 @@ CATALOG: dict[str, VllmHost] = {
     "qwen2_5_vl": _host("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration"),
     "qwen2_vl": _host("qwen2_vl", "Qwen2VLForConditionalGeneration"),
     "qwen3_vl": _host("qwen3_vl", "Qwen3VLForConditionalGeneration"),
+    "skyworkr1v": _host("skyworkr1v", "SkyworkR1VChatModel"),
     "step3_vl": _host("step3_vl", "Step3VLForConditionalGeneration"),
 }
 
 ADDS_PROTOCOL: frozenset[str] = frozenset(
-    {"cohere2_vision", "dots_ocr", "eagle2_5_vl", "qwen2_5_omni"}
+    {"cohere2_vision", "dots_ocr", "eagle2_5_vl", "qwen2_5_omni", "skyworkr1v"}
 )
 """The models beyond vLLM's catalog: their vLLM class has no encoder CUDA
 graph protocol of its own, and the generated mixin adds it

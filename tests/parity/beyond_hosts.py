@@ -304,6 +304,69 @@ def eagle2_5_vl(forced: bool = False) -> OracleModel:
 
 
 # ---------------------------------------------------------------------------
+# Skywork-R1V: InternViT tiles (a CLS row first), InternVL's shuffle and mlp1
+# ---------------------------------------------------------------------------
+
+SKYWORK = "vllm.model_executor.models.skyworkr1v"
+
+
+class ClsTileTower(TileTower):
+    """An InternViT-like tower: :class:`TileTower`'s rows after a CLS row (the
+    tile's mean, halved), ``(n, 1 + S, WIDTH)``; a host that kept the CLS row
+    would have a row too many and every row of the shuffle shifted."""
+
+    def __call__(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        rows = super().__call__(pixel_values)
+        return torch.cat([rows.mean(dim=1, keepdim=True) / 2, rows], dim=1)
+
+
+def _skywork_host_class(code: WheelCode, mixin: type) -> type:
+    return code.klass(
+        SKYWORK,
+        "SkyworkR1VChatModel",
+        ["_process_image_input", "extract_feature", "pixel_shuffle"],
+        bases=(mixin,),
+    )
+
+
+def _skywork_host(code: WheelCode, host_class: type, backend: str) -> Any:
+    del backend  # InternViT tiles attend within themselves: no varlen kernel
+    host = host_class()
+    host.config = _Obj(
+        # The processor and vLLM's input check use the vision config's side;
+        # force_image_size only enters num_image_token (the same side here).
+        force_image_size=None,
+        vision_config=_Obj(image_size=EAGLE_SIDE, patch_size=EAGLE_PATCH),
+        text_config=_Obj(hidden_size=WIDTH),
+    )
+    host.downsample_ratio = 0.5
+    host.ps_version = "v2"
+    host.num_image_token = EAGLE_TOKENS
+    host.vision_model = ClsTileTower(EAGLE_SIDE, EAGLE_PATCH)
+    host.mlp1 = FixedLinear(WIDTH * 4, WIDTH)
+    return host
+
+
+def skyworkr1v() -> OracleModel:
+    return OracleModel(
+        stem="skyworkr1v",
+        stubs={},
+        host_class=_skywork_host_class,
+        make_host=_skywork_host,
+        eager=lambda host, batch: list(
+            host._process_image_input(
+                {
+                    "type": "pixel_values",
+                    "pixel_values_flat": batch["pixel_values_flat"],
+                    "num_patches": batch["image_num_patches"],
+                }
+            )
+        ),
+        batches=eagle_batches,
+    )
+
+
+# ---------------------------------------------------------------------------
 # dots.ocr: a varlen tower without a packed entry point, blocks in a list
 # ---------------------------------------------------------------------------
 
@@ -417,4 +480,5 @@ ORACLES = {
     "dots_ocr": dots_ocr,
     "eagle2_5_vl": eagle2_5_vl,
     "qwen2_5_omni": qwen2_5_omni,
+    "skyworkr1v": skyworkr1v,
 }
