@@ -3,8 +3,8 @@
 # From specs/kimi_k25.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k25.yaml`.
 # spec-sha256: 7f183ed8d4f550eea068483d8a9435b722bdfdf97a0b4d8fcd5271760b6fb015
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: f0f55af16d4acbb527511d48e3cdfdff4701a9a2fdc1faa64cca14a72281a0aa
+# templates-sha256: adc7d808ad06313057fed6ba8da04ae18d82d23b88d6e7fc8ade68a31dbadfdd
+# output-sha256: 09b09fd89a6bb420cb25187c4d1d5150143539bac48113b1ad059b52b1c856bd
 
 import itertools
 from collections.abc import Hashable

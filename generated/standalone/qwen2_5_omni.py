@@ -3,8 +3,8 @@
 # From specs/qwen2_5_omni.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_omni.yaml`.
 # spec-sha256: ce9bf2fc700f004d47827e30d185e59eb5d9444dd78780ad1cac730e07dc5c1d
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: b4e0ac386e3a530358b6f8d1e5296bd9519085fafdfe98a3fd0255cdc350844f
+# templates-sha256: adc7d808ad06313057fed6ba8da04ae18d82d23b88d6e7fc8ade68a31dbadfdd
+# output-sha256: 7b5351932998e9e9a6c96eb19987d2c88199b837f9ee0e5d33b27230d2b4ce5d
 
 import itertools
 from collections.abc import Hashable

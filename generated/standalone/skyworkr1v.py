@@ -3,8 +3,8 @@
 # From specs/skyworkr1v.yaml: change the spec or the templates and run
 # `gen-mixin specs/skyworkr1v.yaml`.
 # spec-sha256: b0dc57e5fb20eaab774e7718602afac4daee4053867b6f921b6f70c4492526a6
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: 495b460dfe35702feca1e1c8a5ad0e21fa099b8c46d46b8a4b7759d3c78b0a09
+# templates-sha256: adc7d808ad06313057fed6ba8da04ae18d82d23b88d6e7fc8ade68a31dbadfdd
+# output-sha256: 5617f6b8873b2768176258d53e47f407c8738f881454098d1f34c3b5a7c39124
 
 import itertools
 from collections.abc import Hashable

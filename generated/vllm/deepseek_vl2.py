@@ -3,8 +3,8 @@
 # From specs/deepseek_vl2.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_vl2.yaml`.
 # spec-sha256: 65a219ba305cd6d64a7bcc0ccb0190528fa86cf96ed2209abdf6848605972e9f
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: 5715dac80441151d68000d1580c3c7c66efaef00401b00e1b8ceeb74c1db227c
+# templates-sha256: adc7d808ad06313057fed6ba8da04ae18d82d23b88d6e7fc8ade68a31dbadfdd
+# output-sha256: 9b9716b7f60466db563f0eb9f90cc05684b8b090ad5429e32d0845b76902d030
 
 import itertools
 from collections.abc import Hashable

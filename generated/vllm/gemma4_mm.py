@@ -3,8 +3,8 @@
 # From specs/gemma4_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma4_mm.yaml`.
 # spec-sha256: 06e9dbe6dfab654f3c21e7f5471097a1f4a7406dd29cd02c84eecf9f9a03241a
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: 5138d9b86e8b51997b3eb81234d383cb74e8a1bca19a461f4a366b1851f293fd
+# templates-sha256: adc7d808ad06313057fed6ba8da04ae18d82d23b88d6e7fc8ade68a31dbadfdd
+# output-sha256: c5f2c041364c2b72ebb1c901c9193154a02051afeeb98b12f47dcb2bb08c005a
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any

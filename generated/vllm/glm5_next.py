@@ -3,8 +3,8 @@
 # From specs/glm5_next.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm5_next.yaml`.
 # spec-sha256: eb5cf2b9079a5f16fe35bba77bed5740c643efe1e64d9a18938216fe04e1b97d
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: 123246d1c61efc43c566fd2d2258d1b1fad0308904bfeedbc652874b5f8a4ab8
+# templates-sha256: adc7d808ad06313057fed6ba8da04ae18d82d23b88d6e7fc8ade68a31dbadfdd
+# output-sha256: f2e6d5bff44eed8bcb02bf896d70d8fb7cef1f83e54a4d52762f61e2216c08aa
 
 import itertools
 from collections.abc import Hashable

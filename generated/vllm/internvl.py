@@ -3,8 +3,8 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: b5797a018cf751600fab086f8deba17c1be9f6adb7171dac9f34cce149a8f27b
+# templates-sha256: adc7d808ad06313057fed6ba8da04ae18d82d23b88d6e7fc8ade68a31dbadfdd
+# output-sha256: 2020a3397e8e5c31a11140b50ebd4148bb14b4ecdb0bed95db7d82782c60de84
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/qwen2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_vl.yaml`.
 # spec-sha256: 869bcb41f290ee655394bdeee5f49801b8344bce3f4c38101e004675d9980f68
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: d7f6e2e37a6e3feb6131aa6f0e7ca4c981681a06fa014df7ae495bef06ddf02c
+# templates-sha256: adc7d808ad06313057fed6ba8da04ae18d82d23b88d6e7fc8ade68a31dbadfdd
+# output-sha256: e216d801b7538cf50eb6e6983fb775cdf6921c9e0fd15226b958089b40caedf9
 
 import itertools
 from collections.abc import Hashable

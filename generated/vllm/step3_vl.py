@@ -3,8 +3,8 @@
 # From specs/step3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: 7d34d5f746a857cd4aaaee7d0a72cdf146bf51ce2d23d235fdc3c922effa2011
+# templates-sha256: adc7d808ad06313057fed6ba8da04ae18d82d23b88d6e7fc8ade68a31dbadfdd
+# output-sha256: 75ffe9c2d461db0a274ca58a9351a3c7decc8b8f38eed088735c1251ab3a34ee
 
 import itertools
 from collections.abc import Hashable

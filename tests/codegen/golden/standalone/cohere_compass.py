@@ -3,8 +3,8 @@
 # From specs/cohere_compass.yaml: change the spec or the templates and run
 # `gen-mixin specs/cohere_compass.yaml`.
 # spec-sha256: d07c29aa8ad4662bcac30b269bf92c40a0f7c311b8deb5cc9f84e86dba45c5c5
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: 4adade8c8c24068ed336c1d2b2b3230cbde30d3989cd987c466c1c2d15bcac6d
+# templates-sha256: adc7d808ad06313057fed6ba8da04ae18d82d23b88d6e7fc8ade68a31dbadfdd
+# output-sha256: 542a2a7b738df7c2f635aed9f1fd9d3db777537fbf2a5587b59e8a59c9e67fd6
 
 import itertools
 from collections.abc import Hashable

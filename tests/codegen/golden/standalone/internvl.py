@@ -3,8 +3,8 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: 1c3c7d4264be473cf5050eae431f7a4db0191f271340317e324a42722941d568
+# templates-sha256: adc7d808ad06313057fed6ba8da04ae18d82d23b88d6e7fc8ade68a31dbadfdd
+# output-sha256: a546cfb3403f2ecf688ba81f1bfdb92ec5feb643857e997b5f90cde1c7cfe545
 
 import itertools
 from collections.abc import Hashable

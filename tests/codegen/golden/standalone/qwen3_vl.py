@@ -3,8 +3,8 @@
 # From specs/qwen3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen3_vl.yaml`.
 # spec-sha256: 902e83bb3226b608ede21e14f232e7c519c96c3ab05297933967cf2acb582708
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: 1f1be2942ea0efe4d18c242fd13669618e452b6bb3d30647e902114fa48ab204
+# templates-sha256: adc7d808ad06313057fed6ba8da04ae18d82d23b88d6e7fc8ade68a31dbadfdd
+# output-sha256: a743fea0c59d8f5df10e0921a47d3af92a0b048062b8ad7368f780305942417b
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/step3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: b9c9a4f86d75ca917500351b5995c9b75e88a42d5b5b650037d2c3a4b2054fa9
+# templates-sha256: adc7d808ad06313057fed6ba8da04ae18d82d23b88d6e7fc8ade68a31dbadfdd
+# output-sha256: 0f4e3f7518f7f8aa4421ad20607ebd16bb19a3bcbad383c15b36de53a52f8486
 
 import itertools
 from collections.abc import Hashable

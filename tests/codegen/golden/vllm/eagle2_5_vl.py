@@ -3,8 +3,8 @@
 # From specs/eagle2_5_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/eagle2_5_vl.yaml`.
 # spec-sha256: 83ff2533b4ca23dd7ff633541be75194608fbdec7d6ecb70c6c7ccd114d4e48d
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: 16b1f1fe29a27c845305f3c738e307db4d0e5888d972556b24faf4ecb4ed2e4b
+# templates-sha256: adc7d808ad06313057fed6ba8da04ae18d82d23b88d6e7fc8ade68a31dbadfdd
+# output-sha256: 46d50468dc12ef72c2d0832ef4bfe99f3b02d42b1ab62a46baa19565f974cdaf
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/gemma3_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma3_mm.yaml`.
 # spec-sha256: 19cc0f6e849ba8315b6202b90204158da9f48161f059a5255254f1c8d3c71b41
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: 7aea5c1e85ca9c1aa6f3c7c7e4dc31549278a2679608885aa4bd44c7f5992387
+# templates-sha256: adc7d808ad06313057fed6ba8da04ae18d82d23b88d6e7fc8ade68a31dbadfdd
+# output-sha256: 5c65f435dac3df0b073b8b7b3c315ecd0a00ea08f4031a37859add397a9be943
 
 import itertools
 from collections.abc import Hashable

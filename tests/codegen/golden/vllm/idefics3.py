@@ -3,8 +3,8 @@
 # From specs/idefics3.yaml: change the spec or the templates and run
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 402948cdd63112cfeb000df2a94827d2c785cffa05635f592942545d8e00d7b3
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: 05fd14f363b76048d27bc39e2afbe709c382b5f49e92d78fb6e022e06b588f26
+# templates-sha256: adc7d808ad06313057fed6ba8da04ae18d82d23b88d6e7fc8ade68a31dbadfdd
+# output-sha256: 7a3e2ebed0b3ba4b4e04d0b308bd54babee2565f64a5cb03334eb21b85ba6b29
 
 import itertools
 from collections.abc import Hashable

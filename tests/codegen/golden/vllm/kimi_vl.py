@@ -3,8 +3,8 @@
 # From specs/kimi_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_vl.yaml`.
 # spec-sha256: b4c12018366cdeb86c86bf7b35c60c7b97e9e189f2f53785ec5ff811704d07d2
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: 9a4deb4ba43e78b2535c2d2882f29b34f85c893444d89a756e20694190562852
+# templates-sha256: adc7d808ad06313057fed6ba8da04ae18d82d23b88d6e7fc8ade68a31dbadfdd
+# output-sha256: f2aaf3bc8181ac09dcf6db1ee8c9129e46ca1b3dcb0d1e643b5d2b73b6ac1390
 
 import itertools
 from collections.abc import Hashable

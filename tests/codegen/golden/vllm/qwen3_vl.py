@@ -3,8 +3,8 @@
 # From specs/qwen3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen3_vl.yaml`.
 # spec-sha256: 902e83bb3226b608ede21e14f232e7c519c96c3ab05297933967cf2acb582708
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: cb031ebb2cbfbf72b138bf16cc2f208234621f68b37671baadf5fb5bf61fad3b
+# templates-sha256: adc7d808ad06313057fed6ba8da04ae18d82d23b88d6e7fc8ade68a31dbadfdd
+# output-sha256: 5d0e7487d78b7711fa108ee4fbde2649cff0dc93506364feeb1cd08df80d920a
 
 import itertools
 from collections.abc import Hashable
