@@ -555,7 +555,7 @@ class _OmniTowerParts(parity_hosts.Recorder):
     ``forward``, ``rot_pos_emb``, ``fast_pos_embed_interpolate`` and
     ``compute_attn_mask_seqlen`` are vLLM's (subclass)."""
 
-    def __init__(self, backend: str) -> None:
+    def __init__(self, backend: str, positions: bool) -> None:
         super().__init__()
         self.hidden_size = WIDTH
         self.num_heads = 1
@@ -564,7 +564,7 @@ class _OmniTowerParts(parity_hosts.Recorder):
         self.spatial_merge_unit = 4
         self.temporal_patch_size = 2
         self.num_grid_per_side = QWEN3_OMNI_POS_GRID
-        self.apply_vit_abs_pos_embed = True
+        self.apply_vit_abs_pos_embed = positions
         self.deepstack_visual_indexes = QWEN3_OMNI_DEEPSTACK
         self.attn_backend = AttentionBackendEnum[backend]
         self.patch_embed = parity_hosts._CallablePatchEmbed(
@@ -592,7 +592,19 @@ def _qwen3_omni_host_class(code: WheelCode, mixin: type) -> type:
     )
 
 
-def _qwen3_omni_host(code: WheelCode, host_class: type, backend: str) -> Any:
+def _qwen3_omni_host(positions: bool):
+    """Hosts whose tower adds its interpolated position table, or, without
+    ``positions``, none (``apply_vit_abs_pos_embed`` off)."""
+
+    def make_host(code: WheelCode, host_class: type, backend: str) -> Any:
+        return _qwen3_omni_tower_host(code, host_class, backend, positions)
+
+    return make_host
+
+
+def _qwen3_omni_tower_host(
+    code: WheelCode, host_class: type, backend: str, positions: bool
+) -> Any:
     parity_hosts.mm_attention_helpers(code)
     tower_class = code.klass(
         QWEN3_OMNI,
@@ -608,19 +620,19 @@ def _qwen3_omni_host(code: WheelCode, host_class: type, backend: str) -> Any:
     )
     host = host_class()
     host.vllm_config = vllm_config(1)
-    host.visual = tower_class(backend)
+    host.visual = tower_class(backend, positions)
     host.visual_dim = WIDTH
     host.multiscale_dim = WIDTH * len(QWEN3_OMNI_DEEPSTACK)
     return host
 
 
-def qwen3_omni() -> OracleModel:
+def qwen3_omni(positions: bool = True) -> OracleModel:
     return OracleModel(
         stem="qwen3_omni",
         # The logger is read only on the fallback for ROCm's RDNA3 (not taken).
         stubs={**parity_hosts.QWEN25_STUBS, QWEN3_OMNI: {"logger": None}},
         host_class=_qwen3_omni_host_class,
-        make_host=_qwen3_omni_host,
+        make_host=_qwen3_omni_host(positions),
         eager=lambda host, batch: list(
             host._process_image_input({"type": "pixel_values", **batch})
         ),

@@ -58,8 +58,8 @@ SPEC_MUTATIONS = (
     ),
     (
         "the position embeddings in reverse",
-        "(patches + pos_embeds if",
-        "(patches + pos_embeds.flip(0) if",
+        "dtype)) + pos_embeds)",
+        "dtype)) + pos_embeds.flip(0))",
     ),
     (
         "the graph reads the rows in reverse",
@@ -103,6 +103,21 @@ def model():
 @pytest.mark.parametrize("manager", MANAGERS)
 def test_graphs_and_eager_forward_match_vllms_eager_path(model, manager) -> None:
     assert oracle_problems(model, manager=manager) == []
+
+
+def test_a_tower_without_absolute_positions_matches_vllms_eager_path() -> None:
+    # apply_vit_abs_pos_embed off: the tower adds no position table.
+    assert oracle_problems(beyond_hosts.qwen3_omni(positions=False)) == []
+
+
+def test_positions_added_whatever_the_flag_fail_without_them(tmp_path) -> None:
+    source = mutated_source(
+        "qwen3_omni",
+        "if visual.apply_vit_abs_pos_embed else rotary_pos_emb_cos.new_zeros(",
+        "if True else rotary_pos_emb_cos.new_zeros(",
+        tmp_path,
+    )
+    assert oracle_problems(beyond_hosts.qwen3_omni(positions=False), source)
 
 
 @pytest.mark.parametrize("backend", ["TORCH_SDPA", "FLASHINFER"])

@@ -2307,7 +2307,7 @@ case(
 case(
     "loop_keep_at_a_step_result",
     "qwen3_omni",
-    (_KEEP, "    keep: {as: deepstack, at: patches}\n"),
+    (_KEEP, "    keep: {as: deepstack, at: hidden}\n"),
 )
 case(
     "loop_keep_as_a_taken_name",
