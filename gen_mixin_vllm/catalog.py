@@ -73,13 +73,28 @@ CATALOG: dict[str, VllmHost] = {
         "Qwen2_5OmniForConditionalGeneration",
     ),
     "qwen2_5_vl": _host("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration"),
+    "qwen3_omni": _host(
+        "qwen3_omni_moe_thinker",
+        "Qwen3OmniMoeThinkerForConditionalGeneration",
+        "Qwen3OmniMoeForConditionalGeneration",
+    ),
     "qwen2_vl": _host("qwen2_vl", "Qwen2VLForConditionalGeneration"),
     "qwen3_vl": _host("qwen3_vl", "Qwen3VLForConditionalGeneration"),
+    "skyworkr1v": _host("skyworkr1v", "SkyworkR1VChatModel"),
     "step3_vl": _host("step3_vl", "Step3VLForConditionalGeneration"),
 }
 
 ADDS_PROTOCOL: frozenset[str] = frozenset(
-    {"cohere2_vision", "dots_ocr", "eagle2_5_vl", "paddleocr_vl", "pixtral", "qwen2_5_omni"}
+    {
+        "cohere2_vision",
+        "dots_ocr",
+        "eagle2_5_vl",
+        "paddleocr_vl",
+        "pixtral",
+        "qwen2_5_omni",
+        "qwen3_omni",
+        "skyworkr1v",
+    }
 )
 """The models beyond vLLM's catalog: their vLLM class has no encoder CUDA
 graph protocol of its own, and the generated mixin adds it

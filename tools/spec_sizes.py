@@ -81,6 +81,8 @@ ESTIMATED_BY = {
     "eagle2_5_vl": "internvl",
     "dots_ocr": "qwen2_vl",
     "paddleocr_vl": "qwen2_vl",
+    "skyworkr1v": "internvl",
+    "qwen3_omni": "qwen3_vl",
 }
 
 

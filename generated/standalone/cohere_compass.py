@@ -3,8 +3,8 @@
 # From specs/cohere_compass.yaml: change the spec or the templates and run
 # `gen-mixin specs/cohere_compass.yaml`.
 # spec-sha256: d07c29aa8ad4662bcac30b269bf92c40a0f7c311b8deb5cc9f84e86dba45c5c5
-# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
-# output-sha256: 96694b0df54c2b1bbf7c14532e3bedc5bf4cfc856ba1923b699d77469c8668e9
+# templates-sha256: adc7d808ad06313057fed6ba8da04ae18d82d23b88d6e7fc8ade68a31dbadfdd
+# output-sha256: 542a2a7b738df7c2f635aed9f1fd9d3db777537fbf2a5587b59e8a59c9e67fd6
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/deepseek_v41.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_v41.yaml`.
 # spec-sha256: c4bb5416f4de0c625a1fa71cb716f1e83b6ed76dea15bb3b4f0fe238f99fa89f
-# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
-# output-sha256: de40f163265c6ad58fca421b0d5823937ccdfbb55502edb906f49f9ae4a6d9b0
+# templates-sha256: adc7d808ad06313057fed6ba8da04ae18d82d23b88d6e7fc8ade68a31dbadfdd
+# output-sha256: e04ad0c41cc44f40333fc2c37d69f73bb9bc9f9753c5f29b9b5e337920a83675
 
 import itertools
 from collections.abc import Hashable

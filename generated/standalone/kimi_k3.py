@@ -3,8 +3,8 @@
 # From specs/kimi_k3.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k3.yaml`.
 # spec-sha256: 43497e5dfe1ac384f62bdd2eaa1d96ddd9887c49f037b60e3b81ea6100afb1a8
-# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
-# output-sha256: 1c9728e8830aa4b7d61c0f7efe7e05fcc0ec13b48f3265e0ab631649f74f1a76
+# templates-sha256: adc7d808ad06313057fed6ba8da04ae18d82d23b88d6e7fc8ade68a31dbadfdd
+# output-sha256: c7e40514a18a49139bf0ee583929390f97d65b6a0ac93675544075b7cba8867c
 
 import itertools
 import math

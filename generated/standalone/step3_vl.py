@@ -3,8 +3,8 @@
 # From specs/step3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
-# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
-# output-sha256: 733279aec6ff669a67adcfd4a07f8edd9855b42fecdf4c8c837a27cae580a186
+# templates-sha256: adc7d808ad06313057fed6ba8da04ae18d82d23b88d6e7fc8ade68a31dbadfdd
+# output-sha256: 0f4e3f7518f7f8aa4421ad20607ebd16bb19a3bcbad383c15b36de53a52f8486
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/cohere_compass.yaml: change the spec or the templates and run
 # `gen-mixin specs/cohere_compass.yaml`.
 # spec-sha256: d07c29aa8ad4662bcac30b269bf92c40a0f7c311b8deb5cc9f84e86dba45c5c5
-# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
-# output-sha256: b87adcda6c284984f106b4525eb1cc2f6ccf0cc9cdcf9414fb80ed18857c72e5
+# templates-sha256: adc7d808ad06313057fed6ba8da04ae18d82d23b88d6e7fc8ade68a31dbadfdd
+# output-sha256: 578ebe4687abbd0f6381018d179f0b0bd01fb42ab822a4454f4032486d35e377
 
 import itertools
 from collections.abc import Hashable

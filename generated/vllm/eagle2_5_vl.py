@@ -3,8 +3,8 @@
 # From specs/eagle2_5_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/eagle2_5_vl.yaml`.
 # spec-sha256: 83ff2533b4ca23dd7ff633541be75194608fbdec7d6ecb70c6c7ccd114d4e48d
-# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
-# output-sha256: b48d7c374dd0017fb21de3a13b88900b863dca8a7d0ec2c46599c46f0ad0fad3
+# templates-sha256: adc7d808ad06313057fed6ba8da04ae18d82d23b88d6e7fc8ade68a31dbadfdd
+# output-sha256: 46d50468dc12ef72c2d0832ef4bfe99f3b02d42b1ab62a46baa19565f974cdaf
 
 import itertools
 from collections.abc import Hashable

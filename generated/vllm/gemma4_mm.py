@@ -3,8 +3,8 @@
 # From specs/gemma4_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma4_mm.yaml`.
 # spec-sha256: 06e9dbe6dfab654f3c21e7f5471097a1f4a7406dd29cd02c84eecf9f9a03241a
-# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
-# output-sha256: 03dff2ebce45d096ba850dc4d9b4b4926926a08886c3dd972a4a4c3dbf4797a7
+# templates-sha256: adc7d808ad06313057fed6ba8da04ae18d82d23b88d6e7fc8ade68a31dbadfdd
+# output-sha256: c5f2c041364c2b72ebb1c901c9193154a02051afeeb98b12f47dcb2bb08c005a
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any

@@ -3,8 +3,8 @@
 # From specs/glm5_next.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm5_next.yaml`.
 # spec-sha256: eb5cf2b9079a5f16fe35bba77bed5740c643efe1e64d9a18938216fe04e1b97d
-# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
-# output-sha256: 0f367c3dc925357a90f2a19f3efca1173eceeb1b4d63bc4a09eeafe1a8cf3567
+# templates-sha256: adc7d808ad06313057fed6ba8da04ae18d82d23b88d6e7fc8ade68a31dbadfdd
+# output-sha256: f2e6d5bff44eed8bcb02bf896d70d8fb7cef1f83e54a4d52762f61e2216c08aa
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/idefics3.yaml: change the spec or the templates and run
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 402948cdd63112cfeb000df2a94827d2c785cffa05635f592942545d8e00d7b3
-# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
-# output-sha256: cc74fd94389f6524d4d79da91c6ffb9da38d7194d1ddd93fe4d7d59811ca358f
+# templates-sha256: adc7d808ad06313057fed6ba8da04ae18d82d23b88d6e7fc8ade68a31dbadfdd
+# output-sha256: 7a3e2ebed0b3ba4b4e04d0b308bd54babee2565f64a5cb03334eb21b85ba6b29
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/lfm2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/lfm2_vl.yaml`.
 # spec-sha256: 155ff7c4ea0622aa6e6c161c5d0f47a9b00815ce4fa05a9c67893bb7c352de94
-# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
-# output-sha256: a20dcd3b0df5d8415d4be2b168d569f5b265f1b508cba3ff555c71b586b98871
+# templates-sha256: adc7d808ad06313057fed6ba8da04ae18d82d23b88d6e7fc8ade68a31dbadfdd
+# output-sha256: 05aed9d6581e4ff6d19d098cc40243ce85724d16533b46aa94945f5642057ed6
 
 import itertools
 from collections.abc import Hashable

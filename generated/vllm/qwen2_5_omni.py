@@ -3,8 +3,8 @@
 # From specs/qwen2_5_omni.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_omni.yaml`.
 # spec-sha256: ce9bf2fc700f004d47827e30d185e59eb5d9444dd78780ad1cac730e07dc5c1d
-# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
-# output-sha256: acf3f22e9943af8eb4d54cd61fbd276c6d1188a74f838b26fb67ef9e8eb68b62
+# templates-sha256: adc7d808ad06313057fed6ba8da04ae18d82d23b88d6e7fc8ade68a31dbadfdd
+# output-sha256: cce6b2c38081052452b5ad965015d94b22795b1a2a0609eb82ca8ade9f52248d
 
 import itertools
 from collections.abc import Hashable

@@ -21,11 +21,16 @@ def steps(body: Body, steps: tuple[Step | Loop, ...], name_map: dict[str, str]):
 def _step(body: Body, step: Step | Loop, name_map: dict[str, str]):
     if not isinstance(step, Loop):
         return {"target": step.target, "expr": body.expr(step.expr, name_map)}
+    keep_at = step.keep_at
     return {
         "loop": {
             "variable": step.variable,
+            "index": step.index,
             "modules": body.expr(step.modules, name_map),
             "steps": steps(body, step.body, name_map),
+            "keep_as": step.keep_as,
+            "keep_at": None if keep_at is None else body.expr(keep_at, name_map),
+            "carry": step.carry,
         }
     }
 

@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 from generator import formulas as fx
 from generator.diagnostics import Location
 from generator.formulas import Expr, FormulaError
-from generator.scopes import NameKind
+from generator.scopes import PYTHON_BUILTINS, RESERVED, NameKind
 from generator.spec.host import HostAttr, Import
 from generator.spec.inputs import FlatInput
 from generator.spec.names import check_name
@@ -30,6 +30,7 @@ from generator.spec.values import (
     ValueType,
     formula_error_message,
     formula_location,
+    is_name,
     reach_error,
     zero_divisor,
 )
@@ -59,16 +60,28 @@ class Step:
 class Loop:
     """``for <variable> in <modules>:`` over a host module list, each body
     step rebinding the loop's ``carry`` (an earlier step's name): the one
-    place a step rebinds a name. The variable is only ever called."""
+    place a step rebinds a name. The variable is only ever called.
+
+    ``index`` (optional) names the module's place in the list, an integer
+    the body may read. ``keep`` (optional, with ``index``) binds a list after
+    the loop: the carry after each module whose place is in the host's list
+    ``keep_at``, in order (DeepStack's intermediate hidden states)."""
 
     variable: str
     modules: fx.HostPath
     carry: str
     body: tuple[Step, ...]
     location: Location
+    index: str | None = None
+    keep_as: str | None = None
+    keep_at: fx.HostPath | None = None
 
     #: The keys of a loop step, in the order the docs give them.
     KEYS: ClassVar = ("for", "in", "carry", "steps")
+    #: The keys a loop may have besides.
+    OPTIONAL_KEYS: ClassVar = ("index", "keep")
+    #: The keys of ``keep``.
+    KEEP_KEYS: ClassVar = ("as", "at")
 
     @property
     def targets(self) -> tuple[str, ...]:
@@ -81,13 +94,18 @@ class Loop:
 
     @property
     def names(self) -> tuple[str, ...]:
-        """A loop binds its variable (its carry was bound before)."""
-        return (self.variable,)
+        """A loop binds its variable, its index and the list it keeps (its
+        carry was bound before)."""
+        named = (self.variable, self.index, self.keep_as)
+        return tuple(n for n in named if n is not None)
 
     @property
     def expr(self) -> Expr:
         """Everything the loop reads, for the checks that walk a step."""
-        return fx.Display("tuple", (self.modules, *(s.expr for s in self.body)))
+        reads = (self.modules, *(s.expr for s in self.body))
+        if self.keep_at is not None:
+            reads = (*reads, self.keep_at)
+        return fx.Display("tuple", reads)
 
 
 #: Methods that copy a tensor to the host: inside a captured graph they
@@ -152,14 +170,17 @@ class Steps(ValueType):
         if not lines:
             ctx.error(node, field, "needs at least 1 item(s)")
         steps: list[Step | Loop] = []
-        loops: dict[str, str] = {}  # loop variable -> its loop's field
+        # A loop's variable or index -> its loop's field, its role, its use.
+        loops: dict[str, tuple[str, str, str]] = {}
         for i, line in enumerate(lines):
             path = f"{field}[{i}]"
             step = self.step(line, path, ctx, (scope_id, extra), steps)
             if step is None:
                 continue
             if isinstance(step, Loop):
-                loops[step.variable] = path
+                loops[step.variable] = (path, "variable", "call")
+                if step.index is not None:
+                    loops[step.index] = (path, "index", "read")
             else:
                 _outside_loop(ctx, line, path, step, loops)
             last = i == len(lines) - 1 and self.last_assigns is not None
@@ -168,6 +189,8 @@ class Steps(ValueType):
             if not last and not step.targets:
                 ctx.error(line, path, self.bare_before_last)
             steps.append(step)
+        if len(steps) == len(lines):  # else a refused step may read it
+            _kept_lists_read(ctx, field, lines, steps)
         return tuple(steps)
 
     def step(self, line: Node, path: str, ctx: ReadContext, where, before):
@@ -175,7 +198,10 @@ class Steps(ValueType):
         None where it is refused."""
         scope_id, extra = where
         if line.kind == "mapping":
-            return self.loop(line, path, ctx, scope_id, extra, before)
+            loop = self.loop(line, path, ctx, scope_id, extra, before)
+            if loop is None:
+                _declare_kept(line, path, ctx, self.kind)
+            return loop
         if line.kind != "string":
             expected = "a string or a loop" if self.loops else "a string"
             ctx.error(line, path, f"expected {expected}, got {line.kind}")
@@ -239,11 +265,12 @@ class Steps(ValueType):
         keys = node.value
         ok = True
         for key in keys:
-            if key not in Loop.KEYS:
+            if key not in Loop.KEYS + Loop.OPTIONAL_KEYS:
                 ctx.error(
                     node.key_locations[key],
                     f"{path}.{key}",
-                    f"unknown key {key!r} (a loop has {', '.join(Loop.KEYS)})",
+                    f"unknown key {key!r} (a loop has {', '.join(Loop.KEYS)}, "
+                    f"and may have {' and '.join(Loop.OPTIONAL_KEYS)})",
                 )
                 ok = False
         for key in Loop.KEYS:
@@ -257,22 +284,32 @@ class Steps(ValueType):
         variable = _loop_variable(keys["for"], f"{path}.for", ctx)
         modules = _loop_modules(keys["in"], f"{path}.in", ctx, scope_id, extra)
         carry = _loop_carry(keys["carry"], f"{path}.carry", ctx, before)
-        if variable is None or carry is None:
+        index = _loop_index(keys, path, ctx, variable)
+        keep = _loop_keep(keys, path, ctx, (scope_id, extra), (variable, index))
+        if variable is None or carry is None or index is False:
             return None
+        inner = (variable, index) if index else (variable,)
         body = self.loop_body(
-            keys["steps"], f"{path}.steps", ctx, scope_id, extra, variable, carry
+            keys["steps"], f"{path}.steps", ctx, scope_id, extra, inner, carry
         )
-        if modules is None or body is None:
+        if modules is None or body is None or keep is None:
             return None
         ctx.declare(self.kind, variable, keys["for"].location, f"{path}.for")
-        return Loop(variable, modules, carry, body, node.location)
+        if index:
+            ctx.declare(self.kind, index, keys["index"].location, f"{path}.index")
+        if keep[0] is not None:
+            where = keys["keep"].value["as"].location
+            ctx.declare(self.kind, keep[0], where, f"{path}.keep.as")
+        return Loop(variable, modules, carry, body, node.location, index, *keep)
 
-    def loop_body(self, node, path, ctx, scope_id, extra, variable, carry):
-        """Steps ``<carry> = <expr>`` in which ``variable`` is callable."""
+    def loop_body(self, node, path, ctx, scope_id, extra, inner, carry):
+        """Steps ``<carry> = <expr>`` in which the loop's variable (the first
+        of ``inner``) is callable and its index (the second) readable."""
         if node.kind != "sequence" or not node.value:
             ctx.error(node, path, "expected a non-empty list of steps")
             return None
-        base = ctx.scope(scope_id, extra)
+        variable, *index = inner
+        base = ctx.scope(scope_id, (*extra, *index))
         scope = replace(base, callables=base.callables | {variable})
         body = []
         for i, line in enumerate(node.value):
@@ -310,6 +347,23 @@ class Steps(ValueType):
         return tuple(body)
 
 
+def _kept_lists_read(ctx: ReadContext, field: str, lines, steps) -> None:
+    """A loop's ``keep`` list is read by a later step (else it only holds
+    the carry's tensors alive)."""
+    for i, step in enumerate(steps):
+        if not isinstance(step, Loop) or step.keep_as is None:
+            continue
+        later = set().union(*(fx.names_in(s.expr) for s in steps[i + 1 :]))
+        if step.keep_as in later:
+            continue
+        place = next(j for j, n in enumerate(lines) if n.location == step.location)
+        ctx.error(
+            lines[place].value["keep"].value["as"],
+            f"{field}[{place}].keep.as",
+            f"{step.keep_as!r} is kept but never read by a later step",
+        )
+
+
 def _calls(expr: Expr):
     return (e for e in fx.walk(expr) if isinstance(e, fx.Call))
 
@@ -327,8 +381,21 @@ def _loop_variable(node: Node, path: str, ctx: ReadContext) -> str | None:
     return name
 
 
-def _loop_modules(node, path, ctx, scope_id, extra) -> fx.HostPath | None:
-    """A path under a ``host:`` attribute that is not a tensor."""
+_LOOP_IN = (
+    "a loop runs over a module list of the host: a path under a host "
+    "module attribute (vision_tower.blocks)"
+)
+_KEEP_AT = (
+    "keep's places are a list of the host: a path under a host module "
+    "attribute (visual.deepstack_visual_indexes)"
+)
+
+
+def _loop_modules(
+    node, path, ctx, scope_id, extra, what: str = _LOOP_IN
+) -> fx.HostPath | None:
+    """A path under a ``host:`` attribute that is not a tensor (``what``:
+    the message where it is not)."""
     if node.kind != "string":
         ctx.error(node, path, f"expected a host path, got {node.kind}")
         return None
@@ -350,18 +417,66 @@ def _loop_modules(node, path, ctx, scope_id, extra) -> fx.HostPath | None:
         and expr.parts[0] in surface.attributes
     )
     if not module:
-        ctx.error(
-            node,
-            path,
-            "a loop runs over a module list of the host: a path under a host "
-            "module attribute (vision_tower.blocks)",
-        )
+        ctx.error(node, path, what)
         return None
     reach = reach_problem(expr, surface)
     if reach is not None:
         ctx.error(node, path, reach)
         return None
     return expr
+
+
+def _loop_index(keys, path: str, ctx: ReadContext, variable) -> str | None | bool:
+    """The loop's ``index`` name, None without one, False where refused."""
+    if "index" not in keys:
+        return None
+    name = _loop_variable(keys["index"], f"{path}.index", ctx)
+    if name is not None and name == variable:
+        ctx.error(keys["index"], f"{path}.index", f"{name!r} is the loop's for")
+        return False
+    return False if name is None else name
+
+
+def _loop_keep(keys, path: str, ctx: ReadContext, where, inner):
+    """``keep: {as: <new name>, at: <host path>}``: ``(as, at)``, ``(None,
+    None)`` without ``keep``, or None where it is refused."""
+    if "keep" not in keys:
+        return None, None
+    keep, field = keys["keep"], f"{path}.keep"
+    if keep.kind != "mapping":
+        ctx.error(keep, field, f"expected a mapping with as and at, got {keep.kind}")
+        return None
+    ok = True
+    for key in keep.value:
+        if key not in Loop.KEEP_KEYS:
+            ctx.error(
+                keep.key_locations[key],
+                f"{field}.{key}",
+                f"unknown key {key!r} (keep has as and at)",
+            )
+            ok = False
+    for key in Loop.KEEP_KEYS:
+        if key not in keep.value:
+            ctx.error(keep, f"{field}.{key}", "required (keep has as and at)")
+            ok = False
+    if not ok:
+        return None
+    if not inner[1]:
+        ctx.error(
+            keep,
+            field,
+            "keep needs the loop's index (index: <name>): the places in 'at' "
+            "are compared with it",
+        )
+        return None
+    name = _loop_variable(keep.value["as"], f"{field}.as", ctx)
+    if name is not None and name in inner:
+        ctx.error(keep.value["as"], f"{field}.as", f"{name!r} is a name of the loop")
+        name = None
+    at = _loop_modules(keep.value["at"], f"{field}.at", ctx, *where, what=_KEEP_AT)
+    if name is None or at is None:
+        return None
+    return name, at
 
 
 def _loop_carry(node: Node, path: str, ctx: ReadContext, before) -> str | None:
@@ -381,15 +496,29 @@ def _loop_carry(node: Node, path: str, ctx: ReadContext, before) -> str | None:
     return node.value
 
 
-def _outside_loop(ctx, line, path, step, loops: dict[str, str]) -> None:
-    """A loop variable is called in its loop's steps only."""
+def _outside_loop(ctx, line, path, step, loops) -> None:
+    """A loop's variable is called, and its index read, in its steps only."""
     for name in sorted(fx.names_in(step.expr) & set(loops)):
+        where, role, use = loops[name]
         ctx.error(
             line,
             path,
-            f"{name!r} is the variable of the loop at {loops[name]}: only that "
-            "loop's steps call it",
+            f"{name!r} is the {role} of the loop at {where}: only that "
+            f"loop's steps {use} it",
         )
+
+
+def _declare_kept(node: Node, path: str, ctx: ReadContext, kind) -> None:
+    """A refused loop's ``keep`` name, declared all the same: the steps
+    after it may read it."""
+    keep = node.value.get("keep")
+    name = keep.value.get("as") if keep is not None and keep.kind == "mapping" else None
+    if name is None or name.kind != "string" or ctx.kind_of(name.value) is not None:
+        return
+    value = name.value
+    taken = value.startswith("_") or value in RESERVED or value in PYTHON_BUILTINS
+    if is_name(value) and not taken:
+        ctx.declare(kind, value, name.location, f"{path}.keep.as")
 
 
 GRAPH_STEPS = Steps(

@@ -130,6 +130,9 @@ class FakeCall:
     #: A step gathers rows of the result by a tensor of indices (a table
     #: lookup: PaddleOCR-VL's RoPE table): rows enough for any index.
     gathered: bool = False
+    #: A step unpacks the result into this many names (``cos, sin =
+    #: visual.rot_pos_emb(grid)``): a tuple of as many outputs.
+    unpacked: int = 0
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         self.calls.append((args, kwargs))
@@ -142,6 +145,8 @@ class FakeCall:
         if self.indexed or self.gathered:
             rows = out if self.queue or out.shape[0] > 1 else out.expand(1 << 16, -1)
             return (rows, None) if self.indexed else rows
+        if self.unpacked:
+            return (out,) * self.unpacked
         return [out] if _forward_calling() in self.listed_in else out
 
 
@@ -564,10 +569,18 @@ class SpecWorld:
                         name = _callee_name(sub.value.callee)
                         fake = self.calls.setdefault(name, FakeCall(name))
                         fake.attribute = sub.name
+        for step in steps:
+            if len(step.targets) > 1 and is_host_call(step.expr):
+                name = _callee_name(step.expr.callee)
+                self.calls[name].unpacked = len(step.targets)
         for loop in (s for s in steps if isinstance(s, Loop)):
             # Two modules in the list, each the fake of the loop's variable.
             fake = self.calls[_callee_name(fx.Ref(loop.variable))]
             set_path(host, loop.modules.parts, HostList([fake, fake]))
+            if loop.keep_at is not None:
+                # Both kept: a later loop over another two-module list may
+                # pair its modules with the kept values.
+                set_path(host, loop.keep_at.parts, [0, 1])
 
     def on_tensor(self, callee) -> bool:
         """A method of a host tensor (``image_newline.to``): runs for real."""

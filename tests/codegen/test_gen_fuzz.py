@@ -1199,11 +1199,21 @@ LOOP_BODY_OPS = [
 ]  # fmt: skip
 
 
+#: What a loop's ``keep`` may try: a well-formed one, and malformed ones.
+LOOP_KEEPS = [
+    {"as": "kept", "at": "visual.deepstack"}, {"as": "kept", "at": "hidden"},
+    {"as": "hidden", "at": "visual.deepstack"}, {"as": "kept"}, "kept",
+    {"as": "kept", "at": "visual.modules"}, {"as": "kept", "at": "[0]", "why": 1},
+    {"as": "block", "at": "visual.deepstack"}, {"as": None, "at": None},
+]  # fmt: skip
+
+
 @st.composite
 def loop_specs(draw) -> tuple[str, list[Any]]:
     """The loop spec with its graph loop mutated up to 3 times: its variable,
     module list or carry redrawn, a body step drawn (an assignment or not),
-    a nested loop, a key dropped or added."""
+    a nested loop, a key dropped or added (``index`` and ``keep`` among
+    them)."""
     var, carry, iterable = "block", "hidden", "visual.blocks"
     body = ["{c} = {v}({c}, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)"]
     extra: dict[str, Any] = {}
@@ -1227,8 +1237,15 @@ def loop_specs(draw) -> tuple[str, list[Any]]:
         elif what == "nest":
             nested = True
         else:
-            key = draw(st.sampled_from(["for", "in", "carry", "steps", "why", "if"]))
-            extra[key] = draw(st.sampled_from([*LOOP_NAMES, 1, None, ["x"], "DROP"]))
+            key = draw(
+                st.sampled_from(
+                    ["for", "in", "carry", "steps", "why", "if", "index", "keep"]
+                )
+            )
+            values = LOOP_KEEPS if key == "keep" else LOOP_NAMES
+            extra[key] = draw(st.sampled_from([*values, 1, None, ["x"], "DROP"]))
+            if key == "keep" and draw(st.booleans()):
+                extra["index"] = "place"
     steps: list[Any] = [b.format(v=var, c=carry) for b in body]
     loop: dict[str, Any] = {"for": var, "in": iterable, "carry": carry, "steps": steps}
     if nested:
@@ -1239,6 +1256,11 @@ def loop_specs(draw) -> tuple[str, list[Any]]:
         else:
             loop[key] = value
     text = LOOP_SPEC.replace(LOOP_STEP, "  - " + json.dumps(loop) + "\n")
+    if "keep" in loop:
+        # The step after the loop reads the kept list.
+        text = text.replace(
+            "  - visual.merger(hidden)\n", "  - visual.merger(hidden, kept)\n"
+        )
     return text, [loop]
 
 
@@ -1281,11 +1303,63 @@ class _BufferReads(ast.NodeTransformer):
         return self.generic_visit(node)
 
 
+def _enumerated(node: ast.For) -> tuple[ast.expr, ast.expr, str | None] | None:
+    """A loop's modules, its variable and its index name (``for <index>,
+    <variable> in enumerate(<modules>)``, or ``for <variable> in
+    <modules>``); None for another shape."""
+    target, modules = node.target, node.iter
+    if not isinstance(target, ast.Tuple):
+        return modules, target, None
+    call = node.iter
+    if not (
+        isinstance(call, ast.Call)
+        and isinstance(call.func, ast.Name)
+        and call.func.id == "enumerate"
+        and len(call.args) == 1
+        and not call.keywords
+        and len(target.elts) == 2
+        and isinstance(target.elts[0], ast.Name)
+    ):
+        return None
+    return call.args[0], target.elts[1], target.elts[0].id
+
+
+def _kept(stmt: ast.stmt, index: str | None, carries: set[str]) -> bool:
+    """``if <index> in self.visual...: <list>.append(<carry>)``: a loop's
+    ``keep`` (checked after the body: the carry is its one rebound name)."""
+    if not isinstance(stmt, ast.If) or index is None or stmt.orelse:
+        return False
+    test, body = stmt.test, stmt.body
+    if not (
+        isinstance(test, ast.Compare)
+        and isinstance(test.left, ast.Name)
+        and test.left.id == index
+        and isinstance(test.ops[0], ast.In)
+        and len(test.comparators) == 1
+        and _host_parts(test.comparators[0]) is not None
+        and len(body) == 1
+    ):
+        return False
+    call = body[0].value if isinstance(body[0], ast.Expr) else None
+    return (
+        isinstance(call, ast.Call)
+        and isinstance(call.func, ast.Attribute)
+        and call.func.attr == "append"
+        and isinstance(call.func.value, ast.Name)
+        and [ast.unparse(a) for a in call.args] == sorted(carries)
+    )
+
+
 def _loop_problem(node: ast.For) -> str | None:
-    """What in a generated step loop (``for <name> in self.visual...``)
-    lies outside a loop's rules."""
-    parts = _host_parts(node.iter)
-    if parts is None or not isinstance(node.target, ast.Name):
+    """What in a generated step loop (``for <name> in self.visual...``, or
+    ``for <index>, <name> in enumerate(self.visual...)``) lies outside a
+    loop's rules."""
+    shape = _enumerated(node)
+    if shape is None:
+        return "not a step loop"
+    iterated, target, index = shape
+    parts = _host_parts(iterated)
+    if parts is None or not isinstance(target, ast.Name):
         return "not a step loop"
     if parts[0] != "visual" or parts == ["visual"]:
         return f"loop over {ast.unparse(node.iter)}"
@@ -1293,9 +1367,18 @@ def _loop_problem(node: ast.For) -> str | None:
         isinstance(p, str) and (p in MODULE_API or p.startswith("_")) for p in parts
     ):
         return f"loop over {ast.unparse(node.iter)}"
-    var = node.target.id
-    carries = set()
-    for stmt in node.body:
+    var = target.id
+    carries: set[str] = set()
+    body = node.body
+    rebound = {
+        t.id
+        for stmt in body[:-1]
+        for t in getattr(stmt, "targets", [])
+        if isinstance(t, ast.Name)
+    }
+    if body and _kept(body[-1], index, rebound):
+        body = body[:-1]  # keep's append, after the steps
+    for stmt in body:
         if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1):
             return f"body statement {ast.unparse(stmt)}"
         target = stmt.targets[0]

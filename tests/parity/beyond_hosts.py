@@ -304,6 +304,69 @@ def eagle2_5_vl(forced: bool = False) -> OracleModel:
 
 
 # ---------------------------------------------------------------------------
+# Skywork-R1V: InternViT tiles (a CLS row first), InternVL's shuffle and mlp1
+# ---------------------------------------------------------------------------
+
+SKYWORK = "vllm.model_executor.models.skyworkr1v"
+
+
+class ClsTileTower(TileTower):
+    """An InternViT-like tower: :class:`TileTower`'s rows after a CLS row (the
+    tile's mean, halved), ``(n, 1 + S, WIDTH)``; a host that kept the CLS row
+    would have a row too many and every row of the shuffle shifted."""
+
+    def __call__(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        rows = super().__call__(pixel_values)
+        return torch.cat([rows.mean(dim=1, keepdim=True) / 2, rows], dim=1)
+
+
+def _skywork_host_class(code: WheelCode, mixin: type) -> type:
+    return code.klass(
+        SKYWORK,
+        "SkyworkR1VChatModel",
+        ["_process_image_input", "extract_feature", "pixel_shuffle"],
+        bases=(mixin,),
+    )
+
+
+def _skywork_host(code: WheelCode, host_class: type, backend: str) -> Any:
+    del backend  # InternViT tiles attend within themselves: no varlen kernel
+    host = host_class()
+    host.config = _Obj(
+        # The processor and vLLM's input check use the vision config's side;
+        # force_image_size only enters num_image_token (the same side here).
+        force_image_size=None,
+        vision_config=_Obj(image_size=EAGLE_SIDE, patch_size=EAGLE_PATCH),
+        text_config=_Obj(hidden_size=WIDTH),
+    )
+    host.downsample_ratio = 0.5
+    host.ps_version = "v2"
+    host.num_image_token = EAGLE_TOKENS
+    host.vision_model = ClsTileTower(EAGLE_SIDE, EAGLE_PATCH)
+    host.mlp1 = FixedLinear(WIDTH * 4, WIDTH)
+    return host
+
+
+def skyworkr1v() -> OracleModel:
+    return OracleModel(
+        stem="skyworkr1v",
+        stubs={},
+        host_class=_skywork_host_class,
+        make_host=_skywork_host,
+        eager=lambda host, batch: list(
+            host._process_image_input(
+                {
+                    "type": "pixel_values",
+                    "pixel_values_flat": batch["pixel_values_flat"],
+                    "num_patches": batch["image_num_patches"],
+                }
+            )
+        ),
+        batches=eagle_batches,
+    )
+
+
+# ---------------------------------------------------------------------------
 # dots.ocr: a varlen tower without a packed entry point, blocks in a list
 # ---------------------------------------------------------------------------
 
@@ -407,6 +470,176 @@ def dots_ocr() -> OracleModel:
         backends=("FLASH_ATTN", "ROCM_AITER_FA", "TRITON_ATTN"),
         max_num_batched_tokens=128,
         violations=lambda host: host.vision_tower.violations,
+    )
+
+
+# ---------------------------------------------------------------------------
+# Qwen3-Omni (thinker): a varlen tower without a packed entry point, DeepStack
+# ---------------------------------------------------------------------------
+
+QWEN3_OMNI = "vllm.model_executor.models.qwen3_omni_moe_thinker"
+#: Blocks of the fake tower, and the blocks after which DeepStack keeps the
+#: hidden states (the first and the second: a tap one block off, or the
+#: taps' order, changes the rows).
+QWEN3_OMNI_DEPTH = 3
+QWEN3_OMNI_DEEPSTACK = [0, 1]
+#: The learned position table's side (the tower interpolates it to a grid).
+QWEN3_OMNI_POS_GRID = 4
+
+
+class _OmniRotary:
+    """``get_cos_sin(n)`` of a RoPE cache (vLLM's ``get_rope``): position
+    codes, ``WIDTH // 4`` per position, so a row of ``(h, w)`` codes is
+    ``WIDTH // 2`` wide (one head, half its width rotated)."""
+
+    def get_cos_sin(self, seqlen: int) -> tuple[torch.Tensor, torch.Tensor]:
+        codes = torch.arange(int(seqlen), dtype=torch.float32)[:, None] + torch.arange(
+            WIDTH // 4, dtype=torch.float32
+        ) / (2 * WIDTH)
+        return codes, -codes / 2
+
+
+class _OmniTable:
+    """An ``nn.Embedding``: rows of a fixed table by index."""
+
+    def __init__(self, rows: int) -> None:
+        codes = torch.arange(rows * WIDTH, dtype=torch.float32)
+        self.weight = codes.reshape(rows, WIDTH) / 64
+        self.embedding_dim = WIDTH
+
+    def __call__(self, indices: torch.Tensor) -> torch.Tensor:
+        return self.weight[indices]
+
+
+class _OmniBlock:
+    """A ``Qwen3_VisionBlock`` by FlashAttention's contract, on ``(rows, 1,
+    WIDTH)``: the rows plus their RoPE codes (cos and sin side by side),
+    scaled by the block's place in the list, then each row plus its
+    sequence's mean."""
+
+    def __init__(self, tower: Any, index: int) -> None:
+        self.tower, self.index = tower, index
+
+    def __call__(
+        self,
+        x,
+        *,
+        cu_seqlens,
+        rotary_pos_emb_cos,
+        rotary_pos_emb_sin,
+        max_seqlen,
+        sequence_lengths,
+    ):
+        codes = torch.cat([rotary_pos_emb_cos, rotary_pos_emb_sin], dim=-1).float()
+        rows = x[:, 0, :].float() + codes * (self.index + 1) / 4
+        violations = self.tower.violations
+        out = parity_hosts.varlen_attention(rows, cu_seqlens, max_seqlen, violations)
+        return out.to(x.dtype)[:, None, :]
+
+
+class _OmniMerger:
+    """A patch merger: each run of merge x merge rows (order inside the run
+    matters) through a fixed linear map, scaled by ``scale``."""
+
+    def __init__(self, scale: float) -> None:
+        self.linear, self.scale = FixedLinear(4 * WIDTH, WIDTH), scale
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x.reshape(-1, 4 * WIDTH)) * self.scale
+
+
+class _OmniTowerParts(parity_hosts.Recorder):
+    """The learned parts of ``Qwen3Omni_VisionTransformer`` and the
+    attributes its ``__init__`` sets: ``QWEN3_OMNI_DEPTH`` blocks, a learned
+    position table, the merger and one DeepStack merger per kept block.
+    ``forward``, ``rot_pos_emb``, ``fast_pos_embed_interpolate`` and
+    ``compute_attn_mask_seqlen`` are vLLM's (subclass)."""
+
+    def __init__(self, backend: str, positions: bool) -> None:
+        super().__init__()
+        self.hidden_size = WIDTH
+        self.num_heads = 1
+        self.patch_size = parity_hosts.PATCH
+        self.spatial_merge_size = 2
+        self.spatial_merge_unit = 4
+        self.temporal_patch_size = 2
+        self.num_grid_per_side = QWEN3_OMNI_POS_GRID
+        self.apply_vit_abs_pos_embed = positions
+        self.deepstack_visual_indexes = QWEN3_OMNI_DEEPSTACK
+        self.attn_backend = AttentionBackendEnum[backend]
+        self.patch_embed = parity_hosts._CallablePatchEmbed(
+            lambda x: parity_hosts.patch_embedding(x, torch.float32),
+            proj=_Obj(in_channels=3),
+        )
+        self.pos_embed = _OmniTable(QWEN3_OMNI_POS_GRID**2)
+        self.rotary_pos_emb = _OmniRotary()
+        self.blocks = [_OmniBlock(self, i) for i in range(QWEN3_OMNI_DEPTH)]
+        self.merger = _OmniMerger(1.0)
+        self.merger_list = [_OmniMerger(-(i + 2) / 2) for i in QWEN3_OMNI_DEEPSTACK]
+
+    dtype = torch.float32
+    device = parity_hosts.CPU
+
+
+def _qwen3_omni_host_class(code: WheelCode, mixin: type) -> type:
+    """The thinker's image path: ``_process_image_input``, which the
+    thinker inherits unchanged from Qwen2.5-Omni's mixin."""
+    return code.klass(
+        OMNI,
+        "Qwen2_5OmniConditionalGenerationMixin",
+        ["_process_image_input"],
+        bases=(mixin,),
+    )
+
+
+def _qwen3_omni_host(positions: bool):
+    """Hosts whose tower adds its interpolated position table, or, without
+    ``positions``, none (``apply_vit_abs_pos_embed`` off)."""
+
+    def make_host(code: WheelCode, host_class: type, backend: str) -> Any:
+        return _qwen3_omni_tower_host(code, host_class, backend, positions)
+
+    return make_host
+
+
+def _qwen3_omni_tower_host(
+    code: WheelCode, host_class: type, backend: str, positions: bool
+) -> Any:
+    parity_hosts.mm_attention_helpers(code)
+    tower_class = code.klass(
+        QWEN3_OMNI,
+        "Qwen3Omni_VisionTransformer",
+        [
+            "forward",
+            "rot_pos_emb",
+            "fast_pos_embed_interpolate",
+            "compute_attn_mask_seqlen",
+        ],
+        bases=(_OmniTowerParts, CallsForward),
+        exclude=["dtype", "device"],
+    )
+    host = host_class()
+    host.vllm_config = vllm_config(1)
+    host.visual = tower_class(backend, positions)
+    host.visual_dim = WIDTH
+    host.multiscale_dim = WIDTH * len(QWEN3_OMNI_DEEPSTACK)
+    return host
+
+
+def qwen3_omni(positions: bool = True) -> OracleModel:
+    return OracleModel(
+        stem="qwen3_omni",
+        # The logger is read only on the fallback for ROCm's RDNA3 (not taken).
+        stubs={**parity_hosts.QWEN25_STUBS, QWEN3_OMNI: {"logger": None}},
+        host_class=_qwen3_omni_host_class,
+        make_host=_qwen3_omni_host(positions),
+        eager=lambda host, batch: list(
+            host._process_image_input({"type": "pixel_values", **batch})
+        ),
+        batches=omni_batches,
+        backends=("FLASH_ATTN", "ROCM_AITER_FA", "TRITON_ATTN"),
+        max_num_batched_tokens=128,
+        violations=lambda host: host.visual.violations,
     )
 
 
@@ -809,4 +1042,6 @@ ORACLES = {
     "paddleocr_vl": paddleocr_vl,
     "pixtral": pixtral,
     "qwen2_5_omni": qwen2_5_omni,
+    "qwen3_omni": qwen3_omni,
+    "skyworkr1v": skyworkr1v,
 }

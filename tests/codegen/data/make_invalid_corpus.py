@@ -2380,6 +2380,46 @@ valid_case(
 )
 
 
+# A loop's index and keep (Qwen3-Omni's DeepStack taps).
+_KEEP = "    keep: {as: deepstack, at: visual.deepstack_visual_indexes}\n"
+case("loop_keep_without_index", "qwen3_omni", ("    index: layer\n", ""))
+case(
+    "loop_keep_unknown_key",
+    "qwen3_omni",
+    (
+        _KEEP,
+        "    keep: {as: deepstack, at: visual.deepstack_visual_indexes, when: 1}\n",
+    ),
+)
+case(
+    "loop_keep_at_a_step_result",
+    "qwen3_omni",
+    (_KEEP, "    keep: {as: deepstack, at: hidden}\n"),
+)
+case(
+    "loop_keep_as_a_taken_name",
+    "qwen3_omni",
+    (_KEEP, "    keep: {as: hidden, at: visual.deepstack_visual_indexes}\n"),
+)
+case(
+    "loop_keep_never_read",
+    "qwen3_omni",
+    ("merger(deepstack[level])", "merger(hidden)"),
+)
+case(
+    "loop_index_is_the_variable",
+    "qwen3_omni",
+    ("    index: level\n", "    index: merger\n"),
+)
+case(
+    "loop_index_after_its_loop",
+    "qwen3_omni",
+    (
+        "  - merged = visual.merger(hidden)\n",
+        "  - merged = visual.merger(hidden) * layer\n",
+    ),
+)
+
 # -- pads_units: a flat input of one row per unit, padded to the widest ------------------
 
 # pads_units checks each unit's input_size against the padded width: it needs units.

@@ -3,8 +3,8 @@
 # From specs/eagle2_5_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/eagle2_5_vl.yaml`.
 # spec-sha256: 83ff2533b4ca23dd7ff633541be75194608fbdec7d6ecb70c6c7ccd114d4e48d
-# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
-# output-sha256: 055f0a3c9627097d4f95dfae099191d0b37569ea7e78bac83aa307e5eb0a9d30
+# templates-sha256: adc7d808ad06313057fed6ba8da04ae18d82d23b88d6e7fc8ade68a31dbadfdd
+# output-sha256: 6dbee2ccc7d1bc7dbb54db1ac4da82db81dc2485aa9aa12eb6ea59f8212e8753
 
 import itertools
 from collections.abc import Hashable

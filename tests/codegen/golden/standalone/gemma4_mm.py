@@ -3,8 +3,8 @@
 # From specs/gemma4_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma4_mm.yaml`.
 # spec-sha256: 06e9dbe6dfab654f3c21e7f5471097a1f4a7406dd29cd02c84eecf9f9a03241a
-# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
-# output-sha256: 269bc04bb0b743cf2cd0e168c3fe4a7562b78d2434465b7e7471490a673f0211
+# templates-sha256: adc7d808ad06313057fed6ba8da04ae18d82d23b88d6e7fc8ade68a31dbadfdd
+# output-sha256: 269e9e1a00f18d72a403f77c8516bfd5f9e2b63ca39f6ab0a2dd5819a551fe04
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any

@@ -3,8 +3,8 @@
 # From specs/glm4_1v.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm4_1v.yaml`.
 # spec-sha256: 93ee1fa714e7ac8e7e720d49cba4efbe7b945a492409a082eff8447195711a00
-# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
-# output-sha256: 1c10c732cb604b3d8d0fb2c00c5633f934eb6c04ea8ac3654a3aeda371277982
+# templates-sha256: adc7d808ad06313057fed6ba8da04ae18d82d23b88d6e7fc8ade68a31dbadfdd
+# output-sha256: 3a88d090e5a86aa048e2346f76d0de32ff0092e27c031f3171b22e846c24618b
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
-# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
-# output-sha256: cfa870b6078a7d99715a9bcf4baed641d2957933d61386b07a48c7a7e837d726
+# templates-sha256: adc7d808ad06313057fed6ba8da04ae18d82d23b88d6e7fc8ade68a31dbadfdd
+# output-sha256: a546cfb3403f2ecf688ba81f1bfdb92ec5feb643857e997b5f90cde1c7cfe545
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/minicpmv.yaml: change the spec or the templates and run
 # `gen-mixin specs/minicpmv.yaml`.
 # spec-sha256: d4a580fe01bc55f4be098f399ee38128cd927c0b2f6e20aecf28c2d3e8bd3368
-# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
-# output-sha256: a1a0701995f1ffafbd058c0f6dc454e2a67a2a6cc7772bacfedc62770b26f274
+# templates-sha256: adc7d808ad06313057fed6ba8da04ae18d82d23b88d6e7fc8ade68a31dbadfdd
+# output-sha256: baf73b41b5e9537d42f0d6912d6f84cebb76eef199f6c7ef5fead056e05619d4
 
 import itertools
 from collections.abc import Hashable

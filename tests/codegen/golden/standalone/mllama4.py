@@ -3,8 +3,8 @@
 # From specs/mllama4.yaml: change the spec or the templates and run
 # `gen-mixin specs/mllama4.yaml`.
 # spec-sha256: 3a4c5d7bdb1ee216f77e7723529296ab4a8d77acd6df01a22770eb4a40007938
-# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
-# output-sha256: a3ed8bb751890e17b224c01b74e4e0c2943b991c82b22fd62b39c0fa0b00a93a
+# templates-sha256: adc7d808ad06313057fed6ba8da04ae18d82d23b88d6e7fc8ade68a31dbadfdd
+# output-sha256: 67fbefe0fd348cdf6d8919162b54373b6cb325fa2e9d33973f6a33a4c1c4bfc6
 
 import itertools
 from collections.abc import Hashable

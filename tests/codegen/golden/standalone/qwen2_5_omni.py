@@ -3,8 +3,8 @@
 # From specs/qwen2_5_omni.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_omni.yaml`.
 # spec-sha256: ce9bf2fc700f004d47827e30d185e59eb5d9444dd78780ad1cac730e07dc5c1d
-# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
-# output-sha256: 34759d38e082aae9d0fcf3d1cdbe7a2e4983e48c563260dbfbb65ee20c30bf15
+# templates-sha256: adc7d808ad06313057fed6ba8da04ae18d82d23b88d6e7fc8ade68a31dbadfdd
+# output-sha256: 7b5351932998e9e9a6c96eb19987d2c88199b837f9ee0e5d33b27230d2b4ce5d
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/ernie45_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/ernie45_vl.yaml`.
 # spec-sha256: 9c43478aaa850dab46764f23326811febf7e9a3d9cc8d6b0c7ff0cd9d6601d41
-# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
-# output-sha256: 254e3cbec352ca9ae1aff6fc2751bd70b2f7784065a33ec70c998250e863207b
+# templates-sha256: adc7d808ad06313057fed6ba8da04ae18d82d23b88d6e7fc8ade68a31dbadfdd
+# output-sha256: 8ac37f9c4b35251f21515c857803c3efb1fe40627715a46c0632d4518f4720be
 
 import itertools
 from collections.abc import Hashable

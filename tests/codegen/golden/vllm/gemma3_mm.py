@@ -3,8 +3,8 @@
 # From specs/gemma3_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma3_mm.yaml`.
 # spec-sha256: 19cc0f6e849ba8315b6202b90204158da9f48161f059a5255254f1c8d3c71b41
-# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
-# output-sha256: 172ce669732c8b59d838d6b0b83d73d0f243d4604b6c10a8c78a6b3b458cca6d
+# templates-sha256: adc7d808ad06313057fed6ba8da04ae18d82d23b88d6e7fc8ade68a31dbadfdd
+# output-sha256: 5c65f435dac3df0b073b8b7b3c315ecd0a00ea08f4031a37859add397a9be943
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
-# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
-# output-sha256: e242983c8522bd08f00d7e027e5304ba18924af482eaf56c5426de1933dde4fa
+# templates-sha256: adc7d808ad06313057fed6ba8da04ae18d82d23b88d6e7fc8ade68a31dbadfdd
+# output-sha256: 2020a3397e8e5c31a11140b50ebd4148bb14b4ecdb0bed95db7d82782c60de84
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/kimi_k25.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k25.yaml`.
 # spec-sha256: 7f183ed8d4f550eea068483d8a9435b722bdfdf97a0b4d8fcd5271760b6fb015
-# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
-# output-sha256: 53853d5f0725c1a8da80c99d5ee803174bfa6e18ba258d9fbd392be6a881fcef
+# templates-sha256: adc7d808ad06313057fed6ba8da04ae18d82d23b88d6e7fc8ade68a31dbadfdd
+# output-sha256: 26d922b59e0b35a8774f0531ba53a4452f31f3e81ce34740fee4bbf2d82a112f
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/kimi_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_vl.yaml`.
 # spec-sha256: b4c12018366cdeb86c86bf7b35c60c7b97e9e189f2f53785ec5ff811704d07d2
-# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
-# output-sha256: a9a20c186978d89bb2dbff39da80832b36120601db649d110bf470bce1ba6e5c
+# templates-sha256: adc7d808ad06313057fed6ba8da04ae18d82d23b88d6e7fc8ade68a31dbadfdd
+# output-sha256: f2aaf3bc8181ac09dcf6db1ee8c9129e46ca1b3dcb0d1e643b5d2b73b6ac1390
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/mllama4.yaml: change the spec or the templates and run
 # `gen-mixin specs/mllama4.yaml`.
 # spec-sha256: 3a4c5d7bdb1ee216f77e7723529296ab4a8d77acd6df01a22770eb4a40007938
-# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
-# output-sha256: 3add1ff314f08153a5d0df5e8fad5b5680304dffaf4976108e0701dab7e55557
+# templates-sha256: adc7d808ad06313057fed6ba8da04ae18d82d23b88d6e7fc8ade68a31dbadfdd
+# output-sha256: 3f7e3a3a7937ca5ae0a85d1e4284cdd5c9373206b3f9210ca4dd321ad6f7b94a
 
 import itertools
 from collections.abc import Hashable

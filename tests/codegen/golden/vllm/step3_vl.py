@@ -3,8 +3,8 @@
 # From specs/step3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
-# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
-# output-sha256: b660d9fb05f6c57b856e56b4ae7015411528d1b25c15ed005672f02801a335ab
+# templates-sha256: adc7d808ad06313057fed6ba8da04ae18d82d23b88d6e7fc8ade68a31dbadfdd
+# output-sha256: 75ffe9c2d461db0a274ca58a9351a3c7decc8b8f38eed088735c1251ab3a34ee
 
 import itertools
 from collections.abc import Hashable
