@@ -62,6 +62,10 @@ TINY_ITEMS = {
         64, _views(0, 64, (1, 3, 4, 5, 6, 7, 8, 9, 10)), text_width=128
     ),
     "minimax_m3": TinyItems(1, _every_count),
+    # Pixtral: an image of a x b cells of at most 8 a side.
+    "pixtral": TinyItems(
+        1, lambda n: any(n % a == 0 and n // a <= 8 for a in range(1, 9))
+    ),
     "qwen2_5_vl": TinyItems(1, _every_count),
     "qwen2_vl": TinyItems(1, _every_count),
     "step3_vl": TinyItems(169, _views(169, 81, (0, 2, 3, 4, 5, 6)), layout_items=2),
@@ -99,6 +103,7 @@ def test_registry_keys_are_spec_names():
         "kimi_vl",
         "minicpmv",
         "minimax_m3",
+        "pixtral",
         "qwen2_5_vl",
         "qwen2_vl",
         "step3_vl",
