@@ -148,6 +148,11 @@ SCHEMA_VERSION = 2
 #: patches at its checkpoint's ``max_pixels``), so the time limits cut its
 #: batches, not the others'.
 NEW_MODELS = ("internvl", "kimi_vl", "step3_vl", "qwen2_5_vl")
+#: The models of ``run_gpu.sh traffic-beyond``: the reference towers of models
+#: vLLM 0.33.0 runs eagerly (issue #26), checked against vLLM's eager code.
+BEYOND_MODELS = ("pixtral",)
+#: ``--models`` aliases.
+MODEL_GROUPS = {"new": NEW_MODELS, "beyond": BEYOND_MODELS}
 LADDERS = ("default", "fine", "tuned")
 POLICIES = ("vllm", "cost")
 DEFAULT_MAX_TOKENS = {"full": 16384, "tiny": 512}
@@ -1372,8 +1377,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--models",
         default=",".join(TARGET_MODELS),
-        help="comma-separated spec stems, 'new' for NEW_MODELS (default: the seed "
-        "models)",
+        help="comma-separated spec stems, 'new' for NEW_MODELS, 'beyond' for "
+        "BEYOND_MODELS (default: the seed models)",
     )
     parser.add_argument(
         "--batches",
@@ -1468,7 +1473,7 @@ def run(
         )
 
     wanted = [s.strip() for s in args.models.split(",") if s.strip()]
-    wanted = [m for s in wanted for m in (NEW_MODELS if s == "new" else (s,))]
+    wanted = [m for s in wanted for m in MODEL_GROUPS.get(s, (s,))]
     skipped = {
         stem: reason
         for stem in wanted

@@ -2,7 +2,8 @@
 # One command for a GPU machine: every GPU test and benchmark, logs in $OUT.
 #   bash bench/run_gpu.sh [stage...]    stages: smoke tests overhead profile bench dp traffic
 #                                       traffic-new launch checks padding traffic-short
-#                                       traffic-second traffic-towers
+#                                       traffic-second traffic-towers tests-beyond
+#                                       traffic-beyond
 #   GEN_MIXIN_SMOKE=1 bash bench/run_gpu.sh [stage...]
 #       the same stages on the CPU, tiny towers, eager-replay graphs, in seconds
 #       (tests are skipped; dp runs its benchmark on 2 gloo processes): checks the
@@ -69,6 +70,15 @@
 #                     Qwen2.5-VL, InternVL, Kimi-VL, Kimi-K2.5), at least 3 batches each,
 #                     limits 250/330 s (set-ups are not cut): predicted vs measured waste
 #                     of their tuned ladders; traffic-towers.json
+#   tests-beyond ~240 s (est.) the GPU equivalence suite on the towers beyond vLLM's catalog
+#                     (bench_traffic.BEYOND_MODELS, issue #26): tiny and full, 150 batches
+#                     each, and the poisoned pool; gpu_summary_beyond.jsonl
+#   traffic-beyond ~150 s (est.) bench_traffic.py --models beyond: the real-traffic benchmark
+#                     on those towers (their processors' resize rules), at least 3 batches a
+#                     model, limits 100/150 s, no issue #6 workloads; traffic-beyond.json,
+#                     traffic-beyond.png
+# Issue #26 on one H100 in one call under 9 min:
+#   bash bench/run_gpu.sh smoke tests-beyond traffic-beyond
 # Issue #27 on one H100 in two calls under 9 min each:
 #   bash bench/run_gpu.sh smoke padding traffic-short traffic-second
 #   bash bench/run_gpu.sh traffic-towers
@@ -86,12 +96,14 @@ cpu=()
 traffic_new=(--batches 3 --soft-limit-s 80 --hard-limit-s 100)
 traffic_short=(--batches 8 --soft-limit-s 150 --hard-limit-s 190 --no-old-workloads)
 traffic_towers=(--batches 3 --soft-limit-s 250 --hard-limit-s 330 --no-old-workloads)
+traffic_beyond=(--batches 3 --soft-limit-s 100 --hard-limit-s 150 --no-old-workloads)
 padding=()
 if [ "${GEN_MIXIN_SMOKE:-0}" = 1 ]; then
     cpu=(--device cpu --size tiny --quick)
     traffic_new=()
     traffic_short=(--no-old-workloads)
     traffic_towers=(--no-old-workloads)
+    traffic_beyond=(--no-old-workloads)
     padding=(--device cpu --size tiny --quick)
     export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 fi
@@ -149,6 +161,16 @@ for stage in $stages; do
         traffic-towers) run traffic-towers python3 bench/bench_traffic.py \
                    --models qwen2_vl,qwen2_5_vl,internvl,kimi_vl,kimi_k25 --skip-unusable \
                    --out "$OUT/traffic-towers.json" "${traffic_towers[@]}" "${cpu[@]}" ;;
+        tests-beyond)
+            if [ ${#cpu[@]} -gt 0 ]; then skip tests-beyond; continue; fi
+            # pytest -k over the stems of bench_traffic.BEYOND_MODELS.
+            beyond=$(python3 -c 'import sys; sys.path.insert(0, "bench"); import bench_traffic as b; print(" or ".join(b.BEYOND_MODELS))')
+            GEN_MIXIN_GPU_SUMMARY="$OUT/gpu_summary_beyond.jsonl" run tests-beyond \
+                python3 -m pytest -m gpu tests/gpu/test_equivalence_gpu.py -k "$beyond" \
+                -v -rA --tb=short -p no:cacheprovider ;;
+        traffic-beyond) run traffic-beyond python3 bench/bench_traffic.py --models beyond \
+                   --skip-unusable --out "$OUT/traffic-beyond.json" --plot "$OUT/traffic-beyond.png" \
+                   "${traffic_beyond[@]}" "${cpu[@]}" ;;
         checks)
             if [ ${#cpu[@]} -gt 0 ]; then checks=(--device cpu --size tiny --quick)
             else checks=(--device cuda --size full); fi
