@@ -52,3 +52,10 @@ def test_the_catalog_quotes_the_refusal(draft) -> None:
     text = CATALOG.read_text(encoding="utf-8")
     for line in draft.with_suffix(".expected").read_text().splitlines():
         assert line in text, f"docs/beyond-catalog.md does not quote: {line}"
+
+
+def test_no_draft_is_left_for_a_model_that_has_a_spec() -> None:
+    # A draft that became a spec (specs/<stem>.yaml) is removed with it; its
+    # refusal would no longer be what a user sees.
+    specs = {spec.stem for spec in (REPO / "specs").glob("*.yaml")}
+    assert [d.name for d in DRAFTS if d.stem in specs] == []

@@ -410,11 +410,204 @@ def dots_ocr() -> OracleModel:
     )
 
 
+# ---------------------------------------------------------------------------
+# Pixtral (Mistral format): per-image (3, H, W) tensors, 2-D RoPE, a merger
+# ---------------------------------------------------------------------------
+
+PIXTRAL = "vllm.model_executor.models.pixtral"
+DISTRIBUTED = "vllm.distributed"
+PIXTRAL_PATCH = 2
+#: The largest image side (``vision_args.image_size``): 16 x 16 patches.
+PIXTRAL_SIDE = 32
+#: Blocks of the fake transformer: the graph must run every one, in order.
+PIXTRAL_DEPTH = 2
+
+
+class _PixtralPatchConv:
+    """The patch convolution (kernel and stride one patch, no bias) with
+    fixed weights: every pixel of a patch moves its row."""
+
+    def __init__(self) -> None:
+        size = 3 * PIXTRAL_PATCH * PIXTRAL_PATCH
+        self.weight = _mixing(WIDTH, size).view(WIDTH, 3, PIXTRAL_PATCH, PIXTRAL_PATCH)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        weight = self.weight.to(x.dtype)
+        return torch.nn.functional.conv2d(x, weight, stride=PIXTRAL_PATCH)
+
+
+class _PixtralBlock:
+    """A transformer block by FlashAttention's contract: the rows plus their
+    RoPE rows (scaled by the block's place in the list), then each row plus
+    its sequence's mean (``parity_hosts.varlen_attention``). ``sequence
+    lengths`` must be None under the backends the spec allows."""
+
+    def __init__(self, tower: Any, index: int, backend: str) -> None:
+        self.tower, self.index = tower, index
+        self.attention = _Obj(attn=_Obj(attn_backend=AttentionBackendEnum[backend]))
+
+    def __call__(self, x, freqs_cis, cu_seqlens, max_seqlen, sequence_lengths):
+        violations = self.tower.violations
+        if sequence_lengths is not None:
+            violations.setdefault("sequence_lengths", []).append(
+                "sequence_lengths given under a backend that takes none"
+            )
+        if x.shape[0] != 1 or freqs_cis.shape[0] != x.shape[1]:
+            violations.setdefault("shapes", []).append(
+                f"rows {tuple(x.shape)}, RoPE rows {tuple(freqs_cis.shape)}"
+            )
+        rows = x[0].float() + freqs_cis.flatten(1).float() * (self.index + 1) / 4
+        out = parity_hosts.varlen_attention(rows, cu_seqlens, max_seqlen, violations)
+        return out.to(x.dtype)[None]
+
+
+class _PixtralTowerParts(parity_hosts.Recorder):
+    """The learned parts of vLLM's ``VisionTransformer``: the patch
+    convolution, ``ln_pre`` (row-wise) and the blocks of its ``Transformer``
+    (vLLM's forward over the fake blocks); ``forward`` and the RoPE table
+    (``freqs_cis``, ``precompute_freqs_cis_2d``) are vLLM's (subclass). One
+    head of ``WIDTH`` columns: a RoPE row is ``WIDTH`` wide."""
+
+    def __init__(self, code: WheelCode, args: _Obj, backend: str) -> None:
+        super().__init__()
+        self.args = args
+        self._freqs_cis = None
+        self.patch_conv = _PixtralPatchConv()
+        transformer = code.klass(
+            PIXTRAL, "Transformer", ["forward"], bases=(CallsForward,)
+        )()
+        transformer.layers = [
+            _PixtralBlock(self, i, backend) for i in range(PIXTRAL_DEPTH)
+        ]
+        self.transformer = transformer
+
+    dtype = torch.float32
+    device = parity_hosts.CPU
+
+    def ln_pre(self, x: torch.Tensor) -> torch.Tensor:
+        return x - x.mean(dim=-1, keepdim=True) / 2
+
+
+def _pixtral_args(merger: bool) -> _Obj:
+    """``VisionEncoderArgs``: Pixtral-12B's form (no merger, no norm) or
+    Mistral-Small-3.1's (a 2 x 2 patch merger after a norm)."""
+    return _Obj(
+        hidden_size=WIDTH,
+        num_channels=3,
+        image_size=PIXTRAL_SIDE,
+        patch_size=PIXTRAL_PATCH,
+        intermediate_size=2 * WIDTH,
+        num_hidden_layers=PIXTRAL_DEPTH,
+        num_attention_heads=1,
+        rope_theta=10000.0,
+        image_token_id=10,
+        adapter_bias=False,
+        spatial_merge_size=2 if merger else 1,
+        add_pre_mm_projector_layer_norm=merger,
+        mm_projector_id="patch_merge" if merger else "",
+    )
+
+
+def _pixtral_host_class(code: WheelCode, mixin: type) -> type:
+    return code.klass(
+        PIXTRAL,
+        "PixtralForConditionalGeneration",
+        ["embed_multimodal"],
+        bases=(mixin,),
+    )
+
+
+def _pixtral_host(merger: bool) -> Any:
+    def make_host(code: WheelCode, host_class: type, backend: str) -> Any:
+        parity_hosts.mm_attention_helpers(code)
+        args = _pixtral_args(merger)
+        tower_class = code.klass(
+            PIXTRAL,
+            "VisionTransformer",
+            ["forward", "freqs_cis"],
+            bases=(_PixtralTowerParts, CallsForward),
+            exclude=["dtype", "device"],
+        )
+        host = host_class()
+        host.vision_args = args
+        host.vision_encoder = tower_class(code, args, backend)
+        host.pre_mm_projector_norm = (
+            (lambda x: x * 0.75 + x.mean(dim=-1, keepdim=True)) if merger else None
+        )
+        host.patch_merger = None
+        if merger:
+            host.patch_merger = code.klass(
+                PIXTRAL, "PatchMerger", ["forward", "permute"], bases=(CallsForward,)
+            )()
+            host.patch_merger.spatial_merge_size = args.spatial_merge_size
+            host.patch_merger.merging_layer = FixedLinear(4 * WIDTH, WIDTH)
+        adapter = code.klass(
+            PIXTRAL, "VisionLanguageAdapter", ["forward"], bases=(CallsForward,)
+        )()
+        adapter.w_in = FixedLinear(WIDTH, 2 * WIDTH)
+        adapter.gelu = torch.nn.functional.gelu
+        adapter.w_out = FixedLinear(2 * WIDTH, WIDTH)
+        adapter.w_out.output_size = WIDTH
+        host.vision_language_adapter = adapter
+        return host
+
+    return make_host
+
+
+def pixtral_batches(merger: bool) -> Any:
+    """Images of their own sizes (multiples of the patch, or of the 2 x 2
+    merge group), as a list or one stacked tensor when the sizes agree, as
+    vLLM's processor gives them; sides up to the table's 32 pixels. Without
+    the merger a 32 x 32 image is 256 tokens, above the ladder's top (128):
+    eager."""
+    step = PIXTRAL_PATCH * (2 if merger else 1)
+    sizes = [
+        [(1, 1)],
+        [(2, 3), (8, 8), (1, 5)],
+        [(PIXTRAL_SIDE // step, PIXTRAL_SIDE // step)],
+        [(4, 2), (3, 3), (5, 1), (1, 1)],
+        [(2, 8), (PIXTRAL_SIDE // step, PIXTRAL_SIDE // step), (2, 2)],
+        [(3, 4)] * 4,
+        [(6, 6), (3, 8)],
+    ]
+
+    def batches() -> list[dict[str, Any]]:
+        gen = torch.Generator().manual_seed(26)
+        out = []
+        for b, mix in enumerate(sizes):
+            images = [torch.randn(3, h * step, w * step, generator=gen) for h, w in mix]
+            same = len({img.shape for img in images}) == 1
+            out.append({"images": torch.stack(images) if same and b % 2 else images})
+        return out
+
+    return batches
+
+
+def pixtral(merger: bool = False) -> OracleModel:
+    """Pixtral-12B's form, or with ``merger`` Mistral-Small-3.1's."""
+    return OracleModel(
+        stem="pixtral",
+        stubs={
+            PIXTRAL: {"PixtralImagePixelInputs": schema_as_dict},
+            VISION: {"is_vit_use_data_parallel": lambda: False},
+            DISTRIBUTED: {"get_tensor_model_parallel_world_size": lambda: 1},
+        },
+        host_class=_pixtral_host_class,
+        make_host=_pixtral_host(merger),
+        eager=lambda host, batch: list(host.embed_multimodal(**batch)),
+        batches=pixtral_batches(merger),
+        backends=("FLASH_ATTN", "ROCM_AITER_FA", "TRITON_ATTN"),
+        max_num_batched_tokens=128,
+        violations=lambda host: host.vision_encoder.violations,
+    )
+
+
 #: Every model of vLLM 0.33.0 without a hand-written mixin that has a spec:
 #: its oracle (the catalog's models have parity rows in parity_hosts.MODELS).
 ORACLES = {
     "cohere2_vision": cohere2_vision,
     "dots_ocr": dots_ocr,
     "eagle2_5_vl": eagle2_5_vl,
+    "pixtral": pixtral,
     "qwen2_5_omni": qwen2_5_omni,
 }
