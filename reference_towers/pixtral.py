@@ -95,6 +95,7 @@ from reference_towers._layers import (
 
 __all__ = [
     "PATCH_MERGE",
+    "EncoderAttention",
     "PatchMerger",
     "PixtralConfig",
     "PixtralTextConfig",
@@ -103,9 +104,11 @@ __all__ = [
     "VisionEncoderArgs",
     "VisionLanguageAdapter",
     "VisionTransformer",
+    "VllmLinear",
     "apply_rotary_emb_vit",
     "packed_sequence_metadata",
     "precompute_freqs_cis_2d",
+    "window_rows",
 ]
 
 #: ``mm_projector_id`` of a tower with a patch merger.
@@ -638,17 +641,23 @@ class PatchMerger(nn.Module):
     def permute(
         self, x: torch.Tensor, image_sizes: Sequence[tuple[int, int]]
     ) -> torch.Tensor:
-        m, d = self.spatial_merge_size, x.shape[-1]
-        parts = []
-        for tokens, (h, w) in zip(
-            x.split([h * w for h, w in image_sizes]), image_sizes, strict=True
-        ):
-            grid = tokens.view(h, w, d).permute(2, 0, 1).unsqueeze(0)
-            windows = F.unfold(grid, kernel_size=m, stride=m)  # (1, d·m², n)
-            parts.append(windows[0].t())
-        if not parts:
-            return x.new_zeros((0, self.mlp_input_dim))
-        return torch.cat(parts)
+        return window_rows(x, image_sizes, self.spatial_merge_size)
+
+
+def window_rows(
+    x: torch.Tensor, grids: Sequence[tuple[int, int]], merge: int
+) -> torch.Tensor:
+    """``(Σ h·w, D)`` patches of images of ``grids`` → one row per ``m×m``
+    window, its patches channel-major (``d·m² + i·m + j``, as ``F.unfold``
+    lays them out), windows row-major per image: ``(Σ h·w / m², D·m²)``."""
+    d = x.shape[-1]
+    parts = []
+    for tokens, (h, w) in zip(x.split([h * w for h, w in grids]), grids, strict=True):
+        grid = tokens.view(h, w, d).permute(2, 0, 1).unsqueeze(0)
+        parts.append(F.unfold(grid, kernel_size=merge, stride=merge)[0].t())
+    if not parts:
+        return x.new_zeros((0, d * merge**2))
+    return torch.cat(parts)
 
 
 class VisionLanguageAdapter(nn.Module):

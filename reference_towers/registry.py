@@ -125,6 +125,7 @@ from reference_towers.kimi_k25 import KimiK25Config, KimiK25VisionHost
 from reference_towers.kimi_vl import KimiVLConfig, KimiVLVisionHost
 from reference_towers.minicpmv import MiniCPMVConfig, MiniCPMVVisionHost, slice_pixels
 from reference_towers.minimax_vl import MiniMaxM3VisionConfig, MiniMaxM3VisionHost
+from reference_towers.mistral3 import Mistral3Config, Mistral3VisionHost
 from reference_towers.pixtral import PixtralConfig, PixtralVisionHost
 from reference_towers.qwen2_5_vl import Qwen2_5_VLVisionConfig, Qwen2_5_VLVisionHost
 from reference_towers.qwen2_vl import Qwen2VisionConfig, Qwen2VLVisionHost
@@ -145,6 +146,7 @@ __all__ = [
     "KimiVLReference",
     "MiniCPMVReference",
     "MiniMaxM3Reference",
+    "Mistral3Reference",
     "PixtralReference",
     "Qwen2VLReference",
     "Qwen2_5_VLReference",
@@ -1402,19 +1404,43 @@ class PixtralReference(ReferenceTower[PixtralVisionHost]):
             raise ValueError(
                 f"{list(items)} are not (H, W) sizes of whole {c}-px cells"
             )
-        channels = host.vision_args.num_channels
+        channels, dtype = self._channels_and_dtype(host)
         mean = torch.tensor(CLIP_MEAN)[:, None, None]
         std = torch.tensor(CLIP_STD)[:, None, None]
         generator = torch.Generator().manual_seed(seed)
         images = [
             ((torch.rand((channels, h, w), generator=generator) - mean) / std).to(
-                device=device, dtype=host.vision_encoder.dtype
+                device=device, dtype=dtype
             )
             for h, w in items
         ]
         if images and len({image.shape for image in images}) == 1:
-            return {"images": torch.stack(images)}
-        return {"images": images}
+            return {self.pixels_key: torch.stack(images)}
+        return {self.pixels_key: images}
+
+    pixels_key = "images"
+    """The ``mm_kwargs`` key of the images."""
+
+    def _channels_and_dtype(self, host: Any) -> tuple[int, torch.dtype]:
+        return host.vision_args.num_channels, host.vision_encoder.dtype
+
+
+class Mistral3Reference(PixtralReference):
+    """Mistral3 (HF Pixtral tower, ``Mistral3ForConditionalGeneration``):
+    Pixtral's items (``(H, W)`` pixels of whole ``patch · merge`` cells, at
+    most ``image_size`` a side; the HF processor floors where
+    mistral_common rounds, which changes no legal size), under
+    ``mm_kwargs['pixel_values']``."""
+
+    name = "mistral3"
+    host_cls = Mistral3VisionHost  # type: ignore[assignment]
+    pixels_key = "pixel_values"
+
+    def config(self, size: Size) -> Mistral3Config:  # type: ignore[override]
+        return Mistral3Config.for_size(size)
+
+    def _channels_and_dtype(self, host: Any) -> tuple[int, torch.dtype]:
+        return host.config.vision_config.num_channels, host.vision_tower.dtype
 
 
 class KimiK25Reference(_MoonViTReference[KimiK25VisionHost]):
@@ -1692,6 +1718,7 @@ REFERENCE_TOWERS: dict[str, ReferenceTower[Any]] = {
         KimiK25Reference(),
         MiniCPMVReference(),
         PixtralReference(),
+        Mistral3Reference(),
     )
 }
 
