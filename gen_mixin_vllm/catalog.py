@@ -63,6 +63,7 @@ CATALOG: dict[str, VllmHost] = {
     "minimax_m3": _host(
         "vllm.models.minimax_m3", "MiniMaxM3SparseForConditionalGeneration"
     ),
+    "mistral3": _host("mistral3", "Mistral3ForConditionalGeneration"),
     "mllama4": _host("mllama4", "Llama4ForConditionalGeneration"),
     "pixtral": _host("pixtral", "PixtralForConditionalGeneration"),
     "qwen2_5_omni": _host(
@@ -78,7 +79,7 @@ CATALOG: dict[str, VllmHost] = {
 }
 
 ADDS_PROTOCOL: frozenset[str] = frozenset(
-    {"cohere2_vision", "dots_ocr", "eagle2_5_vl", "pixtral", "qwen2_5_omni"}
+    {"cohere2_vision", "dots_ocr", "eagle2_5_vl", "mistral3", "pixtral", "qwen2_5_omni"}
 )
 """The models beyond vLLM's catalog: their vLLM class has no encoder CUDA
 graph protocol of its own, and the generated mixin adds it
