@@ -153,7 +153,7 @@ SCHEMA_VERSION = 2
 NEW_MODELS = ("internvl", "kimi_vl", "step3_vl", "qwen2_5_vl")
 #: The models of ``run_gpu.sh traffic-beyond``: the reference towers of models
 #: vLLM 0.33.0 runs eagerly (issue #26), checked against vLLM's eager code.
-BEYOND_MODELS = ("pixtral",)
+BEYOND_MODELS = ("pixtral", "mistral3")
 #: ``--models`` aliases.
 MODEL_GROUPS = {"new": NEW_MODELS, "beyond": BEYOND_MODELS}
 LADDERS = ("default", "fine", "tuned")

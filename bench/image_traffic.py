@@ -28,7 +28,10 @@ Qwen2-VL, the HF processor vLLM calls), checked against it by
 * Pixtral: mistral_common's ``ImageEncoder`` (1.13.1, the processor of
   ``vllm/transformers_utils/processors/pixtral.py``: longest side scaled
   down to ``max_image_size``, sides resized up to whole ``patch · merge``
-  cells).
+  cells);
+* Mistral3: ``Mistral3HFEncoderInfo.get_patch_grid_size`` of
+  ``vllm/model_executor/models/mistral3.py`` (the HF Pixtral processor's
+  rule: the same, with the scaled sides floored).
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ __all__ = [
     "internvl_tiles",
     "kimi_vl_grid",
     "merged_grid",
+    "mistral3_image_size",
     "model_grid",
     "pixtral_image_size",
     "smart_resize",
@@ -491,6 +495,25 @@ def pixtral_image_size(
     return ((height - 1) // cell + 1) * cell, ((width - 1) // cell + 1) * cell
 
 
+def mistral3_image_size(
+    height: int, width: int, *, max_image_size: int, patch: int, merge: int
+) -> tuple[int, int]:
+    """``(H, W)`` pixels of an image after Mistral3's (HF Pixtral)
+    processor: scaled down, keeping its aspect, so that its longest side is
+    ``max_image_size`` (the processor's ``longest_edge``), sides floored;
+    then each side resized up to whole ``patch · merge`` cells. A strip whose
+    short side floors to 0 px has no cell (vLLM counts none): refused."""
+    ratio = max(height / max_image_size, width / max_image_size)
+    if ratio > 1:
+        height, width = math.floor(height / ratio), math.floor(width / ratio)
+    if min(height, width) < 1:
+        raise ValueError(
+            f"Mistral3's processor leaves no pixel of a side: {height}x{width}"
+        )
+    cell = patch * merge
+    return ((height - 1) // cell + 1) * cell, ((width - 1) // cell + 1) * cell
+
+
 #: vLLM's ``DeepseekV41Config`` default of ``vision_config["min_pixels"]``
 #: (544²): smaller images are upscaled to it.
 DEEPSEEK_V41_MIN_PIXELS = 295936
@@ -576,6 +599,15 @@ def model_grid(stem: str, config: Any) -> Callable[[int, int], tuple[int, ...]]:
             max_image_size=config.max_image_size,
             patch=vision.patch_size,
             merge=vision.spatial_merge_size,
+        )
+    if stem == "mistral3":
+        vision = config.vision_config
+        return lambda h, w: mistral3_image_size(
+            h,
+            w,
+            max_image_size=vision.image_size,
+            patch=vision.patch_size,
+            merge=config.spatial_merge_size,
         )
     raise KeyError(f"no resize rule for {stem!r}")
 

@@ -53,6 +53,10 @@ def _views(fixed: int, per_view: int, counts: tuple[int, ...]) -> Callable[[int]
     return reachable
 
 
+def _cells_of_at_most_8(tokens: int) -> bool:
+    return any(tokens % a == 0 and tokens // a <= 8 for a in range(1, 9))
+
+
 TINY_ITEMS = {
     "deepseek_v41": TinyItems(4, _every_count),
     "internvl": TinyItems(256, _views(0, 256, (1, 3, 4, 5)), layout_items=2),
@@ -103,6 +107,7 @@ def test_registry_keys_are_spec_names():
         "kimi_vl",
         "minicpmv",
         "minimax_m3",
+        "mistral3",
         "pixtral",
         "qwen2_5_vl",
         "qwen2_vl",
