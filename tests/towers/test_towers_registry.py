@@ -66,10 +66,9 @@ TINY_ITEMS = {
         64, _views(0, 64, (1, 3, 4, 5, 6, 7, 8, 9, 10)), text_width=128
     ),
     "minimax_m3": TinyItems(1, _every_count),
-    # Pixtral: an image of a x b cells of at most 8 a side.
-    "pixtral": TinyItems(
-        1, lambda n: any(n % a == 0 and n // a <= 8 for a in range(1, 9))
-    ),
+    # Mistral3 and Pixtral: an image of a x b cells of at most 8 a side.
+    "mistral3": TinyItems(1, _cells_of_at_most_8),
+    "pixtral": TinyItems(1, _cells_of_at_most_8),
     "qwen2_5_vl": TinyItems(1, _every_count),
     "qwen2_vl": TinyItems(1, _every_count),
     "step3_vl": TinyItems(169, _views(169, 81, (0, 2, 3, 4, 5, 6)), layout_items=2),
