@@ -70,15 +70,20 @@
 #                     Qwen2.5-VL, InternVL, Kimi-VL, Kimi-K2.5), at least 3 batches each,
 #                     limits 250/330 s (set-ups are not cut): predicted vs measured waste
 #                     of their tuned ladders; traffic-towers.json
-#   tests-beyond ~240 s (est.) the GPU equivalence suite on the towers beyond vLLM's catalog
-#                     (bench_traffic.BEYOND_MODELS, issue #26): tiny and full, 150 batches
-#                     each, and the poisoned pool; gpu_summary_beyond.jsonl
-#   traffic-beyond ~150 s (est.) bench_traffic.py --models beyond: the real-traffic benchmark
-#                     on those towers (their processors' resize rules), at least 3 batches a
-#                     model, limits 100/150 s, no issue #6 workloads; traffic-beyond.json,
-#                     traffic-beyond.png
-# Issue #26 on one H100 in one call under 9 min:
-#   bash bench/run_gpu.sh smoke tests-beyond traffic-beyond
+#   tests-beyond ~260 s (est.) the GPU equivalence suite on the towers beyond vLLM's catalog
+#                     (bench_traffic.BEYOND_MODELS, issue #26: Pixtral, Mistral3): tiny and
+#                     full, 150 batches each, and the poisoned pool (tiny, 80 batches);
+#                     estimate: full ~90 s a model (Mistral-Small-3.1's 24-layer tower, 8
+#                     graphs of 64 padded 1540² images, per-image eager references), tiny
+#                     ~25 s, poisoned ~15 s; gpu_summary_beyond.jsonl
+#   traffic-beyond ~200 s (est.) bench_traffic.py --models beyond: the real-traffic benchmark
+#                     on those towers (their processors' resize rules, the tuner given the
+#                     host's constants), at least 3 batches a model, limits 60/100 s (set-ups
+#                     of the default, fine and tuned ladders, ~50 graphs a model, are not
+#                     cut), no issue #6 workloads; traffic-beyond.json, traffic-beyond.png
+# Issue #26 on one H100, one call each (under 9 min together, est.):
+#   bash bench/run_gpu.sh smoke tests-beyond
+#   bash bench/run_gpu.sh traffic-beyond
 # Issue #27 on one H100 in two calls under 9 min each:
 #   bash bench/run_gpu.sh smoke padding traffic-short traffic-second
 #   bash bench/run_gpu.sh traffic-towers
@@ -96,7 +101,7 @@ cpu=()
 traffic_new=(--batches 3 --soft-limit-s 80 --hard-limit-s 100)
 traffic_short=(--batches 8 --soft-limit-s 150 --hard-limit-s 190 --no-old-workloads)
 traffic_towers=(--batches 3 --soft-limit-s 250 --hard-limit-s 330 --no-old-workloads)
-traffic_beyond=(--batches 3 --soft-limit-s 100 --hard-limit-s 150 --no-old-workloads)
+traffic_beyond=(--batches 3 --soft-limit-s 60 --hard-limit-s 100 --no-old-workloads)
 padding=()
 if [ "${GEN_MIXIN_SMOKE:-0}" = 1 ]; then
     cpu=(--device cpu --size tiny --quick)
