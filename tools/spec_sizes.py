@@ -77,6 +77,7 @@ VLLM_SOURCES = {
 ESTIMATED_BY = {
     "cohere2_vision": "internvl",
     "qwen2_5_omni": "qwen2_5_vl",
+    "pixtral": "qwen2_vl",
     "eagle2_5_vl": "internvl",
     "dots_ocr": "qwen2_vl",
     "mistral3": "qwen2_vl",

@@ -59,6 +59,18 @@ class HostObject:
         return self._fn(*args, **kwargs)
 
 
+class HostTable:
+    """A host tensor the steps index with tensors (Pixtral's RoPE table,
+    ``vision_encoder.freqs_cis[rows, columns]``): any index gives zero rows
+    of ``OUT_WIDTH`` columns, one per index entry."""
+
+    def __getitem__(self, index: Any) -> torch.Tensor:
+        parts = index if isinstance(index, tuple) else (index,)
+        tensors = [part for part in parts if isinstance(part, torch.Tensor)]
+        shape = torch.broadcast_shapes(*(t.shape for t in tensors))
+        return torch.zeros((*shape, OUT_WIDTH))
+
+
 class HostList(list):
     def at(self, index: int) -> Any:
         while len(self) <= index:
@@ -386,6 +398,8 @@ class SpecWorld:
                 set_path(host, c.host_path.parts, self.env[c.name])
         for path in self._int_paths():
             set_path(host, path.parts, self.env[path.dotted])
+        for path in self._table_paths():
+            set_path(host, path.parts, HostTable())
         for attr in spec.host:
             if attr.annotation == "torch.dtype":
                 setattr(host, attr.name, torch.float32)  # the forwards cast to it
@@ -434,7 +448,38 @@ class SpecWorld:
 
     def _int_paths(self) -> set[fx.HostPath]:
         """Host paths whose values the spec reads as they are (arguments,
-        shapes, widths): the leaves, not called, not a prefix of another."""
+        shapes, widths): the leaves, not called, not a prefix of another,
+        not indexed with tensors (:meth:`_table_paths`)."""
+        spec = self.spec
+        exprs = self._read_exprs()
+        paths = {p for e in exprs for p in fx.host_paths_in(e)}
+        callees = {
+            sub.callee for e in exprs for sub in fx.walk(e) if isinstance(sub, fx.Call)
+        }
+        prefixes = {p.parts[:i] for p in paths for i in range(1, len(p.parts))}
+        # A learned row (a tensor attribute, ``view_seperator[None]``) stays
+        # the tensor the host is given.
+        tensors = {a.name for a in spec.host if a.annotation == "torch.Tensor"}
+        return {
+            p
+            for p in paths - callees - self._table_paths()
+            if p.parts not in prefixes and p.parts[0] not in tensors
+        }
+
+    def _table_paths(self) -> set[fx.HostPath]:
+        """Host paths a step indexes with a name (a tensor): host tensors read
+        by index, such as a tower's RoPE table."""
+        return {
+            sub.value
+            for e in self._read_exprs()
+            for sub in fx.walk(e)
+            if isinstance(sub, fx.Subscript)
+            and isinstance(sub.value, fx.HostPath)
+            and fx.names_in(sub.index)
+        }
+
+    def _read_exprs(self) -> list[fx.Expr]:
+        """Every expression of the spec that reads host paths at run time."""
         spec = self.spec
         exprs = [spec.out_hidden_size]
         if spec.max_frames_per_video is not None:
@@ -447,19 +492,7 @@ class SpecWorld:
                 exprs += b.exprs
             exprs += [s.expr for s in path.graph_forward + path.eager_forward.steps]
         exprs += [s.expr for s in spec.post_steps]
-        paths = {p for e in exprs for p in fx.host_paths_in(e)}
-        callees = {
-            sub.callee for e in exprs for sub in fx.walk(e) if isinstance(sub, fx.Call)
-        }
-        prefixes = {p.parts[:i] for p in paths for i in range(1, len(p.parts))}
-        # A learned row (a tensor attribute, ``view_seperator[None]``) stays
-        # the tensor the host is given.
-        tensors = {a.name for a in spec.host if a.annotation == "torch.Tensor"}
-        return {
-            p
-            for p in paths - callees
-            if p.parts not in prefixes and p.parts[0] not in tensors
-        }
+        return exprs
 
     def _install_callables(self, host: Any) -> None:
         self.builders = []

@@ -512,7 +512,7 @@ def _pixtral_host_class(code: WheelCode, mixin: type) -> type:
     return code.klass(
         PIXTRAL,
         "PixtralForConditionalGeneration",
-        ["embed_multimodal"],
+        ["embed_multimodal", "_parse_and_validate_image_input", "_process_image_input"],
         bases=(mixin,),
     )
 
@@ -557,7 +557,8 @@ def _pixtral_host(merger: bool) -> Any:
 def pixtral_batches(merger: bool) -> Any:
     """Images of their own sizes (multiples of the patch, or of the 2 x 2
     merge group), as a list or one stacked tensor when the sizes agree, as
-    vLLM's processor gives them; sides up to the table's 32 pixels. Without
+    vLLM's processor gives them (batches 2 and 5 stacked); sides up to the
+    table's 32 pixels, one image a row of patches as wide as it. Without
     the merger a 32 x 32 image is 256 tokens, above the ladder's top (128):
     eager."""
     step = PIXTRAL_PATCH * (2 if merger else 1)
@@ -568,7 +569,7 @@ def pixtral_batches(merger: bool) -> Any:
         [(4, 2), (3, 3), (5, 1), (1, 1)],
         [(2, 8), (PIXTRAL_SIDE // step, PIXTRAL_SIDE // step), (2, 2)],
         [(3, 4)] * 4,
-        [(6, 6), (3, 8)],
+        [(6, 6), (3, 8), (1, PIXTRAL_SIDE // step)],
     ]
 
     def batches() -> list[dict[str, Any]]:
@@ -577,7 +578,8 @@ def pixtral_batches(merger: bool) -> Any:
         for b, mix in enumerate(sizes):
             images = [torch.randn(3, h * step, w * step, generator=gen) for h, w in mix]
             same = len({img.shape for img in images}) == 1
-            out.append({"images": torch.stack(images) if same and b % 2 else images})
+            stacked = same and b % 3 == 2
+            out.append({"images": torch.stack(images) if stacked else images})
         return out
 
     return batches
