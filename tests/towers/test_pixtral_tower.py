@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from tower_testlib import host_for_config
+from tower_testlib import host_for_config, manager_for
 from towers_vllm_source import bind, runtime_namespace
 
 from encoder_cudagraph_runtime.attention_backends import AttentionBackendEnum
@@ -25,7 +25,7 @@ from reference_towers.pixtral import (
     packed_sequence_metadata,
     precompute_freqs_cis_2d,
 )
-from reference_towers.registry import REFERENCE_TOWERS
+from reference_towers.registry import REFERENCE_TOWERS, generated_mixin
 
 TOWER = REFERENCE_TOWERS["pixtral"]
 PIXTRAL = "vllm/model_executor/models/pixtral.py"
@@ -481,3 +481,29 @@ def test_item_arithmetic():
         TOWER.legal_grid(rng, "tiny", output_tokens=11)  # 11 cells: no 8 x 8 fit
     item = TOWER.legal_grid(rng, "tiny", output_tokens=12)
     assert TOWER.output_tokens(item) == 12 and TOWER.is_legal(item, "tiny")
+
+
+def test_generated_mixin_on_the_pixtral_12b_form():
+    """The generated mixin on the tower without merger and norm (Pixtral-12B's
+    form, 14-px cells here): replays and eager fallbacks equal the host's own
+    per-image forward (the registry's sizes have the merger; this is the
+    spec's other branch)."""
+    mixin = generated_mixin("pixtral")
+    host = host_for_config(TOWER, _no_merger_config(), mixin)
+    manager = manager_for(host, 512, token_budgets=[64, 128], max_items_per_batch=4)
+    generator = torch.Generator().manual_seed(0)
+    batches = [
+        [(28, 28), (224, 42)],  # 4 and 48 tokens
+        [(112, 70)] * 3,  # 40 tokens each: two replays
+        [(14, 14), (224, 224)],  # one token; 256 tokens run eagerly
+    ]
+    for sizes in batches:
+        images = [torch.randn((3, h, w), generator=generator) for h, w in sizes]
+        outputs = manager.execute({"images": images})
+        expected = TOWER.reference_outputs(host, {"images": images})
+        assert [o.shape[0] for o in outputs] == [
+            (h // 14) * (w // 14) for h, w in sizes
+        ]
+        for out, ref in zip(outputs, expected, strict=True):
+            torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+    assert manager.graph_hits > 0 and manager.graph_misses > 0
