@@ -107,6 +107,7 @@ import image_traffic  # noqa: E402
 from bench_encoders import (  # noqa: E402
     FINE_MAX_ITEMS,
     REPO_ROOT,
+    SPECS_DIR,
     TARGET_MODELS,
     IdealGraph,
     Schedule,
@@ -139,6 +140,8 @@ from encoder_cudagraph_runtime.graph_backends import (  # noqa: E402
     GraphBackend,
 )
 from encoder_cudagraph_runtime.manager import EncoderCudaGraphManager  # noqa: E402
+from generator.formulas import HostPath  # noqa: E402
+from generator.resolve import load_spec  # noqa: E402
 from reference_towers.registry import REFERENCE_TOWERS  # noqa: E402
 
 SCHEMA_VERSION = 2
@@ -148,6 +151,11 @@ SCHEMA_VERSION = 2
 #: patches at its checkpoint's ``max_pixels``), so the time limits cut its
 #: batches, not the others'.
 NEW_MODELS = ("internvl", "kimi_vl", "step3_vl", "qwen2_5_vl")
+#: The models of ``run_gpu.sh traffic-beyond``: the reference towers of models
+#: vLLM 0.33.0 runs eagerly (issue #26), checked against vLLM's eager code.
+BEYOND_MODELS = ("pixtral", "mistral3")
+#: ``--models`` aliases.
+MODEL_GROUPS = {"new": NEW_MODELS, "beyond": BEYOND_MODELS}
 LADDERS = ("default", "fine", "tuned")
 POLICIES = ("vllm", "cost")
 DEFAULT_MAX_TOKENS = {"full": 16384, "tiny": 512}
@@ -282,11 +290,44 @@ def replay_cost_rows(replay_ms: dict[int, float], host_ms: float = 0.0) -> int:
     return round((replay_ms[low] + host_ms) / per_row)
 
 
+def host_constants(stem: str, host: Any) -> dict[str, int]:
+    """The spec's constants whose value on ``host`` differs from the spec's
+    default: those read from a plain attribute path (their ``fallback`` when
+    missing or falsy). ``gen-mixin plan`` evaluates the spec's formulas with
+    the defaults; a user planning for another checkpoint passes these with
+    ``--set`` (Pixtral's spec defaults are Pixtral-12B's 16-px patches
+    without a merger; the reference tower is Mistral-Small-3.1's 14-px
+    patches merged 2 x 2)."""
+    out = {}
+    for constant in load_spec(SPECS_DIR / f"{stem}.yaml").constants:
+        path = constant.path
+        if not isinstance(path, HostPath) or constant.processor_kwarg:
+            continue
+        value = host
+        for part in path.parts:
+            value = getattr(value, part, None) if isinstance(part, str) else None
+        if not value and constant.fallback is not None:
+            value = constant.fallback
+        if type(value) is int and value != constant.default:
+            out[constant.name] = value
+    return out
+
+
 def run_tuner(
-    stem: str, document: dict[str, Any], max_tokens: int, *extra: str
+    stem: str,
+    document: dict[str, Any],
+    max_tokens: int,
+    *extra: str,
+    constants: dict[str, int] | None = None,
 ) -> dict[str, Any]:
-    """``gen-mixin plan specs/<stem>.yaml --traffic FILE --json [extra]``,
-    as a user runs it (the spec's formulas count the budget tokens)."""
+    """``gen-mixin plan specs/<stem>.yaml --traffic FILE --json [--set
+    NAME=VALUE ...] [extra]``, as a user runs it (the spec's formulas count
+    the budget tokens, with the host's ``constants``)."""
+    sets = [
+        arg
+        for name, value in sorted((constants or {}).items())
+        for arg in ("--set", f"{name}={value}")
+    ]
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "traffic.json"
         path.write_text(json.dumps(document))
@@ -304,6 +345,7 @@ def run_tuner(
                 "--traffic",
                 str(path),
                 "--json",
+                *sets,
                 *extra,
             ],
             capture_output=True,
@@ -317,7 +359,11 @@ def run_tuner(
 
 
 def predicted_waste(
-    stem: str, document: dict[str, Any], ladder: dict[str, Any], max_tokens: int
+    stem: str,
+    document: dict[str, Any],
+    ladder: dict[str, Any],
+    max_tokens: int,
+    constants: dict[str, int] | None = None,
 ) -> float:
     """The tuner's expected waste of ``ladder`` on the batches of
     ``document``: its report on them with that ladder as the current one."""
@@ -329,6 +375,7 @@ def predicted_waste(
         *map(str, ladder["budgets"]),
         "--max-items",
         str(ladder["max_batch_size"]),
+        constants=constants,
     )
     return report["current"]["waste"]
 
@@ -720,6 +767,7 @@ class TrafficBench:
                     traffic_document(self.stem, used, self.config, f"seed {args.seed}"),
                     result["ladders"]["tuned"],
                     args.max_tokens,
+                    result["tuner_constants"],
                 ),
                 "measured": result["summary"]["tuned"]["vllm"]["padding_waste"],
             }
@@ -773,12 +821,14 @@ class TrafficBench:
             result["tuner"] = None
             return ladders
         tuning = self._tuning(managers["default"])
+        result["tuner_constants"] = host_constants(self.stem, host)
         tuner = run_tuner(
             self.stem,
             traffic_document(
                 self.stem, train, self.config, f"seed {args.seed + 1}", tuning
             ),
             args.max_tokens,
+            constants=result["tuner_constants"],
         )
         result["tuner"] = tuner
         result["crossover"] = self.crossover
@@ -1392,8 +1442,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--models",
         default=",".join(TARGET_MODELS),
-        help="comma-separated spec stems, 'new' for NEW_MODELS (default: the seed "
-        "models)",
+        help="comma-separated spec stems, 'new' for NEW_MODELS, 'beyond' for "
+        "BEYOND_MODELS (default: the seed models)",
     )
     parser.add_argument(
         "--batches",
@@ -1488,7 +1538,7 @@ def run(
         )
 
     wanted = [s.strip() for s in args.models.split(",") if s.strip()]
-    wanted = [m for s in wanted for m in (NEW_MODELS if s == "new" else (s,))]
+    wanted = [m for s in wanted for m in MODEL_GROUPS.get(s, (s,))]
     skipped = {
         stem: reason
         for stem in wanted

@@ -24,7 +24,14 @@ Qwen2-VL, the HF processor vLLM calls), checked against it by
 * Kimi-VL: ``KimiVLProcessingInfo.get_num_image_tokens`` of
   ``vllm/model_executor/models/kimi_vl.py`` (the Hugging Face processor's
   rule with ``pad_input``: shrink to at most ``in_token_limit`` whole
-  patches, then pad to the 2×2 merge kernel).
+  patches, then pad to the 2×2 merge kernel);
+* Pixtral: mistral_common's ``ImageEncoder`` (1.13.1, the processor of
+  ``vllm/transformers_utils/processors/pixtral.py``: longest side scaled
+  down to ``max_image_size``, sides resized up to whole ``patch · merge``
+  cells);
+* Mistral3: ``Mistral3HFEncoderInfo.get_patch_grid_size`` of
+  ``vllm/model_executor/models/mistral3.py`` (the HF Pixtral processor's
+  rule: the same, with the scaled sides floored).
 """
 
 from __future__ import annotations
@@ -52,7 +59,9 @@ __all__ = [
     "internvl_tiles",
     "kimi_vl_grid",
     "merged_grid",
+    "mistral3_image_size",
     "model_grid",
+    "pixtral_image_size",
     "smart_resize",
     "spec_dims",
     "step3_vl_crops",
@@ -468,6 +477,43 @@ def kimi_k25_grid(
     return (1, math.ceil(new_h / factor) * kernel, math.ceil(new_w / factor) * kernel)
 
 
+def pixtral_image_size(
+    height: int, width: int, *, max_image_size: int, patch: int, merge: int
+) -> tuple[int, int]:
+    """``(H, W)`` pixels of an image after Pixtral's processor
+    (mistral_common's ``ImageEncoder``): an image with a side over
+    ``max_image_size`` is scaled, keeping its aspect, so that its longest
+    side is ``max_image_size`` (sides rounded half to even, at least 1 px);
+    then each side is resized up to whole ``patch · merge`` cells."""
+    if min(height, width) < 1:
+        raise ValueError(f"not an image: {height}x{width} px")
+    ratio = max(height / max_image_size, width / max_image_size)
+    if ratio > 1:
+        height = max(round(height / ratio), 1)
+        width = max(round(width / ratio), 1)
+    cell = patch * merge
+    return ((height - 1) // cell + 1) * cell, ((width - 1) // cell + 1) * cell
+
+
+def mistral3_image_size(
+    height: int, width: int, *, max_image_size: int, patch: int, merge: int
+) -> tuple[int, int]:
+    """``(H, W)`` pixels of an image after Mistral3's (HF Pixtral)
+    processor: scaled down, keeping its aspect, so that its longest side is
+    ``max_image_size`` (the processor's ``longest_edge``), sides floored;
+    then each side resized up to whole ``patch · merge`` cells. A strip whose
+    short side floors to 0 px has no cell (vLLM counts none): refused."""
+    ratio = max(height / max_image_size, width / max_image_size)
+    if ratio > 1:
+        height, width = math.floor(height / ratio), math.floor(width / ratio)
+    if min(height, width) < 1:
+        raise ValueError(
+            f"Mistral3's processor leaves no pixel of a side: {height}x{width}"
+        )
+    cell = patch * merge
+    return ((height - 1) // cell + 1) * cell, ((width - 1) // cell + 1) * cell
+
+
 #: vLLM's ``DeepseekV41Config`` default of ``vision_config["min_pixels"]``
 #: (544²): smaller images are upscaled to it.
 DEEPSEEK_V41_MIN_PIXELS = 295936
@@ -544,6 +590,24 @@ def model_grid(stem: str, config: Any) -> Callable[[int, int], tuple[int, ...]]:
             kernel=kh,
             in_patch_limit=config.in_patch_limit,
             patch_limit_on_one_side=config.patch_limit_on_one_side,
+        )
+    if stem == "pixtral":
+        vision = config.vision_config
+        return lambda h, w: pixtral_image_size(
+            h,
+            w,
+            max_image_size=config.max_image_size,
+            patch=vision.patch_size,
+            merge=vision.spatial_merge_size,
+        )
+    if stem == "mistral3":
+        vision = config.vision_config
+        return lambda h, w: mistral3_image_size(
+            h,
+            w,
+            max_image_size=vision.image_size,
+            patch=vision.patch_size,
+            merge=config.spatial_merge_size,
         )
     raise KeyError(f"no resize rule for {stem!r}")
 

@@ -3,6 +3,7 @@
 #   bash bench/run_gpu.sh [stage...]    stages: smoke tests overhead profile bench dp traffic
 #                                       traffic-new launch checks padding traffic-short
 #                                       traffic-second traffic-towers traffic-tower-STEM
+#                                       tests-beyond traffic-beyond
 #   GEN_MIXIN_SMOKE=1 bash bench/run_gpu.sh [stage...]
 #       the same stages on the CPU, tiny towers, eager-replay graphs, in seconds
 #       (tests are skipped; dp runs its benchmark on 2 gloo processes): checks the
@@ -77,6 +78,20 @@
 #                     Kimi-K2.5 33 s to its tuned ladder; est. now ~140, ~90, ~40, ~50,
 #                     ~60 s each with one batch
 #   traffic-towers    every traffic-tower-STEM stage above, in that order (~380 s est.)
+#   tests-beyond ~260 s (est.) the GPU equivalence suite on the towers beyond vLLM's catalog
+#                     (bench_traffic.BEYOND_MODELS, issue #26: Pixtral, Mistral3): tiny and
+#                     full, 150 batches each, and the poisoned pool (tiny, 80 batches);
+#                     estimate: full ~90 s a model (Mistral-Small-3.1's 24-layer tower, 8
+#                     graphs of 64 padded 1540² images, per-image eager references), tiny
+#                     ~25 s, poisoned ~15 s; gpu_summary_beyond.jsonl
+#   traffic-beyond ~200 s (est.) bench_traffic.py --models beyond: the real-traffic benchmark
+#                     on those towers (their processors' resize rules, the tuner given the
+#                     host's constants), at least 3 batches a model, limits 60/100 s (set-ups
+#                     of the default, fine and tuned ladders, ~50 graphs a model, are not
+#                     cut), no issue #6 workloads; traffic-beyond.json, traffic-beyond.png
+# Issue #26 on one H100, one call each (under 9 min together, est.):
+#   bash bench/run_gpu.sh smoke tests-beyond
+#   bash bench/run_gpu.sh traffic-beyond
 # Issue #27 on one H100 in two calls under 9 min each:
 #   bash bench/run_gpu.sh traffic-short traffic-second
 #   bash bench/run_gpu.sh traffic-towers
@@ -95,12 +110,14 @@ traffic_new=(--batches 3 --soft-limit-s 80 --hard-limit-s 100)
 traffic_short=(--batches 8 --soft-limit-s 150 --hard-limit-s 190 --no-old-workloads)
 traffic_tower=(--batches 1 --soft-limit-s 60 --hard-limit-s 60 --no-old-workloads)
 towers=(qwen2_vl qwen2_5_vl internvl kimi_vl kimi_k25)
+traffic_beyond=(--batches 3 --soft-limit-s 60 --hard-limit-s 100 --no-old-workloads)
 padding=()
 if [ "${GEN_MIXIN_SMOKE:-0}" = 1 ]; then
     cpu=(--device cpu --size tiny --quick)
     traffic_new=()
     traffic_short=(--no-old-workloads)
     traffic_tower=(--batches 1 --max-batches 1 --no-old-workloads)
+    traffic_beyond=(--no-old-workloads)
     padding=(--device cpu --size tiny --quick)
     export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 fi
@@ -166,6 +183,16 @@ for stage in "${expanded[@]}"; do
         traffic-tower-*) run "$stage" python3 bench/bench_traffic.py \
                    --models "${stage#traffic-tower-}" --skip-unusable \
                    --out "$OUT/$stage.json" "${traffic_tower[@]}" "${cpu[@]}" ;;
+        tests-beyond)
+            if [ ${#cpu[@]} -gt 0 ]; then skip tests-beyond; continue; fi
+            # pytest -k over the stems of bench_traffic.BEYOND_MODELS.
+            beyond=$(python3 -c 'import sys; sys.path.insert(0, "bench"); import bench_traffic as b; print(" or ".join(b.BEYOND_MODELS))')
+            GEN_MIXIN_GPU_SUMMARY="$OUT/gpu_summary_beyond.jsonl" run tests-beyond \
+                python3 -m pytest -m gpu tests/gpu/test_equivalence_gpu.py -k "$beyond" \
+                -v -rA --tb=short -p no:cacheprovider ;;
+        traffic-beyond) run traffic-beyond python3 bench/bench_traffic.py --models beyond \
+                   --skip-unusable --out "$OUT/traffic-beyond.json" --plot "$OUT/traffic-beyond.png" \
+                   "${traffic_beyond[@]}" "${cpu[@]}" ;;
         checks)
             if [ ${#cpu[@]} -gt 0 ]; then checks=(--device cpu --size tiny --quick)
             else checks=(--device cuda --size full); fi

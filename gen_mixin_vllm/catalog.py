@@ -63,6 +63,7 @@ CATALOG: dict[str, VllmHost] = {
     "minimax_m3": _host(
         "vllm.models.minimax_m3", "MiniMaxM3SparseForConditionalGeneration"
     ),
+    "mistral3": _host("mistral3", "Mistral3ForConditionalGeneration"),
     "mllama4": _host("mllama4", "Llama4ForConditionalGeneration"),
     "pixtral": _host("pixtral", "PixtralForConditionalGeneration"),
     "paddleocr_vl": _host("paddleocr_vl", "PaddleOCRVLForConditionalGeneration"),
@@ -89,6 +90,7 @@ ADDS_PROTOCOL: frozenset[str] = frozenset(
         "cohere2_vision",
         "dots_ocr",
         "eagle2_5_vl",
+        "mistral3",
         "paddleocr_vl",
         "pixtral",
         "qwen2_5_omni",

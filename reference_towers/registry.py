@@ -125,6 +125,8 @@ from reference_towers.kimi_k25 import KimiK25Config, KimiK25VisionHost
 from reference_towers.kimi_vl import KimiVLConfig, KimiVLVisionHost
 from reference_towers.minicpmv import MiniCPMVConfig, MiniCPMVVisionHost, slice_pixels
 from reference_towers.minimax_vl import MiniMaxM3VisionConfig, MiniMaxM3VisionHost
+from reference_towers.mistral3 import Mistral3Config, Mistral3VisionHost
+from reference_towers.pixtral import PixtralConfig, PixtralVisionHost
 from reference_towers.qwen2_5_vl import Qwen2_5_VLVisionConfig, Qwen2_5_VLVisionHost
 from reference_towers.qwen2_vl import Qwen2VisionConfig, Qwen2VLVisionHost
 from reference_towers.step3_vl import (
@@ -144,6 +146,8 @@ __all__ = [
     "KimiVLReference",
     "MiniCPMVReference",
     "MiniMaxM3Reference",
+    "Mistral3Reference",
+    "PixtralReference",
     "Qwen2VLReference",
     "Qwen2_5_VLReference",
     "ReferenceTower",
@@ -1306,6 +1310,139 @@ class Step3VLReference(_ViewCountReference[Step3VLVisionHost]):
         }
 
 
+class PixtralReference(ReferenceTower[PixtralVisionHost]):
+    """Pixtral (Mistral format): items are image sizes ``(H, W)`` in pixels,
+    as the processor emits them (:func:`reference_towers.pixtral.
+    processor_image_size`): whole cells of ``c = patch · merge`` px a side,
+    at most ``max_image_size`` a side (a larger image is scaled down to it).
+    Every such size is legal, the smallest one cell. Output tokens ``(H /
+    c)·(W / c)``; input rows ``(H / p)·(W / p)`` patches.
+    """
+
+    name = "pixtral"
+    host_cls = PixtralVisionHost
+
+    def config(self, size: Size) -> PixtralConfig:
+        return PixtralConfig.for_size(size)
+
+    @property
+    def cell(self) -> int:
+        """Pixels a side of one output token (``patch · merge``)."""
+        return self._config_constant("cell")
+
+    def input_size(self, item: Item) -> int:
+        h, w = item
+        p = self._config_constant("patch_size")
+        return (h // p) * (w // p)
+
+    def output_tokens(self, item: Item) -> int:
+        h, w = item
+        return (h // self.cell) * (w // self.cell)
+
+    def _side(self, size: Size) -> int:
+        """Output tokens a side of the largest image."""
+        return self.config(size).max_tokens_per_side
+
+    def max_output_tokens(self, size: Size, *, modality: str = "image") -> int:
+        self.check_modality(modality)
+        return self._side(size) ** 2
+
+    def is_legal(self, item: Item, size: Size, *, modality: str = "image") -> bool:
+        self.check_modality(modality)
+        if len(item) != 2 or not all(isinstance(v, int) for v in item):
+            return False
+        c, top = self.cell, self._side(size) * self.cell
+        return all(c <= v <= top and v % c == 0 for v in item)
+
+    def smallest_item(self, size: Size, *, modality: str = "image") -> Item:
+        self.check_modality(modality)
+        return (self.cell, self.cell)
+
+    def _items_with_output_tokens(
+        self,
+        rng: random.Random,
+        size: Size,
+        output_tokens: int,
+        *,
+        modality: str = "image",
+    ) -> Item | None:
+        self.check_modality(modality)
+        side = self._side(size)
+        shapes = [
+            (a, b) for a, b in _divisor_pairs(output_tokens) if a <= side and b <= side
+        ]
+        if output_tokens < 1 or not shapes:
+            return None
+        a, b = rng.choice(shapes)
+        return (a * self.cell, b * self.cell)
+
+    def _listed_token_counts(
+        self, size: Size, *, modality: str = "image"
+    ) -> list[int] | None:
+        # Products of two sides up to the largest: not every count.
+        side = self._side(size)
+        return sorted({a * b for a in range(1, side + 1) for b in range(1, side + 1)})
+
+    def make_mm_kwargs(
+        self,
+        host: PixtralVisionHost,
+        items: Sequence[Item],
+        device: torch.device | str,
+        *,
+        seed: int = 0,
+        modality: str = "image",
+    ) -> dict[str, Any]:
+        """``images``: one ``(3, H, W)`` tensor per image of random
+        CLIP-normalised pixels (mistral_common's normalisation) in the tower
+        dtype on ``device`` (vLLM casts the processor's floats to the model
+        dtype), as vLLM's batched field lays them out: stacked into one
+        ``(N, 3, H, W)`` tensor when every image has the same size, else a
+        list."""
+        self.check_modality(modality)
+        c = self.cell
+        if any(len(i) != 2 or min(i) < c or i[0] % c or i[1] % c for i in items):
+            raise ValueError(
+                f"{list(items)} are not (H, W) sizes of whole {c}-px cells"
+            )
+        channels, dtype = self._channels_and_dtype(host)
+        mean = torch.tensor(CLIP_MEAN)[:, None, None]
+        std = torch.tensor(CLIP_STD)[:, None, None]
+        generator = torch.Generator().manual_seed(seed)
+        images = [
+            ((torch.rand((channels, h, w), generator=generator) - mean) / std).to(
+                device=device, dtype=dtype
+            )
+            for h, w in items
+        ]
+        if images and len({image.shape for image in images}) == 1:
+            return {self.pixels_key: torch.stack(images)}
+        return {self.pixels_key: images}
+
+    pixels_key = "images"
+    """The ``mm_kwargs`` key of the images."""
+
+    def _channels_and_dtype(self, host: Any) -> tuple[int, torch.dtype]:
+        return host.vision_args.num_channels, host.vision_encoder.dtype
+
+
+class Mistral3Reference(PixtralReference):
+    """Mistral3 (HF Pixtral tower, ``Mistral3ForConditionalGeneration``):
+    Pixtral's items (``(H, W)`` pixels of whole ``patch · merge`` cells, at
+    most ``image_size`` a side; the HF processor floors where
+    mistral_common rounds, which changes no legal size), under
+    ``mm_kwargs['pixel_values']``."""
+
+    name = "mistral3"
+    host_cls = Mistral3VisionHost  # type: ignore[assignment]
+    pixels_key = "pixel_values"
+
+    def config(self, size: Size) -> Mistral3Config:  # type: ignore[override]
+        return Mistral3Config.for_size(size)
+
+    def _channels_and_dtype(self, host: Any) -> tuple[int, torch.dtype]:
+        return host.config.vision_config.num_channels, host.vision_tower.dtype
+
+
 class KimiK25Reference(_MoonViTReference[KimiK25VisionHost]):
     """Kimi-K2.5: items are patch grids ``(t, h, w)`` of the ``vision_chunk``
     modality (images and video chunks, batched together by vLLM).
@@ -1580,6 +1717,8 @@ REFERENCE_TOWERS: dict[str, ReferenceTower[Any]] = {
         Step3VLReference(),
         KimiK25Reference(),
         MiniCPMVReference(),
+        PixtralReference(),
+        Mistral3Reference(),
     )
 }
 

@@ -83,6 +83,7 @@ ESTIMATED_BY = {
     "paddleocr_vl": "qwen2_vl",
     "skyworkr1v": "internvl",
     "qwen3_omni": "qwen3_vl",
+    "mistral3": "qwen2_vl",
 }
 
 

@@ -3,8 +3,8 @@
 # From specs/cohere_compass.yaml: change the spec or the templates and run
 # `gen-mixin specs/cohere_compass.yaml`.
 # spec-sha256: d07c29aa8ad4662bcac30b269bf92c40a0f7c311b8deb5cc9f84e86dba45c5c5
-# templates-sha256: adc7d808ad06313057fed6ba8da04ae18d82d23b88d6e7fc8ade68a31dbadfdd
-# output-sha256: 542a2a7b738df7c2f635aed9f1fd9d3db777537fbf2a5587b59e8a59c9e67fd6
+# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
+# output-sha256: c4a8ad877ff00bfe81c01b6221f7a5464a628e7522818433828d380dc335444a
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
-# templates-sha256: adc7d808ad06313057fed6ba8da04ae18d82d23b88d6e7fc8ade68a31dbadfdd
-# output-sha256: a546cfb3403f2ecf688ba81f1bfdb92ec5feb643857e997b5f90cde1c7cfe545
+# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
+# output-sha256: e26b1fc40a48038e2653b4f2af30bda0eda1d76a0089a62faec320ad10eec30a
 
 import itertools
 from collections.abc import Hashable

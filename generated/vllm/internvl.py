@@ -3,8 +3,8 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
-# templates-sha256: adc7d808ad06313057fed6ba8da04ae18d82d23b88d6e7fc8ade68a31dbadfdd
-# output-sha256: 2020a3397e8e5c31a11140b50ebd4148bb14b4ecdb0bed95db7d82782c60de84
+# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
+# output-sha256: c48da4cc0b494c77963487704b5c6f28c33e419fb34d7976eb877c832eea63e0
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/minicpmv.yaml: change the spec or the templates and run
 # `gen-mixin specs/minicpmv.yaml`.
 # spec-sha256: d4a580fe01bc55f4be098f399ee38128cd927c0b2f6e20aecf28c2d3e8bd3368
-# templates-sha256: adc7d808ad06313057fed6ba8da04ae18d82d23b88d6e7fc8ade68a31dbadfdd
-# output-sha256: 1210ca0e4bd170b977d7a2e4469f145380be906a42a0bb3c6b467fbfb231e2be
+# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
+# output-sha256: 16e09791b1e8da371b0d0e6504a0c756bec79c907e78d12b4a888fff1bbd24d3
 
 import itertools
 from collections.abc import Hashable

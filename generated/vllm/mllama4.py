@@ -3,8 +3,8 @@
 # From specs/mllama4.yaml: change the spec or the templates and run
 # `gen-mixin specs/mllama4.yaml`.
 # spec-sha256: 3a4c5d7bdb1ee216f77e7723529296ab4a8d77acd6df01a22770eb4a40007938
-# templates-sha256: adc7d808ad06313057fed6ba8da04ae18d82d23b88d6e7fc8ade68a31dbadfdd
-# output-sha256: 3f7e3a3a7937ca5ae0a85d1e4284cdd5c9373206b3f9210ca4dd321ad6f7b94a
+# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
+# output-sha256: 163025ff90fa345541e4e40b323956c9984b88f95ddce4dacfb4e2c6b7bd5688
 
 import itertools
 from collections.abc import Hashable

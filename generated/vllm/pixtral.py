@@ -3,8 +3,8 @@
 # From specs/pixtral.yaml: change the spec or the templates and run
 # `gen-mixin specs/pixtral.yaml`.
 # spec-sha256: 12ce8c3f5fd7aa9655f017b7f136e3b9447324caa4325c3dafd002fc42799961
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: c1883c3a70a43b2c6ca227884e1b49a0cd14fc7069aa18ced071256d82716dc2
+# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
+# output-sha256: eb47fa0839ef0a6138920fb406570bdbe114fafecb9165317b7e7cf1da20749f
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any

@@ -3,8 +3,8 @@
 # From specs/skyworkr1v.yaml: change the spec or the templates and run
 # `gen-mixin specs/skyworkr1v.yaml`.
 # spec-sha256: b0dc57e5fb20eaab774e7718602afac4daee4053867b6f921b6f70c4492526a6
-# templates-sha256: adc7d808ad06313057fed6ba8da04ae18d82d23b88d6e7fc8ade68a31dbadfdd
-# output-sha256: d81570091e6b710fc80639a475a47bf6056b9b32317152cc3b16a5ddea606d16
+# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
+# output-sha256: 76490dc3a40ff7276846dfe4b3862f0a4e4aff11cb8ca2e21ac4df7d3727ad0b
 
 import itertools
 from collections.abc import Hashable

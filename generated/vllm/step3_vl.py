@@ -3,8 +3,8 @@
 # From specs/step3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
-# templates-sha256: adc7d808ad06313057fed6ba8da04ae18d82d23b88d6e7fc8ade68a31dbadfdd
-# output-sha256: 75ffe9c2d461db0a274ca58a9351a3c7decc8b8f38eed088735c1251ab3a34ee
+# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
+# output-sha256: d99c342aa8113b0c8f64c12bcc1290f2c6376ae4bb51b29dbdbd7c2a87cec1c1
 
 import itertools
 from collections.abc import Hashable

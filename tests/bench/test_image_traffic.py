@@ -21,6 +21,7 @@ import random
 import zipfile
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -34,6 +35,11 @@ INTERNVL_PROCESSOR = "vllm/transformers_utils/processors/internvl.py"
 STEP3_PROCESSOR = "vllm/transformers_utils/processors/step3_vl.py"
 KIMI_VL_MODEL = "vllm/model_executor/models/kimi_vl.py"
 KIMI_K25_PROCESSOR = "vllm/transformers_utils/processors/kimi_k25_vision_fused.py"
+MISTRAL3_MODEL = "vllm/model_executor/models/mistral3.py"
+#: Pixtral's processor is mistral_common's ``ImageEncoder`` (vLLM 0.33.0's
+#: ``MistralCommonImageProcessor`` wraps it), not part of vLLM's wheel: read
+#: from the real-vLLM test venv's copy (1.13.1) when there is one.
+MISTRAL_COMMON_IMAGE = "mistral_common/tokens/tokenizers/image.py"
 
 
 def wheel_path() -> Path | None:
@@ -510,6 +516,162 @@ def test_minimax_examples(pixels: tuple[int, int], grid: tuple[int, int, int]) -
         ),
     )
     assert rule(*pixels) == grid
+
+
+def mistral_common_image_module() -> ast.Module:
+    found = sorted(
+        (Path.home() / ".cache" / "gen-mixin" / "vllm-venv").glob(
+            f"lib/python3*/site-packages/{MISTRAL_COMMON_IMAGE}"
+        )
+    )
+    if not found:
+        pytest.skip("mistral_common (the real-vLLM test venv's) is not available")
+    return ast.parse(found[0].read_text(encoding="utf-8"), filename=str(found[0]))
+
+
+@pytest.fixture(scope="module")
+def mistral_common_sizes() -> Any:
+    """``ImageEncoder._image_to_num_tokens`` from mistral_common's source,
+    and the resized size its ``__call__`` derives from the token grid."""
+    (encoder,) = [
+        n
+        for n in mistral_common_image_module().body
+        if isinstance(n, ast.ClassDef) and n.name == "ImageEncoder"
+    ]
+    (method,) = [
+        f
+        for f in encoder.body
+        if isinstance(f, ast.FunctionDef) and f.name == "_image_to_num_tokens"
+    ]
+    num_tokens = compile_functions([method], {})["_image_to_num_tokens"]
+
+    def sizes(height: int, width: int, max_image_size: int, patch: int, merge: int):
+        config = SimpleNamespace(
+            max_image_size=max_image_size,
+            image_patch_size=patch,
+            spatial_merge_size=merge,
+        )
+        image = SimpleNamespace(size=(width, height))
+        w_tokens, h_tokens = num_tokens(SimpleNamespace(image_config=config), image)
+        return h_tokens * patch * merge, w_tokens * patch * merge
+
+    return sizes
+
+
+@pytest.mark.parametrize(
+    ("max_image_size", "patch", "merge"),
+    [(1540, 14, 2), (1024, 16, 1), (224, 14, 2)],
+)
+def test_pixtral_resize_is_mistral_commons(
+    mistral_common_sizes: Any, max_image_size: int, patch: int, merge: int
+) -> None:
+    options = {"max_image_size": max_image_size, "patch": patch, "merge": merge}
+    for h, w in every_size():
+        assert traffic.pixtral_image_size(h, w, **options) == mistral_common_sizes(
+            h, w, **options
+        ), (h, w)
+
+
+#: Mistral-Small-3.1's Mistral-format processor (cells of 2 x 14 px).
+PIXTRAL_FULL = {"max_image_size": 1540, "patch": 14, "merge": 2}
+
+
+@pytest.mark.parametrize(
+    ("pixels", "options", "size"),
+    [
+        # A 12 MP 4:3 photo: long side to 1540, 1155 px up to 42 cells.
+        ((3024, 4032), {}, (1176, 1540)),
+        # A 1080p screenshot: 866 px (866.25 rounded) up to 31 cells.
+        ((1080, 1920), {}, (868, 1540)),
+        # A thumbnail is not scaled, only resized up to whole cells.
+        ((150, 150), {}, (168, 168)),
+        # 280.5 px rounds half to even (280: 10 cells; 281 would be 11).
+        ((561, 3080), {}, (280, 1540)),
+        # 280.8 px rounds to 281: 11 cells (Mistral3's floor gives 10).
+        ((702, 3850), {}, (308, 1540)),
+        # A 1-px strip keeps one pixel, one cell.
+        ((1, 8000), {}, (28, 1540)),
+        # Pixtral-12B: 16-px patches, no merge, longest side 1024.
+        ((1080, 1920), {"max_image_size": 1024, "patch": 16, "merge": 1}, (576, 1024)),
+    ],
+)
+def test_pixtral_examples(
+    pixels: tuple[int, int], options: dict[str, Any], size: tuple[int, int]
+) -> None:
+    assert traffic.pixtral_image_size(*pixels, **{**PIXTRAL_FULL, **options}) == size
+
+
+def test_pixtral_rule_is_the_registrys() -> None:
+    from reference_towers.registry import REFERENCE_TOWERS
+
+    tower = REFERENCE_TOWERS["pixtral"]
+    for size in ("tiny", "full"):
+        rule = traffic.model_grid("pixtral", tower.config(size))
+        largest = rule(8000, 8000)
+        assert tower.output_tokens(largest) == tower.max_output_tokens(size)
+        assert rule(1, 1) == tower.smallest_item(size)
+    with pytest.raises(ValueError, match="not an image"):
+        traffic.pixtral_image_size(0, 5, **PIXTRAL_FULL)
+
+
+@pytest.fixture(scope="module")
+def vllm_mistral3_sizes() -> Any:
+    """vLLM's ``Mistral3HFEncoderInfo.get_patch_grid_size`` as the resized
+    pixel size."""
+    (method,) = vllm_methods(
+        MISTRAL3_MODEL, "Mistral3HFEncoderInfo", {"get_patch_grid_size"}
+    )
+
+    class Mistral3Config(SimpleNamespace):
+        pass
+
+    grid_size = compile_functions([method], {"Mistral3Config": Mistral3Config})[
+        "get_patch_grid_size"
+    ]
+
+    def sizes(height: int, width: int, max_image_size: int, patch: int, merge: int):
+        info = SimpleNamespace(
+            get_image_size=lambda: max_image_size,
+            vision_config=SimpleNamespace(patch_size=patch),
+            hf_config=Mistral3Config(spatial_merge_size=merge),
+        )
+        ncols, nrows = grid_size(info, image_width=width, image_height=height)
+        return nrows * patch * merge, ncols * patch * merge
+
+    return sizes
+
+
+@pytest.mark.parametrize(
+    ("max_image_size", "patch", "merge"), [(1540, 14, 2), (1024, 16, 1), (224, 14, 2)]
+)
+def test_mistral3_resize_is_vllms(
+    vllm_mistral3_sizes: Any, max_image_size: int, patch: int, merge: int
+) -> None:
+    options = {"max_image_size": max_image_size, "patch": patch, "merge": merge}
+    for h, w in every_size():
+        expected = vllm_mistral3_sizes(h, w, **options)
+        if min(expected) < 1:
+            # vLLM counts no token for a strip floored to 0 px: refused here.
+            with pytest.raises(ValueError, match="no pixel"):
+                traffic.mistral3_image_size(h, w, **options)
+            continue
+        assert traffic.mistral3_image_size(h, w, **options) == expected, (h, w)
+
+
+@pytest.mark.parametrize(
+    ("pixels", "size"),
+    [
+        # A 1080p screenshot: 866.25 px floored to 866, 31 cells (as rounded).
+        ((1080, 1920), (868, 1540)),
+        # 280.5 px floors to 280 either way: 10 cells.
+        ((561, 3080), (280, 1540)),
+        # 280.8 px floors to 280 (10 cells), where mistral_common's rounding
+        # gives 281 px, 11 cells (test_pixtral_examples).
+        ((702, 3850), (280, 1540)),
+    ],
+)
+def test_mistral3_examples(pixels: tuple[int, int], size: tuple[int, int]) -> None:
+    assert traffic.mistral3_image_size(*pixels, **PIXTRAL_FULL) == size
 
 
 def test_draws_follow_the_mixture() -> None:

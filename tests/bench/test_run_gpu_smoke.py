@@ -22,7 +22,16 @@ from bench_modules import REPO_ROOT, load_bench_module
 
 from encoder_cudagraph_runtime.manager import LONG_CALL_MS
 
-STAGES = ("smoke", "overhead", "profile", "traffic", "traffic-new", "launch", "padding")
+STAGES = (
+    "smoke",
+    "overhead",
+    "profile",
+    "traffic",
+    "traffic-new",
+    "traffic-beyond",
+    "launch",
+    "padding",
+)
 LADDERS = ("default", "fine", "tuned")
 POLICIES = ("vllm", "cost")
 
@@ -113,6 +122,26 @@ def test_traffic_new_measures_or_skips_each_new_model(smoke_run: Path) -> None:
     check_traffic_outputs(result)
     for model in result["models"].values():
         assert model["old_workloads"] == []
+
+
+def test_traffic_beyond_measures_the_models_vllm_runs_eagerly(smoke_run: Path) -> None:
+    """``traffic-beyond`` (issue #26): Pixtral's and Mistral3's per-image
+    tensors through the real-traffic benchmark, every output equal to eager;
+    the tuner plans with the reference towers' constants (Pixtral's 14-px
+    patches merged 2 x 2, not the spec's Pixtral-12B defaults; the tiny
+    towers' 224-px side), so its predicted waste is what the manager packs."""
+    result = json.loads((smoke_run / "traffic-beyond.json").read_text())
+    beyond = load_bench_module("bench_traffic").BEYOND_MODELS
+    assert set(result["models"]) == set(beyond) and result["skipped"] == {}
+    check_traffic_outputs(result)
+    constants = {
+        "pixtral": {"patch": 14, "merge": 2, "side": 224},
+        "mistral3": {"side": 224, "vision_width": 64, "heads": 2},
+    }
+    for stem, model in result["models"].items():
+        assert model["tuner_constants"] == constants[stem], stem
+        waste = model["tuned_waste"]
+        assert waste["predicted_measured"] == pytest.approx(waste["measured"], abs=1e-9)
 
 
 def test_traffic_of_a_model_beyond_the_seeds(tmp_path: Path) -> None:

@@ -13,7 +13,10 @@ CUDA. Per spec with a reference tower (discovered, as in the CPU suite):
   random items); towers with several encoder paths (Step3-VL: global views
   and crops) are planned and checked per path;
 * the models of ``POISON_STEMS`` (``tiny``) with the graph pool's free
-  blocks filled with NaN after capture and before every ``execute``.
+  blocks filled with NaN after capture and before every ``execute``
+  (DeepSeek-V4.1 and MiniCPM-V, and the towers beyond vLLM's catalog,
+  issue #26: Pixtral's and Mistral3's per-image tensors are copied into
+  padded buffers).
 
 Tolerance: the eager reference runs in bf16 on the same device with the same
 kernels; packing changes only GEMM row counts and per-sequence attention, so
@@ -53,7 +56,9 @@ bf16 eager on the same device)."""
 STEMS = drv.discover_spec_stems()
 # DeepSeek-V4.1, and MiniCPM-V, whose full run held NaN in one graph's output
 # buffer in GPU runs E6 and E7 (items right) but not in run F3.
-POISON_STEMS = [s for s in ("deepseek_v41", "minicpmv") if s in STEMS] or STEMS[:1]
+POISON_STEMS = [
+    s for s in ("deepseek_v41", "minicpmv", "pixtral", "mistral3") if s in STEMS
+] or STEMS[:1]
 #: Poisoned runs known to fail, and why (a strict xfail each). None now: the
 #: MiniCPM-V failure of GPU runs E6-G (NaN rows in an output buffer after a
 #: DeepSeek-V4.1 run in the process) was the driver reading the buffers of

@@ -1033,12 +1033,242 @@ def pixtral(merger: bool = False) -> OracleModel:
     )
 
 
+# ---------------------------------------------------------------------------
+# Mistral3: the HF Pixtral tower over per-image (3, H_i, W_i) tensors
+# ---------------------------------------------------------------------------
+
+MISTRAL3 = "vllm.model_executor.models.mistral3"
+#: Pixels: 2-pixel patches, a 2 x 2 merge, images of at most 16 x 16 pixels
+#: (8 x 8 patches, 16 tokens) in the graphs.
+MISTRAL3_PATCH, MISTRAL3_MERGE, MISTRAL3_SIDE = 2, 2, 16
+#: Layers of the fake transformer: the graph must run every one, in order.
+MISTRAL3_DEPTH = 3
+
+
+def _flat_position_ids(patch_embeds_list: list, max_width: int) -> torch.Tensor:
+    """Transformers before 5.17: one id per patch, ``row * max_width +
+    column`` over each image's grid (what vLLM imports from Transformers)."""
+    ids = []
+    for patches in patch_embeds_list:
+        rows, columns = patches.shape[-2:]
+        row = torch.arange(rows)[:, None].expand(rows, columns)
+        column = torch.arange(columns)[None, :].expand(rows, columns)
+        ids.append((row * max_width + column).reshape(-1))
+    return torch.cat(ids)
+
+
+class _AxialRotary:
+    """Transformers' axial 2-D RoPE table (5.17 on): ``(rows, 2)`` ids of
+    (row, column), a 1-d ``inv_freq``; the cos and sin of each patch, half
+    of the angles from its row, half from its column."""
+
+    def __init__(self, head_dim: int) -> None:
+        freq = 1.0 / (100 ** (torch.arange(0, head_dim, 2).float() / head_dim))
+        self.inv_freq = torch.cat([freq[0::2], freq[1::2]])
+
+    def __call__(self, x: torch.Tensor, position_ids: torch.Tensor):
+        angles = position_ids[..., None].float() * self.inv_freq.to(x.device)
+        return self._layout(angles.cos()).to(x.dtype), self._layout(angles.sin()).to(
+            x.dtype
+        )
+
+    @staticmethod
+    def _layout(table: torch.Tensor) -> torch.Tensor:
+        by_row, by_column = table.chunk(2, dim=-1)
+        half = torch.cat([by_row[:, 0], by_column[:, 1]], dim=-1)
+        return torch.cat([half, half], dim=-1)
+
+
+class _FlatRotary:
+    """Transformers' flat RoPE table (before 5.17): a 2-d ``inv_freq`` with
+    one row of angles per flat id. Four times the ids of the widest grid, so
+    an image larger than the config's (eager only) does not index past it."""
+
+    def __init__(self, head_dim: int, side: int) -> None:
+        ids = torch.arange(4 * side * side).float()[:, None]
+        self.inv_freq = ids * (torch.arange(head_dim).float() + 1) / 37
+
+    def __call__(self, x: torch.Tensor, position_ids: torch.Tensor):
+        angles = self.inv_freq[position_ids]
+        return angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+
+
+class _Mistral3Layer:
+    """A transformer layer by FlashAttention's contract, ``(1, rows, width)``:
+    the rows plus their RoPE cos and sin (scaled by the layer's place in the
+    list), then each row plus its sequence's mean; ``sequence_lengths`` must
+    be None (FlashInfer's only)."""
+
+    def __init__(self, tower: Any, index: int, backend: str) -> None:
+        self.tower, self.index = tower, index
+        self.attention = _Obj(
+            attn=_Obj(attn_backend=AttentionBackendEnum[backend]), tp_size=1
+        )
+
+    def __call__(self, x, cos, sin, cu_seqlens, max_seqlen, sequence_lengths):
+        violations = self.tower.violations
+        if sequence_lengths is not None:
+            violations.setdefault("sequence_lengths", []).append("not None")
+        scale = (self.index + 1) / 4
+        rows = x[0].float() + (cos.float() - sin.float() / 2) * scale
+        out = parity_hosts.varlen_attention(rows, cu_seqlens, max_seqlen, violations)
+        return out.to(x.dtype)[None]
+
+
+class _Mistral3TowerParts(parity_hosts.Recorder):
+    """The learned parts of ``PixtralHFVisionModel``: the input
+    normalisation (a scale and shift per channel), the patch convolution's
+    weight, ``ln_pre``, the rotary table and ``MISTRAL3_DEPTH`` layers.
+    ``forward`` is vLLM's (subclass), and so is the transformer's."""
+
+    def __init__(self, code: WheelCode, backend: str, axial: bool) -> None:
+        super().__init__()
+        p = MISTRAL3_PATCH
+        self.config = _Obj(
+            image_size=MISTRAL3_SIDE,
+            patch_size=p,
+            num_channels=3,
+            hidden_size=WIDTH,
+            num_attention_heads=1,
+            num_hidden_layers=MISTRAL3_DEPTH,
+        )
+        self.patch_conv = _Obj(weight=_mixing(WIDTH, 3 * p * p).view(WIDTH, 3, p, p))
+        self.patch_positional_embedding = (
+            _AxialRotary(WIDTH) if axial else _FlatRotary(WIDTH, MISTRAL3_SIDE // p)
+        )
+        transformer_class = code.klass(
+            PIXTRAL, "PixtralHFTransformer", ["forward"], bases=(CallsForward,)
+        )
+        self.transformer = transformer_class()
+        self.transformer.layers = [
+            _Mistral3Layer(self, i, backend) for i in range(MISTRAL3_DEPTH)
+        ]
+
+    dtype = torch.float32
+    device = parity_hosts.CPU
+
+    @staticmethod
+    def input_norm(pixels: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Rows of ``(channels, patch, patch)`` pixels; each channel its own
+        scale and shift, as the fused input norm's layout has them."""
+        n = pixels.shape[0]
+        scale = torch.tensor([0.5, -1.0, 2.0])[None, :, None]
+        shift = torch.tensor([0.25, 0.0, -0.5])[None, :, None]
+        return (
+            (pixels.float().reshape(n, 3, -1) * scale + shift).reshape(n, -1).to(dtype)
+        )
+
+    @staticmethod
+    def ln_pre(x: torch.Tensor) -> torch.Tensor:
+        return x - x.mean(dim=-1, keepdim=True) / 2
+
+
+def _mistral3_projector(code: WheelCode) -> Any:
+    """vLLM's projector and patch merger (their forwards) on fixed linears
+    (returning ``(out, None)`` as vLLM's parallel linears do)."""
+    projector = code.klass(
+        MISTRAL3, "Mistral3MultiModalProjector", ["forward"], bases=(CallsForward,)
+    )()
+    merger = code.klass(
+        MISTRAL3, "Mistral3PatchMerger", ["forward"], bases=(CallsForward,)
+    )()
+    merger.spatial_merge_size = MISTRAL3_MERGE
+    merger.patch_size = MISTRAL3_PATCH
+    merger.merging_layer = FixedLinear(WIDTH * MISTRAL3_MERGE**2, WIDTH)
+    projector.norm = lambda x: x * (x.pow(2).mean(dim=-1, keepdim=True) + 1).rsqrt()
+    projector.patch_merger = merger
+    linear_1, linear_2 = FixedLinear(WIDTH, 2 * WIDTH), FixedLinear(2 * WIDTH, WIDTH)
+    projector.linear_1 = lambda x: (linear_1(x), None)
+    projector.act = torch.tanh
+    projector.linear_2 = lambda x: (linear_2(x), None)
+    return projector
+
+
+def _mistral3_host_class(code: WheelCode, mixin: type) -> type:
+    parity_hosts.mm_attention_helpers(code)
+    return code.klass(
+        MISTRAL3,
+        "Mistral3ForConditionalGeneration",
+        ["_parse_and_validate_image_input", "_process_image_input"],
+        bases=(mixin,),
+    )
+
+
+def _mistral3_host(axial: bool):
+    def make_host(code: WheelCode, host_class: type, backend: str) -> Any:
+        tower_class = code.klass(
+            PIXTRAL,
+            "PixtralHFVisionModel",
+            ["forward"],
+            bases=(_Mistral3TowerParts, CallsForward),
+            exclude=["dtype", "device"],
+        )
+        host = host_class()
+        host.vision_tower = tower_class(code, backend, axial)
+        host.config = _Obj(
+            vision_config=host.vision_tower.config,
+            spatial_merge_size=MISTRAL3_MERGE,
+            text_config=_Obj(hidden_size=WIDTH),
+        )
+        host.multi_modal_projector = _mistral3_projector(code)
+        return host
+
+    return make_host
+
+
+def mistral3_batches() -> list[dict[str, Any]]:
+    """Images of their own sizes (multiples of 4 pixels: 2-pixel patches,
+    2 x 2 groups), as lists, and one stacked tensor of equal sizes; images
+    taller or wider than 16 pixels run eagerly, as do batches past the
+    ladder's top (128 tokens)."""
+    gen = torch.Generator().manual_seed(3)
+    sizes = [
+        [(4, 4)],
+        [(8, 12), (16, 4), (4, 16)],
+        [(20, 8)],
+        [(16, 16), (12, 8), (4, 24), (8, 8)],
+        [(16, 16)] * 9,
+        [(12, 16), (4, 4), (16, 12), (8, 4), (16, 8)],
+    ]
+    batches: list[dict[str, Any]] = [
+        {"pixel_values": [torch.randn(3, h, w, generator=gen) for h, w in mix]}
+        for mix in sizes
+    ]
+    batches.append({"pixel_values": torch.randn(3, 3, 8, 12, generator=gen)})
+    return batches
+
+
+def mistral3(axial: bool = True) -> OracleModel:
+    return OracleModel(
+        stem="mistral3",
+        stubs={
+            MISTRAL3: {"Mistral3ImagePixelInputs": schema_as_dict},
+            PIXTRAL: {
+                "TRANSFORMERS_WITH_AXIAL_ROPE": axial,
+                "flat_position_ids_in_meshgrid": _flat_position_ids,
+            },
+        },
+        host_class=_mistral3_host_class,
+        make_host=_mistral3_host(axial),
+        eager=lambda host, batch: list(
+            host._process_image_input(
+                {"type": "pixel_values_pixtral", "pixel_values": batch["pixel_values"]}
+            )
+        ),
+        batches=mistral3_batches,
+        backends=("FLASH_ATTN", "ROCM_AITER_FA", "TRITON_ATTN"),
+        max_num_batched_tokens=128,
+        violations=lambda host: host.vision_tower.violations,
+    )
+
+
 #: Every model of vLLM 0.33.0 without a hand-written mixin that has a spec:
 #: its oracle (the catalog's models have parity rows in parity_hosts.MODELS).
 ORACLES = {
     "cohere2_vision": cohere2_vision,
     "dots_ocr": dots_ocr,
     "eagle2_5_vl": eagle2_5_vl,
+    "mistral3": mistral3,
     "paddleocr_vl": paddleocr_vl,
     "pixtral": pixtral,
     "qwen2_5_omni": qwen2_5_omni,

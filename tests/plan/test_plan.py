@@ -137,7 +137,8 @@ def _captures_units(spec: Path) -> bool:
 
 def _captures_padded(spec: Path) -> bool:
     """A capture of padded inputs (rows of items, not a dummy batch's rows)."""
-    return re.search(r"kind: padded", spec.read_text(encoding="utf-8")) is not None
+    text = spec.read_text(encoding="utf-8")
+    return re.search(r"kind: (padded|tensors)", text) is not None
 
 
 ITEM_SPECS = [s for s in SPECS if not _captures_units(s) and not _captures_padded(s)]
@@ -173,11 +174,20 @@ def test_plan_shapes_of_padded_inputs_are_rows_of_the_dummy_item(spec):
     for budget_plan in plan.per_budget:
         assert budget_plan.padded and "k=" not in text
         by_key = {b.key: b for b in budget_plan.buffers}
-        for key in padded & set(by_key):
-            rows, size = by_key[key].shape[:2]
-            # At most max_batch_size rows, each as wide as the dummy item.
+        for item_input in ir.item_inputs:
+            if item_input.key not in padded or item_input.key not in by_key:
+                continue
+            rows, *sizes = by_key[item_input.key].shape
+            # At most max_batch_size rows, each as wide as the dummy item
+            # (a tensors input's: its item tensor, room for the dummy's dims).
             assert 1 <= rows <= 4
-            assert [size] == budget_plan.dummy[key]
+            dummy = budget_plan.dummy[item_input.key]
+            if item_input.is_tensors:
+                assert len(sizes) == len(item_input.item_shape)
+                positions = item_input.dim_positions
+                assert all(sizes[p] >= d for p, d in zip(positions, dummy, strict=True))
+            else:
+                assert [sizes[0]] == dummy
     assert plan.problems == []
 
 

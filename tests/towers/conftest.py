@@ -15,6 +15,8 @@ from reference_towers.kimi_k25 import KimiK25VisionHost
 from reference_towers.kimi_vl import KimiVLVisionHost
 from reference_towers.minicpmv import MiniCPMVVisionHost
 from reference_towers.minimax_vl import MiniMaxM3VisionHost
+from reference_towers.mistral3 import Mistral3VisionHost
+from reference_towers.pixtral import PixtralVisionHost
 from reference_towers.qwen2_5_vl import Qwen2_5_VLVisionHost
 from reference_towers.qwen2_vl import Qwen2VLVisionHost
 from reference_towers.registry import REFERENCE_TOWERS
@@ -66,6 +68,20 @@ def kimi_k25_host() -> KimiK25VisionHost:
 @pytest.fixture(scope="session")
 def minicpmv_host() -> MiniCPMVVisionHost:
     return REFERENCE_TOWERS["minicpmv"].build_host(
+        PlainMixin, "tiny", device="cpu", dtype=torch.float32, seed=0
+    )
+
+
+@pytest.fixture(scope="session")
+def pixtral_host() -> PixtralVisionHost:
+    return REFERENCE_TOWERS["pixtral"].build_host(
+        PlainMixin, "tiny", device="cpu", dtype=torch.float32, seed=0
+    )
+
+
+@pytest.fixture(scope="session")
+def mistral3_host() -> Mistral3VisionHost:
+    return REFERENCE_TOWERS["mistral3"].build_host(
         PlainMixin, "tiny", device="cpu", dtype=torch.float32, seed=0
     )
 

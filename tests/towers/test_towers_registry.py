@@ -53,6 +53,10 @@ def _views(fixed: int, per_view: int, counts: tuple[int, ...]) -> Callable[[int]
     return reachable
 
 
+def _cells_of_at_most_8(tokens: int) -> bool:
+    return any(tokens % a == 0 and tokens // a <= 8 for a in range(1, 9))
+
+
 TINY_ITEMS = {
     "deepseek_v41": TinyItems(4, _every_count),
     "internvl": TinyItems(256, _views(0, 256, (1, 3, 4, 5)), layout_items=2),
@@ -62,6 +66,9 @@ TINY_ITEMS = {
         64, _views(0, 64, (1, 3, 4, 5, 6, 7, 8, 9, 10)), text_width=128
     ),
     "minimax_m3": TinyItems(1, _every_count),
+    # Mistral3 and Pixtral: an image of a x b cells of at most 8 a side.
+    "mistral3": TinyItems(1, _cells_of_at_most_8),
+    "pixtral": TinyItems(1, _cells_of_at_most_8),
     "qwen2_5_vl": TinyItems(1, _every_count),
     "qwen2_vl": TinyItems(1, _every_count),
     "step3_vl": TinyItems(169, _views(169, 81, (0, 2, 3, 4, 5, 6)), layout_items=2),
@@ -99,6 +106,8 @@ def test_registry_keys_are_spec_names():
         "kimi_vl",
         "minicpmv",
         "minimax_m3",
+        "mistral3",
+        "pixtral",
         "qwen2_5_vl",
         "qwen2_vl",
         "step3_vl",

@@ -3,8 +3,8 @@
 # From specs/eagle2_5_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/eagle2_5_vl.yaml`.
 # spec-sha256: 83ff2533b4ca23dd7ff633541be75194608fbdec7d6ecb70c6c7ccd114d4e48d
-# templates-sha256: adc7d808ad06313057fed6ba8da04ae18d82d23b88d6e7fc8ade68a31dbadfdd
-# output-sha256: 6dbee2ccc7d1bc7dbb54db1ac4da82db81dc2485aa9aa12eb6ea59f8212e8753
+# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
+# output-sha256: aafe573599eeef3c7697cf7394a9a0faea60d588aef6fbe3d0ad1d140613cd90
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/gemma4_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma4_mm.yaml`.
 # spec-sha256: 06e9dbe6dfab654f3c21e7f5471097a1f4a7406dd29cd02c84eecf9f9a03241a
-# templates-sha256: adc7d808ad06313057fed6ba8da04ae18d82d23b88d6e7fc8ade68a31dbadfdd
-# output-sha256: 269e9e1a00f18d72a403f77c8516bfd5f9e2b63ca39f6ab0a2dd5819a551fe04
+# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
+# output-sha256: c13967761a48ad9452f15fdca105f8e9be47fbbf0c7f5317fbcd99cfd9218386
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any

@@ -3,8 +3,8 @@
 # From specs/mllama4.yaml: change the spec or the templates and run
 # `gen-mixin specs/mllama4.yaml`.
 # spec-sha256: 3a4c5d7bdb1ee216f77e7723529296ab4a8d77acd6df01a22770eb4a40007938
-# templates-sha256: adc7d808ad06313057fed6ba8da04ae18d82d23b88d6e7fc8ade68a31dbadfdd
-# output-sha256: 67fbefe0fd348cdf6d8919162b54373b6cb325fa2e9d33973f6a33a4c1c4bfc6
+# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
+# output-sha256: 7026c6709befac15b36f16ebd9316a158976d2c2782fcab01e0a19f6c4bc8d07
 
 import itertools
 from collections.abc import Hashable

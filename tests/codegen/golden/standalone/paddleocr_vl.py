@@ -3,8 +3,8 @@
 # From specs/paddleocr_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/paddleocr_vl.yaml`.
 # spec-sha256: 7068944d1e5972ce2899b6db50c3c8836ffb4dcaab234b82f8deb1f4d4d77a21
-# templates-sha256: bde75db65fd1c7f3ee51836e452eb9237b4b66a6958da4ad9518ee711beefc58
-# output-sha256: 9148a89912d2e2117f2d91e1fe5681346620a10ec396f10d50186a0ec1477ded
+# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
+# output-sha256: 7e690c59ff1443f9311b202e9a4e0dfaac8711c7677feaf6d2bd0ccc0e9b158f
 
 import itertools
 from collections.abc import Hashable

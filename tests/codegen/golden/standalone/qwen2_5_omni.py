@@ -3,8 +3,8 @@
 # From specs/qwen2_5_omni.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_omni.yaml`.
 # spec-sha256: ce9bf2fc700f004d47827e30d185e59eb5d9444dd78780ad1cac730e07dc5c1d
-# templates-sha256: adc7d808ad06313057fed6ba8da04ae18d82d23b88d6e7fc8ade68a31dbadfdd
-# output-sha256: 7b5351932998e9e9a6c96eb19987d2c88199b837f9ee0e5d33b27230d2b4ce5d
+# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
+# output-sha256: df7a0c1a74a671af42ccaa3ccf5c1d49328f2cd03289a524ceefa4f1ccbc5574
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/skyworkr1v.yaml: change the spec or the templates and run
 # `gen-mixin specs/skyworkr1v.yaml`.
 # spec-sha256: b0dc57e5fb20eaab774e7718602afac4daee4053867b6f921b6f70c4492526a6
-# templates-sha256: adc7d808ad06313057fed6ba8da04ae18d82d23b88d6e7fc8ade68a31dbadfdd
-# output-sha256: 5617f6b8873b2768176258d53e47f407c8738f881454098d1f34c3b5a7c39124
+# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
+# output-sha256: b0ca7726678a9b8b4e2a4e6fa43f885e491196b1b8ab78eaaba34c7e18233aff
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/step3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
-# templates-sha256: adc7d808ad06313057fed6ba8da04ae18d82d23b88d6e7fc8ade68a31dbadfdd
-# output-sha256: 0f4e3f7518f7f8aa4421ad20607ebd16bb19a3bcbad383c15b36de53a52f8486
+# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
+# output-sha256: 0981e2ac3fb7411b9e268fc9b6289a9b1422788c90f53284681bc7b5d210a3a2
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/idefics3.yaml: change the spec or the templates and run
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 402948cdd63112cfeb000df2a94827d2c785cffa05635f592942545d8e00d7b3
-# templates-sha256: adc7d808ad06313057fed6ba8da04ae18d82d23b88d6e7fc8ade68a31dbadfdd
-# output-sha256: 7a3e2ebed0b3ba4b4e04d0b308bd54babee2565f64a5cb03334eb21b85ba6b29
+# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
+# output-sha256: 45bb277e087be1bafa928a34e5f6ea7b95859592a0b84edc37307e532292a839
 
 import itertools
 from collections.abc import Hashable

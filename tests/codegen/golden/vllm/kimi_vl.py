@@ -3,8 +3,8 @@
 # From specs/kimi_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_vl.yaml`.
 # spec-sha256: b4c12018366cdeb86c86bf7b35c60c7b97e9e189f2f53785ec5ff811704d07d2
-# templates-sha256: adc7d808ad06313057fed6ba8da04ae18d82d23b88d6e7fc8ade68a31dbadfdd
-# output-sha256: f2aaf3bc8181ac09dcf6db1ee8c9129e46ca1b3dcb0d1e643b5d2b73b6ac1390
+# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
+# output-sha256: 65271a55d66edde8f1db32303c7011386bd0f360f6758a494f33984fd1e96dc2
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/qwen3_omni.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen3_omni.yaml`.
 # spec-sha256: 46292578db0b5b7229d8af47d27ac8596828d5f1c7721b49c6cf316d78a0da57
-# templates-sha256: adc7d808ad06313057fed6ba8da04ae18d82d23b88d6e7fc8ade68a31dbadfdd
-# output-sha256: 59b7c76426e1c960bcfb29e1623c7d5b34c91ccbe6f7a8ea04e2a1c9b7dc1f60
+# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
+# output-sha256: 6899e5b42098b3fa70d366b1c6c3746f2e2f7b99087dc9ab6889b37c3ad37408
 
 import itertools
 from collections.abc import Hashable
