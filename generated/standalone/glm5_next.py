@@ -3,8 +3,8 @@
 # From specs/glm5_next.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm5_next.yaml`.
 # spec-sha256: eb5cf2b9079a5f16fe35bba77bed5740c643efe1e64d9a18938216fe04e1b97d
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: 019ebd7c3be83443e76453d5873f0a83b652f91d67727df2c0542db7ec08af9d
+# templates-sha256: 3a1ae8edccb8e718bac100b94a23daf8e2363c27902fb75935d3518a13aecdc4
+# output-sha256: a874a1e9f2061823421c3bfebbf04e64f7775583a052cdfa6fca4dc7c49bb82d
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/kimi_k3.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k3.yaml`.
 # spec-sha256: 43497e5dfe1ac384f62bdd2eaa1d96ddd9887c49f037b60e3b81ea6100afb1a8
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: 5c4cd97b10b55b90e435f9015500f3ddd7e2c11545c8d5f58872d2b7c7c004bd
+# templates-sha256: 3a1ae8edccb8e718bac100b94a23daf8e2363c27902fb75935d3518a13aecdc4
+# output-sha256: c41f30c81ff04b0a8b9deda6c336471924688856f96fb68d9dbbf00227606df6
 
 import itertools
 import math

@@ -3,8 +3,8 @@
 # From specs/kimi_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_vl.yaml`.
 # spec-sha256: b4c12018366cdeb86c86bf7b35c60c7b97e9e189f2f53785ec5ff811704d07d2
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: f49fccaab4337313bf2009f0f5b2dbfb7e951f8f5e1c9746d41da0191ef5a152
+# templates-sha256: 3a1ae8edccb8e718bac100b94a23daf8e2363c27902fb75935d3518a13aecdc4
+# output-sha256: 648b6486b796650fc9fbcdea3a643b0f87f78f03263567d5508382d4736b5d4f
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/step3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: b9c9a4f86d75ca917500351b5995c9b75e88a42d5b5b650037d2c3a4b2054fa9
+# templates-sha256: 3a1ae8edccb8e718bac100b94a23daf8e2363c27902fb75935d3518a13aecdc4
+# output-sha256: a512c586c54ad5a80eb149aa6e4f798c25abe364ea11a03f6a23aa8c148d7689
 
 import itertools
 from collections.abc import Hashable

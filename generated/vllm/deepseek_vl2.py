@@ -3,8 +3,8 @@
 # From specs/deepseek_vl2.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_vl2.yaml`.
 # spec-sha256: 65a219ba305cd6d64a7bcc0ccb0190528fa86cf96ed2209abdf6848605972e9f
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: 5715dac80441151d68000d1580c3c7c66efaef00401b00e1b8ceeb74c1db227c
+# templates-sha256: 3a1ae8edccb8e718bac100b94a23daf8e2363c27902fb75935d3518a13aecdc4
+# output-sha256: 8ac84a7f74aa330ed74662ab1ccde1edbc2acecf31c45e5c3aa28279ba91c73f
 
 import itertools
 from collections.abc import Hashable

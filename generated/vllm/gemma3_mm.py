@@ -3,8 +3,8 @@
 # From specs/gemma3_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma3_mm.yaml`.
 # spec-sha256: 19cc0f6e849ba8315b6202b90204158da9f48161f059a5255254f1c8d3c71b41
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: 7aea5c1e85ca9c1aa6f3c7c7e4dc31549278a2679608885aa4bd44c7f5992387
+# templates-sha256: 3a1ae8edccb8e718bac100b94a23daf8e2363c27902fb75935d3518a13aecdc4
+# output-sha256: 39d9c6d62524847a9a80b0241c383165f924a14b0e43b9e27be77d4eba740dd0
 
 import itertools
 from collections.abc import Hashable

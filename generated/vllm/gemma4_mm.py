@@ -3,8 +3,8 @@
 # From specs/gemma4_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma4_mm.yaml`.
 # spec-sha256: 06e9dbe6dfab654f3c21e7f5471097a1f4a7406dd29cd02c84eecf9f9a03241a
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: 5138d9b86e8b51997b3eb81234d383cb74e8a1bca19a461f4a366b1851f293fd
+# templates-sha256: 3a1ae8edccb8e718bac100b94a23daf8e2363c27902fb75935d3518a13aecdc4
+# output-sha256: 3d0f0dd09111ce2e1c1f25f78eb104903a28c8cb4e8a5ef17ccf67d88cd2ab02
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any

@@ -3,8 +3,8 @@
 # From specs/idefics3.yaml: change the spec or the templates and run
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 402948cdd63112cfeb000df2a94827d2c785cffa05635f592942545d8e00d7b3
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: 05fd14f363b76048d27bc39e2afbe709c382b5f49e92d78fb6e022e06b588f26
+# templates-sha256: 3a1ae8edccb8e718bac100b94a23daf8e2363c27902fb75935d3518a13aecdc4
+# output-sha256: 5921fbf41b63caf5e3c37e0a1634fd1d66621d1f5b54c9e97456a630b8103924
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: b5797a018cf751600fab086f8deba17c1be9f6adb7171dac9f34cce149a8f27b
+# templates-sha256: 3a1ae8edccb8e718bac100b94a23daf8e2363c27902fb75935d3518a13aecdc4
+# output-sha256: c694095ccf8e27d86de1fd352f6b45d6bd407597c18d22385fe6f382e3fe49d9
 
 import itertools
 from collections.abc import Hashable

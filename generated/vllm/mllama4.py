@@ -3,8 +3,8 @@
 # From specs/mllama4.yaml: change the spec or the templates and run
 # `gen-mixin specs/mllama4.yaml`.
 # spec-sha256: 3a4c5d7bdb1ee216f77e7723529296ab4a8d77acd6df01a22770eb4a40007938
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: 8983b4e108ef14bfa13057de47fdc2dd2e042fbb0e0c4e5362ae2721c2298581
+# templates-sha256: 3a1ae8edccb8e718bac100b94a23daf8e2363c27902fb75935d3518a13aecdc4
+# output-sha256: a80c54bd9409f19625c07f816139f7075b259d1f2bb033f2f293d0a240a0f0d8
 
 import itertools
 from collections.abc import Hashable

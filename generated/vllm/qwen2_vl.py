@@ -3,8 +3,8 @@
 # From specs/qwen2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_vl.yaml`.
 # spec-sha256: 869bcb41f290ee655394bdeee5f49801b8344bce3f4c38101e004675d9980f68
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: d7f6e2e37a6e3feb6131aa6f0e7ca4c981681a06fa014df7ae495bef06ddf02c
+# templates-sha256: 3a1ae8edccb8e718bac100b94a23daf8e2363c27902fb75935d3518a13aecdc4
+# output-sha256: fd3f382517d62d0000d6fd2105d9186f435c0c2fae5f3de3a4dd34b1b783cb83
 
 import itertools
 from collections.abc import Hashable

@@ -154,8 +154,8 @@ class Loads:
     def key(self, key: str) -> str:
         return f'keys["{key}"]' if self.by_modality else f'"{key}"'
 
-    def flat(self, key: str) -> str:
-        read = f"mm_kwargs[{self.key(key)}]"
+    def flat(self, key: str, source: str = "mm_kwargs") -> str:
+        read = f"{source}[{self.key(key)}]"
         flat = self.spec.flat(key)
         if flat and flat.accepts_list:
             read = f"_concat_rows({read})"

@@ -3,8 +3,8 @@
 # From specs/ernie45_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/ernie45_vl.yaml`.
 # spec-sha256: 9c43478aaa850dab46764f23326811febf7e9a3d9cc8d6b0c7ff0cd9d6601d41
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: e62f56311ad1180b15cd708032f7e8da26ccd750cc0501d566e5b334b65e7aa4
+# templates-sha256: 3a1ae8edccb8e718bac100b94a23daf8e2363c27902fb75935d3518a13aecdc4
+# output-sha256: b03b0322e486e51851a795ba4068d64f58f0d4f5211a2fd5cec020ca22ddbbc8
 
 import itertools
 from collections.abc import Hashable

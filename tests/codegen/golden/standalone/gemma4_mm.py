@@ -3,8 +3,8 @@
 # From specs/gemma4_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma4_mm.yaml`.
 # spec-sha256: 06e9dbe6dfab654f3c21e7f5471097a1f4a7406dd29cd02c84eecf9f9a03241a
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: dd595adfa89e5e3167b533508a6f56773adf16149f52fca1d27e13533fade3b3
+# templates-sha256: 3a1ae8edccb8e718bac100b94a23daf8e2363c27902fb75935d3518a13aecdc4
+# output-sha256: 36e7650d8916206ca6baafd23b8ed7fe18c22f0379c3e2f4a0a263a152f20a47
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any

@@ -3,8 +3,8 @@
 # From specs/idefics3.yaml: change the spec or the templates and run
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 402948cdd63112cfeb000df2a94827d2c785cffa05635f592942545d8e00d7b3
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: d7202d8bd6def92f32ee533169ded467c0151fc09e9b1d3e3b29d8b64957c11a
+# templates-sha256: 3a1ae8edccb8e718bac100b94a23daf8e2363c27902fb75935d3518a13aecdc4
+# output-sha256: 293983313fac95a36378c4d4b10f37e9d111c44390502a9f7c6e04749fa98ac4
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: 1c3c7d4264be473cf5050eae431f7a4db0191f271340317e324a42722941d568
+# templates-sha256: 3a1ae8edccb8e718bac100b94a23daf8e2363c27902fb75935d3518a13aecdc4
+# output-sha256: 03fada46edae772d2f4ba2ce0513df0b482a16f6cdd8d1bdb39f77d56f8a170c
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/lfm2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/lfm2_vl.yaml`.
 # spec-sha256: 155ff7c4ea0622aa6e6c161c5d0f47a9b00815ce4fa05a9c67893bb7c352de94
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: fe78e4b9eb68da753b4dfadca5bcc7bf3161d927f44211f94e504232b4f2bff7
+# templates-sha256: 3a1ae8edccb8e718bac100b94a23daf8e2363c27902fb75935d3518a13aecdc4
+# output-sha256: bc1be1b4b10e75cc3e5d2ef006d41a7e11521cd9a34f2ba3ddff728af572e24a
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/minimax_m3.yaml: change the spec or the templates and run
 # `gen-mixin specs/minimax_m3.yaml`.
 # spec-sha256: b0a1c0d6a521d611779e7b31c2e7a34c1db47288900ae226b9f1caa189fda9e9
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: aec1d3bf5f16a4a3111c1bfeb72366998371c38612a8af67f4516e390bbac74d
+# templates-sha256: 3a1ae8edccb8e718bac100b94a23daf8e2363c27902fb75935d3518a13aecdc4
+# output-sha256: bc0c3dcb4c591a1b76af1facc8a7d2cc89ba751550f4a51f5f14663fad78f3a3
 
 import itertools
 import weakref

@@ -3,8 +3,8 @@
 # From specs/qwen2_5_omni.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_omni.yaml`.
 # spec-sha256: ce9bf2fc700f004d47827e30d185e59eb5d9444dd78780ad1cac730e07dc5c1d
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: b4e0ac386e3a530358b6f8d1e5296bd9519085fafdfe98a3fd0255cdc350844f
+# templates-sha256: 3a1ae8edccb8e718bac100b94a23daf8e2363c27902fb75935d3518a13aecdc4
+# output-sha256: a9c795fb726336ade84c6e98ad771dec3a83e5a15b3d93f8d1cf1a2aee6be6da
 
 import itertools
 from collections.abc import Hashable

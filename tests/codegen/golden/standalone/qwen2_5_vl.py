@@ -3,8 +3,8 @@
 # From specs/qwen2_5_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_vl.yaml`.
 # spec-sha256: ce38a756ff944d5d1cbcb57a4efc46c3eaa13791e2e6333e347ed5b079f51a1a
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: 83c7b56cfc94196a164072ff70c32eba41ee5573224e156c1359f260e42b4cec
+# templates-sha256: 3a1ae8edccb8e718bac100b94a23daf8e2363c27902fb75935d3518a13aecdc4
+# output-sha256: 6201b6839ee76705bd6ad7ca7b740a39b97d378c3331d9b932f1767aeb7d0eb2
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/cohere_compass.yaml: change the spec or the templates and run
 # `gen-mixin specs/cohere_compass.yaml`.
 # spec-sha256: d07c29aa8ad4662bcac30b269bf92c40a0f7c311b8deb5cc9f84e86dba45c5c5
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: 069ac3637495c4d08a693d22715432573a907d1fb8b0a0ad2aa7f130d71d4ea9
+# templates-sha256: 3a1ae8edccb8e718bac100b94a23daf8e2363c27902fb75935d3518a13aecdc4
+# output-sha256: b3cb82371c8f1dd553a2f5180a43fd0f210dd43d6ddf1198ff34593a21fc599c
 
 import itertools
 from collections.abc import Hashable

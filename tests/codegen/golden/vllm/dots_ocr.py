@@ -3,8 +3,8 @@
 # From specs/dots_ocr.yaml: change the spec or the templates and run
 # `gen-mixin specs/dots_ocr.yaml`.
 # spec-sha256: 00dd8d99bf15619e6c551a3ae930a0ca48d9ca9b113561f7b84d06b5c0336520
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: 072c6e90a3fbba70de7d2ae3083a8010220bbb32c4596ff088bd51bad7a034e4
+# templates-sha256: 3a1ae8edccb8e718bac100b94a23daf8e2363c27902fb75935d3518a13aecdc4
+# output-sha256: d98c77e3c3be741bb855650e2327528682f8782e0779b7c43085c9ce0eb9bfd7
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/glm5_next.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm5_next.yaml`.
 # spec-sha256: eb5cf2b9079a5f16fe35bba77bed5740c643efe1e64d9a18938216fe04e1b97d
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: 123246d1c61efc43c566fd2d2258d1b1fad0308904bfeedbc652874b5f8a4ab8
+# templates-sha256: 3a1ae8edccb8e718bac100b94a23daf8e2363c27902fb75935d3518a13aecdc4
+# output-sha256: 5a935c51e51cf1474fa16a6b34fabb152e5198e7edeffc0053c3432dd3488ea8
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/lfm2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/lfm2_vl.yaml`.
 # spec-sha256: 155ff7c4ea0622aa6e6c161c5d0f47a9b00815ce4fa05a9c67893bb7c352de94
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: 68b07cc8a816e30ba04feeb7b47bd4a895146b54da2ec056eadac0307b2ff5d1
+# templates-sha256: 3a1ae8edccb8e718bac100b94a23daf8e2363c27902fb75935d3518a13aecdc4
+# output-sha256: edf3b7cfc47ccfc053fba8f6097625a8c0985f32f090fb527891ae4bcfd6de73
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/qwen3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen3_vl.yaml`.
 # spec-sha256: 902e83bb3226b608ede21e14f232e7c519c96c3ab05297933967cf2acb582708
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: cb031ebb2cbfbf72b138bf16cc2f208234621f68b37671baadf5fb5bf61fad3b
+# templates-sha256: 3a1ae8edccb8e718bac100b94a23daf8e2363c27902fb75935d3518a13aecdc4
+# output-sha256: 9f7f2a46bb1ce08a67ee577fc1a012ebd9a71d7be7381b1532623964baf591b8
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/step3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
-# templates-sha256: 7b56511e7c0141c5e8a8a87082f6e61d3cb397321b46312843435492b97aa3e8
-# output-sha256: 7d34d5f746a857cd4aaaee7d0a72cdf146bf51ce2d23d235fdc3c922effa2011
+# templates-sha256: 3a1ae8edccb8e718bac100b94a23daf8e2363c27902fb75935d3518a13aecdc4
+# output-sha256: 9917ec5bf5742f4fc81785789d6ce04e8cef2fd979308c8f2397a835366f14b9
 
 import itertools
 from collections.abc import Hashable
