@@ -1659,6 +1659,15 @@ valid_case(
     ("int(crop_masks.sum())", "int(crop_masks.numpy())"),
 )
 valid_case(
+    "post_steps_read_a_list_input",
+    "list_units",
+    (
+        "    - tower.eager(slices, sizes)\n",
+        "    - tower.eager(slices, sizes)\n\npostprocess:\n  per_item: true\n"
+        "  steps:\n    - item_output[:1] if slices else item_output\n",
+    ),
+)
+valid_case(
     "post_steps_cut_input_clashes",
     "postprocess_reads_inputs",
     ("  crop_masks: {kind", "  output: {kind"),
