@@ -224,7 +224,7 @@ FIELD_SCOPES: dict[str, FieldScope] = {
         tensor_ops=True,
     ),
     "eager_steps_per_item": FieldScope(
-        frozenset({_K.FLAT, _K.CONSTANT, _K.DIM, _K.EAGER_STEP}),
+        frozenset({_K.FLAT, _K.CONSTANT, _K.GRID, _K.DIM, _K.EAGER_STEP}),
         host_paths=True,
         calls=True,
         literals=True,
@@ -415,8 +415,8 @@ METHODS: dict[str, Method] = {
             "encoder_eager_forward",
             (SELF, MM_KWARGS, PATH),
             "torch.Tensor",
-            ("keys", "outputs", "_"),
-            (("item_{}", _K.FLAT), ("{}_offset", _K.FLAT)),
+            ("keys", "outputs", "position", "_"),
+            (("item_{}", _K.FLAT), ("{}_offset", _K.FLAT), ("item_{}", _K.GRID)),
             frozenset(
                 {_K.CONSTANT, _K.FLAT, _K.GRID, _K.DIM, _K.EAGER_STEP, _K.IMPORT}
             ),

@@ -3,8 +3,8 @@
 # From specs/deepseek_ocr.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_ocr.yaml`.
 # spec-sha256: 0bfb43e4316a4a39192bb100e7cfeecbb3f7339c7a907dfaa07f9b62999ceee7
-# templates-sha256: 3a1ae8edccb8e718bac100b94a23daf8e2363c27902fb75935d3518a13aecdc4
-# output-sha256: 9791dc3225b739a2238ee5d7f356b8ed8030564564abadd59e0b0a4918be0d71
+# templates-sha256: 8db80293e283ffbcf2b66931e64a3dc07b649076f982f5f5cbb2fac71deeb67a
+# output-sha256: 6aea06bb884e25c2aaa82f11f136da23e7923096402e8528a3608ffdd5bbdeb7
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
-# templates-sha256: 3a1ae8edccb8e718bac100b94a23daf8e2363c27902fb75935d3518a13aecdc4
-# output-sha256: 03fada46edae772d2f4ba2ce0513df0b482a16f6cdd8d1bdb39f77d56f8a170c
+# templates-sha256: 8db80293e283ffbcf2b66931e64a3dc07b649076f982f5f5cbb2fac71deeb67a
+# output-sha256: 831b85b8f5389e6f6d2e7906dc9c2fb336da3923d5fee262d54664d106d64b55
 
 import itertools
 from collections.abc import Hashable

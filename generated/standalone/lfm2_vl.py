@@ -3,8 +3,8 @@
 # From specs/lfm2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/lfm2_vl.yaml`.
 # spec-sha256: 155ff7c4ea0622aa6e6c161c5d0f47a9b00815ce4fa05a9c67893bb7c352de94
-# templates-sha256: 3a1ae8edccb8e718bac100b94a23daf8e2363c27902fb75935d3518a13aecdc4
-# output-sha256: bc1be1b4b10e75cc3e5d2ef006d41a7e11521cd9a34f2ba3ddff728af572e24a
+# templates-sha256: 8db80293e283ffbcf2b66931e64a3dc07b649076f982f5f5cbb2fac71deeb67a
+# output-sha256: 7ec5d61e86dd8bcfad69a72cdfeb80addf2edef467729875197633bcfdd3e6ad
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/gemma4_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma4_mm.yaml`.
 # spec-sha256: 06e9dbe6dfab654f3c21e7f5471097a1f4a7406dd29cd02c84eecf9f9a03241a
-# templates-sha256: 3a1ae8edccb8e718bac100b94a23daf8e2363c27902fb75935d3518a13aecdc4
-# output-sha256: 3d0f0dd09111ce2e1c1f25f78eb104903a28c8cb4e8a5ef17ccf67d88cd2ab02
+# templates-sha256: 8db80293e283ffbcf2b66931e64a3dc07b649076f982f5f5cbb2fac71deeb67a
+# output-sha256: b705067a2616fe0b6b79a9db3b175f3b7dd9e9fb68f015e56bf13b5401be6a2b
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any

@@ -3,8 +3,8 @@
 # From specs/kimi_k25.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k25.yaml`.
 # spec-sha256: 7f183ed8d4f550eea068483d8a9435b722bdfdf97a0b4d8fcd5271760b6fb015
-# templates-sha256: 3a1ae8edccb8e718bac100b94a23daf8e2363c27902fb75935d3518a13aecdc4
-# output-sha256: a2572ad59e009e95cd7c0dfac2b94ea28e10d801dfc7144e6479efd7a0955476
+# templates-sha256: 8db80293e283ffbcf2b66931e64a3dc07b649076f982f5f5cbb2fac71deeb67a
+# output-sha256: 5def826ab3c38ae5b357d2fbb3bd5d31de7426c45f24c473480b31ef61c03f62
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/kimi_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_vl.yaml`.
 # spec-sha256: b4c12018366cdeb86c86bf7b35c60c7b97e9e189f2f53785ec5ff811704d07d2
-# templates-sha256: 3a1ae8edccb8e718bac100b94a23daf8e2363c27902fb75935d3518a13aecdc4
-# output-sha256: e7c444c487125e6329cbb8f112a8fc82e26ae3237d6c11840ee69348f33ce1eb
+# templates-sha256: 8db80293e283ffbcf2b66931e64a3dc07b649076f982f5f5cbb2fac71deeb67a
+# output-sha256: b93cd9f823d10e494bacb9db7b5a8f673b3adb8b875414c288dfa0a7aca674c1
 
 import itertools
 from collections.abc import Hashable

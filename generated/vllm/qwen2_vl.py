@@ -3,8 +3,8 @@
 # From specs/qwen2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_vl.yaml`.
 # spec-sha256: 869bcb41f290ee655394bdeee5f49801b8344bce3f4c38101e004675d9980f68
-# templates-sha256: 3a1ae8edccb8e718bac100b94a23daf8e2363c27902fb75935d3518a13aecdc4
-# output-sha256: fd3f382517d62d0000d6fd2105d9186f435c0c2fae5f3de3a4dd34b1b783cb83
+# templates-sha256: 8db80293e283ffbcf2b66931e64a3dc07b649076f982f5f5cbb2fac71deeb67a
+# output-sha256: e96775dfa0123376c8a1dbe5f686d517abdd137b9de2993118b0e4e33400c066
 
 import itertools
 from collections.abc import Hashable

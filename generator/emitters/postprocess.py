@@ -9,6 +9,7 @@ from generator import formulas as fx
 from generator.emitters.graph_forward import steps
 from generator.emitters.method_body import (
     Body,
+    ItemCuts,
     Loads,
     dims_of,
     item_loop,
@@ -50,7 +51,7 @@ def _steps(spec: MixinSpec) -> dict[str, Any]:
         ),
     }
     if post.per_item:
-        cuts = ItemCuts(spec, body, used)
+        cuts = ItemCuts(spec, body, used, "batch_mm_kwargs")
         dims = {d for g in spec.item_inputs for d in g.dims} & used
         dims |= dims_of(spec, rows) | cuts.dims
         target, iterable, keys = item_loop(spec, dims)
@@ -67,62 +68,6 @@ def _steps(spec: MixinSpec) -> dict[str, Any]:
     ctx["steps"] = steps(body, post.steps, ctx.get("name_map", {}))
     ctx["constants"] = body.bindings()
     return ctx
-
-
-class ItemCuts:
-    """The inputs per-item steps read, each cut to the item: a flat input's
-    rows (a running offset per input), a padded or tensors input's tensor
-    (the item's entry of the list or of the stacked tensor), a grid's row
-    (its dims, bound by the loop) and a count's value (its dim)."""
-
-    def __init__(self, spec: MixinSpec, body: Body, used: set[str]) -> None:
-        loads = Loads(spec)
-        #: Item dims the cuts read: the loop must bind them.
-        self.dims: set[str] = set()
-        self.name_map: dict[str, str] = {}
-        self.loads: list[dict[str, str]] = []
-        self.lines: list[str] = []
-        self.position = False
-        for flat in spec.flat_inputs:
-            if flat.key not in used:
-                continue
-            rows = body.expr(flat.rows)
-            self.dims |= dims_of(spec, flat.rows)
-            offset, item = f"{flat.key}_offset", f"item_{flat.key}"
-            batch = f"batch_{flat.key}"
-            self.loads.append(
-                {"name": batch, "value": loads.flat(flat.key, "batch_mm_kwargs")}
-            )
-            self.loads.append({"name": offset, "value": "0"})
-            self.lines += [
-                f"{item} = {batch}[{offset} : {offset} + {rows}]",
-                f"{offset} += {rows}",
-            ]
-            self.name_map[flat.key] = item
-        for g in spec.item_inputs:
-            if g.key not in used:
-                continue
-            if g.is_count:  # a list input is unbound here (the reader)
-                self.dims.add(g.dims[0])
-                self.name_map[g.key] = g.dims[0]
-                continue
-            item = f"item_{g.key}"
-            self.name_map[g.key] = item
-            if g.is_padded:
-                self.position = True
-                read = f"batch_mm_kwargs[{loads.key(g.key)}]"
-                self.lines.append(f"{item} = {read}[position]")
-            else:
-                self.dims |= set(g.dims)
-                self.lines.append(f"{item} = [{', '.join(g.dims)}]")
-
-    def context(self) -> dict[str, Any]:
-        return {
-            "name_map": self.name_map,
-            "input_loads": self.loads,
-            "cuts": self.lines,
-            "position": self.position,
-        }
 
 
 def _concat(spec: MixinSpec) -> dict[str, Any]:
@@ -156,7 +101,7 @@ def _path_steps(spec: MixinSpec) -> dict[str, Any]:
     body = Body(spec)
     loads = Loads(spec)
     used = set().union(*(fx.names_in(s.expr) for s in post.steps))
-    cuts = ItemCuts(spec, body, used)
+    cuts = ItemCuts(spec, body, used, "batch_mm_kwargs")
     dims = {d for g in spec.item_inputs for d in g.dims} & used
     target, iterable, keys = item_loop(spec, dims | cuts.dims)
     rows = []

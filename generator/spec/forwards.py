@@ -447,8 +447,10 @@ class EagerForward:
         Key(
             "per_item",
             Boolean(),
-            "Run the steps once per item, each flat input cut to the item's rows "
-            "and the grid dims bound to its values, and concatenate the outputs.",
+            "Run the steps once per item, each input cut to the item (a flat "
+            "input's rows, a padded or tensors input's tensor, a grid's row, a "
+            "count's value) and the grid dims bound to its values, and "
+            "concatenate the outputs.",
             default=False,
         ),
         Key(
@@ -472,7 +474,15 @@ class EagerForward:
     def from_yaml(cls, r: Reader, **_: Any) -> EagerForward | None:
         per_item = r.take("per_item")
         scope = "eager_steps_per_item" if per_item else "eager_steps"
-        steps = r.take("steps", scope=scope)
+        saved = r.ctx.unbound
+        if per_item:
+            r.ctx.unbound = {**saved, **_unbound_lists(r, "eager steps")}
+        try:
+            steps = r.take("steps", scope=scope)
+        finally:
+            r.ctx.unbound = saved
+        if per_item and steps:
+            _check_cut_names(r, steps, "encoder_eager_forward")
         width = None
         if r.has("empty_width"):
             if not per_item:
@@ -663,7 +673,7 @@ class Postprocess:
         if paths is not None:
             r.ctx.unbound.update(_UNBOUND_WITH_PATHS)
         if per_item:
-            r.ctx.unbound.update(_unbound_lists(r))
+            r.ctx.unbound.update(_unbound_lists(r, "post-processing steps"))
         try:
             steps = r.take(
                 "steps",
@@ -698,28 +708,30 @@ _UNBOUND_WITH_PATHS = {
 }
 
 
-def _check_cut_names(r: Reader, steps) -> None:
+def _check_cut_names(
+    r: Reader, steps, method: str = "postprocess_encoder_output"
+) -> None:
     """An input the steps read is bound cut to the item under a derived
     name (``item_<key>``), which must not be one the method binds for
     itself (an input ``output`` would overwrite ``item_output``)."""
     read = set().union(*(fx.names_in(s.expr) for s in steps))
     for kind in (NameKind.FLAT, NameKind.GRID):
         for name in sorted(read & set(r.ctx.names[kind])):
-            clash = derived_clash("postprocess_encoder_output", kind, name)
+            clash = derived_clash(method, kind, name)
             if clash is not None:
                 r.error(
                     "steps",
                     f"{kind.value} {name!r} is read cut to the item as {clash!r}, "
-                    "a name post-processing binds for itself: rename the input",
+                    f"a name {method} binds for itself: rename the input",
                 )
 
 
-def _unbound_lists(r: Reader) -> dict[str, str]:
+def _unbound_lists(r: Reader, steps: str) -> dict[str, str]:
     """List inputs, which per-item steps do not cut (every other input they
     see cut to the item)."""
     return {
-        i.key: "per-item post-processing does not cut a list input to the "
-        "item; its dim, the item's units, is bound"
+        i.key: f"per-item {steps} do not cut a list input to the item; its "
+        "dim, the item's units, is bound"
         for i in r.ctx.partial.get("item_inputs", ())
         if i.is_list
     }

@@ -1668,6 +1668,15 @@ valid_case(
     ),
 )
 valid_case(
+    "eager_steps_per_item_read_a_list_input",
+    "list_units",
+    (
+        "eager_forward:\n  steps:\n    - tower.eager(slices, sizes)\n",
+        "eager_forward:\n  per_item: true\n  empty_width: 4\n  steps:\n"
+        "    - tower.eager(slices, sizes)\n",
+    ),
+)
+valid_case(
     "post_steps_cut_input_clashes",
     "postprocess_reads_inputs",
     ("  crop_masks: {kind", "  output: {kind"),

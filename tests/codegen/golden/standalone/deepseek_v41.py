@@ -3,8 +3,8 @@
 # From specs/deepseek_v41.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_v41.yaml`.
 # spec-sha256: c4bb5416f4de0c625a1fa71cb716f1e83b6ed76dea15bb3b4f0fe238f99fa89f
-# templates-sha256: 3a1ae8edccb8e718bac100b94a23daf8e2363c27902fb75935d3518a13aecdc4
-# output-sha256: e43607fce58d746944fd774d7c58b3ddfe9582658a667831cdfbc1513f38347e
+# templates-sha256: 8db80293e283ffbcf2b66931e64a3dc07b649076f982f5f5cbb2fac71deeb67a
+# output-sha256: cdd2e234199b9435ee66186e836a31b499063e5830983d43584046e2d04a457a
 
 import itertools
 from collections.abc import Hashable

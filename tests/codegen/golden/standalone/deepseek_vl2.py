@@ -3,8 +3,8 @@
 # From specs/deepseek_vl2.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_vl2.yaml`.
 # spec-sha256: 65a219ba305cd6d64a7bcc0ccb0190528fa86cf96ed2209abdf6848605972e9f
-# templates-sha256: 3a1ae8edccb8e718bac100b94a23daf8e2363c27902fb75935d3518a13aecdc4
-# output-sha256: c9ff10abc87cc3f6c668c1ebc41f63e63761769e2c88ed1dabd5e1ef83d60333
+# templates-sha256: 8db80293e283ffbcf2b66931e64a3dc07b649076f982f5f5cbb2fac71deeb67a
+# output-sha256: fd1a6705eee1e77f43e3dee8604ce9c0514ea72d74cff7637f063733bd0b0afc
 
 import itertools
 from collections.abc import Hashable

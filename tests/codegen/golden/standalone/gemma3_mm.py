@@ -3,8 +3,8 @@
 # From specs/gemma3_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma3_mm.yaml`.
 # spec-sha256: 19cc0f6e849ba8315b6202b90204158da9f48161f059a5255254f1c8d3c71b41
-# templates-sha256: 3a1ae8edccb8e718bac100b94a23daf8e2363c27902fb75935d3518a13aecdc4
-# output-sha256: dcb85bc330a883f2cb69a77d91b05e501281092b6d9a41f72fdd544c51ffa369
+# templates-sha256: 8db80293e283ffbcf2b66931e64a3dc07b649076f982f5f5cbb2fac71deeb67a
+# output-sha256: bb1a838f860560df32cafc191fa9506e7c5f1e390967fb154f93f3453b658cc3
 
 import itertools
 from collections.abc import Hashable

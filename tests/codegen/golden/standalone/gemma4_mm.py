@@ -3,8 +3,8 @@
 # From specs/gemma4_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma4_mm.yaml`.
 # spec-sha256: 06e9dbe6dfab654f3c21e7f5471097a1f4a7406dd29cd02c84eecf9f9a03241a
-# templates-sha256: 3a1ae8edccb8e718bac100b94a23daf8e2363c27902fb75935d3518a13aecdc4
-# output-sha256: 36e7650d8916206ca6baafd23b8ed7fe18c22f0379c3e2f4a0a263a152f20a47
+# templates-sha256: 8db80293e283ffbcf2b66931e64a3dc07b649076f982f5f5cbb2fac71deeb67a
+# output-sha256: cec6687b9c87552b35cae7f3ca398f8bb650784bda6866b881851dc99b548e18
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any

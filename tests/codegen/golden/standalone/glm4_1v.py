@@ -3,8 +3,8 @@
 # From specs/glm4_1v.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm4_1v.yaml`.
 # spec-sha256: 93ee1fa714e7ac8e7e720d49cba4efbe7b945a492409a082eff8447195711a00
-# templates-sha256: 3a1ae8edccb8e718bac100b94a23daf8e2363c27902fb75935d3518a13aecdc4
-# output-sha256: 3546d3b7474a683d2ddb66a220ce098cabc01518160a78c3d789b0756a9aed23
+# templates-sha256: 8db80293e283ffbcf2b66931e64a3dc07b649076f982f5f5cbb2fac71deeb67a
+# output-sha256: f0665fa3116c20e876772fbc781afae045fbb9fd9d1a006ff5d3eb13808c6cd7
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/glm5_next.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm5_next.yaml`.
 # spec-sha256: eb5cf2b9079a5f16fe35bba77bed5740c643efe1e64d9a18938216fe04e1b97d
-# templates-sha256: 3a1ae8edccb8e718bac100b94a23daf8e2363c27902fb75935d3518a13aecdc4
-# output-sha256: a874a1e9f2061823421c3bfebbf04e64f7775583a052cdfa6fca4dc7c49bb82d
+# templates-sha256: 8db80293e283ffbcf2b66931e64a3dc07b649076f982f5f5cbb2fac71deeb67a
+# output-sha256: b36aa3c5ba5a142d5736040e0b0cc58fb365e8934c5127440cb0f6911a0ccb70
 
 import itertools
 from collections.abc import Hashable

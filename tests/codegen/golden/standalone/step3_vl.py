@@ -3,8 +3,8 @@
 # From specs/step3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
-# templates-sha256: 3a1ae8edccb8e718bac100b94a23daf8e2363c27902fb75935d3518a13aecdc4
-# output-sha256: a512c586c54ad5a80eb149aa6e4f798c25abe364ea11a03f6a23aa8c148d7689
+# templates-sha256: 8db80293e283ffbcf2b66931e64a3dc07b649076f982f5f5cbb2fac71deeb67a
+# output-sha256: 4055b3f6b2052088582df3173ada93de8e0cc44744c48dc7d000f1d878dfe1f2
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/cohere_compass.yaml: change the spec or the templates and run
 # `gen-mixin specs/cohere_compass.yaml`.
 # spec-sha256: d07c29aa8ad4662bcac30b269bf92c40a0f7c311b8deb5cc9f84e86dba45c5c5
-# templates-sha256: 3a1ae8edccb8e718bac100b94a23daf8e2363c27902fb75935d3518a13aecdc4
-# output-sha256: b3cb82371c8f1dd553a2f5180a43fd0f210dd43d6ddf1198ff34593a21fc599c
+# templates-sha256: 8db80293e283ffbcf2b66931e64a3dc07b649076f982f5f5cbb2fac71deeb67a
+# output-sha256: 6ce6ea2b191fbf4dafb5e65339569c3d22a4a61f3c848879e9b1af92a6fcd53b
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/deepseek_v41.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_v41.yaml`.
 # spec-sha256: c4bb5416f4de0c625a1fa71cb716f1e83b6ed76dea15bb3b4f0fe238f99fa89f
-# templates-sha256: 3a1ae8edccb8e718bac100b94a23daf8e2363c27902fb75935d3518a13aecdc4
-# output-sha256: b02b6417fbc23cdac029476a801d4b30b1c18b6c939167fbc54ec97758a10ab4
+# templates-sha256: 8db80293e283ffbcf2b66931e64a3dc07b649076f982f5f5cbb2fac71deeb67a
+# output-sha256: 948d7e40afee6f75f931d42a2f54d72a81c977ca63bdf8071bacaf769e78e1f2
 
 import itertools
 from collections.abc import Hashable

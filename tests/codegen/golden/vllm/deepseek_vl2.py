@@ -3,8 +3,8 @@
 # From specs/deepseek_vl2.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_vl2.yaml`.
 # spec-sha256: 65a219ba305cd6d64a7bcc0ccb0190528fa86cf96ed2209abdf6848605972e9f
-# templates-sha256: 3a1ae8edccb8e718bac100b94a23daf8e2363c27902fb75935d3518a13aecdc4
-# output-sha256: 8ac84a7f74aa330ed74662ab1ccde1edbc2acecf31c45e5c3aa28279ba91c73f
+# templates-sha256: 8db80293e283ffbcf2b66931e64a3dc07b649076f982f5f5cbb2fac71deeb67a
+# output-sha256: 6b6f04f7d23ce6507e3c71c1850bbcb86ed853adff6926c320cd34ea420fd022
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/dots_ocr.yaml: change the spec or the templates and run
 # `gen-mixin specs/dots_ocr.yaml`.
 # spec-sha256: 00dd8d99bf15619e6c551a3ae930a0ca48d9ca9b113561f7b84d06b5c0336520
-# templates-sha256: 3a1ae8edccb8e718bac100b94a23daf8e2363c27902fb75935d3518a13aecdc4
-# output-sha256: d98c77e3c3be741bb855650e2327528682f8782e0779b7c43085c9ce0eb9bfd7
+# templates-sha256: 8db80293e283ffbcf2b66931e64a3dc07b649076f982f5f5cbb2fac71deeb67a
+# output-sha256: 47fe2fc29bac1d4fc2a31939e8bf79f0923386322aa5b9757cb802d77db83b8e
 
 import itertools
 from collections.abc import Hashable

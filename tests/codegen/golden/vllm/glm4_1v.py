@@ -3,8 +3,8 @@
 # From specs/glm4_1v.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm4_1v.yaml`.
 # spec-sha256: 93ee1fa714e7ac8e7e720d49cba4efbe7b945a492409a082eff8447195711a00
-# templates-sha256: 3a1ae8edccb8e718bac100b94a23daf8e2363c27902fb75935d3518a13aecdc4
-# output-sha256: 7aa176ac0ff63b610434929b4ef0377113c548e37cf510eaa915803c8d9eb455
+# templates-sha256: 8db80293e283ffbcf2b66931e64a3dc07b649076f982f5f5cbb2fac71deeb67a
+# output-sha256: edc7f3318e9d40305a6cc2bfca40651dff297aa7057f621179f4d8dd82d2b4a6
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/idefics3.yaml: change the spec or the templates and run
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 402948cdd63112cfeb000df2a94827d2c785cffa05635f592942545d8e00d7b3
-# templates-sha256: 3a1ae8edccb8e718bac100b94a23daf8e2363c27902fb75935d3518a13aecdc4
-# output-sha256: 5921fbf41b63caf5e3c37e0a1634fd1d66621d1f5b54c9e97456a630b8103924
+# templates-sha256: 8db80293e283ffbcf2b66931e64a3dc07b649076f982f5f5cbb2fac71deeb67a
+# output-sha256: cabd3340ef7cdf4c505f22697cfb0a2a6230337e24fe4e2ba19d8a0178dc5ddf
 
 import itertools
 from collections.abc import Hashable

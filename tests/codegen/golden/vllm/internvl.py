@@ -3,8 +3,8 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
-# templates-sha256: 3a1ae8edccb8e718bac100b94a23daf8e2363c27902fb75935d3518a13aecdc4
-# output-sha256: c694095ccf8e27d86de1fd352f6b45d6bd407597c18d22385fe6f382e3fe49d9
+# templates-sha256: 8db80293e283ffbcf2b66931e64a3dc07b649076f982f5f5cbb2fac71deeb67a
+# output-sha256: b1d1c2de077cf958f138d567b4552204414616ffe9823e9e566fac39e2525f7c
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/kimi_k3.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k3.yaml`.
 # spec-sha256: 43497e5dfe1ac384f62bdd2eaa1d96ddd9887c49f037b60e3b81ea6100afb1a8
-# templates-sha256: 3a1ae8edccb8e718bac100b94a23daf8e2363c27902fb75935d3518a13aecdc4
-# output-sha256: 1ba9ab7d50dcb63b8a851e36dbcfc0d807460360fc5aec97cad0fab61d66f4d2
+# templates-sha256: 8db80293e283ffbcf2b66931e64a3dc07b649076f982f5f5cbb2fac71deeb67a
+# output-sha256: f8116c5855f40bf45b8da61c0cbc578245656d8d3f00e370b8b7ba0826b5d41e
 
 import itertools
 import math

@@ -3,8 +3,8 @@
 # From specs/lfm2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/lfm2_vl.yaml`.
 # spec-sha256: 155ff7c4ea0622aa6e6c161c5d0f47a9b00815ce4fa05a9c67893bb7c352de94
-# templates-sha256: 3a1ae8edccb8e718bac100b94a23daf8e2363c27902fb75935d3518a13aecdc4
-# output-sha256: edf3b7cfc47ccfc053fba8f6097625a8c0985f32f090fb527891ae4bcfd6de73
+# templates-sha256: 8db80293e283ffbcf2b66931e64a3dc07b649076f982f5f5cbb2fac71deeb67a
+# output-sha256: 7e4301af87fd65b9c3d3016d083a3afa28ef2a6d83a78016c429c735b0030ac0
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/mllama4.yaml: change the spec or the templates and run
 # `gen-mixin specs/mllama4.yaml`.
 # spec-sha256: 3a4c5d7bdb1ee216f77e7723529296ab4a8d77acd6df01a22770eb4a40007938
-# templates-sha256: 3a1ae8edccb8e718bac100b94a23daf8e2363c27902fb75935d3518a13aecdc4
-# output-sha256: a80c54bd9409f19625c07f816139f7075b259d1f2bb033f2f293d0a240a0f0d8
+# templates-sha256: 8db80293e283ffbcf2b66931e64a3dc07b649076f982f5f5cbb2fac71deeb67a
+# output-sha256: 6600f5e272e90647fd8b5909748f6bbf5f8184d2edd7932d5e6d63b4ed023775
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/step3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
-# templates-sha256: 3a1ae8edccb8e718bac100b94a23daf8e2363c27902fb75935d3518a13aecdc4
-# output-sha256: 9917ec5bf5742f4fc81785789d6ce04e8cef2fd979308c8f2397a835366f14b9
+# templates-sha256: 8db80293e283ffbcf2b66931e64a3dc07b649076f982f5f5cbb2fac71deeb67a
+# output-sha256: 0ffe178c54822d1f7021f683cc25593c36c138ad4dca7cd26e9ebead104fed7f
 
 import itertools
 from collections.abc import Hashable
