@@ -64,6 +64,7 @@ CATALOG: dict[str, VllmHost] = {
         "vllm.models.minimax_m3", "MiniMaxM3SparseForConditionalGeneration"
     ),
     "mllama4": _host("mllama4", "Llama4ForConditionalGeneration"),
+    "phi3v": _host("phi3v", "Phi3VForCausalLM"),
     "phi4mm": _host("phi4mm", "Phi4MMForCausalLM"),
     "qwen2_5_omni": _host(
         "qwen2_5_omni_thinker",
@@ -78,7 +79,7 @@ CATALOG: dict[str, VllmHost] = {
 }
 
 ADDS_PROTOCOL: frozenset[str] = frozenset(
-    {"cohere2_vision", "dots_ocr", "eagle2_5_vl", "phi4mm", "qwen2_5_omni"}
+    {"cohere2_vision", "dots_ocr", "eagle2_5_vl", "phi3v", "phi4mm", "qwen2_5_omni"}
 )
 """The models beyond vLLM's catalog: their vLLM class has no encoder CUDA
 graph protocol of its own, and the generated mixin adds it

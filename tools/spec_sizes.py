@@ -79,6 +79,7 @@ ESTIMATED_BY = {
     "qwen2_5_omni": "qwen2_5_vl",
     "eagle2_5_vl": "internvl",
     "dots_ocr": "qwen2_vl",
+    "phi3v": "deepseek_ocr",
     "phi4mm": "deepseek_ocr",
 }
 

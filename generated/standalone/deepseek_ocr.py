@@ -3,8 +3,8 @@
 # From specs/deepseek_ocr.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_ocr.yaml`.
 # spec-sha256: 0bfb43e4316a4a39192bb100e7cfeecbb3f7339c7a907dfaa07f9b62999ceee7
-# templates-sha256: 8db80293e283ffbcf2b66931e64a3dc07b649076f982f5f5cbb2fac71deeb67a
-# output-sha256: 6aea06bb884e25c2aaa82f11f136da23e7923096402e8528a3608ffdd5bbdeb7
+# templates-sha256: f106f51829641b4c995a82749bd8ea8716bfbe0e9fbcda21bbb4b78e91ec924a
+# output-sha256: cca3c4eebbdcd90d5e69cc2d01cb1eb4a2282c6d7ae9131bb14026e94984f2e9
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/gemma3_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma3_mm.yaml`.
 # spec-sha256: 19cc0f6e849ba8315b6202b90204158da9f48161f059a5255254f1c8d3c71b41
-# templates-sha256: 8db80293e283ffbcf2b66931e64a3dc07b649076f982f5f5cbb2fac71deeb67a
-# output-sha256: bb1a838f860560df32cafc191fa9506e7c5f1e390967fb154f93f3453b658cc3
+# templates-sha256: f106f51829641b4c995a82749bd8ea8716bfbe0e9fbcda21bbb4b78e91ec924a
+# output-sha256: ec1bfb3be9fcf25cd58f1011e7bc89d1d441cf28fc4a279ff89efe3541493d6b
 
 import itertools
 from collections.abc import Hashable

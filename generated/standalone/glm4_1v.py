@@ -3,8 +3,8 @@
 # From specs/glm4_1v.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm4_1v.yaml`.
 # spec-sha256: 93ee1fa714e7ac8e7e720d49cba4efbe7b945a492409a082eff8447195711a00
-# templates-sha256: 8db80293e283ffbcf2b66931e64a3dc07b649076f982f5f5cbb2fac71deeb67a
-# output-sha256: f0665fa3116c20e876772fbc781afae045fbb9fd9d1a006ff5d3eb13808c6cd7
+# templates-sha256: f106f51829641b4c995a82749bd8ea8716bfbe0e9fbcda21bbb4b78e91ec924a
+# output-sha256: 8af2c9ef1d4b4ce9ef7a491ce293aa7996d51177f3d3a9d8de24d7f2c08d1cbf
 
 import itertools
 from collections.abc import Hashable

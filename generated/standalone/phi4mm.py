@@ -3,8 +3,8 @@
 # From specs/phi4mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/phi4mm.yaml`.
 # spec-sha256: 4bd43a6c1f2bfb8ef8f7fed8fcc387b887788fa3ee60e3ff6e0c7c72fb28ebbb
-# templates-sha256: 8db80293e283ffbcf2b66931e64a3dc07b649076f982f5f5cbb2fac71deeb67a
-# output-sha256: 706211c8401f13c4af547367b556d7ea201b158135c8cd3e25c256690aff490b
+# templates-sha256: f106f51829641b4c995a82749bd8ea8716bfbe0e9fbcda21bbb4b78e91ec924a
+# output-sha256: 9d26f23b2ca2295e33a129e58fd1032090425ee799149d811c470fcacc1090e2
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any

@@ -3,8 +3,8 @@
 # From specs/qwen3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen3_vl.yaml`.
 # spec-sha256: 902e83bb3226b608ede21e14f232e7c519c96c3ab05297933967cf2acb582708
-# templates-sha256: 8db80293e283ffbcf2b66931e64a3dc07b649076f982f5f5cbb2fac71deeb67a
-# output-sha256: 534c968931af7be26b90515335b1973b1cf7a1a1fe3cadd1f7557fd078a113ee
+# templates-sha256: f106f51829641b4c995a82749bd8ea8716bfbe0e9fbcda21bbb4b78e91ec924a
+# output-sha256: 8f7c96913167753424f65742c7ab4ab06d6113248f24cf66b0dcf4a26c9f2cfd
 
 import itertools
 from collections.abc import Hashable

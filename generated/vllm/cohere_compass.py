@@ -3,8 +3,8 @@
 # From specs/cohere_compass.yaml: change the spec or the templates and run
 # `gen-mixin specs/cohere_compass.yaml`.
 # spec-sha256: d07c29aa8ad4662bcac30b269bf92c40a0f7c311b8deb5cc9f84e86dba45c5c5
-# templates-sha256: 8db80293e283ffbcf2b66931e64a3dc07b649076f982f5f5cbb2fac71deeb67a
-# output-sha256: 6ce6ea2b191fbf4dafb5e65339569c3d22a4a61f3c848879e9b1af92a6fcd53b
+# templates-sha256: f106f51829641b4c995a82749bd8ea8716bfbe0e9fbcda21bbb4b78e91ec924a
+# output-sha256: 9bbb7201b9a1d1d4a916e57bddd41b535fc42935e5796bd3c7e30554d040a224
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/ernie45_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/ernie45_vl.yaml`.
 # spec-sha256: 9c43478aaa850dab46764f23326811febf7e9a3d9cc8d6b0c7ff0cd9d6601d41
-# templates-sha256: 8db80293e283ffbcf2b66931e64a3dc07b649076f982f5f5cbb2fac71deeb67a
-# output-sha256: d1b1278e771577330af7471f9077296e74ce25c273c081f18d25c061a7d09a8e
+# templates-sha256: f106f51829641b4c995a82749bd8ea8716bfbe0e9fbcda21bbb4b78e91ec924a
+# output-sha256: 6406f9c4ffbbc4c3debc0a3b93f9a736e1c81be30e5a83966ed018b34a3d0cbb
 
 import itertools
 from collections.abc import Hashable

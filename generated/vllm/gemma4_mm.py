@@ -3,8 +3,8 @@
 # From specs/gemma4_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma4_mm.yaml`.
 # spec-sha256: 06e9dbe6dfab654f3c21e7f5471097a1f4a7406dd29cd02c84eecf9f9a03241a
-# templates-sha256: 8db80293e283ffbcf2b66931e64a3dc07b649076f982f5f5cbb2fac71deeb67a
-# output-sha256: b705067a2616fe0b6b79a9db3b175f3b7dd9e9fb68f015e56bf13b5401be6a2b
+# templates-sha256: f106f51829641b4c995a82749bd8ea8716bfbe0e9fbcda21bbb4b78e91ec924a
+# output-sha256: c2b0c2e71c602f96a954a5cbc51fb34a10813d5c0946cb9890aa7153e99b249c
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any

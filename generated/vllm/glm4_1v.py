@@ -3,8 +3,8 @@
 # From specs/glm4_1v.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm4_1v.yaml`.
 # spec-sha256: 93ee1fa714e7ac8e7e720d49cba4efbe7b945a492409a082eff8447195711a00
-# templates-sha256: 8db80293e283ffbcf2b66931e64a3dc07b649076f982f5f5cbb2fac71deeb67a
-# output-sha256: edc7f3318e9d40305a6cc2bfca40651dff297aa7057f621179f4d8dd82d2b4a6
+# templates-sha256: f106f51829641b4c995a82749bd8ea8716bfbe0e9fbcda21bbb4b78e91ec924a
+# output-sha256: 02c886136c5aa1a0ce057e11d2770646bb0e5ada3624b9d691e7b725f5dc0b78
 
 import itertools
 from collections.abc import Hashable

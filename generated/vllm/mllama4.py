@@ -3,8 +3,8 @@
 # From specs/mllama4.yaml: change the spec or the templates and run
 # `gen-mixin specs/mllama4.yaml`.
 # spec-sha256: 3a4c5d7bdb1ee216f77e7723529296ab4a8d77acd6df01a22770eb4a40007938
-# templates-sha256: 8db80293e283ffbcf2b66931e64a3dc07b649076f982f5f5cbb2fac71deeb67a
-# output-sha256: 6600f5e272e90647fd8b5909748f6bbf5f8184d2edd7932d5e6d63b4ed023775
+# templates-sha256: f106f51829641b4c995a82749bd8ea8716bfbe0e9fbcda21bbb4b78e91ec924a
+# output-sha256: ecf381977ddb6ce9a12f54cdd5bc85975d7e0da4ff6caafabd492c5070eacccd
 
 import itertools
 from collections.abc import Hashable

@@ -1165,11 +1165,11 @@ def test_the_manager_replays_the_selected_keys(axes_world: SpecWorld, seed: int)
 #: ``(tiles, h * h, width)``): the fake output below is rows, so their
 #: post-processing is checked by their parity test instead.
 BLOCK_OUTPUTS = {"deepseek_vl2"}
-#: Specs whose steps take each item's rows from the content of its inputs
-#: (Phi-4-multimodal: the useful area of each image's mask), which random
-#: inputs do not make agree with the item's output tokens: checked by their
-#: oracle test on consistent images (tests/parity/test_beyond_phi4mm.py).
-ROWS_FROM_CONTENT = {"phi4mm"}
+#: Specs whose steps read inputs that real images keep consistent and random
+#: items do not: the useful area of each image's mask (Phi-4-multimodal), as
+#: many crops as its size asks for (Phi-3-Vision, Phi-4-multimodal). Checked
+#: by their oracle tests on real layouts (tests/parity/test_beyond_phi*.py).
+ROWS_FROM_CONTENT = {"phi3v", "phi4mm"}
 POST_SPECS = [
     p
     for p in SPECS

@@ -446,12 +446,14 @@ class _FirstParameter:
         return iter([self.glb_GN])
 
 
-def _phi4mm_projection() -> torch.nn.Sequential:
+def _phi4mm_projection(
+    width: int = WIDTH, hidden: int = PHI4MM_HIDDEN
+) -> torch.nn.Sequential:
     """``img_projection``: two linear layers with a GELU, fixed weights."""
     layers = torch.nn.Sequential(
-        torch.nn.Linear(WIDTH, PHI4MM_HIDDEN),
+        torch.nn.Linear(width, hidden),
         torch.nn.GELU(),
-        torch.nn.Linear(PHI4MM_HIDDEN, PHI4MM_HIDDEN),
+        torch.nn.Linear(hidden, hidden),
     )
     with torch.no_grad():
         for layer in (layers[0], layers[2]):
@@ -582,12 +584,116 @@ def phi4mm() -> OracleModel:
     )
 
 
+# ---------------------------------------------------------------------------
+# Phi-3-Vision: CLIP crops, the HD transform with a 2 x 2 merge
+# ---------------------------------------------------------------------------
+
+PHI3V = "vllm.model_executor.models.phi3v"
+#: vLLM's transform fixes the crop: 336 pixels, 24 x 24 rows of 1024.
+PHI3V_CROP, PHI3V_GRID, PHI3V_WIDTH = 336, 24, 1024
+PHI3V_HIDDEN = 6
+
+
+class ClipCrops:
+    """A CLIP tower over ``(n, 3, 336, 336)`` crops: ``(n, 577, 1024)``, a
+    class row then one row per 14 x 14 patch. A patch's row is its mean pixel
+    plus the crop's, times a fixed code, plus a code of its position: every
+    pixel of a crop moves every row of it, nothing crosses crops, and rows
+    out of place differ (a scalar per patch keeps CPU time small)."""
+
+    def __init__(self) -> None:
+        rows = PHI3V_GRID**2 + 1
+        self.scale = torch.arange(PHI3V_WIDTH).float() / PHI3V_WIDTH + 0.5
+        self.positions = (
+            torch.arange(rows)[:, None] * 3 + torch.arange(PHI3V_WIDTH)[None, :] % 7
+        ).float() / 64
+
+    def __call__(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        n, g = pixel_values.shape[0], PHI3V_GRID
+        patches = pixel_values.reshape(n, 3, g, 14, g, 14).mean(dim=(1, 3, 5))
+        crop = patches.mean(dim=(1, 2))[:, None]
+        values = torch.cat([crop, patches.reshape(n, g * g) + crop], dim=1)
+        return values[..., None] * self.scale + self.positions
+
+
+def _phi3v_embedding(code: WheelCode) -> Any:
+    """vLLM's ``Phi3HDImageEmbedding`` (its forward, ``get_img_features`` and
+    HD transform) on a CLIP-like crop tower, separators of distinct values
+    and a fixed two-layer projection."""
+    embedding = code.klass(
+        PHI3V,
+        "Phi3HDImageEmbedding",
+        ["forward", "get_img_features", "hd_feature_transform"],
+        bases=(CallsForward, _FirstParameter),
+    )()
+    wide = 4 * PHI3V_WIDTH
+    embedding.img_processor = ClipCrops()
+    embedding.type_feature = "patch"
+    embedding.image_dim_out = PHI3V_WIDTH
+    embedding.num_img_tokens = (PHI3V_GRID // 2) ** 2
+    embedding.hd_transform_order = "sub_glb"
+    embedding.sub_GN = torch.arange(wide).float().view(1, 1, 1, wide) / 512 - 3
+    embedding.glb_GN = torch.arange(wide).float().view(1, 1, wide) / 256 + 5
+    embedding.img_projection = _phi4mm_projection(wide, PHI3V_HIDDEN)
+    return embedding
+
+
+def _phi3v_host_class(code: WheelCode, mixin: type) -> type:
+    return code.klass(
+        PHI3V, "Phi3VForCausalLM", ["_process_image_input"], bases=(mixin,)
+    )
+
+
+def _phi3v_host(code: WheelCode, host_class: type, backend: str) -> Any:
+    del backend  # CLIP crops attend within themselves: no varlen kernel
+    host = host_class()
+    host.config = _Obj(hidden_size=PHI3V_HIDDEN)
+    host.vision_embed_tokens = _phi3v_embedding(code)
+    return host
+
+
+def phi3v_batches() -> list[dict[str, Any]]:
+    """Images of 1 x 1 to 4 x 5 crops, each batch one tensor padded to its
+    widest image (zero crops), as the processor and vLLM's batching give
+    them (vLLM's transform reads the 5-d shape); 4 x 5 crops (21 with the
+    global view) exceed a captured image's 17: eager."""
+    gen = torch.Generator().manual_seed(26)
+    mixes = [[(1, 1)], [(2, 1), (1, 1)], [(4, 5)], [(1, 2), (2, 2), (1, 1)]]
+    batches = []
+    for grids in mixes:
+        widest = max(1 + h * w for h, w in grids)
+        pixels = torch.zeros(len(grids), widest, 3, PHI3V_CROP, PHI3V_CROP)
+        for i, (h, w) in enumerate(grids):
+            pixels[i, : 1 + h * w] = torch.randn(
+                1 + h * w, 3, PHI3V_CROP, PHI3V_CROP, generator=gen
+            )
+        sizes = [[h * PHI3V_CROP, w * PHI3V_CROP] for h, w in grids]
+        batches.append({"pixel_values": pixels, "image_sizes": torch.tensor(sizes)})
+    return batches
+
+
+def phi3v() -> OracleModel:
+    return OracleModel(
+        stem="phi3v",
+        stubs={},
+        host_class=_phi3v_host_class,
+        make_host=_phi3v_host,
+        eager=lambda host, batch: list(
+            host._process_image_input({"type": "pixel_values", **batch})
+        ),
+        batches=phi3v_batches,
+        # Budgets of 1 and 2 images of 17 crops (576 rows each).
+        max_num_batched_tokens=2 * 17 * PHI3V_GRID**2,
+    )
+
+
 #: Every model of vLLM 0.33.0 without a hand-written mixin that has a spec:
 #: its oracle (the catalog's models have parity rows in parity_hosts.MODELS).
 ORACLES = {
     "cohere2_vision": cohere2_vision,
     "dots_ocr": dots_ocr,
     "eagle2_5_vl": eagle2_5_vl,
+    "phi3v": phi3v,
     "phi4mm": phi4mm,
     "qwen2_5_omni": qwen2_5_omni,
 }

@@ -3,8 +3,8 @@
 # From specs/dots_ocr.yaml: change the spec or the templates and run
 # `gen-mixin specs/dots_ocr.yaml`.
 # spec-sha256: 00dd8d99bf15619e6c551a3ae930a0ca48d9ca9b113561f7b84d06b5c0336520
-# templates-sha256: 8db80293e283ffbcf2b66931e64a3dc07b649076f982f5f5cbb2fac71deeb67a
-# output-sha256: fd54afb0adda3b1e6cb3f198c9e1720ec6bc1ee45588590680784fce725aaec0
+# templates-sha256: f106f51829641b4c995a82749bd8ea8716bfbe0e9fbcda21bbb4b78e91ec924a
+# output-sha256: 6a47804f457c7cb2a8ff8c6da963de4271664b8c6281941fbe77d798a5ad5e49
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/gemma4_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma4_mm.yaml`.
 # spec-sha256: 06e9dbe6dfab654f3c21e7f5471097a1f4a7406dd29cd02c84eecf9f9a03241a
-# templates-sha256: 8db80293e283ffbcf2b66931e64a3dc07b649076f982f5f5cbb2fac71deeb67a
-# output-sha256: cec6687b9c87552b35cae7f3ca398f8bb650784bda6866b881851dc99b548e18
+# templates-sha256: f106f51829641b4c995a82749bd8ea8716bfbe0e9fbcda21bbb4b78e91ec924a
+# output-sha256: ecae0a513676436f38e10683c0e43f4d8790d7b4611c6ef4695e7f26bf68c444
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any

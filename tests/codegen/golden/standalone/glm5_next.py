@@ -3,8 +3,8 @@
 # From specs/glm5_next.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm5_next.yaml`.
 # spec-sha256: eb5cf2b9079a5f16fe35bba77bed5740c643efe1e64d9a18938216fe04e1b97d
-# templates-sha256: 8db80293e283ffbcf2b66931e64a3dc07b649076f982f5f5cbb2fac71deeb67a
-# output-sha256: b36aa3c5ba5a142d5736040e0b0cc58fb365e8934c5127440cb0f6911a0ccb70
+# templates-sha256: f106f51829641b4c995a82749bd8ea8716bfbe0e9fbcda21bbb4b78e91ec924a
+# output-sha256: 4184e2951ebe8ea6cb89bd3880a7a96ce070d909071a1f8fa92c09938be3626a
 
 import itertools
 from collections.abc import Hashable

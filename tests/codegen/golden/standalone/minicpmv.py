@@ -3,8 +3,8 @@
 # From specs/minicpmv.yaml: change the spec or the templates and run
 # `gen-mixin specs/minicpmv.yaml`.
 # spec-sha256: d4a580fe01bc55f4be098f399ee38128cd927c0b2f6e20aecf28c2d3e8bd3368
-# templates-sha256: 8db80293e283ffbcf2b66931e64a3dc07b649076f982f5f5cbb2fac71deeb67a
-# output-sha256: 2283bc4447f4774fd4a91a163927ccd18aec7464cdd9ea731ecd64c66f8db1d5
+# templates-sha256: f106f51829641b4c995a82749bd8ea8716bfbe0e9fbcda21bbb4b78e91ec924a
+# output-sha256: 5933650ec91e5d41520c8a1985b30bae4f8e6ebacccdb308450804c1bdf6f1a4
 
 import itertools
 from collections.abc import Hashable

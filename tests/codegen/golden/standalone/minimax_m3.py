@@ -3,8 +3,8 @@
 # From specs/minimax_m3.yaml: change the spec or the templates and run
 # `gen-mixin specs/minimax_m3.yaml`.
 # spec-sha256: b0a1c0d6a521d611779e7b31c2e7a34c1db47288900ae226b9f1caa189fda9e9
-# templates-sha256: 8db80293e283ffbcf2b66931e64a3dc07b649076f982f5f5cbb2fac71deeb67a
-# output-sha256: bfb56a46395bc48ead8a5ede112390954898280db9c12f2c875d33f6fb15655c
+# templates-sha256: f106f51829641b4c995a82749bd8ea8716bfbe0e9fbcda21bbb4b78e91ec924a
+# output-sha256: 57f940fe161b908584c3238b63e8c5566c7db2b1c579a22ec5f01e9f84570771
 
 import itertools
 import weakref

@@ -3,8 +3,8 @@
 # From specs/qwen2_5_omni.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_omni.yaml`.
 # spec-sha256: ce9bf2fc700f004d47827e30d185e59eb5d9444dd78780ad1cac730e07dc5c1d
-# templates-sha256: 8db80293e283ffbcf2b66931e64a3dc07b649076f982f5f5cbb2fac71deeb67a
-# output-sha256: ac8c31c879ae349700a93c18785ab965cbb0a2720a67f22647aef655698f2f37
+# templates-sha256: f106f51829641b4c995a82749bd8ea8716bfbe0e9fbcda21bbb4b78e91ec924a
+# output-sha256: 7bc1c6c8294d91fa5b54fd5da0b21b5f63a61945f0e99e8c6b9f213bdb2a6aca
 
 import itertools
 from collections.abc import Hashable

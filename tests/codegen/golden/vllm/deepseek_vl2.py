@@ -3,8 +3,8 @@
 # From specs/deepseek_vl2.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_vl2.yaml`.
 # spec-sha256: 65a219ba305cd6d64a7bcc0ccb0190528fa86cf96ed2209abdf6848605972e9f
-# templates-sha256: 8db80293e283ffbcf2b66931e64a3dc07b649076f982f5f5cbb2fac71deeb67a
-# output-sha256: 6b6f04f7d23ce6507e3c71c1850bbcb86ed853adff6926c320cd34ea420fd022
+# templates-sha256: f106f51829641b4c995a82749bd8ea8716bfbe0e9fbcda21bbb4b78e91ec924a
+# output-sha256: 794b04089dabe24fc40895db727530abb86089fd250d0544f019ecfa672c6701
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/glm5_next.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm5_next.yaml`.
 # spec-sha256: eb5cf2b9079a5f16fe35bba77bed5740c643efe1e64d9a18938216fe04e1b97d
-# templates-sha256: 8db80293e283ffbcf2b66931e64a3dc07b649076f982f5f5cbb2fac71deeb67a
-# output-sha256: 7da4ad685d010426e162f86d4608c10e28c1d3b83a39fcc1a704f647605d733f
+# templates-sha256: f106f51829641b4c995a82749bd8ea8716bfbe0e9fbcda21bbb4b78e91ec924a
+# output-sha256: e7a34a7560a68f66d34389aa0875bbccd4ab11cf9b46eb8cbc043ca68f5e887c
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/idefics3.yaml: change the spec or the templates and run
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 402948cdd63112cfeb000df2a94827d2c785cffa05635f592942545d8e00d7b3
-# templates-sha256: 8db80293e283ffbcf2b66931e64a3dc07b649076f982f5f5cbb2fac71deeb67a
-# output-sha256: cabd3340ef7cdf4c505f22697cfb0a2a6230337e24fe4e2ba19d8a0178dc5ddf
+# templates-sha256: f106f51829641b4c995a82749bd8ea8716bfbe0e9fbcda21bbb4b78e91ec924a
+# output-sha256: 06c92693de0229ea4c88b8aaf0adc713c93c5274bfa7235a0ea92b1bde1764b7
 
 import itertools
 from collections.abc import Hashable

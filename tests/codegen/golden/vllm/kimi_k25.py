@@ -3,8 +3,8 @@
 # From specs/kimi_k25.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k25.yaml`.
 # spec-sha256: 7f183ed8d4f550eea068483d8a9435b722bdfdf97a0b4d8fcd5271760b6fb015
-# templates-sha256: 8db80293e283ffbcf2b66931e64a3dc07b649076f982f5f5cbb2fac71deeb67a
-# output-sha256: 5def826ab3c38ae5b357d2fbb3bd5d31de7426c45f24c473480b31ef61c03f62
+# templates-sha256: f106f51829641b4c995a82749bd8ea8716bfbe0e9fbcda21bbb4b78e91ec924a
+# output-sha256: cee7f4868f7712cdfa7a299fbaab77e2501f9582fd45d06a196b15a544feb4b5
 
 import itertools
 from collections.abc import Hashable

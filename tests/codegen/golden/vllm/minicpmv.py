@@ -3,8 +3,8 @@
 # From specs/minicpmv.yaml: change the spec or the templates and run
 # `gen-mixin specs/minicpmv.yaml`.
 # spec-sha256: d4a580fe01bc55f4be098f399ee38128cd927c0b2f6e20aecf28c2d3e8bd3368
-# templates-sha256: 8db80293e283ffbcf2b66931e64a3dc07b649076f982f5f5cbb2fac71deeb67a
-# output-sha256: 4d7d7f37c1b62809736f1b44f6cd2d1f86e860a358cc8403da89351d132c042a
+# templates-sha256: f106f51829641b4c995a82749bd8ea8716bfbe0e9fbcda21bbb4b78e91ec924a
+# output-sha256: fd6c0105de75d8cbc3ebd58a02f0b66452e24000b8e3903093ea7ab8e8dab2a3
 
 import itertools
 from collections.abc import Hashable

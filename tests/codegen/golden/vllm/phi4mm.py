@@ -3,8 +3,8 @@
 # From specs/phi4mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/phi4mm.yaml`.
 # spec-sha256: 4bd43a6c1f2bfb8ef8f7fed8fcc387b887788fa3ee60e3ff6e0c7c72fb28ebbb
-# templates-sha256: 8db80293e283ffbcf2b66931e64a3dc07b649076f982f5f5cbb2fac71deeb67a
-# output-sha256: c9fd89866c06694f0691f9128a8929934084afa9937336f4c7ab91ced1e7e444
+# templates-sha256: f106f51829641b4c995a82749bd8ea8716bfbe0e9fbcda21bbb4b78e91ec924a
+# output-sha256: c3b8bc3fadb731202a2fe9539d946fbfc506b507007e16a5fed0ba63efa13f21
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
