@@ -67,6 +67,8 @@ CATALOG: dict[str, VllmHost] = {
     "mllama4": _host("mllama4", "Llama4ForConditionalGeneration"),
     "pixtral": _host("pixtral", "PixtralForConditionalGeneration"),
     "paddleocr_vl": _host("paddleocr_vl", "PaddleOCRVLForConditionalGeneration"),
+    "phi3v": _host("phi3v", "Phi3VForCausalLM"),
+    "phi4mm": _host("phi4mm", "Phi4MMForCausalLM"),
     "qwen2_5_omni": _host(
         "qwen2_5_omni_thinker",
         "Qwen2_5OmniThinkerForConditionalGeneration",
@@ -92,6 +94,8 @@ ADDS_PROTOCOL: frozenset[str] = frozenset(
         "eagle2_5_vl",
         "mistral3",
         "paddleocr_vl",
+        "phi3v",
+        "phi4mm",
         "pixtral",
         "qwen2_5_omni",
         "qwen3_omni",

@@ -628,6 +628,12 @@ class SpecWorld:
                 for dim in fx.names_in(left) & self.dims:
                     step = max(1, abs(self.value(right)))
                     steps[dim] = math.lcm(steps.get(dim, 1), step)
+        # A dim the mixin checks is a multiple (inputs.<key>.multiple_of):
+        # real inputs are (Phi-4-multimodal's image sizes, crops of 448).
+        for g in self.spec.item_inputs:
+            for dim, divisor in g.multiple_of:
+                step = max(1, abs(self.value(divisor)))
+                steps[dim] = math.lcm(steps.get(dim, 1), step)
         return steps
 
     def random_item(

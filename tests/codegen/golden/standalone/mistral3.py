@@ -3,8 +3,8 @@
 # From specs/mistral3.yaml: change the spec or the templates and run
 # `gen-mixin specs/mistral3.yaml`.
 # spec-sha256: 91fb68bc81ef2cc54eadc2b2ea89ba81ff55c6fa83b81b740b6793e771faa360
-# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
-# output-sha256: c3d197a4cc5754cc0a314db0ba73dd220d1266aee904fca9dd365155f22d5f08
+# templates-sha256: fb9e0d992433c1a59e102dfb753e7601dc580457afa87aa8d40cb03b66bea6b5
+# output-sha256: cb6ee352111c723fc7038f081e9cca88b8264d3688033093309c8c404562db33
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any

@@ -3,8 +3,8 @@
 # From specs/mistral3.yaml: change the spec or the templates and run
 # `gen-mixin specs/mistral3.yaml`.
 # spec-sha256: 91fb68bc81ef2cc54eadc2b2ea89ba81ff55c6fa83b81b740b6793e771faa360
-# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
-# output-sha256: 8b0d34b51518f02cb3aa307dfe4f81e977783ebc986c27a887d8c0d64b042a55
+# templates-sha256: fb9e0d992433c1a59e102dfb753e7601dc580457afa87aa8d40cb03b66bea6b5
+# output-sha256: a93a94dc0e847729162a2ae8c5e88e624a0a724f3835d140d4b82dc86ca95b59
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
