@@ -65,6 +65,7 @@ CATALOG: dict[str, VllmHost] = {
     ),
     "mistral3": _host("mistral3", "Mistral3ForConditionalGeneration"),
     "mllama4": _host("mllama4", "Llama4ForConditionalGeneration"),
+    "paligemma": _host("paligemma", "PaliGemmaForConditionalGeneration"),
     "qwen2_5_omni": _host(
         "qwen2_5_omni_thinker",
         "Qwen2_5OmniThinkerForConditionalGeneration",
@@ -78,7 +79,14 @@ CATALOG: dict[str, VllmHost] = {
 }
 
 ADDS_PROTOCOL: frozenset[str] = frozenset(
-    {"cohere2_vision", "dots_ocr", "eagle2_5_vl", "mistral3", "qwen2_5_omni"}
+    {
+        "cohere2_vision",
+        "dots_ocr",
+        "eagle2_5_vl",
+        "mistral3",
+        "paligemma",
+        "qwen2_5_omni",
+    }
 )
 """The models beyond vLLM's catalog: their vLLM class has no encoder CUDA
 graph protocol of its own, and the generated mixin adds it

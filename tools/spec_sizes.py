@@ -80,6 +80,7 @@ ESTIMATED_BY = {
     "eagle2_5_vl": "internvl",
     "dots_ocr": "qwen2_vl",
     "mistral3": "qwen2_vl",
+    "paligemma": "gemma3_mm",
 }
 
 

@@ -115,10 +115,13 @@ class FakeCall:
     #: A step takes element 0 of the result (HF's pooler returns a tuple):
     #: a tuple whose first element is rows enough for any gather index.
     indexed: bool = False
+    #: The names a step unpacks the call's result into (``a, _ = call()``):
+    #: a tuple of that many rows, the first the queued ones.
+    unpacked: int = 0
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         self.calls.append((args, kwargs))
-        out = self.queue.pop(0) if self.queue else torch.zeros(1, OUT_WIDTH)
+        out = self.queue.pop(0) if self.queue else self.placeholder(args)
         self.returned.append(out)
         if self.iterated:
             return iter([out])
@@ -127,7 +130,19 @@ class FakeCall:
         if self.indexed:
             rows = out if self.queue or out.shape[0] > 1 else out.expand(1 << 16, -1)
             return (rows, None)
+        if self.unpacked:
+            return (out, *([out] * (self.unpacked - 1)))
         return [out] if _forward_calling() in self.listed_in else out
+
+    @staticmethod
+    def placeholder(args: tuple) -> torch.Tensor:
+        """Zeros of :data:`OUT_WIDTH` columns: the leading dims of a first
+        argument of two or more dims (a row-wise layer, a norm: the steps
+        after it may gather its rows), else one row."""
+        first = args[0] if args else None
+        if isinstance(first, torch.Tensor) and first.dim() >= 2:
+            return torch.zeros(*first.shape[:-1], OUT_WIDTH)
+        return torch.zeros(1, OUT_WIDTH)
 
 
 class HostObjectWith:
@@ -392,6 +407,8 @@ class SpecWorld:
         for path in self._int_paths():
             if path.parts[-1] == "dtype":  # a weight's dtype, cast to
                 set_path(host, path.parts, torch.float32)
+            elif path.parts[-1] == "weight":  # a module's weight, multiplied by
+                set_path(host, path.parts, torch.eye(OUT_WIDTH))
         for flat in spec.flat_inputs:
             for dtype_path in (flat.replay_dtype, flat.eager_dtype):
                 if dtype_path is not None:
@@ -502,6 +519,8 @@ class SpecWorld:
                         m for m, names in listed.items() if name in names
                     }
                     fake.iterated = fake.iterated or sub in iterated
+                    if sub is step.expr and len(step.targets) > 1:
+                        fake.unpacked = len(step.targets)
                     self._install(host, sub.callee, fake)
                 if (
                     isinstance(sub, fx.Subscript)
@@ -548,9 +567,10 @@ class SpecWorld:
     # -- batches -------------------------------------------------------------------------
 
     def dim_steps(self) -> dict[str, int]:
-        """Each dim divided in the item or row formulas is drawn as a multiple
-        of its divisors, so each division is exact as in real inputs; the
-        other dims as any positive number."""
+        """Each dim divided in the item or row formulas, or with a declared
+        ``multiple_of``, is drawn as a multiple of its divisors, so each
+        division is exact as in real inputs; the other dims as any positive
+        number."""
         exprs = [self.spec.items.input_size, self.spec.items.output_tokens]
         exprs += [
             e for e in (self.spec.items.graph_rows, self.spec.items.budget_tokens) if e
@@ -571,6 +591,11 @@ class SpecWorld:
                 for dim in fx.names_in(left) & self.dims:
                     step = max(1, abs(self.value(right)))
                     steps[dim] = math.lcm(steps.get(dim, 1), step)
+        # The multiples the inputs declare, which the host checks.
+        for g in self.spec.item_inputs:
+            for dim, divisor in g.multiple_of:
+                step = max(1, abs(self.value(divisor)))
+                steps[dim] = math.lcm(steps.get(dim, 1), step)
         return steps
 
     def random_item(
