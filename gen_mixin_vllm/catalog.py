@@ -69,6 +69,7 @@ CATALOG: dict[str, VllmHost] = {
     "paddleocr_vl": _host("paddleocr_vl", "PaddleOCRVLForConditionalGeneration"),
     "phi3v": _host("phi3v", "Phi3VForCausalLM"),
     "phi4mm": _host("phi4mm", "Phi4MMForCausalLM"),
+    "paligemma": _host("paligemma", "PaliGemmaForConditionalGeneration"),
     "qwen2_5_omni": _host(
         "qwen2_5_omni_thinker",
         "Qwen2_5OmniThinkerForConditionalGeneration",
@@ -94,6 +95,7 @@ ADDS_PROTOCOL: frozenset[str] = frozenset(
         "eagle2_5_vl",
         "mistral3",
         "paddleocr_vl",
+        "paligemma",
         "phi3v",
         "phi4mm",
         "pixtral",

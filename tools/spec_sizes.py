@@ -86,6 +86,7 @@ ESTIMATED_BY = {
     "mistral3": "qwen2_vl",
     "phi3v": "deepseek_ocr",
     "phi4mm": "deepseek_ocr",
+    "paligemma": "gemma3_mm",
 }
 
 

@@ -660,6 +660,11 @@ def check_tensors_replay(world, item, items, value, src) -> None:
     :w_i]`` of a buffer of pad_value (item ``i`` holds ``i + 1``)."""
     pad = item.pad_value
     shapes = [[world.value(e, **it) for e in item.item_shape] for it in items]
+    if not shapes:
+        # No item fits the budget: an empty stacked tensor (its item dims
+        # are the batch's own, whatever they are).
+        assert src.shape[0] == 0, item.key
+        return
     assert list(src.shape) == [len(items), *map(max, zip(*shapes))], item.key
     mask = torch.zeros(value.shape, dtype=torch.bool)
     for i, shape in enumerate(shapes):

@@ -1539,6 +1539,85 @@ def mistral3(axial: bool = True) -> OracleModel:
     )
 
 
+# ---------------------------------------------------------------------------
+# PaliGemma: SigLIP over one fixed-size view per image, a linear projector
+# ---------------------------------------------------------------------------
+
+PALIGEMMA = "vllm.model_executor.models.paligemma"
+PALIGEMMA_SIDE, PALIGEMMA_PATCH = 8, 2
+#: Tokens of one image: (8 // 2) ** 2.
+PALIGEMMA_TOKENS = 16
+
+
+class _SiglipTower(TileTower):
+    """:class:`TileTower` with what vLLM's host code reads of
+    ``SiglipVisionModel``: its patch embedding (``get_input_embeddings``,
+    whose weight's dtype the images are cast to) and ``dtype``."""
+
+    dtype = torch.float32
+
+    def get_input_embeddings(self) -> Any:
+        return _Obj(weight=self.embed.weight)
+
+    def __call__(self, pixel_values: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        if pixel_values.dtype != self.dtype:
+            raise TypeError(f"{pixel_values.dtype} pixels, a {self.dtype} tower")
+        return super().__call__(pixel_values)
+
+
+def _paligemma_host_class(code: WheelCode, mixin: type) -> type:
+    return code.klass(
+        PALIGEMMA,
+        "PaliGemmaForConditionalGeneration",
+        ["_parse_and_validate_image_input", "_process_image_input"],
+        bases=(mixin,),
+    )
+
+
+def _paligemma_host(code: WheelCode, host_class: type, backend: str) -> Any:
+    del backend  # SigLIP attends within each image: no varlen kernel
+    host = host_class()
+    host.config = _Obj(
+        vision_config=_Obj(
+            image_size=PALIGEMMA_SIDE, patch_size=PALIGEMMA_PATCH, projection_dim=WIDTH
+        ),
+    )
+    host.vision_tower = _SiglipTower(PALIGEMMA_SIDE, PALIGEMMA_PATCH)
+    host.multi_modal_projector = FixedLinear(WIDTH, WIDTH)
+    return host
+
+
+def one_view_batches(side: int, seed: int) -> list[dict[str, Any]]:
+    """1 to 5 images of ``side x side`` pixels, one stacked tensor as the
+    processor gives them (16 tokens each: 4 and 5 images exceed the
+    ladder's top, 48 tokens, and are split or run eagerly)."""
+    gen = torch.Generator().manual_seed(seed)
+    counts = [1, 3, 5, 2, 4, 1]
+    return [
+        {"pixel_values": torch.randn(n, 3, side, side, generator=gen)} for n in counts
+    ]
+
+
+def paligemma() -> OracleModel:
+    return OracleModel(
+        stem="paligemma",
+        stubs={
+            PALIGEMMA: {
+                "PaliGemmaImagePixelInputs": schema_as_dict,
+                "PaliGemmaImageEmbeddingInputs": schema_as_dict,
+            }
+        },
+        host_class=_paligemma_host_class,
+        make_host=_paligemma_host,
+        eager=lambda host, batch: list(
+            host._process_image_input(
+                {"type": "pixel_values", "data": batch["pixel_values"]}
+            )
+        ),
+        batches=lambda: one_view_batches(PALIGEMMA_SIDE, 27),
+    )
+
+
 #: Every model of vLLM 0.33.0 without a hand-written mixin that has a spec:
 #: its oracle (the catalog's models have parity rows in parity_hosts.MODELS).
 ORACLES = {
@@ -1547,6 +1626,7 @@ ORACLES = {
     "eagle2_5_vl": eagle2_5_vl,
     "mistral3": mistral3,
     "paddleocr_vl": paddleocr_vl,
+    "paligemma": paligemma,
     "phi3v": phi3v,
     "phi4mm": phi4mm,
     "pixtral": pixtral,
