@@ -86,6 +86,7 @@ import argparse
 import dataclasses
 import functools
 import gc
+import itertools
 import json
 import math
 import random
@@ -492,7 +493,7 @@ def gap_singles(
     size and priced a 3,825-patch photo beside an 8,580-patch scan 4-7%
     under its fastest time."""
     out = list(singles)
-    for low, high in zip(singles, singles[1:]):
+    for low, high in itertools.pairwise(singles):
         low_rows, high_rows = math.prod(low), math.prod(high)
         inside = [i for i in items if low_rows < math.prod(i) < high_rows]
         if inside and high_rows > CALIBRATION_GAP * low_rows:
