@@ -522,7 +522,9 @@ def fit_eager_cost(
     beside an 8,748-patch one, 17 ms alone), which the batched form
     prices and the serial one does not; forced serial, the fit priced
     batches of large images 3-7% low and the planner ran two of them
-    eagerly, slower than vLLM's packing. Batched form: the samples, in ascending rows, are split into a
+    eagerly, slower than vLLM's packing.
+
+    Batched form: the samples, in ascending rows, are split into a
     host-bound head and a device-bound tail at every point; each part gets
     its non-negative least squares, each sample then goes to the term that
     predicts it higher and both are refitted until that settles. Serial
