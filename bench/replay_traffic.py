@@ -227,7 +227,7 @@ def refitted_calibration(
         graph,
         reuse_eager=None if eager else eager_from,
         # A tower recorded as encoding item by item (since issue #27).
-        eager_serial=True if model.get("eager_per_item") else None,
+        declared_serial=bool(model.get("eager_per_item")),
     )
 
 

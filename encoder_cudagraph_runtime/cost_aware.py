@@ -502,20 +502,29 @@ def fit_eager_cost(
     samples: Sequence[EagerSample],
     slow_trim: float | None = 0.15,
     serial: bool | None = None,
+    declared_serial: bool = False,
 ) -> EagerCost:
     """:class:`EagerCost` fitted to ``samples`` (at least one), minimising
     the summed squared *relative* error, then refitted without the samples
     more than ``slow_trim`` slower than the fit (``None``: keep all).
 
-    ``serial``: the form, when the tower declares it (a mixin whose eager
-    forward runs item by item). Else (``None``) both forms are fitted and
-    the one with the smaller error on the samples both kept wins (the
-    batched one on a tie): which one a tower follows shows only in samples
-    of several items of different sizes, so the calibration must have some
-    (issue #27: DeepSeek-V4.1's calibration, cut by its time limit, had
-    none; the batched form won the tie and priced a photo with a
-    thumbnail 12-21% under its serial time, so the planner ran such
-    batches eagerly, slower than vLLM's packing). Batched form: the samples, in ascending rows, are split into a
+    ``serial``: force that form. Else (``None``) both forms are fitted and
+    the one with the smaller error on the samples both kept wins. Which one
+    a tower follows shows only in samples of several items of different
+    sizes (:func:`_samples_tell_forms_apart`); without any, or on a tie,
+    ``declared_serial`` decides: whether the tower declares it encodes
+    item by item (issue #27: DeepSeek-V4.1's calibration, cut by its time
+    limit, had none; the batched form won the tie and priced a photo with
+    a thumbnail 12-21% under its serial time on the H200). The
+    declaration says how the tower runs, not how its host overlaps the
+    device: on run J's H100 the same tower's launches of a small item hid
+    behind a large item's device time (a 1,680-patch image added 7 ms
+    beside an 8,748-patch one, 17 ms alone), which the batched form
+    prices and the serial one does not; forced serial, the fit priced
+    batches of large images 3-7% low and the planner ran two of them
+    eagerly, slower than vLLM's packing.
+
+    Batched form: the samples, in ascending rows, are split into a
     host-bound head and a device-bound tail at every point; each part gets
     its non-negative least squares, each sample then goes to the term that
     predicts it higher and both are refitted until that settles. Serial
@@ -539,11 +548,24 @@ def fit_eager_cost(
         _trimmed_fit(samples, fit, slow_trim)
         for fit in (_fit_eager_splits, _fit_serial_splits)
     ]
+    batched, serial_fit = fits[0][0], fits[1][0]
+    if not _samples_tell_forms_apart(samples):
+        return serial_fit if declared_serial else batched
     both = [s for s in fits[0][1] if s in fits[1][1]] or list(samples)
-    errors = [
+    batched_error, serial_error = (
         _relative_sse([cost.predict(s.rows) for s in both], both) for cost, _ in fits
-    ]
-    return fits[1][0] if errors[1] < errors[0] * (1 - 1e-9) else fits[0][0]
+    )
+    if serial_error < batched_error * (1 - 1e-9):
+        return serial_fit
+    if batched_error < serial_error * (1 - 1e-9):
+        return batched
+    return serial_fit if declared_serial else batched
+
+
+def _samples_tell_forms_apart(samples: Sequence[EagerSample]) -> bool:
+    """Whether some sample has items of different sizes: on single items
+    and on equal items both forms can fit the same times."""
+    return any(len(set(s.rows)) > 1 for s in samples)
 
 
 def _trimmed_fit(
@@ -751,18 +773,19 @@ def calibrated_cost_model(
     graph: Sequence[GraphSample],
     *,
     reuse_eager: CostModel | None = None,
-    eager_serial: bool | None = None,
+    declared_serial: bool = False,
     error_floor: float = 0.02,
     error_cap: float = 0.25,
 ) -> CostModel:
     """Fit both costs (the eager one taken from ``reuse_eager`` when given,
-    with its error; else of the form ``eager_serial`` when the tower
-    declares it, see :func:`fit_eager_cost`) and measure their errors on
+    with its error; else of the form the samples show, the serial one
+    where they cannot tell and ``declared_serial``, see
+    :func:`fit_eager_cost`) and measure their errors on
     the same samples, each error kept within ``[error_floor, error_cap]``:
     a floor, because the samples are few and the fit saw them; a cap, so
     that one noisy sample does not pin every batch to vLLM's packing."""
     eager_cost = (
-        fit_eager_cost(eager, serial=eager_serial)
+        fit_eager_cost(eager, declared_serial=declared_serial)
         if reuse_eager is None
         else reuse_eager.eager
     )

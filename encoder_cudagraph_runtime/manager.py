@@ -1056,8 +1056,9 @@ class EncoderCudaGraphManager:
         followed by its graph's replay alone; calls of
         :data:`LONG_CALL_MS` once, and only while they fit
         :attr:`calibration_limit_ms` (:meth:`_calibration_samples`). The
-        eager form is the serial one for a tower that declares it encodes
-        item by item. ``eager_from``: reuse that model's eager cost and
+        eager form is the one the samples show, the serial one where they
+        cannot tell for a tower that declares it encodes item by item.
+        ``eager_from``: reuse that model's eager cost and
         error instead of timing eager calls (eager cost does not depend on
         the ladder). The samples stay readable in
         :attr:`calibration_samples`; statistics are left as they were.
@@ -1093,7 +1094,7 @@ class EncoderCudaGraphManager:
             eager,
             graph,
             reuse_eager=eager_from,
-            eager_serial=True if self._eager_declared_per_item() else None,
+            declared_serial=self._eager_declared_per_item(),
             error_floor=error_floor,
         )
         self._cost_model = model

@@ -33,6 +33,33 @@ def test_calibration_spans_the_training_sizes() -> None:
 
 
 @pytest.mark.parametrize(
+    ("rows", "singles"),
+    [
+        # Two modes (run J's DeepSeek-V4.1: thumbnails and scans): the
+        # quantiles jump from 1,300 to 8,100; the item nearest their
+        # geometric mean (3,245) closes that gap, as 200 and 500 close the
+        # smaller ones below.
+        (
+            list(range(100, 1600, 100)) + [3000] + list(range(8000, 8900, 100)),
+            [100, 200, 300, 500, 800, 1300, 3000, 8100, 8600, 8800],
+        ),
+        # No two quantiles more than twice apart: the quantiles alone.
+        (list(range(1000, 1900, 100)), [1000, 1100, 1200, 1400, 1600, 1700, 1800]),
+        # A gap with no item in it stays.
+        ([100, 5000], [100, 5000]),
+    ],
+    ids=["two-modes", "no-gap", "empty-gap"],
+)
+def test_calibration_singles_close_the_gaps_between_quantiles(
+    rows: list[int], singles: list[int]
+) -> None:
+    train = [[(1, r)] for r in rows]
+    batches = bench.calibration_batches(train, quick=False)
+    # Quantiles of few items repeat: the manager times each size once.
+    assert sorted({b[0][1] for b in batches if len(b) == 1}) == singles
+
+
+@pytest.mark.parametrize(
     ("replay_ms", "host_ms", "expected"),
     [
         # 26 ms per 8192 rows between the two largest graphs; the smallest

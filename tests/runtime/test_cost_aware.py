@@ -251,6 +251,8 @@ EAGER_BATCHES = [
     (2304, 2304, 6000),
     (100, 200, 300, 400),
 ]
+# The same sizes, each batch of one size only.
+EQUAL_ITEM_BATCHES = [(64,), (540,), (2304,), (6000,), (64,) * 8, (2304,) * 3]
 
 
 # A tower that encodes item by item, its host waiting for the device within
@@ -286,6 +288,37 @@ class TestFits:
         """The form is the one the samples of several items show."""
         samples = [EagerSample(b, truth.predict(b)) for b in EAGER_BATCHES]
         assert fit_eager_cost(samples).serial is serial
+
+    @pytest.mark.parametrize(
+        ("truth", "batches", "declared_serial", "serial"),
+        [
+            # Samples of items of different sizes show the form: a tower
+            # declared item by item whose host hides a small item's
+            # launches behind a large item's device time (run J's H100)
+            # gets the batched form, and the other way round.
+            (HOST_FLOOR, EAGER_BATCHES, True, False),
+            (SERIAL, EAGER_BATCHES, False, True),
+            # Single and equal items cannot tell: the declaration decides.
+            (HOST_FLOOR, EQUAL_ITEM_BATCHES, True, True),
+            (SERIAL, EQUAL_ITEM_BATCHES, False, False),
+        ],
+        ids=["shown-batched", "shown-serial", "declared-serial", "undeclared"],
+    )
+    def test_the_declared_form_decides_only_where_the_samples_cannot(
+        self,
+        truth: EagerCost,
+        batches: list[tuple[int, ...]],
+        declared_serial: bool,
+        serial: bool,
+    ) -> None:
+        samples = [EagerSample(b, truth.predict(b)) for b in batches]
+        fitted = fit_eager_cost(samples, declared_serial=declared_serial)
+        assert fitted.serial is serial
+        if serial is truth.serial:  # the samples' own form: priced right
+            mixed = (2304, 540, 64)
+            assert fitted.predict(mixed) == pytest.approx(
+                truth.predict(mixed), rel=0.02
+            )
 
     def test_serial_form_prices_a_small_item_beside_a_large_one(self) -> None:
         """Per item, a small image after a large one costs its launches

@@ -500,6 +500,13 @@ def serial_eager_ms(rows: list[int]) -> float:
     return 1.0 + sum(max(15.0, 0.005 * r) for r in rows)
 
 
+def overlapped_eager_ms(rows: list[int]) -> float:
+    """A tower that encodes item by item on a host that issues the next
+    item's launches (15 ms each) while the device runs: the larger of all
+    launches and all device time, the batched form's shape."""
+    return 1.0 + max(15.0 * len(rows), sum(0.005 * r for r in rows))
+
+
 @pytest.mark.parametrize(
     "declared, serial", [(True, True), (False, False)], ids=["declared", "undeclared"]
 )
@@ -510,7 +517,7 @@ def test_declared_per_item_tower_gets_the_serial_eager_form(
     eager call of a photo with a thumbnail; the batched form won the tie and
     priced such batches 12-21% under their time, so the planner ran them
     eagerly, slower than vLLM's packing. A tower that declares it encodes
-    item by item gets the serial form whatever the samples show."""
+    item by item gets the serial form where the samples cannot tell."""
     clock = VirtualClock()
     model = TimedFakeEncoder(clock, per_row_ms, serial_eager_ms, budget_range=(8, 64))
     if declared:
@@ -527,6 +534,31 @@ def test_declared_per_item_tower_gets_the_serial_eager_form(
     mixed = [12000, 200]
     error = abs(cost.eager.predict(mixed) / serial_eager_ms(mixed) - 1)
     assert (error < 0.01) is declared
+
+
+def test_samples_of_mixed_sizes_overrule_the_declared_eager_form() -> None:
+    """Run J (H100): DeepSeek-V4.1 declares it encodes item by item, but its
+    host hid a thumbnail's launches behind a photo's device time; forced
+    serial, the fit priced batches of large images 3-7% under their time
+    and the planner ran two of them eagerly, slower than vLLM's packing.
+    Calibration units of items of different sizes show the form."""
+    clock = VirtualClock()
+    model = TimedFakeEncoder(
+        clock, per_row_ms, overlapped_eager_ms, budget_range=(8, 64)
+    )
+    model.encoder_eager_forward_per_item = True  # type: ignore[attr-defined]
+    manager = make_manager(
+        model, budgets=DOUBLING_TO_16K, max_items=8, cost_aware=True, clock=clock
+    )
+    manager.capture()
+    sizes = ([200], [1000], [3000], [6000], [12000], [200] * 4, [6000, 200])
+    warmup = [make_kwargs(make_items(rows, seed=3)) for rows in sizes]
+    cost = manager.calibrate_cost_model(warmup, error_floor=0.0)
+    assert cost.eager.serial is False
+    for rows in ([12000, 200], [6000, 3000, 200]):
+        assert cost.eager.predict(rows) == pytest.approx(
+            overlapped_eager_ms(rows), rel=0.02
+        )
 
 
 def test_eager_call_timed_when_its_graph_unit_does_not_fit() -> None:
