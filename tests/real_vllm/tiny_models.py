@@ -686,6 +686,33 @@ def _internvl_eager(model: Any, mm_kwargs: dict, i: int) -> torch.Tensor:
         )[i]
 
 
+def _skyworkr1v_config() -> Any:
+    """InternVL's tiny config under Skywork-R1V's remote config class."""
+    cls = _remote_config_class(
+        "skywork_chat", vision_config="intern_vit_6b", text_config="qwen2"
+    )
+    config = _internvl_config().to_dict()
+    for key in ("model_type", "transformers_version", "vision_config", "text_config"):
+        config.pop(key)
+    internvl = _internvl_config()
+    return cls(
+        **{
+            **config,
+            "architectures": ["SkyworkR1VChatModel"],
+            "vision_config": internvl.vision_config,
+            "text_config": internvl.text_config,
+        }
+    )
+
+
+def _skyworkr1v_eager(model: Any, mm_kwargs: dict, i: int) -> torch.Tensor:
+    pixels, tiles = (mm_kwargs[k] for k in _INTERNVL_KEYS["image"])
+    with torch.inference_mode():
+        return model._process_image_input(
+            dict(type="pixel_values", pixel_values_flat=pixels, num_patches=tiles)
+        )[i]
+
+
 def _kimi_vl_config() -> Any:
     from vllm.transformers_utils.configs.kimi_vl import KimiVLConfig
 
@@ -1479,6 +1506,19 @@ TINY: dict[str, TinyModel] = {
         hf_config=_internvl_config,
         # 56-pixel tiles of 14-pixel patches, shuffled by half: 4 tokens a tile.
         **_tile_family(56, 4, _INTERNVL_KEYS, _internvl_eager, _tokenizer_only),
+        compilation=_ladder(8, 16, 32),
+    ),
+    "skyworkr1v": TinyModel(
+        stem="skyworkr1v",
+        hf_config=_skyworkr1v_config,
+        # InternVL's tiles: 56 pixels of 14-pixel patches, shuffled by half.
+        **_tile_family(
+            56,
+            4,
+            {"image": _INTERNVL_KEYS["image"]},
+            _skyworkr1v_eager,
+            _tokenizer_only,
+        ),
         compilation=_ladder(8, 16, 32),
     ),
     "eagle2_5_vl": TinyModel(
