@@ -387,6 +387,52 @@ def _qwen2_5_omni_processor(folder: str) -> None:
     ).save_pretrained(folder)
 
 
+def _qwen3_omni_config() -> Any:
+    from transformers import Qwen3OmniMoeConfig
+
+    ids = {token: i for i, token in enumerate(SPECIAL_TOKENS)}
+    vision = _qwen3_vl_config().vision_config.to_dict()
+    text = _qwen3_vl_config().text_config.to_dict()
+    for key in ("model_type", "transformers_version", "architectures"):
+        vision.pop(key, None)
+        text.pop(key, None)
+    # One dense layer: the language model is built, never run.
+    text.update(num_experts=2, num_experts_per_tok=1, mlp_only_layers=[0])
+    text["tie_word_embeddings"] = False  # read on the text config by vLLM
+    # What vLLM reads of a checkpoint's vision config beyond transformers'
+    # class: the side its position embeddings cover, and which kind they are.
+    vision.update(image_size=128, apply_vit_abs_pos_embed=True)
+    return Qwen3OmniMoeConfig(
+        architectures=["Qwen3OmniMoeForConditionalGeneration"],
+        enable_audio_output=False,
+        thinker_config=dict(
+            vision_config=vision,
+            text_config=text,
+            audio_config=dict(
+                num_mel_bins=16,
+                encoder_layers=1,
+                encoder_attention_heads=2,
+                encoder_ffn_dim=32,
+                d_model=16,
+                output_dim=48,
+                max_source_positions=64,
+                n_window=8,
+                downsample_hidden_size=8,
+            ),
+            image_token_id=ids["<|IMAGE|>"],
+            video_token_id=ids["<|VIDEO|>"],
+            audio_token_id=ids["<|AUDIO|>"],
+            vision_start_token_id=ids["<|vision_start|>"],
+            vision_end_token_id=ids["<|vision_end|>"],
+            audio_start_token_id=ids["<|audio_bos|>"],
+            audio_end_token_id=ids["<|audio_eos|>"],
+            user_token_id=0,
+            bos_token_id=ids["<|endoftext|>"],
+            eos_token_id=ids["<|endoftext|>"],
+        ),
+    )
+
+
 def _qwen2_vl_processor(folder: str) -> None:
     from transformers import Qwen2VLImageProcessor, Qwen2VLProcessor
     from transformers import Qwen2VLVideoProcessor
@@ -1553,6 +1599,18 @@ TINY: dict[str, TinyModel] = {
         **{
             **_QWEN2_VL_FAMILY,
             "save_processor": _qwen2_5_omni_processor,
+            "modalities": ("image",),
+        },
+        compilation=_ladder(16, 32, 64),
+    ),
+    "qwen3_omni": TinyModel(
+        stem="qwen3_omni",
+        hf_config=_qwen3_omni_config,
+        **{
+            **_QWEN2_VL_FAMILY,
+            "draw": functools.partial(_qwen2_vl_draw, patch=16),
+            "eager": _embed_multimodal_eager,
+            "save_processor": _tokenizer_only,
             "modalities": ("image",),
         },
         compilation=_ladder(16, 32, 64),
