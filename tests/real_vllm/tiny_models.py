@@ -1385,6 +1385,75 @@ def _gemma3_processor(folder: str) -> None:
     ).save_pretrained(folder)
 
 
+# Models of one (3, H, W) tensor per image (Mistral3, Pixtral): an item's
+# grid is ``(1, H, W)`` in pixels, whole merge x merge groups of patches; an
+# image past the vision config's side runs eagerly.
+_MISTRAL3_SIDE = 224
+_MISTRAL3_GROUP = 28  # 14-pixel patches, merged 2 x 2
+
+
+def _mistral3_config() -> Any:
+    from transformers import Mistral3Config
+
+    ids = {token: i for i, token in enumerate(SPECIAL_TOKENS)}
+    return Mistral3Config(
+        architectures=["Mistral3ForConditionalGeneration"],
+        vision_config=dict(
+            model_type="pixtral",
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            head_dim=16,
+            image_size=_MISTRAL3_SIDE,
+            patch_size=14,
+        ),
+        text_config=dict(
+            model_type="mistral",
+            architectures=["MistralForCausalLM"],
+            hidden_size=48,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=24,
+            vocab_size=256,
+            max_position_embeddings=2048,
+        ),
+        spatial_merge_size=2,
+        image_token_index=ids["<image>"],
+        vision_feature_layer=-1,
+    )
+
+
+def _pixel_grids(
+    gen: torch.Generator, modality: str, tokens: int
+) -> list[tuple[int, int, int]]:
+    """Images of whole merge groups, at most the side, until ``tokens``."""
+    most = _MISTRAL3_SIDE // _MISTRAL3_GROUP
+    grids: list[tuple[int, int, int]] = []
+    left = tokens
+    while len(grids) < 4:
+        h, w = (int(torch.randint(1, most + 1, (), generator=gen)) for _ in range(2))
+        if h * w > left:
+            break
+        grids.append((1, h * _MISTRAL3_GROUP, w * _MISTRAL3_GROUP))
+        left -= h * w
+    return grids or [(1, _MISTRAL3_GROUP, _MISTRAL3_GROUP)]
+
+
+def _pixel_draw(
+    gen: torch.Generator, modality: str, grids: list[tuple[int, int, int]]
+) -> dict:
+    """One raw ``(3, H, W)`` image a grid (normalised on the device)."""
+    return {
+        "pixel_values": [
+            torch.randint(0, 256, (3, h, w), generator=gen, dtype=torch.uint8)
+            for _, h, w in grids
+        ]
+    }
+
+
 def _embed_multimodal_eager(model: Any, mm_kwargs: dict, i: int) -> torch.Tensor:
     """vLLM's own path from a batch to its items' embeddings."""
     with torch.inference_mode():
@@ -1602,6 +1671,17 @@ TINY: dict[str, TinyModel] = {
             "modalities": ("image",),
         },
         compilation=_ladder(16, 32, 64),
+    ),
+    "mistral3": TinyModel(
+        stem="mistral3",
+        hf_config=_mistral3_config,
+        draw=_pixel_draw,
+        eager=_embed_multimodal_eager,
+        grids=_pixel_grids,
+        # A side past the vision config's image size: eager.
+        oversized=lambda budget: (1, _MISTRAL3_SIDE + _MISTRAL3_GROUP, _MISTRAL3_GROUP),
+        save_processor=_tokenizer_only,
+        compilation=_ladder(64, 128),
     ),
     "qwen3_omni": TinyModel(
         stem="qwen3_omni",
