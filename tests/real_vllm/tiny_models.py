@@ -1427,31 +1427,102 @@ def _mistral3_config() -> Any:
 
 
 def _pixel_grids(
-    gen: torch.Generator, modality: str, tokens: int
+    gen: torch.Generator, modality: str, tokens: int, side: int, group: int
 ) -> list[tuple[int, int, int]]:
-    """Images of whole merge groups, at most the side, until ``tokens``."""
-    most = _MISTRAL3_SIDE // _MISTRAL3_GROUP
+    """Images of whole ``group``-pixel merge groups, at most ``side`` pixels
+    a side, until ``tokens``."""
+    most = side // group
     grids: list[tuple[int, int, int]] = []
     left = tokens
     while len(grids) < 4:
         h, w = (int(torch.randint(1, most + 1, (), generator=gen)) for _ in range(2))
         if h * w > left:
             break
-        grids.append((1, h * _MISTRAL3_GROUP, w * _MISTRAL3_GROUP))
+        grids.append((1, h * group, w * group))
         left -= h * w
-    return grids or [(1, _MISTRAL3_GROUP, _MISTRAL3_GROUP)]
+    return grids or [(1, group, group)]
 
 
 def _pixel_draw(
-    gen: torch.Generator, modality: str, grids: list[tuple[int, int, int]]
+    gen: torch.Generator,
+    modality: str,
+    grids: list[tuple[int, int, int]],
+    key: str = "pixel_values",
 ) -> dict:
     """One raw ``(3, H, W)`` image a grid (normalised on the device)."""
     return {
-        "pixel_values": [
+        key: [
             torch.randint(0, 256, (3, h, w), generator=gen, dtype=torch.uint8)
             for _, h, w in grids
         ]
     }
+
+
+def _pixel_family(
+    side: int, group: int, key: str, oversized: tuple[int, int, int]
+) -> dict:
+    return dict(
+        draw=functools.partial(_pixel_draw, key=key),
+        eager=_embed_multimodal_eager,
+        grids=functools.partial(_pixel_grids, side=side, group=group),
+        oversized=lambda budget: oversized,
+        save_processor=_tokenizer_only,
+    )
+
+
+class _MistralParams(dict):
+    """A Mistral-format checkpoint's ``params.json`` (no ``config.json``):
+    vLLM's own parser turns it into the config its class reads. vLLM takes a
+    folder for Mistral-format when it also holds ``consolidated*.safetensors``
+    files: one with no weights is written beside it."""
+
+    def save_pretrained(self, folder: str) -> None:
+        import json
+        from pathlib import Path
+
+        from safetensors.torch import save_file
+
+        (Path(folder) / "params.json").write_text(json.dumps(self), "utf-8")
+        save_file({}, str(Path(folder) / "consolidated.safetensors"))
+
+
+_PIXTRAL_SIDE = 512  # 16 x 16 merged tokens: an image over the ladder's top
+_PIXTRAL_GROUP = 32  # 16-pixel patches, merged 2 x 2
+
+
+def _pixtral_params() -> _MistralParams:
+    """Mistral-Small-3.1's layout (the pre-projector norm and the patch
+    merger), tiny."""
+    ids = {token: i for i, token in enumerate(SPECIAL_TOKENS)}
+    return _MistralParams(
+        dim=48,
+        n_layers=1,
+        head_dim=24,
+        hidden_dim=64,
+        n_heads=2,
+        n_kv_heads=1,
+        rope_theta=10000.0,
+        norm_eps=1e-5,
+        vocab_size=256,
+        max_position_embeddings=2048,
+        vision_encoder=dict(
+            hidden_size=32,
+            num_channels=3,
+            image_size=_PIXTRAL_SIDE,
+            patch_size=16,
+            rope_theta=10000.0,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            image_token_id=ids["<image>"],
+            image_break_token_id=ids["<|IMG_LINE_BREAK|>"],
+            image_end_token_id=ids["<|END_OF_IMG|>"],
+            adapter_bias=False,
+            spatial_merge_size=2,
+            add_pre_mm_projector_layer_norm=True,
+            mm_projector_id="patch_merge",
+        ),
+    )
 
 
 def _embed_multimodal_eager(model: Any, mm_kwargs: dict, i: int) -> torch.Tensor:
@@ -1675,12 +1746,28 @@ TINY: dict[str, TinyModel] = {
     "mistral3": TinyModel(
         stem="mistral3",
         hf_config=_mistral3_config,
-        draw=_pixel_draw,
-        eager=_embed_multimodal_eager,
-        grids=_pixel_grids,
-        # A side past the vision config's image size: eager.
-        oversized=lambda budget: (1, _MISTRAL3_SIDE + _MISTRAL3_GROUP, _MISTRAL3_GROUP),
-        save_processor=_tokenizer_only,
+        # A side past the vision config's image size: eager (vLLM's HF
+        # Pixtral tower takes it).
+        **_pixel_family(
+            _MISTRAL3_SIDE,
+            _MISTRAL3_GROUP,
+            "pixel_values",
+            oversized=(1, _MISTRAL3_SIDE + _MISTRAL3_GROUP, _MISTRAL3_GROUP),
+        ),
+        compilation=_ladder(64, 128),
+    ),
+    "pixtral": TinyModel(
+        stem="pixtral",
+        hf_config=_pixtral_params,
+        # The largest image, 256 tokens, over the ladder: eager. (A side past
+        # the image size is no item at all: vLLM's own tower indexes its RoPE
+        # table out of range.)
+        **_pixel_family(
+            _PIXTRAL_SIDE,
+            _PIXTRAL_GROUP,
+            "images",
+            oversized=(1, _PIXTRAL_SIDE, _PIXTRAL_SIDE),
+        ),
         compilation=_ladder(64, 128),
     ),
     "qwen3_omni": TinyModel(
