@@ -1525,6 +1525,49 @@ def _pixtral_params() -> _MistralParams:
     )
 
 
+def _paddleocr_vl_config() -> Any:
+    from transformers import PaddleOCRVLConfig
+
+    ids = {token: i for i, token in enumerate(SPECIAL_TOKENS)}
+    return PaddleOCRVLConfig(
+        architectures=["PaddleOCRVLForConditionalGeneration"],
+        vision_config=dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            image_size=112,
+            patch_size=14,
+        ),
+        text_config=dict(
+            hidden_size=48,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=24,
+            vocab_size=256,
+            max_position_embeddings=2048,
+        ),
+        image_token_id=ids["<|IMAGE|>"],
+        video_token_id=ids["<|VIDEO|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+    )
+
+
+def _single_frame_patches_draw(
+    gen: torch.Generator, modality: str, grids: list[tuple[int, int, int]]
+) -> dict:
+    """Patches as ``(rows, 3, 14, 14)`` pixels (normalised by the
+    processor), a ``(t, h, w)`` grid each."""
+    rows = sum(t * h * w for t, h, w in grids)
+    return {
+        "pixel_values": torch.randn((rows, 3, 14, 14), generator=gen),
+        "image_grid_thw": torch.tensor(grids, dtype=torch.int64),
+    }
+
+
 def _embed_multimodal_eager(model: Any, mm_kwargs: dict, i: int) -> torch.Tensor:
     """vLLM's own path from a batch to its items' embeddings."""
     with torch.inference_mode():
@@ -1768,6 +1811,18 @@ TINY: dict[str, TinyModel] = {
             "images",
             oversized=(1, _PIXTRAL_SIDE, _PIXTRAL_SIDE),
         ),
+        compilation=_ladder(64, 128),
+    ),
+    "paddleocr_vl": TinyModel(
+        stem="paddleocr_vl",
+        hf_config=_paddleocr_vl_config,
+        **{
+            **_QWEN2_VL_FAMILY,
+            "draw": _single_frame_patches_draw,
+            "eager": _embed_multimodal_eager,
+            "save_processor": _tokenizer_only,
+            "modalities": ("image",),
+        },
         compilation=_ladder(64, 128),
     ),
     "qwen3_omni": TinyModel(
