@@ -34,9 +34,11 @@ In forward steps (a scope with ``tensor_ops``) also: attributes, method
 calls and subscripts (slices, ``...``, ``None``) on any value, with plain
 attribute and method names; ``torch.<name>`` for :data:`TORCH_FUNCTIONS`
 and :data:`TORCH_DTYPES`; the built-ins of :data:`BUILTIN_FUNCTIONS`
-(``next``); list and tuple displays; string and float literals; ``/`` and
-unary ``~``. Which attributes, methods and host paths a parsed expression
-may then reach is :mod:`generator.spec.step_language`'s allow-lists.
+(``next``), in post-processing steps also ``int``
+(:data:`HOST_INT_FUNCTIONS`); list and tuple displays; string and float
+literals; ``/`` and unary ``~``. Which attributes, methods and host paths a
+parsed expression may then reach is :mod:`generator.spec.step_language`'s
+allow-lists.
 """
 
 from __future__ import annotations
@@ -86,6 +88,10 @@ TORCH_FUNCTIONS = frozenset(
 #: shadows them): ``next`` reads a module's first parameter, as vLLM's
 #: mixins find a projector's dtype (``next(proj.parameters()).dtype``).
 BUILTIN_FUNCTIONS = frozenset({"next"})
+#: Built-ins a scope must allow by name (:attr:`Scope.host_ints`): ``int``
+#: copies a one-element tensor to the host, which only post-processing does
+#: (it runs after the graph, on the host's schedule).
+HOST_INT_FUNCTIONS = frozenset({"int"})
 #: ``torch.<name>`` dtypes a forward step may name.
 TORCH_DTYPES = frozenset(
     {
@@ -220,7 +226,8 @@ class Torch:
 
 @dataclass(frozen=True)
 class Builtin:
-    """A Python built-in function of :data:`BUILTIN_FUNCTIONS` (called)."""
+    """A Python built-in function of :data:`BUILTIN_FUNCTIONS` or
+    :data:`HOST_INT_FUNCTIONS` (called)."""
 
     name: str
 
@@ -310,6 +317,7 @@ class Scope:
     ``allow_literals``: whether ``True``/``False``/``None`` are allowed.
     ``tensor_ops``: a forward step's expression (attributes, methods and
     subscripts of values, ``torch.*``, displays, strings, floats, ``/``, ``~``).
+    ``host_ints``: a post-processing step, which may also call ``int(x)``.
     """
 
     names: frozenset[str]
@@ -318,6 +326,8 @@ class Scope:
     allow_calls: bool = False
     allow_literals: bool = False
     tensor_ops: bool = False
+    #: ``int(x)`` (:data:`HOST_INT_FUNCTIONS`): post-processing steps only.
+    host_ints: bool = False
 
 
 _BINOPS = {
@@ -731,6 +741,19 @@ class _Converter:
                 and func.id not in self.scope.names
             ):
                 return Builtin(func.id)
+            if (
+                self.scope.tensor_ops
+                and func.id in HOST_INT_FUNCTIONS
+                and func.id not in self.scope.names
+            ):
+                if self.scope.host_ints:
+                    return Builtin(func.id)
+                raise self.fail(
+                    func,
+                    f"{func.id}() is only allowed in postprocess steps: it copies "
+                    "a tensor to the host, which a graph cannot and post-processing "
+                    "(after the graph, on the host) may",
+                )
             known = set(self.scope.callables) | set(self.scope.host_roots)
             private = (
                 "; a private host method must be declared under host_methods"

@@ -80,6 +80,8 @@ class FieldScope:
     #: A forward step: methods, attributes and subscripts of values,
     #: ``torch.*``, list/tuple displays, strings and floats, ``/`` and ``~``.
     tensor_ops: bool = False
+    #: ``int(x)``: post-processing steps, which run on the host after the graph.
+    host_ints: bool = False
 
     def scope(self, names: Mapping[NameKind, Iterable[str]], extra=()) -> Scope:
         """The formula scope for a spec whose declared names are ``names``."""
@@ -98,6 +100,7 @@ class FieldScope:
             allow_calls=self.calls,
             allow_literals=self.literals,
             tensor_ops=self.tensor_ops,
+            host_ints=self.host_ints,
         )
 
     def describe(self) -> str:
@@ -109,6 +112,8 @@ class FieldScope:
             parts.append("calls of host methods and imported helpers")
         if self.tensor_ops:
             parts.append("tensor expressions (methods, subscripts, `torch.*`)")
+        if self.host_ints:
+            parts.append("`int()`")
         parts += [f"`{b}`" for b in self.builtins]
         return ", ".join(parts) if parts else "literals only"
 
@@ -229,7 +234,7 @@ FIELD_SCOPES: dict[str, FieldScope] = {
         tensor_ops=True,
     ),
     "eager_steps_per_item": FieldScope(
-        frozenset({_K.FLAT, _K.CONSTANT, _K.DIM, _K.EAGER_STEP}),
+        frozenset({_K.FLAT, _K.CONSTANT, _K.GRID, _K.DIM, _K.EAGER_STEP}),
         host_paths=True,
         calls=True,
         literals=True,
@@ -242,14 +247,18 @@ FIELD_SCOPES: dict[str, FieldScope] = {
         calls=True,
         literals=True,
         tensor_ops=True,
+        host_ints=True,
     ),
+    # Every input of the selected batch, cut to the item (see
+    # generator/emitters/postprocess.py).
     "post_steps_per_item": FieldScope(
-        frozenset({_K.CONSTANT, _K.DIM, _K.POST_STEP}),
+        frozenset({_K.CONSTANT, _K.FLAT, _K.GRID, _K.DIM, _K.POST_STEP}),
         ("path_output", "item_output"),
         host_paths=True,
         calls=True,
         literals=True,
         tensor_ops=True,
+        host_ints=True,
     ),
 }
 
@@ -427,8 +436,8 @@ METHODS: dict[str, Method] = {
             "encoder_eager_forward",
             (SELF, MM_KWARGS, PATH),
             "torch.Tensor",
-            ("keys", "outputs", "_"),
-            (("item_{}", _K.FLAT), ("{}_offset", _K.FLAT)),
+            ("keys", "outputs", "position", "_"),
+            (("item_{}", _K.FLAT), ("{}_offset", _K.FLAT), ("item_{}", _K.GRID)),
             frozenset(
                 {_K.CONSTANT, _K.FLAT, _K.GRID, _K.DIM, _K.EAGER_STEP, _K.IMPORT}
             ),
@@ -477,6 +486,13 @@ METHODS: dict[str, Method] = {
                 "absent_rows",
                 "path_out",
                 "_",
+            ),
+            # Per-item steps: each input read, cut to the item.
+            (
+                ("batch_{}", _K.FLAT),
+                ("item_{}", _K.FLAT),
+                ("{}_offset", _K.FLAT),
+                ("item_{}", _K.GRID),
             ),
             spec_kinds=_READS_INPUTS | {_K.IMPORT, _K.POST_STEP},
             exploded=True,
@@ -943,3 +959,20 @@ def collisions(spec_names: Mapping[NameKind, Iterable[str]]) -> list[Collision]:
                     what = "the parameter" if name in params else "the local"
                     found[(name, kind)] = Collision(name, kind, method.name, what)
     return list(found.values())
+
+
+def derived_clash(method: str, kind: NameKind, name: str) -> str | None:
+    """A name ``method`` derives from the spec name ``name`` (``item_output``
+    for an input ``output``) that is also one of its own parameters or
+    locals, which binding it would overwrite; checked where the derived name
+    is used (a per-item post-processing step reads the input)."""
+    m = METHODS[method]
+    fixed = {p.name for p in m.params} | set(m.locals)
+    return next(
+        (
+            pattern.format(name)
+            for pattern, k in m.derived
+            if k is kind and pattern.format(name) in fixed
+        ),
+        None,
+    )

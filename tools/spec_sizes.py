@@ -84,6 +84,9 @@ ESTIMATED_BY = {
     "skyworkr1v": "internvl",
     "qwen3_omni": "qwen3_vl",
     "mistral3": "qwen2_vl",
+    "phi3v": "deepseek_ocr",
+    "phi4mm": "deepseek_ocr",
+    "paligemma": "gemma3_mm",
 }
 
 

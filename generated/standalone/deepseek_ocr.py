@@ -3,8 +3,8 @@
 # From specs/deepseek_ocr.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_ocr.yaml`.
 # spec-sha256: 0bfb43e4316a4a39192bb100e7cfeecbb3f7339c7a907dfaa07f9b62999ceee7
-# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
-# output-sha256: 9c771bf78eeb3440e8f7a589a85cc854f41e77e8d9dd8e6b84d3ad8a2536ae66
+# templates-sha256: fb9e0d992433c1a59e102dfb753e7601dc580457afa87aa8d40cb03b66bea6b5
+# output-sha256: e7680c79d3b4e3d2467024482f4a0308a60db1094bd05a835e1c6198e5ff8f5a
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/mllama4.yaml: change the spec or the templates and run
 # `gen-mixin specs/mllama4.yaml`.
 # spec-sha256: 3a4c5d7bdb1ee216f77e7723529296ab4a8d77acd6df01a22770eb4a40007938
-# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
-# output-sha256: 7026c6709befac15b36f16ebd9316a158976d2c2782fcab01e0a19f6c4bc8d07
+# templates-sha256: fb9e0d992433c1a59e102dfb753e7601dc580457afa87aa8d40cb03b66bea6b5
+# output-sha256: 8a6eb73206fe5c80707b658aad3905d9eb0ae5bdbe08f60bd83248b6611a5225
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/paddleocr_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/paddleocr_vl.yaml`.
 # spec-sha256: 7068944d1e5972ce2899b6db50c3c8836ffb4dcaab234b82f8deb1f4d4d77a21
-# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
-# output-sha256: 7e690c59ff1443f9311b202e9a4e0dfaac8711c7677feaf6d2bd0ccc0e9b158f
+# templates-sha256: fb9e0d992433c1a59e102dfb753e7601dc580457afa87aa8d40cb03b66bea6b5
+# output-sha256: 7d61587ddf6b732907cfab90cf3fe6bd37a778974056f0ca2a66c83e1a42d6ba
 
 import itertools
 from collections.abc import Hashable

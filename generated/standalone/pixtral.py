@@ -3,8 +3,8 @@
 # From specs/pixtral.yaml: change the spec or the templates and run
 # `gen-mixin specs/pixtral.yaml`.
 # spec-sha256: 12ce8c3f5fd7aa9655f017b7f136e3b9447324caa4325c3dafd002fc42799961
-# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
-# output-sha256: ed2f5531e966b5011e3913397286705c7406d2dae683012f0873a62de0a1eb36
+# templates-sha256: fb9e0d992433c1a59e102dfb753e7601dc580457afa87aa8d40cb03b66bea6b5
+# output-sha256: cff632db8d5c9a78d9a127bdac7a90c337e627483929de0a0ccf7fa9f3bcfdb8
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any

@@ -3,8 +3,8 @@
 # From specs/pixtral.yaml: change the spec or the templates and run
 # `gen-mixin specs/pixtral.yaml`.
 # spec-sha256: 12ce8c3f5fd7aa9655f017b7f136e3b9447324caa4325c3dafd002fc42799961
-# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
-# output-sha256: eb47fa0839ef0a6138920fb406570bdbe114fafecb9165317b7e7cf1da20749f
+# templates-sha256: fb9e0d992433c1a59e102dfb753e7601dc580457afa87aa8d40cb03b66bea6b5
+# output-sha256: 1ab7f755aedf5f175079d1316c1b7e6417652c3b084bb34c257b0fca7d17dd9d
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any

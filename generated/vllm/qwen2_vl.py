@@ -3,8 +3,8 @@
 # From specs/qwen2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_vl.yaml`.
 # spec-sha256: 869bcb41f290ee655394bdeee5f49801b8344bce3f4c38101e004675d9980f68
-# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
-# output-sha256: 399c8769fbce657fc9f0de217fdf6af0a635da30d3b5db6b96e30114966d4541
+# templates-sha256: fb9e0d992433c1a59e102dfb753e7601dc580457afa87aa8d40cb03b66bea6b5
+# output-sha256: 654789eb9cc48b1a4b7c809a39f80a4564b8218f8b347060475649ff86a4f16d
 
 import itertools
 from collections.abc import Hashable

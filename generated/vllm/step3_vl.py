@@ -3,8 +3,8 @@
 # From specs/step3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
-# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
-# output-sha256: d99c342aa8113b0c8f64c12bcc1290f2c6376ae4bb51b29dbdbd7c2a87cec1c1
+# templates-sha256: fb9e0d992433c1a59e102dfb753e7601dc580457afa87aa8d40cb03b66bea6b5
+# output-sha256: b460c8c70eb4b1147e15b381fb0c3d51ae08d26dc31985a752b3599eee800b9c
 
 import itertools
 from collections.abc import Hashable

@@ -24,5 +24,9 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
             else fx.to_spec_text(spec.items.budget_tokens)
         ),
     }
+    # Only the scheduler values the formula reads are bound.
+    read = fx.names_in(spec.budget.max) if spec.budget.max is not None else set()
+    ctx["reads_tokens"] = "max_num_batched_tokens" in read
+    ctx["reads_len"] = "max_model_len" in read
     ctx["constants"] = body.bindings()
     return ctx

@@ -154,8 +154,8 @@ class Loads:
     def key(self, key: str) -> str:
         return f'keys["{key}"]' if self.by_modality else f'"{key}"'
 
-    def flat(self, key: str) -> str:
-        read = f"mm_kwargs[{self.key(key)}]"
+    def flat(self, key: str, source: str = "mm_kwargs") -> str:
+        read = f"{source}[{self.key(key)}]"
         flat = self.spec.flat(key)
         if flat and flat.accepts_list:
             read = f"_concat_rows({read})"
@@ -260,3 +260,66 @@ def unit_sum(spec: MixinSpec, body: Body, expr: Expr) -> str:
     if not fx.names_in(expr) & set(re.findall(r"\w+", target)):
         return times("len(units)", body, expr)
     return f"sum({body.expr(expr)} for {target} in units)"
+
+
+class ItemCuts:
+    """The inputs per-item steps read, each cut to the item: a flat input's
+    rows (a running offset per input), a padded or tensors input's tensor
+    (the item's entry of the list or of the stacked tensor), a grid's row
+    (its dims, bound by the loop) and a count's value (its dim)."""
+
+    def __init__(
+        self,
+        spec: MixinSpec,
+        body: Body,
+        used: set[str],
+        source: str,
+        flats: bool = True,
+    ) -> None:
+        """``source``: the batch's inputs (``batch_mm_kwargs``); ``flats``:
+        cut the flat inputs too (the eager forward slices its own)."""
+        loads = Loads(spec)
+        #: Item dims the cuts read: the loop must bind them.
+        self.dims: set[str] = set()
+        self.name_map: dict[str, str] = {}
+        self.loads: list[dict[str, str]] = []
+        self.lines: list[str] = []
+        self.position = False
+        for flat in spec.flat_inputs if flats else ():
+            if flat.key not in used:
+                continue
+            rows = body.expr(flat.rows)
+            self.dims |= dims_of(spec, flat.rows)
+            offset, item = f"{flat.key}_offset", f"item_{flat.key}"
+            batch = f"batch_{flat.key}"
+            self.loads.append({"name": batch, "value": loads.flat(flat.key, source)})
+            self.loads.append({"name": offset, "value": "0"})
+            self.lines += [
+                f"{item} = {batch}[{offset} : {offset} + {rows}]",
+                f"{offset} += {rows}",
+            ]
+            self.name_map[flat.key] = item
+        for g in spec.item_inputs:
+            if g.key not in used:
+                continue
+            if g.is_count:  # a list input is unbound here (the reader)
+                self.dims.add(g.dims[0])
+                self.name_map[g.key] = g.dims[0]
+                continue
+            item = f"item_{g.key}"
+            self.name_map[g.key] = item
+            if g.is_padded:
+                self.position = True
+                read = f"{source}[{loads.key(g.key)}]"
+                self.lines.append(f"{item} = {read}[position]")
+            else:
+                self.dims |= set(g.dims)
+                self.lines.append(f"{item} = [{', '.join(g.dims)}]")
+
+    def context(self) -> dict[str, Any]:
+        return {
+            "name_map": self.name_map,
+            "input_loads": self.loads,
+            "cuts": self.lines,
+            "position": self.position,
+        }

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from generator.emitters.capture_axes import helpers_context
+from generator.emitters.capture_inputs import padded_sizes_names
 from generator.emitters.method_body import of_list
 from generator.formulas import Num
 from generator.spec.enums import PadRule
@@ -31,7 +32,7 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
         ),
         "padded": any(g.is_padded for g in spec.item_inputs),
         "padded_sizes": any(g.is_padded and not g.is_tensors for g in spec.item_inputs),
-        "tensor_dims": any(g.is_tensors for g in spec.item_inputs),
+        "tensor_dims": _reads_tensor_dims(spec),
         "rows_dims": sorted({b.rows_dim for b in buffers if b.rows_dim}),
         "repeat_last": any(
             rule in (PadRule.REPEAT_LAST, PadRule.FLASHINFER_SECTIONS)
@@ -51,3 +52,19 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
         "trailing": {"key": trailing.key} if trailing is not None else None,
         "axes": helpers_context(spec),
     }
+
+
+def _reads_tensor_dims(spec: MixinSpec) -> bool:
+    """Whether a method reads a tensors input's dims off its items
+    (``_tensor_dims``): a replay builder, a per-item eager forward, the
+    post-processing or a capture axis. Item specs and selection read them
+    through the input checks; a spec whose graph takes fixed-size items and
+    reads no dims (PaliGemma's one view per image) needs no helper."""
+    if not any(g.is_tensors for g in spec.item_inputs):
+        return False
+    return (
+        any(padded_sizes_names(spec, path) for path in spec.paths)
+        or any(path.eager_forward.per_item for path in spec.paths)
+        or spec.postprocess is not None
+        or bool(spec.capture_axes)
+    )

@@ -9,6 +9,7 @@ from generator import formulas as fx
 from generator.emitters.graph_forward import steps
 from generator.emitters.method_body import (
     Body,
+    ItemCuts,
     Loads,
     dims_of,
     item_loop,
@@ -50,9 +51,12 @@ def _steps(spec: MixinSpec) -> dict[str, Any]:
         ),
     }
     if post.per_item:
+        cuts = ItemCuts(spec, body, used, "batch_mm_kwargs")
         dims = {d for g in spec.item_inputs for d in g.dims} & used
-        target, iterable, keys = item_loop(spec, dims | dims_of(spec, rows))
+        dims |= dims_of(spec, rows) | cuts.dims
+        target, iterable, keys = item_loop(spec, dims)
         ctx.update(target=target, iterable=iterable, item_rows=body.expr(rows))
+        ctx.update(cuts.context())
     else:
         keys = [g.key for g in spec.item_inputs if g.key in used]
         ctx["graph_rows"] = None
@@ -61,7 +65,7 @@ def _steps(spec: MixinSpec) -> dict[str, Any]:
             ctx["graph_rows"] = f"sum({body.expr(rows)} for {target} in {iterable})"
             keys += [k for k in row_keys if k not in keys]
     ctx["grids"] = [loads.item(k, "batch_mm_kwargs") for k in keys]
-    ctx["steps"] = steps(body, post.steps, {})
+    ctx["steps"] = steps(body, post.steps, ctx.get("name_map", {}))
     ctx["constants"] = body.bindings()
     return ctx
 
@@ -97,8 +101,9 @@ def _path_steps(spec: MixinSpec) -> dict[str, Any]:
     body = Body(spec)
     loads = Loads(spec)
     used = set().union(*(fx.names_in(s.expr) for s in post.steps))
+    cuts = ItemCuts(spec, body, used, "batch_mm_kwargs")
     dims = {d for g in spec.item_inputs for d in g.dims} & used
-    target, iterable, keys = item_loop(spec, dims)
+    target, iterable, keys = item_loop(spec, dims | cuts.dims)
     rows = []
     for path in spec.paths:
         assert path.output_tokens is not None  # noqa: S101 (a named path)
@@ -118,9 +123,10 @@ def _path_steps(spec: MixinSpec) -> dict[str, Any]:
         "bind": [{"name": names[p.name], "path": repr(p.name)} for p in spec.paths],
         "target": target,
         "iterable": iterable,
+        **cuts.context(),
     }
     ctx["grids"] = [loads.item(k, "batch_mm_kwargs") for k in keys]
-    ctx["steps"] = steps(body, post.steps, {})
+    ctx["steps"] = steps(body, post.steps, cuts.name_map)
     ctx["constants"] = body.bindings()
     return ctx
 

@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 from generator import formulas as fx
 from generator.diagnostics import Location
 from generator.formulas import Expr, FormulaError
-from generator.scopes import PYTHON_BUILTINS, RESERVED, NameKind
+from generator.scopes import PYTHON_BUILTINS, RESERVED, NameKind, derived_clash
 from generator.spec.host import HostAttr, Import
 from generator.spec.inputs import FlatInput
 from generator.spec.names import check_name
@@ -576,8 +576,10 @@ class EagerForward:
         Key(
             "per_item",
             Boolean(),
-            "Run the steps once per item, each flat input cut to the item's rows "
-            "and the grid dims bound to its values, and concatenate the outputs.",
+            "Run the steps once per item, each input cut to the item (a flat "
+            "input's rows, a padded or tensors input's tensor, a grid's row, a "
+            "count's value) and the grid dims bound to its values, and "
+            "concatenate the outputs.",
             default=False,
         ),
         Key(
@@ -601,7 +603,15 @@ class EagerForward:
     def from_yaml(cls, r: Reader, **_: Any) -> EagerForward | None:
         per_item = r.take("per_item")
         scope = "eager_steps_per_item" if per_item else "eager_steps"
-        steps = r.take("steps", scope=scope)
+        saved = r.ctx.unbound
+        if per_item:
+            r.ctx.unbound = {**saved, **_unbound_lists(r, "eager steps")}
+        try:
+            steps = r.take("steps", scope=scope)
+        finally:
+            r.ctx.unbound = saved
+        if per_item and steps:
+            _check_cut_names(r, steps, "encoder_eager_forward")
         width = None
         if r.has("empty_width"):
             if not per_item:
@@ -756,8 +766,10 @@ class Postprocess:
             "per_item",
             Boolean(),
             "With `steps`: run them once per item over `item_output` (the item's "
-            "graph rows of `path_output`) with its grid dims bound; the last step "
-            "is the item's output rows.",
+            "graph rows of `path_output`) with its grid dims bound and every "
+            "input of the selected batch cut to the item (a padded or tensors "
+            "input's tensor, a flat input's rows, a grid's row, a count's "
+            "value); the last step is the item's output rows.",
             default=False,
         ),
         Key("why", Text(), "With `steps`: comment on the post-processing."),
@@ -786,8 +798,11 @@ class Postprocess:
             extra = tuple(name for _, name in path_rows)
             r.ctx.partial["post_steps_with_paths"] = True
         saved = r.ctx.unbound
+        r.ctx.unbound = dict(saved)
         if paths is not None:
-            r.ctx.unbound = dict(_UNBOUND_WITH_PATHS)
+            r.ctx.unbound.update(_UNBOUND_WITH_PATHS)
+        if per_item:
+            r.ctx.unbound.update(_unbound_lists(r, "post-processing steps"))
         try:
             steps = r.take(
                 "steps",
@@ -796,6 +811,8 @@ class Postprocess:
             )
         finally:
             r.ctx.unbound = saved
+        if per_item and steps:
+            _check_cut_names(r, steps)
         for key in ("per_item", "why"):
             if r.has(key) and not r.has("steps"):
                 r.error(r.key_location(key), "only with steps", r.path(key))
@@ -818,6 +835,35 @@ _UNBOUND_WITH_PATHS = {
     name: "with paths, each path's rows of the item are <path>_rows"
     for name in ("path_output", "item_output", "graph_rows")
 }
+
+
+def _check_cut_names(
+    r: Reader, steps, method: str = "postprocess_encoder_output"
+) -> None:
+    """An input the steps read is bound cut to the item under a derived
+    name (``item_<key>``), which must not be one the method binds for
+    itself (an input ``output`` would overwrite ``item_output``)."""
+    read = set().union(*(fx.names_in(s.expr) for s in steps))
+    for kind in (NameKind.FLAT, NameKind.GRID):
+        for name in sorted(read & set(r.ctx.names[kind])):
+            clash = derived_clash(method, kind, name)
+            if clash is not None:
+                r.error(
+                    "steps",
+                    f"{kind.value} {name!r} is read cut to the item as {clash!r}, "
+                    f"a name {method} binds for itself: rename the input",
+                )
+
+
+def _unbound_lists(r: Reader, steps: str) -> dict[str, str]:
+    """List inputs, which per-item steps do not cut (every other input they
+    see cut to the item)."""
+    return {
+        i.key: f"per-item {steps} do not cut a list input to the item; its "
+        "dim, the item's units, is bound"
+        for i in r.ctx.partial.get("item_inputs", ())
+        if i.is_list
+    }
 
 
 def _declare_path_rows(r: Reader, paths) -> tuple[tuple[str, str], ...]:

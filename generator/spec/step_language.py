@@ -18,7 +18,9 @@ globals, builtins, generators or torch's module machinery:
 * no host path names :data:`MODULE_API` (``torch.nn.Module``'s own
   attributes and methods: hooks, ``apply``, ``_modules``, ``state_dict``...);
 * a string literal is a call's argument or an operand of ``==`` / ``!=``,
-  never a value whose attributes or items a step reads (``"{0...}".format``).
+  never a value whose attributes or items a step reads (``"{0...}".format``);
+* ``int(x)`` takes one value and no keyword, in post-processing steps only
+  (the parser refuses it elsewhere: it copies to the host).
 """
 
 from __future__ import annotations
@@ -403,6 +405,9 @@ def _attribute_problems(e: fx.Attr, role: str) -> Iterator[str]:
 
 
 def _call_problems(e: fx.Call, role: str, host: HostSurface) -> Iterator[str]:
+    if isinstance(e.callee, fx.Builtin) and e.callee.name == "int":
+        yield from _int_problems(e, host)
+        return
     if isinstance(e.callee, fx.Builtin):
         yield from _next_problems(e, role, host)
         return
@@ -419,6 +424,15 @@ def _call_problems(e: fx.Call, role: str, host: HostSurface) -> Iterator[str]:
             )
     for arg in (*e.args, *(v for _, v in e.kwargs)):
         yield from _problems(arg, _ARGUMENT, host)
+
+
+def _int_problems(e: fx.Call, host: HostSurface) -> Iterator[str]:
+    """``int(x)``: one value (a one-element tensor, read on the host), no
+    keywords (``int(x, base=2)`` parses strings)."""
+    if len(e.args) != 1 or e.kwargs:
+        yield "int() takes exactly one value: int(<tensor of one element>)"
+        return
+    yield from _problems(e.args[0], _VALUE, host)
 
 
 def _next_problems(e: fx.Call, role: str, host: HostSurface) -> Iterator[str]:

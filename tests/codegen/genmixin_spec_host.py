@@ -136,7 +136,7 @@ class FakeCall:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         self.calls.append((args, kwargs))
-        out = self.queue.pop(0) if self.queue else torch.zeros(1, OUT_WIDTH)
+        out = self.queue.pop(0) if self.queue else self.placeholder(args)
         self.returned.append(out)
         if self.iterated:
             return iter([out])
@@ -148,6 +148,16 @@ class FakeCall:
         if self.unpacked:
             return (out,) * self.unpacked
         return [out] if _forward_calling() in self.listed_in else out
+
+    @staticmethod
+    def placeholder(args: tuple) -> torch.Tensor:
+        """Zeros of :data:`OUT_WIDTH` columns: the leading dims of a first
+        argument of two or more dims (a row-wise layer, a norm: the steps
+        after it may gather its rows), else one row."""
+        first = args[0] if args else None
+        if isinstance(first, torch.Tensor) and first.dim() >= 2:
+            return torch.zeros(*first.shape[:-1], OUT_WIDTH)
+        return torch.zeros(1, OUT_WIDTH)
 
 
 class HostObjectWith:
@@ -414,6 +424,8 @@ class SpecWorld:
         for path in self._int_paths():
             if path.parts[-1] == "dtype":  # a weight's dtype, cast to
                 set_path(host, path.parts, torch.float32)
+            elif path.parts[-1] == "weight":  # a module's weight, multiplied by
+                set_path(host, path.parts, torch.eye(OUT_WIDTH))
         for flat in spec.flat_inputs:
             for dtype_path in (flat.replay_dtype, flat.eager_dtype):
                 if dtype_path is not None:
@@ -543,6 +555,8 @@ class SpecWorld:
                         m for m, names in listed.items() if name in names
                     }
                     fake.iterated = fake.iterated or sub in iterated
+                    if sub is step.expr and len(step.targets) > 1:
+                        fake.unpacked = len(step.targets)
                     self._install(host, sub.callee, fake)
                 if (
                     isinstance(sub, fx.Subscript)
@@ -569,10 +583,6 @@ class SpecWorld:
                         name = _callee_name(sub.value.callee)
                         fake = self.calls.setdefault(name, FakeCall(name))
                         fake.attribute = sub.name
-        for step in steps:
-            if len(step.targets) > 1 and is_host_call(step.expr):
-                name = _callee_name(step.expr.callee)
-                self.calls[name].unpacked = len(step.targets)
         for loop in (s for s in steps if isinstance(s, Loop)):
             # Two modules in the list, each the fake of the loop's variable.
             fake = self.calls[_callee_name(fx.Ref(loop.variable))]
@@ -605,9 +615,10 @@ class SpecWorld:
     # -- batches -------------------------------------------------------------------------
 
     def dim_steps(self) -> dict[str, int]:
-        """Each dim divided in the item or row formulas is drawn as a multiple
-        of its divisors, so each division is exact as in real inputs; the
-        other dims as any positive number."""
+        """Each dim divided in the item or row formulas, or with a declared
+        ``multiple_of``, is drawn as a multiple of its divisors, so each
+        division is exact as in real inputs; the other dims as any positive
+        number."""
         exprs = [self.spec.items.input_size, self.spec.items.output_tokens]
         exprs += [
             e for e in (self.spec.items.graph_rows, self.spec.items.budget_tokens) if e
@@ -628,6 +639,12 @@ class SpecWorld:
                 for dim in fx.names_in(left) & self.dims:
                     step = max(1, abs(self.value(right)))
                     steps[dim] = math.lcm(steps.get(dim, 1), step)
+        # A dim the mixin checks is a multiple (inputs.<key>.multiple_of):
+        # real inputs are (Phi-4-multimodal's image sizes, crops of 448).
+        for g in self.spec.item_inputs:
+            for dim, divisor in g.multiple_of:
+                step = max(1, abs(self.value(divisor)))
+                steps[dim] = math.lcm(steps.get(dim, 1), step)
         return steps
 
     def random_item(

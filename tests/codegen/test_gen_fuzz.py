@@ -17,6 +17,10 @@ process (captured streams, a fresh output folder):
   declarations. A module generated from one is read back: every attribute
   and call of the step's code is in the allow-lists of
   ``generator/spec/step_language.py`` or a declared host path.
+* per-item post-processing steps: the valid corpus's
+  ``postprocess_reads_inputs.yaml`` with its last step drawn from the same
+  grammar (``int(...)`` included, which graph and eager steps refuse); a
+  generated step reaches only the allow-lists and calls ``int`` on one value.
 * loops over a host module list: the valid corpus's ``module_loop.yaml`` with
   its graph loop's variable, module list or carry redrawn, body steps added
   (other targets, the variable read or passed, chains), nested loops and
@@ -976,6 +980,9 @@ CHAIN_OPS = [
     "torch.cat([{e}], out={arg})",
     "{e}.sum(0, {name}={arg})",
     "{e} + {arg}",
+    "int({e})",
+    "int({e}, {arg})",
+    "int({e}, base=2)",
 ]  # fmt: skip
 
 
@@ -1156,6 +1163,66 @@ def _next_of_parameters(call, parents) -> bool:
         and isinstance(parent, ast.Attribute)
         and parent.attr in PARAMETER_FACTS
     )
+
+
+# -- per-item post-processing steps: the inputs cut to the item, int() ---------------
+
+#: The valid corpus's spec whose per-item steps read every kind of input: its
+#: last step is replaced by a drawn expression.
+POST_SPEC = (
+    Path(__file__).parent / "data" / "valid" / "postprocess_reads_inputs.yaml"
+).read_text(encoding="utf-8")
+POST_LAST = "    - torch.cat([item_output, marks])\n"
+POST_ATOMS = [
+    "item_output", "marks", "crop_masks", "pixel_values", "image_grid_hw",
+    "extra_rows", "useful", "h", "e", "path_output", "visual", "torch", "1", "'s'",
+]  # fmt: skip
+
+
+@st.composite
+def post_step_specs(draw) -> tuple[str, str]:
+    """The spec with its last post-processing step drawn (an atom and up to
+    4 chain operations, ``int(...)`` among them)."""
+    expr = draw(st.sampled_from(POST_ATOMS))
+    for _ in range(draw(st.integers(min_value=0, max_value=4))):
+        op = draw(st.sampled_from(CHAIN_OPS))
+        name = draw(st.sampled_from(STEP_NAMES))
+        expr = op.format(e=expr, name=name, arg=draw(st.sampled_from(POST_ATOMS)))
+    assert POST_SPEC.count(POST_LAST) == 1
+    return POST_SPEC.replace(POST_LAST, f"    - {json.dumps(expr)}\n"), expr
+
+
+@_settings(200)
+@given(case=post_step_specs())
+def test_post_steps_reach_only_their_allow_lists(case) -> None:
+    """Whatever a per-item post-processing step tries: exit 2 with located
+    diagnostics, or a module whose step reaches only the allow-lists, with
+    ``int`` called on one value and no keyword."""
+    text, expr = case
+    with _workspace() as folder:
+        spec = folder / "specs" / "post.yaml"
+        spec.parent.mkdir()
+        spec.write_text(text, encoding="utf-8")
+        rc, stdout, stderr = _run([str(spec), "--stdout", "--target", "vllm"], expr)
+    assert rc in (0, 2), f"exit {rc} after {expr}\n{stderr[-2000:]}"
+    if rc == 2:
+        _assert_reported(stderr, expr)
+        return
+    (post,) = [
+        n
+        for n in ast.walk(ast.parse(stdout))
+        if isinstance(n, ast.FunctionDef) and n.name == "postprocess_encoder_output"
+    ]
+    (last,) = [
+        n.value
+        for n in ast.walk(post)
+        if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "post_rows"
+    ]
+    problem = _outside_allow_lists(last, set(), frozenset({"int"}))
+    assert problem is None, f"{problem} in {ast.unparse(last)} ({expr})"
+    for call in ast.walk(last):
+        if isinstance(call, ast.Call) and ast.unparse(call.func) == "int":
+            assert len(call.args) == 1 and not call.keywords, ast.unparse(call)
 
 
 # -- loops over a host module list ---------------------------------------------------

@@ -660,6 +660,11 @@ def check_tensors_replay(world, item, items, value, src) -> None:
     :w_i]`` of a buffer of pad_value (item ``i`` holds ``i + 1``)."""
     pad = item.pad_value
     shapes = [[world.value(e, **it) for e in item.item_shape] for it in items]
+    if not shapes:
+        # No item fits the budget: an empty stacked tensor (its item dims
+        # are the batch's own, whatever they are).
+        assert src.shape[0] == 0, item.key
+        return
     assert list(src.shape) == [len(items), *map(max, zip(*shapes))], item.key
     mask = torch.zeros(value.shape, dtype=torch.bool)
     for i, shape in enumerate(shapes):
@@ -843,6 +848,8 @@ def check_padded_replay(world, buf, items, value, src) -> None:
     size), and the copy put them at ``[:N, :P]`` of a buffer of pad_value."""
     item = world.spec.item_input(buf.key)
     pad = item.pad_value
+    if not items:
+        return  # no item fits the budget (the manager replays no empty batch)
     if item.is_tensors:
         check_tensors_replay(world, item, items, value, src)
         return
@@ -1176,12 +1183,17 @@ def test_the_manager_replays_the_selected_keys(axes_world: SpecWorld, seed: int)
 #: ``(tiles, h * h, width)``): the fake output below is rows, so their
 #: post-processing is checked by their parity test instead.
 BLOCK_OUTPUTS = {"deepseek_vl2"}
+#: Specs whose steps read inputs that real images keep consistent and random
+#: items do not: the useful area of each image's mask (Phi-4-multimodal), as
+#: many crops as its size asks for (Phi-3-Vision, Phi-4-multimodal). Checked
+#: by their oracle tests on real layouts (tests/parity/test_beyond_phi*.py).
+ROWS_FROM_CONTENT = {"phi3v", "phi4mm"}
 POST_SPECS = [
     p
     for p in SPECS
     if load_spec(p).post_steps
     and not load_spec(p).has_paths
-    and p.stem not in BLOCK_OUTPUTS
+    and p.stem not in BLOCK_OUTPUTS | ROWS_FROM_CONTENT
 ]
 
 
@@ -1321,3 +1333,50 @@ def test_postprocess_steps_clone_a_view_of_the_output(tmp_path: Path) -> None:
             )
             assert shares is not clone
             offset += tokens[j]
+
+
+#: Per-item steps that read every input cut to the item: (h, w) grid, mask
+#: rows and how many of their entries are 1, first pixel, extra rows.
+READS_INPUTS_ITEMS = [
+    ((2, 3), 3, 2, 11, 0),
+    ((1, 4), 3, 5, 12, 2),
+    ((3, 1), 3, 0, 13, 1),
+]
+
+
+@pytest.mark.parametrize("stacked", [False, True], ids=["mask list", "mask tensor"])
+@pytest.mark.parametrize("indices", [[0, 1, 2], [2, 0], [1], [2, 1, 0]])
+def test_postprocess_steps_read_each_items_inputs(stacked, indices) -> None:
+    """Per-item steps see the selected batch's inputs cut to the item: the
+    mark row of each item (``postprocess_reads_inputs.yaml``) holds its own
+    mask area (int() of a padded input's tensor), first pixel (its rows of
+    the flat input), grid row and count, whatever the selection's order."""
+    spec = Path(__file__).parent / "data" / "valid" / "postprocess_reads_inputs.yaml"
+    host = SpecWorld(spec).host()
+    pixels, masks = [], []
+    for (h, w), crops, ones, first, _ in READS_INPUTS_ITEMS:
+        rows = torch.full((h * w, 6), 99.0)
+        rows[0, 0] = first
+        pixels.append(rows)
+        masks.append((torch.arange(crops * 4) < ones).float().view(crops, 4))
+    mm_kwargs = {
+        "pixel_values": torch.cat(pixels),
+        "image_grid_hw": torch.tensor([it[0] for it in READS_INPUTS_ITEMS]),
+        "crop_masks": torch.stack(masks) if stacked else masks,
+        "extra_rows": torch.tensor([it[4] for it in READS_INPUTS_ITEMS]),
+    }
+    every = [h * w + 1 + e for (h, w), *_, e in READS_INPUTS_ITEMS]
+    batch = host.select_encoder_cudagraph_items(mm_kwargs, indices)
+    graph_rows = sum(h * w for (h, w), *_ in (READS_INPUTS_ITEMS[i] for i in indices))
+    out = torch.arange(graph_rows * 3, dtype=torch.float32).view(graph_rows, 3)
+    dest: dict = {}
+    host.postprocess_encoder_output(
+        {"default": out}, indices, every, dest, clone=True, batch_mm_kwargs=batch
+    )
+    offset = 0
+    for idx in indices:
+        (h, w), _, ones, first, extra = READS_INPUTS_ITEMS[idx]
+        assert torch.equal(dest[idx][: h * w], out[offset : offset + h * w])
+        mark = ones * 1000000 + first * 1000 + h * 10 + w
+        assert dest[idx][h * w :].tolist() == [[float(mark)] * 3] * (1 + extra)
+        offset += h * w

@@ -12,6 +12,7 @@ layers, each of which reads every row it is given.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Any
 
@@ -68,7 +69,8 @@ class TileTower:
         count = (side // patch) ** 2
         self.positions = torch.arange(count * WIDTH).float().view(count, WIDTH) / 64
 
-    def __call__(self, pixel_values: torch.Tensor) -> torch.Tensor:
+    def patch_rows(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """Each patch embedded, plus the code of its position."""
         n, p = pixel_values.shape[0], self.patch
         grid = self.side // p
         patches = (
@@ -76,7 +78,10 @@ class TileTower:
             .permute(0, 2, 4, 1, 3, 5)
             .reshape(n, grid * grid, 3 * p * p)
         )
-        x = self.embed(patches) + self.positions.to(patches.dtype)
+        return self.embed(patches) + self.positions.to(patches.dtype)
+
+    def __call__(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        x = self.patch_rows(pixel_values)
         return x + x.mean(dim=1, keepdim=True)
 
 
@@ -840,6 +845,278 @@ def paddleocr_vl() -> OracleModel:
 
 
 # ---------------------------------------------------------------------------
+# Phi-4-multimodal: SigLIP crops with patch masks, the HD transform
+# ---------------------------------------------------------------------------
+
+PHI4MM = "vllm.model_executor.models.phi4mm"
+#: 8 x 8-pixel crops of 2 x 2-pixel patches: a 4 x 4 patch mask per crop and,
+#: after the 2 x 2 pooling, 2 x 2 tokens per crop.
+PHI4MM_CROP, PHI4MM_PATCH, PHI4MM_SIDE = 8, 2, 2
+PHI4MM_HIDDEN = 6
+
+
+class MaskedTileTower(TileTower):
+    """A SigLIP tower with a patch mask (``patch_attention_mask``): each
+    patch's row is scaled by whether it is kept, and every row of a crop gets
+    the mean of its kept rows, so the mask and every kept pixel of a crop
+    move every row of it, and nothing crosses crops."""
+
+    def __call__(self, pixel_values, patch_attention_mask=None) -> torch.Tensor:
+        x = self.patch_rows(pixel_values)
+        kept = patch_attention_mask.reshape(x.shape[0], -1, 1).to(x.dtype)
+        mean = (x * kept).sum(1, keepdim=True) / kept.sum(1, keepdim=True).clamp(1)
+        return x * (1 + kept) + mean
+
+
+class _FirstParameter:
+    """``next(encoder.parameters())``, which vLLM reads for the dtype."""
+
+    def parameters(self):
+        return iter([self.glb_GN])
+
+
+def _phi4mm_projection(
+    width: int = WIDTH, hidden: int = PHI4MM_HIDDEN
+) -> torch.nn.Sequential:
+    """``img_projection``: two linear layers with a GELU, fixed weights."""
+    layers = torch.nn.Sequential(
+        torch.nn.Linear(width, hidden),
+        torch.nn.GELU(),
+        torch.nn.Linear(hidden, hidden),
+    )
+    with torch.no_grad():
+        for layer in (layers[0], layers[2]):
+            layer.weight.copy_(_mixing(*layer.weight.shape))
+            layer.bias.copy_(torch.arange(layer.bias.shape[0]) / 8)
+    return layers
+
+
+def _phi4mm_encoder(code: WheelCode) -> Any:
+    """vLLM's ``Phi4MMImageEncoder`` (its forward, the HD transform, and
+    ``get_img_features``) on a masked tile tower, the real 2 x 2 pooling and
+    learned separators of distinct values."""
+    encoder = code.klass(
+        PHI4MM,
+        "Phi4MMImageEncoder",
+        ["forward", "get_img_features"],
+        bases=(CallsForward, _FirstParameter),
+    )()
+    encoder.img_processor = MaskedTileTower(PHI4MM_CROP, PHI4MM_PATCH)
+    encoder.type_feature = "patch"
+    encoder.image_token_compression = torch.nn.AvgPool2d(kernel_size=2, stride=2)
+    encoder.crop_size = PHI4MM_CROP
+    encoder.base_feat_height_target = PHI4MM_SIDE
+    encoder.base_feat_height_reduction = 1
+    encoder.num_img_tokens = PHI4MM_SIDE**2
+    encoder.image_dim_out = WIDTH
+    encoder.hd_transform_order = "sub_glb"
+    encoder.sub_GN = torch.arange(WIDTH).float().view(1, 1, 1, WIDTH) / 4 - 3
+    encoder.glb_GN = torch.arange(WIDTH).float().view(1, 1, WIDTH) / 2 + 5
+    encoder.img_projection = _phi4mm_projection()
+    return encoder
+
+
+def _phi4mm_host_class(code: WheelCode, mixin: type) -> type:
+    return code.klass(
+        PHI4MM, "Phi4MMForCausalLM", ["_process_image_input"], bases=(mixin,)
+    )
+
+
+def _phi4mm_host(code: WheelCode, host_class: type, backend: str) -> Any:
+    del backend  # SigLIP crops attend within themselves: no varlen kernel
+    host = host_class()
+    host.config = _Obj(hidden_size=PHI4MM_HIDDEN)
+    host.vision_encoder = _phi4mm_encoder(code)
+    return host
+
+
+def _phi4mm_image(gen, gh: int, gw: int, uh: int, uw: int, pad: int):
+    """One image of ``gh x gw`` crops whose useful area is ``uh x uw``
+    tokens (the processor's mask), a global view first and ``pad`` crops of
+    padding after: (pixels, mask, size, tokens)."""
+    crops = 1 + gh * gw + pad
+    patches = 2 * PHI4MM_SIDE  # the mask's side per crop
+    pixels = torch.randn(crops, 3, PHI4MM_CROP, PHI4MM_CROP, generator=gen)
+    area = torch.zeros(gh * patches, gw * patches)
+    area[: 2 * uh, : 2 * uw] = 1
+    sub = area.view(gh, patches, gw, patches).permute(0, 2, 1, 3)
+    mask = torch.zeros(crops, patches, patches)
+    mask[0] = 1
+    mask[1 : 1 + gh * gw] = sub.reshape(gh * gw, patches, patches)
+    size = [gh * PHI4MM_CROP, gw * PHI4MM_CROP]
+    tokens = uh * (uw + 1) + 1 + PHI4MM_SIDE * (PHI4MM_SIDE + 1)
+    return pixels, mask, size, tokens
+
+
+def phi4mm_batches() -> list[dict[str, Any]]:
+    """Images of 1 x 1 to 5 x 8 crops with useful areas cut inside their last
+    crop or at its edge, as vLLM hands them over: a list when the crop counts
+    differ, one tensor padded to the widest image (padding crops with a zero
+    mask) when the processor padded them; 5 x 8 crops (41 with the global
+    view) exceed a captured image's 37: eager."""
+    gen = torch.Generator().manual_seed(26)
+    mixes = [
+        ([(1, 1, 1, 2, 0)], False),
+        ([(2, 3, 3, 5, 0), (1, 2, 2, 3, 0), (3, 1, 5, 2, 0)], False),
+        ([(2, 2, 4, 4, 1), (1, 3, 1, 6, 0)], True),
+        ([(5, 8, 9, 15, 0), (1, 1, 2, 2, 0)], False),
+        ([(6, 6, 12, 11, 0)], False),
+        ([(2, 2, 3, 3, 0), (1, 1, 1, 1, 3), (4, 1, 7, 2, 0), (1, 4, 2, 8, 0)], True),
+    ]
+    batches = []
+    for images, stacked in mixes:
+        parts = [_phi4mm_image(gen, *image) for image in images]
+        pixels, masks = [p[0] for p in parts], [p[1] for p in parts]
+        if stacked:  # the processor padded them to the widest: one tensor
+            widest = max(p.shape[0] for p in pixels)
+            pixels = [
+                torch.cat([p, p.new_zeros(widest - p.shape[0], *p.shape[1:])])
+                for p in pixels
+            ]
+            masks = [
+                torch.cat([m, m.new_zeros(widest - m.shape[0], *m.shape[1:])])
+                for m in masks
+            ]
+            pixels, masks = torch.stack(pixels), torch.stack(masks)
+        batches.append(
+            {
+                "input_image_embeds": pixels,
+                "image_attention_mask": masks,
+                "image_sizes": torch.tensor([p[2] for p in parts]),
+                "num_img_tokens": [p[3] for p in parts],
+            }
+        )
+    return batches
+
+
+def phi4mm() -> OracleModel:
+    return OracleModel(
+        stem="phi4mm",
+        # The HD transform reads the mask's counts under gpu_sync_allowed().
+        stubs={
+            "vllm.utils.gpu_sync_debug": {"gpu_sync_allowed": contextlib.nullcontext}
+        },
+        host_class=_phi4mm_host_class,
+        make_host=_phi4mm_host,
+        eager=lambda host, batch: list(
+            host._process_image_input(
+                {
+                    "pixel_values": batch["input_image_embeds"],
+                    "image_sizes": batch["image_sizes"],
+                    "image_attention_mask": batch["image_attention_mask"],
+                }
+            )
+        ),
+        batches=phi4mm_batches,
+        # Budgets of 1, 2 and 4 images of 37 crops (4 tokens each).
+        max_num_batched_tokens=4 * 37 * PHI4MM_SIDE**2,
+    )
+
+
+# ---------------------------------------------------------------------------
+# Phi-3-Vision: CLIP crops, the HD transform with a 2 x 2 merge
+# ---------------------------------------------------------------------------
+
+PHI3V = "vllm.model_executor.models.phi3v"
+#: vLLM's transform fixes the crop: 336 pixels, 24 x 24 rows of 1024.
+PHI3V_CROP, PHI3V_GRID, PHI3V_WIDTH = 336, 24, 1024
+PHI3V_HIDDEN = 6
+
+
+class ClipCrops:
+    """A CLIP tower over ``(n, 3, 336, 336)`` crops: ``(n, 577, 1024)``, a
+    class row then one row per 14 x 14 patch. A patch's row is its mean pixel
+    plus the crop's, times a fixed code, plus a code of its position: every
+    pixel of a crop moves every row of it, nothing crosses crops, and rows
+    out of place differ (a scalar per patch keeps CPU time small)."""
+
+    def __init__(self) -> None:
+        rows = PHI3V_GRID**2 + 1
+        self.scale = torch.arange(PHI3V_WIDTH).float() / PHI3V_WIDTH + 0.5
+        self.positions = (
+            torch.arange(rows)[:, None] * 3 + torch.arange(PHI3V_WIDTH)[None, :] % 7
+        ).float() / 64
+
+    def __call__(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        n, g = pixel_values.shape[0], PHI3V_GRID
+        patches = pixel_values.reshape(n, 3, g, 14, g, 14).mean(dim=(1, 3, 5))
+        crop = patches.mean(dim=(1, 2))[:, None]
+        values = torch.cat([crop, patches.reshape(n, g * g) + crop], dim=1)
+        return values[..., None] * self.scale + self.positions
+
+
+def _phi3v_embedding(code: WheelCode) -> Any:
+    """vLLM's ``Phi3HDImageEmbedding`` (its forward, ``get_img_features`` and
+    HD transform) on a CLIP-like crop tower, separators of distinct values
+    and a fixed two-layer projection."""
+    embedding = code.klass(
+        PHI3V,
+        "Phi3HDImageEmbedding",
+        ["forward", "get_img_features", "hd_feature_transform"],
+        bases=(CallsForward, _FirstParameter),
+    )()
+    wide = 4 * PHI3V_WIDTH
+    embedding.img_processor = ClipCrops()
+    embedding.type_feature = "patch"
+    embedding.image_dim_out = PHI3V_WIDTH
+    embedding.num_img_tokens = (PHI3V_GRID // 2) ** 2
+    embedding.hd_transform_order = "sub_glb"
+    embedding.sub_GN = torch.arange(wide).float().view(1, 1, 1, wide) / 512 - 3
+    embedding.glb_GN = torch.arange(wide).float().view(1, 1, wide) / 256 + 5
+    embedding.img_projection = _phi4mm_projection(wide, PHI3V_HIDDEN)
+    return embedding
+
+
+def _phi3v_host_class(code: WheelCode, mixin: type) -> type:
+    return code.klass(
+        PHI3V, "Phi3VForCausalLM", ["_process_image_input"], bases=(mixin,)
+    )
+
+
+def _phi3v_host(code: WheelCode, host_class: type, backend: str) -> Any:
+    del backend  # CLIP crops attend within themselves: no varlen kernel
+    host = host_class()
+    host.config = _Obj(hidden_size=PHI3V_HIDDEN)
+    host.vision_embed_tokens = _phi3v_embedding(code)
+    return host
+
+
+def phi3v_batches() -> list[dict[str, Any]]:
+    """Images of 1 x 1 to 4 x 5 crops, each batch one tensor padded to its
+    widest image (zero crops), as the processor and vLLM's batching give
+    them (vLLM's transform reads the 5-d shape); 4 x 5 crops (21 with the
+    global view) exceed a captured image's 17: eager."""
+    gen = torch.Generator().manual_seed(26)
+    mixes = [[(1, 1)], [(2, 1), (1, 1)], [(4, 5)], [(1, 2), (2, 2), (1, 1)]]
+    batches = []
+    for grids in mixes:
+        widest = max(1 + h * w for h, w in grids)
+        pixels = torch.zeros(len(grids), widest, 3, PHI3V_CROP, PHI3V_CROP)
+        for i, (h, w) in enumerate(grids):
+            pixels[i, : 1 + h * w] = torch.randn(
+                1 + h * w, 3, PHI3V_CROP, PHI3V_CROP, generator=gen
+            )
+        sizes = [[h * PHI3V_CROP, w * PHI3V_CROP] for h, w in grids]
+        batches.append({"pixel_values": pixels, "image_sizes": torch.tensor(sizes)})
+    return batches
+
+
+def phi3v() -> OracleModel:
+    return OracleModel(
+        stem="phi3v",
+        stubs={},
+        host_class=_phi3v_host_class,
+        make_host=_phi3v_host,
+        eager=lambda host, batch: list(
+            host._process_image_input({"type": "pixel_values", **batch})
+        ),
+        batches=phi3v_batches,
+        # Budgets of 1 and 2 images of 17 crops (576 rows each).
+        max_num_batched_tokens=2 * 17 * PHI3V_GRID**2,
+    )
+
+
+# ---------------------------------------------------------------------------
 # Pixtral (Mistral format): per-image (3, H, W) tensors, 2-D RoPE, a merger
 # ---------------------------------------------------------------------------
 
@@ -1262,6 +1539,85 @@ def mistral3(axial: bool = True) -> OracleModel:
     )
 
 
+# ---------------------------------------------------------------------------
+# PaliGemma: SigLIP over one fixed-size view per image, a linear projector
+# ---------------------------------------------------------------------------
+
+PALIGEMMA = "vllm.model_executor.models.paligemma"
+PALIGEMMA_SIDE, PALIGEMMA_PATCH = 8, 2
+#: Tokens of one image: (8 // 2) ** 2.
+PALIGEMMA_TOKENS = 16
+
+
+class _SiglipTower(TileTower):
+    """:class:`TileTower` with what vLLM's host code reads of
+    ``SiglipVisionModel``: its patch embedding (``get_input_embeddings``,
+    whose weight's dtype the images are cast to) and ``dtype``."""
+
+    dtype = torch.float32
+
+    def get_input_embeddings(self) -> Any:
+        return _Obj(weight=self.embed.weight)
+
+    def __call__(self, pixel_values: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        if pixel_values.dtype != self.dtype:
+            raise TypeError(f"{pixel_values.dtype} pixels, a {self.dtype} tower")
+        return super().__call__(pixel_values)
+
+
+def _paligemma_host_class(code: WheelCode, mixin: type) -> type:
+    return code.klass(
+        PALIGEMMA,
+        "PaliGemmaForConditionalGeneration",
+        ["_parse_and_validate_image_input", "_process_image_input"],
+        bases=(mixin,),
+    )
+
+
+def _paligemma_host(code: WheelCode, host_class: type, backend: str) -> Any:
+    del backend  # SigLIP attends within each image: no varlen kernel
+    host = host_class()
+    host.config = _Obj(
+        vision_config=_Obj(
+            image_size=PALIGEMMA_SIDE, patch_size=PALIGEMMA_PATCH, projection_dim=WIDTH
+        ),
+    )
+    host.vision_tower = _SiglipTower(PALIGEMMA_SIDE, PALIGEMMA_PATCH)
+    host.multi_modal_projector = FixedLinear(WIDTH, WIDTH)
+    return host
+
+
+def one_view_batches(side: int, seed: int) -> list[dict[str, Any]]:
+    """1 to 5 images of ``side x side`` pixels, one stacked tensor as the
+    processor gives them (16 tokens each: 4 and 5 images exceed the
+    ladder's top, 48 tokens, and are split or run eagerly)."""
+    gen = torch.Generator().manual_seed(seed)
+    counts = [1, 3, 5, 2, 4, 1]
+    return [
+        {"pixel_values": torch.randn(n, 3, side, side, generator=gen)} for n in counts
+    ]
+
+
+def paligemma() -> OracleModel:
+    return OracleModel(
+        stem="paligemma",
+        stubs={
+            PALIGEMMA: {
+                "PaliGemmaImagePixelInputs": schema_as_dict,
+                "PaliGemmaImageEmbeddingInputs": schema_as_dict,
+            }
+        },
+        host_class=_paligemma_host_class,
+        make_host=_paligemma_host,
+        eager=lambda host, batch: list(
+            host._process_image_input(
+                {"type": "pixel_values", "data": batch["pixel_values"]}
+            )
+        ),
+        batches=lambda: one_view_batches(PALIGEMMA_SIDE, 27),
+    )
+
+
 #: Every model of vLLM 0.33.0 without a hand-written mixin that has a spec:
 #: its oracle (the catalog's models have parity rows in parity_hosts.MODELS).
 ORACLES = {
@@ -1270,6 +1626,9 @@ ORACLES = {
     "eagle2_5_vl": eagle2_5_vl,
     "mistral3": mistral3,
     "paddleocr_vl": paddleocr_vl,
+    "paligemma": paligemma,
+    "phi3v": phi3v,
+    "phi4mm": phi4mm,
     "pixtral": pixtral,
     "qwen2_5_omni": qwen2_5_omni,
     "qwen3_omni": qwen3_omni,

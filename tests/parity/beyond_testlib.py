@@ -150,9 +150,23 @@ def _item_problems(
     return out
 
 
-def _split_rows(rows: torch.Tensor, host: Any, batch: dict[str, Any]) -> list:
+def _eager_items(host: Any, batch: dict[str, Any]) -> list:
+    """The generated ``encoder_eager_forward``'s rows of ``batch``, post-processed
+    as the manager does an eager batch (the HD transform of Phi-4-multimodal's
+    spec runs there; without post-processing steps, a split into items)."""
     tokens = [s.output_tokens for s in host.get_encoder_cudagraph_item_specs(batch)]
-    return list(rows.split(tokens))
+    indices = list(range(len(tokens)))
+    selected = host.select_encoder_cudagraph_items(batch, indices)
+    dest: dict[int, torch.Tensor] = {}
+    host.postprocess_encoder_output(
+        {"default": host.encoder_eager_forward(selected)},
+        indices,
+        tokens,
+        dest,
+        clone=True,
+        batch_mm_kwargs=selected,
+    )
+    return [dest.get(i) for i in indices]
 
 
 #: The managers that drive a check: vLLM 0.33.0's own, from the wheel, on the
@@ -231,7 +245,7 @@ def _backend_problems(
         where = f"{backend}/batch {b}"
         with torch.inference_mode():
             expected = model.eager(host, batch)
-            eager = _split_rows(host.encoder_eager_forward(batch), host, batch)
+            eager = _eager_items(host, batch)
             got = manager.execute(batch)
         problems += _item_problems(f"{where}/eager forward", eager, expected)
         problems += _item_problems(f"{where}/graphs", got, expected)

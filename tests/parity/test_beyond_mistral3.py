@@ -56,9 +56,9 @@ SPEC_MUTATIONS = (
         ("axial",),
     ),
     (
-        "the flat rotary ids over the image's own width",
-        "else row * (side // patch) + column",
-        "else row * grids[image, 1] + column",
+        "the flat rotary ids over the batch's widest image",
+        "positions[:, 0] * grid_side + positions[:, 1]",
+        "positions[:, 0] * (positions[:, 1].max() + 1) + positions[:, 1]",
         ("flat",),
     ),
     (

@@ -1624,6 +1624,67 @@ valid_case(
     "postprocess_steps",
     ("torch.tensor(image_grid_thw)", "torch.tensor(pixel_values)"),
 )
+# -- per-item post-processing reads the inputs cut to the item, and int() ------------
+
+_EAGER_MARKED = "    - visual(pixel_values)\n\npostprocess"
+valid_case(
+    "int_in_eager_steps",
+    "postprocess_reads_inputs",
+    (
+        _EAGER_MARKED,
+        "    - visual(pixel_values)[:int(pixel_values.sum())]\n\npostprocess",
+    ),
+)
+valid_case(
+    "int_in_graph_forward",
+    "postprocess_reads_inputs",
+    (
+        "graph_forward:\n  - visual(pixel_values)",
+        "graph_forward:\n  - visual(pixel_values)[:int(pixel_values.sum())]",
+    ),
+)
+valid_case(
+    "int_with_two_arguments",
+    "postprocess_reads_inputs",
+    ("int(crop_masks.sum())", "int(crop_masks.sum(), 2)"),
+)
+valid_case(
+    "int_with_a_keyword",
+    "postprocess_reads_inputs",
+    ("int(crop_masks.sum())", "int(crop_masks.sum(), base=2)"),
+)
+valid_case(
+    "int_of_a_forbidden_method",
+    "postprocess_reads_inputs",
+    ("int(crop_masks.sum())", "int(crop_masks.numpy())"),
+)
+valid_case(
+    "post_steps_read_a_list_input",
+    "list_units",
+    (
+        "    - tower.eager(slices, sizes)\n",
+        "    - tower.eager(slices, sizes)\n\npostprocess:\n  per_item: true\n"
+        "  steps:\n    - item_output[:1] if slices else item_output\n",
+    ),
+)
+valid_case(
+    "eager_steps_per_item_read_a_list_input",
+    "list_units",
+    (
+        "eager_forward:\n  steps:\n    - tower.eager(slices, sizes)\n",
+        "eager_forward:\n  per_item: true\n  empty_width: 4\n  steps:\n"
+        "    - tower.eager(slices, sizes)\n",
+    ),
+)
+valid_case(
+    "post_steps_cut_input_clashes",
+    "postprocess_reads_inputs",
+    ("  crop_masks: {kind", "  output: {kind"),
+    ("    crop_masks: [1]", "    output: [1]"),
+    ("int(crop_masks.sum())", "int(output.sum())"),
+)
+
+
 NOT_UTF8 = {"not_utf8": ("minimax_m3", "name: MiniMax M3", "name: MiniMax M\xe9")}
 
 

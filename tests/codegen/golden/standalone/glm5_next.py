@@ -3,8 +3,8 @@
 # From specs/glm5_next.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm5_next.yaml`.
 # spec-sha256: eb5cf2b9079a5f16fe35bba77bed5740c643efe1e64d9a18938216fe04e1b97d
-# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
-# output-sha256: b4e8c2832d8c30aebbe9883f8683edf0fff1b89eeff8db68fc941600e9eeb535
+# templates-sha256: fb9e0d992433c1a59e102dfb753e7601dc580457afa87aa8d40cb03b66bea6b5
+# output-sha256: 2abb2ab205a22bcb5efc90417d319e5fb3f556e933dfb4bf27f4c49e23832eac
 
 import itertools
 from collections.abc import Hashable

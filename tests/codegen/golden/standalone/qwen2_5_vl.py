@@ -3,8 +3,8 @@
 # From specs/qwen2_5_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_vl.yaml`.
 # spec-sha256: ce38a756ff944d5d1cbcb57a4efc46c3eaa13791e2e6333e347ed5b079f51a1a
-# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
-# output-sha256: 5973ca476a26a8dec80cf6b4c7b4971d09cdc1c869f84d6f761ba85c44c8783c
+# templates-sha256: fb9e0d992433c1a59e102dfb753e7601dc580457afa87aa8d40cb03b66bea6b5
+# output-sha256: cce2a535f59c8a11aeee05b0448b67d5b36e86c755c0a7fb2fdf6d4954d7ec83
 
 import itertools
 from collections.abc import Hashable

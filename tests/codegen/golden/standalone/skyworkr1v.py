@@ -3,8 +3,8 @@
 # From specs/skyworkr1v.yaml: change the spec or the templates and run
 # `gen-mixin specs/skyworkr1v.yaml`.
 # spec-sha256: b0dc57e5fb20eaab774e7718602afac4daee4053867b6f921b6f70c4492526a6
-# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
-# output-sha256: b0ca7726678a9b8b4e2a4e6fa43f885e491196b1b8ab78eaaba34c7e18233aff
+# templates-sha256: fb9e0d992433c1a59e102dfb753e7601dc580457afa87aa8d40cb03b66bea6b5
+# output-sha256: 1e4f153ea9519a4426c98e4ad57c5b36475cad9f634b127b3297aea1e046ec85
 
 import itertools
 from collections.abc import Hashable

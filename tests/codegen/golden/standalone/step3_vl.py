@@ -3,8 +3,8 @@
 # From specs/step3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
-# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
-# output-sha256: 0981e2ac3fb7411b9e268fc9b6289a9b1422788c90f53284681bc7b5d210a3a2
+# templates-sha256: fb9e0d992433c1a59e102dfb753e7601dc580457afa87aa8d40cb03b66bea6b5
+# output-sha256: 5182aaca6b5bd6deab98c3227bfbeed3ff8e68dec27401053d2a2b57a7bb89d5
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/glm4_1v.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm4_1v.yaml`.
 # spec-sha256: 93ee1fa714e7ac8e7e720d49cba4efbe7b945a492409a082eff8447195711a00
-# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
-# output-sha256: eea1709d0dc372062cd38a52f45fe9abeff2fa319b720248097b443cbb8ae029
+# templates-sha256: fb9e0d992433c1a59e102dfb753e7601dc580457afa87aa8d40cb03b66bea6b5
+# output-sha256: f00f8e052d04488d6431a7276fe24a6a4b17ab28479bcd57a6dc25d17eee7286
 
 import itertools
 from collections.abc import Hashable
