@@ -1925,6 +1925,24 @@ NOT_ON_CPU: dict[str, str] = {
         "whose hyper-connection kernels are TileLang and Triton (vLLM's CPU "
         "build has no Triton)"
     ),
+    "phi4mm": (
+        "only at full size: vLLM builds its vision tower from a SigLIP config "
+        "written in `get_navit_vision_model` whatever the checkpoint's config "
+        "says (448-pixel crops of 14-pixel patches, 1152 wide, 26 of its 27 "
+        "layers: about 400M parameters), and the spec's smallest budget is one "
+        "image of 37 crops (37 x 256 tokens), so each capture runs 37 crops of "
+        "1,024 patches through it: estimated from those sizes (not timed), "
+        "tens of TFLOP per capture, far from the seconds a CPU test may take"
+    ),
+    "phi3v": (
+        "only at full size: vLLM builds its vision tower from "
+        "`CLIP_VIT_LARGE_PATCH14_336_CONFIG` whatever the checkpoint's config "
+        "says (CLIP-L/14 at 336 pixels, 23 of its 24 layers of 1024: about "
+        "300M parameters), and the spec's smallest budget is one image of 17 "
+        "crops (17 x 576 rows), so each capture runs 17 crops of 577 tokens "
+        "through it: estimated from those sizes (not timed), several TFLOP per "
+        "capture, far from the seconds a CPU test may take"
+    ),
 }
 """Served models whose vLLM class cannot be built, or cannot run its vision
 tower, on a CPU, or only at full size: what fails, concretely."""
