@@ -31,8 +31,10 @@ class TinyModel:
     """vLLM's own eager encoder output of item ``i`` of a batch."""
     grids: Callable[[torch.Generator, str, int], list[tuple[int, int, int]]]
     """``(generator, modality, tokens at most) -> item grids`` of a batch."""
-    oversized: Callable[[int], tuple[int, int, int]]
-    """The grid of an image of more output tokens than ``budget``."""
+    oversized: Callable[[int], tuple[int, int, int]] | None
+    """The grid of an image of more output tokens than ``budget``; None where
+    no image the class takes has more than the smallest budget (one view of
+    fixed size per image: vLLM's eager path refuses any other)."""
     save_processor: Callable[[str], None]
     """Writes a tiny offline processor (tokenizer included) to a folder."""
     modalities: tuple[str, ...] = ("image",)
@@ -1568,6 +1570,58 @@ def _single_frame_patches_draw(
     }
 
 
+_PALIGEMMA_SIDE = 56  # 4 x 4 patches of 14 pixels: 16 tokens an image
+
+
+def _paligemma_config() -> Any:
+    from transformers import PaliGemmaConfig
+
+    ids = {token: i for i, token in enumerate(SPECIAL_TOKENS)}
+    return PaliGemmaConfig(
+        architectures=["PaliGemmaForConditionalGeneration"],
+        vision_config=dict(
+            model_type="siglip_vision_model",
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            image_size=_PALIGEMMA_SIDE,
+            patch_size=14,
+            projection_dim=48,
+        ),
+        text_config=dict(
+            model_type="gemma",
+            hidden_size=48,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=24,
+            vocab_size=256,
+            max_position_embeddings=2048,
+        ),
+        projection_dim=48,
+        image_token_index=ids["<image>"],
+    )
+
+
+def _view_grids(
+    gen: torch.Generator, modality: str, tokens: int
+) -> list[tuple[int, int, int]]:
+    """1 to 4 views of the fixed side, at most ``tokens`` tokens."""
+    most = max(1, min(4, tokens // (_PALIGEMMA_SIDE // 14) ** 2))
+    count = int(torch.randint(1, most + 1, (), generator=gen))
+    return [(1, _PALIGEMMA_SIDE, _PALIGEMMA_SIDE)] * count
+
+
+def _views_draw(
+    gen: torch.Generator, modality: str, grids: list[tuple[int, int, int]]
+) -> dict:
+    """The batch as one ``(N, 3, S, S)`` tensor, as vLLM batches the views."""
+    _, side, _ = grids[0]
+    return {"pixel_values": torch.randn((len(grids), 3, side, side), generator=gen)}
+
+
 def _embed_multimodal_eager(model: Any, mm_kwargs: dict, i: int) -> torch.Tensor:
     """vLLM's own path from a batch to its items' embeddings."""
     with torch.inference_mode():
@@ -1825,6 +1879,16 @@ TINY: dict[str, TinyModel] = {
         },
         compilation=_ladder(64, 128),
     ),
+    "paligemma": TinyModel(
+        stem="paligemma",
+        hf_config=_paligemma_config,
+        draw=_views_draw,
+        eager=_embed_multimodal_eager,
+        grids=_view_grids,
+        oversized=None,
+        save_processor=_tokenizer_only,
+        compilation=_ladder(16, 32, 64),
+    ),
     "qwen3_omni": TinyModel(
         stem="qwen3_omni",
         hf_config=_qwen3_omni_config,
@@ -1959,6 +2023,8 @@ def models_table(
             checks = "(a) (b)" if stem in adds_protocol else "(a) (b) (c)"
             kinds = " and ".join(f"{m}s" for m in TINY[stem].modalities)
             status = f"built from a tiny config; {checks} pass, {kinds}"
+            if TINY[stem].oversized is None:
+                status += " (one fixed-size view an image: none is above a budget)"
         elif stem in NOT_ON_CPU:
             status = f"cannot be tested on a CPU: {NOT_ON_CPU[stem]}"
         else:
