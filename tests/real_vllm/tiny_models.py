@@ -1476,16 +1476,19 @@ class _MistralParams(dict):
     """A Mistral-format checkpoint's ``params.json`` (no ``config.json``):
     vLLM's own parser turns it into the config its class reads. vLLM takes a
     folder for Mistral-format when it also holds ``consolidated*.safetensors``
-    files: one with no weights is written beside it."""
+    files: one with no tensors is written beside it."""
 
     def save_pretrained(self, folder: str) -> None:
         import json
         from pathlib import Path
 
-        from safetensors.torch import save_file
-
         (Path(folder) / "params.json").write_text(json.dumps(self), "utf-8")
-        save_file({}, str(Path(folder) / "consolidated.safetensors"))
+        # The safetensors format: the header's length (8 bytes, little
+        # endian), then the header, a JSON object of the tensors: none.
+        header = b"{}"
+        (Path(folder) / "consolidated.safetensors").write_bytes(
+            len(header).to_bytes(8, "little") + header
+        )
 
 
 _PIXTRAL_SIDE = 512  # 16 x 16 merged tokens: an image over the ladder's top
