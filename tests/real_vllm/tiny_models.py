@@ -31,8 +31,10 @@ class TinyModel:
     """vLLM's own eager encoder output of item ``i`` of a batch."""
     grids: Callable[[torch.Generator, str, int], list[tuple[int, int, int]]]
     """``(generator, modality, tokens at most) -> item grids`` of a batch."""
-    oversized: Callable[[int], tuple[int, int, int]]
-    """The grid of an image of more output tokens than ``budget``."""
+    oversized: Callable[[int], tuple[int, int, int]] | None
+    """The grid of an image of more output tokens than ``budget``; None where
+    no image the class takes has more than the smallest budget (one view of
+    fixed size per image: vLLM's eager path refuses any other)."""
     save_processor: Callable[[str], None]
     """Writes a tiny offline processor (tokenizer included) to a folder."""
     modalities: tuple[str, ...] = ("image",)
@@ -387,6 +389,52 @@ def _qwen2_5_omni_processor(folder: str) -> None:
     ).save_pretrained(folder)
 
 
+def _qwen3_omni_config() -> Any:
+    from transformers import Qwen3OmniMoeConfig
+
+    ids = {token: i for i, token in enumerate(SPECIAL_TOKENS)}
+    vision = _qwen3_vl_config().vision_config.to_dict()
+    text = _qwen3_vl_config().text_config.to_dict()
+    for key in ("model_type", "transformers_version", "architectures"):
+        vision.pop(key, None)
+        text.pop(key, None)
+    # One dense layer: the language model is built, never run.
+    text.update(num_experts=2, num_experts_per_tok=1, mlp_only_layers=[0])
+    text["tie_word_embeddings"] = False  # read on the text config by vLLM
+    # What vLLM reads of a checkpoint's vision config beyond transformers'
+    # class: the side its position embeddings cover, and which kind they are.
+    vision.update(image_size=128, apply_vit_abs_pos_embed=True)
+    return Qwen3OmniMoeConfig(
+        architectures=["Qwen3OmniMoeForConditionalGeneration"],
+        enable_audio_output=False,
+        thinker_config=dict(
+            vision_config=vision,
+            text_config=text,
+            audio_config=dict(
+                num_mel_bins=16,
+                encoder_layers=1,
+                encoder_attention_heads=2,
+                encoder_ffn_dim=32,
+                d_model=16,
+                output_dim=48,
+                max_source_positions=64,
+                n_window=8,
+                downsample_hidden_size=8,
+            ),
+            image_token_id=ids["<|IMAGE|>"],
+            video_token_id=ids["<|VIDEO|>"],
+            audio_token_id=ids["<|AUDIO|>"],
+            vision_start_token_id=ids["<|vision_start|>"],
+            vision_end_token_id=ids["<|vision_end|>"],
+            audio_start_token_id=ids["<|audio_bos|>"],
+            audio_end_token_id=ids["<|audio_eos|>"],
+            user_token_id=0,
+            bos_token_id=ids["<|endoftext|>"],
+            eos_token_id=ids["<|endoftext|>"],
+        ),
+    )
+
+
 def _qwen2_vl_processor(folder: str) -> None:
     from transformers import Qwen2VLImageProcessor, Qwen2VLProcessor
     from transformers import Qwen2VLVideoProcessor
@@ -682,6 +730,33 @@ def _internvl_eager(model: Any, mm_kwargs: dict, i: int) -> torch.Tensor:
     pixels, tiles = (mm_kwargs[k] for k in _INTERNVL_KEYS[modality])
     with torch.inference_mode():
         return model._process_vision_input(
+            dict(type="pixel_values", pixel_values_flat=pixels, num_patches=tiles)
+        )[i]
+
+
+def _skyworkr1v_config() -> Any:
+    """InternVL's tiny config under Skywork-R1V's remote config class."""
+    cls = _remote_config_class(
+        "skywork_chat", vision_config="intern_vit_6b", text_config="qwen2"
+    )
+    config = _internvl_config().to_dict()
+    for key in ("model_type", "transformers_version", "vision_config", "text_config"):
+        config.pop(key)
+    internvl = _internvl_config()
+    return cls(
+        **{
+            **config,
+            "architectures": ["SkyworkR1VChatModel"],
+            "vision_config": internvl.vision_config,
+            "text_config": internvl.text_config,
+        }
+    )
+
+
+def _skyworkr1v_eager(model: Any, mm_kwargs: dict, i: int) -> torch.Tensor:
+    pixels, tiles = (mm_kwargs[k] for k in _INTERNVL_KEYS["image"])
+    with torch.inference_mode():
+        return model._process_image_input(
             dict(type="pixel_values", pixel_values_flat=pixels, num_patches=tiles)
         )[i]
 
@@ -1312,6 +1387,244 @@ def _gemma3_processor(folder: str) -> None:
     ).save_pretrained(folder)
 
 
+# Models of one (3, H, W) tensor per image (Mistral3, Pixtral): an item's
+# grid is ``(1, H, W)`` in pixels, whole merge x merge groups of patches; an
+# image past the vision config's side runs eagerly.
+_MISTRAL3_SIDE = 224
+_MISTRAL3_GROUP = 28  # 14-pixel patches, merged 2 x 2
+
+
+def _mistral3_config() -> Any:
+    from transformers import Mistral3Config
+
+    ids = {token: i for i, token in enumerate(SPECIAL_TOKENS)}
+    return Mistral3Config(
+        architectures=["Mistral3ForConditionalGeneration"],
+        vision_config=dict(
+            model_type="pixtral",
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            head_dim=16,
+            image_size=_MISTRAL3_SIDE,
+            patch_size=14,
+        ),
+        text_config=dict(
+            model_type="mistral",
+            architectures=["MistralForCausalLM"],
+            hidden_size=48,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=24,
+            vocab_size=256,
+            max_position_embeddings=2048,
+        ),
+        spatial_merge_size=2,
+        image_token_index=ids["<image>"],
+        vision_feature_layer=-1,
+    )
+
+
+def _pixel_grids(
+    gen: torch.Generator, modality: str, tokens: int, side: int, group: int
+) -> list[tuple[int, int, int]]:
+    """Images of whole ``group``-pixel merge groups, at most ``side`` pixels
+    a side, until ``tokens``."""
+    most = side // group
+    grids: list[tuple[int, int, int]] = []
+    left = tokens
+    while len(grids) < 4:
+        h, w = (int(torch.randint(1, most + 1, (), generator=gen)) for _ in range(2))
+        if h * w > left:
+            break
+        grids.append((1, h * group, w * group))
+        left -= h * w
+    return grids or [(1, group, group)]
+
+
+def _pixel_draw(
+    gen: torch.Generator,
+    modality: str,
+    grids: list[tuple[int, int, int]],
+    key: str = "pixel_values",
+) -> dict:
+    """One raw ``(3, H, W)`` image a grid (normalised on the device)."""
+    return {
+        key: [
+            torch.randint(0, 256, (3, h, w), generator=gen, dtype=torch.uint8)
+            for _, h, w in grids
+        ]
+    }
+
+
+def _pixel_family(
+    side: int, group: int, key: str, oversized: tuple[int, int, int]
+) -> dict:
+    return dict(
+        draw=functools.partial(_pixel_draw, key=key),
+        eager=_embed_multimodal_eager,
+        grids=functools.partial(_pixel_grids, side=side, group=group),
+        oversized=lambda budget: oversized,
+        save_processor=_tokenizer_only,
+    )
+
+
+class _MistralParams(dict):
+    """A Mistral-format checkpoint's ``params.json`` (no ``config.json``):
+    vLLM's own parser turns it into the config its class reads. vLLM takes a
+    folder for Mistral-format when it also holds ``consolidated*.safetensors``
+    files: one with no tensors is written beside it."""
+
+    def save_pretrained(self, folder: str) -> None:
+        import json
+        from pathlib import Path
+
+        (Path(folder) / "params.json").write_text(json.dumps(self), "utf-8")
+        # The safetensors format: the header's length (8 bytes, little
+        # endian), then the header, a JSON object of the tensors: none.
+        header = b"{}"
+        (Path(folder) / "consolidated.safetensors").write_bytes(
+            len(header).to_bytes(8, "little") + header
+        )
+
+
+_PIXTRAL_SIDE = 512  # 16 x 16 merged tokens: an image over the ladder's top
+_PIXTRAL_GROUP = 32  # 16-pixel patches, merged 2 x 2
+
+
+def _pixtral_params() -> _MistralParams:
+    """Mistral-Small-3.1's layout (the pre-projector norm and the patch
+    merger), tiny."""
+    ids = {token: i for i, token in enumerate(SPECIAL_TOKENS)}
+    return _MistralParams(
+        dim=48,
+        n_layers=1,
+        head_dim=24,
+        hidden_dim=64,
+        n_heads=2,
+        n_kv_heads=1,
+        rope_theta=10000.0,
+        norm_eps=1e-5,
+        vocab_size=256,
+        max_position_embeddings=2048,
+        vision_encoder=dict(
+            hidden_size=32,
+            num_channels=3,
+            image_size=_PIXTRAL_SIDE,
+            patch_size=16,
+            rope_theta=10000.0,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            image_token_id=ids["<image>"],
+            image_break_token_id=ids["<|IMG_LINE_BREAK|>"],
+            image_end_token_id=ids["<|END_OF_IMG|>"],
+            adapter_bias=False,
+            spatial_merge_size=2,
+            add_pre_mm_projector_layer_norm=True,
+            mm_projector_id="patch_merge",
+        ),
+    )
+
+
+def _paddleocr_vl_config() -> Any:
+    from transformers import PaddleOCRVLConfig
+
+    ids = {token: i for i, token in enumerate(SPECIAL_TOKENS)}
+    return PaddleOCRVLConfig(
+        architectures=["PaddleOCRVLForConditionalGeneration"],
+        vision_config=dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            image_size=112,
+            patch_size=14,
+        ),
+        text_config=dict(
+            hidden_size=48,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=24,
+            vocab_size=256,
+            max_position_embeddings=2048,
+        ),
+        image_token_id=ids["<|IMAGE|>"],
+        video_token_id=ids["<|VIDEO|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+    )
+
+
+def _single_frame_patches_draw(
+    gen: torch.Generator, modality: str, grids: list[tuple[int, int, int]]
+) -> dict:
+    """Patches as ``(rows, 3, 14, 14)`` pixels (normalised by the
+    processor), a ``(t, h, w)`` grid each."""
+    rows = sum(t * h * w for t, h, w in grids)
+    return {
+        "pixel_values": torch.randn((rows, 3, 14, 14), generator=gen),
+        "image_grid_thw": torch.tensor(grids, dtype=torch.int64),
+    }
+
+
+_PALIGEMMA_SIDE = 56  # 4 x 4 patches of 14 pixels: 16 tokens an image
+
+
+def _paligemma_config() -> Any:
+    from transformers import PaliGemmaConfig
+
+    ids = {token: i for i, token in enumerate(SPECIAL_TOKENS)}
+    return PaliGemmaConfig(
+        architectures=["PaliGemmaForConditionalGeneration"],
+        vision_config=dict(
+            model_type="siglip_vision_model",
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            image_size=_PALIGEMMA_SIDE,
+            patch_size=14,
+            projection_dim=48,
+        ),
+        text_config=dict(
+            model_type="gemma",
+            hidden_size=48,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=24,
+            vocab_size=256,
+            max_position_embeddings=2048,
+        ),
+        projection_dim=48,
+        image_token_index=ids["<image>"],
+    )
+
+
+def _view_grids(
+    gen: torch.Generator, modality: str, tokens: int
+) -> list[tuple[int, int, int]]:
+    """1 to 4 views of the fixed side, at most ``tokens`` tokens."""
+    most = max(1, min(4, tokens // (_PALIGEMMA_SIDE // 14) ** 2))
+    count = int(torch.randint(1, most + 1, (), generator=gen))
+    return [(1, _PALIGEMMA_SIDE, _PALIGEMMA_SIDE)] * count
+
+
+def _views_draw(
+    gen: torch.Generator, modality: str, grids: list[tuple[int, int, int]]
+) -> dict:
+    """The batch as one ``(N, 3, S, S)`` tensor, as vLLM batches the views."""
+    _, side, _ = grids[0]
+    return {"pixel_values": torch.randn((len(grids), 3, side, side), generator=gen)}
+
+
 def _embed_multimodal_eager(model: Any, mm_kwargs: dict, i: int) -> torch.Tensor:
     """vLLM's own path from a batch to its items' embeddings."""
     with torch.inference_mode():
@@ -1481,6 +1794,19 @@ TINY: dict[str, TinyModel] = {
         **_tile_family(56, 4, _INTERNVL_KEYS, _internvl_eager, _tokenizer_only),
         compilation=_ladder(8, 16, 32),
     ),
+    "skyworkr1v": TinyModel(
+        stem="skyworkr1v",
+        hf_config=_skyworkr1v_config,
+        # InternVL's tiles: 56 pixels of 14-pixel patches, shuffled by half.
+        **_tile_family(
+            56,
+            4,
+            {"image": _INTERNVL_KEYS["image"]},
+            _skyworkr1v_eager,
+            _tokenizer_only,
+        ),
+        compilation=_ladder(8, 16, 32),
+    ),
     "eagle2_5_vl": TinyModel(
         stem="eagle2_5_vl",
         hf_config=_eagle2_5_vl_config,
@@ -1513,6 +1839,67 @@ TINY: dict[str, TinyModel] = {
         **{
             **_QWEN2_VL_FAMILY,
             "save_processor": _qwen2_5_omni_processor,
+            "modalities": ("image",),
+        },
+        compilation=_ladder(16, 32, 64),
+    ),
+    "mistral3": TinyModel(
+        stem="mistral3",
+        hf_config=_mistral3_config,
+        # A side past the vision config's image size: eager (vLLM's HF
+        # Pixtral tower takes it).
+        **_pixel_family(
+            _MISTRAL3_SIDE,
+            _MISTRAL3_GROUP,
+            "pixel_values",
+            oversized=(1, _MISTRAL3_SIDE + _MISTRAL3_GROUP, _MISTRAL3_GROUP),
+        ),
+        compilation=_ladder(64, 128),
+    ),
+    "pixtral": TinyModel(
+        stem="pixtral",
+        hf_config=_pixtral_params,
+        # The largest image, 256 tokens, over the ladder: eager. (A side past
+        # the image size is no item at all: vLLM's own tower indexes its RoPE
+        # table out of range.)
+        **_pixel_family(
+            _PIXTRAL_SIDE,
+            _PIXTRAL_GROUP,
+            "images",
+            oversized=(1, _PIXTRAL_SIDE, _PIXTRAL_SIDE),
+        ),
+        compilation=_ladder(64, 128),
+    ),
+    "paddleocr_vl": TinyModel(
+        stem="paddleocr_vl",
+        hf_config=_paddleocr_vl_config,
+        **{
+            **_QWEN2_VL_FAMILY,
+            "draw": _single_frame_patches_draw,
+            "eager": _embed_multimodal_eager,
+            "save_processor": _tokenizer_only,
+            "modalities": ("image",),
+        },
+        compilation=_ladder(64, 128),
+    ),
+    "paligemma": TinyModel(
+        stem="paligemma",
+        hf_config=_paligemma_config,
+        draw=_views_draw,
+        eager=_embed_multimodal_eager,
+        grids=_view_grids,
+        oversized=None,
+        save_processor=_tokenizer_only,
+        compilation=_ladder(16, 32, 64),
+    ),
+    "qwen3_omni": TinyModel(
+        stem="qwen3_omni",
+        hf_config=_qwen3_omni_config,
+        **{
+            **_QWEN2_VL_FAMILY,
+            "draw": functools.partial(_qwen2_vl_draw, patch=16),
+            "eager": _embed_multimodal_eager,
+            "save_processor": _tokenizer_only,
             "modalities": ("image",),
         },
         compilation=_ladder(16, 32, 64),
@@ -1605,6 +1992,24 @@ NOT_ON_CPU: dict[str, str] = {
         "whose hyper-connection kernels are TileLang and Triton (vLLM's CPU "
         "build has no Triton)"
     ),
+    "phi4mm": (
+        "only at full size: vLLM builds its vision tower from a SigLIP config "
+        "written in `get_navit_vision_model` whatever the checkpoint's config "
+        "says (448-pixel crops of 14-pixel patches, 1152 wide, 26 of its 27 "
+        "layers: about 400M parameters), and the spec's smallest budget is one "
+        "image of 37 crops (37 x 256 tokens), so each capture runs 37 crops of "
+        "1,024 patches through it: estimated from those sizes (not timed), "
+        "tens of TFLOP per capture, far from the seconds a CPU test may take"
+    ),
+    "phi3v": (
+        "only at full size: vLLM builds its vision tower from "
+        "`CLIP_VIT_LARGE_PATCH14_336_CONFIG` whatever the checkpoint's config "
+        "says (CLIP-L/14 at 336 pixels, 23 of its 24 layers of 1024: about "
+        "300M parameters), and the spec's smallest budget is one image of 17 "
+        "crops (17 x 576 rows), so each capture runs 17 crops of 577 tokens "
+        "through it: estimated from those sizes (not timed), several TFLOP per "
+        "capture, far from the seconds a CPU test may take"
+    ),
 }
 """Served models whose vLLM class cannot be built, or cannot run its vision
 tower, on a CPU, or only at full size: what fails, concretely."""
@@ -1621,6 +2026,8 @@ def models_table(
             checks = "(a) (b)" if stem in adds_protocol else "(a) (b) (c)"
             kinds = " and ".join(f"{m}s" for m in TINY[stem].modalities)
             status = f"built from a tiny config; {checks} pass, {kinds}"
+            if TINY[stem].oversized is None:
+                status += " (one fixed-size view an image: none is above a budget)"
         elif stem in NOT_ON_CPU:
             status = f"cannot be tested on a CPU: {NOT_ON_CPU[stem]}"
         else:
