@@ -1,8 +1,9 @@
 """Draft specs of models the format cannot express yet (``drafts/``): each
 is what a user would write from the docs, and each is refused today with
 exit 2 and the messages in ``drafts/<stem>.expected``, which
-docs/beyond-catalog.md quotes. When a format feature lands, its draft's
-refusal changes: this test then says which draft to turn into a spec.
+docs/beyond-catalog.md and docs/adding-a-model.md quote. When a format
+feature lands, its draft's refusal changes: this test then says which draft
+to turn into a spec.
 
 ``GEN_MIXIN_UPDATE_GOLDEN=1`` rewrites the ``.expected`` files."""
 
@@ -21,6 +22,9 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 DRAFTS = sorted((HERE / "drafts").glob("*.yaml"))
 CATALOG = REPO / "docs" / "beyond-catalog.md"
+#: The walkthrough's section "What the format cannot express yet" quotes
+#: every refusal too.
+ADDING = REPO / "docs" / "adding-a-model.md"
 UPDATE = os.environ.get("GEN_MIXIN_UPDATE_GOLDEN") == "1"
 
 
@@ -47,11 +51,12 @@ def test_the_draft_is_refused_as_recorded(draft, tmp_path, monkeypatch) -> None:
     assert messages == expected.read_text(encoding="utf-8")
 
 
+@pytest.mark.parametrize("page", [CATALOG, ADDING], ids=["catalog", "adding"])
 @pytest.mark.parametrize("draft", DRAFTS, ids=[d.stem for d in DRAFTS])
-def test_the_catalog_quotes_the_refusal(draft) -> None:
-    text = CATALOG.read_text(encoding="utf-8")
+def test_the_docs_quote_the_refusal(draft, page) -> None:
+    text = page.read_text(encoding="utf-8")
     for line in draft.with_suffix(".expected").read_text().splitlines():
-        assert line in text, f"docs/beyond-catalog.md does not quote: {line}"
+        assert line in text, f"docs/{page.name} does not quote: {line}"
 
 
 def test_no_draft_is_left_for_a_model_that_has_a_spec() -> None:
