@@ -3,8 +3,8 @@
 # From specs/cohere2_vision.yaml: change the spec or the templates and run
 # `gen-mixin specs/cohere2_vision.yaml`.
 # spec-sha256: be09fd22f18b5804bec9fad2ab292f1d4e65a1b7a548a7719f983f9e1c1e6321
-# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
-# output-sha256: 24ba9faa53e6bf970a0249664f41c4ba3e17c56125e0584ada1bc071ddfbaf78
+# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
+# output-sha256: c84d3831a95e15548597a5c6e2f8693d5db2c6f72fe2028d258c97b4f0597b00
 
 import itertools
 from collections.abc import Hashable

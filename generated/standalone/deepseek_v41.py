@@ -3,8 +3,8 @@
 # From specs/deepseek_v41.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_v41.yaml`.
 # spec-sha256: c4bb5416f4de0c625a1fa71cb716f1e83b6ed76dea15bb3b4f0fe238f99fa89f
-# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
-# output-sha256: d48a4a831cdb87ff6b337272edfdb8b255f8fcb1737e695262a475b2724aa172
+# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
+# output-sha256: 15b6002a7958e47839123317b6ff20a056ab75ebbe12a6e22c437338833966ea
 
 import itertools
 from collections.abc import Hashable

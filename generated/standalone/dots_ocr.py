@@ -3,8 +3,8 @@
 # From specs/dots_ocr.yaml: change the spec or the templates and run
 # `gen-mixin specs/dots_ocr.yaml`.
 # spec-sha256: 00dd8d99bf15619e6c551a3ae930a0ca48d9ca9b113561f7b84d06b5c0336520
-# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
-# output-sha256: 1d6a77ef4ade1b0df75687711b9a7603d4159fe2194d3cd4a96a29556be396ab
+# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
+# output-sha256: 6a574f8961fadbb74f50551716f6fb9f915a21e548de4bae4e8283ef875f653b
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/eagle2_5_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/eagle2_5_vl.yaml`.
 # spec-sha256: 83ff2533b4ca23dd7ff633541be75194608fbdec7d6ecb70c6c7ccd114d4e48d
-# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
-# output-sha256: aafe573599eeef3c7697cf7394a9a0faea60d588aef6fbe3d0ad1d140613cd90
+# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
+# output-sha256: b4e7085aa155965772c8fabda833977406ac588af8462172ecc8871db14e9399
 
 import itertools
 from collections.abc import Hashable

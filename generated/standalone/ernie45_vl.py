@@ -3,8 +3,8 @@
 # From specs/ernie45_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/ernie45_vl.yaml`.
 # spec-sha256: 9c43478aaa850dab46764f23326811febf7e9a3d9cc8d6b0c7ff0cd9d6601d41
-# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
-# output-sha256: c723e7f390fe327e7b577886fec33d365eb63bcd188ca4d8c19eb1a62e06d1c1
+# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
+# output-sha256: ff1f94f0d65988c7949a078a4182b7ef5b224c83173c1bf802a308279ae3c867
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/gemma3_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma3_mm.yaml`.
 # spec-sha256: 19cc0f6e849ba8315b6202b90204158da9f48161f059a5255254f1c8d3c71b41
-# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
-# output-sha256: f326425e0a53fd99cc539d42d7adc3040c70d7cecb4244970aadf874c9d1a08a
+# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
+# output-sha256: 4b7ccbfb4805dcad8573af45fe8460ad2ba03cdb68edf39a0ffcd464077adb0a
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/gemma4_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma4_mm.yaml`.
 # spec-sha256: 06e9dbe6dfab654f3c21e7f5471097a1f4a7406dd29cd02c84eecf9f9a03241a
-# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
-# output-sha256: c13967761a48ad9452f15fdca105f8e9be47fbbf0c7f5317fbcd99cfd9218386
+# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
+# output-sha256: b516b3edeae413dfd5b07f9b2d0d999dcb4ccf26af476f73bff6724e2b8d0179
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any

@@ -3,8 +3,8 @@
 # From specs/glm4_1v.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm4_1v.yaml`.
 # spec-sha256: 93ee1fa714e7ac8e7e720d49cba4efbe7b945a492409a082eff8447195711a00
-# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
-# output-sha256: 4c643251751b049aca488249f177d62c87c955492609cca3648af512bc8a6b92
+# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
+# output-sha256: d94d4cd60ee6b8f12522e17f38985f6d252260589d1742dd6e2604935677c41e
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/glm5_next.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm5_next.yaml`.
 # spec-sha256: eb5cf2b9079a5f16fe35bba77bed5740c643efe1e64d9a18938216fe04e1b97d
-# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
-# output-sha256: b4e8c2832d8c30aebbe9883f8683edf0fff1b89eeff8db68fc941600e9eeb535
+# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
+# output-sha256: aef96314a5a4586dcb24e93b03ad1b10fa6dcedc09936932d496deedcd2c815a
 
 import itertools
 from collections.abc import Hashable

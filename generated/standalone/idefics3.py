@@ -3,8 +3,8 @@
 # From specs/idefics3.yaml: change the spec or the templates and run
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 402948cdd63112cfeb000df2a94827d2c785cffa05635f592942545d8e00d7b3
-# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
-# output-sha256: 1e4153af24d0b6ee3e28c4593e8a4b107aba1f803aaf80369c61d56a289b63b2
+# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
+# output-sha256: 7ef525f1294cb75945400c84b016b38d6070f6a5a79eec16f18b81c8ff8b6bbe
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
-# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
-# output-sha256: e26b1fc40a48038e2653b4f2af30bda0eda1d76a0089a62faec320ad10eec30a
+# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
+# output-sha256: 9a1162c8fb582813ccf42560d3fbedcab88375009bd8a984072a22eec4df521e
 
 import itertools
 from collections.abc import Hashable

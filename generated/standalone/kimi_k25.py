@@ -3,8 +3,8 @@
 # From specs/kimi_k25.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k25.yaml`.
 # spec-sha256: 7f183ed8d4f550eea068483d8a9435b722bdfdf97a0b4d8fcd5271760b6fb015
-# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
-# output-sha256: 472a3d89b1868372f4548b24751f8058bb5e73aa1cac5ad32c6f18f2f13d5dd5
+# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
+# output-sha256: b40656a6f6ec4458f02e8305d9154159c3928d8d5e57e65bbd5bf9cd1bafed38
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/lfm2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/lfm2_vl.yaml`.
 # spec-sha256: 155ff7c4ea0622aa6e6c161c5d0f47a9b00815ce4fa05a9c67893bb7c352de94
-# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
-# output-sha256: ac7ee7759ba92cc5b7a6ae94f7a228a8ca27c61698a552a27bee37c0890c34e6
+# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
+# output-sha256: c5d4133239d3c8f5a2b80fa502e4697ff3d41aa2ac7f7659c2e3ec04ee7861b3
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/minimax_m3.yaml: change the spec or the templates and run
 # `gen-mixin specs/minimax_m3.yaml`.
 # spec-sha256: b0a1c0d6a521d611779e7b31c2e7a34c1db47288900ae226b9f1caa189fda9e9
-# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
-# output-sha256: e90db15a94c5150852eb5ebb76e79949c4c7910ea1de88a136de0b2aedd5e6e9
+# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
+# output-sha256: 31a058c25f344c146e3519515bb9a138ee0a1c7ce9c86e9e47e90559510251eb
 
 import itertools
 import weakref

@@ -3,8 +3,8 @@
 # From specs/mistral3.yaml: change the spec or the templates and run
 # `gen-mixin specs/mistral3.yaml`.
 # spec-sha256: 91fb68bc81ef2cc54eadc2b2ea89ba81ff55c6fa83b81b740b6793e771faa360
-# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
-# output-sha256: c3d197a4cc5754cc0a314db0ba73dd220d1266aee904fca9dd365155f22d5f08
+# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
+# output-sha256: 910b93fca98c1f15cc98afe67a845ee816c76127f7ace3a384f83892f6b3bf2c
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any

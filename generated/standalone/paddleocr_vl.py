@@ -3,8 +3,8 @@
 # From specs/paddleocr_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/paddleocr_vl.yaml`.
 # spec-sha256: 7068944d1e5972ce2899b6db50c3c8836ffb4dcaab234b82f8deb1f4d4d77a21
-# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
-# output-sha256: 7e690c59ff1443f9311b202e9a4e0dfaac8711c7677feaf6d2bd0ccc0e9b158f
+# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
+# output-sha256: 25ec1a26da36555716897f881e77f1c875e422c45f753ac43946fc8b75b0d221
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/pixtral.yaml: change the spec or the templates and run
 # `gen-mixin specs/pixtral.yaml`.
 # spec-sha256: 12ce8c3f5fd7aa9655f017b7f136e3b9447324caa4325c3dafd002fc42799961
-# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
-# output-sha256: ed2f5531e966b5011e3913397286705c7406d2dae683012f0873a62de0a1eb36
+# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
+# output-sha256: 1ea2b8aa26c68a30306056decc35bffde8ec4dc6359cb0e209761f94197ed4a1
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any

@@ -3,8 +3,8 @@
 # From specs/qwen2_5_omni.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_omni.yaml`.
 # spec-sha256: ce9bf2fc700f004d47827e30d185e59eb5d9444dd78780ad1cac730e07dc5c1d
-# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
-# output-sha256: df7a0c1a74a671af42ccaa3ccf5c1d49328f2cd03289a524ceefa4f1ccbc5574
+# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
+# output-sha256: 5d0fb44807c404b67a893d7d3e5c633b9c24898202558bc8f1db5dfce1eb1a2e
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/qwen2_5_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_vl.yaml`.
 # spec-sha256: ce38a756ff944d5d1cbcb57a4efc46c3eaa13791e2e6333e347ed5b079f51a1a
-# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
-# output-sha256: 5973ca476a26a8dec80cf6b4c7b4971d09cdc1c869f84d6f761ba85c44c8783c
+# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
+# output-sha256: 899ae6736ef69f727ba7d8bf5c230a13a17f59337bdf8822990df84fcc7a963d
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/qwen2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_vl.yaml`.
 # spec-sha256: 869bcb41f290ee655394bdeee5f49801b8344bce3f4c38101e004675d9980f68
-# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
-# output-sha256: 11b14ad9e906999cbba2a15e8b083ffb4c0dc6c79098b200c6a5cebfb05358b3
+# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
+# output-sha256: 52334339795b8ff040160669bc4390aea801a233ee37d72ea6374e0dd08829ef
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/qwen3_omni.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen3_omni.yaml`.
 # spec-sha256: 46292578db0b5b7229d8af47d27ac8596828d5f1c7721b49c6cf316d78a0da57
-# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
-# output-sha256: c42f563c1170373fa4a8b9b97be2326a19a4313b40aec7cb2049441cbb2c2ab1
+# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
+# output-sha256: b2120ea97a6c279db485754160c0077601f4601f452031900da8cf204185dad4
 
 import itertools
 from collections.abc import Hashable

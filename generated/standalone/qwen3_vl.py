@@ -3,8 +3,8 @@
 # From specs/qwen3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen3_vl.yaml`.
 # spec-sha256: 902e83bb3226b608ede21e14f232e7c519c96c3ab05297933967cf2acb582708
-# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
-# output-sha256: 3f0738c932f049f1e7baa0f6105ab4c8cdf2bc8c40ff9042a073995806b427bb
+# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
+# output-sha256: 9f33627b4fa6619aadb28971c132081d85ac62988ce090313dd948c6629a40e9
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/skyworkr1v.yaml: change the spec or the templates and run
 # `gen-mixin specs/skyworkr1v.yaml`.
 # spec-sha256: b0dc57e5fb20eaab774e7718602afac4daee4053867b6f921b6f70c4492526a6
-# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
-# output-sha256: b0ca7726678a9b8b4e2a4e6fa43f885e491196b1b8ab78eaaba34c7e18233aff
+# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
+# output-sha256: 65129c235eea3fd844962441d318e8a655cbf686eff20f3e4aedb6e43126944b
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/step3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
-# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
-# output-sha256: 0981e2ac3fb7411b9e268fc9b6289a9b1422788c90f53284681bc7b5d210a3a2
+# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
+# output-sha256: 545c7be522b60e33782e37fefd1b5590f6aefabc29c76cb0e9c76ff1cf4a33cb
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/cohere2_vision.yaml: change the spec or the templates and run
 # `gen-mixin specs/cohere2_vision.yaml`.
 # spec-sha256: be09fd22f18b5804bec9fad2ab292f1d4e65a1b7a548a7719f983f9e1c1e6321
-# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
-# output-sha256: 23cf2c1ee55de28e95336c23dc4eb953d0fa9d855eea50bf7ea371195058843a
+# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
+# output-sha256: b6db6966daff4d7a27d3e83eb01e1e1056b8d549029ecd76acc798a4dd446645
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/cohere_compass.yaml: change the spec or the templates and run
 # `gen-mixin specs/cohere_compass.yaml`.
 # spec-sha256: d07c29aa8ad4662bcac30b269bf92c40a0f7c311b8deb5cc9f84e86dba45c5c5
-# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
-# output-sha256: 541f0b698b4b2d12a901cf62cd1ff0faaff60fe9b3a3df02edc21c0accbb0524
+# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
+# output-sha256: 731c949c4595cc30ee6482417b0816e894b9c6eed81503398fd92c1c70c6b078
 
 import itertools
 from collections.abc import Hashable

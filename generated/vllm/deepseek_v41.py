@@ -3,8 +3,8 @@
 # From specs/deepseek_v41.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_v41.yaml`.
 # spec-sha256: c4bb5416f4de0c625a1fa71cb716f1e83b6ed76dea15bb3b4f0fe238f99fa89f
-# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
-# output-sha256: 6f916868707e8580c19d69ac2c8489789c11f055f5a2123658f831241b008b9a
+# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
+# output-sha256: da31b395ee926f99aaca0e22350e421945f50c2c965196cac26d4fb30dbf51d7
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/deepseek_vl2.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_vl2.yaml`.
 # spec-sha256: 65a219ba305cd6d64a7bcc0ccb0190528fa86cf96ed2209abdf6848605972e9f
-# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
-# output-sha256: 906727d5e5d3665796acbff4d57817a51f5d0cf8fe83f62864dc0e09faf80b35
+# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
+# output-sha256: ad6b4feae1d34bf30383deb2d9506eefe3d0ab062aa06f69e7ff0f3b38f36d32
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/dots_ocr.yaml: change the spec or the templates and run
 # `gen-mixin specs/dots_ocr.yaml`.
 # spec-sha256: 00dd8d99bf15619e6c551a3ae930a0ca48d9ca9b113561f7b84d06b5c0336520
-# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
-# output-sha256: 39c9d9bd6c2484977acf0bd78182e0d185ea4f793ced80d047799b4b1f4926bb
+# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
+# output-sha256: 9ee3370fce9423ac31df1ca955fdfa5381d83ceca6eaef95f494588e3fe16c6e
 
 import itertools
 from collections.abc import Hashable

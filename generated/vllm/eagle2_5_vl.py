@@ -3,8 +3,8 @@
 # From specs/eagle2_5_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/eagle2_5_vl.yaml`.
 # spec-sha256: 83ff2533b4ca23dd7ff633541be75194608fbdec7d6ecb70c6c7ccd114d4e48d
-# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
-# output-sha256: c0fbb0eac8593a5da8cd7871266452c84ff6066af6b6375069463ab273d64180
+# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
+# output-sha256: 8bb74573800c6b0fd911c9ba6b14c4f1214b17403d8215421bbcd9f527eb1db4
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/ernie45_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/ernie45_vl.yaml`.
 # spec-sha256: 9c43478aaa850dab46764f23326811febf7e9a3d9cc8d6b0c7ff0cd9d6601d41
-# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
-# output-sha256: a58f56165cf8723949acb8fe968e0c31e875180f8bd1d0a6181af90258abe6b1
+# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
+# output-sha256: d518bb906ec42dfd29bea40560858835454229f6cc18888b1ebdf78c65b793ad
 
 import itertools
 from collections.abc import Hashable

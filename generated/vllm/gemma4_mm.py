@@ -3,8 +3,8 @@
 # From specs/gemma4_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma4_mm.yaml`.
 # spec-sha256: 06e9dbe6dfab654f3c21e7f5471097a1f4a7406dd29cd02c84eecf9f9a03241a
-# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
-# output-sha256: c9c2e1b7c90a0c27b44762bb9d7c575ff4eb54dc59fd98a8adcc3dcc8f27cf3c
+# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
+# output-sha256: 2b78281c5ea77ddc9e1f6faf75a21cfd58d0efe90a3b62bf9f968baca545eedf
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any

@@ -3,8 +3,8 @@
 # From specs/glm4_1v.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm4_1v.yaml`.
 # spec-sha256: 93ee1fa714e7ac8e7e720d49cba4efbe7b945a492409a082eff8447195711a00
-# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
-# output-sha256: eea1709d0dc372062cd38a52f45fe9abeff2fa319b720248097b443cbb8ae029
+# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
+# output-sha256: b87b8e4097d779449557f57ed2bb35d172ca7ddb51fcd332089ecec9f86ba579
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/glm5_next.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm5_next.yaml`.
 # spec-sha256: eb5cf2b9079a5f16fe35bba77bed5740c643efe1e64d9a18938216fe04e1b97d
-# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
-# output-sha256: aea7563d42d0aea6fe32aab96203e6c883f4bf75327225c593a277332f6a026c
+# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
+# output-sha256: 9d84572928b4e8a69ee8e5fe25d48b1edeb96285d63f061f0c5e9b6506bbdfe1
 
 import itertools
 from collections.abc import Hashable

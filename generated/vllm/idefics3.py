@@ -3,8 +3,8 @@
 # From specs/idefics3.yaml: change the spec or the templates and run
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 402948cdd63112cfeb000df2a94827d2c785cffa05635f592942545d8e00d7b3
-# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
-# output-sha256: 45bb277e087be1bafa928a34e5f6ea7b95859592a0b84edc37307e532292a839
+# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
+# output-sha256: 793feedc8260b323fa8f58b6977cdb9e706bfcfac38985ed72f644806a8bdb35
 
 import itertools
 from collections.abc import Hashable

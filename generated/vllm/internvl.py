@@ -3,8 +3,8 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
-# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
-# output-sha256: c48da4cc0b494c77963487704b5c6f28c33e419fb34d7976eb877c832eea63e0
+# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
+# output-sha256: 7ad35459cd715ced9dec3bbc5db4118fd27231e87d63523639fda7eae7e5c7b3
 
 import itertools
 from collections.abc import Hashable

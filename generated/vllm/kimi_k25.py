@@ -3,8 +3,8 @@
 # From specs/kimi_k25.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k25.yaml`.
 # spec-sha256: 7f183ed8d4f550eea068483d8a9435b722bdfdf97a0b4d8fcd5271760b6fb015
-# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
-# output-sha256: a073844ef13fe2e73a033587cdb9bcac7e38030468d99d585f7d5e5f4c4e4b5c
+# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
+# output-sha256: 6d4bf37ea222ef67605ad1bd85b15c83c4eabbac16322f754f9c294db0a0349b
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/kimi_k3.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k3.yaml`.
 # spec-sha256: 43497e5dfe1ac384f62bdd2eaa1d96ddd9887c49f037b60e3b81ea6100afb1a8
-# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
-# output-sha256: 821bbce72e0c917fd580773a9538437962a6aadc7564d03450dae158b3ca4191
+# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
+# output-sha256: 7aa9fd5ef16dc2809de73818af26c0d1e73c3acfdd3eb54c255029ba8b91a1d5
 
 import itertools
 import math

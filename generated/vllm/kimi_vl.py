@@ -3,8 +3,8 @@
 # From specs/kimi_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_vl.yaml`.
 # spec-sha256: b4c12018366cdeb86c86bf7b35c60c7b97e9e189f2f53785ec5ff811704d07d2
-# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
-# output-sha256: 65271a55d66edde8f1db32303c7011386bd0f360f6758a494f33984fd1e96dc2
+# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
+# output-sha256: 3b5a2f20dcbefc4b3d8248d742991ae84e5cd5a84a36ee40151331eb5707f374
 
 import itertools
 from collections.abc import Hashable

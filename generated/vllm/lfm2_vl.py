@@ -3,8 +3,8 @@
 # From specs/lfm2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/lfm2_vl.yaml`.
 # spec-sha256: 155ff7c4ea0622aa6e6c161c5d0f47a9b00815ce4fa05a9c67893bb7c352de94
-# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
-# output-sha256: ecaf727916d7b4161f44710a807f2d11ae172f00c7ff72757ca31f7d926fc32d
+# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
+# output-sha256: 1a91f117a5d26e0293969bf716b554d427cd40f9786ad7d7145f0ea22fa994b6
 
 import itertools
 from collections.abc import Hashable

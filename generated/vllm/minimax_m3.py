@@ -3,8 +3,8 @@
 # From specs/minimax_m3.yaml: change the spec or the templates and run
 # `gen-mixin specs/minimax_m3.yaml`.
 # spec-sha256: b0a1c0d6a521d611779e7b31c2e7a34c1db47288900ae226b9f1caa189fda9e9
-# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
-# output-sha256: 9dcd9a723683117be6556a0d31158ada08f44f42f589a22287f7bb9eda26178e
+# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
+# output-sha256: aa811ff438cb1a8d1c23d40816082483e48401ba174cccff8e0ea60856e37322
 
 import itertools
 import weakref

@@ -3,8 +3,8 @@
 # From specs/mistral3.yaml: change the spec or the templates and run
 # `gen-mixin specs/mistral3.yaml`.
 # spec-sha256: 91fb68bc81ef2cc54eadc2b2ea89ba81ff55c6fa83b81b740b6793e771faa360
-# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
-# output-sha256: 8b0d34b51518f02cb3aa307dfe4f81e977783ebc986c27a887d8c0d64b042a55
+# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
+# output-sha256: a9eafc30009d27186a765a0386c7d643054f4c8902b0d058e69a0a60790467d1
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any

@@ -3,8 +3,8 @@
 # From specs/paddleocr_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/paddleocr_vl.yaml`.
 # spec-sha256: 7068944d1e5972ce2899b6db50c3c8836ffb4dcaab234b82f8deb1f4d4d77a21
-# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
-# output-sha256: d8bc8aa772b97ec21efba73667b81e8731d2d87a6534f822dde83835eabd3572
+# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
+# output-sha256: 86f6174e473c899f738f921736524483baec424e66146813402bc4432dcc106a
 
 import itertools
 from collections.abc import Hashable

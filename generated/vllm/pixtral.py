@@ -3,8 +3,8 @@
 # From specs/pixtral.yaml: change the spec or the templates and run
 # `gen-mixin specs/pixtral.yaml`.
 # spec-sha256: 12ce8c3f5fd7aa9655f017b7f136e3b9447324caa4325c3dafd002fc42799961
-# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
-# output-sha256: eb47fa0839ef0a6138920fb406570bdbe114fafecb9165317b7e7cf1da20749f
+# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
+# output-sha256: 8e49a174793e5fb94ddf733c95bfa1af88e252148543d8de2b6affbff36f8e83
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any

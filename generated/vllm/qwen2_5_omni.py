@@ -3,8 +3,8 @@
 # From specs/qwen2_5_omni.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_omni.yaml`.
 # spec-sha256: ce9bf2fc700f004d47827e30d185e59eb5d9444dd78780ad1cac730e07dc5c1d
-# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
-# output-sha256: e092e2ed67c0a995fa45e13a892ecc12390fbb2a4b146450a1ea620c3e9ee37d
+# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
+# output-sha256: bf5c5d2d77a1fbf959eebed1fe71151a9cc4e52d51ec49d4b3e27b4cbeaa1607
 
 import itertools
 from collections.abc import Hashable

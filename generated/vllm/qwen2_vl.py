@@ -3,8 +3,8 @@
 # From specs/qwen2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_vl.yaml`.
 # spec-sha256: 869bcb41f290ee655394bdeee5f49801b8344bce3f4c38101e004675d9980f68
-# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
-# output-sha256: 399c8769fbce657fc9f0de217fdf6af0a635da30d3b5db6b96e30114966d4541
+# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
+# output-sha256: 0e84190f3841dabeead00a70e6a8897b12799179a75d21721248c270fda38ea0
 
 import itertools
 from collections.abc import Hashable

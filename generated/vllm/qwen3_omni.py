@@ -3,8 +3,8 @@
 # From specs/qwen3_omni.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen3_omni.yaml`.
 # spec-sha256: 46292578db0b5b7229d8af47d27ac8596828d5f1c7721b49c6cf316d78a0da57
-# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
-# output-sha256: 6899e5b42098b3fa70d366b1c6c3746f2e2f7b99087dc9ab6889b37c3ad37408
+# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
+# output-sha256: 93db5f64fcf2ce79fc84bf0c0422305c45dc6c30172178544a27f464a35f6955
 
 import itertools
 from collections.abc import Hashable

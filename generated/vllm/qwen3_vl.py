@@ -3,8 +3,8 @@
 # From specs/qwen3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen3_vl.yaml`.
 # spec-sha256: 902e83bb3226b608ede21e14f232e7c519c96c3ab05297933967cf2acb582708
-# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
-# output-sha256: e71f49b49e468cf330cb71ab2fc38b642958f473d66c1d2a0c4218af1a1349b5
+# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
+# output-sha256: db5b7b28e85b73f0054dd6997ef485e2ea116fc4295de1a9d11720806e4856b1
 
 import itertools
 from collections.abc import Hashable

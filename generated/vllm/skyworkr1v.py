@@ -3,8 +3,8 @@
 # From specs/skyworkr1v.yaml: change the spec or the templates and run
 # `gen-mixin specs/skyworkr1v.yaml`.
 # spec-sha256: b0dc57e5fb20eaab774e7718602afac4daee4053867b6f921b6f70c4492526a6
-# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
-# output-sha256: 76490dc3a40ff7276846dfe4b3862f0a4e4aff11cb8ca2e21ac4df7d3727ad0b
+# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
+# output-sha256: e74d17dc8f8b10807170fcfe21f69270936b7e361584e7bcac7008189e41db97
 
 import itertools
 from collections.abc import Hashable

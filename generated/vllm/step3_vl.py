@@ -3,8 +3,8 @@
 # From specs/step3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
-# templates-sha256: 92f8da6fc4ab1d0d2fe4c43b1da8505bb97e3ba66a1cc021c701ab21aed61e29
-# output-sha256: d99c342aa8113b0c8f64c12bcc1290f2c6376ae4bb51b29dbdbd7c2a87cec1c1
+# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
+# output-sha256: 810d0811d98f8c422bac450d1c995ea59009de510cc1dd9b370b1c4264300919
 
 import itertools
 from collections.abc import Hashable
