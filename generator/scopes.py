@@ -447,7 +447,13 @@ METHODS: dict[str, Method] = {
             (SELF, MM_KWARGS, PATH),
             "torch.Tensor",
             ("keys", "outputs", "_"),
-            (("item_{}", _K.FLAT), ("{}_offset", _K.FLAT)),
+            (
+                ("item_{}", _K.FLAT),
+                ("{}_offset", _K.FLAT),
+                # Per item: a padded or tensors input as sent, and its item.
+                ("{}_items", _K.GRID),
+                ("{}_item", _K.GRID),
+            ),
             frozenset(
                 {_K.CONSTANT, _K.FLAT, _K.GRID, _K.DIM, _K.EAGER_STEP, _K.IMPORT}
             ),

@@ -48,6 +48,16 @@ def _path_body(spec: MixinSpec, path: EncoderPath) -> dict[str, Any]:
         "per_item": eager.per_item,
         "loads": flat_loads,
     }
+    if eager.per_item:
+        # As sent, under their own names: the loop zips them by item.
+        ctx["loads"] = [
+            (
+                {"name": f"{d['name']}_items", "value": d["value"]}
+                if spec.item_input(d["name"]) is not None
+                else d
+            )
+            for d in flat_loads
+        ]
     if not eager.per_item:
         ctx["grids"] = [
             loads.item(g.key)
@@ -60,7 +70,13 @@ def _path_body(spec: MixinSpec, path: EncoderPath) -> dict[str, Any]:
     dims_needed = {d for g in spec.item_inputs for d in g.dims if d in used}
     for flat in flats:
         dims_needed |= dims_of(spec, flat.rows)
+    # A padded or tensors input the steps read is the item's own tensor.
+    tensors = [g for g in spec.item_inputs if g.is_padded and g.key in used]
     loop_target, iterable, keys = item_loop(spec, dims_needed)
+    if tensors:
+        if not dims_needed:
+            keys = []  # the items' tensors alone
+        loop_target, iterable = _with_item_tensors(spec, keys, tensors)
     slices = []
     name_map = {}
     for flat in flats:
@@ -73,6 +89,7 @@ def _path_body(spec: MixinSpec, path: EncoderPath) -> dict[str, Any]:
             }
         )
         name_map[flat.key] = f"item_{flat.key}"
+    name_map.update({g.key: f"{g.key}_item" for g in tensors})
     assert eager.empty_width is not None  # noqa: S101 (the model requires it)
     ctx.update(
         grids=[loads.item(k) for k in keys],
@@ -85,3 +102,16 @@ def _path_body(spec: MixinSpec, path: EncoderPath) -> dict[str, Any]:
     )
     ctx["constants"] = body.bindings()
     return ctx
+
+
+def _with_item_tensors(spec: MixinSpec, keys: list[str], tensors) -> tuple[str, str]:
+    """The per-item loop's target and iterable with each item's own tensor of
+    ``tensors`` (a list's entry, or a row of one stacked tensor) zipped in
+    after the grids' dims."""
+    inputs = [spec.item_input(k) for k in keys]
+    parts = [g.dims[0] if g.is_count else f"({', '.join(g.dims)})" for g in inputs]
+    target = ", ".join(parts + [f"{g.key}_item" for g in tensors])
+    names = keys + [f"{g.key}_items" for g in tensors]
+    if len(names) == 1:
+        return target, names[0]
+    return target, f"zip({', '.join(names)}, strict=True)"

@@ -364,6 +364,7 @@ def helpers(spec: MixinSpec) -> dict[str, bool]:
         "counts": any(i.is_count and not i.is_list for i in spec.item_inputs),
         "rows": bool(spec.flat_inputs),
         "padded": any(i.is_padded and not i.is_tensors for i in spec.item_inputs),
+        "same_sizes": bool(_padded_groups(spec, Loads(spec))),
         "tensors": any(i.is_tensors for i in spec.item_inputs),
         "lists": any(i.is_list for i in spec.item_inputs),
         "span": spec.span_assembly is not None,

@@ -576,8 +576,9 @@ class EagerForward:
         Key(
             "per_item",
             Boolean(),
-            "Run the steps once per item, each flat input cut to the item's rows "
-            "and the grid dims bound to its values, and concatenate the outputs.",
+            "Run the steps once per item, each flat input cut to the item's rows, "
+            "each padded or tensors input the item's own tensor and the grid dims "
+            "bound to its values, and concatenate the outputs.",
             default=False,
         ),
         Key(
@@ -601,7 +602,10 @@ class EagerForward:
     def from_yaml(cls, r: Reader, **_: Any) -> EagerForward | None:
         per_item = r.take("per_item")
         scope = "eager_steps_per_item" if per_item else "eager_steps"
-        steps = r.take("steps", scope=scope)
+        # Per item, a padded or tensors input is the item's own tensor.
+        items = r.ctx.partial.get("item_inputs", ()) if per_item else ()
+        extra = tuple(i.key for i in items if i.is_padded)
+        steps = r.take("steps", scope=scope, extra=extra)
         width = None
         if r.has("empty_width"):
             if not per_item:
