@@ -3,8 +3,8 @@
 # From specs/cohere2_vision.yaml: change the spec or the templates and run
 # `gen-mixin specs/cohere2_vision.yaml`.
 # spec-sha256: be09fd22f18b5804bec9fad2ab292f1d4e65a1b7a548a7719f983f9e1c1e6321
-# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
-# output-sha256: c84d3831a95e15548597a5c6e2f8693d5db2c6f72fe2028d258c97b4f0597b00
+# templates-sha256: 16679cc5f21cb9b1d010a018c74fdf018544dc400aae179f27aabd460b0c78e3
+# output-sha256: 356ca7ca9b33a12d49766434e947549084746c990dffa1dd78e656827a0f3adc
 
 import itertools
 from collections.abc import Hashable

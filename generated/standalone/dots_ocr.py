@@ -3,8 +3,8 @@
 # From specs/dots_ocr.yaml: change the spec or the templates and run
 # `gen-mixin specs/dots_ocr.yaml`.
 # spec-sha256: 00dd8d99bf15619e6c551a3ae930a0ca48d9ca9b113561f7b84d06b5c0336520
-# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
-# output-sha256: 6a574f8961fadbb74f50551716f6fb9f915a21e548de4bae4e8283ef875f653b
+# templates-sha256: 16679cc5f21cb9b1d010a018c74fdf018544dc400aae179f27aabd460b0c78e3
+# output-sha256: 421631e3cc6c24448b67d36082217ca8eca355dcd9c602a1d69b1682e8b08f44
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/gemma3_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma3_mm.yaml`.
 # spec-sha256: 19cc0f6e849ba8315b6202b90204158da9f48161f059a5255254f1c8d3c71b41
-# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
-# output-sha256: 4b7ccbfb4805dcad8573af45fe8460ad2ba03cdb68edf39a0ffcd464077adb0a
+# templates-sha256: 16679cc5f21cb9b1d010a018c74fdf018544dc400aae179f27aabd460b0c78e3
+# output-sha256: 97ed806ce020def01ff95bf47ffd42ed07e685eeb0e664dea05c07c7965ca31f
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/glm5_next.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm5_next.yaml`.
 # spec-sha256: eb5cf2b9079a5f16fe35bba77bed5740c643efe1e64d9a18938216fe04e1b97d
-# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
-# output-sha256: aef96314a5a4586dcb24e93b03ad1b10fa6dcedc09936932d496deedcd2c815a
+# templates-sha256: 16679cc5f21cb9b1d010a018c74fdf018544dc400aae179f27aabd460b0c78e3
+# output-sha256: f5f57aa7a3ff5f7546951210fb961982cd70e42df7b52029392ea33f0bb1dcca
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/idefics3.yaml: change the spec or the templates and run
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 402948cdd63112cfeb000df2a94827d2c785cffa05635f592942545d8e00d7b3
-# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
-# output-sha256: 7ef525f1294cb75945400c84b016b38d6070f6a5a79eec16f18b81c8ff8b6bbe
+# templates-sha256: 16679cc5f21cb9b1d010a018c74fdf018544dc400aae179f27aabd460b0c78e3
+# output-sha256: 8bb52910f37fd92d42b467d3bffa1521cf2391aadb1d7026ed3b1fbee633bd35
 
 import itertools
 from collections.abc import Hashable

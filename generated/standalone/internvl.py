@@ -3,8 +3,8 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
-# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
-# output-sha256: 9a1162c8fb582813ccf42560d3fbedcab88375009bd8a984072a22eec4df521e
+# templates-sha256: 16679cc5f21cb9b1d010a018c74fdf018544dc400aae179f27aabd460b0c78e3
+# output-sha256: c49a04ae8131a1832d56e6c05e826fb7e1824563d51424b3fddd8763e9c3a50b
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/kimi_k25.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k25.yaml`.
 # spec-sha256: 7f183ed8d4f550eea068483d8a9435b722bdfdf97a0b4d8fcd5271760b6fb015
-# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
-# output-sha256: b40656a6f6ec4458f02e8305d9154159c3928d8d5e57e65bbd5bf9cd1bafed38
+# templates-sha256: 16679cc5f21cb9b1d010a018c74fdf018544dc400aae179f27aabd460b0c78e3
+# output-sha256: 23350e278fba4c1ed26bf3bc5907f1d8a7a538e678024915c23523947e6f2e6f
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/mllama4.yaml: change the spec or the templates and run
 # `gen-mixin specs/mllama4.yaml`.
 # spec-sha256: 3a4c5d7bdb1ee216f77e7723529296ab4a8d77acd6df01a22770eb4a40007938
-# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
-# output-sha256: 653bc993a16742c0e40b717ee72564775a25cab98b6627d3fc53db425e01d204
+# templates-sha256: 16679cc5f21cb9b1d010a018c74fdf018544dc400aae179f27aabd460b0c78e3
+# output-sha256: 0fe812b1923717b3ac6c5826a6f3acaa2114d7e6b815d8d3604d5d6c2f7cf730
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/paddleocr_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/paddleocr_vl.yaml`.
 # spec-sha256: 7068944d1e5972ce2899b6db50c3c8836ffb4dcaab234b82f8deb1f4d4d77a21
-# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
-# output-sha256: 25ec1a26da36555716897f881e77f1c875e422c45f753ac43946fc8b75b0d221
+# templates-sha256: 16679cc5f21cb9b1d010a018c74fdf018544dc400aae179f27aabd460b0c78e3
+# output-sha256: 0e28c543e054a89a955e2b6cf56971c5042f9f5891c88f20dfa16f804a633651
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/qwen3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen3_vl.yaml`.
 # spec-sha256: 902e83bb3226b608ede21e14f232e7c519c96c3ab05297933967cf2acb582708
-# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
-# output-sha256: 9f33627b4fa6619aadb28971c132081d85ac62988ce090313dd948c6629a40e9
+# templates-sha256: 16679cc5f21cb9b1d010a018c74fdf018544dc400aae179f27aabd460b0c78e3
+# output-sha256: ef2b40649c4a0e1b001aead748c2112deba8101bc2f56c95ab7d7519c5e162f2
 
 import itertools
 from collections.abc import Hashable

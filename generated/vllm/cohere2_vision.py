@@ -3,8 +3,8 @@
 # From specs/cohere2_vision.yaml: change the spec or the templates and run
 # `gen-mixin specs/cohere2_vision.yaml`.
 # spec-sha256: be09fd22f18b5804bec9fad2ab292f1d4e65a1b7a548a7719f983f9e1c1e6321
-# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
-# output-sha256: b6db6966daff4d7a27d3e83eb01e1e1056b8d549029ecd76acc798a4dd446645
+# templates-sha256: 16679cc5f21cb9b1d010a018c74fdf018544dc400aae179f27aabd460b0c78e3
+# output-sha256: 0b8086a9bef7c1bb57539328d8b0e4d6b299304786df98ff7baa8eb7abb1a1b1
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/gemma3_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma3_mm.yaml`.
 # spec-sha256: 19cc0f6e849ba8315b6202b90204158da9f48161f059a5255254f1c8d3c71b41
-# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
-# output-sha256: e7f1d570904250139b087b4e28ada29bddafaaeca44185d863bbb33ec5bbc1a0
+# templates-sha256: 16679cc5f21cb9b1d010a018c74fdf018544dc400aae179f27aabd460b0c78e3
+# output-sha256: d34baf4cc92243a3bd88d4bc4b9542ece9562ce2b3b875fdd92063c3f3b0958c
 
 import itertools
 from collections.abc import Hashable

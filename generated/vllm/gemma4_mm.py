@@ -3,8 +3,8 @@
 # From specs/gemma4_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma4_mm.yaml`.
 # spec-sha256: 06e9dbe6dfab654f3c21e7f5471097a1f4a7406dd29cd02c84eecf9f9a03241a
-# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
-# output-sha256: 2b78281c5ea77ddc9e1f6faf75a21cfd58d0efe90a3b62bf9f968baca545eedf
+# templates-sha256: 16679cc5f21cb9b1d010a018c74fdf018544dc400aae179f27aabd460b0c78e3
+# output-sha256: 3a0c141d2fa6f9352872bd5d53b8a59090cb55844efed23b4b7785326eb40142
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
@@ -267,8 +267,8 @@ class Gemma4EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         """(smallest, largest) token budget. The largest is what one
         scheduler step can hold: no batch of real items can exceed it.
 
-        Budgets count ``m`` per item (``path_output_tokens``), not
-        output tokens: ``encoder_cudagraph_token_budgets`` is in that unit.
+        Budgets count ``path_output_tokens`` per item, not output tokens:
+        ``m``, the unit of ``encoder_cudagraph_token_budgets``.
         """
         # One image of the widest row.
         m = self._get_max_soft_tokens()

@@ -3,8 +3,8 @@
 # From specs/glm5_next.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm5_next.yaml`.
 # spec-sha256: eb5cf2b9079a5f16fe35bba77bed5740c643efe1e64d9a18938216fe04e1b97d
-# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
-# output-sha256: 9d84572928b4e8a69ee8e5fe25d48b1edeb96285d63f061f0c5e9b6506bbdfe1
+# templates-sha256: 16679cc5f21cb9b1d010a018c74fdf018544dc400aae179f27aabd460b0c78e3
+# output-sha256: f69b82ffb9a779c0a41cc42c69e55925f3d28a78ce8a17958f3d144d70577d8f
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
-# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
-# output-sha256: 7ad35459cd715ced9dec3bbc5db4118fd27231e87d63523639fda7eae7e5c7b3
+# templates-sha256: 16679cc5f21cb9b1d010a018c74fdf018544dc400aae179f27aabd460b0c78e3
+# output-sha256: d23fa5b173474c937718c069f3ab18ec708af603b7b52f98a9c64e117c5a6fd9
 
 import itertools
 from collections.abc import Hashable

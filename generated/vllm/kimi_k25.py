@@ -3,8 +3,8 @@
 # From specs/kimi_k25.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k25.yaml`.
 # spec-sha256: 7f183ed8d4f550eea068483d8a9435b722bdfdf97a0b4d8fcd5271760b6fb015
-# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
-# output-sha256: 6d4bf37ea222ef67605ad1bd85b15c83c4eabbac16322f754f9c294db0a0349b
+# templates-sha256: 16679cc5f21cb9b1d010a018c74fdf018544dc400aae179f27aabd460b0c78e3
+# output-sha256: 85d665ecaa5dbc32f0bfa2d0aeab29f14b8a4ef5e37fc163b32a12f0942d5c47
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/kimi_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_vl.yaml`.
 # spec-sha256: b4c12018366cdeb86c86bf7b35c60c7b97e9e189f2f53785ec5ff811704d07d2
-# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
-# output-sha256: 3b5a2f20dcbefc4b3d8248d742991ae84e5cd5a84a36ee40151331eb5707f374
+# templates-sha256: 16679cc5f21cb9b1d010a018c74fdf018544dc400aae179f27aabd460b0c78e3
+# output-sha256: 954f2b2107572f6f5070b4998a368ef0d582859d7275cfa912c863ba5bd24ec5
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/minicpmv.yaml: change the spec or the templates and run
 # `gen-mixin specs/minicpmv.yaml`.
 # spec-sha256: d4a580fe01bc55f4be098f399ee38128cd927c0b2f6e20aecf28c2d3e8bd3368
-# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
-# output-sha256: db84954516eea2bc4ff27c068f8546cfb3a303da4516966dc3d469221386f99f
+# templates-sha256: 16679cc5f21cb9b1d010a018c74fdf018544dc400aae179f27aabd460b0c78e3
+# output-sha256: 6ba2dd0b7d4c5cb48c11365deb198b42fd2281fd381cc67445959ffe87072d2e
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/qwen2_5_omni.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_omni.yaml`.
 # spec-sha256: ce9bf2fc700f004d47827e30d185e59eb5d9444dd78780ad1cac730e07dc5c1d
-# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
-# output-sha256: bf5c5d2d77a1fbf959eebed1fe71151a9cc4e52d51ec49d4b3e27b4cbeaa1607
+# templates-sha256: 16679cc5f21cb9b1d010a018c74fdf018544dc400aae179f27aabd460b0c78e3
+# output-sha256: e3a5593640af68ce1145076089bc5e6dd504ae30194cf51e733a0b8a8f83da70
 
 import itertools
 from collections.abc import Hashable

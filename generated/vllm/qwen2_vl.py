@@ -3,8 +3,8 @@
 # From specs/qwen2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_vl.yaml`.
 # spec-sha256: 869bcb41f290ee655394bdeee5f49801b8344bce3f4c38101e004675d9980f68
-# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
-# output-sha256: 0e84190f3841dabeead00a70e6a8897b12799179a75d21721248c270fda38ea0
+# templates-sha256: 16679cc5f21cb9b1d010a018c74fdf018544dc400aae179f27aabd460b0c78e3
+# output-sha256: 38e9ad07fe73c7a436776ab70c2c24f3f11157dbd3825bfd67d0c5866a6009f6
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/skyworkr1v.yaml: change the spec or the templates and run
 # `gen-mixin specs/skyworkr1v.yaml`.
 # spec-sha256: b0dc57e5fb20eaab774e7718602afac4daee4053867b6f921b6f70c4492526a6
-# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
-# output-sha256: e74d17dc8f8b10807170fcfe21f69270936b7e361584e7bcac7008189e41db97
+# templates-sha256: 16679cc5f21cb9b1d010a018c74fdf018544dc400aae179f27aabd460b0c78e3
+# output-sha256: 0dc35e4abb9a038458431abc1b1b92f032b3b1b3f87fa30dc26414dd4a614217
 
 import itertools
 from collections.abc import Hashable

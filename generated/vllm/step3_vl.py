@@ -3,8 +3,8 @@
 # From specs/step3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
-# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
-# output-sha256: 810d0811d98f8c422bac450d1c995ea59009de510cc1dd9b370b1c4264300919
+# templates-sha256: 16679cc5f21cb9b1d010a018c74fdf018544dc400aae179f27aabd460b0c78e3
+# output-sha256: 6b3ac0b6dc971a274103fa0f09f70f524e723e8c7efb6fa05c5bab1e83b84d38
 
 import itertools
 from collections.abc import Hashable

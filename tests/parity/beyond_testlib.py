@@ -151,8 +151,15 @@ def _item_problems(
 
 
 def _split_rows(rows: torch.Tensor, host: Any, batch: dict[str, Any]) -> list:
+    """The eager forward's rows as items, through the mixin's post-processing
+    (as the manager hands them over: a spec's steps may merge each item's
+    graph rows into its output rows)."""
     tokens = [s.output_tokens for s in host.get_encoder_cudagraph_item_specs(batch)]
-    return list(rows.split(tokens))
+    items: list[torch.Tensor | None] = [None] * len(tokens)
+    host.postprocess_encoder_output(
+        {"default": rows}, list(range(len(tokens))), tokens, items, True, batch
+    )
+    return items
 
 
 #: The managers that drive a check: vLLM 0.33.0's own, from the wheel, on the

@@ -3,8 +3,8 @@
 # From specs/deepseek_v41.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_v41.yaml`.
 # spec-sha256: c4bb5416f4de0c625a1fa71cb716f1e83b6ed76dea15bb3b4f0fe238f99fa89f
-# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
-# output-sha256: 15b6002a7958e47839123317b6ff20a056ab75ebbe12a6e22c437338833966ea
+# templates-sha256: 16679cc5f21cb9b1d010a018c74fdf018544dc400aae179f27aabd460b0c78e3
+# output-sha256: c5c0ef1813b5a49d39a2dfb66b72ecc56c36f4e6014d9a03f8c4a418d646a6b0
 
 import itertools
 from collections.abc import Hashable
@@ -368,8 +368,8 @@ class DeepseekV4VLEncoderCudaGraphMixin:
         """(smallest, largest) token budget. The largest is what one
         scheduler step can hold: no batch of real items can exceed it.
 
-        Budgets count ``h * w`` per item (``path_output_tokens``), not
-        output tokens: ``encoder_cudagraph_token_budgets`` is in that unit.
+        Budgets count ``path_output_tokens`` per item, not output tokens:
+        ``h * w``, the unit of ``encoder_cudagraph_token_budgets``.
         """
         # Budgets count patches: 64 is an 8x8-patch image (112 px), the smallest
         # graph worth capturing; it also caps the manager's automatic

@@ -3,8 +3,8 @@
 # From specs/gemma4_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma4_mm.yaml`.
 # spec-sha256: 06e9dbe6dfab654f3c21e7f5471097a1f4a7406dd29cd02c84eecf9f9a03241a
-# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
-# output-sha256: b516b3edeae413dfd5b07f9b2d0d999dcb4ccf26af476f73bff6724e2b8d0179
+# templates-sha256: 16679cc5f21cb9b1d010a018c74fdf018544dc400aae179f27aabd460b0c78e3
+# output-sha256: b26aec0eb6248a99c1ea2705c63d6483e204b8e8f4ae814ccf9e771a635b2368
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
@@ -267,8 +267,8 @@ class Gemma4EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         """(smallest, largest) token budget. The largest is what one
         scheduler step can hold: no batch of real items can exceed it.
 
-        Budgets count ``m`` per item (``path_output_tokens``), not
-        output tokens: ``encoder_cudagraph_token_budgets`` is in that unit.
+        Budgets count ``path_output_tokens`` per item, not output tokens:
+        ``m``, the unit of ``encoder_cudagraph_token_budgets``.
         """
         # One image of the widest row.
         m = self._get_max_soft_tokens()

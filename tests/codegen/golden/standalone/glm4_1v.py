@@ -3,8 +3,8 @@
 # From specs/glm4_1v.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm4_1v.yaml`.
 # spec-sha256: 93ee1fa714e7ac8e7e720d49cba4efbe7b945a492409a082eff8447195711a00
-# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
-# output-sha256: d94d4cd60ee6b8f12522e17f38985f6d252260589d1742dd6e2604935677c41e
+# templates-sha256: 16679cc5f21cb9b1d010a018c74fdf018544dc400aae179f27aabd460b0c78e3
+# output-sha256: 4c90d171fde909bf314aca9f25e337e1baed245d0ead514f94f7f3a30a25f29d
 
 import itertools
 from collections.abc import Hashable

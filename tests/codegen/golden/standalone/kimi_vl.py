@@ -3,8 +3,8 @@
 # From specs/kimi_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_vl.yaml`.
 # spec-sha256: b4c12018366cdeb86c86bf7b35c60c7b97e9e189f2f53785ec5ff811704d07d2
-# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
-# output-sha256: 4d5190601133b7e5def3e3394dfbc70079a9d79d3f2ca57cd7e37c25d1f8577e
+# templates-sha256: 16679cc5f21cb9b1d010a018c74fdf018544dc400aae179f27aabd460b0c78e3
+# output-sha256: 99b692c3aabf7b788e3594588838860c672292b0c8de45cb0ceb99865bf431dd
 
 import itertools
 from collections.abc import Hashable

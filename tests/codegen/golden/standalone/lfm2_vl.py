@@ -3,8 +3,8 @@
 # From specs/lfm2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/lfm2_vl.yaml`.
 # spec-sha256: 155ff7c4ea0622aa6e6c161c5d0f47a9b00815ce4fa05a9c67893bb7c352de94
-# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
-# output-sha256: c5d4133239d3c8f5a2b80fa502e4697ff3d41aa2ac7f7659c2e3ec04ee7861b3
+# templates-sha256: 16679cc5f21cb9b1d010a018c74fdf018544dc400aae179f27aabd460b0c78e3
+# output-sha256: 4249e983fad2e1d1eefcc7005e288acdb064cea3ca6127e0f82300f6c585da2b
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/minicpmv.yaml: change the spec or the templates and run
 # `gen-mixin specs/minicpmv.yaml`.
 # spec-sha256: d4a580fe01bc55f4be098f399ee38128cd927c0b2f6e20aecf28c2d3e8bd3368
-# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
-# output-sha256: 48289fcf34d962c20867ed9d2c8b6e5a661d4e8349b6c2f4350a82190223fa32
+# templates-sha256: 16679cc5f21cb9b1d010a018c74fdf018544dc400aae179f27aabd460b0c78e3
+# output-sha256: fdcd89a5cbddd84d15b7edf1c6c2160d87254a21aaab07c820b29fa329bbff09
 
 import itertools
 from collections.abc import Hashable

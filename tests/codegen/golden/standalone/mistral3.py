@@ -3,8 +3,8 @@
 # From specs/mistral3.yaml: change the spec or the templates and run
 # `gen-mixin specs/mistral3.yaml`.
 # spec-sha256: 91fb68bc81ef2cc54eadc2b2ea89ba81ff55c6fa83b81b740b6793e771faa360
-# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
-# output-sha256: 910b93fca98c1f15cc98afe67a845ee816c76127f7ace3a384f83892f6b3bf2c
+# templates-sha256: 16679cc5f21cb9b1d010a018c74fdf018544dc400aae179f27aabd460b0c78e3
+# output-sha256: 8c4621a71fba6c6b13c4f4be5bd8209c3c0d91e1425b54230b06147f65ee6c2a
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any

@@ -3,8 +3,8 @@
 # From specs/pixtral.yaml: change the spec or the templates and run
 # `gen-mixin specs/pixtral.yaml`.
 # spec-sha256: 12ce8c3f5fd7aa9655f017b7f136e3b9447324caa4325c3dafd002fc42799961
-# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
-# output-sha256: 1ea2b8aa26c68a30306056decc35bffde8ec4dc6359cb0e209761f94197ed4a1
+# templates-sha256: 16679cc5f21cb9b1d010a018c74fdf018544dc400aae179f27aabd460b0c78e3
+# output-sha256: 7d51fc70e0d435daa019a8c323db2dc6d553a5e7643a5b83e1bc2cbdba94e4a5
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any

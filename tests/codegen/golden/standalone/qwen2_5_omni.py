@@ -3,8 +3,8 @@
 # From specs/qwen2_5_omni.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_omni.yaml`.
 # spec-sha256: ce9bf2fc700f004d47827e30d185e59eb5d9444dd78780ad1cac730e07dc5c1d
-# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
-# output-sha256: 5d0fb44807c404b67a893d7d3e5c633b9c24898202558bc8f1db5dfce1eb1a2e
+# templates-sha256: 16679cc5f21cb9b1d010a018c74fdf018544dc400aae179f27aabd460b0c78e3
+# output-sha256: 7b2e895eb7ad5c135efaf58b1e96ae5512fad4f61ed50728db506d987a719172
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/qwen3_omni.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen3_omni.yaml`.
 # spec-sha256: 46292578db0b5b7229d8af47d27ac8596828d5f1c7721b49c6cf316d78a0da57
-# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
-# output-sha256: b2120ea97a6c279db485754160c0077601f4601f452031900da8cf204185dad4
+# templates-sha256: 16679cc5f21cb9b1d010a018c74fdf018544dc400aae179f27aabd460b0c78e3
+# output-sha256: 2695325e687e126ce3e308678a5efb8ab0d133785040428d8a31744dcbd76294
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/skyworkr1v.yaml: change the spec or the templates and run
 # `gen-mixin specs/skyworkr1v.yaml`.
 # spec-sha256: b0dc57e5fb20eaab774e7718602afac4daee4053867b6f921b6f70c4492526a6
-# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
-# output-sha256: 65129c235eea3fd844962441d318e8a655cbf686eff20f3e4aedb6e43126944b
+# templates-sha256: 16679cc5f21cb9b1d010a018c74fdf018544dc400aae179f27aabd460b0c78e3
+# output-sha256: 406ccbe880813eebd9d52f07c6de0d6c07b4644c50abe8cb4fd549d403d46820
 
 import itertools
 from collections.abc import Hashable

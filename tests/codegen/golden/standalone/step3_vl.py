@@ -3,8 +3,8 @@
 # From specs/step3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
-# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
-# output-sha256: 545c7be522b60e33782e37fefd1b5590f6aefabc29c76cb0e9c76ff1cf4a33cb
+# templates-sha256: 16679cc5f21cb9b1d010a018c74fdf018544dc400aae179f27aabd460b0c78e3
+# output-sha256: ae47b723d9bbc3ceb14a0fe30b95b8565d32dc85d21097c11d842b938b490c03
 
 import itertools
 from collections.abc import Hashable

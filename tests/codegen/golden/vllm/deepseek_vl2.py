@@ -3,8 +3,8 @@
 # From specs/deepseek_vl2.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_vl2.yaml`.
 # spec-sha256: 65a219ba305cd6d64a7bcc0ccb0190528fa86cf96ed2209abdf6848605972e9f
-# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
-# output-sha256: ad6b4feae1d34bf30383deb2d9506eefe3d0ab062aa06f69e7ff0f3b38f36d32
+# templates-sha256: 16679cc5f21cb9b1d010a018c74fdf018544dc400aae179f27aabd460b0c78e3
+# output-sha256: 9e0e9f24139d85a640c0d36ccdb680e016cd21796aea5eadf45e49a41e7d5b65
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/dots_ocr.yaml: change the spec or the templates and run
 # `gen-mixin specs/dots_ocr.yaml`.
 # spec-sha256: 00dd8d99bf15619e6c551a3ae930a0ca48d9ca9b113561f7b84d06b5c0336520
-# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
-# output-sha256: 9ee3370fce9423ac31df1ca955fdfa5381d83ceca6eaef95f494588e3fe16c6e
+# templates-sha256: 16679cc5f21cb9b1d010a018c74fdf018544dc400aae179f27aabd460b0c78e3
+# output-sha256: bbf1c161dacb98e5ab366effc60eb4788ea1836d29c0a2595460772c0b52fa3c
 
 import itertools
 from collections.abc import Hashable

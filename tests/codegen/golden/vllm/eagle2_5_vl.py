@@ -3,8 +3,8 @@
 # From specs/eagle2_5_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/eagle2_5_vl.yaml`.
 # spec-sha256: 83ff2533b4ca23dd7ff633541be75194608fbdec7d6ecb70c6c7ccd114d4e48d
-# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
-# output-sha256: 8bb74573800c6b0fd911c9ba6b14c4f1214b17403d8215421bbcd9f527eb1db4
+# templates-sha256: 16679cc5f21cb9b1d010a018c74fdf018544dc400aae179f27aabd460b0c78e3
+# output-sha256: f0c6bfc15773a9d9ca032a682243a8ffcf36afe3f3aadba55c87355cb9b59f1c
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/kimi_k3.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k3.yaml`.
 # spec-sha256: 43497e5dfe1ac384f62bdd2eaa1d96ddd9887c49f037b60e3b81ea6100afb1a8
-# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
-# output-sha256: 7aa9fd5ef16dc2809de73818af26c0d1e73c3acfdd3eb54c255029ba8b91a1d5
+# templates-sha256: 16679cc5f21cb9b1d010a018c74fdf018544dc400aae179f27aabd460b0c78e3
+# output-sha256: 3d3f5a037103417808990132adc1385f9beb58fa3ce948addb370f8006345c88
 
 import itertools
 import math

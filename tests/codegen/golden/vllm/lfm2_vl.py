@@ -3,8 +3,8 @@
 # From specs/lfm2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/lfm2_vl.yaml`.
 # spec-sha256: 155ff7c4ea0622aa6e6c161c5d0f47a9b00815ce4fa05a9c67893bb7c352de94
-# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
-# output-sha256: 1a91f117a5d26e0293969bf716b554d427cd40f9786ad7d7145f0ea22fa994b6
+# templates-sha256: 16679cc5f21cb9b1d010a018c74fdf018544dc400aae179f27aabd460b0c78e3
+# output-sha256: c44bb8a3851f7225167c984935985d24ed60d5f8da56e7039a62a27de61948d4
 
 import itertools
 from collections.abc import Hashable

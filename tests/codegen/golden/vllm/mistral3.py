@@ -3,8 +3,8 @@
 # From specs/mistral3.yaml: change the spec or the templates and run
 # `gen-mixin specs/mistral3.yaml`.
 # spec-sha256: 91fb68bc81ef2cc54eadc2b2ea89ba81ff55c6fa83b81b740b6793e771faa360
-# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
-# output-sha256: a9eafc30009d27186a765a0386c7d643054f4c8902b0d058e69a0a60790467d1
+# templates-sha256: 16679cc5f21cb9b1d010a018c74fdf018544dc400aae179f27aabd460b0c78e3
+# output-sha256: 3887c43013f4496aecf3080ebfda8140c515c2232de486d0a4edf1d7550d248d
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any

@@ -3,8 +3,8 @@
 # From specs/mllama4.yaml: change the spec or the templates and run
 # `gen-mixin specs/mllama4.yaml`.
 # spec-sha256: 3a4c5d7bdb1ee216f77e7723529296ab4a8d77acd6df01a22770eb4a40007938
-# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
-# output-sha256: 70fd57119930d9e17e5688d119174f863827787596dd57fdbab1be545d0f2498
+# templates-sha256: 16679cc5f21cb9b1d010a018c74fdf018544dc400aae179f27aabd460b0c78e3
+# output-sha256: 2e941d60ab96ef272807c70bd73d2458bc93d8984c22d82c6050e240e7c2af3a
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/paddleocr_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/paddleocr_vl.yaml`.
 # spec-sha256: 7068944d1e5972ce2899b6db50c3c8836ffb4dcaab234b82f8deb1f4d4d77a21
-# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
-# output-sha256: 86f6174e473c899f738f921736524483baec424e66146813402bc4432dcc106a
+# templates-sha256: 16679cc5f21cb9b1d010a018c74fdf018544dc400aae179f27aabd460b0c78e3
+# output-sha256: f21c42f0dc3aefff3e17d2b39dcbac300e0d3fae4d8ba271e02337fbdddd4903
 
 import itertools
 from collections.abc import Hashable

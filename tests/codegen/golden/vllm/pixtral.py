@@ -3,8 +3,8 @@
 # From specs/pixtral.yaml: change the spec or the templates and run
 # `gen-mixin specs/pixtral.yaml`.
 # spec-sha256: 12ce8c3f5fd7aa9655f017b7f136e3b9447324caa4325c3dafd002fc42799961
-# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
-# output-sha256: 8e49a174793e5fb94ddf733c95bfa1af88e252148543d8de2b6affbff36f8e83
+# templates-sha256: 16679cc5f21cb9b1d010a018c74fdf018544dc400aae179f27aabd460b0c78e3
+# output-sha256: f0ae6718cded51ce7953596328cfdd1f61df7f263a01eef688b31786b0f34f2d
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any

@@ -3,8 +3,8 @@
 # From specs/qwen3_omni.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen3_omni.yaml`.
 # spec-sha256: 46292578db0b5b7229d8af47d27ac8596828d5f1c7721b49c6cf316d78a0da57
-# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
-# output-sha256: 93db5f64fcf2ce79fc84bf0c0422305c45dc6c30172178544a27f464a35f6955
+# templates-sha256: 16679cc5f21cb9b1d010a018c74fdf018544dc400aae179f27aabd460b0c78e3
+# output-sha256: 9198b975c8995b116cdcbf1c63693ae01ba9d7d103fb899395f87e280068b6de
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/qwen3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen3_vl.yaml`.
 # spec-sha256: 902e83bb3226b608ede21e14f232e7c519c96c3ab05297933967cf2acb582708
-# templates-sha256: 077d62020ed4385fde5d306e11ee350d79e3de0fc916b33aa731b477cb330897
-# output-sha256: db5b7b28e85b73f0054dd6997ef485e2ea116fc4295de1a9d11720806e4856b1
+# templates-sha256: 16679cc5f21cb9b1d010a018c74fdf018544dc400aae179f27aabd460b0c78e3
+# output-sha256: 63f7715fe85d07c7c6491fba317a4f563be555a2e491ed46d2aa4cd7a17baaa1
 
 import itertools
 from collections.abc import Hashable
