@@ -84,6 +84,7 @@ ESTIMATED_BY = {
     "skyworkr1v": "internvl",
     "qwen3_omni": "qwen3_vl",
     "mistral3": "qwen2_vl",
+    "llava_next": "internvl",
 }
 
 
