@@ -60,7 +60,7 @@ class CountSteps:
             "`ValueError` for an item whose steps give an `int` outside "
             "`1 .. at_most`.",
             required=True,
-            example="p * 576 + 24 * p",
+            example="p * 576 + (p - 1) * 24",
         ),
         Key("why", Text(), "Comment on the count."),
     )
