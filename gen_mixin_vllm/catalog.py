@@ -60,6 +60,7 @@ CATALOG: dict[str, VllmHost] = {
     "lfm2_vl": _host(
         "lfm2_vl", "Lfm2VLForConditionalGeneration", "Lfm2VlForConditionalGeneration"
     ),
+    "llava_next": _host("llava_next", "LlavaNextForConditionalGeneration"),
     "minimax_m3": _host(
         "vllm.models.minimax_m3", "MiniMaxM3SparseForConditionalGeneration"
     ),
@@ -93,6 +94,7 @@ ADDS_PROTOCOL: frozenset[str] = frozenset(
         "cohere2_vision",
         "dots_ocr",
         "eagle2_5_vl",
+        "llava_next",
         "mistral3",
         "paddleocr_vl",
         "paligemma",

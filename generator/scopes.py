@@ -35,6 +35,7 @@ class NameKind(Enum):
     EAGER_STEP = "eager_forward step"
     CAPTURE_LET = "capture intermediate"  # capture.let
     POST_STEP = "postprocess step"
+    COUNT_STEP = "items.output_tokens step"  # an item's token count, on the host
     BUILDER_RESULT = "builder result"  # chosen by the generator, never collides
     BUILDER_STEP = "metadata step"  # metadata.steps: the builder's own names
 
@@ -249,6 +250,15 @@ FIELD_SCOPES: dict[str, FieldScope] = {
         tensor_ops=True,
         host_ints=True,
     ),
+    # An item's token count from host steps (items.output_tokens.steps): its
+    # dims, the constants, host paths and helpers; run once per item.
+    "count_steps": FieldScope(
+        frozenset({_K.CONSTANT, _K.DIM, _K.COUNT_STEP}),
+        host_paths=True,
+        calls=True,
+        literals=True,
+        tensor_ops=True,
+    ),
     # Every input of the selected batch, cut to the item (see
     # generator/emitters/postprocess.py).
     "post_steps_per_item": FieldScope(
@@ -334,8 +344,17 @@ METHODS: dict[str, Method] = {
             "get_encoder_cudagraph_item_specs",
             (SELF, MM_KWARGS),
             "list[{EncoderItemSpec}]",
-            ("EncoderItemSpec", "keys", "grids", "units", "capture_keys"),
-            spec_kinds=_READS_INPUTS,
+            (
+                "EncoderItemSpec",
+                "keys",
+                "grids",
+                "units",
+                "capture_keys",
+                "item_specs",
+                "item_tokens",
+                "item_bound",
+            ),
+            spec_kinds=_READS_INPUTS | {_K.IMPORT, _K.COUNT_STEP},
         ),
         Method(
             "select_encoder_cudagraph_items",

@@ -87,6 +87,7 @@ ESTIMATED_BY = {
     "phi3v": "deepseek_ocr",
     "phi4mm": "deepseek_ocr",
     "paligemma": "gemma3_mm",
+    "llava_next": "internvl",
 }
 
 

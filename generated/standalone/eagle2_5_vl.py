@@ -3,8 +3,8 @@
 # From specs/eagle2_5_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/eagle2_5_vl.yaml`.
 # spec-sha256: 83ff2533b4ca23dd7ff633541be75194608fbdec7d6ecb70c6c7ccd114d4e48d
-# templates-sha256: fb9e0d992433c1a59e102dfb753e7601dc580457afa87aa8d40cb03b66bea6b5
-# output-sha256: ddae77da417ec698fff2d298a92d8435169ced8b3ada7051647ecc1cc1a39ea8
+# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
+# output-sha256: a4a7f02aa2163435cff0e3ddcf255c9bd8476d20d7957decd87b3ed06451fc1b
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/glm4_1v.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm4_1v.yaml`.
 # spec-sha256: 93ee1fa714e7ac8e7e720d49cba4efbe7b945a492409a082eff8447195711a00
-# templates-sha256: fb9e0d992433c1a59e102dfb753e7601dc580457afa87aa8d40cb03b66bea6b5
-# output-sha256: 7e66f6c0fb83685a27e3abdc0165d7ec37c53bc8d60f0145f14dcb514713870d
+# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
+# output-sha256: 06d59caded8add9aee844c18a51bb5fcd42fef19fe084b31ed3a91ca8ad2b801
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/glm5_next.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm5_next.yaml`.
 # spec-sha256: eb5cf2b9079a5f16fe35bba77bed5740c643efe1e64d9a18938216fe04e1b97d
-# templates-sha256: fb9e0d992433c1a59e102dfb753e7601dc580457afa87aa8d40cb03b66bea6b5
-# output-sha256: 2abb2ab205a22bcb5efc90417d319e5fb3f556e933dfb4bf27f4c49e23832eac
+# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
+# output-sha256: 281ec01f02b587c091d7771aa476b984cfbb46f6f63c7e2b573d9a3a3b076c18
 
 import itertools
 from collections.abc import Hashable

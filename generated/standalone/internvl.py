@@ -3,8 +3,8 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
-# templates-sha256: fb9e0d992433c1a59e102dfb753e7601dc580457afa87aa8d40cb03b66bea6b5
-# output-sha256: 67ea97fd0340c8745c4370b00e5ab0fd043957fb8bf14e36cff8e0967cac62ed
+# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
+# output-sha256: d07ea813aafc0e01219c57bab4efc4039dd730d8d2244caf3683e558d2dcbab4
 
 import itertools
 from collections.abc import Hashable

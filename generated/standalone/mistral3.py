@@ -3,8 +3,8 @@
 # From specs/mistral3.yaml: change the spec or the templates and run
 # `gen-mixin specs/mistral3.yaml`.
 # spec-sha256: 1aa31510137d695228a3f9db3966c1b8c8ff26d32e0cf4896106f82d0a15bdc3
-# templates-sha256: fb9e0d992433c1a59e102dfb753e7601dc580457afa87aa8d40cb03b66bea6b5
-# output-sha256: 49cca02c076728db1c7159a64085bef129da7f30b5b2342edd6ec9ebb54b238e
+# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
+# output-sha256: a5291ba60b1b672b04a99441d01d0921f04649ebbc031f25b8c3798dadf5d1e9
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any

@@ -3,8 +3,8 @@
 # From specs/mllama4.yaml: change the spec or the templates and run
 # `gen-mixin specs/mllama4.yaml`.
 # spec-sha256: 3a4c5d7bdb1ee216f77e7723529296ab4a8d77acd6df01a22770eb4a40007938
-# templates-sha256: fb9e0d992433c1a59e102dfb753e7601dc580457afa87aa8d40cb03b66bea6b5
-# output-sha256: 8a6eb73206fe5c80707b658aad3905d9eb0ae5bdbe08f60bd83248b6611a5225
+# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
+# output-sha256: 424a125bcf8f8589636a07688bcdd1a5e55c8daf2dde1a6d8c75a8bc9f70b890
 
 import itertools
 from collections.abc import Hashable

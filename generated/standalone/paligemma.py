@@ -3,8 +3,8 @@
 # From specs/paligemma.yaml: change the spec or the templates and run
 # `gen-mixin specs/paligemma.yaml`.
 # spec-sha256: caf49abb04c23527472570df9a1b0af2d212d2a092f96aee208265311844afd6
-# templates-sha256: fb9e0d992433c1a59e102dfb753e7601dc580457afa87aa8d40cb03b66bea6b5
-# output-sha256: f7e6be5a678f10e6ea706ae44a3fd8a430d91864c3371e84f7c6d671e72d19cb
+# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
+# output-sha256: e145760596fcb1b960203cabec74e251b2b7f8301d9139bf91954826cdaace8b
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any

@@ -3,8 +3,8 @@
 # From specs/pixtral.yaml: change the spec or the templates and run
 # `gen-mixin specs/pixtral.yaml`.
 # spec-sha256: 12ce8c3f5fd7aa9655f017b7f136e3b9447324caa4325c3dafd002fc42799961
-# templates-sha256: fb9e0d992433c1a59e102dfb753e7601dc580457afa87aa8d40cb03b66bea6b5
-# output-sha256: cff632db8d5c9a78d9a127bdac7a90c337e627483929de0a0ccf7fa9f3bcfdb8
+# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
+# output-sha256: 332b3576556257bbceee09a245062778e1567d8eee7f9149386bd75ca9214cb2
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any

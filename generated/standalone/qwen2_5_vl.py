@@ -3,8 +3,8 @@
 # From specs/qwen2_5_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_vl.yaml`.
 # spec-sha256: ce38a756ff944d5d1cbcb57a4efc46c3eaa13791e2e6333e347ed5b079f51a1a
-# templates-sha256: fb9e0d992433c1a59e102dfb753e7601dc580457afa87aa8d40cb03b66bea6b5
-# output-sha256: cce2a535f59c8a11aeee05b0448b67d5b36e86c755c0a7fb2fdf6d4954d7ec83
+# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
+# output-sha256: 003c0c544a8da1141afb13f7f29bf64de9d81781625d4c21441b9b2513de2a17
 
 import itertools
 from collections.abc import Hashable

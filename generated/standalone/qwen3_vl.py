@@ -3,8 +3,8 @@
 # From specs/qwen3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen3_vl.yaml`.
 # spec-sha256: 902e83bb3226b608ede21e14f232e7c519c96c3ab05297933967cf2acb582708
-# templates-sha256: fb9e0d992433c1a59e102dfb753e7601dc580457afa87aa8d40cb03b66bea6b5
-# output-sha256: df600bd75aadcdb6cbd65fc8208784fe218e4fdfd4002a772a01566d01b79781
+# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
+# output-sha256: 51f2679d84d0b141e0e9fbe1ed907177281a0254869a8cebdea33e5ad97852a1
 
 import itertools
 from collections.abc import Hashable

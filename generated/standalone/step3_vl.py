@@ -3,8 +3,8 @@
 # From specs/step3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
-# templates-sha256: fb9e0d992433c1a59e102dfb753e7601dc580457afa87aa8d40cb03b66bea6b5
-# output-sha256: 5182aaca6b5bd6deab98c3227bfbeed3ff8e68dec27401053d2a2b57a7bb89d5
+# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
+# output-sha256: c540bdb42b96a40e7e492bf5fb70eb989a78f4aaa97a522695c35846544a6767
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/cohere2_vision.yaml: change the spec or the templates and run
 # `gen-mixin specs/cohere2_vision.yaml`.
 # spec-sha256: be09fd22f18b5804bec9fad2ab292f1d4e65a1b7a548a7719f983f9e1c1e6321
-# templates-sha256: fb9e0d992433c1a59e102dfb753e7601dc580457afa87aa8d40cb03b66bea6b5
-# output-sha256: 59c478612ed94dc07932e88d4e87c69dd88070ae7caeb5390b81df6d286ce822
+# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
+# output-sha256: a983ffe2f23df9fd04abb3d9641f79f5ad39b26dfffce9e86c01c0e292e0e747
 
 import itertools
 from collections.abc import Hashable

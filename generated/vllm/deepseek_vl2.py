@@ -3,8 +3,8 @@
 # From specs/deepseek_vl2.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_vl2.yaml`.
 # spec-sha256: 65a219ba305cd6d64a7bcc0ccb0190528fa86cf96ed2209abdf6848605972e9f
-# templates-sha256: fb9e0d992433c1a59e102dfb753e7601dc580457afa87aa8d40cb03b66bea6b5
-# output-sha256: ab73db24697a954b105e5aad11273e36aaa95ee073792b3d00bfa40d233ef62c
+# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
+# output-sha256: b65ea7a2b11f6c90da0c41b979bd65bb8088d93cab18da0b770b1bb89bbeb6c1
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/dots_ocr.yaml: change the spec or the templates and run
 # `gen-mixin specs/dots_ocr.yaml`.
 # spec-sha256: 00dd8d99bf15619e6c551a3ae930a0ca48d9ca9b113561f7b84d06b5c0336520
-# templates-sha256: fb9e0d992433c1a59e102dfb753e7601dc580457afa87aa8d40cb03b66bea6b5
-# output-sha256: be3d86b9f3d2fb75287a2130c26c7d28b4f898e9c39eebf7d96d8b0a3424681d
+# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
+# output-sha256: f58ebffc704dcfaa15a606b4f3aa7e3e32fb27b902818a5e7fd3ba2ba5230a13
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/glm4_1v.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm4_1v.yaml`.
 # spec-sha256: 93ee1fa714e7ac8e7e720d49cba4efbe7b945a492409a082eff8447195711a00
-# templates-sha256: fb9e0d992433c1a59e102dfb753e7601dc580457afa87aa8d40cb03b66bea6b5
-# output-sha256: f00f8e052d04488d6431a7276fe24a6a4b17ab28479bcd57a6dc25d17eee7286
+# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
+# output-sha256: a9ff6f4c27afedcff7fe0464879915b438d8296d8d41add108fceafc8b31a972
 
 import itertools
 from collections.abc import Hashable

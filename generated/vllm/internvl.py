@@ -3,8 +3,8 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
-# templates-sha256: fb9e0d992433c1a59e102dfb753e7601dc580457afa87aa8d40cb03b66bea6b5
-# output-sha256: 997e033b865e6d145eff68fc60dea141e56485659eab7b375f0a3eb4694748d4
+# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
+# output-sha256: 39c0bd2cd01aa6d09d0548388b2dd26621a28d23d7c97ad120010399b6d2edc8
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/mistral3.yaml: change the spec or the templates and run
 # `gen-mixin specs/mistral3.yaml`.
 # spec-sha256: 1aa31510137d695228a3f9db3966c1b8c8ff26d32e0cf4896106f82d0a15bdc3
-# templates-sha256: fb9e0d992433c1a59e102dfb753e7601dc580457afa87aa8d40cb03b66bea6b5
-# output-sha256: 3fbf90c299d45006935fa4e06404d94ce23e1925d4f80a2cef58abd16d416fad
+# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
+# output-sha256: 86a58cffaced1c48f4ce8f47d47f2acde720390c03901204ca2f4446b5748729
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any

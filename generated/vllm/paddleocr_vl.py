@@ -3,8 +3,8 @@
 # From specs/paddleocr_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/paddleocr_vl.yaml`.
 # spec-sha256: 7068944d1e5972ce2899b6db50c3c8836ffb4dcaab234b82f8deb1f4d4d77a21
-# templates-sha256: fb9e0d992433c1a59e102dfb753e7601dc580457afa87aa8d40cb03b66bea6b5
-# output-sha256: 98121ca212e833db3691a945e69cad85ef500c07ccc01c18917a84cb26643177
+# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
+# output-sha256: 0aab8fdc1ebb3ebd02b1d9c0911e37a9c9741d766b1bcf5a3a1b7c5c37e3c71e
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/paligemma.yaml: change the spec or the templates and run
 # `gen-mixin specs/paligemma.yaml`.
 # spec-sha256: caf49abb04c23527472570df9a1b0af2d212d2a092f96aee208265311844afd6
-# templates-sha256: fb9e0d992433c1a59e102dfb753e7601dc580457afa87aa8d40cb03b66bea6b5
-# output-sha256: f6d23d4e7a500da00c443a254a205c48094f939d02a6bf6119897b2e5a687234
+# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
+# output-sha256: 58a2a06231a897243efbdca37731bcd133d7ac74f5a58ac5123f6ba2b50d89c3
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any

@@ -3,8 +3,8 @@
 # From specs/phi3v.yaml: change the spec or the templates and run
 # `gen-mixin specs/phi3v.yaml`.
 # spec-sha256: 2effbb9c392d2e5d73dbf5d33ed773898c79229aba914ffbd1c0d30c6f6dfe8b
-# templates-sha256: fb9e0d992433c1a59e102dfb753e7601dc580457afa87aa8d40cb03b66bea6b5
-# output-sha256: b018b5c8f0bc07859a0947a6447732e6cb609484360233d510bb657d482ecb83
+# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
+# output-sha256: 0a3120744b49be16ddf76d86b4cdc651e6640d8307271f1c2ec09755ef165e2e
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
@@ -295,8 +295,8 @@ class Phi3VEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         """(smallest, largest) token budget. The largest is what one
         scheduler step can hold: no batch of real items can exceed it.
 
-        Budgets count ``17 * 576`` per item (``path_output_tokens``), not
-        output tokens: ``encoder_cudagraph_token_budgets`` is in that unit.
+        Budgets count ``path_output_tokens`` per item, not output tokens:
+        ``17 * 576``, the unit of ``encoder_cudagraph_token_budgets``.
         """
         # One image of 17 crops.
         min_budget = 17 * 576

@@ -3,8 +3,8 @@
 # From specs/phi4mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/phi4mm.yaml`.
 # spec-sha256: 4bd43a6c1f2bfb8ef8f7fed8fcc387b887788fa3ee60e3ff6e0c7c72fb28ebbb
-# templates-sha256: fb9e0d992433c1a59e102dfb753e7601dc580457afa87aa8d40cb03b66bea6b5
-# output-sha256: 0cedd453fc4baaae6c883b8c112cd1164dabea7601fdb0d478979fd13c662e03
+# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
+# output-sha256: ed5795926b2c50521d4944d20ae270a3aa650e95a5d7dd9b33038daa74f08713
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
@@ -364,8 +364,8 @@ class Phi4MMEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         """(smallest, largest) token budget. The largest is what one
         scheduler step can hold: no batch of real items can exceed it.
 
-        Budgets count ``37 * crop_tokens`` per item (``path_output_tokens``), not
-        output tokens: ``encoder_cudagraph_token_budgets`` is in that unit.
+        Budgets count ``path_output_tokens`` per item, not output tokens:
+        ``37 * crop_tokens``, the unit of ``encoder_cudagraph_token_budgets``.
         """
         # One image of 37 crops.
         crop_tokens = self.vision_encoder.num_img_tokens

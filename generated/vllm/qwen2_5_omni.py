@@ -3,8 +3,8 @@
 # From specs/qwen2_5_omni.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_omni.yaml`.
 # spec-sha256: ce9bf2fc700f004d47827e30d185e59eb5d9444dd78780ad1cac730e07dc5c1d
-# templates-sha256: fb9e0d992433c1a59e102dfb753e7601dc580457afa87aa8d40cb03b66bea6b5
-# output-sha256: 535f3b5395ca60c54d602fda5bed31af83dd4385d84d37a9ee379bc87456393d
+# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
+# output-sha256: 7ca47133081cdbb5dc772443b97cd07dfe8f199ea6e7f26f59cd8560aafb7f8d
 
 import itertools
 from collections.abc import Hashable

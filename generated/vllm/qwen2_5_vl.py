@@ -3,8 +3,8 @@
 # From specs/qwen2_5_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_vl.yaml`.
 # spec-sha256: ce38a756ff944d5d1cbcb57a4efc46c3eaa13791e2e6333e347ed5b079f51a1a
-# templates-sha256: fb9e0d992433c1a59e102dfb753e7601dc580457afa87aa8d40cb03b66bea6b5
-# output-sha256: 0b1e6da494dec0e1b64327a89b87551d85a6b28b20e23b8c26ccb0cb5a101ec2
+# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
+# output-sha256: 3603333faf3af5f1eb7585df8ee29a04993d02cfd2ae65dcc7f7b6c7e838d121
 
 import itertools
 from collections.abc import Hashable

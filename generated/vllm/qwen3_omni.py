@@ -3,8 +3,8 @@
 # From specs/qwen3_omni.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen3_omni.yaml`.
 # spec-sha256: 46292578db0b5b7229d8af47d27ac8596828d5f1c7721b49c6cf316d78a0da57
-# templates-sha256: fb9e0d992433c1a59e102dfb753e7601dc580457afa87aa8d40cb03b66bea6b5
-# output-sha256: 0a08daba0e729883f943986dd8c3dd2f50c35dfa69ef38ea2ceb1821a51728f2
+# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
+# output-sha256: c891182068c1f17d8704c375f4d0c33ebc113d75b98e2d0699a80019d3a4555f
 
 import itertools
 from collections.abc import Hashable

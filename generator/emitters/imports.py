@@ -25,7 +25,7 @@ def used_import_names(spec: MixinSpec) -> set[str]:
         if path.graph_forward_context is not None:
             exprs.append(path.graph_forward_context)
         exprs += [s.expr for s in path.graph_forward + path.eager_forward.steps]
-    exprs += [s.expr for s in spec.post_steps]
+    exprs += [s.expr for s in spec.post_steps + spec.count_steps]
     used = set().union(*(fx.names_in(e) for e in exprs)) if exprs else set()
     for attr in spec.host:
         used |= attr.names

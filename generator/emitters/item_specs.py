@@ -6,6 +6,7 @@ from typing import Any
 
 from generator import formulas as fx
 from generator.emitters.capture_axes import beyond_condition
+from generator.emitters.graph_forward import steps
 from generator.emitters.method_body import (
     Body,
     dims_of,
@@ -15,6 +16,7 @@ from generator.emitters.method_body import (
     unit_sum,
     units_of_items,
 )
+from generator.emitters.prose import comment_lines
 from generator.naming import PROTOCOL_MODULES
 from generator.spec import conditions
 from generator.spec.mixin import MixinSpec
@@ -42,6 +44,8 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
     for path in spec.paths:
         if path.output_tokens is not None:
             both = fx.BinOp("+", both, path.output_tokens)
+    for step in spec.count_steps:
+        both = fx.BinOp("+", both, step.expr)
     if items.per_unit:
         # Each formula is per unit: an item's value is its units' sum.
         _, iterable, keys = units_of_items(spec)
@@ -79,6 +83,7 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
         ),
         "target": loop_target,
         "iterable": iterable,
+        "counted": _counted(spec, body),
     }
     ctx["constants"] = body.bindings()
     return ctx
@@ -93,3 +98,15 @@ def _eager_when(spec: MixinSpec, body: Body) -> str | None:
         return None
     condition = conditions.to_python(eager, body.expr)
     return unit_any(spec, condition) if spec.items.per_unit else condition
+
+
+def _counted(spec: MixinSpec, body: Body) -> dict[str, Any] | None:
+    """An item's count from host steps, and the bound it is checked against."""
+    counted = spec.items.count_steps
+    if counted is None:
+        return None
+    return {
+        "steps": steps(body, counted.steps, {}),
+        "at_most": body.expr(counted.at_most),
+        "why": comment_lines(counted.why),
+    }

@@ -24,7 +24,14 @@ from generator.spec.capture import (
 from generator.spec.forwards import EagerForward, Postprocess, SpanAssembly, Steps
 from generator.spec.host import Constant, Import
 from generator.spec.inputs import InputEntry
-from generator.spec.items import BackendGuard, Budget, CaptureOff, Guards, Items
+from generator.spec.items import (
+    BackendGuard,
+    Budget,
+    CaptureOff,
+    CountSteps,
+    Guards,
+    Items,
+)
 from generator.spec.mixin import MixinSpec
 from generator.spec.path import EncoderPath
 from generator.spec.reader import Key, Keys
@@ -44,6 +51,7 @@ SECTIONS: dict[str, type] = {
     "inputs": InputEntry,
     "constants": Constant,
     "items": Items,
+    "items.output_tokens": CountSteps,
     "budget": Budget,
     "guards": Guards,
     "guards.attention_backend": BackendGuard,

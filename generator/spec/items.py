@@ -6,8 +6,10 @@ from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 from generator.formulas import Expr, HostPath
+from generator.scopes import NameKind
 from generator.spec.conditions import Comparison, Condition
 from generator.spec.enums import Backend, ImageLimitGuard
+from generator.spec.forwards import Step, Steps
 from generator.spec.reader import Key, Keys, Reader
 from generator.spec.values import (
     Boolean,
@@ -15,9 +17,63 @@ from generator.spec.values import (
     Formula,
     HostPathValue,
     ListOf,
+    OneOf,
     Section,
     Text,
 )
+
+_COUNT_SHAPE = "every step but the last assigns a name; the last is the item's count"
+COUNT_STEPS = Steps("count_steps", NameKind.COUNT_STEP, _COUNT_SHAPE, _COUNT_SHAPE)
+#: The item formulas a spec must give when its count comes from steps: the
+#: static checks, the budgets and the dummy batch read them, not the steps.
+COUNT_STEPS_NEED = ("graph_rows", "budget_tokens")
+
+
+@dataclass(frozen=True)
+class CountSteps:
+    """An item's output token count computed on the host by steps (a
+    pinpoint search, float arithmetic in a helper), with the integer bound
+    the static checks use in its place; the mixin checks each item's count
+    against the bound."""
+
+    steps: tuple[Step, ...]
+    at_most: Expr
+    why: str | None
+
+    KEYS: ClassVar = Keys(
+        Key(
+            "steps",
+            COUNT_STEPS,
+            "Statements run once per item on the host with its dims bound "
+            "(constants, host paths, calls of host methods and imported helpers, "
+            "tensor expressions); the last one is the item's output token count, "
+            "an `int`.",
+            required=True,
+            example="[rows, cols = grid_shape((ih, iw), config.pinpoints), "
+            "576 + rows * (cols + 1)]",
+        ),
+        Key(
+            "at_most",
+            Formula("items"),
+            "An integer formula no item's count exceeds: the static checks and "
+            "`gen-mixin plan` use it in place of the count, and the mixin raises "
+            "`ValueError` for an item whose steps give an `int` outside "
+            "`1 .. at_most`.",
+            required=True,
+            example="p * 576 + (p - 1) * 24",
+        ),
+        Key("why", Text(), "Comment on the count."),
+    )
+    DOC_TITLE = "items.output_tokens"
+
+    @classmethod
+    def from_yaml(cls, r: Reader, **_: Any) -> CountSteps | None:
+        steps = r.take("steps")
+        at_most = r.take("at_most")
+        why = r.take("why")
+        if steps is None or at_most is None:
+            return None
+        return cls(steps, at_most, why)
 
 
 @dataclass(frozen=True)
@@ -32,6 +88,8 @@ class Items:
     #: item's values are their sums over its units.
     per_unit: bool = False
     eager_when: Comparison | None = None  # items no graph takes
+    #: The count from host steps; ``output_tokens`` is then their bound.
+    count_steps: CountSteps | None = None
 
     KEYS: ClassVar = Keys(
         Key(
@@ -43,8 +101,12 @@ class Items:
         ),
         Key(
             "output_tokens",
-            Formula("items"),
-            "`EncoderItemSpec.output_tokens`: the rows finally written for the item.",
+            OneOf(Formula("items"), Section(CountSteps)),
+            "`EncoderItemSpec.output_tokens`: the rows finally written for the item. "
+            "A formula, or `{steps, at_most}` where the count needs a helper or "
+            "host data (LLaVA-NeXT's pinpoint search): steps run per item on the "
+            "host, `at_most` bounds them for the static checks; `graph_rows` and "
+            "`budget_tokens` are then required.",
             required=True,
             example="t * h * w // (merge * merge)",
         ),
@@ -120,6 +182,10 @@ class Items:
         # Coverage is checked against graph_rows and budget_tokens: not when
         # either was written but failed (their defaults would mislead).
         r.ctx.partial["items_resolved"] = r.ok("graph_rows", "budget_tokens")
+        count_steps = None
+        if isinstance(output_tokens, CountSteps):
+            count_steps, output_tokens = output_tokens, output_tokens.at_most
+            _check_count_steps(r, per_unit)
         if input_size is None or output_tokens is None:
             return None
         if not r.ok("eager_when"):
@@ -131,6 +197,24 @@ class Items:
             budget_tokens,
             per_unit=per_unit,
             eager_when=eager_when,
+            count_steps=count_steps,
+        )
+
+
+def _check_count_steps(r: Reader, per_unit: bool) -> None:
+    """What a count from steps needs of the other item fields."""
+    missing = [k for k in COUNT_STEPS_NEED if not r.has(k)]
+    if missing:
+        r.error(
+            r.key_location("output_tokens"),
+            f"a count from steps needs {' and '.join(missing)} (formulas: the "
+            "budgets and the dummy batch cannot run the steps)",
+            r.path("output_tokens"),
+        )
+    if per_unit:
+        r.error(
+            "per_unit",
+            "not with a count from steps (output_tokens.steps count the whole item)",
         )
 
 

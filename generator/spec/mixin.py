@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from generator import formulas as fx
-from generator.formulas import Expr
+from generator.formulas import Expr, names_in
 from generator.limits import MAX_CAPTURE_AXIS_KEYS
 from generator.naming import TARGETS
 from generator.scopes import NameKind
@@ -354,6 +354,12 @@ class MixinSpec:
         return (self.postprocess.steps or ()) if self.postprocess else ()
 
     @property
+    def count_steps(self) -> tuple[Step, ...]:
+        """The steps of an item's count (none: a formula)."""
+        counted = self.items.count_steps
+        return counted.steps if counted is not None else ()
+
+    @property
     def has_video_keys(self) -> bool:
         return any(i.video_key for i in self.inputs)
 
@@ -386,6 +392,9 @@ class MixinSpec:
             ),
             NameKind.CAPTURE_LET: frozenset(
                 let.name for p in paths for let in p.capture.lets
+            ),
+            NameKind.COUNT_STEP: frozenset(
+                n for s in self.count_steps for n in s.names
             ),
             NameKind.POST_STEP: frozenset(n for s in self.post_steps for n in s.names)
             | frozenset(
@@ -435,6 +444,7 @@ class MixinSpec:
         items = r.take("items")
         ctx.partial["items"] = items
         ctx.partial["item_inputs"] = tuple(item_inputs.values())
+        written_inputs = tuple(inputs)
         if items is not None:
             inputs = [
                 (
@@ -502,6 +512,8 @@ class MixinSpec:
             _check_items_with_paths(r)
         else:
             _check_graph_rows(r, items, post)
+        if items is not None and items.count_steps is not None:
+            _check_count_steps_readers(r, written_inputs)
         if paths and any(unit_inputs(inputs)):
             for path in paths:
                 check_unit_path(r, path)
@@ -632,6 +644,29 @@ def _check_items_with_paths(r: Reader) -> None:
             "span assembly reads the default path's rows: a spec with paths "
             "concatenates each item's rows of every path (postprocess.concatenate)",
         )
+
+
+def _check_count_steps_readers(r: Reader, inputs) -> None:
+    """What reads ``items.output_tokens`` as a formula, which a count from
+    steps is not: span assembly's lengths, a flat input's rows."""
+    location = r.raw("items").key_locations["output_tokens"]
+    post = r.raw("postprocess")
+    if post is not None and post.kind == "mapping" and "span_assembly" in post.value:
+        r.ctx.error(
+            location,
+            "items.output_tokens",
+            "span assembly sizes each span by an output_tokens formula: not "
+            "with a count from steps",
+        )
+    rows = r.raw("inputs")
+    for flat in inputs:
+        if isinstance(flat, FlatInput) and "output_tokens" in names_in(flat.rows):
+            r.ctx.error(
+                rows.value[flat.key].location if rows is not None else location,
+                f"inputs.{flat.key}.rows",
+                "reads output_tokens, which comes from steps here: write the "
+                "rows as a formula over the item's dims",
+            )
 
 
 def _capped_axes(r: Reader, axes: tuple[CaptureAxis, ...]) -> tuple:

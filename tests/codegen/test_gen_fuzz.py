@@ -97,6 +97,7 @@ CORPUS_STARTS = (
     "vllm_only_import",
     "per_item_builder",
     "per_item_tensors",
+    "count_steps",
 )
 SPECS = {p.stem: p.read_text(encoding="utf-8") for p in spec_paths()} | {
     p.stem: p.read_text(encoding="utf-8")
@@ -1656,4 +1657,142 @@ def test_the_item_loop_oracle_can_fail(python: str, words: str | None) -> None:
     node = ast.parse(python).body[0]
     assert isinstance(node, ast.For)
     problem = _item_loop_problem(node)
+    assert (problem is None) if words is None else (words in (problem or "")), problem
+
+
+# -- an item's count from host steps (items.output_tokens.steps) ------------------------
+
+#: The valid corpus's count spec: the first step of its item count is
+#: replaced by a drawn one.
+COUNT_SPEC = (Path(__file__).parent / "data" / "valid" / "count_steps.yaml").read_text(
+    encoding="utf-8"
+)
+COUNT_STEP = '      - grid = torch.empty(1, t * h, w, device="meta")\n'
+#: What a count step may start from: the item's dims, the constants, the
+#: host and the imported helper; and what it may not: the batch's inputs,
+#: the method's own names, the post-processing's.
+COUNT_ATOMS = [
+    "t", "h", "w", "ih", "iw", "patch_dim", "visual", "unpad_image", "torch",
+    "1", "'s'", 'torch.empty(1, t * h, w, device="meta")', "pixel_values",
+    "image_sizes", "mm_kwargs", "grids", "item_specs", "item_output", "self",
+]  # fmt: skip
+
+
+@st.composite
+def count_specs(draw) -> tuple[str, str]:
+    """The spec with its count's first step drawn (an atom and up to 3
+    chain operations)."""
+    expr = draw(st.sampled_from(COUNT_ATOMS))
+    for _ in range(draw(st.integers(min_value=0, max_value=3))):
+        op = draw(st.sampled_from(CHAIN_OPS))
+        name = draw(st.sampled_from(STEP_NAMES))
+        expr = op.format(e=expr, name=name, arg=draw(st.sampled_from(COUNT_ATOMS)))
+    return COUNT_SPEC.replace(COUNT_STEP, f"      - grid = {json.dumps(expr)}\n"), expr
+
+
+@_settings(200)
+@given(case=count_specs())
+def test_item_counts_reach_only_the_allow_lists(case) -> None:
+    """Whatever a count step tries: exit 2 with located diagnostics, or a
+    module whose item loop in ``get_encoder_cudagraph_item_specs`` binds only
+    the steps' names, reaches only the allow-lists, the declared host and the
+    imported helper, and checks every count before it appends the item."""
+    text, expr = case
+    with _workspace() as folder:
+        spec = folder / "specs" / "count.yaml"
+        spec.parent.mkdir()
+        spec.write_text(text, encoding="utf-8")
+        rc, stdout, stderr = _run([str(spec), "--stdout", "--target", "vllm"], expr)
+    event(f"exit {rc}")
+    assert rc in (0, 2), f"exit {rc} after {expr}\n{stderr[-2000:]}"
+    if rc == 2:
+        _assert_reported(stderr, expr)
+        return
+    (method,) = [
+        n
+        for n in ast.walk(ast.parse(stdout))
+        if isinstance(n, ast.FunctionDef)
+        and n.name == "get_encoder_cudagraph_item_specs"
+    ]
+    (loop,) = [n for n in ast.walk(method) if isinstance(n, ast.For)]
+    problem = _count_loop_problem(loop)
+    assert problem is None, f"{problem} in {ast.unparse(loop)} ({expr})"
+
+
+#: What the generated count loop binds for itself.
+COUNT_LOOP_NAMES = {"item_tokens", "item_bound"}
+
+
+def _count_loop_problem(node: ast.For) -> str | None:
+    """What in a generated count loop lies outside its rules: assignments of
+    names (never the method's own) from allow-listed expressions, then the
+    bound check (an ``if`` that raises ``ValueError``), then one append."""
+    *steps, check, append = node.body
+    if not re.fullmatch(
+        r"item_specs\.append\(EncoderItemSpec\(.*\)\)", ast.unparse(append)
+    ):
+        return f"statement {ast.unparse(append)}"
+    raised = [n for n in ast.walk(check) if isinstance(n, ast.Raise)]
+    if not isinstance(check, ast.If) or len(raised) != 1 or len(check.body) != 1:
+        return f"check {ast.unparse(check)}"
+    if "ValueError" not in ast.unparse(raised[0]) or check.orelse:
+        return f"check {ast.unparse(check)}"
+    if not steps or ast.unparse(steps[-1]) != "item_bound = t * h * w":
+        return "no bound before the check"
+    for stmt in steps:
+        if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1):
+            return f"statement {ast.unparse(stmt)}"
+        bound = stmt.targets[0]
+        names = bound.elts if isinstance(bound, ast.Tuple) else [bound]
+        if not all(isinstance(n, ast.Name) for n in names):
+            return f"binds {ast.unparse(bound)}"
+        own = {n.id for n in names} & {"item_specs", "grids", "self", "mm_kwargs"}
+        if own:
+            return f"binds {', '.join(sorted(own))}"
+        problem = _outside_allow_lists(
+            stmt.value, set(), callables=frozenset({"unpad_image"})
+        )
+        if problem is not None:
+            return problem
+    return None
+
+
+COUNT_LOOP_ORACLE_CASES = [
+    (
+        "for t, h, w in g:\n    item_tokens = unpad_image(t).shape[0]\n"
+        "    item_bound = t * h * w\n    if item_tokens > item_bound:\n"
+        "        raise ValueError('x')\n    item_specs.append(EncoderItemSpec(1))",
+        None,
+    ),
+    (
+        "for t, h, w in g:\n    item_tokens = open('f')\n    item_bound = t * h * w\n"
+        "    if item_tokens > item_bound:\n        raise ValueError('x')\n"
+        "    item_specs.append(EncoderItemSpec(1))",
+        "call of open",
+    ),
+    (
+        "for t, h, w in g:\n    item_tokens = t\n    item_bound = t * h * w\n"
+        "    item_specs.append(EncoderItemSpec(1))",
+        "check",
+    ),
+    (
+        "for t, h, w in g:\n    self.x = t\n    item_tokens = t\n"
+        "    item_bound = t * h * w\n    if item_tokens > item_bound:\n"
+        "        raise ValueError('x')\n    item_specs.append(EncoderItemSpec(1))",
+        "binds self.x",
+    ),
+    (
+        "for t, h, w in g:\n    item_tokens = t.numpy()\n    item_bound = t * h * w\n"
+        "    if item_tokens > item_bound:\n        raise ValueError('x')\n"
+        "    item_specs.append(EncoderItemSpec(1))",
+        ".numpy on a value",
+    ),
+]
+
+
+@pytest.mark.parametrize(("python", "words"), COUNT_LOOP_ORACLE_CASES)
+def test_the_count_loop_oracle_can_fail(python: str, words: str | None) -> None:
+    node = ast.parse(python).body[0]
+    assert isinstance(node, ast.For)
+    problem = _count_loop_problem(node)
     assert (problem is None) if words is None else (words in (problem or "")), problem

@@ -1540,6 +1540,183 @@ def mistral3(axial: bool = True) -> OracleModel:
 
 
 # ---------------------------------------------------------------------------
+# LLaVA-NeXT: CLIP tiles, each image's anyres grid merged after the graph
+# ---------------------------------------------------------------------------
+
+LLAVA_NEXT = "vllm.model_executor.models.llava_next"
+LLAVA = "vllm.model_executor.models.llava"
+LLAVA_NEXT_SIDE, LLAVA_NEXT_PATCH = 8, 2
+#: Tokens of one tile: (8 // 2) ** 2.
+LLAVA_NEXT_TOKENS = 16
+#: The released checkpoints' pinpoints, scaled to 8-pixel tiles: grids of
+#: 1 x 2, 2 x 1, 2 x 2, 1 x 3 and 3 x 1 tiles.
+LLAVA_NEXT_PINPOINTS = [[8, 16], [16, 8], [16, 16], [8, 24], [24, 8]]
+
+
+def best_resolution(size: tuple[int, int], pinpoints: list) -> tuple[int, int]:
+    """The ``(height, width)`` pinpoint Hugging Face's anyres search picks for
+    an image of ``size``: the most of the image kept when it is scaled to
+    fit, then the least area wasted (its float arithmetic, on purpose)."""
+    height, width = size
+    best, kept_best, waste_best = None, 0, float("inf")
+    for pin_h, pin_w in pinpoints:
+        scale = min(pin_w / width, pin_h / height)
+        kept = min(int(width * scale) * int(height * scale), width * height)
+        waste = pin_w * pin_h - kept
+        if kept > kept_best or (kept == kept_best and waste < waste_best):
+            best, kept_best, waste_best = (pin_h, pin_w), kept, waste
+    return best
+
+
+def anyres_grid_shape(image_size, grid_pinpoints: list, patch_size: int):
+    """``get_anyres_image_grid_shape``: the tile grid ``(rows, columns)`` of
+    an image of ``image_size`` (a tuple or a tensor row)."""
+    if not isinstance(image_size, (list, tuple)):
+        image_size = image_size.tolist()
+    height, width = best_resolution(tuple(image_size), grid_pinpoints)
+    return height // patch_size, width // patch_size
+
+
+def unpad_to_aspect(tensor: torch.Tensor, original_size) -> torch.Tensor:
+    """``unpad_image``: ``(c, h, w)`` cut back to the image's aspect ratio,
+    the padding split evenly on both sides (rounded as Hugging Face does)."""
+    if not isinstance(original_size, (list, tuple)):
+        original_size = original_size.tolist()
+    height, width = original_size
+    rows, cols = tensor.shape[1:]
+    if width / height > cols / rows:
+        kept = int(round(height * (cols / width), 7))
+        cut = (rows - kept) // 2
+        return tensor[:, cut : rows - cut, :]
+    kept = int(round(width * (rows / height), 7))
+    cut = (cols - kept) // 2
+    return tensor[:, :, cut : cols - cut]
+
+
+class _ClipTiles(TileTower):
+    """vLLM's CLIP tower over tiles: the selected layers' rows, the class
+    row kept or dropped by the feature strategy (a strategy or layers the
+    spec passes wrong change the rows)."""
+
+    def __call__(self, pixel_values, *, select_layers, feature_select_strategy):
+        rows = super().__call__(pixel_values)
+        if select_layers is not None:
+            rows = torch.cat([rows] * len(select_layers), dim=-1)
+        if feature_select_strategy == "default":
+            return rows
+        if feature_select_strategy == "full":
+            return torch.cat([rows.mean(dim=1, keepdim=True), rows], dim=1)
+        raise ValueError(f"feature strategy {feature_select_strategy!r}")
+
+
+def _llava_next_host_class(code: WheelCode, mixin: type) -> type:
+    return code.klass(
+        LLAVA_NEXT,
+        "LlavaNextForConditionalGeneration",
+        ["_process_image_input"],
+        bases=(mixin,),
+    )
+
+
+def _llava_projector(code: WheelCode) -> Any:
+    """vLLM's LLaVA projector (its forward) on fixed linears."""
+    projector = code.klass(
+        LLAVA, "LlavaMultiModalProjector", ["forward"], bases=(CallsForward,)
+    )()
+    linear_1, linear_2 = FixedLinear(WIDTH, 2 * WIDTH), FixedLinear(2 * WIDTH, WIDTH)
+    projector.linear_1 = lambda x: (linear_1(x), None)
+    projector.act = torch.tanh
+    projector.linear_2 = lambda x: (linear_2(x), None)
+    return projector
+
+
+def _llava_next_host(code: WheelCode, host_class: type, backend: str) -> Any:
+    del backend  # CLIP tiles attend within themselves: no varlen kernel
+    host = host_class()
+    host.config = _Obj(
+        vision_config=_Obj(image_size=LLAVA_NEXT_SIDE, patch_size=LLAVA_NEXT_PATCH),
+        image_grid_pinpoints=LLAVA_NEXT_PINPOINTS,
+        vision_feature_select_strategy="default",
+        text_config=_Obj(hidden_size=WIDTH),
+    )
+    host.select_layers = None
+    host.vision_tower = _ClipTiles(LLAVA_NEXT_SIDE, LLAVA_NEXT_PATCH)
+    host.multi_modal_projector = _llava_projector(code)
+    host.image_newline = torch.nn.Parameter(torch.arange(WIDTH).float() / 8 - 3)
+    return host
+
+
+def llava_next_tiles(size: tuple[int, int]) -> int:
+    """The processor's tiles of an image: its base view and its grid's."""
+    rows, cols = anyres_grid_shape(size, LLAVA_NEXT_PINPOINTS, LLAVA_NEXT_SIDE)
+    return 1 + rows * cols
+
+
+def llava_next_batches() -> list[dict[str, Any]]:
+    """Images of many aspect ratios (every pinpoint picked, cuts of both
+    sides, exact fits), as lists of their own tile counts, padded to a
+    prompt's widest (more tiles than the grid), and stacked; an image padded
+    past 5 tiles runs eagerly, as do batches past the ladder's top (128)."""
+    gen = torch.Generator().manual_seed(31)
+    side = LLAVA_NEXT_SIDE
+    mixes = [
+        [((10, 30), 0)],
+        [((30, 10), 0), ((20, 20), 0), ((7, 9), 0)],
+        [((16, 8), 2), ((8, 24), 0)],
+        [((49, 97), 0), ((100, 33), 0), ((13, 13), 1), ((5, 40), 0)],
+        [((24, 9), 3)],
+        [((12, 40), 0)] * 6,
+    ]
+    batches: list[dict[str, Any]] = []
+    for mix in mixes:
+        tiles = [llava_next_tiles(size) + pad for size, pad in mix]
+        batches.append(
+            {
+                "pixel_values": [
+                    torch.randn(n, 3, side, side, generator=gen) for n in tiles
+                ],
+                "image_sizes": torch.tensor([size for size, _ in mix]),
+            }
+        )
+    # One prompt's images, padded to its widest and stacked.
+    sizes = [(30, 12), (9, 30), (25, 25)]
+    widest = max(llava_next_tiles(size) for size in sizes)
+    batches.append(
+        {
+            "pixel_values": torch.randn(
+                len(sizes), widest, 3, side, side, generator=gen
+            ),
+            "image_sizes": torch.tensor(sizes),
+        }
+    )
+    return batches
+
+
+class _EmbeddingInputs:
+    """``LlavaNextImageEmbeddingInputs``: never what the oracle passes."""
+
+
+def llava_next() -> OracleModel:
+    return OracleModel(
+        stem="llava_next",
+        stubs={
+            LLAVA_NEXT: {
+                "get_anyres_image_grid_shape": anyres_grid_shape,
+                "unpad_image": unpad_to_aspect,
+                "LlavaNextImageEmbeddingInputs": _EmbeddingInputs,
+            }
+        },
+        host_class=_llava_next_host_class,
+        make_host=_llava_next_host,
+        eager=lambda host, batch: list(
+            host._process_image_input({"type": "pixel_values", **batch})
+        ),
+        batches=llava_next_batches,
+        max_num_batched_tokens=128,
+    )
+
+
+# ---------------------------------------------------------------------------
 # PaliGemma: SigLIP over one fixed-size view per image, a linear projector
 # ---------------------------------------------------------------------------
 
@@ -1624,6 +1801,7 @@ ORACLES = {
     "cohere2_vision": cohere2_vision,
     "dots_ocr": dots_ocr,
     "eagle2_5_vl": eagle2_5_vl,
+    "llava_next": llava_next,
     "mistral3": mistral3,
     "paddleocr_vl": paddleocr_vl,
     "paligemma": paligemma,

@@ -2549,6 +2549,89 @@ valid_case(
 )
 
 
+# -- an item's count from host steps (items.output_tokens: {steps, at_most}) -------------
+
+_COUNT_LAST = "      - unpadded.shape[1] * unpadded.shape[2]\n"
+# The budgets and the dummy batch read formulas: both must be given.
+valid_case(
+    "count_steps_without_budget_tokens",
+    "count_steps",
+    ("  budget_tokens: t * h * w\n", ""),
+)
+# The bound is what the static checks read: required.
+valid_case(
+    "count_steps_without_at_most", "count_steps", ("    at_most: t * h * w\n", "")
+)
+# The bound is an item formula: no call, no host path.
+valid_case(
+    "count_steps_bound_calls_a_helper",
+    "count_steps",
+    ("    at_most: t * h * w\n", "    at_most: unpad_image(t, h)\n"),
+)
+# The last step is the count: an expression, not an assignment.
+valid_case(
+    "count_steps_last_assigns",
+    "count_steps",
+    (_COUNT_LAST, "      - tokens = unpadded.shape[1] * unpadded.shape[2]\n"),
+)
+# The steps see the item's dims, never the batch's inputs.
+valid_case(
+    "count_steps_read_a_batch_input",
+    "count_steps",
+    (_COUNT_LAST, "      - pixel_values.shape[0]\n"),
+)
+# Inside the step language: no private host path.
+valid_case(
+    "count_steps_private_host_path",
+    "count_steps",
+    (_COUNT_LAST, "      - visual._count(unpadded)\n"),
+)
+# A step name must not shadow a declared name.
+valid_case(
+    "count_steps_shadow_a_dim",
+    "count_steps",
+    (
+        '      - grid = torch.empty(1, t * h, w, device="meta")\n',
+        '      - h = torch.empty(1, t, w, device="meta")\n',
+    ),
+)
+# per_unit formulas are summed over units; steps count the whole item.
+valid_case(
+    "count_steps_per_unit",
+    "count_steps",
+    ("  input_size: t * h * w\n", "  per_unit: true\n  input_size: t * h * w\n"),
+)
+# A flat input's rows would read the bound as the count.
+valid_case(
+    "count_steps_flat_rows_read_output_tokens",
+    "count_steps",
+    (
+        "  pixel_values: {kind: flat}\n",
+        "  pixel_values: {kind: flat, rows: output_tokens}\n",
+    ),
+)
+
+# Per item, a padded input is the item's tensor; a grid input stays out of reach.
+case(
+    "eager_per_item_reads_a_grid",
+    "llava_next",
+    (
+        "    - multi_modal_projector(features).flatten(0, 1)\n\npostprocess:",
+        "    - multi_modal_projector(features).flatten(0, 1) * image_sizes[0][0]\n\n"
+        "postprocess:",
+    ),
+)
+# LLaVA-NeXT's count reads vLLM's helpers: the bound must still be a formula.
+case(
+    "llava_next_count_bound_reads_the_pinpoints",
+    "llava_next",
+    (
+        "    at_most: p * (side // patch) ** 2 + (p - 1) * (side // patch)\n",
+        "    at_most: p * len(config.image_grid_pinpoints)\n",
+    ),
+)
+
+
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     wanted = set(cases) | set(NOT_UTF8)

@@ -3,8 +3,8 @@
 # From specs/cohere_compass.yaml: change the spec or the templates and run
 # `gen-mixin specs/cohere_compass.yaml`.
 # spec-sha256: d07c29aa8ad4662bcac30b269bf92c40a0f7c311b8deb5cc9f84e86dba45c5c5
-# templates-sha256: fb9e0d992433c1a59e102dfb753e7601dc580457afa87aa8d40cb03b66bea6b5
-# output-sha256: 0a85dad71d5a9a83794338bccdfeeb325f59f81af3f61f211f4e7578d74257bc
+# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
+# output-sha256: 14a87df1a7d588ac5b4d13ad53f80640d06f8463110e218bdfe3c40e14eb6bae
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/deepseek_v41.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_v41.yaml`.
 # spec-sha256: c4bb5416f4de0c625a1fa71cb716f1e83b6ed76dea15bb3b4f0fe238f99fa89f
-# templates-sha256: fb9e0d992433c1a59e102dfb753e7601dc580457afa87aa8d40cb03b66bea6b5
-# output-sha256: 556ccb24b75421083ce64c8948e9d416bb1dd8380cef651e306f847bf69420fd
+# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
+# output-sha256: 95f8146c8e0a89ca5904cfa5c26173b5ba728c2241a52c7a915b3f85495cfe3f
 
 import itertools
 from collections.abc import Hashable
@@ -368,8 +368,8 @@ class DeepseekV4VLEncoderCudaGraphMixin:
         """(smallest, largest) token budget. The largest is what one
         scheduler step can hold: no batch of real items can exceed it.
 
-        Budgets count ``h * w`` per item (``path_output_tokens``), not
-        output tokens: ``encoder_cudagraph_token_budgets`` is in that unit.
+        Budgets count ``path_output_tokens`` per item, not output tokens:
+        ``h * w``, the unit of ``encoder_cudagraph_token_budgets``.
         """
         # Budgets count patches: 64 is an 8x8-patch image (112 px), the smallest
         # graph worth capturing; it also caps the manager's automatic

@@ -3,8 +3,8 @@
 # From specs/dots_ocr.yaml: change the spec or the templates and run
 # `gen-mixin specs/dots_ocr.yaml`.
 # spec-sha256: 00dd8d99bf15619e6c551a3ae930a0ca48d9ca9b113561f7b84d06b5c0336520
-# templates-sha256: fb9e0d992433c1a59e102dfb753e7601dc580457afa87aa8d40cb03b66bea6b5
-# output-sha256: e3cfa109a69405e7ea6a82ae73f1e5c5a001e18de1e4fe7e95664298b452b248
+# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
+# output-sha256: 6e7e3b7454d1ceae34eac128de95e4d600d151a3a1d74c36bfeab1d08c43b6db
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/kimi_k25.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k25.yaml`.
 # spec-sha256: 7f183ed8d4f550eea068483d8a9435b722bdfdf97a0b4d8fcd5271760b6fb015
-# templates-sha256: fb9e0d992433c1a59e102dfb753e7601dc580457afa87aa8d40cb03b66bea6b5
-# output-sha256: e5ff4d4e2a1b48f9cf0f64af3de086145239658a5efc2878811145789df6b8b7
+# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
+# output-sha256: 76e3169b2fb817a6aebc16c04224e5d3de7aafe5bb88e5285fbe213576757e5b
 
 import itertools
 from collections.abc import Hashable

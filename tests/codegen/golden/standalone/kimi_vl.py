@@ -3,8 +3,8 @@
 # From specs/kimi_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_vl.yaml`.
 # spec-sha256: b4c12018366cdeb86c86bf7b35c60c7b97e9e189f2f53785ec5ff811704d07d2
-# templates-sha256: fb9e0d992433c1a59e102dfb753e7601dc580457afa87aa8d40cb03b66bea6b5
-# output-sha256: 4190b3d68e07dbd1ef3c58a5bf36c6a3c98c681f05184f2a8f524e4da0b008a5
+# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
+# output-sha256: 62f75b190e1b31092fd323aa66ce4583d3062aac8be6d9e5f24a792ad2ed3e10
 
 import itertools
 from collections.abc import Hashable

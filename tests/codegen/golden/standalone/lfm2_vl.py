@@ -3,8 +3,8 @@
 # From specs/lfm2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/lfm2_vl.yaml`.
 # spec-sha256: 155ff7c4ea0622aa6e6c161c5d0f47a9b00815ce4fa05a9c67893bb7c352de94
-# templates-sha256: fb9e0d992433c1a59e102dfb753e7601dc580457afa87aa8d40cb03b66bea6b5
-# output-sha256: 54065389f016057573766f965328a8b7f77bf0305e17e5fc42ae9a4f9ba0cd5d
+# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
+# output-sha256: b910f19c7ef7b4f59ab8719be94954c61d57cb3a8bdc986b9696f4d6c743fe95
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/minicpmv.yaml: change the spec or the templates and run
 # `gen-mixin specs/minicpmv.yaml`.
 # spec-sha256: d4a580fe01bc55f4be098f399ee38128cd927c0b2f6e20aecf28c2d3e8bd3368
-# templates-sha256: fb9e0d992433c1a59e102dfb753e7601dc580457afa87aa8d40cb03b66bea6b5
-# output-sha256: d2e1a7b5f43d746519e8c68fcbfd3277f2f2015baad852f6fbb03574537daeab
+# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
+# output-sha256: 92c5d8ca8a22fbe7f907f533d3707325bea748dea85757c5e98071f2d4bc9a9d
 
 import itertools
 from collections.abc import Hashable

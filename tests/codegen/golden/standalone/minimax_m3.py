@@ -3,8 +3,8 @@
 # From specs/minimax_m3.yaml: change the spec or the templates and run
 # `gen-mixin specs/minimax_m3.yaml`.
 # spec-sha256: b0a1c0d6a521d611779e7b31c2e7a34c1db47288900ae226b9f1caa189fda9e9
-# templates-sha256: fb9e0d992433c1a59e102dfb753e7601dc580457afa87aa8d40cb03b66bea6b5
-# output-sha256: 9f3242ac0eced0e18acf038c7cfd28c878a84a18eb3e3f3cc000bc92d7f3a8cd
+# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
+# output-sha256: 4f430070e73b3b86f9c5c5207ae743736af870a33efbd12aa521290c5e1b16bf
 
 import itertools
 import weakref

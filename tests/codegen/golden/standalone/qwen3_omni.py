@@ -3,8 +3,8 @@
 # From specs/qwen3_omni.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen3_omni.yaml`.
 # spec-sha256: 46292578db0b5b7229d8af47d27ac8596828d5f1c7721b49c6cf316d78a0da57
-# templates-sha256: fb9e0d992433c1a59e102dfb753e7601dc580457afa87aa8d40cb03b66bea6b5
-# output-sha256: 0bd5c31e2f362f7b5ed679297c1748bea70a94739a13a63c8b7cf639afb4ff31
+# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
+# output-sha256: 8d1b9b783c52b1dbc71951b1f122e1a7a39d5ecb80ff1a58fefa7720ee444937
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/deepseek_ocr.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_ocr.yaml`.
 # spec-sha256: 0bfb43e4316a4a39192bb100e7cfeecbb3f7339c7a907dfaa07f9b62999ceee7
-# templates-sha256: fb9e0d992433c1a59e102dfb753e7601dc580457afa87aa8d40cb03b66bea6b5
-# output-sha256: 9b04dab526b9fb5cde9be036438d6a82537a11b4baf0f7b37607640af4c8e917
+# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
+# output-sha256: f862d5f1a9a523cc5aee1eb02cd1b37dd430ea9e4495f5fcfd9a3b680096d34a
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/eagle2_5_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/eagle2_5_vl.yaml`.
 # spec-sha256: 83ff2533b4ca23dd7ff633541be75194608fbdec7d6ecb70c6c7ccd114d4e48d
-# templates-sha256: fb9e0d992433c1a59e102dfb753e7601dc580457afa87aa8d40cb03b66bea6b5
-# output-sha256: 613dc991e2f0518d20ad2f7ddfe230bb7206ce30afd609725cf13ef485f19caf
+# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
+# output-sha256: 5980b10ae9d0346ec8055dfd31e7b349bbb464b7bb8ad11fd81ed99aa58bef51
 
 import itertools
 from collections.abc import Hashable

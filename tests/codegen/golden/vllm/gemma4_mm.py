@@ -3,8 +3,8 @@
 # From specs/gemma4_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma4_mm.yaml`.
 # spec-sha256: 06e9dbe6dfab654f3c21e7f5471097a1f4a7406dd29cd02c84eecf9f9a03241a
-# templates-sha256: fb9e0d992433c1a59e102dfb753e7601dc580457afa87aa8d40cb03b66bea6b5
-# output-sha256: 2a39d140277c5f33ed151dd05dea7a4754a0fe82810c6272edbeaa38db95725a
+# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
+# output-sha256: 5696b0f64c333c27eba6530858724388d85538b1158be2f35d75933bbea15ca5
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
@@ -267,8 +267,8 @@ class Gemma4EncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         """(smallest, largest) token budget. The largest is what one
         scheduler step can hold: no batch of real items can exceed it.
 
-        Budgets count ``m`` per item (``path_output_tokens``), not
-        output tokens: ``encoder_cudagraph_token_budgets`` is in that unit.
+        Budgets count ``path_output_tokens`` per item, not output tokens:
+        ``m``, the unit of ``encoder_cudagraph_token_budgets``.
         """
         # One image of the widest row.
         m = self._get_max_soft_tokens()

@@ -3,8 +3,8 @@
 # From specs/glm5_next.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm5_next.yaml`.
 # spec-sha256: eb5cf2b9079a5f16fe35bba77bed5740c643efe1e64d9a18938216fe04e1b97d
-# templates-sha256: fb9e0d992433c1a59e102dfb753e7601dc580457afa87aa8d40cb03b66bea6b5
-# output-sha256: dd3f408641024b2558450c04d40f66d5ab62be73d8d6122b921c7e5c75f6f7a5
+# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
+# output-sha256: fd8d2e89f33b1d16ca05a633dc5c156e72634721d37f36bda18e3b9c3681a1e6
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/idefics3.yaml: change the spec or the templates and run
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 402948cdd63112cfeb000df2a94827d2c785cffa05635f592942545d8e00d7b3
-# templates-sha256: fb9e0d992433c1a59e102dfb753e7601dc580457afa87aa8d40cb03b66bea6b5
-# output-sha256: 2bbcd9d97d44d96e445aafedf4244459ff9077b39b8420c7103008123f10ca10
+# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
+# output-sha256: b5a9b743cda731a7a9522db6500bed68d01f604b57e4a61912283029a239f9f4
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/kimi_k25.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k25.yaml`.
 # spec-sha256: 7f183ed8d4f550eea068483d8a9435b722bdfdf97a0b4d8fcd5271760b6fb015
-# templates-sha256: fb9e0d992433c1a59e102dfb753e7601dc580457afa87aa8d40cb03b66bea6b5
-# output-sha256: 50c023c0dacd78ebf14f1efb264d58765819298ea26038dd80385744a5b9f720
+# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
+# output-sha256: 536d79bd8a6837b950ceef8cc8d0a1b44c2c2fccd9b5ee5b97d0917552a706c6
 
 import itertools
 from collections.abc import Hashable

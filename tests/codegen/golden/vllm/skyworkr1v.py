@@ -3,8 +3,8 @@
 # From specs/skyworkr1v.yaml: change the spec or the templates and run
 # `gen-mixin specs/skyworkr1v.yaml`.
 # spec-sha256: b0dc57e5fb20eaab774e7718602afac4daee4053867b6f921b6f70c4492526a6
-# templates-sha256: fb9e0d992433c1a59e102dfb753e7601dc580457afa87aa8d40cb03b66bea6b5
-# output-sha256: e3ec85afea8ca112809f2d319bc7d859e956706be6eaf318be7c3fba59709d44
+# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
+# output-sha256: aa6c7388deb13f2b41801d8933700b6da2f0be2e9d9bc2fe76424912f9034de5
 
 import itertools
 from collections.abc import Hashable

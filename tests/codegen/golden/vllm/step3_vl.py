@@ -3,8 +3,8 @@
 # From specs/step3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
-# templates-sha256: fb9e0d992433c1a59e102dfb753e7601dc580457afa87aa8d40cb03b66bea6b5
-# output-sha256: b460c8c70eb4b1147e15b381fb0c3d51ae08d26dc31985a752b3599eee800b9c
+# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
+# output-sha256: fdc33c0e1e3264e92adfded3c5f9383581311574ff3027c5acb3091748bebde2
 
 import itertools
 from collections.abc import Hashable
