@@ -276,7 +276,10 @@ def _padded_cases(spec: MixinSpec, mm_kwargs: dict[str, Any], item: ItemInput):
     yield Corruption(
         f"{key}:wrong-row-shape",
         _with(mm_kwargs, key, wide + parts[1:]),
-        rf"{_key(key)}\[0\] has rows of shape \(.*\), but the captured buffers",
+        # Item 0 against the captured row, or, where no buffer fixes the row,
+        # item 1 against item 0.
+        rf"{_key(key)}(\[0\] has rows of shape \(.*\), but the captured buffers"
+        rf"|\[1\] has rows of shape \(.*\), but {_key(key)}\[0\] has rows)",
     )
     for dtype in (torch.complex64, torch.bool):
         yield Corruption(

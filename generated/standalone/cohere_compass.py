@@ -3,8 +3,8 @@
 # From specs/cohere_compass.yaml: change the spec or the templates and run
 # `gen-mixin specs/cohere_compass.yaml`.
 # spec-sha256: d07c29aa8ad4662bcac30b269bf92c40a0f7c311b8deb5cc9f84e86dba45c5c5
-# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
-# output-sha256: 14a87df1a7d588ac5b4d13ad53f80640d06f8463110e218bdfe3c40e14eb6bae
+# templates-sha256: 6a79557b8bd05d74e37147178b7f933b7c2a2ade9152972ffefa00dc33d5514c
+# output-sha256: 4b2a2be0c49b984caf1554952deb7dcea3bcb42e6256628e44f37dd01a288b32
 
 import itertools
 from collections.abc import Hashable

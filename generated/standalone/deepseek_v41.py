@@ -3,8 +3,8 @@
 # From specs/deepseek_v41.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_v41.yaml`.
 # spec-sha256: c4bb5416f4de0c625a1fa71cb716f1e83b6ed76dea15bb3b4f0fe238f99fa89f
-# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
-# output-sha256: 95f8146c8e0a89ca5904cfa5c26173b5ba728c2241a52c7a915b3f85495cfe3f
+# templates-sha256: 6a79557b8bd05d74e37147178b7f933b7c2a2ade9152972ffefa00dc33d5514c
+# output-sha256: 962429a1f77bcd9c286579bdde7b73474152bab84033cc14739672c8a925522d
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/gemma3_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma3_mm.yaml`.
 # spec-sha256: 19cc0f6e849ba8315b6202b90204158da9f48161f059a5255254f1c8d3c71b41
-# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
-# output-sha256: 65a70d39390b87ac4477a83ea7dd2f44b57bd85795f5f7ccd29eb4a9a2c6c2a9
+# templates-sha256: 6a79557b8bd05d74e37147178b7f933b7c2a2ade9152972ffefa00dc33d5514c
+# output-sha256: 489dd2bb7d570adc0726c6946698a6bcac54ba0273eb29ddd35894a1946fd8f0
 
 import itertools
 from collections.abc import Hashable

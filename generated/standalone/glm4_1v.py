@@ -3,8 +3,8 @@
 # From specs/glm4_1v.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm4_1v.yaml`.
 # spec-sha256: 93ee1fa714e7ac8e7e720d49cba4efbe7b945a492409a082eff8447195711a00
-# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
-# output-sha256: 06d59caded8add9aee844c18a51bb5fcd42fef19fe084b31ed3a91ca8ad2b801
+# templates-sha256: 6a79557b8bd05d74e37147178b7f933b7c2a2ade9152972ffefa00dc33d5514c
+# output-sha256: 5f0a5ee4141ebaf5e8f95bdd7ac7896dada082fefa8db7c8af194e61489ff518
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/kimi_k25.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k25.yaml`.
 # spec-sha256: 7f183ed8d4f550eea068483d8a9435b722bdfdf97a0b4d8fcd5271760b6fb015
-# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
-# output-sha256: 76e3169b2fb817a6aebc16c04224e5d3de7aafe5bb88e5285fbe213576757e5b
+# templates-sha256: 6a79557b8bd05d74e37147178b7f933b7c2a2ade9152972ffefa00dc33d5514c
+# output-sha256: c0c670278a6b6a1197288fee12c7a685bbdd8c7a4d838ced0a8259595e12f85b
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/kimi_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_vl.yaml`.
 # spec-sha256: b4c12018366cdeb86c86bf7b35c60c7b97e9e189f2f53785ec5ff811704d07d2
-# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
-# output-sha256: 62f75b190e1b31092fd323aa66ce4583d3062aac8be6d9e5f24a792ad2ed3e10
+# templates-sha256: 6a79557b8bd05d74e37147178b7f933b7c2a2ade9152972ffefa00dc33d5514c
+# output-sha256: b40389090ac6c5ad931295559f042343cc86f5a4705d9fa205c72c55aee6e1d1
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/lfm2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/lfm2_vl.yaml`.
 # spec-sha256: 155ff7c4ea0622aa6e6c161c5d0f47a9b00815ce4fa05a9c67893bb7c352de94
-# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
-# output-sha256: b910f19c7ef7b4f59ab8719be94954c61d57cb3a8bdc986b9696f4d6c743fe95
+# templates-sha256: 6a79557b8bd05d74e37147178b7f933b7c2a2ade9152972ffefa00dc33d5514c
+# output-sha256: ec0f5077629c5bb98248e48dc2c799fa25b8193bc02b5d3ba27455720bb174fb
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/mllama4.yaml: change the spec or the templates and run
 # `gen-mixin specs/mllama4.yaml`.
 # spec-sha256: 3a4c5d7bdb1ee216f77e7723529296ab4a8d77acd6df01a22770eb4a40007938
-# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
-# output-sha256: 424a125bcf8f8589636a07688bcdd1a5e55c8daf2dde1a6d8c75a8bc9f70b890
+# templates-sha256: 6a79557b8bd05d74e37147178b7f933b7c2a2ade9152972ffefa00dc33d5514c
+# output-sha256: fb9815a688f27ec5e8eda42f40154280f1ccf5b34cbd9f0c2ae4d476b9e74428
 
 import itertools
 from collections.abc import Hashable

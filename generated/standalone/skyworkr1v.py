@@ -3,8 +3,8 @@
 # From specs/skyworkr1v.yaml: change the spec or the templates and run
 # `gen-mixin specs/skyworkr1v.yaml`.
 # spec-sha256: b0dc57e5fb20eaab774e7718602afac4daee4053867b6f921b6f70c4492526a6
-# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
-# output-sha256: 44bae5389268b7c37b9ad28621d9303c8b9891e8ac8c8d6419308e084803155d
+# templates-sha256: 6a79557b8bd05d74e37147178b7f933b7c2a2ade9152972ffefa00dc33d5514c
+# output-sha256: 3fadab56601003d4be1ba348f234f1ca5ac7728d3f9524c8bbb463f8a6aa28d3
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/dots_ocr.yaml: change the spec or the templates and run
 # `gen-mixin specs/dots_ocr.yaml`.
 # spec-sha256: 00dd8d99bf15619e6c551a3ae930a0ca48d9ca9b113561f7b84d06b5c0336520
-# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
-# output-sha256: f58ebffc704dcfaa15a606b4f3aa7e3e32fb27b902818a5e7fd3ba2ba5230a13
+# templates-sha256: 6a79557b8bd05d74e37147178b7f933b7c2a2ade9152972ffefa00dc33d5514c
+# output-sha256: b74c35feb11eb51d9d2492ed37d94220dadcad9313ee6ed29923e8b239537cfe
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/eagle2_5_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/eagle2_5_vl.yaml`.
 # spec-sha256: 83ff2533b4ca23dd7ff633541be75194608fbdec7d6ecb70c6c7ccd114d4e48d
-# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
-# output-sha256: 5980b10ae9d0346ec8055dfd31e7b349bbb464b7bb8ad11fd81ed99aa58bef51
+# templates-sha256: 6a79557b8bd05d74e37147178b7f933b7c2a2ade9152972ffefa00dc33d5514c
+# output-sha256: bfa3f3041997c309cdc8a17bc1027fb6077eb12e8bc5e1b3a1c9b383c6e042d8
 
 import itertools
 from collections.abc import Hashable

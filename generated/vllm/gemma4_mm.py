@@ -3,8 +3,8 @@
 # From specs/gemma4_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma4_mm.yaml`.
 # spec-sha256: 06e9dbe6dfab654f3c21e7f5471097a1f4a7406dd29cd02c84eecf9f9a03241a
-# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
-# output-sha256: 5696b0f64c333c27eba6530858724388d85538b1158be2f35d75933bbea15ca5
+# templates-sha256: 6a79557b8bd05d74e37147178b7f933b7c2a2ade9152972ffefa00dc33d5514c
+# output-sha256: bc75cc864546489816d8d15cc9f69fb4bfa4145d5f763f4e853d41c93c6a9ecf
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
@@ -171,11 +171,17 @@ def _padded_values(
                 "numbers (floating point or integer)"
             )
     for index, shape in enumerate(shapes):
-        if shape != shapes[0] or (item_shape is not None and shape != item_shape):
-            want = item_shape if item_shape is not None else tuple(shapes[0])
+        if item_shape is not None and shape != item_shape:
             raise ValueError(
                 f"mm_kwargs[{key!r}][{index}] has rows of shape {tuple(shape)}, "
-                f"but the captured buffers hold rows of shape {want}"
+                f"but the captured buffers hold rows of shape {item_shape}"
+            )
+        if shape != shapes[0]:
+            # No captured buffer fixes the row (an input only post-processing
+            # reads): the items must agree with each other.
+            raise ValueError(
+                f"mm_kwargs[{key!r}][{index}] has rows of shape {tuple(shape)}, "
+                f"but mm_kwargs[{key!r}][0] has rows of shape {tuple(shapes[0])}"
             )
     if sizes and min(sizes) < 1:
         index = sizes.index(min(sizes))

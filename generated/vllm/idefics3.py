@@ -3,8 +3,8 @@
 # From specs/idefics3.yaml: change the spec or the templates and run
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 402948cdd63112cfeb000df2a94827d2c785cffa05635f592942545d8e00d7b3
-# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
-# output-sha256: b5a9b743cda731a7a9522db6500bed68d01f604b57e4a61912283029a239f9f4
+# templates-sha256: 6a79557b8bd05d74e37147178b7f933b7c2a2ade9152972ffefa00dc33d5514c
+# output-sha256: 2ea19967cffa2ab6e4ee36c9028674d08ec51895add64ce824f27c689a42fa48
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
-# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
-# output-sha256: 39c0bd2cd01aa6d09d0548388b2dd26621a28d23d7c97ad120010399b6d2edc8
+# templates-sha256: 6a79557b8bd05d74e37147178b7f933b7c2a2ade9152972ffefa00dc33d5514c
+# output-sha256: c9ee5fac46a95ccca3c8ac902ede9a2d76c141b739c8da9f2d37e3232b5d5195
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/kimi_k25.yaml: change the spec or the templates and run
 # `gen-mixin specs/kimi_k25.yaml`.
 # spec-sha256: 7f183ed8d4f550eea068483d8a9435b722bdfdf97a0b4d8fcd5271760b6fb015
-# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
-# output-sha256: 536d79bd8a6837b950ceef8cc8d0a1b44c2c2fccd9b5ee5b97d0917552a706c6
+# templates-sha256: 6a79557b8bd05d74e37147178b7f933b7c2a2ade9152972ffefa00dc33d5514c
+# output-sha256: 033a1481667aef909493d521ec25c77ae00c3ff75aa779f45fea259ba0d4e7c7
 
 import itertools
 from collections.abc import Hashable

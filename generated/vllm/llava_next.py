@@ -3,8 +3,8 @@
 # From specs/llava_next.yaml: change the spec or the templates and run
 # `gen-mixin specs/llava_next.yaml`.
 # spec-sha256: 966a7985044775f6d2663b627dfab530549ffb8047a4f27a3efc21234d0b7c67
-# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
-# output-sha256: 58c2b9ad35d18d0b433b4dcd3b865363ddeee70c0882b42c9ccb34fa06122495
+# templates-sha256: 6a79557b8bd05d74e37147178b7f933b7c2a2ade9152972ffefa00dc33d5514c
+# output-sha256: f6ef01b5eedb5c1feada71065bc73739f7fefb6bebb208d1089d98ca9478c3d4
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
@@ -219,11 +219,17 @@ def _padded_values(
                 "numbers (floating point or integer)"
             )
     for index, shape in enumerate(shapes):
-        if shape != shapes[0] or (item_shape is not None and shape != item_shape):
-            want = item_shape if item_shape is not None else tuple(shapes[0])
+        if item_shape is not None and shape != item_shape:
             raise ValueError(
                 f"mm_kwargs[{key!r}][{index}] has rows of shape {tuple(shape)}, "
-                f"but the captured buffers hold rows of shape {want}"
+                f"but the captured buffers hold rows of shape {item_shape}"
+            )
+        if shape != shapes[0]:
+            # No captured buffer fixes the row (an input only post-processing
+            # reads): the items must agree with each other.
+            raise ValueError(
+                f"mm_kwargs[{key!r}][{index}] has rows of shape {tuple(shape)}, "
+                f"but mm_kwargs[{key!r}][0] has rows of shape {tuple(shapes[0])}"
             )
     if sizes and min(sizes) < 1:
         index = sizes.index(min(sizes))

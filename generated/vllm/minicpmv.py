@@ -3,8 +3,8 @@
 # From specs/minicpmv.yaml: change the spec or the templates and run
 # `gen-mixin specs/minicpmv.yaml`.
 # spec-sha256: d4a580fe01bc55f4be098f399ee38128cd927c0b2f6e20aecf28c2d3e8bd3368
-# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
-# output-sha256: e0df9affe45f8e4743eb1cd74c3f217964947381b1d6913bca71c78721396e26
+# templates-sha256: 6a79557b8bd05d74e37147178b7f933b7c2a2ade9152972ffefa00dc33d5514c
+# output-sha256: d8e9f6d793164f8cf1bbb77590e4e6cd4f93c8c97c7573060204c2e4d520a62f
 
 import itertools
 from collections.abc import Hashable

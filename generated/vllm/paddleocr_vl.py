@@ -3,8 +3,8 @@
 # From specs/paddleocr_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/paddleocr_vl.yaml`.
 # spec-sha256: 7068944d1e5972ce2899b6db50c3c8836ffb4dcaab234b82f8deb1f4d4d77a21
-# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
-# output-sha256: 0aab8fdc1ebb3ebd02b1d9c0911e37a9c9741d766b1bcf5a3a1b7c5c37e3c71e
+# templates-sha256: 6a79557b8bd05d74e37147178b7f933b7c2a2ade9152972ffefa00dc33d5514c
+# output-sha256: 9567df8d3fbc0ca2a44295c76e81172402564f769bb89f67aef583bbe2f03799
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/pixtral.yaml: change the spec or the templates and run
 # `gen-mixin specs/pixtral.yaml`.
 # spec-sha256: 12ce8c3f5fd7aa9655f017b7f136e3b9447324caa4325c3dafd002fc42799961
-# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
-# output-sha256: 475347d488e070258f282a5620b703edd6f10e9568755648bcefc67f65ab2d70
+# templates-sha256: 6a79557b8bd05d74e37147178b7f933b7c2a2ade9152972ffefa00dc33d5514c
+# output-sha256: fa82e592e967829c76688e86bb8348655b7c7761fe9055e06883086663709ce2
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any

@@ -3,8 +3,8 @@
 # From specs/qwen2_5_omni.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_omni.yaml`.
 # spec-sha256: ce9bf2fc700f004d47827e30d185e59eb5d9444dd78780ad1cac730e07dc5c1d
-# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
-# output-sha256: 7ca47133081cdbb5dc772443b97cd07dfe8f199ea6e7f26f59cd8560aafb7f8d
+# templates-sha256: 6a79557b8bd05d74e37147178b7f933b7c2a2ade9152972ffefa00dc33d5514c
+# output-sha256: 7f89959ff1f8da84dd8fb1c5eb2bbb319323fc5e7f9e812e6ff1d1c217fec515
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/qwen2_5_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_5_vl.yaml`.
 # spec-sha256: ce38a756ff944d5d1cbcb57a4efc46c3eaa13791e2e6333e347ed5b079f51a1a
-# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
-# output-sha256: 3603333faf3af5f1eb7585df8ee29a04993d02cfd2ae65dcc7f7b6c7e838d121
+# templates-sha256: 6a79557b8bd05d74e37147178b7f933b7c2a2ade9152972ffefa00dc33d5514c
+# output-sha256: 745f81ca6c929a24a42a9a9d586e5fab2aa9050baa4e5bb1963118a46d624d19
 
 import itertools
 from collections.abc import Hashable

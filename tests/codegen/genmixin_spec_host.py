@@ -136,14 +136,17 @@ class FakeCall:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         self.calls.append((args, kwargs))
-        out = self.queue.pop(0) if self.queue else self.placeholder(args)
+        queued = bool(self.queue)
+        out = self.queue.pop(0) if queued else self.placeholder(args)
         self.returned.append(out)
         if self.iterated:
             return iter([out])
         if self.attribute is not None:
             return HostObjectWith(**{self.attribute: out})
         if self.indexed or self.gathered:
-            rows = out if self.queue or out.shape[0] > 1 else out.expand(1 << 16, -1)
+            # A table the steps index or gather from: a placeholder's first
+            # row repeated, enough rows for any index the steps compute.
+            rows = out if queued else out[:1].expand(1 << 16, *out.shape[1:])
             return (rows, None) if self.indexed else rows
         if self.unpacked:
             return (out,) * self.unpacked

@@ -3,8 +3,8 @@
 # From specs/dots_ocr.yaml: change the spec or the templates and run
 # `gen-mixin specs/dots_ocr.yaml`.
 # spec-sha256: 00dd8d99bf15619e6c551a3ae930a0ca48d9ca9b113561f7b84d06b5c0336520
-# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
-# output-sha256: 6e7e3b7454d1ceae34eac128de95e4d600d151a3a1d74c36bfeab1d08c43b6db
+# templates-sha256: 6a79557b8bd05d74e37147178b7f933b7c2a2ade9152972ffefa00dc33d5514c
+# output-sha256: 0315a4150f6a8958bfbf27c0aeee175496b028dc4d7553ea052c789d215c602a
 
 import itertools
 from collections.abc import Hashable

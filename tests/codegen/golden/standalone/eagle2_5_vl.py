@@ -3,8 +3,8 @@
 # From specs/eagle2_5_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/eagle2_5_vl.yaml`.
 # spec-sha256: 83ff2533b4ca23dd7ff633541be75194608fbdec7d6ecb70c6c7ccd114d4e48d
-# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
-# output-sha256: a4a7f02aa2163435cff0e3ddcf255c9bd8476d20d7957decd87b3ed06451fc1b
+# templates-sha256: 6a79557b8bd05d74e37147178b7f933b7c2a2ade9152972ffefa00dc33d5514c
+# output-sha256: 79316a05fe51bfa815c3bcc012ca2f368f7086d5f2e7e42af69371a466b2b715
 
 import itertools
 from collections.abc import Hashable

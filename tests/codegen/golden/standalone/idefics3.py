@@ -3,8 +3,8 @@
 # From specs/idefics3.yaml: change the spec or the templates and run
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 402948cdd63112cfeb000df2a94827d2c785cffa05635f592942545d8e00d7b3
-# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
-# output-sha256: de45d7a46739f0beea6b80351203bdc5f64497b0fde154df350b54dc9f1d4696
+# templates-sha256: 6a79557b8bd05d74e37147178b7f933b7c2a2ade9152972ffefa00dc33d5514c
+# output-sha256: 1ada9b56155da47e18b7e57d50d23bb617cb7deb7f7bc1f7318d984b06b9435d
 
 import itertools
 from collections.abc import Hashable

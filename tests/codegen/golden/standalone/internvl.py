@@ -3,8 +3,8 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
-# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
-# output-sha256: d07ea813aafc0e01219c57bab4efc4039dd730d8d2244caf3683e558d2dcbab4
+# templates-sha256: 6a79557b8bd05d74e37147178b7f933b7c2a2ade9152972ffefa00dc33d5514c
+# output-sha256: e4d7c6748d48c8e667a80944f3dc0d54abb4e8878937d097543bdf760b935210
 
 import itertools
 from collections.abc import Hashable

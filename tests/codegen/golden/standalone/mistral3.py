@@ -3,8 +3,8 @@
 # From specs/mistral3.yaml: change the spec or the templates and run
 # `gen-mixin specs/mistral3.yaml`.
 # spec-sha256: 1aa31510137d695228a3f9db3966c1b8c8ff26d32e0cf4896106f82d0a15bdc3
-# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
-# output-sha256: a5291ba60b1b672b04a99441d01d0921f04649ebbc031f25b8c3798dadf5d1e9
+# templates-sha256: 6a79557b8bd05d74e37147178b7f933b7c2a2ade9152972ffefa00dc33d5514c
+# output-sha256: 7dca9fa22b053292a7007ab34dda83aa6bb46c82df54ff5941ff6aeca9b06a28
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any

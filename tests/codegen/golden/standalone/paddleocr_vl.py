@@ -3,8 +3,8 @@
 # From specs/paddleocr_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/paddleocr_vl.yaml`.
 # spec-sha256: 7068944d1e5972ce2899b6db50c3c8836ffb4dcaab234b82f8deb1f4d4d77a21
-# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
-# output-sha256: fcd51842a372c2a79241c89b14a7c9878e1478b431321d04636676ecb9660d5e
+# templates-sha256: 6a79557b8bd05d74e37147178b7f933b7c2a2ade9152972ffefa00dc33d5514c
+# output-sha256: dc138bb7e8a77222c2c8eaf6f2bf9b28cea1d88f1a9f47516e8252e388bce4bc
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/paligemma.yaml: change the spec or the templates and run
 # `gen-mixin specs/paligemma.yaml`.
 # spec-sha256: caf49abb04c23527472570df9a1b0af2d212d2a092f96aee208265311844afd6
-# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
-# output-sha256: e145760596fcb1b960203cabec74e251b2b7f8301d9139bf91954826cdaace8b
+# templates-sha256: 6a79557b8bd05d74e37147178b7f933b7c2a2ade9152972ffefa00dc33d5514c
+# output-sha256: 5967797170740ca1d7d32140305efebde5cb0032bbc1aacfc4711fdcbb7a00f6
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any

@@ -3,8 +3,8 @@
 # From specs/phi3v.yaml: change the spec or the templates and run
 # `gen-mixin specs/phi3v.yaml`.
 # spec-sha256: 2effbb9c392d2e5d73dbf5d33ed773898c79229aba914ffbd1c0d30c6f6dfe8b
-# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
-# output-sha256: 5d812180ad14b8d6eff787954bf03e51b7f829bd76b6687e403db2bd5a52a9c7
+# templates-sha256: 6a79557b8bd05d74e37147178b7f933b7c2a2ade9152972ffefa00dc33d5514c
+# output-sha256: 4102c66b2cba0b6645b04b53f42cc47a4eecc4cc51731a4f6f57b8161084371c
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
@@ -215,11 +215,17 @@ def _padded_values(
                 "numbers (floating point or integer)"
             )
     for index, shape in enumerate(shapes):
-        if shape != shapes[0] or (item_shape is not None and shape != item_shape):
-            want = item_shape if item_shape is not None else tuple(shapes[0])
+        if item_shape is not None and shape != item_shape:
             raise ValueError(
                 f"mm_kwargs[{key!r}][{index}] has rows of shape {tuple(shape)}, "
-                f"but the captured buffers hold rows of shape {want}"
+                f"but the captured buffers hold rows of shape {item_shape}"
+            )
+        if shape != shapes[0]:
+            # No captured buffer fixes the row (an input only post-processing
+            # reads): the items must agree with each other.
+            raise ValueError(
+                f"mm_kwargs[{key!r}][{index}] has rows of shape {tuple(shape)}, "
+                f"but mm_kwargs[{key!r}][0] has rows of shape {tuple(shapes[0])}"
             )
     if sizes and min(sizes) < 1:
         index = sizes.index(min(sizes))

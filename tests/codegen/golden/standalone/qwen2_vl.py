@@ -3,8 +3,8 @@
 # From specs/qwen2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_vl.yaml`.
 # spec-sha256: 869bcb41f290ee655394bdeee5f49801b8344bce3f4c38101e004675d9980f68
-# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
-# output-sha256: 149015c7ffc71ca8951f6589e78d68bf162446a714df318a5bc6bd710f4a6f9e
+# templates-sha256: 6a79557b8bd05d74e37147178b7f933b7c2a2ade9152972ffefa00dc33d5514c
+# output-sha256: 4f912f44d9dfbd431b689be9e75119e8b6e7857263e3fb0b5d1dabe4e098340d
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/qwen3_omni.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen3_omni.yaml`.
 # spec-sha256: 46292578db0b5b7229d8af47d27ac8596828d5f1c7721b49c6cf316d78a0da57
-# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
-# output-sha256: 8d1b9b783c52b1dbc71951b1f122e1a7a39d5ecb80ff1a58fefa7720ee444937
+# templates-sha256: 6a79557b8bd05d74e37147178b7f933b7c2a2ade9152972ffefa00dc33d5514c
+# output-sha256: 6d9b9631edba82bebfbd5871b75f0c0aa9dacc9ca272c6e7e2f579441bcda3fa
 
 import itertools
 from collections.abc import Hashable

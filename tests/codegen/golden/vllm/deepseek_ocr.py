@@ -3,8 +3,8 @@
 # From specs/deepseek_ocr.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_ocr.yaml`.
 # spec-sha256: 0bfb43e4316a4a39192bb100e7cfeecbb3f7339c7a907dfaa07f9b62999ceee7
-# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
-# output-sha256: f862d5f1a9a523cc5aee1eb02cd1b37dd430ea9e4495f5fcfd9a3b680096d34a
+# templates-sha256: 6a79557b8bd05d74e37147178b7f933b7c2a2ade9152972ffefa00dc33d5514c
+# output-sha256: 5c623b0ce110087f6ea257b261e15945b3c6b3282d05df920c1e52316bddc997
 
 import itertools
 from collections.abc import Hashable

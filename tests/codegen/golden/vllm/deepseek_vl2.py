@@ -3,8 +3,8 @@
 # From specs/deepseek_vl2.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_vl2.yaml`.
 # spec-sha256: 65a219ba305cd6d64a7bcc0ccb0190528fa86cf96ed2209abdf6848605972e9f
-# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
-# output-sha256: b65ea7a2b11f6c90da0c41b979bd65bb8088d93cab18da0b770b1bb89bbeb6c1
+# templates-sha256: 6a79557b8bd05d74e37147178b7f933b7c2a2ade9152972ffefa00dc33d5514c
+# output-sha256: e1c7f3aeddaf754114cb3490dd95c4ac55e07d79178d9433e7677806caf6256e
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/gemma3_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma3_mm.yaml`.
 # spec-sha256: 19cc0f6e849ba8315b6202b90204158da9f48161f059a5255254f1c8d3c71b41
-# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
-# output-sha256: 7fbd82b0720d185dc1cb133375af7670073b187bd61deca9a2b13024a05b095d
+# templates-sha256: 6a79557b8bd05d74e37147178b7f933b7c2a2ade9152972ffefa00dc33d5514c
+# output-sha256: 8e1eafdcece79cdb0e620948c1bc363db79a8f3a99c231e3261063ffdf65c66d
 
 import itertools
 from collections.abc import Hashable

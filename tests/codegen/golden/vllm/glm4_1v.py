@@ -3,8 +3,8 @@
 # From specs/glm4_1v.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm4_1v.yaml`.
 # spec-sha256: 93ee1fa714e7ac8e7e720d49cba4efbe7b945a492409a082eff8447195711a00
-# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
-# output-sha256: a9ff6f4c27afedcff7fe0464879915b438d8296d8d41add108fceafc8b31a972
+# templates-sha256: 6a79557b8bd05d74e37147178b7f933b7c2a2ade9152972ffefa00dc33d5514c
+# output-sha256: 84d602098b92fa7c6708e979ca8ba696f5118a3c443108f304c8d3a0a8173ee8
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/glm5_next.yaml: change the spec or the templates and run
 # `gen-mixin specs/glm5_next.yaml`.
 # spec-sha256: eb5cf2b9079a5f16fe35bba77bed5740c643efe1e64d9a18938216fe04e1b97d
-# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
-# output-sha256: fd8d2e89f33b1d16ca05a633dc5c156e72634721d37f36bda18e3b9c3681a1e6
+# templates-sha256: 6a79557b8bd05d74e37147178b7f933b7c2a2ade9152972ffefa00dc33d5514c
+# output-sha256: 3a6a68c458776ac1262a7e61fcf6d3314ca3d0aabac90aecd380486edb516669
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/phi4mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/phi4mm.yaml`.
 # spec-sha256: 4bd43a6c1f2bfb8ef8f7fed8fcc387b887788fa3ee60e3ff6e0c7c72fb28ebbb
-# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
-# output-sha256: ed5795926b2c50521d4944d20ae270a3aa650e95a5d7dd9b33038daa74f08713
+# templates-sha256: 6a79557b8bd05d74e37147178b7f933b7c2a2ade9152972ffefa00dc33d5514c
+# output-sha256: a00348f5df4c068d1ee2e01758689632fdea4df982706dd34cce7568a8a9cddd
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
@@ -269,11 +269,17 @@ def _padded_values(
                 "numbers (floating point or integer)"
             )
     for index, shape in enumerate(shapes):
-        if shape != shapes[0] or (item_shape is not None and shape != item_shape):
-            want = item_shape if item_shape is not None else tuple(shapes[0])
+        if item_shape is not None and shape != item_shape:
             raise ValueError(
                 f"mm_kwargs[{key!r}][{index}] has rows of shape {tuple(shape)}, "
-                f"but the captured buffers hold rows of shape {want}"
+                f"but the captured buffers hold rows of shape {item_shape}"
+            )
+        if shape != shapes[0]:
+            # No captured buffer fixes the row (an input only post-processing
+            # reads): the items must agree with each other.
+            raise ValueError(
+                f"mm_kwargs[{key!r}][{index}] has rows of shape {tuple(shape)}, "
+                f"but mm_kwargs[{key!r}][0] has rows of shape {tuple(shapes[0])}"
             )
     if sizes and min(sizes) < 1:
         index = sizes.index(min(sizes))

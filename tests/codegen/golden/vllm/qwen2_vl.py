@@ -3,8 +3,8 @@
 # From specs/qwen2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_vl.yaml`.
 # spec-sha256: 869bcb41f290ee655394bdeee5f49801b8344bce3f4c38101e004675d9980f68
-# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
-# output-sha256: 9065d97d469c05750eab9127c71bb0d68731ad18fc7b9a8fa68083882cea6160
+# templates-sha256: 6a79557b8bd05d74e37147178b7f933b7c2a2ade9152972ffefa00dc33d5514c
+# output-sha256: 98383796fa5dca2504a8bf4b1770ddaedc3a3c49768dd30c4ccc1ffae4e695d0
 
 import itertools
 from collections.abc import Hashable

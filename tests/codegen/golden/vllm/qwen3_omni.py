@@ -3,8 +3,8 @@
 # From specs/qwen3_omni.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen3_omni.yaml`.
 # spec-sha256: 46292578db0b5b7229d8af47d27ac8596828d5f1c7721b49c6cf316d78a0da57
-# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
-# output-sha256: c891182068c1f17d8704c375f4d0c33ebc113d75b98e2d0699a80019d3a4555f
+# templates-sha256: 6a79557b8bd05d74e37147178b7f933b7c2a2ade9152972ffefa00dc33d5514c
+# output-sha256: cdf3a376246e3466e621714776f0d1a081f8c15dd7c85b3bb44e031dd1a43a74
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/skyworkr1v.yaml: change the spec or the templates and run
 # `gen-mixin specs/skyworkr1v.yaml`.
 # spec-sha256: b0dc57e5fb20eaab774e7718602afac4daee4053867b6f921b6f70c4492526a6
-# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
-# output-sha256: aa6c7388deb13f2b41801d8933700b6da2f0be2e9d9bc2fe76424912f9034de5
+# templates-sha256: 6a79557b8bd05d74e37147178b7f933b7c2a2ade9152972ffefa00dc33d5514c
+# output-sha256: 707bc422a6979d4ebad99aeeabac04c043506d6f6fda0497ffaa27245416862b
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/step3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
-# templates-sha256: fa87f86469d97d65391323237db5ef3e4061d527ca13079e2269892e13d4e6a9
-# output-sha256: fdc33c0e1e3264e92adfded3c5f9383581311574ff3027c5acb3091748bebde2
+# templates-sha256: 6a79557b8bd05d74e37147178b7f933b7c2a2ade9152972ffefa00dc33d5514c
+# output-sha256: 00f772ea8f8e973077e9840c013c74f36ac7f0c7f8d56cdc62cec3f629753bd6
 
 import itertools
 from collections.abc import Hashable
