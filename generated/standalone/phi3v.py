@@ -4,7 +4,7 @@
 # `gen-mixin specs/phi3v.yaml`.
 # spec-sha256: 2effbb9c392d2e5d73dbf5d33ed773898c79229aba914ffbd1c0d30c6f6dfe8b
 # templates-sha256: 6a79557b8bd05d74e37147178b7f933b7c2a2ade9152972ffefa00dc33d5514c
-# output-sha256: 4102c66b2cba0b6645b04b53f42cc47a4eecc4cc51731a4f6f57b8161084371c
+# output-sha256: 2928a7a149121fd041c067db7dddb0677da09a0653f54680b2cf51e9623492ab
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
@@ -350,7 +350,7 @@ class Phi3VEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
                     "default": (_EAGER_ONLY_TOKENS if p > 17 else 17 * 576)
                 },
             )
-            for (p), (ih, iw) in zip(pixel_values, image_sizes, strict=True)
+            for p, (ih, iw) in zip(pixel_values, image_sizes, strict=True)
         ]
 
     def select_encoder_cudagraph_items(
@@ -488,7 +488,7 @@ class Phi3VEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         pixel_values = _padded_sizes(batch_mm_kwargs["pixel_values"])
         image_sizes = self._grid_rows(batch_mm_kwargs, "image_sizes")
         offset = 0
-        for idx, ((p), (ih, iw)) in zip(
+        for idx, (p, (ih, iw)) in zip(
             indices, zip(pixel_values, image_sizes, strict=True), strict=True
         ):
             item_tokens = per_item_out_tokens[idx]

@@ -4,7 +4,7 @@
 # `gen-mixin specs/llava_next.yaml`.
 # spec-sha256: 966a7985044775f6d2663b627dfab530549ffb8047a4f27a3efc21234d0b7c67
 # templates-sha256: 6a79557b8bd05d74e37147178b7f933b7c2a2ade9152972ffefa00dc33d5514c
-# output-sha256: f6ef01b5eedb5c1feada71065bc73739f7fefb6bebb208d1089d98ca9478c3d4
+# output-sha256: 9f2ea2fc48e9b735a58e9a07def615eeb3da631da13812c914aa8e99cf9c251d
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
@@ -331,7 +331,7 @@ class LlavaNextEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         side = self.config.vision_config.image_size
         patch = self.config.vision_config.patch_size
         item_specs = []
-        for (p), (ih, iw) in zip(pixel_values, image_sizes, strict=True):
+        for p, (ih, iw) in zip(pixel_values, image_sizes, strict=True):
             # The base view's rows, then the unpadded grid's rows and a newline per
             # line; the grid is the pinpoint get_anyres_image_grid_shape picks, the
             # cut is unpad_image's (only the meta tensor's shape is read).
@@ -519,7 +519,7 @@ class LlavaNextEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         pixel_values = _padded_sizes(batch_mm_kwargs["pixel_values"])
         image_sizes = self._grid_rows(batch_mm_kwargs, "image_sizes")
         offset = 0
-        for idx, ((p), (ih, iw)) in zip(
+        for idx, (p, (ih, iw)) in zip(
             indices, zip(pixel_values, image_sizes, strict=True), strict=True
         ):
             item_tokens = per_item_out_tokens[idx]

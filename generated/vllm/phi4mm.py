@@ -4,7 +4,7 @@
 # `gen-mixin specs/phi4mm.yaml`.
 # spec-sha256: 4bd43a6c1f2bfb8ef8f7fed8fcc387b887788fa3ee60e3ff6e0c7c72fb28ebbb
 # templates-sha256: 6a79557b8bd05d74e37147178b7f933b7c2a2ade9152972ffefa00dc33d5514c
-# output-sha256: a00348f5df4c068d1ee2e01758689632fdea4df982706dd34cce7568a8a9cddd
+# output-sha256: 9b98db6ee5eb2b65440abe3bf8d515259c13aeebd3f0478d8d90e3543246cf5e
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
@@ -415,7 +415,7 @@ class Phi4MMEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
                     "default": (_EAGER_ONLY_TOKENS if p > 37 else 37 * crop_tokens)
                 },
             )
-            for (p), tokens in zip(input_image_embeds, num_img_tokens, strict=True)
+            for p, tokens in zip(input_image_embeds, num_img_tokens, strict=True)
         ]
 
     def select_encoder_cudagraph_items(
@@ -582,7 +582,7 @@ class Phi4MMEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         input_image_embeds = _padded_sizes(batch_mm_kwargs["input_image_embeds"])
         image_sizes = self._grid_rows(batch_mm_kwargs, "image_sizes")
         offset = 0
-        for position, (idx, ((p), (ih, iw))) in enumerate(
+        for position, (idx, (p, (ih, iw))) in enumerate(
             zip(indices, zip(input_image_embeds, image_sizes, strict=True), strict=True)
         ):
             item_tokens = per_item_out_tokens[idx]

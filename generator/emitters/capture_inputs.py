@@ -106,7 +106,9 @@ def _per_item(
     ]
     if items:
         inputs = [spec.item_input(k) for k in keys]
-        parts = [g.dims[0] if g.is_count else f"({', '.join(g.dims)})" for g in inputs]
+        parts = [
+            g.dims[0] if len(g.dims) == 1 else f"({', '.join(g.dims)})" for g in inputs
+        ]
         target = ", ".join(parts + [f"{k}_item" for k in tensors])
         names += [i["name"] for i in items]
     iterable = names[0] if len(names) == 1 else f"zip({', '.join(names)}, strict=True)"

@@ -116,7 +116,7 @@ def item_loop(spec: MixinSpec, dims_needed: set[str]) -> tuple[str, str, list[st
     if len(inputs) == 1:
         return ", ".join(inputs[0].dims), inputs[0].key, [inputs[0].key]
     target = ", ".join(
-        g.dims[0] if g.is_count else f"({', '.join(g.dims)})" for g in inputs
+        g.dims[0] if len(g.dims) == 1 else f"({', '.join(g.dims)})" for g in inputs
     )
     iterable = f"zip({', '.join(g.key for g in inputs)}, strict=True)"
     return target, iterable, [g.key for g in inputs]

@@ -2611,16 +2611,6 @@ valid_case(
     ),
 )
 
-# Per item, a padded input is the item's tensor; a grid input stays out of reach.
-case(
-    "eager_per_item_reads_a_grid",
-    "llava_next",
-    (
-        "    - multi_modal_projector(features).flatten(0, 1)\n\npostprocess:",
-        "    - multi_modal_projector(features).flatten(0, 1) * image_sizes[0][0]\n\n"
-        "postprocess:",
-    ),
-)
 # LLaVA-NeXT's count reads vLLM's helpers: the bound must still be a formula.
 case(
     "llava_next_count_bound_reads_the_pinpoints",

@@ -4,7 +4,7 @@
 # `gen-mixin specs/phi4mm.yaml`.
 # spec-sha256: 4bd43a6c1f2bfb8ef8f7fed8fcc387b887788fa3ee60e3ff6e0c7c72fb28ebbb
 # templates-sha256: 6a79557b8bd05d74e37147178b7f933b7c2a2ade9152972ffefa00dc33d5514c
-# output-sha256: e853b1a2489f643d75385790dab1c9cdccaaa1655e8399c55e285a6984a47ba6
+# output-sha256: d3155556edb7b3f37ee4dcb7d6ad68e7848df9d7c45e88c1f3425cdc6f67f46a
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
@@ -421,7 +421,7 @@ class Phi4MMEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
                     "default": (_EAGER_ONLY_TOKENS if p > 37 else 37 * crop_tokens)
                 },
             )
-            for (p), tokens in zip(input_image_embeds, num_img_tokens, strict=True)
+            for p, tokens in zip(input_image_embeds, num_img_tokens, strict=True)
         ]
 
     def select_encoder_cudagraph_items(
@@ -588,7 +588,7 @@ class Phi4MMEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         input_image_embeds = _padded_sizes(batch_mm_kwargs["input_image_embeds"])
         image_sizes = self._grid_rows(batch_mm_kwargs, "image_sizes")
         offset = 0
-        for position, (idx, ((p), (ih, iw))) in enumerate(
+        for position, (idx, (p, (ih, iw))) in enumerate(
             zip(indices, zip(input_image_embeds, image_sizes, strict=True), strict=True)
         ):
             item_tokens = per_item_out_tokens[idx]

@@ -4,7 +4,7 @@
 # `gen-mixin specs/phi3v.yaml`.
 # spec-sha256: 2effbb9c392d2e5d73dbf5d33ed773898c79229aba914ffbd1c0d30c6f6dfe8b
 # templates-sha256: 6a79557b8bd05d74e37147178b7f933b7c2a2ade9152972ffefa00dc33d5514c
-# output-sha256: 594bd5930beadb9889818583246e61f0caed279abd61861ed1b64c0613629358
+# output-sha256: 192688a75ab8fa884632d8a3079386abbeec880f3124be32d456551e89249b63
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
@@ -344,7 +344,7 @@ class Phi3VEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
                     "default": (_EAGER_ONLY_TOKENS if p > 17 else 17 * 576)
                 },
             )
-            for (p), (ih, iw) in zip(pixel_values, image_sizes, strict=True)
+            for p, (ih, iw) in zip(pixel_values, image_sizes, strict=True)
         ]
 
     def select_encoder_cudagraph_items(
@@ -482,7 +482,7 @@ class Phi3VEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         pixel_values = _padded_sizes(batch_mm_kwargs["pixel_values"])
         image_sizes = self._grid_rows(batch_mm_kwargs, "image_sizes")
         offset = 0
-        for idx, ((p), (ih, iw)) in zip(
+        for idx, (p, (ih, iw)) in zip(
             indices, zip(pixel_values, image_sizes, strict=True), strict=True
         ):
             item_tokens = per_item_out_tokens[idx]
