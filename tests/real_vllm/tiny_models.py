@@ -1625,6 +1625,104 @@ def _views_draw(
     return {"pixel_values": torch.randn((len(grids), 3, side, side), generator=gen)}
 
 
+# LLaVA-NeXT: an image is its base view and the tiles of the anyres grid its
+# size picks from the pinpoints, all of the tower's side; a batch is a list
+# of (tiles, 3, side, side) tensors or one tensor padded to its widest image.
+_LLAVA_NEXT_SIDE = 56  # 4 x 4 patches of 14 pixels a tile: 16 tokens
+# llava-v1.6's pinpoints (1 x 2 to 2 x 2, 3 x 1 and 1 x 3 tiles of 336
+# pixels) scaled to the tiny side, and a 1 x 6 one: the wide images that
+# pick it send seven tiles, past the five the spec captures.
+_LLAVA_NEXT_PINPOINTS = [
+    [56, 112],
+    [112, 56],
+    [112, 112],
+    [168, 56],
+    [56, 168],
+    [56, 336],
+]
+
+
+def _llava_next_config() -> Any:
+    from transformers import LlavaNextConfig
+
+    ids = {token: i for i, token in enumerate(SPECIAL_TOKENS)}
+    return LlavaNextConfig(
+        architectures=["LlavaNextForConditionalGeneration"],
+        vision_config=dict(
+            model_type="clip_vision_model",
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            image_size=_LLAVA_NEXT_SIDE,
+            patch_size=14,
+            projection_dim=48,
+        ),
+        text_config=dict(
+            model_type="llama",
+            hidden_size=48,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=24,
+            vocab_size=256,
+            max_position_embeddings=2048,
+        ),
+        image_grid_pinpoints=_LLAVA_NEXT_PINPOINTS,
+        image_token_index=ids["<image>"],
+    )
+
+
+def _llava_next_image(height: int, width: int) -> tuple[int, int, int]:
+    """``(tiles, height, width)`` of an image: its base view and its grid's
+    tiles, the grid as vLLM's helper picks it."""
+    from vllm.model_executor.models.llava_next import get_anyres_image_grid_shape
+
+    rows, cols = get_anyres_image_grid_shape(
+        (height, width), _LLAVA_NEXT_PINPOINTS, _LLAVA_NEXT_SIDE
+    )
+    return (1 + rows * cols, height, width)
+
+
+def _llava_next_grids(
+    gen: torch.Generator, modality: str, tokens: int
+) -> list[tuple[int, int, int]]:
+    """Up to four images of 20 to 180 pixels a side, until ``tokens`` tokens
+    of tiles; none of the 1 x 6 grid (:data:`TINY`'s ``oversized`` draws
+    those)."""
+    per_tile = (_LLAVA_NEXT_SIDE // 14) ** 2
+    grids: list[tuple[int, int, int]] = []
+    left = tokens
+    for _ in range(16):
+        h, w = (int(torch.randint(20, 181, (), generator=gen)) for _ in range(2))
+        image = _llava_next_image(h, w)
+        if image[0] > 5:
+            continue
+        if image[0] * per_tile > left or len(grids) == 4:
+            break
+        grids.append(image)
+        left -= image[0] * per_tile
+    return grids or [_llava_next_image(56, 56)]
+
+
+def _llava_next_draw(
+    gen: torch.Generator, modality: str, grids: list[tuple[int, int, int]]
+) -> dict:
+    """A list of each image's tiles, or (a coin decides) one tensor of the
+    images padded with zero tiles to the widest, as a processor pads."""
+    side = _LLAVA_NEXT_SIDE
+    tiles = [torch.randn((p, 3, side, side), generator=gen) for p, _, _ in grids]
+    sizes = torch.tensor([[h, w] for _, h, w in grids], dtype=torch.int64)
+    if int(torch.randint(0, 2, (), generator=gen)):
+        widest = max(t.shape[0] for t in tiles)
+        padded = torch.zeros((len(tiles), widest, 3, side, side))
+        for i, t in enumerate(tiles):
+            padded[i, : t.shape[0]] = t
+        return {"pixel_values": padded, "image_sizes": sizes}
+    return {"pixel_values": tiles, "image_sizes": sizes}
+
+
 def _embed_multimodal_eager(model: Any, mm_kwargs: dict, i: int) -> torch.Tensor:
     """vLLM's own path from a batch to its items' embeddings."""
     with torch.inference_mode():
@@ -1653,6 +1751,17 @@ _QWEN2_VL_FAMILY = dict(
 
 
 TINY: dict[str, TinyModel] = {
+    "llava_next": TinyModel(
+        stem="llava_next",
+        hf_config=_llava_next_config,
+        draw=_llava_next_draw,
+        eager=_embed_multimodal_eager,
+        grids=_llava_next_grids,
+        # A wide image of a 1 x 6 grid: seven tiles, past the five captured.
+        oversized=lambda budget: _llava_next_image(48, 330),
+        save_processor=_tokenizer_only,
+        compilation=_ladder(32, 80, 320),
+    ),
     "gemma4_mm": TinyModel(
         stem="gemma4_mm",
         hf_config=_gemma4_config,
