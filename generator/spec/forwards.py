@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 
 from generator import formulas as fx
 from generator.diagnostics import Location
-from generator.formulas import Expr, FormulaError
+from generator.formulas import Expr
 from generator.scopes import PYTHON_BUILTINS, RESERVED, NameKind, derived_clash
 from generator.spec.host import HostAttr, Import
 from generator.spec.inputs import FlatInput
@@ -28,9 +28,8 @@ from generator.spec.values import (
     Section,
     Text,
     ValueType,
-    formula_error_message,
-    formula_location,
     is_name,
+    parsed_or_reported,
     reach_error,
     zero_divisor,
 )
@@ -218,15 +217,10 @@ class Steps(ValueType):
         self, line: Node, path: str, ctx: ReadContext, scope_id: str, extra=()
     ):
         scope = ctx.scope(scope_id, extra)
-        try:
-            targets, expr = fx.parse_statement(line.value, scope)
-        except FormulaError as exc:
-            ctx.error(
-                formula_location(line, exc),
-                path,
-                formula_error_message(exc, scope, ctx.unbound),
-            )
+        statement = parsed_or_reported(fx.parse_statement, line, path, ctx, scope)
+        if statement is None:
             return None
+        targets, expr = statement
         problem = self.step_problem(line, expr, ctx)
         if problem is not None:
             ctx.error(line, path, problem)
@@ -318,15 +312,10 @@ class Steps(ValueType):
                 nested = " (loops do not nest)" if line.kind == "mapping" else ""
                 ctx.error(line, field, f"expected a string, got {line.kind}{nested}")
                 continue
-            try:
-                targets, expr = fx.parse_statement(line.value, scope)
-            except FormulaError as exc:
-                ctx.error(
-                    formula_location(line, exc),
-                    field,
-                    formula_error_message(exc, scope, ctx.unbound),
-                )
+            statement = parsed_or_reported(fx.parse_statement, line, field, ctx, scope)
+            if statement is None:
                 continue
+            targets, expr = statement
             if targets != (carry,):
                 ctx.error(
                     line,
@@ -400,14 +389,8 @@ def _loop_modules(
         ctx.error(node, path, f"expected a host path, got {node.kind}")
         return None
     scope = ctx.scope(scope_id, extra)
-    try:
-        expr = fx.parse_expression(node.value, scope)
-    except FormulaError as exc:
-        ctx.error(
-            formula_location(node, exc),
-            path,
-            formula_error_message(exc, scope, ctx.unbound),
-        )
+    expr = parsed_or_reported(fx.parse_expression, node, path, ctx, scope)
+    if expr is None:
         return None
     surface = host_surface(ctx.names, ctx.partial.get("host", ()))
     module = (

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import keyword
 import re
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from generator import formulas as fx
@@ -320,6 +321,27 @@ def formula_error_message(
     return message
 
 
+def parsed_or_reported(
+    parse: Callable[[str, fx.Scope], Any],
+    node: Node,
+    field: str,
+    ctx: ReadContext,
+    scope: fx.Scope,
+) -> Any:
+    """``parse(node.value, scope)``, or None after reporting its problem at
+    the place in the value it points to, taught (:func:`formula_error_message`
+    with the names the context leaves unbound)."""
+    try:
+        return parse(node.value, scope)
+    except FormulaError as exc:
+        ctx.error(
+            formula_location(node, exc),
+            field,
+            formula_error_message(exc, scope, ctx.unbound),
+        )
+        return None
+
+
 def zero_divisor(expr: Expr) -> str | None:
     """How ``expr`` divides by a literal zero, if it does."""
     for sub in fx.walk(expr):
@@ -341,14 +363,8 @@ def parse_formula(
         return fx.Literal(value) if literals else INVALID
     if isinstance(value, int):
         return fx.Num(value)
-    try:
-        expr = fx.parse_expression(value, scope)
-    except FormulaError as exc:
-        ctx.error(
-            formula_location(node, exc),
-            field,
-            formula_error_message(exc, scope, ctx.unbound),
-        )
+    expr = parsed_or_reported(fx.parse_expression, node, field, ctx, scope)
+    if expr is None:
         return INVALID
     zero = zero_divisor(expr)
     if zero is not None:
