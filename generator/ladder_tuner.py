@@ -126,9 +126,10 @@ class Tuning:
     the tuner minimises padded rows plus this per replay, so that it does
     not split batches into many replays to save a few rows. Default: the
     spec's minimum budget (the smallest graph worth capturing). Measured:
-    the smallest graph's replay time over the time per row of the largest
-    ones (about 1100 patches for DeepSeek-V4.1 and 210 tokens for MiniMax
-    M3 on an H200)."""
+    the smallest graph's replay time over the time of a padded row between
+    the largest ones, the capture dummies' attention taken off (a padded
+    row is a zero-length sequence's: no attention). About 1,230 patches for
+    DeepSeek-V4.1 and 270 tokens for MiniMax M3 on an H100."""
     max_budget: int | None = None
     """The tuned ladder's largest budget; default: the current ladder's.
     vLLM takes budgets above its automatic range when both the budgets and
