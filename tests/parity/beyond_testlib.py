@@ -28,7 +28,7 @@ import dataclasses
 import importlib
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from encoder_cudagraph_runtime.budget_ladder import generate_budgets
@@ -55,6 +55,11 @@ from parity_testlib import (
 CPU = torch.device("cpu")
 SPECS = REPO / "specs"
 
+#: The managers that drive a check: vLLM 0.33.0's own, from the wheel, on the
+#: generated ``vllm`` module; this project's runtime manager (CPU graph
+#: backend) on the generated ``standalone`` module.
+MANAGERS = ("vllm", "runtime")
+
 
 @dataclasses.dataclass(frozen=True)
 class OracleModel:
@@ -79,6 +84,37 @@ class OracleModel:
     #: (decreasing offsets, offsets past the rows, ``max_seqlen`` too
     #: small), by kind; reset per batch.
     violations: Callable[[Any], dict[str, list[str]]] = lambda host: {}
+
+
+class Mutation(NamedTuple):
+    """One wrong edit of a spec (or of a generated module) that the check
+    must catch: ``old`` (which must occur once) replaced by ``new``."""
+
+    why: str  # what is wrong: the case's name
+    old: str
+    new: str
+    #: The oracle forms that show it (every form when empty).
+    forms: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class OracleCases:
+    """One model's table of cases for the oracle check."""
+
+    #: The oracle's forms: a name (empty for a model of one form) and the
+    #: keyword arguments of its function in ``beyond_hosts``; the first form
+    #: answers the backend refusals.
+    forms: Mapping[str, Mapping[str, Any]] = dataclasses.field(
+        default_factory=lambda: {"": {}}
+    )
+    #: The managers that drive the check (:data:`MANAGERS`).
+    managers: tuple[str, ...] = MANAGERS
+    #: The backends the spec guards: refused before any capture.
+    refused: tuple[str, ...] = ()
+    #: Wrong specs that still generate.
+    spec_mutations: tuple[Mutation, ...] = ()
+    #: Wrong modules that no spec can ask for (the static checks refuse it).
+    module_edits: tuple[Mutation, ...] = ()
 
 
 def wheel_code(model: OracleModel) -> WheelCode:
@@ -167,12 +203,6 @@ def _eager_items(host: Any, batch: dict[str, Any]) -> list:
         batch_mm_kwargs=selected,
     )
     return [dest.get(i) for i in indices]
-
-
-#: The managers that drive a check: vLLM 0.33.0's own, from the wheel, on the
-#: generated ``vllm`` module; this project's runtime manager (CPU graph
-#: backend) on the generated ``standalone`` module.
-MANAGERS = ("vllm", "runtime")
 
 
 def oracle_problems(
