@@ -226,7 +226,6 @@ MISTRAL3 = OracleCases(
             "the rotary ids swapped (column, row)",
             "torch.stack([row, column], dim=-1)",
             "torch.stack([column, row], dim=-1)",
-            forms=("axial",),
         ),
         Mutation(
             "the flat rotary ids over the batch's widest image",
