@@ -912,7 +912,7 @@ def check_eager_forward(world: SpecWorld, path, rng: random.Random) -> None:
 #: Specs whose graph forward gathers rows of a host module's output by a
 #: buffer of indices (PaddleOCR-VL's 2 x 2 merge order): the fake modules
 #: return one row, so their graph forward runs in their oracle check instead
-#: (``tests/parity/test_beyond_paddleocr_vl.py``, vLLM's code on fakes that
+#: (``tests/parity/test_beyond_oracles.py``, vLLM's code on fakes that
 #: keep every row).
 GATHERED_OUTPUTS = {"paddleocr_vl"}
 
@@ -1186,7 +1186,7 @@ BLOCK_OUTPUTS = {"deepseek_vl2"}
 #: Specs whose steps read inputs that real images keep consistent and random
 #: items do not: the useful area of each image's mask (Phi-4-multimodal), as
 #: many crops as its size asks for (Phi-3-Vision, Phi-4-multimodal). Checked
-#: by their oracle tests on real layouts (tests/parity/test_beyond_phi*.py).
+#: by their oracle check on real layouts (tests/parity/test_beyond_oracles.py).
 ROWS_FROM_CONTENT = {"phi3v", "phi4mm"}
 POST_SPECS = [
     p
