@@ -134,6 +134,7 @@ from profile_launch import host_probe_us  # noqa: E402
 from encoder_cudagraph_runtime.cost_aware import (  # noqa: E402
     crossover_rows,
     plan_execution,
+    replay_cost_rows,
 )
 from encoder_cudagraph_runtime.graph_backends import (  # noqa: E402
     CudaGraphBackend,
@@ -278,37 +279,6 @@ def startup_seconds(ladders: dict[str, Any]) -> dict[str, dict[str, Any]]:
             "calibration_calls_s": None if device_ms is None else device_ms / 1e3,
         }
     return out
-
-
-def replay_cost_rows(
-    replay_ms: dict[int, float],
-    host_ms: float = 0.0,
-    row_sq_ms: float = 0.0,
-    max_batch_size: int = 1,
-) -> int:
-    """What one replay costs in rows (the tuner's
-    ``tuning.replay_cost_rows``): the smallest graph's replay time plus
-    ``host_ms`` of host work around a replay, over the time of one padded
-    row between the two largest graphs.
-
-    A padded row is a zero-length sequence's row: it costs the tower's
-    per-row layers, not attention. The capture dummies' attention
-    (``max_batch_size`` sequences sharing the budget, ``row_sq_ms`` per
-    squared row: :class:`GraphCost`) grows with the budget, so it is taken
-    off the growth first. Issue #27: with it left in, DeepSeek-V4.1's
-    padded row was priced 4.5 us instead of 3.1 on an H100 and a replay at
-    836 rows instead of about 1,230; the tuner then split an 8-image batch
-    into seven replays (350 ms) to save rows one replay of 57,344 would pad
-    (328 ms)."""
-    budgets = sorted(replay_ms)
-    if len(budgets) < 2:
-        return budgets[0]
-    low, half, high = budgets[0], budgets[-2], budgets[-1]
-    dummies = row_sq_ms * (high * high - half * half) / max_batch_size
-    per_row = (replay_ms[high] - replay_ms[half] - dummies) / (high - half)
-    if per_row <= 0:
-        return low
-    return round((replay_ms[low] + host_ms) / per_row)
 
 
 def host_constants(stem: str, host: Any) -> dict[str, int]:
@@ -970,12 +940,7 @@ class TrafficBench:
         cost = default.cost_model
         assert cost is not None
         tuning = {
-            "replay_cost_rows": replay_cost_rows(
-                dict(cost.graph.replay_ms),
-                cost.graph.per_replay_ms,
-                cost.graph.per_row_sq_ms,
-                cost.graph.max_batch_size,
-            ),
+            "replay_cost_rows": replay_cost_rows(cost.graph),
             "max_budget": default.token_budgets[-1],
             "capture_memory_mib": TUNED_CAPTURE_MIB,
         }

@@ -72,6 +72,7 @@ __all__ = [
     "held_out_graph_errors",
     "plan_execution",
     "relative_errors",
+    "replay_cost_rows",
 ]
 
 
@@ -276,6 +277,33 @@ def plan_execution(
     if vllm_ms > eager_ms or cheapest_ms < vllm_ms * (1.0 - margin):
         return ExecutionPlan(cheapest_units, cheapest_ms, "cheapest", vllm_ms, eager_ms)
     return ExecutionPlan(vllm_units, vllm_ms, "vllm", vllm_ms, eager_ms)
+
+
+def replay_cost_rows(graph: GraphCost) -> int:
+    """What one replay costs in padded rows: ``gen-mixin plan``'s
+    ``tuning.replay_cost_rows``, measured. The smallest graph's replay plus
+    the host work around one (``per_replay_ms``), over the time of one
+    padded row between the two largest graphs.
+
+    A padded row is a zero-length sequence's: it runs the tower's per-row
+    layers, not attention. The capture dummies' attention
+    (``max_batch_size`` sequences sharing each budget, ``per_row_sq_ms``
+    per squared row) grows with the budget too, so it is taken off that
+    growth first. Issue #27: left in, it priced DeepSeek-V4.1's padded row
+    at 4.5 us instead of 3.1 on an H100 and a replay at 836 rows instead of
+    about 1,230; the tuner then split an 8-image batch into seven replays
+    (350 ms) to save rows that one replay of 57,344 pads (328 ms). With one
+    graph (or no growth left to measure): the smallest budget."""
+    budgets = sorted(graph.replay_ms)
+    if len(budgets) < 2:
+        return budgets[0]
+    low, half, high = budgets[0], budgets[-2], budgets[-1]
+    dummies = graph.per_row_sq_ms * (high * high - half * half) / graph.max_batch_size
+    growth = graph.replay_ms[high] - graph.replay_ms[half] - dummies
+    if growth <= 0:
+        return low
+    per_row = growth / (high - half)
+    return round((graph.replay_ms[low] + graph.per_replay_ms) / per_row)
 
 
 #: Items a batch at the crossover is split into: equal items of

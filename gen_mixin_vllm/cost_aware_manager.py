@@ -39,6 +39,7 @@ from encoder_cudagraph_runtime.cost_aware import (
     GraphCost,
     ExecutionPlan,
     plan_execution,
+    replay_cost_rows,
 )
 from encoder_cudagraph_runtime.manager import CALIBRATION_LIMIT_MS
 from gen_mixin_vllm.calibration import CalibrationReport, calibrate, dummy_batches
@@ -168,10 +169,15 @@ class CostAwareEncoderCudaGraphManager(_VllmManager):
         )
         self.calibration_report = report
         self.set_cost_model(cost_model)
+        # The JSON is a GEN_MIXIN_COST_MODEL file for the next start on this
+        # GPU, model and ladder; the replay price is what `gen-mixin plan
+        # --traffic` needs to tune a ladder for it (tuning.replay_cost_rows).
         logger.info(
-            "gen-mixin cost-aware manager calibrated: %s; cost model %s",
+            "gen-mixin cost-aware manager calibrated: %s; tuning.replay_cost_rows "
+            "for gen-mixin plan: %d; cost model (a GEN_MIXIN_COST_MODEL file): %s",
             report.summary(),
-            cost_model,
+            replay_cost_rows(cost_model.graph),
+            json.dumps(cost_model.as_dict(), sort_keys=True),
         )
         return cost_model
 

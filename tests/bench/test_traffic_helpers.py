@@ -59,28 +59,6 @@ def test_calibration_singles_close_the_gaps_between_quantiles(
     assert sorted({b[0][1] for b in batches if len(b) == 1}) == singles
 
 
-@pytest.mark.parametrize(
-    ("replay_ms", "host_ms", "row_sq", "expected"),
-    [
-        # 26 ms per 8192 rows between the two largest graphs; the smallest
-        # replays in 4 ms: about 1260 rows, 1575 with 1 ms of host work.
-        ({64: 4.0, 8192: 30.0, 16384: 56.0}, 0.0, 0.0, 1260),
-        ({64: 4.0, 8192: 30.0, 16384: 56.0}, 1.0, 0.0, 1575),
-        # 8 of the 26 ms are the 8 capture dummies' attention growing
-        # ((16384² - 8192²) / 8 = 25,165,824 squared rows between the
-        # graphs): a padded row costs 18 ms per 8192, a replay 1820 rows.
-        ({64: 4.0, 8192: 30.0, 16384: 56.0}, 0.0, 8 / 25_165_824, 1820),
-        # No growth to measure: the smallest budget.
-        ({64: 4.0, 128: 4.0}, 0.0, 0.0, 64),
-        ({64: 4.0}, 0.0, 0.0, 64),
-        # Attention is the whole growth: no row cost left to measure.
-        ({64: 4.0, 128: 5.0}, 0.0, 1.0, 64),
-    ],
-)
-def test_replay_cost_rows(replay_ms, host_ms, row_sq, expected) -> None:  # type: ignore[no-untyped-def]
-    assert bench.replay_cost_rows(replay_ms, host_ms, row_sq, 8) == expected
-
-
 def test_rounds_interleave_the_calls_in_a_shuffled_order() -> None:
     events: list[str] = []
     calls = {name: (lambda name=name: events.append(name)) for name in "abc"}

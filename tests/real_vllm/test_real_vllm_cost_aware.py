@@ -28,6 +28,7 @@ from encoder_cudagraph_runtime.cost_aware import (  # noqa: E402
     CostModel,
     EagerCost,
     GraphCost,
+    replay_cost_rows,
 )
 
 STEM = "qwen2_vl"
@@ -348,6 +349,32 @@ def test_a_calibration_serves_the_next_manager_of_the_same_ladder(host):
     )
     assert second.calibration_report is None
     assert second.cost_model == first.cost_model
+
+
+def test_the_calibration_log_saves_the_cost_model_and_the_tuners_price(
+    host, tmp_path, caplog: pytest.LogCaptureFixture
+):
+    """The log line's JSON is a GEN_MIXIN_COST_MODEL file that reads back
+    to the calibrated model; its replay price is the tuner's."""
+    import logging
+    import re
+
+    from gen_mixin_vllm.cost_aware_manager import load_cost_model
+
+    logger = logging.getLogger("vllm.gen_mixin")
+    logger.addHandler(caplog.handler)  # vLLM's loggers do not propagate
+    try:
+        with caplog.at_level(logging.INFO, logger="vllm.gen_mixin"):
+            _, (_, _, _, manager) = _calibrated_run(host, FakeCosts(0.001, 1.0))
+    finally:
+        logger.removeHandler(caplog.handler)
+    lines = [r.getMessage() for r in caplog.records]
+    line = next(m for m in lines if "manager calibrated:" in m)
+    price = re.search(r"tuning.replay_cost_rows for gen-mixin plan: (\d+);", line)
+    assert price and int(price[1]) == replay_cost_rows(manager.cost_model.graph)
+    path = tmp_path / "cost_model.json"
+    path.write_text(line.split("(a GEN_MIXIN_COST_MODEL file): ", 1)[1])
+    assert load_cost_model(path) == manager.cost_model
 
 
 def test_no_warm_up_images_stops_the_start(host, monkeypatch: pytest.MonkeyPatch):

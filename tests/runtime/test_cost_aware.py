@@ -25,6 +25,7 @@ from encoder_cudagraph_runtime.cost_aware import (
     held_out_graph_errors,
     plan_execution,
     relative_errors,
+    replay_cost_rows,
 )
 
 BUDGETS = [64, 128, 256, 512, 1024, 2048, 4096]
@@ -520,3 +521,26 @@ def test_crossover_rows_where_graphs_stop_paying(
 ) -> None:
     cost = CostModel(CROSSOVER_GRAPH, eager)
     assert crossover_rows(cost, splits=(1, 2)) == expected
+
+
+@pytest.mark.parametrize(
+    ("replay_ms", "host_ms", "row_sq", "expected"),
+    [
+        # 26 ms per 8192 rows between the two largest graphs; the smallest
+        # replays in 4 ms: about 1260 rows, 1575 with 1 ms of host work.
+        ({64: 4.0, 8192: 30.0, 16384: 56.0}, 0.0, 0.0, 1260),
+        ({64: 4.0, 8192: 30.0, 16384: 56.0}, 1.0, 0.0, 1575),
+        # 8 of the 26 ms are the 8 capture dummies' attention growing
+        # ((16384² - 8192²) / 8 = 25,165,824 squared rows between the
+        # graphs): a padded row costs 18 ms per 8192, a replay 1820 rows.
+        ({64: 4.0, 8192: 30.0, 16384: 56.0}, 0.0, 8 / 25_165_824, 1820),
+        # No growth to measure: the smallest budget.
+        ({64: 4.0, 128: 4.0}, 0.0, 0.0, 64),
+        ({64: 4.0}, 0.0, 0.0, 64),
+        # Attention is the whole growth: no row cost left to measure.
+        ({64: 4.0, 128: 5.0}, 0.0, 1.0, 64),
+    ],
+)
+def test_replay_cost_rows(replay_ms, host_ms, row_sq, expected) -> None:  # type: ignore[no-untyped-def]
+    graph = GraphCost(replay_ms, 8, per_replay_ms=host_ms, per_row_sq_ms=row_sq)
+    assert replay_cost_rows(graph) == expected
