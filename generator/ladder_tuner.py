@@ -1160,6 +1160,7 @@ def _report(
         },
         "capture_memory_cap_bytes": cap,
         "replay_cost_rows": replay_rows,
+        "replay_cost_rows_given": traffic.tuning.replay_cost_rows is not None,
         "crossover_rows": crossover,
         "max_budget": tuned[-1],
         "prediction_packing": "vllm",
@@ -1175,6 +1176,20 @@ def _report(
         },
         "compilation_config": value,
     }
+
+
+def _replay_price_line(report: dict[str, Any]) -> str:
+    """What the objective charged per replay, and where that came from: a
+    price left at its default splits batches into more replays than pay."""
+    price = f"a replay priced at {report['replay_cost_rows']} padded rows"
+    if report["replay_cost_rows_given"]:
+        return f"{price} (tuning.replay_cost_rows)"
+    return (
+        f"{price}: the spec's smallest budget, tuning.replay_cost_rows not given; "
+        "a replay usually costs far more (DeepSeek-V4.1 on an H100: 1,236 "
+        "patches). vLLM prints the measured price when the gen-mixin plugin "
+        'calibrates (docs/using-in-vllm.md, "The tuner\'s flag")'
+    )
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -1197,6 +1212,7 @@ def format_report(report: dict[str, Any]) -> str:
             + ")"
         )
         lines.append(f"  budgets: {s['budgets']}")
+    lines.append(_replay_price_line(report))
     lines.append(
         f"capture memory cap: {report['capture_memory_cap_bytes'] / 2**20:.1f} MiB "
         "(captured input buffers, plus output rows when tuning.output_row_bytes is set)"

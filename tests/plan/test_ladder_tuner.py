@@ -297,6 +297,27 @@ def test_cli_prints_a_ready_compilation_config(tmp_path: Path) -> None:
     assert report["current"]["budgets"] == DEFAULT
 
 
+@pytest.mark.parametrize(
+    ("tuning", "line"),
+    [
+        ({}, "a replay priced at 64 padded rows: the spec's smallest budget, "),
+        (
+            {"replay_cost_rows": 270},
+            "a replay priced at 270 padded rows (tuning.replay_cost_rows)",
+        ),
+    ],
+)
+def test_cli_says_what_a_replay_was_priced_at(
+    tmp_path: Path, tuning: dict[str, int], line: str
+) -> None:
+    batches = [{"count": 5, "items": [{"t": 1, "h": 40, "w": 54}] * 2}]
+    path = write(tmp_path, {"batches": batches, "tuning": tuning})
+    spec = str(ROOT / "specs" / "minimax_m3.yaml")
+    proc = run_plan(spec, "--traffic", str(path))
+    assert proc.returncode == 0, proc.stderr
+    assert [l for l in proc.stdout.splitlines() if l.startswith(line)], proc.stdout
+
+
 def test_cli_bad_traffic_exits_2(tmp_path: Path) -> None:
     path = write(tmp_path, {"batches": [[{"t": 1, "h": 4}]]})
     proc = run_plan(str(ROOT / "specs" / "minimax_m3.yaml"), "--traffic", str(path))
