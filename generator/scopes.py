@@ -791,6 +791,44 @@ METHODS: dict[str, Method] = {
             (Param("value", "torch.Tensor | list[torch.Tensor]"),),
             "torch.Tensor",
         ),
+        Method("_check_host_callees", (SELF,), "None"),
+        Method(
+            "_host_modules",
+            (
+                Param("model", "Any"),
+                Param("path", "str"),
+                Param("what", "str"),
+                Param("tensor_last", "bool"),
+            ),
+            "Any",
+            ("value", "shown", "parts", "depth", "part", "held"),
+        ),
+        Method(
+            "_require_module_callee",
+            (
+                Param("model", "Any"),
+                Param("path", "str"),
+                Param("tensor_method", "bool", "False"),
+            ),
+            "None",
+            (
+                "owner_path",
+                "_",
+                "name",
+                "what",
+                "owner",
+                "callee",
+                "method",
+                "bound",
+                "static",
+            ),
+        ),
+        Method(
+            "_require_module_list",
+            (Param("model", "Any"), Param("path", "str")),
+            "None",
+            ("what", "modules"),
+        ),
         Method(
             "_select_rows",
             (
@@ -922,6 +960,7 @@ MODULE_NAMES = frozenset(
         "itertools",
         "math",
         "weakref",
+        "inspect",
         "Any",
         "Hashable",
         "TYPE_CHECKING",

@@ -3,8 +3,8 @@
 # From specs/gemma3_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma3_mm.yaml`.
 # spec-sha256: 19cc0f6e849ba8315b6202b90204158da9f48161f059a5255254f1c8d3c71b41
-# templates-sha256: 6a79557b8bd05d74e37147178b7f933b7c2a2ade9152972ffefa00dc33d5514c
-# output-sha256: 489dd2bb7d570adc0726c6946698a6bcac54ba0273eb29ddd35894a1946fd8f0
+# templates-sha256: a4e9e2bce55b7bae46ce4bca3064b56ff06f8d2cd58f73574ce00d2b9b822dc7
+# output-sha256: 5314028624b3bb23226f517677ffe4ed349f2c3593b9c025d2e925e8e1a90315
 
 import itertools
 from collections.abc import Hashable

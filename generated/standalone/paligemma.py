@@ -3,8 +3,8 @@
 # From specs/paligemma.yaml: change the spec or the templates and run
 # `gen-mixin specs/paligemma.yaml`.
 # spec-sha256: caf49abb04c23527472570df9a1b0af2d212d2a092f96aee208265311844afd6
-# templates-sha256: 6a79557b8bd05d74e37147178b7f933b7c2a2ade9152972ffefa00dc33d5514c
-# output-sha256: 5967797170740ca1d7d32140305efebde5cb0032bbc1aacfc4711fdcbb7a00f6
+# templates-sha256: a4e9e2bce55b7bae46ce4bca3064b56ff06f8d2cd58f73574ce00d2b9b822dc7
+# output-sha256: 659ee66e1434adcf08c30a42a506aa7052beed927f2912e2138f1cf2fa98f061
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any

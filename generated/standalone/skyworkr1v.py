@@ -3,8 +3,8 @@
 # From specs/skyworkr1v.yaml: change the spec or the templates and run
 # `gen-mixin specs/skyworkr1v.yaml`.
 # spec-sha256: b0dc57e5fb20eaab774e7718602afac4daee4053867b6f921b6f70c4492526a6
-# templates-sha256: 6a79557b8bd05d74e37147178b7f933b7c2a2ade9152972ffefa00dc33d5514c
-# output-sha256: 3fadab56601003d4be1ba348f234f1ca5ac7728d3f9524c8bbb463f8a6aa28d3
+# templates-sha256: a4e9e2bce55b7bae46ce4bca3064b56ff06f8d2cd58f73574ce00d2b9b822dc7
+# output-sha256: f47e0fd639708870dcdaf5f9baaaac6e806fdc8ecbd4aa6b75ed657e0cd04e40
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/internvl.yaml: change the spec or the templates and run
 # `gen-mixin specs/internvl.yaml`.
 # spec-sha256: a13d7176da51ad327c36398580cc16d0002a1385a2d5340c1735ce87391afee4
-# templates-sha256: 6a79557b8bd05d74e37147178b7f933b7c2a2ade9152972ffefa00dc33d5514c
-# output-sha256: c9ee5fac46a95ccca3c8ac902ede9a2d76c141b739c8da9f2d37e3232b5d5195
+# templates-sha256: a4e9e2bce55b7bae46ce4bca3064b56ff06f8d2cd58f73574ce00d2b9b822dc7
+# output-sha256: 523f9131c99be6b46783774d8c2192e6a7880f41b7deced9208fd899e008f814
 
 import itertools
 from collections.abc import Hashable

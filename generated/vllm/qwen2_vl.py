@@ -3,9 +3,10 @@
 # From specs/qwen2_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen2_vl.yaml`.
 # spec-sha256: 869bcb41f290ee655394bdeee5f49801b8344bce3f4c38101e004675d9980f68
-# templates-sha256: 6a79557b8bd05d74e37147178b7f933b7c2a2ade9152972ffefa00dc33d5514c
-# output-sha256: 98383796fa5dca2504a8bf4b1770ddaedc3a3c49768dd30c4ccc1ffae4e695d0
+# templates-sha256: a4e9e2bce55b7bae46ce4bca3064b56ff06f8d2cd58f73574ce00d2b9b822dc7
+# output-sha256: f1576dd6c547fc1b74c7cd0a8566fe502398455811f3d60d6f1f5a376677bd8c
 
+import inspect
 import itertools
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
@@ -223,6 +224,55 @@ def _check_indices(indices: list[int], num_items: int) -> None:
             )
 
 
+def _host_modules(model: Any, path: str, what: str, tensor_last: bool) -> Any:
+    """``model.<path>`` (``a.b[0].c``), each part a torch.nn.Module (the
+    last may be a tensor where ``tensor_last``), or None where the host left
+    an optional module out (None or no such attribute: the path leads
+    nowhere, and the spec tests for it before calling); a TypeError naming
+    ``what`` otherwise."""
+    value, shown = model, ""
+    parts = path.replace("[", ".").replace("]", "").split(".")
+    for depth, part in enumerate(parts, 1):
+        if part.isdigit():
+            value, shown = value[int(part)], f"{shown}[{part}]"
+        else:
+            value, shown = getattr(value, part, None), f"{shown}.{part}".lstrip(".")
+        if value is None:
+            return None
+        held = tensor_last and depth == len(parts) and isinstance(value, torch.Tensor)
+        if not isinstance(value, torch.nn.Module) and not held:
+            raise TypeError(
+                f"{what}: {shown} is a {type(value).__name__}, not a "
+                "torch.nn.Module (the spec calls only its host modules' code)"
+            )
+    return value
+
+
+def _require_module_callee(model: Any, path: str, tensor_method: bool = False) -> None:
+    """Refuse a ``host_methods`` path that calls anything but a host
+    module's code: every part but the last is a torch.nn.Module, the last a
+    submodule (its forward), a method bound to the module that holds it or
+    a static method of its class (vLLM's ``resize_positional_embeddings_packed``).
+    A tensor method (``tensor_method``) may be bound to a tensor of the
+    module instead (``embeddings.weight.reshape``). A part that is None or
+    missing is an optional module the host left out: nothing there to call."""
+    owner_path, _, name = path.rpartition(".")
+    what = f"host_methods entry {path!r}"
+    owner = _host_modules(model, owner_path, what, tensor_method)
+    callee = None if owner is None else getattr(owner, name, None)
+    if callee is None or isinstance(callee, torch.nn.Module):
+        return
+    method = inspect.ismethod(callee) or inspect.isbuiltin(callee)
+    bound = method and callee.__self__ is owner
+    static = isinstance(inspect.getattr_static(owner, name, None), staticmethod)
+    if not bound and not static:
+        raise TypeError(
+            f"{what} is a {type(callee).__name__}, not a submodule, a method "
+            f"bound to {owner_path} or a static method of its class (the spec "
+            "calls only its host modules' code)"
+        )
+
+
 class Qwen2VLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
     """``SupportsEncoderCudaGraph`` for Qwen2-VL hosts that hold the vision
     transformer as ``self.visual``.
@@ -296,6 +346,7 @@ class Qwen2VLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         """
         from vllm.v1.worker.encoder_cudagraph_defs import EncoderItemSpec
 
+        self._check_host_callees()
         grids = self._checked_grids(mm_kwargs)
         image_grid_thw = grids["image_grid_thw"]
         merge = self.visual.spatial_merge_size
@@ -340,6 +391,7 @@ class Qwen2VLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         budget fits them too."""
         from vllm.v1.worker.encoder_cudagraph_defs import EncoderCudaGraphCaptureInputs
 
+        self._check_host_callees()
         merge = self.visual.spatial_merge_size
         channels = self.visual.patch_embed.proj.in_channels
         frames = self.visual.patch_embed.temporal_patch_size
@@ -527,3 +579,18 @@ class Qwen2VLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         if self.get_input_modality(mm_kwargs) == "image":
             return _IMAGE_KEYS
         return _VIDEO_KEYS
+
+    def _check_host_callees(self) -> None:
+        """Refuse a host whose declared callees are not its modules' code.
+
+        The spec names paths under the host's modules and the methods call
+        them; only the host says what each part holds, and a path through
+        data (``visual.config.save_pretrained``) would run the data's
+        methods. Checked once per model, before its code first runs (at
+        capture and in the item specs every batch starts with); later calls
+        cost one dictionary lookup.
+        """
+        if self.__dict__.get("_encoder_cg_callees_checked"):
+            return
+        _require_module_callee(self, "visual.prepare_encoder_metadata")
+        self.__dict__["_encoder_cg_callees_checked"] = True

@@ -3,8 +3,8 @@
 # From specs/step3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
-# templates-sha256: 6a79557b8bd05d74e37147178b7f933b7c2a2ade9152972ffefa00dc33d5514c
-# output-sha256: 00f772ea8f8e973077e9840c013c74f36ac7f0c7f8d56cdc62cec3f629753bd6
+# templates-sha256: a4e9e2bce55b7bae46ce4bca3064b56ff06f8d2cd58f73574ce00d2b9b822dc7
+# output-sha256: 72b0043db0a92d0e30aa84c0d84d9a6135e522b3dd73f977896df8d8515eeeda
 
 import itertools
 from collections.abc import Hashable

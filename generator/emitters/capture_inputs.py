@@ -7,6 +7,7 @@ from typing import Any
 from generator import formulas as fx
 from generator.emitters.capture_axes import capture_context
 from generator.emitters.capture_checks import capture_checks, check_dims
+from generator.emitters import host_callees
 from generator.emitters.method_body import (
     Body,
     Loads,
@@ -489,6 +490,7 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
         ),
         axes=capture_context(spec),
         units=_units_doc(spec),
+        check_callees=bool(host_callees.callees(spec)),
     )
     return ctx
 

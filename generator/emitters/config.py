@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from generator.emitters import host_callees
 from generator.emitters.method_body import Body, signature
 from generator.emitters.prose import comment_lines, message_literal, plain_message
 from generator.naming import PROTOCOL_MODULES
@@ -141,6 +142,10 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
         "max_frames_per_video": body.expr(mfpv) if mfpv is not None else None,
         "padding": padding_logics(spec),
         "capture_axes": bool(spec.capture_axes),
+        "check_callees": bool(host_callees.callees(spec))
+        and host_callees.calls_dotted_method(
+            [mfpv, *(k for a in spec.capture_axes for key in a.keys for k in key)]
+        ),
     }
     ctx["constants"] = body.bindings()
     return ctx

@@ -8,7 +8,7 @@ from typing import Any
 
 from generator import formulas as fx
 from generator.diagnostics import RenderError
-from generator.emitters import input_checks, module_helpers
+from generator.emitters import host_callees, input_checks, module_helpers
 from generator.emitters.method_body import DEFS_NAMES
 from generator.emitters.postprocess import scatters
 from generator.import_rules import TARGET_ROOTS
@@ -139,6 +139,8 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
                 imp.module(target),
                 imp.name,
             )
+    if any(not c["module_list"] for c in host_callees.callees(spec)):
+        plain.add("inspect")  # _require_module_callee: a static method's test
     if spec.trailing is not None:
         plain.add("weakref")
     if uses_ceil_sqrt(spec):

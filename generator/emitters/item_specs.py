@@ -7,6 +7,7 @@ from typing import Any
 from generator import formulas as fx
 from generator.emitters.capture_axes import beyond_condition
 from generator.emitters.graph_forward import steps
+from generator.emitters import host_callees
 from generator.emitters.method_body import (
     Body,
     dims_of,
@@ -84,6 +85,7 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
         "target": loop_target,
         "iterable": iterable,
         "counted": _counted(spec, body),
+        "check_callees": bool(host_callees.callees(spec)),
     }
     ctx["constants"] = body.bindings()
     return ctx

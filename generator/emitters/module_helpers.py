@@ -8,6 +8,7 @@ from typing import Any
 
 from generator.emitters.capture_axes import helpers_context
 from generator.emitters.capture_inputs import padded_sizes_names
+from generator.emitters import host_callees
 from generator.emitters.method_body import of_list
 from generator.formulas import Num
 from generator.spec.enums import PadRule
@@ -51,6 +52,20 @@ def context(spec: MixinSpec, target: str) -> dict[str, Any]:
         "unit_indices": any(g.unit_of for g in spec.item_inputs),
         "trailing": {"key": trailing.key} if trailing is not None else None,
         "axes": helpers_context(spec),
+        "host_callees": _host_callees(spec),
+    }
+
+
+def _host_callees(spec: MixinSpec) -> dict[str, Any] | None:
+    """What ``_check_host_callees`` walks, and which of its two helpers the
+    module needs (a spec without loops calls no ``_require_module_list``)."""
+    callees = host_callees.callees(spec)
+    if not callees:
+        return None
+    return {
+        "callees": callees,
+        "methods": any(not c["module_list"] for c in callees),
+        "lists": any(c["module_list"] for c in callees),
     }
 
 

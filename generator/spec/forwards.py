@@ -384,7 +384,8 @@ def _loop_modules(
     node, path, ctx, scope_id, extra, what: str = _LOOP_IN
 ) -> fx.HostPath | None:
     """A path under a ``host:`` attribute that is not a tensor (``what``:
-    the message where it is not)."""
+    the message where it is not); a loop's (``_LOOP_IN``), whose modules are
+    called, under one annotated as a module."""
     if node.kind != "string":
         ctx.error(node, path, f"expected a host path, got {node.kind}")
         return None
@@ -392,12 +393,16 @@ def _loop_modules(
     expr = parsed_or_reported(fx.parse_expression, node, path, ctx, scope)
     if expr is None:
         return None
-    surface = host_surface(ctx.names, ctx.partial.get("host", ()))
+    surface = host_surface(
+        ctx.names, ctx.partial.get("host", ()), ctx.partial.get("imports", ())
+    )
+    root = expr.parts[0] if isinstance(expr, fx.HostPath) else None
     module = (
         isinstance(expr, fx.HostPath)
         and len(expr.parts) > 1
-        and surface.attributes.get(expr.parts[0], "") not in HOST_TENSOR_TYPES
-        and expr.parts[0] in surface.attributes
+        and surface.attributes.get(root, "") not in HOST_TENSOR_TYPES
+        and root in surface.attributes
+        and (what != _LOOP_IN or root in surface.modules)
     )
     if not module:
         ctx.error(node, path, what)

@@ -181,7 +181,11 @@ class MixinSpec:
             "and dotted paths under a `host:` attribute annotated as a module "
             "(`vision.encode`: a method or submodule; under a host tensor, one of "
             "its tensor methods), never `torch.nn.Module`'s own API (see Forward "
-            "steps).",
+            "steps). The generated module checks each dotted path under a module "
+            "once per model, at capture and in the first batch: every part a "
+            "`torch.nn.Module`, the callee a submodule, a method bound to its "
+            "module or a static method of its class (`TypeError` naming the path "
+            "otherwise; see Host callees).",
             example="[get_max_frames_per_video, visual.prepare_encoder_metadata]",
         ),
         Key(

@@ -339,10 +339,13 @@ MODULE_API = frozenset(
 @dataclass(frozen=True)
 class HostSurface:
     """What the spec declares of its host: each ``host:`` attribute's
-    annotation, and the ``host_methods`` entries (dotted or not)."""
+    annotation, the ``host_methods`` entries (dotted or not), and the host
+    attributes annotated as a module (:func:`is_module_annotation`): the
+    only ones a step calls, loops over or reads parameters of."""
 
     attributes: Mapping[str, str]
     methods: frozenset[str]
+    modules: frozenset[str] = frozenset()
 
 
 # Roles of a sub-expression: what its parent does with it (a string may be
@@ -443,8 +446,7 @@ def _next_problems(e: fx.Call, role: str, host: HostSurface) -> Iterator[str]:
         and isinstance(inner, fx.Call)
         and isinstance(inner.callee, fx.HostPath)
         and len(inner.callee.parts) == 2
-        and inner.callee.parts[0] in host.attributes
-        and host.attributes[inner.callee.parts[0]] not in HOST_TENSOR_TYPES
+        and _module_or_refused(inner.callee.parts[0], host)
         and inner.callee.parts[-1] == "parameters"
         and not inner.args
         and not inner.kwargs
@@ -476,12 +478,25 @@ def _host_path_problems(
                 "model's"
             )
             return
+    if called and len(path.parts) == 1 and not _module_or_refused(root, host):
+        yield (
+            f"'{root}(...)' calls {root!r}, annotated {host.attributes[root]!r}, "
+            "not a module: a host attribute is called only where it is annotated "
+            "as one (torch.nn.Module or a class of vLLM's model code)"
+        )
+        return
     if not called or len(path.parts) == 1 or dotted in host.methods:
         return
     yield (
         f"'{dotted}(...)' is not declared: list {dotted} under host_methods (a "
         "host path is called only where the spec declares it)"
     )
+
+
+def _module_or_refused(root: str, host: HostSurface) -> bool:
+    """Whether a host attribute is a module, or its annotation was refused
+    (reported once, where it is written)."""
+    return root in host.modules or host.attributes.get(root) == ""
 
 
 def _host_tensor_method(path: fx.HostPath, host: HostSurface) -> bool:
@@ -498,7 +513,7 @@ def dotted_method_problem(
 ) -> str | None:
     """Why ``root.<rest>`` may not be declared a host method, from the root
     attribute's annotation (see :data:`MODULE_TYPES`)."""
-    if annotation in MODULE_TYPES or annotation in model_classes:
+    if is_module_annotation(annotation, model_classes):
         return None
     if annotation in HOST_TENSOR_TYPES:
         if len(rest) == 1 and rest[0] in TENSOR_METHODS:
@@ -514,6 +529,12 @@ def dotted_method_problem(
     )
 
 
+def is_module_annotation(annotation: str, model_classes: frozenset[str]) -> bool:
+    """Whether a host attribute so annotated is a module: one of
+    :data:`MODULE_TYPES` or a class of vLLM's model code."""
+    return annotation in MODULE_TYPES or annotation in model_classes
+
+
 def model_classes(imports: tuple) -> frozenset[str]:
     """The imported names whose vLLM module is model code (``Import``s)."""
     return frozenset(
@@ -526,11 +547,15 @@ def model_classes(imports: tuple) -> frozenset[str]:
     )
 
 
-def host_surface(names: Mapping, host_attrs: tuple) -> HostSurface:
+def host_surface(names: Mapping, host_attrs: tuple, imports: tuple) -> HostSurface:
     """The surface of a spec being read: ``names`` by kind (a host attribute
-    whose annotation failed has none), ``host_attrs`` the ``HostAttr``s read."""
+    whose annotation failed has none), ``host_attrs`` the ``HostAttr``s read,
+    ``imports`` the ``Import``s (whose model classes annotate modules)."""
     annotations = {h.name: h.annotation for h in host_attrs}
+    attributes = {n: annotations.get(n, "") for n in names.get(NameKind.HOST, ())}
+    classes = model_classes(imports)
     return HostSurface(
-        {n: annotations.get(n, "") for n in names.get(NameKind.HOST, ())},
+        attributes,
         frozenset(names.get(NameKind.HOST_METHOD, ())),
+        frozenset(n for n, a in attributes.items() if is_module_annotation(a, classes)),
     )

@@ -380,7 +380,9 @@ def parse_formula(
 def reach_error(expr: Expr, ctx: ReadContext) -> str | None:
     """How ``expr`` reaches beyond what the spec declares of its host and
     the step language's allow-lists (:mod:`generator.spec.step_language`)."""
-    surface = host_surface(ctx.names, ctx.partial.get("host", ()))
+    surface = host_surface(
+        ctx.names, ctx.partial.get("host", ()), ctx.partial.get("imports", ())
+    )
     return reach_problem(expr, surface)
 
 

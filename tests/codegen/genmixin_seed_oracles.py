@@ -19,6 +19,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
+from host_modules import FakeModule
 
 # -- seed 001: DeepSeek-V4 vision helpers ------------------------------------------
 
@@ -325,7 +326,7 @@ def ds_span_types(lh: int, lw: int, consts: SimpleNamespace) -> list[int]:
 # -- vLLM 0.33.0 MiniMax-VL vision model: prepare_encoder_metadata (FLASH_ATTN) -----------
 
 
-class FakeMiniMaxVisionModel:
+class FakeMiniMaxVisionModel(FakeModule):
     """``vision_tower.vision_model`` of a MiniMax M3 host: the attributes the
     mixin reads and ``prepare_encoder_metadata`` as vLLM 0.33.0 computes it
     for FLASH_ATTN (cu_seqlens optionally padded to ``max_batch_size``

@@ -37,6 +37,7 @@ from generator.spec.forwards import Loop
 from generator.spec.inputs import ItemInput
 from generator.static_checks import per_item_tokens
 from genmixin_testlib import load_module_copy
+from host_modules import FakeModule
 
 OUT_WIDTH = 5
 #: The key of an item's units (dicts of unit dims) in a unit spec's items.
@@ -47,8 +48,10 @@ FALLBACK_DTYPE = torch.uint8
 HOST_INT = 3
 
 
-class HostObject:
-    """An attribute tree node; callable when a spec calls the path."""
+class HostObject(FakeModule):
+    """An attribute tree node (a module, as the generated module checks
+    that every part of a called path is one); callable when a spec calls
+    the path."""
 
     def __init__(self) -> None:
         self._fn = None
@@ -106,8 +109,8 @@ def get_path(root: Any, parts: tuple[str | int, ...]) -> Any:
 
 
 @dataclass
-class FakeCall:
-    """A forward callee: records its calls, returns queued outputs (else a
+class FakeCall(FakeModule):
+    """A forward callee (a submodule): records its calls, returns queued outputs (else a
     placeholder)."""
 
     name: str
@@ -589,7 +592,7 @@ class SpecWorld:
         for loop in (s for s in steps if isinstance(s, Loop)):
             # Two modules in the list, each the fake of the loop's variable.
             fake = self.calls[_callee_name(fx.Ref(loop.variable))]
-            set_path(host, loop.modules.parts, HostList([fake, fake]))
+            set_path(host, loop.modules.parts, torch.nn.ModuleList([fake, fake]))
             if loop.keep_at is not None:
                 # Both kept: a later loop over another two-module list may
                 # pair its modules with the kept values.
@@ -1163,8 +1166,8 @@ def fake_of(world: SpecWorld, call: fx.Call) -> FakeCall:
     return world.calls[_callee_name(call.callee)]
 
 
-class FakeBuilder:
-    """A metadata builder: the buffers it provides, for the grids it is given
+class FakeBuilder(FakeModule):
+    """A metadata builder (a submodule): the buffers it provides, for the grids it is given
     (one sequence per item in ``cu_seqlens``-like offsets)."""
 
     def __init__(self, world: SpecWorld, builder: MetadataBuilder) -> None:

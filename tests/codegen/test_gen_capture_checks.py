@@ -19,6 +19,7 @@ from types import SimpleNamespace
 import pytest
 
 from genmixin_testlib import load_generated_mixin, mutated_spec, run_main
+from host_modules import ModuleOf
 
 DUMMY = "[1, merge, k * merge]"
 MAX_SEQLEN = "max_seqlen_override: rows}"
@@ -49,11 +50,12 @@ def _host(module):
     def prepare_encoder_metadata(*args, **kwargs):
         raise BuilderReached
 
-    embeddings = SimpleNamespace(num_channels=3, temporal_patch_size=2, patch_size=2)
-    vision_model = SimpleNamespace(
-        embeddings=embeddings, prepare_encoder_metadata=prepare_encoder_metadata
+    embeddings = ModuleOf(num_channels=3, temporal_patch_size=2, patch_size=2)
+    vision_model = ModuleOf(
+        embeddings=embeddings,
+        prepare_encoder_metadata=ModuleOf(prepare_encoder_metadata),
     )
-    tower = SimpleNamespace(spatial_merge_size=2, vision_model=vision_model, dtype=None)
+    tower = ModuleOf(spatial_merge_size=2, vision_model=vision_model, dtype=None)
     host = module.MiniMaxM3EncoderCudaGraphMixin.__new__(
         module.MiniMaxM3EncoderCudaGraphMixin
     )
@@ -152,14 +154,14 @@ class _Weight:
 
 
 def _lfm2_host(module):
-    embeddings = SimpleNamespace(
-        patch_embedding=SimpleNamespace(weight=_Weight()), position_embedding_size=16
+    embeddings = ModuleOf(
+        patch_embedding=ModuleOf(weight=_Weight()), position_embedding_size=16
     )
-    tower = SimpleNamespace(vision_model=SimpleNamespace(embeddings=embeddings))
+    tower = ModuleOf(vision_model=ModuleOf(embeddings=embeddings))
     cls = module.Lfm2VLEncoderCudaGraphMixin
     host = cls.__new__(cls)
     host.vision_tower = tower
-    host.multi_modal_projector = SimpleNamespace(factor=2)
+    host.multi_modal_projector = ModuleOf(factor=2)
     host.config = SimpleNamespace(min_image_tokens=64)
     host.multimodal_config = SimpleNamespace(mm_processor_kwargs=None)
     return host

@@ -204,6 +204,7 @@ IMPORT_ROOTS = {
     "itertools",
     "math",  # ceil_sqrt prints as math.isqrt
     "weakref",
+    "inspect",  # the callee check tells a static method of a module's class
     "torch",
     "vllm",
     "encoder_cudagraph_runtime",
@@ -294,6 +295,19 @@ def assert_inert_module(source: bytes, log: object = "") -> None:
         and "PWNED" not in node.args[1].value
         and isinstance(node.args[2], ast.Constant)
         and node.args[2].value is None
+    }
+    # The callee check walks a declared host path, part by part: its parts
+    # are public names the spec reader checked, and what it reads it only
+    # tests (isinstance), never calls.
+    plain_getattr |= {
+        id(node.func)
+        for walk in tree.body
+        if isinstance(walk, ast.FunctionDef)
+        and walk.name in ("_host_modules", "_require_module_callee")
+        for node in ast.walk(walk)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "getattr"
     }
     for node in ast.walk(tree):
         bad = None
@@ -1030,9 +1044,39 @@ def test_step_language_reaches_only_its_allow_lists(case) -> None:
         _assert_reported(stderr, log)
         return
     methods = {"_merge_rows", "visual.prepare_metadata", *declared}
-    for node in _step_returns(ast.parse(stdout)):
+    module = ast.parse(stdout)
+    checked = _checked_callees(module)
+    for node in _step_returns(module):
         problem = _outside_allow_lists(node, methods)
         assert problem is None, f"{problem} in {ast.unparse(node)} ({log})"
+        unchecked = _called_host_paths(node) - checked
+        assert not unchecked, f"{unchecked} called, not checked at run time ({log})"
+
+
+def _checked_callees(module: ast.Module) -> set[str]:
+    """The paths the generated ``_check_host_callees`` walks at run time
+    (``_require_module_callee(self, "<path>")``, ``_require_module_list``)."""
+    return {
+        node.args[1].value
+        for node in ast.walk(module)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in ("_require_module_callee", "_require_module_list")
+        and isinstance(node.args[1], ast.Constant)
+    }
+
+
+def _called_host_paths(expr: ast.expr) -> set[str]:
+    """Each ``self.<a>.<b>...(...)`` a step calls under a host attribute
+    (``next(self.<a>.parameters())`` aside: torch's own method)."""
+    paths = set()
+    for node in ast.walk(expr):
+        if not isinstance(node, ast.Call):
+            continue
+        parts = _host_parts(node.func)
+        if parts and len(parts) > 1 and parts[-1] != "parameters":
+            paths.add(".".join(str(p) for p in parts))
+    return paths
 
 
 def _step_returns(module: ast.Module) -> list[ast.expr]:
@@ -1349,12 +1393,19 @@ def test_loops_reach_only_module_lists_and_the_allow_lists(case) -> None:
     if rc == 2:
         _assert_reported(stderr, log)
         return
-    loops = [n for n in ast.walk(ast.parse(stdout)) if isinstance(n, ast.For)]
+    module = ast.parse(stdout)
+    loops = [n for n in ast.walk(module) if isinstance(n, ast.For)]
     forwards = [n for n in loops if _loop_problem(n) != "not a step loop"]
     assert len(forwards) == 2, f"{len(forwards)} step loops after {log}"
     for node in forwards:
         problem = _loop_problem(node)
         assert problem is None, f"{problem} in {ast.unparse(node)} ({log})"
+        modules = _enumerated(node)[0]  # type: ignore[index]
+        listed = "".join(
+            f"[{p}]" if isinstance(p, int) else f".{p}"
+            for p in _host_parts(modules) or []
+        ).lstrip(".")
+        assert listed in _checked_callees(module), f"{listed} unchecked ({log})"
 
 
 class _BufferReads(ast.NodeTransformer):

@@ -37,6 +37,7 @@ from genmixin_testlib import (  # noqa: E402
     GENERATED_DIR,
     load_generated_mixin,
 )
+from host_modules import FakeModule  # noqa: E402
 
 SPEC = DATA_DIR / "valid" / "per_item_builder.yaml"
 MERGE = 2
@@ -66,7 +67,7 @@ VECTORISED = """\
 """
 
 
-class Tower:
+class Tower(FakeModule):
     """A fake tower: each patch row's value mixes its pixels, its position,
     its frame and its sequence's length (from ``cu_seqlens``); each token a
     weighted sum of ``MERGE**2`` consecutive rows, so a row out of place or
@@ -239,7 +240,7 @@ def test_a_wrong_per_item_step_is_caught(tmp_path, old, new) -> None:
 TENSORS_SPEC = DATA_DIR / "valid" / "per_item_tensors.yaml"
 
 
-class TensorVision:
+class TensorVision(FakeModule):
     patch, channels, side, out_hidden_size = 2, 3, 4, OUT
 
 

@@ -38,6 +38,7 @@ from genmixin_testlib import (
     load_standalone_mixin,
     most_rows_within,
 )
+from host_modules import FakeModule
 
 from generator.resolve import load_spec
 from generator.static_checks import (
@@ -74,7 +75,7 @@ def backends():
     return AttentionBackendEnum
 
 
-class FakeViT:
+class FakeViT(FakeModule):
     def __init__(self, backend) -> None:
         self.rope_dim = 4
         self.rope_theta = 100.0
@@ -91,7 +92,7 @@ class FakeViT:
         return patches.flatten(1).float().sum(1, keepdim=True) * (h + 10 * w)
 
 
-class FakeAligner:
+class FakeAligner(FakeModule):
     def __init__(self, dtype) -> None:
         self.w1 = SimpleNamespace(weight=torch.zeros(1, dtype=dtype))
         self.calls: list[tuple] = []

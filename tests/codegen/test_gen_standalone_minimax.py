@@ -26,6 +26,7 @@ torch = pytest.importorskip("torch")
 
 import genmixin_seed_oracles as seed
 from genmixin_testlib import load_standalone_mixin
+from host_modules import FakeModule
 
 MERGE = 2
 CHANNELS, FRAMES, PATCH = 3, 2, 2
@@ -52,7 +53,7 @@ def backends():
     return AttentionBackendEnum
 
 
-class FakeVisionTower:
+class FakeVisionTower(FakeModule):
     def __init__(self, backend, dtype) -> None:
         self.spatial_merge_size = MERGE
         self.dtype = dtype

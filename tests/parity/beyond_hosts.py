@@ -20,6 +20,7 @@ import parity_hosts
 import torch
 from encoder_cudagraph_runtime.attention_backends import AttentionBackendEnum
 from beyond_testlib import OracleModel, vllm_config
+from host_modules import FakeModule, ModuleOf
 from parity_testlib import WheelCode
 
 #: Width of the fake towers' rows.
@@ -41,15 +42,12 @@ def _mixing(rows: int, cols: int) -> torch.Tensor:
     return (((i * 7 + j * 3) % 11) - 5).float() / 16
 
 
-class CallsForward:
+class CallsForward(FakeModule):
     """What ``nn.Module`` gives a vLLM module class taken from the wheel:
     calling it runs its ``forward``."""
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.forward(*args, **kwargs)
 
-
-class FixedLinear:
+class FixedLinear(FakeModule):
     """``x @ W`` with fixed weights, ``in_features -> out_features``."""
 
     def __init__(self, in_features: int, out_features: int) -> None:
@@ -384,7 +382,7 @@ DOTS_DEPTH = 3
 DOTS_MERGED_WIDTH = 2 * WIDTH
 
 
-class _DotsBlock:
+class _DotsBlock(FakeModule):
     """A transformer block by FlashAttention's contract: the rows plus their
     RoPE codes (scaled by the block's place in the list), then each row plus
     its sequence's mean (``parity_hosts.varlen_attention``)."""
@@ -424,7 +422,9 @@ class _DotsTowerParts(parity_hosts.Recorder):
         )()
         rotary.inv_freq = 1.0 / (10000 ** (torch.arange(0, 8, 2).float() / 8))
         self.rotary_pos_emb = rotary
-        self.blocks = [_DotsBlock(self, i) for i in range(DOTS_DEPTH)]
+        self.blocks = torch.nn.ModuleList(
+            _DotsBlock(self, i) for i in range(DOTS_DEPTH)
+        )
         self.merge_linear = FixedLinear(4 * WIDTH, DOTS_MERGED_WIDTH)
 
     dtype = torch.float32
@@ -516,7 +516,7 @@ class _OmniTable:
         return self.weight[indices]
 
 
-class _OmniBlock:
+class _OmniBlock(FakeModule):
     """A ``Qwen3_VisionBlock`` by FlashAttention's contract, on ``(rows, 1,
     WIDTH)``: the rows plus their RoPE codes (cos and sin side by side),
     scaled by the block's place in the list, then each row plus its
@@ -542,7 +542,7 @@ class _OmniBlock:
         return out.to(x.dtype)[:, None, :]
 
 
-class _OmniMerger:
+class _OmniMerger(FakeModule):
     """A patch merger: each run of merge x merge rows (order inside the run
     matters) through a fixed linear map, scaled by ``scale``."""
 
@@ -578,9 +578,13 @@ class _OmniTowerParts(parity_hosts.Recorder):
         )
         self.pos_embed = _OmniTable(QWEN3_OMNI_POS_GRID**2)
         self.rotary_pos_emb = _OmniRotary()
-        self.blocks = [_OmniBlock(self, i) for i in range(QWEN3_OMNI_DEPTH)]
+        self.blocks = torch.nn.ModuleList(
+            _OmniBlock(self, i) for i in range(QWEN3_OMNI_DEPTH)
+        )
         self.merger = _OmniMerger(1.0)
-        self.merger_list = [_OmniMerger(-(i + 2) / 2) for i in QWEN3_OMNI_DEEPSTACK]
+        self.merger_list = torch.nn.ModuleList(
+            _OmniMerger(-(i + 2) / 2) for i in QWEN3_OMNI_DEEPSTACK
+        )
 
     dtype = torch.float32
     device = parity_hosts.CPU
@@ -679,7 +683,7 @@ def _to_device(data: Any, dtype: torch.dtype, device: Any, **_: Any) -> torch.Te
     return torch.as_tensor(data, dtype=dtype, device=device)
 
 
-class _PaddleLayer:
+class _PaddleLayer(FakeModule):
     """An encoder layer by FlashAttention's contract: the rows plus their
     RoPE angles mixed in (scaled by the layer's place in the list), then each
     row plus its sequence's mean (``parity_hosts.varlen_attention``)."""
@@ -695,7 +699,7 @@ class _PaddleLayer:
         return out.to(hidden.dtype).unsqueeze(0)
 
 
-class _PaddlePatchEmbedding:
+class _PaddlePatchEmbedding(FakeModule):
     """The patch convolution: each ``(3, p, p)`` patch to ``WIDTH`` fixed
     mixes, shaped ``(n, WIDTH, 1, 1)`` as a stride-``p`` convolution gives."""
 
@@ -712,7 +716,9 @@ class _PaddleEncoderParts(parity_hosts.Recorder):
     def __init__(self, code: WheelCode, backend: str, heads: int) -> None:
         super().__init__()
         self.attn_backend = AttentionBackendEnum[backend]
-        self.layers = [_PaddleLayer(self, i) for i in range(PADDLE_DEPTH)]
+        self.layers = torch.nn.ModuleList(
+            _PaddleLayer(self, i) for i in range(PADDLE_DEPTH)
+        )
         rotary = code.klass(
             PADDLE, "SigLIPRotaryEmbedding", ["forward"], bases=(CallsForward,)
         )()
@@ -759,7 +765,9 @@ def _paddle_visual(code: WheelCode, backend: str) -> Any:
     transformer.config = config
     transformer.embeddings = embeddings
     transformer.encoder = encoder
-    transformer.post_layernorm = lambda x: x - x.mean(dim=-1, keepdim=True) / 2
+    transformer.post_layernorm = ModuleOf(
+        lambda x: x - x.mean(dim=-1, keepdim=True) / 2
+    )
     visual = code.klass(
         PADDLE,
         "SiglipVisionModel",
@@ -777,9 +785,9 @@ def _paddle_projector(code: WheelCode) -> Any:
     projector = code.klass(PADDLE, "Projector", ["forward"], bases=(CallsForward,))()
     projector.merge_kernel_size = (2, 2)
     projector.hidden_size = 4 * WIDTH
-    projector.pre_norm = lambda x: x * 2 - x.mean(dim=-1, keepdim=True)
+    projector.pre_norm = ModuleOf(lambda x: x * 2 - x.mean(dim=-1, keepdim=True))
     projector.linear_1 = FixedLinear(4 * WIDTH, 4 * WIDTH)
-    projector.act = torch.tanh
+    projector.act = ModuleOf(torch.tanh)
     projector.linear_2 = FixedLinear(4 * WIDTH, PADDLE_TEXT_WIDTH)
     projector.linear_2.out_features = PADDLE_TEXT_WIDTH
     return projector
@@ -899,7 +907,7 @@ def _phi4mm_encoder(code: WheelCode) -> Any:
         PHI4MM,
         "Phi4MMImageEncoder",
         ["forward", "get_img_features"],
-        bases=(CallsForward, _FirstParameter),
+        bases=(_FirstParameter, CallsForward),
     )()
     encoder.img_processor = MaskedTileTower(PHI4MM_CROP, PHI4MM_PATCH)
     encoder.type_feature = "patch"
@@ -1053,7 +1061,7 @@ def _phi3v_embedding(code: WheelCode) -> Any:
         PHI3V,
         "Phi3HDImageEmbedding",
         ["forward", "get_img_features", "hd_feature_transform"],
-        bases=(CallsForward, _FirstParameter),
+        bases=(_FirstParameter, CallsForward),
     )()
     wide = 4 * PHI3V_WIDTH
     embedding.img_processor = ClipCrops()
@@ -1129,7 +1137,7 @@ PIXTRAL_SIDE = 32
 PIXTRAL_DEPTH = 2
 
 
-class _PixtralPatchConv:
+class _PixtralPatchConv(FakeModule):
     """The patch convolution (kernel and stride one patch, no bias) with
     fixed weights: every pixel of a patch moves its row."""
 
@@ -1334,7 +1342,7 @@ def _flat_position_ids(patch_embeds_list: list, max_width: int) -> torch.Tensor:
     return torch.cat(ids)
 
 
-class _AxialRotary:
+class _AxialRotary(FakeModule):
     """Transformers' axial 2-D RoPE table (5.17 on): ``(rows, 2)`` ids of
     (row, column), a 1-d ``inv_freq``; the cos and sin of each patch, half
     of the angles from its row, half from its column."""
@@ -1356,7 +1364,7 @@ class _AxialRotary:
         return torch.cat([half, half], dim=-1)
 
 
-class _FlatRotary:
+class _FlatRotary(FakeModule):
     """Transformers' flat RoPE table (before 5.17): a 2-d ``inv_freq`` with
     one row of angles per flat id. Four times the ids of the widest grid, so
     an image larger than the config's (eager only) does not index past it."""
@@ -1425,7 +1433,7 @@ class _Mistral3TowerParts(parity_hosts.Recorder):
     device = parity_hosts.CPU
 
     @staticmethod
-    def input_norm(pixels: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    def _input_norm(pixels: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Rows of ``(channels, patch, patch)`` pixels; each channel its own
         scale and shift, as the fused input norm's layout has them."""
         n = pixels.shape[0]
@@ -1436,8 +1444,12 @@ class _Mistral3TowerParts(parity_hosts.Recorder):
         )
 
     @staticmethod
-    def ln_pre(x: torch.Tensor) -> torch.Tensor:
+    def _ln_pre(x: torch.Tensor) -> torch.Tensor:
         return x - x.mean(dim=-1, keepdim=True) / 2
+
+    # vLLM's are RMSNorm modules.
+    input_norm = ModuleOf(_input_norm)
+    ln_pre = ModuleOf(_ln_pre)
 
 
 def _mistral3_projector(code: WheelCode) -> Any:
@@ -1452,12 +1464,14 @@ def _mistral3_projector(code: WheelCode) -> Any:
     merger.spatial_merge_size = MISTRAL3_MERGE
     merger.patch_size = MISTRAL3_PATCH
     merger.merging_layer = FixedLinear(WIDTH * MISTRAL3_MERGE**2, WIDTH)
-    projector.norm = lambda x: x * (x.pow(2).mean(dim=-1, keepdim=True) + 1).rsqrt()
+    projector.norm = ModuleOf(
+        lambda x: x * (x.pow(2).mean(dim=-1, keepdim=True) + 1).rsqrt()
+    )
     projector.patch_merger = merger
     linear_1, linear_2 = FixedLinear(WIDTH, 2 * WIDTH), FixedLinear(2 * WIDTH, WIDTH)
-    projector.linear_1 = lambda x: (linear_1(x), None)
-    projector.act = torch.tanh
-    projector.linear_2 = lambda x: (linear_2(x), None)
+    projector.linear_1 = ModuleOf(lambda x: (linear_1(x), None))
+    projector.act = ModuleOf(torch.tanh)
+    projector.linear_2 = ModuleOf(lambda x: (linear_2(x), None))
     return projector
 
 
@@ -1624,9 +1638,9 @@ def _llava_projector(code: WheelCode) -> Any:
         LLAVA, "LlavaMultiModalProjector", ["forward"], bases=(CallsForward,)
     )()
     linear_1, linear_2 = FixedLinear(WIDTH, 2 * WIDTH), FixedLinear(2 * WIDTH, WIDTH)
-    projector.linear_1 = lambda x: (linear_1(x), None)
-    projector.act = torch.tanh
-    projector.linear_2 = lambda x: (linear_2(x), None)
+    projector.linear_1 = ModuleOf(lambda x: (linear_1(x), None))
+    projector.act = ModuleOf(torch.tanh)
+    projector.linear_2 = ModuleOf(lambda x: (linear_2(x), None))
     return projector
 
 

@@ -42,6 +42,7 @@ from encoder_cudagraph_runtime.config import (
 )
 
 from encoder_cudagraph_runtime.defs import ENCODER_CUDAGRAPH_AXIS_KEYS_KWARG
+from host_modules import FakeModule, ModuleOf
 from parity_testlib import (
     Difference,
     WheelCode,
@@ -164,7 +165,7 @@ def varlen_attention(
     return out
 
 
-class Recorder:
+class Recorder(FakeModule):
     """What a tower saw: ``calls`` (one dict per forward) and the attention
     contract ``violations`` of every attention call, by kind."""
 
@@ -396,11 +397,11 @@ class _QwenTowerParts(Recorder):
         return self.forward(x, grid_thw, encoder_metadata=encoder_metadata)
 
 
-class _CallablePatchEmbed(_Obj):
+class _CallablePatchEmbed(FakeModule):
     """A patch embedding that is both called and read for its sizes."""
 
     def __init__(self, call: Callable[[torch.Tensor], torch.Tensor], **sizes: Any):
-        super().__init__(**sizes)
+        self.__dict__.update(sizes)
         self._call = call
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -989,7 +990,7 @@ class _MiniMaxEncoder:
         return out.to(hidden.dtype)[:, None, :]
 
 
-class _MiniMaxViTParts:
+class _MiniMaxViTParts(FakeModule):
     """The learned parts of ``MiniMaxVLVisionTransformer``; its metadata
     builder and forward are vLLM's (subclass)."""
 
@@ -1412,7 +1413,7 @@ class _Linear:
         return x @ self.weight, None
 
 
-class _DeepseekAlignerParts:
+class _DeepseekAlignerParts(FakeModule):
     """The learned parts of ``DeepseekV4Aligner``; its merge (eager unfold
     and packed gather) is vLLM's (subclass)."""
 
@@ -1523,11 +1524,8 @@ MOONVIT_HEAD_DIM = 8
 MOONVIT_ROPE_GRID = 64
 
 
-class _CallableForward:
-    """A module-like object whose call is its (vLLM) ``forward``."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.forward(*args, **kwargs)
+class _CallableForward(FakeModule):
+    """A module whose call is its (vLLM) ``forward``."""
 
 
 class _MoonVitRopeParts:
@@ -2606,7 +2604,7 @@ class _Idefics3ViT(Recorder):
         return rows + rows.mean(dim=1, keepdim=True)
 
 
-class _Idefics3ModelParts:
+class _Idefics3ModelParts(FakeModule):
     """The learned parts of ``Idefics3Model``; its features, patch mask and
     position ids are vLLM's (subclass)."""
 
@@ -2617,7 +2615,7 @@ class _Idefics3ModelParts:
         self.connector = connector
 
 
-class _Idefics3ConnectorParts:
+class _Idefics3ConnectorParts(FakeModule):
     """The learned part of ``Idefics3Connector``; its pixel shuffle is
     vLLM's (subclass)."""
 
@@ -2737,7 +2735,7 @@ LFM2_POSITIONS = 4
 LFM2_MIN_TOKENS = 4
 
 
-class _Lfm2PatchEmbedding:
+class _Lfm2PatchEmbedding(FakeModule):
     """A linear patch embedding: rows mixed to ``WIDTH`` (its dtype is read)."""
 
     def __init__(self) -> None:
@@ -2747,7 +2745,7 @@ class _Lfm2PatchEmbedding:
         return patch_embedding(x, x.dtype)
 
 
-class _Siglip2EmbeddingsParts:
+class _Siglip2EmbeddingsParts(FakeModule):
     """The learned parts of ``Siglip2VisionEmbeddings``; its forward and the
     packed position-embedding resize are vLLM's (subclass)."""
 
@@ -2755,7 +2753,7 @@ class _Siglip2EmbeddingsParts:
         self.patch_embedding = _Lfm2PatchEmbedding()
         self.position_embedding_size = LFM2_POSITIONS
         table = torch.arange(LFM2_POSITIONS**2 * WIDTH, dtype=torch.float32)
-        self.position_embedding = _Obj(weight=table.reshape(-1, WIDTH) / 64)
+        self.position_embedding = ModuleOf(weight=table.reshape(-1, WIDTH) / 64)
 
     def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         return self.forward(*args, **kwargs)
@@ -2784,12 +2782,12 @@ class _Lfm2Encoder(Recorder):
         return out.unsqueeze(0)
 
 
-class _Lfm2Tower:
+class _Lfm2Tower(FakeModule):
     """``Siglip2Model``: embeddings, encoder, the optional post layernorm."""
 
     def __init__(self, embeddings: Any, backend: str, post_layernorm: bool) -> None:
-        norm = (lambda x: x * 0.5 + 1) if post_layernorm else None
-        self.vision_model = _Obj(
+        norm = ModuleOf(lambda x: x * 0.5 + 1) if post_layernorm else None
+        self.vision_model = ModuleOf(
             embeddings=embeddings, encoder=_Lfm2Encoder(backend), post_layernorm=norm
         )
 
@@ -2802,7 +2800,7 @@ class _Lfm2Tower:
         return out if model.post_layernorm is None else model.post_layernorm(out)
 
 
-class _Lfm2ProjectorParts:
+class _Lfm2ProjectorParts(FakeModule):
     """The learned parts of ``Lfm2VLMultiModalProjector``; its unshuffles
     are vLLM's (subclass)."""
 
@@ -3735,11 +3733,15 @@ class _Gemma4VisionTower(Recorder):
             num_channels=3,
             standardize=False,
         )
-        self.patch_embedder = lambda pv, ids, pad: patch_embedding(
-            pv.reshape(-1, pv.shape[-1]), torch.float32
-        ).reshape(pv.shape[0], pv.shape[1], WIDTH)
-        self.encoder = lambda inputs_embeds, attention_mask, pixel_position_ids: _Obj(
-            last_hidden_state=inputs_embeds
+        self.patch_embedder = ModuleOf(
+            lambda pv, ids, pad: patch_embedding(
+                pv.reshape(-1, pv.shape[-1]), torch.float32
+            ).reshape(pv.shape[0], pv.shape[1], WIDTH)
+        )
+        self.encoder = ModuleOf(
+            lambda inputs_embeds, attention_mask, pixel_position_ids: _Obj(
+                last_hidden_state=inputs_embeds
+            )
         )
 
     def pooler(
@@ -3754,7 +3756,7 @@ class _Gemma4VisionTower(Recorder):
         return pooled, real.any(-1)
 
 
-class _Gemma4EmbedVision:
+class _Gemma4EmbedVision(FakeModule):
     """``embed_vision``: the projection to the text width, a shift here."""
 
     embedding_projection = _Obj(weight=torch.zeros(1))

@@ -2280,6 +2280,27 @@ case(
         "    - resampler_model.config.save_pretrained(path_output)",
     ),
 )
+# Only a host attribute annotated as a module is called, looped over or read
+# for its parameters: a config's attributes are data (the generated module
+# checks the rest of a path under a module at run time).
+case(
+    "host_call_not_a_module",
+    "dots_ocr",
+    ("  - vision_tower.merger(normed)[", "  - config(normed)["),
+)
+case(
+    "loop_in_not_a_module",
+    "dots_ocr",
+    ("    in: vision_tower.blocks", "    in: config.blocks"),
+)
+case(
+    "next_parameters_not_a_module",
+    "phi3v",
+    (
+        "next(vision_embed_tokens.parameters()).dtype",
+        "next(config.parameters()).dtype",
+    ),
+)
 # host_methods declares the model's methods, not torch.nn.Module's machinery.
 case(
     "host_methods_module_internals",

@@ -3,8 +3,8 @@
 # From specs/mllama4.yaml: change the spec or the templates and run
 # `gen-mixin specs/mllama4.yaml`.
 # spec-sha256: 3a4c5d7bdb1ee216f77e7723529296ab4a8d77acd6df01a22770eb4a40007938
-# templates-sha256: 6a79557b8bd05d74e37147178b7f933b7c2a2ade9152972ffefa00dc33d5514c
-# output-sha256: fb9815a688f27ec5e8eda42f40154280f1ccf5b34cbd9f0c2ae4d476b9e74428
+# templates-sha256: a4e9e2bce55b7bae46ce4bca3064b56ff06f8d2cd58f73574ce00d2b9b822dc7
+# output-sha256: 0e19c89698afb9d9f3e9b698cef351a3664ed14cf3d2608e2bde63d2eee2500e
 
 import itertools
 from collections.abc import Hashable

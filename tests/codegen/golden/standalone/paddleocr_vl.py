@@ -3,9 +3,10 @@
 # From specs/paddleocr_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/paddleocr_vl.yaml`.
 # spec-sha256: 7068944d1e5972ce2899b6db50c3c8836ffb4dcaab234b82f8deb1f4d4d77a21
-# templates-sha256: 6a79557b8bd05d74e37147178b7f933b7c2a2ade9152972ffefa00dc33d5514c
-# output-sha256: dc138bb7e8a77222c2c8eaf6f2bf9b28cea1d88f1a9f47516e8252e388bce4bc
+# templates-sha256: a4e9e2bce55b7bae46ce4bca3064b56ff06f8d2cd58f73574ce00d2b9b822dc7
+# output-sha256: 8601c951907e91ab4728ac4c2d720f581d60d5bdda60d3256ed0d1efa0caa8ff
 
+import inspect
 import itertools
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
@@ -211,6 +212,70 @@ def _check_indices(indices: list[int], num_items: int) -> None:
             )
 
 
+def _host_modules(model: Any, path: str, what: str, tensor_last: bool) -> Any:
+    """``model.<path>`` (``a.b[0].c``), each part a torch.nn.Module (the
+    last may be a tensor where ``tensor_last``), or None where the host left
+    an optional module out (None or no such attribute: the path leads
+    nowhere, and the spec tests for it before calling); a TypeError naming
+    ``what`` otherwise."""
+    value, shown = model, ""
+    parts = path.replace("[", ".").replace("]", "").split(".")
+    for depth, part in enumerate(parts, 1):
+        if part.isdigit():
+            value, shown = value[int(part)], f"{shown}[{part}]"
+        else:
+            value, shown = getattr(value, part, None), f"{shown}.{part}".lstrip(".")
+        if value is None:
+            return None
+        held = tensor_last and depth == len(parts) and isinstance(value, torch.Tensor)
+        if not isinstance(value, torch.nn.Module) and not held:
+            raise TypeError(
+                f"{what}: {shown} is a {type(value).__name__}, not a "
+                "torch.nn.Module (the spec calls only its host modules' code)"
+            )
+    return value
+
+
+def _require_module_callee(model: Any, path: str, tensor_method: bool = False) -> None:
+    """Refuse a ``host_methods`` path that calls anything but a host
+    module's code: every part but the last is a torch.nn.Module, the last a
+    submodule (its forward), a method bound to the module that holds it or
+    a static method of its class (vLLM's ``resize_positional_embeddings_packed``).
+    A tensor method (``tensor_method``) may be bound to a tensor of the
+    module instead (``embeddings.weight.reshape``). A part that is None or
+    missing is an optional module the host left out: nothing there to call."""
+    owner_path, _, name = path.rpartition(".")
+    what = f"host_methods entry {path!r}"
+    owner = _host_modules(model, owner_path, what, tensor_method)
+    callee = None if owner is None else getattr(owner, name, None)
+    if callee is None or isinstance(callee, torch.nn.Module):
+        return
+    method = inspect.ismethod(callee) or inspect.isbuiltin(callee)
+    bound = method and callee.__self__ is owner
+    static = isinstance(inspect.getattr_static(owner, name, None), staticmethod)
+    if not bound and not static:
+        raise TypeError(
+            f"{what} is a {type(callee).__name__}, not a submodule, a method "
+            f"bound to {owner_path} or a static method of its class (the spec "
+            "calls only its host modules' code)"
+        )
+
+
+def _require_module_list(model: Any, path: str) -> None:
+    """Refuse a loop's module list that is not one: each part of ``path`` a
+    torch.nn.Module, the list a ModuleList or Sequential (which hold modules
+    only), so that the loop calls nothing but modules."""
+    what = f"the module list {path!r} a loop runs over"
+    modules = _host_modules(model, path, what, False)
+    if modules is not None and not isinstance(
+        modules, (torch.nn.ModuleList, torch.nn.Sequential)
+    ):
+        raise TypeError(
+            f"{what} is a {type(modules).__name__}, not a torch.nn.ModuleList or "
+            "torch.nn.Sequential"
+        )
+
+
 class PaddleOCRVLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
     """``SupportsEncoderCudaGraph`` for ``PaddleOCRVLForConditionalGeneration``
     (its vision transformer is ``self.visual``, its projector
@@ -298,6 +363,7 @@ class PaddleOCRVLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         """
         from encoder_cudagraph_runtime.defs import EncoderItemSpec
 
+        self._check_host_callees()
         grids = self._checked_grids(mm_kwargs)
         image_grid_thw = grids["image_grid_thw"]
         return [
@@ -340,6 +406,7 @@ class PaddleOCRVLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         budget fits them too."""
         from encoder_cudagraph_runtime.defs import EncoderCudaGraphCaptureInputs
 
+        self._check_host_callees()
         channels = self.visual.vision_model.config.num_channels
         patch = self.visual.vision_model.config.patch_size
         # Output tokens of each dummy item, rounded up so the dummy batch
@@ -618,3 +685,28 @@ class PaddleOCRVLEncoderCudaGraphMixin(SupportsEncoderCudaGraph):
         if isinstance(grid, torch.Tensor):
             grid = grid.tolist()
         return [[int(v) for v in row] for row in grid]
+
+    def _check_host_callees(self) -> None:
+        """Refuse a host whose declared callees are not its modules' code.
+
+        The spec names paths under the host's modules and the methods call
+        them; only the host says what each part holds, and a path through
+        data (``visual.config.save_pretrained``) would run the data's
+        methods. Checked once per model, before its code first runs (at
+        capture and in the item specs every batch starts with); later calls
+        cost one dictionary lookup.
+        """
+        if self.__dict__.get("_encoder_cg_callees_checked"):
+            return
+        _require_module_callee(
+            self, "visual.vision_model.embeddings.interpolate_pos_encoding"
+        )
+        _require_module_callee(self, "visual.vision_model.embeddings.patch_embedding")
+        _require_module_callee(self, "visual.vision_model.encoder.rotary_pos_emb")
+        _require_module_callee(self, "visual.vision_model.post_layernorm")
+        _require_module_callee(self, "mlp_AR.pre_norm")
+        _require_module_callee(self, "mlp_AR.linear_1")
+        _require_module_callee(self, "mlp_AR.act")
+        _require_module_callee(self, "mlp_AR.linear_2")
+        _require_module_list(self, "visual.vision_model.encoder.layers")
+        self.__dict__["_encoder_cg_callees_checked"] = True

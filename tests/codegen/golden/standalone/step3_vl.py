@@ -3,8 +3,8 @@
 # From specs/step3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
-# templates-sha256: 6a79557b8bd05d74e37147178b7f933b7c2a2ade9152972ffefa00dc33d5514c
-# output-sha256: 0218302b743469a58d62383d2f86b8ca0b7bf6098a01353a95247a1af635447e
+# templates-sha256: a4e9e2bce55b7bae46ce4bca3064b56ff06f8d2cd58f73574ce00d2b9b822dc7
+# output-sha256: c0bdac1344e28fb66f02f0d4dbdbf6c0b658b31f1254fc288ef4f1023e9941f6
 
 import itertools
 from collections.abc import Hashable

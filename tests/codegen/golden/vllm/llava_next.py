@@ -3,8 +3,8 @@
 # From specs/llava_next.yaml: change the spec or the templates and run
 # `gen-mixin specs/llava_next.yaml`.
 # spec-sha256: 966a7985044775f6d2663b627dfab530549ffb8047a4f27a3efc21234d0b7c67
-# templates-sha256: 6a79557b8bd05d74e37147178b7f933b7c2a2ade9152972ffefa00dc33d5514c
-# output-sha256: 9f2ea2fc48e9b735a58e9a07def615eeb3da631da13812c914aa8e99cf9c251d
+# templates-sha256: a4e9e2bce55b7bae46ce4bca3064b56ff06f8d2cd58f73574ce00d2b9b822dc7
+# output-sha256: a8358888e0bf186bf0d5e2cbaf9b5d16615e22cffa48d974a46fdef0df5b6a31
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
