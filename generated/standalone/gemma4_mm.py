@@ -3,8 +3,8 @@
 # From specs/gemma4_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma4_mm.yaml`.
 # spec-sha256: b32862b3e549a7e6154dc989dab9aa338c709d27377ca2fba16b4e2e7c9ba5f9
-# templates-sha256: a4e9e2bce55b7bae46ce4bca3064b56ff06f8d2cd58f73574ce00d2b9b822dc7
-# output-sha256: a7a577c02eb7d7cfcd5f4ad5433290f686ac50032367a2dc15f77aa105f0ee9c
+# templates-sha256: 82e57523674b2588812ceb1ad757f1a18c173b4d5a980574a6d5af1422d8ef59
+# output-sha256: da364c874a2b46c6ac956d4de95419193240ab137e1fe2daac328450e2ba27b5
 
 import inspect
 from collections.abc import Hashable

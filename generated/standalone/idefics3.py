@@ -3,8 +3,8 @@
 # From specs/idefics3.yaml: change the spec or the templates and run
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 402948cdd63112cfeb000df2a94827d2c785cffa05635f592942545d8e00d7b3
-# templates-sha256: a4e9e2bce55b7bae46ce4bca3064b56ff06f8d2cd58f73574ce00d2b9b822dc7
-# output-sha256: dcb9dae70294aab12134efe8d91aa2ec1a07315035526b8c8f9bee8c3f40161a
+# templates-sha256: 82e57523674b2588812ceb1ad757f1a18c173b4d5a980574a6d5af1422d8ef59
+# output-sha256: 3563ecb855b36f386f0cc5a6bba0759ce804612dfb3f0304bbbfb5c9d4e49453
 
 import inspect
 import itertools

@@ -3,8 +3,8 @@
 # From specs/minicpmv.yaml: change the spec or the templates and run
 # `gen-mixin specs/minicpmv.yaml`.
 # spec-sha256: b8374ea38fea5bd6b682a965a648ee0ed449853752aa842eaee0964727128604
-# templates-sha256: a4e9e2bce55b7bae46ce4bca3064b56ff06f8d2cd58f73574ce00d2b9b822dc7
-# output-sha256: 918657e18db1bda9185f7dc8de74c7c368751b84e6ffb0f0efe7a4439752b5f1
+# templates-sha256: 82e57523674b2588812ceb1ad757f1a18c173b4d5a980574a6d5af1422d8ef59
+# output-sha256: 7e34c32a28ac15e32067a4c9409069b8cb626652e779fb6f70cd8b6eb9e56fdc
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/mllama4.yaml: change the spec or the templates and run
 # `gen-mixin specs/mllama4.yaml`.
 # spec-sha256: 3a4c5d7bdb1ee216f77e7723529296ab4a8d77acd6df01a22770eb4a40007938
-# templates-sha256: a4e9e2bce55b7bae46ce4bca3064b56ff06f8d2cd58f73574ce00d2b9b822dc7
-# output-sha256: 0e19c89698afb9d9f3e9b698cef351a3664ed14cf3d2608e2bde63d2eee2500e
+# templates-sha256: 82e57523674b2588812ceb1ad757f1a18c173b4d5a980574a6d5af1422d8ef59
+# output-sha256: 109a2c774fc92b94fdd4a468be75ba622442ccaac7e92175bc3c99a1a628593c
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/phi4mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/phi4mm.yaml`.
 # spec-sha256: 4bd43a6c1f2bfb8ef8f7fed8fcc387b887788fa3ee60e3ff6e0c7c72fb28ebbb
-# templates-sha256: a4e9e2bce55b7bae46ce4bca3064b56ff06f8d2cd58f73574ce00d2b9b822dc7
-# output-sha256: b1bd40536ee61d4ff8b52f3f75bd4cf8a84547241d851b1fe586ea3e33f81049
+# templates-sha256: 82e57523674b2588812ceb1ad757f1a18c173b4d5a980574a6d5af1422d8ef59
+# output-sha256: 2aaacfe9f2562da6b60f76171b5bd57d91d9232fc358acb6a789f6c4f53696b5
 
 import inspect
 from collections.abc import Hashable

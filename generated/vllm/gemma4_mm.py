@@ -3,8 +3,8 @@
 # From specs/gemma4_mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/gemma4_mm.yaml`.
 # spec-sha256: b32862b3e549a7e6154dc989dab9aa338c709d27377ca2fba16b4e2e7c9ba5f9
-# templates-sha256: a4e9e2bce55b7bae46ce4bca3064b56ff06f8d2cd58f73574ce00d2b9b822dc7
-# output-sha256: 6ec763d7e383041c6d8fd060a3e24d9e5e30194ca4aee19a8bee9c1ae1a19f30
+# templates-sha256: 82e57523674b2588812ceb1ad757f1a18c173b4d5a980574a6d5af1422d8ef59
+# output-sha256: d6867d96458a94239b3fabc462e4c6f9aa6e796acc62577d52440e8b0efaf33a
 
 import inspect
 from collections.abc import Hashable

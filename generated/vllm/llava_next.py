@@ -3,8 +3,8 @@
 # From specs/llava_next.yaml: change the spec or the templates and run
 # `gen-mixin specs/llava_next.yaml`.
 # spec-sha256: 966a7985044775f6d2663b627dfab530549ffb8047a4f27a3efc21234d0b7c67
-# templates-sha256: a4e9e2bce55b7bae46ce4bca3064b56ff06f8d2cd58f73574ce00d2b9b822dc7
-# output-sha256: a8358888e0bf186bf0d5e2cbaf9b5d16615e22cffa48d974a46fdef0df5b6a31
+# templates-sha256: 82e57523674b2588812ceb1ad757f1a18c173b4d5a980574a6d5af1422d8ef59
+# output-sha256: 0fe5ee7a0c375a62d71948dc9112f1b6811a20a4c1094a533ba8382d44063fa8
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any

@@ -3,8 +3,8 @@
 # From specs/minicpmv.yaml: change the spec or the templates and run
 # `gen-mixin specs/minicpmv.yaml`.
 # spec-sha256: b8374ea38fea5bd6b682a965a648ee0ed449853752aa842eaee0964727128604
-# templates-sha256: a4e9e2bce55b7bae46ce4bca3064b56ff06f8d2cd58f73574ce00d2b9b822dc7
-# output-sha256: 81868423742cc38d8e2177a8fb7f7dafc2e8a4a4742dbf74ecea1fc64effd8ae
+# templates-sha256: 82e57523674b2588812ceb1ad757f1a18c173b4d5a980574a6d5af1422d8ef59
+# output-sha256: 64ee555821b7a4114f64b95eaf125ac7dcddc75f2c6d79088aeb64a22a8eb58b
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/paddleocr_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/paddleocr_vl.yaml`.
 # spec-sha256: 7068944d1e5972ce2899b6db50c3c8836ffb4dcaab234b82f8deb1f4d4d77a21
-# templates-sha256: a4e9e2bce55b7bae46ce4bca3064b56ff06f8d2cd58f73574ce00d2b9b822dc7
-# output-sha256: 66f77f171e110dce231a9a19cf23393cc4a6c3ec6232083e640450b0d4c2cd4f
+# templates-sha256: 82e57523674b2588812ceb1ad757f1a18c173b4d5a980574a6d5af1422d8ef59
+# output-sha256: 789a96fc3d08dc9df30ab52db178171f086a58a1ce43ccc0c811d40f56dc6680
 
 import inspect
 import itertools

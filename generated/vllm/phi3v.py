@@ -3,8 +3,8 @@
 # From specs/phi3v.yaml: change the spec or the templates and run
 # `gen-mixin specs/phi3v.yaml`.
 # spec-sha256: 2effbb9c392d2e5d73dbf5d33ed773898c79229aba914ffbd1c0d30c6f6dfe8b
-# templates-sha256: a4e9e2bce55b7bae46ce4bca3064b56ff06f8d2cd58f73574ce00d2b9b822dc7
-# output-sha256: bb2af18d5669a2087039c63e0b30232c4193689ed7f2afc2ecde7e41329ca222
+# templates-sha256: 82e57523674b2588812ceb1ad757f1a18c173b4d5a980574a6d5af1422d8ef59
+# output-sha256: 4bdb5a82402b04a89eee450357da2f82cc796067fbb576bbda3a2d87e4430531
 
 import inspect
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/pixtral.yaml: change the spec or the templates and run
 # `gen-mixin specs/pixtral.yaml`.
 # spec-sha256: 12ce8c3f5fd7aa9655f017b7f136e3b9447324caa4325c3dafd002fc42799961
-# templates-sha256: a4e9e2bce55b7bae46ce4bca3064b56ff06f8d2cd58f73574ce00d2b9b822dc7
-# output-sha256: fc401f327a46d06484162ad2af2aa301645772dc456102053a3cca61901c3d0c
+# templates-sha256: 82e57523674b2588812ceb1ad757f1a18c173b4d5a980574a6d5af1422d8ef59
+# output-sha256: f987ed79665a5152c18999e54a1830a87c514dbc49c77708e9beb52020fa6ac9
 
 import inspect
 from collections.abc import Hashable

@@ -21,8 +21,9 @@ from generator.spec.step_language import HOST_TENSOR_TYPES, TENSOR_METHODS
 
 
 def callees(spec: MixinSpec) -> list[dict[str, Any]]:
-    """What ``_check_host_callees`` checks, in the spec's order: each dotted
-    host method under a module (``tensor_method``: its last part is a tensor
+    """What ``_check_host_callees`` checks, in the spec's order (``path``: a
+    Python literal, the spec's text reaching the module through ``repr``):
+    each dotted host method under a module (``tensor_method``: its last part is a tensor
     method, which may be bound to a tensor of the module before it) and each
     loop's module list (``module_list``)."""
     annotations = {h.name: h.annotation for h in spec.host}
@@ -33,14 +34,16 @@ def callees(spec: MixinSpec) -> list[dict[str, Any]]:
             last = method.rsplit(".", 1)[1]
             checked.append(
                 {
-                    "path": method,
+                    "path": repr(method),
                     "module_list": False,
                     "tensor_method": last in TENSOR_METHODS,
                 }
             )
     lists = dict.fromkeys(loop.modules.dotted for loop in _loops(spec))
     for path in lists:
-        checked.append({"path": path, "module_list": True, "tensor_method": False})
+        checked.append(
+            {"path": repr(path), "module_list": True, "tensor_method": False}
+        )
     return checked
 
 

@@ -3,8 +3,8 @@
 # From specs/deepseek_vl2.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_vl2.yaml`.
 # spec-sha256: 65a219ba305cd6d64a7bcc0ccb0190528fa86cf96ed2209abdf6848605972e9f
-# templates-sha256: a4e9e2bce55b7bae46ce4bca3064b56ff06f8d2cd58f73574ce00d2b9b822dc7
-# output-sha256: f38bf8eb306cd2f4da3831c26d206653e04c3c4ff4e57dc17550fdc54a6c393a
+# templates-sha256: 82e57523674b2588812ceb1ad757f1a18c173b4d5a980574a6d5af1422d8ef59
+# output-sha256: 6f381c20ebe388eace70880760db95e54f55bef5670e5a35a8326990a284fafe
 
 import inspect
 import itertools

@@ -3,8 +3,8 @@
 # From specs/mistral3.yaml: change the spec or the templates and run
 # `gen-mixin specs/mistral3.yaml`.
 # spec-sha256: 1aa31510137d695228a3f9db3966c1b8c8ff26d32e0cf4896106f82d0a15bdc3
-# templates-sha256: a4e9e2bce55b7bae46ce4bca3064b56ff06f8d2cd58f73574ce00d2b9b822dc7
-# output-sha256: 000d00dead6ecd51ac2ae428a8fd6b8138d9fd67c50aff21ff3a2676027ba9ff
+# templates-sha256: 82e57523674b2588812ceb1ad757f1a18c173b4d5a980574a6d5af1422d8ef59
+# output-sha256: 3ca4d99367731781e0ec06f7c36265f7ba838dfb02fe7906d56bea52c0e6922c
 
 import inspect
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/paligemma.yaml: change the spec or the templates and run
 # `gen-mixin specs/paligemma.yaml`.
 # spec-sha256: caf49abb04c23527472570df9a1b0af2d212d2a092f96aee208265311844afd6
-# templates-sha256: a4e9e2bce55b7bae46ce4bca3064b56ff06f8d2cd58f73574ce00d2b9b822dc7
-# output-sha256: 659ee66e1434adcf08c30a42a506aa7052beed927f2912e2138f1cf2fa98f061
+# templates-sha256: 82e57523674b2588812ceb1ad757f1a18c173b4d5a980574a6d5af1422d8ef59
+# output-sha256: 62f6c472befd7d542a00df826b8d73bc3ca17da92e37ac1a63ce7f01b0e3e54c
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any

@@ -3,8 +3,8 @@
 # From specs/phi3v.yaml: change the spec or the templates and run
 # `gen-mixin specs/phi3v.yaml`.
 # spec-sha256: 2effbb9c392d2e5d73dbf5d33ed773898c79229aba914ffbd1c0d30c6f6dfe8b
-# templates-sha256: a4e9e2bce55b7bae46ce4bca3064b56ff06f8d2cd58f73574ce00d2b9b822dc7
-# output-sha256: 811d5edbcaa4e9b6427b800615670781bb38da96e5d0da84c7d4b0f2b3148e6c
+# templates-sha256: 82e57523674b2588812ceb1ad757f1a18c173b4d5a980574a6d5af1422d8ef59
+# output-sha256: 126e5ea68a1b916611d93774c29cd48ccfeb7d58621eb39888a7bee7f1b14af6
 
 import inspect
 from collections.abc import Hashable

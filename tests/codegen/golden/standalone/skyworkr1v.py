@@ -3,8 +3,8 @@
 # From specs/skyworkr1v.yaml: change the spec or the templates and run
 # `gen-mixin specs/skyworkr1v.yaml`.
 # spec-sha256: b0dc57e5fb20eaab774e7718602afac4daee4053867b6f921b6f70c4492526a6
-# templates-sha256: a4e9e2bce55b7bae46ce4bca3064b56ff06f8d2cd58f73574ce00d2b9b822dc7
-# output-sha256: f47e0fd639708870dcdaf5f9baaaac6e806fdc8ecbd4aa6b75ed657e0cd04e40
+# templates-sha256: 82e57523674b2588812ceb1ad757f1a18c173b4d5a980574a6d5af1422d8ef59
+# output-sha256: a28f18bc4fb086ec4a79fa46c684c20daca6ac042380545fcbb73cfb63f1050a
 
 import itertools
 from collections.abc import Hashable

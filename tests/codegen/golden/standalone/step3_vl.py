@@ -3,8 +3,8 @@
 # From specs/step3_vl.yaml: change the spec or the templates and run
 # `gen-mixin specs/step3_vl.yaml`.
 # spec-sha256: b34967f5d96019bfd62d850e2abce5dca243ba0aa18c0f80b668662023c3b16f
-# templates-sha256: a4e9e2bce55b7bae46ce4bca3064b56ff06f8d2cd58f73574ce00d2b9b822dc7
-# output-sha256: c0bdac1344e28fb66f02f0d4dbdbf6c0b658b31f1254fc288ef4f1023e9941f6
+# templates-sha256: 82e57523674b2588812ceb1ad757f1a18c173b4d5a980574a6d5af1422d8ef59
+# output-sha256: 898cc7acbeae918f08da75ec1bcd5e76e29b32eb756c79b717e706b29dc2a801
 
 import itertools
 from collections.abc import Hashable

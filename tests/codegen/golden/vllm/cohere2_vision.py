@@ -3,8 +3,8 @@
 # From specs/cohere2_vision.yaml: change the spec or the templates and run
 # `gen-mixin specs/cohere2_vision.yaml`.
 # spec-sha256: be09fd22f18b5804bec9fad2ab292f1d4e65a1b7a548a7719f983f9e1c1e6321
-# templates-sha256: a4e9e2bce55b7bae46ce4bca3064b56ff06f8d2cd58f73574ce00d2b9b822dc7
-# output-sha256: 4d681ccebead4cfd527d01e5ad9d162ba9e1e1d5d62b0704de05d3f5c4451b0d
+# templates-sha256: 82e57523674b2588812ceb1ad757f1a18c173b4d5a980574a6d5af1422d8ef59
+# output-sha256: 715c8445c8ec504fa754fdc3ebadbe848eeb1e65df0dcb74ef13af8da2bc7085
 
 import itertools
 from collections.abc import Hashable

@@ -3,8 +3,8 @@
 # From specs/deepseek_ocr.yaml: change the spec or the templates and run
 # `gen-mixin specs/deepseek_ocr.yaml`.
 # spec-sha256: 0bfb43e4316a4a39192bb100e7cfeecbb3f7339c7a907dfaa07f9b62999ceee7
-# templates-sha256: a4e9e2bce55b7bae46ce4bca3064b56ff06f8d2cd58f73574ce00d2b9b822dc7
-# output-sha256: d627400aa14b8f0dd51ecfe1b21ad429e2c60bc414d4b7a1d73e82e6f17d8305
+# templates-sha256: 82e57523674b2588812ceb1ad757f1a18c173b4d5a980574a6d5af1422d8ef59
+# output-sha256: 2e24e6bf836c2ba700aa61b253b02bef87c77850486e6783cc05793c58ca0d4a
 
 import itertools
 from collections.abc import Hashable

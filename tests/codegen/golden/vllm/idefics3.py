@@ -3,8 +3,8 @@
 # From specs/idefics3.yaml: change the spec or the templates and run
 # `gen-mixin specs/idefics3.yaml`.
 # spec-sha256: 402948cdd63112cfeb000df2a94827d2c785cffa05635f592942545d8e00d7b3
-# templates-sha256: a4e9e2bce55b7bae46ce4bca3064b56ff06f8d2cd58f73574ce00d2b9b822dc7
-# output-sha256: e9f0072cba6d5a7118ec67e2a3d9311fe6ba71dd8a2b1b2b74ef3dcb09e63e70
+# templates-sha256: 82e57523674b2588812ceb1ad757f1a18c173b4d5a980574a6d5af1422d8ef59
+# output-sha256: b0a24407f806037562f0266851afc82f6c433a7b9c00a54733ed79e892479db0
 
 import inspect
 import itertools

@@ -3,8 +3,8 @@
 # From specs/mistral3.yaml: change the spec or the templates and run
 # `gen-mixin specs/mistral3.yaml`.
 # spec-sha256: 1aa31510137d695228a3f9db3966c1b8c8ff26d32e0cf4896106f82d0a15bdc3
-# templates-sha256: a4e9e2bce55b7bae46ce4bca3064b56ff06f8d2cd58f73574ce00d2b9b822dc7
-# output-sha256: b227f154539be4d48f9a474c9216fa24d3dfa8d950c4deb5b7546b648ecf3126
+# templates-sha256: 82e57523674b2588812ceb1ad757f1a18c173b4d5a980574a6d5af1422d8ef59
+# output-sha256: 67155c32f3ea3b5c7ba0cb43b33f2d3713131ea02208632cdb81849769157017
 
 import inspect
 from collections.abc import Hashable

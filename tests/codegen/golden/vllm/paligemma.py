@@ -3,8 +3,8 @@
 # From specs/paligemma.yaml: change the spec or the templates and run
 # `gen-mixin specs/paligemma.yaml`.
 # spec-sha256: caf49abb04c23527472570df9a1b0af2d212d2a092f96aee208265311844afd6
-# templates-sha256: a4e9e2bce55b7bae46ce4bca3064b56ff06f8d2cd58f73574ce00d2b9b822dc7
-# output-sha256: e2522e618a600ea65dd1b58a9c1401cdf4104fbe90b4d5efb21b70afdb1b1b69
+# templates-sha256: 82e57523674b2588812ceb1ad757f1a18c173b4d5a980574a6d5af1422d8ef59
+# output-sha256: ec9823b4ca26a90fd2de61b6d1a9312bcc8acbde026381d5850ea0b3eab6731d
 
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any

@@ -3,8 +3,8 @@
 # From specs/phi4mm.yaml: change the spec or the templates and run
 # `gen-mixin specs/phi4mm.yaml`.
 # spec-sha256: 4bd43a6c1f2bfb8ef8f7fed8fcc387b887788fa3ee60e3ff6e0c7c72fb28ebbb
-# templates-sha256: a4e9e2bce55b7bae46ce4bca3064b56ff06f8d2cd58f73574ce00d2b9b822dc7
-# output-sha256: ed692c4eca6a717443e99927f06f48cf485548eae6d6f4a9283cc475e5a700df
+# templates-sha256: 82e57523674b2588812ceb1ad757f1a18c173b4d5a980574a6d5af1422d8ef59
+# output-sha256: 64f4c2b7cb228d0d31adef7e6c4f7bea2302562fda7d5aad0ae09fe2b65f1c05
 
 import inspect
 from collections.abc import Hashable

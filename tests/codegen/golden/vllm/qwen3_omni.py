@@ -3,8 +3,8 @@
 # From specs/qwen3_omni.yaml: change the spec or the templates and run
 # `gen-mixin specs/qwen3_omni.yaml`.
 # spec-sha256: 46292578db0b5b7229d8af47d27ac8596828d5f1c7721b49c6cf316d78a0da57
-# templates-sha256: a4e9e2bce55b7bae46ce4bca3064b56ff06f8d2cd58f73574ce00d2b9b822dc7
-# output-sha256: 1876a3f8242439ce897626bcae630dbd846726ba71138ad433f10f2dfb5b6e47
+# templates-sha256: 82e57523674b2588812ceb1ad757f1a18c173b4d5a980574a6d5af1422d8ef59
+# output-sha256: 9e3ece556a76fe221d5fe1081acbca96fece299b6d1c35f9ba3204552167554f
 
 import inspect
 import itertools
