@@ -1071,8 +1071,10 @@ HOST_ATTRIBUTES = [
 
 @pytest.mark.parametrize(("name", "step"), HOST_ATTRIBUTES, ids=repr)
 def test_host_attributes_are_never_module_api(name, step, tmp_path) -> None:
+    # Annotated a module: a call of it is otherwise refused on its own.
     text = _steps_spec("graph", step).replace(
-        "  visual: torch.nn.Module\n", f"  visual: torch.nn.Module\n  {name}: Any\n"
+        "  visual: torch.nn.Module\n",
+        f"  visual: torch.nn.Module\n  {name}: torch.nn.Module\n",
     )
     found = _refused_with(text, tmp_path)
     assert f": host.{name}: host attribute {name!r} is torch.nn.Module's" in found
