@@ -12,6 +12,21 @@ from beyond_testlib import Mutation, OracleCases
 #: bucketed offsets and the sequence lengths) these towers never build.
 NO_MAX_SEQLEN = ("TORCH_SDPA", "FLASHINFER")
 
+#: Wrong specs that the varlen towers closing ``cu_seqlens`` from the item
+#: lengths share word for word (dots.ocr, PaddleOCR-VL, Qwen3-Omni).
+MERGED_FIRST_PAIR = Mutation(
+    "the first two images merged into one sequence",
+    "lengths.cumsum(0)]).to(\n            device=pixel_values.device",
+    "lengths.cumsum(0)[1:]]).to(\n            device=pixel_values.device",
+)
+#: (dots.ocr, Qwen3-Omni) The static checks refuse a capture value below
+#: token_budget * merge**2.
+MAX_SEQLEN_ONE_TOKEN = Mutation(
+    "max_seqlen captured for one merged token per row",
+    "max(token_budget * merge**2, int(max_seqlen))",
+    "token_budget",
+)
+
 # ---------------------------------------------------------------------------
 # Cohere2-Vision: SigLIP tiles, the projector's pixel shuffle
 # ---------------------------------------------------------------------------
@@ -81,17 +96,8 @@ DOTS_OCR = OracleCases(
             "for block in self.vision_tower.blocks:",
             "for block in self.vision_tower.blocks[:0]:",
         ),
-        Mutation(
-            "the first two images merged into one sequence",
-            "lengths.cumsum(0)]).to(\n            device=pixel_values.device",
-            "lengths.cumsum(0)[1:]]).to(\n            device=pixel_values.device",
-        ),
-        # The static checks refuse a capture value below token_budget * merge**2.
-        Mutation(
-            "max_seqlen captured for one merged token per row",
-            "max(token_budget * merge**2, int(max_seqlen))",
-            "token_budget",
-        ),
+        MERGED_FIRST_PAIR,
+        MAX_SEQLEN_ONE_TOKEN,
     ),
 )
 
@@ -352,11 +358,7 @@ PADDLEOCR_VL = OracleCases(
             "for layer in self.visual.vision_model.encoder.layers:",
             "for layer in self.visual.vision_model.encoder.layers[:0]:",
         ),
-        Mutation(
-            "the first two images merged into one sequence",
-            "lengths.cumsum(0)]).to(\n            device=pixel_values.device",
-            "lengths.cumsum(0)[1:]]).to(\n            device=pixel_values.device",
-        ),
+        MERGED_FIRST_PAIR,
         # The static checks refuse a capture value below token_budget * 4.
         Mutation(
             "max_seqlen captured for one merged token per row",
@@ -662,17 +664,8 @@ QWEN3_OMNI = OracleCases(
             "if layer in self.visual.deepstack_visual_indexes:",
             "if layer - 1 in self.visual.deepstack_visual_indexes:",
         ),
-        Mutation(
-            "the first two images merged into one sequence",
-            "lengths.cumsum(0)]).to(\n            device=pixel_values.device",
-            "lengths.cumsum(0)[1:]]).to(\n            device=pixel_values.device",
-        ),
-        # The static checks refuse a capture value below token_budget * merge**2.
-        Mutation(
-            "max_seqlen captured for one merged token per row",
-            "max(token_budget * merge**2, int(max_seqlen))",
-            "token_budget",
-        ),
+        MERGED_FIRST_PAIR,
+        MAX_SEQLEN_ONE_TOKEN,
     ),
 )
 
