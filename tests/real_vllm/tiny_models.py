@@ -327,6 +327,33 @@ def _cohere_compass_processor(folder: str) -> None:
     ).save_pretrained(folder)
 
 
+#: The Omni thinkers' audio encoder: one small layer (built, never run).
+_TINY_OMNI_AUDIO = dict(
+    num_mel_bins=16,
+    encoder_layers=1,
+    encoder_attention_heads=2,
+    encoder_ffn_dim=32,
+    d_model=16,
+    output_dim=48,
+    max_source_positions=64,
+    n_window=8,
+)
+
+
+def _omni_token_ids(ids: dict[str, int]) -> dict[str, int]:
+    """The Omni thinkers' special token ids both families name alike (the
+    media tokens' keys differ: ``*_token_index`` in Qwen2.5-Omni)."""
+    return dict(
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        audio_start_token_id=ids["<|audio_bos|>"],
+        audio_end_token_id=ids["<|audio_eos|>"],
+        user_token_id=0,
+        bos_token_id=ids["<|endoftext|>"],
+        eos_token_id=ids["<|endoftext|>"],
+    )
+
+
 def _qwen2_5_omni_config() -> Any:
     from transformers import Qwen2_5OmniConfig
 
@@ -344,26 +371,11 @@ def _qwen2_5_omni_config() -> Any:
         thinker_config=dict(
             vision_config=vision,
             text_config=text,
-            audio_config=dict(
-                num_mel_bins=16,
-                encoder_layers=1,
-                encoder_attention_heads=2,
-                encoder_ffn_dim=32,
-                d_model=16,
-                output_dim=48,
-                max_source_positions=64,
-                n_window=8,
-            ),
+            audio_config=dict(_TINY_OMNI_AUDIO),
             image_token_index=ids["<|IMAGE|>"],
             video_token_index=ids["<|VIDEO|>"],
             audio_token_index=ids["<|AUDIO|>"],
-            vision_start_token_id=ids["<|vision_start|>"],
-            vision_end_token_id=ids["<|vision_end|>"],
-            audio_start_token_id=ids["<|audio_bos|>"],
-            audio_end_token_id=ids["<|audio_eos|>"],
-            user_token_id=0,
-            bos_token_id=ids["<|endoftext|>"],
-            eos_token_id=ids["<|endoftext|>"],
+            **_omni_token_ids(ids),
         ),
     )
 
@@ -411,27 +423,11 @@ def _qwen3_omni_config() -> Any:
         thinker_config=dict(
             vision_config=vision,
             text_config=text,
-            audio_config=dict(
-                num_mel_bins=16,
-                encoder_layers=1,
-                encoder_attention_heads=2,
-                encoder_ffn_dim=32,
-                d_model=16,
-                output_dim=48,
-                max_source_positions=64,
-                n_window=8,
-                downsample_hidden_size=8,
-            ),
+            audio_config=dict(_TINY_OMNI_AUDIO, downsample_hidden_size=8),
             image_token_id=ids["<|IMAGE|>"],
             video_token_id=ids["<|VIDEO|>"],
             audio_token_id=ids["<|AUDIO|>"],
-            vision_start_token_id=ids["<|vision_start|>"],
-            vision_end_token_id=ids["<|vision_end|>"],
-            audio_start_token_id=ids["<|audio_bos|>"],
-            audio_end_token_id=ids["<|audio_eos|>"],
-            user_token_id=0,
-            bos_token_id=ids["<|endoftext|>"],
-            eos_token_id=ids["<|endoftext|>"],
+            **_omni_token_ids(ids),
         ),
     )
 
