@@ -382,6 +382,21 @@ def _run(argv: list[str], log: object) -> tuple[int, str, str]:
 USAGE_RE = re.compile(r"(usage: gen-mixin| {2,}\S|gen-mixin( plan| schema)?: error: )")
 
 
+def _vllm_module_or_reported(text: str, name: str, log: object) -> str | None:
+    """The vLLM module ``text`` (a spec saved as ``specs/<name>``) generates,
+    or None after checking that its exit 2 reports located diagnostics."""
+    with _workspace() as folder:
+        spec = folder / "specs" / name
+        spec.parent.mkdir()
+        spec.write_text(text, encoding="utf-8")
+        rc, stdout, stderr = _run([str(spec), "--stdout", "--target", "vllm"], log)
+    assert rc in (0, 2), f"exit {rc} after {log}\n{stderr[-2000:]}"
+    if rc == 2:
+        _assert_reported(stderr, log)
+        return None
+    return stdout
+
+
 def _assert_reported(stderr: str, log: object) -> None:
     """Exit 2: located diagnostics with their count, one-line errors, or
     argparse's usage and error."""
@@ -1034,14 +1049,8 @@ def test_step_language_reaches_only_its_allow_lists(case) -> None:
     ``return``) reaches only the allow-lists and the declared host paths."""
     text, expr, declared = case
     log = [expr, declared]
-    with _workspace() as folder:
-        spec = folder / "specs" / "steps.yaml"
-        spec.parent.mkdir()
-        spec.write_text(text, encoding="utf-8")
-        rc, stdout, stderr = _run([str(spec), "--stdout", "--target", "vllm"], log)
-    assert rc in (0, 2), f"exit {rc} after {log}\n{stderr[-2000:]}"
-    if rc == 2:
-        _assert_reported(stderr, log)
+    stdout = _vllm_module_or_reported(text, "steps.yaml", log)
+    if stdout is None:
         return
     methods = {"_merge_rows", "visual.prepare_metadata", *declared}
     module = ast.parse(stdout)
@@ -1244,14 +1253,8 @@ def test_post_steps_reach_only_their_allow_lists(case) -> None:
     diagnostics, or a module whose step reaches only the allow-lists, with
     ``int`` called on one value and no keyword."""
     text, expr = case
-    with _workspace() as folder:
-        spec = folder / "specs" / "post.yaml"
-        spec.parent.mkdir()
-        spec.write_text(text, encoding="utf-8")
-        rc, stdout, stderr = _run([str(spec), "--stdout", "--target", "vllm"], expr)
-    assert rc in (0, 2), f"exit {rc} after {expr}\n{stderr[-2000:]}"
-    if rc == 2:
-        _assert_reported(stderr, expr)
+    stdout = _vllm_module_or_reported(text, "post.yaml", expr)
+    if stdout is None:
         return
     (post,) = [
         n
@@ -1384,14 +1387,8 @@ def test_loops_reach_only_module_lists_and_the_allow_lists(case) -> None:
     ``torch.nn.Module`` API, rebinds only the carry, and whose body reaches
     only the allow-lists and the declared host paths."""
     text, log = case
-    with _workspace() as folder:
-        spec = folder / "specs" / "loop.yaml"
-        spec.parent.mkdir()
-        spec.write_text(text, encoding="utf-8")
-        rc, stdout, stderr = _run([str(spec), "--stdout", "--target", "vllm"], log)
-    assert rc in (0, 2), f"exit {rc} after {log}\n{stderr[-2000:]}"
-    if rc == 2:
-        _assert_reported(stderr, log)
+    stdout = _vllm_module_or_reported(text, "loop.yaml", log)
+    if stdout is None:
         return
     module = ast.parse(stdout)
     loops = [n for n in ast.walk(module) if isinstance(n, ast.For)]
@@ -1630,15 +1627,8 @@ def test_per_item_builders_reach_only_the_allow_lists(case) -> None:
     items' dims, bind only the steps' names and join them, and whose steps
     reach only the allow-lists and the declared host paths."""
     text, log = case
-    with _workspace() as folder:
-        spec = folder / "specs" / "items.yaml"
-        spec.parent.mkdir()
-        spec.write_text(text, encoding="utf-8")
-        rc, stdout, stderr = _run([str(spec), "--stdout", "--target", "vllm"], log)
-    event(f"exit {rc}")
-    assert rc in (0, 2), f"exit {rc} after {log}\n{stderr[-2000:]}"
-    if rc == 2:
-        _assert_reported(stderr, log)
+    stdout = _vllm_module_or_reported(text, "items.yaml", log)
+    if stdout is None:
         return
     loops = [n for n in ast.walk(ast.parse(stdout)) if isinstance(n, ast.For)]
     item_loops = [n for n in loops if _item_loop_problem(n) != "not an item loop"]
@@ -1749,15 +1739,8 @@ def test_item_counts_reach_only_the_allow_lists(case) -> None:
     the steps' names, reaches only the allow-lists, the declared host and the
     imported helper, and checks every count before it appends the item."""
     text, expr = case
-    with _workspace() as folder:
-        spec = folder / "specs" / "count.yaml"
-        spec.parent.mkdir()
-        spec.write_text(text, encoding="utf-8")
-        rc, stdout, stderr = _run([str(spec), "--stdout", "--target", "vllm"], expr)
-    event(f"exit {rc}")
-    assert rc in (0, 2), f"exit {rc} after {expr}\n{stderr[-2000:]}"
-    if rc == 2:
-        _assert_reported(stderr, expr)
+    stdout = _vllm_module_or_reported(text, "count.yaml", expr)
+    if stdout is None:
         return
     (method,) = [
         n
